@@ -1,0 +1,193 @@
+//! Embeds the device code (PTX) into the `oxccl` crate.
+//!
+//! Two PTX modules come out of the workspace's device crates:
+//! - `oxccl_kernels.ptx` from `kernels-gpu` (the engine the library launches), and
+//! - `oxccl_probes.ptx` from `ptx-intrinsics` with its `probes` feature (one small kernel per
+//!   instruction family, used by the golden-PTX and GPU intrinsic tests).
+//!
+//! Both are committed under `ptx/`, so a crate that depends on `oxccl` builds on stable Rust with no
+//! CUDA toolkit and no nightly. When the workspace sources are present and the dated nightly named in
+//! `rust-toolchain.toml` (with `rust-src`) is installed, the PTX is rebuilt from source through a nested
+//! cargo; `tests/ptx_shipped.rs` then proves the committed files equal the fresh build.
+//!
+//! `OXCCL_PTX_BUILD` selects the source: `auto` (default: fresh when possible, else shipped, with a
+//! warning when a fresh build was possible but failed), `fresh` (fail the build if it cannot be rebuilt),
+//! `shipped` (never rebuild).
+
+use std::env;
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The nightly the device crates are built with; keep in step with `rust-toolchain.toml`.
+const DEVICE_TOOLCHAIN: &str = "nightly-2026-05-20";
+
+/// Code generation flags for every crate of the device build (core included, through build-std).
+const DEVICE_RUSTFLAGS: &[&str] = &[
+    "-Ctarget-cpu=sm_90a",
+    "-Ctarget-feature=+ptx80",
+    "-Copt-level=3",
+    "-Zunstable-options",
+    "-Cpanic=immediate-abort",
+    // Functions from other crates (oxccl-ptx, core) must inline into the one emitted module, or they
+    // become unresolved `.extern .func` declarations.
+    "-Zcross-crate-inline-threshold=always",
+];
+
+struct Module {
+    /// File name under `ptx/` and in `OUT_DIR`.
+    file: &'static str,
+    /// Package directory (relative to the workspace root) and package name.
+    dir: &'static str,
+    package: &'static str,
+    features: &'static str,
+}
+
+const MODULES: &[Module] = &[
+    Module { file: "oxccl_kernels.ptx", dir: "kernels-gpu", package: "oxccl-kernels", features: "" },
+    Module { file: "oxccl_probes.ptx", dir: "ptx-intrinsics", package: "oxccl-ptx", features: "probes" },
+];
+
+fn main() {
+    let root = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
+    println!("cargo:rerun-if-env-changed=OXCCL_PTX_BUILD");
+    println!("cargo:rustc-check-cfg=cfg(oxccl_fresh_ptx)");
+    for m in MODULES {
+        println!("cargo:rerun-if-changed=ptx/{}", m.file);
+    }
+
+    let mode = env::var("OXCCL_PTX_BUILD").unwrap_or_else(|_| "auto".into());
+    let sources_present = MODULES.iter().all(|m| root.join(m.dir).join("src").is_dir());
+    if sources_present {
+        for dir in ["kernels-gpu", "ptx-intrinsics"] {
+            println!("cargo:rerun-if-changed={dir}/src");
+            println!("cargo:rerun-if-changed={dir}/Cargo.toml");
+        }
+        println!("cargo:rerun-if-changed=Cargo.lock");
+    }
+
+    let fresh = match mode.as_str() {
+        "shipped" => None,
+        "auto" | "fresh" => {
+            let attempt = if sources_present {
+                device_toolchain_ready().and_then(|()| build_fresh(&root, &out))
+            } else {
+                Err("the device crates' sources are not beside this package".into())
+            };
+            match attempt {
+                Ok(()) => Some(()),
+                Err(why) if mode == "fresh" => panic!("OXCCL_PTX_BUILD=fresh but the PTX could not be rebuilt: {why}"),
+                Err(why) => {
+                    if sources_present && why.starts_with("build failed") {
+                        println!("cargo:warning=oxccl: using the shipped PTX; rebuilding it failed: {why}");
+                    }
+                    None
+                }
+            }
+        }
+        other => panic!("OXCCL_PTX_BUILD must be auto, fresh or shipped, not {other:?}"),
+    };
+
+    if fresh.is_some() {
+        println!("cargo:rustc-cfg=oxccl_fresh_ptx");
+        println!("cargo:rustc-env=OXCCL_PTX_SOURCE=fresh");
+    } else {
+        for m in MODULES {
+            let shipped = root.join("ptx").join(m.file);
+            fs::copy(&shipped, out.join(m.file))
+                .unwrap_or_else(|e| panic!("cannot read the shipped PTX {}: {e}", shipped.display()));
+        }
+        println!("cargo:rustc-env=OXCCL_PTX_SOURCE=shipped");
+    }
+}
+
+/// Checks that rustup has the dated nightly with `rust-src`, without installing anything.
+fn device_toolchain_ready() -> Result<(), String> {
+    let sysroot = rustup_command()
+        .args(["run", DEVICE_TOOLCHAIN, "rustc", "--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("rustup not usable: {e}"))?;
+    if !sysroot.status.success() {
+        return Err(format!("toolchain {DEVICE_TOOLCHAIN} is not installed"));
+    }
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
+    let core = Path::new(&sysroot).join("lib/rustlib/src/rust/library/core");
+    if !core.is_dir() {
+        return Err(format!("toolchain {DEVICE_TOOLCHAIN} lacks the rust-src component"));
+    }
+    Ok(())
+}
+
+/// `rustup` with an environment cleaned of everything the outer cargo set, so that the nested build
+/// uses the device toolchain and its own flags (an inherited `RUSTC` or `CARGO_*` makes it use the
+/// wrong compiler or wait on the outer build's locks).
+fn rustup_command() -> Command {
+    let mut cmd = Command::new("rustup");
+    for (key, _) in env::vars_os() {
+        let k = key.to_string_lossy();
+        let inherited_build_var = (k.starts_with("CARGO_") && k != "CARGO_HOME")
+            || matches!(
+                k.as_ref(),
+                "RUSTC"
+                    | "RUSTC_WRAPPER"
+                    | "RUSTC_WORKSPACE_WRAPPER"
+                    | "RUSTDOC"
+                    | "RUSTUP_TOOLCHAIN"
+                    | "RUSTFLAGS"
+                    | "RUSTDOCFLAGS"
+                    | "CARGO"
+                    | "TARGET"
+                    | "HOST"
+                    | "OUT_DIR"
+                    | "OPT_LEVEL"
+                    | "PROFILE"
+                    | "DEBUG"
+                    | "NUM_JOBS"
+                    | "CARGO_MAKEFLAGS"
+                    | "MAKEFLAGS"
+                    | "MFLAGS"
+            );
+        if inherited_build_var {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd.env("RUSTUP_AUTO_INSTALL", "0");
+    cmd
+}
+
+fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
+    let target_dir = out.join("device-target");
+    for m in MODULES {
+        let dest = out.join(m.file);
+        let _ = fs::remove_file(&dest);
+        let mut emit = OsString::from("--emit=asm=");
+        emit.push(&dest);
+        let mut cmd = rustup_command();
+        cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "rustc", "--quiet", "--release", "--lib"])
+            .arg("--manifest-path")
+            .arg(root.join(m.dir).join("Cargo.toml"))
+            .args(["-p", m.package, "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        if !m.features.is_empty() {
+            cmd.args(["--features", m.features]);
+        }
+        cmd.arg("--").arg(emit);
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", DEVICE_RUSTFLAGS.join("\x1f"));
+        let output = cmd.output().map_err(|e| format!("build failed to start: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "build failed for {}:\n{}",
+                m.package,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let ptx = fs::read_to_string(&dest).map_err(|e| format!("build failed: no PTX at {}: {e}", dest.display()))?;
+        if let Some(line) = ptx.lines().find(|l| l.trim_start().starts_with(".extern .func")) {
+            return Err(format!("build failed: {} has an unresolved extern: {line}", m.file));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! `oxccl-host`: everything oxccl decides on the host, in pure Rust with no CUDA.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, their CPU executor |
+//! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
+//! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation) and the compiled plan |
+//! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |
+//! | [`exec`] | CPU executor of compiled plans, the semantic oracle |
+//! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
+
+pub mod compile;
+pub mod exec;
+pub mod program;
+pub mod reshard;
+pub mod sim;
+pub mod tccl;

@@ -1,0 +1,50 @@
+//! CTA barriers, sleeping and trapping.
+
+use core::arch::asm;
+
+/// Waits until `threads` threads (a multiple of 32, counted per warp) of this CTA reach named barrier
+/// `id`; orders their prior shared and global accesses before their later ones (CTA scope).
+///
+/// `bar.sync id, threads;` · PTX ISA 2.0 · sm_20
+///
+/// # Safety
+/// Every warp that takes part executes it with the same `id` and `threads`, `id < 16`, and exactly
+/// `threads / 32` warps take part; otherwise the CTA deadlocks.
+#[doc(alias = "bar.sync")]
+#[inline(always)]
+pub unsafe fn bar_sync(id: u32, threads: u32) {
+    // SAFETY: the caller guarantees every participating warp arrives.
+    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads) }
+}
+
+/// Waits until all threads of this CTA reach barrier 0.
+///
+/// `bar.sync 0;` · PTX ISA 1.0 · sm_20
+///
+/// # Safety
+/// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
+#[doc(alias = "bar.sync")]
+#[inline(always)]
+pub unsafe fn bar_sync_all() {
+    // SAFETY: the caller guarantees every thread arrives.
+    unsafe { asm!("bar.sync 0;") }
+}
+
+/// Suspends the thread for about `ns` nanoseconds (at most 1 ms), giving its issue slots to other warps.
+///
+/// `nanosleep.u32 t;` · PTX ISA 6.3 · sm_70
+#[doc(alias = "nanosleep")]
+#[inline(always)]
+pub fn nanosleep_u32(ns: u32) {
+    // SAFETY: no memory is accessed; the sleep is only a hint.
+    unsafe { asm!("nanosleep.u32 {t};", t = in(reg32) ns, options(nomem, nostack)) }
+}
+
+/// Aborts the kernel with an error the host sees as a launch failure.
+///
+/// `trap;` · PTX ISA 1.0 · sm_10
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: ends execution; nothing after it runs.
+    unsafe { asm!("trap;", options(noreturn, nostack)) }
+}

@@ -1,0 +1,11 @@
+//! Subcommands of the `oxccl` binary. Each module has an `Args` (clap) and a `run`.
+
+pub mod bench;
+pub mod demo;
+pub mod plan;
+pub mod reshard;
+pub mod simulate;
+pub mod verify;
+
+/// What a subcommand reports on failure: a message for the user; the process exits non-zero.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -1,0 +1,10 @@
+//! `oxccl simulate` (in progress).
+
+use super::CliResult;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> CliResult {
+    Err("`oxccl simulate` is not built yet".into())
+}

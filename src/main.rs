@@ -1,0 +1,47 @@
+//! The `oxccl` command: benchmarks, plans, simulations, verification, reshard planning and a demo.
+
+use clap::{Parser, Subcommand};
+use oxccl::cli;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "oxccl", version, about = "Collective communication for NVIDIA Hopper GPUs in pure Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an AllReduce over 8 ranks: on the GPU when one is present, otherwise the same plan on the CPU executor.
+    Demo(cli::demo::Args),
+    /// nccl-tests-style bandwidth benchmark of a collective or a compiled algorithm.
+    Bench(cli::bench::Args),
+    /// Compile an algorithm and print the plan summary.
+    Plan(cli::plan::Args),
+    /// Simulate a compiled plan on a topology.
+    Simulate(cli::simulate::Args),
+    /// Execute a compiled plan on the CPU executor against the collective's reference.
+    Verify(cli::verify::Args),
+    /// Plan an M-to-N reshard between two (mesh, placements) layouts.
+    Reshard(cli::reshard::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cli::demo::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+        Command::Plan(a) => cli::plan::run(a),
+        Command::Simulate(a) => cli::simulate::run(a),
+        Command::Verify(a) => cli::verify::run(a),
+        Command::Reshard(a) => cli::reshard::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("oxccl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The embedded device code (see `build.rs`).
+
+/// The engine module (`kernels-gpu`), PTX ISA 8.0 for sm_90a.
+pub const KERNELS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_kernels.ptx"));
+
+/// The probe module (`ptx-intrinsics` with its `probes` feature): one kernel per instruction family.
+pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.ptx"));
+
+/// Where the embedded PTX came from: `"fresh"` (rebuilt from the workspace sources by this build) or
+/// `"shipped"` (the committed files under `ptx/`).
+pub const SOURCE: &str = env!("OXCCL_PTX_SOURCE");
