@@ -188,6 +188,29 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
         if let Some(line) = ptx.lines().find(|l| l.trim_start().starts_with(".extern .func")) {
             return Err(format!("build failed: {} has an unresolved extern: {line}", m.file));
         }
+        fs::write(&dest, bound_simt_kernels(&ptx)).map_err(|e| format!("build failed: {e}"))?;
     }
     Ok(())
+}
+
+/// Most threads a SIMT-mover CTA runs with. rustc has no launch-bounds attribute for `ptx-kernel`
+/// functions, so the bound is written into the PTX: `.maxntid` after each SIMT kernel's parameter
+/// list tells ptxas to fit 512 threads' registers in one SM (at most 128 per thread).
+const SIMT_MAX_THREADS: u32 = 512;
+
+/// Adds `.maxntid SIMT_MAX_THREADS, 1, 1` to every `oxccl_run_simt_*` entry.
+fn bound_simt_kernels(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 1024);
+    let mut in_simt_signature = false;
+    for line in ptx.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if line.starts_with(".visible .entry oxccl_run_simt_") {
+            in_simt_signature = true;
+        } else if in_simt_signature && line == ")" {
+            out.push_str(&format!(".maxntid {SIMT_MAX_THREADS}, 1, 1\n"));
+            in_simt_signature = false;
+        }
+    }
+    out
 }

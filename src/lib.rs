@@ -1,6 +1,54 @@
-//! oxccl: collective communication for NVIDIA Hopper GPUs in pure Rust.
+//! oxccl: collective communication for NVIDIA Hopper GPUs, in pure Rust.
 //!
-//! (The public API is being built; see README.md.)
+//! ```no_run
+//! use cudarc::driver::CudaContext;
+//! use oxccl::{Communicator, Config, ReduceOp};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let stream = CudaContext::new(0)?.default_stream();
+//! // Eight virtual ranks on one GPU, each with its own buffers.
+//! let comm = Communicator::virtual_ranks(&stream, 8, Config::default())?;
+//! let send: Vec<_> = (0..8).map(|r| stream.clone_htod(&vec![r as f32; 1 << 20])).collect::<Result<_, _>>()?;
+//! let mut recv: Vec<_> = (0..8).map(|_| stream.alloc_zeros::<f32>(1 << 20)).collect::<Result<_, _>>()?;
+//! comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+//! comm.synchronize()?;
+//! assert_eq!(stream.clone_dtoh(&recv[3])?[0], 28.0);
+//! # Ok(()) }
+//! ```
+//!
+//! Layers: [`Communicator`] (ranks, plan cache, calls) → [`engine`] (PTX module, launches, owned device
+//! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
+//! `oxccl-host`, which also executes them on the CPU.
 
 pub mod cli;
+mod comm;
+pub mod engine;
+mod error;
 pub mod ptx;
+
+pub use comm::{Communicator, Config};
+pub use error::{Error, Result};
+pub use oxccl_host::tccl::{Collective, Reduction};
+pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
+
+/// Element types the collectives move and reduce.
+pub trait Element: cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static {
+    /// The engine's name for the type.
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for u32 {
+    const DTYPE: DType = DType::U32;
+}

@@ -7,10 +7,12 @@
 //! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation) and the compiled plan |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |
 //! | [`exec`] | CPU executor of compiled plans, the semantic oracle |
+//! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
 
 pub mod compile;
 pub mod exec;
+pub mod lowered;
 pub mod program;
 pub mod reshard;
 pub mod sim;

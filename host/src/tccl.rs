@@ -1,1 +1,298 @@
-//! (in progress)
+//! T-CCL plans: AllReduce, ReduceScatter and AllGather as shard-in / shard-out task lists.
+//!
+//! Each rank owns a balanced, 16-byte-aligned slice (shard) of the data; its shard is cut into one
+//! piece per CTA. For the piece of CTA `c` of owner `r`:
+//! - **shard-in** pulls the piece from every rank and reduces it;
+//! - **shard-out** stores the reduced piece to every rank.
+//!
+//! With [`Reduction::Registers`] (the default) the two are one task: the owner's CTA bulk-loads the
+//! piece of every rank into shared memory, its threads combine them in ascending rank order, and the
+//! result is bulk-stored to every rank: each input byte is read once and each output byte written
+//! once, and the result is bitwise reproducible. With [`Reduction::Tma`] the owner copies its own piece
+//! to its output, reduces every peer's piece into it with `cp.reduce.async.bulk` (order between peers
+//! not fixed), then loads the result and stores it to every peer.
+//!
+//! ReduceScatter is shard-in alone; AllGather is shard-out alone. Plans are pure data ([`Lowered`]),
+//! executed by the GPU engine and, in CI, by [`crate::lowered::execute`].
+
+use crate::lowered::Lowered;
+use oxccl_kernels::abi::{DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot};
+use std::fmt;
+
+/// The collectives T-CCL plans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank ends with the element-wise reduction of all ranks' inputs.
+    AllReduce,
+    /// Rank `r` ends with block `r` of the reduction (inputs hold `ranks` blocks).
+    ReduceScatter,
+    /// Every rank ends with all ranks' inputs, concatenated in rank order.
+    AllGather,
+}
+
+impl Collective {
+    /// nccl-tests' bus-bandwidth factor for `n` ranks.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+        }
+    }
+
+    /// Name as the CLI and nccl-tests spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllGather => "all_gather",
+        }
+    }
+}
+
+/// How reductions are performed (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Reduction {
+    /// Sources combined in registers in ascending rank order: deterministic, fewest bytes moved.
+    #[default]
+    Registers,
+    /// Sources reduced into the owner's shard by `cp.reduce.async.bulk` where the hardware supports
+    /// the (dtype, operator); order between sources not fixed.
+    Tma,
+}
+
+/// Everything a plan depends on (the plan-cache key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlanSpec {
+    pub collective: Collective,
+    /// Elements per rank: of each buffer for AllReduce, of the output for ReduceScatter, of the input
+    /// for AllGather (nccl's `count`).
+    pub count: u64,
+    pub dtype: DType,
+    pub op: RedOp,
+    pub ranks: usize,
+    pub in_place: bool,
+    /// CTAs per rank.
+    pub ctas: u32,
+    pub reduction: Reduction,
+}
+
+/// Why a plan cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// `ranks` is 0 or above what one launch can address.
+    Ranks { ranks: usize, max: usize },
+    /// `ctas` is 0 or above the engine's limit.
+    Ctas { ctas: u32, max: u32 },
+    /// A buffer would exceed the address space.
+    TooLarge { count: u64 },
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Ranks { ranks, max } => write!(f, "{ranks} ranks: must be 1..={max}"),
+            PlanError::Ctas { ctas, max } => write!(f, "{ctas} CTAs per rank: must be 1..={max}"),
+            PlanError::TooLarge { count } => write!(f, "count {count} overflows a buffer size"),
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+impl PlanSpec {
+    /// Bytes of each rank's (input, output) buffer.
+    pub fn buffer_bytes(&self) -> (u64, u64) {
+        let b = self.count * self.dtype.size() as u64;
+        let p = self.ranks as u64;
+        match self.collective {
+            Collective::AllReduce => (b, b),
+            Collective::ReduceScatter => (b * p, b),
+            Collective::AllGather => (b, b * p),
+        }
+    }
+
+    /// For in-place plans, where the input of each rank lives: (rank, slot, aliased rank, aliased
+    /// slot, byte offset). In-place follows nccl: AllReduce input = output; ReduceScatter output =
+    /// input + rank × block; AllGather input = output + rank × block.
+    pub fn aliases(&self) -> Vec<crate::lowered::Alias> {
+        if !self.in_place {
+            return Vec::new();
+        }
+        let block = self.count * self.dtype.size() as u64;
+        (0..self.ranks)
+            .map(|r| match self.collective {
+                Collective::AllReduce => (r, slot::OUTPUT, r, slot::INPUT, 0),
+                Collective::ReduceScatter => (r, slot::OUTPUT, r, slot::INPUT, r as u64 * block),
+                Collective::AllGather => (r, slot::INPUT, r, slot::OUTPUT, r as u64 * block),
+            })
+            .collect()
+    }
+}
+
+/// Splits `total` bytes into `parts` contiguous ranges whose boundaries fall on multiples of `grain`
+/// (except the end), as evenly as whole grains allow. Returns the `i`-th range.
+pub fn split(total: u64, parts: u64, grain: u64, i: u64) -> (u64, u64) {
+    let grains = total.div_ceil(grain);
+    let lo = (grains * i / parts * grain).min(total);
+    let hi = (grains * (i + 1) / parts * grain).min(total);
+    (lo, hi)
+}
+
+/// Bulk copies need 16-byte-aligned ranges: shard and piece boundaries fall on 16-byte multiples.
+const GRAIN: u64 = 16;
+
+/// Builds the plan.
+pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
+    let p = spec.ranks;
+    if p == 0 || p > MAX_RANKS {
+        return Err(PlanError::Ranks { ranks: p, max: MAX_RANKS });
+    }
+    if spec.ctas == 0 || spec.ctas as usize > MAX_CTAS_PER_RANK {
+        return Err(PlanError::Ctas { ctas: spec.ctas, max: MAX_CTAS_PER_RANK as u32 });
+    }
+    let elem = spec.dtype.size() as u64;
+    let block = spec.count.checked_mul(elem).filter(|b| b.checked_mul(p as u64).is_some());
+    let Some(block) = block else {
+        return Err(PlanError::TooLarge { count: spec.count });
+    };
+    let all: u32 = if p == 32 { u32::MAX } else { (1u32 << p) - 1 };
+    let task = |kind: TaskKind, src: u32, src_slot: u8, src_offset: u64, dst: u32, dst_slot: u8, dst_offset: u64, bytes: u64, flags: u8| Task {
+        kind: kind.raw(),
+        dtype: spec.dtype.raw(),
+        op: spec.op.raw(),
+        src_slot,
+        dst_slot,
+        flags,
+        reserved: 0,
+        src_ranks: src,
+        dst_ranks: dst,
+        src_offset,
+        dst_offset,
+        bytes,
+    };
+    let c = spec.ctas as u64;
+    let tma = spec.reduction == Reduction::Tma;
+    let mut programs = Vec::with_capacity(p * spec.ctas as usize);
+    let mut tasks = Vec::new();
+    let mut slots = 1;
+    let mut combines = false;
+    for r in 0..p {
+        let me = 1u32 << r;
+        let others = all & !me;
+        // The owner's shard of the per-rank block, and this CTA's piece of it.
+        let shard = split(block, p as u64, GRAIN, r as u64);
+        for cta in 0..c {
+            let (lo, hi) = split(shard.1 - shard.0, c, GRAIN, cta);
+            let (a, n) = (shard.0 + lo, hi - lo);
+            let first = tasks.len() as u32;
+            if n > 0 {
+                use TaskKind::{Move, ReduceInto};
+                let (inp, out) = (slot::INPUT, slot::OUTPUT);
+                match spec.collective {
+                    Collective::AllReduce if p == 1 => {
+                        if !spec.in_place {
+                            tasks.push(task(Move, me, inp, a, me, out, a, n, 0));
+                        }
+                    }
+                    Collective::AllReduce if !tma => {
+                        tasks.push(task(Move, all, inp, a, all, out, a, n, 0));
+                        slots = slots.max(p as u32);
+                        combines = true;
+                    }
+                    Collective::AllReduce => {
+                        // Own contribution first, then the peers' reduced into it, then shard-out.
+                        let mut flags = 0;
+                        if !spec.in_place {
+                            tasks.push(task(Move, me, inp, a, me, out, a, n, 0));
+                            flags = TASK_AFTER_WRITES;
+                        }
+                        tasks.push(task(ReduceInto, others, inp, a, me, out, a, n, flags));
+                        tasks.push(task(Move, me, out, a, others, out, a, n, TASK_AFTER_WRITES));
+                        slots = slots.max(2);
+                        combines = true;
+                    }
+                    Collective::ReduceScatter => {
+                        // Block r of every rank's input → rank r's output.
+                        let src_at = r as u64 * block + a;
+                        if p == 1 || !tma {
+                            if !(p == 1 && spec.in_place) {
+                                tasks.push(task(Move, all, inp, src_at, me, out, a, n, 0));
+                            }
+                            slots = slots.max(p as u32);
+                            combines |= p > 1;
+                        } else {
+                            let mut flags = 0;
+                            if !spec.in_place {
+                                tasks.push(task(Move, me, inp, src_at, me, out, a, n, 0));
+                                flags = TASK_AFTER_WRITES;
+                            }
+                            tasks.push(task(ReduceInto, others, inp, src_at, me, out, a, n, flags));
+                            slots = slots.max(2);
+                            combines = true;
+                        }
+                    }
+                    Collective::AllGather => {
+                        // Rank r's input → block r of every rank's output.
+                        let dst_at = r as u64 * block + a;
+                        let dsts = if spec.in_place { others } else { all };
+                        if dsts != 0 {
+                            tasks.push(task(Move, me, inp, a, dsts, out, dst_at, n, 0));
+                        }
+                    }
+                }
+            }
+            programs.push(TbProgram {
+                rank: r as u32,
+                cta: cta as u32,
+                first_task: first,
+                task_count: tasks.len() as u32 - first,
+                barrier_ranks: if p > 1 { all } else { 0 },
+                reserved: 0,
+            });
+        }
+    }
+    Ok(Lowered { programs, tasks, ranks: p, slots, combines })
+}
+
+/// The collective computed directly from its definition (no plan involved): the reference the plans'
+/// results are compared with. `inputs[r]` is rank `r`'s input buffer (bytes); returns every rank's
+/// output buffer. For in-place specs the inputs are given as they are before the call (for AllGather
+/// in place: rank r's own block) and outputs are the buffers after it.
+pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let e = spec.dtype.size();
+    let block = spec.count as usize * e;
+    let p = spec.ranks;
+    let reduce = |slices: Vec<&[u8]>| -> Vec<u8> {
+        let mut acc = slices[0].to_vec();
+        for s in &slices[1..] {
+            for i in (0..acc.len()).step_by(e) {
+                let c = crate::lowered::combine(spec.dtype, spec.op, &acc[i..i + e], &s[i..i + e]);
+                acc[i..i + e].copy_from_slice(&c);
+            }
+        }
+        acc
+    };
+    match spec.collective {
+        Collective::AllReduce => {
+            let sum = reduce(inputs.iter().map(|v| &v[..]).collect());
+            vec![sum; p]
+        }
+        Collective::ReduceScatter => (0..p)
+            .map(|r| {
+                let res = reduce(inputs.iter().map(|v| &v[r * block..(r + 1) * block]).collect());
+                if spec.in_place {
+                    let mut buf = inputs[r].clone();
+                    buf[r * block..(r + 1) * block].copy_from_slice(&res);
+                    buf
+                } else {
+                    res
+                }
+            })
+            .collect(),
+        Collective::AllGather => {
+            let cat: Vec<u8> = inputs.iter().flat_map(|v| v[..block].iter().copied()).collect();
+            vec![cat; p]
+        }
+    }
+}

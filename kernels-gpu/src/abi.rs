@@ -1,1 +1,405 @@
-//! Host/device ABI.
+//! The host/device ABI: `#[repr(C)]` descriptors defined once and compiled for both sides.
+//!
+//! The host lowers a plan into an array of [`TbProgram`]s (one per CTA of the launch) and an array of
+//! [`Task`]s, uploads both once per cached plan, and launches the mover's kernel ([`Mover::kernel`]) with a
+//! [`LaunchArgs`]
+//! by value. Buffers are named symbolically in tasks (rank, [`slot`], byte offset) and resolved through
+//! the per-call buffer table in [`LaunchArgs::buffers`], so a cached plan serves any user buffers.
+//!
+//! Every struct's size and alignment is asserted at compile time; the asserts run on both targets.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Most ranks one launch can address (a bit mask of ranks fits a `u32`).
+pub const MAX_RANKS: usize = 16;
+/// Buffer slots per rank in the buffer table; see [`slot`].
+pub const BUFFER_SLOTS: usize = 4;
+/// Most CTAs one rank may use in a launch (sizes the barrier slots of the workspace).
+pub const MAX_CTAS_PER_RANK: usize = 256;
+/// Most pipeline stages of the TMA mover (one mbarrier each).
+pub const MAX_STAGES: usize = 16;
+
+
+/// Buffer slots of the per-call buffer table.
+pub mod slot {
+    /// The collective's send buffer (input).
+    pub const INPUT: u8 = 0;
+    /// The collective's receive buffer (output).
+    pub const OUTPUT: u8 = 1;
+    /// A scratch buffer owned by the communicator.
+    pub const SCRATCH: u8 = 2;
+    /// A second scratch buffer.
+    pub const SCRATCH2: u8 = 3;
+}
+
+macro_rules! abi_enum {
+    ($(#[$doc:meta])* $name:ident : $repr:ty { $($(#[$vdoc:meta])* $variant:ident = $value:expr),+ $(,)? }) => {
+        $(#[$doc])*
+        #[repr($repr)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vdoc])* $variant = $value),+ }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// Decodes the ABI value; `None` for a value no variant has.
+            #[inline(always)]
+            pub const fn from_raw(v: $repr) -> Option<Self> {
+                match v { $(x if x == $value => Some($name::$variant),)+ _ => None }
+            }
+
+            /// The ABI value.
+            #[inline(always)]
+            pub const fn raw(self) -> $repr {
+                self as $repr
+            }
+        }
+    };
+}
+
+abi_enum!(
+    /// Element types the engine reduces.
+    DType: u8 {
+        /// IEEE binary32.
+        F32 = 0,
+        /// IEEE binary16.
+        F16 = 1,
+        /// bfloat16.
+        Bf16 = 2,
+        /// Two's-complement 32-bit.
+        I32 = 3,
+        /// Unsigned 32-bit.
+        U32 = 4,
+    }
+);
+
+impl DType {
+    /// Size of one element in bytes.
+    #[inline(always)]
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+
+    /// Lower-case name as nccl-tests prints it (`float`, `half`, `bfloat16`, `int32`, `uint32`).
+    pub const fn nccl_name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F16 => "half",
+            DType::Bf16 => "bfloat16",
+            DType::I32 => "int32",
+            DType::U32 => "uint32",
+        }
+    }
+}
+
+abi_enum!(
+    /// Reduction operators.
+    RedOp: u8 {
+        /// Sum.
+        Sum = 0,
+        /// Minimum (for floats: if one operand is NaN, the other).
+        Min = 1,
+        /// Maximum (for floats: if one operand is NaN, the other).
+        Max = 2,
+    }
+);
+
+impl RedOp {
+    /// Name as nccl-tests prints it.
+    pub const fn nccl_name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Min => "min",
+            RedOp::Max => "max",
+        }
+    }
+}
+
+/// Whether `cp.reduce.async.bulk` can apply `op` to `dtype` in hardware (PTX ISA 8.0: add for f32, f16,
+/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32). Where it cannot, the engine reduces
+/// in registers.
+#[inline(always)]
+pub const fn tma_can_reduce(dtype: DType, op: RedOp) -> bool {
+    match op {
+        RedOp::Sum => true,
+        RedOp::Min | RedOp::Max => !matches!(dtype, DType::F32),
+    }
+}
+
+abi_enum!(
+    /// What a [`Task`] does.
+    TaskKind: u8 {
+        /// For every rank `d` in `dst_ranks`: `dst_d[dst_offset..][..bytes] = ⊕ src_s[src_offset..][..bytes]`
+        /// over the ranks `s` in `src_ranks`, combined in ascending rank order (one source: a copy; one
+        /// destination per source set: a gather-reduce; several destinations: a broadcast of the result).
+        Move = 1,
+        /// The single rank `d` in `dst_ranks` accumulates every source: `dst_d ⊕= src_s` for each `s` in
+        /// `src_ranks`. With [`ReduceMode::Tma`] and an operation the hardware supports, each source is
+        /// reduced into `dst_d` by `cp.reduce.async.bulk` (element-wise atomic; the order between sources
+        /// is not fixed); otherwise `dst_d` and the sources are combined in registers, `dst_d` first, then
+        /// sources in ascending rank order.
+        ReduceInto = 2,
+    }
+);
+
+abi_enum!(
+    /// The data mover of a launch.
+    Mover: u8 {
+        /// One elected thread issues bulk copies through a ring of shared-memory stages.
+        Tma = 0,
+        /// Every thread moves 16-byte vectors with several loads in flight.
+        Simt = 1,
+    }
+);
+
+/// Invokes `$m!` with every engine kernel: (TMA kernel, SIMT kernel: dtype, operator, the engine's
+/// `Combine` type). The one list both sides read: the device defines these entry points from it, the
+/// host looks kernel names up in [`KERNELS`].
+macro_rules! engine_kernels {
+    ($m:ident) => {
+        $m! {
+            oxccl_run_tma_f32_sum, oxccl_run_simt_f32_sum: F32, Sum, SumF32;
+            oxccl_run_tma_f32_min, oxccl_run_simt_f32_min: F32, Min, MinF32;
+            oxccl_run_tma_f32_max, oxccl_run_simt_f32_max: F32, Max, MaxF32;
+            oxccl_run_tma_f16_sum, oxccl_run_simt_f16_sum: F16, Sum, SumF16;
+            oxccl_run_tma_f16_min, oxccl_run_simt_f16_min: F16, Min, MinF16;
+            oxccl_run_tma_f16_max, oxccl_run_simt_f16_max: F16, Max, MaxF16;
+            oxccl_run_tma_bf16_sum, oxccl_run_simt_bf16_sum: Bf16, Sum, SumBf16;
+            oxccl_run_tma_bf16_min, oxccl_run_simt_bf16_min: Bf16, Min, MinBf16;
+            oxccl_run_tma_bf16_max, oxccl_run_simt_bf16_max: Bf16, Max, MaxBf16;
+            oxccl_run_tma_i32_sum, oxccl_run_simt_i32_sum: I32, Sum, SumI32;
+            oxccl_run_tma_i32_min, oxccl_run_simt_i32_min: I32, Min, MinI32;
+            oxccl_run_tma_i32_max, oxccl_run_simt_i32_max: I32, Max, MaxI32;
+            oxccl_run_tma_u32_sum, oxccl_run_simt_u32_sum: U32, Sum, SumI32;
+            oxccl_run_tma_u32_min, oxccl_run_simt_u32_min: U32, Min, MinU32;
+            oxccl_run_tma_u32_max, oxccl_run_simt_u32_max: U32, Max, MaxU32;
+        }
+    };
+}
+#[cfg_attr(not(target_arch = "nvptx64"), allow(unused_imports))]
+pub(crate) use engine_kernels;
+
+macro_rules! kernel_table {
+    ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {
+        /// Every engine kernel: (dtype, operator, TMA-mover kernel, SIMT-mover kernel). One kernel per
+        /// mover and (dtype, operator): one kernel holding every combination needs several times the
+        /// registers of any one of them.
+        pub const KERNELS: &[(DType, RedOp, &str, &str)] =
+            &[$((DType::$dtype, RedOp::$op, stringify!($tma), stringify!($simt))),+];
+    };
+}
+engine_kernels!(kernel_table);
+
+/// Name of the engine kernel for `mover` reducing `dtype` with `op` (copies use any operator).
+pub fn kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
+    let mut i = 0;
+    while i < KERNELS.len() {
+        let (d, o, tma, simt) = KERNELS[i];
+        if d as u8 == dtype as u8 && o as u8 == op as u8 {
+            return match mover {
+                Mover::Tma => tma,
+                Mover::Simt => simt,
+            };
+        }
+        i += 1;
+    }
+    unreachable!()
+}
+
+abi_enum!(
+    /// How [`TaskKind::ReduceInto`] accumulates (TMA mover only).
+    ReduceMode: u8 {
+        /// Sources and destination are loaded into shared memory and combined by the CTA's threads.
+        Registers = 0,
+        /// Sources are reduced into the destination by `cp.reduce.async.bulk`, where supported.
+        Tma = 1,
+    }
+);
+
+/// Task flag: before starting this task, wait until every earlier bulk write of this CTA is complete
+/// (`cp.async.bulk.wait_group 0`) and every thread's writes are ordered before it (a CTA barrier), so
+/// the task may read or reduce into what earlier tasks wrote.
+pub const TASK_AFTER_WRITES: u8 = 1;
+
+/// One unit of work of a CTA. 40 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Task {
+    /// A [`TaskKind`].
+    pub kind: u8,
+    /// A [`DType`].
+    pub dtype: u8,
+    /// A [`RedOp`] (ignored by a copy).
+    pub op: u8,
+    /// Buffer slot of the sources ([`slot`]).
+    pub src_slot: u8,
+    /// Buffer slot of the destinations.
+    pub dst_slot: u8,
+    /// [`TASK_AFTER_WRITES`] or 0.
+    pub flags: u8,
+    /// Zero.
+    pub reserved: u16,
+    /// Bit `r` set: rank `r`'s `src_slot` buffer is a source.
+    pub src_ranks: u32,
+    /// Bit `r` set: rank `r`'s `dst_slot` buffer is a destination.
+    pub dst_ranks: u32,
+    /// Byte offset of the range in every source buffer.
+    pub src_offset: u64,
+    /// Byte offset of the range in every destination buffer.
+    pub dst_offset: u64,
+    /// Length of the range in bytes (a multiple of the element size).
+    pub bytes: u64,
+}
+
+/// The work of one CTA: a contiguous range of the launch's task array, run in order. 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct TbProgram {
+    /// The rank this CTA works for.
+    pub rank: u32,
+    /// This CTA's index among its rank's CTAs (names its barrier slots; `< MAX_CTAS_PER_RANK`).
+    pub cta: u32,
+    /// Index of the first task in the launch's task array.
+    pub first_task: u32,
+    /// Number of tasks.
+    pub task_count: u32,
+    /// Ranks (bit mask, this rank included or not) whose CTA with the same `cta` index this CTA meets
+    /// before its first task (start barrier: their buffers are ready) and after its last (end barrier:
+    /// all writes into each other's buffers are complete). 0: no barriers.
+    pub barrier_ranks: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// Kernel parameters of the engine's kernels ([`kernel_name`]), passed by value. Every field is read at a constant offset
+/// (dynamic indexing of a kernel parameter would copy it to local memory): the tables are copied to
+/// shared memory at entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct LaunchArgs {
+    /// Device address of the `TbProgram` array, indexed by `blockIdx.x`.
+    pub programs: u64,
+    /// Device address of the `Task` array.
+    pub tasks: u64,
+    /// Device address of this launch's [`Status`].
+    pub status: u64,
+    /// Every wait gives up after this many nanoseconds and records a [`WaitKind`] in the status.
+    pub timeout_ns: u64,
+    /// Bytes per source per pipeline stage (TMA mover; multiple of 16).
+    pub chunk_bytes: u32,
+    /// Pipeline stages (TMA mover; 1..=MAX_STAGES).
+    pub stages: u32,
+    /// Source slots per stage: the most sources any task of the launch combines in registers.
+    pub slots: u32,
+    /// A [`ReduceMode`].
+    pub reduce_mode: u32,
+    /// Suspend-time hint for mbarrier waits (ns; 0: plain spin).
+    pub wait_suspend_ns: u32,
+    /// Zero.
+    pub reserved: [u32; 3],
+    /// Peer-visible workspace base of every rank ([`Workspace`] layout).
+    pub workspaces: [u64; MAX_RANKS],
+    /// `buffers[rank][slot]`: base device address of each rank's buffer in each slot (0 if unused).
+    pub buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+}
+
+abi_enum!(
+    /// Which bounded wait gave up.
+    WaitKind: u32 {
+        /// Waiting for a peer to reach the collective (start barrier).
+        StartBarrier = 1,
+        /// Waiting for a peer to finish writing into this rank's buffers (end barrier).
+        EndBarrier = 2,
+        /// Waiting for a bulk load to land in shared memory (mbarrier phase).
+        BulkLoad = 3,
+        /// A descriptor the engine cannot execute (unknown kind, dtype or operator; too many sources).
+        BadTask = 4,
+    }
+);
+
+/// What the engine reports back. The first error wins; `errors` counts all of them. 40 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Status {
+    /// Number of errors recorded (0: success).
+    pub errors: u32,
+    /// The first error's [`WaitKind`].
+    pub kind: u32,
+    /// The rank whose CTA recorded it.
+    pub rank: u32,
+    /// That CTA's index within its rank.
+    pub cta: u32,
+    /// The peer waited for (or the task index for `BadTask`).
+    pub peer: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The value waited for.
+    pub expected: u64,
+    /// The last value seen.
+    pub observed: u64,
+}
+
+/// Layout of a rank's peer-visible workspace (device memory every rank of the communicator can
+/// address). Counters only grow; "epochs" live here, not in kernel arguments, so captured launches
+/// replay correctly.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub struct Workspace {
+    /// `arrive[src][cta]`: written by CTA `cta` of rank `src` when it reaches a collective.
+    pub arrive: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
+    /// `done[src][cta]`: written by CTA `cta` of rank `src` when its writes into this rank are complete.
+    pub done: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
+    /// `seq[cta]`: how many collectives CTA `cta` of this rank has started (private to that CTA).
+    pub seq: [u64; MAX_CTAS_PER_RANK],
+}
+
+impl Workspace {
+    /// Byte offset of `arrive[src][cta]`.
+    pub const fn arrive_offset(src: usize, cta: usize) -> usize {
+        (src * MAX_CTAS_PER_RANK + cta) * 8
+    }
+    /// Byte offset of `done[src][cta]`.
+    pub const fn done_offset(src: usize, cta: usize) -> usize {
+        (MAX_RANKS * MAX_CTAS_PER_RANK + src * MAX_CTAS_PER_RANK + cta) * 8
+    }
+    /// Byte offset of `seq[cta]`.
+    pub const fn seq_offset(cta: usize) -> usize {
+        (2 * MAX_RANKS * MAX_CTAS_PER_RANK + cta) * 8
+    }
+}
+
+/// Layout of the engine's dynamic shared memory: a header, then `stages × slots × chunk_bytes` of
+/// pipeline stages.
+pub mod smem {
+    use super::{BUFFER_SLOTS, MAX_RANKS, MAX_STAGES};
+    /// Offset of the buffer table copied from [`super::LaunchArgs::buffers`].
+    pub const BUFFERS: usize = 0;
+    /// Offset of the workspace table.
+    pub const WORKSPACES: usize = BUFFERS + MAX_RANKS * BUFFER_SLOTS * 8;
+    /// Offset of the stage mbarriers (one per stage).
+    pub const BARRIERS: usize = WORKSPACES + MAX_RANKS * 8;
+    /// Offset of the first stage (128-byte aligned).
+    pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
+
+    /// Dynamic shared memory a launch needs.
+    pub const fn bytes(stages: usize, slots: usize, chunk_bytes: usize) -> usize {
+        STAGES + stages * slots * chunk_bytes
+    }
+}
+
+const _: () = {
+    use core::mem::{align_of, size_of};
+    assert!(size_of::<Task>() == 40 && align_of::<Task>() == 8);
+    assert!(size_of::<TbProgram>() == 24 && align_of::<TbProgram>() == 4);
+    assert!(size_of::<Status>() == 40 && align_of::<Status>() == 8);
+    assert!(size_of::<LaunchArgs>() == 64 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
+    // Kernel parameters aligned above 16 bytes break the nvptx backend; 8 is what we pass.
+    assert!(align_of::<LaunchArgs>() == 8);
+    assert!(size_of::<Workspace>() == Workspace::seq_offset(MAX_CTAS_PER_RANK));
+    assert!(MAX_RANKS <= 32, "rank masks are u32");
+    assert!(smem::STAGES % 128 == 0);
+};

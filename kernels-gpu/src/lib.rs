@@ -6,11 +6,15 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)
+    feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 pub mod abi;
+#[cfg(target_arch = "nvptx64")]
+pub mod engine;
+#[cfg(target_arch = "nvptx64")]
+pub mod entry;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -1,0 +1,286 @@
+//! Lowered programs: the `abi` descriptors the GPU engine runs, executed on host memory.
+//!
+//! [`Lowered`] is what the device receives: one [`TbProgram`] per CTA and the task array. [`execute`]
+//! runs it on per-rank host buffers with the engine's semantics (the CPU executor the tests compare the
+//! GPU against), and [`check_races`] proves the CTAs of a program never touch a byte another CTA writes,
+//! which is what makes running CTAs one after another on the CPU equal to running them concurrently.
+
+use oxccl_kernels::abi::{
+    BUFFER_SLOTS, DType, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, tma_can_reduce,
+};
+use std::fmt;
+
+/// A lowered program: CTA programs, their tasks, and what the launch needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lowered {
+    /// One entry per CTA of the launch, in `blockIdx.x` order.
+    pub programs: Vec<TbProgram>,
+    /// The task array the programs index.
+    pub tasks: Vec<Task>,
+    /// Ranks the program addresses (buffer table rows 0..ranks).
+    pub ranks: usize,
+    /// Most sources a TMA-mover task combines in registers (shared-memory slots per stage).
+    pub slots: u32,
+    /// Whether any task combines several sources (the CTA then needs more than one warp).
+    pub combines: bool,
+}
+
+/// Why a lowered program is malformed or racy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoweredError {
+    /// A program's task range is outside the task array.
+    TaskRange { program: usize },
+    /// A task names an unknown kind, dtype or operator, an empty or out-of-range rank set, a bad slot,
+    /// or lengths that are not whole elements.
+    BadTask { task: usize, why: &'static str },
+    /// A range is outside the buffer it addresses.
+    OutOfBounds { task: usize, rank: usize, slot: u8, end: u64, len: u64 },
+    /// Two CTAs access the same bytes and at least one writes them.
+    Race { first: usize, second: usize, rank: usize, slot: u8, start: u64, end: u64 },
+}
+
+impl fmt::Display for LoweredError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoweredError::TaskRange { program } => write!(f, "program {program}: task range outside the task array"),
+            LoweredError::BadTask { task, why } => write!(f, "task {task}: {why}"),
+            LoweredError::OutOfBounds { task, rank, slot, end, len } => {
+                write!(f, "task {task}: rank {rank} slot {slot}: range ends at byte {end}, buffer has {len}")
+            }
+            LoweredError::Race { first, second, rank, slot, start, end } => write!(
+                f,
+                "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoweredError {}
+
+/// Per-rank host buffers, `buffers[rank][slot]`, as raw bytes. An empty vector is an unused slot.
+pub type HostBuffers = Vec<[Vec<u8>; BUFFER_SLOTS]>;
+
+fn decode(index: usize, t: &Task) -> Result<(TaskKind, DType, RedOp), LoweredError> {
+    let bad = |why| LoweredError::BadTask { task: index, why };
+    let kind = TaskKind::from_raw(t.kind).ok_or(bad("unknown kind"))?;
+    let dtype = DType::from_raw(t.dtype).ok_or(bad("unknown dtype"))?;
+    let op = RedOp::from_raw(t.op).ok_or(bad("unknown operator"))?;
+    let limit = if MAX_RANKS >= 32 { u32::MAX } else { (1u32 << MAX_RANKS) - 1 };
+    if t.src_ranks == 0 || t.dst_ranks == 0 || t.src_ranks & !limit != 0 || t.dst_ranks & !limit != 0 {
+        return Err(bad("empty or out-of-range rank set"));
+    }
+    if t.src_slot as usize >= BUFFER_SLOTS || t.dst_slot as usize >= BUFFER_SLOTS {
+        return Err(bad("slot out of range"));
+    }
+    let e = dtype.size() as u64;
+    if t.bytes % e != 0 || t.src_offset % e != 0 || t.dst_offset % e != 0 {
+        return Err(bad("lengths or offsets are not whole elements"));
+    }
+    if kind == TaskKind::ReduceInto && t.dst_ranks.count_ones() != 1 {
+        return Err(bad("ReduceInto needs exactly one destination"));
+    }
+    Ok((kind, dtype, op))
+}
+
+fn ranks(mask: u32) -> impl Iterator<Item = usize> {
+    (0..32).filter(move |r| mask & (1 << r) != 0)
+}
+
+/// A slot that lives inside another: (rank, slot) is (target rank, target slot) from byte `offset` on.
+pub type Alias = (usize, u8, usize, u8, u64);
+
+/// Validates every program and task against the buffer lengths `len[rank][slot]` (aliased slots
+/// measured inside their target).
+pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> Result<(), LoweredError> {
+    let len_of = |r: usize, s: u8| -> u64 {
+        for &(ar, as_, tr, ts, off) in aliases {
+            if ar == r && as_ == s {
+                return len.get(tr).map(|x| x[ts as usize]).unwrap_or(0).saturating_sub(off);
+            }
+        }
+        len.get(r).map(|x| x[s as usize]).unwrap_or(0)
+    };
+    for (p, prog) in l.programs.iter().enumerate() {
+        let end = prog.first_task as usize + prog.task_count as usize;
+        if end > l.tasks.len() {
+            return Err(LoweredError::TaskRange { program: p });
+        }
+    }
+    for (i, t) in l.tasks.iter().enumerate() {
+        decode(i, t)?;
+        let check = |mask: u32, slot: u8, off: u64| -> Result<(), LoweredError> {
+            for r in ranks(mask) {
+                let have = len_of(r, slot);
+                if off + t.bytes > have {
+                    return Err(LoweredError::OutOfBounds { task: i, rank: r, slot, end: off + t.bytes, len: have });
+                }
+            }
+            Ok(())
+        };
+        check(t.src_ranks, t.src_slot, t.src_offset)?;
+        check(t.dst_ranks, t.dst_slot, t.dst_offset)?;
+    }
+    Ok(())
+}
+
+/// Byte ranges one task reads and writes: (rank, slot, start, end).
+fn accesses(t: &Task) -> (Vec<(usize, u8, u64, u64)>, Vec<(usize, u8, u64, u64)>) {
+    let reads: Vec<_> = ranks(t.src_ranks).map(|r| (r, t.src_slot, t.src_offset, t.src_offset + t.bytes)).collect();
+    // Accumulating (`ReduceInto`) also reads the destination; the write covers it.
+    let writes: Vec<_> = ranks(t.dst_ranks).map(|r| (r, t.dst_slot, t.dst_offset, t.dst_offset + t.bytes)).collect();
+    (reads, writes)
+}
+
+/// Checks that no two CTAs access overlapping bytes of the same (rank, slot) where at least one
+/// writes. Buffers of different slots are assumed distinct unless `aliases` maps a (rank, slot) onto
+/// another (rank, slot) at a byte offset (in-place collectives).
+pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
+    // (rank, slot, start, end, cta, is_write), in canonical (aliased) coordinates.
+    let canon = |r: usize, s: u8, a: u64, b: u64| {
+        for &(ar, as_, tr, ts, off) in aliases {
+            if ar == r && as_ == s {
+                return (tr, ts, a + off, b + off);
+            }
+        }
+        (r, s, a, b)
+    };
+    let mut all = Vec::new();
+    for (c, prog) in l.programs.iter().enumerate() {
+        for t in &l.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize] {
+            let (reads, writes) = accesses(t);
+            for (r, s, a, b) in reads {
+                let (r, s, a, b) = canon(r, s, a, b);
+                all.push((r, s, a, b, c, false));
+            }
+            for (r, s, a, b) in writes {
+                let (r, s, a, b) = canon(r, s, a, b);
+                all.push((r, s, a, b, c, true));
+            }
+        }
+    }
+    all.retain(|x| x.2 < x.3);
+    all.sort_by_key(|x| (x.0, x.1, x.2));
+    // Sweep: for each access, compare with later ones that start before it ends.
+    for i in 0..all.len() {
+        let (r, s, _, b, c, w) = all[i];
+        for &(r2, s2, a2, b2, c2, w2) in &all[i + 1..] {
+            if r2 != r || s2 != s || a2 >= b {
+                break;
+            }
+            if c2 != c && (w || w2) {
+                return Err(LoweredError::Race { first: c, second: c2, rank: r, slot: s, start: a2, end: b.min(b2) });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Element-wise operator on raw little-endian element bytes, with the device's semantics.
+pub fn combine(dtype: DType, op: RedOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+    use half::{bf16, f16};
+    match dtype {
+        DType::F32 => {
+            let (x, y) = (f32::from_le_bytes(a.try_into().unwrap()), f32::from_le_bytes(b.try_into().unwrap()));
+            let r = match op {
+                RedOp::Sum => x + y,
+                RedOp::Min => x.min(y),
+                RedOp::Max => x.max(y),
+            };
+            r.to_le_bytes().to_vec()
+        }
+        DType::F16 => {
+            let (x, y) = (f16::from_le_bytes(a.try_into().unwrap()), f16::from_le_bytes(b.try_into().unwrap()));
+            let r = match op {
+                // f32 holds the exact sum of two f16, so one rounding gives the correctly rounded f16 sum.
+                RedOp::Sum => f16::from_f32(x.to_f32() + y.to_f32()),
+                RedOp::Min => f16::from_f32(x.to_f32().min(y.to_f32())),
+                RedOp::Max => f16::from_f32(x.to_f32().max(y.to_f32())),
+            };
+            r.to_le_bytes().to_vec()
+        }
+        DType::Bf16 => {
+            let (x, y) = (bf16::from_le_bytes(a.try_into().unwrap()), bf16::from_le_bytes(b.try_into().unwrap()));
+            let r = match op {
+                RedOp::Sum => bf16::from_f64(x.to_f64() + y.to_f64()),
+                RedOp::Min => bf16::from_f32(x.to_f32().min(y.to_f32())),
+                RedOp::Max => bf16::from_f32(x.to_f32().max(y.to_f32())),
+            };
+            r.to_le_bytes().to_vec()
+        }
+        DType::I32 => {
+            let (x, y) = (i32::from_le_bytes(a.try_into().unwrap()), i32::from_le_bytes(b.try_into().unwrap()));
+            let r = match op {
+                RedOp::Sum => x.wrapping_add(y),
+                RedOp::Min => x.min(y),
+                RedOp::Max => x.max(y),
+            };
+            r.to_le_bytes().to_vec()
+        }
+        DType::U32 => {
+            let (x, y) = (u32::from_le_bytes(a.try_into().unwrap()), u32::from_le_bytes(b.try_into().unwrap()));
+            let r = match op {
+                RedOp::Sum => x.wrapping_add(y),
+                RedOp::Min => x.min(y),
+                RedOp::Max => x.max(y),
+            };
+            r.to_le_bytes().to_vec()
+        }
+    }
+}
+
+/// Runs `l` on `bufs` with the engine's semantics: CTAs one after another, tasks in order; a `Move`
+/// combines its sources in ascending rank order; `ReduceInto` accumulates the sources into the
+/// destination in ascending rank order (`tma_reduce` only records whether the GPU may reorder them:
+/// the CPU result is one of the GPU's admissible results, exact for integer-valued data).
+///
+/// Returns an error for a malformed program or a race between CTAs (the GPU result would then be
+/// undefined).
+pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result<(), LoweredError> {
+    let lens: Vec<[u64; BUFFER_SLOTS]> = bufs.iter().map(|s| std::array::from_fn(|k| s[k].len() as u64)).collect();
+    validate(l, &lens, aliases)?;
+    check_races(l, aliases)?;
+    let resolve = |r: usize, s: u8, off: u64| -> (usize, usize, u64) {
+        for &(ar, as_, tr, ts, o) in aliases {
+            if ar == r && as_ == s {
+                return (tr, ts as usize, off + o);
+            }
+        }
+        (r, s as usize, off)
+    };
+    for prog in &l.programs {
+        for t in &l.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize] {
+            let (kind, dtype, op) = decode(0, t)?;
+            let e = dtype.size();
+            let n = t.bytes as usize / e;
+            let read = |bufs: &HostBuffers, r: usize, slot: u8, off: u64| -> Vec<u8> {
+                let (r, s, off) = resolve(r, slot, off);
+                bufs[r][s][off as usize..off as usize + t.bytes as usize].to_vec()
+            };
+            let mut acc: Vec<u8> = match kind {
+                TaskKind::Move => Vec::new(),
+                TaskKind::ReduceInto => read(bufs, t.dst_ranks.trailing_zeros() as usize, t.dst_slot, t.dst_offset),
+            };
+            for r in ranks(t.src_ranks) {
+                let src = read(bufs, r, t.src_slot, t.src_offset);
+                if acc.is_empty() && kind == TaskKind::Move {
+                    acc = src;
+                } else {
+                    for i in 0..n {
+                        let c = combine(dtype, op, &acc[i * e..(i + 1) * e], &src[i * e..(i + 1) * e]);
+                        acc[i * e..(i + 1) * e].copy_from_slice(&c);
+                    }
+                }
+            }
+            for r in ranks(t.dst_ranks) {
+                let (r, s, off) = resolve(r, t.dst_slot, t.dst_offset);
+                bufs[r][s][off as usize..off as usize + t.bytes as usize].copy_from_slice(&acc);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `ReduceInto` tasks of this (dtype, operator) may run on `cp.reduce.async.bulk`.
+pub fn tma_reducible(dtype: DType, op: RedOp) -> bool {
+    tma_can_reduce(dtype, op)
+}

@@ -1,0 +1,131 @@
+//! The device engine: per-CTA context, bounded waits, cross-rank barriers, the two data movers and
+//! the TB program walker.
+//!
+//! Layers, bottom up: `oxccl-ptx` (one wrapper per instruction) → [`wait`] and [`pipeline`] (bounded
+//! waits, stage ring state) → the movers [`tma`] and [`simt`] (a task's byte range, moved or reduced) →
+//! [`walker`] (a CTA's task list between a start and an end barrier) → `crate::entry` (the kernel).
+
+pub mod combine;
+pub mod pipeline;
+pub mod simt;
+pub mod tma;
+pub mod wait;
+pub mod walker;
+
+use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, ReduceMode, Status};
+use oxccl_ptx::sreg::{ntid_x, tid_x};
+use oxccl_ptx::{Global, Mbarrier, Shared};
+
+/// Base of the dynamic shared memory, 1024-byte aligned.
+#[repr(C, align(1024))]
+pub struct SmemBase([u8; 1024]);
+
+/// What every thread of a CTA knows about its launch. Built once at kernel entry.
+pub struct Ctx {
+    /// This thread's index and the CTA's size.
+    pub tid: u32,
+    pub threads: u32,
+    /// The one thread that issues bulk copies and does the cross-rank signalling.
+    pub issuer: bool,
+    /// The rank this CTA works for and its index among that rank's CTAs.
+    pub rank: u32,
+    pub cta: u32,
+    /// Generic pointer to the dynamic shared memory (header tables are read through it).
+    pub smem: *mut u8,
+    /// The same memory as a shared-window address (bulk copies and mbarriers use it).
+    pub smem_shared: Shared<u8>,
+    pub status: Global<Status>,
+    pub timeout_ns: u64,
+    pub chunk_bytes: u32,
+    pub stages: u32,
+    pub slots: u32,
+    pub reduce_mode: ReduceMode,
+    pub wait_suspend_ns: u32,
+}
+
+impl Ctx {
+    /// Reads the launch parameters (constant offsets only) into a context.
+    ///
+    /// # Safety
+    /// Called at kernel entry with the launch's dynamic shared memory base.
+    #[inline(always)]
+    pub unsafe fn new(args: &LaunchArgs, smem: *mut u8, rank: u32, cta: u32) -> Self {
+        let tid = tid_x();
+        Ctx {
+            tid,
+            threads: ntid_x(),
+            issuer: tid == 0,
+            rank,
+            cta,
+            smem,
+            // SAFETY: `smem` is the dynamic shared memory base.
+            smem_shared: unsafe { Shared::from_generic(smem) },
+            status: Global::from_addr(args.status),
+            timeout_ns: args.timeout_ns,
+            chunk_bytes: args.chunk_bytes,
+            stages: args.stages,
+            slots: args.slots,
+            reduce_mode: ReduceMode::from_raw(args.reduce_mode as u8).unwrap_or(ReduceMode::Registers),
+            wait_suspend_ns: args.wait_suspend_ns,
+        }
+    }
+
+    /// Base address of `rank`'s buffer in `slot`, from the shared-memory buffer table.
+    #[inline(always)]
+    pub fn buffer(&self, rank: u32, slot: u8) -> u64 {
+        let i = rank as usize * BUFFER_SLOTS + slot as usize;
+        // SAFETY: the table was written at entry (before the CTA barrier) and is only read afterwards;
+        // rank < MAX_RANKS and slot < BUFFER_SLOTS are checked by the walker before tasks run.
+        unsafe { *(self.smem.add(abi::smem::BUFFERS) as *const u64).add(i) }
+    }
+
+    /// Base address of `rank`'s workspace.
+    #[inline(always)]
+    pub fn workspace(&self, rank: u32) -> u64 {
+        // SAFETY: as for `buffer`.
+        unsafe { *(self.smem.add(abi::smem::WORKSPACES) as *const u64).add(rank as usize) }
+    }
+
+    /// The mbarrier of pipeline stage `i`.
+    #[inline(always)]
+    pub fn stage_barrier(&self, i: u32) -> Shared<Mbarrier> {
+        self.smem_shared.byte_add(abi::smem::BARRIERS as u32 + 8 * i)
+    }
+
+    /// Slot `k` of pipeline stage `i`.
+    #[inline(always)]
+    pub fn stage_slot(&self, i: u32, k: u32) -> Shared<u8> {
+        self.smem_shared.byte_add(abi::smem::STAGES as u32 + (i * self.slots + k) * self.chunk_bytes)
+    }
+
+    /// The CTA-wide abort flag in shared memory: set by any thread whose bounded wait gave up, read by
+    /// all after each CTA barrier so the whole CTA leaves together.
+    #[inline(always)]
+    fn abort_flag(&self) -> *mut u32 {
+        // SAFETY: the word after the barriers is reserved for the flag (smem::BARRIERS + MAX_STAGES*8 <
+        // smem::STAGES).
+        unsafe { self.smem.add(abi::smem::BARRIERS + abi::MAX_STAGES * 8) as *mut u32 }
+    }
+
+    /// Marks the CTA as aborting.
+    #[inline(always)]
+    pub fn set_abort(&self) {
+        // SAFETY: see `abort_flag`; a racy store of the same value by several threads is benign and is
+        // read only after a CTA barrier.
+        unsafe { core::ptr::write_volatile(self.abort_flag(), 1) }
+    }
+
+    /// Whether any thread set the abort flag (meaningful after a CTA barrier).
+    #[inline(always)]
+    pub fn aborted(&self) -> bool {
+        // SAFETY: see `abort_flag`.
+        unsafe { core::ptr::read_volatile(self.abort_flag()) != 0 }
+    }
+
+    /// Clears the abort flag (entry, before the first CTA barrier).
+    #[inline(always)]
+    pub fn clear_abort(&self) {
+        // SAFETY: see `abort_flag`.
+        unsafe { core::ptr::write_volatile(self.abort_flag(), 0) }
+    }
+}

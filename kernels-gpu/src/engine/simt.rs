@@ -1,0 +1,215 @@
+//! The SIMT data mover: every thread of the CTA moves 16-byte vectors, `UNROLL` independent loads in
+//! flight per source; ranges whose ends are not 16-byte aligned, or whose buffers disagree in their
+//! alignment, go element by element. The honest baseline for the TMA mover, and the path for the
+//! unaligned heads and tails of TMA tasks.
+
+use super::Ctx;
+use super::combine::Combine;
+use oxccl_ptx::Global;
+use oxccl_ptx::memory::{V4, ld_global_v4_u32, st_global_v4_u32};
+
+/// Independent 16-byte vectors per thread per round.
+const UNROLL: u32 = 8;
+
+/// A set of equally long byte ranges: an optional leading address, then `rank`'s buffer in `slot` at
+/// `offset` for every rank in `mask`, in ascending rank order.
+#[derive(Clone, Copy)]
+pub struct AddrSet {
+    /// A leading range (0: none).
+    pub first: u64,
+    pub mask: u32,
+    pub slot: u8,
+    pub offset: u64,
+}
+
+impl AddrSet {
+    /// Number of ranges.
+    #[inline(always)]
+    pub fn count(&self) -> u32 {
+        (self.first != 0) as u32 + self.mask.count_ones()
+    }
+
+    /// The start address of every range, in order.
+    #[inline(always)]
+    pub fn iter<'a>(&self, ctx: &'a Ctx) -> AddrIter<'a> {
+        AddrIter { ctx, first: self.first, mask: self.mask, slot: self.slot, offset: self.offset }
+    }
+
+    /// Start address of the first range.
+    #[inline(always)]
+    pub fn head(&self, ctx: &Ctx) -> u64 {
+        if self.first != 0 { self.first } else { ctx.buffer(self.mask.trailing_zeros(), self.slot) + self.offset }
+    }
+}
+
+/// Iterator over an [`AddrSet`]'s start addresses.
+pub struct AddrIter<'a> {
+    ctx: &'a Ctx,
+    first: u64,
+    mask: u32,
+    slot: u8,
+    offset: u64,
+}
+
+impl Iterator for AddrIter<'_> {
+    type Item = u64;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<u64> {
+        if self.first != 0 {
+            let a = self.first;
+            self.first = 0;
+            return Some(a);
+        }
+        if self.mask == 0 {
+            return None;
+        }
+        let r = self.mask.trailing_zeros();
+        self.mask &= self.mask - 1;
+        Some(self.ctx.buffer(r, self.slot) + self.offset)
+    }
+}
+
+/// Sources, destinations and length of one move: every destination range receives the sources
+/// combined in order.
+#[derive(Clone, Copy)]
+pub struct Operands {
+    pub srcs: AddrSet,
+    pub dsts: AddrSet,
+    pub bytes: u64,
+}
+
+impl Operands {
+    /// The sub-range `[from, from + bytes)` of every range.
+    #[inline(always)]
+    pub fn window(&self, from: u64, bytes: u64) -> Operands {
+        let shift = |s: AddrSet| AddrSet {
+            first: if s.first != 0 { s.first + from } else { 0 },
+            offset: s.offset + from,
+            ..s
+        };
+        Operands { srcs: shift(self.srcs), dsts: shift(self.dsts), bytes }
+    }
+
+    /// OR of every range's start address XOR the first source's, low 4 bits: zero when all ranges
+    /// share their alignment modulo 16.
+    #[inline(always)]
+    pub fn misalignment(&self, ctx: &Ctx) -> u64 {
+        let base = self.srcs.head(ctx);
+        let mut mix = 0;
+        for a in self.srcs.iter(ctx).chain(self.dsts.iter(ctx)) {
+            mix |= a ^ base;
+        }
+        mix & 15
+    }
+
+    /// Bytes before the first 16-byte boundary of the (commonly aligned) ranges.
+    #[inline(always)]
+    pub fn head_bytes(&self, ctx: &Ctx) -> u64 {
+        ((16 - (self.srcs.head(ctx) & 15)) & 15).min(self.bytes)
+    }
+}
+
+/// Moves `ops` with all threads of the CTA: vectors where alignment allows, elements elsewhere.
+///
+/// # Safety
+/// Every range is in bounds of device memory this CTA may access, element-aligned for `elem`
+/// (2 or 4 bytes), and `ops.bytes` is a multiple of `elem`; no other thread writes the sources
+/// concurrently. Every thread of the CTA calls it with the same operands.
+#[inline(always)]
+pub unsafe fn run<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
+    // SAFETY: forwarded contract; the three windows partition the range.
+    unsafe {
+        if ops.misalignment(ctx) != 0 {
+            elements::<C>(ctx, ops, elem);
+            return;
+        }
+        let head = ops.head_bytes(ctx);
+        let body = (ops.bytes - head) & !15;
+        elements::<C>(ctx, &ops.window(0, head), elem);
+        vectors::<C>(ctx, &ops.window(head, body));
+        elements::<C>(ctx, &ops.window(head + body, ops.bytes - head - body), elem);
+    }
+}
+
+/// Element-wise move (2- or 4-byte elements).
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
+    let n = ops.bytes / elem as u64;
+    let mut i = ctx.tid as u64;
+    while i < n {
+        let at = i * elem as u64;
+        let mut acc = 0u32;
+        for (k, a) in ops.srcs.iter(ctx).enumerate() {
+            // SAFETY: in bounds and element-aligned by the caller's contract.
+            let v = unsafe { if elem == 2 { *((a + at) as *const u16) as u32 } else { *((a + at) as *const u32) } };
+            acc = if k == 0 { v } else { C::word(acc, v) };
+        }
+        for a in ops.dsts.iter(ctx) {
+            // SAFETY: as above.
+            unsafe {
+                if elem == 2 {
+                    *((a + at) as *mut u16) = acc as u16;
+                } else {
+                    *((a + at) as *mut u32) = acc;
+                }
+            }
+        }
+        i += ctx.threads as u64;
+    }
+}
+
+/// 16-byte vector move; every range 16-byte aligned, `ops.bytes` a multiple of 16.
+///
+/// # Safety
+/// As [`run`], with that alignment.
+#[inline(always)]
+pub unsafe fn vectors<C: Combine>(ctx: &Ctx, ops: &Operands) {
+    let n = ops.bytes / 16;
+    let t = ctx.threads as u64;
+    let mut base = ctx.tid as u64;
+    // Full rounds: UNROLL vectors per thread.
+    while base + (UNROLL as u64 - 1) * t < n {
+        // SAFETY: every index base + u t, u < UNROLL, is < n.
+        unsafe { round::<C, { UNROLL as usize }>(ctx, ops, base, t) };
+        base += UNROLL as u64 * t;
+    }
+    // The rest, one vector at a time.
+    while base < n {
+        // SAFETY: base < n.
+        unsafe { round::<C, 1>(ctx, ops, base, t) };
+        base += t;
+    }
+}
+
+/// One round: vectors `base + u * stride` for `u < U`, every load of a source issued before any of
+/// them is combined.
+///
+/// # Safety
+/// Every vector index of the round is inside every range.
+#[inline(always)]
+unsafe fn round<C: Combine, const U: usize>(ctx: &Ctx, ops: &Operands, base: u64, stride: u64) {
+    let step = 16 * stride;
+    let mut acc: [V4; U] = [[0; 4]; U];
+    for (k, a) in ops.srcs.iter(ctx).enumerate() {
+        let p = a + 16 * base;
+        let mut v: [V4; U] = [[0; 4]; U];
+        for (u, x) in v.iter_mut().enumerate() {
+            // SAFETY: 16-aligned and in bounds (caller's contract).
+            *x = unsafe { ld_global_v4_u32(Global::<V4>::from_addr(p + u as u64 * step)) };
+        }
+        for u in 0..U {
+            acc[u] = if k == 0 { v[u] } else { C::vec(acc[u], v[u]) };
+        }
+    }
+    for a in ops.dsts.iter(ctx) {
+        let p = a + 16 * base;
+        for (u, x) in acc.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { st_global_v4_u32(Global::<V4>::from_addr(p + u as u64 * step), *x) };
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The TMA data mover: one issuing thread streams a task's 16-byte-aligned body through a ring of
+//! shared-memory stages.
+//!
+//! Per item (one chunk of every source):
+//! 1. the issuer arms the stage's mbarrier with the item's byte count and issues one bulk load per
+//!    source into the stage's slots (`stages - 1` items are kept in flight ahead of the consumer);
+//! 2. the consumer waits for the stage's phase; with several sources the CTA's threads combine the
+//!    slots into slot 0 (`fence.proxy.async.shared::cta`, CTA barrier);
+//! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
+//!
+//! A stage is refilled only after `cp.async.bulk.wait_group.read 0` says the stores of its previous
+//! item stopped reading it. Completion of writes (`wait_group 0`) is left to the walker, before it
+//! signals anyone. Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo
+//! 16, go through the SIMT path.
+
+use super::combine::Combine;
+use super::pipeline::PipelineState;
+use super::simt::{self, Operands};
+use super::{Ctx, wait};
+use crate::abi::{DType, RedOp};
+use oxccl_ptx::Global;
+use oxccl_ptx::bulk::*;
+use oxccl_ptx::mbarrier::mbarrier_arrive_expect_tx_shared_b64;
+use oxccl_ptx::memory::{ld_shared_v4_u32, st_shared_v4_u32};
+use oxccl_ptx::sync::bar_sync_all;
+use oxccl_ptx::fence::fence_proxy_async_shared_cta;
+
+/// How the issuer finishes an item.
+#[derive(Clone, Copy)]
+pub enum Write {
+    /// Bulk-store slot 0 to every destination.
+    Store,
+    /// Bulk-reduce slot 0 into every destination with the hardware operator.
+    Reduce(DType, RedOp),
+}
+
+/// Moves `ops` (sources combined in registers when there are several) with the TMA pipeline; the
+/// unaligned parts with the SIMT path.
+///
+/// # Safety
+/// As [`simt::run`]; the launch's shared memory holds `stages × slots × chunk_bytes` of stages and
+/// `ops.srcs.count() <= ctx.slots`. Every thread of the CTA calls it with the same operands and state.
+#[inline(always)]
+pub unsafe fn run_move<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, elem: u32) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if ops.misalignment(ctx) != 0 {
+            simt::elements::<C>(ctx, ops, elem);
+            return;
+        }
+        let head = ops.head_bytes(ctx);
+        let body = (ops.bytes - head) & !15;
+        simt::elements::<C>(ctx, &ops.window(0, head), elem);
+        simt::elements::<C>(ctx, &ops.window(head + body, ops.bytes - head - body), elem);
+        let sources = ops.srcs.count();
+        stream::<C>(ctx, state, &ops.window(head, body), sources, Write::Store);
+    }
+}
+
+/// Reduces every source into the single destination of `ops` with `cp.reduce.async.bulk`: one item
+/// per (source, chunk), so the reduction order between sources is not fixed. The unaligned parts are
+/// combined in registers by the SIMT path (destination first).
+///
+/// # Safety
+/// As [`run_move`]; the hardware supports `(dtype, op)` (`abi::tma_can_reduce`); `ops.dsts` has one
+/// range, which no source overlaps.
+#[inline(always)]
+pub unsafe fn run_reduce_into<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, elem: u32, dtype: DType, op: RedOp) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let with_dst = Operands {
+            srcs: simt::AddrSet { first: ops.dsts.head(ctx), ..ops.srcs },
+            ..*ops
+        };
+        if ops.misalignment(ctx) != 0 {
+            simt::elements::<C>(ctx, &with_dst, elem);
+            return;
+        }
+        let head = ops.head_bytes(ctx);
+        let body = (ops.bytes - head) & !15;
+        simt::elements::<C>(ctx, &with_dst.window(0, head), elem);
+        simt::elements::<C>(ctx, &with_dst.window(head + body, ops.bytes - head - body), elem);
+        // One pass per source through the same ring.
+        let mut m = ops.srcs.mask;
+        while m != 0 {
+            let r = m.trailing_zeros();
+            m &= m - 1;
+            let one = Operands {
+                srcs: simt::AddrSet { first: 0, mask: 1 << r, ..ops.srcs },
+                ..ops.window(head, body)
+            };
+            stream::<C>(ctx, state, &one, 1, Write::Reduce(dtype, op));
+            if ctx.aborted() {
+                return;
+            }
+        }
+    }
+}
+
+/// The pipeline proper over a 16-byte-aligned range whose length is a multiple of 16.
+///
+/// # Safety
+/// As [`run_move`].
+#[inline(always)]
+unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32, write: Write) {
+    let chunk = ctx.chunk_bytes as u64;
+    let items = ops.bytes.div_ceil(chunk) as u32;
+    let stages = ctx.stages;
+    let combine = sources > 1;
+    if items == 0 {
+        return;
+    }
+    if !combine && !ctx.issuer {
+        // The issuer runs this range alone; keep this thread's view of the ring in step.
+        state.advance_by(items, stages);
+        return;
+    }
+    if combine {
+        // Every thread waits on the stage barriers below: all must enter with the ring drained.
+        // SAFETY: all threads of the CTA take this branch (same operands).
+        unsafe { bar_sync_all() };
+    }
+    let len = |i: u32| (ops.bytes - i as u64 * chunk).min(chunk) as u32;
+    let mut producer = *state;
+    let mut consumer = *state;
+
+    // SAFETY (whole block): addresses and sizes are 16-byte multiples inside the ranges (caller's
+    // contract); each stage is armed for exactly the bytes its loads bring; stages are refilled only
+    // after the stores reading them have finished reading; consumers wait on the phase the producer
+    // armed (`PipelineState` pairs index and parity).
+    unsafe {
+        let load = |p: &PipelineState, i: u32| {
+            let n = len(i);
+            let bar = ctx.stage_barrier(p.index);
+            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
+            for (k, a) in ops.srcs.iter(ctx).enumerate() {
+                let src = Global::<u8>::from_addr(a + i as u64 * chunk);
+                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(p.index, k as u32), src, n, bar);
+            }
+        };
+
+        if ctx.issuer {
+            let ahead = (stages - 1).min(items);
+            for i in 0..ahead {
+                load(&producer, i);
+                producer.advance(stages);
+            }
+        }
+        for i in 0..items {
+            if ctx.issuer {
+                let next = i + stages - 1;
+                if next < items {
+                    // The stage `next` uses was last read by the stores of item i - 1.
+                    cp_async_bulk_wait_group_read::<0>();
+                    load(&producer, next);
+                    producer.advance(stages);
+                }
+            }
+            let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
+            if combine {
+                if landed {
+                    combine_slots::<C>(ctx, consumer.index, sources, len(i));
+                }
+                fence_proxy_async_shared_cta();
+                bar_sync_all();
+                if ctx.aborted() {
+                    break;
+                }
+            } else if !landed {
+                break;
+            }
+            if ctx.issuer {
+                let n = len(i);
+                let slot = ctx.stage_slot(consumer.index, 0);
+                let at = i as u64 * chunk;
+                for a in ops.dsts.iter(ctx) {
+                    let dst = Global::<u8>::from_addr(a + at);
+                    match write {
+                        Write::Store => cp_async_bulk_global_shared_bulk_group(dst, slot, n),
+                        Write::Reduce(dtype, op) => bulk_reduce(dst, slot, n, dtype, op),
+                    }
+                }
+                cp_async_bulk_commit_group();
+            }
+            consumer.advance(stages);
+        }
+        if ctx.issuer {
+            cp_async_bulk_wait_group_read::<0>();
+        }
+    }
+    state.advance_by(items, stages);
+}
+
+/// Slot 0 ⊕= slots 1..sources of stage `stage`, `len` bytes, all threads.
+///
+/// # Safety
+/// The stage's phase has completed (its loads landed) and no bulk store reads it yet.
+#[inline(always)]
+unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32) {
+    let mut v = ctx.tid;
+    while v < len / 16 {
+        // SAFETY: every address is 16-aligned inside the stage's slots.
+        unsafe {
+            let dst = ctx.stage_slot(stage, 0).byte_add(16 * v);
+            let mut acc = ld_shared_v4_u32(dst);
+            for k in 1..sources {
+                acc = C::vec(acc, ld_shared_v4_u32(ctx.stage_slot(stage, k).byte_add(16 * v)));
+            }
+            st_shared_v4_u32(dst, acc);
+        }
+        v += ctx.threads;
+    }
+}
+
+/// Bulk-reduces `n` bytes of shared memory into global memory with the operator for `(dtype, op)`.
+///
+/// # Safety
+/// As `cp_reduce_async_bulk_*`; `abi::tma_can_reduce(dtype, op)`.
+#[inline(always)]
+unsafe fn bulk_reduce(dst: Global<u8>, src: oxccl_ptx::Shared<u8>, n: u32, dtype: DType, op: RedOp) {
+    // SAFETY: forwarded contract; the f32 min/max arm is unreachable by the precondition and falls
+    // back to nothing rather than to a wrong operator.
+    unsafe {
+        match (dtype, op) {
+            (DType::F32, RedOp::Sum) => cp_reduce_async_bulk_global_shared_add_f32(dst, src, n),
+            (DType::F16, RedOp::Sum) => cp_reduce_async_bulk_global_shared_add_noftz_f16(dst, src, n),
+            (DType::Bf16, RedOp::Sum) => cp_reduce_async_bulk_global_shared_add_noftz_bf16(dst, src, n),
+            (DType::I32 | DType::U32, RedOp::Sum) => cp_reduce_async_bulk_global_shared_add_u32(dst, src, n),
+            (DType::F16, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_f16(dst, src, n),
+            (DType::F16, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_f16(dst, src, n),
+            (DType::Bf16, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_bf16(dst, src, n),
+            (DType::Bf16, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_bf16(dst, src, n),
+            (DType::I32, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_s32(dst, src, n),
+            (DType::I32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_s32(dst, src, n),
+            (DType::U32, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_u32(dst, src, n),
+            (DType::U32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_u32(dst, src, n),
+            (DType::F32, RedOp::Min | RedOp::Max) => {}
+        }
+    }
+}

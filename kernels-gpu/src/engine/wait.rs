@@ -1,0 +1,98 @@
+//! Bounded waits. Every wait in the engine gives up after the launch's timeout, records what it waited
+//! for in the launch's [`Status`](crate::abi::Status) and sets the CTA's abort flag; the host turns the
+//! record into an `Err` naming the wait. Nothing spins forever.
+
+use super::Ctx;
+use crate::abi::{Status, WaitKind};
+use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_acquire_sys_u64};
+use oxccl_ptx::sreg::globaltimer;
+use oxccl_ptx::sync::nanosleep_u32;
+use oxccl_ptx::{Global, Mbarrier, Shared};
+
+/// Polls between two reads of the (coarse) global timer.
+const POLLS_PER_CLOCK_READ: u32 = 32;
+
+/// Records an error in the launch status (the first one wins) and sets the CTA's abort flag.
+#[inline(never)]
+pub fn record(ctx: &Ctx, kind: WaitKind, peer: u32, expected: u64, observed: u64) {
+    let s = ctx.status;
+    // SAFETY: `status` is the launch's Status in device memory; the counter is updated atomically and
+    // only the thread that moved it from 0 writes the details, which the host reads after the launch.
+    unsafe {
+        let old = atom_relaxed_gpu_add_u32(Global::from_addr(s.addr()), 1);
+        if old == 0 {
+            let st: *mut Status = s.ptr();
+            (*st).kind = kind as u32;
+            (*st).rank = ctx.rank;
+            (*st).cta = ctx.cta;
+            (*st).peer = peer;
+            (*st).expected = expected;
+            (*st).observed = observed;
+        }
+    }
+    ctx.set_abort();
+}
+
+/// Waits until the system-scope flag at `flag` reaches at least `expected` (acquire). On timeout records
+/// `kind` and returns `false`.
+///
+/// # Safety
+/// `flag` is an 8-byte-aligned address of device memory (this rank's workspace) that peers update with
+/// release semantics.
+#[inline(always)]
+pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
+    let mut deadline = 0u64;
+    let mut polls = 0u32;
+    loop {
+        // SAFETY: the caller guarantees the address.
+        let seen = unsafe { ld_acquire_sys_u64(flag) };
+        if seen >= expected {
+            return true;
+        }
+        polls += 1;
+        if polls % POLLS_PER_CLOCK_READ == 0 {
+            let now = globaltimer();
+            if deadline == 0 {
+                deadline = now + ctx.timeout_ns;
+            } else if now > deadline {
+                record(ctx, kind, peer, expected, seen);
+                return false;
+            }
+            if ctx.wait_suspend_ns != 0 {
+                nanosleep_u32(ctx.wait_suspend_ns);
+            }
+        }
+    }
+}
+
+/// Waits until the phase of `bar` with `parity` completes. On timeout records `BulkLoad` and returns
+/// `false`.
+///
+/// # Safety
+/// `bar` is a live mbarrier of this CTA whose phase `parity` is the current or the preceding one.
+#[inline(always)]
+pub unsafe fn mbarrier_phase(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> bool {
+    use oxccl_ptx::mbarrier::{mbarrier_try_wait_parity_shared_b64, mbarrier_try_wait_parity_suspend_shared_b64};
+    let mut deadline = 0u64;
+    loop {
+        // SAFETY: forwarded contract.
+        let done = unsafe {
+            if ctx.wait_suspend_ns == 0 {
+                mbarrier_try_wait_parity_shared_b64(bar, parity)
+            } else {
+                mbarrier_try_wait_parity_suspend_shared_b64(bar, parity, ctx.wait_suspend_ns)
+            }
+        };
+        if done {
+            return true;
+        }
+        // try_wait already blocks for a hardware-defined interval, so the clock is read every round.
+        let now = globaltimer();
+        if deadline == 0 {
+            deadline = now + ctx.timeout_ns;
+        } else if now > deadline {
+            record(ctx, WaitKind::BulkLoad, bar.addr(), parity as u64, 0);
+            return false;
+        }
+    }
+}

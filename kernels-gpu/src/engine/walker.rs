@@ -1,0 +1,231 @@
+//! The TB program walker: one CTA's task list between a start and an end barrier with its peers.
+//!
+//! Barriers pair CTA `c` of this rank with CTA `c` of every rank in the program's `barrier_ranks`,
+//! through flags in each rank's workspace:
+//! - start: `seq[c] += 1` (this CTA's private counter, in device memory so graph replays count on);
+//!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
+//!   `arrive[peer][c]` in our workspace reaches it. Peers' buffers are then ready to read and write.
+//! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
+//!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
+//!   `done[peer][c]`. Nobody writes into this rank's buffers after its kernel ends.
+//! Only the issuing thread signals and waits; the others meet it at CTA barriers.
+
+use super::combine::Combine;
+use super::pipeline::PipelineState;
+use super::simt::{self, AddrSet, Operands};
+use super::{Ctx, tma, wait};
+use crate::abi::{
+    self, BUFFER_SLOTS, DType, MAX_RANKS, Mover, RedOp, ReduceMode, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
+    WaitKind, Workspace,
+};
+use oxccl_ptx::Global;
+use oxccl_ptx::bulk::cp_async_bulk_wait_group;
+use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
+use oxccl_ptx::memory::st_release_sys_u64;
+use oxccl_ptx::sync::bar_sync_all;
+
+/// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
+/// mover if `TMA`, else with the SIMT mover, and reducing `dtype` with `op` (implemented by `C`).
+/// Each kernel instantiates one mover and one operator: one kernel holding every combination needs
+/// several times the registers of any one of them.
+///
+/// # Safety
+/// `ctx` was built at entry with the shared-memory tables written and the stage barriers initialised;
+/// `tasks` addresses the launch's task array, which holds the program's range; every buffer and
+/// workspace address in the tables is valid for what the tasks do with it.
+#[inline(always)]
+pub unsafe fn run<const TMA: bool, C: Combine>(ctx: &Ctx, program: &TbProgram, tasks: *const Task, dtype: DType, op: RedOp) {
+    let peers = program.barrier_ranks;
+    let mut seq = 0;
+    // SAFETY (whole function): the barriers and tasks follow the module's protocol; see `# Safety`.
+    unsafe {
+        if peers != 0 && ctx.issuer {
+            seq = start_barrier(ctx, peers);
+        }
+        bar_sync_all();
+        if !ctx.aborted() {
+            let mut state = PipelineState::new();
+            for t in 0..program.task_count {
+                let task = *tasks.add((program.first_task + t) as usize);
+                if !execute::<TMA, C>(ctx, &mut state, &task, program.first_task + t, dtype, op) {
+                    break;
+                }
+            }
+        }
+        // Complete every write before telling anyone.
+        if ctx.issuer {
+            cp_async_bulk_wait_group::<0>();
+            fence_proxy_async_global();
+        }
+        fence_acq_rel_sys();
+        bar_sync_all();
+        if peers != 0 && ctx.issuer && !ctx.aborted() {
+            end_barrier(ctx, peers, seq);
+        }
+        bar_sync_all();
+    }
+}
+
+/// Runs one task; `false` if the CTA must stop (a bad descriptor or an abandoned wait).
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+unsafe fn execute<const TMA: bool, C: Combine>(
+    ctx: &Ctx,
+    state: &mut PipelineState,
+    task: &Task,
+    index: u32,
+    dtype: DType,
+    op: RedOp,
+) -> bool {
+    // A kernel serves one (dtype, operator): a task for another is malformed.
+    let Some(kind) = TaskKind::from_raw(task.kind) else {
+        return bad_task(ctx, index);
+    };
+    if task.dtype != dtype.raw() || task.op != op.raw() {
+        return bad_task(ctx, index);
+    }
+    let rank_limit = if MAX_RANKS == 32 { u32::MAX } else { (1u32 << MAX_RANKS) - 1 };
+    let elem = dtype.size() as u64;
+    let well_formed = task.src_ranks != 0
+        && task.dst_ranks != 0
+        && task.src_ranks & !rank_limit == 0
+        && task.dst_ranks & !rank_limit == 0
+        && (task.src_slot as usize) < BUFFER_SLOTS
+        && (task.dst_slot as usize) < BUFFER_SLOTS
+        && task.bytes % elem == 0
+        && task.src_offset % elem == 0
+        && task.dst_offset % elem == 0
+        && (kind != TaskKind::ReduceInto || task.dst_ranks.count_ones() == 1);
+    if !well_formed {
+        return bad_task(ctx, index);
+    }
+
+    // SAFETY: validated descriptor; addresses come from the tables (see `run`).
+    unsafe {
+        if task.flags & TASK_AFTER_WRITES != 0 {
+            if ctx.issuer {
+                cp_async_bulk_wait_group::<0>();
+            }
+            fence_proxy_async_global();
+            bar_sync_all();
+        }
+        let ops = Operands {
+            srcs: AddrSet { first: 0, mask: task.src_ranks, slot: task.src_slot, offset: task.src_offset },
+            dsts: AddrSet { first: 0, mask: task.dst_ranks, slot: task.dst_slot, offset: task.dst_offset },
+            bytes: task.bytes,
+        };
+        let with_dst = Operands { srcs: AddrSet { first: ops.dsts.head(ctx), ..ops.srcs }, ..ops };
+        let elem = elem as u32;
+        // Pick the path and its operands first, so each path is instantiated once per operator.
+        let tma_reduces = ctx.reduce_mode == ReduceMode::Tma && abi::tma_can_reduce(dtype, op);
+        let mover = if TMA { Mover::Tma } else { Mover::Simt };
+        let (path, operands) = match (mover, kind) {
+            (Mover::Simt, TaskKind::Move) => (Path::Simt, ops),
+            (Mover::Simt, TaskKind::ReduceInto) => (Path::Simt, with_dst),
+            (Mover::Tma, TaskKind::Move) => (Path::TmaMove, ops),
+            (Mover::Tma, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
+            (Mover::Tma, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
+        };
+        if path == Path::TmaMove && operands.srcs.count() > ctx.slots {
+            return bad_task(ctx, index);
+        }
+        // A single source is a copy: no operator, one instantiation.
+        let copy = operands.srcs.count() == 1;
+        match path {
+            Path::Simt if copy => simt::run::<Copy>(ctx, &operands, elem),
+            Path::Simt => simt::run::<C>(ctx, &operands, elem),
+            Path::TmaMove if copy => tma::run_move::<Copy>(ctx, state, &operands, elem),
+            Path::TmaMove => tma::run_move::<C>(ctx, state, &operands, elem),
+            Path::TmaReduceInto => tma::run_reduce_into::<C>(ctx, state, &operands, elem, dtype, op),
+        }
+        !ctx.aborted()
+    }
+}
+
+/// The data path of a task.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Simt,
+    TmaMove,
+    TmaReduceInto,
+}
+
+/// The operator of a single-source move: never called.
+struct Copy;
+impl Combine for Copy {
+    #[inline(always)]
+    fn word(a: u32, _: u32) -> u32 {
+        a
+    }
+}
+
+fn bad_task(ctx: &Ctx, index: u32) -> bool {
+    if ctx.issuer {
+        wait::record(ctx, WaitKind::BadTask, index, 0, 0);
+    }
+    ctx.set_abort();
+    false
+}
+
+/// The start barrier (issuer only); returns this collective's sequence number.
+///
+/// # Safety
+/// The workspace table holds every rank in `peers`; this CTA alone uses its `seq` slot.
+unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
+    let own = ctx.workspace(ctx.rank);
+    let seq_at = (own + Workspace::seq_offset(ctx.cta as usize) as u64) as *mut u64;
+    // SAFETY: the caller's contract; plain accesses to `seq` are private to this CTA across launches
+    // (stream order separates launches).
+    unsafe {
+        let seq = *seq_at + 1;
+        *seq_at = seq;
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = ctx.workspace(q) + Workspace::arrive_offset(ctx.rank as usize, ctx.cta as usize) as u64;
+            st_release_sys_u64(Global::from_addr(flag), seq);
+        }
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
+            if !wait::flag_at_least(ctx, Global::from_addr(flag), seq, WaitKind::StartBarrier, q) {
+                break;
+            }
+        }
+        // Later bulk loads of peer buffers (async proxy) come after the acquires above.
+        fence_proxy_async_global();
+        seq
+    }
+}
+
+/// The end barrier (issuer only, after every write of the CTA is complete and fenced).
+///
+/// # Safety
+/// As [`start_barrier`]; `seq` is what it returned.
+unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
+    let own = ctx.workspace(ctx.rank);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = ctx.workspace(q) + Workspace::done_offset(ctx.rank as usize, ctx.cta as usize) as u64;
+            st_release_sys_u64(Global::from_addr(flag), seq);
+        }
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = own + Workspace::done_offset(q as usize, ctx.cta as usize) as u64;
+            if !wait::flag_at_least(ctx, Global::from_addr(flag), seq, WaitKind::EndBarrier, q) {
+                break;
+            }
+        }
+    }
+}

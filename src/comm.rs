@@ -1,0 +1,527 @@
+//! The communicator: ranks, their streams and workspaces, the plan cache, and the collective calls.
+
+use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec};
+use crate::error::{Error, Result};
+use crate::{Element, Mover, ReduceOp};
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use oxccl_host::lowered::Lowered;
+use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
+use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Status, Workspace, slot};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Tuning and policy of a communicator. `Config::default()` is a good start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// CTAs per rank for a collective (`None`: as many as the device holds for all its ranks, at most
+    /// 16 per rank).
+    pub max_ctas: Option<u32>,
+    /// The data mover.
+    pub mover: Mover,
+    /// How reductions run; see [`Reduction`].
+    pub reduction: Reduction,
+    /// Results bitwise identical run to run for a given configuration. Requires
+    /// `Reduction::Registers` (the hardware bulk reduction does not fix the order between sources).
+    pub deterministic: bool,
+    /// Bytes per source per pipeline stage (TMA mover; `None`: the largest multiple of 1 KiB up to
+    /// 32 KiB that fits the stages in shared memory).
+    pub chunk_bytes: Option<u32>,
+    /// Pipeline stages (TMA mover).
+    pub stages: u32,
+    /// Threads per CTA (`None`: one warp for a TMA copy, 128 when a TMA CTA combines sources, 512 for
+    /// the SIMT mover).
+    pub threads: Option<u32>,
+    /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`].
+    pub timeout: Duration,
+    /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
+    /// slots from kernels running beside the collective.
+    pub wait_suspend_ns: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_ctas: None,
+            mover: Mover::Tma,
+            reduction: Reduction::Registers,
+            deterministic: true,
+            chunk_bytes: None,
+            stages: 4,
+            threads: None,
+            timeout: Duration::from_secs(10),
+            wait_suspend_ns: 0,
+        }
+    }
+}
+
+struct Rank {
+    device: usize,
+    stream: Arc<CudaStream>,
+    workspace: DeviceAlloc,
+}
+
+/// Ranks launched together: one kernel per group per call.
+struct Group {
+    device: usize,
+    stream: Arc<CudaStream>,
+    ranks: Vec<usize>,
+    status: DeviceAlloc,
+}
+
+struct CachedPlan {
+    lowered: Lowered,
+    per_group: Vec<DeviceProgram>,
+}
+
+/// A set of ranks that run collectives together: P virtual ranks on one GPU, one rank per GPU, or a
+/// mix. Calls take one buffer per rank, like a `ncclGroupStart`/`ncclGroupEnd` block over
+/// `cudarc::nccl::Comm`s.
+///
+/// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
+/// reports any device-side error (a bounded wait that gave up, a rejected descriptor).
+pub struct Communicator {
+    config: Config,
+    engines: Vec<Engine>,
+    ranks: Vec<Rank>,
+    groups: Vec<Group>,
+    plans: Mutex<HashMap<PlanSpec, Arc<CachedPlan>>>,
+    poisoned: AtomicBool,
+}
+
+/// A raw per-rank buffer: address, elements, device ordinal.
+struct Raw {
+    ptr: u64,
+    len: usize,
+    device: usize,
+}
+
+impl Communicator {
+    /// `ranks` virtual ranks on the GPU of `stream`, all launched together on it.
+    pub fn virtual_ranks(stream: &Arc<CudaStream>, ranks: usize, config: Config) -> Result<Self> {
+        let streams = vec![stream.clone(); ranks];
+        Self::from_streams(&streams, config)
+    }
+
+    /// One rank per stream. Ranks whose streams are the same object are launched together in one
+    /// kernel; ranks on different streams or devices in separate kernels that meet through barriers
+    /// in their workspaces. Peer access is enabled between the devices involved.
+    pub fn from_streams(streams: &[Arc<CudaStream>], config: Config) -> Result<Self> {
+        if streams.is_empty() || streams.len() > MAX_RANKS {
+            return Err(Error::RankCount { ranks: streams.len(), max: MAX_RANKS });
+        }
+        validate_config(&config)?;
+        let mut contexts: Vec<Arc<CudaContext>> = Vec::new();
+        let mut engines = Vec::new();
+        let mut ranks = Vec::new();
+        for s in streams {
+            let ctx = s.context();
+            let device = match contexts.iter().position(|c| c.ordinal() == ctx.ordinal()) {
+                Some(d) => d,
+                None => {
+                    contexts.push(ctx.clone());
+                    engines.push(Engine::new(ctx)?);
+                    contexts.len() - 1
+                }
+            };
+            let workspace = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Workspace>())?;
+            ranks.push(Rank { device, stream: s.clone(), workspace });
+        }
+        enable_peer_access(&contexts)?;
+        let mut groups: Vec<Group> = Vec::new();
+        for (r, rank) in ranks.iter().enumerate() {
+            match groups.iter_mut().find(|g| Arc::ptr_eq(&g.stream, &rank.stream)) {
+                Some(g) => g.ranks.push(r),
+                None => groups.push(Group {
+                    device: rank.device,
+                    stream: rank.stream.clone(),
+                    ranks: vec![r],
+                    status: DeviceAlloc::zeroed(&contexts[rank.device], std::mem::size_of::<Status>())?,
+                }),
+            }
+        }
+        Ok(Communicator { config, engines, ranks, groups, plans: Mutex::new(HashMap::new()), poisoned: AtomicBool::new(false) })
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The engine of the device rank `rank` runs on.
+    pub fn engine(&self, rank: usize) -> &Engine {
+        &self.engines[self.ranks[rank].device]
+    }
+
+    /// CTAs per rank a call uses with the current configuration.
+    pub fn ctas_per_rank(&self) -> u32 {
+        if let Some(c) = self.config.max_ctas {
+            return c;
+        }
+        let most = self.groups.iter().map(|g| {
+            let on_device: usize = self.groups.iter().filter(|h| h.device == g.device).map(|h| h.ranks.len()).sum();
+            (self.engines[g.device].sms as usize / on_device).max(1)
+        });
+        most.min().unwrap_or(1).min(16) as u32
+    }
+
+    /// `recv[r] = op over all ranks q of send[q]`, element-wise. Every buffer has the same length;
+    /// send and receive buffers must not overlap (use [`Communicator::all_reduce_in_place`]).
+    pub fn all_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R], op: ReduceOp) -> Result<()> {
+        let count = first_len(send, "send buffers")?;
+        self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op)
+    }
+
+    /// In-place AllReduce: every `buf[r]` becomes the reduction of all of them.
+    pub fn all_reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R], op: ReduceOp) -> Result<()> {
+        let count = first_len(bufs, "buffers")?;
+        self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op)
+    }
+
+    /// `recv[r]` (count elements) = op over ranks q of block `r` of `send[q]` (ranks × count elements).
+    pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R], op: ReduceOp) -> Result<()> {
+        let count = first_len(recv, "receive buffers")?;
+        self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op)
+    }
+
+    /// In-place ReduceScatter: `buf[r]` holds ranks × count elements; block `r` of it becomes the
+    /// reduction of block `r` of all of them (nccl's `recvbuff = sendbuff + rank × count`).
+    pub fn reduce_scatter_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R], op: ReduceOp) -> Result<()> {
+        let total = first_len(bufs, "buffers")?;
+        let p = self.ranks();
+        if total % p != 0 {
+            return Err(Error::Length { what: "in-place reduce_scatter buffer", rank: 0, expected: total.next_multiple_of(p), got: total });
+        }
+        self.collective::<T, R, R>(Collective::ReduceScatter, total / p, None, bufs, op)
+    }
+
+    /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
+    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R]) -> Result<()> {
+        let count = first_len(send, "send buffers")?;
+        self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum)
+    }
+
+    /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
+    /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
+    pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
+        let total = first_len(bufs, "buffers")?;
+        let p = self.ranks();
+        if total % p != 0 {
+            return Err(Error::Length { what: "in-place all_gather buffer", rank: 0, expected: total.next_multiple_of(p), got: total });
+        }
+        self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum)
+    }
+
+    /// Waits for every rank's stream and reports the first device-side error since the last report.
+    /// After an error the communicator refuses calls until [`Communicator::reset`].
+    pub fn synchronize(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        for g in &self.groups {
+            let bytes = g.status.read()?;
+            let s: Status = bytemuck::pod_read_unaligned(&bytes[..std::mem::size_of::<Status>()]);
+            if let Some(e) = Error::from_status(&s) {
+                self.poisoned.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears device state after an error: waits for the streams, zeroes every workspace (barrier
+    /// counters) and status record.
+    pub fn reset(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        for r in &self.ranks {
+            r.workspace.zero_async(&r.stream)?;
+        }
+        for g in &self.groups {
+            g.status.zero_async(&g.stream)?;
+        }
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        self.poisoned.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The plan and launch parameters a call would use (for inspection and benchmarks).
+    pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
+        let c = &self.config;
+        let threads = c.threads.unwrap_or(match c.mover {
+            Mover::Tma if combines => 128,
+            Mover::Tma => 32,
+            Mover::Simt => 512,
+        });
+        let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
+        let chunk = match c.chunk_bytes {
+            Some(b) => b,
+            None => {
+                let room = max_smem.saturating_sub(abi::smem::STAGES) / (c.stages as usize * slots as usize);
+                let cap = ((1usize << 20) - 1) / slots as usize;
+                let b = room.min(32 * 1024).min(cap);
+                (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
+            }
+        };
+        Ok(LaunchSpec {
+            mover: c.mover,
+            dtype: spec.dtype,
+            op: spec.op,
+            threads,
+            chunk_bytes: chunk,
+            stages: c.stages,
+            reduce_mode: match c.reduction {
+                Reduction::Registers => ReduceMode::Registers,
+                Reduction::Tma => ReduceMode::Tma,
+            },
+            timeout_ns: c.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            wait_suspend_ns: c.wait_suspend_ns,
+        })
+    }
+
+    /// The plan for `spec`, built and uploaded on first use.
+    fn plan(&self, spec: &PlanSpec) -> Result<Arc<CachedPlan>> {
+        let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(spec) {
+            return Ok(p.clone());
+        }
+        let mut lowered = tccl::plan(spec)?;
+        if self.groups.len() == 1 {
+            // One launch holds every rank: the stream orders it after the producers of every input and
+            // before the consumers of every output, so no barrier is needed.
+            for p in &mut lowered.programs {
+                p.barrier_ranks = 0;
+            }
+        }
+        let c = spec.ctas as usize;
+        let mut per_group = Vec::new();
+        for g in &self.groups {
+            let engine = &self.engines[g.device];
+            let mut sub = Lowered { programs: Vec::new(), ..lowered.clone() };
+            for &r in &g.ranks {
+                sub.programs.extend_from_slice(&lowered.programs[r * c..(r + 1) * c]);
+            }
+            let n = sub.programs.len();
+            per_group.push(engine.upload(&sub, 0..n)?);
+        }
+        let plan = Arc::new(CachedPlan { lowered, per_group });
+        cache.insert(*spec, plan.clone());
+        Ok(plan)
+    }
+
+    fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        collective: Collective,
+        count: usize,
+        send: Option<&[S]>,
+        recv: &mut [R],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Poisoned);
+        }
+        let p = self.ranks();
+        let in_place = send.is_none();
+        let spec = PlanSpec {
+            collective,
+            count: count as u64,
+            dtype: T::DTYPE,
+            op,
+            ranks: p,
+            in_place,
+            ctas: self.ctas_per_rank(),
+            reduction: self.config.reduction,
+        };
+        let (in_bytes, out_bytes) = spec.buffer_bytes();
+        let e = std::mem::size_of::<T>();
+        let (in_len, out_len) = ((in_bytes as usize) / e, (out_bytes as usize) / e);
+
+        // Check every buffer before touching anything.
+        if recv.len() != p {
+            return Err(Error::BufferCount { what: "receive buffers", expected: p, got: recv.len() });
+        }
+        let recv_raw: Vec<Raw> = recv.iter().map(raw_of).collect();
+        let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
+        let mut ranges = Vec::new();
+        for (r, b) in recv_raw.iter().enumerate() {
+            self.check_buffer(b, r, expected_recv, if in_place { "buffer" } else { "receive buffer" }, e)?;
+            ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device));
+        }
+        let send_raw: Option<Vec<Raw>> = match send {
+            Some(s) => {
+                if s.len() != p {
+                    return Err(Error::BufferCount { what: "send buffers", expected: p, got: s.len() });
+                }
+                let raw: Vec<Raw> = s.iter().map(raw_of).collect();
+                for (r, b) in raw.iter().enumerate() {
+                    self.check_buffer(b, r, in_len, "send buffer", e)?;
+                    ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device));
+                }
+                Some(raw)
+            }
+            None => None,
+        };
+        check_disjoint(&ranges, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
+
+        let plan = self.plan(&spec)?;
+        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
+        if self.config.deterministic && self.config.reduction == Reduction::Tma && collective != Collective::AllGather {
+            return Err(Error::Config { field: "deterministic", why: "requires reduction = Registers".into() });
+        }
+        // Every launch on a device must be resident together with the others on it.
+        for (d, engine) in self.engines.iter().enumerate() {
+            let ctas: u32 = self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * spec.ctas).sum();
+            engine.check(&launch, ctas, plan.lowered.slots)?;
+        }
+
+        // The buffer table: every rank's input and output, and in-place aliases resolved.
+        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        let block = count as u64 * e as u64;
+        for r in 0..p {
+            let out = recv_raw[r].ptr;
+            let (input, output) = match (&send_raw, collective) {
+                (Some(s), _) => (s[r].ptr, out),
+                (None, Collective::AllReduce) => (out, out),
+                (None, Collective::ReduceScatter) => (out, out + r as u64 * block),
+                (None, Collective::AllGather) => (out + r as u64 * block, out),
+            };
+            buffers[r][slot::INPUT as usize] = input;
+            buffers[r][slot::OUTPUT as usize] = output;
+        }
+        let mut workspaces = [0u64; MAX_RANKS];
+        for (r, rank) in self.ranks.iter().enumerate() {
+            workspaces[r] = rank.workspace.ptr();
+        }
+        // Keep cudarc's stream-ordering guards alive until every launch is queued.
+        let mut guards = Vec::with_capacity(2 * p);
+        for (r, b) in recv.iter_mut().enumerate() {
+            guards.push(b.device_ptr_mut(&self.ranks[r].stream).1);
+        }
+        if let Some(s) = send {
+            for (r, b) in s.iter().enumerate() {
+                guards.push(b.device_ptr(&self.ranks[r].stream).1);
+            }
+        }
+        for (g, prog) in self.groups.iter().zip(&plan.per_group) {
+            let engine = &self.engines[g.device];
+            // SAFETY: every address in the tables was checked above (device, length, disjointness) and
+            // belongs to buffers borrowed for this call; the status record is the group's own; every
+            // group of the communicator is launched here, so barriers meet.
+            unsafe { engine.launch(&g.stream, prog, &launch, buffers, workspaces, g.status.ptr())? };
+        }
+        drop(guards);
+        Ok(())
+    }
+
+    fn check_buffer(&self, b: &Raw, rank: usize, expected: usize, what: &'static str, align: usize) -> Result<()> {
+        let device = self.engines[self.ranks[rank].device].context().ordinal();
+        if b.device != device {
+            return Err(Error::WrongDevice { what, rank, expected: device, got: b.device });
+        }
+        if b.len != expected {
+            return Err(Error::Length { what, rank, expected, got: b.len });
+        }
+        if b.ptr % align as u64 != 0 {
+            return Err(Error::Misaligned { what, rank, address: b.ptr, align });
+        }
+        Ok(())
+    }
+}
+
+fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str) -> Result<usize> {
+    bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: 1, got: 0 })
+}
+
+fn raw_of<T, S: DevicePtr<T>>(s: &S) -> Raw {
+    Raw { ptr: s.address(), len: s.len(), device: s.stream().context().ordinal() }
+}
+
+/// The device address of a cudarc buffer without recording a stream-ordering event.
+trait DevicePtrLike<T> {
+    fn address(&self) -> u64;
+}
+
+impl<T, S: DevicePtr<T>> DevicePtrLike<T> for S {
+    fn address(&self) -> u64 {
+        let stream = self.stream().clone();
+        let (ptr, guard) = self.device_ptr(&stream);
+        // No work is queued between taking the address and dropping the guard.
+        drop(guard);
+        ptr
+    }
+}
+
+fn check_disjoint(ranges: &[(u64, u64, usize, usize)], what: &'static str) -> Result<()> {
+    let mut v: Vec<_> = ranges.iter().filter(|r| r.0 < r.1).copied().collect();
+    v.sort();
+    for w in v.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if a.3 == b.3 && b.0 < a.1 {
+            return Err(Error::Aliasing { what, rank: a.2, other_rank: b.2 });
+        }
+    }
+    Ok(())
+}
+
+fn validate_config(c: &Config) -> Result<()> {
+    if c.deterministic && c.reduction == Reduction::Tma {
+        return Err(Error::Config {
+            field: "deterministic",
+            why: "the hardware bulk reduction does not fix the order between sources; use Reduction::Registers".into(),
+        });
+    }
+    if let Some(0) = c.max_ctas {
+        return Err(Error::Config { field: "max_ctas", why: "must be at least 1".into() });
+    }
+    if c.stages == 0 || c.stages as usize > abi::MAX_STAGES {
+        return Err(Error::Config { field: "stages", why: format!("{} is not in 1..={}", c.stages, abi::MAX_STAGES) });
+    }
+    if c.timeout.is_zero() {
+        return Err(Error::Config { field: "timeout", why: "must be positive".into() });
+    }
+    Ok(())
+}
+
+/// Enables peer access between every pair of distinct devices, and lets each device's peers read and
+/// write its default memory pool (cudarc allocates user buffers from stream-ordered pools).
+fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
+    for a in contexts {
+        for b in contexts {
+            if a.ordinal() == b.ordinal() {
+                continue;
+            }
+            a.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+            // SAFETY: both contexts are alive; enabling twice reports PEER_ACCESS_ALREADY_ENABLED.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
+            if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                return Err(Error::Driver { call: "cuCtxEnablePeerAccess", source: cudarc::driver::DriverError(r) });
+            }
+            // Let device `a` access `b`'s default pool.
+            let mut pool = std::mem::MaybeUninit::uninit();
+            // SAFETY: out-pointer for the pool handle of a valid device.
+            unsafe { sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), b.cu_device()) }
+                .result()
+                .map_err(Error::driver("cuDeviceGetDefaultMemPool"))?;
+            let desc = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: a.ordinal() as i32 },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: one valid descriptor for a valid pool.
+            unsafe { sys::cuMemPoolSetAccess(pool.assume_init(), &desc, 1) }
+                .result()
+                .map_err(Error::driver("cuMemPoolSetAccess"))?;
+        }
+    }
+    Ok(())
+}
+

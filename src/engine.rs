@@ -1,0 +1,301 @@
+//! The device engine on one CUDA context: the loaded PTX, its kernels, owned device memory, and the
+//! launch of a lowered program.
+//!
+//! This is the layer [`crate::Communicator`] is built on; it is public for tests, benchmarks and users
+//! who lower their own programs ([`oxccl_host::lowered::Lowered`]).
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, result};
+use cudarc::nvrtc::Ptx;
+use oxccl_host::lowered::Lowered;
+pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, TbProgram, Task};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
+/// Freed on drop.
+pub struct DeviceAlloc {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceAlloc {
+    /// Allocates `bytes` (at least 1) and fills them with zeros.
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: a plain allocation of at least one byte, zeroed before it is handed out.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
+        let alloc = DeviceAlloc { ctx: ctx.clone(), ptr, bytes: bytes.max(1) };
+        // SAFETY: `ptr` holds `bytes` bytes we own.
+        unsafe { result::memset_d8_sync(ptr, 0, alloc.bytes) }.map_err(Error::driver("cuMemsetD8"))?;
+        Ok(alloc)
+    }
+
+    /// Allocates and fills with `data`.
+    pub fn from_bytes(ctx: &Arc<CudaContext>, data: &[u8]) -> Result<Self> {
+        let alloc = Self::zeroed(ctx, data.len())?;
+        if !data.is_empty() {
+            // SAFETY: the allocation holds `data.len()` bytes.
+            unsafe { result::memcpy_htod_sync(alloc.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
+        }
+        Ok(alloc)
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Copies the contents to the host (synchronous).
+    pub fn read(&self) -> Result<Vec<u8>> {
+        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        let mut out = vec![0u8; self.bytes];
+        // SAFETY: the allocation holds `bytes` bytes.
+        unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }.map_err(Error::driver("cuMemcpyDtoH"))?;
+        Ok(out)
+    }
+
+    /// Zeroes the contents, ordered on `stream`.
+    pub fn zero_async(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: the allocation holds `bytes` bytes and outlives the queued memset (the caller keeps
+        // it alive until the stream is synchronised).
+        unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
+            .map_err(Error::driver("cuMemsetD8Async"))
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; a failing free leaks the allocation.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `cuMemAlloc` and freed once; users synchronise before dropping.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A lowered program uploaded to one device.
+pub struct DeviceProgram {
+    programs: DeviceAlloc,
+    tasks: DeviceAlloc,
+    /// CTAs of the launch (programs).
+    pub ctas: u32,
+    /// Shared-memory slots per stage the TMA mover needs.
+    pub slots: u32,
+    /// Whether any task combines several sources.
+    pub combines: bool,
+}
+
+/// How to launch a program: mover, operator, CTA shape and pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchSpec {
+    pub mover: Mover,
+    pub dtype: DType,
+    pub op: RedOp,
+    /// Threads per CTA (multiple of 32).
+    pub threads: u32,
+    /// Bytes per source per pipeline stage (TMA mover).
+    pub chunk_bytes: u32,
+    /// Pipeline stages (TMA mover).
+    pub stages: u32,
+    pub reduce_mode: ReduceMode,
+    pub timeout_ns: u64,
+    /// Suspend-time hint for waits (ns); 0 spins.
+    pub wait_suspend_ns: u32,
+}
+
+/// Per-kernel facts read from the driver.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelInfo {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Local memory per thread (spills), bytes.
+    pub local_bytes: u32,
+}
+
+/// The engine on one CUDA context.
+pub struct Engine {
+    ctx: Arc<CudaContext>,
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Multiprocessors of the device.
+    pub sms: u32,
+    /// Most dynamic shared memory one CTA may use (opt-in limit).
+    pub max_smem: u32,
+}
+
+impl Engine {
+    /// Loads the engine's PTX on `ctx` (the driver compiles it for the device; the result is cached by
+    /// the driver across processes).
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx.compute_capability().map_err(Error::driver("cuDeviceGetAttribute"))?;
+        if major != 9 {
+            return Err(Error::UnsupportedDevice { ordinal: ctx.ordinal(), major, minor });
+        }
+        let module = ctx.load_module(Ptx::from_src(crate::ptx::KERNELS)).map_err(Error::driver("cuModuleLoadData"))?;
+        let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
+        let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        Ok(Engine { ctx: ctx.clone(), module, functions: Mutex::new(HashMap::new()), sms, max_smem })
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised.
+    pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
+        let name = abi::kernel_name(mover, dtype, op);
+        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            self.max_smem as i32,
+        )
+        .map_err(Error::driver("cuFuncSetAttribute"))?;
+        map.insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// Registers and local memory of an engine kernel.
+    pub fn kernel_info(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<KernelInfo> {
+        let f = self.function(mover, dtype, op)?;
+        Ok(KernelInfo {
+            registers: f.num_regs().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
+            local_bytes: f.local_size_bytes().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
+        })
+    }
+
+    /// Uploads the programs `range` of `l` (one launch's CTAs) and all its tasks.
+    pub fn upload(&self, l: &Lowered, range: std::ops::Range<usize>) -> Result<DeviceProgram> {
+        let programs = &l.programs[range];
+        Ok(DeviceProgram {
+            programs: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?,
+            tasks: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?,
+            ctas: programs.len() as u32,
+            slots: l.slots,
+            combines: l.combines,
+        })
+    }
+
+    /// Dynamic shared memory a launch needs.
+    pub fn smem_bytes(spec: &LaunchSpec, slots: u32) -> usize {
+        match spec.mover {
+            Mover::Tma => abi::smem::bytes(spec.stages as usize, slots as usize, spec.chunk_bytes as usize),
+            Mover::Simt => abi::smem::STAGES,
+        }
+    }
+
+    /// Checks that `spec` can launch `ctas` co-resident CTAs of a program needing `slots` slots.
+    pub fn check(&self, spec: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
+        let cfg = |field, why: String| Err(Error::Config { field, why });
+        if spec.threads == 0 || spec.threads % 32 != 0 || spec.threads > 1024 {
+            return cfg("threads", format!("{} is not a multiple of 32 in 32..=1024", spec.threads));
+        }
+        if spec.mover == Mover::Simt && spec.threads > 512 {
+            return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));
+        }
+        if spec.mover == Mover::Tma {
+            if spec.chunk_bytes == 0 || spec.chunk_bytes % 16 != 0 {
+                return cfg("chunk_bytes", format!("{} is not a positive multiple of 16", spec.chunk_bytes));
+            }
+            if spec.stages == 0 || spec.stages as usize > abi::MAX_STAGES {
+                return cfg("stages", format!("{} is not in 1..={}", spec.stages, abi::MAX_STAGES));
+            }
+            if spec.chunk_bytes as u64 * slots as u64 >= 1 << 20 {
+                return cfg("chunk_bytes", format!("{} × {slots} sources exceeds an mbarrier's 1 MiB", spec.chunk_bytes));
+            }
+        }
+        let smem = Self::smem_bytes(spec, slots);
+        if smem > self.max_smem as usize {
+            return cfg(
+                "chunk_bytes",
+                format!(
+                    "{} stages × {slots} sources × {} B = {smem} B of shared memory; the device allows {}",
+                    spec.stages, spec.chunk_bytes, self.max_smem
+                ),
+            );
+        }
+        let f = self.function(spec.mover, spec.dtype, spec.op)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(spec.threads, smem, None)
+            .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        let max = per_sm * self.sms;
+        if ctas > max {
+            return Err(Error::TooManyCtas {
+                requested: ctas,
+                max,
+                why: format!(
+                    "{per_sm} CTA(s) of {} threads and {smem} B shared memory fit per SM, {} SMs; all CTAs of a \
+                     launch must be resident at once",
+                    spec.threads, self.sms
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Launches `prog` on `stream`.
+    ///
+    /// # Safety
+    /// `buffers` and `workspaces` hold valid device addresses for everything the program's tasks
+    /// touch, alive until the launch completes; `status` addresses a zeroed [`Status`]; the ranks the
+    /// program's barriers name are launched too (or their waits time out).
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        prog: &DeviceProgram,
+        spec: &LaunchSpec,
+        buffers: [[u64; abi::BUFFER_SLOTS]; abi::MAX_RANKS],
+        workspaces: [u64; abi::MAX_RANKS],
+        status: u64,
+    ) -> Result<()> {
+        self.check(spec, prog.ctas, prog.slots)?;
+        if prog.ctas == 0 {
+            return Ok(());
+        }
+        let f = self.function(spec.mover, spec.dtype, spec.op)?;
+        let args = Args(LaunchArgs {
+            programs: prog.programs.ptr(),
+            tasks: prog.tasks.ptr(),
+            status,
+            timeout_ns: spec.timeout_ns,
+            chunk_bytes: spec.chunk_bytes,
+            stages: spec.stages,
+            slots: prog.slots,
+            reduce_mode: spec.reduce_mode.raw() as u32,
+            wait_suspend_ns: spec.wait_suspend_ns,
+            reserved: [0; 3],
+            workspaces,
+            buffers,
+        });
+        let cfg = LaunchConfig {
+            grid_dim: (prog.ctas, 1, 1),
+            block_dim: (spec.threads, 1, 1),
+            shared_mem_bytes: Self::smem_bytes(spec, prog.slots) as u32,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&args);
+        // SAFETY: the arguments match the kernel's single by-value `LaunchArgs` parameter; the caller
+        // guarantees the addresses.
+        unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
+        Ok(())
+    }
+}
+
+/// `LaunchArgs` passed by value as the kernel's only parameter.
+#[repr(transparent)]
+struct Args(LaunchArgs);
+// SAFETY: `LaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
+unsafe impl DeviceRepr for Args {}

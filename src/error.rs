@@ -1,0 +1,151 @@
+//! Errors: every misuse and every device failure is a value naming what was wrong.
+
+use cudarc::driver::DriverError;
+use oxccl_host::lowered::LoweredError;
+use oxccl_host::tccl::PlanError;
+use oxccl_kernels::abi::{DType, RedOp, Status, WaitKind};
+use std::fmt;
+
+/// oxccl's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA driver call failed.
+    Driver { call: &'static str, source: DriverError },
+    /// No CUDA driver or device could be used.
+    NoDevice(String),
+    /// The device is not a Hopper (sm_90) GPU.
+    UnsupportedDevice { ordinal: usize, major: i32, minor: i32 },
+    /// The communicator was built with no ranks, or more than one launch can address.
+    RankCount { ranks: usize, max: usize },
+    /// A call passed a different number of per-rank buffers than the communicator has ranks.
+    BufferCount { what: &'static str, expected: usize, got: usize },
+    /// A rank's buffer has the wrong number of elements.
+    Length { what: &'static str, rank: usize, expected: usize, got: usize },
+    /// A rank's buffer lives on another device than the rank.
+    WrongDevice { what: &'static str, rank: usize, expected: usize, got: usize },
+    /// Two buffers overlap where the call needs them distinct.
+    Aliasing { what: &'static str, rank: usize, other_rank: usize },
+    /// A buffer's address is not aligned to its element size.
+    Misaligned { what: &'static str, rank: usize, address: u64, align: usize },
+    /// The (dtype, operator) pair is not supported by the requested path.
+    Unsupported { dtype: DType, op: RedOp, why: &'static str },
+    /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
+    TooManyCtas { requested: u32, max: u32, why: String },
+    /// A configuration value is out of range.
+    Config { field: &'static str, why: String },
+    /// The planner rejected the call.
+    Plan(PlanError),
+    /// A lowered program failed validation.
+    Lowered(LoweredError),
+    /// A bounded wait on the device gave up: a peer never arrived or never finished.
+    Timeout { wait: WaitKind, rank: u32, cta: u32, peer: u32, expected: u64, observed: u64, errors: u32 },
+    /// The engine rejected a task descriptor.
+    BadTask { rank: u32, cta: u32, task: u32 },
+    /// The communicator is unusable after an earlier device error (call `reset` or build a new one).
+    Poisoned,
+}
+
+impl Error {
+    pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+        move |source| Error::Driver { call, source }
+    }
+
+    /// The error a device status record describes, if any.
+    pub(crate) fn from_status(s: &Status) -> Option<Error> {
+        if s.errors == 0 {
+            return None;
+        }
+        Some(match WaitKind::from_raw(s.kind) {
+            Some(WaitKind::BadTask) => Error::BadTask { rank: s.rank, cta: s.cta, task: s.peer },
+            Some(wait) => Error::Timeout {
+                wait,
+                rank: s.rank,
+                cta: s.cta,
+                peer: s.peer,
+                expected: s.expected,
+                observed: s.observed,
+                errors: s.errors,
+            },
+            None => Error::BadTask { rank: s.rank, cta: s.cta, task: u32::MAX },
+        })
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Driver { call, source } => write!(f, "CUDA driver call {call} failed: {source}"),
+            Error::NoDevice(why) => write!(f, "no usable CUDA device: {why}"),
+            Error::UnsupportedDevice { ordinal, major, minor } => {
+                write!(f, "device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")
+            }
+            Error::RankCount { ranks, max } => write!(f, "{ranks} ranks: a communicator has 1..={max}"),
+            Error::BufferCount { what, expected, got } => {
+                write!(f, "{what}: {got} buffers for a communicator of {expected} ranks")
+            }
+            Error::Length { what, rank, expected, got } => {
+                write!(f, "{what} of rank {rank}: {got} elements, the call needs {expected}")
+            }
+            Error::WrongDevice { what, rank, expected, got } => {
+                write!(f, "{what} of rank {rank} is on device {got}, the rank is on device {expected}")
+            }
+            Error::Aliasing { what, rank, other_rank } => {
+                write!(f, "{what}: buffer of rank {rank} overlaps a buffer of rank {other_rank}")
+            }
+            Error::Misaligned { what, rank, address, align } => {
+                write!(f, "{what} of rank {rank} at {address:#x} is not {align}-byte aligned")
+            }
+            Error::Unsupported { dtype, op, why } => write!(f, "{dtype:?} {op:?}: {why}"),
+            Error::TooManyCtas { requested, max, why } => {
+                write!(f, "{requested} CTAs requested, at most {max} can run: {why}")
+            }
+            Error::Config { field, why } => write!(f, "config.{field}: {why}"),
+            Error::Plan(e) => write!(f, "plan: {e}"),
+            Error::Lowered(e) => write!(f, "lowered program: {e}"),
+            Error::Timeout { wait, rank, cta, peer, expected, observed, errors } => {
+                let what = match wait {
+                    WaitKind::StartBarrier => "waiting for peer to reach the collective (start barrier)",
+                    WaitKind::EndBarrier => "waiting for peer to finish writing (end barrier)",
+                    WaitKind::BulkLoad => "waiting for a bulk load to land in shared memory",
+                    WaitKind::BadTask => "bad task",
+                };
+                write!(
+                    f,
+                    "timed out {what}: rank {rank} CTA {cta}, peer {peer}, expected {expected}, saw {observed} \
+                     ({errors} CTA(s) reported errors)"
+                )
+            }
+            Error::BadTask { rank, cta, task } => {
+                write!(f, "the engine rejected task {task} of rank {rank} CTA {cta}")
+            }
+            Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Driver { source, .. } => Some(source),
+            Error::Plan(e) => Some(e),
+            Error::Lowered(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<PlanError> for Error {
+    fn from(e: PlanError) -> Self {
+        Error::Plan(e)
+    }
+}
+
+impl From<LoweredError> for Error {
+    fn from(e: LoweredError) -> Self {
+        Error::Lowered(e)
+    }
+}
