@@ -15,7 +15,6 @@
 //! `shipped` (never rebuild).
 
 use std::env;
-use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -161,9 +160,6 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
     let target_dir = out.join("device-target");
     for m in MODULES {
         let dest = out.join(m.file);
-        let _ = fs::remove_file(&dest);
-        let mut emit = OsString::from("--emit=asm=");
-        emit.push(&dest);
         let mut cmd = rustup_command();
         cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "rustc", "--quiet", "--release", "--lib"])
             .arg("--manifest-path")
@@ -174,7 +170,7 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
         if !m.features.is_empty() {
             cmd.args(["--features", m.features]);
         }
-        cmd.arg("--").arg(emit);
+        cmd.args(["--", "--emit=asm"]);
         cmd.env("CARGO_ENCODED_RUSTFLAGS", DEVICE_RUSTFLAGS.join("\x1f"));
         let output = cmd.output().map_err(|e| format!("build failed to start: {e}"))?;
         if !output.status.success() {
@@ -184,6 +180,21 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
                 String::from_utf8_lossy(&output.stderr)
             ));
         }
+        // rustc writes `<crate>-<hash>.s` beside the rlib; when cargo finds the crate fresh it does not
+        // run rustc, and the file from the last build is still the current one. Take the newest.
+        let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
+        let prefix = format!("{}-", m.package.replace('-', "_"));
+        let asm = fs::read_dir(&deps)
+            .map_err(|e| format!("build failed: {}: {e}", deps.display()))?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(&prefix) && n.ends_with(".s")
+            })
+            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+            .ok_or_else(|| format!("build failed: no {prefix}*.s in {}", deps.display()))?
+            .path();
+        fs::copy(&asm, &dest).map_err(|e| format!("build failed: {e}"))?;
         let ptx = fs::read_to_string(&dest).map_err(|e| format!("build failed: no PTX at {}: {e}", dest.display()))?;
         if let Some(line) = ptx.lines().find(|l| l.trim_start().starts_with(".extern .func")) {
             return Err(format!("build failed: {} has an unresolved extern: {line}", m.file));

@@ -299,3 +299,22 @@ impl Engine {
 struct Args(LaunchArgs);
 // SAFETY: `LaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
 unsafe impl DeviceRepr for Args {}
+
+/// The first CUDA device as a context, if a CUDA driver is installed and device 0 is a Hopper GPU;
+/// otherwise why not.
+pub fn probe_gpu() -> std::result::Result<Arc<CudaContext>, String> {
+    // SAFETY: only looks for the driver library; loading it has no side effects on failure.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("the CUDA driver library is not installed".into());
+    }
+    let n = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
+    if n < 1 {
+        return Err("no CUDA device".into());
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("cuCtxCreate: {e}"))?;
+    let (major, minor) = ctx.compute_capability().map_err(|e| format!("compute capability: {e}"))?;
+    if major != 9 {
+        return Err(format!("device 0 is sm_{major}{minor}, not Hopper"));
+    }
+    Ok(ctx)
+}

@@ -1,0 +1,54 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+/// `ptxas` from `OXCCL_PTXAS`, the PATH, or the `nvidia-cuda-nvcc` Python wheel; `None` if absent.
+pub fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("OXCCL_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some(PathBuf::from("ptxas"));
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'ptxas'))"])
+        .output()
+        .ok()?;
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    p.is_file().then_some(p)
+}
+
+/// The first CUDA device if it is a usable Hopper GPU, else `None` after printing why the caller's test
+/// is skipped.
+pub fn gpu(test: &str) -> Option<Arc<cudarc::driver::CudaStream>> {
+    match oxccl::engine::probe_gpu() {
+        Ok(ctx) => Some(ctx.default_stream()),
+        Err(why) => {
+            eprintln!("skipped: no GPU ({test}: {why})");
+            None
+        }
+    }
+}
+
+/// A small deterministic generator (splitmix64) so GPU tests need no extra crates and are reproducible
+/// from the printed seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}

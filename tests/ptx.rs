@@ -1,0 +1,222 @@
+//! Golden PTX: every `oxccl-ptx` wrapper's instruction appears in its probe kernel; both modules
+//! assemble with `ptxas -arch=sm_90a`; no unresolved externs; the engine's kernels exist with their
+//! launch bounds; the shipped PTX equals a fresh build.
+
+mod common;
+
+use oxccl::engine::abi;
+use std::process::Command;
+
+/// (wrapper, probe kernel, exact instruction text the wrapper emits).
+const GOLDEN: &[(&str, &str, &str)] = &[
+    ("mbarrier_init_shared_b64", "probe_mbarrier", "mbarrier.init.shared::cta.b64 ["),
+    ("mbarrier_inval_shared_b64", "probe_mbarrier", "mbarrier.inval.shared::cta.b64 ["),
+    ("mbarrier_arrive_shared_b64", "probe_mbarrier", "mbarrier.arrive.shared::cta.b64 %rd"),
+    ("mbarrier_arrive_expect_tx_shared_b64", "probe_mbarrier", "mbarrier.arrive.expect_tx.shared::cta.b64 %rd"),
+    ("mbarrier_expect_tx_relaxed_cta_shared_b64", "probe_mbarrier", "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 ["),
+    ("mbarrier_try_wait_parity_shared_b64", "probe_mbarrier", "mbarrier.try_wait.parity.shared::cta.b64 p, [%r"),
+    ("mbarrier_try_wait_parity_suspend_shared_b64", "probe_mbarrier", "mbarrier.try_wait.parity.shared::cta.b64 p, [%r"),
+    ("fence_mbarrier_init_release_cluster", "probe_mbarrier", "fence.mbarrier_init.release.cluster;"),
+    ("cp_async_bulk_shared_global_mbarrier", "probe_bulk_copy", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes ["),
+    ("cp_async_bulk_global_shared_bulk_group", "probe_bulk_copy", "cp.async.bulk.global.shared::cta.bulk_group ["),
+    ("cp_async_bulk_commit_group", "probe_bulk_copy", "cp.async.bulk.commit_group;"),
+    ("cp_async_bulk_wait_group", "probe_bulk_copy", "cp.async.bulk.wait_group 0;"),
+    ("cp_async_bulk_wait_group_read", "probe_bulk_copy", "cp.async.bulk.wait_group.read 0;"),
+    ("cp_reduce_async_bulk_global_shared_add_f32", "probe_reduce_add_f32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 ["),
+    ("cp_reduce_async_bulk_global_shared_add_f64", "probe_reduce_add_f64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 ["),
+    ("cp_reduce_async_bulk_global_shared_add_noftz_f16", "probe_reduce_add_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 ["),
+    ("cp_reduce_async_bulk_global_shared_add_noftz_bf16", "probe_reduce_add_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 ["),
+    ("cp_reduce_async_bulk_global_shared_add_u32", "probe_reduce_add_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 ["),
+    ("cp_reduce_async_bulk_global_shared_add_s32", "probe_reduce_add_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s32 ["),
+    ("cp_reduce_async_bulk_global_shared_add_u64", "probe_reduce_add_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 ["),
+    ("cp_reduce_async_bulk_global_shared_min_u32", "probe_reduce_min_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u32 ["),
+    ("cp_reduce_async_bulk_global_shared_min_s32", "probe_reduce_min_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s32 ["),
+    ("cp_reduce_async_bulk_global_shared_min_u64", "probe_reduce_min_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u64 ["),
+    ("cp_reduce_async_bulk_global_shared_min_s64", "probe_reduce_min_s64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s64 ["),
+    ("cp_reduce_async_bulk_global_shared_min_f16", "probe_reduce_min_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.f16 ["),
+    ("cp_reduce_async_bulk_global_shared_min_bf16", "probe_reduce_min_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.bf16 ["),
+    ("cp_reduce_async_bulk_global_shared_max_u32", "probe_reduce_max_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u32 ["),
+    ("cp_reduce_async_bulk_global_shared_max_s32", "probe_reduce_max_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s32 ["),
+    ("cp_reduce_async_bulk_global_shared_max_u64", "probe_reduce_max_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u64 ["),
+    ("cp_reduce_async_bulk_global_shared_max_s64", "probe_reduce_max_s64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s64 ["),
+    ("cp_reduce_async_bulk_global_shared_max_f16", "probe_reduce_max_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.f16 ["),
+    ("cp_reduce_async_bulk_global_shared_max_bf16", "probe_reduce_max_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.bf16 ["),
+    ("fence_proxy_async", "probe_sync", "fence.proxy.async;"),
+    ("fence_proxy_async_shared_cta", "probe_sync", "fence.proxy.async.shared::cta;"),
+    ("fence_proxy_async_global", "probe_sync", "fence.proxy.async.global;"),
+    ("fence_acq_rel_cta", "probe_sync", "fence.acq_rel.cta;"),
+    ("fence_acq_rel_gpu", "probe_sync", "fence.acq_rel.gpu;"),
+    ("fence_acq_rel_sys", "probe_sync", "fence.acq_rel.sys;"),
+    ("bar_sync", "probe_sync", "bar.sync %r"),
+    ("bar_sync_all", "probe_sync", "bar.sync 0;"),
+    ("nanosleep_u32", "probe_sync", "nanosleep.u32 %r"),
+    ("ld_relaxed_gpu_u32", "probe_memory", "ld.relaxed.gpu.global.u32 %r"),
+    ("ld_relaxed_gpu_u64", "probe_memory", "ld.relaxed.gpu.global.u64 %rd"),
+    ("ld_relaxed_sys_u32", "probe_memory", "ld.relaxed.sys.global.u32 %r"),
+    ("ld_relaxed_sys_u64", "probe_memory", "ld.relaxed.sys.global.u64 %rd"),
+    ("ld_acquire_gpu_u32", "probe_memory", "ld.acquire.gpu.global.u32 %r"),
+    ("ld_acquire_gpu_u64", "probe_memory", "ld.acquire.gpu.global.u64 %rd"),
+    ("ld_acquire_sys_u32", "probe_memory", "ld.acquire.sys.global.u32 %r"),
+    ("ld_acquire_sys_u64", "probe_memory", "ld.acquire.sys.global.u64 %rd"),
+    ("st_relaxed_gpu_u32", "probe_memory", "st.relaxed.gpu.global.u32 ["),
+    ("st_relaxed_gpu_u64", "probe_memory", "st.relaxed.gpu.global.u64 ["),
+    ("st_relaxed_sys_u32", "probe_memory", "st.relaxed.sys.global.u32 ["),
+    ("st_relaxed_sys_u64", "probe_memory", "st.relaxed.sys.global.u64 ["),
+    ("st_release_gpu_u32", "probe_memory", "st.release.gpu.global.u32 ["),
+    ("st_release_gpu_u64", "probe_memory", "st.release.gpu.global.u64 ["),
+    ("st_release_sys_u32", "probe_memory", "st.release.sys.global.u32 ["),
+    ("st_release_sys_u64", "probe_memory", "st.release.sys.global.u64 ["),
+    ("red_release_gpu_add_u32", "probe_memory", "red.release.gpu.global.add.u32 ["),
+    ("red_release_gpu_add_u64", "probe_memory", "red.release.gpu.global.add.u64 ["),
+    ("red_release_sys_add_u32", "probe_memory", "red.release.sys.global.add.u32 ["),
+    ("red_release_sys_add_u64", "probe_memory", "red.release.sys.global.add.u64 ["),
+    ("atom_relaxed_gpu_add_u32", "probe_memory", "atom.relaxed.gpu.global.add.u32 %r"),
+    ("atom_relaxed_gpu_add_u64", "probe_memory", "atom.relaxed.gpu.global.add.u64 %rd"),
+    ("atom_acq_rel_sys_add_u32", "probe_memory", "atom.acq_rel.sys.global.add.u32 %r"),
+    ("ld_global_v4_u32", "probe_vector", "ld.global.v4.u32 {%r"),
+    ("st_global_v4_u32", "probe_vector", "st.global.v4.u32 [%rd"),
+    ("ld_shared_v4_u32", "probe_vector", "ld.shared.v4.u32 {%r"),
+    ("st_shared_v4_u32", "probe_vector", "st.shared.v4.u32 [%r"),
+    ("ld_shared_u32", "probe_sync", "ld.shared.u32 %r"),
+    ("st_shared_u32", "probe_sync", "st.shared.u32 [%r"),
+    ("tid_x", "probe_sreg", "mov.u32 %r"),
+    ("ntid_x", "probe_sreg", "%ntid.x;"),
+    ("ctaid_x", "probe_sreg", "%ctaid.x;"),
+    ("nctaid_x", "probe_sreg", "%nctaid.x;"),
+    ("laneid", "probe_sreg", "%laneid;"),
+    ("smid", "probe_sreg", "%smid;"),
+    ("globaltimer", "probe_sreg", "mov.u64 %rd"),
+    ("elect_sync", "probe_sreg", "elect.sync _|p, %r"),
+    ("add_rn_f16x2", "probe_arith", "add.rn.f16x2 %r"),
+    ("min_f16x2", "probe_arith", "min.f16x2 %r"),
+    ("max_f16x2", "probe_arith", "max.f16x2 %r"),
+    ("add_rn_bf16x2", "probe_arith", "add.rn.bf16x2 %r"),
+    ("min_bf16x2", "probe_arith", "min.bf16x2 %r"),
+    ("max_bf16x2", "probe_arith", "max.bf16x2 %r"),
+    ("Shared::from_generic", "probe_sync", "cvta.to.shared.u64 s, %rd"),
+];
+
+/// The text of one `.entry` (up to the next entry or function).
+fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
+    let start = ptx.find(&format!(".entry {name}("))?;
+    let rest = &ptx[start + 1..];
+    let end = [rest.find("\n.visible .entry"), rest.find("\n.entry"), rest.find("\n.func"), rest.find("\n.visible .func")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(rest.len());
+    Some(&ptx[start..start + 1 + end])
+}
+
+#[test]
+fn every_wrapper_appears_in_its_probe() {
+    let mut missing = Vec::new();
+    for (wrapper, kernel, text) in GOLDEN {
+        match entry(oxccl::ptx::PROBES, kernel) {
+            None => missing.push(format!("{wrapper}: probe kernel {kernel} missing")),
+            Some(body) if !body.contains(text) => missing.push(format!("{wrapper}: `{text}` not in {kernel}")),
+            Some(_) => {}
+        }
+    }
+    assert!(missing.is_empty(), "golden PTX mismatches:\n{}", missing.join("\n"));
+}
+
+#[test]
+fn tensor_wrappers_appear_in_their_probes() {
+    let mut missing = Vec::new();
+    for d in 1..=5 {
+        let kernel = format!("probe_tensor_{d}d");
+        let Some(body) = entry(oxccl::ptx::PROBES, &kernel) else {
+            missing.push(format!("{kernel} missing"));
+            continue;
+        };
+        let texts = [
+            format!("cp.async.bulk.tensor.{d}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes ["),
+            format!("cp.async.bulk.tensor.{d}d.global.shared::cta.tile.bulk_group ["),
+            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.add.tile.bulk_group ["),
+            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.min.tile.bulk_group ["),
+            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.max.tile.bulk_group ["),
+        ];
+        for t in texts {
+            if !body.contains(&t) {
+                missing.push(format!("`{t}` not in {kernel}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn modules_target_sm90a_with_no_unresolved_externs() {
+    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("probes", oxccl::ptx::PROBES)] {
+        assert!(ptx.contains(".target sm_90a"), "{name}: not built for sm_90a");
+        let version = ptx.lines().find_map(|l| l.strip_prefix(".version ")).expect(".version line");
+        let (major, minor) = version.trim().split_once('.').expect("version x.y");
+        let v: (u32, u32) = (major.parse().unwrap(), minor.parse().unwrap());
+        assert!(v >= (8, 0), "{name}: PTX ISA {version} < 8.0");
+        let externs: Vec<_> = ptx.lines().filter(|l| l.contains(".extern .func")).collect();
+        assert!(externs.is_empty(), "{name}: unresolved externs: {externs:?}");
+    }
+}
+
+#[test]
+fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
+    for &(dtype, op, tma, simt) in abi::KERNELS {
+        let t = entry(oxccl::ptx::KERNELS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));
+        assert!(!t.contains(".maxntid"), "{tma} must not carry the SIMT launch bound");
+        let s = entry(oxccl::ptx::KERNELS, simt).unwrap_or_else(|| panic!("{simt} missing"));
+        assert!(s.contains(".maxntid 512, 1, 1"), "{simt} lacks its launch bound");
+        assert!(t.contains("cp.async.bulk.shared::cluster.global"), "{tma} has no bulk loads");
+        assert!(s.contains("ld.global.v4.u32"), "{simt} has no vector loads");
+    }
+}
+
+#[test]
+fn ptxas_assembles_both_modules() {
+    let Some(ptxas) = common::ptxas() else {
+        eprintln!("skipped: ptxas not found (pip install nvidia-cuda-nvcc, or set OXCCL_PTXAS)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("oxccl-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("probes", oxccl::ptx::PROBES)] {
+        let src = dir.join(format!("{name}.ptx"));
+        std::fs::write(&src, ptx).unwrap();
+        let out = Command::new(&ptxas)
+            .args(["-arch=sm_90a", "-v", "-o"])
+            .arg(dir.join(format!("{name}.cubin")))
+            .arg(&src)
+            .output()
+            .expect("run ptxas");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "ptxas rejected {name}:\n{log}");
+        // The SIMT kernels' launch bound must hold: 512 threads need at most 128 registers each.
+        for line in log.lines().filter(|l| l.contains("Used") && l.contains("registers")) {
+            let regs: u32 = line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+            assert!(regs <= 255, "{line}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn shipped_ptx_equals_a_fresh_build() {
+    if oxccl::ptx::SOURCE != "fresh" {
+        eprintln!("skipped: the PTX was not rebuilt here (no {} toolchain); the shipped files are embedded", "nightly");
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
+    let bless = std::env::var_os("OXCCL_BLESS").is_some();
+    for (file, fresh) in [("oxccl_kernels.ptx", oxccl::ptx::KERNELS), ("oxccl_probes.ptx", oxccl::ptx::PROBES)] {
+        let path = root.join(file);
+        let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+        if shipped != fresh {
+            if bless {
+                std::fs::write(&path, fresh).unwrap();
+                eprintln!("blessed {}", path.display());
+            } else {
+                panic!("ptx/{file} differs from a fresh build: run `OXCCL_BLESS=1 cargo test --test ptx` and commit it");
+            }
+        }
+    }
+}
