@@ -318,3 +318,8 @@ pub fn probe_gpu() -> std::result::Result<Arc<CudaContext>, String> {
     }
     Ok(ctx)
 }
+
+/// The error a device [`Status`] record describes (`None` when it records none).
+pub fn status_error(s: &Status) -> Option<Error> {
+    Error::from_status(s)
+}

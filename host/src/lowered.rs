@@ -175,56 +175,40 @@ pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
     Ok(())
 }
 
-/// Element-wise operator on raw little-endian element bytes, with the device's semantics.
-pub fn combine(dtype: DType, op: RedOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+/// `acc[i] = acc[i] ⊕ src[i]` over whole slices of little-endian elements, with the device's
+/// semantics: f16 and bf16 results rounded once to nearest even, float min/max return the non-NaN
+/// operand, integer sums wrap.
+pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
     use half::{bf16, f16};
-    match dtype {
-        DType::F32 => {
-            let (x, y) = (f32::from_le_bytes(a.try_into().unwrap()), f32::from_le_bytes(b.try_into().unwrap()));
-            let r = match op {
-                RedOp::Sum => x + y,
-                RedOp::Min => x.min(y),
-                RedOp::Max => x.max(y),
-            };
-            r.to_le_bytes().to_vec()
-        }
-        DType::F16 => {
-            let (x, y) = (f16::from_le_bytes(a.try_into().unwrap()), f16::from_le_bytes(b.try_into().unwrap()));
-            let r = match op {
-                // f32 holds the exact sum of two f16, so one rounding gives the correctly rounded f16 sum.
-                RedOp::Sum => f16::from_f32(x.to_f32() + y.to_f32()),
-                RedOp::Min => f16::from_f32(x.to_f32().min(y.to_f32())),
-                RedOp::Max => f16::from_f32(x.to_f32().max(y.to_f32())),
-            };
-            r.to_le_bytes().to_vec()
-        }
-        DType::Bf16 => {
-            let (x, y) = (bf16::from_le_bytes(a.try_into().unwrap()), bf16::from_le_bytes(b.try_into().unwrap()));
-            let r = match op {
-                RedOp::Sum => bf16::from_f64(x.to_f64() + y.to_f64()),
-                RedOp::Min => bf16::from_f32(x.to_f32().min(y.to_f32())),
-                RedOp::Max => bf16::from_f32(x.to_f32().max(y.to_f32())),
-            };
-            r.to_le_bytes().to_vec()
-        }
-        DType::I32 => {
-            let (x, y) = (i32::from_le_bytes(a.try_into().unwrap()), i32::from_le_bytes(b.try_into().unwrap()));
-            let r = match op {
-                RedOp::Sum => x.wrapping_add(y),
-                RedOp::Min => x.min(y),
-                RedOp::Max => x.max(y),
-            };
-            r.to_le_bytes().to_vec()
-        }
-        DType::U32 => {
-            let (x, y) = (u32::from_le_bytes(a.try_into().unwrap()), u32::from_le_bytes(b.try_into().unwrap()));
-            let r = match op {
-                RedOp::Sum => x.wrapping_add(y),
-                RedOp::Min => x.min(y),
-                RedOp::Max => x.max(y),
-            };
-            r.to_le_bytes().to_vec()
-        }
+    macro_rules! each {
+        ($t:ty, $f:expr) => {{
+            let w = std::mem::size_of::<$t>();
+            for (a, b) in acc.chunks_exact_mut(w).zip(src.chunks_exact(w)) {
+                let x = <$t>::from_le_bytes((&*a).try_into().unwrap());
+                let y = <$t>::from_le_bytes(b.try_into().unwrap());
+                let r: $t = $f(x, y);
+                a.copy_from_slice(&r.to_le_bytes());
+            }
+        }};
+    }
+    match (dtype, op) {
+        (DType::F32, RedOp::Sum) => each!(f32, |x: f32, y: f32| x + y),
+        (DType::F32, RedOp::Min) => each!(f32, |x: f32, y: f32| x.min(y)),
+        (DType::F32, RedOp::Max) => each!(f32, |x: f32, y: f32| x.max(y)),
+        // f32 holds the exact sum of two f16, so one rounding gives the correctly rounded f16 sum; f64
+        // does the same for bf16.
+        (DType::F16, RedOp::Sum) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32() + y.to_f32())),
+        (DType::F16, RedOp::Min) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32().min(y.to_f32()))),
+        (DType::F16, RedOp::Max) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32().max(y.to_f32()))),
+        (DType::Bf16, RedOp::Sum) => each!(bf16, |x: bf16, y: bf16| bf16::from_f64(x.to_f64() + y.to_f64())),
+        (DType::Bf16, RedOp::Min) => each!(bf16, |x: bf16, y: bf16| bf16::from_f32(x.to_f32().min(y.to_f32()))),
+        (DType::Bf16, RedOp::Max) => each!(bf16, |x: bf16, y: bf16| bf16::from_f32(x.to_f32().max(y.to_f32()))),
+        (DType::I32, RedOp::Sum) => each!(i32, |x: i32, y: i32| x.wrapping_add(y)),
+        (DType::I32, RedOp::Min) => each!(i32, |x: i32, y: i32| x.min(y)),
+        (DType::I32, RedOp::Max) => each!(i32, |x: i32, y: i32| x.max(y)),
+        (DType::U32, RedOp::Sum) => each!(u32, |x: u32, y: u32| x.wrapping_add(y)),
+        (DType::U32, RedOp::Min) => each!(u32, |x: u32, y: u32| x.min(y)),
+        (DType::U32, RedOp::Max) => each!(u32, |x: u32, y: u32| x.max(y)),
     }
 }
 
@@ -250,8 +234,6 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
     for prog in &l.programs {
         for t in &l.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize] {
             let (kind, dtype, op) = decode(0, t)?;
-            let e = dtype.size();
-            let n = t.bytes as usize / e;
             let read = |bufs: &HostBuffers, r: usize, slot: u8, off: u64| -> Vec<u8> {
                 let (r, s, off) = resolve(r, slot, off);
                 bufs[r][s][off as usize..off as usize + t.bytes as usize].to_vec()
@@ -265,10 +247,7 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
                 if acc.is_empty() && kind == TaskKind::Move {
                     acc = src;
                 } else {
-                    for i in 0..n {
-                        let c = combine(dtype, op, &acc[i * e..(i + 1) * e], &src[i * e..(i + 1) * e]);
-                        acc[i * e..(i + 1) * e].copy_from_slice(&c);
-                    }
+                    combine_into(dtype, op, &mut acc, &src);
                 }
             }
             for r in ranks(t.dst_ranks) {

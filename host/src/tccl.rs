@@ -180,8 +180,12 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     for r in 0..p {
         let me = 1u32 << r;
         let others = all & !me;
-        // The owner's shard of the per-rank block, and this CTA's piece of it.
-        let shard = split(block, p as u64, GRAIN, r as u64);
+        // The bytes rank r owns: for AllReduce a 1/P shard of the buffer; for ReduceScatter and
+        // AllGather its whole block (block r of the reduction, or its own input). Then this CTA's piece.
+        let shard = match spec.collective {
+            Collective::AllReduce => split(block, p as u64, GRAIN, r as u64),
+            Collective::ReduceScatter | Collective::AllGather => (0, block),
+        };
         for cta in 0..c {
             let (lo, hi) = split(shard.1 - shard.0, c, GRAIN, cta);
             let (a, n) = (shard.0 + lo, hi - lo);
@@ -260,16 +264,12 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
 /// output buffer. For in-place specs the inputs are given as they are before the call (for AllGather
 /// in place: rank r's own block) and outputs are the buffers after it.
 pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let e = spec.dtype.size();
-    let block = spec.count as usize * e;
+    let block = spec.count as usize * spec.dtype.size();
     let p = spec.ranks;
     let reduce = |slices: Vec<&[u8]>| -> Vec<u8> {
         let mut acc = slices[0].to_vec();
         for s in &slices[1..] {
-            for i in (0..acc.len()).step_by(e) {
-                let c = crate::lowered::combine(spec.dtype, spec.op, &acc[i..i + e], &s[i..i + e]);
-                acc[i..i + e].copy_from_slice(&c);
-            }
+            crate::lowered::combine_into(spec.dtype, spec.op, &mut acc, s);
         }
         acc
     };

@@ -1,0 +1,204 @@
+//! T-CCL plans on the CPU executor against the collectives' definitions: random ranks (1..16), counts
+//! (0..10^6, including lengths that are not multiples of 16 bytes), dtypes, operators, in-place and
+//! out-of-place, CTA counts 1..32, both reductions. Integer-valued inputs make every summation order
+//! exact (bitwise comparison); random floats are compared with a tolerance (and bitwise for the
+//! deterministic register reduction, whose order the executor reproduces).
+
+use oxccl_host::lowered::{self, HostBuffers};
+use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
+use proptest::prelude::*;
+
+fn element(dtype: DType, x: f64) -> Vec<u8> {
+    match dtype {
+        DType::F32 => (x as f32).to_le_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+        DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+        DType::I32 => (x as i32).to_le_bytes().to_vec(),
+        DType::U32 => (x.abs() as u32).to_le_bytes().to_vec(),
+    }
+}
+
+fn to_f64(dtype: DType, b: &[u8]) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DType::Bf16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
+    }
+}
+
+/// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
+/// (the output, or for in-place calls the one buffer).
+fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let plan = tccl::plan(spec).expect("plan");
+    let (in_bytes, out_bytes) = spec.buffer_bytes();
+    let mut bufs: HostBuffers = Vec::new();
+    for input in inputs {
+        let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
+        if spec.in_place {
+            // One buffer per rank, in the slot the other aliases into.
+            let (s, len) = match spec.collective {
+                Collective::AllGather => (slot::OUTPUT, out_bytes),
+                _ => (slot::INPUT, in_bytes),
+            };
+            let mut b = vec![0xA5u8; len as usize];
+            let at = match spec.collective {
+                Collective::AllGather => inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize,
+                _ => 0,
+            };
+            b[at..at + input.len()].copy_from_slice(input);
+            row[s as usize] = b;
+        } else {
+            row[slot::INPUT as usize] = input.clone();
+            // Poison: any element the plan fails to write stays 0xA5.
+            row[slot::OUTPUT as usize] = vec![0xA5u8; out_bytes as usize];
+        }
+        bufs.push(row);
+    }
+    lowered::execute(&plan, &mut bufs, &spec.aliases()).expect("execute");
+    bufs.into_iter()
+        .map(|mut row| {
+            let s = if spec.in_place && spec.collective != Collective::AllGather { slot::INPUT } else { slot::OUTPUT };
+            std::mem::take(&mut row[s as usize])
+        })
+        .collect()
+}
+
+fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
+    (
+        prop_oneof![Just(Collective::AllReduce), Just(Collective::ReduceScatter), Just(Collective::AllGather)],
+        prop_oneof![4 => 0u64..300, 2 => 0u64..20_000, 1 => 0u64..1_000_000],
+        prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::Bf16), Just(DType::I32), Just(DType::U32)],
+        prop_oneof![Just(RedOp::Sum), Just(RedOp::Min), Just(RedOp::Max)],
+        1usize..=16,
+        any::<bool>(),
+        1u32..=32,
+        prop_oneof![Just(Reduction::Registers), Just(Reduction::Tma)],
+    )
+        .prop_map(|(collective, count, dtype, op, ranks, in_place, ctas, reduction)| {
+            // Keep the total work of one case modest: large counts with few ranks.
+            let count = if count > 100_000 { count / ranks as u64 } else { count };
+            PlanSpec { collective, count, dtype, op, ranks, in_place, ctas, reduction }
+        })
+}
+
+fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
+    let (in_bytes, _) = spec.buffer_bytes();
+    let e = spec.dtype.size();
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..spec.ranks)
+        .map(|_| {
+            let mut v = Vec::with_capacity(in_bytes as usize);
+            for _ in 0..in_bytes as usize / e {
+                let x = if integers { (next() % 21) as f64 - 10.0 } else { (next() % 2_000_001) as f64 / 1000.0 - 1000.0 };
+                v.extend(element(spec.dtype, x));
+            }
+            v
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_compute_the_collective_exactly_on_integers(spec in spec_strategy(), seed in any::<u64>()) {
+        let ins = inputs(&spec, seed, true);
+        let got = execute(&spec, &ins);
+        let want = tccl::reference(&spec, &ins);
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn plans_are_race_free(spec in spec_strategy()) {
+        let plan = tccl::plan(&spec).unwrap();
+        prop_assert_eq!(lowered::check_races(&plan, &spec.aliases()), Ok(()));
+        prop_assert_eq!(plan.programs.len(), spec.ranks * spec.ctas as usize);
+    }
+
+    #[test]
+    fn plans_match_the_reference_on_random_floats(spec in spec_strategy(), seed in any::<u64>()) {
+        let spec = PlanSpec { dtype: DType::F32, ..spec };
+        let ins = inputs(&spec, seed, false);
+        let got = execute(&spec, &ins);
+        let want = tccl::reference(&spec, &ins);
+        if spec.reduction == Reduction::Registers {
+            // Sources combined in ascending rank order, as the reference does: bitwise equal.
+            prop_assert_eq!(got, want);
+        } else {
+            for (g, w) in got.iter().zip(&want) {
+                for (a, b) in g.chunks(4).zip(w.chunks(4)) {
+                    let (a, b) = (to_f64(spec.dtype, a), to_f64(spec.dtype, b));
+                    // Terms are at most 1000 in magnitude: each f32 addition errs by at most
+                    // 2^-24 of a partial sum bounded by ranks × 1000.
+                    let bound = spec.ranks as f64 * spec.ranks as f64 * 1000.0 * f64::powi(2.0, -24);
+                    prop_assert!((a - b).abs() <= bound, "{} vs {}", a, b);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_byte_is_written_once_per_destination() {
+    // AllReduce out-of-place, 8 ranks, a length that is not a multiple of 16 bytes: every output byte of
+    // every rank is covered by exactly one task.
+    for reduction in [Reduction::Registers, Reduction::Tma] {
+        let spec = PlanSpec {
+            collective: Collective::AllReduce,
+            count: 1_000_003,
+            dtype: DType::F16,
+            op: RedOp::Sum,
+            ranks: 8,
+            in_place: false,
+            ctas: 7,
+            reduction,
+        };
+        let plan = tccl::plan(&spec).unwrap();
+        let bytes = spec.count * 2;
+        let mut cover = vec![vec![0u8; bytes as usize]; 8];
+        for t in &plan.tasks {
+            if t.kind != oxccl_kernels::abi::TaskKind::Move.raw() || t.dst_slot != slot::OUTPUT {
+                continue;
+            }
+            for r in 0..8 {
+                if t.dst_ranks & (1 << r) != 0 && !(t.src_slot == slot::OUTPUT && t.src_ranks & (1 << r) != 0) {
+                    for b in &mut cover[r][t.dst_offset as usize..(t.dst_offset + t.bytes) as usize] {
+                        *b += 1;
+                    }
+                }
+            }
+        }
+        // With TMA reduction the owner's own output is written by its copy and by the reductions; count
+        // the final writers only: shard-out moves (others) and the owner's copy.
+        for (r, c) in cover.iter().enumerate() {
+            assert!(c.iter().all(|&n| n == 1), "{reduction:?}: rank {r} has bytes written {:?} times", c.iter().copied().max());
+        }
+    }
+}
+
+#[test]
+fn invalid_specs_are_typed_errors() {
+    let base = PlanSpec {
+        collective: Collective::AllReduce,
+        count: 10,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        ranks: 4,
+        in_place: false,
+        ctas: 2,
+        reduction: Reduction::Registers,
+    };
+    assert!(matches!(tccl::plan(&PlanSpec { ranks: 0, ..base }), Err(tccl::PlanError::Ranks { .. })));
+    assert!(matches!(tccl::plan(&PlanSpec { ranks: 17, ..base }), Err(tccl::PlanError::Ranks { .. })));
+    assert!(matches!(tccl::plan(&PlanSpec { ctas: 0, ..base }), Err(tccl::PlanError::Ctas { .. })));
+    assert!(matches!(tccl::plan(&PlanSpec { count: u64::MAX / 2, ..base }), Err(tccl::PlanError::TooLarge { .. })));
+}

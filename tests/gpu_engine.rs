@@ -1,0 +1,314 @@
+//! The engine on the GPU: both movers copy and reduce random data of random sizes and alignments
+//! exactly as the CPU executor does; a rank that never arrives yields a timeout error, not a hang.
+//! Skips loudly without a Hopper GPU.
+
+mod common;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use oxccl::engine::abi::{self, BUFFER_SLOTS, MAX_RANKS, TASK_AFTER_WRITES, WaitKind, slot};
+use oxccl::engine::{DType, DeviceAlloc, Engine, LaunchSpec, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
+use oxccl_host::lowered::{self, HostBuffers, Lowered};
+use std::sync::Arc;
+
+struct Case {
+    mover: Mover,
+    dtype: DType,
+    op: RedOp,
+    kind: abi::TaskKind,
+    reduce_mode: ReduceMode,
+    sources: usize,
+    bytes: u64,
+    /// Element offsets of the sources' and the destination's ranges inside their buffers.
+    src_off: u64,
+    dst_off: u64,
+    ctas: u32,
+}
+
+fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
+    LaunchSpec {
+        mover: c.mover,
+        dtype: c.dtype,
+        op: c.op,
+        threads: if c.mover == Mover::Simt { 512 } else { 128 },
+        chunk_bytes: 4096,
+        stages: 4,
+        reduce_mode: c.reduce_mode,
+        timeout_ns,
+        wait_suspend_ns: 0,
+    }
+}
+
+/// One task per CTA over a 16-byte-grained split of the range: sources are rows 0..k of the buffer
+/// table (slot INPUT), the destination row 0 slot OUTPUT.
+fn lowered(c: &Case) -> Lowered {
+    let e = c.dtype.size() as u64;
+    let mut programs = Vec::new();
+    let mut tasks = Vec::new();
+    for cta in 0..c.ctas {
+        let (lo, hi) = oxccl_host::tccl::split(c.bytes, c.ctas as u64, 16, cta as u64);
+        let first = tasks.len() as u32;
+        if hi > lo {
+            tasks.push(Task {
+                kind: c.kind.raw(),
+                dtype: c.dtype.raw(),
+                op: c.op.raw(),
+                src_slot: slot::INPUT,
+                dst_slot: slot::OUTPUT,
+                flags: 0,
+                reserved: 0,
+                src_ranks: (1u32 << c.sources) - 1,
+                dst_ranks: 1,
+                src_offset: c.src_off * e + lo,
+                dst_offset: c.dst_off * e + lo,
+                bytes: hi - lo,
+            });
+        }
+        programs.push(TbProgram { rank: 0, cta, first_task: first, task_count: tasks.len() as u32 - first, barrier_ranks: 0, reserved: 0 });
+    }
+    let combines = c.sources > 1 || c.kind == abi::TaskKind::ReduceInto;
+    Lowered { programs, tasks, ranks: c.sources, slots: c.sources as u32 + 1, combines }
+}
+
+/// Small integers in the element type: every summation order gives the same exact result.
+fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bytes + 4);
+    while v.len() < bytes {
+        let x = rng.below(61) as i32 - 30;
+        match dtype {
+            DType::F32 => v.extend_from_slice(&(x as f32).to_le_bytes()),
+            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
+            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
+            DType::I32 => v.extend_from_slice(&x.to_le_bytes()),
+            DType::U32 => v.extend_from_slice(&(x.unsigned_abs()).to_le_bytes()),
+        }
+    }
+    v.truncate(bytes);
+    v
+}
+
+fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
+    s.device_ptr(stream).0
+}
+
+/// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
+fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
+    let e = c.dtype.size() as u64;
+    let src_len = (c.src_off * e + c.bytes) as usize;
+    let dst_len = (c.dst_off * e + c.bytes + 2 * e) as usize;
+    let srcs: Vec<Vec<u8>> = (0..c.sources).map(|_| exact_data(c.dtype, rng, src_len)).collect();
+    let dst0 = exact_data(c.dtype, rng, dst_len);
+    let d_srcs: Vec<CudaSlice<u8>> = srcs.iter().map(|s| stream.clone_htod(s).unwrap()).collect();
+    let d_dst = stream.clone_htod(&dst0).unwrap();
+
+    let l = lowered(c);
+    let prog = engine.upload(&l, 0..l.programs.len()).unwrap();
+    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    for (k, s) in d_srcs.iter().enumerate() {
+        buffers[k][slot::INPUT as usize] = addr(stream, s);
+    }
+    buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
+    let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
+    unsafe { engine.launch(stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    assert_eq!(st.errors, 0, "device reported {st:?}");
+    let gpu = stream.clone_dtoh(&d_dst).unwrap();
+
+    let mut host: HostBuffers = Vec::new();
+    for (k, s) in srcs.into_iter().enumerate() {
+        let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
+        row[slot::INPUT as usize] = s;
+        if k == 0 {
+            row[slot::OUTPUT as usize] = dst0.clone();
+        }
+        host.push(row);
+    }
+    lowered::execute(&l, &mut host, &[]).unwrap();
+    (gpu, host[0][slot::OUTPUT as usize].clone())
+}
+
+fn dtypes() -> [DType; 5] {
+    [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32]
+}
+
+#[test]
+fn movers_copy_and_reduce_random_sizes_exactly() {
+    let Some(stream) = common::gpu("movers_copy_and_reduce_random_sizes_exactly") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let mut rng = common::Rng(0x5eed);
+    let fixed = [0u64, 4, 16, 17 * 16 + 4, 4096, 1 << 20];
+    let mut cases = 0;
+    for round in 0..40 {
+        for mover in [Mover::Tma, Mover::Simt] {
+            let dtype = dtypes()[rng.below(5) as usize];
+            let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.below(3) as usize];
+            let e = dtype.size() as u64;
+            let bytes = if round < fixed.len() {
+                fixed[round] / e * e
+            } else {
+                let limit = if rng.below(4) == 0 { 64 << 20 } else { 300_000 };
+                rng.below(limit) / e * e
+            };
+            let (kind, sources, reduce_mode) = match rng.below(4) {
+                0 => (abi::TaskKind::Move, 1, ReduceMode::Registers),
+                1 => (abi::TaskKind::Move, 1 + rng.below(8) as usize, ReduceMode::Registers),
+                2 => (abi::TaskKind::ReduceInto, 1 + rng.below(7) as usize, ReduceMode::Registers),
+                _ => (abi::TaskKind::ReduceInto, 1 + rng.below(7) as usize, ReduceMode::Tma),
+            };
+            // Mostly aligned ranges; sometimes shifted by a few elements (unaligned heads, tails and
+            // buffers that disagree modulo 16).
+            let shift = |rng: &mut common::Rng| if rng.below(3) == 0 { rng.below(9) } else { 0 };
+            let c = Case {
+                mover,
+                dtype,
+                op,
+                kind,
+                reduce_mode,
+                sources,
+                bytes,
+                src_off: shift(&mut rng),
+                dst_off: shift(&mut rng),
+                ctas: 1 + rng.below(8) as u32,
+            };
+            let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
+            assert!(
+                gpu == cpu,
+                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={}: first difference at byte {:?}",
+                c.src_off,
+                c.dst_off,
+                c.ctas,
+                gpu.iter().zip(&cpu).position(|(a, b)| a != b)
+            );
+            cases += 1;
+        }
+    }
+    eprintln!("{cases} mover cases exact");
+}
+
+#[test]
+fn movers_handle_more_than_a_gibibyte() {
+    let Some(stream) = common::gpu("movers_handle_more_than_a_gibibyte") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let mut rng = common::Rng(77);
+    for mover in [Mover::Tma, Mover::Simt] {
+        for (kind, sources) in [(abi::TaskKind::Move, 1), (abi::TaskKind::Move, 2)] {
+            let c = Case {
+                mover,
+                dtype: DType::F32,
+                op: RedOp::Sum,
+                kind,
+                reduce_mode: ReduceMode::Registers,
+                sources,
+                bytes: (1 << 30) + (1 << 24) + 20,
+                src_off: 0,
+                dst_off: 1,
+                ctas: 32,
+            };
+            let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
+            assert!(gpu == cpu, "{mover:?} sources={sources}: > 1 GiB result differs");
+        }
+    }
+}
+
+#[test]
+fn reduce_after_writes_orders_dependent_tasks() {
+    // Copy then ReduceInto the same destination in one CTA, the second task flagged TASK_AFTER_WRITES,
+    // with the hardware bulk reduction: the reduction must see the copy.
+    let Some(stream) = common::gpu("reduce_after_writes_orders_dependent_tasks") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let bytes = 3 << 20;
+    let a: Vec<f32> = (0..bytes / 4).map(|i| (i % 17) as f32).collect();
+    let b: Vec<f32> = (0..bytes / 4).map(|i| (i % 5) as f32).collect();
+    let (da, db) = (stream.clone_htod(&a).unwrap(), stream.clone_htod(&b).unwrap());
+    let dst = stream.alloc_zeros::<f32>(bytes / 4).unwrap();
+    let t = |kind: abi::TaskKind, src_ranks: u32, flags: u8| Task {
+        kind: kind.raw(),
+        dtype: DType::F32.raw(),
+        op: RedOp::Sum.raw(),
+        src_slot: slot::INPUT,
+        dst_slot: slot::OUTPUT,
+        flags,
+        reserved: 0,
+        src_ranks,
+        dst_ranks: 1,
+        src_offset: 0,
+        dst_offset: 0,
+        bytes: bytes as u64,
+    };
+    let l = Lowered {
+        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 2, barrier_ranks: 0, reserved: 0 }],
+        tasks: vec![t(abi::TaskKind::Move, 1, 0), t(abi::TaskKind::ReduceInto, 2, TASK_AFTER_WRITES)],
+        ranks: 2,
+        slots: 2,
+        combines: true,
+    };
+    let prog = engine.upload(&l, 0..1).unwrap();
+    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    buffers[0][0] = da.device_ptr(&stream).0;
+    buffers[1][0] = db.device_ptr(&stream).0;
+    buffers[0][1] = dst.device_ptr(&stream).0;
+    let status = DeviceAlloc::zeroed(engine.context(), 64).unwrap();
+    let c = Case {
+        mover: Mover::Tma,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        kind: abi::TaskKind::ReduceInto,
+        reduce_mode: ReduceMode::Tma,
+        sources: 2,
+        bytes: 0,
+        src_off: 0,
+        dst_off: 0,
+        ctas: 1,
+    };
+    for _ in 0..20 {
+        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+        let got = stream.clone_dtoh(&dst).unwrap();
+        let bad = got.iter().zip(a.iter().zip(&b)).position(|(g, (x, y))| *g != x + y);
+        assert_eq!(bad, None, "copy then bulk-reduce lost the copy");
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
+    let Some(stream) = common::gpu("a_rank_that_never_arrives_is_a_timeout_not_a_hang") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let ctx = engine.context().clone();
+    // Rank 0 expects rank 1 at its start barrier; rank 1 is never launched.
+    let l = Lowered {
+        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
+        tasks: vec![],
+        ranks: 2,
+        slots: 1,
+        combines: false,
+    };
+    let prog = engine.upload(&l, 0..1).unwrap();
+    let ws: Vec<DeviceAlloc> = (0..2).map(|_| DeviceAlloc::zeroed(&ctx, std::mem::size_of::<abi::Workspace>()).unwrap()).collect();
+    let mut workspaces = [0u64; MAX_RANKS];
+    workspaces[0] = ws[0].ptr();
+    workspaces[1] = ws[1].ptr();
+    let status = DeviceAlloc::zeroed(&ctx, std::mem::size_of::<Status>()).unwrap();
+    let spec = LaunchSpec {
+        mover: Mover::Tma,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        threads: 32,
+        chunk_bytes: 1024,
+        stages: 2,
+        reduce_mode: ReduceMode::Registers,
+        timeout_ns: 50_000_000,
+        wait_suspend_ns: 0,
+    };
+    let t0 = std::time::Instant::now();
+    unsafe { engine.launch(&stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    let waited = t0.elapsed();
+    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    assert_eq!(st.errors, 1);
+    assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::StartBarrier));
+    assert_eq!((st.rank, st.cta, st.peer, st.expected), (0, 0, 1, 1));
+    assert!(waited.as_secs_f64() < 5.0, "the wait took {waited:?}");
+    let err = oxccl::engine::status_error(&st).expect("an error");
+    let text = err.to_string();
+    assert!(text.contains("start barrier") && text.contains("peer 1"), "{text}");
+    eprintln!("timeout reported after {waited:?}: {text}");
+}

@@ -1,0 +1,347 @@
+//! Every intrinsic family run in its probe kernel on the GPU, against a host expectation.
+//! Skips loudly without a Hopper GPU.
+
+mod common;
+
+use cudarc::driver::sys::{self, CUtensorMapDataType};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use half::{bf16, f16};
+use std::sync::Arc;
+
+struct Probes {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+}
+
+impl Probes {
+    fn new(test: &str) -> Option<Self> {
+        let stream = common::gpu(test)?;
+        let module = stream.context().load_module(Ptx::from_src(oxccl::ptx::PROBES)).expect("load probes");
+        Some(Probes { stream, module })
+    }
+    fn f(&self, name: &str) -> CudaFunction {
+        self.module.load_function(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+    fn addr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+    fn cfg(blocks: u32, threads: u32, smem: u32) -> LaunchConfig {
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem }
+    }
+}
+
+#[test]
+fn special_registers_and_elect() {
+    let Some(p) = Probes::new("special_registers_and_elect") else { return };
+    let (blocks, threads) = (2u32, 64u32);
+    let out = p.stream.alloc_zeros::<u64>((8 * blocks * threads) as usize).unwrap();
+    let f = p.f("probe_sreg");
+    let a = p.addr(&out);
+    unsafe { p.stream.launch_builder(&f).arg(&a).launch(Probes::cfg(blocks, threads, 0)) }.unwrap();
+    let v = p.stream.clone_dtoh(&out).unwrap();
+    let sms = p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u64;
+    let mut elected_per_warp = vec![0; (blocks * threads / 32) as usize];
+    for b in 0..blocks as u64 {
+        for t in 0..threads as u64 {
+            let row = &v[(8 * (b * threads as u64 + t)) as usize..][..8];
+            assert_eq!(&row[..5], &[t, threads as u64, b, blocks as u64, t % 32], "block {b} thread {t}");
+            assert!(row[5] < sms, "smid {} >= {sms}", row[5]);
+            assert!(row[6] > 0, "globaltimer read 0");
+            elected_per_warp[((b * threads as u64 + t) / 32) as usize] += row[7];
+        }
+    }
+    assert!(elected_per_warp.iter().all(|&n| n == 1), "elect.sync elected {elected_per_warp:?} per warp");
+}
+
+#[test]
+fn mbarrier_phases_and_transactions() {
+    let Some(p) = Probes::new("mbarrier_phases_and_transactions") else { return };
+    let src_data: Vec<u64> = (0..8).map(|i| 0x0123_4567_89ab_cdef ^ (i * 0x1111)).collect();
+    let src = p.stream.clone_htod(&src_data).unwrap();
+    let out = p.stream.alloc_zeros::<u64>(6).unwrap();
+    let (a, s) = (p.addr(&out), p.addr(&src));
+    unsafe { p.stream.launch_builder(&p.f("probe_mbarrier")).arg(&a).arg(&s).launch(Probes::cfg(1, 1, 256)) }.unwrap();
+    let v = p.stream.clone_dtoh(&out).unwrap();
+    assert_eq!(v, vec![1, 0, 0, 1, src_data[0], 1], "[phase0 done, phase1 idle, phase1 with tx pending, -, copied, state]");
+}
+
+#[test]
+fn bulk_copy_round_trips() {
+    let Some(p) = Probes::new("bulk_copy_round_trips") else { return };
+    let mut rng = common::Rng(7);
+    for bytes in [16usize, 4096, 40960] {
+        let data = rng.bytes(bytes);
+        let src = p.stream.clone_htod(&data).unwrap();
+        let dst = p.stream.alloc_zeros::<u8>(bytes).unwrap();
+        let (d, s, n) = (p.addr(&dst), p.addr(&src), bytes as u32);
+        let cfg = Probes::cfg(1, 1, 128 + bytes as u32);
+        unsafe { p.stream.launch_builder(&p.f("probe_bulk_copy")).arg(&d).arg(&s).arg(&n).launch(cfg) }.unwrap();
+        assert_eq!(p.stream.clone_dtoh(&dst).unwrap(), data, "{bytes} bytes");
+    }
+}
+
+/// Element type of a bulk-reduction probe and the host operator.
+fn reduce_case(name: &str, a: &[u8], b: &[u8]) -> Vec<u8> {
+    let (op, ty) = name.strip_prefix("probe_reduce_").unwrap().split_once('_').unwrap();
+    macro_rules! ints {
+        ($t:ty) => {{
+            let w = std::mem::size_of::<$t>();
+            a.chunks(w)
+                .zip(b.chunks(w))
+                .flat_map(|(x, y)| {
+                    let (x, y) = (<$t>::from_le_bytes(x.try_into().unwrap()), <$t>::from_le_bytes(y.try_into().unwrap()));
+                    let r = match op {
+                        "add" => x.wrapping_add(y),
+                        "min" => x.min(y),
+                        _ => x.max(y),
+                    };
+                    r.to_le_bytes()
+                })
+                .collect()
+        }};
+    }
+    macro_rules! floats {
+        ($t:ty, $w:expr, $to:expr, $from:expr) => {{
+            a.chunks($w)
+                .zip(b.chunks($w))
+                .flat_map(|(x, y)| {
+                    let (x, y): (f64, f64) = ($to(<$t>::from_le_bytes(x.try_into().unwrap())), $to(<$t>::from_le_bytes(y.try_into().unwrap())));
+                    let r = match op {
+                        "add" => x + y,
+                        "min" => x.min(y),
+                        _ => x.max(y),
+                    };
+                    let r: $t = $from(r);
+                    r.to_le_bytes()
+                })
+                .collect()
+        }};
+    }
+    match ty {
+        "u32" => ints!(u32),
+        "s32" => ints!(i32),
+        "u64" => ints!(u64),
+        "s64" => ints!(i64),
+        "f32" => floats!(f32, 4, |x: f32| x as f64, |x: f64| x as f32),
+        "f64" => floats!(f64, 8, |x: f64| x, |x: f64| x),
+        "f16" => floats!(f16, 2, |x: f16| x.to_f64(), f16::from_f64),
+        "bf16" => floats!(bf16, 2, |x: bf16| x.to_f64(), bf16::from_f64),
+        _ => unreachable!("{name}"),
+    }
+}
+
+/// Small integers (exact in every type) with a random sign where the type has one.
+fn reduce_inputs(name: &str, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
+    let ty = name.rsplit('_').next().unwrap();
+    let n = |rng: &mut common::Rng| rng.below(200) as i64 - 100;
+    let mut v = Vec::with_capacity(bytes);
+    while v.len() < bytes {
+        let x = n(rng);
+        match ty {
+            "u32" => v.extend_from_slice(&(x.unsigned_abs() as u32).to_le_bytes()),
+            "s32" => v.extend_from_slice(&(x as i32).to_le_bytes()),
+            "u64" => v.extend_from_slice(&(x.unsigned_abs() << 33).to_le_bytes()),
+            "s64" => v.extend_from_slice(&(x << 33).to_le_bytes()),
+            "f32" => v.extend_from_slice(&(x as f32).to_le_bytes()),
+            "f64" => v.extend_from_slice(&(x as f64).to_le_bytes()),
+            "f16" => v.extend_from_slice(&f16::from_f64(x as f64).to_le_bytes()),
+            "bf16" => v.extend_from_slice(&bf16::from_f64(x as f64).to_le_bytes()),
+            _ => unreachable!(),
+        }
+    }
+    v
+}
+
+#[test]
+fn bulk_reductions_every_type_and_operator() {
+    let Some(p) = Probes::new("bulk_reductions_every_type_and_operator") else { return };
+    let names = [
+        "probe_reduce_add_f32", "probe_reduce_add_f64", "probe_reduce_add_f16", "probe_reduce_add_bf16",
+        "probe_reduce_add_u32", "probe_reduce_add_s32", "probe_reduce_add_u64",
+        "probe_reduce_min_u32", "probe_reduce_min_s32", "probe_reduce_min_u64", "probe_reduce_min_s64",
+        "probe_reduce_min_f16", "probe_reduce_min_bf16",
+        "probe_reduce_max_u32", "probe_reduce_max_s32", "probe_reduce_max_u64", "probe_reduce_max_s64",
+        "probe_reduce_max_f16", "probe_reduce_max_bf16",
+    ];
+    let mut rng = common::Rng(11);
+    let bytes = 512;
+    for name in names {
+        let (a, b) = (reduce_inputs(name, &mut rng, bytes), reduce_inputs(name, &mut rng, bytes));
+        let dst = p.stream.clone_htod(&a).unwrap();
+        let src = p.stream.clone_htod(&b).unwrap();
+        let (d, s, n) = (p.addr(&dst), p.addr(&src), bytes as u32);
+        unsafe { p.stream.launch_builder(&p.f(name)).arg(&d).arg(&s).arg(&n).launch(Probes::cfg(1, 1, 128 + bytes as u32)) }.unwrap();
+        assert_eq!(p.stream.clone_dtoh(&dst).unwrap(), reduce_case(name, &a, &b), "{name}");
+    }
+}
+
+fn tensor_map(dims: &[u64], boxd: &[u32], addr: u64) -> [u64; 16] {
+    let mut strides = Vec::new();
+    let mut s = 4u64;
+    for d in &dims[..dims.len() - 1] {
+        s *= d;
+        strides.push(s);
+    }
+    let estr = vec![1u32; dims.len()];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            dims.len() as u32,
+            addr as *mut _,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            estr.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled {dims:?} {boxd:?}");
+    unsafe { map.assume_init() }.opaque
+}
+
+#[test]
+fn tensor_tiles_load_store_reduce_1d_to_5d() {
+    let Some(p) = Probes::new("tensor_tiles_load_store_reduce_1d_to_5d") else { return };
+    let all_dims = [16u64, 4, 3, 2, 2];
+    let all_box = [8u32, 2, 2, 1, 1];
+    let all_at = [8i32, 1, 1, 1, 0];
+    let mut rng = common::Rng(5);
+    for d in 1..=5usize {
+        for op in 0..3u32 {
+            let (dims, boxd, at) = (&all_dims[..d], &all_box[..d], &all_at[..d]);
+            let n: u64 = dims.iter().product();
+            let src_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+            let dst_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+            let red_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+            let (src, dst, red) = (p.stream.clone_htod(&src_h).unwrap(), p.stream.clone_htod(&dst_h).unwrap(), p.stream.clone_htod(&red_h).unwrap());
+            let maps: Vec<u64> = [&src, &dst, &red].iter().flat_map(|b| tensor_map(dims, boxd, p.addr(b))).collect();
+            let maps_d = p.stream.clone_htod(&maps).unwrap();
+            let base = p.addr(&maps_d);
+            let (ms, md, mr) = (base, base + 128, base + 256);
+            let box_bytes: u32 = boxd.iter().product::<u32>() * 4;
+            let f = p.f(&format!("probe_tensor_{d}d"));
+            let mut b = p.stream.launch_builder(&f);
+            b.arg(&ms).arg(&md).arg(&mr).arg(&op).arg(&box_bytes);
+            for c in at {
+                b.arg(c);
+            }
+            unsafe { b.launch(Probes::cfg(1, 1, 128 + box_bytes)) }.unwrap();
+            let (dst_after, red_after) = (p.stream.clone_dtoh(&dst).unwrap(), p.stream.clone_dtoh(&red).unwrap());
+            // Host expectation: elements inside the box take the source (store) or combine (reduce).
+            for i in 0..n as usize {
+                let mut rem = i as u64;
+                let mut inside = true;
+                for k in 0..d {
+                    let x = rem % dims[k];
+                    rem /= dims[k];
+                    inside &= x >= at[k] as u64 && x < at[k] as u64 + boxd[k] as u64;
+                }
+                let want_dst = if inside { src_h[i] } else { dst_h[i] };
+                let want_red = if !inside {
+                    red_h[i]
+                } else {
+                    match op {
+                        0 => red_h[i] + src_h[i],
+                        1 => red_h[i].min(src_h[i]),
+                        _ => red_h[i].max(src_h[i]),
+                    }
+                };
+                assert_eq!((dst_after[i], red_after[i]), (want_dst, want_red), "{d}-D op {op} element {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn scoped_memory_operations() {
+    let Some(p) = Probes::new("scoped_memory_operations") else { return };
+    let threads = 64u32;
+    let flags = p.stream.alloc_zeros::<u64>(8).unwrap();
+    let out = p.stream.alloc_zeros::<u64>(8 + threads as usize).unwrap();
+    let (f, o) = (p.addr(&flags), p.addr(&out));
+    unsafe { p.stream.launch_builder(&p.f("probe_memory")).arg(&f).arg(&o).launch(Probes::cfg(1, threads, 0)) }.unwrap();
+    let v = p.stream.clone_dtoh(&out).unwrap();
+    assert_eq!(&v[..6], &[11, 12, 13, 14, 17, 34]);
+    let fl = p.stream.clone_dtoh(&flags).unwrap();
+    let t = threads as u64;
+    assert_eq!(fl[4], t | (2 * t) << 32, "red.release.{{gpu,sys}}.add.u32");
+    assert_eq!(fl[5], 7 * t, "red.release.{{gpu,sys}}.add.u64");
+    assert_eq!(fl[6], t | t << 32, "atom.add tickets");
+    let mut tickets: Vec<u64> = v[8..].to_vec();
+    tickets.sort();
+    assert_eq!(tickets, (0..t).collect::<Vec<_>>(), "atom.relaxed.gpu.add.u32 returns distinct old values");
+}
+
+#[test]
+fn fences_barriers_and_sleep() {
+    let Some(p) = Probes::new("fences_barriers_and_sleep") else { return };
+    let threads = 128u32;
+    let out = p.stream.alloc_zeros::<u64>(threads as usize).unwrap();
+    let o = p.addr(&out);
+    unsafe { p.stream.launch_builder(&p.f("probe_sync")).arg(&o).launch(Probes::cfg(1, threads, 128 + 4 * threads)) }.unwrap();
+    let v = p.stream.clone_dtoh(&out).unwrap();
+    assert_eq!(v, (0..threads as u64).map(|t| (t + 1) % threads as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn vector_loads_and_stores() {
+    let Some(p) = Probes::new("vector_loads_and_stores") else { return };
+    let threads = 96u32;
+    let data = common::Rng(3).bytes(16 * threads as usize);
+    let src = p.stream.clone_htod(&data).unwrap();
+    let dst = p.stream.alloc_zeros::<u8>(data.len()).unwrap();
+    let (d, s) = (p.addr(&dst), p.addr(&src));
+    unsafe { p.stream.launch_builder(&p.f("probe_vector")).arg(&d).arg(&s).launch(Probes::cfg(1, threads, 128 + 16 * threads)) }.unwrap();
+    assert_eq!(p.stream.clone_dtoh(&dst).unwrap(), data);
+}
+
+#[test]
+fn packed_half_arithmetic() {
+    let Some(p) = Probes::new("packed_half_arithmetic") else { return };
+    let n = 4096u32;
+    let mut rng = common::Rng(9);
+    let finite = |rng: &mut common::Rng| -> f32 { (rng.below(2_000_001) as f32 - 1_000_000.0) / 997.0 };
+    let pack = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for i in 0..n {
+        // Even words: f16 pairs; odd words: bf16 pairs (both probes read every word both ways; only the
+        // matching half of the results is checked).
+        let (x0, x1, y0, y1) = (finite(&mut rng), finite(&mut rng), finite(&mut rng), finite(&mut rng));
+        if i % 2 == 0 {
+            a.push(pack(f16::from_f32(x0 / 64.0).to_bits(), f16::from_f32(x1 / 64.0).to_bits()));
+            b.push(pack(f16::from_f32(y0 / 64.0).to_bits(), f16::from_f32(y1 / 64.0).to_bits()));
+        } else {
+            a.push(pack(bf16::from_f32(x0).to_bits(), bf16::from_f32(x1).to_bits()));
+            b.push(pack(bf16::from_f32(y0).to_bits(), bf16::from_f32(y1).to_bits()));
+        }
+    }
+    let (da, db) = (p.stream.clone_htod(&a).unwrap(), p.stream.clone_htod(&b).unwrap());
+    let out = p.stream.alloc_zeros::<u32>(6 * n as usize).unwrap();
+    let (o, x, y) = (p.addr(&out), p.addr(&da), p.addr(&db));
+    unsafe { p.stream.launch_builder(&p.f("probe_arith")).arg(&o).arg(&x).arg(&y).arg(&n).launch(Probes::cfg(n.div_ceil(128), 128, 0)) }.unwrap();
+    let v = p.stream.clone_dtoh(&out).unwrap();
+    for i in 0..n as usize {
+        for half in 0..2 {
+            let (ax, bx) = ((a[i] >> (16 * half)) as u16, (b[i] >> (16 * half)) as u16);
+            let got = |k: usize| (v[6 * i + k] >> (16 * half)) as u16;
+            if i % 2 == 0 {
+                let (x, y) = (f16::from_bits(ax).to_f32(), f16::from_bits(bx).to_f32());
+                assert_eq!(got(0), f16::from_f32(x + y).to_bits(), "add.rn.f16x2 {x} {y}");
+                assert_eq!(got(1), f16::from_f32(x.min(y)).to_bits(), "min.f16x2 {x} {y}");
+                assert_eq!(got(2), f16::from_f32(x.max(y)).to_bits(), "max.f16x2 {x} {y}");
+            } else {
+                let (x, y) = (bf16::from_bits(ax).to_f64(), bf16::from_bits(bx).to_f64());
+                assert_eq!(got(3), bf16::from_f64(x + y).to_bits(), "add.rn.bf16x2 {x} {y}");
+                assert_eq!(got(4), bf16::from_f64(x.min(y)).to_bits(), "min.bf16x2 {x} {y}");
+                assert_eq!(got(5), bf16::from_f64(x.max(y)).to_bits(), "max.bf16x2 {x} {y}");
+            }
+        }
+    }
+}
