@@ -303,6 +303,24 @@ impl ReshardPlan {
         &self.traffic
     }
 
+    /// The same problem and options with other stages, traffic recounted. For executors and checkers
+    /// of hand-made or altered plans (tests feed it wrong plans to prove [`super::verify`] notices);
+    /// [`plan()`] is the way to get a correct one.
+    pub fn with_stages(&self, stages: Vec<Stage>) -> ReshardPlan {
+        let geometry = Geometry::new(self.src_sharding.clone(), self.dst_sharding.clone());
+        let traffic = Traffic::account(
+            &geometry,
+            self.elem_bytes,
+            self.options.domain_size,
+            &stages,
+        );
+        ReshardPlan {
+            stages,
+            traffic,
+            ..self.clone()
+        }
+    }
+
     /// Bytes of `rank`'s source buffer (0 outside the source mesh).
     pub fn src_buffer_bytes(&self, rank: Rank) -> u64 {
         self.src_sharding().local_len(rank) * self.elem_bytes
