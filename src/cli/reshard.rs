@@ -6,7 +6,7 @@
 //! ```
 
 use super::CliResult;
-use oxccl_host::reshard::{self, Layout, Mesh, PlanOptions, PlanReport, Route};
+use oxccl_host::reshard::{self, Layout, Mesh, PlanOptions, PlanReport, Route, VerifySummary};
 
 /// Element types the command knows, by name.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,17 +115,12 @@ pub fn run(args: Args) -> CliResult {
     let report = args.verify.then(|| reshard::verify(&plan)).transpose()?;
 
     if args.json {
-        let mut json = serde_json::to_value(PlanReport::new(&plan, Some(&args.dtype.name())))?;
-        if let (Some(r), Some(obj)) = (&report, json.as_object_mut()) {
-            obj.insert(
-                "verify".into(),
-                serde_json::json!({
-                    "elements_checked": r.elements_checked,
-                    "mismatches": r.mismatches,
-                }),
-            );
-        }
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        let mut json = PlanReport::new(&plan, Some(&args.dtype.name()));
+        json.verify = report.as_ref().map(|r| VerifySummary {
+            elements_checked: r.elements_checked,
+            mismatches: r.mismatches,
+        });
+        print!("{}", json.to_json());
     } else {
         print_text(&plan, &args);
         if let Some(r) = &report {

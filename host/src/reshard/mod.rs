@@ -41,5 +41,5 @@ pub use plan::{
     PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor,
     plan,
 };
-pub use report::{PlanReport, TransferRow};
+pub use report::{PlanReport, TransferRow, VerifySummary, Workarounds};
 pub use traffic::{Traffic, Workaround};

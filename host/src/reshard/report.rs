@@ -7,6 +7,7 @@ use super::traffic::Workaround;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io;
 
 fn list(values: &[u64]) -> String {
     values
@@ -203,6 +204,18 @@ pub struct PlanReport {
     pub bytes_gather_broadcast: u64,
     /// Both workarounds in detail.
     pub workarounds: Workarounds,
+    /// The outcome of `--verify`, when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifySummary>,
+}
+
+/// The outcome of a verification in the JSON report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifySummary {
+    /// Destination elements checked.
+    pub elements_checked: u64,
+    /// Elements that differ from the global tensor.
+    pub mismatches: u64,
 }
 
 impl PlanReport {
@@ -251,6 +264,89 @@ impl PlanReport {
                 flat_sends: t.flat_sends,
                 gather_broadcast: t.gather_broadcast,
             },
+            verify: None,
+        }
+    }
+
+    /// The report as JSON: one top-level field per line and one transfer per line, so that large
+    /// reports stay readable and diffs stay small. Ends with a newline.
+    pub fn to_json(&self) -> String {
+        let mut out = Vec::new();
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, Lines::default());
+        // Serializing plain data (no maps with non-string keys, no failing Serialize impls) into
+        // memory cannot fail.
+        self.serialize(&mut ser).expect("a report serializes");
+        out.push(b'\n');
+        String::from_utf8(out).expect("serde_json writes UTF-8")
+    }
+}
+
+/// A JSON layout: the top-level object's fields one per line, objects inside top-level arrays one per
+/// line, everything deeper on one line with `", "` and `": "` separators.
+#[derive(Default)]
+struct Lines {
+    /// Open containers, outermost first: (is an array, lines were broken inside).
+    open: Vec<(bool, bool)>,
+}
+
+impl serde_json::ser::Formatter for Lines {
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        if self.open.len() == 2 && self.open[1].0 {
+            self.open[1].1 = true;
+            w.write_all(b"\n    ")?;
+        }
+        self.open.push((false, false));
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.open.pop();
+        w.write_all(if self.open.is_empty() { b"\n}" } else { b"}" })
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        if self.open.len() == 1 {
+            w.write_all(b"\n  ")
+        } else if !first {
+            w.write_all(b" ")
+        } else {
+            Ok(())
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.open.push((true, false));
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        let broke = self.open.pop().is_some_and(|(_, broke)| broke);
+        w.write_all(if broke { b"\n  ]" } else { b"]" })
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else if self.open.last().is_some_and(|&(_, broke)| broke) {
+            // The next object of a top-level array of objects: it breaks the line itself.
+            w.write_all(b",")
+        } else {
+            w.write_all(b", ")
         }
     }
 }
