@@ -193,7 +193,7 @@ fn layouts_round_trip_through_json_and_revalidate() {
         serde_json::from_str::<Layout>(bad)
             .unwrap_err()
             .to_string()
-            .contains("2 axes but 1 placements")
+            .contains("2 axes but 1 placement was given")
     );
     assert!(serde_json::from_str::<Layout>(r#"{"mesh":"0@4","placements":["R"]}"#).is_err());
 }

@@ -94,15 +94,16 @@ pub struct Args {
     pub max_listed: usize,
 }
 
-fn layout(mesh: &str, placements: &str, side: &str) -> Result<Layout, String> {
-    let mesh: Mesh = mesh.parse().map_err(|e| format!("--{side}-mesh: {e}"))?;
-    let placements = reshard::parse_placements(placements).map_err(|e| format!("--{side}: {e}"))?;
+/// Parses one side's layout; errors name the flag or the side at fault.
+fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
+    let mesh: Mesh = mesh.parse().map_err(|e| format!("--{flag}-mesh: {e}"))?;
+    let placements = reshard::parse_placements(placements).map_err(|e| format!("--{flag}: {e}"))?;
     Layout::new(mesh, placements).map_err(|e| format!("{side} layout: {e}"))
 }
 
 pub fn run(args: Args) -> CliResult {
-    let src = layout(&args.src_mesh, &args.src, "src")?;
-    let dst = layout(&args.dst_mesh, &args.dst, "dst")?;
+    let src = layout(&args.src_mesh, &args.src, "src", "source")?;
+    let dst = layout(&args.dst_mesh, &args.dst, "dst", "destination")?;
     let route = match args.route {
         RouteArg::Direct => Route::Direct,
         RouteArg::Hierarchical => Route::Hierarchical,

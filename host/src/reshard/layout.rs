@@ -110,7 +110,9 @@ impl fmt::Display for LayoutError {
                 placements,
             } => write!(
                 f,
-                "the mesh has {mesh_axes} axes but {placements} placements were given (one per mesh axis)"
+                "the mesh has {mesh_axes} ax{} but {placements} placement{} given (one per mesh axis)",
+                if *mesh_axes == 1 { "is" } else { "es" },
+                if *placements == 1 { " was" } else { "s were" }
             ),
             Self::PartialUnsupported { axis } => write!(
                 f,
