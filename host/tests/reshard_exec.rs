@@ -14,11 +14,13 @@ fn layout(mesh: &str, placements: &str) -> Layout {
     Layout::parse(mesh, placements).unwrap()
 }
 
-/// [6, 5] u32 rows over ranks 0..3 → (S1, R) on ranks 2..6 (overlapping), domains of 2, hierarchical.
+/// [6, 5] u32 rows over ranks 0..3 → (S1, R) on ranks 2..6 (overlapping), domains of 2, hierarchical,
+/// pieces split over the leaders of each domain.
 fn sample() -> ReshardPlan {
     let options = PlanOptions {
         route: Route::Hierarchical,
         domain_size: 2,
+        min_split_bytes: 0,
     };
     plan(
         &[6, 5],

@@ -15,6 +15,7 @@ struct Case {
     dst: (&'static str, &'static str),
     route: Route,
     domain_size: u32,
+    min_split_bytes: u64,
 }
 
 const CASES: &[Case] = &[
@@ -27,6 +28,7 @@ const CASES: &[Case] = &[
         dst: ("2x2@4", "R,S0"),
         route: Route::Hierarchical,
         domain_size: 8,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     // The same with domains of 4: the destination ranks form one domain apart from the sources, so
     // each row enters it once and is forwarded to the other DP replica.
@@ -38,6 +40,7 @@ const CASES: &[Case] = &[
         dst: ("2x2@4", "R,S0"),
         route: Route::Hierarchical,
         domain_size: 4,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     Case {
         name: "tp4_to_tp2xdp2.direct.d4",
@@ -47,6 +50,7 @@ const CASES: &[Case] = &[
         dst: ("2x2@4", "R,S0"),
         route: Route::Direct,
         domain_size: 4,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     // TP2 × PP2 → TP1 × PP1: a stack of 4 layers, PP over the layer dim (outer mesh axis), TP over
     // the output dim, gathered on one rank in another domain.
@@ -58,6 +62,7 @@ const CASES: &[Case] = &[
         dst: ("1@4", "R"),
         route: Route::Hierarchical,
         domain_size: 4,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     // The same per pipeline stage: each stage's [6, 8] weight from its TP2 pair to one rank.
     Case {
@@ -68,6 +73,7 @@ const CASES: &[Case] = &[
         dst: ("1@4", "R"),
         route: Route::Hierarchical,
         domain_size: 4,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     Case {
         name: "tp2pp2_to_tp1pp1.stage1",
@@ -77,6 +83,7 @@ const CASES: &[Case] = &[
         dst: ("1@4", "R"),
         route: Route::Hierarchical,
         domain_size: 4,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
     },
     // Uneven torch.chunk shards, overlapping meshes (ranks 1, 2 are on both sides), two sharded axes,
     // strided boxes.
@@ -88,6 +95,19 @@ const CASES: &[Case] = &[
         dst: ("2x2@1", "S1,S0"),
         route: Route::Hierarchical,
         domain_size: 2,
+        min_split_bytes: PlanOptions::MIN_SPLIT_BYTES,
+    },
+    // RL weight sync: TP2 on ranks 0..2 → TP2 × DP4 on ranks 8..16 (one domain). Each piece lands once
+    // in the domain split over its four replicas, and each part is forwarded by its leader.
+    Case {
+        name: "tp2_to_tp2xdp4.split",
+        shape: &[8, 16],
+        elem_bytes: 2,
+        src: ("2@0", "S0"),
+        dst: ("4x2@8", "R,S0"),
+        route: Route::Hierarchical,
+        domain_size: 8,
+        min_split_bytes: 0,
     },
 ];
 
@@ -101,6 +121,7 @@ fn make(case: &Case) -> ReshardPlan {
     let options = PlanOptions {
         route: case.route,
         domain_size: case.domain_size,
+        min_split_bytes: case.min_split_bytes,
     };
     plan(case.shape, case.elem_bytes, &src, &dst, options).unwrap()
 }

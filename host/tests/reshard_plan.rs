@@ -17,7 +17,7 @@ fn layout(mesh: &str, placements: &str) -> Layout {
 }
 
 fn opts(route: Route, domain_size: u32) -> PlanOptions {
-    PlanOptions { route, domain_size }
+    PlanOptions::new(route, domain_size)
 }
 
 #[test]
@@ -262,6 +262,53 @@ fn in_domain_source_replicas_are_preferred() {
 }
 
 #[test]
+fn pieces_split_over_the_domain_spread_landing_and_forwarding() {
+    // RL weight sync: a 7168 × 18432 bf16 weight, TP2 on ranks 0..2 → TP2 × DP4 on ranks 8..16.
+    // Each destination shard is one source shard, needed by 4 ranks of domain 1.
+    let (src, dst) = (layout("2@0", "S0"), layout("4x2@8", "R,S0"));
+    let shard = 3584 * 18432 * 2;
+    let whole = plan(
+        &[7168, 18432],
+        2,
+        &src,
+        &dst,
+        PlanOptions {
+            min_split_bytes: u64::MAX,
+            ..PlanOptions::default()
+        },
+    )
+    .unwrap();
+    let split = plan(&[7168, 18432], 2, &src, &dst, PlanOptions::default()).unwrap();
+    // Unsplit: one leader per shard lands it and forwards it three times.
+    assert_eq!(whole.traffic().max_bytes_sent_by_a_rank, 3 * shard);
+    // Split in four: every replica lands a quarter and forwards it three times; sources send once.
+    assert_eq!(split.traffic().max_bytes_sent_by_a_rank, shard);
+    let forwarding: BTreeMap<Rank, u64> =
+        split.stages()[1]
+            .transfers
+            .iter()
+            .fold(BTreeMap::new(), |mut m, t| {
+                *m.entry(t.src).or_default() += t.bytes;
+                m
+            });
+    assert_eq!(forwarding.len(), 8);
+    assert!(
+        forwarding.values().all(|&b| b == 3 * shard / 4),
+        "{forwarding:?}"
+    );
+    for p in [&whole, &split] {
+        assert_eq!(
+            p.traffic().bytes_injected_per_domain,
+            BTreeMap::from([(1, 2 * shard)])
+        );
+        assert_eq!(p.traffic().bytes_total, p.traffic().bytes_needed);
+    }
+    // Parts never go below the threshold: a 64 KiB piece is not split at 256 KiB.
+    let small = plan(&[64, 512], 2, &src, &dst, PlanOptions::default()).unwrap();
+    assert_eq!(small.stages()[0].transfers.len(), 2);
+}
+
+#[test]
 fn source_leaders_share_the_load_evenly() {
     // One source shard replicated on 3 ranks of domain 0, needed by 7 destinations in domain 1 (direct).
     let p = plan(
@@ -301,9 +348,10 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
 
     let mut writes: HashMap<(Rank, u64), (u32, bool)> = HashMap::new();
     let mut injected: HashMap<(u32, u64), u64> = HashMap::new();
-    // (source box, receiver domain when the pool is in-domain) → per-source count; and per piece.
+    // (source box, receiver domain when the pool is in-domain) → per-source count; and per destination
+    // shard (the "per destination shard, the loads of the serving sources differ by at most one").
     let mut pool_load: BTreeMap<(Region, Option<u32>), BTreeMap<Rank, u64>> = BTreeMap::new();
-    let mut piece_load: BTreeMap<(Region, Option<u32>, Region), BTreeMap<Rank, u64>> =
+    let mut shard_load: BTreeMap<(Region, Option<u32>, Region), BTreeMap<Rank, u64>> =
         BTreeMap::new();
     let mut pools: BTreeMap<(Region, Option<u32>), Vec<Rank>> = BTreeMap::new();
     let mut landings: BTreeMap<(Region, u32), BTreeMap<Rank, u64>> = BTreeMap::new();
@@ -372,8 +420,12 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
                 .or_default()
                 .entry(t.src)
                 .or_default() += 1;
-            *piece_load
-                .entry((key.0.clone(), key.1, t.region.clone()))
+            *shard_load
+                .entry((
+                    key.0.clone(),
+                    key.1,
+                    plan.dst_sharding().local_region(t.dst).unwrap(),
+                ))
                 .or_default()
                 .entry(t.src)
                 .or_default() += 1;
@@ -488,7 +540,7 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
             }
         }
     }
-    // Source leaders: per pool, and per piece within a pool, counts differ by at most one.
+    // Source leaders: per pool, and per destination shard within a pool, counts differ by at most one.
     for (key, counts) in &pool_load {
         let c: Vec<u64> = pools[key]
             .iter()
@@ -501,7 +553,7 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
             c
         );
     }
-    for ((sbox, g, _), counts) in &piece_load {
+    for ((sbox, g, _), counts) in &shard_load {
         let pool = &pools[&(sbox.clone(), *g)];
         let c: Vec<u64> = pool
             .iter()
@@ -509,7 +561,7 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
             .collect();
         prop_assert!(
             c.iter().max().unwrap() - c.iter().min().unwrap() <= 1,
-            "piece pool {:?}: {:?}",
+            "pool {:?} serving one destination shard: {:?}",
             pool,
             c
         );

@@ -82,6 +82,10 @@ pub struct Args {
     /// Ranks per NVLink domain (rank r is in domain r / size).
     #[arg(long, default_value_t = 8)]
     pub domain_size: u32,
+    /// Hierarchical route: split a piece entering a domain over up to that many of the domain's ranks
+    /// needing it, keeping parts at least this many bytes (0: down to single rows).
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    pub min_split_bytes: u64,
     /// Run the plan on the CPU executor and check every destination element against the global tensor;
     /// exit non-zero on any mismatch.
     #[arg(long)]
@@ -111,6 +115,7 @@ pub fn run(args: Args) -> CliResult {
     let options = PlanOptions {
         route,
         domain_size: args.domain_size,
+        min_split_bytes: args.min_split_bytes,
     };
     let plan = reshard::plan(&args.shape, args.dtype.bytes(), &src, &dst, options)?;
     let report = args.verify.then(|| reshard::verify(&plan)).transpose()?;

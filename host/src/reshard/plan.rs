@@ -15,9 +15,12 @@
 //!    - otherwise, when a replica of the source shard lives in the same domain, the rank reads from one
 //!      of those (round robin);
 //!    - otherwise the piece must enter the domain. Direct route: every such rank receives it from a
-//!      source replica. Hierarchical route: one of them (the domain's receiving leader for this piece,
-//!      rotating over the domain's replicas) receives it in stage 0 and forwards it from its
-//!      destination buffer to the others in stage 1.
+//!      source replica. Hierarchical route: the piece is split along its outermost non-unit dim into
+//!      up to as many parts as ranks need it (parts of at least [`PlanOptions::min_split_bytes`]);
+//!      each part lands in stage 0 on one of them (a receiving leader, rotating over the domain's
+//!      replicas of the shard) and is forwarded from that leader's destination buffer to the others
+//!      in stage 1. Split over `k` leaders, landing and forwarding are spread evenly, as in a
+//!      scatter + all-gather broadcast.
 //!
 //!    Source replicas are picked round robin from one cursor per (source shard, candidate pool), so the
 //!    deliveries of one piece, all of one size, are spread over the pool with counts that differ by at
@@ -151,14 +154,31 @@ pub struct PlanOptions {
     pub route: Route,
     /// Ranks per NVLink domain: rank `r` is in domain `r / domain_size`. 8 by default.
     pub domain_size: u32,
+    /// Hierarchical route: a piece entering a domain where `k` ranks need it is split into up to `k`
+    /// parts, landed on `k` leaders and forwarded by each, as long as parts keep at least this many
+    /// bytes. [`PlanOptions::MIN_SPLIT_BYTES`] by default; 0 splits down to single rows, `u64::MAX`
+    /// never splits.
+    pub min_split_bytes: u64,
+}
+
+impl PlanOptions {
+    /// The default `min_split_bytes`: 256 KiB, a guess that parts below it gain less from spreading
+    /// than they lose in per-transfer overhead (to be measured on the engine).
+    pub const MIN_SPLIT_BYTES: u64 = 256 << 10;
+
+    /// The given route and domain size, the default split threshold.
+    pub fn new(route: Route, domain_size: u32) -> Self {
+        Self {
+            route,
+            domain_size,
+            min_split_bytes: Self::MIN_SPLIT_BYTES,
+        }
+    }
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        Self {
-            route: Route::Hierarchical,
-            domain_size: 8,
-        }
+        Self::new(Route::Hierarchical, 8)
     }
 }
 
@@ -407,29 +427,33 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
         let d = &dshard.region;
         for piece in g.pieces(d) {
             let sshard = g.src_shard(piece.src_key);
-            let a = &sshard.region;
-            let from_src = boxed(&piece.region, a, d, elem);
-            let forward = boxed(&piece.region, d, d, elem);
-            let transfer =
-                |src: Rank, dst: Rank, read: ReadFrom, geometry: &BoxGeometry| Transfer {
+            // A copy of `region` from `src`'s buffer (`read`) to `dst`'s destination buffer.
+            let copy = |src: Rank, dst: Rank, read: ReadFrom, region: &Region| {
+                let from = match read {
+                    ReadFrom::Src => &sshard.region,
+                    ReadFrom::Dst => d,
+                };
+                let geometry = boxed(region, from, d, elem);
+                Transfer {
                     src,
                     dst,
                     read,
                     src_offset: geometry.src_offset,
                     dst_offset: geometry.dst_offset,
                     bytes: geometry.bytes,
-                    shape: geometry.shape.clone(),
-                    src_strides: geometry.src_strides.clone(),
-                    dst_strides: geometry.dst_strides.clone(),
-                    region: piece.region.clone(),
-                };
+                    shape: geometry.shape,
+                    src_strides: geometry.src_strides,
+                    dst_strides: geometry.dst_strides,
+                    region: region.clone(),
+                }
+            };
             // Destination replicas are ascending, so each domain's members are one run.
             for members in dshard.replicas.chunk_by(|x, y| x / ds == y / ds) {
                 let domain = members[0] / ds;
                 let mut others = Vec::with_capacity(members.len());
                 for &r in members {
                     if holds(&sshard.replicas, r) {
-                        stage0.push(transfer(r, r, ReadFrom::Src, &from_src));
+                        stage0.push(copy(r, r, ReadFrom::Src, &piece.region));
                     } else {
                         others.push(r);
                     }
@@ -441,19 +465,24 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
                 if !local_pool.is_empty() {
                     for &r in &others {
                         let s = next(&mut cursors.in_domain, (piece.src_key, domain), local_pool);
-                        stage0.push(transfer(s, r, ReadFrom::Src, &from_src));
+                        stage0.push(copy(s, r, ReadFrom::Src, &piece.region));
                     }
                 } else if options.route == Route::Direct {
                     for &r in &others {
                         let s = next(&mut cursors.all, piece.src_key, &sshard.replicas);
-                        stage0.push(transfer(s, r, ReadFrom::Src, &from_src));
+                        stage0.push(copy(s, r, ReadFrom::Src, &piece.region));
                     }
                 } else {
-                    let leader = next(&mut cursors.leader, (di, domain), &others);
-                    let s = next(&mut cursors.all, piece.src_key, &sshard.replicas);
-                    stage0.push(transfer(s, leader, ReadFrom::Src, &from_src));
-                    for &r in others.iter().filter(|&&r| r != leader) {
-                        stage1.push(transfer(leader, r, ReadFrom::Dst, &forward));
+                    // Land the piece once in the domain, split over up to `others.len()` leaders
+                    // (consecutive on the domain's rotation), each forwarding its part to the others.
+                    let parts = split(&piece.region, others.len(), options.min_split_bytes, elem);
+                    for part in &parts {
+                        let leader = next(&mut cursors.leader, (di, domain), &others);
+                        let s = next(&mut cursors.all, piece.src_key, &sshard.replicas);
+                        stage0.push(copy(s, leader, ReadFrom::Src, part));
+                        for &r in others.iter().filter(|&&r| r != leader) {
+                            stage1.push(copy(leader, r, ReadFrom::Dst, part));
+                        }
                     }
                 }
             }
@@ -467,6 +496,34 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
         stages.push(Stage { transfers: stage1 });
     }
     stages
+}
+
+/// Splits a piece into at most `ways` parts along its outermost dim longer than one, with lengths
+/// differing by at most one and none under `min_bytes` (unless the piece itself is): one part when
+/// the piece is too small or has no such dim.
+fn split(region: &Region, ways: usize, min_bytes: u64, elem: u64) -> Vec<Region> {
+    let Some(dim) = region.extent.iter().position(|&e| e > 1) else {
+        return vec![region.clone()];
+    };
+    let extent = region.extent[dim];
+    let slab = region.volume() / extent * elem; // bytes of one index along `dim`
+    let by_size = if min_bytes == 0 {
+        u64::MAX
+    } else {
+        (extent * slab / min_bytes).max(1)
+    };
+    let n = (ways as u64).min(extent).min(by_size);
+    (0..n)
+        .map(|i| {
+            // In u128: `extent * i` may pass u64 for a huge dim.
+            let at = |i: u64| (u128::from(extent) * u128::from(i) / u128::from(n)) as u64;
+            let (lo, hi) = (at(i), at(i + 1));
+            let mut part = region.clone();
+            part.start[dim] += lo;
+            part.extent[dim] = hi - lo;
+            part
+        })
+        .collect()
 }
 
 /// A piece's byte geometry between two dense row-major buffers.

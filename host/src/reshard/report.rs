@@ -61,11 +61,12 @@ impl fmt::Display for ReshardPlan {
         let o = self.options();
         writeln!(
             f,
-            "reshard shape [{}] elem {}B route {} domain_size {}",
+            "reshard shape [{}] elem {}B route {} domain_size {} min_split {}B",
             list(self.shape()),
             self.elem_bytes(),
             o.route,
-            o.domain_size
+            o.domain_size,
+            o.min_split_bytes
         )?;
         for (side, sharding) in [("src", self.src_sharding()), ("dst", self.dst_sharding())] {
             writeln!(f, "{side} {}", sharding.layout())?;
@@ -180,6 +181,8 @@ pub struct PlanReport {
     pub route: Route,
     /// Ranks per NVLink domain.
     pub domain_size: u32,
+    /// The hierarchical route's split threshold.
+    pub min_split_bytes: u64,
     /// Every transfer, stage by stage.
     pub transfers: Vec<TransferRow>,
     /// Bytes the plan copies between two different ranks.
@@ -249,6 +252,7 @@ impl PlanReport {
             dst: plan.dst().clone(),
             route: plan.options().route,
             domain_size: plan.options().domain_size,
+            min_split_bytes: plan.options().min_split_bytes,
             transfers,
             bytes_total: t.bytes_total,
             bytes_needed: t.bytes_needed,

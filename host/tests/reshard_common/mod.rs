@@ -17,6 +17,7 @@ pub struct Problem {
     pub src: Layout,
     pub dst: Layout,
     pub domain_size: u32,
+    pub min_split_bytes: u64,
 }
 
 impl Problem {
@@ -29,6 +30,7 @@ impl Problem {
             PlanOptions {
                 route,
                 domain_size: self.domain_size,
+                min_split_bytes: self.min_split_bytes,
             },
         )
         .expect("random problems are valid")
@@ -58,7 +60,8 @@ fn layout(rank: usize, max_ranks: u32) -> impl Strategy<Value = Layout> {
 
 /// Random problems: tensors of 0 to 3 dims (sizes 0 to 9, mostly positive), meshes of up to 24 ranks
 /// with 1 to 3 axes starting anywhere in 0..=12 (so meshes are disjoint, overlap or coincide), any mix
-/// of `R` and `S<dim>` (several axes may shard one dim), element sizes 1, 2, 3, 4, 8, domains of 1 to 8.
+/// of `R` and `S<dim>` (several axes may shard one dim), element sizes 1, 2, 3, 4, 8, domains of 1 to 8,
+/// split thresholds from "split to rows" to "never".
 pub fn problem() -> impl Strategy<Value = Problem> {
     (0usize..=3)
         .prop_flat_map(|rank| {
@@ -69,15 +72,19 @@ pub fn problem() -> impl Strategy<Value = Problem> {
                 layout(rank, 24),
                 layout(rank, 24),
                 1u32..=8,
+                prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
             )
         })
-        .prop_map(|(shape, elem_bytes, src, dst, domain_size)| Problem {
-            shape,
-            elem_bytes,
-            src,
-            dst,
-            domain_size,
-        })
+        .prop_map(
+            |(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
+                shape,
+                elem_bytes,
+                src,
+                dst,
+                domain_size,
+                min_split_bytes,
+            },
+        )
 }
 
 /// The global indices a rank holds, by the list-based `torch.chunk` rule: along each dim, start with
