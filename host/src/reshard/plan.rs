@@ -506,12 +506,9 @@ fn split(region: &Region, ways: usize, min_bytes: u64, elem: u64) -> Vec<Region>
         return vec![region.clone()];
     };
     let extent = region.extent[dim];
-    let slab = region.volume() / extent * elem; // bytes of one index along `dim`
-    let by_size = if min_bytes == 0 {
-        u64::MAX
-    } else {
-        (extent * slab / min_bytes).max(1)
-    };
+    let by_size = (region.volume() * elem)
+        .checked_div(min_bytes)
+        .map_or(u64::MAX, |n| n.max(1));
     let n = (ways as u64).min(extent).min(by_size);
     (0..n)
         .map(|i| {

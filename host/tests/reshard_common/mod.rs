@@ -190,11 +190,11 @@ pub fn written_elements(plan: &ReshardPlan, t: &Transfer) -> Vec<u64> {
 /// The global linear indices of a region.
 pub fn region_elements(shape: &[u64], region: &Region) -> BTreeSet<u64> {
     let mut acc = vec![0u64];
-    for d in 0..shape.len() {
+    for (d, &n) in shape.iter().enumerate() {
         let mut next = Vec::new();
         for &a in &acc {
             for i in region.start[d]..region.start[d] + region.extent[d] {
-                next.push(a * shape[d] + i);
+                next.push(a * n + i);
             }
         }
         acc = next;
