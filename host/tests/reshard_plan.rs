@@ -668,3 +668,27 @@ fn hundreds_of_ranks_plan_well_under_a_second() {
     );
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
+
+#[test]
+fn plans_serialize_with_their_problem() {
+    let p = plan(
+        &[4, 8],
+        4,
+        &layout("4@0", "S0"),
+        &layout("2@4", "S1"),
+        PlanOptions::default(),
+    )
+    .unwrap();
+    let v = serde_json::to_value(&p).unwrap();
+    assert_eq!(v["shape"], serde_json::json!([4, 8]));
+    assert_eq!(
+        v["src"],
+        serde_json::json!({"mesh": "4@0", "placements": ["S0"]})
+    );
+    assert_eq!(v["options"]["route"], "hierarchical");
+    assert_eq!(v["stages"][0]["transfers"].as_array().unwrap().len(), 8);
+    assert_eq!(v["traffic"]["bytes_needed"], 128);
+    let t: oxccl_host::reshard::Transfer =
+        serde_json::from_value(v["stages"][0]["transfers"][0].clone()).unwrap();
+    assert_eq!(&t, &p.stages()[0].transfers[0]);
+}

@@ -4,7 +4,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`layout`] | [`Mesh`], [`Placement`], [`Layout`], [`Sharding`]: the model and what each rank holds |
-//! | [`plan`] | the planner: [`plan()`] → [`ReshardPlan`] (stages of strided [`Transfer`]s) |
+//! | [`mod@plan`] | the planner: [`plan()`] → [`ReshardPlan`] (stages of strided [`Transfer`]s) |
 //! | [`traffic`] | [`Traffic`]: bytes the plan moves, bytes destinations lack, the two usual workarounds |
 //! | [`exec`] | the CPU executor and [`verify`], the exact check against the global tensor |
 //! | [`report`] | the text form (golden tests) and the JSON report (`oxccl reshard --json`) |

@@ -254,25 +254,47 @@ pub struct Stage {
 /// A complete reshard plan. Stage 0 reads source buffers only (cross-domain sends, intra-domain reads
 /// from in-domain source replicas, local copies); stage 1 (hierarchical route only, possibly empty)
 /// forwards from receiving leaders' destination buffers to the other ranks of their domain.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// Serializes as `{shape, elem_bytes, src, dst, options, stages, traffic}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReshardPlan {
-    shape: Vec<u64>,
+    src: Sharding,
+    dst: Sharding,
     elem_bytes: u64,
-    src: Layout,
-    dst: Layout,
-    #[serde(skip)]
-    src_sharding: Sharding,
-    #[serde(skip)]
-    dst_sharding: Sharding,
     options: PlanOptions,
     stages: Vec<Stage>,
     traffic: Traffic,
 }
 
+impl Serialize for ReshardPlan {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Repr<'a> {
+            shape: &'a [u64],
+            elem_bytes: u64,
+            src: &'a Layout,
+            dst: &'a Layout,
+            options: PlanOptions,
+            stages: &'a [Stage],
+            traffic: &'a Traffic,
+        }
+        Repr {
+            shape: self.shape(),
+            elem_bytes: self.elem_bytes,
+            src: self.src(),
+            dst: self.dst(),
+            options: self.options,
+            stages: &self.stages,
+            traffic: &self.traffic,
+        }
+        .serialize(serializer)
+    }
+}
+
 impl ReshardPlan {
     /// The global shape.
     pub fn shape(&self) -> &[u64] {
-        &self.shape
+        self.src.shape()
     }
 
     /// Bytes per element.
@@ -282,22 +304,22 @@ impl ReshardPlan {
 
     /// The source layout.
     pub fn src(&self) -> &Layout {
-        &self.src
+        self.src.layout()
     }
 
     /// The destination layout.
     pub fn dst(&self) -> &Layout {
-        &self.dst
+        self.dst.layout()
     }
 
     /// The source layout bound to the shape.
     pub fn src_sharding(&self) -> &Sharding {
-        &self.src_sharding
+        &self.src
     }
 
     /// The destination layout bound to the shape.
     pub fn dst_sharding(&self) -> &Sharding {
-        &self.dst_sharding
+        &self.dst
     }
 
     /// Route and domain size.
@@ -327,7 +349,7 @@ impl ReshardPlan {
     /// of hand-made or altered plans (tests feed it wrong plans to prove [`super::verify`] notices);
     /// [`plan()`] is the way to get a correct one.
     pub fn with_stages(&self, stages: Vec<Stage>) -> ReshardPlan {
-        let geometry = Geometry::new(self.src_sharding.clone(), self.dst_sharding.clone());
+        let geometry = Geometry::new(self.src.clone(), self.dst.clone());
         let traffic = Traffic::account(
             &geometry,
             self.elem_bytes,
@@ -388,12 +410,9 @@ pub fn plan(
     let stages = route(&geometry, elem_bytes, options);
     let traffic = Traffic::account(&geometry, elem_bytes, options.domain_size, &stages);
     Ok(ReshardPlan {
-        shape: shape.to_vec(),
+        src: geometry.src,
+        dst: geometry.dst,
         elem_bytes,
-        src: src.clone(),
-        dst: dst.clone(),
-        src_sharding: geometry.src,
-        dst_sharding: geometry.dst,
         options,
         stages,
         traffic,
