@@ -105,7 +105,7 @@ fn layouts_reject_what_they_cannot_hold() {
     // Messages name what was wrong.
     assert_eq!(
         LayoutError::PartialUnsupported { axis: 1 }.to_string(),
-        "mesh axis 1 is placed Partial: partial (pending-sum) sources are not supported yet; reduce first"
+        "mesh axis 1 is placed Partial: partial (pending-sum) placements are not supported yet; reduce first"
     );
 }
 

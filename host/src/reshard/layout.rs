@@ -116,7 +116,7 @@ impl fmt::Display for LayoutError {
             ),
             Self::PartialUnsupported { axis } => write!(
                 f,
-                "mesh axis {axis} is placed Partial: partial (pending-sum) sources are not supported yet; reduce first"
+                "mesh axis {axis} is placed Partial: partial (pending-sum) placements are not supported yet; reduce first"
             ),
             Self::ShardDimOutOfRange {
                 axis,
