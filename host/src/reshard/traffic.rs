@@ -55,6 +55,11 @@ pub struct Traffic {
     pub gather_broadcast: Workaround,
 }
 
+/// Adds transfer bytes, saturating: plans from [`super::ReshardPlan::with_stages`] may carry any sizes.
+fn add(total: &mut u64, bytes: u64) {
+    *total = total.saturating_add(bytes);
+}
+
 impl Traffic {
     pub(crate) fn account(g: &Geometry, elem: u64, ds: u32, stages: &[Stage]) -> Self {
         let mut t = Traffic {
@@ -68,17 +73,17 @@ impl Traffic {
         let mut received: HashMap<Rank, u64> = HashMap::new();
         for tr in stages.iter().flat_map(|s| &s.transfers) {
             if tr.is_local() {
-                t.bytes_local += tr.bytes;
+                add(&mut t.bytes_local, tr.bytes);
                 continue;
             }
-            t.bytes_total += tr.bytes;
-            *sent.entry(tr.src).or_default() += tr.bytes;
-            *received.entry(tr.dst).or_default() += tr.bytes;
+            add(&mut t.bytes_total, tr.bytes);
+            add(sent.entry(tr.src).or_default(), tr.bytes);
+            add(received.entry(tr.dst).or_default(), tr.bytes);
             if tr.src / ds == tr.dst / ds {
-                t.bytes_intra_domain += tr.bytes;
+                add(&mut t.bytes_intra_domain, tr.bytes);
             } else {
-                t.bytes_cross_domain += tr.bytes;
-                *t.bytes_injected_per_domain.entry(tr.dst / ds).or_default() += tr.bytes;
+                add(&mut t.bytes_cross_domain, tr.bytes);
+                add(t.bytes_injected_per_domain.entry(tr.dst / ds).or_default(), tr.bytes);
             }
         }
         t.max_bytes_sent_by_a_rank = sent.values().copied().max().unwrap_or(0);

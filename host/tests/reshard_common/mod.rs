@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use oxccl_host::reshard::{
-    Layout, Mesh, Placement, PlanOptions, Rank, ReadFrom, Region, ReshardPlan, Route, Transfer,
+    Layout, Mesh, Placement, PlanOptions, Rank, Region, ReshardPlan, Route, Transfer,
 };
 use proptest::prelude::*;
 use std::collections::BTreeSet;
@@ -200,9 +200,4 @@ pub fn region_elements(shape: &[u64], region: &Region) -> BTreeSet<u64> {
         acc = next;
     }
     acc.into_iter().collect()
-}
-
-/// Whether a transfer reads a source buffer.
-pub fn reads_source(t: &Transfer) -> bool {
-    t.read == ReadFrom::Src
 }
