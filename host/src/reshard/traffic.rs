@@ -83,7 +83,10 @@ impl Traffic {
                 add(&mut t.bytes_intra_domain, tr.bytes);
             } else {
                 add(&mut t.bytes_cross_domain, tr.bytes);
-                add(t.bytes_injected_per_domain.entry(tr.dst / ds).or_default(), tr.bytes);
+                add(
+                    t.bytes_injected_per_domain.entry(tr.dst / ds).or_default(),
+                    tr.bytes,
+                );
             }
         }
         t.max_bytes_sent_by_a_rank = sent.values().copied().max().unwrap_or(0);
