@@ -9,7 +9,7 @@
 //! Within a stage all reads happen before any write, so a plan whose stage reads what the same stage
 //! writes is caught by [`verify`] instead of working by luck of ordering.
 
-use super::layout::{Rank, Region, row_major_strides};
+use super::layout::{Rank, Region, for_each_index, row_major_strides};
 use super::plan::{ReadFrom, ReshardPlan, Transfer};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -197,13 +197,25 @@ pub fn execute<T: Copy + Default>(
     let empty: Vec<T> = Vec::new();
 
     for (s, stage) in plan.stages().iter().enumerate() {
-        let mut staged: Vec<Vec<T>> = Vec::with_capacity(stage.transfers.len());
-        for (i, t) in stage.transfers.iter().enumerate() {
-            let walk = Walk::of(t, unit_bytes).map_err(|why| ExecError::MalformedTransfer {
+        let malformed = |index: usize, why: String| ExecError::MalformedTransfer {
+            stage: s,
+            index,
+            why,
+        };
+        let out_of_bounds = |index: usize, rank: Rank, buffer: &'static str| {
+            move |(end, len)| ExecError::OutOfBounds {
                 stage: s,
-                index: i,
-                why,
-            })?;
+                index,
+                rank,
+                buffer,
+                end,
+                len,
+            }
+        };
+        // Check every transfer and read its data, then write: nothing reads what its stage writes.
+        let mut staged: Vec<(Walk, Vec<T>)> = Vec::with_capacity(stage.transfers.len());
+        for (i, t) in stage.transfers.iter().enumerate() {
+            let walk = Walk::of(t, unit_bytes).map_err(|why| malformed(i, why))?;
             let (buf, name) = match t.read {
                 ReadFrom::Src if src_sharding.mesh().contains(t.src) => {
                     (src.get(&t.src).unwrap_or(&empty), "source")
@@ -212,56 +224,33 @@ pub fn execute<T: Copy + Default>(
                     (&dst[&t.src], "destination (read)")
                 }
                 read => {
-                    return Err(ExecError::MalformedTransfer {
-                        stage: s,
-                        index: i,
-                        why: format!(
-                            "reads the {read:?} buffer of rank {}, which has none",
-                            t.src
-                        ),
-                    });
+                    let why = format!(
+                        "reads the {read:?} buffer of rank {}, which has none",
+                        t.src
+                    );
+                    return Err(malformed(i, why));
                 }
             };
+            let Some(out) = dst.get(&t.dst) else {
+                let why = format!(
+                    "writes rank {}, which is outside the destination mesh",
+                    t.dst
+                );
+                return Err(malformed(i, why));
+            };
             walk.check(buf.len(), walk.src_offset, &walk.src_strides, unit_bytes)
-                .map_err(|(end, len)| ExecError::OutOfBounds {
-                    stage: s,
-                    index: i,
-                    rank: t.src,
-                    buffer: name,
-                    end,
-                    len,
-                })?;
+                .map_err(out_of_bounds(i, t.src, name))?;
+            walk.check(out.len(), walk.dst_offset, &walk.dst_strides, unit_bytes)
+                .map_err(out_of_bounds(i, t.dst, "destination (write)"))?;
             let mut data = Vec::with_capacity(walk.total_units() as usize);
             walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
                 data.extend_from_slice(&buf[at..at + walk.run as usize]);
             });
-            staged.push(data);
+            staged.push((walk, data));
         }
-        for (i, (t, data)) in stage.transfers.iter().zip(staged).enumerate() {
-            let walk = Walk::of(t, unit_bytes).map_err(|why| ExecError::MalformedTransfer {
-                stage: s,
-                index: i,
-                why,
-            })?;
-            let Some(buf) = dst.get_mut(&t.dst) else {
-                return Err(ExecError::MalformedTransfer {
-                    stage: s,
-                    index: i,
-                    why: format!(
-                        "writes rank {}, which is outside the destination mesh",
-                        t.dst
-                    ),
-                });
-            };
-            walk.check(buf.len(), walk.dst_offset, &walk.dst_strides, unit_bytes)
-                .map_err(|(end, len)| ExecError::OutOfBounds {
-                    stage: s,
-                    index: i,
-                    rank: t.dst,
-                    buffer: "destination (write)",
-                    end,
-                    len,
-                })?;
+        for (t, (walk, data)) in stage.transfers.iter().zip(staged) {
+            // Present and long enough: checked above, and buffer lengths never change.
+            let buf = dst.get_mut(&t.dst).expect("checked above");
             let run = walk.run as usize;
             let mut chunks = data.chunks_exact(run.max(1));
             walk.for_each_run(walk.dst_offset, &walk.dst_strides, |at| {
@@ -358,26 +347,12 @@ impl Walk {
 
     /// Calls `f` with the unit index of each run's start, in row-major loop order.
     fn for_each_run(&self, offset: u64, strides: &[u64], mut f: impl FnMut(usize)) {
-        if self.run == 0 || self.outer.contains(&0) {
+        if self.run == 0 {
             return;
         }
-        let mut idx = vec![0u64; self.outer.len()];
-        loop {
-            let at = offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>();
-            f(at as usize);
-            let mut d = self.outer.len();
-            loop {
-                if d == 0 {
-                    return;
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < self.outer[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
+        for_each_index(&self.outer, |idx| {
+            f((offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>()) as usize);
+        });
     }
 }
 
@@ -519,27 +494,14 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
 
 /// The tags (global row-major index + 1; 0 means "never written") of a region, row-major.
 fn region_tags(shape: &[u64], region: &Region) -> Vec<u64> {
-    let volume = region.volume();
-    let mut out = Vec::with_capacity(volume as usize);
-    if volume == 0 {
-        return out;
-    }
+    let mut out = Vec::with_capacity(region.volume() as usize);
     let strides = row_major_strides(shape);
-    let k = shape.len();
-    let mut idx = vec![0u64; k];
-    for _ in 0..volume {
+    for_each_index(&region.extent, |idx| {
         out.push(
-            1 + (0..k)
+            1 + (0..idx.len())
                 .map(|d| (region.start[d] + idx[d]) * strides[d])
                 .sum::<u64>(),
         );
-        for d in (0..k).rev() {
-            idx[d] += 1;
-            if idx[d] < region.extent[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
+    });
     out
 }

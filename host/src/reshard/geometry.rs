@@ -4,7 +4,7 @@
 //!
 //! Nothing here enumerates elements: the work is proportional to ranks and pieces.
 
-use super::layout::{Rank, Region, Sharding};
+use super::layout::{Rank, Region, Sharding, for_each_index};
 use std::collections::HashMap;
 
 /// A distinct source box and the ranks holding it (its replicas), ascending.
@@ -142,13 +142,17 @@ impl Geometry {
             }
             ranges.push((first, last));
         }
+        let counts: Vec<u64> = ranges
+            .iter()
+            .map(|&(first, last)| (last - first) as u64)
+            .collect();
         let mut out = Vec::new();
-        let mut idx: Vec<usize> = ranges.iter().map(|r| r.0).collect();
-        loop {
+        for_each_index(&counts, |offsets| {
             let mut start = Vec::with_capacity(k);
             let mut extent = Vec::with_capacity(k);
             let mut key = 0;
-            for (d, &i) in idx.iter().enumerate() {
+            for (d, &o) in offsets.iter().enumerate() {
+                let i = ranges[d].0 + o as usize;
                 let (plo, phi) = self.parts[d][i];
                 let lo = plo.max(region.start[d]);
                 let hi = phi.min(region.start[d] + region.extent[d]);
@@ -160,20 +164,8 @@ impl Geometry {
                 src_key: key,
                 region: Region { start, extent },
             });
-            // Odometer, last dim fastest.
-            let mut d = k;
-            loop {
-                if d == 0 {
-                    return out;
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < ranges[d].1 {
-                    break;
-                }
-                idx[d] = ranges[d].0;
-            }
-        }
+        });
+        out
     }
 
     /// The source shard a piece comes from. Every piece's key names an existing shard: the partition's

@@ -626,31 +626,40 @@ impl Sharding {
 /// `region` must lie inside `shape` (it does for every region a [`Sharding`] hands out).
 pub(crate) fn extract<T: Copy>(global: &[T], shape: &[u64], region: &Region) -> Vec<T> {
     let mut out = Vec::with_capacity(region.volume() as usize);
-    if region.is_empty() {
-        return out;
-    }
     let strides = row_major_strides(shape);
-    let k = shape.len();
-    if k == 0 {
-        out.push(global[0]);
+    let Some((&run, outer)) = region.extent.split_last() else {
+        // A scalar.
+        out.extend_from_slice(&global[..1]);
         return out;
+    };
+    let k = outer.len();
+    for_each_index(outer, |idx| {
+        let base = (0..k)
+            .map(|d| (region.start[d] + idx[d]) * strides[d])
+            .sum::<u64>()
+            + region.start[k];
+        out.extend_from_slice(&global[base as usize..(base + run) as usize]);
+    });
+    out
+}
+
+/// Calls `f` with every index of a box of extents `extent`, row-major (last index fastest): once with
+/// `[]` for no dims, never when an extent is 0.
+pub(crate) fn for_each_index(extent: &[u64], mut f: impl FnMut(&[u64])) {
+    if extent.contains(&0) {
+        return;
     }
-    let run = region.extent[k - 1] as usize;
-    let mut idx = vec![0u64; k - 1];
+    let mut idx = vec![0u64; extent.len()];
     loop {
-        let base: u64 = (0..k)
-            .map(|d| (region.start[d] + if d < k - 1 { idx[d] } else { 0 }) * strides[d])
-            .sum();
-        out.extend_from_slice(&global[base as usize..base as usize + run]);
-        // Odometer over the outer dims.
-        let mut d = k - 1;
+        f(&idx);
+        let mut d = extent.len();
         loop {
             if d == 0 {
-                return out;
+                return;
             }
             d -= 1;
             idx[d] += 1;
-            if idx[d] < region.extent[d] {
+            if idx[d] < extent[d] {
                 break;
             }
             idx[d] = 0;
