@@ -1,10 +1,212 @@
-//! `oxccl reshard` (in progress).
+//! `oxccl reshard`: plan an M-to-N reshard between two (mesh, placements) layouts, print the transfers
+//! and the traffic (or the JSON report), and optionally verify the plan on the CPU executor.
+//!
+//! ```text
+//! oxccl reshard --shape 4,8 --dtype f32 --src-mesh 1x4@0 --src R,S0 --dst-mesh 2x2@4 --dst R,S0 --verify
+//! ```
 
 use super::CliResult;
+use oxccl_host::reshard::{self, Layout, Mesh, PlanOptions, PlanReport, Route, VerifySummary};
+
+/// Element types the command knows, by name.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F64,
+    F32,
+    F16,
+    Bf16,
+    /// FP8 E4M3.
+    F8e4m3,
+    /// FP8 E5M2.
+    F8e5m2,
+    I64,
+    I32,
+    I16,
+    I8,
+    U64,
+    U32,
+    U16,
+    U8,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::F64 | Self::I64 | Self::U64 => 8,
+            Self::F32 | Self::I32 | Self::U32 => 4,
+            Self::F16 | Self::Bf16 | Self::I16 | Self::U16 => 2,
+            Self::F8e4m3 | Self::F8e5m2 | Self::I8 | Self::U8 => 1,
+        }
+    }
+
+    /// The name as given on the command line.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+}
+
+/// The route, as spelled on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteArg {
+    /// Every destination rank receives every byte it lacks straight from a source rank.
+    Direct,
+    /// Each byte enters each destination NVLink domain once, then is forwarded inside it.
+    Hierarchical,
+}
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Global tensor shape, comma separated (`4,8`); any number of dims.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub shape: Vec<u64>,
+    /// Element type.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: Dtype,
+    /// Source mesh: `DIMSxDIMS@START` (`1x4@0`), a contiguous row-major rank range.
+    #[arg(long)]
+    pub src_mesh: String,
+    /// Source placements, one per source mesh axis: `R` or `S<dim>` (`R,S0`).
+    #[arg(long)]
+    pub src: String,
+    /// Destination mesh: `DIMSxDIMS@START` (`2x2@4`).
+    #[arg(long)]
+    pub dst_mesh: String,
+    /// Destination placements, one per destination mesh axis (`R,S0`).
+    #[arg(long)]
+    pub dst: String,
+    /// How bytes reach destinations.
+    #[arg(long, value_enum, default_value = "hierarchical")]
+    pub route: RouteArg,
+    /// Ranks per NVLink domain (rank r is in domain r / size).
+    #[arg(long, default_value_t = 8)]
+    pub domain_size: u32,
+    /// Hierarchical route: split a piece entering a domain over up to that many of the domain's ranks
+    /// needing it, keeping parts at least this many bytes (0: down to single rows).
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    pub min_split_bytes: u64,
+    /// Run the plan on the CPU executor and check every destination element against the global tensor;
+    /// exit non-zero on any mismatch.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print the JSON report (every transfer and the traffic totals) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Transfers listed in the text output (the JSON report lists all).
+    #[arg(long, default_value_t = 64)]
+    pub max_listed: usize,
+}
 
-pub fn run(_args: Args) -> CliResult {
-    Err("`oxccl reshard` is not built yet".into())
+/// Parses one side's layout; errors name the flag or the side at fault.
+fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
+    let mesh: Mesh = mesh.parse().map_err(|e| format!("--{flag}-mesh: {e}"))?;
+    let placements = reshard::parse_placements(placements).map_err(|e| format!("--{flag}: {e}"))?;
+    Layout::new(mesh, placements).map_err(|e| format!("{side} layout: {e}"))
+}
+
+pub fn run(args: Args) -> CliResult {
+    let src = layout(&args.src_mesh, &args.src, "src", "source")?;
+    let dst = layout(&args.dst_mesh, &args.dst, "dst", "destination")?;
+    let route = match args.route {
+        RouteArg::Direct => Route::Direct,
+        RouteArg::Hierarchical => Route::Hierarchical,
+    };
+    let options = PlanOptions {
+        route,
+        domain_size: args.domain_size,
+        min_split_bytes: args.min_split_bytes,
+    };
+    let plan = reshard::plan(&args.shape, args.dtype.bytes(), &src, &dst, options)?;
+    let report = args.verify.then(|| reshard::verify(&plan)).transpose()?;
+
+    if args.json {
+        let mut json = PlanReport::new(&plan, Some(&args.dtype.name()));
+        json.verify = report.as_ref().map(|r| VerifySummary {
+            elements_checked: r.elements_checked,
+            mismatches: r.mismatches,
+        });
+        print!("{}", json.to_json());
+    } else {
+        print_text(&plan, &args);
+        if let Some(r) = &report {
+            println!("{r}");
+        }
+    }
+    match report {
+        Some(r) if !r.is_exact() => {
+            Err(format!("verification failed: {} elements differ", r.mismatches).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn print_text(plan: &reshard::ReshardPlan, args: &Args) {
+    let o = plan.options();
+    let tensor_bytes = plan.src_sharding().elements() * plan.elem_bytes();
+    println!(
+        "reshard {:?} {} ({tensor_bytes} B), route {}, domain size {}",
+        plan.shape(),
+        args.dtype.name(),
+        o.route,
+        o.domain_size
+    );
+    for (side, sharding) in [("src", plan.src_sharding()), ("dst", plan.dst_sharding())] {
+        println!("{side} {}", sharding.layout());
+        for rank in sharding.mesh().ranks() {
+            if let Some(region) = sharding.local_region(rank) {
+                println!(
+                    "  rank {rank:>4}  domain {:>3}  {region}  {} B",
+                    rank / o.domain_size,
+                    region.volume() * plan.elem_bytes()
+                );
+            }
+        }
+    }
+    let total: usize = plan.stages().iter().map(|s| s.transfers.len()).sum();
+    let mut listed = 0;
+    for (s, stage) in plan.stages().iter().enumerate() {
+        let what = if s == 0 {
+            "from source buffers"
+        } else {
+            "forwarding inside destination domains"
+        };
+        println!("stage {s} ({what}): {} transfers", stage.transfers.len());
+        for t in &stage.transfers {
+            if listed == args.max_listed {
+                break;
+            }
+            println!("  {t}");
+            listed += 1;
+        }
+    }
+    if listed < total {
+        println!("  ({listed} of {total} transfers listed; --max-listed N or --json for all)");
+    }
+    let t = plan.traffic();
+    println!("traffic (bytes)");
+    println!("  total (between ranks)   {:>14}", t.bytes_total);
+    println!("    intra-domain          {:>14}", t.bytes_intra_domain);
+    println!("    cross-domain          {:>14}", t.bytes_cross_domain);
+    println!("  local copies            {:>14}", t.bytes_local);
+    println!("  needed by destinations  {:>14}", t.bytes_needed);
+    for (d, b) in &t.bytes_injected_per_domain {
+        println!("  injected into domain {d:<3}{b:>14}");
+    }
+    println!(
+        "  busiest sender          {:>14}",
+        t.max_bytes_sent_by_a_rank
+    );
+    println!(
+        "  busiest receiver        {:>14}",
+        t.max_bytes_received_by_a_rank
+    );
+    println!(
+        "  flat sends              {:>14}  (cross-domain {})",
+        t.flat_sends.bytes_total, t.flat_sends.bytes_cross_domain
+    );
+    println!(
+        "  gather + broadcast      {:>14}  (cross-domain {})",
+        t.gather_broadcast.bytes_total, t.gather_broadcast.bytes_cross_domain
+    );
 }

@@ -1,0 +1,507 @@
+//! The CPU executor: runs a [`ReshardPlan`] on host buffers, stage by stage, and [`verify`] checks every
+//! destination element against the global tensor.
+//!
+//! Buffers are per-rank local shards (dense row-major boxes, see [`super::layout`]), as vectors of any
+//! `Copy` unit standing for `unit_bytes` bytes: bytes (`u8`, unit 1), elements (`f32`, unit 4, …), or
+//! tags. Every transfer is checked (well-formed box, offsets and strides on unit boundaries, inside both
+//! buffers) before it runs: a bad plan is an [`ExecError`], never a panic or an out-of-bounds write.
+//!
+//! Within a stage all reads happen before any write, so a plan whose stage reads what the same stage
+//! writes is caught by [`verify`] instead of working by luck of ordering.
+
+use super::layout::{Rank, Region, for_each_index, row_major_strides};
+use super::plan::{ReadFrom, ReshardPlan, Transfer};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Per-rank buffers, by rank.
+pub type Buffers<T> = BTreeMap<Rank, Vec<T>>;
+
+/// Why a plan could not run. Every variant names the rank, stage or transfer at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecError {
+    /// The element type's size differs from the plan's element size.
+    ElementSize {
+        /// Bytes per element in the plan.
+        plan: u64,
+        /// Bytes of the element type given.
+        given: u64,
+    },
+    /// A source rank holding data passed no buffer.
+    MissingSource {
+        /// The rank.
+        rank: Rank,
+    },
+    /// A rank outside the source mesh passed a source buffer.
+    UnexpectedSource {
+        /// The rank.
+        rank: Rank,
+    },
+    /// A source buffer's length differs from its shard's.
+    SourceLength {
+        /// The rank.
+        rank: Rank,
+        /// Units expected.
+        expected: u64,
+        /// Units given.
+        got: u64,
+    },
+    /// A transfer is not a well-formed box on unit boundaries.
+    MalformedTransfer {
+        /// Stage index.
+        stage: usize,
+        /// Index within the stage.
+        index: usize,
+        /// What is wrong.
+        why: String,
+    },
+    /// A transfer reaches past the end of a buffer.
+    OutOfBounds {
+        /// Stage index.
+        stage: usize,
+        /// Index within the stage.
+        index: usize,
+        /// The rank whose buffer it reaches past.
+        rank: Rank,
+        /// `"source"`, `"destination (read)"` or `"destination (write)"`.
+        buffer: &'static str,
+        /// Bytes the transfer needs.
+        end: u64,
+        /// Bytes the buffer has.
+        len: u64,
+    },
+    /// Verification would need more tag memory than allowed.
+    TooLargeToVerify {
+        /// Bytes of tags needed (8 per element of every source and destination buffer).
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ElementSize { plan, given } => {
+                write!(
+                    f,
+                    "the plan has {plan}-byte elements but the buffers {given}-byte ones"
+                )
+            }
+            Self::MissingSource { rank } => {
+                write!(f, "source rank {rank} holds data but passed no buffer")
+            }
+            Self::UnexpectedSource { rank } => {
+                write!(
+                    f,
+                    "rank {rank} is outside the source mesh but passed a source buffer"
+                )
+            }
+            Self::SourceLength {
+                rank,
+                expected,
+                got,
+            } => write!(
+                f,
+                "source rank {rank}'s buffer has {got} units but its shard has {expected}"
+            ),
+            Self::MalformedTransfer { stage, index, why } => {
+                write!(f, "stage {stage} transfer {index}: {why}")
+            }
+            Self::OutOfBounds {
+                stage,
+                index,
+                rank,
+                buffer,
+                end,
+                len,
+            } => write!(
+                f,
+                "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
+            ),
+            Self::TooLargeToVerify { bytes, limit } => write!(
+                f,
+                "verification needs {bytes} bytes of tags, over the {limit}-byte limit; verify a smaller shape"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+/// Runs `plan` on byte buffers: `src` holds every source rank's local shard (ranks whose shard is empty
+/// may be left out). Returns every destination rank's buffer.
+pub fn execute_bytes(plan: &ReshardPlan, src: &Buffers<u8>) -> Result<Buffers<u8>, ExecError> {
+    execute(plan, 1, src)
+}
+
+/// Runs `plan` on element buffers (`size_of::<T>()` must be the plan's element size).
+pub fn execute_elements<T: Copy + Default>(
+    plan: &ReshardPlan,
+    src: &Buffers<T>,
+) -> Result<Buffers<T>, ExecError> {
+    let given = size_of::<T>() as u64;
+    if given != plan.elem_bytes() {
+        return Err(ExecError::ElementSize {
+            plan: plan.elem_bytes(),
+            given,
+        });
+    }
+    execute(plan, given, src)
+}
+
+/// Runs `plan` on buffers of units of `unit_bytes` bytes each (a divisor of the element size).
+///
+/// Destination buffers start as `T::default()`.
+pub fn execute<T: Copy + Default>(
+    plan: &ReshardPlan,
+    unit_bytes: u64,
+    src: &Buffers<T>,
+) -> Result<Buffers<T>, ExecError> {
+    if unit_bytes == 0 || !plan.elem_bytes().is_multiple_of(unit_bytes) {
+        return Err(ExecError::ElementSize {
+            plan: plan.elem_bytes(),
+            given: unit_bytes,
+        });
+    }
+    let units_per_elem = plan.elem_bytes() / unit_bytes;
+    let src_sharding = plan.src_sharding();
+    if let Some(&rank) = src.keys().find(|&&r| !src_sharding.mesh().contains(r)) {
+        return Err(ExecError::UnexpectedSource { rank });
+    }
+    for rank in src_sharding.mesh().ranks() {
+        let expected = src_sharding.local_len(rank) * units_per_elem;
+        match src.get(&rank) {
+            None if expected > 0 => return Err(ExecError::MissingSource { rank }),
+            Some(buf) if buf.len() as u64 != expected => {
+                return Err(ExecError::SourceLength {
+                    rank,
+                    expected,
+                    got: buf.len() as u64,
+                });
+            }
+            _ => {}
+        }
+    }
+    let dst_sharding = plan.dst_sharding();
+    let mut dst: Buffers<T> = dst_sharding
+        .mesh()
+        .ranks()
+        .map(|r| {
+            (
+                r,
+                vec![T::default(); (dst_sharding.local_len(r) * units_per_elem) as usize],
+            )
+        })
+        .collect();
+    let empty: Vec<T> = Vec::new();
+
+    for (s, stage) in plan.stages().iter().enumerate() {
+        let malformed = |index: usize, why: String| ExecError::MalformedTransfer {
+            stage: s,
+            index,
+            why,
+        };
+        let out_of_bounds = |index: usize, rank: Rank, buffer: &'static str| {
+            move |(end, len)| ExecError::OutOfBounds {
+                stage: s,
+                index,
+                rank,
+                buffer,
+                end,
+                len,
+            }
+        };
+        // Check every transfer and read its data, then write: nothing reads what its stage writes.
+        let mut staged: Vec<(Walk, Vec<T>)> = Vec::with_capacity(stage.transfers.len());
+        for (i, t) in stage.transfers.iter().enumerate() {
+            let walk = Walk::of(t, unit_bytes).map_err(|why| malformed(i, why))?;
+            let (buf, name) = match t.read {
+                ReadFrom::Src if src_sharding.mesh().contains(t.src) => {
+                    (src.get(&t.src).unwrap_or(&empty), "source")
+                }
+                ReadFrom::Dst if dst_sharding.mesh().contains(t.src) => {
+                    (&dst[&t.src], "destination (read)")
+                }
+                read => {
+                    let why = format!(
+                        "reads the {read:?} buffer of rank {}, which has none",
+                        t.src
+                    );
+                    return Err(malformed(i, why));
+                }
+            };
+            let Some(out) = dst.get(&t.dst) else {
+                let why = format!(
+                    "writes rank {}, which is outside the destination mesh",
+                    t.dst
+                );
+                return Err(malformed(i, why));
+            };
+            walk.check(buf.len(), walk.src_offset, &walk.src_strides, unit_bytes)
+                .map_err(out_of_bounds(i, t.src, name))?;
+            walk.check(out.len(), walk.dst_offset, &walk.dst_strides, unit_bytes)
+                .map_err(out_of_bounds(i, t.dst, "destination (write)"))?;
+            let mut data = Vec::with_capacity(walk.total_units() as usize);
+            walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
+                data.extend_from_slice(&buf[at..at + walk.run as usize]);
+            });
+            staged.push((walk, data));
+        }
+        for (t, (walk, data)) in stage.transfers.iter().zip(staged) {
+            // Present and long enough: checked above, and buffer lengths never change.
+            let buf = dst.get_mut(&t.dst).expect("checked above");
+            let run = walk.run as usize;
+            let mut chunks = data.chunks_exact(run.max(1));
+            walk.for_each_run(walk.dst_offset, &walk.dst_strides, |at| {
+                if let Some(chunk) = chunks.next() {
+                    buf[at..at + run].copy_from_slice(chunk);
+                }
+            });
+        }
+    }
+    Ok(dst)
+}
+
+/// A transfer's box in units, checked to be well formed.
+struct Walk {
+    src_offset: u64,
+    dst_offset: u64,
+    /// Outer loop extents.
+    outer: Vec<u64>,
+    src_strides: Vec<u64>,
+    dst_strides: Vec<u64>,
+    /// Units per contiguous run.
+    run: u64,
+}
+
+impl Walk {
+    fn of(t: &Transfer, unit: u64) -> Result<Self, String> {
+        let Some((&run_bytes, outer)) = t.shape.split_last() else {
+            return Err("empty box shape".into());
+        };
+        if t.src_strides.len() != outer.len() || t.dst_strides.len() != outer.len() {
+            return Err(format!(
+                "box of {} dims with {} read and {} write strides (want {})",
+                t.shape.len(),
+                t.src_strides.len(),
+                t.dst_strides.len(),
+                outer.len()
+            ));
+        }
+        let product = t.shape.iter().try_fold(1u64, |acc, &e| acc.checked_mul(e));
+        if product != Some(t.bytes) {
+            return Err(format!(
+                "box {:?} does not hold the stated {} bytes",
+                t.shape, t.bytes
+            ));
+        }
+        let units = |what: &str, v: u64| {
+            if v.is_multiple_of(unit) {
+                Ok(v / unit)
+            } else {
+                Err(format!("{what} {v} is not a multiple of {unit} bytes"))
+            }
+        };
+        Ok(Self {
+            src_offset: units("read offset", t.src_offset)?,
+            dst_offset: units("write offset", t.dst_offset)?,
+            outer: outer.to_vec(),
+            src_strides: t
+                .src_strides
+                .iter()
+                .map(|&s| units("read stride", s))
+                .collect::<Result<_, _>>()?,
+            dst_strides: t
+                .dst_strides
+                .iter()
+                .map(|&s| units("write stride", s))
+                .collect::<Result<_, _>>()?,
+            run: units("run", run_bytes)?,
+        })
+    }
+
+    fn total_units(&self) -> u64 {
+        self.outer.iter().product::<u64>() * self.run
+    }
+
+    /// Checks the box stays inside a buffer of `len` units; on failure gives (end, len) in bytes.
+    fn check(&self, len: usize, offset: u64, strides: &[u64], unit: u64) -> Result<(), (u64, u64)> {
+        let len = len as u64;
+        if self.run == 0 || self.outer.contains(&0) {
+            return Ok(());
+        }
+        let end = self
+            .outer
+            .iter()
+            .zip(strides)
+            .try_fold(offset.checked_add(self.run), |acc, (&e, &s)| {
+                Some(acc?.checked_add((e - 1).checked_mul(s)?))
+            })
+            .flatten();
+        match end {
+            Some(end) if end <= len => Ok(()),
+            end => Err((end.map_or(u64::MAX, |e| e.saturating_mul(unit)), len * unit)),
+        }
+    }
+
+    /// Calls `f` with the unit index of each run's start, in row-major loop order.
+    fn for_each_run(&self, offset: u64, strides: &[u64], mut f: impl FnMut(usize)) {
+        if self.run == 0 {
+            return;
+        }
+        for_each_index(&self.outer, |idx| {
+            f((offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>()) as usize);
+        });
+    }
+}
+
+/// The default limit of [`verify`]'s tag memory: 1 GiB.
+pub const VERIFY_TAG_LIMIT_BYTES: u64 = 1 << 30;
+
+/// One destination element that does not hold what it should.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The destination rank.
+    pub rank: Rank,
+    /// Element index in its local buffer.
+    pub local_index: u64,
+    /// The global index it should hold.
+    pub expected: Vec<u64>,
+    /// The global index it holds, or `None` when nothing was written there.
+    pub found: Option<Vec<u64>>,
+}
+
+/// The outcome of [`verify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Destination elements checked (every element of every destination buffer).
+    pub elements_checked: u64,
+    /// Elements that did not hold what they should.
+    pub mismatches: u64,
+    /// The first mismatches (at most [`VerifyReport::LISTED`]); `mismatches` counts them all.
+    pub first: Vec<Mismatch>,
+}
+
+impl VerifyReport {
+    /// How many mismatches are listed in `first`.
+    pub const LISTED: usize = 16;
+
+    /// Whether every destination element holds the right value.
+    pub fn is_exact(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_exact() {
+            return write!(
+                f,
+                "verified: all {} destination elements match the global tensor",
+                self.elements_checked
+            );
+        }
+        writeln!(
+            f,
+            "FAILED: {} of {} destination elements differ from the global tensor (first {} listed)",
+            self.mismatches,
+            self.elements_checked,
+            self.first.len()
+        )?;
+        for m in &self.first {
+            match &m.found {
+                Some(found) => writeln!(
+                    f,
+                    "  rank {} element {}: want global {:?}, holds global {:?}",
+                    m.rank, m.local_index, m.expected, found
+                )?,
+                None => writeln!(
+                    f,
+                    "  rank {} element {}: want global {:?}, never written",
+                    m.rank, m.local_index, m.expected
+                )?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `plan` on tag buffers, each element tagged with its global index, and checks every element of
+/// every destination buffer. Refuses (with [`ExecError::TooLargeToVerify`]) when the tags would need
+/// more than [`VERIFY_TAG_LIMIT_BYTES`].
+pub fn verify(plan: &ReshardPlan) -> Result<VerifyReport, ExecError> {
+    verify_with_limit(plan, VERIFY_TAG_LIMIT_BYTES)
+}
+
+/// [`verify`] with a chosen tag-memory limit in bytes.
+pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport, ExecError> {
+    let (src, dst) = (plan.src_sharding(), plan.dst_sharding());
+    let elements: u64 = src.mesh().ranks().map(|r| src.local_len(r)).sum::<u64>()
+        + dst.mesh().ranks().map(|r| dst.local_len(r)).sum::<u64>();
+    let bytes = elements.saturating_mul(8);
+    if bytes > limit {
+        return Err(ExecError::TooLargeToVerify { bytes, limit });
+    }
+    let shape = plan.shape();
+    let tags: Buffers<u64> = src
+        .mesh()
+        .ranks()
+        .map(|r| {
+            (
+                r,
+                src.local_region(r)
+                    .map_or_else(Vec::new, |g| region_tags(shape, &g)),
+            )
+        })
+        .collect();
+    let out = execute(plan, plan.elem_bytes(), &tags)?;
+    let unravel = |linear: u64| -> Vec<u64> {
+        let mut coords = vec![0; shape.len()];
+        let mut rest = linear;
+        for d in (0..shape.len()).rev() {
+            coords[d] = rest % shape[d];
+            rest /= shape[d];
+        }
+        coords
+    };
+    let mut report = VerifyReport {
+        elements_checked: 0,
+        mismatches: 0,
+        first: Vec::new(),
+    };
+    for (&rank, got) in &out {
+        let want = dst
+            .local_region(rank)
+            .map_or_else(Vec::new, |g| region_tags(shape, &g));
+        report.elements_checked += want.len() as u64;
+        for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
+            if w != g {
+                report.mismatches += 1;
+                if report.first.len() < VerifyReport::LISTED {
+                    report.first.push(Mismatch {
+                        rank,
+                        local_index: i as u64,
+                        expected: unravel(w - 1),
+                        found: (g != 0).then(|| unravel(g - 1)),
+                    });
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The tags (global row-major index + 1; 0 means "never written") of a region, row-major.
+fn region_tags(shape: &[u64], region: &Region) -> Vec<u64> {
+    let mut out = Vec::with_capacity(region.volume() as usize);
+    let strides = row_major_strides(shape);
+    for_each_index(&region.extent, |idx| {
+        out.push(
+            1 + (0..idx.len())
+                .map(|d| (region.start[d] + idx[d]) * strides[d])
+                .sum::<u64>(),
+        );
+    });
+    out
+}
