@@ -174,11 +174,7 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
         cmd.env("CARGO_ENCODED_RUSTFLAGS", DEVICE_RUSTFLAGS.join("\x1f"));
         let output = cmd.output().map_err(|e| format!("build failed to start: {e}"))?;
         if !output.status.success() {
-            return Err(format!(
-                "build failed for {}:\n{}",
-                m.package,
-                String::from_utf8_lossy(&output.stderr)
-            ));
+            return Err(format!("build failed for {}:\n{}", m.package, String::from_utf8_lossy(&output.stderr)));
         }
         // rustc writes `<crate>-<hash>.s` beside the rlib; when cargo finds the crate fresh it does not
         // run rustc, and the file from the last build is still the current one. Take the newest.

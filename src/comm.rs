@@ -142,7 +142,14 @@ impl Communicator {
                 }),
             }
         }
-        Ok(Communicator { config, engines, ranks, groups, plans: Mutex::new(HashMap::new()), poisoned: AtomicBool::new(false) })
+        Ok(Communicator {
+            config,
+            engines,
+            ranks,
+            groups,
+            plans: Mutex::new(HashMap::new()),
+            poisoned: AtomicBool::new(false),
+        })
     }
 
     /// Number of ranks.
@@ -174,36 +181,63 @@ impl Communicator {
 
     /// `recv[r] = op over all ranks q of send[q]`, element-wise. Every buffer has the same length;
     /// send and receive buffers must not overlap (use [`Communicator::all_reduce_in_place`]).
-    pub fn all_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = first_len(send, "send buffers")?;
         self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op)
     }
 
     /// In-place AllReduce: every `buf[r]` becomes the reduction of all of them.
-    pub fn all_reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        bufs: &mut [R],
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = first_len(bufs, "buffers")?;
         self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op)
     }
 
     /// `recv[r]` (count elements) = op over ranks q of block `r` of `send[q]` (ranks × count elements).
-    pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = first_len(recv, "receive buffers")?;
         self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op)
     }
 
     /// In-place ReduceScatter: `buf[r]` holds ranks × count elements; block `r` of it becomes the
     /// reduction of block `r` of all of them (nccl's `recvbuff = sendbuff + rank × count`).
-    pub fn reduce_scatter_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        bufs: &mut [R],
+        op: ReduceOp,
+    ) -> Result<()> {
         let total = first_len(bufs, "buffers")?;
         let p = self.ranks();
         if total % p != 0 {
-            return Err(Error::Length { what: "in-place reduce_scatter buffer", rank: 0, expected: total.next_multiple_of(p), got: total });
+            return Err(Error::Length {
+                what: "in-place reduce_scatter buffer",
+                rank: 0,
+                expected: total.next_multiple_of(p),
+                got: total,
+            });
         }
         self.collective::<T, R, R>(Collective::ReduceScatter, total / p, None, bufs, op)
     }
 
     /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
-    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(&self, send: &[S], recv: &mut [R]) -> Result<()> {
+    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+    ) -> Result<()> {
         let count = first_len(send, "send buffers")?;
         self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum)
     }
@@ -214,7 +248,12 @@ impl Communicator {
         let total = first_len(bufs, "buffers")?;
         let p = self.ranks();
         if total % p != 0 {
-            return Err(Error::Length { what: "in-place all_gather buffer", rank: 0, expected: total.next_multiple_of(p), got: total });
+            return Err(Error::Length {
+                what: "in-place all_gather buffer",
+                rank: 0,
+                expected: total.next_multiple_of(p),
+                got: total,
+            });
         }
         self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum)
     }
@@ -380,7 +419,8 @@ impl Communicator {
         }
         // Every launch on a device must be resident together with the others on it.
         for (d, engine) in self.engines.iter().enumerate() {
-            let ctas: u32 = self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * spec.ctas).sum();
+            let ctas: u32 =
+                self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * spec.ctas).sum();
             engine.check(&launch, ctas, plan.lowered.slots)?;
         }
 
@@ -513,7 +553,10 @@ fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
                 .result()
                 .map_err(Error::driver("cuDeviceGetDefaultMemPool"))?;
             let desc = sys::CUmemAccessDesc {
-                location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: a.ordinal() as i32 },
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: a.ordinal() as i32,
+                },
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             };
             // SAFETY: one valid descriptor for a valid pool.
@@ -524,4 +567,3 @@ fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
     }
     Ok(())
 }
-

@@ -6,10 +6,12 @@
 
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, result};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, result,
+};
 use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
-pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, TbProgram, Task};
+pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -159,11 +161,8 @@ impl Engine {
             return Ok(f.clone());
         }
         let f = self.module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            self.max_smem as i32,
-        )
-        .map_err(Error::driver("cuFuncSetAttribute"))?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
         map.insert(name, f.clone());
         Ok(f)
     }
@@ -214,7 +213,10 @@ impl Engine {
                 return cfg("stages", format!("{} is not in 1..={}", spec.stages, abi::MAX_STAGES));
             }
             if spec.chunk_bytes as u64 * slots as u64 >= 1 << 20 {
-                return cfg("chunk_bytes", format!("{} × {slots} sources exceeds an mbarrier's 1 MiB", spec.chunk_bytes));
+                return cfg(
+                    "chunk_bytes",
+                    format!("{} × {slots} sources exceeds an mbarrier's 1 MiB", spec.chunk_bytes),
+                );
             }
         }
         let smem = Self::smem_bytes(spec, slots);

@@ -63,7 +63,14 @@ fn lowered(c: &Case) -> Lowered {
                 bytes: hi - lo,
             });
         }
-        programs.push(TbProgram { rank: 0, cta, first_task: first, task_count: tasks.len() as u32 - first, barrier_ranks: 0, reserved: 0 });
+        programs.push(TbProgram {
+            rank: 0,
+            cta,
+            first_task: first,
+            task_count: tasks.len() as u32 - first,
+            barrier_ranks: 0,
+            reserved: 0,
+        });
     }
     let combines = c.sources > 1 || c.kind == abi::TaskKind::ReduceInto;
     Lowered { programs, tasks, ranks: c.sources, slots: c.sources as u32 + 1, combines }
@@ -261,7 +268,8 @@ fn reduce_after_writes_orders_dependent_tasks() {
         ctas: 1,
     };
     for _ in 0..20 {
-        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
+            .unwrap();
         let got = stream.clone_dtoh(&dst).unwrap();
         let bad = got.iter().zip(a.iter().zip(&b)).position(|(g, (x, y))| *g != x + y);
         assert_eq!(bad, None, "copy then bulk-reduce lost the copy");
@@ -282,7 +290,8 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
         combines: false,
     };
     let prog = engine.upload(&l, 0..1).unwrap();
-    let ws: Vec<DeviceAlloc> = (0..2).map(|_| DeviceAlloc::zeroed(&ctx, std::mem::size_of::<abi::Workspace>()).unwrap()).collect();
+    let ws: Vec<DeviceAlloc> =
+        (0..2).map(|_| DeviceAlloc::zeroed(&ctx, std::mem::size_of::<abi::Workspace>()).unwrap()).collect();
     let mut workspaces = [0u64; MAX_RANKS];
     workspaces[0] = ws[0].ptr();
     workspaces[1] = ws[1].ptr();

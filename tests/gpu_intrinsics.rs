@@ -40,7 +40,8 @@ fn special_registers_and_elect() {
     let a = p.addr(&out);
     unsafe { p.stream.launch_builder(&f).arg(&a).launch(Probes::cfg(blocks, threads, 0)) }.unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
-    let sms = p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u64;
+    let sms =
+        p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u64;
     let mut elected_per_warp = vec![0; (blocks * threads / 32) as usize];
     for b in 0..blocks as u64 {
         for t in 0..threads as u64 {
@@ -63,7 +64,11 @@ fn mbarrier_phases_and_transactions() {
     let (a, s) = (p.addr(&out), p.addr(&src));
     unsafe { p.stream.launch_builder(&p.f("probe_mbarrier")).arg(&a).arg(&s).launch(Probes::cfg(1, 1, 256)) }.unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
-    assert_eq!(v, vec![1, 0, 0, 1, src_data[0], 1], "[phase0 done, phase1 idle, phase1 with tx pending, -, copied, state]");
+    assert_eq!(
+        v,
+        vec![1, 0, 0, 1, src_data[0], 1],
+        "[phase0 done, phase1 idle, phase1 with tx pending, -, copied, state]"
+    );
 }
 
 #[test]
@@ -90,7 +95,8 @@ fn reduce_case(name: &str, a: &[u8], b: &[u8]) -> Vec<u8> {
             a.chunks(w)
                 .zip(b.chunks(w))
                 .flat_map(|(x, y)| {
-                    let (x, y) = (<$t>::from_le_bytes(x.try_into().unwrap()), <$t>::from_le_bytes(y.try_into().unwrap()));
+                    let (x, y) =
+                        (<$t>::from_le_bytes(x.try_into().unwrap()), <$t>::from_le_bytes(y.try_into().unwrap()));
                     let r = match op {
                         "add" => x.wrapping_add(y),
                         "min" => x.min(y),
@@ -106,7 +112,10 @@ fn reduce_case(name: &str, a: &[u8], b: &[u8]) -> Vec<u8> {
             a.chunks($w)
                 .zip(b.chunks($w))
                 .flat_map(|(x, y)| {
-                    let (x, y): (f64, f64) = ($to(<$t>::from_le_bytes(x.try_into().unwrap())), $to(<$t>::from_le_bytes(y.try_into().unwrap())));
+                    let (x, y): (f64, f64) = (
+                        $to(<$t>::from_le_bytes(x.try_into().unwrap())),
+                        $to(<$t>::from_le_bytes(y.try_into().unwrap())),
+                    );
                     let r = match op {
                         "add" => x + y,
                         "min" => x.min(y),
@@ -157,12 +166,25 @@ fn reduce_inputs(name: &str, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
 fn bulk_reductions_every_type_and_operator() {
     let Some(p) = Probes::new("bulk_reductions_every_type_and_operator") else { return };
     let names = [
-        "probe_reduce_add_f32", "probe_reduce_add_f64", "probe_reduce_add_f16", "probe_reduce_add_bf16",
-        "probe_reduce_add_u32", "probe_reduce_add_s32", "probe_reduce_add_u64",
-        "probe_reduce_min_u32", "probe_reduce_min_s32", "probe_reduce_min_u64", "probe_reduce_min_s64",
-        "probe_reduce_min_f16", "probe_reduce_min_bf16",
-        "probe_reduce_max_u32", "probe_reduce_max_s32", "probe_reduce_max_u64", "probe_reduce_max_s64",
-        "probe_reduce_max_f16", "probe_reduce_max_bf16",
+        "probe_reduce_add_f32",
+        "probe_reduce_add_f64",
+        "probe_reduce_add_f16",
+        "probe_reduce_add_bf16",
+        "probe_reduce_add_u32",
+        "probe_reduce_add_s32",
+        "probe_reduce_add_u64",
+        "probe_reduce_min_u32",
+        "probe_reduce_min_s32",
+        "probe_reduce_min_u64",
+        "probe_reduce_min_s64",
+        "probe_reduce_min_f16",
+        "probe_reduce_min_bf16",
+        "probe_reduce_max_u32",
+        "probe_reduce_max_s32",
+        "probe_reduce_max_u64",
+        "probe_reduce_max_s64",
+        "probe_reduce_max_f16",
+        "probe_reduce_max_bf16",
     ];
     let mut rng = common::Rng(11);
     let bytes = 512;
@@ -171,7 +193,10 @@ fn bulk_reductions_every_type_and_operator() {
         let dst = p.stream.clone_htod(&a).unwrap();
         let src = p.stream.clone_htod(&b).unwrap();
         let (d, s, n) = (p.addr(&dst), p.addr(&src), bytes as u32);
-        unsafe { p.stream.launch_builder(&p.f(name)).arg(&d).arg(&s).arg(&n).launch(Probes::cfg(1, 1, 128 + bytes as u32)) }.unwrap();
+        unsafe {
+            p.stream.launch_builder(&p.f(name)).arg(&d).arg(&s).arg(&n).launch(Probes::cfg(1, 1, 128 + bytes as u32))
+        }
+        .unwrap();
         assert_eq!(p.stream.clone_dtoh(&dst).unwrap(), reduce_case(name, &a, &b), "{name}");
     }
 }
@@ -219,7 +244,11 @@ fn tensor_tiles_load_store_reduce_1d_to_5d() {
             let src_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
             let dst_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
             let red_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
-            let (src, dst, red) = (p.stream.clone_htod(&src_h).unwrap(), p.stream.clone_htod(&dst_h).unwrap(), p.stream.clone_htod(&red_h).unwrap());
+            let (src, dst, red) = (
+                p.stream.clone_htod(&src_h).unwrap(),
+                p.stream.clone_htod(&dst_h).unwrap(),
+                p.stream.clone_htod(&red_h).unwrap(),
+            );
             let maps: Vec<u64> = [&src, &dst, &red].iter().flat_map(|b| tensor_map(dims, boxd, p.addr(b))).collect();
             let maps_d = p.stream.clone_htod(&maps).unwrap();
             let base = p.addr(&maps_d);
@@ -265,7 +294,8 @@ fn scoped_memory_operations() {
     let flags = p.stream.alloc_zeros::<u64>(8).unwrap();
     let out = p.stream.alloc_zeros::<u64>(8 + threads as usize).unwrap();
     let (f, o) = (p.addr(&flags), p.addr(&out));
-    unsafe { p.stream.launch_builder(&p.f("probe_memory")).arg(&f).arg(&o).launch(Probes::cfg(1, threads, 0)) }.unwrap();
+    unsafe { p.stream.launch_builder(&p.f("probe_memory")).arg(&f).arg(&o).launch(Probes::cfg(1, threads, 0)) }
+        .unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
     assert_eq!(&v[..6], &[11, 12, 13, 14, 17, 34]);
     let fl = p.stream.clone_dtoh(&flags).unwrap();
@@ -284,7 +314,8 @@ fn fences_barriers_and_sleep() {
     let threads = 128u32;
     let out = p.stream.alloc_zeros::<u64>(threads as usize).unwrap();
     let o = p.addr(&out);
-    unsafe { p.stream.launch_builder(&p.f("probe_sync")).arg(&o).launch(Probes::cfg(1, threads, 128 + 4 * threads)) }.unwrap();
+    unsafe { p.stream.launch_builder(&p.f("probe_sync")).arg(&o).launch(Probes::cfg(1, threads, 128 + 4 * threads)) }
+        .unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
     assert_eq!(v, (0..threads as u64).map(|t| (t + 1) % threads as u64).collect::<Vec<_>>());
 }
@@ -297,7 +328,14 @@ fn vector_loads_and_stores() {
     let src = p.stream.clone_htod(&data).unwrap();
     let dst = p.stream.alloc_zeros::<u8>(data.len()).unwrap();
     let (d, s) = (p.addr(&dst), p.addr(&src));
-    unsafe { p.stream.launch_builder(&p.f("probe_vector")).arg(&d).arg(&s).launch(Probes::cfg(1, threads, 128 + 16 * threads)) }.unwrap();
+    unsafe {
+        p.stream.launch_builder(&p.f("probe_vector")).arg(&d).arg(&s).launch(Probes::cfg(
+            1,
+            threads,
+            128 + 16 * threads,
+        ))
+    }
+    .unwrap();
     assert_eq!(p.stream.clone_dtoh(&dst).unwrap(), data);
 }
 
@@ -325,7 +363,14 @@ fn packed_half_arithmetic() {
     let (da, db) = (p.stream.clone_htod(&a).unwrap(), p.stream.clone_htod(&b).unwrap());
     let out = p.stream.alloc_zeros::<u32>(6 * n as usize).unwrap();
     let (o, x, y) = (p.addr(&out), p.addr(&da), p.addr(&db));
-    unsafe { p.stream.launch_builder(&p.f("probe_arith")).arg(&o).arg(&x).arg(&y).arg(&n).launch(Probes::cfg(n.div_ceil(128), 128, 0)) }.unwrap();
+    unsafe {
+        p.stream.launch_builder(&p.f("probe_arith")).arg(&o).arg(&x).arg(&y).arg(&n).launch(Probes::cfg(
+            n.div_ceil(128),
+            128,
+            0,
+        ))
+    }
+    .unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
     for i in 0..n as usize {
         for half in 0..2 {

@@ -15,32 +15,116 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("mbarrier_arrive_expect_tx_shared_b64", "probe_mbarrier", "mbarrier.arrive.expect_tx.shared::cta.b64 %rd"),
     ("mbarrier_expect_tx_relaxed_cta_shared_b64", "probe_mbarrier", "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 ["),
     ("mbarrier_try_wait_parity_shared_b64", "probe_mbarrier", "mbarrier.try_wait.parity.shared::cta.b64 p, [%r"),
-    ("mbarrier_try_wait_parity_suspend_shared_b64", "probe_mbarrier", "mbarrier.try_wait.parity.shared::cta.b64 p, [%r"),
+    (
+        "mbarrier_try_wait_parity_suspend_shared_b64",
+        "probe_mbarrier",
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%r",
+    ),
     ("fence_mbarrier_init_release_cluster", "probe_mbarrier", "fence.mbarrier_init.release.cluster;"),
-    ("cp_async_bulk_shared_global_mbarrier", "probe_bulk_copy", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes ["),
+    (
+        "cp_async_bulk_shared_global_mbarrier",
+        "probe_bulk_copy",
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [",
+    ),
     ("cp_async_bulk_global_shared_bulk_group", "probe_bulk_copy", "cp.async.bulk.global.shared::cta.bulk_group ["),
     ("cp_async_bulk_commit_group", "probe_bulk_copy", "cp.async.bulk.commit_group;"),
     ("cp_async_bulk_wait_group", "probe_bulk_copy", "cp.async.bulk.wait_group 0;"),
     ("cp_async_bulk_wait_group_read", "probe_bulk_copy", "cp.async.bulk.wait_group.read 0;"),
-    ("cp_reduce_async_bulk_global_shared_add_f32", "probe_reduce_add_f32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 ["),
-    ("cp_reduce_async_bulk_global_shared_add_f64", "probe_reduce_add_f64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 ["),
-    ("cp_reduce_async_bulk_global_shared_add_noftz_f16", "probe_reduce_add_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 ["),
-    ("cp_reduce_async_bulk_global_shared_add_noftz_bf16", "probe_reduce_add_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 ["),
-    ("cp_reduce_async_bulk_global_shared_add_u32", "probe_reduce_add_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 ["),
-    ("cp_reduce_async_bulk_global_shared_add_s32", "probe_reduce_add_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s32 ["),
-    ("cp_reduce_async_bulk_global_shared_add_u64", "probe_reduce_add_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 ["),
-    ("cp_reduce_async_bulk_global_shared_min_u32", "probe_reduce_min_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u32 ["),
-    ("cp_reduce_async_bulk_global_shared_min_s32", "probe_reduce_min_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s32 ["),
-    ("cp_reduce_async_bulk_global_shared_min_u64", "probe_reduce_min_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u64 ["),
-    ("cp_reduce_async_bulk_global_shared_min_s64", "probe_reduce_min_s64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s64 ["),
-    ("cp_reduce_async_bulk_global_shared_min_f16", "probe_reduce_min_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.f16 ["),
-    ("cp_reduce_async_bulk_global_shared_min_bf16", "probe_reduce_min_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.bf16 ["),
-    ("cp_reduce_async_bulk_global_shared_max_u32", "probe_reduce_max_u32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u32 ["),
-    ("cp_reduce_async_bulk_global_shared_max_s32", "probe_reduce_max_s32", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s32 ["),
-    ("cp_reduce_async_bulk_global_shared_max_u64", "probe_reduce_max_u64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u64 ["),
-    ("cp_reduce_async_bulk_global_shared_max_s64", "probe_reduce_max_s64", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s64 ["),
-    ("cp_reduce_async_bulk_global_shared_max_f16", "probe_reduce_max_f16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.f16 ["),
-    ("cp_reduce_async_bulk_global_shared_max_bf16", "probe_reduce_max_bf16", "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.bf16 ["),
+    (
+        "cp_reduce_async_bulk_global_shared_add_f32",
+        "probe_reduce_add_f32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_f64",
+        "probe_reduce_add_f64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_noftz_f16",
+        "probe_reduce_add_f16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.f16 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_noftz_bf16",
+        "probe_reduce_add_bf16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_u32",
+        "probe_reduce_add_u32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_s32",
+        "probe_reduce_add_s32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_add_u64",
+        "probe_reduce_add_u64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_u32",
+        "probe_reduce_min_u32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_s32",
+        "probe_reduce_min_s32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_u64",
+        "probe_reduce_min_u64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.u64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_s64",
+        "probe_reduce_min_s64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.s64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_f16",
+        "probe_reduce_min_f16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.f16 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_min_bf16",
+        "probe_reduce_min_bf16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.min.bf16 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_u32",
+        "probe_reduce_max_u32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_s32",
+        "probe_reduce_max_s32",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s32 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_u64",
+        "probe_reduce_max_u64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.u64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_s64",
+        "probe_reduce_max_s64",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s64 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_f16",
+        "probe_reduce_max_f16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.f16 [",
+    ),
+    (
+        "cp_reduce_async_bulk_global_shared_max_bf16",
+        "probe_reduce_max_bf16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.max.bf16 [",
+    ),
     ("fence_proxy_async", "probe_sync", "fence.proxy.async;"),
     ("fence_proxy_async_shared_cta", "probe_sync", "fence.proxy.async.shared::cta;"),
     ("fence_proxy_async_global", "probe_sync", "fence.proxy.async.global;"),
@@ -100,11 +184,12 @@ const GOLDEN: &[(&str, &str, &str)] = &[
 fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
     let start = ptx.find(&format!(".entry {name}("))?;
     let rest = &ptx[start + 1..];
-    let end = [rest.find("\n.visible .entry"), rest.find("\n.entry"), rest.find("\n.func"), rest.find("\n.visible .func")]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(rest.len());
+    let end =
+        [rest.find("\n.visible .entry"), rest.find("\n.entry"), rest.find("\n.func"), rest.find("\n.visible .func")]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(rest.len());
     Some(&ptx[start..start + 1 + end])
 }
 
@@ -192,7 +277,8 @@ fn ptxas_assembles_both_modules() {
         assert!(out.status.success(), "ptxas rejected {name}:\n{log}");
         // The SIMT kernels' launch bound must hold: 512 threads need at most 128 registers each.
         for line in log.lines().filter(|l| l.contains("Used") && l.contains("registers")) {
-            let regs: u32 = line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+            let regs: u32 =
+                line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
             assert!(regs <= 255, "{line}");
         }
     }
@@ -215,7 +301,9 @@ fn shipped_ptx_equals_a_fresh_build() {
                 std::fs::write(&path, fresh).unwrap();
                 eprintln!("blessed {}", path.display());
             } else {
-                panic!("ptx/{file} differs from a fresh build: run `OXCCL_BLESS=1 cargo test --test ptx` and commit it");
+                panic!(
+                    "ptx/{file} differs from a fresh build: run `OXCCL_BLESS=1 cargo test --test ptx` and commit it"
+                );
             }
         }
     }

@@ -5,9 +5,7 @@
 //! GPU against), and [`check_races`] proves the CTAs of a program never touch a byte another CTA writes,
 //! which is what makes running CTAs one after another on the CPU equal to running them concurrently.
 
-use oxccl_kernels::abi::{
-    BUFFER_SLOTS, DType, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, tma_can_reduce,
-};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, tma_can_reduce};
 use std::fmt;
 
 /// A lowered program: CTA programs, their tasks, and what the launch needs.
@@ -47,10 +45,9 @@ impl fmt::Display for LoweredError {
             LoweredError::OutOfBounds { task, rank, slot, end, len } => {
                 write!(f, "task {task}: rank {rank} slot {slot}: range ends at byte {end}, buffer has {len}")
             }
-            LoweredError::Race { first, second, rank, slot, start, end } => write!(
-                f,
-                "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}"
-            ),
+            LoweredError::Race { first, second, rank, slot, start, end } => {
+                write!(f, "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}")
+            }
         }
     }
 }

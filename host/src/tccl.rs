@@ -16,7 +16,9 @@
 //! executed by the GPU engine and, in CI, by [`crate::lowered::execute`].
 
 use crate::lowered::Lowered;
-use oxccl_kernels::abi::{DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{
+    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot,
+};
 use std::fmt;
 
 /// The collectives T-CCL plans.
@@ -157,7 +159,15 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
         return Err(PlanError::TooLarge { count: spec.count });
     };
     let all: u32 = if p == 32 { u32::MAX } else { (1u32 << p) - 1 };
-    let task = |kind: TaskKind, src: u32, src_slot: u8, src_offset: u64, dst: u32, dst_slot: u8, dst_offset: u64, bytes: u64, flags: u8| Task {
+    let task = |kind: TaskKind,
+                src: u32,
+                src_slot: u8,
+                src_offset: u64,
+                dst: u32,
+                dst_slot: u8,
+                dst_offset: u64,
+                bytes: u64,
+                flags: u8| Task {
         kind: kind.raw(),
         dtype: spec.dtype.raw(),
         op: spec.op.raw(),

@@ -118,11 +118,8 @@ fn golden_dir() -> PathBuf {
 fn make(case: &Case) -> ReshardPlan {
     let src = Layout::parse(case.src.0, case.src.1).unwrap();
     let dst = Layout::parse(case.dst.0, case.dst.1).unwrap();
-    let options = PlanOptions {
-        route: case.route,
-        domain_size: case.domain_size,
-        min_split_bytes: case.min_split_bytes,
-    };
+    let options =
+        PlanOptions { route: case.route, domain_size: case.domain_size, min_split_bytes: case.min_split_bytes };
     plan(case.shape, case.elem_bytes, &src, &dst, options).unwrap()
 }
 
@@ -134,12 +131,8 @@ fn check(name: &str, text: &str) -> Result<(), String> {
         std::fs::write(&path, text).unwrap();
         return Ok(());
     }
-    let want = std::fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "{}: {e} (run with OXCCL_BLESS=1 to create it)",
-            path.display()
-        )
-    })?;
+    let want = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{}: {e} (run with OXCCL_BLESS=1 to create it)", path.display()))?;
     if want != text {
         return Err(format!(
             "{} differs from the plan (OXCCL_BLESS=1 rewrites it after a deliberate change):\n--- golden\n{want}\n--- now\n{text}",

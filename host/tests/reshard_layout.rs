@@ -18,30 +18,14 @@ fn meshes_parse_and_print() {
     assert_eq!(m.coords(16), None);
     assert_eq!("4".parse::<Mesh>().unwrap(), Mesh::new(vec![4], 0).unwrap());
     for bad in ["", "x4", "2x", "2x4@", "2x4@-1", "a@0", "2y4@0"] {
-        assert_eq!(
-            bad.parse::<Mesh>(),
-            Err(LayoutError::BadMesh { text: bad.into() }),
-            "{bad:?}"
-        );
+        assert_eq!(bad.parse::<Mesh>(), Err(LayoutError::BadMesh { text: bad.into() }), "{bad:?}");
     }
-    assert_eq!(
-        "2x0@0".parse::<Mesh>(),
-        Err(LayoutError::ZeroMeshAxis { axis: 1 })
-    );
+    assert_eq!("2x0@0".parse::<Mesh>(), Err(LayoutError::ZeroMeshAxis { axis: 1 }));
     assert_eq!(Mesh::new(vec![], 0), Err(LayoutError::EmptyMesh));
-    assert_eq!(
-        Mesh::new(vec![2], u32::MAX - 1),
-        Err(LayoutError::MeshTooLarge {
-            dims: vec![2],
-            start: u32::MAX - 1
-        })
-    );
+    assert_eq!(Mesh::new(vec![2], u32::MAX - 1), Err(LayoutError::MeshTooLarge { dims: vec![2], start: u32::MAX - 1 }));
     assert_eq!(
         Mesh::new(vec![1 << 16, 1 << 16], 0),
-        Err(LayoutError::MeshTooLarge {
-            dims: vec![1 << 16, 1 << 16],
-            start: 0
-        })
+        Err(LayoutError::MeshTooLarge { dims: vec![1 << 16, 1 << 16], start: 0 })
     );
 }
 
@@ -49,58 +33,23 @@ fn meshes_parse_and_print() {
 fn placements_parse_and_print() {
     assert_eq!(
         parse_placements("R,S0,s12,P").unwrap(),
-        vec![
-            Placement::Replicate,
-            Placement::Shard(0),
-            Placement::Shard(12),
-            Placement::Partial
-        ]
+        vec![Placement::Replicate, Placement::Shard(0), Placement::Shard(12), Placement::Partial]
     );
     assert_eq!(Placement::Shard(3).to_string(), "S3");
     for bad in ["", "S", "Sx", "X", "S-1"] {
-        assert_eq!(
-            bad.parse::<Placement>(),
-            Err(LayoutError::BadPlacement { text: bad.into() })
-        );
+        assert_eq!(bad.parse::<Placement>(), Err(LayoutError::BadPlacement { text: bad.into() }));
     }
 }
 
 #[test]
 fn layouts_reject_what_they_cannot_hold() {
-    assert_eq!(
-        Layout::parse("2x2@0", "R"),
-        Err(LayoutError::PlacementCount {
-            mesh_axes: 2,
-            placements: 1
-        })
-    );
-    assert_eq!(
-        Layout::parse("2x2@0", "R,P"),
-        Err(LayoutError::PartialUnsupported { axis: 1 })
-    );
+    assert_eq!(Layout::parse("2x2@0", "R"), Err(LayoutError::PlacementCount { mesh_axes: 2, placements: 1 }));
+    assert_eq!(Layout::parse("2x2@0", "R,P"), Err(LayoutError::PartialUnsupported { axis: 1 }));
     let l = Layout::parse("2x2@4", "S1,R").unwrap();
-    assert_eq!(
-        l.validate(&[8]),
-        Err(LayoutError::ShardDimOutOfRange {
-            axis: 0,
-            dim: 1,
-            tensor_rank: 1
-        })
-    );
+    assert_eq!(l.validate(&[8]), Err(LayoutError::ShardDimOutOfRange { axis: 0, dim: 1, tensor_rank: 1 }));
     assert_eq!(l.validate(&[8, 8]), Ok(()));
-    assert_eq!(
-        l.validate(&[u64::MAX, 2]),
-        Err(LayoutError::ShapeTooLarge {
-            shape: vec![u64::MAX, 2]
-        })
-    );
-    assert_eq!(
-        l.validate_in_world(&[8, 8], 7),
-        Err(LayoutError::RankOutOfRange {
-            last_rank: 7,
-            world_size: 7
-        })
-    );
+    assert_eq!(l.validate(&[u64::MAX, 2]), Err(LayoutError::ShapeTooLarge { shape: vec![u64::MAX, 2] }));
+    assert_eq!(l.validate_in_world(&[8, 8], 7), Err(LayoutError::RankOutOfRange { last_rank: 7, world_size: 7 }));
     assert_eq!(l.validate_in_world(&[8, 8], 8), Ok(()));
     // Messages name what was wrong.
     assert_eq!(
@@ -112,10 +61,7 @@ fn layouts_reject_what_they_cannot_hold() {
 #[test]
 fn chunks_follow_torch_chunk() {
     // torch.chunk(arange(10), 4) → sizes 3, 3, 3, 1.
-    let sizes: Vec<u64> = (0..4)
-        .map(|i| chunk(10, 4, i))
-        .map(|(lo, hi)| hi - lo)
-        .collect();
+    let sizes: Vec<u64> = (0..4).map(|i| chunk(10, 4, i)).map(|(lo, hi)| hi - lo).collect();
     assert_eq!(sizes, [3, 3, 3, 1]);
     // torch.chunk(arange(5), 4) → 2, 2, 1 and DTensor pads with an empty fourth shard.
     let c: Vec<(u64, u64)> = (0..4).map(|i| chunk(5, 4, i)).collect();
@@ -135,31 +81,10 @@ fn several_axes_on_one_dim_split_outer_axis_first() {
     let starts: Vec<(u64, u64)> = boxes.iter().map(|b| (b.start[0], b.extent[0])).collect();
     assert_eq!(starts, [(0, 3), (3, 2), (5, 3), (8, 2)]);
     // Different dims on two axes; a replicated axis in the middle.
-    let s = Layout::parse("2x3x2@4", "S1,R,S0")
-        .unwrap()
-        .on(&[5, 7])
-        .unwrap();
-    assert_eq!(
-        s.local_region(4).unwrap(),
-        Region {
-            start: vec![0, 0],
-            extent: vec![3, 4]
-        }
-    );
-    assert_eq!(
-        s.local_region(7).unwrap(),
-        Region {
-            start: vec![3, 0],
-            extent: vec![2, 4]
-        }
-    );
-    assert_eq!(
-        s.local_region(15).unwrap(),
-        Region {
-            start: vec![3, 4],
-            extent: vec![2, 3]
-        }
-    );
+    let s = Layout::parse("2x3x2@4", "S1,R,S0").unwrap().on(&[5, 7]).unwrap();
+    assert_eq!(s.local_region(4).unwrap(), Region { start: vec![0, 0], extent: vec![3, 4] });
+    assert_eq!(s.local_region(7).unwrap(), Region { start: vec![3, 0], extent: vec![2, 4] });
+    assert_eq!(s.local_region(15).unwrap(), Region { start: vec![3, 4], extent: vec![2, 3] });
     assert_eq!(s.local_shape(3), None);
 }
 
@@ -172,14 +97,7 @@ fn empty_trailing_shards_hold_empty_buffers() {
     assert_eq!(shards[&0], vec![0, 1, 2, 3, 4, 5]);
     assert_eq!(shards[&2], vec![12, 13, 14]);
     assert!(shards[&3].is_empty());
-    assert_eq!(
-        s.local_shards(&global[1..]),
-        Err(LayoutError::BufferLength {
-            rank: 0,
-            expected: 15,
-            got: 14
-        })
-    );
+    assert_eq!(s.local_shards(&global[1..]), Err(LayoutError::BufferLength { rank: 0, expected: 15, got: 14 }));
 }
 
 #[test]
@@ -189,12 +107,7 @@ fn layouts_round_trip_through_json_and_revalidate() {
     assert_eq!(json, r#"{"mesh":"2x2@4","placements":["R","S0"]}"#);
     assert_eq!(serde_json::from_str::<Layout>(&json).unwrap(), l);
     let bad = r#"{"mesh":"2x2@4","placements":["R"]}"#;
-    assert!(
-        serde_json::from_str::<Layout>(bad)
-            .unwrap_err()
-            .to_string()
-            .contains("2 axes but 1 placement was given")
-    );
+    assert!(serde_json::from_str::<Layout>(bad).unwrap_err().to_string().contains("2 axes but 1 placement was given"));
     assert!(serde_json::from_str::<Layout>(r#"{"mesh":"0@4","placements":["R"]}"#).is_err());
 }
 

@@ -4,8 +4,8 @@
 mod reshard_common;
 
 use oxccl_host::reshard::{
-    ExecError, Layout, LayoutError, PlanOptions, Rank, ReadFrom, Region, ReshardError, Route,
-    check_same_tensor, plan, verify,
+    ExecError, Layout, LayoutError, PlanOptions, Rank, ReadFrom, Region, ReshardError, Route, check_same_tensor, plan,
+    verify,
 };
 use proptest::prelude::*;
 use reshard_common::{Problem, oracle_elements, problem, region_elements, written_elements};
@@ -26,34 +26,17 @@ fn errors_are_typed_and_name_the_side() {
     let bad = layout("4@0", "S2");
     assert_eq!(
         plan(&[4, 8], 4, &bad, &ok, PlanOptions::default()),
-        Err(ReshardError::Src(LayoutError::ShardDimOutOfRange {
-            axis: 0,
-            dim: 2,
-            tensor_rank: 2
-        }))
+        Err(ReshardError::Src(LayoutError::ShardDimOutOfRange { axis: 0, dim: 2, tensor_rank: 2 }))
     );
     assert_eq!(
         plan(&[4, 8], 4, &ok, &bad, PlanOptions::default()),
-        Err(ReshardError::Dst(LayoutError::ShardDimOutOfRange {
-            axis: 0,
-            dim: 2,
-            tensor_rank: 2
-        }))
+        Err(ReshardError::Dst(LayoutError::ShardDimOutOfRange { axis: 0, dim: 2, tensor_rank: 2 }))
     );
-    assert_eq!(
-        plan(&[4, 8], 0, &ok, &ok, PlanOptions::default()),
-        Err(ReshardError::ZeroElementSize)
-    );
-    assert_eq!(
-        plan(&[4, 8], 4, &ok, &ok, opts(Route::Direct, 0)),
-        Err(ReshardError::ZeroDomainSize)
-    );
+    assert_eq!(plan(&[4, 8], 0, &ok, &ok, PlanOptions::default()), Err(ReshardError::ZeroElementSize));
+    assert_eq!(plan(&[4, 8], 4, &ok, &ok, opts(Route::Direct, 0)), Err(ReshardError::ZeroDomainSize));
     assert_eq!(
         plan(&[1 << 40, 1 << 22], 4, &ok, &ok, PlanOptions::default()),
-        Err(ReshardError::TensorTooLarge {
-            shape: vec![1 << 40, 1 << 22],
-            elem_bytes: 4
-        })
+        Err(ReshardError::TensorTooLarge { shape: vec![1 << 40, 1 << 22], elem_bytes: 4 })
     );
     // A tensor that fits once but not once per destination rank (plus the gather) is refused too.
     let wide = layout("1024@0", "R");
@@ -63,52 +46,27 @@ fn errors_are_typed_and_name_the_side() {
     ));
     assert_eq!(
         check_same_tensor(&[4, 8], 4, &[8, 4], 4),
-        Err(ReshardError::GlobalShapeMismatch {
-            src: vec![4, 8],
-            dst: vec![8, 4]
-        })
+        Err(ReshardError::GlobalShapeMismatch { src: vec![4, 8], dst: vec![8, 4] })
     );
-    assert_eq!(
-        check_same_tensor(&[4, 8], 4, &[4, 8], 2),
-        Err(ReshardError::ElementSizeMismatch { src: 4, dst: 2 })
-    );
+    assert_eq!(check_same_tensor(&[4, 8], 4, &[4, 8], 2), Err(ReshardError::ElementSizeMismatch { src: 4, dst: 2 }));
     assert_eq!(check_same_tensor(&[4, 8], 4, &[4, 8], 4), Ok(()));
     let e = plan(&[4, 8], 4, &bad, &ok, PlanOptions::default()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "source layout: mesh axis 0 shards tensor dim 2 but the tensor has 2 dims"
-    );
+    assert_eq!(e.to_string(), "source layout: mesh axis 0 shards tensor dim 2 but the tensor has 2 dims");
 }
 
 #[test]
 fn column_pieces_are_strided_boxes_with_the_longest_run() {
     // [4, 8] f32, rows over 2 ranks → columns over 2 ranks: each piece is 2 rows × 4 columns.
-    let p = plan(
-        &[4, 8],
-        4,
-        &layout("2@0", "S0"),
-        &layout("2@2", "S1"),
-        opts(Route::Direct, 8),
-    )
-    .unwrap();
+    let p = plan(&[4, 8], 4, &layout("2@0", "S0"), &layout("2@2", "S1"), opts(Route::Direct, 8)).unwrap();
     let t = &p.stages()[0].transfers;
     assert_eq!(t.len(), 4);
     let first = &t[0];
     assert_eq!((first.src, first.dst), (0, 2));
-    assert_eq!(
-        first.region,
-        Region {
-            start: vec![0, 0],
-            extent: vec![2, 4]
-        }
-    );
+    assert_eq!(first.region, Region { start: vec![0, 0], extent: vec![2, 4] });
     assert_eq!(first.shape, vec![2, 16]); // two rows of 16-byte runs
     assert_eq!(first.src_strides, vec![32]); // source rows are 8 floats
     assert_eq!(first.dst_strides, vec![16]); // destination rows are 4 floats
-    assert_eq!(
-        (first.src_offset, first.dst_offset, first.bytes),
-        (0, 0, 32)
-    );
+    assert_eq!((first.src_offset, first.dst_offset, first.bytes), (0, 0, 32));
     let second = &t[1];
     assert_eq!((second.src, second.dst), (1, 2));
     assert_eq!((second.src_offset, second.dst_offset), (0, 32));
@@ -117,35 +75,15 @@ fn column_pieces_are_strided_boxes_with_the_longest_run() {
 #[test]
 fn whole_rows_coalesce_into_one_run_and_unit_dims_vanish() {
     // [2, 1, 3, 4] u8, dim 0 sharded on both sides but by different meshes: every piece is whole rows.
-    let p = plan(
-        &[4, 1, 3, 4],
-        1,
-        &layout("2@0", "S0"),
-        &layout("4@2", "S0"),
-        opts(Route::Direct, 8),
-    )
-    .unwrap();
+    let p = plan(&[4, 1, 3, 4], 1, &layout("2@0", "S0"), &layout("4@2", "S0"), opts(Route::Direct, 8)).unwrap();
     for t in &p.stages()[0].transfers {
         assert!(t.is_contiguous(), "{t}");
         assert_eq!(t.shape, vec![12]);
     }
     // A box whose middle dim is whole on one side only keeps two loops.
-    let p = plan(
-        &[2, 4, 6],
-        1,
-        &layout("2@0", "S1"),
-        &layout("3@2", "S2"),
-        opts(Route::Direct, 8),
-    )
-    .unwrap();
+    let p = plan(&[2, 4, 6], 1, &layout("2@0", "S1"), &layout("3@2", "S2"), opts(Route::Direct, 8)).unwrap();
     let t = &p.stages()[0].transfers[0];
-    assert_eq!(
-        t.region,
-        Region {
-            start: vec![0, 0, 0],
-            extent: vec![2, 2, 2]
-        }
-    );
+    assert_eq!(t.region, Region { start: vec![0, 0, 0], extent: vec![2, 2, 2] });
     assert_eq!(t.shape, vec![2, 2, 2]);
     assert_eq!(t.src_strides, vec![12, 6]);
     assert_eq!(t.dst_strides, vec![8, 2]);
@@ -153,25 +91,11 @@ fn whole_rows_coalesce_into_one_run_and_unit_dims_vanish() {
 
 #[test]
 fn scalars_and_empty_tensors() {
-    let p = plan(
-        &[],
-        8,
-        &layout("2@0", "R"),
-        &layout("3@2", "R"),
-        opts(Route::Hierarchical, 8),
-    )
-    .unwrap();
+    let p = plan(&[], 8, &layout("2@0", "R"), &layout("3@2", "R"), opts(Route::Hierarchical, 8)).unwrap();
     assert_eq!(p.traffic().bytes_needed, 24);
     assert_eq!(p.traffic().bytes_total, 24);
     assert!(verify(&p).unwrap().is_exact());
-    let p = plan(
-        &[0, 5],
-        4,
-        &layout("2@0", "S0"),
-        &layout("3@2", "S1"),
-        PlanOptions::default(),
-    )
-    .unwrap();
+    let p = plan(&[0, 5], 4, &layout("2@0", "S0"), &layout("3@2", "S1"), PlanOptions::default()).unwrap();
     assert_eq!(p.transfers().count(), 0);
     assert_eq!(p.traffic().bytes_needed, 0);
 }
@@ -181,21 +105,11 @@ fn coinciding_meshes_copy_locally_and_count_it_apart() {
     // The same layout on the same ranks: everything is a local copy, nothing is needed.
     let l = layout("2x2@0", "S0,S1");
     let p = plan(&[4, 4], 2, &l, &l, PlanOptions::default()).unwrap();
-    assert!(
-        p.transfers()
-            .all(|(_, t)| t.is_local() && t.read == ReadFrom::Src)
-    );
+    assert!(p.transfers().all(|(_, t)| t.is_local() && t.read == ReadFrom::Src));
     assert_eq!(p.traffic().bytes_local, 32);
     assert_eq!((p.traffic().bytes_total, p.traffic().bytes_needed), (0, 0));
     // Replicate → shard on the same ranks (a plain redistribute): local only, still.
-    let p = plan(
-        &[4, 4],
-        2,
-        &layout("4@0", "R"),
-        &layout("4@0", "S1"),
-        PlanOptions::default(),
-    )
-    .unwrap();
+    let p = plan(&[4, 4], 2, &layout("4@0", "R"), &layout("4@0", "S1"), PlanOptions::default()).unwrap();
     assert_eq!((p.traffic().bytes_local, p.traffic().bytes_total), (32, 0));
 }
 
@@ -214,27 +128,16 @@ fn hierarchical_route_enters_each_domain_once_then_forwards() {
         assert_eq!(t.src / 2, t.dst / 2);
     }
     // Receiving leaders rotate: each rank of domain 2 lands one of the two pieces.
-    let leaders: BTreeSet<Rank> = h.stages()[0]
-        .transfers
-        .iter()
-        .filter(|t| t.dst / 2 == 2)
-        .map(|t| t.dst)
-        .collect();
+    let leaders: BTreeSet<Rank> = h.stages()[0].transfers.iter().filter(|t| t.dst / 2 == 2).map(|t| t.dst).collect();
     assert_eq!(leaders, BTreeSet::from([4, 5]));
     let th = h.traffic();
-    assert_eq!(
-        th.bytes_injected_per_domain,
-        BTreeMap::from([(2, 64), (3, 64)])
-    );
+    assert_eq!(th.bytes_injected_per_domain, BTreeMap::from([(2, 64), (3, 64)]));
     assert_eq!((th.bytes_cross_domain, th.bytes_intra_domain), (128, 128));
 
     let d = plan(&[4, 8], 4, &src, &dst, opts(Route::Direct, 2)).unwrap();
     assert_eq!(d.stages().len(), 1);
     let td = d.traffic();
-    assert_eq!(
-        td.bytes_injected_per_domain,
-        BTreeMap::from([(2, 128), (3, 128)])
-    );
+    assert_eq!(td.bytes_injected_per_domain, BTreeMap::from([(2, 128), (3, 128)]));
     assert_eq!(td.bytes_total, td.bytes_needed);
     assert_eq!(th.bytes_needed, td.bytes_needed);
     // The flat workaround crosses domains for every replica, like the direct route here.
@@ -247,14 +150,7 @@ fn hierarchical_route_enters_each_domain_once_then_forwards() {
 #[test]
 fn in_domain_source_replicas_are_preferred() {
     // Source replicated on ranks 0..8 (domains of 4): each destination reads inside its domain.
-    let p = plan(
-        &[8, 8],
-        4,
-        &layout("2x4@0", "R,S0"),
-        &layout("8@0", "S1"),
-        opts(Route::Hierarchical, 4),
-    )
-    .unwrap();
+    let p = plan(&[8, 8], 4, &layout("2x4@0", "R,S0"), &layout("8@0", "S1"), opts(Route::Hierarchical, 4)).unwrap();
     for (_, t) in p.transfers() {
         assert_eq!(t.src / 4, t.dst / 4, "{t}");
     }
@@ -267,40 +163,22 @@ fn pieces_split_over_the_domain_spread_landing_and_forwarding() {
     // Each destination shard is one source shard, needed by 4 ranks of domain 1.
     let (src, dst) = (layout("2@0", "S0"), layout("4x2@8", "R,S0"));
     let shard = 3584 * 18432 * 2;
-    let whole = plan(
-        &[7168, 18432],
-        2,
-        &src,
-        &dst,
-        PlanOptions {
-            min_split_bytes: u64::MAX,
-            ..PlanOptions::default()
-        },
-    )
-    .unwrap();
+    let whole =
+        plan(&[7168, 18432], 2, &src, &dst, PlanOptions { min_split_bytes: u64::MAX, ..PlanOptions::default() })
+            .unwrap();
     let split = plan(&[7168, 18432], 2, &src, &dst, PlanOptions::default()).unwrap();
     // Unsplit: one leader per shard lands it and forwards it three times.
     assert_eq!(whole.traffic().max_bytes_sent_by_a_rank, 3 * shard);
     // Split in four: every replica lands a quarter and forwards it three times; sources send once.
     assert_eq!(split.traffic().max_bytes_sent_by_a_rank, shard);
-    let forwarding: BTreeMap<Rank, u64> =
-        split.stages()[1]
-            .transfers
-            .iter()
-            .fold(BTreeMap::new(), |mut m, t| {
-                *m.entry(t.src).or_default() += t.bytes;
-                m
-            });
+    let forwarding: BTreeMap<Rank, u64> = split.stages()[1].transfers.iter().fold(BTreeMap::new(), |mut m, t| {
+        *m.entry(t.src).or_default() += t.bytes;
+        m
+    });
     assert_eq!(forwarding.len(), 8);
-    assert!(
-        forwarding.values().all(|&b| b == 3 * shard / 4),
-        "{forwarding:?}"
-    );
+    assert!(forwarding.values().all(|&b| b == 3 * shard / 4), "{forwarding:?}");
     for p in [&whole, &split] {
-        assert_eq!(
-            p.traffic().bytes_injected_per_domain,
-            BTreeMap::from([(1, 2 * shard)])
-        );
+        assert_eq!(p.traffic().bytes_injected_per_domain, BTreeMap::from([(1, 2 * shard)]));
         assert_eq!(p.traffic().bytes_total, p.traffic().bytes_needed);
     }
     // Parts never go below the threshold: a 64 KiB piece is not split at 256 KiB.
@@ -311,14 +189,7 @@ fn pieces_split_over_the_domain_spread_landing_and_forwarding() {
 #[test]
 fn source_leaders_share_the_load_evenly() {
     // One source shard replicated on 3 ranks of domain 0, needed by 7 destinations in domain 1 (direct).
-    let p = plan(
-        &[7],
-        1,
-        &layout("3@0", "R"),
-        &layout("7@8", "S0"),
-        opts(Route::Direct, 8),
-    )
-    .unwrap();
+    let p = plan(&[7], 1, &layout("3@0", "R"), &layout("7@8", "S0"), opts(Route::Direct, 8)).unwrap();
     let mut load: BTreeMap<Rank, u64> = BTreeMap::new();
     for (_, t) in p.transfers() {
         *load.entry(t.src).or_default() += 1;
@@ -330,18 +201,10 @@ fn source_leaders_share_the_load_evenly() {
 fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
     let plan = p.plan(route);
     let (shape, elem, ds) = (&p.shape, p.elem_bytes, p.domain_size);
-    let needs: BTreeMap<Rank, BTreeSet<u64>> = p
-        .dst
-        .mesh()
-        .ranks()
-        .map(|r| (r, oracle_elements(shape, &p.dst, r)))
-        .collect();
-    let holds: BTreeMap<Rank, BTreeSet<u64>> = p
-        .src
-        .mesh()
-        .ranks()
-        .map(|r| (r, oracle_elements(shape, &p.src, r)))
-        .collect();
+    let needs: BTreeMap<Rank, BTreeSet<u64>> =
+        p.dst.mesh().ranks().map(|r| (r, oracle_elements(shape, &p.dst, r))).collect();
+    let holds: BTreeMap<Rank, BTreeSet<u64>> =
+        p.src.mesh().ranks().map(|r| (r, oracle_elements(shape, &p.src, r))).collect();
     let none = BTreeSet::new();
     let held = |r: Rank| holds.get(&r).unwrap_or(&none);
     let src_box = |r: Rank| plan.src_sharding().local_region(r).unwrap();
@@ -351,8 +214,7 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
     // (source box, receiver domain when the pool is in-domain) → per-source count; and per destination
     // shard (the "per destination shard, the loads of the serving sources differ by at most one").
     let mut pool_load: BTreeMap<(Region, Option<u32>), BTreeMap<Rank, u64>> = BTreeMap::new();
-    let mut shard_load: BTreeMap<(Region, Option<u32>, Region), BTreeMap<Rank, u64>> =
-        BTreeMap::new();
+    let mut shard_load: BTreeMap<(Region, Option<u32>, Region), BTreeMap<Rank, u64>> = BTreeMap::new();
     let mut pools: BTreeMap<(Region, Option<u32>), Vec<Rank>> = BTreeMap::new();
     let mut landings: BTreeMap<(Region, u32), BTreeMap<Rank, u64>> = BTreeMap::new();
 
@@ -362,22 +224,13 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
         let elems = written_elements(&plan, t);
         prop_assert_eq!(elems.len() as u64 * elem, t.bytes);
         let set: BTreeSet<u64> = elems.iter().copied().collect();
-        prop_assert_eq!(
-            &set,
-            &region_elements(shape, &t.region),
-            "{} writes its region",
-            t
-        );
+        prop_assert_eq!(&set, &region_elements(shape, &t.region), "{} writes its region", t);
         match (stage, t.read) {
             (0, ReadFrom::Src) => {
                 prop_assert!(set.is_subset(held(t.src)), "{} reads what it holds", t)
             }
             (1, ReadFrom::Dst) => {
-                prop_assert!(
-                    set.is_subset(&needs[&t.src]),
-                    "{} forwards what it received",
-                    t
-                );
+                prop_assert!(set.is_subset(&needs[&t.src]), "{} forwards what it received", t);
                 prop_assert_eq!(t.src / ds, t.dst / ds, "{} forwards inside its domain", t);
                 prop_assert!(!t.is_local());
             }
@@ -393,50 +246,21 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
         }
         if stage == 0 && !t.is_local() {
             let sbox = src_box(t.src);
-            let replicas: Vec<Rank> = p
-                .src
-                .mesh()
-                .ranks()
-                .filter(|&r| src_box(r) == sbox)
-                .collect();
-            let in_dom: Vec<Rank> = replicas
-                .iter()
-                .copied()
-                .filter(|r| r / ds == t.dst / ds)
-                .collect();
-            let (key, pool) = if in_dom.is_empty() {
-                ((sbox, None), replicas)
-            } else {
-                ((sbox, Some(t.dst / ds)), in_dom)
-            };
-            prop_assert!(
-                pool.contains(&t.src),
-                "{} reads from its pool {:?}",
-                t,
-                pool
-            );
-            *pool_load
-                .entry(key.clone())
-                .or_default()
-                .entry(t.src)
-                .or_default() += 1;
+            let replicas: Vec<Rank> = p.src.mesh().ranks().filter(|&r| src_box(r) == sbox).collect();
+            let in_dom: Vec<Rank> = replicas.iter().copied().filter(|r| r / ds == t.dst / ds).collect();
+            let (key, pool) =
+                if in_dom.is_empty() { ((sbox, None), replicas) } else { ((sbox, Some(t.dst / ds)), in_dom) };
+            prop_assert!(pool.contains(&t.src), "{} reads from its pool {:?}", t, pool);
+            *pool_load.entry(key.clone()).or_default().entry(t.src).or_default() += 1;
             *shard_load
-                .entry((
-                    key.0.clone(),
-                    key.1,
-                    plan.dst_sharding().local_region(t.dst).unwrap(),
-                ))
+                .entry((key.0.clone(), key.1, plan.dst_sharding().local_region(t.dst).unwrap()))
                 .or_default()
                 .entry(t.src)
                 .or_default() += 1;
             pools.insert(key, pool);
             if t.src / ds != t.dst / ds {
                 let dbox = plan.dst_sharding().local_region(t.dst).unwrap();
-                *landings
-                    .entry((dbox, t.dst / ds))
-                    .or_default()
-                    .entry(t.dst)
-                    .or_default() += 1;
+                *landings.entry((dbox, t.dst / ds)).or_default().entry(t.dst).or_default() += 1;
             }
         }
     }
@@ -446,52 +270,26 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
     for (&r, need) in &needs {
         for &e in need {
             let w = writes.get(&(r, e));
-            prop_assert!(
-                w.is_some_and(|w| w.0 == 1),
-                "rank {} element {} written {:?} times",
-                r,
-                e,
-                w
-            );
+            prop_assert!(w.is_some_and(|w| w.0 == 1), "rank {} element {} written {:?} times", r, e, w);
             let local = held(r).contains(&e);
             prop_assert_eq!(w.unwrap().1, local, "rank {} element {} local copy", r, e);
             local_elems += u64::from(local);
         }
     }
-    prop_assert_eq!(
-        writes.len() as u64,
-        needs.values().map(|n| n.len() as u64).sum::<u64>()
-    );
+    prop_assert_eq!(writes.len() as u64, needs.values().map(|n| n.len() as u64).sum::<u64>());
 
     // Traffic figures against the oracle.
     let t = plan.traffic();
-    let needed: u64 = needs
-        .iter()
-        .map(|(&r, n)| n.difference(held(r)).count() as u64)
-        .sum::<u64>()
-        * elem;
+    let needed: u64 = needs.iter().map(|(&r, n)| n.difference(held(r)).count() as u64).sum::<u64>() * elem;
     prop_assert_eq!(t.bytes_needed, needed);
     prop_assert_eq!(t.bytes_local, local_elems * elem);
     prop_assert_eq!(t.bytes_total, t.bytes_intra_domain + t.bytes_cross_domain);
-    prop_assert_eq!(
-        t.bytes_cross_domain,
-        t.bytes_injected_per_domain.values().sum::<u64>()
-    );
+    prop_assert_eq!(t.bytes_cross_domain, t.bytes_injected_per_domain.values().sum::<u64>());
     let domain_holds = |g: u32| -> BTreeSet<u64> {
-        holds
-            .iter()
-            .filter(|(r, _)| **r / ds == g)
-            .flat_map(|(_, h)| h.iter().copied())
-            .collect()
+        holds.iter().filter(|(r, _)| **r / ds == g).flat_map(|(_, h)| h.iter().copied()).collect()
     };
     let dst_domains: BTreeSet<u32> = p.dst.mesh().ranks().map(|r| r / ds).collect();
-    prop_assert_eq!(
-        t.bytes_injected_per_domain
-            .keys()
-            .copied()
-            .collect::<BTreeSet<_>>(),
-        dst_domains.clone()
-    );
+    prop_assert_eq!(t.bytes_injected_per_domain.keys().copied().collect::<BTreeSet<_>>(), dst_domains.clone());
     // Both routes deliver each lacking byte to each rank once (hierarchical: landed or forwarded), so
     // both move exactly what destinations lack.
     prop_assert_eq!(t.bytes_total, t.bytes_needed);
@@ -500,25 +298,13 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
         Route::Hierarchical => {
             for &g in &dst_domains {
                 let inside = domain_holds(g);
-                let wanted: BTreeSet<u64> = needs
-                    .iter()
-                    .filter(|(r, _)| **r / ds == g)
-                    .flat_map(|(_, n)| n.iter().copied())
-                    .collect();
+                let wanted: BTreeSet<u64> =
+                    needs.iter().filter(|(r, _)| **r / ds == g).flat_map(|(_, n)| n.iter().copied()).collect();
                 for &e in &wanted {
                     let want = u64::from(!inside.contains(&e));
-                    prop_assert_eq!(
-                        injected.get(&(g, e)).copied().unwrap_or(0),
-                        want,
-                        "domain {} element {}",
-                        g,
-                        e
-                    );
+                    prop_assert_eq!(injected.get(&(g, e)).copied().unwrap_or(0), want, "domain {} element {}", g, e);
                 }
-                prop_assert_eq!(
-                    t.bytes_injected_per_domain[&g],
-                    wanted.difference(&inside).count() as u64 * elem
-                );
+                prop_assert_eq!(t.bytes_injected_per_domain[&g], wanted.difference(&inside).count() as u64 * elem);
             }
             // Receiving leaders of one destination shard in one domain: counts within one.
             for ((dbox, g), counts) in &landings {
@@ -526,42 +312,21 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
                     .dst
                     .mesh()
                     .ranks()
-                    .filter(|&r| {
-                        r / ds == *g && plan.dst_sharding().local_region(r).as_ref() == Some(dbox)
-                    })
+                    .filter(|&r| r / ds == *g && plan.dst_sharding().local_region(r).as_ref() == Some(dbox))
                     .collect();
-                let c: Vec<u64> = members
-                    .iter()
-                    .map(|r| counts.get(r).copied().unwrap_or(0))
-                    .collect();
-                prop_assert!(
-                    c.iter().max().unwrap() - c.iter().min().unwrap() <= 1,
-                    "leaders {:?}: {:?}",
-                    members,
-                    c
-                );
+                let c: Vec<u64> = members.iter().map(|r| counts.get(r).copied().unwrap_or(0)).collect();
+                prop_assert!(c.iter().max().unwrap() - c.iter().min().unwrap() <= 1, "leaders {:?}: {:?}", members, c);
             }
         }
     }
     // Source leaders: per pool, and per destination shard within a pool, counts differ by at most one.
     for (key, counts) in &pool_load {
-        let c: Vec<u64> = pools[key]
-            .iter()
-            .map(|r| counts.get(r).copied().unwrap_or(0))
-            .collect();
-        prop_assert!(
-            c.iter().max().unwrap() - c.iter().min().unwrap() <= 1,
-            "pool {:?}: {:?}",
-            pools[key],
-            c
-        );
+        let c: Vec<u64> = pools[key].iter().map(|r| counts.get(r).copied().unwrap_or(0)).collect();
+        prop_assert!(c.iter().max().unwrap() - c.iter().min().unwrap() <= 1, "pool {:?}: {:?}", pools[key], c);
     }
     for ((sbox, g, _), counts) in &shard_load {
         let pool = &pools[&(sbox.clone(), *g)];
-        let c: Vec<u64> = pool
-            .iter()
-            .map(|r| counts.get(r).copied().unwrap_or(0))
-            .collect();
+        let c: Vec<u64> = pool.iter().map(|r| counts.get(r).copied().unwrap_or(0)).collect();
         prop_assert!(
             c.iter().max().unwrap() - c.iter().min().unwrap() <= 1,
             "pool {:?} serving one destination shard: {:?}",
@@ -573,20 +338,14 @@ fn check_plan(p: &Problem, route: Route) -> Result<(), TestCaseError> {
     // The workarounds.
     let all_needs: u64 = needs.values().map(|n| n.len() as u64).sum();
     prop_assert_eq!(t.flat_sends.bytes_total, all_needs * elem);
-    let flat_cross: u64 = needs
-        .iter()
-        .map(|(&r, n)| n.difference(&domain_holds(r / ds)).count() as u64)
-        .sum::<u64>()
-        * elem;
+    let flat_cross: u64 =
+        needs.iter().map(|(&r, n)| n.difference(&domain_holds(r / ds)).count() as u64).sum::<u64>() * elem;
     prop_assert_eq!(t.flat_sends.bytes_cross_domain, flat_cross);
     let elements: u64 = shape.iter().product();
     let root = p.src.mesh().start();
     let receivers = p.dst.mesh().ranks().filter(|&r| r != root).count() as u64;
     let foreign = dst_domains.iter().filter(|&&g| g != root / ds).count() as u64;
-    prop_assert_eq!(
-        t.gather_broadcast.bytes_total,
-        (elements - held(root).len() as u64 + receivers * elements) * elem
-    );
+    prop_assert_eq!(t.gather_broadcast.bytes_total, (elements - held(root).len() as u64 + receivers * elements) * elem);
     prop_assert_eq!(
         t.gather_broadcast.bytes_cross_domain,
         (elements - domain_holds(root / ds).len() as u64 + foreign * elements) * elem
@@ -629,24 +388,15 @@ fn a_big_weight_plans_instantly() {
     let src = layout("8@0", "S0");
     let dst = layout("4x2@8", "R,S0");
     let (p, took) = timed(|| plan(&[7168, 18432], 2, &src, &dst, PlanOptions::default()).unwrap());
-    println!(
-        "7168x18432 bf16 TP8 -> TP2xDP4: {} transfers in {took:?}",
-        p.transfers().count()
-    );
+    println!("7168x18432 bf16 TP8 -> TP2xDP4: {} transfers in {took:?}", p.transfers().count());
     assert!(took < Duration::from_millis(200), "took {took:?}");
     let tensor = 7168 * 18432 * 2;
     assert_eq!(p.traffic().bytes_needed, 4 * tensor);
     // Domain 1 (ranks 8..16) receives the tensor once, then forwards it to its other three replicas.
-    assert_eq!(
-        p.traffic().bytes_injected_per_domain,
-        BTreeMap::from([(1, tensor)])
-    );
+    assert_eq!(p.traffic().bytes_injected_per_domain, BTreeMap::from([(1, tensor)]));
     assert_eq!(p.traffic().bytes_total, 4 * tensor);
     // Verifying it on tags would need gigabytes: refused with a typed error, not attempted.
-    assert!(matches!(
-        verify(&p),
-        Err(ExecError::TooLargeToVerify { .. })
-    ));
+    assert!(matches!(verify(&p), Err(ExecError::TooLargeToVerify { .. })));
 }
 
 #[test]
@@ -655,43 +405,26 @@ fn hundreds_of_ranks_plan_well_under_a_second() {
     let src = layout("256@0", "S0");
     let dst = layout("256@256", "S1");
     let (p, took) = timed(|| plan(&[8192, 8192], 2, &src, &dst, PlanOptions::default()).unwrap());
-    println!(
-        "256 x 256 all-to-all pieces: {} transfers in {took:?}",
-        p.transfers().count()
-    );
+    println!("256 x 256 all-to-all pieces: {} transfers in {took:?}", p.transfers().count());
     assert_eq!(p.transfers().count(), 256 * 256);
     assert!(took < Duration::from_secs(1), "took {took:?}");
     // 2-D meshes on both sides, several axes sharding one dim, replicas, uneven sizes.
     let src = layout("8x8x4@0", "S0,S1,R");
     let dst = layout("4x16x4@256", "S1,S0,S0");
     let (p, took) = timed(|| plan(&[10007, 4099], 4, &src, &dst, PlanOptions::default()).unwrap());
-    println!(
-        "256 -> 256 ranks, 3-D meshes: {} transfers in {took:?}",
-        p.transfers().count()
-    );
+    println!("256 -> 256 ranks, 3-D meshes: {} transfers in {took:?}", p.transfers().count());
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
 
 #[test]
 fn plans_serialize_with_their_problem() {
-    let p = plan(
-        &[4, 8],
-        4,
-        &layout("4@0", "S0"),
-        &layout("2@4", "S1"),
-        PlanOptions::default(),
-    )
-    .unwrap();
+    let p = plan(&[4, 8], 4, &layout("4@0", "S0"), &layout("2@4", "S1"), PlanOptions::default()).unwrap();
     let v = serde_json::to_value(&p).unwrap();
     assert_eq!(v["shape"], serde_json::json!([4, 8]));
-    assert_eq!(
-        v["src"],
-        serde_json::json!({"mesh": "4@0", "placements": ["S0"]})
-    );
+    assert_eq!(v["src"], serde_json::json!({"mesh": "4@0", "placements": ["S0"]}));
     assert_eq!(v["options"]["route"], "hierarchical");
     assert_eq!(v["stages"][0]["transfers"].as_array().unwrap().len(), 8);
     assert_eq!(v["traffic"]["bytes_needed"], 128);
-    let t: oxccl_host::reshard::Transfer =
-        serde_json::from_value(v["stages"][0]["transfers"][0].clone()).unwrap();
+    let t: oxccl_host::reshard::Transfer = serde_json::from_value(v["stages"][0]["transfers"][0].clone()).unwrap();
     assert_eq!(&t, &p.stages()[0].transfers[0]);
 }

@@ -45,7 +45,9 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
             };
             let mut b = vec![0xA5u8; len as usize];
             let at = match spec.collective {
-                Collective::AllGather => inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize,
+                Collective::AllGather => {
+                    inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize
+                }
                 _ => 0,
             };
             b[at..at + input.len()].copy_from_slice(input);
@@ -98,7 +100,8 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
         .map(|_| {
             let mut v = Vec::with_capacity(in_bytes as usize);
             for _ in 0..in_bytes as usize / e {
-                let x = if integers { (next() % 21) as f64 - 10.0 } else { (next() % 2_000_001) as f64 / 1000.0 - 1000.0 };
+                let x =
+                    if integers { (next() % 21) as f64 - 10.0 } else { (next() % 2_000_001) as f64 / 1000.0 - 1000.0 };
                 v.extend(element(spec.dtype, x));
             }
             v
@@ -180,7 +183,11 @@ fn every_byte_is_written_once_per_destination() {
         // With TMA reduction the owner's own output is written by its copy and by the reductions; count
         // the final writers only: shard-out moves (others) and the owner's copy.
         for (r, c) in cover.iter().enumerate() {
-            assert!(c.iter().all(|&n| n == 1), "{reduction:?}: rank {r} has bytes written {:?} times", c.iter().copied().max());
+            assert!(
+                c.iter().all(|&n| n == 1),
+                "{reduction:?}: rank {r} has bytes written {:?} times",
+                c.iter().copied().max()
+            );
         }
     }
 }

@@ -19,7 +19,6 @@ pub const MAX_CTAS_PER_RANK: usize = 256;
 /// Most pipeline stages of the TMA mover (one mbarrier each).
 pub const MAX_STAGES: usize = 16;
 
-
 /// Buffer slots of the per-call buffer table.
 pub mod slot {
     /// The collective's send buffer (input).

@@ -1,6 +1,6 @@
 //! Kernel entry points of `oxccl_kernels.ptx`.
 
-use crate::abi::{self, BUFFER_SLOTS, DType, LaunchArgs, MAX_RANKS, RedOp, TbProgram, Task};
+use crate::abi::{self, BUFFER_SLOTS, DType, LaunchArgs, MAX_RANKS, RedOp, Task, TbProgram};
 use crate::engine::combine::{self, Combine};
 use crate::engine::{Ctx, SmemBase, walker};
 use oxccl_ptx::fence::fence_proxy_async_shared_cta;

@@ -4,10 +4,7 @@
 //! [`entry`]). Compiled for the host it is only [`abi`]: the `#[repr(C)]` descriptors the host lowers
 //! plans into, defined once for both sides.
 #![no_std]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics))]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 pub mod abi;

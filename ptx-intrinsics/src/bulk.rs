@@ -25,7 +25,12 @@ use core::arch::asm;
 ///   `fence.proxy.async`).
 #[doc(alias = "cp.async.bulk")]
 #[inline(always)]
-pub unsafe fn cp_async_bulk_shared_global_mbarrier(dst: Shared<u8>, src: Global<u8>, bytes: u32, bar: Shared<Mbarrier>) {
+pub unsafe fn cp_async_bulk_shared_global_mbarrier(
+    dst: Shared<u8>,
+    src: Global<u8>,
+    bytes: u32,
+    bar: Shared<Mbarrier>,
+) {
     // SAFETY: the caller guarantees alignment, bounds and the barrier's expectation.
     unsafe {
         asm!(

@@ -24,7 +24,10 @@
 //! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
-#![cfg_attr(all(target_arch = "nvptx64", feature = "probes"), feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics))]
+#![cfg_attr(
+    all(target_arch = "nvptx64", feature = "probes"),
+    feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics)
+)]
 #![cfg_attr(all(target_arch = "nvptx64", feature = "probes"), allow(internal_features))]
 
 #[cfg(target_arch = "nvptx64")]

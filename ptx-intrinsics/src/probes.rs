@@ -58,7 +58,16 @@ pub unsafe extern "ptx-kernel" fn probe_sreg(out: u64) {
     // SAFETY: every lane of each warp executes elect.sync with the full mask, convergently.
     let elected = unsafe { elect_sync(u32::MAX) };
     let row = out.add(8 * (ctaid_x() * ntid_x() + t) as u64);
-    let vals = [t as u64, ntid_x() as u64, ctaid_x() as u64, nctaid_x() as u64, laneid() as u64, smid() as u64, globaltimer(), elected as u64];
+    let vals = [
+        t as u64,
+        ntid_x() as u64,
+        ctaid_x() as u64,
+        nctaid_x() as u64,
+        laneid() as u64,
+        smid() as u64,
+        globaltimer(),
+        elected as u64,
+    ];
     for (k, v) in vals.into_iter().enumerate() {
         // SAFETY: the host sizes `out` for 8 words per thread.
         unsafe { *row.add(k as u64).ptr() = v };
@@ -84,7 +93,8 @@ pub unsafe extern "ptx-kernel" fn probe_mbarrier(out: u64, src: u64) {
         let w1_pending = mbarrier_try_wait_parity_shared_b64(bar, 1);
         cp_async_bulk_shared_global_mbarrier(smem().byte_add(DATA), Global::from_addr(src), 64, bar);
         while !mbarrier_try_wait_parity_suspend_shared_b64(bar, 1, 1000) {}
-        let copied = ld_shared_u32(smem().byte_add(DATA)) as u64 | (ld_shared_u32(smem().byte_add(DATA + 4)) as u64) << 32;
+        let copied =
+            ld_shared_u32(smem().byte_add(DATA)) as u64 | (ld_shared_u32(smem().byte_add(DATA + 4)) as u64) << 32;
         mbarrier_inval_shared_b64(bar);
         let vals = [w0 as u64, w1_idle as u64, w1_pending as u64, 1, copied, (state != 0) as u64];
         for (k, v) in vals.into_iter().enumerate() {
@@ -291,7 +301,14 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
     unsafe {
         let x = *Global::<u32>::from_addr(a).add(i as u64).ptr();
         let y = *Global::<u32>::from_addr(b).add(i as u64).ptr();
-        let r = [add_rn_f16x2(x, y), min_f16x2(x, y), max_f16x2(x, y), add_rn_bf16x2(x, y), min_bf16x2(x, y), max_bf16x2(x, y)];
+        let r = [
+            add_rn_f16x2(x, y),
+            min_f16x2(x, y),
+            max_f16x2(x, y),
+            add_rn_bf16x2(x, y),
+            min_bf16x2(x, y),
+            max_bf16x2(x, y),
+        ];
         let o = Global::<u32>::from_addr(out).add(6 * i as u64);
         for (k, v) in r.into_iter().enumerate() {
             *o.add(k as u64).ptr() = v;

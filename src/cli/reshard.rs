@@ -42,8 +42,7 @@ impl Dtype {
 
     /// The name as given on the command line.
     pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .map_or_else(String::new, |v| v.get_name().to_owned())
+        clap::ValueEnum::to_possible_value(&self).map_or_else(String::new, |v| v.get_name().to_owned())
     }
 }
 
@@ -112,20 +111,14 @@ pub fn run(args: Args) -> CliResult {
         RouteArg::Direct => Route::Direct,
         RouteArg::Hierarchical => Route::Hierarchical,
     };
-    let options = PlanOptions {
-        route,
-        domain_size: args.domain_size,
-        min_split_bytes: args.min_split_bytes,
-    };
+    let options = PlanOptions { route, domain_size: args.domain_size, min_split_bytes: args.min_split_bytes };
     let plan = reshard::plan(&args.shape, args.dtype.bytes(), &src, &dst, options)?;
     let report = args.verify.then(|| reshard::verify(&plan)).transpose()?;
 
     if args.json {
         let mut json = PlanReport::new(&plan, Some(&args.dtype.name()));
-        json.verify = report.as_ref().map(|r| VerifySummary {
-            elements_checked: r.elements_checked,
-            mismatches: r.mismatches,
-        });
+        json.verify =
+            report.as_ref().map(|r| VerifySummary { elements_checked: r.elements_checked, mismatches: r.mismatches });
         print!("{}", json.to_json());
     } else {
         print_text(&plan, &args);
@@ -134,9 +127,7 @@ pub fn run(args: Args) -> CliResult {
         }
     }
     match report {
-        Some(r) if !r.is_exact() => {
-            Err(format!("verification failed: {} elements differ", r.mismatches).into())
-        }
+        Some(r) if !r.is_exact() => Err(format!("verification failed: {} elements differ", r.mismatches).into()),
         _ => Ok(()),
     }
 }
@@ -166,11 +157,7 @@ fn print_text(plan: &reshard::ReshardPlan, args: &Args) {
     let total: usize = plan.stages().iter().map(|s| s.transfers.len()).sum();
     let mut listed = 0;
     for (s, stage) in plan.stages().iter().enumerate() {
-        let what = if s == 0 {
-            "from source buffers"
-        } else {
-            "forwarding inside destination domains"
-        };
+        let what = if s == 0 { "from source buffers" } else { "forwarding inside destination domains" };
         println!("stage {s} ({what}): {} transfers", stage.transfers.len());
         for t in &stage.transfers {
             if listed == args.max_listed {
@@ -193,14 +180,8 @@ fn print_text(plan: &reshard::ReshardPlan, args: &Args) {
     for (d, b) in &t.bytes_injected_per_domain {
         println!("  injected into domain {d:<3}{b:>14}");
     }
-    println!(
-        "  busiest sender          {:>14}",
-        t.max_bytes_sent_by_a_rank
-    );
-    println!(
-        "  busiest receiver        {:>14}",
-        t.max_bytes_received_by_a_rank
-    );
+    println!("  busiest sender          {:>14}", t.max_bytes_sent_by_a_rank);
+    println!("  busiest receiver        {:>14}", t.max_bytes_received_by_a_rank);
     println!(
         "  flat sends              {:>14}  (cross-domain {})",
         t.flat_sends.bytes_total, t.flat_sends.bytes_cross_domain

@@ -83,39 +83,21 @@ impl fmt::Display for ExecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ElementSize { plan, given } => {
-                write!(
-                    f,
-                    "the plan has {plan}-byte elements but the buffers {given}-byte ones"
-                )
+                write!(f, "the plan has {plan}-byte elements but the buffers {given}-byte ones")
             }
             Self::MissingSource { rank } => {
                 write!(f, "source rank {rank} holds data but passed no buffer")
             }
             Self::UnexpectedSource { rank } => {
-                write!(
-                    f,
-                    "rank {rank} is outside the source mesh but passed a source buffer"
-                )
+                write!(f, "rank {rank} is outside the source mesh but passed a source buffer")
             }
-            Self::SourceLength {
-                rank,
-                expected,
-                got,
-            } => write!(
-                f,
-                "source rank {rank}'s buffer has {got} units but its shard has {expected}"
-            ),
+            Self::SourceLength { rank, expected, got } => {
+                write!(f, "source rank {rank}'s buffer has {got} units but its shard has {expected}")
+            }
             Self::MalformedTransfer { stage, index, why } => {
                 write!(f, "stage {stage} transfer {index}: {why}")
             }
-            Self::OutOfBounds {
-                stage,
-                index,
-                rank,
-                buffer,
-                end,
-                len,
-            } => write!(
+            Self::OutOfBounds { stage, index, rank, buffer, end, len } => write!(
                 f,
                 "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
             ),
@@ -136,16 +118,10 @@ pub fn execute_bytes(plan: &ReshardPlan, src: &Buffers<u8>) -> Result<Buffers<u8
 }
 
 /// Runs `plan` on element buffers (`size_of::<T>()` must be the plan's element size).
-pub fn execute_elements<T: Copy + Default>(
-    plan: &ReshardPlan,
-    src: &Buffers<T>,
-) -> Result<Buffers<T>, ExecError> {
+pub fn execute_elements<T: Copy + Default>(plan: &ReshardPlan, src: &Buffers<T>) -> Result<Buffers<T>, ExecError> {
     let given = size_of::<T>() as u64;
     if given != plan.elem_bytes() {
-        return Err(ExecError::ElementSize {
-            plan: plan.elem_bytes(),
-            given,
-        });
+        return Err(ExecError::ElementSize { plan: plan.elem_bytes(), given });
     }
     execute(plan, given, src)
 }
@@ -159,10 +135,7 @@ pub fn execute<T: Copy + Default>(
     src: &Buffers<T>,
 ) -> Result<Buffers<T>, ExecError> {
     if unit_bytes == 0 || !plan.elem_bytes().is_multiple_of(unit_bytes) {
-        return Err(ExecError::ElementSize {
-            plan: plan.elem_bytes(),
-            given: unit_bytes,
-        });
+        return Err(ExecError::ElementSize { plan: plan.elem_bytes(), given: unit_bytes });
     }
     let units_per_elem = plan.elem_bytes() / unit_bytes;
     let src_sharding = plan.src_sharding();
@@ -174,11 +147,7 @@ pub fn execute<T: Copy + Default>(
         match src.get(&rank) {
             None if expected > 0 => return Err(ExecError::MissingSource { rank }),
             Some(buf) if buf.len() as u64 != expected => {
-                return Err(ExecError::SourceLength {
-                    rank,
-                    expected,
-                    got: buf.len() as u64,
-                });
+                return Err(ExecError::SourceLength { rank, expected, got: buf.len() as u64 });
             }
             _ => {}
         }
@@ -187,61 +156,38 @@ pub fn execute<T: Copy + Default>(
     let mut dst: Buffers<T> = dst_sharding
         .mesh()
         .ranks()
-        .map(|r| {
-            (
-                r,
-                vec![T::default(); (dst_sharding.local_len(r) * units_per_elem) as usize],
-            )
-        })
+        .map(|r| (r, vec![T::default(); (dst_sharding.local_len(r) * units_per_elem) as usize]))
         .collect();
     let empty: Vec<T> = Vec::new();
 
     for (s, stage) in plan.stages().iter().enumerate() {
-        let malformed = |index: usize, why: String| ExecError::MalformedTransfer {
-            stage: s,
-            index,
-            why,
-        };
+        let malformed = |index: usize, why: String| ExecError::MalformedTransfer { stage: s, index, why };
         let out_of_bounds = |index: usize, rank: Rank, buffer: &'static str| {
-            move |(end, len)| ExecError::OutOfBounds {
-                stage: s,
-                index,
-                rank,
-                buffer,
-                end,
-                len,
-            }
+            move |(end, len)| ExecError::OutOfBounds { stage: s, index, rank, buffer, end, len }
         };
         // Check every transfer and read its data, then write: nothing reads what its stage writes.
         let mut staged: Vec<(Walk, Vec<T>)> = Vec::with_capacity(stage.transfers.len());
         for (i, t) in stage.transfers.iter().enumerate() {
             let walk = Walk::of(t, unit_bytes).map_err(|why| malformed(i, why))?;
             let (buf, name) = match t.read {
-                ReadFrom::Src if src_sharding.mesh().contains(t.src) => {
-                    (src.get(&t.src).unwrap_or(&empty), "source")
-                }
-                ReadFrom::Dst if dst_sharding.mesh().contains(t.src) => {
-                    (&dst[&t.src], "destination (read)")
-                }
+                ReadFrom::Src if src_sharding.mesh().contains(t.src) => (src.get(&t.src).unwrap_or(&empty), "source"),
+                ReadFrom::Dst if dst_sharding.mesh().contains(t.src) => (&dst[&t.src], "destination (read)"),
                 read => {
-                    let why = format!(
-                        "reads the {read:?} buffer of rank {}, which has none",
-                        t.src
-                    );
+                    let why = format!("reads the {read:?} buffer of rank {}, which has none", t.src);
                     return Err(malformed(i, why));
                 }
             };
             let Some(out) = dst.get(&t.dst) else {
-                let why = format!(
-                    "writes rank {}, which is outside the destination mesh",
-                    t.dst
-                );
+                let why = format!("writes rank {}, which is outside the destination mesh", t.dst);
                 return Err(malformed(i, why));
             };
             walk.check(buf.len(), walk.src_offset, &walk.src_strides, unit_bytes)
                 .map_err(out_of_bounds(i, t.src, name))?;
-            walk.check(out.len(), walk.dst_offset, &walk.dst_strides, unit_bytes)
-                .map_err(out_of_bounds(i, t.dst, "destination (write)"))?;
+            walk.check(out.len(), walk.dst_offset, &walk.dst_strides, unit_bytes).map_err(out_of_bounds(
+                i,
+                t.dst,
+                "destination (write)",
+            ))?;
             let mut data = Vec::with_capacity(walk.total_units() as usize);
             walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
                 data.extend_from_slice(&buf[at..at + walk.run as usize]);
@@ -291,10 +237,7 @@ impl Walk {
         }
         let product = t.shape.iter().try_fold(1u64, |acc, &e| acc.checked_mul(e));
         if product != Some(t.bytes) {
-            return Err(format!(
-                "box {:?} does not hold the stated {} bytes",
-                t.shape, t.bytes
-            ));
+            return Err(format!("box {:?} does not hold the stated {} bytes", t.shape, t.bytes));
         }
         let units = |what: &str, v: u64| {
             if v.is_multiple_of(unit) {
@@ -307,16 +250,8 @@ impl Walk {
             src_offset: units("read offset", t.src_offset)?,
             dst_offset: units("write offset", t.dst_offset)?,
             outer: outer.to_vec(),
-            src_strides: t
-                .src_strides
-                .iter()
-                .map(|&s| units("read stride", s))
-                .collect::<Result<_, _>>()?,
-            dst_strides: t
-                .dst_strides
-                .iter()
-                .map(|&s| units("write stride", s))
-                .collect::<Result<_, _>>()?,
+            src_strides: t.src_strides.iter().map(|&s| units("read stride", s)).collect::<Result<_, _>>()?,
+            dst_strides: t.dst_strides.iter().map(|&s| units("write stride", s)).collect::<Result<_, _>>()?,
             run: units("run", run_bytes)?,
         })
     }
@@ -335,9 +270,7 @@ impl Walk {
             .outer
             .iter()
             .zip(strides)
-            .try_fold(offset.checked_add(self.run), |acc, (&e, &s)| {
-                Some(acc?.checked_add((e - 1).checked_mul(s)?))
-            })
+            .try_fold(offset.checked_add(self.run), |acc, (&e, &s)| Some(acc?.checked_add((e - 1).checked_mul(s)?)))
             .flatten();
         match end {
             Some(end) if end <= len => Ok(()),
@@ -396,11 +329,7 @@ impl VerifyReport {
 impl fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_exact() {
-            return write!(
-                f,
-                "verified: all {} destination elements match the global tensor",
-                self.elements_checked
-            );
+            return write!(f, "verified: all {} destination elements match the global tensor", self.elements_checked);
         }
         writeln!(
             f,
@@ -447,13 +376,7 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
     let tags: Buffers<u64> = src
         .mesh()
         .ranks()
-        .map(|r| {
-            (
-                r,
-                src.local_region(r)
-                    .map_or_else(Vec::new, |g| region_tags(shape, &g)),
-            )
-        })
+        .map(|r| (r, src.local_region(r).map_or_else(Vec::new, |g| region_tags(shape, &g))))
         .collect();
     let out = execute(plan, plan.elem_bytes(), &tags)?;
     let unravel = |linear: u64| -> Vec<u64> {
@@ -465,15 +388,9 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
         }
         coords
     };
-    let mut report = VerifyReport {
-        elements_checked: 0,
-        mismatches: 0,
-        first: Vec::new(),
-    };
+    let mut report = VerifyReport { elements_checked: 0, mismatches: 0, first: Vec::new() };
     for (&rank, got) in &out {
-        let want = dst
-            .local_region(rank)
-            .map_or_else(Vec::new, |g| region_tags(shape, &g));
+        let want = dst.local_region(rank).map_or_else(Vec::new, |g| region_tags(shape, &g));
         report.elements_checked += want.len() as u64;
         for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
             if w != g {
@@ -497,11 +414,7 @@ fn region_tags(shape: &[u64], region: &Region) -> Vec<u64> {
     let mut out = Vec::with_capacity(region.volume() as usize);
     let strides = row_major_strides(shape);
     for_each_index(&region.extent, |idx| {
-        out.push(
-            1 + (0..idx.len())
-                .map(|d| (region.start[d] + idx[d]) * strides[d])
-                .sum::<u64>(),
-        );
+        out.push(1 + (0..idx.len()).map(|d| (region.start[d] + idx[d]) * strides[d]).sum::<u64>());
     });
     out
 }

@@ -48,11 +48,8 @@ pub(crate) struct Geometry {
 impl Geometry {
     pub fn new(src: Sharding, dst: Sharding) -> Self {
         let k = src.shape().len();
-        let src_regions: Vec<(Rank, Region)> = src
-            .mesh()
-            .ranks()
-            .filter_map(|r| src.local_region(r).map(|g| (r, g)))
-            .collect();
+        let src_regions: Vec<(Rank, Region)> =
+            src.mesh().ranks().filter_map(|r| src.local_region(r).map(|g| (r, g))).collect();
 
         // The distinct non-empty intervals along each dim partition it: the chunks along the mesh axes
         // that shard a dim tile it, and every combination of mesh coordinates occurs.
@@ -73,14 +70,7 @@ impl Geometry {
             radix[d] = radix[d + 1] * parts[d + 1].len().max(1) as u64;
         }
 
-        let mut geometry = Self {
-            src,
-            dst,
-            parts,
-            radix,
-            src_shards: HashMap::new(),
-            dst_shards: Vec::new(),
-        };
+        let mut geometry = Self { src, dst, parts, radix, src_shards: HashMap::new(), dst_shards: Vec::new() };
         for (rank, region) in src_regions {
             if region.is_empty() {
                 continue;
@@ -89,10 +79,7 @@ impl Geometry {
             geometry
                 .src_shards
                 .entry(key)
-                .or_insert_with(|| SrcShard {
-                    region,
-                    replicas: Vec::new(),
-                })
+                .or_insert_with(|| SrcShard { region, replicas: Vec::new() })
                 .replicas
                 .push(rank);
         }
@@ -108,10 +95,7 @@ impl Geometry {
             let next = geometry.dst_shards.len();
             let i = *index.entry(region.clone()).or_insert(next);
             if i == next {
-                geometry.dst_shards.push(DstShard {
-                    region,
-                    replicas: Vec::new(),
-                });
+                geometry.dst_shards.push(DstShard { region, replicas: Vec::new() });
             }
             geometry.dst_shards[i].replicas.push(rank);
         }
@@ -142,10 +126,7 @@ impl Geometry {
             }
             ranges.push((first, last));
         }
-        let counts: Vec<u64> = ranges
-            .iter()
-            .map(|&(first, last)| (last - first) as u64)
-            .collect();
+        let counts: Vec<u64> = ranges.iter().map(|&(first, last)| (last - first) as u64).collect();
         let mut out = Vec::new();
         for_each_index(&counts, |offsets| {
             let mut start = Vec::with_capacity(k);
@@ -160,10 +141,7 @@ impl Geometry {
                 extent.push(hi - lo);
                 key += i as u64 * self.radix[d];
             }
-            out.push(Piece {
-                src_key: key,
-                region: Region { start, extent },
-            });
+            out.push(Piece { src_key: key, region: Region { start, extent } });
         });
         out
     }

@@ -99,16 +99,9 @@ impl fmt::Display for LayoutError {
             Self::EmptyMesh => write!(f, "the mesh has no axes"),
             Self::ZeroMeshAxis { axis } => write!(f, "mesh axis {axis} has size 0"),
             Self::MeshTooLarge { dims, start } => {
-                write!(
-                    f,
-                    "mesh {} starting at rank {start} does not fit in 32-bit ranks",
-                    dims_text(dims)
-                )
+                write!(f, "mesh {} starting at rank {start} does not fit in 32-bit ranks", dims_text(dims))
             }
-            Self::PlacementCount {
-                mesh_axes,
-                placements,
-            } => write!(
+            Self::PlacementCount { mesh_axes, placements } => write!(
                 f,
                 "the mesh has {mesh_axes} ax{} but {placements} placement{} given (one per mesh axis)",
                 if *mesh_axes == 1 { "is" } else { "es" },
@@ -118,42 +111,24 @@ impl fmt::Display for LayoutError {
                 f,
                 "mesh axis {axis} is placed Partial: partial (pending-sum) placements are not supported yet; reduce first"
             ),
-            Self::ShardDimOutOfRange {
-                axis,
-                dim,
-                tensor_rank,
-            } => write!(
-                f,
-                "mesh axis {axis} shards tensor dim {dim} but the tensor has {tensor_rank} dims"
-            ),
+            Self::ShardDimOutOfRange { axis, dim, tensor_rank } => {
+                write!(f, "mesh axis {axis} shards tensor dim {dim} but the tensor has {tensor_rank} dims")
+            }
             Self::ShapeTooLarge { shape } => {
                 write!(f, "shape {shape:?} has more than 2^64 elements")
             }
-            Self::RankOutOfRange {
-                last_rank,
-                world_size,
-            } => write!(
-                f,
-                "the mesh reaches rank {last_rank} but the communicator has {world_size} ranks"
-            ),
-            Self::BadMesh { text } => write!(
-                f,
-                "mesh {text:?} is not DIMSxDIMS[@START] with positive sizes (for example 2x4@8)"
-            ),
-            Self::BadPlacement { text } => {
-                write!(
-                    f,
-                    "placement {text:?} is not R (replicate), S<dim> (shard) or P (partial)"
-                )
+            Self::RankOutOfRange { last_rank, world_size } => {
+                write!(f, "the mesh reaches rank {last_rank} but the communicator has {world_size} ranks")
             }
-            Self::BufferLength {
-                rank,
-                expected,
-                got,
-            } => write!(
-                f,
-                "rank {rank}'s buffer has {got} elements but its shard has {expected}"
-            ),
+            Self::BadMesh { text } => {
+                write!(f, "mesh {text:?} is not DIMSxDIMS[@START] with positive sizes (for example 2x4@8)")
+            }
+            Self::BadPlacement { text } => {
+                write!(f, "placement {text:?} is not R (replicate), S<dim> (shard) or P (partial)")
+            }
+            Self::BufferLength { rank, expected, got } => {
+                write!(f, "rank {rank}'s buffer has {got} elements but its shard has {expected}")
+            }
         }
     }
 }
@@ -161,10 +136,7 @@ impl fmt::Display for LayoutError {
 impl std::error::Error for LayoutError {}
 
 fn dims_text(dims: &[u32]) -> String {
-    dims.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join("x")
+    dims.iter().map(u32::to_string).collect::<Vec<_>>().join("x")
 }
 
 /// A mesh of ranks: `dims` (outer axis first) over the contiguous rank range
@@ -194,10 +166,7 @@ impl Mesh {
             .iter()
             .try_fold(1u32, |acc, &d| acc.checked_mul(d))
             .filter(|&size| start.checked_add(size).is_some())
-            .ok_or_else(|| LayoutError::MeshTooLarge {
-                dims: dims.clone(),
-                start,
-            })?;
+            .ok_or_else(|| LayoutError::MeshTooLarge { dims: dims.clone(), start })?;
         Ok(Self { dims, start, size })
     }
 
@@ -244,10 +213,7 @@ impl Mesh {
     pub fn check_world(&self, world_size: u32) -> Result<(), LayoutError> {
         let last_rank = self.start + (self.size - 1);
         if last_rank >= world_size {
-            return Err(LayoutError::RankOutOfRange {
-                last_rank,
-                world_size,
-            });
+            return Err(LayoutError::RankOutOfRange { last_rank, world_size });
         }
         Ok(())
     }
@@ -264,9 +230,7 @@ impl FromStr for Mesh {
 
     /// Parses `DIMSxDIMS[@START]`, for example `2x2@4` or `8`.
     fn from_str(text: &str) -> Result<Self, LayoutError> {
-        let bad = || LayoutError::BadMesh {
-            text: text.to_owned(),
-        };
+        let bad = || LayoutError::BadMesh { text: text.to_owned() };
         let (dims, start) = match text.split_once('@') {
             Some((dims, start)) => (dims, start.trim().parse::<u32>().map_err(|_| bad())?),
             None => (text, 0),
@@ -328,9 +292,7 @@ impl FromStr for Placement {
                 .strip_prefix(['S', 's'])
                 .and_then(|dim| dim.parse::<u32>().ok())
                 .map(Self::Shard)
-                .ok_or_else(|| LayoutError::BadPlacement {
-                    text: text.to_owned(),
-                }),
+                .ok_or_else(|| LayoutError::BadPlacement { text: text.to_owned() }),
         }
     }
 }
@@ -380,10 +342,7 @@ impl Layout {
     /// `Partial` (not supported yet).
     pub fn new(mesh: Mesh, placements: Vec<Placement>) -> Result<Self, LayoutError> {
         if placements.len() != mesh.dims().len() {
-            return Err(LayoutError::PlacementCount {
-                mesh_axes: mesh.dims().len(),
-                placements: placements.len(),
-            });
+            return Err(LayoutError::PlacementCount { mesh_axes: mesh.dims().len(), placements: placements.len() });
         }
         if let Some(axis) = placements.iter().position(|p| *p == Placement::Partial) {
             return Err(LayoutError::PartialUnsupported { axis });
@@ -412,11 +371,7 @@ impl Layout {
     }
 
     /// [`Layout::validate`], and also that every rank of the mesh is below `world_size`.
-    pub fn validate_in_world(
-        &self,
-        global_shape: &[u64],
-        world_size: u32,
-    ) -> Result<(), LayoutError> {
+    pub fn validate_in_world(&self, global_shape: &[u64], world_size: u32) -> Result<(), LayoutError> {
         self.mesh.check_world(world_size)?;
         self.validate(global_shape)
     }
@@ -427,24 +382,14 @@ impl Layout {
             if let Placement::Shard(dim) = *p
                 && dim as usize >= global_shape.len()
             {
-                return Err(LayoutError::ShardDimOutOfRange {
-                    axis,
-                    dim,
-                    tensor_rank: global_shape.len(),
-                });
+                return Err(LayoutError::ShardDimOutOfRange { axis, dim, tensor_rank: global_shape.len() });
             }
         }
         let elements = global_shape
             .iter()
             .try_fold(1u64, |acc, &n| acc.checked_mul(n))
-            .ok_or_else(|| LayoutError::ShapeTooLarge {
-                shape: global_shape.to_vec(),
-            })?;
-        Ok(Sharding {
-            layout: self.clone(),
-            shape: global_shape.to_vec(),
-            elements,
-        })
+            .ok_or_else(|| LayoutError::ShapeTooLarge { shape: global_shape.to_vec() })?;
+        Ok(Sharding { layout: self.clone(), shape: global_shape.to_vec(), elements })
     }
 }
 
@@ -467,10 +412,7 @@ pub struct Region {
 impl Region {
     /// The whole of a tensor of shape `shape`.
     pub fn full(shape: &[u64]) -> Self {
-        Self {
-            start: vec![0; shape.len()],
-            extent: shape.to_vec(),
-        }
+        Self { start: vec![0; shape.len()], extent: shape.to_vec() }
     }
 
     /// Number of elements (a 0-dim region holds one: a scalar).
@@ -499,10 +441,7 @@ impl Region {
     /// Whether the global index `coords` lies inside.
     pub fn contains(&self, coords: &[u64]) -> bool {
         coords.len() == self.start.len()
-            && coords
-                .iter()
-                .zip(self.start.iter().zip(&self.extent))
-                .all(|(&c, (&s, &e))| c >= s && c - s < e)
+            && coords.iter().zip(self.start.iter().zip(&self.extent)).all(|(&c, (&s, &e))| c >= s && c - s < e)
     }
 
     /// Row-major element strides of a dense buffer holding exactly this region.
@@ -513,12 +452,7 @@ impl Region {
 
 impl fmt::Display for Region {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> = self
-            .start
-            .iter()
-            .zip(&self.extent)
-            .map(|(s, e)| format!("{s}..{}", s + e))
-            .collect();
+        let dims: Vec<String> = self.start.iter().zip(&self.extent).map(|(s, e)| format!("{s}..{}", s + e)).collect();
         write!(f, "[{}]", dims.join(", "))
     }
 }
@@ -600,10 +534,7 @@ impl Sharding {
     ///
     /// Errors with [`LayoutError::BufferLength`] (naming the mesh's first rank) when `global` does not
     /// hold exactly the global shape's element count.
-    pub fn local_shards<T: Copy>(
-        &self,
-        global: &[T],
-    ) -> Result<BTreeMap<Rank, Vec<T>>, LayoutError> {
+    pub fn local_shards<T: Copy>(&self, global: &[T]) -> Result<BTreeMap<Rank, Vec<T>>, LayoutError> {
         if global.len() as u64 != self.elements {
             return Err(LayoutError::BufferLength {
                 rank: self.mesh().start(),
@@ -634,10 +565,7 @@ pub(crate) fn extract<T: Copy>(global: &[T], shape: &[u64], region: &Region) -> 
     };
     let k = outer.len();
     for_each_index(outer, |idx| {
-        let base = (0..k)
-            .map(|d| (region.start[d] + idx[d]) * strides[d])
-            .sum::<u64>()
-            + region.start[k];
+        let base = (0..k).map(|d| (region.start[d] + idx[d]) * strides[d]).sum::<u64>() + region.start[k];
         out.extend_from_slice(&global[base as usize..(base + run) as usize]);
     });
     out

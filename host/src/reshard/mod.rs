@@ -31,15 +31,9 @@ pub mod report;
 pub mod traffic;
 
 pub use exec::{
-    Buffers, ExecError, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, verify,
-    verify_with_limit,
+    Buffers, ExecError, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, verify, verify_with_limit,
 };
-pub use layout::{
-    Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements,
-};
-pub use plan::{
-    PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor,
-    plan,
-};
+pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
+pub use plan::{PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan};
 pub use report::{PlanReport, TransferRow, VerifySummary, Workarounds};
 pub use traffic::{Traffic, Workaround};

@@ -83,14 +83,12 @@ impl fmt::Display for ReshardError {
                     "a tensor of shape {shape:?} with {elem_bytes}-byte elements is too large: one copy per destination rank exceeds 2^64 bytes"
                 )
             }
-            Self::GlobalShapeMismatch { src, dst } => write!(
-                f,
-                "the source's global shape {src:?} differs from the destination's {dst:?}"
-            ),
-            Self::ElementSizeMismatch { src, dst } => write!(
-                f,
-                "the source has {src}-byte elements but the destination {dst}-byte elements"
-            ),
+            Self::GlobalShapeMismatch { src, dst } => {
+                write!(f, "the source's global shape {src:?} differs from the destination's {dst:?}")
+            }
+            Self::ElementSizeMismatch { src, dst } => {
+                write!(f, "the source has {src}-byte elements but the destination {dst}-byte elements")
+            }
         }
     }
 }
@@ -112,16 +110,10 @@ pub fn check_same_tensor(
     dst_elem_bytes: u64,
 ) -> Result<(), ReshardError> {
     if src_shape != dst_shape {
-        return Err(ReshardError::GlobalShapeMismatch {
-            src: src_shape.to_vec(),
-            dst: dst_shape.to_vec(),
-        });
+        return Err(ReshardError::GlobalShapeMismatch { src: src_shape.to_vec(), dst: dst_shape.to_vec() });
     }
     if src_elem_bytes != dst_elem_bytes {
-        return Err(ReshardError::ElementSizeMismatch {
-            src: src_elem_bytes,
-            dst: dst_elem_bytes,
-        });
+        return Err(ReshardError::ElementSizeMismatch { src: src_elem_bytes, dst: dst_elem_bytes });
     }
     Ok(())
 }
@@ -168,11 +160,7 @@ impl PlanOptions {
 
     /// The given route and domain size, the default split threshold.
     pub fn new(route: Route, domain_size: u32) -> Self {
-        Self {
-            route,
-            domain_size,
-            min_split_bytes: Self::MIN_SPLIT_BYTES,
-        }
+        Self { route, domain_size, min_split_bytes: Self::MIN_SPLIT_BYTES }
     }
 }
 
@@ -334,10 +322,7 @@ impl ReshardPlan {
 
     /// Every transfer with its stage index, in execution order.
     pub fn transfers(&self) -> impl Iterator<Item = (usize, &Transfer)> {
-        self.stages
-            .iter()
-            .enumerate()
-            .flat_map(|(s, st)| st.transfers.iter().map(move |t| (s, t)))
+        self.stages.iter().enumerate().flat_map(|(s, st)| st.transfers.iter().map(move |t| (s, t)))
     }
 
     /// The traffic accounting of this plan and of the two usual workarounds.
@@ -350,17 +335,8 @@ impl ReshardPlan {
     /// [`plan()`] is the way to get a correct one.
     pub fn with_stages(&self, stages: Vec<Stage>) -> ReshardPlan {
         let geometry = Geometry::new(self.src.clone(), self.dst.clone());
-        let traffic = Traffic::account(
-            &geometry,
-            self.elem_bytes,
-            self.options.domain_size,
-            &stages,
-        );
-        ReshardPlan {
-            stages,
-            traffic,
-            ..self.clone()
-        }
+        let traffic = Traffic::account(&geometry, self.elem_bytes, self.options.domain_size, &stages);
+        ReshardPlan { stages, traffic, ..self.clone() }
     }
 
     /// Bytes of `rank`'s source buffer (0 outside the source mesh).
@@ -401,22 +377,12 @@ pub fn plan(
         .elements()
         .checked_mul(elem_bytes)
         .and_then(|bytes| bytes.checked_mul(u64::from(dst_sharding.mesh().size()) + 1))
-        .ok_or_else(|| ReshardError::TensorTooLarge {
-            shape: shape.to_vec(),
-            elem_bytes,
-        })?;
+        .ok_or_else(|| ReshardError::TensorTooLarge { shape: shape.to_vec(), elem_bytes })?;
 
     let geometry = Geometry::new(src_sharding, dst_sharding);
     let stages = route(&geometry, elem_bytes, options);
     let traffic = Traffic::account(&geometry, elem_bytes, options.domain_size, &stages);
-    Ok(ReshardPlan {
-        src: geometry.src,
-        dst: geometry.dst,
-        elem_bytes,
-        options,
-        stages,
-        traffic,
-    })
+    Ok(ReshardPlan { src: geometry.src, dst: geometry.dst, elem_bytes, options, stages, traffic })
 }
 
 /// Round-robin cursors: one per (source shard, pool) and one per (destination shard, domain).
@@ -525,9 +491,7 @@ fn split(region: &Region, ways: usize, min_bytes: u64, elem: u64) -> Vec<Region>
         return vec![region.clone()];
     };
     let extent = region.extent[dim];
-    let by_size = (region.volume() * elem)
-        .checked_div(min_bytes)
-        .map_or(u64::MAX, |n| n.max(1));
+    let by_size = (region.volume() * elem).checked_div(min_bytes).map_or(u64::MAX, |n| n.max(1));
     let n = (ways as u64).min(extent).min(by_size);
     (0..n)
         .map(|i| {
@@ -556,10 +520,7 @@ struct BoxGeometry {
 fn boxed(piece: &Region, a: &Region, b: &Region, elem: u64) -> BoxGeometry {
     let (sa, sb) = (a.strides(), b.strides());
     let offset = |outer: &Region, strides: &[u64]| -> u64 {
-        (0..piece.start.len())
-            .map(|d| (piece.start[d] - outer.start[d]) * strides[d])
-            .sum::<u64>()
-            * elem
+        (0..piece.start.len()).map(|d| (piece.start[d] - outer.start[d]) * strides[d]).sum::<u64>() * elem
     };
     let (shape, src_strides, dst_strides) = coalesce(&piece.extent, &sa, &sb, elem);
     BoxGeometry {
@@ -575,12 +536,7 @@ fn boxed(piece: &Region, a: &Region, b: &Region, elem: u64) -> BoxGeometry {
 /// Coalesces a box of `extent` with element strides `sa` (read side) and `sb` (write side) into the
 /// fewest loops: extent-1 dims dropped, neighbours contiguous on both sides merged, the innermost
 /// unit-stride dim turned into a run of bytes. Returns (shape, read strides, write strides) in bytes.
-pub(crate) fn coalesce(
-    extent: &[u64],
-    sa: &[u64],
-    sb: &[u64],
-    elem: u64,
-) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+pub(crate) fn coalesce(extent: &[u64], sa: &[u64], sb: &[u64], elem: u64) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
     // Innermost first: (extent, read stride, write stride).
     let mut dims: Vec<(u64, u64, u64)> = Vec::with_capacity(extent.len());
     for d in (0..extent.len()).rev() {
@@ -588,9 +544,7 @@ pub(crate) fn coalesce(
             continue;
         }
         match dims.last_mut() {
-            Some(inner) if sa[d] == inner.0 * inner.1 && sb[d] == inner.0 * inner.2 => {
-                inner.0 *= extent[d]
-            }
+            Some(inner) if sa[d] == inner.0 * inner.1 && sb[d] == inner.0 * inner.2 => inner.0 *= extent[d],
             _ => dims.push((extent[d], sa[d], sb[d])),
         }
     }

@@ -10,11 +10,7 @@ use std::fmt;
 use std::io;
 
 fn list(values: &[u64]) -> String {
-    values
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+    values.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// `2 x 3 x 16B`: loop extents, then the run in bytes.
@@ -44,12 +40,7 @@ impl fmt::Display for Transfer {
             box_text(self)
         )?;
         if !self.is_contiguous() {
-            write!(
-                f,
-                " strides read [{}] write [{}]",
-                list(&self.src_strides),
-                list(&self.dst_strides)
-            )?;
+            write!(f, " strides read [{}] write [{}]", list(&self.src_strides), list(&self.dst_strides))?;
         }
         write!(f, " region {}", self.region)
     }
@@ -71,15 +62,8 @@ impl fmt::Display for ReshardPlan {
         for (side, sharding) in [("src", self.src_sharding()), ("dst", self.dst_sharding())] {
             writeln!(f, "{side} {}", sharding.layout())?;
             for rank in sharding.mesh().ranks() {
-                let region = sharding
-                    .local_region(rank)
-                    .unwrap_or_else(|| Region::full(&[]));
-                writeln!(
-                    f,
-                    "  rank {rank}: {} ({}B)",
-                    region,
-                    region.volume() * self.elem_bytes()
-                )?;
+                let region = sharding.local_region(rank).unwrap_or_else(|| Region::full(&[]));
+                writeln!(f, "  rank {rank}: {} ({}B)", region, region.volume() * self.elem_bytes())?;
             }
         }
         for (s, stage) in self.stages().iter().enumerate() {
@@ -92,17 +76,9 @@ impl fmt::Display for ReshardPlan {
         writeln!(
             f,
             "traffic: total {}B (intra-domain {}B, cross-domain {}B), local {}B, needed {}B",
-            t.bytes_total,
-            t.bytes_intra_domain,
-            t.bytes_cross_domain,
-            t.bytes_local,
-            t.bytes_needed
+            t.bytes_total, t.bytes_intra_domain, t.bytes_cross_domain, t.bytes_local, t.bytes_needed
         )?;
-        let injected: Vec<String> = t
-            .bytes_injected_per_domain
-            .iter()
-            .map(|(d, b)| format!("{d}: {b}B"))
-            .collect();
+        let injected: Vec<String> = t.bytes_injected_per_domain.iter().map(|(d, b)| format!("{d}: {b}B")).collect();
         writeln!(f, "  injected per domain: {}", injected.join(", "))?;
         writeln!(
             f,
@@ -264,10 +240,7 @@ impl PlanReport {
             max_bytes_received_by_a_rank: t.max_bytes_received_by_a_rank,
             bytes_flat_sends: t.flat_sends.bytes_total,
             bytes_gather_broadcast: t.gather_broadcast.bytes_total,
-            workarounds: Workarounds {
-                flat_sends: t.flat_sends,
-                gather_broadcast: t.gather_broadcast,
-            },
+            workarounds: Workarounds { flat_sends: t.flat_sends, gather_broadcast: t.gather_broadcast },
             verify: None,
         }
     }
@@ -308,11 +281,7 @@ impl serde_json::ser::Formatter for Lines {
         w.write_all(if self.open.is_empty() { b"\n}" } else { b"}" })
     }
 
-    fn begin_object_key<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
+    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
         if !first {
             w.write_all(b",")?;
         }
@@ -339,11 +308,7 @@ impl serde_json::ser::Formatter for Lines {
         w.write_all(if broke { b"\n  ]" } else { b"]" })
     }
 
-    fn begin_array_value<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
+    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
         if first {
             Ok(())
         } else if self.open.last().is_some_and(|&(_, broke)| broke) {

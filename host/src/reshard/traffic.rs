@@ -62,10 +62,7 @@ fn add(total: &mut u64, bytes: u64) {
 
 impl Traffic {
     pub(crate) fn account(g: &Geometry, elem: u64, ds: u32, stages: &[Stage]) -> Self {
-        let mut t = Traffic {
-            domain_size: ds,
-            ..Default::default()
-        };
+        let mut t = Traffic { domain_size: ds, ..Default::default() };
         for rank in g.dst.mesh().ranks() {
             t.bytes_injected_per_domain.insert(rank / ds, 0);
         }
@@ -83,10 +80,7 @@ impl Traffic {
                 add(&mut t.bytes_intra_domain, tr.bytes);
             } else {
                 add(&mut t.bytes_cross_domain, tr.bytes);
-                add(
-                    t.bytes_injected_per_domain.entry(tr.dst / ds).or_default(),
-                    tr.bytes,
-                );
+                add(t.bytes_injected_per_domain.entry(tr.dst / ds).or_default(), tr.bytes);
             }
         }
         t.max_bytes_sent_by_a_rank = sent.values().copied().max().unwrap_or(0);
@@ -96,20 +90,14 @@ impl Traffic {
         for dshard in &g.dst_shards {
             let volume = dshard.region.volume() * elem;
             for &r in &dshard.replicas {
-                let held = g
-                    .src
-                    .local_region(r)
-                    .map_or(0, |a| a.intersect(&dshard.region).volume());
+                let held = g.src.local_region(r).map_or(0, |a| a.intersect(&dshard.region).volume());
                 t.bytes_needed += volume - held * elem;
             }
             t.flat_sends.bytes_total += volume * dshard.replicas.len() as u64;
             for piece in g.pieces(&dshard.region) {
                 let replicas = &g.src_shard(piece.src_key).replicas;
-                let outside = dshard
-                    .replicas
-                    .iter()
-                    .filter(|&&r| in_domain(replicas, r / ds, ds).is_empty())
-                    .count() as u64;
+                let outside =
+                    dshard.replicas.iter().filter(|&&r| in_domain(replicas, r / ds, ds).is_empty()).count() as u64;
                 t.flat_sends.bytes_cross_domain += outside * piece.region.volume() * elem;
             }
         }
@@ -127,13 +115,7 @@ impl Traffic {
             }
         }
         let receivers = g.dst.mesh().ranks().filter(|&r| r != root).count() as u64;
-        let foreign_domains: BTreeSet<u32> = g
-            .dst
-            .mesh()
-            .ranks()
-            .map(|r| r / ds)
-            .filter(|&d| d != root / ds)
-            .collect();
+        let foreign_domains: BTreeSet<u32> = g.dst.mesh().ranks().map(|r| r / ds).filter(|&d| d != root / ds).collect();
         t.gather_broadcast.bytes_total += receivers * tensor;
         t.gather_broadcast.bytes_cross_domain += foreign_domains.len() as u64 * tensor;
         t

@@ -3,9 +3,7 @@
 
 #![allow(dead_code)]
 
-use oxccl_host::reshard::{
-    Layout, Mesh, Placement, PlanOptions, Rank, Region, ReshardPlan, Route, Transfer,
-};
+use oxccl_host::reshard::{Layout, Mesh, Placement, PlanOptions, Rank, Region, ReshardPlan, Route, Transfer};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
@@ -27,34 +25,24 @@ impl Problem {
             self.elem_bytes,
             &self.src,
             &self.dst,
-            PlanOptions {
-                route,
-                domain_size: self.domain_size,
-                min_split_bytes: self.min_split_bytes,
-            },
+            PlanOptions { route, domain_size: self.domain_size, min_split_bytes: self.min_split_bytes },
         )
         .expect("random problems are valid")
     }
 }
 
 fn layout(rank: usize, max_ranks: u32) -> impl Strategy<Value = Layout> {
-    let axes = prop::collection::vec(1u32..=4, 1..=3).prop_filter("mesh too large", move |d| {
-        d.iter().product::<u32>() <= max_ranks
-    });
+    let axes = prop::collection::vec(1u32..=4, 1..=3)
+        .prop_filter("mesh too large", move |d| d.iter().product::<u32>() <= max_ranks);
     (axes, 0u32..=12).prop_flat_map(move |(dims, start)| {
         let placement = if rank == 0 {
             Just(Placement::Replicate).boxed()
         } else {
-            prop_oneof![
-                Just(Placement::Replicate),
-                (0..rank as u32).prop_map(Placement::Shard)
-            ]
-            .boxed()
+            prop_oneof![Just(Placement::Replicate), (0..rank as u32).prop_map(Placement::Shard)].boxed()
         };
         let n = dims.len();
-        prop::collection::vec(placement, n).prop_map(move |p| {
-            Layout::new(Mesh::new(dims.clone(), start).expect("positive dims"), p).expect("valid")
-        })
+        prop::collection::vec(placement, n)
+            .prop_map(move |p| Layout::new(Mesh::new(dims.clone(), start).expect("positive dims"), p).expect("valid"))
     })
 }
 
@@ -75,16 +63,14 @@ pub fn problem() -> impl Strategy<Value = Problem> {
                 prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
             )
         })
-        .prop_map(
-            |(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
-                shape,
-                elem_bytes,
-                src,
-                dst,
-                domain_size,
-                min_split_bytes,
-            },
-        )
+        .prop_map(|(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
+            shape,
+            elem_bytes,
+            src,
+            dst,
+            domain_size,
+            min_split_bytes,
+        })
 }
 
 /// The global indices a rank holds, by the list-based `torch.chunk` rule: along each dim, start with
@@ -107,11 +93,8 @@ pub fn oracle_indices(shape: &[u64], layout: &Layout, rank: Rank) -> Option<Vec<
             let list = &lists[d as usize];
             let parts = mesh.dims()[a] as usize;
             let size = list.len().div_ceil(parts);
-            let chunks: Vec<Vec<u64>> = if size == 0 {
-                Vec::new()
-            } else {
-                list.chunks(size).map(<[u64]>::to_vec).collect()
-            };
+            let chunks: Vec<Vec<u64>> =
+                if size == 0 { Vec::new() } else { list.chunks(size).map(<[u64]>::to_vec).collect() };
             lists[d as usize] = chunks.get(coords[a] as usize).cloned().unwrap_or_default();
         }
     }
@@ -150,12 +133,7 @@ pub fn written_elements(plan: &ReshardPlan, t: &Transfer) -> Vec<u64> {
     let mut out = Vec::new();
     let mut idx = vec![0u64; outer.len()];
     loop {
-        let at = t.dst_offset
-            + idx
-                .iter()
-                .zip(&t.dst_strides)
-                .map(|(i, s)| i * s)
-                .sum::<u64>();
+        let at = t.dst_offset + idx.iter().zip(&t.dst_strides).map(|(i, s)| i * s).sum::<u64>();
         assert_eq!(at % elem, 0, "write at byte {at} is not on an element");
         for e in 0..run / elem {
             // Unravel the local element index in the destination box, map to global.
@@ -165,12 +143,7 @@ pub fn written_elements(plan: &ReshardPlan, t: &Transfer) -> Vec<u64> {
                 coords[d] = lists[d][(local % extent[d]) as usize];
                 local /= extent[d];
             }
-            out.push(
-                coords
-                    .iter()
-                    .zip(shape)
-                    .fold(0, |acc, (&c, &n)| acc * n + c),
-            );
+            out.push(coords.iter().zip(shape).fold(0, |acc, (&c, &n)| acc * n + c));
         }
         let mut d = outer.len();
         loop {

@@ -83,11 +83,8 @@ impl Operands {
     /// The sub-range `[from, from + bytes)` of every range.
     #[inline(always)]
     pub fn window(&self, from: u64, bytes: u64) -> Operands {
-        let shift = |s: AddrSet| AddrSet {
-            first: if s.first != 0 { s.first + from } else { 0 },
-            offset: s.offset + from,
-            ..s
-        };
+        let shift =
+            |s: AddrSet| AddrSet { first: if s.first != 0 { s.first + from } else { 0 }, offset: s.offset + from, ..s };
         Operands { srcs: shift(self.srcs), dsts: shift(self.dsts), bytes }
     }
 

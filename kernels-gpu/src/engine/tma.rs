@@ -20,10 +20,10 @@ use super::{Ctx, wait};
 use crate::abi::{DType, RedOp};
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::*;
+use oxccl_ptx::fence::fence_proxy_async_shared_cta;
 use oxccl_ptx::mbarrier::mbarrier_arrive_expect_tx_shared_b64;
 use oxccl_ptx::memory::{ld_shared_v4_u32, st_shared_v4_u32};
 use oxccl_ptx::sync::bar_sync_all;
-use oxccl_ptx::fence::fence_proxy_async_shared_cta;
 
 /// How the issuer finishes an item.
 #[derive(Clone, Copy)]
@@ -65,13 +65,17 @@ pub unsafe fn run_move<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &O
 /// As [`run_move`]; the hardware supports `(dtype, op)` (`abi::tma_can_reduce`); `ops.dsts` has one
 /// range, which no source overlaps.
 #[inline(always)]
-pub unsafe fn run_reduce_into<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, elem: u32, dtype: DType, op: RedOp) {
+pub unsafe fn run_reduce_into<C: Combine>(
+    ctx: &Ctx,
+    state: &mut PipelineState,
+    ops: &Operands,
+    elem: u32,
+    dtype: DType,
+    op: RedOp,
+) {
     // SAFETY: forwarded contract.
     unsafe {
-        let with_dst = Operands {
-            srcs: simt::AddrSet { first: ops.dsts.head(ctx), ..ops.srcs },
-            ..*ops
-        };
+        let with_dst = Operands { srcs: simt::AddrSet { first: ops.dsts.head(ctx), ..ops.srcs }, ..*ops };
         if ops.misalignment(ctx) != 0 {
             simt::elements::<C>(ctx, &with_dst, elem);
             return;
@@ -85,10 +89,7 @@ pub unsafe fn run_reduce_into<C: Combine>(ctx: &Ctx, state: &mut PipelineState, 
         while m != 0 {
             let r = m.trailing_zeros();
             m &= m - 1;
-            let one = Operands {
-                srcs: simt::AddrSet { first: 0, mask: 1 << r, ..ops.srcs },
-                ..ops.window(head, body)
-            };
+            let one = Operands { srcs: simt::AddrSet { first: 0, mask: 1 << r, ..ops.srcs }, ..ops.window(head, body) };
             stream::<C>(ctx, state, &one, 1, Write::Reduce(dtype, op));
             if ctx.aborted() {
                 return;

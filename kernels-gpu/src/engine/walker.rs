@@ -34,7 +34,13 @@ use oxccl_ptx::sync::bar_sync_all;
 /// `tasks` addresses the launch's task array, which holds the program's range; every buffer and
 /// workspace address in the tables is valid for what the tasks do with it.
 #[inline(always)]
-pub unsafe fn run<const TMA: bool, C: Combine>(ctx: &Ctx, program: &TbProgram, tasks: *const Task, dtype: DType, op: RedOp) {
+pub unsafe fn run<const TMA: bool, C: Combine>(
+    ctx: &Ctx,
+    program: &TbProgram,
+    tasks: *const Task,
+    dtype: DType,
+    op: RedOp,
+) {
     let peers = program.barrier_ranks;
     let mut seq = 0;
     // SAFETY (whole function): the barriers and tasks follow the module's protocol; see `# Safety`.
