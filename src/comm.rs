@@ -394,7 +394,7 @@ impl Communicator {
         let mut ranges = Vec::new();
         for (r, b) in recv_raw.iter().enumerate() {
             self.check_buffer(b, r, expected_recv, if in_place { "buffer" } else { "receive buffer" }, e)?;
-            ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device));
+            ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device, true));
         }
         let send_raw: Option<Vec<Raw>> = match send {
             Some(s) => {
@@ -404,7 +404,7 @@ impl Communicator {
                 let raw: Vec<Raw> = s.iter().map(raw_of).collect();
                 for (r, b) in raw.iter().enumerate() {
                     self.check_buffer(b, r, in_len, "send buffer", e)?;
-                    ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device));
+                    ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device, false));
                 }
                 Some(raw)
             }
@@ -501,13 +501,20 @@ impl<T, S: DevicePtr<T>> DevicePtrLike<T> for S {
     }
 }
 
-fn check_disjoint(ranges: &[(u64, u64, usize, usize)], what: &'static str) -> Result<()> {
+/// Every written range (`.4`) must be disjoint from every other range on its device; ranges that are
+/// only read may overlap each other.
+fn check_disjoint(ranges: &[(u64, u64, usize, usize, bool)], what: &'static str) -> Result<()> {
     let mut v: Vec<_> = ranges.iter().filter(|r| r.0 < r.1).copied().collect();
-    v.sort();
-    for w in v.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        if a.3 == b.3 && b.0 < a.1 {
-            return Err(Error::Aliasing { what, rank: a.2, other_rank: b.2 });
+    v.sort_by_key(|r| (r.3, r.0));
+    for i in 0..v.len() {
+        for b in &v[i + 1..] {
+            let a = v[i];
+            if b.3 != a.3 || b.0 >= a.1 {
+                break;
+            }
+            if a.4 || b.4 {
+                return Err(Error::Aliasing { what, rank: a.2, other_rank: b.2 });
+            }
         }
     }
     Ok(())

@@ -20,6 +20,7 @@
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
 //! `oxccl-host`, which also executes them on the CPU.
 
+pub mod bench;
 pub mod cli;
 mod comm;
 pub mod engine;

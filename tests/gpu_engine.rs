@@ -145,7 +145,8 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let mut rng = common::Rng(0x5eed);
     let fixed = [0u64, 4, 16, 17 * 16 + 4, 4096, 1 << 20];
     let mut cases = 0;
-    for round in 0..40 {
+    let rounds = std::env::var("OXCCL_MOVER_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
             let dtype = dtypes()[rng.below(5) as usize];
             let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.below(3) as usize];

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries here (the GPU machine has no Rust toolchain) and copies
+# them under .device/bin with stable names, ready to be carried to the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .device/bin
+cargo build --release --bin oxccl
+cp target/release/oxccl .device/bin/oxccl
+cargo test --release --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"]
+        if m["target"]["src_path"].endswith("lib.rs") or m["target"]["src_path"].endswith("main.rs"):
+            name = m["package_id"].split("#")[0].split("/")[-1] + "-unit-" + name
+        shutil.copy(m["executable"], ".device/bin/" + name)
+        print("staged", name)
+'
+ls -la .device/bin

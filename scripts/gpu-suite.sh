@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
+# Usage: scripts/gpu-suite.sh STEP... (tests, sanitizer, sweep, allreduce, compare, overlap)
+set -uo pipefail
+B=.device/bin
+OUT=${OUT:-/tmp/oxccl-out}
+mkdir -p "$OUT"
+export RUST_BACKTRACE=1
+log() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+for step in "$@"; do
+  case "$step" in
+    info)
+      log info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv ;;
+    tests)
+      for t in gpu_intrinsics gpu_engine gpu_collectives; do
+        log "$t"; $B/$t --test-threads=1 --nocapture 2>&1 | tee "$OUT/$t.log" | grep -E "^test |test result|skipped|cases|panicked|timeout|error" ; done ;;
+    sanitizer)
+      log memcheck
+      OXCCL_MOVER_ROUNDS=6 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy 2>&1 | tail -8
+      log racecheck
+      OXCCL_MOVER_ROUNDS=6 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy 2>&1 | tail -8
+      log memcheck-collectives
+      OXCCL_GPU_CASES=12 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_collectives --test-threads=1 collectives_match 2>&1 | tail -6 ;;
+    sweep)
+      log sweep; $B/oxccl bench movers -e 1G --json 2>&1 | tee "$OUT/sweep.log" ;;
+    allreduce)
+      log allreduce-tma; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json 2>&1 | tee "$OUT/ar_tma_8.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

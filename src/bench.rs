@@ -1,0 +1,466 @@
+//! Measurements that speak nccl-tests: device-event timing, the mover CTA sweep, and the collective
+//! bandwidth table (size, count, type, redop, root, time, algbw, busbw, #wrong, out-of-place and
+//! in-place, "Avg bus bandwidth"). algbw = bytes / seconds / 1e9; busbw = algbw × the collective's
+//! factor. Correctness is checked in a separate, untimed pass.
+
+use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
+use crate::error::{Error, Result};
+use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr};
+use oxccl_host::lowered::Lowered;
+use oxccl_host::tccl::{PlanSpec, split};
+use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, ReduceMode, Task, TaskKind, TbProgram, slot};
+use std::sync::Arc;
+
+/// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
+/// with device events on `stream`.
+pub fn time_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+    for _ in 0..iters.max(1) {
+        f()?;
+    }
+    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+    end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+    let ms = start.elapsed_ms(&end).map_err(Error::driver("cuEventElapsedTime"))? as f64;
+    Ok(ms / iters.max(1) as f64)
+}
+
+/// What a mover-sweep row measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepOp {
+    /// `dst = a`: bytes read + written = 2 × size.
+    Copy,
+    /// `dst = a + b` (f32), sources combined in shared memory / registers: 3 × size.
+    ReduceAdd,
+    /// `dst += b` (f32) by `cp.reduce.async.bulk` (TMA) or a load-add-store (SIMT): 3 × size.
+    ReduceInto,
+}
+
+impl SweepOp {
+    fn name(self) -> &'static str {
+        match self {
+            SweepOp::Copy => "copy",
+            SweepOp::ReduceAdd => "reduce-add",
+            SweepOp::ReduceInto => "reduce-into",
+        }
+    }
+    fn traffic(self) -> u64 {
+        match self {
+            SweepOp::Copy => 2,
+            SweepOp::ReduceAdd | SweepOp::ReduceInto => 3,
+        }
+    }
+}
+
+/// One row of the mover sweep.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SweepRow {
+    pub op: &'static str,
+    pub mover: &'static str,
+    pub ctas: u32,
+    pub threads: u32,
+    pub registers: u32,
+    pub bytes: u64,
+    pub ms: f64,
+    /// Bytes read + written per second / 1e9.
+    pub gbps: f64,
+    pub gbps_per_cta: f64,
+    /// Against `cuMemcpyDtoD` of the same size in the same run.
+    pub of_memcpy: f64,
+}
+
+/// A one-rank program moving `bytes` with `ctas` CTAs: one task per CTA over a 16-byte-grained split.
+fn sweep_program(op: SweepOp, bytes: u64, ctas: u32) -> Lowered {
+    let mut programs = Vec::new();
+    let mut tasks = Vec::new();
+    for c in 0..ctas {
+        let (lo, hi) = split(bytes, ctas as u64, 16, c as u64);
+        let first = tasks.len() as u32;
+        if hi > lo {
+            let (kind, src_ranks) = match op {
+                SweepOp::Copy => (TaskKind::Move, 0b1),
+                SweepOp::ReduceAdd => (TaskKind::Move, 0b11),
+                SweepOp::ReduceInto => (TaskKind::ReduceInto, 0b10),
+            };
+            tasks.push(Task {
+                kind: kind.raw(),
+                dtype: DType::F32.raw(),
+                op: ReduceOp::Sum.raw(),
+                src_slot: slot::INPUT,
+                dst_slot: slot::OUTPUT,
+                flags: 0,
+                reserved: 0,
+                src_ranks,
+                dst_ranks: 1,
+                src_offset: lo,
+                dst_offset: lo,
+                bytes: hi - lo,
+            });
+        }
+        programs.push(TbProgram { rank: 0, cta: c, first_task: first, task_count: tasks.len() as u32 - first, barrier_ranks: 0, reserved: 0 });
+    }
+    let combines = op != SweepOp::Copy;
+    Lowered { programs, tasks, ranks: 2, slots: 2, combines }
+}
+
+/// Parameters of the mover sweep.
+#[derive(Clone, Debug)]
+pub struct SweepConfig {
+    pub bytes: u64,
+    pub ctas: Vec<u32>,
+    pub tma_threads_copy: u32,
+    pub tma_threads_reduce: u32,
+    pub simt_threads: u32,
+    pub chunk_bytes: u32,
+    pub stages: u32,
+    pub warmup: usize,
+    pub iters: usize,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        SweepConfig {
+            bytes: 1 << 30,
+            ctas: vec![1, 2, 4, 8, 16, 32, 66, 132],
+            tma_threads_copy: 32,
+            tma_threads_reduce: 128,
+            simt_threads: 512,
+            chunk_bytes: 16 * 1024,
+            stages: 4,
+            warmup: 2,
+            iters: 5,
+        }
+    }
+}
+
+/// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
+/// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
+pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
+    let engine = Engine::new(stream.context())?;
+    let n = (cfg.bytes / 4) as usize;
+    let a: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
+    let b: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
+    let mut dst: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
+    let memcpy_ms = time_ms(stream, cfg.warmup, cfg.iters, || {
+        stream.memcpy_dtod(&a, &mut dst).map_err(Error::driver("cuMemcpyDtoDAsync"))
+    })?;
+    let memcpy_gbps = 2.0 * cfg.bytes as f64 / (memcpy_ms * 1e-3) / 1e9;
+    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    buffers[0][slot::INPUT as usize] = a.device_ptr(stream).0;
+    buffers[1][slot::INPUT as usize] = b.device_ptr(stream).0;
+    buffers[0][slot::OUTPUT as usize] = dst.device_ptr(stream).0;
+    let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>())?;
+    let mut rows = Vec::new();
+    for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
+        for &ctas in &cfg.ctas {
+            let l = sweep_program(op, cfg.bytes, ctas);
+            let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
+            for mover in [Mover::Tma, Mover::Simt] {
+                let threads = match (mover, op) {
+                    (Mover::Simt, _) => cfg.simt_threads,
+                    (Mover::Tma, SweepOp::Copy) => cfg.tma_threads_copy,
+                    (Mover::Tma, _) => cfg.tma_threads_reduce,
+                };
+                let spec = LaunchSpec {
+                    mover,
+                    dtype: DType::F32,
+                    op: ReduceOp::Sum,
+                    threads,
+                    chunk_bytes: cfg.chunk_bytes,
+                    stages: cfg.stages,
+                    reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
+                    timeout_ns: 10_000_000_000,
+                    wait_suspend_ns: 0,
+                };
+                let ms = time_ms(stream, cfg.warmup, cfg.iters, || {
+                    // SAFETY: the three buffers hold `bytes` each and outlive the synchronised timing.
+                    unsafe { engine.launch(stream, &prog, &spec, buffers, [0; MAX_RANKS], status.ptr()) }
+                })?;
+                let info = engine.kernel_info(mover, DType::F32, ReduceOp::Sum)?;
+                let gbps = op.traffic() as f64 * cfg.bytes as f64 / (ms * 1e-3) / 1e9;
+                rows.push(SweepRow {
+                    op: op.name(),
+                    mover: if mover == Mover::Tma { "tma" } else { "simt" },
+                    ctas,
+                    threads,
+                    registers: info.registers,
+                    bytes: cfg.bytes,
+                    ms,
+                    gbps,
+                    gbps_per_cta: gbps / ctas as f64,
+                    of_memcpy: gbps / memcpy_gbps,
+                });
+            }
+        }
+    }
+    stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+    let st: Status = bytemuck::pod_read_unaligned(&status.read()?[..std::mem::size_of::<Status>()]);
+    if let Some(e) = Error::from_status(&st) {
+        return Err(e);
+    }
+    Ok((memcpy_gbps, rows))
+}
+
+/// Parameters of a collective benchmark (nccl-tests flags).
+#[derive(Clone, Debug)]
+pub struct CollectiveBench {
+    pub collective: Collective,
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub ranks: usize,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: bool,
+    pub config: Config,
+}
+
+/// One row of the nccl-tests table.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CollectiveRow {
+    pub collective: &'static str,
+    pub ranks: usize,
+    pub ctas: u32,
+    pub mover: &'static str,
+    pub reduction: &'static str,
+    /// nccl-tests' size: bytes of the largest per-rank buffer.
+    pub size: u64,
+    pub count: u64,
+    pub dtype: &'static str,
+    pub redop: &'static str,
+    pub oop_us: f64,
+    pub oop_algbw: f64,
+    pub oop_busbw: f64,
+    pub oop_wrong: u64,
+    pub ip_us: f64,
+    pub ip_algbw: f64,
+    pub ip_busbw: f64,
+    pub ip_wrong: u64,
+}
+
+/// A value every rank can compute for element `i` of rank `r`: small integers, exact in every dtype
+/// and under any summation order.
+fn pattern(r: usize, i: u64) -> i32 {
+    ((r as u64 * 7 + i * 13) % 17) as i32 - 8
+}
+
+fn encode(dtype: DType, x: i32, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
+        DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
+        DType::I32 => out.extend_from_slice(&x.to_le_bytes()),
+        DType::U32 => out.extend_from_slice(&(x.unsigned_abs()).to_le_bytes()),
+    }
+}
+
+fn reduce_i64(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> i32 {
+    let vals: Vec<i64> = vals.map(|x| if dtype == DType::U32 { x.unsigned_abs() as i64 } else { x as i64 }).collect();
+    let r = match op {
+        ReduceOp::Sum => vals.iter().sum::<i64>(),
+        ReduceOp::Min => *vals.iter().min().unwrap(),
+        ReduceOp::Max => *vals.iter().max().unwrap(),
+    };
+    r as i32
+}
+
+/// Runs the benchmark on virtual ranks of `stream`'s GPU, one row per size.
+pub fn collective_bench(stream: &Arc<CudaStream>, b: &CollectiveBench, mut on_row: impl FnMut(&CollectiveRow)) -> Result<Vec<CollectiveRow>> {
+    let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
+    let p = b.ranks;
+    let e = b.dtype.size() as u64;
+    let mut rows = Vec::new();
+    let mut size = b.min_bytes.max(e);
+    while size <= b.max_bytes {
+        // nccl-tests: size is the larger per-rank buffer; count per rank in the smaller one.
+        let total_elems = size / e;
+        let count = match b.collective {
+            Collective::AllReduce => total_elems,
+            Collective::ReduceScatter | Collective::AllGather => total_elems / p as u64,
+        };
+        let spec = PlanSpec {
+            collective: b.collective,
+            count,
+            dtype: b.dtype,
+            op: b.op,
+            ranks: p,
+            in_place: false,
+            ctas: comm.ctas_per_rank(),
+            reduction: b.config.reduction,
+        };
+        let (in_bytes, out_bytes) = spec.buffer_bytes();
+        let inputs: Vec<Vec<u8>> = (0..p)
+            .map(|r| {
+                let mut v = Vec::with_capacity(in_bytes as usize);
+                for i in 0..in_bytes / e {
+                    encode(b.dtype, pattern(r, i), &mut v);
+                }
+                v
+            })
+            .collect();
+        let expected = |r: usize, i: u64| -> i32 {
+            match b.collective {
+                Collective::AllReduce => reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, i))),
+                Collective::ReduceScatter => reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, r as u64 * count + i))),
+                Collective::AllGather => {
+                    let (q, j) = ((i / count.max(1)) as usize, i % count.max(1));
+                    reduce_i64(ReduceOp::Sum, b.dtype, std::iter::once(pattern(q, j)))
+                }
+            }
+        };
+        let mut times = [0f64; 2];
+        let mut wrong = [0u64; 2];
+        for (k, in_place) in [false, true].into_iter().enumerate() {
+            let mut send: Vec<CudaSlice<u8>> = Vec::new();
+            let mut recv: Vec<CudaSlice<u8>> = Vec::new();
+            for (r, input) in inputs.iter().enumerate() {
+                if in_place {
+                    let len = in_bytes.max(out_bytes) as usize;
+                    let mut buf = vec![0u8; len];
+                    let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
+                    buf[at..at + input.len()].copy_from_slice(input);
+                    recv.push(stream.clone_htod(&buf).map_err(Error::driver("cuMemcpyHtoD"))?);
+                } else {
+                    send.push(stream.clone_htod(input).map_err(Error::driver("cuMemcpyHtoD"))?);
+                    recv.push(stream.alloc_zeros::<u8>(out_bytes as usize).map_err(Error::driver("cuMemAlloc"))?);
+                }
+            }
+            let call = |recv: &mut Vec<CudaSlice<u8>>, send: &Vec<CudaSlice<u8>>| -> Result<()> {
+                macro_rules! go {
+                    ($t:ty) => {{
+                        // SAFETY: byte buffers reinterpreted as whole elements of their dtype (lengths are
+                        // multiples of the element size; cudarc allocations are 256-byte aligned).
+                        let s: Vec<CudaView<$t>> = send.iter().map(|x| unsafe { x.transmute::<$t>(x.len() / e as usize) }.unwrap()).collect();
+                        let mut d: Vec<CudaViewMut<$t>> = recv
+                            .iter_mut()
+                            .map(|x| {
+                                let n = x.len() / e as usize;
+                                unsafe { x.transmute_mut::<$t>(n) }.unwrap()
+                            })
+                            .collect();
+                        match (b.collective, in_place) {
+                            (Collective::AllReduce, false) => comm.all_reduce(&s, &mut d, b.op),
+                            (Collective::AllReduce, true) => comm.all_reduce_in_place(&mut d, b.op),
+                            (Collective::ReduceScatter, false) => comm.reduce_scatter(&s, &mut d, b.op),
+                            (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut d, b.op),
+                            (Collective::AllGather, false) => comm.all_gather(&s, &mut d),
+                            (Collective::AllGather, true) => comm.all_gather_in_place(&mut d),
+                        }
+                    }};
+                }
+                match b.dtype {
+                    DType::F32 => go!(f32),
+                    DType::F16 => go!(half::f16),
+                    DType::Bf16 => go!(half::bf16),
+                    DType::I32 => go!(i32),
+                    DType::U32 => go!(u32),
+                }
+            };
+            // Correctness pass (untimed) on fresh data.
+            if b.check {
+                call(&mut recv, &send)?;
+                comm.synchronize()?;
+                for (r, buf) in recv.iter().enumerate() {
+                    let host = stream.clone_dtoh(buf).map_err(Error::driver("cuMemcpyDtoH"))?;
+                    let (base, n) = match (b.collective, in_place) {
+                        (Collective::ReduceScatter, true) => (r as u64 * count, count),
+                        _ => (0, out_bytes / e),
+                    };
+                    let mut want = Vec::with_capacity(e as usize);
+                    for i in 0..n {
+                        want.clear();
+                        encode(b.dtype, expected(r, i), &mut want);
+                        let at = ((base + i) * e) as usize;
+                        if host[at..at + e as usize] != want[..] {
+                            wrong[k] += 1;
+                        }
+                    }
+                }
+            }
+            times[k] = time_ms(stream, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
+            comm.synchronize()?;
+        }
+        let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
+        let factor = b.collective.bus_factor(p);
+        let row = CollectiveRow {
+            collective: b.collective.name(),
+            ranks: p,
+            ctas: comm.ctas_per_rank(),
+            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
+            size,
+            count: total_elems,
+            dtype: b.dtype.nccl_name(),
+            redop: b.op.nccl_name(),
+            oop_us: times[0],
+            oop_algbw: bw(times[0]),
+            oop_busbw: bw(times[0]) * factor,
+            oop_wrong: if b.check { wrong[0] } else { u64::MAX },
+            ip_us: times[1],
+            ip_algbw: bw(times[1]),
+            ip_busbw: bw(times[1]) * factor,
+            ip_wrong: if b.check { wrong[1] } else { u64::MAX },
+        };
+        on_row(&row);
+        rows.push(row);
+        size = size.saturating_mul(b.factor.max(2));
+    }
+    Ok(rows)
+}
+
+/// The nccl-tests table header.
+pub const NCCL_HEADER: &str = "#                                                              out-of-place                       in-place          \n\
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ";
+
+/// One table line as nccl-tests prints it (`#wrong` is `N/A` when unchecked).
+pub fn nccl_line(r: &CollectiveRow) -> String {
+    let w = |n: u64| if n == u64::MAX { "N/A".to_string() } else { n.to_string() };
+    format!(
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
+        r.size,
+        r.count,
+        r.dtype,
+        r.redop,
+        -1,
+        r.oop_us,
+        r.oop_algbw,
+        r.oop_busbw,
+        w(r.oop_wrong),
+        r.ip_us,
+        r.ip_algbw,
+        r.ip_busbw,
+        w(r.ip_wrong)
+    )
+}
+
+/// nccl-tests' closing lines for a set of rows.
+pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
+    let wrong: u64 = rows.iter().map(|r| r.oop_wrong.saturating_add(r.ip_wrong)).filter(|&w| w < u64::MAX / 2).sum();
+    let avg = rows.iter().map(|r| (r.oop_busbw + r.ip_busbw) / 2.0).sum::<f64>() / rows.len().max(1) as f64;
+    format!(
+        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#",
+        wrong,
+        if wrong == 0 { "OK" } else { "FAILED" },
+        avg
+    )
+}
+
+/// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
+/// least: every rank's input read once and every rank's output written once. `size` is nccl-tests'
+/// size (the larger per-rank buffer).
+pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
+    let p = ranks as u64;
+    match collective {
+        // Input N and output N per rank.
+        Collective::AllReduce => 2 * size * p,
+        // ReduceScatter: input `size`, output size / P per rank; AllGather the other way round.
+        Collective::ReduceScatter | Collective::AllGather => size * p + size,
+    }
+}
