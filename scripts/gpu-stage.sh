@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .device/bin
+export OXCCL_PTX_BUILD=fresh
 cargo build --release --bin oxccl
 cp target/release/oxccl .device/bin/oxccl
 cargo test --release --no-run --message-format=json 2>/dev/null \

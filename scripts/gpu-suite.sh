@@ -21,8 +21,14 @@ for step in "$@"; do
       OXCCL_MOVER_ROUNDS=6 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy 2>&1 | tail -8
       log memcheck-collectives
       OXCCL_GPU_CASES=12 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_collectives --test-threads=1 collectives_match 2>&1 | tail -6 ;;
+    regression)
+      log regression-memcheck
+      compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ 2>&1 | head -60 ;;
     sweep)
       log sweep; $B/oxccl bench movers -e 1G --json 2>&1 | tee "$OUT/sweep.log" ;;
+    sweep-configs)
+      for cs in "16384 4" "32768 6" "16384 8" "49152 4"; do set -- $cs
+        log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 2>&1 | grep -E "copy|reduce" | grep -E " (1|8|32|132) " ; done ;;
     allreduce)
       log allreduce-tma; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json 2>&1 | tee "$OUT/ar_tma_8.log" ;;
     *) echo "unknown step $step" ;;

@@ -15,7 +15,12 @@ use std::sync::Arc;
 
 /// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
 /// with device events on `stream`.
-pub fn time_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub fn time_ms(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     for _ in 0..warmup {
         f()?;
     }
@@ -101,7 +106,14 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32) -> Lowered {
                 bytes: hi - lo,
             });
         }
-        programs.push(TbProgram { rank: 0, cta: c, first_task: first, task_count: tasks.len() as u32 - first, barrier_ranks: 0, reserved: 0 });
+        programs.push(TbProgram {
+            rank: 0,
+            cta: c,
+            first_task: first,
+            task_count: tasks.len() as u32 - first,
+            barrier_ranks: 0,
+            reserved: 0,
+        });
     }
     let combines = op != SweepOp::Copy;
     Lowered { programs, tasks, ranks: 2, slots: 2, combines }
@@ -129,8 +141,8 @@ impl Default for SweepConfig {
             tma_threads_copy: 32,
             tma_threads_reduce: 128,
             simt_threads: 512,
-            chunk_bytes: 16 * 1024,
-            stages: 4,
+            chunk_bytes: 32 * 1024,
+            stages: 6,
             warmup: 2,
             iters: 5,
         }
@@ -271,7 +283,11 @@ fn reduce_i64(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> i3
 }
 
 /// Runs the benchmark on virtual ranks of `stream`'s GPU, one row per size.
-pub fn collective_bench(stream: &Arc<CudaStream>, b: &CollectiveBench, mut on_row: impl FnMut(&CollectiveRow)) -> Result<Vec<CollectiveRow>> {
+pub fn collective_bench(
+    stream: &Arc<CudaStream>,
+    b: &CollectiveBench,
+    mut on_row: impl FnMut(&CollectiveRow),
+) -> Result<Vec<CollectiveRow>> {
     let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
     let p = b.ranks;
     let e = b.dtype.size() as u64;
@@ -307,7 +323,9 @@ pub fn collective_bench(stream: &Arc<CudaStream>, b: &CollectiveBench, mut on_ro
         let expected = |r: usize, i: u64| -> i32 {
             match b.collective {
                 Collective::AllReduce => reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, i))),
-                Collective::ReduceScatter => reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, r as u64 * count + i))),
+                Collective::ReduceScatter => {
+                    reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, r as u64 * count + i)))
+                }
                 Collective::AllGather => {
                     let (q, j) = ((i / count.max(1)) as usize, i % count.max(1));
                     reduce_i64(ReduceOp::Sum, b.dtype, std::iter::once(pattern(q, j)))
@@ -336,7 +354,8 @@ pub fn collective_bench(stream: &Arc<CudaStream>, b: &CollectiveBench, mut on_ro
                     ($t:ty) => {{
                         // SAFETY: byte buffers reinterpreted as whole elements of their dtype (lengths are
                         // multiples of the element size; cudarc allocations are 256-byte aligned).
-                        let s: Vec<CudaView<$t>> = send.iter().map(|x| unsafe { x.transmute::<$t>(x.len() / e as usize) }.unwrap()).collect();
+                        let s: Vec<CudaView<$t>> =
+                            send.iter().map(|x| unsafe { x.transmute::<$t>(x.len() / e as usize) }.unwrap()).collect();
                         let mut d: Vec<CudaViewMut<$t>> = recv
                             .iter_mut()
                             .map(|x| {

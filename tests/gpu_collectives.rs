@@ -6,7 +6,7 @@
 mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
-use oxccl::{Collective, Communicator, Config, DType, Error, Mover, Reduction, ReduceOp};
+use oxccl::{Collective, Communicator, Config, DType, Error, Mover, ReduceOp, Reduction};
 use oxccl_host::tccl::{self, PlanSpec};
 use std::sync::Arc;
 
@@ -145,7 +145,8 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs: Vec<Vec<u8>> = (0..spec.ranks).map(|_| data(spec.dtype, elems, &mut rng, integers)).collect();
-        let got = run_gpu(comm, &stream, &spec, &inputs).unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
+        let got =
+            run_gpu(comm, &stream, &spec, &inputs).unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
         let want = tccl::reference(&spec, &inputs);
         // Register reduction combines in ascending rank order like the reference: bitwise equal even on
         // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
@@ -187,7 +188,11 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
 fn deterministic_mode_is_bitwise_stable() {
     let Some(stream) = common::gpu("deterministic_mode_is_bitwise_stable") else { return };
     let mut rng = common::Rng(42);
-    for (collective, dtype) in [(Collective::AllReduce, DType::F32), (Collective::AllReduce, DType::Bf16), (Collective::ReduceScatter, DType::F16)] {
+    for (collective, dtype) in [
+        (Collective::AllReduce, DType::F32),
+        (Collective::AllReduce, DType::Bf16),
+        (Collective::ReduceScatter, DType::F16),
+    ] {
         for mover in [Mover::Tma, Mover::Simt] {
             let spec = PlanSpec {
                 collective,
@@ -207,7 +212,10 @@ fn deterministic_mode_is_bitwise_stable() {
                 let again = run_gpu(&comm, &stream, &spec, &inputs).unwrap();
                 assert!(again == first, "{collective:?} {dtype:?} {mover:?}: run {run} differs bitwise from run 0");
             }
-            assert!(first == tccl::reference(&spec, &inputs), "{collective:?} {dtype:?} {mover:?}: differs from the reference");
+            assert!(
+                first == tccl::reference(&spec, &inputs),
+                "{collective:?} {dtype:?} {mover:?}: differs from the reference"
+            );
         }
     }
 }
@@ -222,7 +230,8 @@ fn misuse_is_a_typed_error() {
     let e = comm.all_reduce(&send[..3], &mut recv, ReduceOp::Sum).unwrap_err();
     assert!(matches!(e, Error::BufferCount { expected: 4, got: 3, .. }), "{e}");
     // Wrong length.
-    let mut short: Vec<CudaSlice<f32>> = (0..4).map(|i| stream.alloc_zeros::<f32>(if i == 2 { 99 } else { 100 }).unwrap()).collect();
+    let mut short: Vec<CudaSlice<f32>> =
+        (0..4).map(|i| stream.alloc_zeros::<f32>(if i == 2 { 99 } else { 100 }).unwrap()).collect();
     let e = comm.all_reduce(&send, &mut short, ReduceOp::Sum).unwrap_err();
     assert!(matches!(e, Error::Length { rank: 2, expected: 100, got: 99, .. }), "{e}");
     // Overlapping send buffers are fine (they are only read): every rank sends the same buffer.
@@ -245,7 +254,9 @@ fn misuse_is_a_typed_error() {
     let e = greedy.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap_err();
     assert!(matches!(e, Error::TooManyCtas { .. } | Error::Plan(_)), "{e}");
     // Deterministic with the hardware reduction is refused up front.
-    let e = Communicator::virtual_ranks(&stream, 4, Config { reduction: Reduction::Tma, ..Config::default() }).err().unwrap();
+    let e = Communicator::virtual_ranks(&stream, 4, Config { reduction: Reduction::Tma, ..Config::default() })
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::Config { field: "deterministic", .. }), "{e}");
     // The in-place form checks divisibility.
     let mut odd: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(10).unwrap()).collect();
@@ -279,5 +290,30 @@ fn separate_launches_per_rank_meet_through_barriers() {
         for (r, b) in recv.iter().enumerate() {
             assert_eq!(streams[r].clone_dtoh(b).unwrap(), want, "rank {r}");
         }
+    }
+}
+
+#[test]
+fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
+    // Found by the random cases: in-place ReduceScatter whose block (1474 B) leaves the outputs only
+    // 2-byte aligned, reduced by cp.reduce.async.bulk.
+    let Some(stream) = common::gpu("regression_in_place_reduce_scatter_odd_block_bulk_reduce") else { return };
+    let mut rng = common::Rng(61);
+    for (dtype, op) in [(DType::Bf16, ReduceOp::Max), (DType::F32, ReduceOp::Sum), (DType::F16, ReduceOp::Sum)] {
+        let spec = PlanSpec {
+            collective: Collective::ReduceScatter,
+            count: 737,
+            dtype,
+            op,
+            ranks: 6,
+            in_place: true,
+            ctas: 17,
+            reduction: Reduction::Tma,
+        };
+        let comm = Communicator::virtual_ranks(&stream, 6, config(&spec, Mover::Tma)).unwrap();
+        let elems = spec.buffer_bytes().0 as usize / dtype.size();
+        let inputs: Vec<Vec<u8>> = (0..6).map(|_| data(dtype, elems, &mut rng, true)).collect();
+        let got = run_gpu(&comm, &stream, &spec, &inputs).unwrap_or_else(|e| panic!("{dtype:?} {op:?}: {e}"));
+        assert!(got == tccl::reference(&spec, &inputs), "{dtype:?} {op:?}");
     }
 }

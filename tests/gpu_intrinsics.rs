@@ -60,14 +60,14 @@ fn mbarrier_phases_and_transactions() {
     let Some(p) = Probes::new("mbarrier_phases_and_transactions") else { return };
     let src_data: Vec<u64> = (0..8).map(|i| 0x0123_4567_89ab_cdef ^ (i * 0x1111)).collect();
     let src = p.stream.clone_htod(&src_data).unwrap();
-    let out = p.stream.alloc_zeros::<u64>(6).unwrap();
+    let out = p.stream.alloc_zeros::<u64>(7).unwrap();
     let (a, s) = (p.addr(&out), p.addr(&src));
     unsafe { p.stream.launch_builder(&p.f("probe_mbarrier")).arg(&a).arg(&s).launch(Probes::cfg(1, 1, 256)) }.unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
     assert_eq!(
         v,
-        vec![1, 0, 0, 1, src_data[0], 1],
-        "[phase0 done, phase1 idle, phase1 with tx pending, -, copied, state]"
+        vec![0, 1, 0, 1, src_data[0], 1, 1],
+        "[phase 0 before copy, after, phase 1 before copy, after, copied, phase 2 after arrive, state]"
     );
 }
 

@@ -74,29 +74,45 @@ pub unsafe extern "ptx-kernel" fn probe_sreg(out: u64) {
     }
 }
 
-/// mbarrier phases and transaction counts, one thread, 64 bytes copied from `src`.
-/// `out` = [wait(0) after arrive, wait(1) before tx, wait(1) with tx pending, wait(1) after copy,
-///          first 8 bytes copied, arrive state != 0].
+/// mbarrier phases and transactions, one thread, the way the TMA pipeline uses them: phase 0 armed
+/// by `arrive.expect_tx` and completed by a 64-byte bulk copy from `src`; phase 1 armed by
+/// `expect_tx` plus `arrive.expect_tx` and completed by a second copy; then a plain `arrive` phase.
+/// `out` = [phase 0 done before its copy, phase 0 done after, phase 1 done before its copy, phase 1
+/// done after, first 8 bytes copied, phase 2 done after its arrive, arrive state != 0].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_mbarrier(out: u64, src: u64) {
     let out = Global::<u64>::from_addr(out);
     let bar = smem().cast::<Mbarrier>();
+    let data = smem().byte_add(DATA);
     // SAFETY: one thread (launched with one) owns the barrier and the data region; `src` holds 64
-    // readable, 16-aligned bytes; `out` 6 words.
+    // readable, 16-aligned bytes; `out` 7 words.
     unsafe {
         init_barrier(bar);
-        let state = mbarrier_arrive_shared_b64(bar);
-        let w0 = mbarrier_try_wait_parity_shared_b64(bar, 0);
-        let w1_idle = mbarrier_try_wait_parity_shared_b64(bar, 1);
+        let _ = mbarrier_arrive_expect_tx_shared_b64(bar, 64);
+        let p0_early = mbarrier_try_wait_parity_shared_b64(bar, 0);
+        cp_async_bulk_shared_global_mbarrier(data, Global::from_addr(src), 64, bar);
+        wait(bar, 0);
+        let p0_done = mbarrier_try_wait_parity_shared_b64(bar, 0);
         mbarrier_expect_tx_relaxed_cta_shared_b64(bar, 32);
         let _ = mbarrier_arrive_expect_tx_shared_b64(bar, 32);
-        let w1_pending = mbarrier_try_wait_parity_shared_b64(bar, 1);
-        cp_async_bulk_shared_global_mbarrier(smem().byte_add(DATA), Global::from_addr(src), 64, bar);
+        let p1_early = mbarrier_try_wait_parity_shared_b64(bar, 1);
+        cp_async_bulk_shared_global_mbarrier(data, Global::from_addr(src), 64, bar);
         while !mbarrier_try_wait_parity_suspend_shared_b64(bar, 1, 1000) {}
-        let copied =
-            ld_shared_u32(smem().byte_add(DATA)) as u64 | (ld_shared_u32(smem().byte_add(DATA + 4)) as u64) << 32;
+        let p1_done = mbarrier_try_wait_parity_shared_b64(bar, 1);
+        let copied = ld_shared_u32(data.cast()) as u64 | (ld_shared_u32(data.byte_add(4)) as u64) << 32;
+        let state = mbarrier_arrive_shared_b64(bar);
+        wait(bar, 0);
+        let p2_done = mbarrier_try_wait_parity_shared_b64(bar, 0);
         mbarrier_inval_shared_b64(bar);
-        let vals = [w0 as u64, w1_idle as u64, w1_pending as u64, 1, copied, (state != 0) as u64];
+        let vals = [
+            p0_early as u64,
+            p0_done as u64,
+            p1_early as u64,
+            p1_done as u64,
+            copied,
+            p2_done as u64,
+            (state != 0) as u64,
+        ];
         for (k, v) in vals.into_iter().enumerate() {
             *out.add(k as u64).ptr() = v;
         }

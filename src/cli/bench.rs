@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long)]
     pub chunk: Option<u32>,
     /// Pipeline stages (TMA).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     pub stages: u32,
     /// Print JSON lines after the table.
     #[arg(long)]
@@ -78,7 +78,11 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 }
 
 fn parse_op(s: &str) -> Result<ReduceOp, String> {
-    ReduceOp::ALL.iter().copied().find(|o| o.nccl_name() == s).ok_or_else(|| format!("unknown op {s:?} (sum, min, max)"))
+    ReduceOp::ALL
+        .iter()
+        .copied()
+        .find(|o| o.nccl_name() == s)
+        .ok_or_else(|| format!("unknown op {s:?} (sum, min, max)"))
 }
 
 fn parse_mover(s: &str) -> Result<Mover, String> {
@@ -95,22 +99,37 @@ pub fn run(a: Args) -> CliResult {
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
         "movers" => None,
-        other => return Err(format!("unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather or movers").into()),
+        other => {
+            return Err(format!("unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather or movers").into());
+        }
     };
     let command: Vec<String> = std::env::args().collect();
     let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
     let stream = ctx.default_stream();
     let Some(collective) = collective else {
-        let cfg = SweepConfig { bytes: a.max_bytes, ..SweepConfig::default() };
+        let d = SweepConfig::default();
+        let cfg =
+            SweepConfig { bytes: a.max_bytes, chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes), stages: a.stages, ..d };
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
         println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
-        println!("# {:<12} {:>5} {:>5} {:>8} {:>5} {:>10} {:>10} {:>10} {:>8}", "op", "mover", "CTAs", "threads", "regs", "ms", "GB/s", "GB/s/CTA", "memcpy%");
+        println!(
+            "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>10} {:>10} {:>10} {:>8}",
+            "op", "mover", "CTAs", "threads", "regs", "ms", "GB/s", "GB/s/CTA", "memcpy%"
+        );
         for r in &rows {
             println!(
                 "  {:<12} {:>5} {:>5} {:>8} {:>5} {:>10.3} {:>10.1} {:>10.1} {:>7.1}%",
-                r.op, r.mover, r.ctas, r.threads, r.registers, r.ms, r.gbps, r.gbps_per_cta, 100.0 * r.of_memcpy
+                r.op,
+                r.mover,
+                r.ctas,
+                r.threads,
+                r.registers,
+                r.ms,
+                r.gbps,
+                r.gbps_per_cta,
+                100.0 * r.of_memcpy
             );
         }
         if a.json {
@@ -150,7 +169,13 @@ pub fn run(a: Args) -> CliResult {
         config,
     };
     println!("# oxccl {}: {}", collective.name(), command.join(" "));
-    println!("# device: {}, {} virtual ranks, mover {}, reduction {}", ctx.name().unwrap_or_default(), a.ranks, a.mover, a.reduction);
+    println!(
+        "# device: {}, {} virtual ranks, mover {}, reduction {}",
+        ctx.name().unwrap_or_default(),
+        a.ranks,
+        a.mover,
+        a.reduction
+    );
     println!("{}", bench::NCCL_HEADER);
     let rows = bench::collective_bench(&stream, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
@@ -159,7 +184,8 @@ pub fn run(a: Args) -> CliResult {
             println!("{}", serde_json::to_string(r)?);
         }
     }
-    if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX)) {
+    if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX))
+    {
         return Err("wrong results (see #wrong)".into());
     }
     Ok(())

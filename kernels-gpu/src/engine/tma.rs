@@ -8,8 +8,10 @@
 //!    slots into slot 0 (`fence.proxy.async.shared::cta`, CTA barrier);
 //! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
 //!
-//! A stage is refilled only after `cp.async.bulk.wait_group.read 0` says the stores of its previous
-//! item stopped reading it. Completion of writes (`wait_group 0`) is left to the walker, before it
+//! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
+//! item stopped reading it. With three or more stages the refill lags two items behind the consumer
+//! (`wait_group.read 1`), so the stores of the newest item stay in flight while the next load issues;
+//! with fewer it lags one (`wait_group.read 0`). Completion of writes (`wait_group 0`) is left to the walker, before it
 //! signals anyone. Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo
 //! 16, go through the SIMT path.
 
@@ -140,8 +142,11 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             }
         };
 
+        // Items the refill lags behind the consumer: the stage item `i + stages - lag` uses was last
+        // read by the stores of item `i - lag`.
+        let lag = if stages >= 3 { 2 } else { 1 };
         if ctx.issuer {
-            let ahead = (stages - 1).min(items);
+            let ahead = (stages - lag).min(items);
             for i in 0..ahead {
                 load(&producer, i);
                 producer.advance(stages);
@@ -149,10 +154,13 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         }
         for i in 0..items {
             if ctx.issuer {
-                let next = i + stages - 1;
+                let next = i + stages - lag;
                 if next < items {
-                    // The stage `next` uses was last read by the stores of item i - 1.
-                    cp_async_bulk_wait_group_read::<0>();
+                    if lag == 2 {
+                        cp_async_bulk_wait_group_read::<1>();
+                    } else {
+                        cp_async_bulk_wait_group_read::<0>();
+                    }
                     load(&producer, next);
                     producer.advance(stages);
                 }
