@@ -29,6 +29,9 @@ for step in "$@"; do
     sweep-configs)
       for cs in "16384 4" "32768 6" "16384 8" "49152 4"; do set -- $cs
         log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 2>&1 | grep -E "copy|reduce" | grep -E " (1|8|32|132) " ; done ;;
+    ar-matrix)
+      for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
+        log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args 2>&1 | grep -vE "^\{" ; done ;;
     allreduce)
       log allreduce-tma; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json 2>&1 | tee "$OUT/ar_tma_8.log" ;;
     *) echo "unknown step $step" ;;
