@@ -13,27 +13,25 @@ for step in "$@"; do
       log info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv ;;
     tests)
       for t in gpu_intrinsics gpu_engine gpu_collectives; do
-        log "$t"; $B/$t --test-threads=1 --nocapture 2>&1 | tee "$OUT/$t.log" | grep -E "^test |test result|skipped|cases|panicked|timeout|error" ; done ;;
+        log "$t"; timeout 200 $B/$t --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
     sanitizer)
       log memcheck
-      OXCCL_MOVER_ROUNDS=6 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy 2>&1 | tail -8
+      OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"
       log racecheck
-      OXCCL_MOVER_ROUNDS=6 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy 2>&1 | tail -8
-      log memcheck-collectives
-      OXCCL_GPU_CASES=12 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_collectives --test-threads=1 collectives_match 2>&1 | tail -6 ;;
+      OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/racecheck.log" 2>&1; tail -5 "$OUT/racecheck.log" ;;
     regression)
       log regression-memcheck
-      compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ 2>&1 | head -60 ;;
+      timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;
     sweep)
-      log sweep; $B/oxccl bench movers -e 1G --json 2>&1 | tee "$OUT/sweep.log" ;;
+      log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
     sweep-configs)
       for cs in "16384 4" "32768 6" "16384 8" "49152 4"; do set -- $cs
-        log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 2>&1 | grep -E "copy|reduce" | grep -E " (1|8|32|132) " ; done ;;
+        log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$1_$2.log" | grep -E " (1|8|32|132) " ; done ;;
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
-        log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args 2>&1 | grep -vE "^\{" ; done ;;
+        log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
     allreduce)
-      log allreduce-tma; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json 2>&1 | tee "$OUT/ar_tma_8.log" ;;
+      log allreduce-tma; timeout 120 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -64,10 +64,15 @@ fn mbarrier_phases_and_transactions() {
     let (a, s) = (p.addr(&out), p.addr(&src));
     unsafe { p.stream.launch_builder(&p.f("probe_mbarrier")).arg(&a).arg(&s).launch(Probes::cfg(1, 1, 256)) }.unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
+    // What the engine relies on: each phase completes once its copy has landed (parity 0, then 1, then
+    // 0 again), and the copied bytes are there. Whether a lone thread sees the phase still open just
+    // before it issues the copy is not asserted: on an H200 try_wait reported such a phase complete
+    // (see docs/PERF.md), so the engine never depends on that order.
+    eprintln!("mbarrier probe observed {v:?}");
     assert_eq!(
-        v,
-        vec![0, 1, 0, 1, src_data[0], 1, 1],
-        "[phase 0 before copy, after, phase 1 before copy, after, copied, phase 2 after arrive, state]"
+        (v[1], v[3], v[4], v[5], v[6]),
+        (1, 1, src_data[0], 1, 1),
+        "[phase 0 done, phase 1 done, copied, phase 2 done, state]"
     );
 }
 

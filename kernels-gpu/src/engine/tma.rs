@@ -86,12 +86,13 @@ pub unsafe fn run_reduce_into<C: Combine>(
         let body = (ops.bytes - head) & !15;
         simt::elements::<C>(ctx, &with_dst.window(0, head), elem);
         simt::elements::<C>(ctx, &with_dst.window(head + body, ops.bytes - head - body), elem);
-        // One pass per source through the same ring.
+        // One pass per source through the same ring, over the aligned body (the window's offsets).
+        let body_ops = ops.window(head, body);
         let mut m = ops.srcs.mask;
         while m != 0 {
             let r = m.trailing_zeros();
             m &= m - 1;
-            let one = Operands { srcs: simt::AddrSet { first: 0, mask: 1 << r, ..ops.srcs }, ..ops.window(head, body) };
+            let one = Operands { srcs: simt::AddrSet { first: 0, mask: 1 << r, ..body_ops.srcs }, ..body_ops };
             stream::<C>(ctx, state, &one, 1, Write::Reduce(dtype, op));
             if ctx.aborted() {
                 return;
