@@ -30,6 +30,10 @@ for step in "$@"; do
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
+    allreduce-256m)
+      log allreduce-tma-256m; timeout 100 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 256M -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8_256m.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8_256m.log" ;;
+    collectives)
+      log gpu_collectives; timeout 150 $B/gpu_collectives --test-threads=1 --nocapture collectives_match > "$OUT/gpu_collectives_random.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_collectives_random.log" ;;
     allreduce)
       log allreduce-tma; timeout 120 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8.log" ;;
     *) echo "unknown step $step" ;;

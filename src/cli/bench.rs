@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long)]
     pub chunk: Option<u32>,
     /// Pipeline stages (TMA).
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 4)]
     pub stages: u32,
     /// Print JSON lines after the table.
     #[arg(long)]
