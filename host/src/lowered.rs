@@ -256,6 +256,18 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
     Ok(())
 }
 
+/// Shared-memory slots per stage the TMA mover needs to run `t`: one per source combined in
+/// registers, plus the destination when a `ReduceInto` is combined in registers (always, unless
+/// `bulk_reduce` is set and the hardware reduces the task's (dtype, operator)).
+pub fn tma_slots(t: &Task, bulk_reduce: bool) -> u32 {
+    let sources = t.src_ranks.count_ones();
+    match (TaskKind::from_raw(t.kind), DType::from_raw(t.dtype), RedOp::from_raw(t.op)) {
+        (Some(TaskKind::ReduceInto), Some(d), Some(o)) if bulk_reduce && tma_can_reduce(d, o) => 1,
+        (Some(TaskKind::ReduceInto), _, _) => sources + 1,
+        _ => sources,
+    }
+}
+
 /// Whether `ReduceInto` tasks of this (dtype, operator) may run on `cp.reduce.async.bulk`.
 pub fn tma_reducible(dtype: DType, op: RedOp) -> bool {
     tma_can_reduce(dtype, op)

@@ -17,7 +17,7 @@
 
 use crate::lowered::Lowered;
 use oxccl_kernels::abi::{
-    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot,
+    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot, tma_can_reduce,
 };
 use std::fmt;
 
@@ -183,6 +183,9 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     };
     let c = spec.ctas as u64;
     let tma = spec.reduction == Reduction::Tma;
+    // A ReduceInto the hardware cannot bulk-reduce (f32 min/max) is combined in registers: every
+    // peer's piece and the destination's share a stage.
+    let reduce_into_slots = if tma_can_reduce(spec.dtype, spec.op) { 2 } else { p as u32 };
     let mut programs = Vec::with_capacity(p * spec.ctas as usize);
     let mut tasks = Vec::new();
     let mut slots = 1;
@@ -223,7 +226,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                         }
                         tasks.push(task(ReduceInto, others, inp, a, me, out, a, n, flags));
                         tasks.push(task(Move, me, out, a, others, out, a, n, TASK_AFTER_WRITES));
-                        slots = slots.max(2);
+                        slots = slots.max(reduce_into_slots);
                         combines = true;
                     }
                     Collective::ReduceScatter => {
@@ -242,7 +245,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                                 flags = TASK_AFTER_WRITES;
                             }
                             tasks.push(task(ReduceInto, others, inp, src_at, me, out, a, n, flags));
-                            slots = slots.max(2);
+                            slots = slots.max(reduce_into_slots);
                             combines = true;
                         }
                     }

@@ -123,6 +123,10 @@ proptest! {
     #[test]
     fn plans_are_race_free(spec in spec_strategy()) {
         let plan = tccl::plan(&spec).unwrap();
+        // The launch's slots cover every task on the path the engine takes for it.
+        let bulk = spec.reduction == Reduction::Tma;
+        let needed = plan.tasks.iter().map(|t| lowered::tma_slots(t, bulk)).max().unwrap_or(1);
+        prop_assert!(plan.slots >= needed, "plan declares {} slots, a task needs {}", plan.slots, needed);
         prop_assert_eq!(lowered::check_races(&plan, &spec.aliases()), Ok(()));
         prop_assert_eq!(plan.programs.len(), spec.ranks * spec.ctas as usize);
     }
