@@ -35,7 +35,7 @@ pub use plan::{Connection, Plan, PlanStats, RankPlan, SyncPoint, TbPlan, TbTask}
 pub use schedule::Schedule;
 pub use tballoc::{Allocation, Endpoint, EndpointKind};
 
-use crate::program::{entity, Program, ProgramError};
+use crate::program::{Program, ProgramError, entity};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -123,7 +123,12 @@ impl Scheduler {
         }
     }
     /// Every scheduler.
-    pub const ALL: [Scheduler; 4] = [Scheduler::Hpds, Scheduler::RoundRobin, Scheduler::Algorithm, Scheduler::Stage];
+    pub const ALL: [Scheduler; 4] = [
+        Scheduler::Hpds,
+        Scheduler::RoundRobin,
+        Scheduler::Algorithm,
+        Scheduler::Stage,
+    ];
 }
 
 impl FromStr for Scheduler {
@@ -198,14 +203,23 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { scheduler: Scheduler::Hpds, tb_alloc: TbAlloc::State, ranks_per_node: None, verify: true }
+        Options {
+            scheduler: Scheduler::Hpds,
+            tb_alloc: TbAlloc::State,
+            ranks_per_node: None,
+            verify: true,
+        }
     }
 }
 
 impl Options {
     /// Options with the given scheduler and allocator.
     pub fn new(scheduler: Scheduler, tb_alloc: TbAlloc) -> Options {
-        Options { scheduler, tb_alloc, ..Options::default() }
+        Options {
+            scheduler,
+            tb_alloc,
+            ..Options::default()
+        }
     }
 }
 
@@ -223,7 +237,9 @@ impl fmt::Display for CompileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CompileError::Program(e) => write!(f, "invalid program: {e}"),
-            CompileError::Verify { pass, message } => write!(f, "verifier after `{pass}`: {message}"),
+            CompileError::Verify { pass, message } => {
+                write!(f, "verifier after `{pass}`: {message}")
+            }
         }
     }
 }
@@ -280,7 +296,12 @@ pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, Comp
         verify::plan(&graph, &plan)?;
     }
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(Compilation { graph, schedule, alloc, plan })
+    Ok(Compilation {
+        graph,
+        schedule,
+        alloc,
+        plan,
+    })
 }
 
 /// Compiles `program` into a [`Plan`].
@@ -322,6 +343,9 @@ impl Csr {
                 fill[x as usize] += 1;
             }
         }
-        Csr { start: count, items }
+        Csr {
+            start: count,
+            items,
+        }
     }
 }

@@ -261,8 +261,11 @@ impl Plan {
                         }
                         _ => {}
                     }
-                    let waits: Vec<String> =
-                        tb.waits(i).iter().map(|w| format!("{}.{}", w.tb, w.task)).collect();
+                    let waits: Vec<String> = tb
+                        .waits(i)
+                        .iter()
+                        .map(|w| format!("{}.{}", w.tb, w.task))
+                        .collect();
                     if !waits.is_empty() {
                         let _ = write!(s, " wait {}", waits.join(" "));
                     }
@@ -283,7 +286,13 @@ impl Plan {
 }
 
 /// Runs pass `emit`.
-pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, opts: &Options) -> Plan {
+pub fn emit(
+    program: &Program,
+    g: &Graph,
+    sched: &Schedule,
+    alloc: &Allocation,
+    opts: &Options,
+) -> Plan {
     let nranks = program.ranks() as usize;
     let mut ranks: Vec<RankPlan> = (0..nranks)
         .map(|r| RankPlan {
@@ -300,13 +309,19 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
             let task = &g.tasks[t];
             let tb = alloc.tb_of_task(t);
             let (peer, src, dst) = match (task.prim, o.kind) {
-                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
-                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
+                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => {
+                    (Some(dst_rank), Some(src), None)
+                }
+                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => {
+                    (Some(src_rank), None, Some(dst))
+                }
                 (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
                     (Some(src_rank), Some(dst), Some(dst))
                 }
                 (_, k) => match k {
-                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (None, Some(src), Some(dst)),
+                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => {
+                        (None, Some(src), Some(dst))
+                    }
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
@@ -352,7 +367,10 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
             tbp.tasks[i].wait_count = waits.len() as u32;
             for &(ptb, pidx) in &waits {
-                tbp.syncs.push(SyncPoint { tb: TbId(ptb), task: pidx });
+                tbp.syncs.push(SyncPoint {
+                    tb: TbId(ptb),
+                    task: pidx,
+                });
                 signals.push((rank, ptb, pidx));
             }
             sync_points += waits.len();
@@ -390,7 +408,11 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
         connections: alloc.connections.len(),
         sync_points,
         fifo_slots_needed,
-        est_tb_idle_share: if ntbs > 0 { idle_sum / ntbs as f64 } else { 0.0 },
+        est_tb_idle_share: if ntbs > 0 {
+            idle_sum / ntbs as f64
+        } else {
+            0.0
+        },
         compile_ms: 0.0,
     };
     Plan {

@@ -44,7 +44,13 @@ impl Schedule {
             position[op.index()] = i as u32;
         }
         let count = subpipeline.iter().map(|&s| s + 1).max().unwrap_or(0);
-        Schedule { scheduler, subpipeline, order, position, count }
+        Schedule {
+            scheduler,
+            subpipeline,
+            order,
+            position,
+            count,
+        }
     }
 
     /// The text dump: one line per sub-pipeline with its ops in order.
@@ -70,7 +76,11 @@ impl Schedule {
 }
 
 /// Runs the pass with `scheduler`.
-pub fn run(program: &Program, graph: &Graph, scheduler: Scheduler) -> Result<Schedule, CompileError> {
+pub fn run(
+    program: &Program,
+    graph: &Graph,
+    scheduler: Scheduler,
+) -> Result<Schedule, CompileError> {
     Ok(match scheduler {
         Scheduler::Hpds => hpds(program, graph),
         Scheduler::RoundRobin => round_robin(program, graph),
@@ -129,7 +139,10 @@ fn hpds(program: &Program, g: &Graph) -> Schedule {
                     let link = g.link_of_op[o].index();
                     let blocked = link_sp[link] == sp
                         || (!inter[o]
-                            && g.op_preds.row(o).iter().any(|&p| sp_of[p as usize] == sp && inter[p as usize]));
+                            && g.op_preds
+                                .row(o)
+                                .iter()
+                                .any(|&p| sp_of[p as usize] == sp && inter[p as usize]));
                     if blocked {
                         deferred.push(op);
                         continue;

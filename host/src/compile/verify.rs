@@ -1,7 +1,9 @@
 //! The verifiers run after each pass. A failure is a compiler bug; it is reported as
 //! [`CompileError::Verify`] naming the pass and what broke, never a panic.
 
-use super::{Allocation, CompileError, EndpointKind, Graph, Plan, Prim, Schedule, Scheduler, TbAlloc};
+use super::{
+    Allocation, CompileError, EndpointKind, Graph, Plan, Prim, Schedule, Scheduler, TbAlloc,
+};
 use crate::program::{OpId, Program};
 use std::collections::HashMap;
 
@@ -21,14 +23,20 @@ pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
         let ts = g.tasks_of(id);
         let want = if op.is_transfer() { 2 } else { 1 };
         if ts.len() != want {
-            return Err(fail(p, format!("{id} has {} tasks, expected {want}", ts.len())));
+            return Err(fail(
+                p,
+                format!("{id} has {} tasks, expected {want}", ts.len()),
+            ));
         }
         let first = &g.tasks[ts.start];
         if first.rank != op.src_rank() || g.tasks[ts.end - 1].rank != op.dst_rank() {
             return Err(fail(p, format!("{id}: tasks on the wrong ranks")));
         }
         if op.is_transfer() && first.prim != Prim::Send {
-            return Err(fail(p, format!("{id}: a transfer's first task must be its send")));
+            return Err(fail(
+                p,
+                format!("{id}: a transfer's first task must be its send"),
+            ));
         }
         let l = &g.links[g.link_of_op[i].index()];
         if l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer() {
@@ -44,7 +52,13 @@ pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
         for &pr in g.preds.row(t) {
             let pt = &g.tasks[pr as usize];
             if pr as usize >= t || pt.rank != task.rank {
-                return Err(fail(p, format!("t{t} depends on t{pr}, not an earlier task of {}", task.rank)));
+                return Err(fail(
+                    p,
+                    format!(
+                        "t{t} depends on t{pr}, not an earlier task of {}",
+                        task.rank
+                    ),
+                ));
             }
         }
     }
@@ -63,7 +77,10 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
     let mut seen = vec![false; n];
     for (i, op) in s.order.iter().enumerate() {
         if op.index() >= n || seen[op.index()] || s.position[op.index()] as usize != i {
-            return Err(fail(p, format!("order is not a permutation at position {i}")));
+            return Err(fail(
+                p,
+                format!("order is not a permutation at position {i}"),
+            ));
         }
         seen[op.index()] = true;
         if i > 0 && s.subpipeline[s.order[i - 1].index()] > s.subpipeline[op.index()] {
@@ -80,23 +97,38 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
         for &a in g.op_preds.row(b) {
             let sa = s.subpipeline[a as usize];
             if sa > sb || s.position[a as usize] >= s.position[b] {
-                return Err(fail(p, format!("op{b} is scheduled before its producer op{a}")));
+                return Err(fail(
+                    p,
+                    format!("op{b} is scheduled before its producer op{a}"),
+                ));
             }
             if s.scheduler == Scheduler::RoundRobin && sa == sb {
-                return Err(fail(p, format!("op{b} shares sub-pipeline {sb} with its producer op{a}")));
+                return Err(fail(
+                    p,
+                    format!("op{b} shares sub-pipeline {sb} with its producer op{a}"),
+                ));
             }
             if s.scheduler == Scheduler::Hpds
                 && sa == sb
                 && g.is_inter(OpId(a))
                 && !g.is_inter(OpId::new(b))
             {
-                return Err(fail(p, format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}")));
+                return Err(fail(
+                    p,
+                    format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}"),
+                ));
             }
         }
         if exclusive {
             let key = (g.link_of_op[b].0, sb);
             if let Some(other) = link_use.insert(key, OpId::new(b)) {
-                return Err(fail(p, format!("{other} and op{b} share link l{} in sub-pipeline {sb}", key.0)));
+                return Err(fail(
+                    p,
+                    format!(
+                        "{other} and op{b} share link l{} in sub-pipeline {sb}",
+                        key.0
+                    ),
+                ));
             }
         }
     }
@@ -111,10 +143,16 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
         return Err(fail(p, "one endpoint per task expected".into()));
     }
     for (t, task) in g.tasks.iter().enumerate() {
-        let e = a.endpoints.get(a.endpoint_of_task[t] as usize).ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
+        let e = a
+            .endpoints
+            .get(a.endpoint_of_task[t] as usize)
+            .ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
         let sp = s.subpipeline[task.op.index()];
         if e.rank != task.rank || sp < e.first || sp > e.last {
-            return Err(fail(p, format!("t{t}: endpoint on another rank or interval misses sp{sp}")));
+            return Err(fail(
+                p,
+                format!("t{t}: endpoint on another rank or interval misses sp{sp}"),
+            ));
         }
         let ok = match (task.prim, e.kind) {
             (Prim::Send, EndpointKind::Send(c)) => {
@@ -129,7 +167,10 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
             _ => false,
         };
         if !ok {
-            return Err(fail(p, format!("t{t}: endpoint kind or connection does not match the task")));
+            return Err(fail(
+                p,
+                format!("t{t}: endpoint kind or connection does not match the task"),
+            ));
         }
         if e.tb.0 >= a.tbs_per_rank[task.rank.index()] {
             return Err(fail(p, format!("t{t}: TB beyond the rank's count")));
@@ -137,16 +178,25 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
     }
     let mut by_tb: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
     for e in &a.endpoints {
-        by_tb.entry((e.rank.0, e.tb.0)).or_default().push((e.first, e.last));
+        by_tb
+            .entry((e.rank.0, e.tb.0))
+            .or_default()
+            .push((e.first, e.last));
     }
     for ((r, tb), mut iv) in by_tb {
         if a.policy == TbAlloc::PerConn && iv.len() > 1 {
-            return Err(fail(p, format!("r{r} tb{tb} drives {} endpoints under per-conn", iv.len())));
+            return Err(fail(
+                p,
+                format!("r{r} tb{tb} drives {} endpoints under per-conn", iv.len()),
+            ));
         }
         iv.sort_unstable();
         for w in iv.windows(2) {
             if w[0].1 >= w[1].0 {
-                return Err(fail(p, format!("r{r} tb{tb} drives endpoints with overlapping intervals")));
+                return Err(fail(
+                    p,
+                    format!("r{r} tb{tb} drives endpoints with overlapping intervals"),
+                ));
             }
         }
     }
@@ -157,9 +207,17 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
 /// ends of each FIFO issue the same messages in the same order from one TB each.
 pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
     let p = "emit";
-    let total: usize = plan.ranks.iter().flat_map(|r| r.tbs.iter()).map(|t| t.tasks.len()).sum();
+    let total: usize = plan
+        .ranks
+        .iter()
+        .flat_map(|r| r.tbs.iter())
+        .map(|t| t.tasks.len())
+        .sum();
     if total != g.tasks.len() {
-        return Err(fail(p, format!("plan has {total} tasks, the graph {}", g.tasks.len())));
+        return Err(fail(
+            p,
+            format!("plan has {total} tasks, the graph {}", g.tasks.len()),
+        ));
     }
     // (conn) -> [(rank, tb, op, sp)] per side
     let mut sends: HashMap<u32, Vec<(u32, u32, OpId, u32)>> = HashMap::new();
@@ -171,7 +229,10 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                 if i > 0 {
                     let prev = &tb.tasks[i - 1];
                     if (prev.subpipeline, prev.seq) >= (task.subpipeline, task.seq) {
-                        return Err(fail(p, format!("{here}: tasks not sorted by (sub-pipeline, seq)")));
+                        return Err(fail(
+                            p,
+                            format!("{here}: tasks not sorted by (sub-pipeline, seq)"),
+                        ));
                     }
                 }
                 for w in tb.waits(i) {
@@ -179,23 +240,52 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                         .tbs
                         .get(w.tb.index())
                         .and_then(|t| t.tasks.get(w.task as usize))
-                        .ok_or_else(|| fail(p, format!("{here}: sync point {}.{} does not exist", w.tb, w.task)))?;
+                        .ok_or_else(|| {
+                            fail(
+                                p,
+                                format!("{here}: sync point {}.{} does not exist", w.tb, w.task),
+                            )
+                        })?;
                     if w.tb.index() == ti || target.seq >= task.seq || !target.signal {
-                        return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
+                        return Err(fail(
+                            p,
+                            format!("{here}: bad sync point {}.{}", w.tb, w.task),
+                        ));
                     }
                 }
                 if task.prim.is_comm() {
-                    let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
+                    let c = task
+                        .conn
+                        .ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = plan
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
-                    let (me, peer) = if task.prim == Prim::Send { (conn.src, conn.dst) } else { (conn.dst, conn.src) };
+                    let (me, peer) = if task.prim == Prim::Send {
+                        (conn.src, conn.dst)
+                    } else {
+                        (conn.dst, conn.src)
+                    };
                     if me != rp.rank || task.peer != Some(peer) {
-                        return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
+                        return Err(fail(
+                            p,
+                            format!(
+                                "{here}: connection {c} does not join {} and its peer",
+                                rp.rank
+                            ),
+                        ));
                     }
-                    let side = if task.prim == Prim::Send { &mut sends } else { &mut recvs };
-                    side.entry(c.0).or_default().push((rp.rank.0, ti as u32, task.op, task.subpipeline));
+                    let side = if task.prim == Prim::Send {
+                        &mut sends
+                    } else {
+                        &mut recvs
+                    };
+                    side.entry(c.0).or_default().push((
+                        rp.rank.0,
+                        ti as u32,
+                        task.op,
+                        task.subpipeline,
+                    ));
                 } else if task.conn.is_some() || task.peer.is_some() {
                     return Err(fail(p, format!("{here}: a local task with a connection")));
                 }
@@ -204,14 +294,25 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
     }
     for (c, s) in &sends {
         let r = recvs.get(c).map(Vec::as_slice).unwrap_or(&[]);
-        let tbs = |v: &[(u32, u32, OpId, u32)]| v.iter().map(|x| (x.0, x.1)).collect::<std::collections::BTreeSet<_>>().len();
+        let tbs = |v: &[(u32, u32, OpId, u32)]| {
+            v.iter()
+                .map(|x| (x.0, x.1))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        };
         if tbs(s) != 1 || tbs(r) != 1 {
-            return Err(fail(p, format!("c{c}: each side must be driven by exactly one TB")));
+            return Err(fail(
+                p,
+                format!("c{c}: each side must be driven by exactly one TB"),
+            ));
         }
         let a: Vec<(OpId, u32)> = s.iter().map(|x| (x.2, x.3)).collect();
         let b: Vec<(OpId, u32)> = r.iter().map(|x| (x.2, x.3)).collect();
         if a != b {
-            return Err(fail(p, format!("c{c}: sender and receiver disagree on the message order")));
+            return Err(fail(
+                p,
+                format!("c{c}: sender and receiver disagree on the message order"),
+            ));
         }
     }
     if recvs.keys().any(|c| !sends.contains_key(c)) {
