@@ -303,7 +303,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Graph {
                 finish(&mut buf, &mut items, &mut start, t);
                 (src_rank.0, dst_rank.0, channel, false)
             }
-            OpKind::Copy { rank, src, dst } | OpKind::Reduce { rank, src, dst } => {
+            OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
                 let reduce = matches!(op.kind, OpKind::Reduce { .. });
                 let t = tasks.len() as u32;
                 tasks.push(Task {

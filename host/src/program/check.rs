@@ -56,7 +56,7 @@ pub fn verify(p: &Program) -> Result<(), ProgramError> {
                     rank: src_rank,
                 });
             }
-            OpKind::Copy { rank, src, dst } | OpKind::Reduce { rank, src, dst } => {
+            OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
                 let a = l.resolve(rank, src).unwrap_or(0) as u64;
                 let b = l.resolve(rank, dst).unwrap_or(0) as u64;
                 if a < b + dst.count as u64 && b < a + src.count as u64 {

@@ -274,6 +274,7 @@ pub fn direct_alltoall(n: u32) -> Program {
         p.push(super::Op {
             kind: super::OpKind::Copy {
                 rank: super::Rank(r),
+                channel: 0,
                 src: Slice::input(r),
                 dst: Slice::output(r),
             },

@@ -362,10 +362,21 @@ pub enum OpKind {
         dst: Slice,
         op: RecvOp,
     },
-    /// Copy `src` to `dst` on one rank (non-overlapping slices of the same count).
-    Copy { rank: Rank, src: Slice, dst: Slice },
-    /// `dst = dst ⊕ src` on one rank.
-    Reduce { rank: Rank, src: Slice, dst: Slice },
+    /// Copy `src` to `dst` on one rank (non-overlapping slices of the same count). `channel` is the
+    /// local lane: local ops of one lane conflict like transfers on one link.
+    Copy {
+        rank: Rank,
+        channel: u32,
+        src: Slice,
+        dst: Slice,
+    },
+    /// `dst = dst ⊕ src` on one rank, on local lane `channel`.
+    Reduce {
+        rank: Rank,
+        channel: u32,
+        src: Slice,
+        dst: Slice,
+    },
 }
 
 /// One op of a [`Program`].
@@ -425,11 +436,12 @@ impl Op {
                 }
         )
     }
-    /// The channel of a transfer (local ops: 0).
+    /// The channel of a transfer, or the lane of a local op.
     pub fn channel(&self) -> u32 {
         match self.kind {
-            OpKind::Transfer { channel, .. } => channel,
-            _ => 0,
+            OpKind::Transfer { channel, .. }
+            | OpKind::Copy { channel, .. }
+            | OpKind::Reduce { channel, .. } => channel,
         }
     }
     /// Whether the op is a transfer between two ranks.
@@ -564,13 +576,25 @@ impl Program {
                             dst: map(dst, x, i),
                             op,
                         },
-                        OpKind::Copy { rank, src, dst } => OpKind::Copy {
+                        OpKind::Copy {
                             rank,
+                            channel,
+                            src,
+                            dst,
+                        } => OpKind::Copy {
+                            rank,
+                            channel,
                             src: map(src, x, i),
                             dst: map(dst, x, i),
                         },
-                        OpKind::Reduce { rank, src, dst } => OpKind::Reduce {
+                        OpKind::Reduce {
                             rank,
+                            channel,
+                            src,
+                            dst,
+                        } => OpKind::Reduce {
+                            rank,
+                            channel,
                             src: map(src, x, i),
                             dst: map(dst, x, i),
                         },

@@ -918,6 +918,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 op: Op {
                     kind: OpKind::Copy {
                         rank: Rank(g.id),
+                        channel: 0,
                         src,
                         dst,
                     },
@@ -983,12 +984,14 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                     let kind = if reduce {
                         OpKind::Reduce {
                             rank: Rank(rank),
+                            channel: tb_chan(st),
                             src,
                             dst,
                         }
                     } else {
                         OpKind::Copy {
                             rank: Rank(rank),
+                            channel: tb_chan(st),
                             src,
                             dst,
                         }

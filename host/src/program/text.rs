@@ -8,8 +8,8 @@
 //! ranks-per-node 4               # optional
 //! op0 = xfer r0 in[0] -> r1 in[0] rrc ch=0 chunk=0 step=0 stage=0
 //! op1 = xfer r1 in[1..3] -> r2 scr[0..2] recv ch=1 chunk=1 step=0 stage=0
-//! op2 = copy r0 in[0] -> out[0] chunk=0 step=1 stage=0
-//! op3 = reduce r2 scr[0] -> in[1] chunk=1 step=2 stage=1
+//! op2 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=1 stage=0
+//! op3 = reduce r2 scr[0] -> in[1] ch=0 chunk=1 step=2 stage=1
 //! ```
 //!
 //! Slices are `in`, `out` or `scr` with one chunk `[i]` or a half-open range `[a..b]`. Ops are
@@ -66,8 +66,18 @@ pub fn op_text(op: &Op) -> String {
             };
             format!("xfer {src_rank} {src} -> {dst_rank} {dst} {r} ch={channel} {tail}")
         }
-        OpKind::Copy { rank, src, dst } => format!("copy {rank} {src} -> {dst} {tail}"),
-        OpKind::Reduce { rank, src, dst } => format!("reduce {rank} {src} -> {dst} {tail}"),
+        OpKind::Copy {
+            rank,
+            channel,
+            src,
+            dst,
+        } => format!("copy {rank} {src} -> {dst} ch={channel} {tail}"),
+        OpKind::Reduce {
+            rank,
+            channel,
+            src,
+            dst,
+        } => format!("reduce {rank} {src} -> {dst} ch={channel} {tail}"),
     }
 }
 
@@ -249,7 +259,6 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
 }
 
 fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
-    let tail_keys = ["chunk", "step", "stage"];
     match t[0] {
         "xfer" => {
             // xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk= step= stage=
@@ -280,25 +289,36 @@ fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
             })
         }
         kind @ ("copy" | "reduce") => {
-            if t.len() != 8 || t[3] != "->" {
+            if t.len() != 9 || t[3] != "->" {
                 return Err(err(
                     ln,
-                    format!("expected `{kind} rA SLICE -> SLICE chunk=K step=S stage=T`"),
+                    format!("expected `{kind} rA SLICE -> SLICE ch=C chunk=K step=S stage=T`"),
                 ));
             }
             let rank = parse_rank(ln, t[1])?;
             let (src, dst) = (parse_slice(ln, t[2])?, parse_slice(ln, t[4])?);
-            let v = parse_attrs(ln, &t[5..], &tail_keys)?;
+            let v = parse_attrs(ln, &t[5..], &["ch", "chunk", "step", "stage"])?;
+            let channel = v[0];
             let kind = if kind == "copy" {
-                OpKind::Copy { rank, src, dst }
+                OpKind::Copy {
+                    rank,
+                    channel,
+                    src,
+                    dst,
+                }
             } else {
-                OpKind::Reduce { rank, src, dst }
+                OpKind::Reduce {
+                    rank,
+                    channel,
+                    src,
+                    dst,
+                }
             };
             Ok(Op {
                 kind,
-                chunk: v[0],
-                step: v[1],
-                stage: v[2],
+                chunk: v[1],
+                step: v[2],
+                stage: v[3],
             })
         }
         o => Err(err(ln, format!("unknown op `{o}` (xfer, copy, reduce)"))),
