@@ -277,31 +277,38 @@ impl Compilation {
 /// Runs every pass (and its verifier) and keeps the intermediate results.
 pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, CompileError> {
     let start = Instant::now();
+    let mut times: Vec<(String, f64)> = Vec::new();
+    let mut lap = Instant::now();
+    let mut mark = |name: &str, times: &mut Vec<(String, f64)>| {
+        times.push((name.to_string(), lap.elapsed().as_secs_f64() * 1e3));
+        lap = Instant::now();
+    };
     program.verify()?;
+    mark("verify-program", &mut times);
     let per_node = opts.ranks_per_node.or(program.ranks_per_node);
     let graph = deps::build(program, per_node);
     if opts.verify {
         verify::graph(program, &graph)?;
     }
+    mark("deps", &mut times);
     let schedule = schedule::run(program, &graph, opts.scheduler)?;
     if opts.verify {
         verify::schedule(program, &graph, &schedule)?;
     }
+    mark("schedule", &mut times);
     let alloc = tballoc::run(program, &graph, &schedule, opts.tb_alloc);
     if opts.verify {
         verify::alloc(&graph, &schedule, &alloc)?;
     }
+    mark("tb-alloc", &mut times);
     let mut plan = plan::emit(program, &graph, &schedule, &alloc, opts);
     if opts.verify {
         verify::plan(&graph, &plan)?;
     }
+    mark("emit", &mut times);
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(Compilation {
-        graph,
-        schedule,
-        alloc,
-        plan,
-    })
+    plan.stats.pass_ms = times;
+    Ok(Compilation { graph, schedule, alloc, plan })
 }
 
 /// Compiles `program` into a [`Plan`].

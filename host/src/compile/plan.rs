@@ -181,6 +181,8 @@ pub struct PlanStats {
     pub est_tb_idle_share: f64,
     /// Wall-clock time of all passes and verifiers, in milliseconds.
     pub compile_ms: f64,
+    /// Wall-clock time of each pass with its verifier, in milliseconds.
+    pub pass_ms: Vec<(String, f64)>,
 }
 
 impl Plan {
@@ -205,6 +207,7 @@ impl Plan {
             "fifo_slots_needed": s.fifo_slots_needed,
             "est_tb_idle_share": s.est_tb_idle_share,
             "compile_ms": s.compile_ms,
+            "pass_ms": s.pass_ms.iter().map(|(k, v)| serde_json::json!({ "pass": k, "ms": v })).collect::<Vec<_>>(),
         })
     }
 
@@ -294,13 +297,25 @@ pub fn emit(
     opts: &Options,
 ) -> Plan {
     let nranks = program.ranks() as usize;
+    let ntasks = g.tasks.len();
+    // Exact capacities: the per-TB lists are filled in schedule order, which touches them at random.
+    let mut first_tb = Vec::with_capacity(nranks + 1);
+    first_tb.push(0usize);
+    for r in 0..nranks {
+        first_tb.push(first_tb[r] + alloc.tbs_per_rank[r] as usize);
+    }
+    let mut sizes = vec![0u32; first_tb[nranks]];
+    for t in 0..ntasks {
+        sizes[first_tb[g.tasks[t].rank.index()] + alloc.tb_of_task(t).index()] += 1;
+    }
     let mut ranks: Vec<RankPlan> = (0..nranks)
         .map(|r| RankPlan {
             rank: Rank(r as u32),
-            tbs: vec![TbPlan::default(); alloc.tbs_per_rank[r] as usize],
+            tbs: (first_tb[r]..first_tb[r + 1])
+                .map(|i| TbPlan { tasks: Vec::with_capacity(sizes[i] as usize), syncs: Vec::new() })
+                .collect(),
         })
         .collect();
-    let ntasks = g.tasks.len();
     let mut index_in_tb = vec![0u32; ntasks];
     // Tasks in schedule order: each TB's list comes out sorted by (sub-pipeline, seq).
     for (seq, &op) in sched.order.iter().enumerate() {
@@ -380,13 +395,21 @@ pub fn emit(
         ranks[rank].tbs[tb as usize].tasks[idx as usize].signal = true;
     }
     // Statistics.
-    let mut messages: std::collections::HashMap<(u32, u32), u32> = std::collections::HashMap::new();
-    for (i, c) in alloc.conn_of_op.iter().enumerate() {
-        if let Some(c) = c {
-            *messages.entry((c.0, sched.subpipeline[i])).or_insert(0) += 1;
+    // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
+    let mut last_sp = vec![u32::MAX; alloc.connections.len()];
+    let mut count = vec![0u32; alloc.connections.len()];
+    let mut fifo_slots_needed = 0u32;
+    for &op in &sched.order {
+        if let Some(c) = alloc.conn_of_op[op.index()] {
+            let (c, sp) = (c.index(), sched.subpipeline[op.index()]);
+            if last_sp[c] != sp {
+                last_sp[c] = sp;
+                count[c] = 0;
+            }
+            count[c] += 1;
+            fifo_slots_needed = fifo_slots_needed.max(count[c]);
         }
     }
-    let fifo_slots_needed = messages.values().copied().max().unwrap_or(0);
     let spn = sched.count.max(1) as f64;
     let mut idle_sum = 0.0;
     let mut ntbs = 0usize;
@@ -414,6 +437,7 @@ pub fn emit(
             0.0
         },
         compile_ms: 0.0,
+        pass_ms: Vec::new(),
     };
     Plan {
         name: program.name.clone(),

@@ -4,12 +4,14 @@
 //! sorted by sub-pipeline and is a topological order of the dependency graph; inside a thread block
 //! tasks run in this order, looping over micro-batches per sub-pipeline (see [`super::Plan`]).
 //!
-//! * **HPDS** (ResCCL): chunks wait in a priority queue, least-scheduled first. A sub-pipeline takes,
-//!   chunk by chunk in priority order, every op with no pending dependency (its producers are in an
-//!   earlier sub-pipeline *or in this one*, so dependent ops pipeline over micro-batches) and no link
-//!   conflict (one op per link per sub-pipeline); an intra-node op never joins the sub-pipeline of an
-//!   inter-node op it depends on (the slow link would throttle it). Rounds repeat until nothing fits,
-//!   then the sub-pipeline closes.
+//! * **HPDS** (ResCCL): a sub-pipeline takes every op with no pending dependency (its producers are
+//!   in an earlier sub-pipeline *or in this one*, so dependent ops pipeline over micro-batches) and no
+//!   link conflict (one op per link per sub-pipeline), giving contended links to the least-used chunk
+//!   first (chunks in a priority queue by the number of their ops already scheduled); an intra-node op
+//!   never joins the sub-pipeline of an inter-node op it depends on (the slow link would throttle it).
+//!   When nothing else fits, the sub-pipeline closes. Ready ops queue per link, keyed by (uses of their
+//!   chunk when they became ready, chunk, op), so a sub-pipeline costs time in the links it fills, not
+//!   in the ops that wait: this keeps 8192-GPU programs tractable.
 //! * **Round-robin**: chunks in a fixed rotation; each sub-pipeline takes at most one op per chunk,
 //!   only ops whose producers are in earlier sub-pipelines, one per link.
 //! * **Algorithm level**: one sub-pipeline with every op in program order (MSCCL: every TB walks its
@@ -111,60 +113,81 @@ const NONE: u32 = u32::MAX;
 fn hpds(program: &Program, g: &Graph) -> Schedule {
     let n = program.ops.len();
     let (nchunks, chunk) = dense_chunks(program);
+    let nlinks = g.links.len();
     let mut pending: Vec<u32> = (0..n).map(|i| g.op_preds.row(i).len() as u32).collect();
-    let mut ready: Vec<BinaryHeap<Reverse<u32>>> = vec![BinaryHeap::new(); nchunks];
+    // Ready ops wait on their link, least-used chunk first: (uses of the chunk when the op became
+    // ready, chunk, op). Only one op per link fits a sub-pipeline, so the link's queue decides which
+    // chunk gets it.
+    let mut queue: Vec<BinaryHeap<Reverse<(u32, u32, u32)>>> = vec![BinaryHeap::new(); nlinks];
     let mut used = vec![0u32; nchunks];
-    let mut link_sp = vec![NONE; g.links.len()];
+    let mut link_sp = vec![NONE; nlinks];
     let mut sp_of = vec![NONE; n];
     let inter: Vec<bool> = (0..n).map(|i| g.is_inter(OpId::new(i))).collect();
+    let link = |op: usize| g.link_of_op[op].index();
     let mut order = Vec::with_capacity(n);
+    let mut active: Vec<u32> = Vec::new();
+    let mut listed = vec![false; nlinks];
     for i in 0..n {
         if pending[i] == 0 {
-            ready[chunk[i] as usize].push(Reverse(i as u32));
+            let l = link(i);
+            queue[l].push(Reverse((0, chunk[i], i as u32)));
+            if !listed[l] {
+                listed[l] = true;
+                active.push(l as u32);
+            }
         }
     }
     let mut sp = 0u32;
-    let mut deferred: Vec<u32> = Vec::new();
-    let mut cands: Vec<u32> = Vec::new();
+    let mut work: Vec<u32> = Vec::new();
+    let mut parked: Vec<(usize, (u32, u32, u32))> = Vec::new();
     while order.len() < n {
-        loop {
-            cands.clear();
-            cands.extend((0..nchunks as u32).filter(|&c| !ready[c as usize].is_empty()));
-            cands.sort_by_key(|&c| (used[c as usize], c));
-            let mut progress = false;
-            for &c in &cands {
-                let c = c as usize;
-                while let Some(Reverse(op)) = ready[c].pop() {
-                    let o = op as usize;
-                    let link = g.link_of_op[o].index();
-                    let blocked = link_sp[link] == sp
-                        || (!inter[o]
-                            && g.op_preds
-                                .row(o)
-                                .iter()
-                                .any(|&p| sp_of[p as usize] == sp && inter[p as usize]));
-                    if blocked {
-                        deferred.push(op);
-                        continue;
-                    }
-                    sp_of[o] = sp;
-                    link_sp[link] = sp;
-                    used[c] += 1;
-                    order.push(OpId(op));
-                    progress = true;
-                    for &s in g.op_succs.row(o) {
-                        pending[s as usize] -= 1;
-                        if pending[s as usize] == 0 {
-                            ready[chunk[s as usize] as usize].push(Reverse(s));
+        work.clear();
+        work.extend(active.iter().rev());
+        while let Some(l) = work.pop() {
+            let l = l as usize;
+            if link_sp[l] == sp {
+                continue;
+            }
+            while let Some(Reverse(entry)) = queue[l].pop() {
+                let (_, c, op) = entry;
+                let o = op as usize;
+                // An intra-node op never joins the sub-pipeline of an inter-node producer.
+                if !inter[o]
+                    && g.op_preds.row(o).iter().any(|&p| sp_of[p as usize] == sp && inter[p as usize])
+                {
+                    parked.push((l, entry));
+                    continue;
+                }
+                sp_of[o] = sp;
+                link_sp[l] = sp;
+                used[c as usize] += 1;
+                order.push(OpId(op));
+                for &s in g.op_succs.row(o) {
+                    let su = s as usize;
+                    pending[su] -= 1;
+                    if pending[su] == 0 {
+                        let sl = link(su);
+                        queue[sl].push(Reverse((used[chunk[su] as usize], chunk[su], s)));
+                        if !listed[sl] {
+                            listed[sl] = true;
+                            active.push(sl as u32);
+                        }
+                        if link_sp[sl] != sp {
+                            work.push(sl as u32);
                         }
                     }
                 }
-                ready[c].extend(deferred.drain(..).map(Reverse));
-            }
-            if !progress {
                 break;
             }
         }
+        for (l, entry) in parked.drain(..) {
+            queue[l].push(Reverse(entry));
+        }
+        active.retain(|&l| {
+            let keep = !queue[l as usize].is_empty();
+            listed[l as usize] = keep;
+            keep
+        });
         sp += 1;
     }
     Schedule::from_order(Scheduler::Hpds, sp_of, order)

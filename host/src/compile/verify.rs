@@ -7,6 +7,16 @@ use super::{
 use crate::program::{OpId, Program};
 use std::collections::HashMap;
 
+/// Names a task in messages (formatted only when an error is reported).
+#[derive(Copy, Clone)]
+struct Here(crate::program::Rank, usize, usize);
+
+impl std::fmt::Display for Here {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} tb{} task {}", self.0, self.1, self.2)
+    }
+}
+
 fn fail(pass: &'static str, message: String) -> CompileError {
     CompileError::Verify { pass, message }
 }
@@ -91,7 +101,20 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
         }
     }
     let exclusive = matches!(s.scheduler, Scheduler::Hpds | Scheduler::RoundRobin);
-    let mut link_use: HashMap<(u32, u32), OpId> = HashMap::new();
+    // Ops come sorted by sub-pipeline in `order`: remember the last (sub-pipeline, op) per link.
+    let mut link_last: Vec<(u32, u32)> = vec![(u32::MAX, 0); g.links.len()];
+    if exclusive {
+        for op in &s.order {
+            let (l, sp) = (g.link_of_op[op.index()].index(), s.subpipeline[op.index()]);
+            if link_last[l].0 == sp {
+                return Err(fail(
+                    p,
+                    format!("op{} and {op} share link l{l} in sub-pipeline {sp}", link_last[l].1),
+                ));
+            }
+            link_last[l] = (sp, op.0);
+        }
+    }
     for b in 0..n {
         let sb = s.subpipeline[b];
         for &a in g.op_preds.row(b) {
@@ -116,18 +139,6 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
                 return Err(fail(
                     p,
                     format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}"),
-                ));
-            }
-        }
-        if exclusive {
-            let key = (g.link_of_op[b].0, sb);
-            if let Some(other) = link_use.insert(key, OpId::new(b)) {
-                return Err(fail(
-                    p,
-                    format!(
-                        "{other} and op{b} share link l{} in sub-pipeline {sb}",
-                        key.0
-                    ),
                 ));
             }
         }
@@ -219,20 +230,23 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
             format!("plan has {total} tasks, the graph {}", g.tasks.len()),
         ));
     }
-    // (conn) -> [(rank, tb, op, sp)] per side
-    let mut sends: HashMap<u32, Vec<(u32, u32, OpId, u32)>> = HashMap::new();
-    let mut recvs: HashMap<u32, Vec<(u32, u32, OpId, u32)>> = HashMap::new();
+    // Per op: how many of its tasks were seen, and the (connection, sub-pipeline, seq) of each side;
+    // per connection: the one TB driving each side. With TB lists sorted by seq and both halves of
+    // every transfer carrying the same seq, one TB per side means both sides issue the connection's
+    // messages in the same order.
+    const NONE: u32 = u32::MAX;
+    let nops = g.op_tasks.len();
+    let mut seen = vec![0u8; nops];
+    let mut side_key: Vec<[(u32, u32, u32); 2]> = vec![[(NONE, 0, 0); 2]; nops];
+    let mut side_tb: Vec<[(u32, u32); 2]> = vec![[(NONE, NONE); 2]; plan.connections.len()];
     for rp in &plan.ranks {
         for (ti, tb) in rp.tbs.iter().enumerate() {
             for (i, task) in tb.tasks.iter().enumerate() {
-                let here = format!("{} tb{ti} task {i}", rp.rank);
+                let here = Here(rp.rank, ti, i);
                 if i > 0 {
                     let prev = &tb.tasks[i - 1];
                     if (prev.subpipeline, prev.seq) >= (task.subpipeline, task.seq) {
-                        return Err(fail(
-                            p,
-                            format!("{here}: tasks not sorted by (sub-pipeline, seq)"),
-                        ));
+                        return Err(fail(p, format!("{here}: tasks not sorted by (sub-pipeline, seq)")));
                     }
                 }
                 for w in tb.waits(i) {
@@ -240,83 +254,46 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                         .tbs
                         .get(w.tb.index())
                         .and_then(|t| t.tasks.get(w.task as usize))
-                        .ok_or_else(|| {
-                            fail(
-                                p,
-                                format!("{here}: sync point {}.{} does not exist", w.tb, w.task),
-                            )
-                        })?;
+                        .ok_or_else(|| fail(p, format!("{here}: sync point {}.{} does not exist", w.tb, w.task)))?;
                     if w.tb.index() == ti || target.seq >= task.seq || !target.signal {
-                        return Err(fail(
-                            p,
-                            format!("{here}: bad sync point {}.{}", w.tb, w.task),
-                        ));
+                        return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
                     }
                 }
+                let o = task.op.index();
+                if o >= nops || seen[o] >= 2 {
+                    return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
+                }
+                seen[o] += 1;
                 if task.prim.is_comm() {
-                    let c = task
-                        .conn
-                        .ok_or_else(|| fail(p, format!("{here}: no connection")))?;
+                    let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = plan
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
-                    let (me, peer) = if task.prim == Prim::Send {
-                        (conn.src, conn.dst)
-                    } else {
-                        (conn.dst, conn.src)
-                    };
+                    let send = task.prim == Prim::Send;
+                    let (me, peer) = if send { (conn.src, conn.dst) } else { (conn.dst, conn.src) };
                     if me != rp.rank || task.peer != Some(peer) {
-                        return Err(fail(
-                            p,
-                            format!(
-                                "{here}: connection {c} does not join {} and its peer",
-                                rp.rank
-                            ),
-                        ));
+                        return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
                     }
-                    let side = if task.prim == Prim::Send {
-                        &mut sends
-                    } else {
-                        &mut recvs
-                    };
-                    side.entry(c.0).or_default().push((
-                        rp.rank.0,
-                        ti as u32,
-                        task.op,
-                        task.subpipeline,
-                    ));
+                    let side = usize::from(!send);
+                    side_key[o][side] = (c.0, task.subpipeline, task.seq);
+                    let owner = &mut side_tb[c.index()][side];
+                    if owner.0 == NONE {
+                        *owner = (rp.rank.0, ti as u32);
+                    } else if *owner != (rp.rank.0, ti as u32) {
+                        return Err(fail(p, format!("{c}: one side is driven by two TBs")));
+                    }
                 } else if task.conn.is_some() || task.peer.is_some() {
                     return Err(fail(p, format!("{here}: a local task with a connection")));
                 }
             }
         }
     }
-    for (c, s) in &sends {
-        let r = recvs.get(c).map(Vec::as_slice).unwrap_or(&[]);
-        let tbs = |v: &[(u32, u32, OpId, u32)]| {
-            v.iter()
-                .map(|x| (x.0, x.1))
-                .collect::<std::collections::BTreeSet<_>>()
-                .len()
-        };
-        if tbs(s) != 1 || tbs(r) != 1 {
-            return Err(fail(
-                p,
-                format!("c{c}: each side must be driven by exactly one TB"),
-            ));
+    for (o, k) in side_key.iter().enumerate() {
+        let transfer = seen[o] == 2;
+        if (transfer && (k[0].0 == NONE || k[0] != k[1])) || (!transfer && k[0].0 != NONE) || seen[o] == 0 {
+            return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
         }
-        let a: Vec<(OpId, u32)> = s.iter().map(|x| (x.2, x.3)).collect();
-        let b: Vec<(OpId, u32)> = r.iter().map(|x| (x.2, x.3)).collect();
-        if a != b {
-            return Err(fail(
-                p,
-                format!("c{c}: sender and receiver disagree on the message order"),
-            ));
-        }
-    }
-    if recvs.keys().any(|c| !sends.contains_key(c)) {
-        return Err(fail(p, "a connection has receives but no sends".into()));
     }
     Ok(())
 }
