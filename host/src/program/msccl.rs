@@ -675,6 +675,81 @@ fn split(at: StepRef, st: &XStep) -> Result<Vec<Part>, ImportError> {
     Ok(parts)
 }
 
+/// One read or write of a slice by an op, at a position of the happens-before order (`sub` orders
+/// accesses at the same position).
+#[derive(Copy, Clone, Debug)]
+struct Access {
+    pos: usize,
+    sub: u8,
+    op: usize,
+    rank: u32,
+    slice: Slice,
+    write: bool,
+    read: bool,
+}
+
+/// Start of each rank's storage in one flat array, and the total.
+fn storage_bases(layout: &Layout) -> (Vec<usize>, usize) {
+    let mut base = Vec::with_capacity(layout.ranks as usize + 1);
+    let mut acc = 0usize;
+    base.push(0);
+    for r in 0..layout.ranks {
+        acc += layout.storage_chunks(Rank(r)) as usize;
+        base.push(acc);
+    }
+    (base, acc)
+}
+
+/// Data-hazard successors of each op (read-after-write, write-after-write, write-after-read per
+/// chunk), walking the accesses in happens-before order.
+fn hazard_edges(
+    layout: &Layout,
+    base: &[usize],
+    total: usize,
+    origin: &[StepRef],
+    accesses: &mut [Access],
+) -> Result<Vec<Vec<usize>>, ImportError> {
+    let mut last_writer = vec![usize::MAX; total];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); total];
+    let mut op_succ: Vec<Vec<usize>> = vec![Vec::new(); origin.len()];
+    accesses.sort_by_key(|a| (a.pos, a.sub));
+    for a in accesses.iter() {
+        let (id, rank, slice) = (a.op, Rank(a.rank), a.slice);
+        let start = layout.resolve(rank, slice).ok_or_else(|| ImportError::Invalid {
+            step: Some(origin[id]),
+            error: ProgramError::SliceOutOfRange {
+                op: super::OpId::new(id),
+                rank,
+                slice,
+                buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
+            },
+        })?;
+        for c in 0..slice.count {
+            let loc = base[rank.index()] + (start + c) as usize;
+            let w = last_writer[loc];
+            if w != usize::MAX && w != id {
+                op_succ[w].push(id);
+            }
+            if a.write {
+                for &rd in &readers[loc] {
+                    if rd != id {
+                        op_succ[rd].push(id);
+                    }
+                }
+                readers[loc].clear();
+                last_writer[loc] = id;
+            } else if a.read {
+                readers[loc].push(id);
+            }
+        }
+    }
+    for s in op_succ.iter_mut() {
+        s.sort_unstable();
+        s.dedup();
+    }
+    Ok(op_succ)
+}
+
 fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let n = doc.ngpus;
     let chunks = doc.nchunks.unwrap_or_else(|| {
@@ -904,8 +979,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         first_pos: usize,
     }
     let mut ops: Vec<Pending> = Vec::new();
-    // (position, op index, rank, slice, is_write, is_read)
-    let mut accesses: Vec<(usize, usize, u32, Slice, bool, bool)> = Vec::new();
+    let mut accesses: Vec<Access> = Vec::new();
     let mut pos = 0usize;
     for g in &doc.gpus {
         for &(i, o, cnt) in &g.copies {
@@ -933,8 +1007,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 },
                 first_pos: pos,
             });
-            accesses.push((pos, id, g.id, src, false, true));
-            accesses.push((pos, id, g.id, dst, true, false));
+            accesses.push(Access { pos: pos, sub: 0, op: id, rank: g.id, slice: src, write: false, read: true });
+            accesses.push(Access { pos: pos, sub: 0, op: id, rank: g.id, slice: dst, write: true, read: false });
             pos += 1;
         }
     }
@@ -973,11 +1047,11 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         first_pos: pos,
                     });
                     op_of_recv.insert((ri, rk), id);
-                    accesses.push((pos, id, rank, slice, false, true));
+                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: slice, write: false, read: true });
                 }
                 Part::Recv { slice, reduce } => {
                     let id = op_of_recv[&(i, k)];
-                    accesses.push((pos, id, rank, slice, true, reduce));
+                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: slice, write: true, read: reduce });
                 }
                 Part::Copy { src, dst } | Part::Reduce { src, dst } => {
                     let reduce = matches!(part, Part::Reduce { .. });
@@ -1007,93 +1081,84 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         origin: st.at,
                         first_pos: pos,
                     });
-                    accesses.push((pos, id, rank, src, false, true));
-                    accesses.push((pos, id, rank, dst, true, reduce));
+                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: src, write: false, read: true });
+                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: dst, write: true, read: reduce });
                 }
             }
             pos += 1;
         }
     }
 
-    // Data-hazard edges between ops, per location in happens-before order.
-    let origin_of = |id: usize| ops[id].origin;
-    let mut base = Vec::with_capacity(n as usize + 1);
-    let mut acc = 0usize;
-    base.push(0);
-    for r in 0..n {
-        acc += layout.storage_chunks(Rank(r)) as usize;
-        base.push(acc);
-    }
-    let mut last_writer = vec![usize::MAX; acc];
-    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); acc];
-    let mut op_succ: Vec<Vec<usize>> = vec![Vec::new(); ops.len()];
-    accesses.sort_by_key(|a| a.0);
-    for &(_, id, rank, slice, write, read) in &accesses {
-        let start = layout
-            .resolve(Rank(rank), slice)
-            .ok_or_else(|| ImportError::Invalid {
-                step: Some(origin_of(id)),
-                error: ProgramError::SliceOutOfRange {
-                    op: super::OpId::new(id),
-                    rank: Rank(rank),
-                    slice,
-                    buffer_chunks: layout.buffer_chunks(Rank(rank), slice.buffer),
-                },
-            })?;
-        for c in 0..slice.count {
-            let loc = base[rank as usize] + (start + c) as usize;
-            let w = last_writer[loc];
-            if (read || write) && w != usize::MAX && w != id {
-                op_succ[w].push(id);
-            }
-            if write {
-                for &rd in &readers[loc] {
-                    if rd != id {
-                        op_succ[rd].push(id);
-                    }
-                }
-                readers[loc].clear();
-                last_writer[loc] = id;
-                if read {
-                    readers[loc].push(id);
-                }
-            } else if read {
-                readers[loc].push(id);
+    // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
+    // overwritten before the matching receive happens, on both sides): snapshot those sends'
+    // sources into fresh scratch at the send position, which makes every transfer atomic, and retry.
+    let mut layout = layout;
+    let mut snapshotted = vec![false; ops.len()];
+    let (op_order, level, base, acc) = loop {
+        let (base, acc) = storage_bases(&layout);
+        let op_succ = hazard_edges(&layout, &base, acc, &ops.iter().map(|o| o.origin).collect::<Vec<_>>(), &mut accesses)?;
+        let no = ops.len();
+        let mut indeg = vec![0u32; no];
+        for s in &op_succ {
+            for &t in s {
+                indeg[t] += 1;
             }
         }
-    }
-    // Kahn over ops, earliest happens-before position first.
+        let mut heap: BinaryHeap<std::cmp::Reverse<(usize, usize)>> = (0..no)
+            .filter(|&i| indeg[i] == 0)
+            .map(|i| std::cmp::Reverse((ops[i].first_pos, i)))
+            .collect();
+        let mut op_order = Vec::with_capacity(no);
+        let mut level = vec![0u32; no];
+        while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
+            op_order.push(i);
+            for &t in &op_succ[i] {
+                level[t] = level[t].max(level[i] + 1);
+                indeg[t] -= 1;
+                if indeg[t] == 0 {
+                    heap.push(std::cmp::Reverse((ops[t].first_pos, t)));
+                }
+            }
+        }
+        if op_order.len() == no {
+            break (op_order, level, base, acc);
+        }
+        let stuck: Vec<usize> = (0..no)
+            .filter(|&i| indeg[i] > 0 && ops[i].op.is_transfer() && !snapshotted[i])
+            .collect();
+        if stuck.is_empty() {
+            let at = (0..no).find(|&i| indeg[i] > 0).expect("an op is left");
+            return Err(ImportError::BufferedCycle { step: ops[at].origin });
+        }
+        for x in stuck {
+            let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else { unreachable!() };
+            let r = src_rank.0 as usize;
+            let snap = Slice::new(BufferKind::Scratch, layout.scratch[r], src.count);
+            layout.scratch[r] += src.count;
+            let read = accesses
+                .iter_mut()
+                .find(|a| a.op == x && !a.write && a.rank == src_rank.0)
+                .expect("a transfer reads its source");
+            read.slice = snap;
+            read.sub = 1;
+            let pos = read.pos;
+            let id = ops.len();
+            let (channel, origin, first_pos) = (ops[x].op.channel(), ops[x].origin, ops[x].first_pos);
+            ops.push(Pending {
+                op: Op { kind: OpKind::Copy { rank: src_rank, channel, src, dst: snap }, chunk: 0, step: 0, stage: 0 },
+                origin,
+                first_pos,
+            });
+            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: src, write: false, read: true });
+            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: snap, write: true, read: false });
+            if let OpKind::Transfer { src, .. } = &mut ops[x].op.kind {
+                *src = snap;
+            }
+            snapshotted[x] = true;
+            snapshotted.push(true);
+        }
+    };
     let no = ops.len();
-    let mut indeg = vec![0u32; no];
-    for s in op_succ.iter_mut() {
-        s.sort_unstable();
-        s.dedup();
-        for &t in s.iter() {
-            indeg[t] += 1;
-        }
-    }
-    let mut heap: BinaryHeap<std::cmp::Reverse<(usize, usize)>> = (0..no)
-        .filter(|&i| indeg[i] == 0)
-        .map(|i| std::cmp::Reverse((ops[i].first_pos, i)))
-        .collect();
-    let mut op_order = Vec::with_capacity(no);
-    let mut level = vec![0u32; no];
-    while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
-        op_order.push(i);
-        for &t in &op_succ[i] {
-            level[t] = level[t].max(level[i] + 1);
-            indeg[t] -= 1;
-            if indeg[t] == 0 {
-                heap.push(std::cmp::Reverse((ops[t].first_pos, t)));
-            }
-        }
-    }
-    if op_order.len() < no {
-        let stuck = (0..no).find(|&i| indeg[i] > 0).expect("an op is left");
-        return Err(ImportError::BufferedCycle {
-            step: ops[stuck].origin,
-        });
-    }
 
     // Chunk labels: user-buffer locations carry their own index, scratch inherits from writes.
     let mut label = vec![0u32; acc];

@@ -262,7 +262,7 @@ fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
     match t[0] {
         "xfer" => {
             // xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk= step= stage=
-            if t.len() != 11 || t[3] != "->" {
+            if t.len() < 7 || t[3] != "->" {
                 return Err(err(
                     ln,
                     "expected `xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk=K step=S stage=T`",
@@ -289,7 +289,7 @@ fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
             })
         }
         kind @ ("copy" | "reduce") => {
-            if t.len() != 9 || t[3] != "->" {
+            if t.len() < 5 || t[3] != "->" {
                 return Err(err(
                     ln,
                     format!("expected `{kind} rA SLICE -> SLICE ch=C chunk=K step=S stage=T`"),

@@ -124,6 +124,10 @@ pub struct SimOptions {
     pub fifo_slots: u32,
     /// Record the timeline (for SVG output).
     pub timeline: bool,
+    /// Run sub-pipelines one after another across the whole machine (no task of sub-pipeline `s`
+    /// starts before every task of earlier sub-pipelines finished every micro-batch), as in ResCCL's
+    /// execution model. Off: the plan's own semantics, where only sync points and FIFOs order TBs.
+    pub subpipeline_barrier: bool,
 }
 
 impl SimOptions {
@@ -131,7 +135,7 @@ impl SimOptions {
     pub fn for_size(plan: &Plan, bytes: u64, mb_bytes: u64) -> SimOptions {
         let chunk = bytes / plan.layout.chunks.max(1) as u64;
         let m = chunk.div_ceil(mb_bytes.max(1)).clamp(1, 512) as u32;
-        SimOptions { bytes, micro_batches: m, fifo_slots: 8, timeline: false }
+        SimOptions { bytes, micro_batches: m, fifo_slots: 8, timeline: false, subpipeline_barrier: false }
     }
 }
 
@@ -346,6 +350,16 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
     let mut tb_spans: Vec<(u32, u32, f64, f64, Prim)> = Vec::new();
     let mut now = 0.0f64;
     let mut rates_dirty = true;
+    // Items (task × micro-batch) left per sub-pipeline, for the barrier mode.
+    let mut left_in_sp = vec![0u64; plan.subpipelines as usize + 1];
+    for rp in &plan.ranks {
+        for tb in &rp.tbs {
+            for task in &tb.tasks {
+                left_in_sp[task.subpipeline as usize] += mbs as u64;
+            }
+        }
+    }
+    let mut open_sp = left_in_sp.iter().position(|&x| x > 0).unwrap_or(0) as u32;
 
     // Bytes of a task's micro-batch.
     let task_bytes = |r: usize, t: usize, i: usize| -> f64 {
@@ -367,6 +381,9 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                     let (i, mb) = (tbs[r][t].pos, tbs[r][t].mb);
                     let tbp = &plan.ranks[r].tbs[t];
                     let task = &tbp.tasks[i];
+                    if opts.subpipeline_barrier && task.subpipeline > open_sp {
+                        continue;
+                    }
                     if tbp.waits(i).iter().any(|w| done[r][w.tb.index()][w.task as usize] <= mb) {
                         continue;
                     }
@@ -542,6 +559,10 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             }
             tb.phase = Phase::Idle;
             done[r][t][i] = mb + 1;
+            left_in_sp[task.subpipeline as usize] -= 1;
+            while (open_sp as usize) < left_in_sp.len() - 1 && left_in_sp[open_sp as usize] == 0 {
+                open_sp += 1;
+            }
             tb.pos += 1;
             let seg = tb.segments[tb.seg].clone();
             if tb.pos == seg.end {
