@@ -27,6 +27,10 @@ pub struct Args {
     /// FIFO slots per connection.
     #[arg(long, default_value_t = 8)]
     pub slots: u32,
+    /// Run sub-pipelines one after another machine-wide (ResCCL's execution model) instead of
+    /// ordering TBs only by sync points and FIFOs.
+    #[arg(long)]
+    pub barrier: bool,
     /// Write an SVG timeline (one lane per link and per TB).
     #[arg(long)]
     pub svg: Option<std::path::PathBuf>,
@@ -60,6 +64,7 @@ pub fn run(args: Args) -> CliResult {
     }
     opts.fifo_slots = args.slots;
     opts.timeline = args.svg.is_some();
+    opts.subpipeline_barrier = args.barrier;
     let report = sim::simulate(&plan, &topo, &opts)?;
     if let Some(path) = &args.svg {
         let title = format!("{} ({}, {}) on {}", plan.name, plan.scheduler, plan.tb_alloc, topo.name);
@@ -76,8 +81,15 @@ pub fn run(args: Args) -> CliResult {
         return Ok(());
     }
     println!(
-        "simulate {} ({}, {}) on {}: size {} B, {} micro-batches per chunk, {} FIFO slots",
-        plan.name, plan.scheduler, plan.tb_alloc, topo.name, bytes, report.micro_batches, opts.fifo_slots
+        "simulate {} ({}, {}) on {}: size {} B, {} micro-batches per chunk, {} FIFO slots{}",
+        plan.name,
+        plan.scheduler,
+        plan.tb_alloc,
+        topo.name,
+        bytes,
+        report.micro_batches,
+        opts.fifo_slots,
+        if opts.subpipeline_barrier { ", sub-pipeline barriers" } else { "" }
     );
     println!(
         "  time {:.1} us, algbw {:.2} GB/s, busbw {:.2} GB/s",
