@@ -21,8 +21,8 @@ fn references() {
     assert_eq!(all_to_all(&x).unwrap(), vec![vec![1, 2, 10, 20], vec![3, 4, 30, 40]]);
     let f = vec![vec![0.5f32, 1.5], vec![2.0, -1.0]];
     assert_eq!(all_reduce(&f, ReduceOp::Sum).unwrap()[0], vec![2.5, 0.5]);
-    assert!(reduce_scatter(&vec![vec![1i32; 3]; 2], ReduceOp::Sum).is_err());
-    assert!(all_reduce(&vec![vec![1i32; 3], vec![1; 2]], ReduceOp::Sum).is_err());
+    assert!(reduce_scatter(&[vec![1i32; 3], vec![1i32; 3]], ReduceOp::Sum).is_err());
+    assert!(all_reduce(&[vec![1i32; 3], vec![1; 2]], ReduceOp::Sum).is_err());
 }
 
 #[test]

@@ -228,7 +228,7 @@ pub fn execute<T: Element>(
     }
     let ic = l.input_chunks() as usize;
     let len0 = inputs[0].len();
-    if ic == 0 || len0 % ic != 0 || inputs.iter().any(|v| v.len() != len0) {
+    if ic == 0 || !len0.is_multiple_of(ic) || inputs.iter().any(|v| v.len() != len0) {
         return Err(ExecError::BadInput {
             reason: format!(
                 "every rank needs the same number of elements, a multiple of {ic} input chunks"

@@ -181,7 +181,7 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
                 return Err(ProgramError::Postcondition {
                     rank: Rank(r),
                     slice: Slice::new(BufferKind::Output, j, 1),
-                    last_writer: (w != u32::MAX).then(|| OpId(w)),
+                    last_writer: (w != u32::MAX).then_some(OpId(w)),
                     detail,
                 });
             }

@@ -276,7 +276,7 @@ impl Layout {
             });
         }
         let needs_divisible = !matches!(self.collective, Collective::AllReduce);
-        if needs_divisible && self.chunks % self.ranks != 0 {
+        if needs_divisible && !self.chunks.is_multiple_of(self.ranks) {
             return Err(ProgramError::BadLayout {
                 reason: format!(
                     "{} needs chunks divisible by ranks, got {} chunks for {} ranks",

@@ -1007,8 +1007,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 },
                 first_pos: pos,
             });
-            accesses.push(Access { pos: pos, sub: 0, op: id, rank: g.id, slice: src, write: false, read: true });
-            accesses.push(Access { pos: pos, sub: 0, op: id, rank: g.id, slice: dst, write: true, read: false });
+            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: src, write: false, read: true });
+            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: dst, write: true, read: false });
             pos += 1;
         }
     }
@@ -1047,11 +1047,11 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         first_pos: pos,
                     });
                     op_of_recv.insert((ri, rk), id);
-                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: slice, write: false, read: true });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: false, read: true });
                 }
                 Part::Recv { slice, reduce } => {
                     let id = op_of_recv[&(i, k)];
-                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: slice, write: true, read: reduce });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: true, read: reduce });
                 }
                 Part::Copy { src, dst } | Part::Reduce { src, dst } => {
                     let reduce = matches!(part, Part::Reduce { .. });
@@ -1081,8 +1081,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         origin: st.at,
                         first_pos: pos,
                     });
-                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: src, write: false, read: true });
-                    accesses.push(Access { pos: pos, sub: 0, op: id, rank: rank, slice: dst, write: true, read: reduce });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: src, write: false, read: true });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: dst, write: true, read: reduce });
                 }
             }
             pos += 1;
@@ -1092,7 +1092,6 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
     // overwritten before the matching receive happens, on both sides): snapshot those sends'
     // sources into fresh scratch at the send position, which makes every transfer atomic, and retry.
-    let mut layout = layout;
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {
         let (base, acc) = storage_bases(&layout);

@@ -137,7 +137,7 @@ fn parse_slice(line: usize, s: &str) -> Result<Slice, ProgramError> {
 }
 
 /// Reads `key=value` attributes; every key must be known and given once.
-fn parse_attrs<'a>(line: usize, toks: &[&'a str], keys: &[&str]) -> Result<Vec<u32>, ProgramError> {
+fn parse_attrs(line: usize, toks: &[&str], keys: &[&str]) -> Result<Vec<u32>, ProgramError> {
     let mut vals: Vec<Option<u32>> = vec![None; keys.len()];
     for t in toks {
         let (k, v) = t

@@ -52,6 +52,7 @@ impl Builder {
         self.scratch[r as usize] += 1;
         s
     }
+    #[allow(clippy::too_many_arguments)]
     fn xfer(&mut self, chain: usize, a: u32, src: Slice, b: u32, dst: Slice, op: RecvOp, chunk: u32) {
         let channel = self.rng.below(self.channels);
         let step = self.chains[chain].len() as u32;
