@@ -77,6 +77,7 @@ fn receive_before_send_on_one_tb_deadlocks() {
         let mut tasks: Vec<_> = rp.tbs.iter().flat_map(|tb| tb.tasks.iter().copied()).collect();
         tasks.sort_by_key(|t| t.prim == Prim::Send);
         for t in &mut tasks {
+            t.wait_start = 0;
             t.wait_count = 0;
             t.subpipeline = 0;
         }
@@ -116,6 +117,27 @@ fn fifo_order_mismatch_and_lost_messages_are_errors() {
     // Several: the next micro-batch's receive finds the missing task's message first.
     let e = execute(&lost, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
     assert!(matches!(e, ExecError::FifoOrder { .. }), "{e}");
+}
+
+#[test]
+fn malformed_plans_are_errors_not_panics() {
+    let inputs = test_inputs::<f32>(2, 4);
+    let opts = ExecOptions::default();
+    let mut p = exchange_plan();
+    p.ranks[0].tbs[0].tasks[0].conn = None;
+    assert!(matches!(execute(&p, &inputs, ReduceOp::Sum, &opts), Err(ExecError::BadPlan { .. })));
+    let mut p = exchange_plan();
+    p.ranks[1].tbs[0].tasks[0].wait_count = 3;
+    assert!(matches!(execute(&p, &inputs, ReduceOp::Sum, &opts), Err(ExecError::BadPlan { .. })));
+    let mut p = exchange_plan();
+    for tb in &mut p.ranks[0].tbs {
+        for t in &mut tb.tasks {
+            t.src = t.src.map(|s| oxccl_host::program::Slice { offset: 9, ..s });
+            t.dst = t.dst.map(|s| oxccl_host::program::Slice { offset: 9, ..s });
+        }
+    }
+    let e = execute(&p, &inputs, ReduceOp::Sum, &opts).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
 }
 
 #[test]

@@ -282,6 +282,65 @@ impl Plan {
         s
     }
 
+    /// Checks what the executors rely on, for plans that did not come from [`super::compile`] (built
+    /// by hand or deserialized): every TB's tasks have the operands their primitive needs, slices fit
+    /// the layout, connections and sync points exist and join the right ranks.
+    pub fn check_structure(&self) -> Result<(), String> {
+        let l = &self.layout;
+        l.validate().map_err(|e| e.to_string())?;
+        if self.ranks.len() != l.ranks as usize {
+            return Err(format!("{} rank plans for {} ranks", self.ranks.len(), l.ranks));
+        }
+        for (r, rp) in self.ranks.iter().enumerate() {
+            let rank = Rank(r as u32);
+            for (t, tb) in rp.tbs.iter().enumerate() {
+                for (i, task) in tb.tasks.iter().enumerate() {
+                    let here = || format!("{rank} tb{t} task {i}");
+                    let (need_src, need_dst) = match task.prim {
+                        Prim::Send => (true, false),
+                        Prim::Recv => (false, true),
+                        Prim::RecvReduceCopy | Prim::Copy | Prim::Reduce => (true, true),
+                    };
+                    for (need, slice) in [(need_src, task.src), (need_dst, task.dst)] {
+                        match slice {
+                            Some(s) if l.resolve(rank, s).is_none() => {
+                                return Err(format!("{}: {s} out of range", here()));
+                            }
+                            None if need => return Err(format!("{}: missing operand", here())),
+                            _ => {}
+                        }
+                    }
+                    if let (Some(a), Some(b)) = (task.src, task.dst) {
+                        if a.count != b.count {
+                            return Err(format!("{}: operands differ in size", here()));
+                        }
+                    }
+                    if task.prim.is_comm() {
+                        let c = task
+                            .conn
+                            .and_then(|c| self.connections.get(c.index()))
+                            .ok_or_else(|| format!("{}: no valid connection", here()))?;
+                        let (me, peer) =
+                            if task.prim == Prim::Send { (c.src, c.dst) } else { (c.dst, c.src) };
+                        if me != rank || task.peer != Some(peer) {
+                            return Err(format!("{}: connection does not join the rank and its peer", here()));
+                        }
+                    }
+                    let end = task.wait_start as usize + task.wait_count as usize;
+                    if end > tb.syncs.len() {
+                        return Err(format!("{}: sync points out of range", here()));
+                    }
+                    for w in tb.waits(i) {
+                        if rp.tbs.get(w.tb.index()).is_none_or(|x| w.task as usize >= x.tasks.len()) {
+                            return Err(format!("{}: sync point {}.{} does not exist", here(), w.tb, w.task));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Total thread blocks over all ranks.
     pub fn total_tbs(&self) -> usize {
         self.ranks.iter().map(|r| r.tbs.len()).sum()

@@ -121,6 +121,8 @@ pub struct Blocked {
 pub enum ExecError {
     /// Inputs do not fit the plan (rank count, lengths) or options are out of range.
     BadInput { reason: String },
+    /// The plan is malformed (see [`Plan::check_structure`]).
+    BadPlan { reason: String },
     /// No thread block can make progress and work is left.
     Deadlock { blocked: Vec<Blocked> },
     /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
@@ -137,6 +139,7 @@ impl fmt::Display for ExecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
+            ExecError::BadPlan { reason } => write!(f, "malformed plan: {reason}"),
             ExecError::Deadlock { blocked } => {
                 write!(
                     f,
@@ -214,6 +217,7 @@ pub fn execute<T: Element>(
     op: ReduceOp,
     opts: &ExecOptions,
 ) -> Result<Vec<Vec<T>>, ExecError> {
+    plan.check_structure().map_err(|reason| ExecError::BadPlan { reason })?;
     let l = &plan.layout;
     let n = l.ranks as usize;
     if inputs.len() != n {

@@ -283,6 +283,7 @@ const EPS: f64 = 1e-9;
 
 /// Simulates `plan` on `topo`.
 pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimReport, SimError> {
+    plan.check_structure().map_err(|reason| SimError::BadInput { reason: format!("malformed plan: {reason}") })?;
     let n = plan.layout.ranks;
     if n != topo.ranks() {
         return Err(SimError::BadInput {
