@@ -22,7 +22,6 @@
 use super::{Csr, LinkId, TaskId};
 use crate::program::{OpId, OpKind, Program, Rank, RecvOp, Slice};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::fmt::Write;
 
 /// The primitive a task runs (NCCL's names, in data-flow order).
@@ -249,7 +248,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Graph {
     start.push(0u32);
     let mut locs = Locations::new(program);
     let mut buf: Vec<u32> = Vec::new();
-    let mut link_ids: HashMap<(u32, u32, u32, bool), u32> = HashMap::new();
+    let mut link_ids: super::FastMap<(u32, u32, u32, bool), u32> = Default::default();
     let mut links = Vec::new();
     let mut link_of_op = Vec::with_capacity(nops);
     let node = |r: Rank| Program::node_of(r, ranks_per_node);

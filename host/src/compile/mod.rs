@@ -316,6 +316,43 @@ pub fn compile(program: &Program, opts: &Options) -> Result<Plan, CompileError> 
     run_passes(program, opts).map(|c| c.plan)
 }
 
+/// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the
+/// style of rustc's FxHash); the default SipHash dominated the passes on million-op programs.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A hash map with [`FastHasher`].
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+
 /// A compressed sparse row adjacency: `items[start[i]..start[i+1]]` belong to `i`.
 #[derive(Clone, Debug, Default)]
 pub struct Csr {

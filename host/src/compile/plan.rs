@@ -357,54 +357,59 @@ pub fn emit(
 ) -> Plan {
     let nranks = program.ranks() as usize;
     let ntasks = g.tasks.len();
-    // Exact capacities: the per-TB lists are filled in schedule order, which touches them at random.
-    let mut first_tb = Vec::with_capacity(nranks + 1);
-    first_tb.push(0usize);
+    // Tasks grouped by rank, each group in schedule order (a stable counting sort), so that each
+    // rank's TB lists are built in one cache-friendly pass and come out sorted by (sub-pipeline, seq).
+    let mut rank_start = vec![0usize; nranks + 1];
+    for t in &g.tasks {
+        rank_start[t.rank.index() + 1] += 1;
+    }
     for r in 0..nranks {
-        first_tb.push(first_tb[r] + alloc.tbs_per_rank[r] as usize);
+        rank_start[r + 1] += rank_start[r];
     }
-    let mut sizes = vec![0u32; first_tb[nranks]];
-    for t in 0..ntasks {
-        sizes[first_tb[g.tasks[t].rank.index()] + alloc.tb_of_task(t).index()] += 1;
-    }
-    let mut ranks: Vec<RankPlan> = (0..nranks)
-        .map(|r| RankPlan {
-            rank: Rank(r as u32),
-            tbs: (first_tb[r]..first_tb[r + 1])
-                .map(|i| TbPlan { tasks: Vec::with_capacity(sizes[i] as usize), syncs: Vec::new() })
-                .collect(),
-        })
-        .collect();
-    let mut index_in_tb = vec![0u32; ntasks];
-    // Tasks in schedule order: each TB's list comes out sorted by (sub-pipeline, seq).
-    for (seq, &op) in sched.order.iter().enumerate() {
-        let o = &program.ops[op.index()];
+    let mut fill = rank_start.clone();
+    let mut by_rank = vec![0u32; ntasks];
+    for &op in &sched.order {
         for t in g.tasks_of(op) {
+            let r = g.tasks[t].rank.index();
+            by_rank[fill[r]] = t as u32;
+            fill[r] += 1;
+        }
+    }
+    drop(fill);
+    let mut index_in_tb = vec![0u32; ntasks];
+    let mut waits: Vec<(u32, u32)> = Vec::new();
+    let mut sync_points = 0usize;
+    let mut ranks = Vec::with_capacity(nranks);
+    for r in 0..nranks {
+        let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
+        let mut sizes = vec![0usize; alloc.tbs_per_rank[r] as usize];
+        for &t in mine {
+            sizes[alloc.tb_of_task(t as usize).index()] += 1;
+        }
+        let mut tbs: Vec<TbPlan> =
+            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n), syncs: Vec::new() }).collect();
+        for &t in mine {
+            let t = t as usize;
             let task = &g.tasks[t];
-            let tb = alloc.tb_of_task(t);
+            let op = task.op;
+            let o = &program.ops[op.index()];
             let (peer, src, dst) = match (task.prim, o.kind) {
-                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => {
-                    (Some(dst_rank), Some(src), None)
-                }
-                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => {
-                    (Some(src_rank), None, Some(dst))
-                }
+                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
+                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
                 (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
                     (Some(src_rank), Some(dst), Some(dst))
                 }
                 (_, k) => match k {
-                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => {
-                        (None, Some(src), Some(dst))
-                    }
+                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (None, Some(src), Some(dst)),
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
-            let list = &mut ranks[task.rank.index()].tbs[tb.index()].tasks;
+            let list = &mut tbs[alloc.tb_of_task(t).index()].tasks;
             index_in_tb[t] = list.len() as u32;
             list.push(TbTask {
                 prim: task.prim,
                 subpipeline: sched.subpipeline[op.index()],
-                seq: seq as u32,
+                seq: sched.position[op.index()],
                 peer,
                 conn: alloc.conn_of_op[op.index()],
                 src,
@@ -415,14 +420,10 @@ pub fn emit(
                 op,
             });
         }
-    }
-    // Sync points: for each cross-TB dependency keep the latest task per producer TB.
-    let mut waits: Vec<(u32, u32)> = Vec::new();
-    let mut signals: Vec<(usize, u32, u32)> = Vec::new();
-    let mut sync_points = 0usize;
-    for &op in &sched.order {
-        for t in g.tasks_of(op) {
-            let rank = g.tasks[t].rank.index();
+        // Sync points: for each cross-TB dependency (always on this rank) keep the latest task per
+        // producer TB; mark the producers as signalling.
+        for &t in mine {
+            let t = t as usize;
             let tb = alloc.tb_of_task(t);
             waits.clear();
             for &p in g.preds.row(t) {
@@ -436,22 +437,17 @@ pub fn emit(
             }
             waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             waits.dedup_by_key(|w| w.0);
-            let tbp = &mut ranks[rank].tbs[tb.index()];
+            let tbp = &mut tbs[tb.index()];
             let i = index_in_tb[t] as usize;
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
             tbp.tasks[i].wait_count = waits.len() as u32;
+            tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
             for &(ptb, pidx) in &waits {
-                tbp.syncs.push(SyncPoint {
-                    tb: TbId(ptb),
-                    task: pidx,
-                });
-                signals.push((rank, ptb, pidx));
+                tbs[ptb as usize].tasks[pidx as usize].signal = true;
             }
             sync_points += waits.len();
         }
-    }
-    for (rank, tb, idx) in signals {
-        ranks[rank].tbs[tb as usize].tasks[idx as usize].signal = true;
+        ranks.push(RankPlan { rank: Rank(r as u32), tbs });
     }
     // Statistics.
     // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.

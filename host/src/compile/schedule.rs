@@ -22,7 +22,7 @@
 use super::{CompileError, Graph, Scheduler};
 use crate::program::{OpId, Program};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::fmt::Write;
 
 /// The result of the pass.
@@ -96,7 +96,7 @@ pub fn run(
 
 /// Dense chunk ids (in order of first appearance) and the chunk of each op.
 fn dense_chunks(program: &Program) -> (usize, Vec<u32>) {
-    let mut ids: HashMap<u32, u32> = HashMap::new();
+    let mut ids: super::FastMap<u32, u32> = Default::default();
     let of_op = program
         .ops
         .iter()

@@ -16,7 +16,7 @@
 use super::{ConnId, Connection, Graph, Prim, Schedule, TbAlloc, TbId};
 use crate::program::{OpKind, Program, Rank};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::fmt::Write;
 
 /// What an endpoint drives.
@@ -115,8 +115,8 @@ impl Allocation {
 pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> Allocation {
     let per_conn = policy == TbAlloc::PerConn;
     // Connections.
-    let mut conn_ids: HashMap<(u32, u32, u32, u32), ConnId> = HashMap::new();
-    let mut pair_channels: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut conn_ids: super::FastMap<(u32, u32, u32, u32), ConnId> = Default::default();
+    let mut pair_channels: super::FastMap<(u32, u32), u32> = Default::default();
     let mut connections = Vec::new();
     let mut conn_of_op = Vec::with_capacity(program.ops.len());
     for (i, op) in program.ops.iter().enumerate() {
@@ -154,7 +154,7 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
         conn_of_op.push(c);
     }
     // Endpoints and their intervals.
-    let mut ep_ids: HashMap<(u32, EndpointKind), u32> = HashMap::new();
+    let mut ep_ids: super::FastMap<(u32, EndpointKind), u32> = Default::default();
     let mut endpoints: Vec<Endpoint> = Vec::new();
     let mut endpoint_of_task = Vec::with_capacity(g.tasks.len());
     for t in &g.tasks {

@@ -38,6 +38,10 @@ impl Algorithm {
         Algorithm::HmAllReduce,
     ];
 
+    /// The most ranks a generator accepts: the programs grow as the square of the rank count (an
+    /// 8192-rank HM AllReduce has 134 M ops).
+    pub const MAX_RANKS: u32 = 8192;
+
     /// The CLI name (`ring-allreduce`, `hm-allgather`, ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -63,9 +67,9 @@ impl Algorithm {
         }
         let n = nodes
             .checked_mul(gpus)
-            .filter(|&n| n <= 1 << 16)
+            .filter(|&n| n <= Self::MAX_RANKS)
             .ok_or_else(|| ProgramError::BadLayout {
-                reason: format!("topology {nodes}x{gpus} is too large (at most 65536 ranks)"),
+                reason: format!("topology {nodes}x{gpus} is too large (at most {} ranks)", Self::MAX_RANKS),
             })?;
         let mut p = match self {
             Algorithm::RingAllReduce => ring_allreduce(n),

@@ -227,6 +227,11 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The most ranks a layout may have.
+    pub const MAX_RANKS: u32 = 1 << 20;
+    /// The most chunks (summed over ranks and buffers) a layout may have.
+    pub const MAX_CHUNKS: u64 = 1 << 34;
+
     /// A layout with no scratch.
     pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {
         Layout {
@@ -264,6 +269,17 @@ impl Layout {
         if self.chunks == 0 {
             return Err(ProgramError::BadLayout {
                 reason: "a program needs at least one chunk".into(),
+            });
+        }
+        if self.ranks > Self::MAX_RANKS {
+            return Err(ProgramError::BadLayout {
+                reason: format!("{} ranks is more than the supported {}", self.ranks, Self::MAX_RANKS),
+            });
+        }
+        let per_rank = self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
+        if per_rank * self.ranks as u64 > Self::MAX_CHUNKS {
+            return Err(ProgramError::BadLayout {
+                reason: format!("buffers of {} chunks per rank on {} ranks are too large", per_rank, self.ranks),
             });
         }
         if self.scratch.len() != self.ranks as usize {
