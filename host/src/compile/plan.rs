@@ -376,7 +376,8 @@ pub fn emit(
         }
     }
     drop(fill);
-    let mut index_in_tb = vec![0u32; ntasks];
+    // (TB, index in the TB) of every task: one lookup per dependency when adding sync points.
+    let mut place = vec![(0u32, 0u32); ntasks];
     let mut waits: Vec<(u32, u32)> = Vec::new();
     let mut sync_points = 0usize;
     let mut ranks = Vec::with_capacity(nranks);
@@ -404,8 +405,9 @@ pub fn emit(
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
-            let list = &mut tbs[alloc.tb_of_task(t).index()].tasks;
-            index_in_tb[t] = list.len() as u32;
+            let tb = alloc.tb_of_task(t);
+            let list = &mut tbs[tb.index()].tasks;
+            place[t] = (tb.0, list.len() as u32);
             list.push(TbTask {
                 prim: task.prim,
                 subpipeline: sched.subpipeline[op.index()],
@@ -424,12 +426,12 @@ pub fn emit(
         // producer TB; mark the producers as signalling.
         for &t in mine {
             let t = t as usize;
-            let tb = alloc.tb_of_task(t);
+            let (tb, i) = place[t];
             waits.clear();
             for &p in g.preds.row(t) {
-                let ptb = alloc.tb_of_task(p as usize);
+                let (ptb, pidx) = place[p as usize];
                 if ptb != tb {
-                    waits.push((ptb.0, index_in_tb[p as usize]));
+                    waits.push((ptb, pidx));
                 }
             }
             if waits.is_empty() {
@@ -437,8 +439,8 @@ pub fn emit(
             }
             waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             waits.dedup_by_key(|w| w.0);
-            let tbp = &mut tbs[tb.index()];
-            let i = index_in_tb[t] as usize;
+            let tbp = &mut tbs[tb as usize];
+            let i = i as usize;
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
             tbp.tasks[i].wait_count = waits.len() as u32;
             tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
