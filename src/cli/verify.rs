@@ -63,15 +63,16 @@ pub fn run(args: Args) -> CliResult {
         let plan = compile::compile(&loaded.program, o)?;
         let slots = args.slots.unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
         let opts = ExecOptions { micro_batches: args.micro_batches, fifo_slots: slots };
+        let redop = if plan.layout.collective.reduces() { format!(" {}", args.redop) } else { String::new() };
         let head = format!(
-            "verify {} ({}, {}): {} ranks, {} elements per chunk, {} {}, {} micro-batches, {} FIFO slots",
+            "verify {} ({}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
             plan.name,
             plan.scheduler,
             plan.tb_alloc,
+            plan.layout.collective.name(),
             plan.layout.ranks,
             args.count,
             args.dtype,
-            args.redop,
             args.micro_batches,
             slots
         );
