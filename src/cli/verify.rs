@@ -35,7 +35,12 @@ pub struct Args {
     pub all: bool,
 }
 
-fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result<VerifyReport, exec::ExecError> {
+fn run_one(
+    plan: &Plan,
+    args: &Args,
+    op: ReduceOp,
+    opts: &ExecOptions,
+) -> Result<VerifyReport, exec::ExecError> {
     match args.dtype.as_str() {
         "f64" => exec::verify::<f64>(plan, op, args.count, opts),
         "i32" => exec::verify::<i32>(plan, op, args.count, opts),
@@ -61,9 +66,18 @@ pub fn run(args: Args) -> CliResult {
     let mut failures = 0;
     for o in &configs {
         let plan = compile::compile(&loaded.program, o)?;
-        let slots = args.slots.unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
-        let opts = ExecOptions { micro_batches: args.micro_batches, fifo_slots: slots };
-        let redop = if plan.layout.collective.reduces() { format!(" {}", args.redop) } else { String::new() };
+        let slots = args
+            .slots
+            .unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
+        let opts = ExecOptions {
+            micro_batches: args.micro_batches,
+            fifo_slots: slots,
+        };
+        let redop = if plan.layout.collective.reduces() {
+            format!(" {}", args.redop)
+        } else {
+            String::new()
+        };
         let head = format!(
             "verify {} ({}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
             plan.name,
@@ -81,7 +95,10 @@ pub fn run(args: Args) -> CliResult {
             Ok(r) => {
                 failures += 1;
                 let (rank, i) = r.first_wrong.unwrap_or((0, 0));
-                println!("{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})", r.wrong, r.elements);
+                println!(
+                    "{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})",
+                    r.wrong, r.elements
+                );
             }
             Err(e) => {
                 failures += 1;

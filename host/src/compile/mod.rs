@@ -308,7 +308,12 @@ pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, Comp
     mark("emit", &mut times);
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
-    Ok(Compilation { graph, schedule, alloc, plan })
+    Ok(Compilation {
+        graph,
+        schedule,
+        alloc,
+        plan,
+    })
 }
 
 /// Compiles `program` into a [`Plan`].
@@ -351,7 +356,8 @@ impl std::hash::Hasher for FastHasher {
 }
 
 /// A hash map with [`FastHasher`].
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+pub(crate) type FastMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
 
 /// A compressed sparse row adjacency: `items[start[i]..start[i+1]]` belong to `i`.
 #[derive(Clone, Debug, Default)]

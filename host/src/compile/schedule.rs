@@ -153,7 +153,10 @@ fn hpds(program: &Program, g: &Graph) -> Schedule {
                 let o = op as usize;
                 // An intra-node op never joins the sub-pipeline of an inter-node producer.
                 if !inter[o]
-                    && g.op_preds.row(o).iter().any(|&p| sp_of[p as usize] == sp && inter[p as usize])
+                    && g.op_preds
+                        .row(o)
+                        .iter()
+                        .any(|&p| sp_of[p as usize] == sp && inter[p as usize])
                 {
                     parked.push((l, entry));
                     continue;

@@ -109,7 +109,10 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
             if link_last[l].0 == sp {
                 return Err(fail(
                     p,
-                    format!("op{} and {op} share link l{l} in sub-pipeline {sp}", link_last[l].1),
+                    format!(
+                        "op{} and {op} share link l{l} in sub-pipeline {sp}",
+                        link_last[l].1
+                    ),
                 ));
             }
             link_last[l] = (sp, op.0);
@@ -246,7 +249,10 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                 if i > 0 {
                     let prev = &tb.tasks[i - 1];
                     if (prev.subpipeline, prev.seq) >= (task.subpipeline, task.seq) {
-                        return Err(fail(p, format!("{here}: tasks not sorted by (sub-pipeline, seq)")));
+                        return Err(fail(
+                            p,
+                            format!("{here}: tasks not sorted by (sub-pipeline, seq)"),
+                        ));
                     }
                 }
                 for w in tb.waits(i) {
@@ -254,26 +260,49 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                         .tbs
                         .get(w.tb.index())
                         .and_then(|t| t.tasks.get(w.task as usize))
-                        .ok_or_else(|| fail(p, format!("{here}: sync point {}.{} does not exist", w.tb, w.task)))?;
+                        .ok_or_else(|| {
+                            fail(
+                                p,
+                                format!("{here}: sync point {}.{} does not exist", w.tb, w.task),
+                            )
+                        })?;
                     if w.tb.index() == ti || target.seq >= task.seq || !target.signal {
-                        return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
+                        return Err(fail(
+                            p,
+                            format!("{here}: bad sync point {}.{}", w.tb, w.task),
+                        ));
                     }
                 }
                 let o = task.op.index();
                 if o >= nops || seen[o] >= 2 {
-                    return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
+                    return Err(fail(
+                        p,
+                        format!("{here}: {} is not an op or appears too often", task.op),
+                    ));
                 }
                 seen[o] += 1;
                 if task.prim.is_comm() {
-                    let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
+                    let c = task
+                        .conn
+                        .ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = plan
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
                     let send = task.prim == Prim::Send;
-                    let (me, peer) = if send { (conn.src, conn.dst) } else { (conn.dst, conn.src) };
+                    let (me, peer) = if send {
+                        (conn.src, conn.dst)
+                    } else {
+                        (conn.dst, conn.src)
+                    };
                     if me != rp.rank || task.peer != Some(peer) {
-                        return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
+                        return Err(fail(
+                            p,
+                            format!(
+                                "{here}: connection {c} does not join {} and its peer",
+                                rp.rank
+                            ),
+                        ));
                     }
                     let side = usize::from(!send);
                     side_key[o][side] = (c.0, task.subpipeline, task.seq);
@@ -291,8 +320,14 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
     }
     for (o, k) in side_key.iter().enumerate() {
         let transfer = seen[o] == 2;
-        if (transfer && (k[0].0 == NONE || k[0] != k[1])) || (!transfer && k[0].0 != NONE) || seen[o] == 0 {
-            return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
+        if (transfer && (k[0].0 == NONE || k[0] != k[1]))
+            || (!transfer && k[0].0 != NONE)
+            || seen[o] == 0
+        {
+            return Err(fail(
+                p,
+                format!("op{o}: its send and receive do not pair up on one connection"),
+            ));
         }
     }
     Ok(())

@@ -217,7 +217,8 @@ pub fn execute<T: Element>(
     op: ReduceOp,
     opts: &ExecOptions,
 ) -> Result<Vec<Vec<T>>, ExecError> {
-    plan.check_structure().map_err(|reason| ExecError::BadPlan { reason })?;
+    plan.check_structure()
+        .map_err(|reason| ExecError::BadPlan { reason })?;
     let l = &plan.layout;
     let n = l.ranks as usize;
     if inputs.len() != n {

@@ -69,7 +69,10 @@ impl Algorithm {
             .checked_mul(gpus)
             .filter(|&n| n <= Self::MAX_RANKS)
             .ok_or_else(|| ProgramError::BadLayout {
-                reason: format!("topology {nodes}x{gpus} is too large (at most {} ranks)", Self::MAX_RANKS),
+                reason: format!(
+                    "topology {nodes}x{gpus} is too large (at most {} ranks)",
+                    Self::MAX_RANKS
+                ),
             })?;
         let mut p = match self {
             Algorithm::RingAllReduce => ring_allreduce(n),

@@ -273,13 +273,21 @@ impl Layout {
         }
         if self.ranks > Self::MAX_RANKS {
             return Err(ProgramError::BadLayout {
-                reason: format!("{} ranks is more than the supported {}", self.ranks, Self::MAX_RANKS),
+                reason: format!(
+                    "{} ranks is more than the supported {}",
+                    self.ranks,
+                    Self::MAX_RANKS
+                ),
             });
         }
-        let per_rank = self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
+        let per_rank =
+            self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
         if per_rank * self.ranks as u64 > Self::MAX_CHUNKS {
             return Err(ProgramError::BadLayout {
-                reason: format!("buffers of {} chunks per rank on {} ranks are too large", per_rank, self.ranks),
+                reason: format!(
+                    "buffers of {} chunks per rank on {} ranks are too large",
+                    per_rank, self.ranks
+                ),
             });
         }
         if self.scratch.len() != self.ranks as usize {

@@ -715,15 +715,17 @@ fn hazard_edges(
     accesses.sort_by_key(|a| (a.pos, a.sub));
     for a in accesses.iter() {
         let (id, rank, slice) = (a.op, Rank(a.rank), a.slice);
-        let start = layout.resolve(rank, slice).ok_or_else(|| ImportError::Invalid {
-            step: Some(origin[id]),
-            error: ProgramError::SliceOutOfRange {
-                op: super::OpId::new(id),
-                rank,
-                slice,
-                buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
-            },
-        })?;
+        let start = layout
+            .resolve(rank, slice)
+            .ok_or_else(|| ImportError::Invalid {
+                step: Some(origin[id]),
+                error: ProgramError::SliceOutOfRange {
+                    op: super::OpId::new(id),
+                    rank,
+                    slice,
+                    buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
+                },
+            })?;
         for c in 0..slice.count {
             let loc = base[rank.index()] + (start + c) as usize;
             let w = last_writer[loc];
@@ -1007,8 +1009,24 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 },
                 first_pos: pos,
             });
-            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: src, write: false, read: true });
-            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: dst, write: true, read: false });
+            accesses.push(Access {
+                pos,
+                sub: 0,
+                op: id,
+                rank: g.id,
+                slice: src,
+                write: false,
+                read: true,
+            });
+            accesses.push(Access {
+                pos,
+                sub: 0,
+                op: id,
+                rank: g.id,
+                slice: dst,
+                write: true,
+                read: false,
+            });
             pos += 1;
         }
     }
@@ -1047,11 +1065,27 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         first_pos: pos,
                     });
                     op_of_recv.insert((ri, rk), id);
-                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: false, read: true });
+                    accesses.push(Access {
+                        pos,
+                        sub: 0,
+                        op: id,
+                        rank,
+                        slice,
+                        write: false,
+                        read: true,
+                    });
                 }
                 Part::Recv { slice, reduce } => {
                     let id = op_of_recv[&(i, k)];
-                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: true, read: reduce });
+                    accesses.push(Access {
+                        pos,
+                        sub: 0,
+                        op: id,
+                        rank,
+                        slice,
+                        write: true,
+                        read: reduce,
+                    });
                 }
                 Part::Copy { src, dst } | Part::Reduce { src, dst } => {
                     let reduce = matches!(part, Part::Reduce { .. });
@@ -1081,8 +1115,24 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         origin: st.at,
                         first_pos: pos,
                     });
-                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: src, write: false, read: true });
-                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: dst, write: true, read: reduce });
+                    accesses.push(Access {
+                        pos,
+                        sub: 0,
+                        op: id,
+                        rank,
+                        slice: src,
+                        write: false,
+                        read: true,
+                    });
+                    accesses.push(Access {
+                        pos,
+                        sub: 0,
+                        op: id,
+                        rank,
+                        slice: dst,
+                        write: true,
+                        read: reduce,
+                    });
                 }
             }
             pos += 1;
@@ -1095,7 +1145,13 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {
         let (base, acc) = storage_bases(&layout);
-        let op_succ = hazard_edges(&layout, &base, acc, &ops.iter().map(|o| o.origin).collect::<Vec<_>>(), &mut accesses)?;
+        let op_succ = hazard_edges(
+            &layout,
+            &base,
+            acc,
+            &ops.iter().map(|o| o.origin).collect::<Vec<_>>(),
+            &mut accesses,
+        )?;
         let no = ops.len();
         let mut indeg = vec![0u32; no];
         for s in &op_succ {
@@ -1127,10 +1183,14 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             .collect();
         if stuck.is_empty() {
             let at = (0..no).find(|&i| indeg[i] > 0).expect("an op is left");
-            return Err(ImportError::BufferedCycle { step: ops[at].origin });
+            return Err(ImportError::BufferedCycle {
+                step: ops[at].origin,
+            });
         }
         for x in stuck {
-            let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else { unreachable!() };
+            let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else {
+                unreachable!()
+            };
             let r = src_rank.0 as usize;
             let snap = Slice::new(BufferKind::Scratch, layout.scratch[r], src.count);
             layout.scratch[r] += src.count;
@@ -1142,14 +1202,41 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             read.sub = 1;
             let pos = read.pos;
             let id = ops.len();
-            let (channel, origin, first_pos) = (ops[x].op.channel(), ops[x].origin, ops[x].first_pos);
+            let (channel, origin, first_pos) =
+                (ops[x].op.channel(), ops[x].origin, ops[x].first_pos);
             ops.push(Pending {
-                op: Op { kind: OpKind::Copy { rank: src_rank, channel, src, dst: snap }, chunk: 0, step: 0, stage: 0 },
+                op: Op {
+                    kind: OpKind::Copy {
+                        rank: src_rank,
+                        channel,
+                        src,
+                        dst: snap,
+                    },
+                    chunk: 0,
+                    step: 0,
+                    stage: 0,
+                },
                 origin,
                 first_pos,
             });
-            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: src, write: false, read: true });
-            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: snap, write: true, read: false });
+            accesses.push(Access {
+                pos,
+                sub: 0,
+                op: id,
+                rank: src_rank.0,
+                slice: src,
+                write: false,
+                read: true,
+            });
+            accesses.push(Access {
+                pos,
+                sub: 0,
+                op: id,
+                rank: src_rank.0,
+                slice: snap,
+                write: true,
+                read: false,
+            });
             if let OpKind::Transfer { src, .. } = &mut ops[x].op.kind {
                 *src = snap;
             }

@@ -239,7 +239,14 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
     let name = name.ok_or_else(|| err(1, "missing `program NAME`"))?;
     let mut layout = layout.ok_or_else(|| err(1, "missing `collective ...` line"))?;
     if layout.ranks > Layout::MAX_RANKS {
-        return Err(err(1, format!("{} ranks is more than the supported {}", layout.ranks, Layout::MAX_RANKS)));
+        return Err(err(
+            1,
+            format!(
+                "{} ranks is more than the supported {}",
+                layout.ranks,
+                Layout::MAX_RANKS
+            ),
+        ));
     }
     if let Some((ln, v)) = scratch {
         layout.scratch = match v.len() {
