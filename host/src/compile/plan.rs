@@ -314,10 +314,10 @@ impl Plan {
                             _ => {}
                         }
                     }
-                    if let (Some(a), Some(b)) = (task.src, task.dst) {
-                        if a.count != b.count {
-                            return Err(format!("{}: operands differ in size", here()));
-                        }
+                    if let (Some(a), Some(b)) = (task.src, task.dst)
+                        && a.count != b.count
+                    {
+                        return Err(format!("{}: operands differ in size", here()));
                     }
                     if task.prim.is_comm() {
                         let c = task
