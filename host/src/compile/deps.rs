@@ -115,7 +115,8 @@ impl Graph {
         self.links[self.link_of_op[op.index()].index()].inter_node
     }
 
-    /// The text dump: one line per task with its dependencies, then the links.
+    /// The text dump: one line per task with its op, its link (tasks on one link are the
+    /// communication dependencies) and its data dependencies; then the links.
     pub fn dump(&self, program: &Program) -> String {
         let mut s = String::new();
         for (i, t) in self.tasks.iter().enumerate() {
@@ -154,7 +155,8 @@ impl Graph {
                 }
             };
             let preds: Vec<String> = self.preds.row(i).iter().map(|p| format!("t{p}")).collect();
-            let _ = write!(s, "t{i} = {} {what} ({})", t.rank, t.op);
+            let link = self.link_of_op[t.op.index()];
+            let _ = write!(s, "t{i} = {} {what} ({}, {link})", t.rank, t.op);
             if !preds.is_empty() {
                 let _ = write!(s, " after {}", preds.join(" "));
             }
