@@ -20,7 +20,7 @@
 //! for local ops) share it, which is the communication dependency the schedulers respect.
 
 use super::{Csr, LinkId, TaskId};
-use crate::program::{OpId, OpKind, Program, Rank, RecvOp, Slice};
+use crate::program::{OpId, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -240,8 +240,10 @@ impl Locations {
     }
 }
 
-/// Runs the pass. `ranks_per_node` decides which links cross nodes (`None`: one node).
-pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Graph {
+/// Runs the pass (after [`Program::verify`], which it repeats: the walk relies on every slice
+/// resolving). `ranks_per_node` decides which links cross nodes (`None`: one node).
+pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, ProgramError> {
+    program.verify()?;
     let nops = program.ops.len();
     let mut tasks = Vec::with_capacity(nops * 2);
     let mut op_tasks = Vec::with_capacity(nops);
@@ -368,7 +370,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Graph {
         items: oitems,
     };
     let op_succs = op_preds.transpose(nops);
-    Graph {
+    Ok(Graph {
         tasks,
         op_tasks,
         preds,
@@ -377,5 +379,5 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Graph {
         links,
         link_of_op,
         ranks_per_node,
-    }
+    })
 }

@@ -283,10 +283,8 @@ pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, Comp
         times.push((name.to_string(), lap.elapsed().as_secs_f64() * 1e3));
         lap = Instant::now();
     };
-    program.verify()?;
-    mark("verify-program", &mut times);
     let per_node = opts.ranks_per_node.or(program.ranks_per_node);
-    let graph = deps::build(program, per_node);
+    let graph = deps::build(program, per_node)?;
     if opts.verify {
         verify::graph(program, &graph)?;
     }

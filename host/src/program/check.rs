@@ -108,9 +108,10 @@ fn symbol(rank: u32, chunk: u32) -> Sym {
     }
 }
 
-/// Runs the program on symbols and checks the collective's postcondition on every output chunk.
-/// Call [`verify`] first (this function assumes slices resolve).
+/// Runs the program on symbols and checks the collective's postcondition on every output chunk
+/// (after the structural checks of [`verify`]).
 pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
+    verify(p)?;
     let l = &p.layout;
     let n = l.ranks;
     let base: Vec<usize> = prefix(l);

@@ -556,7 +556,6 @@ impl Program {
 
     /// Structural checks and the collective's postcondition; see [`check::check_postcondition`].
     pub fn check(&self) -> Result<(), ProgramError> {
-        check::verify(self)?;
         check::check_postcondition(self)
     }
 
