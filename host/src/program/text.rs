@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Slices are `in`, `out` or `scr` with one chunk `[i]` or a half-open range `[a..b]`. Ops are
-//! numbered from 0 in order. [`print`] writes exactly this form, so `parse(print(p)) == p`.
+//! numbered from 0 in order. [`print()`] writes exactly this form, so `parse(print(p)) == p`.
 
 use super::{
     BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice,
