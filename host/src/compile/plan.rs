@@ -75,7 +75,8 @@ pub struct Connection {
     pub src: Rank,
     /// The receiving rank.
     pub dst: Rank,
-    /// Distinguishes connections between the same two ranks (dense from 0 per rank pair).
+    /// Distinguishes connections between the same two ranks: the program's channel (state-based
+    /// allocation), or numbered densely from 0 per rank pair over (channel, stage) (per connection).
     pub channel: u32,
     /// `src` and `dst` are on different nodes.
     pub inter_node: bool,
