@@ -1,10 +1,212 @@
-//! `oxccl plan` (in progress).
+//! `oxccl plan`: compile an algorithm (built-in, MSCCL XML or text IR) and print the plan summary.
+//!
+//! ```text
+//! oxccl plan --algo hm-allgather --topo 2x8 --json
+//! oxccl plan --xml ../shared/msccl/ndv4_r48ll.xml --scheduler algo --tb-alloc per-conn
+//! oxccl plan --algo ring-allreduce --topo 1x4 --dump emit
+//! ```
 
 use super::CliResult;
+use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
+use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::{Program, msccl, text};
+use std::path::PathBuf;
+
+/// Where the program comes from and how to compile it (shared by `plan`, `simulate`, `verify`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ProgramArgs {
+    /// Built-in algorithm: ring-allreduce, ring-allgather, ring-reducescatter, direct-allreduce,
+    /// direct-allgather, direct-reducescatter, direct-alltoall, hm-allgather, hm-reducescatter,
+    /// hm-allreduce.
+    #[arg(long, conflicts_with_all = ["xml", "program"])]
+    pub algo: Option<String>,
+    /// MSCCL XML algorithm file.
+    #[arg(long, conflicts_with = "program")]
+    pub xml: Option<PathBuf>,
+    /// Transfer program in oxccl's text format.
+    #[arg(long)]
+    pub program: Option<PathBuf>,
+    /// Machine shape NODESxGPUS (e.g. 2x8): required with --algo; with --xml or --program it sets
+    /// which ranks share a node (default: all on one node).
+    #[arg(long)]
+    pub topo: Option<String>,
+    /// Replicate the program K times over K-times finer chunks (more independent work).
+    #[arg(long, default_value_t = 1)]
+    pub instances: u32,
+    /// Scheduler: hpds, rr (round-robin), algo (algorithm level), stage (stage level).
+    #[arg(long, default_value = "hpds")]
+    pub scheduler: String,
+    /// Thread-block allocation: state (state-based sharing) or per-conn (one per connection and stage).
+    #[arg(long = "tb-alloc", default_value = "state")]
+    pub tb_alloc: String,
+}
+
+/// A loaded program and the machine shape it runs on.
+pub struct Loaded {
+    pub program: Program,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+}
+
+/// Parses `NxG`.
+pub fn parse_topo(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("--topo `{s}`: expected NODESxGPUS, e.g. 2x8"))?;
+    let n = a
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("--topo `{s}`: bad node count"))?;
+    let g = b
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("--topo `{s}`: bad GPU count"))?;
+    if n == 0 || g == 0 {
+        return Err(format!("--topo `{s}`: needs at least one node and one GPU"));
+    }
+    Ok((n, g))
+}
+
+impl ProgramArgs {
+    /// Loads (generates, imports or parses) the program.
+    pub fn load(&self) -> Result<Loaded, Box<dyn std::error::Error>> {
+        let topo = self.topo.as_deref().map(parse_topo).transpose()?;
+        let mut program = if let Some(name) = &self.algo {
+            let algo: Algorithm = name.parse()?;
+            let (n, g) = topo.ok_or("--algo needs --topo NODESxGPUS")?;
+            algo.generate(n, g)?
+        } else if let Some(path) = &self.xml {
+            let xml =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            msccl::import(&xml)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .program
+        } else if let Some(path) = &self.program {
+            let t =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let p = text::parse(&t).map_err(|e| format!("{}: {e}", path.display()))?;
+            p.check().map_err(|e| format!("{}: {e}", path.display()))?;
+            p
+        } else {
+            return Err("give one of --algo, --xml, --program".into());
+        };
+        let ranks = program.ranks();
+        let (nodes, gpus) = match topo {
+            Some((n, g)) if n * g != ranks => {
+                return Err(format!(
+                    "--topo {n}x{g} has {} GPUs, the program {ranks} ranks",
+                    n * g
+                )
+                .into());
+            }
+            Some((n, g)) => (n, g),
+            None => match program.ranks_per_node {
+                Some(g) if g > 0 && ranks % g == 0 => (ranks / g, g),
+                _ => (1, ranks),
+            },
+        };
+        program.ranks_per_node = Some(gpus);
+        if self.instances == 0 {
+            return Err("--instances must be at least 1".into());
+        }
+        if self.instances > 1 {
+            program = program.instanced(self.instances);
+        }
+        Ok(Loaded {
+            program,
+            nodes,
+            gpus_per_node: gpus,
+        })
+    }
+
+    /// The compiler options.
+    pub fn options(&self) -> Result<Options, Box<dyn std::error::Error>> {
+        let scheduler: Scheduler = self.scheduler.parse()?;
+        let tb_alloc: TbAlloc = self.tb_alloc.parse()?;
+        Ok(Options::new(scheduler, tb_alloc))
+    }
+
+    /// Loads and compiles.
+    pub fn compile(&self) -> Result<(Loaded, Plan), Box<dyn std::error::Error>> {
+        let loaded = self.load()?;
+        let plan = compile::compile(&loaded.program, &self.options()?)?;
+        Ok((loaded, plan))
+    }
+}
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    pub program: ProgramArgs,
+    /// Print the summary as JSON (ranks, tbs_per_rank, max_tbs_per_rank, tasks, subpipelines,
+    /// compile_ms, ...).
+    #[arg(long)]
+    pub json: bool,
+    /// Print a text dump instead: `program`, or the result of a pass (deps, schedule, tb-alloc, emit).
+    #[arg(long)]
+    pub dump: Option<String>,
+}
 
-pub fn run(_args: Args) -> CliResult {
-    Err("`oxccl plan` is not built yet".into())
+pub fn run(args: Args) -> CliResult {
+    let loaded = args.program.load()?;
+    let opts = args.program.options()?;
+    if let Some(pass) = &args.dump {
+        if pass == "program" {
+            print!("{}", text::print(&loaded.program));
+            return Ok(());
+        }
+        let c = compile::run_passes(&loaded.program, &opts)?;
+        let names: Vec<&str> = compile::PASSES.iter().map(|p| p.name).collect();
+        let dump = c.dump(&loaded.program, pass).ok_or_else(|| {
+            format!(
+                "--dump `{pass}`: expected program or one of {}",
+                names.join(", ")
+            )
+        })?;
+        print!("{dump}");
+        return Ok(());
+    }
+    let plan = compile::compile(&loaded.program, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan.summary_json())?);
+        return Ok(());
+    }
+    print_summary(&plan, loaded.nodes, loaded.gpus_per_node);
+    Ok(())
+}
+
+/// The human-readable plan summary.
+pub fn print_summary(plan: &Plan, nodes: u32, gpus: u32) {
+    let s = &plan.stats;
+    let l = &plan.layout;
+    let tbs = &s.tbs_per_rank;
+    let min = tbs.iter().copied().min().unwrap_or(0);
+    let mean = tbs.iter().map(|&x| x as f64).sum::<f64>() / tbs.len().max(1) as f64;
+    println!(
+        "plan {}: {} on {} ranks ({nodes}x{gpus}), {} chunks, {}",
+        plan.name,
+        l.collective.name(),
+        l.ranks,
+        l.chunks,
+        if l.in_place {
+            "in place"
+        } else {
+            "out of place"
+        }
+    );
+    println!("  scheduler {}, tb-alloc {}", plan.scheduler, plan.tb_alloc);
+    println!(
+        "  ops {}, tasks {}, sub-pipelines {}, connections {}, sync points {}",
+        s.ops, s.tasks, s.subpipelines, s.connections, s.sync_points
+    );
+    println!(
+        "  TBs per rank: max {} (min {min}, mean {mean:.1})",
+        s.max_tbs_per_rank
+    );
+    println!(
+        "  estimated TB idle share {:.1}%, FIFO slots needed {}",
+        s.est_tb_idle_share * 100.0,
+        s.fifo_slots_needed
+    );
+    println!("  compile time {:.2} ms", s.compile_ms);
 }

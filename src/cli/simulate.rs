@@ -1,10 +1,121 @@
-//! `oxccl simulate` (in progress).
+//! `oxccl simulate`: compile an algorithm and simulate the plan on a topology preset.
+//!
+//! ```text
+//! oxccl simulate --algo hm-allreduce --topo 2x8 --preset a100 --size 256M --svg timeline.svg
+//! ```
 
 use super::CliResult;
+use super::plan::ProgramArgs;
+use oxccl_host::sim::{self, SimOptions, Topology};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    pub program: ProgramArgs,
+    /// Topology preset: a100 (ResCCL's testbed) or h200.
+    #[arg(long, default_value = "a100")]
+    pub preset: String,
+    /// Size of the larger user buffer per rank (nccl-tests' size), with optional K, M, G suffix (2^10).
+    #[arg(long, default_value = "256M")]
+    pub size: String,
+    /// Micro-batches per chunk (default: chunks cut into about --mb-size bytes).
+    #[arg(long)]
+    pub micro_batches: Option<u32>,
+    /// Target micro-batch size per chunk when --micro-batches is not given.
+    #[arg(long, default_value = "1M")]
+    pub mb_size: String,
+    /// FIFO slots per connection.
+    #[arg(long, default_value_t = 8)]
+    pub slots: u32,
+    /// Run sub-pipelines one after another machine-wide (ResCCL's execution model) instead of
+    /// ordering TBs only by sync points and FIFOs.
+    #[arg(long)]
+    pub barrier: bool,
+    /// Write an SVG timeline (one lane per link and per TB).
+    #[arg(long)]
+    pub svg: Option<std::path::PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
-pub fn run(_args: Args) -> CliResult {
-    Err("`oxccl simulate` is not built yet".into())
+/// Parses `256M`, `1G`, `4096`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(mul))
+        .ok_or_else(|| format!("bad size `{s}` (e.g. 4096, 64K, 256M, 1G)"))
+}
+
+pub fn run(args: Args) -> CliResult {
+    let (loaded, plan) = args.program.compile()?;
+    let topo = Topology::preset(&args.preset, loaded.nodes, loaded.gpus_per_node)?;
+    let bytes = parse_size(&args.size)?;
+    let mut opts = SimOptions::for_size(&plan, bytes, parse_size(&args.mb_size)?);
+    if let Some(m) = args.micro_batches {
+        opts.micro_batches = m;
+    }
+    opts.fifo_slots = args.slots;
+    opts.timeline = args.svg.is_some();
+    opts.subpipeline_barrier = args.barrier;
+    let report = sim::simulate(&plan, &topo, &opts)?;
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "{} ({}, {}) on {}",
+            plan.name, plan.scheduler, plan.tb_alloc, topo.name
+        );
+        std::fs::write(path, sim::svg::timeline(&report, &title))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if args.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("timeline");
+            o.remove("lanes");
+            o.insert("plan".into(), plan.summary_json());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "simulate {} ({}, {}) on {}: size {} B, {} micro-batches per chunk, {} FIFO slots{}",
+        plan.name,
+        plan.scheduler,
+        plan.tb_alloc,
+        topo.name,
+        bytes,
+        report.micro_batches,
+        opts.fifo_slots,
+        if opts.subpipeline_barrier {
+            ", sub-pipeline barriers"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  time {:.1} us, algbw {:.2} GB/s, busbw {:.2} GB/s",
+        report.time_us, report.algbw_gbps, report.busbw_gbps
+    );
+    println!(
+        "  link utilisation: NVLink out {:.1}% (mean over used ports), NIC out {:.1}%",
+        report.mean_nvlink_utilisation * 100.0,
+        report.mean_nic_utilisation * 100.0
+    );
+    println!(
+        "  TBs {} (max {} per rank), mean TB idle {:.1}%",
+        report.tbs.len(),
+        plan.stats.max_tbs_per_rank,
+        report.mean_tb_idle_share * 100.0
+    );
+    if let Some(path) = &args.svg {
+        println!("  timeline written to {}", path.display());
+    }
+    Ok(())
 }

@@ -1,10 +1,113 @@
-//! `oxccl verify` (in progress).
+//! `oxccl verify`: run a compiled plan on the CPU executor for every rank and compare with the
+//! collective's CPU reference; exits non-zero on any mismatch, deadlock or FIFO disorder.
+//!
+//! ```text
+//! oxccl verify --xml ../shared/msccl/ndv4_ap-1pass.xml
+//! oxccl verify --algo hm-allreduce --topo 2x4 --all
+//! ```
 
 use super::CliResult;
+use super::plan::ProgramArgs;
+use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
+use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    pub program: ProgramArgs,
+    /// Micro-batches per chunk.
+    #[arg(long, default_value_t = 4)]
+    pub micro_batches: u32,
+    /// FIFO slots per connection (default: 8, or what the plan needs if more).
+    #[arg(long)]
+    pub slots: Option<u32>,
+    /// Elements per chunk.
+    #[arg(long, default_value_t = 16)]
+    pub count: usize,
+    /// Element type: f32, f64, i32, i64.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Reduction: sum, min, max.
+    #[arg(long, default_value = "sum")]
+    pub redop: String,
+    /// Verify every scheduler × TB allocator, not only the one given.
+    #[arg(long)]
+    pub all: bool,
+}
 
-pub fn run(_args: Args) -> CliResult {
-    Err("`oxccl verify` is not built yet".into())
+fn run_one(
+    plan: &Plan,
+    args: &Args,
+    op: ReduceOp,
+    opts: &ExecOptions,
+) -> Result<VerifyReport, exec::ExecError> {
+    match args.dtype.as_str() {
+        "f64" => exec::verify::<f64>(plan, op, args.count, opts),
+        "i32" => exec::verify::<i32>(plan, op, args.count, opts),
+        "i64" => exec::verify::<i64>(plan, op, args.count, opts),
+        _ => exec::verify::<f32>(plan, op, args.count, opts),
+    }
+}
+
+pub fn run(args: Args) -> CliResult {
+    if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
+        return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());
+    }
+    let op: ReduceOp = args.redop.parse()?;
+    let loaded = args.program.load()?;
+    let configs: Vec<Options> = if args.all {
+        Scheduler::ALL
+            .iter()
+            .flat_map(|&s| TbAlloc::ALL.iter().map(move |&a| Options::new(s, a)))
+            .collect()
+    } else {
+        vec![args.program.options()?]
+    };
+    let mut failures = 0;
+    for o in &configs {
+        let plan = compile::compile(&loaded.program, o)?;
+        let slots = args
+            .slots
+            .unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
+        let opts = ExecOptions {
+            micro_batches: args.micro_batches,
+            fifo_slots: slots,
+        };
+        let redop = if plan.layout.collective.reduces() {
+            format!(" {}", args.redop)
+        } else {
+            String::new()
+        };
+        let head = format!(
+            "verify {} ({}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
+            plan.name,
+            plan.scheduler,
+            plan.tb_alloc,
+            plan.layout.collective.name(),
+            plan.layout.ranks,
+            args.count,
+            args.dtype,
+            args.micro_batches,
+            slots
+        );
+        match run_one(&plan, &args, op, &opts) {
+            Ok(r) if r.wrong == 0 => println!("{head}: OK ({} elements checked)", r.elements),
+            Ok(r) => {
+                failures += 1;
+                let (rank, i) = r.first_wrong.unwrap_or((0, 0));
+                println!(
+                    "{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})",
+                    r.wrong, r.elements
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                println!("{head}: FAILED, {e}");
+            }
+        }
+    }
+    if failures > 0 {
+        return Err(format!("{failures} of {} configurations failed", configs.len()).into());
+    }
+    Ok(())
 }

@@ -1,0 +1,399 @@
+//! The ResCCL compiler: from a [`Program`] to a [`Plan`] (per rank, per thread block, an ordered task
+//! list that runs every micro-batch).
+//!
+//! ## Passes
+//!
+//! | pass | what it does |
+//! |---|---|
+//! | `deps` | split ops into per-rank tasks; data dependencies from declared reads/writes per chunk; links |
+//! | `schedule` | sub-pipelines and a global order: HPDS, round-robin, algorithm level or stage level |
+//! | `tb-alloc` | FIFO connections, and thread blocks for connection endpoints (state-based or per connection) |
+//! | `emit` | per-TB ordered task lists with sync points, and statistics |
+//!
+//! The same table is [`PASSES`], for tools.
+//!
+//! Each pass is followed by its verifier ([`verify`]) unless [`Options::verify`] is off; every pass
+//! has a text dump ([`Compilation`]) that the golden tests compare.
+//!
+//! ## The execution model the passes target
+//!
+//! A *task* is one rank's half of an op: the send or the receive of a transfer, or a local copy or
+//! reduce. A *sub-pipeline* is a set of tasks that run together, each over every micro-batch, before
+//! the next sub-pipeline's tasks on the same thread block start (sub-pipelines are not barriers between
+//! TBs; data dependencies and FIFOs are the only synchronisation). The scheduler assigns every op a
+//! sub-pipeline and a global position; a TB runs its tasks sorted by (sub-pipeline, position), looping
+//! over micro-batches inside each sub-pipeline. See [`Plan`] for the exact semantics.
+
+pub mod deps;
+pub mod plan;
+pub mod schedule;
+pub mod tballoc;
+pub mod verify;
+
+pub use deps::{Graph, Link, Prim, Task};
+pub use plan::{Connection, Plan, PlanStats, RankPlan, SyncPoint, TbPlan, TbTask};
+pub use schedule::Schedule;
+pub use tballoc::{Allocation, Endpoint, EndpointKind};
+
+use crate::program::{Program, ProgramError, entity};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+entity!(
+    /// A task of the dependency graph ([`Graph::tasks`]). Printed `t5`.
+    TaskId,
+    "t"
+);
+entity!(
+    /// A link of the dependency graph: `(src, dst, channel)` for transfers, `(rank, channel)` for
+    /// local ops ([`Graph::links`]). Printed `l2`.
+    LinkId,
+    "l"
+);
+entity!(
+    /// A FIFO connection of a plan ([`Plan::connections`]). Printed `c4`.
+    ConnId,
+    "c"
+);
+entity!(
+    /// A thread block of one rank ([`RankPlan::tbs`]). Printed `tb1`.
+    TbId,
+    "tb"
+);
+
+/// One compiler pass: its name and a one-line description.
+#[derive(Copy, Clone, Debug)]
+pub struct PassInfo {
+    pub name: &'static str,
+    pub description: &'static str,
+}
+
+/// The pass table, in order.
+pub const PASSES: [PassInfo; 4] = [
+    PassInfo {
+        name: "deps",
+        description: "split ops into per-rank tasks; derive data dependencies from declared reads/writes \
+                      per chunk, and links (communication dependencies) per (src, dst, channel)",
+    },
+    PassInfo {
+        name: "schedule",
+        description: "assign every op a sub-pipeline and a global position (HPDS, round-robin, \
+                      algorithm level or stage level)",
+    },
+    PassInfo {
+        name: "tb-alloc",
+        description: "map transfers to FIFO connections and connection endpoints to thread blocks \
+                      (state-based sharing or one per connection and stage)",
+    },
+    PassInfo {
+        name: "emit",
+        description: "order each TB's tasks, add cross-TB sync points, compute statistics",
+    },
+];
+
+/// Which scheduler the `schedule` pass runs.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum Scheduler {
+    /// ResCCL's HPDS: chunks in a priority queue (least-scheduled first); a sub-pipeline takes every
+    /// ready op with a free link, including ops whose producers joined the same sub-pipeline, except an
+    /// intra-node op whose producer is an inter-node op of the same sub-pipeline. Closed when nothing
+    /// fits.
+    Hpds,
+    /// Baseline: chunks in a fixed rotation, at most one op per chunk per sub-pipeline, only ops whose
+    /// producers are in earlier sub-pipelines, one free link each.
+    RoundRobin,
+    /// Baseline: the whole algorithm is one sub-pipeline: every TB walks its whole task list once per
+    /// micro-batch (MSCCL's interpreter; one micro-batch after another).
+    Algorithm,
+    /// Baseline: one sub-pipeline per algorithm stage ([`crate::program::Op::stage`]) in dependency
+    /// order (a new sub-pipeline wherever a dependency crosses stages).
+    Stage,
+}
+
+impl Scheduler {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheduler::Hpds => "hpds",
+            Scheduler::RoundRobin => "rr",
+            Scheduler::Algorithm => "algo",
+            Scheduler::Stage => "stage",
+        }
+    }
+    /// Every scheduler.
+    pub const ALL: [Scheduler; 4] = [
+        Scheduler::Hpds,
+        Scheduler::RoundRobin,
+        Scheduler::Algorithm,
+        Scheduler::Stage,
+    ];
+}
+
+impl FromStr for Scheduler {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hpds" => Ok(Scheduler::Hpds),
+            "rr" | "round-robin" => Ok(Scheduler::RoundRobin),
+            "algo" | "algorithm" => Ok(Scheduler::Algorithm),
+            "stage" => Ok(Scheduler::Stage),
+            _ => Err(format!("unknown scheduler `{s}` (hpds, rr, algo, stage)")),
+        }
+    }
+}
+
+impl fmt::Display for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which allocator the `tb-alloc` pass runs.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum TbAlloc {
+    /// State-based: one FIFO per `(src, dst, channel)`; connection endpoints whose active
+    /// sub-pipeline intervals never overlap share a TB (optimal interval colouring per rank).
+    State,
+    /// Baseline (MSCCL): one FIFO per `(src, dst, channel, stage)` and one TB per endpoint.
+    PerConn,
+}
+
+impl TbAlloc {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TbAlloc::State => "state",
+            TbAlloc::PerConn => "per-conn",
+        }
+    }
+    /// Every allocator.
+    pub const ALL: [TbAlloc; 2] = [TbAlloc::State, TbAlloc::PerConn];
+}
+
+impl FromStr for TbAlloc {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "state" => Ok(TbAlloc::State),
+            "per-conn" | "perconn" | "conn" => Ok(TbAlloc::PerConn),
+            _ => Err(format!("unknown TB allocator `{s}` (state, per-conn)")),
+        }
+    }
+}
+
+impl fmt::Display for TbAlloc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Compiler options.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub scheduler: Scheduler,
+    pub tb_alloc: TbAlloc,
+    /// Ranks per node, for the intra/inter-node distinction; `None` takes the program's hint, and
+    /// without one every rank is on one node.
+    pub ranks_per_node: Option<u32>,
+    /// Run the verifier after every pass (on by default).
+    pub verify: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            scheduler: Scheduler::Hpds,
+            tb_alloc: TbAlloc::State,
+            ranks_per_node: None,
+            verify: true,
+        }
+    }
+}
+
+impl Options {
+    /// Options with the given scheduler and allocator.
+    pub fn new(scheduler: Scheduler, tb_alloc: TbAlloc) -> Options {
+        Options {
+            scheduler,
+            tb_alloc,
+            ..Options::default()
+        }
+    }
+}
+
+/// Why a program could not be compiled.
+#[derive(Clone, PartialEq, Debug)]
+pub enum CompileError {
+    /// The program is structurally invalid.
+    Program(ProgramError),
+    /// A verifier found a broken invariant after a pass (a compiler bug, reported rather than
+    /// panicking).
+    Verify { pass: &'static str, message: String },
+}
+
+impl fmt::Display for CompileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompileError::Program(e) => write!(f, "invalid program: {e}"),
+            CompileError::Verify { pass, message } => {
+                write!(f, "verifier after `{pass}`: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+impl From<ProgramError> for CompileError {
+    fn from(e: ProgramError) -> Self {
+        CompileError::Program(e)
+    }
+}
+
+/// Every intermediate result of a compilation, for dumps and tests.
+#[derive(Clone, Debug)]
+pub struct Compilation {
+    pub graph: Graph,
+    pub schedule: Schedule,
+    pub alloc: Allocation,
+    pub plan: Plan,
+}
+
+impl Compilation {
+    /// The text dump after pass `pass` (a name from [`PASSES`]).
+    pub fn dump(&self, program: &Program, pass: &str) -> Option<String> {
+        match pass {
+            "deps" => Some(self.graph.dump(program)),
+            "schedule" => Some(self.schedule.dump(program)),
+            "tb-alloc" => Some(self.alloc.dump()),
+            "emit" => Some(self.plan.dump()),
+            _ => None,
+        }
+    }
+}
+
+/// Runs every pass (and its verifier) and keeps the intermediate results.
+pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, CompileError> {
+    let start = Instant::now();
+    let mut times: Vec<(String, f64)> = Vec::new();
+    let mut lap = Instant::now();
+    let mut mark = |name: &str, times: &mut Vec<(String, f64)>| {
+        times.push((name.to_string(), lap.elapsed().as_secs_f64() * 1e3));
+        lap = Instant::now();
+    };
+    let per_node = opts.ranks_per_node.or(program.ranks_per_node);
+    let graph = deps::build(program, per_node)?;
+    if opts.verify {
+        verify::graph(program, &graph)?;
+    }
+    mark("deps", &mut times);
+    let schedule = schedule::run(program, &graph, opts.scheduler)?;
+    if opts.verify {
+        verify::schedule(program, &graph, &schedule)?;
+    }
+    mark("schedule", &mut times);
+    let alloc = tballoc::run(program, &graph, &schedule, opts.tb_alloc);
+    if opts.verify {
+        verify::alloc(&graph, &schedule, &alloc)?;
+    }
+    mark("tb-alloc", &mut times);
+    let mut plan = plan::emit(program, &graph, &schedule, &alloc, opts);
+    if opts.verify {
+        verify::plan(&graph, &plan)?;
+    }
+    mark("emit", &mut times);
+    plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    plan.stats.pass_ms = times;
+    Ok(Compilation {
+        graph,
+        schedule,
+        alloc,
+        plan,
+    })
+}
+
+/// Compiles `program` into a [`Plan`].
+pub fn compile(program: &Program, opts: &Options) -> Result<Plan, CompileError> {
+    run_passes(program, opts).map(|c| c.plan)
+}
+
+/// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the
+/// style of rustc's FxHash); the default SipHash dominated the passes on million-op programs.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A hash map with [`FastHasher`].
+pub(crate) type FastMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+
+/// A compressed sparse row adjacency: `items[start[i]..start[i+1]]` belong to `i`.
+#[derive(Clone, Debug, Default)]
+pub struct Csr {
+    pub start: Vec<u32>,
+    pub items: Vec<u32>,
+}
+
+impl Csr {
+    /// The items of row `i`.
+    #[inline]
+    pub fn row(&self, i: usize) -> &[u32] {
+        &self.items[self.start[i] as usize..self.start[i + 1] as usize]
+    }
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.start.len().saturating_sub(1)
+    }
+    /// The transpose (rows become columns) with `rows` rows.
+    pub fn transpose(&self, rows: usize) -> Csr {
+        let mut count = vec![0u32; rows + 1];
+        for &x in &self.items {
+            count[x as usize + 1] += 1;
+        }
+        for i in 0..rows {
+            count[i + 1] += count[i];
+        }
+        let mut fill = count.clone();
+        let mut items = vec![0u32; self.items.len()];
+        for i in 0..self.rows() {
+            for &x in self.row(i) {
+                items[fill[x as usize] as usize] = i as u32;
+                fill[x as usize] += 1;
+            }
+        }
+        Csr {
+            start: count,
+            items,
+        }
+    }
+}

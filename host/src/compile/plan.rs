@@ -1,0 +1,547 @@
+//! The compiled plan, and pass `emit` that builds it.
+//!
+//! # Execution semantics (what a lowering must implement)
+//!
+//! A [`Plan`] runs a collective whose user buffers are cut into `plan.layout.chunks` chunks (see
+//! [`Layout`]); every chunk is further cut into `M` equal **micro-batches** (`M` is chosen at launch;
+//! micro-batch `m` of chunk `c` is elements `c*L + m*L/M ..` of the buffer when a chunk holds `L`
+//! elements). A task with slice `in[a..b]` moves micro-batch `m` of chunks `a..b`.
+//!
+//! Every rank runs one thread block per [`TbPlan`] in [`RankPlan::tbs`]. A TB's task list is cut into
+//! **segments**: maximal runs of consecutive tasks with the same [`TbTask::subpipeline`]
+//! ([`TbPlan::segments`]). The TB runs
+//!
+//! ```text
+//! for segment in tb.segments():
+//!     for m in 0..M:
+//!         for task in segment:
+//!             for sp in tb.waits(task): wait until TB sp.tb of this rank has finished micro-batch m of its task sp.task
+//!             run task.prim on micro-batch m
+//!             if task.signal: publish "task finished micro-batch m" (a per-task or per-TB progress counter)
+//! ```
+//!
+//! * [`Prim::Send`] pushes `src` (micro-batch `m`) into connection `conn`'s FIFO, waiting while the
+//!   FIFO is full; [`Prim::Recv`] waits for the next message and stores it at `dst`;
+//!   [`Prim::RecvReduceCopy`] reduces it into `dst` (`dst = dst ⊕ msg`; `src == dst` is the local
+//!   operand); [`Prim::Copy`] copies `src` to `dst`; [`Prim::Reduce`] does `dst = dst ⊕ src`.
+//! * A connection is a FIFO of slots from `conn.src` to `conn.dst` with step counters (NCCL's Simple
+//!   protocol). Exactly one TB on each side uses a given connection, and both sides issue its messages
+//!   in the same order (the verifier checks this), so the `k`-th receive takes the `k`-th send.
+//! * Sync points ([`SyncPoint`]) are the only cross-TB waits within a rank; cross-rank order comes
+//!   from the FIFOs alone. Sync points always name a task that comes earlier in the global order
+//!   (same or earlier sub-pipeline, smaller [`TbTask::seq`]), which with FIFOs of at least
+//!   [`PlanStats::fifo_slots_needed`] slots makes the plan deadlock-free: order all (task,
+//!   micro-batch) pairs by (sub-pipeline, micro-batch, seq); every wait is on a smaller pair.
+//! * A per-TB progress counter suffices for signalling: since a TB finishes its (segment,
+//!   micro-batch, task) triples in order, "task `i` finished micro-batch `m`" is "the TB has finished
+//!   at least `index(segment(i), m, i)` triples", with
+//!   `index(s, m, i) = start(s)*M + m*len(s) + (i - start(s)) + 1`.
+//!
+//! With the algorithm-level scheduler every task has sub-pipeline 0, so every TB has one segment and
+//! re-walks its whole list per micro-batch with per-step dependency flags: MSCCL's interpreted
+//! execution structure (with the per-connection allocator, one TB per connection and stage).
+
+use super::{Allocation, ConnId, Graph, Options, Prim, Schedule, TbAlloc, TbId};
+use crate::program::{Layout, OpId, OpKind, Program, Rank, Slice};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+
+/// A compiled plan: per rank, per thread block, an ordered task list run for every micro-batch.
+/// See the [module documentation](self) for the execution semantics.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    /// The program's name.
+    pub name: String,
+    /// Collective, ranks, chunk counts and in-place aliasing of the user buffers.
+    pub layout: Layout,
+    pub scheduler: super::Scheduler,
+    pub tb_alloc: TbAlloc,
+    /// Ranks per node the plan was compiled for (`None`: one node).
+    pub ranks_per_node: Option<u32>,
+    /// Number of sub-pipelines (values of [`TbTask::subpipeline`] are below it).
+    pub subpipelines: u32,
+    /// The FIFO connections, indexed by [`ConnId`].
+    pub connections: Vec<Connection>,
+    /// One entry per rank, indexed by rank.
+    pub ranks: Vec<RankPlan>,
+    pub stats: PlanStats,
+}
+
+/// A FIFO connection (NCCL Simple-protocol semantics: a ring of slots in the receiver's workspace
+/// with head and tail step counters).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct Connection {
+    /// The sending rank.
+    pub src: Rank,
+    /// The receiving rank.
+    pub dst: Rank,
+    /// Distinguishes connections between the same two ranks: the program's channel (state-based
+    /// allocation), or numbered densely from 0 per rank pair over (channel, stage) (per connection).
+    pub channel: u32,
+    /// `src` and `dst` are on different nodes.
+    pub inter_node: bool,
+}
+
+/// The thread blocks of one rank.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RankPlan {
+    pub rank: Rank,
+    /// Indexed by [`TbId`].
+    pub tbs: Vec<TbPlan>,
+}
+
+/// One thread block's program.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TbPlan {
+    /// Tasks in execution order: sorted by (`subpipeline`, `seq`).
+    pub tasks: Vec<TbTask>,
+    /// Sync points of all tasks, concatenated; task `i` owns
+    /// `syncs[tasks[i].wait_start .. tasks[i].wait_start + tasks[i].wait_count]`.
+    pub syncs: Vec<SyncPoint>,
+}
+
+impl TbPlan {
+    /// The sync points task `i` waits on.
+    pub fn waits(&self, i: usize) -> &[SyncPoint] {
+        let t = &self.tasks[i];
+        &self.syncs[t.wait_start as usize..(t.wait_start + t.wait_count) as usize]
+    }
+
+    /// The segments: maximal index ranges of tasks with equal sub-pipeline, in order.
+    pub fn segments(&self) -> Vec<std::ops::Range<usize>> {
+        let mut v = Vec::new();
+        let mut start = 0;
+        for i in 1..=self.tasks.len() {
+            if i == self.tasks.len() || self.tasks[i].subpipeline != self.tasks[start].subpipeline {
+                if i > start {
+                    v.push(start..i);
+                }
+                start = i;
+            }
+        }
+        v
+    }
+}
+
+/// One task of a TB program; lowers to one device descriptor.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TbTask {
+    /// The primitive.
+    pub prim: Prim,
+    /// The task's sub-pipeline; consecutive tasks with equal values form a segment.
+    pub subpipeline: u32,
+    /// The op's position in the global schedule order (a topological order).
+    pub seq: u32,
+    /// The other rank of a send or receive.
+    pub peer: Option<Rank>,
+    /// The FIFO of a send or receive.
+    pub conn: Option<ConnId>,
+    /// What the task reads: the data a send pushes; the local operand of a `recv_reduce_copy` (equal
+    /// to `dst`); the source of a copy or reduce. `None` for a plain receive.
+    pub src: Option<Slice>,
+    /// What the task writes: the destination of a receive, copy or reduce. `None` for a send.
+    pub dst: Option<Slice>,
+    /// First sync point in [`TbPlan::syncs`].
+    pub wait_start: u32,
+    /// Number of sync points.
+    pub wait_count: u32,
+    /// Another TB of this rank waits on this task: publish progress after each micro-batch.
+    pub signal: bool,
+    /// The program op this task is half of (provenance).
+    pub op: OpId,
+}
+
+/// "Wait until task `task` of thread block `tb` (same rank) has finished the current micro-batch."
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct SyncPoint {
+    pub tb: TbId,
+    /// Index into that TB's [`TbPlan::tasks`].
+    pub task: u32,
+}
+
+/// Plan statistics.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PlanStats {
+    pub ranks: u32,
+    /// Thread blocks of each rank.
+    pub tbs_per_rank: Vec<u32>,
+    pub max_tbs_per_rank: u32,
+    /// Program ops.
+    pub ops: usize,
+    /// Tasks (over all ranks).
+    pub tasks: usize,
+    pub subpipelines: u32,
+    pub connections: usize,
+    /// Sync points (over all TBs).
+    pub sync_points: usize,
+    /// FIFO slots that guarantee freedom from deadlock: the most messages one connection carries in
+    /// one sub-pipeline per micro-batch.
+    pub fifo_slots_needed: u32,
+    /// Estimated idle share of TBs: the mean over TBs of the fraction of sub-pipelines in which the
+    /// TB has no task (every sub-pipeline weighted alike).
+    pub est_tb_idle_share: f64,
+    /// Wall-clock time of all passes and verifiers, in milliseconds.
+    pub compile_ms: f64,
+    /// Wall-clock time of each pass with its verifier, in milliseconds.
+    pub pass_ms: Vec<(String, f64)>,
+}
+
+impl Plan {
+    /// The plan summary as JSON (`ranks`, `tbs_per_rank`, `max_tbs_per_rank`, `tasks`,
+    /// `subpipelines`, `compile_ms`, ...).
+    pub fn summary_json(&self) -> serde_json::Value {
+        let s = &self.stats;
+        serde_json::json!({
+            "name": self.name,
+            "collective": self.layout.collective.name(),
+            "scheduler": self.scheduler.name(),
+            "tb_alloc": self.tb_alloc.name(),
+            "ranks": s.ranks,
+            "chunks": self.layout.chunks,
+            "tbs_per_rank": s.tbs_per_rank,
+            "max_tbs_per_rank": s.max_tbs_per_rank,
+            "ops": s.ops,
+            "tasks": s.tasks,
+            "subpipelines": s.subpipelines,
+            "connections": s.connections,
+            "sync_points": s.sync_points,
+            "fifo_slots_needed": s.fifo_slots_needed,
+            "est_tb_idle_share": s.est_tb_idle_share,
+            "compile_ms": s.compile_ms,
+            "pass_ms": s.pass_ms.iter().map(|(k, v)| serde_json::json!({ "pass": k, "ms": v })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The stable text dump of the whole plan (golden tests). Compile time is left out.
+    pub fn dump(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "plan {} scheduler={} tb-alloc={} ranks={} subpipelines={} tasks={}",
+            self.name,
+            self.scheduler.name(),
+            self.tb_alloc.name(),
+            self.layout.ranks,
+            self.subpipelines,
+            self.stats.tasks
+        );
+        for (i, c) in self.connections.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "c{i} = {} -> {} ch={} {}",
+                c.src,
+                c.dst,
+                c.channel,
+                if c.inter_node { "inter" } else { "intra" }
+            );
+        }
+        for rp in &self.ranks {
+            let _ = writeln!(s, "{}:", rp.rank);
+            for (t, tb) in rp.tbs.iter().enumerate() {
+                let _ = writeln!(s, "  tb{t}:");
+                for (i, task) in tb.tasks.iter().enumerate() {
+                    let _ = write!(s, "    {i}: sp{} {}", task.subpipeline, task.prim.name());
+                    match (task.prim, task.src, task.dst) {
+                        (Prim::RecvReduceCopy, _, Some(d)) => {
+                            let _ = write!(s, " {d}");
+                        }
+                        (_, Some(a), Some(b)) => {
+                            let _ = write!(s, " {a} -> {b}");
+                        }
+                        (_, Some(a), None) => {
+                            let _ = write!(s, " {a}");
+                        }
+                        (_, None, Some(b)) => {
+                            let _ = write!(s, " -> {b}");
+                        }
+                        (_, None, None) => {}
+                    }
+                    match (task.prim, task.peer, task.conn) {
+                        (Prim::Send, Some(p), Some(c)) => {
+                            let _ = write!(s, " to {p} via {c}");
+                        }
+                        (_, Some(p), Some(c)) => {
+                            let _ = write!(s, " from {p} via {c}");
+                        }
+                        _ => {}
+                    }
+                    let waits: Vec<String> = tb
+                        .waits(i)
+                        .iter()
+                        .map(|w| format!("{}.{}", w.tb, w.task))
+                        .collect();
+                    if !waits.is_empty() {
+                        let _ = write!(s, " wait {}", waits.join(" "));
+                    }
+                    if task.signal {
+                        s.push_str(" signal");
+                    }
+                    let _ = writeln!(s, " ({})", task.op);
+                }
+            }
+        }
+        s
+    }
+
+    /// Checks what the executors rely on, for plans that did not come from [`super::compile`] (built
+    /// by hand or deserialized): every TB's tasks have the operands their primitive needs, slices fit
+    /// the layout, connections and sync points exist and join the right ranks.
+    pub fn check_structure(&self) -> Result<(), String> {
+        let l = &self.layout;
+        l.validate().map_err(|e| e.to_string())?;
+        if self.ranks.len() != l.ranks as usize {
+            return Err(format!(
+                "{} rank plans for {} ranks",
+                self.ranks.len(),
+                l.ranks
+            ));
+        }
+        for (r, rp) in self.ranks.iter().enumerate() {
+            let rank = Rank(r as u32);
+            for (t, tb) in rp.tbs.iter().enumerate() {
+                for (i, task) in tb.tasks.iter().enumerate() {
+                    let here = || format!("{rank} tb{t} task {i}");
+                    let (need_src, need_dst) = match task.prim {
+                        Prim::Send => (true, false),
+                        Prim::Recv => (false, true),
+                        Prim::RecvReduceCopy | Prim::Copy | Prim::Reduce => (true, true),
+                    };
+                    for (need, slice) in [(need_src, task.src), (need_dst, task.dst)] {
+                        match slice {
+                            Some(s) if l.resolve(rank, s).is_none() => {
+                                return Err(format!("{}: {s} out of range", here()));
+                            }
+                            None if need => return Err(format!("{}: missing operand", here())),
+                            _ => {}
+                        }
+                    }
+                    if let (Some(a), Some(b)) = (task.src, task.dst)
+                        && a.count != b.count
+                    {
+                        return Err(format!("{}: operands differ in size", here()));
+                    }
+                    if task.prim.is_comm() {
+                        let c = task
+                            .conn
+                            .and_then(|c| self.connections.get(c.index()))
+                            .ok_or_else(|| format!("{}: no valid connection", here()))?;
+                        let (me, peer) = if task.prim == Prim::Send {
+                            (c.src, c.dst)
+                        } else {
+                            (c.dst, c.src)
+                        };
+                        if me != rank || task.peer != Some(peer) {
+                            return Err(format!(
+                                "{}: connection does not join the rank and its peer",
+                                here()
+                            ));
+                        }
+                    }
+                    let end = task.wait_start as usize + task.wait_count as usize;
+                    if end > tb.syncs.len() {
+                        return Err(format!("{}: sync points out of range", here()));
+                    }
+                    for w in tb.waits(i) {
+                        if rp
+                            .tbs
+                            .get(w.tb.index())
+                            .is_none_or(|x| w.task as usize >= x.tasks.len())
+                        {
+                            return Err(format!(
+                                "{}: sync point {}.{} does not exist",
+                                here(),
+                                w.tb,
+                                w.task
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Total thread blocks over all ranks.
+    pub fn total_tbs(&self) -> usize {
+        self.ranks.iter().map(|r| r.tbs.len()).sum()
+    }
+}
+
+/// Runs pass `emit`.
+pub fn emit(
+    program: &Program,
+    g: &Graph,
+    sched: &Schedule,
+    alloc: &Allocation,
+    opts: &Options,
+) -> Plan {
+    let nranks = program.ranks() as usize;
+    let ntasks = g.tasks.len();
+    // Tasks grouped by rank, each group in schedule order (a stable counting sort), so that each
+    // rank's TB lists are built in one cache-friendly pass and come out sorted by (sub-pipeline, seq).
+    let mut rank_start = vec![0usize; nranks + 1];
+    for t in &g.tasks {
+        rank_start[t.rank.index() + 1] += 1;
+    }
+    for r in 0..nranks {
+        rank_start[r + 1] += rank_start[r];
+    }
+    let mut fill = rank_start.clone();
+    let mut by_rank = vec![0u32; ntasks];
+    for &op in &sched.order {
+        for t in g.tasks_of(op) {
+            let r = g.tasks[t].rank.index();
+            by_rank[fill[r]] = t as u32;
+            fill[r] += 1;
+        }
+    }
+    drop(fill);
+    // (TB, index in the TB) of every task: one lookup per dependency when adding sync points.
+    let mut place = vec![(0u32, 0u32); ntasks];
+    let mut waits: Vec<(u32, u32)> = Vec::new();
+    let mut sync_points = 0usize;
+    let mut ranks = Vec::with_capacity(nranks);
+    for r in 0..nranks {
+        let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
+        let mut sizes = vec![0usize; alloc.tbs_per_rank[r] as usize];
+        for &t in mine {
+            sizes[alloc.tb_of_task(t as usize).index()] += 1;
+        }
+        let mut tbs: Vec<TbPlan> = sizes
+            .iter()
+            .map(|&n| TbPlan {
+                tasks: Vec::with_capacity(n),
+                syncs: Vec::new(),
+            })
+            .collect();
+        for &t in mine {
+            let t = t as usize;
+            let task = &g.tasks[t];
+            let op = task.op;
+            let o = &program.ops[op.index()];
+            let (peer, src, dst) = match (task.prim, o.kind) {
+                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => {
+                    (Some(dst_rank), Some(src), None)
+                }
+                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => {
+                    (Some(src_rank), None, Some(dst))
+                }
+                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
+                    (Some(src_rank), Some(dst), Some(dst))
+                }
+                (_, k) => match k {
+                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => {
+                        (None, Some(src), Some(dst))
+                    }
+                    OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
+                },
+            };
+            let tb = alloc.tb_of_task(t);
+            let list = &mut tbs[tb.index()].tasks;
+            place[t] = (tb.0, list.len() as u32);
+            list.push(TbTask {
+                prim: task.prim,
+                subpipeline: sched.subpipeline[op.index()],
+                seq: sched.position[op.index()],
+                peer,
+                conn: alloc.conn_of_op[op.index()],
+                src,
+                dst,
+                wait_start: 0,
+                wait_count: 0,
+                signal: false,
+                op,
+            });
+        }
+        // Sync points: for each cross-TB dependency (always on this rank) keep the latest task per
+        // producer TB; mark the producers as signalling.
+        for &t in mine {
+            let t = t as usize;
+            let (tb, i) = place[t];
+            waits.clear();
+            for &p in g.preds.row(t) {
+                let (ptb, pidx) = place[p as usize];
+                if ptb != tb {
+                    waits.push((ptb, pidx));
+                }
+            }
+            if waits.is_empty() {
+                continue;
+            }
+            waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            waits.dedup_by_key(|w| w.0);
+            let tbp = &mut tbs[tb as usize];
+            let i = i as usize;
+            tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
+            tbp.tasks[i].wait_count = waits.len() as u32;
+            tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint {
+                tb: TbId(ptb),
+                task: pidx,
+            }));
+            for &(ptb, pidx) in &waits {
+                tbs[ptb as usize].tasks[pidx as usize].signal = true;
+            }
+            sync_points += waits.len();
+        }
+        ranks.push(RankPlan {
+            rank: Rank(r as u32),
+            tbs,
+        });
+    }
+    // Statistics.
+    // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
+    let mut last_sp = vec![u32::MAX; alloc.connections.len()];
+    let mut count = vec![0u32; alloc.connections.len()];
+    let mut fifo_slots_needed = 0u32;
+    for &op in &sched.order {
+        if let Some(c) = alloc.conn_of_op[op.index()] {
+            let (c, sp) = (c.index(), sched.subpipeline[op.index()]);
+            if last_sp[c] != sp {
+                last_sp[c] = sp;
+                count[c] = 0;
+            }
+            count[c] += 1;
+            fifo_slots_needed = fifo_slots_needed.max(count[c]);
+        }
+    }
+    let spn = sched.count.max(1) as f64;
+    let mut idle_sum = 0.0;
+    let mut ntbs = 0usize;
+    for rp in &ranks {
+        for tb in &rp.tbs {
+            let distinct = tb.segments().len() as f64;
+            idle_sum += 1.0 - distinct / spn;
+            ntbs += 1;
+        }
+    }
+    let tbs_per_rank = alloc.tbs_per_rank.clone();
+    let stats = PlanStats {
+        ranks: nranks as u32,
+        max_tbs_per_rank: tbs_per_rank.iter().copied().max().unwrap_or(0),
+        tbs_per_rank,
+        ops: program.ops.len(),
+        tasks: ntasks,
+        subpipelines: sched.count,
+        connections: alloc.connections.len(),
+        sync_points,
+        fifo_slots_needed,
+        est_tb_idle_share: if ntbs > 0 {
+            idle_sum / ntbs as f64
+        } else {
+            0.0
+        },
+        compile_ms: 0.0,
+        pass_ms: Vec::new(),
+    };
+    Plan {
+        name: program.name.clone(),
+        layout: program.layout.clone(),
+        scheduler: sched.scheduler,
+        tb_alloc: opts.tb_alloc,
+        ranks_per_node: g.ranks_per_node,
+        subpipelines: sched.count,
+        connections: alloc.connections.clone(),
+        ranks,
+        stats,
+    }
+}

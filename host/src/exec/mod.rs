@@ -1,0 +1,500 @@
+//! The CPU executor of compiled plans (the semantic oracle) and the collectives' CPU references.
+//!
+//! [`execute`] runs a [`Plan`] on host memory for every rank with exactly the device semantics of
+//! [`crate::compile::plan`]: one program counter per thread block, `(segment, micro-batch, task)` in
+//! order, sync points on other TBs' progress, and FIFO connections of a fixed number of slots where a
+//! send blocks while the FIFO is full and a receive blocks until a message is there. The TBs are
+//! stepped round-robin, deterministically; when a full round makes no progress and work is left, the
+//! plan deadlocks and the executor says where ([`ExecError::Deadlock`]), as a GPU would hang.
+//!
+//! Beyond the device, the executor also checks what the hardware cannot: that the message a receive
+//! takes was sent for the same op, and that no message is left over.
+
+pub mod reference;
+
+use crate::compile::{ConnId, Plan, Prim, TbId};
+use crate::program::{OpId, Rank, Slice};
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+
+/// The reduction operator.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum ReduceOp {
+    Sum,
+    Min,
+    Max,
+}
+
+impl FromStr for ReduceOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sum" => Ok(ReduceOp::Sum),
+            "min" => Ok(ReduceOp::Min),
+            "max" => Ok(ReduceOp::Max),
+            _ => Err(format!("unknown reduction `{s}` (sum, min, max)")),
+        }
+    }
+}
+
+/// An element type the executor and references handle.
+pub trait Element: Copy + PartialEq + fmt::Debug + Default + 'static {
+    /// `self ⊕ other`.
+    fn reduce(self, other: Self, op: ReduceOp) -> Self;
+    /// A small integer in this type (exact in every type here).
+    fn from_small(v: i32) -> Self;
+}
+
+macro_rules! element_float {
+    ($t:ty) => {
+        impl Element for $t {
+            fn reduce(self, o: Self, op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum => self + o,
+                    ReduceOp::Min => self.min(o),
+                    ReduceOp::Max => self.max(o),
+                }
+            }
+            fn from_small(v: i32) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+macro_rules! element_int {
+    ($t:ty) => {
+        impl Element for $t {
+            fn reduce(self, o: Self, op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum => self.wrapping_add(o),
+                    ReduceOp::Min => self.min(o),
+                    ReduceOp::Max => self.max(o),
+                }
+            }
+            fn from_small(v: i32) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+element_float!(f32);
+element_float!(f64);
+element_int!(i32);
+element_int!(i64);
+element_int!(u32);
+element_int!(u64);
+
+/// Executor options.
+#[derive(Copy, Clone, Debug)]
+pub struct ExecOptions {
+    /// Micro-batches each chunk is cut into (at least 1).
+    pub micro_batches: u32,
+    /// Slots per FIFO connection (at least 1; NCCL uses 8).
+    pub fifo_slots: u32,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            micro_batches: 4,
+            fifo_slots: 8,
+        }
+    }
+}
+
+/// Where a TB is stuck, for deadlock reports.
+#[derive(Clone, PartialEq, Debug)]
+pub struct Blocked {
+    pub rank: Rank,
+    pub tb: TbId,
+    /// Index of the task in the TB's list.
+    pub task: u32,
+    pub prim: Prim,
+    pub op: OpId,
+    pub micro_batch: u32,
+    pub reason: String,
+}
+
+/// Why a plan could not be executed.
+#[derive(Clone, PartialEq, Debug)]
+pub enum ExecError {
+    /// Inputs do not fit the plan (rank count, lengths) or options are out of range.
+    BadInput { reason: String },
+    /// The plan is malformed (see [`Plan::check_structure`]).
+    BadPlan { reason: String },
+    /// No thread block can make progress and work is left.
+    Deadlock { blocked: Vec<Blocked> },
+    /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
+    FifoOrder {
+        conn: ConnId,
+        receiver_op: OpId,
+        message_op: OpId,
+    },
+    /// Messages are left in a FIFO after every TB finished.
+    Unconsumed { conn: ConnId, messages: usize },
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
+            ExecError::BadPlan { reason } => write!(f, "malformed plan: {reason}"),
+            ExecError::Deadlock { blocked } => {
+                write!(
+                    f,
+                    "deadlock: {} thread blocks cannot progress",
+                    blocked.len()
+                )?;
+                for b in blocked.iter().take(8) {
+                    write!(
+                        f,
+                        "; {} {} task {} ({} {}, micro-batch {}): {}",
+                        b.rank,
+                        b.tb,
+                        b.task,
+                        b.prim.name(),
+                        b.op,
+                        b.micro_batch,
+                        b.reason
+                    )?;
+                }
+                Ok(())
+            }
+            ExecError::FifoOrder {
+                conn,
+                receiver_op,
+                message_op,
+            } => write!(
+                f,
+                "{conn}: the receive of {receiver_op} found the message of {message_op} (FIFO order mismatch)"
+            ),
+            ExecError::Unconsumed { conn, messages } => {
+                write!(f, "{conn}: {messages} messages never received")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+struct Message<T> {
+    op: OpId,
+    data: Vec<T>,
+}
+
+#[derive(Clone)]
+struct TbState {
+    segments: Vec<std::ops::Range<usize>>,
+    seg: usize,
+    mb: u32,
+    pos: usize,
+}
+
+impl TbState {
+    fn finished(&self) -> bool {
+        self.seg >= self.segments.len()
+    }
+}
+
+/// Micro-batch `m` of `mbs` of a chunk of `len` elements.
+pub fn micro_batch_range(len: usize, mbs: u32, m: u32) -> std::ops::Range<usize> {
+    let mbs = mbs as usize;
+    let m = m as usize;
+    (m * len / mbs)..((m + 1) * len / mbs)
+}
+
+enum Step {
+    Blocked(String),
+    Done,
+}
+
+/// Runs `plan` on `inputs` (one vector per rank, `input_chunks × L` elements each) and returns each
+/// rank's output buffer (`output_chunks × L` elements).
+pub fn execute<T: Element>(
+    plan: &Plan,
+    inputs: &[Vec<T>],
+    op: ReduceOp,
+    opts: &ExecOptions,
+) -> Result<Vec<Vec<T>>, ExecError> {
+    plan.check_structure()
+        .map_err(|reason| ExecError::BadPlan { reason })?;
+    let l = &plan.layout;
+    let n = l.ranks as usize;
+    if inputs.len() != n {
+        return Err(ExecError::BadInput {
+            reason: format!("{} inputs for {n} ranks", inputs.len()),
+        });
+    }
+    if opts.micro_batches == 0 || opts.fifo_slots == 0 {
+        return Err(ExecError::BadInput {
+            reason: "micro-batches and FIFO slots must be at least 1".into(),
+        });
+    }
+    let ic = l.input_chunks() as usize;
+    let len0 = inputs[0].len();
+    if ic == 0 || !len0.is_multiple_of(ic) || inputs.iter().any(|v| v.len() != len0) {
+        return Err(ExecError::BadInput {
+            reason: format!(
+                "every rank needs the same number of elements, a multiple of {ic} input chunks"
+            ),
+        });
+    }
+    let cl = len0 / ic;
+    // Storage per rank.
+    let mut mem: Vec<Vec<T>> = (0..n)
+        .map(|r| vec![T::default(); l.storage_chunks(Rank(r as u32)) as usize * cl])
+        .collect();
+    for (r, input) in inputs.iter().enumerate() {
+        for j in 0..ic {
+            let at = l
+                .resolve(Rank(r as u32), Slice::input(j as u32))
+                .expect("input resolves") as usize;
+            mem[r][at * cl..(at + 1) * cl].copy_from_slice(&input[j * cl..(j + 1) * cl]);
+        }
+    }
+    let mut fifos: Vec<VecDeque<Message<T>>> = (0..plan.connections.len())
+        .map(|_| VecDeque::new())
+        .collect();
+    let mut done: Vec<Vec<Vec<u32>>> = plan
+        .ranks
+        .iter()
+        .map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect())
+        .collect();
+    let mut state: Vec<Vec<TbState>> = plan
+        .ranks
+        .iter()
+        .map(|rp| {
+            rp.tbs
+                .iter()
+                .map(|tb| {
+                    let segments = tb.segments();
+                    let pos = segments.first().map(|s| s.start).unwrap_or(0);
+                    TbState {
+                        segments,
+                        seg: 0,
+                        mb: 0,
+                        pos,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let mbs = opts.micro_batches;
+    let slots = opts.fifo_slots as usize;
+    let mut scratch: Vec<T> = Vec::new();
+
+    loop {
+        let mut progress = false;
+        let mut all_done = true;
+        let mut blocked: Vec<Blocked> = Vec::new();
+        for r in 0..n {
+            for t in 0..plan.ranks[r].tbs.len() {
+                loop {
+                    let st = &state[r][t];
+                    if st.finished() {
+                        break;
+                    }
+                    let (i, mb) = (st.pos, st.mb);
+                    let tbp = &plan.ranks[r].tbs[t];
+                    let task = &tbp.tasks[i];
+                    let outcome = (|| -> Result<Step, ExecError> {
+                        for w in tbp.waits(i) {
+                            if done[r][w.tb.index()][w.task as usize] <= mb {
+                                return Ok(Step::Blocked(format!("waits for {}.{}", w.tb, w.task)));
+                            }
+                        }
+                        let range = micro_batch_range(cl, mbs, mb);
+                        let rank = Rank(r as u32);
+                        let gather = |mem: &Vec<Vec<T>>, s: Slice, out: &mut Vec<T>| {
+                            out.clear();
+                            let base = l.resolve(rank, s).expect("verified plan") as usize;
+                            for j in 0..s.count as usize {
+                                let c = (base + j) * cl;
+                                out.extend_from_slice(&mem[r][c + range.start..c + range.end]);
+                            }
+                        };
+                        let scatter =
+                            |mem: &mut Vec<Vec<T>>, s: Slice, data: &[T], reduce: bool| {
+                                let base = l.resolve(rank, s).expect("verified plan") as usize;
+                                let w = range.len();
+                                for j in 0..s.count as usize {
+                                    let c = (base + j) * cl;
+                                    let dst = &mut mem[r][c + range.start..c + range.end];
+                                    let src = &data[j * w..(j + 1) * w];
+                                    if reduce {
+                                        for (d, s) in dst.iter_mut().zip(src) {
+                                            *d = d.reduce(*s, op);
+                                        }
+                                    } else {
+                                        dst.copy_from_slice(src);
+                                    }
+                                }
+                            };
+                        match task.prim {
+                            Prim::Send => {
+                                let c = task.conn.expect("verified plan").index();
+                                if fifos[c].len() >= slots {
+                                    return Ok(Step::Blocked(format!("FIFO c{c} full")));
+                                }
+                                let mut data = Vec::new();
+                                gather(&mem, task.src.expect("send has a source"), &mut data);
+                                fifos[c].push_back(Message { op: task.op, data });
+                            }
+                            Prim::Recv | Prim::RecvReduceCopy => {
+                                let c = task.conn.expect("verified plan");
+                                let Some(front) = fifos[c.index()].front() else {
+                                    return Ok(Step::Blocked(format!("FIFO {c} empty")));
+                                };
+                                if front.op != task.op {
+                                    return Err(ExecError::FifoOrder {
+                                        conn: c,
+                                        receiver_op: task.op,
+                                        message_op: front.op,
+                                    });
+                                }
+                                let msg = fifos[c.index()].pop_front().expect("front exists");
+                                scatter(
+                                    &mut mem,
+                                    task.dst.expect("receive has a destination"),
+                                    &msg.data,
+                                    task.prim == Prim::RecvReduceCopy,
+                                );
+                            }
+                            Prim::Copy | Prim::Reduce => {
+                                gather(
+                                    &mem,
+                                    task.src.expect("local op has a source"),
+                                    &mut scratch,
+                                );
+                                let data = std::mem::take(&mut scratch);
+                                scatter(
+                                    &mut mem,
+                                    task.dst.expect("local op has a destination"),
+                                    &data,
+                                    task.prim == Prim::Reduce,
+                                );
+                                scratch = data;
+                            }
+                        }
+                        Ok(Step::Done)
+                    })()?;
+                    match outcome {
+                        Step::Blocked(reason) => {
+                            blocked.push(Blocked {
+                                rank: Rank(r as u32),
+                                tb: TbId::new(t),
+                                task: i as u32,
+                                prim: task.prim,
+                                op: task.op,
+                                micro_batch: mb,
+                                reason,
+                            });
+                            break;
+                        }
+                        Step::Done => {
+                            progress = true;
+                            done[r][t][i] = mb + 1;
+                            let st = &mut state[r][t];
+                            st.pos += 1;
+                            let seg = st.segments[st.seg].clone();
+                            if st.pos == seg.end {
+                                st.mb += 1;
+                                st.pos = seg.start;
+                                if st.mb == mbs {
+                                    st.mb = 0;
+                                    st.seg += 1;
+                                    st.pos = st.segments.get(st.seg).map(|s| s.start).unwrap_or(0);
+                                }
+                            }
+                        }
+                    }
+                }
+                if !state[r][t].finished() {
+                    all_done = false;
+                }
+            }
+        }
+        if all_done {
+            break;
+        }
+        if !progress {
+            return Err(ExecError::Deadlock { blocked });
+        }
+    }
+    if let Some((c, f)) = fifos.iter().enumerate().find(|(_, f)| !f.is_empty()) {
+        return Err(ExecError::Unconsumed {
+            conn: ConnId::new(c),
+            messages: f.len(),
+        });
+    }
+    // Outputs.
+    let oc = l.output_chunks() as usize;
+    Ok((0..n)
+        .map(|r| {
+            let mut out = Vec::with_capacity(oc * cl);
+            for j in 0..oc {
+                let at = l
+                    .resolve(Rank(r as u32), Slice::output(j as u32))
+                    .expect("output resolves") as usize;
+                out.extend_from_slice(&mem[r][at * cl..(at + 1) * cl]);
+            }
+            out
+        })
+        .collect())
+}
+
+/// Test inputs whose reductions are exact in every element type and every order: small integers,
+/// distinct across ranks and positions.
+pub fn test_inputs<T: Element>(ranks: usize, len: usize) -> Vec<Vec<T>> {
+    (0..ranks)
+        .map(|r| {
+            (0..len)
+                .map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17) as i32 + 1))
+                .collect()
+        })
+        .collect()
+}
+
+/// The outcome of [`verify`]: how many elements differ from the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyReport {
+    pub elements: usize,
+    pub wrong: usize,
+    /// The first wrong element: (rank, index).
+    pub first_wrong: Option<(usize, usize)>,
+}
+
+/// Executes `plan` on [`test_inputs`] with `chunk_len` elements per chunk and compares every output
+/// element with the collective's reference.
+pub fn verify<T: Element>(
+    plan: &Plan,
+    op: ReduceOp,
+    chunk_len: usize,
+    opts: &ExecOptions,
+) -> Result<VerifyReport, ExecError> {
+    let l = &plan.layout;
+    let inputs = test_inputs::<T>(l.ranks as usize, l.input_chunks() as usize * chunk_len);
+    let got = execute(plan, &inputs, op, opts)?;
+    let want = reference::reference(l.collective, &inputs, op)?;
+    let mut report = VerifyReport {
+        elements: 0,
+        wrong: 0,
+        first_wrong: None,
+    };
+    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+        report.elements += w.len();
+        if g.len() != w.len() {
+            report.wrong += w.len();
+            report.first_wrong.get_or_insert((r, 0));
+            continue;
+        }
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            if a != b {
+                report.wrong += 1;
+                report.first_wrong.get_or_insert((r, i));
+            }
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,720 @@
+//! The transfer-program IR: what an algorithm *is*, before any scheduling.
+//!
+//! A [`Program`] is a sequence of [`Op`]s over per-rank buffers cut into chunks. The main op is a
+//! [`OpKind::Transfer`]: `Transfer(src_rank, dst_rank, step, chunk, op)` in ResCCL's words, a send of
+//! a chunk range on `src_rank` matched by a receive on `dst_rank` that either stores the data
+//! ([`RecvOp::Recv`]) or reduces it into the destination ([`RecvOp::RecvReduceCopy`]). Imported
+//! algorithms also need local [`OpKind::Copy`] and [`OpKind::Reduce`].
+//!
+//! The order of `ops` is a *sequential semantics*: running the ops one after another, each atomic,
+//! computes the collective. Nothing else is implied by the order; the compiler derives every
+//! dependency from the locations each op reads and writes ([`crate::compile`]).
+//!
+//! ## Buffers and chunks
+//!
+//! Every rank has an input, an output and a scratch buffer, each a whole number of chunks. The sizes
+//! of input and output follow from the collective and [`Layout::chunks`] (see [`Layout`]); scratch is
+//! per rank. In-place programs alias input and output the way NCCL does (an in-place AllGather's
+//! input is the rank's own block of the output); [`Layout::resolve`] maps any reference to one flat
+//! chunk index of the rank's storage, so aliases are the same location for the dependency analysis,
+//! the checker and the executors.
+//!
+//! ## Submodules
+//!
+//! | module | what |
+//! |---|---|
+//! | [`text`] | the stable text format (print and parse), used by the golden tests |
+//! | [`msccl`] | the MSCCL XML importer |
+//! | [`generators`] | built-in algorithms: ring, direct (all-pairs), hierarchical mesh |
+//! | [`check`] | the structural verifier and the symbolic postcondition checker |
+
+pub mod check;
+pub mod generators;
+pub mod msccl;
+pub mod text;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Declares a `u32` entity newtype (Cranelift style): a dense index with a short display prefix.
+macro_rules! entity {
+    ($(#[$meta:meta])* $name:ident, $prefix:literal) => {
+        $(#[$meta])*
+        #[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u32);
+
+        impl $name {
+            /// The entity with dense index `index`.
+            #[inline]
+            pub fn new(index: usize) -> Self {
+                debug_assert!(index <= u32::MAX as usize);
+                Self(index as u32)
+            }
+            /// The dense index of this entity.
+            #[inline]
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+pub(crate) use entity;
+
+entity!(
+    /// A rank (one GPU, or one virtual rank). Printed `r3`.
+    Rank,
+    "r"
+);
+entity!(
+    /// An op of a [`Program`], its index in [`Program::ops`]. Printed `op7`.
+    OpId,
+    "op"
+);
+
+/// Which of a rank's buffers a [`Slice`] refers to.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+pub enum BufferKind {
+    /// The user's send buffer. Text `in`, MSCCL `i`.
+    Input,
+    /// The user's receive buffer. Text `out`, MSCCL `o`.
+    Output,
+    /// Library-owned scratch space. Text `scr`, MSCCL `s`.
+    Scratch,
+}
+
+impl BufferKind {
+    /// The name used by the text format.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferKind::Input => "in",
+            BufferKind::Output => "out",
+            BufferKind::Scratch => "scr",
+        }
+    }
+}
+
+/// `count` consecutive chunks of one buffer, starting at chunk `offset`. Printed `in[3]` or `in[3..5]`
+/// (half open).
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct Slice {
+    pub buffer: BufferKind,
+    pub offset: u32,
+    pub count: u32,
+}
+
+impl Slice {
+    /// `count` chunks of `buffer` from `offset`.
+    pub fn new(buffer: BufferKind, offset: u32, count: u32) -> Self {
+        Slice {
+            buffer,
+            offset,
+            count,
+        }
+    }
+    /// One chunk of the input buffer.
+    pub fn input(offset: u32) -> Self {
+        Slice::new(BufferKind::Input, offset, 1)
+    }
+    /// One chunk of the output buffer.
+    pub fn output(offset: u32) -> Self {
+        Slice::new(BufferKind::Output, offset, 1)
+    }
+    /// One chunk of the scratch buffer.
+    pub fn scratch(offset: u32) -> Self {
+        Slice::new(BufferKind::Scratch, offset, 1)
+    }
+    /// One past the last chunk.
+    pub fn end(self) -> u64 {
+        self.offset as u64 + self.count as u64
+    }
+}
+
+impl fmt::Display for Slice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.count == 1 {
+            write!(f, "{}[{}]", self.buffer.name(), self.offset)
+        } else {
+            write!(f, "{}[{}..{}]", self.buffer.name(), self.offset, self.end())
+        }
+    }
+}
+
+/// The collective a program computes; it fixes the buffer sizes and the postcondition.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum Collective {
+    /// Every rank ends with the reduction over ranks of every chunk.
+    AllReduce,
+    /// Rank `r`'s input lands at output block `r` on every rank.
+    AllGather,
+    /// Rank `r` ends with the reduction over ranks of input block `r`.
+    ReduceScatter,
+    /// Block `q` of rank `r`'s input lands at output block `r` of rank `q`.
+    AllToAll,
+}
+
+impl Collective {
+    /// The name used by the text format and the CLI (`allreduce`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::AllGather => "allgather",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::AllToAll => "alltoall",
+        }
+    }
+
+    /// Parses a collective name, accepting the spellings found in real MSCCL files
+    /// (`reduce_scatter`, `allgather`, `all_gather`, ...), case-insensitively.
+    pub fn parse(name: &str) -> Option<Collective> {
+        let n: String = name
+            .chars()
+            .filter(|c| *c != '_' && *c != '-')
+            .collect::<String>()
+            .to_ascii_lowercase();
+        match n.as_str() {
+            "allreduce" => Some(Collective::AllReduce),
+            "allgather" => Some(Collective::AllGather),
+            "reducescatter" => Some(Collective::ReduceScatter),
+            "alltoall" => Some(Collective::AllToAll),
+            _ => None,
+        }
+    }
+
+    /// Whether the collective reduces (so a reduction operator applies).
+    pub fn reduces(self) -> bool {
+        matches!(self, Collective::AllReduce | Collective::ReduceScatter)
+    }
+
+    /// nccl-tests' bus-bandwidth factor for `n` ranks.
+    pub fn bus_factor(self, n: u32) -> f64 {
+        let n = n as f64;
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            _ => (n - 1.0) / n,
+        }
+    }
+}
+
+/// Buffer sizes and aliasing of a program, shared by the program, the compiled plan and the executors.
+///
+/// With `C = chunks` and `n = ranks`:
+///
+/// | collective | input chunks | output chunks | in place |
+/// |---|---|---|---|
+/// | AllReduce | C | C | input ≡ output |
+/// | AllGather | C/n | C | input ≡ output block `r` |
+/// | ReduceScatter | C | C/n | output ≡ input block `r` |
+/// | AllToAll | C | C | input ≡ output |
+///
+/// A rank's *storage* is one flat array of chunks: out of place `[input | output | scratch]`, in place
+/// `[main | scratch]` where `main` is the larger of input and output.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Layout {
+    pub collective: Collective,
+    pub ranks: u32,
+    /// The size, in chunks, of the larger user buffer (MSCCL's `nchunksperloop`).
+    pub chunks: u32,
+    pub in_place: bool,
+    /// Scratch chunks per rank (`scratch.len() == ranks`).
+    pub scratch: Vec<u32>,
+}
+
+impl Layout {
+    /// The most ranks a layout may have.
+    pub const MAX_RANKS: u32 = 1 << 20;
+    /// The most chunks (summed over ranks and buffers) a layout may have.
+    pub const MAX_CHUNKS: u64 = 1 << 34;
+
+    /// A layout with no scratch.
+    pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {
+        Layout {
+            collective,
+            ranks,
+            chunks,
+            in_place,
+            scratch: vec![0; ranks as usize],
+        }
+    }
+
+    /// Chunks of each rank's input buffer.
+    pub fn input_chunks(&self) -> u32 {
+        match self.collective {
+            Collective::AllGather => self.chunks / self.ranks.max(1),
+            _ => self.chunks,
+        }
+    }
+
+    /// Chunks of each rank's output buffer.
+    pub fn output_chunks(&self) -> u32 {
+        match self.collective {
+            Collective::ReduceScatter => self.chunks / self.ranks.max(1),
+            _ => self.chunks,
+        }
+    }
+
+    /// Checks the sizes are consistent (chunks divisible by ranks where the collective needs it).
+    pub fn validate(&self) -> Result<(), ProgramError> {
+        if self.ranks == 0 {
+            return Err(ProgramError::BadLayout {
+                reason: "a program needs at least one rank".into(),
+            });
+        }
+        if self.chunks == 0 {
+            return Err(ProgramError::BadLayout {
+                reason: "a program needs at least one chunk".into(),
+            });
+        }
+        if self.ranks > Self::MAX_RANKS {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "{} ranks is more than the supported {}",
+                    self.ranks,
+                    Self::MAX_RANKS
+                ),
+            });
+        }
+        let per_rank =
+            self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
+        if per_rank * self.ranks as u64 > Self::MAX_CHUNKS {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "buffers of {} chunks per rank on {} ranks are too large",
+                    per_rank, self.ranks
+                ),
+            });
+        }
+        if self.scratch.len() != self.ranks as usize {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "scratch sizes given for {} ranks, program has {}",
+                    self.scratch.len(),
+                    self.ranks
+                ),
+            });
+        }
+        let needs_divisible = !matches!(self.collective, Collective::AllReduce);
+        if needs_divisible && !self.chunks.is_multiple_of(self.ranks) {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "{} needs chunks divisible by ranks, got {} chunks for {} ranks",
+                    self.collective.name(),
+                    self.chunks,
+                    self.ranks
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn main_chunks(&self) -> u32 {
+        self.input_chunks().max(self.output_chunks())
+    }
+
+    /// Total chunks of `rank`'s storage (see the type's documentation).
+    pub fn storage_chunks(&self, rank: Rank) -> u32 {
+        let user = if self.in_place {
+            self.main_chunks()
+        } else {
+            self.input_chunks() + self.output_chunks()
+        };
+        user + self.scratch[rank.index()]
+    }
+
+    /// The size of `buffer` on `rank`, in chunks.
+    pub fn buffer_chunks(&self, rank: Rank, buffer: BufferKind) -> u32 {
+        match buffer {
+            BufferKind::Input => self.input_chunks(),
+            BufferKind::Output => self.output_chunks(),
+            BufferKind::Scratch => self.scratch[rank.index()],
+        }
+    }
+
+    /// Where chunk 0 of `buffer` lives in `rank`'s flat storage.
+    pub fn buffer_base(&self, rank: Rank, buffer: BufferKind) -> u32 {
+        let (i, o) = (self.input_chunks(), self.output_chunks());
+        if !self.in_place {
+            return match buffer {
+                BufferKind::Input => 0,
+                BufferKind::Output => i,
+                BufferKind::Scratch => i + o,
+            };
+        }
+        match (self.collective, buffer) {
+            (_, BufferKind::Scratch) => self.main_chunks(),
+            (Collective::AllGather, BufferKind::Input) => rank.0 * i,
+            (Collective::ReduceScatter, BufferKind::Output) => rank.0 * o,
+            _ => 0,
+        }
+    }
+
+    /// Resolves `slice` on `rank` to the first flat storage index it covers, or `None` when it does
+    /// not fit its buffer.
+    pub fn resolve(&self, rank: Rank, slice: Slice) -> Option<u32> {
+        if rank.0 >= self.ranks || slice.end() > self.buffer_chunks(rank, slice.buffer) as u64 {
+            return None;
+        }
+        Some(self.buffer_base(rank, slice.buffer) + slice.offset)
+    }
+}
+
+/// What the receiver of a transfer does with the data.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum RecvOp {
+    /// Store the data at the destination (`recv`).
+    Recv,
+    /// Reduce the data into the destination: `dst = dst ⊕ data` (`recv_reduce_copy`, text `rrc`).
+    RecvReduceCopy,
+}
+
+/// What an [`Op`] does.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub enum OpKind {
+    /// Send `src` of `src_rank` over channel `channel` to `dst_rank`, which stores or reduces it into
+    /// `dst`. The two slices have the same count.
+    Transfer {
+        src_rank: Rank,
+        dst_rank: Rank,
+        channel: u32,
+        src: Slice,
+        dst: Slice,
+        op: RecvOp,
+    },
+    /// Copy `src` to `dst` on one rank (non-overlapping slices of the same count). `channel` is the
+    /// local lane: local ops of one lane conflict like transfers on one link.
+    Copy {
+        rank: Rank,
+        channel: u32,
+        src: Slice,
+        dst: Slice,
+    },
+    /// `dst = dst ⊕ src` on one rank, on local lane `channel`.
+    Reduce {
+        rank: Rank,
+        channel: u32,
+        src: Slice,
+        dst: Slice,
+    },
+}
+
+/// One op of a [`Program`].
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+pub struct Op {
+    pub kind: OpKind,
+    /// The logical chunk (data item) the op moves: the unit the schedulers balance. Generators give
+    /// the chunk's index in the collective; the importer gives the index of the user-buffer location
+    /// the data came from.
+    pub chunk: u32,
+    /// The algorithm's step (a logical time; ops of one step are independent in the algorithm).
+    pub step: u32,
+    /// The algorithm's stage (a coarser phase, e.g. "inter-node exchange" and "intra-node forward").
+    /// The stage-level scheduler and the per-connection TB allocator use it.
+    pub stage: u32,
+}
+
+impl Op {
+    /// The rank that reads the op's source.
+    pub fn src_rank(&self) -> Rank {
+        match self.kind {
+            OpKind::Transfer { src_rank, .. } => src_rank,
+            OpKind::Copy { rank, .. } | OpKind::Reduce { rank, .. } => rank,
+        }
+    }
+    /// The rank whose destination the op writes.
+    pub fn dst_rank(&self) -> Rank {
+        match self.kind {
+            OpKind::Transfer { dst_rank, .. } => dst_rank,
+            OpKind::Copy { rank, .. } | OpKind::Reduce { rank, .. } => rank,
+        }
+    }
+    /// The source slice (on [`Op::src_rank`]).
+    pub fn src(&self) -> Slice {
+        match self.kind {
+            OpKind::Transfer { src, .. }
+            | OpKind::Copy { src, .. }
+            | OpKind::Reduce { src, .. } => src,
+        }
+    }
+    /// The destination slice (on [`Op::dst_rank`]).
+    pub fn dst(&self) -> Slice {
+        match self.kind {
+            OpKind::Transfer { dst, .. }
+            | OpKind::Copy { dst, .. }
+            | OpKind::Reduce { dst, .. } => dst,
+        }
+    }
+    /// Whether the destination is combined with the data (a reduce) rather than overwritten.
+    pub fn reduces(&self) -> bool {
+        matches!(
+            self.kind,
+            OpKind::Reduce { .. }
+                | OpKind::Transfer {
+                    op: RecvOp::RecvReduceCopy,
+                    ..
+                }
+        )
+    }
+    /// The channel of a transfer, or the lane of a local op.
+    pub fn channel(&self) -> u32 {
+        match self.kind {
+            OpKind::Transfer { channel, .. }
+            | OpKind::Copy { channel, .. }
+            | OpKind::Reduce { channel, .. } => channel,
+        }
+    }
+    /// Whether the op is a transfer between two ranks.
+    pub fn is_transfer(&self) -> bool {
+        matches!(self.kind, OpKind::Transfer { .. })
+    }
+}
+
+/// A transfer program: an algorithm for one collective on a fixed number of ranks.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct Program {
+    /// A name for reports (no whitespace in the text format).
+    pub name: String,
+    pub layout: Layout,
+    /// How many consecutive ranks share a node, when the program was made for a known shape
+    /// (generators set it; MSCCL files do not say, so `None`: one node).
+    pub ranks_per_node: Option<u32>,
+    pub ops: Vec<Op>,
+}
+
+impl Program {
+    /// An empty program.
+    pub fn new(name: impl Into<String>, layout: Layout) -> Program {
+        Program {
+            name: name.into(),
+            layout,
+            ranks_per_node: None,
+            ops: Vec::new(),
+        }
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        self.layout.ranks
+    }
+
+    /// Appends an op and returns its id.
+    pub fn push(&mut self, op: Op) -> OpId {
+        self.ops.push(op);
+        OpId::new(self.ops.len() - 1)
+    }
+
+    /// Appends a transfer of one slice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn transfer(
+        &mut self,
+        src_rank: u32,
+        src: Slice,
+        dst_rank: u32,
+        dst: Slice,
+        op: RecvOp,
+        chunk: u32,
+        step: u32,
+        stage: u32,
+    ) -> OpId {
+        self.push(Op {
+            kind: OpKind::Transfer {
+                src_rank: Rank(src_rank),
+                dst_rank: Rank(dst_rank),
+                channel: 0,
+                src,
+                dst,
+                op,
+            },
+            chunk,
+            step,
+            stage,
+        })
+    }
+
+    /// The op with id `id`.
+    pub fn op(&self, id: OpId) -> &Op {
+        &self.ops[id.index()]
+    }
+
+    /// The node of `rank` under [`Program::ranks_per_node`] (or `per_node` when given).
+    pub fn node_of(rank: Rank, per_node: Option<u32>) -> u32 {
+        match per_node {
+            Some(g) if g > 0 => rank.0 / g,
+            _ => 0,
+        }
+    }
+
+    /// Structural checks (ranks, slices, counts); see [`check::verify`].
+    pub fn verify(&self) -> Result<(), ProgramError> {
+        check::verify(self)
+    }
+
+    /// Structural checks and the collective's postcondition; see [`check::check_postcondition`].
+    pub fn check(&self) -> Result<(), ProgramError> {
+        check::check_postcondition(self)
+    }
+
+    /// Replicates the program `k` times over `k`-times finer chunks: chunk `c` becomes chunks
+    /// `c*k .. c*k+k`, and every op is repeated once per instance (ops on several chunks are split
+    /// into one op per chunk, since an instance's chunks are no longer adjacent). Scratch grows `k`
+    /// times. The result computes the same collective; it gives the schedulers more independent work.
+    pub fn instanced(&self, k: u32) -> Program {
+        if k <= 1 {
+            return self.clone();
+        }
+        let mut layout = self.layout.clone();
+        layout.chunks *= k;
+        for s in &mut layout.scratch {
+            *s *= k;
+        }
+        let mut out = Program {
+            name: format!("{}_x{}", self.name, k),
+            layout,
+            ranks_per_node: self.ranks_per_node,
+            ops: Vec::with_capacity(self.ops.len() * k as usize),
+        };
+        let map = |s: Slice, x: u32, i: u32| Slice::new(s.buffer, (s.offset + x) * k + i, 1);
+        for op in &self.ops {
+            let count = op.src().count;
+            for x in 0..count {
+                for i in 0..k {
+                    let kind = match op.kind {
+                        OpKind::Transfer {
+                            src_rank,
+                            dst_rank,
+                            channel,
+                            src,
+                            dst,
+                            op,
+                        } => OpKind::Transfer {
+                            src_rank,
+                            dst_rank,
+                            channel,
+                            src: map(src, x, i),
+                            dst: map(dst, x, i),
+                            op,
+                        },
+                        OpKind::Copy {
+                            rank,
+                            channel,
+                            src,
+                            dst,
+                        } => OpKind::Copy {
+                            rank,
+                            channel,
+                            src: map(src, x, i),
+                            dst: map(dst, x, i),
+                        },
+                        OpKind::Reduce {
+                            rank,
+                            channel,
+                            src,
+                            dst,
+                        } => OpKind::Reduce {
+                            rank,
+                            channel,
+                            src: map(src, x, i),
+                            dst: map(dst, x, i),
+                        },
+                    };
+                    out.ops.push(Op {
+                        kind,
+                        chunk: (op.chunk + x) * k + i,
+                        step: op.step,
+                        stage: op.stage,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What is wrong with a program. Every variant names the op (or the line) at fault.
+#[derive(Clone, PartialEq, Debug)]
+pub enum ProgramError {
+    /// The buffer sizes are inconsistent.
+    BadLayout { reason: String },
+    /// An op names a rank the program does not have.
+    RankOutOfRange { op: OpId, rank: u32, ranks: u32 },
+    /// An op's slice does not fit its buffer.
+    SliceOutOfRange {
+        op: OpId,
+        rank: Rank,
+        slice: Slice,
+        buffer_chunks: u32,
+    },
+    /// Source and destination slices of an op have different counts (or a count of zero).
+    CountMismatch { op: OpId, src: Slice, dst: Slice },
+    /// A transfer from a rank to itself (use a copy).
+    SelfTransfer { op: OpId, rank: Rank },
+    /// A local copy or reduce whose source and destination overlap.
+    OverlappingLocal { op: OpId, rank: Rank },
+    /// A location of a user buffer does not hold what the collective requires at the end.
+    Postcondition {
+        rank: Rank,
+        slice: Slice,
+        /// The op that wrote the location last, if any.
+        last_writer: Option<OpId>,
+        detail: String,
+    },
+    /// The text format could not be parsed.
+    Parse { line: usize, message: String },
+}
+
+impl fmt::Display for ProgramError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProgramError::BadLayout { reason } => write!(f, "bad buffer layout: {reason}"),
+            ProgramError::RankOutOfRange { op, rank, ranks } => {
+                write!(
+                    f,
+                    "{op}: rank {rank} out of range (program has {ranks} ranks)"
+                )
+            }
+            ProgramError::SliceOutOfRange {
+                op,
+                rank,
+                slice,
+                buffer_chunks,
+            } => {
+                write!(
+                    f,
+                    "{op}: {slice} on {rank} out of range (buffer has {buffer_chunks} chunks)"
+                )
+            }
+            ProgramError::CountMismatch { op, src, dst } => {
+                write!(
+                    f,
+                    "{op}: source {src} and destination {dst} differ in size (or are empty)"
+                )
+            }
+            ProgramError::SelfTransfer { op, rank } => {
+                write!(f, "{op}: transfer from {rank} to itself")
+            }
+            ProgramError::OverlappingLocal { op, rank } => {
+                write!(f, "{op}: source and destination overlap on {rank}")
+            }
+            ProgramError::Postcondition {
+                rank,
+                slice,
+                last_writer,
+                detail,
+            } => {
+                write!(f, "postcondition fails at {slice} on {rank}: {detail}")?;
+                match last_writer {
+                    Some(op) => write!(f, " (last written by {op})"),
+                    None => write!(f, " (never written)"),
+                }
+            }
+            ProgramError::Parse { line, message } => write!(f, "line {line}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ProgramError {}

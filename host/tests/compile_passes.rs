@@ -1,0 +1,176 @@
+//! Compiler passes: golden dumps after every pass, the pass table, and scheduler invariants.
+
+mod common;
+
+use common::{golden, random_program};
+use oxccl_host::compile::{self, Options, PASSES, Prim, Scheduler, TbAlloc, run_passes};
+use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::{Collective, OpId};
+use proptest::prelude::*;
+
+#[test]
+fn pass_table_is_complete() {
+    let names: Vec<&str> = PASSES.iter().map(|p| p.name).collect();
+    assert_eq!(names, ["deps", "schedule", "tb-alloc", "emit"]);
+    assert!(PASSES.iter().all(|p| !p.description.is_empty()));
+}
+
+#[test]
+fn golden_dumps_after_every_pass() {
+    let cases = [
+        (
+            Algorithm::RingAllReduce,
+            1,
+            4,
+            Scheduler::Hpds,
+            TbAlloc::State,
+        ),
+        (
+            Algorithm::HmAllReduce,
+            2,
+            2,
+            Scheduler::Hpds,
+            TbAlloc::State,
+        ),
+        (
+            Algorithm::HmAllGather,
+            2,
+            2,
+            Scheduler::RoundRobin,
+            TbAlloc::State,
+        ),
+        (
+            Algorithm::HmAllGather,
+            2,
+            2,
+            Scheduler::Algorithm,
+            TbAlloc::PerConn,
+        ),
+        (
+            Algorithm::HmAllReduce,
+            2,
+            2,
+            Scheduler::Stage,
+            TbAlloc::PerConn,
+        ),
+    ];
+    for (algo, n, g, s, a) in cases {
+        let p = algo.generate(n, g).unwrap();
+        let c = run_passes(&p, &Options::new(s, a)).unwrap();
+        for pass in PASSES {
+            let dump = c.dump(&p, pass.name).unwrap();
+            golden(
+                &format!(
+                    "compile_{}_{}_{}_{}.txt",
+                    p.name,
+                    s.name(),
+                    a.name(),
+                    pass.name
+                ),
+                &dump,
+            );
+        }
+    }
+}
+
+#[test]
+fn algorithm_level_per_connection_is_the_interpreted_shape() {
+    // MSCCL's structure: one TB per connection endpoint and stage, one segment per TB re-walked per
+    // micro-batch, dependency flags on the steps that wait and the steps waited on.
+    let p = Algorithm::HmAllGather.generate(2, 4).unwrap();
+    let plan = compile::compile(&p, &Options::new(Scheduler::Algorithm, TbAlloc::PerConn)).unwrap();
+    assert_eq!(plan.subpipelines, 1);
+    for rp in &plan.ranks {
+        for tb in &rp.tbs {
+            assert_eq!(tb.segments().len(), 1);
+            let prims: std::collections::BTreeSet<_> =
+                tb.tasks.iter().map(|t| t.prim == Prim::Send).collect();
+            assert_eq!(prims.len(), 1, "a TB only sends or only receives");
+            let conns: std::collections::BTreeSet<_> = tb.tasks.iter().map(|t| t.conn).collect();
+            assert_eq!(conns.len(), 1, "one connection per TB");
+        }
+    }
+    assert!(
+        plan.ranks[0]
+            .tbs
+            .iter()
+            .any(|tb| (0..tb.tasks.len()).any(|i| !tb.waits(i).is_empty()))
+    );
+}
+
+#[test]
+fn hpds_keeps_intra_node_ops_out_of_their_inter_node_producers_sub_pipeline() {
+    let p = Algorithm::HmAllGather.generate(2, 4).unwrap();
+    let c = run_passes(&p, &Options::default()).unwrap();
+    for b in 0..p.ops.len() {
+        for &a in c.graph.op_preds.row(b) {
+            let (a, bb) = (OpId(a), OpId::new(b));
+            if c.graph.is_inter(a) && !c.graph.is_inter(bb) {
+                assert!(c.schedule.subpipeline[a.index()] < c.schedule.subpipeline[b]);
+            }
+        }
+    }
+    // The local forwards of remote chunks come after the NIC receives: two sub-pipelines.
+    assert_eq!(c.schedule.count, 2);
+}
+
+#[test]
+fn options_parse() {
+    assert_eq!("hpds".parse::<Scheduler>().unwrap(), Scheduler::Hpds);
+    assert_eq!("rr".parse::<Scheduler>().unwrap(), Scheduler::RoundRobin);
+    assert_eq!("algo".parse::<Scheduler>().unwrap(), Scheduler::Algorithm);
+    assert_eq!("stage".parse::<Scheduler>().unwrap(), Scheduler::Stage);
+    assert!("fifo".parse::<Scheduler>().is_err());
+    assert_eq!("per-conn".parse::<TbAlloc>().unwrap(), TbAlloc::PerConn);
+    assert!("x".parse::<TbAlloc>().is_err());
+}
+
+#[test]
+fn invalid_programs_are_compile_errors() {
+    let mut p = Algorithm::RingAllGather.generate(1, 3).unwrap();
+    p.ops[0].kind = match p.ops[0].kind {
+        oxccl_host::program::OpKind::Transfer {
+            src_rank,
+            channel,
+            src,
+            dst,
+            op,
+            ..
+        } => oxccl_host::program::OpKind::Transfer {
+            src_rank,
+            dst_rank: oxccl_host::program::Rank(9),
+            channel,
+            src,
+            dst,
+            op,
+        },
+        k => k,
+    };
+    let e = compile::compile(&p, &Options::default()).unwrap_err();
+    assert!(e.to_string().contains("op0"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    /// Every scheduler and allocator produces a plan that passes every verifier, with TB counts
+    /// bounded by the endpoint count, and state-based never above per-connection.
+    #[test]
+    fn every_configuration_verifies(seed in any::<u64>(), coll in 0usize..4, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3, per_node in 1u32..4) {
+        let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
+        let mut p = random_program(seed, c, ranks, k, ch);
+        p.ranks_per_node = Some(per_node);
+        for s in Scheduler::ALL {
+            let state = compile::compile(&p, &Options::new(s, TbAlloc::State));
+            prop_assert!(state.is_ok(), "{s} state: {:?}", state.err());
+            let per = compile::compile(&p, &Options::new(s, TbAlloc::PerConn));
+            prop_assert!(per.is_ok(), "{s} per-conn: {:?}", per.err());
+            let (state, per) = (state.unwrap(), per.unwrap());
+            prop_assert!(state.stats.max_tbs_per_rank <= per.stats.max_tbs_per_rank);
+            prop_assert_eq!(state.stats.tasks, p.ops.iter().map(|o| if o.is_transfer() { 2 } else { 1 }).sum::<usize>());
+            if matches!(s, Scheduler::Hpds | Scheduler::RoundRobin) {
+                prop_assert!(state.stats.fifo_slots_needed <= 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The text format: golden programs, round trips, parse errors.
+
+mod common;
+
+use common::{golden, random_program};
+use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::{Collective, ProgramError, text};
+use proptest::prelude::*;
+
+#[test]
+fn golden_generated_programs() {
+    for (algo, n, g) in [
+        (Algorithm::RingAllReduce, 1, 4),
+        (Algorithm::HmAllGather, 2, 2),
+        (Algorithm::HmReduceScatter, 3, 2),
+        (Algorithm::HmAllReduce, 2, 2),
+        (Algorithm::DirectAllToAll, 1, 3),
+    ] {
+        let p = algo.generate(n, g).unwrap();
+        golden(&format!("program_{}.txt", p.name), &text::print(&p));
+    }
+}
+
+#[test]
+fn every_generator_round_trips() {
+    for algo in Algorithm::ALL {
+        for (n, g) in [(1, 3), (2, 2), (3, 2)] {
+            let p = algo.generate(n, g).unwrap();
+            let back = text::parse(&text::print(&p)).unwrap();
+            assert_eq!(back, p, "{algo} {n}x{g}");
+        }
+    }
+}
+
+#[test]
+fn parse_errors_name_the_line() {
+    let head = "program t\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 0\n";
+    let cases = [
+        (
+            "op0 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0\n",
+            "missing attribute `stage`",
+        ),
+        (
+            "op1 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
+            "expected `op0`",
+        ),
+        (
+            "op0 = xfer r0 in[0] -> r1 foo[0] recv ch=0 chunk=0 step=0 stage=0\n",
+            "unknown buffer `foo`",
+        ),
+        (
+            "op0 = xfer r0 in[2..1] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
+            "empty slice",
+        ),
+        ("op0 = send r0 in[0] -> r1 in[0]\n", "unknown op `send`"),
+        (
+            "op0 = xfer q0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
+            "expected a rank",
+        ),
+        (
+            "op0 = xfer r0 in[0] -> r1 in[0] rrs ch=0 chunk=0 step=0 stage=0\n",
+            "expected recv or rrc",
+        ),
+        ("bogus\n", "unknown directive"),
+    ];
+    for (line, want) in cases {
+        match text::parse(&format!("{head}{line}")) {
+            Err(ProgramError::Parse { line: 4, message }) => {
+                assert!(
+                    message.contains(want),
+                    "`{line}`: got `{message}`, want `{want}`"
+                )
+            }
+            other => panic!("`{line}`: expected a parse error on line 4, got {other:?}"),
+        }
+    }
+    let e = text::parse("collective allreduce ranks=2 chunks=2 inplace\n").unwrap_err();
+    assert!(matches!(e, ProgramError::Parse { .. }), "{e}");
+    let e =
+        text::parse("program t\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 1 2 3\n")
+            .unwrap_err();
+    assert!(e.to_string().contains("3 sizes for 2 ranks"), "{e}");
+}
+
+#[test]
+fn comments_and_per_rank_scratch() {
+    let t = "# a comment\nprogram t   # trailing\ncollective allgather ranks=2 chunks=2 outofplace\nscratch 0 1\n\
+             op0 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=0 stage=0\n\
+             op1 = copy r1 in[0] -> out[1] ch=0 chunk=1 step=0 stage=0\n\
+             op2 = xfer r0 out[0] -> r1 scr[0] recv ch=1 chunk=0 step=1 stage=0\n\
+             op3 = copy r1 scr[0] -> out[0] ch=0 chunk=0 step=2 stage=1\n\
+             op4 = xfer r1 in[0] -> r0 out[1] recv ch=0 chunk=1 step=1 stage=0\n";
+    let p = text::parse(t).unwrap();
+    assert_eq!(p.layout.scratch, vec![0, 1]);
+    assert_eq!(p.layout.collective, Collective::AllGather);
+    p.check().unwrap();
+    assert_eq!(text::parse(&text::print(&p)).unwrap(), p);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_programs_round_trip(seed in any::<u64>(), coll in 0usize..4, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3) {
+        let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
+        let p = random_program(seed, c, ranks, k, ch);
+        let t = text::print(&p);
+        prop_assert_eq!(text::parse(&t).unwrap(), p);
+    }
+}
