@@ -18,57 +18,18 @@ fn pass_table_is_complete() {
 #[test]
 fn golden_dumps_after_every_pass() {
     let cases = [
-        (
-            Algorithm::RingAllReduce,
-            1,
-            4,
-            Scheduler::Hpds,
-            TbAlloc::State,
-        ),
-        (
-            Algorithm::HmAllReduce,
-            2,
-            2,
-            Scheduler::Hpds,
-            TbAlloc::State,
-        ),
-        (
-            Algorithm::HmAllGather,
-            2,
-            2,
-            Scheduler::RoundRobin,
-            TbAlloc::State,
-        ),
-        (
-            Algorithm::HmAllGather,
-            2,
-            2,
-            Scheduler::Algorithm,
-            TbAlloc::PerConn,
-        ),
-        (
-            Algorithm::HmAllReduce,
-            2,
-            2,
-            Scheduler::Stage,
-            TbAlloc::PerConn,
-        ),
+        (Algorithm::RingAllReduce, 1, 4, Scheduler::Hpds, TbAlloc::State),
+        (Algorithm::HmAllReduce, 2, 2, Scheduler::Hpds, TbAlloc::State),
+        (Algorithm::HmAllGather, 2, 2, Scheduler::RoundRobin, TbAlloc::State),
+        (Algorithm::HmAllGather, 2, 2, Scheduler::Algorithm, TbAlloc::PerConn),
+        (Algorithm::HmAllReduce, 2, 2, Scheduler::Stage, TbAlloc::PerConn),
     ];
     for (algo, n, g, s, a) in cases {
         let p = algo.generate(n, g).unwrap();
         let c = run_passes(&p, &Options::new(s, a)).unwrap();
         for pass in PASSES {
             let dump = c.dump(&p, pass.name).unwrap();
-            golden(
-                &format!(
-                    "compile_{}_{}_{}_{}.txt",
-                    p.name,
-                    s.name(),
-                    a.name(),
-                    pass.name
-                ),
-                &dump,
-            );
+            golden(&format!("compile_{}_{}_{}_{}.txt", p.name, s.name(), a.name(), pass.name), &dump);
         }
     }
 }
@@ -83,19 +44,13 @@ fn algorithm_level_per_connection_is_the_interpreted_shape() {
     for rp in &plan.ranks {
         for tb in &rp.tbs {
             assert_eq!(tb.segments().len(), 1);
-            let prims: std::collections::BTreeSet<_> =
-                tb.tasks.iter().map(|t| t.prim == Prim::Send).collect();
+            let prims: std::collections::BTreeSet<_> = tb.tasks.iter().map(|t| t.prim == Prim::Send).collect();
             assert_eq!(prims.len(), 1, "a TB only sends or only receives");
             let conns: std::collections::BTreeSet<_> = tb.tasks.iter().map(|t| t.conn).collect();
             assert_eq!(conns.len(), 1, "one connection per TB");
         }
     }
-    assert!(
-        plan.ranks[0]
-            .tbs
-            .iter()
-            .any(|tb| (0..tb.tasks.len()).any(|i| !tb.waits(i).is_empty()))
-    );
+    assert!(plan.ranks[0].tbs.iter().any(|tb| (0..tb.tasks.len()).any(|i| !tb.waits(i).is_empty())));
 }
 
 #[test]
@@ -129,21 +84,16 @@ fn options_parse() {
 fn invalid_programs_are_compile_errors() {
     let mut p = Algorithm::RingAllGather.generate(1, 3).unwrap();
     p.ops[0].kind = match p.ops[0].kind {
-        oxccl_host::program::OpKind::Transfer {
-            src_rank,
-            channel,
-            src,
-            dst,
-            op,
-            ..
-        } => oxccl_host::program::OpKind::Transfer {
-            src_rank,
-            dst_rank: oxccl_host::program::Rank(9),
-            channel,
-            src,
-            dst,
-            op,
-        },
+        oxccl_host::program::OpKind::Transfer { src_rank, channel, src, dst, op, .. } => {
+            oxccl_host::program::OpKind::Transfer {
+                src_rank,
+                dst_rank: oxccl_host::program::Rank(9),
+                channel,
+                src,
+                dst,
+                op,
+            }
+        }
         k => k,
     };
     let e = compile::compile(&p, &Options::default()).unwrap_err();

@@ -5,8 +5,7 @@ use oxccl_host::compile::{Options, Scheduler, TbAlloc, compile};
 use oxccl_host::program::generators::Algorithm;
 
 /// (nodes, GPUs per node, ResCCL Table 3 bound, MSCCL count)
-const TABLE: [(u32, u32, u32, u32); 4] =
-    [(2, 4, 8, 14), (2, 8, 16, 30), (4, 4, 8, 14), (4, 8, 16, 30)];
+const TABLE: [(u32, u32, u32, u32); 4] = [(2, 4, 8, 14), (2, 8, 16, 30), (4, 4, 8, 14), (4, 8, 16, 30)];
 
 #[test]
 fn hm_tb_counts_match_the_paper() {
@@ -21,10 +20,7 @@ fn hm_tb_counts_match_the_paper() {
             );
             for s in Scheduler::ALL {
                 let per = compile(&p, &Options::new(s, TbAlloc::PerConn)).unwrap();
-                assert_eq!(
-                    per.stats.max_tbs_per_rank, msccl,
-                    "{algo} {n}x{g} per-conn with {s}"
-                );
+                assert_eq!(per.stats.max_tbs_per_rank, msccl, "{algo} {n}x{g} per-conn with {s}");
                 assert!(per.stats.tbs_per_rank.iter().all(|&t| t == msccl));
             }
         }

@@ -10,16 +10,7 @@ use proptest::prelude::*;
 #[test]
 fn generators_satisfy_their_postconditions() {
     for algo in Algorithm::ALL {
-        for (n, g) in [
-            (1, 1),
-            (1, 2),
-            (1, 5),
-            (2, 1),
-            (2, 3),
-            (3, 3),
-            (4, 2),
-            (5, 2),
-        ] {
+        for (n, g) in [(1, 1), (1, 2), (1, 5), (2, 1), (2, 3), (3, 3), (4, 2), (5, 2)] {
             let p = algo.generate(n, g).unwrap();
             p.check().unwrap_or_else(|e| panic!("{algo} {n}x{g}: {e}"));
         }
@@ -52,44 +43,25 @@ fn structural_errors_name_the_op() {
     if let OpKind::Transfer { dst_rank, .. } = &mut p.ops[2].kind {
         *dst_rank = Rank(7);
     }
-    assert_eq!(
-        p.verify(),
-        Err(ProgramError::RankOutOfRange {
-            op: OpId(2),
-            rank: 7,
-            ranks: 3
-        })
-    );
+    assert_eq!(p.verify(), Err(ProgramError::RankOutOfRange { op: OpId(2), rank: 7, ranks: 3 }));
 
     let mut p = ring();
     if let OpKind::Transfer { src, .. } = &mut p.ops[4].kind {
         *src = Slice::input(3);
     }
-    assert!(matches!(
-        p.verify(),
-        Err(ProgramError::SliceOutOfRange { op: OpId(4), .. })
-    ));
+    assert!(matches!(p.verify(), Err(ProgramError::SliceOutOfRange { op: OpId(4), .. })));
 
     let mut p = ring();
     if let OpKind::Transfer { dst, .. } = &mut p.ops[1].kind {
         dst.count = 2;
     }
-    assert!(matches!(
-        p.verify(),
-        Err(ProgramError::CountMismatch { op: OpId(1), .. })
-    ));
+    assert!(matches!(p.verify(), Err(ProgramError::CountMismatch { op: OpId(1), .. })));
 
     let mut p = ring();
-    if let OpKind::Transfer {
-        dst_rank, src_rank, ..
-    } = &mut p.ops[0].kind
-    {
+    if let OpKind::Transfer { dst_rank, src_rank, .. } = &mut p.ops[0].kind {
         *dst_rank = *src_rank;
     }
-    assert!(matches!(
-        p.verify(),
-        Err(ProgramError::SelfTransfer { op: OpId(0), .. })
-    ));
+    assert!(matches!(p.verify(), Err(ProgramError::SelfTransfer { op: OpId(0), .. })));
 
     let mut p = ring();
     p.ops.push(oxccl_host::program::Op {
@@ -103,10 +75,7 @@ fn structural_errors_name_the_op() {
         step: 0,
         stage: 0,
     });
-    assert!(matches!(
-        p.verify(),
-        Err(ProgramError::OverlappingLocal { .. })
-    ));
+    assert!(matches!(p.verify(), Err(ProgramError::OverlappingLocal { .. })));
 }
 
 #[test]

@@ -11,31 +11,10 @@ use std::path::Path;
 
 /// What each real file must import as: (file, collective, ranks, chunks, in place, ops).
 const EXPECTED: [(&str, Collective, u32, u32, bool, usize); 5] = [
-    (
-        "ncv4_ar_hier_12_Simple.xml",
-        Collective::AllReduce,
-        4,
-        24,
-        true,
-        192,
-    ),
+    ("ncv4_ar_hier_12_Simple.xml", Collective::AllReduce, 4, 24, true, 192),
     ("ndv4_a2a2ll.xml", Collective::AllToAll, 8, 16, false, 128),
-    (
-        "ndv4_ag-32m-1g.xml",
-        Collective::AllGather,
-        8,
-        256,
-        true,
-        1792,
-    ),
-    (
-        "ndv4_ap-1pass.xml",
-        Collective::AllReduce,
-        8,
-        32,
-        true,
-        2016,
-    ),
+    ("ndv4_ag-32m-1g.xml", Collective::AllGather, 8, 256, true, 1792),
+    ("ndv4_ap-1pass.xml", Collective::AllReduce, 8, 32, true, 2016),
     ("ndv4_r48ll.xml", Collective::AllReduce, 8, 64, true, 896),
 ];
 
@@ -47,17 +26,9 @@ fn check_folder(dir: &Path) {
         let xml = std::fs::read_to_string(&f).unwrap();
         let imp = import(&xml).unwrap_or_else(|e| panic!("{name}: {e}"));
         let p = &imp.program;
-        if let Some(&(_, coll, ranks, chunks, in_place, ops)) =
-            EXPECTED.iter().find(|e| e.0 == name)
-        {
+        if let Some(&(_, coll, ranks, chunks, in_place, ops)) = EXPECTED.iter().find(|e| e.0 == name) {
             assert_eq!(
-                (
-                    p.layout.collective,
-                    p.layout.ranks,
-                    p.layout.chunks,
-                    p.layout.in_place,
-                    p.ops.len()
-                ),
+                (p.layout.collective, p.layout.ranks, p.layout.chunks, p.layout.in_place, p.ops.len()),
                 (coll, ranks, chunks, in_place, ops),
                 "{name}"
             );
@@ -66,14 +37,9 @@ fn check_folder(dir: &Path) {
         // Every scheduler and allocator computes the collective on the CPU executor.
         for s in Scheduler::ALL {
             for a in TbAlloc::ALL {
-                let plan = compile(p, &Options::new(s, a))
-                    .unwrap_or_else(|e| panic!("{name} {s} {a}: {e}"));
-                let opts = ExecOptions {
-                    micro_batches: 2,
-                    fifo_slots: plan.stats.fifo_slots_needed.max(1),
-                };
-                let r = verify::<i32>(&plan, ReduceOp::Sum, 3, &opts)
-                    .unwrap_or_else(|e| panic!("{name} {s} {a}: {e}"));
+                let plan = compile(p, &Options::new(s, a)).unwrap_or_else(|e| panic!("{name} {s} {a}: {e}"));
+                let opts = ExecOptions { micro_batches: 2, fifo_slots: plan.stats.fifo_slots_needed.max(1) };
+                let r = verify::<i32>(&plan, ReduceOp::Sum, 3, &opts).unwrap_or_else(|e| panic!("{name} {s} {a}: {e}"));
                 assert_eq!(r.wrong, 0, "{name} {s} {a}");
             }
         }
@@ -98,10 +64,7 @@ fn shared_msccl_files_import_and_run() {
 #[test]
 fn golden_alltoall_import() {
     let xml = std::fs::read_to_string(bundled_msccl().join("ndv4_a2a2ll.xml")).unwrap();
-    common::golden(
-        "program_msccl_ndv4_a2a2ll.txt",
-        &text::print(&import(&xml).unwrap().program),
-    );
+    common::golden("program_msccl_ndv4_a2a2ll.txt", &text::print(&import(&xml).unwrap().program));
 }
 
 /// A 2-GPU in-place AllGather; `{..}` placeholders are filled by the tests.
@@ -130,16 +93,9 @@ const G1: &str = r#"    <tb id="0" send="0" recv="0" chan="0">
 #[test]
 fn minimal_file_and_tolerated_attributes() {
     // Missing inplace/outofplace/minBytes/maxBytes, extra attributes, unknown elements.
-    let xml = ag2(
-        G0,
-        &G1.replace("<tb ", "<tb extra=\"x\" "),
-        "redop=\"sum\" future=\"1\"",
-    );
+    let xml = ag2(G0, &G1.replace("<tb ", "<tb extra=\"x\" "), "redop=\"sum\" future=\"1\"");
     let p = import(&xml).unwrap().program;
-    assert!(
-        p.layout.in_place,
-        "in place inferred from o_chunks-only GPUs"
-    );
+    assert!(p.layout.in_place, "in place inferred from o_chunks-only GPUs");
     assert_eq!(p.ops.len(), 2);
     let xml = ag2(G0, G1, "inplace=\"1\" minBytes=\"0\"")
         .replace("<algo ", "<!-- c --><algo ")
@@ -168,9 +124,7 @@ fn reduce_scatter_spellings() {
   </gpu>
 </algo>"#
         );
-        let p = import(&xml)
-            .unwrap_or_else(|e| panic!("{coll}: {e}"))
-            .program;
+        let p = import(&xml).unwrap_or_else(|e| panic!("{coll}: {e}")).program;
         assert_eq!(p.layout.collective, Collective::ReduceScatter);
     }
 }
@@ -223,12 +177,7 @@ fn buffered_exchange_gets_a_snapshot() {
     assert_eq!(p.layout.scratch, vec![1, 1]);
     assert_eq!(p.ops.len(), 4, "two snapshots and two transfers");
     let plan = compile(&p, &Options::default()).unwrap();
-    assert_eq!(
-        verify::<f32>(&plan, ReduceOp::Sum, 4, &ExecOptions::default())
-            .unwrap()
-            .wrong,
-        0
-    );
+    assert_eq!(verify::<f32>(&plan, ReduceOp::Sum, 4, &ExecOptions::default()).unwrap().wrong, 0);
 }
 
 fn at(gpu: u32, tb: u32, step: u32) -> StepRef {
@@ -240,47 +189,25 @@ fn unmatched_send_and_receive() {
     let g1_no_recv = G1.replace(r#"      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
 "#, "");
     let e = import(&ag2(G0, &g1_no_recv, "")).unwrap_err();
-    assert_eq!(
-        e,
-        ImportError::UnmatchedSend {
-            step: at(0, 0, 0),
-            dst: 1,
-            channel: 0
-        }
-    );
+    assert_eq!(e, ImportError::UnmatchedSend { step: at(0, 0, 0), dst: 1, channel: 0 });
     let g1_no_send = G1
         .replace(r#"      <step s="0" type="s" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
 "#, "")
         .replace(r#"s="1" type="r""#, r#"s="0" type="r""#);
     let e = import(&ag2(G0, &g1_no_send, "")).unwrap_err();
-    assert_eq!(
-        e,
-        ImportError::UnmatchedRecv {
-            step: at(0, 0, 1),
-            src: 1,
-            channel: 0
-        }
-    );
+    assert_eq!(e, ImportError::UnmatchedRecv { step: at(0, 0, 1), src: 1, channel: 0 });
     assert!(e.to_string().contains("gpu 0 tb 0 step 1"), "{e}");
 }
 
 #[test]
 fn out_of_range_rank_and_chunk() {
     let e = import(&ag2(&G0.replace(r#"send="1""#, r#"send="5""#), G1, "")).unwrap_err();
-    assert_eq!(
-        e,
-        ImportError::BadPeer {
-            step: at(0, 0, 0),
-            direction: "send",
-            peer: 5
-        }
-    );
+    assert_eq!(e, ImportError::BadPeer { step: at(0, 0, 0), direction: "send", peer: 5 });
     let e = import(&ag2(&G0.replace(r#"srcoff="0""#, r#"srcoff="7""#), G1, "")).unwrap_err();
     match e {
-        ImportError::Invalid {
-            step: Some(s),
-            error: ProgramError::SliceOutOfRange { .. },
-        } => assert_eq!(s, at(0, 0, 0)),
+        ImportError::Invalid { step: Some(s), error: ProgramError::SliceOutOfRange { .. } } => {
+            assert_eq!(s, at(0, 0, 0))
+        }
         other => panic!("expected an out-of-range chunk, got {other:?}"),
     }
     let e = import(&ag2(&G0.replace(r#"srcoff="0""#, r#"srcoff="-2""#), G1, "")).unwrap_err();
@@ -296,10 +223,7 @@ fn cycles_are_reported() {
       <step s="0" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="0" deps="0" hasdep="1"/>
     </tb>"#;
     let e = import(&ag2(g0, G1, "")).unwrap_err();
-    assert!(
-        matches!(e, ImportError::Cycle { step } if step.gpu == 0),
-        "{e}"
-    );
+    assert!(matches!(e, ImportError::Cycle { step } if step.gpu == 0), "{e}");
     let e = import(&ag2(
         &G0.replace(
             r#"depid="-1" deps="-1" hasdep="0"/>
@@ -323,31 +247,15 @@ fn postcondition_failures() {
     );
     let e = import(&ag2(G0, &wrong, "")).unwrap_err();
     assert!(
-        matches!(
-            &e,
-            ImportError::Invalid {
-                step: None,
-                error: ProgramError::Postcondition {
-                    last_writer: None,
-                    ..
-                }
-            }
-        ),
+        matches!(&e, ImportError::Invalid { step: None, error: ProgramError::Postcondition { last_writer: None, .. } }),
         "{e:?}"
     );
     assert!(e.to_string().contains("never written"), "{e}");
     // GPU 0 reduces into its uninitialised output instead of storing: the step is named.
     let e = import(&ag2(&G0.replace(r#"type="r""#, r#"type="rrc""#), G1, "")).unwrap_err();
     match &e {
-        ImportError::Invalid {
-            step: Some(s),
-            error: ProgramError::Postcondition { .. },
-        } => {
-            assert_eq!(
-                *s,
-                at(1, 0, 0),
-                "named by the send of the offending transfer"
-            )
+        ImportError::Invalid { step: Some(s), error: ProgramError::Postcondition { .. } } => {
+            assert_eq!(*s, at(1, 0, 0), "named by the send of the offending transfer")
         }
         other => panic!("expected a postcondition error naming a step, got {other:?}"),
     }
@@ -356,13 +264,7 @@ fn postcondition_failures() {
 #[test]
 fn other_malformed_files() {
     let e = import(&ag2(&G0.replace(r#"type="s""#, r#"type="xyz""#), G1, "")).unwrap_err();
-    assert_eq!(
-        e,
-        ImportError::UnknownStepType {
-            step: at(0, 0, 0),
-            ty: "xyz".into()
-        }
-    );
+    assert_eq!(e, ImportError::UnknownStepType { step: at(0, 0, 0), ty: "xyz".into() });
     let e = import(&ag2(
         G0,
         &G1.replace(
@@ -372,52 +274,16 @@ fn other_malformed_files() {
         "",
     ))
     .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImportError::CountMismatch {
-                send_count: 1,
-                recv_count: 2,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ImportError::CountMismatch { send_count: 1, recv_count: 2, .. }), "{e}");
     let dup = format!("{G0}\n{}", G0.replace(r#"<tb id="0""#, r#"<tb id="1""#));
     let e = import(&ag2(&dup, G1, "")).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImportError::DuplicateConnection {
-                gpu: 0,
-                peer: 1,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    let e = import(&ag2(G0, G1, "").replace(r#"coll="allgather""#, r#"coll="broadcastish""#))
-        .unwrap_err();
+    assert!(matches!(e, ImportError::DuplicateConnection { gpu: 0, peer: 1, .. }), "{e}");
+    let e = import(&ag2(G0, G1, "").replace(r#"coll="allgather""#, r#"coll="broadcastish""#)).unwrap_err();
     assert!(matches!(e, ImportError::UnknownCollective { .. }), "{e}");
     let e = import("<algo name=\"t\" ngpus=\"1\" coll=\"allreduce\"><gpu id=\"0\"").unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImportError::Xml { .. } | ImportError::MissingAttribute { .. }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ImportError::Xml { .. } | ImportError::MissingAttribute { .. }), "{e}");
     let e = import(&ag2(G0, G1, "").replace(r#"ngpus="2""#, r#"ngpus="3""#)).unwrap_err();
     assert!(matches!(e, ImportError::BadAttribute { .. }), "{e}");
     let e = import(&ag2(G0, G1, "").replace(r#" coll="allgather""#, "")).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            ImportError::MissingAttribute {
-                attribute: "coll",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ImportError::MissingAttribute { attribute: "coll", .. }), "{e}");
 }

@@ -36,49 +36,26 @@ fn every_generator_round_trips() {
 fn parse_errors_name_the_line() {
     let head = "program t\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 0\n";
     let cases = [
-        (
-            "op0 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0\n",
-            "missing attribute `stage`",
-        ),
-        (
-            "op1 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
-            "expected `op0`",
-        ),
-        (
-            "op0 = xfer r0 in[0] -> r1 foo[0] recv ch=0 chunk=0 step=0 stage=0\n",
-            "unknown buffer `foo`",
-        ),
-        (
-            "op0 = xfer r0 in[2..1] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
-            "empty slice",
-        ),
+        ("op0 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0\n", "missing attribute `stage`"),
+        ("op1 = xfer r0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n", "expected `op0`"),
+        ("op0 = xfer r0 in[0] -> r1 foo[0] recv ch=0 chunk=0 step=0 stage=0\n", "unknown buffer `foo`"),
+        ("op0 = xfer r0 in[2..1] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n", "empty slice"),
         ("op0 = send r0 in[0] -> r1 in[0]\n", "unknown op `send`"),
-        (
-            "op0 = xfer q0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n",
-            "expected a rank",
-        ),
-        (
-            "op0 = xfer r0 in[0] -> r1 in[0] rrs ch=0 chunk=0 step=0 stage=0\n",
-            "expected recv or rrc",
-        ),
+        ("op0 = xfer q0 in[0] -> r1 in[0] recv ch=0 chunk=0 step=0 stage=0\n", "expected a rank"),
+        ("op0 = xfer r0 in[0] -> r1 in[0] rrs ch=0 chunk=0 step=0 stage=0\n", "expected recv or rrc"),
         ("bogus\n", "unknown directive"),
     ];
     for (line, want) in cases {
         match text::parse(&format!("{head}{line}")) {
             Err(ProgramError::Parse { line: 4, message }) => {
-                assert!(
-                    message.contains(want),
-                    "`{line}`: got `{message}`, want `{want}`"
-                )
+                assert!(message.contains(want), "`{line}`: got `{message}`, want `{want}`")
             }
             other => panic!("`{line}`: expected a parse error on line 4, got {other:?}"),
         }
     }
     let e = text::parse("collective allreduce ranks=2 chunks=2 inplace\n").unwrap_err();
     assert!(matches!(e, ProgramError::Parse { .. }), "{e}");
-    let e =
-        text::parse("program t\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 1 2 3\n")
-            .unwrap_err();
+    let e = text::parse("program t\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 1 2 3\n").unwrap_err();
     assert!(e.to_string().contains("3 sizes for 2 ranks"), "{e}");
 }
 

@@ -5,11 +5,7 @@ use oxccl_host::program::generators::Algorithm;
 use oxccl_host::sim::{SimError, SimOptions, Topology, simulate, svg};
 
 fn plan(algo: Algorithm, n: u32, g: u32, s: Scheduler) -> Plan {
-    compile(
-        &algo.generate(n, g).unwrap(),
-        &Options::new(s, TbAlloc::State),
-    )
-    .unwrap()
+    compile(&algo.generate(n, g).unwrap(), &Options::new(s, TbAlloc::State)).unwrap()
 }
 
 fn run(p: &Plan, topo: &Topology, bytes: u64, barrier: bool) -> oxccl_host::sim::SimReport {
@@ -29,11 +25,7 @@ fn nic_bound_allgather_respects_the_nic_bandwidth() {
     let per_nic = 2.0 * bytes as f64 / 8.0;
     let bound_us = per_nic / (25.0 * 1e3);
     assert!(r.time_us >= bound_us, "{} < {bound_us}", r.time_us);
-    assert!(
-        r.time_us < 2.0 * bound_us,
-        "{} far above {bound_us}",
-        r.time_us
-    );
+    assert!(r.time_us < 2.0 * bound_us, "{} far above {bound_us}", r.time_us);
     assert!(r.mean_nic_utilisation > 0.5 && r.mean_nic_utilisation <= 1.0 + 1e-9);
     assert!(r.tbs.iter().all(|t| (0.0..=1.0).contains(&t.idle_share)));
     assert!((r.busbw_gbps - r.algbw_gbps * 7.0 / 8.0).abs() < 1e-9);
@@ -52,43 +44,13 @@ fn deterministic() {
 fn task_level_beats_algorithm_level_and_hpds_beats_round_robin() {
     let topo = Topology::a100_testbed(2, 4);
     let bytes = 256u64 << 20;
-    let hpds = run(
-        &plan(Algorithm::HmAllReduce, 2, 4, Scheduler::Hpds),
-        &topo,
-        bytes,
-        false,
-    );
-    let algo = run(
-        &plan(Algorithm::HmAllReduce, 2, 4, Scheduler::Algorithm),
-        &topo,
-        bytes,
-        false,
-    );
-    assert!(
-        hpds.time_us * 1.5 < algo.time_us,
-        "hpds {} algo {}",
-        hpds.time_us,
-        algo.time_us
-    );
+    let hpds = run(&plan(Algorithm::HmAllReduce, 2, 4, Scheduler::Hpds), &topo, bytes, false);
+    let algo = run(&plan(Algorithm::HmAllReduce, 2, 4, Scheduler::Algorithm), &topo, bytes, false);
+    assert!(hpds.time_us * 1.5 < algo.time_us, "hpds {} algo {}", hpds.time_us, algo.time_us);
     // With sub-pipelines run one after another (ResCCL's model), HPDS's few, full sub-pipelines win.
-    let hpds = run(
-        &plan(Algorithm::HmAllGather, 2, 4, Scheduler::Hpds),
-        &topo,
-        bytes,
-        true,
-    );
-    let rr = run(
-        &plan(Algorithm::HmAllGather, 2, 4, Scheduler::RoundRobin),
-        &topo,
-        bytes,
-        true,
-    );
-    assert!(
-        hpds.time_us * 1.5 < rr.time_us,
-        "hpds {} rr {}",
-        hpds.time_us,
-        rr.time_us
-    );
+    let hpds = run(&plan(Algorithm::HmAllGather, 2, 4, Scheduler::Hpds), &topo, bytes, true);
+    let rr = run(&plan(Algorithm::HmAllGather, 2, 4, Scheduler::RoundRobin), &topo, bytes, true);
+    assert!(hpds.time_us * 1.5 < rr.time_us, "hpds {} rr {}", hpds.time_us, rr.time_us);
 }
 
 #[test]
@@ -102,54 +64,26 @@ fn h200_preset_and_svg() {
     assert_eq!(r.mean_nic_utilisation, 0.0);
     assert!(r.mean_nvlink_utilisation > 0.0);
     let tbs: usize = p.ranks.iter().map(|rp| rp.tbs.len()).sum();
-    assert_eq!(
-        r.lanes.len(),
-        8 + tbs,
-        "one lane per used NVLink port and per TB"
-    );
+    assert_eq!(r.lanes.len(), 8 + tbs, "one lane per used NVLink port and per TB");
     let s = svg::timeline(&r, "hm <allgather>");
     assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
     assert!(s.contains("hm &lt;allgather&gt;"));
-    assert_eq!(
-        s.matches("<rect").count(),
-        1 + 7 + r.lanes.len().div_ceil(2) + r.timeline.len()
-    );
+    assert_eq!(s.matches("<rect").count(), 1 + 7 + r.lanes.len().div_ceil(2) + r.timeline.len());
 }
 
 #[test]
 fn errors() {
     let p = plan(Algorithm::HmAllGather, 2, 2, Scheduler::Hpds);
-    let e = simulate(
-        &p,
-        &Topology::a100_testbed(1, 2),
-        &SimOptions::for_size(&p, 1 << 20, 1 << 20),
-    )
-    .unwrap_err();
+    let e = simulate(&p, &Topology::a100_testbed(1, 2), &SimOptions::for_size(&p, 1 << 20, 1 << 20)).unwrap_err();
     assert!(matches!(e, SimError::BadInput { .. }), "{e}");
     assert!(Topology::preset("tpu", 1, 2).is_err());
     // A plan whose TBs receive before they send never finishes.
-    let mut dl = compile(
-        &Algorithm::DirectAllGather.generate(1, 2).unwrap(),
-        &Options::default(),
-    )
-    .unwrap();
+    let mut dl = compile(&Algorithm::DirectAllGather.generate(1, 2).unwrap(), &Options::default()).unwrap();
     for rp in &mut dl.ranks {
-        let mut tasks: Vec<_> = rp
-            .tbs
-            .iter()
-            .flat_map(|tb| tb.tasks.iter().copied())
-            .collect();
+        let mut tasks: Vec<_> = rp.tbs.iter().flat_map(|tb| tb.tasks.iter().copied()).collect();
         tasks.sort_by_key(|t| t.prim == Prim::Send);
-        rp.tbs = vec![TbPlan {
-            tasks,
-            syncs: Vec::new(),
-        }];
+        rp.tbs = vec![TbPlan { tasks, syncs: Vec::new() }];
     }
-    let e = simulate(
-        &dl,
-        &Topology::h200(1, 2),
-        &SimOptions::for_size(&dl, 1 << 20, 1 << 20),
-    )
-    .unwrap_err();
+    let e = simulate(&dl, &Topology::h200(1, 2), &SimOptions::for_size(&dl, 1 << 20, 1 << 20)).unwrap_err();
     assert!(matches!(e, SimError::Deadlock { .. }), "{e}");
 }

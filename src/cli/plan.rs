@@ -50,17 +50,9 @@ pub struct Loaded {
 
 /// Parses `NxG`.
 pub fn parse_topo(s: &str) -> Result<(u32, u32), String> {
-    let (a, b) = s
-        .split_once(['x', 'X'])
-        .ok_or_else(|| format!("--topo `{s}`: expected NODESxGPUS, e.g. 2x8"))?;
-    let n = a
-        .trim()
-        .parse::<u32>()
-        .map_err(|_| format!("--topo `{s}`: bad node count"))?;
-    let g = b
-        .trim()
-        .parse::<u32>()
-        .map_err(|_| format!("--topo `{s}`: bad GPU count"))?;
+    let (a, b) = s.split_once(['x', 'X']).ok_or_else(|| format!("--topo `{s}`: expected NODESxGPUS, e.g. 2x8"))?;
+    let n = a.trim().parse::<u32>().map_err(|_| format!("--topo `{s}`: bad node count"))?;
+    let g = b.trim().parse::<u32>().map_err(|_| format!("--topo `{s}`: bad GPU count"))?;
     if n == 0 || g == 0 {
         return Err(format!("--topo `{s}`: needs at least one node and one GPU"));
     }
@@ -76,14 +68,10 @@ impl ProgramArgs {
             let (n, g) = topo.ok_or("--algo needs --topo NODESxGPUS")?;
             algo.generate(n, g)?
         } else if let Some(path) = &self.xml {
-            let xml =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            msccl::import(&xml)
-                .map_err(|e| format!("{}: {e}", path.display()))?
-                .program
+            let xml = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            msccl::import(&xml).map_err(|e| format!("{}: {e}", path.display()))?.program
         } else if let Some(path) = &self.program {
-            let t =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
             let p = text::parse(&t).map_err(|e| format!("{}: {e}", path.display()))?;
             p.check().map_err(|e| format!("{}: {e}", path.display()))?;
             p
@@ -93,11 +81,7 @@ impl ProgramArgs {
         let ranks = program.ranks();
         let (nodes, gpus) = match topo {
             Some((n, g)) if n * g != ranks => {
-                return Err(format!(
-                    "--topo {n}x{g} has {} GPUs, the program {ranks} ranks",
-                    n * g
-                )
-                .into());
+                return Err(format!("--topo {n}x{g} has {} GPUs, the program {ranks} ranks", n * g).into());
             }
             Some((n, g)) => (n, g),
             None => match program.ranks_per_node {
@@ -112,11 +96,7 @@ impl ProgramArgs {
         if self.instances > 1 {
             program = program.instanced(self.instances);
         }
-        Ok(Loaded {
-            program,
-            nodes,
-            gpus_per_node: gpus,
-        })
+        Ok(Loaded { program, nodes, gpus_per_node: gpus })
     }
 
     /// The compiler options.
@@ -157,12 +137,9 @@ pub fn run(args: Args) -> CliResult {
         }
         let c = compile::run_passes(&loaded.program, &opts)?;
         let names: Vec<&str> = compile::PASSES.iter().map(|p| p.name).collect();
-        let dump = c.dump(&loaded.program, pass).ok_or_else(|| {
-            format!(
-                "--dump `{pass}`: expected program or one of {}",
-                names.join(", ")
-            )
-        })?;
+        let dump = c
+            .dump(&loaded.program, pass)
+            .ok_or_else(|| format!("--dump `{pass}`: expected program or one of {}", names.join(", ")))?;
         print!("{dump}");
         return Ok(());
     }
@@ -188,21 +165,14 @@ pub fn print_summary(plan: &Plan, nodes: u32, gpus: u32) {
         l.collective.name(),
         l.ranks,
         l.chunks,
-        if l.in_place {
-            "in place"
-        } else {
-            "out of place"
-        }
+        if l.in_place { "in place" } else { "out of place" }
     );
     println!("  scheduler {}, tb-alloc {}", plan.scheduler, plan.tb_alloc);
     println!(
         "  ops {}, tasks {}, sub-pipelines {}, connections {}, sync points {}",
         s.ops, s.tasks, s.subpipelines, s.connections, s.sync_points
     );
-    println!(
-        "  TBs per rank: max {} (min {min}, mean {mean:.1})",
-        s.max_tbs_per_rank
-    );
+    println!("  TBs per rank: max {} (min {min}, mean {mean:.1})", s.max_tbs_per_rank);
     println!(
         "  estimated TB idle share {:.1}%, FIFO slots needed {}",
         s.est_tb_idle_share * 100.0,

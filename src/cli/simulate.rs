@@ -67,12 +67,8 @@ pub fn run(args: Args) -> CliResult {
     opts.subpipeline_barrier = args.barrier;
     let report = sim::simulate(&plan, &topo, &opts)?;
     if let Some(path) = &args.svg {
-        let title = format!(
-            "{} ({}, {}) on {}",
-            plan.name, plan.scheduler, plan.tb_alloc, topo.name
-        );
-        std::fs::write(path, sim::svg::timeline(&report, &title))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let title = format!("{} ({}, {}) on {}", plan.name, plan.scheduler, plan.tb_alloc, topo.name);
+        std::fs::write(path, sim::svg::timeline(&report, &title)).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if args.json {
         let mut v = serde_json::to_value(&report)?;
@@ -93,11 +89,7 @@ pub fn run(args: Args) -> CliResult {
         bytes,
         report.micro_batches,
         opts.fifo_slots,
-        if opts.subpipeline_barrier {
-            ", sub-pipeline barriers"
-        } else {
-            ""
-        }
+        if opts.subpipeline_barrier { ", sub-pipeline barriers" } else { "" }
     );
     println!(
         "  time {:.1} us, algbw {:.2} GB/s, busbw {:.2} GB/s",

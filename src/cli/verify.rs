@@ -35,12 +35,7 @@ pub struct Args {
     pub all: bool,
 }
 
-fn run_one(
-    plan: &Plan,
-    args: &Args,
-    op: ReduceOp,
-    opts: &ExecOptions,
-) -> Result<VerifyReport, exec::ExecError> {
+fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result<VerifyReport, exec::ExecError> {
     match args.dtype.as_str() {
         "f64" => exec::verify::<f64>(plan, op, args.count, opts),
         "i32" => exec::verify::<i32>(plan, op, args.count, opts),
@@ -56,28 +51,16 @@ pub fn run(args: Args) -> CliResult {
     let op: ReduceOp = args.redop.parse()?;
     let loaded = args.program.load()?;
     let configs: Vec<Options> = if args.all {
-        Scheduler::ALL
-            .iter()
-            .flat_map(|&s| TbAlloc::ALL.iter().map(move |&a| Options::new(s, a)))
-            .collect()
+        Scheduler::ALL.iter().flat_map(|&s| TbAlloc::ALL.iter().map(move |&a| Options::new(s, a))).collect()
     } else {
         vec![args.program.options()?]
     };
     let mut failures = 0;
     for o in &configs {
         let plan = compile::compile(&loaded.program, o)?;
-        let slots = args
-            .slots
-            .unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
-        let opts = ExecOptions {
-            micro_batches: args.micro_batches,
-            fifo_slots: slots,
-        };
-        let redop = if plan.layout.collective.reduces() {
-            format!(" {}", args.redop)
-        } else {
-            String::new()
-        };
+        let slots = args.slots.unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
+        let opts = ExecOptions { micro_batches: args.micro_batches, fifo_slots: slots };
+        let redop = if plan.layout.collective.reduces() { format!(" {}", args.redop) } else { String::new() };
         let head = format!(
             "verify {} ({}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
             plan.name,

@@ -102,11 +102,7 @@ impl Graph {
     /// The tasks of `op` (one or two).
     pub fn tasks_of(&self, op: OpId) -> std::ops::Range<usize> {
         let a = self.op_tasks[op.index()].index();
-        let b = self
-            .op_tasks
-            .get(op.index() + 1)
-            .map(|t| t.index())
-            .unwrap_or(self.tasks.len());
+        let b = self.op_tasks.get(op.index() + 1).map(|t| t.index()).unwrap_or(self.tasks.len());
         a..b
     }
 
@@ -122,33 +118,15 @@ impl Graph {
         for (i, t) in self.tasks.iter().enumerate() {
             let op = program.op(t.op);
             let what = match (t.prim, op.kind) {
-                (
-                    Prim::Send,
-                    OpKind::Transfer {
-                        src,
-                        dst_rank,
-                        channel,
-                        ..
-                    },
-                ) => {
+                (Prim::Send, OpKind::Transfer { src, dst_rank, channel, .. }) => {
                     format!("send {src} to {dst_rank} ch={channel}")
                 }
-                (
-                    _,
-                    OpKind::Transfer {
-                        dst,
-                        src_rank,
-                        channel,
-                        ..
-                    },
-                ) => {
+                (_, OpKind::Transfer { dst, src_rank, channel, .. }) => {
                     format!("{} {dst} from {src_rank} ch={channel}", t.prim.name())
                 }
                 (_, k) => {
                     let (src, dst) = match k {
-                        OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => {
-                            (src, dst)
-                        }
+                        OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (src, dst),
                         OpKind::Transfer { .. } => unreachable!(),
                     };
                     format!("{} {src} -> {dst}", t.prim.name())
@@ -197,17 +175,11 @@ impl Locations {
             acc += l.storage_chunks(Rank(r)) as usize;
             base.push(acc);
         }
-        Locations {
-            base,
-            last_writer: vec![NONE; acc],
-            reader_head: vec![NONE; acc],
-            pool: Vec::new(),
-        }
+        Locations { base, last_writer: vec![NONE; acc], reader_head: vec![NONE; acc], pool: Vec::new() }
     }
 
     fn range(&self, program: &Program, rank: Rank, s: Slice) -> std::ops::Range<usize> {
-        let a = self.base[rank.index()]
-            + program.layout.resolve(rank, s).expect("verified program") as usize;
+        let a = self.base[rank.index()] + program.layout.resolve(rank, s).expect("verified program") as usize;
         a..a + s.count as usize
     }
 
@@ -270,20 +242,9 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
         let id = OpId::new(i);
         op_tasks.push(TaskId::new(tasks.len()));
         let key = match op.kind {
-            OpKind::Transfer {
-                src_rank,
-                dst_rank,
-                channel,
-                src,
-                dst,
-                op: r,
-            } => {
+            OpKind::Transfer { src_rank, dst_rank, channel, src, dst, op: r } => {
                 let t = tasks.len() as u32;
-                tasks.push(Task {
-                    op: id,
-                    rank: src_rank,
-                    prim: Prim::Send,
-                });
+                tasks.push(Task { op: id, rank: src_rank, prim: Prim::Send });
                 let range = locs.range(program, src_rank, src);
                 locs.read(t, range, &mut buf);
                 finish(&mut buf, &mut items, &mut start, t);
@@ -293,11 +254,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
                     RecvOp::Recv => Prim::Recv,
                     RecvOp::RecvReduceCopy => Prim::RecvReduceCopy,
                 };
-                tasks.push(Task {
-                    op: id,
-                    rank: dst_rank,
-                    prim,
-                });
+                tasks.push(Task { op: id, rank: dst_rank, prim });
                 let range = locs.range(program, dst_rank, dst);
                 if prim == Prim::RecvReduceCopy {
                     locs.read(t, range.clone(), &mut buf);
@@ -309,11 +266,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
             OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
                 let reduce = matches!(op.kind, OpKind::Reduce { .. });
                 let t = tasks.len() as u32;
-                tasks.push(Task {
-                    op: id,
-                    rank,
-                    prim: if reduce { Prim::Reduce } else { Prim::Copy },
-                });
+                tasks.push(Task { op: id, rank, prim: if reduce { Prim::Reduce } else { Prim::Copy } });
                 let s = locs.range(program, rank, src);
                 let d = locs.range(program, rank, dst);
                 locs.read(t, s, &mut buf);
@@ -329,13 +282,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
         let l = *link_ids.entry(key).or_insert(next);
         if l == next {
             let (s, d) = (Rank(key.0), Rank(key.1));
-            links.push(Link {
-                src: s,
-                dst: d,
-                channel: key.2,
-                local: key.3,
-                inter_node: node(s) != node(d),
-            });
+            links.push(Link { src: s, dst: d, channel: key.2, local: key.3, inter_node: node(s) != node(d) });
         }
         link_of_op.push(LinkId(l));
     }
@@ -347,10 +294,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
     ostart.push(0u32);
     for i in 0..nops {
         let a = op_tasks[i].index();
-        let b = op_tasks
-            .get(i + 1)
-            .map(|t| t.index())
-            .unwrap_or(tasks.len());
+        let b = op_tasks.get(i + 1).map(|t| t.index()).unwrap_or(tasks.len());
         for t in a..b {
             for &p in preds.row(t) {
                 let po = tasks[p as usize].op.0;
@@ -365,19 +309,7 @@ pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, Pr
         buf.clear();
         ostart.push(oitems.len() as u32);
     }
-    let op_preds = Csr {
-        start: ostart,
-        items: oitems,
-    };
+    let op_preds = Csr { start: ostart, items: oitems };
     let op_succs = op_preds.transpose(nops);
-    Ok(Graph {
-        tasks,
-        op_tasks,
-        preds,
-        op_preds,
-        op_succs,
-        links,
-        link_of_op,
-        ranks_per_node,
-    })
+    Ok(Graph { tasks, op_tasks, preds, op_preds, op_succs, links, link_of_op, ranks_per_node })
 }

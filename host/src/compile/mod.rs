@@ -87,10 +87,7 @@ pub const PASSES: [PassInfo; 4] = [
         description: "map transfers to FIFO connections and connection endpoints to thread blocks \
                       (state-based sharing or one per connection and stage)",
     },
-    PassInfo {
-        name: "emit",
-        description: "order each TB's tasks, add cross-TB sync points, compute statistics",
-    },
+    PassInfo { name: "emit", description: "order each TB's tasks, add cross-TB sync points, compute statistics" },
 ];
 
 /// Which scheduler the `schedule` pass runs.
@@ -123,12 +120,7 @@ impl Scheduler {
         }
     }
     /// Every scheduler.
-    pub const ALL: [Scheduler; 4] = [
-        Scheduler::Hpds,
-        Scheduler::RoundRobin,
-        Scheduler::Algorithm,
-        Scheduler::Stage,
-    ];
+    pub const ALL: [Scheduler; 4] = [Scheduler::Hpds, Scheduler::RoundRobin, Scheduler::Algorithm, Scheduler::Stage];
 }
 
 impl FromStr for Scheduler {
@@ -203,23 +195,14 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            scheduler: Scheduler::Hpds,
-            tb_alloc: TbAlloc::State,
-            ranks_per_node: None,
-            verify: true,
-        }
+        Options { scheduler: Scheduler::Hpds, tb_alloc: TbAlloc::State, ranks_per_node: None, verify: true }
     }
 }
 
 impl Options {
     /// Options with the given scheduler and allocator.
     pub fn new(scheduler: Scheduler, tb_alloc: TbAlloc) -> Options {
-        Options {
-            scheduler,
-            tb_alloc,
-            ..Options::default()
-        }
+        Options { scheduler, tb_alloc, ..Options::default() }
     }
 }
 
@@ -306,12 +289,7 @@ pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, Comp
     mark("emit", &mut times);
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
-    Ok(Compilation {
-        graph,
-        schedule,
-        alloc,
-        plan,
-    })
+    Ok(Compilation { graph, schedule, alloc, plan })
 }
 
 /// Compiles `program` into a [`Plan`].
@@ -354,8 +332,7 @@ impl std::hash::Hasher for FastHasher {
 }
 
 /// A hash map with [`FastHasher`].
-pub(crate) type FastMap<K, V> =
-    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
 
 /// A compressed sparse row adjacency: `items[start[i]..start[i+1]]` belong to `i`.
 #[derive(Clone, Debug, Default)]
@@ -391,9 +368,6 @@ impl Csr {
                 fill[x as usize] += 1;
             }
         }
-        Csr {
-            start: count,
-            items,
-        }
+        Csr { start: count, items }
     }
 }

@@ -265,11 +265,7 @@ impl Plan {
                         }
                         _ => {}
                     }
-                    let waits: Vec<String> = tb
-                        .waits(i)
-                        .iter()
-                        .map(|w| format!("{}.{}", w.tb, w.task))
-                        .collect();
+                    let waits: Vec<String> = tb.waits(i).iter().map(|w| format!("{}.{}", w.tb, w.task)).collect();
                     if !waits.is_empty() {
                         let _ = write!(s, " wait {}", waits.join(" "));
                     }
@@ -290,11 +286,7 @@ impl Plan {
         let l = &self.layout;
         l.validate().map_err(|e| e.to_string())?;
         if self.ranks.len() != l.ranks as usize {
-            return Err(format!(
-                "{} rank plans for {} ranks",
-                self.ranks.len(),
-                l.ranks
-            ));
+            return Err(format!("{} rank plans for {} ranks", self.ranks.len(), l.ranks));
         }
         for (r, rp) in self.ranks.iter().enumerate() {
             let rank = Rank(r as u32);
@@ -325,16 +317,9 @@ impl Plan {
                             .conn
                             .and_then(|c| self.connections.get(c.index()))
                             .ok_or_else(|| format!("{}: no valid connection", here()))?;
-                        let (me, peer) = if task.prim == Prim::Send {
-                            (c.src, c.dst)
-                        } else {
-                            (c.dst, c.src)
-                        };
+                        let (me, peer) = if task.prim == Prim::Send { (c.src, c.dst) } else { (c.dst, c.src) };
                         if me != rank || task.peer != Some(peer) {
-                            return Err(format!(
-                                "{}: connection does not join the rank and its peer",
-                                here()
-                            ));
+                            return Err(format!("{}: connection does not join the rank and its peer", here()));
                         }
                     }
                     let end = task.wait_start as usize + task.wait_count as usize;
@@ -342,17 +327,8 @@ impl Plan {
                         return Err(format!("{}: sync points out of range", here()));
                     }
                     for w in tb.waits(i) {
-                        if rp
-                            .tbs
-                            .get(w.tb.index())
-                            .is_none_or(|x| w.task as usize >= x.tasks.len())
-                        {
-                            return Err(format!(
-                                "{}: sync point {}.{} does not exist",
-                                here(),
-                                w.tb,
-                                w.task
-                            ));
+                        if rp.tbs.get(w.tb.index()).is_none_or(|x| w.task as usize >= x.tasks.len()) {
+                            return Err(format!("{}: sync point {}.{} does not exist", here(), w.tb, w.task));
                         }
                     }
                 }
@@ -368,13 +344,7 @@ impl Plan {
 }
 
 /// Runs pass `emit`.
-pub fn emit(
-    program: &Program,
-    g: &Graph,
-    sched: &Schedule,
-    alloc: &Allocation,
-    opts: &Options,
-) -> Plan {
+pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, opts: &Options) -> Plan {
     let nranks = program.ranks() as usize;
     let ntasks = g.tasks.len();
     // Tasks grouped by rank, each group in schedule order (a stable counting sort), so that each
@@ -407,32 +377,21 @@ pub fn emit(
         for &t in mine {
             sizes[alloc.tb_of_task(t as usize).index()] += 1;
         }
-        let mut tbs: Vec<TbPlan> = sizes
-            .iter()
-            .map(|&n| TbPlan {
-                tasks: Vec::with_capacity(n),
-                syncs: Vec::new(),
-            })
-            .collect();
+        let mut tbs: Vec<TbPlan> =
+            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n), syncs: Vec::new() }).collect();
         for &t in mine {
             let t = t as usize;
             let task = &g.tasks[t];
             let op = task.op;
             let o = &program.ops[op.index()];
             let (peer, src, dst) = match (task.prim, o.kind) {
-                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => {
-                    (Some(dst_rank), Some(src), None)
-                }
-                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => {
-                    (Some(src_rank), None, Some(dst))
-                }
+                (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
+                (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
                 (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
                     (Some(src_rank), Some(dst), Some(dst))
                 }
                 (_, k) => match k {
-                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => {
-                        (None, Some(src), Some(dst))
-                    }
+                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (None, Some(src), Some(dst)),
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
@@ -474,19 +433,13 @@ pub fn emit(
             let i = i as usize;
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
             tbp.tasks[i].wait_count = waits.len() as u32;
-            tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint {
-                tb: TbId(ptb),
-                task: pidx,
-            }));
+            tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
             for &(ptb, pidx) in &waits {
                 tbs[ptb as usize].tasks[pidx as usize].signal = true;
             }
             sync_points += waits.len();
         }
-        ranks.push(RankPlan {
-            rank: Rank(r as u32),
-            tbs,
-        });
+        ranks.push(RankPlan { rank: Rank(r as u32), tbs });
     }
     // Statistics.
     // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
@@ -525,11 +478,7 @@ pub fn emit(
         connections: alloc.connections.len(),
         sync_points,
         fifo_slots_needed,
-        est_tb_idle_share: if ntbs > 0 {
-            idle_sum / ntbs as f64
-        } else {
-            0.0
-        },
+        est_tb_idle_share: if ntbs > 0 { idle_sum / ntbs as f64 } else { 0.0 },
         compile_ms: 0.0,
         pass_ms: Vec::new(),
     };

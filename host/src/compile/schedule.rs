@@ -46,13 +46,7 @@ impl Schedule {
             position[op.index()] = i as u32;
         }
         let count = subpipeline.iter().map(|&s| s + 1).max().unwrap_or(0);
-        Schedule {
-            scheduler,
-            subpipeline,
-            order,
-            position,
-            count,
-        }
+        Schedule { scheduler, subpipeline, order, position, count }
     }
 
     /// The text dump: one line per sub-pipeline with its ops in order.
@@ -78,11 +72,7 @@ impl Schedule {
 }
 
 /// Runs the pass with `scheduler`.
-pub fn run(
-    program: &Program,
-    graph: &Graph,
-    scheduler: Scheduler,
-) -> Result<Schedule, CompileError> {
+pub fn run(program: &Program, graph: &Graph, scheduler: Scheduler) -> Result<Schedule, CompileError> {
     Ok(match scheduler {
         Scheduler::Hpds => hpds(program, graph),
         Scheduler::RoundRobin => round_robin(program, graph),
@@ -152,12 +142,7 @@ fn hpds(program: &Program, g: &Graph) -> Schedule {
                 let (_, c, op) = entry;
                 let o = op as usize;
                 // An intra-node op never joins the sub-pipeline of an inter-node producer.
-                if !inter[o]
-                    && g.op_preds
-                        .row(o)
-                        .iter()
-                        .any(|&p| sp_of[p as usize] == sp && inter[p as usize])
-                {
+                if !inter[o] && g.op_preds.row(o).iter().any(|&p| sp_of[p as usize] == sp && inter[p as usize]) {
                     parked.push((l, entry));
                     continue;
                 }

@@ -74,11 +74,8 @@ impl Allocation {
                 if c.inter_node { "inter" } else { "intra" }
             );
         }
-        let mut by_tb: Vec<Vec<Vec<&Endpoint>>> = self
-            .tbs_per_rank
-            .iter()
-            .map(|&n| vec![Vec::new(); n as usize])
-            .collect();
+        let mut by_tb: Vec<Vec<Vec<&Endpoint>>> =
+            self.tbs_per_rank.iter().map(|&n| vec![Vec::new(); n as usize]).collect();
         for e in &self.endpoints {
             by_tb[e.rank.index()][e.tb.index()].push(e);
         }
@@ -90,14 +87,8 @@ impl Allocation {
                         let what = match e.kind {
                             EndpointKind::Send(c) => format!("send {c}"),
                             EndpointKind::Recv(c) => format!("recv {c}"),
-                            EndpointKind::Local {
-                                channel,
-                                stage: None,
-                            } => format!("local ch={channel}"),
-                            EndpointKind::Local {
-                                channel,
-                                stage: Some(st),
-                            } => {
+                            EndpointKind::Local { channel, stage: None } => format!("local ch={channel}"),
+                            EndpointKind::Local { channel, stage: Some(st) } => {
                                 format!("local ch={channel} stage={st}")
                             }
                         };
@@ -121,12 +112,7 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
     let mut conn_of_op = Vec::with_capacity(program.ops.len());
     for (i, op) in program.ops.iter().enumerate() {
         let c = match op.kind {
-            OpKind::Transfer {
-                src_rank,
-                dst_rank,
-                channel,
-                ..
-            } => {
+            OpKind::Transfer { src_rank, dst_rank, channel, .. } => {
                 let stage = if per_conn { op.stage } else { 0 };
                 let key = (src_rank.0, dst_rank.0, channel, stage);
                 let next = ConnId::new(connections.len());
@@ -140,12 +126,7 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
                         channel
                     };
                     let inter_node = g.links[g.link_of_op[i].index()].inter_node;
-                    connections.push(Connection {
-                        src: src_rank,
-                        dst: dst_rank,
-                        channel: ch,
-                        inter_node,
-                    });
+                    connections.push(Connection { src: src_rank, dst: dst_rank, channel: ch, inter_node });
                 }
                 Some(id)
             }
@@ -162,22 +143,13 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
         let kind = match (t.prim, conn_of_op[t.op.index()]) {
             (Prim::Send, Some(c)) => EndpointKind::Send(c),
             (Prim::Recv | Prim::RecvReduceCopy, Some(c)) => EndpointKind::Recv(c),
-            _ => EndpointKind::Local {
-                channel: op.channel(),
-                stage: per_conn.then_some(op.stage),
-            },
+            _ => EndpointKind::Local { channel: op.channel(), stage: per_conn.then_some(op.stage) },
         };
         let sp = sched.subpipeline[t.op.index()];
         let next = endpoints.len() as u32;
         let id = *ep_ids.entry((t.rank.0, kind)).or_insert(next);
         if id == next {
-            endpoints.push(Endpoint {
-                rank: t.rank,
-                kind,
-                first: sp,
-                last: sp,
-                tb: TbId(0),
-            });
+            endpoints.push(Endpoint { rank: t.rank, kind, first: sp, last: sp, tb: TbId(0) });
         } else {
             let e = &mut endpoints[id as usize];
             e.first = e.first.min(sp);
@@ -226,12 +198,5 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
         }
         tbs_per_rank[r] = count;
     }
-    Allocation {
-        policy,
-        connections,
-        conn_of_op,
-        endpoints,
-        endpoint_of_task,
-        tbs_per_rank,
-    }
+    Allocation { policy, connections, conn_of_op, endpoints, endpoint_of_task, tbs_per_rank }
 }

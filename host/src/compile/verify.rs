@@ -1,9 +1,7 @@
 //! The verifiers run after each pass. A failure is a compiler bug; it is reported as
 //! [`CompileError::Verify`] naming the pass and what broke, never a panic.
 
-use super::{
-    Allocation, CompileError, EndpointKind, Graph, Plan, Prim, Schedule, Scheduler, TbAlloc,
-};
+use super::{Allocation, CompileError, EndpointKind, Graph, Plan, Prim, Schedule, Scheduler, TbAlloc};
 use crate::program::{OpId, Program};
 use std::collections::HashMap;
 
@@ -33,20 +31,14 @@ pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
         let ts = g.tasks_of(id);
         let want = if op.is_transfer() { 2 } else { 1 };
         if ts.len() != want {
-            return Err(fail(
-                p,
-                format!("{id} has {} tasks, expected {want}", ts.len()),
-            ));
+            return Err(fail(p, format!("{id} has {} tasks, expected {want}", ts.len())));
         }
         let first = &g.tasks[ts.start];
         if first.rank != op.src_rank() || g.tasks[ts.end - 1].rank != op.dst_rank() {
             return Err(fail(p, format!("{id}: tasks on the wrong ranks")));
         }
         if op.is_transfer() && first.prim != Prim::Send {
-            return Err(fail(
-                p,
-                format!("{id}: a transfer's first task must be its send"),
-            ));
+            return Err(fail(p, format!("{id}: a transfer's first task must be its send")));
         }
         let l = &g.links[g.link_of_op[i].index()];
         if l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer() {
@@ -62,13 +54,7 @@ pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
         for &pr in g.preds.row(t) {
             let pt = &g.tasks[pr as usize];
             if pr as usize >= t || pt.rank != task.rank {
-                return Err(fail(
-                    p,
-                    format!(
-                        "t{t} depends on t{pr}, not an earlier task of {}",
-                        task.rank
-                    ),
-                ));
+                return Err(fail(p, format!("t{t} depends on t{pr}, not an earlier task of {}", task.rank)));
             }
         }
     }
@@ -87,10 +73,7 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
     let mut seen = vec![false; n];
     for (i, op) in s.order.iter().enumerate() {
         if op.index() >= n || seen[op.index()] || s.position[op.index()] as usize != i {
-            return Err(fail(
-                p,
-                format!("order is not a permutation at position {i}"),
-            ));
+            return Err(fail(p, format!("order is not a permutation at position {i}")));
         }
         seen[op.index()] = true;
         if i > 0 && s.subpipeline[s.order[i - 1].index()] > s.subpipeline[op.index()] {
@@ -107,13 +90,7 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
         for op in &s.order {
             let (l, sp) = (g.link_of_op[op.index()].index(), s.subpipeline[op.index()]);
             if link_last[l].0 == sp {
-                return Err(fail(
-                    p,
-                    format!(
-                        "op{} and {op} share link l{l} in sub-pipeline {sp}",
-                        link_last[l].1
-                    ),
-                ));
+                return Err(fail(p, format!("op{} and {op} share link l{l} in sub-pipeline {sp}", link_last[l].1)));
             }
             link_last[l] = (sp, op.0);
         }
@@ -123,26 +100,13 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
         for &a in g.op_preds.row(b) {
             let sa = s.subpipeline[a as usize];
             if sa > sb || s.position[a as usize] >= s.position[b] {
-                return Err(fail(
-                    p,
-                    format!("op{b} is scheduled before its producer op{a}"),
-                ));
+                return Err(fail(p, format!("op{b} is scheduled before its producer op{a}")));
             }
             if s.scheduler == Scheduler::RoundRobin && sa == sb {
-                return Err(fail(
-                    p,
-                    format!("op{b} shares sub-pipeline {sb} with its producer op{a}"),
-                ));
+                return Err(fail(p, format!("op{b} shares sub-pipeline {sb} with its producer op{a}")));
             }
-            if s.scheduler == Scheduler::Hpds
-                && sa == sb
-                && g.is_inter(OpId(a))
-                && !g.is_inter(OpId::new(b))
-            {
-                return Err(fail(
-                    p,
-                    format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}"),
-                ));
+            if s.scheduler == Scheduler::Hpds && sa == sb && g.is_inter(OpId(a)) && !g.is_inter(OpId::new(b)) {
+                return Err(fail(p, format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}")));
             }
         }
     }
@@ -157,16 +121,10 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
         return Err(fail(p, "one endpoint per task expected".into()));
     }
     for (t, task) in g.tasks.iter().enumerate() {
-        let e = a
-            .endpoints
-            .get(a.endpoint_of_task[t] as usize)
-            .ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
+        let e = a.endpoints.get(a.endpoint_of_task[t] as usize).ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
         let sp = s.subpipeline[task.op.index()];
         if e.rank != task.rank || sp < e.first || sp > e.last {
-            return Err(fail(
-                p,
-                format!("t{t}: endpoint on another rank or interval misses sp{sp}"),
-            ));
+            return Err(fail(p, format!("t{t}: endpoint on another rank or interval misses sp{sp}")));
         }
         let ok = match (task.prim, e.kind) {
             (Prim::Send, EndpointKind::Send(c)) => {
@@ -181,10 +139,7 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
             _ => false,
         };
         if !ok {
-            return Err(fail(
-                p,
-                format!("t{t}: endpoint kind or connection does not match the task"),
-            ));
+            return Err(fail(p, format!("t{t}: endpoint kind or connection does not match the task")));
         }
         if e.tb.0 >= a.tbs_per_rank[task.rank.index()] {
             return Err(fail(p, format!("t{t}: TB beyond the rank's count")));
@@ -192,25 +147,16 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
     }
     let mut by_tb: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
     for e in &a.endpoints {
-        by_tb
-            .entry((e.rank.0, e.tb.0))
-            .or_default()
-            .push((e.first, e.last));
+        by_tb.entry((e.rank.0, e.tb.0)).or_default().push((e.first, e.last));
     }
     for ((r, tb), mut iv) in by_tb {
         if a.policy == TbAlloc::PerConn && iv.len() > 1 {
-            return Err(fail(
-                p,
-                format!("r{r} tb{tb} drives {} endpoints under per-conn", iv.len()),
-            ));
+            return Err(fail(p, format!("r{r} tb{tb} drives {} endpoints under per-conn", iv.len())));
         }
         iv.sort_unstable();
         for w in iv.windows(2) {
             if w[0].1 >= w[1].0 {
-                return Err(fail(
-                    p,
-                    format!("r{r} tb{tb} drives endpoints with overlapping intervals"),
-                ));
+                return Err(fail(p, format!("r{r} tb{tb} drives endpoints with overlapping intervals")));
             }
         }
     }
@@ -221,17 +167,9 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
 /// ends of each FIFO issue the same messages in the same order from one TB each.
 pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
     let p = "emit";
-    let total: usize = plan
-        .ranks
-        .iter()
-        .flat_map(|r| r.tbs.iter())
-        .map(|t| t.tasks.len())
-        .sum();
+    let total: usize = plan.ranks.iter().flat_map(|r| r.tbs.iter()).map(|t| t.tasks.len()).sum();
     if total != g.tasks.len() {
-        return Err(fail(
-            p,
-            format!("plan has {total} tasks, the graph {}", g.tasks.len()),
-        ));
+        return Err(fail(p, format!("plan has {total} tasks, the graph {}", g.tasks.len())));
     }
     // Per op: how many of its tasks were seen, and the (connection, sub-pipeline, seq) of each side;
     // per connection: the one TB driving each side. With TB lists sorted by seq and both halves of
@@ -249,10 +187,7 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                 if i > 0 {
                     let prev = &tb.tasks[i - 1];
                     if (prev.subpipeline, prev.seq) >= (task.subpipeline, task.seq) {
-                        return Err(fail(
-                            p,
-                            format!("{here}: tasks not sorted by (sub-pipeline, seq)"),
-                        ));
+                        return Err(fail(p, format!("{here}: tasks not sorted by (sub-pipeline, seq)")));
                     }
                 }
                 for w in tb.waits(i) {
@@ -260,49 +195,26 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                         .tbs
                         .get(w.tb.index())
                         .and_then(|t| t.tasks.get(w.task as usize))
-                        .ok_or_else(|| {
-                            fail(
-                                p,
-                                format!("{here}: sync point {}.{} does not exist", w.tb, w.task),
-                            )
-                        })?;
+                        .ok_or_else(|| fail(p, format!("{here}: sync point {}.{} does not exist", w.tb, w.task)))?;
                     if w.tb.index() == ti || target.seq >= task.seq || !target.signal {
-                        return Err(fail(
-                            p,
-                            format!("{here}: bad sync point {}.{}", w.tb, w.task),
-                        ));
+                        return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
                     }
                 }
                 let o = task.op.index();
                 if o >= nops || seen[o] >= 2 {
-                    return Err(fail(
-                        p,
-                        format!("{here}: {} is not an op or appears too often", task.op),
-                    ));
+                    return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
                 }
                 seen[o] += 1;
                 if task.prim.is_comm() {
-                    let c = task
-                        .conn
-                        .ok_or_else(|| fail(p, format!("{here}: no connection")))?;
+                    let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = plan
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
                     let send = task.prim == Prim::Send;
-                    let (me, peer) = if send {
-                        (conn.src, conn.dst)
-                    } else {
-                        (conn.dst, conn.src)
-                    };
+                    let (me, peer) = if send { (conn.src, conn.dst) } else { (conn.dst, conn.src) };
                     if me != rp.rank || task.peer != Some(peer) {
-                        return Err(fail(
-                            p,
-                            format!(
-                                "{here}: connection {c} does not join {} and its peer",
-                                rp.rank
-                            ),
-                        ));
+                        return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
                     }
                     let side = usize::from(!send);
                     side_key[o][side] = (c.0, task.subpipeline, task.seq);
@@ -320,14 +232,8 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
     }
     for (o, k) in side_key.iter().enumerate() {
         let transfer = seen[o] == 2;
-        if (transfer && (k[0].0 == NONE || k[0] != k[1]))
-            || (!transfer && k[0].0 != NONE)
-            || seen[o] == 0
-        {
-            return Err(fail(
-                p,
-                format!("op{o}: its send and receive do not pair up on one connection"),
-            ));
+        if (transfer && (k[0].0 == NONE || k[0] != k[1])) || (!transfer && k[0].0 != NONE) || seen[o] == 0 {
+            return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
         }
     }
     Ok(())

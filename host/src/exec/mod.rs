@@ -96,10 +96,7 @@ pub struct ExecOptions {
 
 impl Default for ExecOptions {
     fn default() -> Self {
-        ExecOptions {
-            micro_batches: 4,
-            fifo_slots: 8,
-        }
+        ExecOptions { micro_batches: 4, fifo_slots: 8 }
     }
 }
 
@@ -126,11 +123,7 @@ pub enum ExecError {
     /// No thread block can make progress and work is left.
     Deadlock { blocked: Vec<Blocked> },
     /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
-    FifoOrder {
-        conn: ConnId,
-        receiver_op: OpId,
-        message_op: OpId,
-    },
+    FifoOrder { conn: ConnId, receiver_op: OpId, message_op: OpId },
     /// Messages are left in a FIFO after every TB finished.
     Unconsumed { conn: ConnId, messages: usize },
 }
@@ -141,11 +134,7 @@ impl fmt::Display for ExecError {
             ExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
             ExecError::BadPlan { reason } => write!(f, "malformed plan: {reason}"),
             ExecError::Deadlock { blocked } => {
-                write!(
-                    f,
-                    "deadlock: {} thread blocks cannot progress",
-                    blocked.len()
-                )?;
+                write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
                 for b in blocked.iter().take(8) {
                     write!(
                         f,
@@ -161,11 +150,7 @@ impl fmt::Display for ExecError {
                 }
                 Ok(())
             }
-            ExecError::FifoOrder {
-                conn,
-                receiver_op,
-                message_op,
-            } => write!(
+            ExecError::FifoOrder { conn, receiver_op, message_op } => write!(
                 f,
                 "{conn}: the receive of {receiver_op} found the message of {message_op} (FIFO order mismatch)"
             ),
@@ -217,50 +202,35 @@ pub fn execute<T: Element>(
     op: ReduceOp,
     opts: &ExecOptions,
 ) -> Result<Vec<Vec<T>>, ExecError> {
-    plan.check_structure()
-        .map_err(|reason| ExecError::BadPlan { reason })?;
+    plan.check_structure().map_err(|reason| ExecError::BadPlan { reason })?;
     let l = &plan.layout;
     let n = l.ranks as usize;
     if inputs.len() != n {
-        return Err(ExecError::BadInput {
-            reason: format!("{} inputs for {n} ranks", inputs.len()),
-        });
+        return Err(ExecError::BadInput { reason: format!("{} inputs for {n} ranks", inputs.len()) });
     }
     if opts.micro_batches == 0 || opts.fifo_slots == 0 {
-        return Err(ExecError::BadInput {
-            reason: "micro-batches and FIFO slots must be at least 1".into(),
-        });
+        return Err(ExecError::BadInput { reason: "micro-batches and FIFO slots must be at least 1".into() });
     }
     let ic = l.input_chunks() as usize;
     let len0 = inputs[0].len();
     if ic == 0 || !len0.is_multiple_of(ic) || inputs.iter().any(|v| v.len() != len0) {
         return Err(ExecError::BadInput {
-            reason: format!(
-                "every rank needs the same number of elements, a multiple of {ic} input chunks"
-            ),
+            reason: format!("every rank needs the same number of elements, a multiple of {ic} input chunks"),
         });
     }
     let cl = len0 / ic;
     // Storage per rank.
-    let mut mem: Vec<Vec<T>> = (0..n)
-        .map(|r| vec![T::default(); l.storage_chunks(Rank(r as u32)) as usize * cl])
-        .collect();
+    let mut mem: Vec<Vec<T>> =
+        (0..n).map(|r| vec![T::default(); l.storage_chunks(Rank(r as u32)) as usize * cl]).collect();
     for (r, input) in inputs.iter().enumerate() {
         for j in 0..ic {
-            let at = l
-                .resolve(Rank(r as u32), Slice::input(j as u32))
-                .expect("input resolves") as usize;
+            let at = l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves") as usize;
             mem[r][at * cl..(at + 1) * cl].copy_from_slice(&input[j * cl..(j + 1) * cl]);
         }
     }
-    let mut fifos: Vec<VecDeque<Message<T>>> = (0..plan.connections.len())
-        .map(|_| VecDeque::new())
-        .collect();
-    let mut done: Vec<Vec<Vec<u32>>> = plan
-        .ranks
-        .iter()
-        .map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect())
-        .collect();
+    let mut fifos: Vec<VecDeque<Message<T>>> = (0..plan.connections.len()).map(|_| VecDeque::new()).collect();
+    let mut done: Vec<Vec<Vec<u32>>> =
+        plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect()).collect();
     let mut state: Vec<Vec<TbState>> = plan
         .ranks
         .iter()
@@ -270,12 +240,7 @@ pub fn execute<T: Element>(
                 .map(|tb| {
                     let segments = tb.segments();
                     let pos = segments.first().map(|s| s.start).unwrap_or(0);
-                    TbState {
-                        segments,
-                        seg: 0,
-                        mb: 0,
-                        pos,
-                    }
+                    TbState { segments, seg: 0, mb: 0, pos }
                 })
                 .collect()
         })
@@ -314,23 +279,22 @@ pub fn execute<T: Element>(
                                 out.extend_from_slice(&mem[r][c + range.start..c + range.end]);
                             }
                         };
-                        let scatter =
-                            |mem: &mut Vec<Vec<T>>, s: Slice, data: &[T], reduce: bool| {
-                                let base = l.resolve(rank, s).expect("verified plan") as usize;
-                                let w = range.len();
-                                for j in 0..s.count as usize {
-                                    let c = (base + j) * cl;
-                                    let dst = &mut mem[r][c + range.start..c + range.end];
-                                    let src = &data[j * w..(j + 1) * w];
-                                    if reduce {
-                                        for (d, s) in dst.iter_mut().zip(src) {
-                                            *d = d.reduce(*s, op);
-                                        }
-                                    } else {
-                                        dst.copy_from_slice(src);
+                        let scatter = |mem: &mut Vec<Vec<T>>, s: Slice, data: &[T], reduce: bool| {
+                            let base = l.resolve(rank, s).expect("verified plan") as usize;
+                            let w = range.len();
+                            for j in 0..s.count as usize {
+                                let c = (base + j) * cl;
+                                let dst = &mut mem[r][c + range.start..c + range.end];
+                                let src = &data[j * w..(j + 1) * w];
+                                if reduce {
+                                    for (d, s) in dst.iter_mut().zip(src) {
+                                        *d = d.reduce(*s, op);
                                     }
+                                } else {
+                                    dst.copy_from_slice(src);
                                 }
-                            };
+                            }
+                        };
                         match task.prim {
                             Prim::Send => {
                                 let c = task.conn.expect("verified plan").index();
@@ -362,11 +326,7 @@ pub fn execute<T: Element>(
                                 );
                             }
                             Prim::Copy | Prim::Reduce => {
-                                gather(
-                                    &mem,
-                                    task.src.expect("local op has a source"),
-                                    &mut scratch,
-                                );
+                                gather(&mem, task.src.expect("local op has a source"), &mut scratch);
                                 let data = std::mem::take(&mut scratch);
                                 scatter(
                                     &mut mem,
@@ -423,10 +383,7 @@ pub fn execute<T: Element>(
         }
     }
     if let Some((c, f)) = fifos.iter().enumerate().find(|(_, f)| !f.is_empty()) {
-        return Err(ExecError::Unconsumed {
-            conn: ConnId::new(c),
-            messages: f.len(),
-        });
+        return Err(ExecError::Unconsumed { conn: ConnId::new(c), messages: f.len() });
     }
     // Outputs.
     let oc = l.output_chunks() as usize;
@@ -434,9 +391,7 @@ pub fn execute<T: Element>(
         .map(|r| {
             let mut out = Vec::with_capacity(oc * cl);
             for j in 0..oc {
-                let at = l
-                    .resolve(Rank(r as u32), Slice::output(j as u32))
-                    .expect("output resolves") as usize;
+                let at = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves") as usize;
                 out.extend_from_slice(&mem[r][at * cl..(at + 1) * cl]);
             }
             out
@@ -447,13 +402,7 @@ pub fn execute<T: Element>(
 /// Test inputs whose reductions are exact in every element type and every order: small integers,
 /// distinct across ranks and positions.
 pub fn test_inputs<T: Element>(ranks: usize, len: usize) -> Vec<Vec<T>> {
-    (0..ranks)
-        .map(|r| {
-            (0..len)
-                .map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17) as i32 + 1))
-                .collect()
-        })
-        .collect()
+    (0..ranks).map(|r| (0..len).map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17) as i32 + 1)).collect()).collect()
 }
 
 /// The outcome of [`verify`]: how many elements differ from the reference.
@@ -477,11 +426,7 @@ pub fn verify<T: Element>(
     let inputs = test_inputs::<T>(l.ranks as usize, l.input_chunks() as usize * chunk_len);
     let got = execute(plan, &inputs, op, opts)?;
     let want = reference::reference(l.collective, &inputs, op)?;
-    let mut report = VerifyReport {
-        elements: 0,
-        wrong: 0,
-        first_wrong: None,
-    };
+    let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
     for (r, (g, w)) in got.iter().zip(&want).enumerate() {
         report.elements += w.len();
         if g.len() != w.len() {

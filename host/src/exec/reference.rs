@@ -7,16 +7,9 @@ use super::{Element, ExecError, ReduceOp};
 use crate::program::Collective;
 
 fn same_len<T>(inputs: &[Vec<T>]) -> Result<usize, ExecError> {
-    let len = inputs
-        .first()
-        .map(Vec::len)
-        .ok_or_else(|| ExecError::BadInput {
-            reason: "no ranks".into(),
-        })?;
+    let len = inputs.first().map(Vec::len).ok_or_else(|| ExecError::BadInput { reason: "no ranks".into() })?;
     if let Some((r, v)) = inputs.iter().enumerate().find(|(_, v)| v.len() != len) {
-        return Err(ExecError::BadInput {
-            reason: format!("rank {r} has {} elements, rank 0 has {len}", v.len()),
-        });
+        return Err(ExecError::BadInput { reason: format!("rank {r} has {} elements, rank 0 has {len}", v.len()) });
     }
     Ok(len)
 }
@@ -46,16 +39,11 @@ pub fn all_gather<T: Element>(inputs: &[Vec<T>]) -> Result<Vec<Vec<T>>, ExecErro
 }
 
 /// ReduceScatter: rank `r` gets block `r` (of `n` equal blocks) of the reduction.
-pub fn reduce_scatter<T: Element>(
-    inputs: &[Vec<T>],
-    op: ReduceOp,
-) -> Result<Vec<Vec<T>>, ExecError> {
+pub fn reduce_scatter<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Result<Vec<Vec<T>>, ExecError> {
     let len = same_len(inputs)?;
     let n = inputs.len();
     if len % n != 0 {
-        return Err(ExecError::BadInput {
-            reason: format!("{len} elements do not split into {n} blocks"),
-        });
+        return Err(ExecError::BadInput { reason: format!("{len} elements do not split into {n} blocks") });
     }
     let r = reduce_all(inputs, op, len);
     Ok(r.chunks(len / n).map(<[T]>::to_vec).collect())
@@ -66,18 +54,10 @@ pub fn all_to_all<T: Element>(inputs: &[Vec<T>]) -> Result<Vec<Vec<T>>, ExecErro
     let len = same_len(inputs)?;
     let n = inputs.len();
     if len % n != 0 {
-        return Err(ExecError::BadInput {
-            reason: format!("{len} elements do not split into {n} blocks"),
-        });
+        return Err(ExecError::BadInput { reason: format!("{len} elements do not split into {n} blocks") });
     }
     let b = len / n;
-    Ok((0..n)
-        .map(|q| {
-            (0..n)
-                .flat_map(|r| inputs[r][q * b..(q + 1) * b].iter().copied())
-                .collect()
-        })
-        .collect())
+    Ok((0..n).map(|q| (0..n).flat_map(|r| inputs[r][q * b..(q + 1) * b].iter().copied()).collect()).collect())
 }
 
 /// The reference of `collective`.

@@ -22,20 +22,12 @@ pub fn verify(p: &Program) -> Result<(), ProgramError> {
         let (sr, dr) = (op.src_rank(), op.dst_rank());
         for r in [sr, dr] {
             if r.0 >= l.ranks {
-                return Err(ProgramError::RankOutOfRange {
-                    op: id,
-                    rank: r.0,
-                    ranks: l.ranks,
-                });
+                return Err(ProgramError::RankOutOfRange { op: id, rank: r.0, ranks: l.ranks });
             }
         }
         let (s, d) = (op.src(), op.dst());
         if s.count != d.count || s.count == 0 {
-            return Err(ProgramError::CountMismatch {
-                op: id,
-                src: s,
-                dst: d,
-            });
+            return Err(ProgramError::CountMismatch { op: id, src: s, dst: d });
         }
         for (r, sl) in [(sr, s), (dr, d)] {
             if l.resolve(r, sl).is_none() {
@@ -48,13 +40,8 @@ pub fn verify(p: &Program) -> Result<(), ProgramError> {
             }
         }
         match op.kind {
-            OpKind::Transfer {
-                src_rank, dst_rank, ..
-            } if src_rank == dst_rank => {
-                return Err(ProgramError::SelfTransfer {
-                    op: id,
-                    rank: src_rank,
-                });
+            OpKind::Transfer { src_rank, dst_rank, .. } if src_rank == dst_rank => {
+                return Err(ProgramError::SelfTransfer { op: id, rank: src_rank });
             }
             OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
                 let a = l.resolve(rank, src).unwrap_or(0) as u64;
@@ -76,20 +63,14 @@ struct Sym {
     sum: u64,
 }
 
-const POISON: Sym = Sym {
-    count: u32::MAX,
-    sum: 0,
-};
+const POISON: Sym = Sym { count: u32::MAX, sum: 0 };
 
 impl Sym {
     fn combine(self, other: Sym) -> Sym {
         if self == POISON || other == POISON {
             return POISON;
         }
-        Sym {
-            count: self.count.saturating_add(other.count),
-            sum: self.sum.wrapping_add(other.sum),
-        }
+        Sym { count: self.count.saturating_add(other.count), sum: self.sum.wrapping_add(other.sum) }
     }
 }
 
@@ -102,10 +83,7 @@ fn mix(mut x: u64) -> u64 {
 }
 
 fn symbol(rank: u32, chunk: u32) -> Sym {
-    Sym {
-        count: 1,
-        sum: mix(((rank as u64) << 32) | chunk as u64),
-    }
+    Sym { count: 1, sum: mix(((rank as u64) << 32) | chunk as u64) }
 }
 
 /// Runs the program on symbols and checks the collective's postcondition on every output chunk
@@ -129,10 +107,8 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
     let mut tmp: Vec<Sym> = Vec::new();
     for (i, op) in p.ops.iter().enumerate() {
         let (s, d) = (op.src(), op.dst());
-        let sa =
-            base[op.src_rank().index()] + l.resolve(op.src_rank(), s).expect("verified") as usize;
-        let da =
-            base[op.dst_rank().index()] + l.resolve(op.dst_rank(), d).expect("verified") as usize;
+        let sa = base[op.src_rank().index()] + l.resolve(op.src_rank(), s).expect("verified") as usize;
+        let da = base[op.dst_rank().index()] + l.resolve(op.dst_rank(), d).expect("verified") as usize;
         tmp.clear();
         tmp.extend_from_slice(&mem[sa..sa + s.count as usize]);
         for (k, v) in tmp.iter().enumerate() {
@@ -144,15 +120,12 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
     // Postcondition.
     let oc = l.output_chunks();
     let ic = l.input_chunks();
-    let reduced =
-        |c: u32| (0..n).fold(Sym { count: 0, sum: 0 }, |acc, q| acc.combine(symbol(q, c)));
+    let reduced = |c: u32| (0..n).fold(Sym { count: 0, sum: 0 }, |acc, q| acc.combine(symbol(q, c)));
     let mut all_ranks_sum: Vec<Option<Sym>> = vec![None; ic as usize];
     for r in 0..n {
         for j in 0..oc {
             let expected = match l.collective {
-                Collective::AllReduce => {
-                    *all_ranks_sum[j as usize].get_or_insert_with(|| reduced(j))
-                }
+                Collective::AllReduce => *all_ranks_sum[j as usize].get_or_insert_with(|| reduced(j)),
                 Collective::ReduceScatter => {
                     let c = r * oc + j;
                     *all_ranks_sum[c as usize].get_or_insert_with(|| reduced(c))
@@ -163,18 +136,13 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
                     symbol(j / b, r * b + j % b)
                 }
             };
-            let at = base[r as usize]
-                + l.resolve(Rank(r), Slice::output(j))
-                    .expect("output resolves") as usize;
+            let at = base[r as usize] + l.resolve(Rank(r), Slice::output(j)).expect("output resolves") as usize;
             let got = mem[at];
             if got != expected {
                 let detail = if got == POISON {
                     "holds an uninitialised value".to_string()
                 } else if got.count != expected.count {
-                    format!(
-                        "holds {} contributions, the collective needs {}",
-                        got.count, expected.count
-                    )
+                    format!("holds {} contributions, the collective needs {}", got.count, expected.count)
                 } else {
                     format!("holds {} contributions but not the right ones", got.count)
                 };

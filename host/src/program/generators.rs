@@ -61,19 +61,11 @@ impl Algorithm {
     /// Generates the program for `nodes` nodes of `gpus` GPUs each.
     pub fn generate(self, nodes: u32, gpus: u32) -> Result<Program, ProgramError> {
         if nodes == 0 || gpus == 0 {
-            return Err(ProgramError::BadLayout {
-                reason: format!("topology {nodes}x{gpus} has no GPUs"),
-            });
+            return Err(ProgramError::BadLayout { reason: format!("topology {nodes}x{gpus} has no GPUs") });
         }
-        let n = nodes
-            .checked_mul(gpus)
-            .filter(|&n| n <= Self::MAX_RANKS)
-            .ok_or_else(|| ProgramError::BadLayout {
-                reason: format!(
-                    "topology {nodes}x{gpus} is too large (at most {} ranks)",
-                    Self::MAX_RANKS
-                ),
-            })?;
+        let n = nodes.checked_mul(gpus).filter(|&n| n <= Self::MAX_RANKS).ok_or_else(|| ProgramError::BadLayout {
+            reason: format!("topology {nodes}x{gpus} is too large (at most {} ranks)", Self::MAX_RANKS),
+        })?;
         let mut p = match self {
             Algorithm::RingAllReduce => ring_allreduce(n),
             Algorithm::RingAllGather => ring_allgather(n),
@@ -101,14 +93,10 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Algorithm::ALL
-            .iter()
-            .copied()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                format!("unknown algorithm `{s}` (known: {})", names.join(", "))
-            })
+        Algorithm::ALL.iter().copied().find(|a| a.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            format!("unknown algorithm `{s}` (known: {})", names.join(", "))
+        })
     }
 }
 
@@ -122,16 +110,7 @@ fn ring_rs_steps(p: &mut Program, n: u32, stage: u32) {
     for s in 0..n.saturating_sub(1) {
         for r in 0..n {
             let c = modn(r as i64 - s as i64 - 1, n);
-            p.transfer(
-                r,
-                Slice::input(c),
-                (r + 1) % n,
-                Slice::input(c),
-                RecvOp::RecvReduceCopy,
-                c,
-                s,
-                stage,
-            );
+            p.transfer(r, Slice::input(c), (r + 1) % n, Slice::input(c), RecvOp::RecvReduceCopy, c, s, stage);
         }
     }
 }
@@ -139,35 +118,19 @@ fn ring_rs_steps(p: &mut Program, n: u32, stage: u32) {
 /// Ring AllGather steps from `first_step`: at step `s` rank `r` forwards chunk `r-s` to `r+1`.
 fn ring_ag_steps(p: &mut Program, n: u32, first_step: u32, stage: u32, out: bool) {
     let sl = |c| {
-        if out {
-            Slice::output(c)
-        } else {
-            Slice::input(c)
-        }
+        if out { Slice::output(c) } else { Slice::input(c) }
     };
     for s in 0..n.saturating_sub(1) {
         for r in 0..n {
             let c = modn(r as i64 - s as i64, n);
-            p.transfer(
-                r,
-                sl(c),
-                (r + 1) % n,
-                sl(c),
-                RecvOp::Recv,
-                c,
-                first_step + s,
-                stage,
-            );
+            p.transfer(r, sl(c), (r + 1) % n, sl(c), RecvOp::Recv, c, first_step + s, stage);
         }
     }
 }
 
 /// Ring AllReduce over `n` ranks and `n` chunks: ReduceScatter (stage 0) then AllGather (stage 1).
 pub fn ring_allreduce(n: u32) -> Program {
-    let mut p = Program::new(
-        "ring_allreduce",
-        Layout::new(Collective::AllReduce, n, n, true),
-    );
+    let mut p = Program::new("ring_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     ring_rs_steps(&mut p, n, 0);
     ring_ag_steps(&mut p, n, n.saturating_sub(1), 1, false);
     p
@@ -175,43 +138,25 @@ pub fn ring_allreduce(n: u32) -> Program {
 
 /// Ring AllGather over `n` ranks, one chunk per rank.
 pub fn ring_allgather(n: u32) -> Program {
-    let mut p = Program::new(
-        "ring_allgather",
-        Layout::new(Collective::AllGather, n, n, true),
-    );
+    let mut p = Program::new("ring_allgather", Layout::new(Collective::AllGather, n, n, true));
     ring_ag_steps(&mut p, n, 0, 0, true);
     p
 }
 
 /// Ring ReduceScatter over `n` ranks, one chunk per rank.
 pub fn ring_reducescatter(n: u32) -> Program {
-    let mut p = Program::new(
-        "ring_reducescatter",
-        Layout::new(Collective::ReduceScatter, n, n, true),
-    );
+    let mut p = Program::new("ring_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     ring_rs_steps(&mut p, n, 0);
     p
 }
 
 /// Direct AllGather: every rank sends its chunk to every other rank in one step.
 pub fn direct_allgather(n: u32) -> Program {
-    let mut p = Program::new(
-        "direct_allgather",
-        Layout::new(Collective::AllGather, n, n, true),
-    );
+    let mut p = Program::new("direct_allgather", Layout::new(Collective::AllGather, n, n, true));
     for r in 0..n {
         for d in 1..n {
             let q = (r + d) % n;
-            p.transfer(
-                r,
-                Slice::output(r),
-                q,
-                Slice::output(r),
-                RecvOp::Recv,
-                r,
-                0,
-                0,
-            );
+            p.transfer(r, Slice::output(r), q, Slice::output(r), RecvOp::Recv, r, 0, 0);
         }
     }
     p
@@ -221,50 +166,26 @@ fn direct_rs_step(p: &mut Program, n: u32) {
     for q in 0..n {
         for d in 1..n {
             let r = (q + d) % n;
-            p.transfer(
-                r,
-                Slice::input(q),
-                q,
-                Slice::input(q),
-                RecvOp::RecvReduceCopy,
-                q,
-                0,
-                0,
-            );
+            p.transfer(r, Slice::input(q), q, Slice::input(q), RecvOp::RecvReduceCopy, q, 0, 0);
         }
     }
 }
 
 /// Direct ReduceScatter: every rank sends chunk `q` to rank `q`, which reduces it.
 pub fn direct_reducescatter(n: u32) -> Program {
-    let mut p = Program::new(
-        "direct_reducescatter",
-        Layout::new(Collective::ReduceScatter, n, n, true),
-    );
+    let mut p = Program::new("direct_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     direct_rs_step(&mut p, n);
     p
 }
 
 /// Direct AllReduce: direct ReduceScatter (step 0, stage 0) then direct AllGather (step 1, stage 1).
 pub fn direct_allreduce(n: u32) -> Program {
-    let mut p = Program::new(
-        "direct_allreduce",
-        Layout::new(Collective::AllReduce, n, n, true),
-    );
+    let mut p = Program::new("direct_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     direct_rs_step(&mut p, n);
     for r in 0..n {
         for d in 1..n {
             let q = (r + d) % n;
-            p.transfer(
-                r,
-                Slice::input(r),
-                q,
-                Slice::input(r),
-                RecvOp::Recv,
-                r,
-                1,
-                1,
-            );
+            p.transfer(r, Slice::input(r), q, Slice::input(r), RecvOp::Recv, r, 1, 1);
         }
     }
     p
@@ -273,34 +194,17 @@ pub fn direct_allreduce(n: u32) -> Program {
 /// Direct AllToAll (out of place): block `q` of rank `r`'s input goes to block `r` of rank `q`'s
 /// output; the rank's own block is a local copy.
 pub fn direct_alltoall(n: u32) -> Program {
-    let mut p = Program::new(
-        "direct_alltoall",
-        Layout::new(Collective::AllToAll, n, n, false),
-    );
+    let mut p = Program::new("direct_alltoall", Layout::new(Collective::AllToAll, n, n, false));
     for r in 0..n {
         p.push(super::Op {
-            kind: super::OpKind::Copy {
-                rank: super::Rank(r),
-                channel: 0,
-                src: Slice::input(r),
-                dst: Slice::output(r),
-            },
+            kind: super::OpKind::Copy { rank: super::Rank(r), channel: 0, src: Slice::input(r), dst: Slice::output(r) },
             chunk: r,
             step: 0,
             stage: 0,
         });
         for d in 1..n {
             let q = (r + d) % n;
-            p.transfer(
-                r,
-                Slice::input(q),
-                q,
-                Slice::output(r),
-                RecvOp::Recv,
-                q,
-                0,
-                0,
-            );
+            p.transfer(r, Slice::input(q), q, Slice::output(r), RecvOp::Recv, q, 0, 0);
         }
     }
     p
@@ -323,16 +227,7 @@ fn hm_ag_ops(p: &mut Program, nodes: u32, g: u32, first_step: u32, sl: impl Fn(u
                 p.transfer(r, sl(r), rank(s, l2), sl(r), RecvOp::Recv, r, first_step, 0);
             }
             if n > 1 {
-                p.transfer(
-                    r,
-                    sl(r),
-                    rank((s + 1) % n, l),
-                    sl(r),
-                    RecvOp::Recv,
-                    r,
-                    first_step,
-                    0,
-                );
+                p.transfer(r, sl(r), rank((s + 1) % n, l), sl(r), RecvOp::Recv, r, first_step, 0);
             }
         }
     }
@@ -342,29 +237,11 @@ fn hm_ag_ops(p: &mut Program, nodes: u32, g: u32, first_step: u32, sl: impl Fn(u
                 let r = rank(s, l);
                 let q = rank(modn(s as i64 - k as i64, n), l);
                 if k + 1 < n {
-                    p.transfer(
-                        r,
-                        sl(q),
-                        rank((s + 1) % n, l),
-                        sl(q),
-                        RecvOp::Recv,
-                        q,
-                        first_step + k,
-                        0,
-                    );
+                    p.transfer(r, sl(q), rank((s + 1) % n, l), sl(q), RecvOp::Recv, q, first_step + k, 0);
                 }
                 for d in 1..g {
                     let l2 = (l + d) % g;
-                    p.transfer(
-                        r,
-                        sl(q),
-                        rank(s, l2),
-                        sl(q),
-                        RecvOp::Recv,
-                        q,
-                        first_step + k,
-                        1,
-                    );
+                    p.transfer(r, sl(q), rank(s, l2), sl(q), RecvOp::Recv, q, first_step + k, 1);
                 }
             }
         }
@@ -391,16 +268,7 @@ fn hm_rs_ops(p: &mut Program, nodes: u32, g: u32) {
                 for d in 1..g {
                     let l2 = (lq + d) % g;
                     let sl = Slice::input(q);
-                    p.transfer(
-                        rank(s, l2),
-                        sl,
-                        rank(s, lq),
-                        sl,
-                        RecvOp::RecvReduceCopy,
-                        q,
-                        e,
-                        stage,
-                    );
+                    p.transfer(rank(s, l2), sl, rank(s, lq), sl, RecvOp::RecvReduceCopy, q, e, stage);
                 }
             }
         }
@@ -411,16 +279,7 @@ fn hm_rs_ops(p: &mut Program, nodes: u32, g: u32) {
                 for lq in 0..g {
                     let q = rank(sq, lq);
                     let sl = Slice::input(q);
-                    p.transfer(
-                        rank(s, lq),
-                        sl,
-                        rank((s + 1) % n, lq),
-                        sl,
-                        RecvOp::RecvReduceCopy,
-                        q,
-                        e,
-                        0,
-                    );
+                    p.transfer(rank(s, lq), sl, rank((s + 1) % n, lq), sl, RecvOp::RecvReduceCopy, q, e, 0);
                 }
             }
         }
@@ -430,10 +289,7 @@ fn hm_rs_ops(p: &mut Program, nodes: u32, g: u32) {
 /// HM AllGather for `nodes` × `g` GPUs, one chunk per rank (see `hm_ag_ops`).
 pub fn hm_allgather(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
-    let mut p = Program::new(
-        "hm_allgather",
-        Layout::new(Collective::AllGather, n, n, true),
-    );
+    let mut p = Program::new("hm_allgather", Layout::new(Collective::AllGather, n, n, true));
     hm_ag_ops(&mut p, nodes, g, 0, Slice::output);
     p
 }
@@ -441,10 +297,7 @@ pub fn hm_allgather(nodes: u32, g: u32) -> Program {
 /// HM ReduceScatter for `nodes` × `g` GPUs, one chunk per rank.
 pub fn hm_reducescatter(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
-    let mut p = Program::new(
-        "hm_reducescatter",
-        Layout::new(Collective::ReduceScatter, n, n, true),
-    );
+    let mut p = Program::new("hm_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     hm_rs_ops(&mut p, nodes, g);
     p
 }
@@ -453,10 +306,7 @@ pub fn hm_reducescatter(nodes: u32, g: u32) -> Program {
 /// Stage 0 holds the phases that use the NIC, stage 1 the purely local ones.
 pub fn hm_allreduce(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
-    let mut p = Program::new(
-        "hm_allreduce",
-        Layout::new(Collective::AllReduce, n, n, true),
-    );
+    let mut p = Program::new("hm_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     hm_rs_ops(&mut p, nodes, g);
     hm_ag_ops(&mut p, nodes, g, nodes, Slice::input);
     p

@@ -112,11 +112,7 @@ pub struct Slice {
 impl Slice {
     /// `count` chunks of `buffer` from `offset`.
     pub fn new(buffer: BufferKind, offset: u32, count: u32) -> Self {
-        Slice {
-            buffer,
-            offset,
-            count,
-        }
+        Slice { buffer, offset, count }
     }
     /// One chunk of the input buffer.
     pub fn input(offset: u32) -> Self {
@@ -173,11 +169,7 @@ impl Collective {
     /// Parses a collective name, accepting the spellings found in real MSCCL files
     /// (`reduce_scatter`, `allgather`, `all_gather`, ...), case-insensitively.
     pub fn parse(name: &str) -> Option<Collective> {
-        let n: String = name
-            .chars()
-            .filter(|c| *c != '_' && *c != '-')
-            .collect::<String>()
-            .to_ascii_lowercase();
+        let n: String = name.chars().filter(|c| *c != '_' && *c != '-').collect::<String>().to_ascii_lowercase();
         match n.as_str() {
             "allreduce" => Some(Collective::AllReduce),
             "allgather" => Some(Collective::AllGather),
@@ -234,13 +226,7 @@ impl Layout {
 
     /// A layout with no scratch.
     pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {
-        Layout {
-            collective,
-            ranks,
-            chunks,
-            in_place,
-            scratch: vec![0; ranks as usize],
-        }
+        Layout { collective, ranks, chunks, in_place, scratch: vec![0; ranks as usize] }
     }
 
     /// Chunks of each rank's input buffer.
@@ -262,41 +248,25 @@ impl Layout {
     /// Checks the sizes are consistent (chunks divisible by ranks where the collective needs it).
     pub fn validate(&self) -> Result<(), ProgramError> {
         if self.ranks == 0 {
-            return Err(ProgramError::BadLayout {
-                reason: "a program needs at least one rank".into(),
-            });
+            return Err(ProgramError::BadLayout { reason: "a program needs at least one rank".into() });
         }
         if self.chunks == 0 {
-            return Err(ProgramError::BadLayout {
-                reason: "a program needs at least one chunk".into(),
-            });
+            return Err(ProgramError::BadLayout { reason: "a program needs at least one chunk".into() });
         }
         if self.ranks > Self::MAX_RANKS {
             return Err(ProgramError::BadLayout {
-                reason: format!(
-                    "{} ranks is more than the supported {}",
-                    self.ranks,
-                    Self::MAX_RANKS
-                ),
+                reason: format!("{} ranks is more than the supported {}", self.ranks, Self::MAX_RANKS),
             });
         }
-        let per_rank =
-            self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
+        let per_rank = self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
         if per_rank * self.ranks as u64 > Self::MAX_CHUNKS {
             return Err(ProgramError::BadLayout {
-                reason: format!(
-                    "buffers of {} chunks per rank on {} ranks are too large",
-                    per_rank, self.ranks
-                ),
+                reason: format!("buffers of {} chunks per rank on {} ranks are too large", per_rank, self.ranks),
             });
         }
         if self.scratch.len() != self.ranks as usize {
             return Err(ProgramError::BadLayout {
-                reason: format!(
-                    "scratch sizes given for {} ranks, program has {}",
-                    self.scratch.len(),
-                    self.ranks
-                ),
+                reason: format!("scratch sizes given for {} ranks, program has {}", self.scratch.len(), self.ranks),
             });
         }
         let needs_divisible = !matches!(self.collective, Collective::AllReduce);
@@ -319,11 +289,7 @@ impl Layout {
 
     /// Total chunks of `rank`'s storage (see the type's documentation).
     pub fn storage_chunks(&self, rank: Rank) -> u32 {
-        let user = if self.in_place {
-            self.main_chunks()
-        } else {
-            self.input_chunks() + self.output_chunks()
-        };
+        let user = if self.in_place { self.main_chunks() } else { self.input_chunks() + self.output_chunks() };
         user + self.scratch[rank.index()]
     }
 
@@ -378,29 +344,12 @@ pub enum RecvOp {
 pub enum OpKind {
     /// Send `src` of `src_rank` over channel `channel` to `dst_rank`, which stores or reduces it into
     /// `dst`. The two slices have the same count.
-    Transfer {
-        src_rank: Rank,
-        dst_rank: Rank,
-        channel: u32,
-        src: Slice,
-        dst: Slice,
-        op: RecvOp,
-    },
+    Transfer { src_rank: Rank, dst_rank: Rank, channel: u32, src: Slice, dst: Slice, op: RecvOp },
     /// Copy `src` to `dst` on one rank (non-overlapping slices of the same count). `channel` is the
     /// local lane: local ops of one lane conflict like transfers on one link.
-    Copy {
-        rank: Rank,
-        channel: u32,
-        src: Slice,
-        dst: Slice,
-    },
+    Copy { rank: Rank, channel: u32, src: Slice, dst: Slice },
     /// `dst = dst ⊕ src` on one rank, on local lane `channel`.
-    Reduce {
-        rank: Rank,
-        channel: u32,
-        src: Slice,
-        dst: Slice,
-    },
+    Reduce { rank: Rank, channel: u32, src: Slice, dst: Slice },
 }
 
 /// One op of a [`Program`].
@@ -436,36 +385,23 @@ impl Op {
     /// The source slice (on [`Op::src_rank`]).
     pub fn src(&self) -> Slice {
         match self.kind {
-            OpKind::Transfer { src, .. }
-            | OpKind::Copy { src, .. }
-            | OpKind::Reduce { src, .. } => src,
+            OpKind::Transfer { src, .. } | OpKind::Copy { src, .. } | OpKind::Reduce { src, .. } => src,
         }
     }
     /// The destination slice (on [`Op::dst_rank`]).
     pub fn dst(&self) -> Slice {
         match self.kind {
-            OpKind::Transfer { dst, .. }
-            | OpKind::Copy { dst, .. }
-            | OpKind::Reduce { dst, .. } => dst,
+            OpKind::Transfer { dst, .. } | OpKind::Copy { dst, .. } | OpKind::Reduce { dst, .. } => dst,
         }
     }
     /// Whether the destination is combined with the data (a reduce) rather than overwritten.
     pub fn reduces(&self) -> bool {
-        matches!(
-            self.kind,
-            OpKind::Reduce { .. }
-                | OpKind::Transfer {
-                    op: RecvOp::RecvReduceCopy,
-                    ..
-                }
-        )
+        matches!(self.kind, OpKind::Reduce { .. } | OpKind::Transfer { op: RecvOp::RecvReduceCopy, .. })
     }
     /// The channel of a transfer, or the lane of a local op.
     pub fn channel(&self) -> u32 {
         match self.kind {
-            OpKind::Transfer { channel, .. }
-            | OpKind::Copy { channel, .. }
-            | OpKind::Reduce { channel, .. } => channel,
+            OpKind::Transfer { channel, .. } | OpKind::Copy { channel, .. } | OpKind::Reduce { channel, .. } => channel,
         }
     }
     /// Whether the op is a transfer between two ranks.
@@ -489,12 +425,7 @@ pub struct Program {
 impl Program {
     /// An empty program.
     pub fn new(name: impl Into<String>, layout: Layout) -> Program {
-        Program {
-            name: name.into(),
-            layout,
-            ranks_per_node: None,
-            ops: Vec::new(),
-        }
+        Program { name: name.into(), layout, ranks_per_node: None, ops: Vec::new() }
     }
 
     /// Number of ranks.
@@ -522,14 +453,7 @@ impl Program {
         stage: u32,
     ) -> OpId {
         self.push(Op {
-            kind: OpKind::Transfer {
-                src_rank: Rank(src_rank),
-                dst_rank: Rank(dst_rank),
-                channel: 0,
-                src,
-                dst,
-                op,
-            },
+            kind: OpKind::Transfer { src_rank: Rank(src_rank), dst_rank: Rank(dst_rank), channel: 0, src, dst, op },
             chunk,
             step,
             stage,
@@ -584,14 +508,7 @@ impl Program {
             for x in 0..count {
                 for i in 0..k {
                     let kind = match op.kind {
-                        OpKind::Transfer {
-                            src_rank,
-                            dst_rank,
-                            channel,
-                            src,
-                            dst,
-                            op,
-                        } => OpKind::Transfer {
+                        OpKind::Transfer { src_rank, dst_rank, channel, src, dst, op } => OpKind::Transfer {
                             src_rank,
                             dst_rank,
                             channel,
@@ -599,35 +516,14 @@ impl Program {
                             dst: map(dst, x, i),
                             op,
                         },
-                        OpKind::Copy {
-                            rank,
-                            channel,
-                            src,
-                            dst,
-                        } => OpKind::Copy {
-                            rank,
-                            channel,
-                            src: map(src, x, i),
-                            dst: map(dst, x, i),
-                        },
-                        OpKind::Reduce {
-                            rank,
-                            channel,
-                            src,
-                            dst,
-                        } => OpKind::Reduce {
-                            rank,
-                            channel,
-                            src: map(src, x, i),
-                            dst: map(dst, x, i),
-                        },
+                        OpKind::Copy { rank, channel, src, dst } => {
+                            OpKind::Copy { rank, channel, src: map(src, x, i), dst: map(dst, x, i) }
+                        }
+                        OpKind::Reduce { rank, channel, src, dst } => {
+                            OpKind::Reduce { rank, channel, src: map(src, x, i), dst: map(dst, x, i) }
+                        }
                     };
-                    out.ops.push(Op {
-                        kind,
-                        chunk: (op.chunk + x) * k + i,
-                        step: op.step,
-                        stage: op.stage,
-                    });
+                    out.ops.push(Op { kind, chunk: (op.chunk + x) * k + i, step: op.step, stage: op.stage });
                 }
             }
         }
@@ -643,12 +539,7 @@ pub enum ProgramError {
     /// An op names a rank the program does not have.
     RankOutOfRange { op: OpId, rank: u32, ranks: u32 },
     /// An op's slice does not fit its buffer.
-    SliceOutOfRange {
-        op: OpId,
-        rank: Rank,
-        slice: Slice,
-        buffer_chunks: u32,
-    },
+    SliceOutOfRange { op: OpId, rank: Rank, slice: Slice, buffer_chunks: u32 },
     /// Source and destination slices of an op have different counts (or a count of zero).
     CountMismatch { op: OpId, src: Slice, dst: Slice },
     /// A transfer from a rank to itself (use a copy).
@@ -672,27 +563,13 @@ impl fmt::Display for ProgramError {
         match self {
             ProgramError::BadLayout { reason } => write!(f, "bad buffer layout: {reason}"),
             ProgramError::RankOutOfRange { op, rank, ranks } => {
-                write!(
-                    f,
-                    "{op}: rank {rank} out of range (program has {ranks} ranks)"
-                )
+                write!(f, "{op}: rank {rank} out of range (program has {ranks} ranks)")
             }
-            ProgramError::SliceOutOfRange {
-                op,
-                rank,
-                slice,
-                buffer_chunks,
-            } => {
-                write!(
-                    f,
-                    "{op}: {slice} on {rank} out of range (buffer has {buffer_chunks} chunks)"
-                )
+            ProgramError::SliceOutOfRange { op, rank, slice, buffer_chunks } => {
+                write!(f, "{op}: {slice} on {rank} out of range (buffer has {buffer_chunks} chunks)")
             }
             ProgramError::CountMismatch { op, src, dst } => {
-                write!(
-                    f,
-                    "{op}: source {src} and destination {dst} differ in size (or are empty)"
-                )
+                write!(f, "{op}: source {src} and destination {dst} differ in size (or are empty)")
             }
             ProgramError::SelfTransfer { op, rank } => {
                 write!(f, "{op}: transfer from {rank} to itself")
@@ -700,12 +577,7 @@ impl fmt::Display for ProgramError {
             ProgramError::OverlappingLocal { op, rank } => {
                 write!(f, "{op}: source and destination overlap on {rank}")
             }
-            ProgramError::Postcondition {
-                rank,
-                slice,
-                last_writer,
-                detail,
-            } => {
+            ProgramError::Postcondition { rank, slice, last_writer, detail } => {
                 write!(f, "postcondition fails at {slice} on {rank}: {detail}")?;
                 match last_writer {
                     Some(op) => write!(f, " (last written by {op})"),

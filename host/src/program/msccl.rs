@@ -25,9 +25,7 @@
 //! [`import`] then verifies the program and checks the collective's postcondition; every error names
 //! the XML step it comes from.
 
-use super::{
-    BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice,
-};
+use super::{BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
 use std::collections::{BinaryHeap, HashMap};
@@ -53,156 +51,73 @@ pub enum ImportError {
     /// The XML itself is malformed.
     Xml { message: String },
     /// A required attribute is absent.
-    MissingAttribute {
-        element: String,
-        attribute: &'static str,
-        context: String,
-    },
+    MissingAttribute { element: String, attribute: &'static str, context: String },
     /// An attribute has a value that cannot be used.
-    BadAttribute {
-        element: String,
-        attribute: String,
-        value: String,
-        context: String,
-    },
+    BadAttribute { element: String, attribute: String, value: String, context: String },
     /// The `coll` attribute names a collective oxccl does not know.
     UnknownCollective { name: String },
     /// A step `type` that is not one of MSCCL's.
     UnknownStepType { step: StepRef, ty: String },
     /// A step sends (or receives) in a TB without a send (or receive) peer, or the peer is not a GPU.
-    BadPeer {
-        step: StepRef,
-        direction: &'static str,
-        peer: i64,
-    },
+    BadPeer { step: StepRef, direction: &'static str, peer: i64 },
     /// Two TBs of one GPU use the same connection in the same direction.
-    DuplicateConnection {
-        gpu: u32,
-        peer: u32,
-        channel: u32,
-        direction: &'static str,
-        tbs: (u32, u32),
-    },
+    DuplicateConnection { gpu: u32, peer: u32, channel: u32, direction: &'static str, tbs: (u32, u32) },
     /// A send with no receive left to match it on its connection.
-    UnmatchedSend {
-        step: StepRef,
-        dst: u32,
-        channel: u32,
-    },
+    UnmatchedSend { step: StepRef, dst: u32, channel: u32 },
     /// A receive with no send left to match it on its connection.
-    UnmatchedRecv {
-        step: StepRef,
-        src: u32,
-        channel: u32,
-    },
+    UnmatchedRecv { step: StepRef, src: u32, channel: u32 },
     /// A matched send and receive move different numbers of chunks.
-    CountMismatch {
-        send: StepRef,
-        recv: StepRef,
-        send_count: u32,
-        recv_count: u32,
-    },
+    CountMismatch { send: StepRef, recv: StepRef, send_count: u32, recv_count: u32 },
     /// `depid`/`deps` name a step that does not exist.
-    BadDependency {
-        step: StepRef,
-        depid: i64,
-        deps: i64,
-    },
+    BadDependency { step: StepRef, depid: i64, deps: i64 },
     /// The steps wait on each other in a cycle (this step is on it).
     Cycle { step: StepRef },
     /// A buffered exchange: transfers whose sends must precede each other's receives through the
     /// same locations, which atomic transfers cannot express (this step is on the cycle).
     BufferedCycle { step: StepRef },
     /// The imported program fails verification or its postcondition.
-    Invalid {
-        step: Option<StepRef>,
-        error: ProgramError,
-    },
+    Invalid { step: Option<StepRef>, error: ProgramError },
 }
 
 impl fmt::Display for ImportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ImportError::Xml { message } => write!(f, "malformed XML: {message}"),
-            ImportError::MissingAttribute {
-                element,
-                attribute,
-                context,
-            } => {
+            ImportError::MissingAttribute { element, attribute, context } => {
                 write!(f, "<{element}> {context}: missing attribute `{attribute}`")
             }
-            ImportError::BadAttribute {
-                element,
-                attribute,
-                value,
-                context,
-            } => {
-                write!(
-                    f,
-                    "<{element}> {context}: bad value `{value}` for `{attribute}`"
-                )
+            ImportError::BadAttribute { element, attribute, value, context } => {
+                write!(f, "<{element}> {context}: bad value `{value}` for `{attribute}`")
             }
             ImportError::UnknownCollective { name } => write!(f, "unknown collective `{name}`"),
             ImportError::UnknownStepType { step, ty } => {
                 write!(f, "{step}: unknown step type `{ty}`")
             }
-            ImportError::BadPeer {
-                step,
-                direction,
-                peer,
-            } => {
-                write!(
-                    f,
-                    "{step}: {direction} step in a TB whose {direction} peer is {peer}"
-                )
+            ImportError::BadPeer { step, direction, peer } => {
+                write!(f, "{step}: {direction} step in a TB whose {direction} peer is {peer}")
             }
-            ImportError::DuplicateConnection {
-                gpu,
-                peer,
-                channel,
-                direction,
-                tbs,
-            } => write!(
+            ImportError::DuplicateConnection { gpu, peer, channel, direction, tbs } => write!(
                 f,
                 "gpu {gpu}: tbs {} and {} both {direction} with gpu {peer} on channel {channel}",
                 tbs.0, tbs.1
             ),
             ImportError::UnmatchedSend { step, dst, channel } => {
-                write!(
-                    f,
-                    "{step}: send to gpu {dst} on channel {channel} has no matching receive"
-                )
+                write!(f, "{step}: send to gpu {dst} on channel {channel} has no matching receive")
             }
             ImportError::UnmatchedRecv { step, src, channel } => {
-                write!(
-                    f,
-                    "{step}: receive from gpu {src} on channel {channel} has no matching send"
-                )
+                write!(f, "{step}: receive from gpu {src} on channel {channel} has no matching send")
             }
-            ImportError::CountMismatch {
-                send,
-                recv,
-                send_count,
-                recv_count,
-            } => write!(
-                f,
-                "{send}: sends {send_count} chunks but the matching receive ({recv}) takes {recv_count}"
-            ),
+            ImportError::CountMismatch { send, recv, send_count, recv_count } => {
+                write!(f, "{send}: sends {send_count} chunks but the matching receive ({recv}) takes {recv_count}")
+            }
             ImportError::BadDependency { step, depid, deps } => {
-                write!(
-                    f,
-                    "{step}: depends on tb {depid} step {deps}, which does not exist"
-                )
+                write!(f, "{step}: depends on tb {depid} step {deps}, which does not exist")
             }
             ImportError::Cycle { step } => write!(f, "{step}: steps wait on each other in a cycle"),
-            ImportError::BufferedCycle { step } => write!(
-                f,
-                "{step}: part of a buffered exchange that cannot be expressed with atomic transfers"
-            ),
-            ImportError::Invalid {
-                step: Some(s),
-                error,
-            } => write!(f, "{s}: {error}"),
+            ImportError::BufferedCycle { step } => {
+                write!(f, "{step}: part of a buffered exchange that cannot be expressed with atomic transfers")
+            }
+            ImportError::Invalid { step: Some(s), error } => write!(f, "{s}: {error}"),
             ImportError::Invalid { step: None, error } => write!(f, "{error}"),
         }
     }
@@ -237,10 +152,7 @@ pub fn import(xml: &str) -> Result<Imported, ImportError> {
         op.and_then(|o| imp.origin.get(o.index()).copied())
     };
     if let Err(e) = imp.program.check() {
-        return Err(ImportError::Invalid {
-            step: at(&e),
-            error: e,
-        });
+        return Err(ImportError::Invalid { step: at(&e), error: e });
     }
     Ok(imp)
 }
@@ -306,13 +218,9 @@ impl Attrs {
         let element = String::from_utf8_lossy(e.name().as_ref()).into_owned();
         let mut map = HashMap::new();
         for a in e.attributes() {
-            let a = a.map_err(|err| ImportError::Xml {
-                message: err.to_string(),
-            })?;
+            let a = a.map_err(|err| ImportError::Xml { message: err.to_string() })?;
             let k = String::from_utf8_lossy(a.key.as_ref()).into_owned();
-            let v = a.unescape_value().map_err(|err| ImportError::Xml {
-                message: err.to_string(),
-            })?;
+            let v = a.unescape_value().map_err(|err| ImportError::Xml { message: err.to_string() })?;
             map.insert(k, v.into_owned());
         }
         Ok(Attrs { element, map })
@@ -323,31 +231,22 @@ impl Attrs {
     fn int(&self, keys: &[&'static str], ctx: &str) -> Result<Option<i64>, ImportError> {
         match self.get(keys) {
             None => Ok(None),
-            Some(v) => v
-                .parse::<i64>()
-                .map(Some)
-                .map_err(|_| ImportError::BadAttribute {
-                    element: self.element.clone(),
-                    attribute: keys[0].to_string(),
-                    value: v.to_string(),
-                    context: ctx.to_string(),
-                }),
+            Some(v) => v.parse::<i64>().map(Some).map_err(|_| ImportError::BadAttribute {
+                element: self.element.clone(),
+                attribute: keys[0].to_string(),
+                value: v.to_string(),
+                context: ctx.to_string(),
+            }),
         }
     }
     fn req(&self, keys: &[&'static str], ctx: &str) -> Result<i64, ImportError> {
-        self.int(keys, ctx)?
-            .ok_or_else(|| ImportError::MissingAttribute {
-                element: self.element.clone(),
-                attribute: keys[0],
-                context: ctx.to_string(),
-            })
+        self.int(keys, ctx)?.ok_or_else(|| ImportError::MissingAttribute {
+            element: self.element.clone(),
+            attribute: keys[0],
+            context: ctx.to_string(),
+        })
     }
-    fn nonneg(
-        &self,
-        keys: &[&'static str],
-        ctx: &str,
-        default: Option<u32>,
-    ) -> Result<u32, ImportError> {
+    fn nonneg(&self, keys: &[&'static str], ctx: &str, default: Option<u32>) -> Result<u32, ImportError> {
         let v = match (self.int(keys, ctx)?, default) {
             (Some(v), _) => v,
             (None, Some(d)) => return Ok(d),
@@ -386,9 +285,9 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
     let mut gpu: Option<XGpu> = None;
     let mut tb: Option<XTb> = None;
     loop {
-        let ev = reader.read_event().map_err(|e| ImportError::Xml {
-            message: format!("at byte {}: {e}", reader.buffer_position()),
-        })?;
+        let ev = reader
+            .read_event()
+            .map_err(|e| ImportError::Xml { message: format!("at byte {}: {e}", reader.buffer_position()) })?;
         match ev {
             Event::Start(ref e) | Event::Empty(ref e) => {
                 let empty = matches!(ev, Event::Empty(_));
@@ -396,18 +295,13 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                 match a.element.as_str() {
                     "algo" => {
                         let ctx = "in <algo>";
-                        let coll_name =
-                            a.get(&["coll"])
-                                .ok_or_else(|| ImportError::MissingAttribute {
-                                    element: "algo".into(),
-                                    attribute: "coll",
-                                    context: ctx.into(),
-                                })?;
-                        let coll = Collective::parse(coll_name).ok_or_else(|| {
-                            ImportError::UnknownCollective {
-                                name: coll_name.to_string(),
-                            }
+                        let coll_name = a.get(&["coll"]).ok_or_else(|| ImportError::MissingAttribute {
+                            element: "algo".into(),
+                            attribute: "coll",
+                            context: ctx.into(),
                         })?;
+                        let coll = Collective::parse(coll_name)
+                            .ok_or_else(|| ImportError::UnknownCollective { name: coll_name.to_string() })?;
                         let inplace = match (a.flag("inplace", ctx)?, a.flag("outofplace", ctx)?) {
                             (Some(i), _) => Some(i),
                             (None, Some(o)) => Some(!o),
@@ -443,9 +337,9 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         }
                     }
                     "copy" => {
-                        let g = gpu.as_mut().ok_or_else(|| ImportError::Xml {
-                            message: "<copy> outside a <gpu>".into(),
-                        })?;
+                        let g = gpu
+                            .as_mut()
+                            .ok_or_else(|| ImportError::Xml { message: "<copy> outside a <gpu>".into() })?;
                         let ctx = format!("in gpu {}", g.id);
                         let i = a.nonneg(&["i_off", "srcoff"], &ctx, None)?;
                         let o = a.nonneg(&["o_off", "dstoff"], &ctx, None)?;
@@ -453,9 +347,8 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         g.copies.push((i, o, cnt));
                     }
                     "tb" => {
-                        let g = gpu.as_ref().ok_or_else(|| ImportError::Xml {
-                            message: "<tb> outside a <gpu>".into(),
-                        })?;
+                        let g =
+                            gpu.as_ref().ok_or_else(|| ImportError::Xml { message: "<tb> outside a <gpu>".into() })?;
                         let ctx = format!("in gpu {}", g.id);
                         let t = XTb {
                             id: a.nonneg(&["id"], &ctx, None)?,
@@ -476,25 +369,19 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         let (g, t) = match (gpu.as_ref(), tb.as_mut()) {
                             (Some(g), Some(t)) => (g, t),
                             _ => {
-                                return Err(ImportError::Xml {
-                                    message: "<step> outside a <tb>".into(),
-                                });
+                                return Err(ImportError::Xml { message: "<step> outside a <tb>".into() });
                             }
                         };
-                        let s = a.nonneg(
-                            &["s", "step"],
-                            &format!("in gpu {} tb {}", g.id, t.id),
-                            None,
-                        )?;
+                        let s = a.nonneg(&["s", "step"], &format!("in gpu {} tb {}", g.id, t.id), None)?;
                         let ctx = format!("gpu {} tb {} step {}", g.id, t.id, s);
-                        let ty = a
-                            .get(&["type"])
-                            .ok_or_else(|| ImportError::MissingAttribute {
-                                element: a.element.clone(),
-                                attribute: "type",
-                                context: ctx.clone(),
-                            })?;
-                        let loc = |bk: &[&'static str], ok: &[&'static str]| -> Result<Option<(BufferKind, i64)>, ImportError> {
+                        let ty = a.get(&["type"]).ok_or_else(|| ImportError::MissingAttribute {
+                            element: a.element.clone(),
+                            attribute: "type",
+                            context: ctx.clone(),
+                        })?;
+                        let loc = |bk: &[&'static str],
+                                   ok: &[&'static str]|
+                         -> Result<Option<(BufferKind, i64)>, ImportError> {
                             match (a.buffer(bk, &ctx)?, a.int(ok, &ctx)?) {
                                 (Some(b), Some(o)) => Ok(Some((b, o))),
                                 _ => Ok(None),
@@ -533,9 +420,7 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
             _ => {}
         }
     }
-    let mut doc = doc.ok_or_else(|| ImportError::Xml {
-        message: "no <algo> element".into(),
-    })?;
+    let mut doc = doc.ok_or_else(|| ImportError::Xml { message: "no <algo> element".into() })?;
     doc.gpus.sort_by_key(|g| g.id);
     for (i, g) in doc.gpus.iter().enumerate() {
         if g.id as usize != i {
@@ -543,10 +428,7 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                 element: "gpu".into(),
                 attribute: "id".into(),
                 value: g.id.to_string(),
-                context: format!(
-                    "gpu ids must be 0..{} without gaps or repeats",
-                    doc.gpus.len()
-                ),
+                context: format!("gpu ids must be 0..{} without gaps or repeats", doc.gpus.len()),
             });
         }
     }
@@ -562,12 +444,7 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
 }
 
 fn push_gpu(doc: &mut Option<XDoc>, g: XGpu) -> Result<(), ImportError> {
-    doc.as_mut()
-        .ok_or_else(|| ImportError::Xml {
-            message: "<gpu> outside <algo>".into(),
-        })?
-        .gpus
-        .push(g);
+    doc.as_mut().ok_or_else(|| ImportError::Xml { message: "<gpu> outside <algo>".into() })?.gpus.push(g);
     Ok(())
 }
 
@@ -591,12 +468,7 @@ struct FlatStep {
     parts: Vec<Part>,
 }
 
-fn slice_of(
-    at: StepRef,
-    loc: Option<(BufferKind, i64)>,
-    cnt: u32,
-    which: &'static str,
-) -> Result<Slice, ImportError> {
+fn slice_of(at: StepRef, loc: Option<(BufferKind, i64)>, cnt: u32, which: &'static str) -> Result<Slice, ImportError> {
     let (b, off) = loc.ok_or_else(|| ImportError::MissingAttribute {
         element: "step".into(),
         attribute: if which == "src" { "srcbuf" } else { "dstbuf" },
@@ -620,26 +492,17 @@ fn split(at: StepRef, st: &XStep) -> Result<Vec<Part>, ImportError> {
         if s != d {
             parts.push(Part::Copy { src: s, dst: d });
         }
-        parts.push(Part::Recv {
-            slice: d,
-            reduce: true,
-        });
+        parts.push(Part::Recv { slice: d, reduce: true });
         Ok(d)
     };
     let mut parts = Vec::new();
     match st.ty.as_str() {
         "nop" => {}
         "s" => parts.push(Part::Send { slice: src()? }),
-        "r" => parts.push(Part::Recv {
-            slice: dst()?,
-            reduce: false,
-        }),
+        "r" => parts.push(Part::Recv { slice: dst()?, reduce: false }),
         "rcs" => {
             let d = dst()?;
-            parts.push(Part::Recv {
-                slice: d,
-                reduce: false,
-            });
+            parts.push(Part::Recv { slice: d, reduce: false });
             parts.push(Part::Send { slice: d });
         }
         "rrc" => {
@@ -649,19 +512,10 @@ fn split(at: StepRef, st: &XStep) -> Result<Vec<Part>, ImportError> {
             let d = rrc(&mut parts)?;
             parts.push(Part::Send { slice: d });
         }
-        "cpy" | "copy" => parts.push(Part::Copy {
-            src: src()?,
-            dst: dst()?,
-        }),
-        "re" | "reduce" => parts.push(Part::Reduce {
-            src: src()?,
-            dst: dst()?,
-        }),
+        "cpy" | "copy" => parts.push(Part::Copy { src: src()?, dst: dst()? }),
+        "re" | "reduce" => parts.push(Part::Reduce { src: src()?, dst: dst()? }),
         other => {
-            return Err(ImportError::UnknownStepType {
-                step: at,
-                ty: other.to_string(),
-            });
+            return Err(ImportError::UnknownStepType { step: at, ty: other.to_string() });
         }
     }
     if st.cnt == 0 && !parts.is_empty() {
@@ -715,17 +569,15 @@ fn hazard_edges(
     accesses.sort_by_key(|a| (a.pos, a.sub));
     for a in accesses.iter() {
         let (id, rank, slice) = (a.op, Rank(a.rank), a.slice);
-        let start = layout
-            .resolve(rank, slice)
-            .ok_or_else(|| ImportError::Invalid {
-                step: Some(origin[id]),
-                error: ProgramError::SliceOutOfRange {
-                    op: super::OpId::new(id),
-                    rank,
-                    slice,
-                    buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
-                },
-            })?;
+        let start = layout.resolve(rank, slice).ok_or_else(|| ImportError::Invalid {
+            step: Some(origin[id]),
+            error: ProgramError::SliceOutOfRange {
+                op: super::OpId::new(id),
+                rank,
+                slice,
+                buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
+            },
+        })?;
         for c in 0..slice.count {
             let loc = base[rank.index()] + (start + c) as usize;
             let w = last_writer[loc];
@@ -754,22 +606,11 @@ fn hazard_edges(
 
 fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let n = doc.ngpus;
-    let chunks = doc.nchunks.unwrap_or_else(|| {
-        doc.gpus
-            .iter()
-            .map(|g| g.i_chunks.max(g.o_chunks))
-            .max()
-            .unwrap_or(0)
-    });
-    let in_place = doc
-        .inplace
-        .unwrap_or_else(|| doc.gpus.iter().all(|g| g.i_chunks == 0 || g.o_chunks == 0));
+    let chunks = doc.nchunks.unwrap_or_else(|| doc.gpus.iter().map(|g| g.i_chunks.max(g.o_chunks)).max().unwrap_or(0));
+    let in_place = doc.inplace.unwrap_or_else(|| doc.gpus.iter().all(|g| g.i_chunks == 0 || g.o_chunks == 0));
     let mut layout = Layout::new(doc.coll, n, chunks, in_place);
     layout.scratch = doc.gpus.iter().map(|g| g.s_chunks).collect();
-    layout.validate().map_err(|e| ImportError::Invalid {
-        step: None,
-        error: e,
-    })?;
+    layout.validate().map_err(|e| ImportError::Invalid { step: None, error: e })?;
 
     // Flatten steps: index steps per GPU per TB.
     let mut steps: Vec<FlatStep> = Vec::new();
@@ -780,10 +621,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         let mut tbs: Vec<&XTb> = g.tbs.iter().collect();
         tbs.sort_by_key(|t| t.id);
         for (ti, t) in tbs.iter().enumerate() {
-            if tb_first
-                .insert((g.id, t.id), (ti, steps.len(), t.steps.len()))
-                .is_some()
-            {
+            if tb_first.insert((g.id, t.id), (ti, steps.len(), t.steps.len())).is_some() {
                 return Err(ImportError::BadAttribute {
                     element: "tb".into(),
                     attribute: "id".into(),
@@ -799,33 +637,17 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         element: "step".into(),
                         attribute: "s".into(),
                         value: st.s.to_string(),
-                        context: format!(
-                            "gpu {} tb {}: steps must be numbered 0..{}",
-                            g.id,
-                            t.id,
-                            t.steps.len()
-                        ),
+                        context: format!("gpu {} tb {}: steps must be numbered 0..{}", g.id, t.id, t.steps.len()),
                     });
                 }
-                let at = StepRef {
-                    gpu: g.id,
-                    tb: t.id,
-                    step: st.s,
-                };
-                steps.push(FlatStep {
-                    at,
-                    gpu: g.id,
-                    tb_index: ti,
-                    parts: split(at, st)?,
-                });
+                let at = StepRef { gpu: g.id, tb: t.id, step: st.s };
+                steps.push(FlatStep { at, gpu: g.id, tb_index: ti, parts: split(at, st)? });
             }
         }
         tb_info.push(tbs);
     }
     let step_index = |gpu: u32, tb: u32, s: u32| -> Option<usize> {
-        tb_first
-            .get(&(gpu, tb))
-            .and_then(|&(_, first, len)| ((s as usize) < len).then_some(first + s as usize))
+        tb_first.get(&(gpu, tb)).and_then(|&(_, first, len)| ((s as usize) < len).then_some(first + s as usize))
     };
 
     // Happens-before edges.
@@ -841,16 +663,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         for t in &g.tbs {
             for st in &t.steps {
                 if st.depid >= 0 || st.deps >= 0 {
-                    let at = StepRef {
-                        gpu: g.id,
-                        tb: t.id,
-                        step: st.s,
-                    };
-                    let bad = ImportError::BadDependency {
-                        step: at,
-                        depid: st.depid,
-                        deps: st.deps,
-                    };
+                    let at = StepRef { gpu: g.id, tb: t.id, step: st.s };
+                    let bad = ImportError::BadDependency { step: at, depid: st.depid, deps: st.deps };
                     let (Ok(dt), Ok(ds)) = (u32::try_from(st.depid), u32::try_from(st.deps)) else {
                         return Err(bad);
                     };
@@ -878,11 +692,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 _ => continue,
             };
             if peer < 0 || peer >= n as i64 || peer == st.gpu as i64 {
-                return Err(ImportError::BadPeer {
-                    step: st.at,
-                    direction: dir,
-                    peer,
-                });
+                return Err(ImportError::BadPeer { step: st.at, direction: dir, peer });
             }
             let peer = peer as u32;
             let (key, owners, list) = if dir == "send" {
@@ -913,14 +723,9 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         let r = recvs.get(key).map(Vec::as_slice).unwrap_or(&[]);
         for (j, &(si, sk)) in s.iter().enumerate() {
             let Some(&(ri, rk)) = r.get(j) else {
-                return Err(ImportError::UnmatchedSend {
-                    step: steps[si].at,
-                    dst: key.1,
-                    channel: key.2,
-                });
+                return Err(ImportError::UnmatchedSend { step: steps[si].at, dst: key.1, channel: key.2 });
             };
-            let (Part::Send { slice: a }, Part::Recv { slice: b, .. }) =
-                (steps[si].parts[sk], steps[ri].parts[rk])
+            let (Part::Send { slice: a }, Part::Recv { slice: b, .. }) = (steps[si].parts[sk], steps[ri].parts[rk])
             else {
                 unreachable!("lists hold sends and receives");
             };
@@ -937,11 +742,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         }
         if r.len() > s.len() {
             let (ri, _) = r[s.len()];
-            return Err(ImportError::UnmatchedRecv {
-                step: steps[ri].at,
-                src: key.0,
-                channel: key.2,
-            });
+            return Err(ImportError::UnmatchedRecv { step: steps[ri].at, src: key.0, channel: key.2 });
         }
     }
 
@@ -952,10 +753,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             indeg[t] += 1;
         }
     }
-    let mut heap: BinaryHeap<std::cmp::Reverse<usize>> = (0..ns)
-        .filter(|&i| indeg[i] == 0)
-        .map(std::cmp::Reverse)
-        .collect();
+    let mut heap: BinaryHeap<std::cmp::Reverse<usize>> =
+        (0..ns).filter(|&i| indeg[i] == 0).map(std::cmp::Reverse).collect();
     let mut order = Vec::with_capacity(ns);
     while let Some(std::cmp::Reverse(i)) = heap.pop() {
         order.push(i);
@@ -968,9 +767,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     }
     if order.len() < ns {
         let stuck = (0..ns).find(|&i| indeg[i] > 0).expect("a step is left");
-        return Err(ImportError::Cycle {
-            step: steps[stuck].at,
-        });
+        return Err(ImportError::Cycle { step: steps[stuck].at });
     }
 
     // Ops: pre-copies, then one op per transfer (keyed by its send part) and per local part.
@@ -985,48 +782,15 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let mut pos = 0usize;
     for g in &doc.gpus {
         for &(i, o, cnt) in &g.copies {
-            let (src, dst) = (
-                Slice::new(BufferKind::Input, i, cnt),
-                Slice::new(BufferKind::Output, o, cnt),
-            );
+            let (src, dst) = (Slice::new(BufferKind::Input, i, cnt), Slice::new(BufferKind::Output, o, cnt));
             let id = ops.len();
             ops.push(Pending {
-                op: Op {
-                    kind: OpKind::Copy {
-                        rank: Rank(g.id),
-                        channel: 0,
-                        src,
-                        dst,
-                    },
-                    chunk: 0,
-                    step: 0,
-                    stage: 0,
-                },
-                origin: StepRef {
-                    gpu: g.id,
-                    tb: u32::MAX,
-                    step: u32::MAX,
-                },
+                op: Op { kind: OpKind::Copy { rank: Rank(g.id), channel: 0, src, dst }, chunk: 0, step: 0, stage: 0 },
+                origin: StepRef { gpu: g.id, tb: u32::MAX, step: u32::MAX },
                 first_pos: pos,
             });
-            accesses.push(Access {
-                pos,
-                sub: 0,
-                op: id,
-                rank: g.id,
-                slice: src,
-                write: false,
-                read: true,
-            });
-            accesses.push(Access {
-                pos,
-                sub: 0,
-                op: id,
-                rank: g.id,
-                slice: dst,
-                write: true,
-                read: false,
-            });
+            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: src, write: false, read: true });
+            accesses.push(Access { pos, sub: 0, op: id, rank: g.id, slice: dst, write: true, read: false });
             pos += 1;
         }
     }
@@ -1039,9 +803,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             match *part {
                 Part::Send { slice } => {
                     let (ri, rk) = send_match[&(i, k)];
-                    let Part::Recv { slice: dst, reduce } = steps[ri].parts[rk] else {
-                        unreachable!()
-                    };
+                    let Part::Recv { slice: dst, reduce } = steps[ri].parts[rk] else { unreachable!() };
                     let id = ops.len();
                     ops.push(Pending {
                         op: Op {
@@ -1051,11 +813,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                                 channel: tb_chan(st),
                                 src: slice,
                                 dst,
-                                op: if reduce {
-                                    RecvOp::RecvReduceCopy
-                                } else {
-                                    RecvOp::Recv
-                                },
+                                op: if reduce { RecvOp::RecvReduceCopy } else { RecvOp::Recv },
                             },
                             chunk: 0,
                             step: 0,
@@ -1065,74 +823,23 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                         first_pos: pos,
                     });
                     op_of_recv.insert((ri, rk), id);
-                    accesses.push(Access {
-                        pos,
-                        sub: 0,
-                        op: id,
-                        rank,
-                        slice,
-                        write: false,
-                        read: true,
-                    });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: false, read: true });
                 }
                 Part::Recv { slice, reduce } => {
                     let id = op_of_recv[&(i, k)];
-                    accesses.push(Access {
-                        pos,
-                        sub: 0,
-                        op: id,
-                        rank,
-                        slice,
-                        write: true,
-                        read: reduce,
-                    });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice, write: true, read: reduce });
                 }
                 Part::Copy { src, dst } | Part::Reduce { src, dst } => {
                     let reduce = matches!(part, Part::Reduce { .. });
                     let kind = if reduce {
-                        OpKind::Reduce {
-                            rank: Rank(rank),
-                            channel: tb_chan(st),
-                            src,
-                            dst,
-                        }
+                        OpKind::Reduce { rank: Rank(rank), channel: tb_chan(st), src, dst }
                     } else {
-                        OpKind::Copy {
-                            rank: Rank(rank),
-                            channel: tb_chan(st),
-                            src,
-                            dst,
-                        }
+                        OpKind::Copy { rank: Rank(rank), channel: tb_chan(st), src, dst }
                     };
                     let id = ops.len();
-                    ops.push(Pending {
-                        op: Op {
-                            kind,
-                            chunk: 0,
-                            step: 0,
-                            stage: 0,
-                        },
-                        origin: st.at,
-                        first_pos: pos,
-                    });
-                    accesses.push(Access {
-                        pos,
-                        sub: 0,
-                        op: id,
-                        rank,
-                        slice: src,
-                        write: false,
-                        read: true,
-                    });
-                    accesses.push(Access {
-                        pos,
-                        sub: 0,
-                        op: id,
-                        rank,
-                        slice: dst,
-                        write: true,
-                        read: reduce,
-                    });
+                    ops.push(Pending { op: Op { kind, chunk: 0, step: 0, stage: 0 }, origin: st.at, first_pos: pos });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: src, write: false, read: true });
+                    accesses.push(Access { pos, sub: 0, op: id, rank, slice: dst, write: true, read: reduce });
                 }
             }
             pos += 1;
@@ -1145,13 +852,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {
         let (base, acc) = storage_bases(&layout);
-        let op_succ = hazard_edges(
-            &layout,
-            &base,
-            acc,
-            &ops.iter().map(|o| o.origin).collect::<Vec<_>>(),
-            &mut accesses,
-        )?;
+        let op_succ =
+            hazard_edges(&layout, &base, acc, &ops.iter().map(|o| o.origin).collect::<Vec<_>>(), &mut accesses)?;
         let no = ops.len();
         let mut indeg = vec![0u32; no];
         for s in &op_succ {
@@ -1159,10 +861,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
                 indeg[t] += 1;
             }
         }
-        let mut heap: BinaryHeap<std::cmp::Reverse<(usize, usize)>> = (0..no)
-            .filter(|&i| indeg[i] == 0)
-            .map(|i| std::cmp::Reverse((ops[i].first_pos, i)))
-            .collect();
+        let mut heap: BinaryHeap<std::cmp::Reverse<(usize, usize)>> =
+            (0..no).filter(|&i| indeg[i] == 0).map(|i| std::cmp::Reverse((ops[i].first_pos, i))).collect();
         let mut op_order = Vec::with_capacity(no);
         let mut level = vec![0u32; no];
         while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
@@ -1178,19 +878,14 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         if op_order.len() == no {
             break (op_order, level, base, acc);
         }
-        let stuck: Vec<usize> = (0..no)
-            .filter(|&i| indeg[i] > 0 && ops[i].op.is_transfer() && !snapshotted[i])
-            .collect();
+        let stuck: Vec<usize> =
+            (0..no).filter(|&i| indeg[i] > 0 && ops[i].op.is_transfer() && !snapshotted[i]).collect();
         if stuck.is_empty() {
             let at = (0..no).find(|&i| indeg[i] > 0).expect("an op is left");
-            return Err(ImportError::BufferedCycle {
-                step: ops[at].origin,
-            });
+            return Err(ImportError::BufferedCycle { step: ops[at].origin });
         }
         for x in stuck {
-            let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else {
-                unreachable!()
-            };
+            let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else { unreachable!() };
             let r = src_rank.0 as usize;
             let snap = Slice::new(BufferKind::Scratch, layout.scratch[r], src.count);
             layout.scratch[r] += src.count;
@@ -1202,41 +897,14 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             read.sub = 1;
             let pos = read.pos;
             let id = ops.len();
-            let (channel, origin, first_pos) =
-                (ops[x].op.channel(), ops[x].origin, ops[x].first_pos);
+            let (channel, origin, first_pos) = (ops[x].op.channel(), ops[x].origin, ops[x].first_pos);
             ops.push(Pending {
-                op: Op {
-                    kind: OpKind::Copy {
-                        rank: src_rank,
-                        channel,
-                        src,
-                        dst: snap,
-                    },
-                    chunk: 0,
-                    step: 0,
-                    stage: 0,
-                },
+                op: Op { kind: OpKind::Copy { rank: src_rank, channel, src, dst: snap }, chunk: 0, step: 0, stage: 0 },
                 origin,
                 first_pos,
             });
-            accesses.push(Access {
-                pos,
-                sub: 0,
-                op: id,
-                rank: src_rank.0,
-                slice: src,
-                write: false,
-                read: true,
-            });
-            accesses.push(Access {
-                pos,
-                sub: 0,
-                op: id,
-                rank: src_rank.0,
-                slice: snap,
-                write: true,
-                read: false,
-            });
+            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: src, write: false, read: true });
+            accesses.push(Access { pos, sub: 0, op: id, rank: src_rank.0, slice: snap, write: true, read: false });
             if let OpKind::Transfer { src, .. } = &mut ops[x].op.kind {
                 *src = snap;
             }
@@ -1276,9 +944,5 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         program.ops.push(op);
         origin.push(ops[i].origin);
     }
-    Ok(Imported {
-        program,
-        origin,
-        proto: doc.proto.clone(),
-    })
+    Ok(Imported { program, origin, proto: doc.proto.clone() })
 }

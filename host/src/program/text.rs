@@ -15,9 +15,7 @@
 //! Slices are `in`, `out` or `scr` with one chunk `[i]` or a half-open range `[a..b]`. Ops are
 //! numbered from 0 in order. [`print()`] writes exactly this form, so `parse(print(p)) == p`.
 
-use super::{
-    BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice,
-};
+use super::{BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use std::fmt::Write;
 
 /// Prints `p` in the text format.
@@ -52,61 +50,33 @@ pub fn print(p: &Program) -> String {
 pub fn op_text(op: &Op) -> String {
     let tail = format!("chunk={} step={} stage={}", op.chunk, op.step, op.stage);
     match op.kind {
-        OpKind::Transfer {
-            src_rank,
-            dst_rank,
-            channel,
-            src,
-            dst,
-            op: r,
-        } => {
+        OpKind::Transfer { src_rank, dst_rank, channel, src, dst, op: r } => {
             let r = match r {
                 RecvOp::Recv => "recv",
                 RecvOp::RecvReduceCopy => "rrc",
             };
             format!("xfer {src_rank} {src} -> {dst_rank} {dst} {r} ch={channel} {tail}")
         }
-        OpKind::Copy {
-            rank,
-            channel,
-            src,
-            dst,
-        } => format!("copy {rank} {src} -> {dst} ch={channel} {tail}"),
-        OpKind::Reduce {
-            rank,
-            channel,
-            src,
-            dst,
-        } => format!("reduce {rank} {src} -> {dst} ch={channel} {tail}"),
+        OpKind::Copy { rank, channel, src, dst } => format!("copy {rank} {src} -> {dst} ch={channel} {tail}"),
+        OpKind::Reduce { rank, channel, src, dst } => format!("reduce {rank} {src} -> {dst} ch={channel} {tail}"),
     }
 }
 
 fn err(line: usize, message: impl Into<String>) -> ProgramError {
-    ProgramError::Parse {
-        line,
-        message: message.into(),
-    }
+    ProgramError::Parse { line, message: message.into() }
 }
 
 fn parse_u32(line: usize, what: &str, s: &str) -> Result<u32, ProgramError> {
-    s.parse::<u32>()
-        .map_err(|_| err(line, format!("expected a number for {what}, found `{s}`")))
+    s.parse::<u32>().map_err(|_| err(line, format!("expected a number for {what}, found `{s}`")))
 }
 
 fn parse_rank(line: usize, s: &str) -> Result<Rank, ProgramError> {
-    let n = s
-        .strip_prefix('r')
-        .ok_or_else(|| err(line, format!("expected a rank like `r3`, found `{s}`")))?;
+    let n = s.strip_prefix('r').ok_or_else(|| err(line, format!("expected a rank like `r3`, found `{s}`")))?;
     Ok(Rank(parse_u32(line, "a rank", n)?))
 }
 
 fn parse_slice(line: usize, s: &str) -> Result<Slice, ProgramError> {
-    let bad = || {
-        err(
-            line,
-            format!("expected a slice like `in[3]` or `scr[0..4]`, found `{s}`"),
-        )
-    };
+    let bad = || err(line, format!("expected a slice like `in[3]` or `scr[0..4]`, found `{s}`"));
     let open = s.find('[').ok_or_else(bad)?;
     let inner = s[open + 1..].strip_suffix(']').ok_or_else(bad)?;
     let buffer = match &s[..open] {
@@ -114,17 +84,11 @@ fn parse_slice(line: usize, s: &str) -> Result<Slice, ProgramError> {
         "out" => BufferKind::Output,
         "scr" => BufferKind::Scratch,
         other => {
-            return Err(err(
-                line,
-                format!("unknown buffer `{other}` (in, out, scr)"),
-            ));
+            return Err(err(line, format!("unknown buffer `{other}` (in, out, scr)")));
         }
     };
     let (a, b) = match inner.split_once("..") {
-        Some((a, b)) => (
-            parse_u32(line, "a slice start", a)?,
-            parse_u32(line, "a slice end", b)?,
-        ),
+        Some((a, b)) => (parse_u32(line, "a slice start", a)?, parse_u32(line, "a slice end", b)?),
         None => {
             let a = parse_u32(line, "a chunk", inner)?;
             (a, a.checked_add(1).ok_or_else(bad)?)
@@ -140,24 +104,17 @@ fn parse_slice(line: usize, s: &str) -> Result<Slice, ProgramError> {
 fn parse_attrs(line: usize, toks: &[&str], keys: &[&str]) -> Result<Vec<u32>, ProgramError> {
     let mut vals: Vec<Option<u32>> = vec![None; keys.len()];
     for t in toks {
-        let (k, v) = t
-            .split_once('=')
-            .ok_or_else(|| err(line, format!("expected key=value, found `{t}`")))?;
-        let i = keys.iter().position(|x| *x == k).ok_or_else(|| {
-            err(
-                line,
-                format!("unknown attribute `{k}` (expected {})", keys.join(", ")),
-            )
-        })?;
+        let (k, v) = t.split_once('=').ok_or_else(|| err(line, format!("expected key=value, found `{t}`")))?;
+        let i = keys
+            .iter()
+            .position(|x| *x == k)
+            .ok_or_else(|| err(line, format!("unknown attribute `{k}` (expected {})", keys.join(", "))))?;
         if vals[i].is_some() {
             return Err(err(line, format!("attribute `{k}` given twice")));
         }
         vals[i] = Some(parse_u32(line, k, v)?);
     }
-    keys.iter()
-        .zip(vals)
-        .map(|(k, v)| v.ok_or_else(|| err(line, format!("missing attribute `{k}`"))))
-        .collect()
+    keys.iter().zip(vals).map(|(k, v)| v.ok_or_else(|| err(line, format!("missing attribute `{k}`")))).collect()
 }
 
 /// Parses the text format. Errors name the line; the result is not verified (call
@@ -184,31 +141,22 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             }
             "collective" => {
                 if toks.len() != 5 {
-                    return Err(err(
-                        ln,
-                        "expected `collective KIND ranks=N chunks=C inplace|outofplace`",
-                    ));
+                    return Err(err(ln, "expected `collective KIND ranks=N chunks=C inplace|outofplace`"));
                 }
-                let c = Collective::parse(toks[1])
-                    .ok_or_else(|| err(ln, format!("unknown collective `{}`", toks[1])))?;
+                let c =
+                    Collective::parse(toks[1]).ok_or_else(|| err(ln, format!("unknown collective `{}`", toks[1])))?;
                 let v = parse_attrs(ln, &toks[2..4], &["ranks", "chunks"])?;
                 let in_place = match toks[4] {
                     "inplace" => true,
                     "outofplace" => false,
                     o => {
-                        return Err(err(
-                            ln,
-                            format!("expected inplace or outofplace, found `{o}`"),
-                        ));
+                        return Err(err(ln, format!("expected inplace or outofplace, found `{o}`")));
                     }
                 };
                 layout = Some(Layout::new(c, v[0], v[1], in_place));
             }
             "scratch" => {
-                let v = toks[1..]
-                    .iter()
-                    .map(|t| parse_u32(ln, "a scratch size", t))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let v = toks[1..].iter().map(|t| parse_u32(ln, "a scratch size", t)).collect::<Result<Vec<_>, _>>()?;
                 if v.is_empty() {
                     return Err(err(ln, "expected `scratch S` or one size per rank"));
                 }
@@ -223,10 +171,7 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             t if t.starts_with("op") => {
                 let want = format!("op{}", ops.len());
                 if t != want {
-                    return Err(err(
-                        ln,
-                        format!("expected `{want}` (ops are numbered in order), found `{t}`"),
-                    ));
+                    return Err(err(ln, format!("expected `{want}` (ops are numbered in order), found `{t}`")));
                 }
                 if toks.get(1) != Some(&"=") || toks.len() < 3 {
                     return Err(err(ln, format!("expected `{want} = ...`")));
@@ -239,33 +184,18 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
     let name = name.ok_or_else(|| err(1, "missing `program NAME`"))?;
     let mut layout = layout.ok_or_else(|| err(1, "missing `collective ...` line"))?;
     if layout.ranks > Layout::MAX_RANKS {
-        return Err(err(
-            1,
-            format!(
-                "{} ranks is more than the supported {}",
-                layout.ranks,
-                Layout::MAX_RANKS
-            ),
-        ));
+        return Err(err(1, format!("{} ranks is more than the supported {}", layout.ranks, Layout::MAX_RANKS)));
     }
     if let Some((ln, v)) = scratch {
         layout.scratch = match v.len() {
             1 => vec![v[0]; layout.ranks as usize],
             n if n == layout.ranks as usize => v,
             n => {
-                return Err(err(
-                    ln,
-                    format!("scratch: {n} sizes for {} ranks", layout.ranks),
-                ));
+                return Err(err(ln, format!("scratch: {n} sizes for {} ranks", layout.ranks)));
             }
         };
     }
-    Ok(Program {
-        name,
-        layout,
-        ranks_per_node: per_node,
-        ops,
-    })
+    Ok(Program { name, layout, ranks_per_node: per_node, ops })
 }
 
 fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
@@ -273,10 +203,7 @@ fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
         "xfer" => {
             // xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk= step= stage=
             if t.len() < 7 || t[3] != "->" {
-                return Err(err(
-                    ln,
-                    "expected `xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk=K step=S stage=T`",
-                ));
+                return Err(err(ln, "expected `xfer rA SLICE -> rB SLICE recv|rrc ch=C chunk=K step=S stage=T`"));
             }
             let op = match t[6] {
                 "recv" => RecvOp::Recv,
@@ -300,36 +227,18 @@ fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {
         }
         kind @ ("copy" | "reduce") => {
             if t.len() < 5 || t[3] != "->" {
-                return Err(err(
-                    ln,
-                    format!("expected `{kind} rA SLICE -> SLICE ch=C chunk=K step=S stage=T`"),
-                ));
+                return Err(err(ln, format!("expected `{kind} rA SLICE -> SLICE ch=C chunk=K step=S stage=T`")));
             }
             let rank = parse_rank(ln, t[1])?;
             let (src, dst) = (parse_slice(ln, t[2])?, parse_slice(ln, t[4])?);
             let v = parse_attrs(ln, &t[5..], &["ch", "chunk", "step", "stage"])?;
             let channel = v[0];
             let kind = if kind == "copy" {
-                OpKind::Copy {
-                    rank,
-                    channel,
-                    src,
-                    dst,
-                }
+                OpKind::Copy { rank, channel, src, dst }
             } else {
-                OpKind::Reduce {
-                    rank,
-                    channel,
-                    src,
-                    dst,
-                }
+                OpKind::Reduce { rank, channel, src, dst }
             };
-            Ok(Op {
-                kind,
-                chunk: v[1],
-                step: v[2],
-                stage: v[3],
-            })
+            Ok(Op { kind, chunk: v[1], step: v[2], stage: v[3] })
         }
         o => Err(err(ln, format!("unknown op `{o}` (xfer, copy, reduce)"))),
     }

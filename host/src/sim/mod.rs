@@ -67,25 +67,10 @@ impl Topology {
             name: format!("a100-{nodes}x{gpus_per_node}"),
             nodes,
             gpus_per_node,
-            nvlink: LinkParams {
-                alpha_us: 0.7,
-                bw_gbps: 300.0,
-                concurrency: 8,
-                contention_penalty: 0.02,
-            },
-            nic: LinkParams {
-                alpha_us: 4.0,
-                bw_gbps: 25.0,
-                concurrency: 1,
-                contention_penalty: 0.05,
-            },
+            nvlink: LinkParams { alpha_us: 0.7, bw_gbps: 300.0, concurrency: 8, contention_penalty: 0.02 },
+            nic: LinkParams { alpha_us: 4.0, bw_gbps: 25.0, concurrency: 1, contention_penalty: 0.05 },
             gpus_per_nic: 2,
-            hbm: LinkParams {
-                alpha_us: 0.2,
-                bw_gbps: 1500.0,
-                concurrency: 16,
-                contention_penalty: 0.0,
-            },
+            hbm: LinkParams { alpha_us: 0.2, bw_gbps: 1500.0, concurrency: 16, contention_penalty: 0.0 },
         }
     }
 
@@ -95,25 +80,10 @@ impl Topology {
             name: format!("h200-{nodes}x{gpus_per_node}"),
             nodes,
             gpus_per_node,
-            nvlink: LinkParams {
-                alpha_us: 0.6,
-                bw_gbps: 450.0,
-                concurrency: 8,
-                contention_penalty: 0.02,
-            },
-            nic: LinkParams {
-                alpha_us: 3.0,
-                bw_gbps: 50.0,
-                concurrency: 1,
-                contention_penalty: 0.05,
-            },
+            nvlink: LinkParams { alpha_us: 0.6, bw_gbps: 450.0, concurrency: 8, contention_penalty: 0.02 },
+            nic: LinkParams { alpha_us: 3.0, bw_gbps: 50.0, concurrency: 1, contention_penalty: 0.05 },
             gpus_per_nic: 1,
-            hbm: LinkParams {
-                alpha_us: 0.2,
-                bw_gbps: 4800.0,
-                concurrency: 16,
-                contention_penalty: 0.0,
-            },
+            hbm: LinkParams { alpha_us: 0.2, bw_gbps: 4800.0, concurrency: 16, contention_penalty: 0.0 },
         }
     }
 
@@ -122,9 +92,7 @@ impl Topology {
         match name {
             "a100" | "resccl" | "a100-testbed" => Ok(Topology::a100_testbed(nodes, gpus_per_node)),
             "h200" => Ok(Topology::h200(nodes, gpus_per_node)),
-            _ => Err(SimError::BadInput {
-                reason: format!("unknown topology preset `{name}` (a100, h200)"),
-            }),
+            _ => Err(SimError::BadInput { reason: format!("unknown topology preset `{name}` (a100, h200)") }),
         }
     }
 
@@ -167,13 +135,7 @@ impl SimOptions {
     pub fn for_size(plan: &Plan, bytes: u64, mb_bytes: u64) -> SimOptions {
         let chunk = bytes / plan.layout.chunks.max(1) as u64;
         let m = chunk.div_ceil(mb_bytes.max(1)).clamp(1, 512) as u32;
-        SimOptions {
-            bytes,
-            micro_batches: m,
-            fifo_slots: 8,
-            timeline: false,
-            subpipeline_barrier: false,
-        }
+        SimOptions { bytes, micro_batches: m, fifo_slots: 8, timeline: false, subpipeline_barrier: false }
     }
 }
 
@@ -196,16 +158,8 @@ impl fmt::Display for SimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SimError::BadInput { reason } => write!(f, "bad simulation input: {reason}"),
-            SimError::Deadlock {
-                rank,
-                tb,
-                task,
-                reason,
-            } => {
-                write!(
-                    f,
-                    "deadlock: {rank} tb{tb} task {task} {reason} (and nothing else can progress)"
-                )
+            SimError::Deadlock { rank, tb, task, reason } => {
+                write!(f, "deadlock: {rank} tb{tb} task {task} {reason} (and nothing else can progress)")
             }
         }
     }
@@ -336,10 +290,7 @@ const EPS: f64 = 1e-9;
 
 /// Simulates `plan` on `topo`.
 pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimReport, SimError> {
-    plan.check_structure()
-        .map_err(|reason| SimError::BadInput {
-            reason: format!("malformed plan: {reason}"),
-        })?;
+    plan.check_structure().map_err(|reason| SimError::BadInput { reason: format!("malformed plan: {reason}") })?;
     let n = plan.layout.ranks;
     if n != topo.ranks() {
         return Err(SimError::BadInput {
@@ -347,9 +298,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         });
     }
     if opts.micro_batches == 0 || opts.fifo_slots == 0 {
-        return Err(SimError::BadInput {
-            reason: "micro-batches and FIFO slots must be at least 1".into(),
-        });
+        return Err(SimError::BadInput { reason: "micro-batches and FIFO slots must be at least 1".into() });
     }
     let mbs = opts.micro_batches;
     let chunk_mb_bytes = opts.bytes as f64 / plan.layout.chunks.max(1) as f64 / mbs as f64;
@@ -391,24 +340,13 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                 .map(|tb| {
                     let segments = tb.segments();
                     let pos = segments.first().map(|s| s.start).unwrap_or(0);
-                    TbSim {
-                        segments,
-                        seg: 0,
-                        mb: 0,
-                        pos,
-                        phase: Phase::Idle,
-                        item_start: 0.0,
-                        busy: 0.0,
-                    }
+                    TbSim { segments, seg: 0, mb: 0, pos, phase: Phase::Idle, item_start: 0.0, busy: 0.0 }
                 })
                 .collect()
         })
         .collect();
-    let mut done: Vec<Vec<Vec<u32>>> = plan
-        .ranks
-        .iter()
-        .map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect())
-        .collect();
+    let mut done: Vec<Vec<Vec<u32>>> =
+        plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect()).collect();
     // FIFO per connection: occupied slots and arrival state of queued messages.
     let mut fifo_used = vec![0u32; plan.connections.len()];
     let mut fifo_arrived: Vec<VecDeque<bool>> = vec![VecDeque::new(); plan.connections.len()];
@@ -454,11 +392,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                     if opts.subpipeline_barrier && task.subpipeline > open_sp {
                         continue;
                     }
-                    if tbp
-                        .waits(i)
-                        .iter()
-                        .any(|w| done[r][w.tb.index()][w.task as usize] <= mb)
-                    {
+                    if tbp.waits(i).iter().any(|w| done[r][w.tb.index()][w.task as usize] <= mb) {
                         continue;
                     }
                     match task.prim {
@@ -470,11 +404,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                             fifo_used[c] += 1;
                             fifo_arrived[c].push_back(false);
                             let conn = &plan.connections[c];
-                            let alpha = if conn.inter_node {
-                                topo.nic.alpha_us
-                            } else {
-                                topo.nvlink.alpha_us
-                            };
+                            let alpha = if conn.inter_node { topo.nic.alpha_us } else { topo.nvlink.alpha_us };
                             tbs[r][t].phase = Phase::Alpha;
                             tbs[r][t].item_start = now;
                             timers.push(std::cmp::Reverse((Time(now + alpha), r, t)));
@@ -507,11 +437,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                     let k = res[x].active.max(1) as f64;
                     let c = p.concurrency.max(1) as f64;
                     let bw = p.bw_gbps * 1e3; // bytes per microsecond
-                    let share = if k <= c {
-                        bw / c
-                    } else {
-                        bw / (1.0 + p.contention_penalty * (k - c)) / k
-                    };
+                    let share = if k <= c { bw / c } else { bw / (1.0 + p.contention_penalty * (k - c)) / k };
                     rate = rate.min(share);
                 }
                 f.rate = rate;
@@ -519,10 +445,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             rates_dirty = false;
         }
         // 3. Next event.
-        let next_flow = flows
-            .iter()
-            .map(|f| now + f.remaining / f.rate)
-            .fold(f64::INFINITY, f64::min);
+        let next_flow = flows.iter().map(|f| now + f.remaining / f.rate).fold(f64::INFINITY, f64::min);
         let next_timer = timers.peek().map(|x| (x.0).0.0).unwrap_or(f64::INFINITY);
         let next = next_flow.min(next_timer);
         if !next.is_finite() {
@@ -535,12 +458,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                             rank: Rank(r as u32),
                             tb: t as u32,
                             task: tb.pos as u32,
-                            reason: format!(
-                                "({} {}, micro-batch {}) is blocked",
-                                task.prim.name(),
-                                task.op,
-                                tb.mb
-                            ),
+                            reason: format!("({} {}, micro-batch {}) is blocked", task.prim.name(), task.op, tb.mb),
                         });
                     }
                 }
@@ -592,15 +510,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             for &x in &rs[..nres] {
                 res[x].active += 1;
             }
-            flows.push(Flow {
-                res: rs,
-                nres,
-                remaining: total,
-                rate: 0.0,
-                owner: (r, t),
-                start: now,
-                inter,
-            });
+            flows.push(Flow { res: rs, nres, remaining: total, rate: 0.0, owner: (r, t), start: now, inter });
             tbs[r][t].phase = Phase::Flowing;
             rates_dirty = true;
         }
@@ -621,11 +531,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                             lane: res[x].lane,
                             start_us: f.start,
                             end_us: now,
-                            kind: if f.inter {
-                                SpanKind::InterFlow
-                            } else {
-                                SpanKind::IntraFlow
-                            },
+                            kind: if f.inter { SpanKind::InterFlow } else { SpanKind::IntraFlow },
                         });
                     }
                 }
@@ -695,12 +601,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                 nic_sum += util;
                 nic_n += 1;
             }
-            links.push(LinkUse {
-                name: x.name.clone(),
-                bytes: x.bytes,
-                busy_us: x.busy_us,
-                utilisation: util,
-            });
+            links.push(LinkUse { name: x.name.clone(), bytes: x.bytes, busy_us: x.busy_us, utilisation: util });
         }
     }
     let mut tb_uses = Vec::new();
@@ -709,12 +610,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         for (t, tb) in rank_tbs.iter().enumerate() {
             let idle = 1.0 - (tb.busy / time).min(1.0);
             idle_sum += idle;
-            tb_uses.push(TbUse {
-                rank: r as u32,
-                tb: t as u32,
-                busy_us: tb.busy,
-                idle_share: idle,
-            });
+            tb_uses.push(TbUse { rank: r as u32, tb: t as u32, busy_us: tb.busy, idle_share: idle });
         }
     }
     // TB lanes come after the link lanes, in (rank, tb) order.
@@ -744,16 +640,8 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         links,
         tbs: tb_uses,
         mean_tb_idle_share: idle_sum / ntb,
-        mean_nvlink_utilisation: if nvl_n > 0 {
-            nvl_sum / nvl_n as f64
-        } else {
-            0.0
-        },
-        mean_nic_utilisation: if nic_n > 0 {
-            nic_sum / nic_n as f64
-        } else {
-            0.0
-        },
+        mean_nvlink_utilisation: if nvl_n > 0 { nvl_sum / nvl_n as f64 } else { 0.0 },
+        mean_nic_utilisation: if nic_n > 0 { nic_sum / nic_n as f64 } else { 0.0 },
         lanes,
         timeline: spans,
     })

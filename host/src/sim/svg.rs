@@ -18,9 +18,7 @@ fn color(kind: SpanKind) -> &'static str {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// Draws the report's timeline (empty lanes if it was simulated without `timeline`).
@@ -58,27 +56,15 @@ pub fn timeline(report: &SimReport, title: &str) -> String {
     ];
     for (k, (name, kind)) in legend.iter().enumerate() {
         let x = 4.0 + k as f64 * 90.0;
-        let _ = writeln!(
-            s,
-            r#"<rect x="{x:.1}" y="22" width="10" height="8" fill="{}"/>"#,
-            color(*kind)
-        );
+        let _ = writeln!(s, r#"<rect x="{x:.1}" y="22" width="10" height="8" fill="{}"/>"#, color(*kind));
         let _ = writeln!(s, r#"<text x="{:.1}" y="30">{name}</text>"#, x + 13.0);
     }
     for (i, name) in report.lanes.iter().enumerate() {
         let y = top + i as f64 * lane_h;
         if i % 2 == 0 {
-            let _ = writeln!(
-                s,
-                r##"<rect x="0" y="{y:.1}" width="{w:.0}" height="{lane_h}" fill="#f4f4f4"/>"##
-            );
+            let _ = writeln!(s, r##"<rect x="0" y="{y:.1}" width="{w:.0}" height="{lane_h}" fill="#f4f4f4"/>"##);
         }
-        let _ = writeln!(
-            s,
-            r#"<text x="2" y="{:.1}">{}</text>"#,
-            y + lane_h - 3.0,
-            escape(name)
-        );
+        let _ = writeln!(s, r#"<text x="2" y="{:.1}">{}</text>"#, y + lane_h - 3.0, escape(name));
     }
     for sp in &report.timeline {
         let x = label_w + sp.start_us / t * plot_w;
@@ -94,11 +80,7 @@ pub fn timeline(report: &SimReport, title: &str) -> String {
     let axis_y = top + lane_h * report.lanes.len() as f64 + 14.0;
     for k in 0..=10 {
         let x = label_w + k as f64 / 10.0 * plot_w;
-        let _ = writeln!(
-            s,
-            r#"<text x="{x:.1}" y="{axis_y:.1}">{:.0}us</text>"#,
-            t * k as f64 / 10.0
-        );
+        let _ = writeln!(s, r#"<text x="{x:.1}" y="{axis_y:.1}">{:.0}us</text>"#, t * k as f64 / 10.0);
     }
     s.push_str("</svg>\n");
     s

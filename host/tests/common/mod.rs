@@ -7,9 +7,7 @@
 
 #![allow(dead_code)]
 
-use oxccl_host::program::{
-    BufferKind, Collective, Layout, Op, OpKind, Program, Rank, RecvOp, Slice,
-};
+use oxccl_host::program::{BufferKind, Collective, Layout, Op, OpKind, Program, Rank, RecvOp, Slice};
 use std::path::PathBuf;
 
 /// splitmix64, a tiny deterministic generator.
@@ -53,28 +51,12 @@ impl Builder {
         s
     }
     #[allow(clippy::too_many_arguments)]
-    fn xfer(
-        &mut self,
-        chain: usize,
-        a: u32,
-        src: Slice,
-        b: u32,
-        dst: Slice,
-        op: RecvOp,
-        chunk: u32,
-    ) {
+    fn xfer(&mut self, chain: usize, a: u32, src: Slice, b: u32, dst: Slice, op: RecvOp, chunk: u32) {
         let channel = self.rng.below(self.channels);
         let step = self.chains[chain].len() as u32;
         let stage = self.rng.below(2);
         self.chains[chain].push(Op {
-            kind: OpKind::Transfer {
-                src_rank: Rank(a),
-                dst_rank: Rank(b),
-                channel,
-                src,
-                dst,
-                op,
-            },
+            kind: OpKind::Transfer { src_rank: Rank(a), dst_rank: Rank(b), channel, src, dst, op },
             chunk,
             step,
             stage,
@@ -85,26 +67,11 @@ impl Builder {
         let step = self.chains[chain].len() as u32;
         let stage = self.rng.below(2);
         let kind = if reduce {
-            OpKind::Reduce {
-                rank: Rank(r),
-                channel,
-                src,
-                dst,
-            }
+            OpKind::Reduce { rank: Rank(r), channel, src, dst }
         } else {
-            OpKind::Copy {
-                rank: Rank(r),
-                channel,
-                src,
-                dst,
-            }
+            OpKind::Copy { rank: Rank(r), channel, src, dst }
         };
-        self.chains[chain].push(Op {
-            kind,
-            chunk,
-            step,
-            stage,
-        });
+        self.chains[chain].push(Op { kind, chunk, step, stage });
     }
 
     /// Moves chunk location `loc` from `a` (which holds the value) to `b`'s `loc`, directly or
@@ -161,9 +128,7 @@ impl Builder {
         let mut p = Program::new(name, layout);
         p.ops.extend(pre);
         let mut heads = vec![0usize; self.chains.len()];
-        let mut live: Vec<usize> = (0..self.chains.len())
-            .filter(|&c| !self.chains[c].is_empty())
-            .collect();
+        let mut live: Vec<usize> = (0..self.chains.len()).filter(|&c| !self.chains[c].is_empty()).collect();
         while !live.is_empty() {
             let k = self.rng.below(live.len() as u32) as usize;
             let c = live[k];
@@ -178,13 +143,7 @@ impl Builder {
 }
 
 /// A random valid program for `collective` on `ranks` ranks with `k` chunks per block.
-pub fn random_program(
-    seed: u64,
-    collective: Collective,
-    ranks: u32,
-    k: u32,
-    channels: u32,
-) -> Program {
+pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, channels: u32) -> Program {
     let mut rng = Rng(seed);
     let in_place = match collective {
         Collective::AllToAll => false,
@@ -196,13 +155,7 @@ pub fn random_program(
     };
     let layout = Layout::new(collective, ranks, chunks, in_place);
     let nchains = chunks as usize;
-    let mut b = Builder {
-        rng,
-        ranks,
-        channels,
-        scratch: vec![0; ranks as usize],
-        chains: vec![Vec::new(); nchains],
-    };
+    let mut b = Builder { rng, ranks, channels, scratch: vec![0; ranks as usize], chains: vec![Vec::new(); nchains] };
     let mut pre = Vec::new();
     let lane = |b: &mut Builder| b.rng.below(b.channels);
     match collective {
@@ -233,38 +186,20 @@ pub fn random_program(
                 let owner = c / oc;
                 b.reduce(c as usize, owner, &|_| Slice::input(c), c);
                 if !in_place {
-                    b.local(
-                        c as usize,
-                        owner,
-                        Slice::input(c),
-                        Slice::output(c % oc),
-                        false,
-                        c,
-                    );
+                    b.local(c as usize, owner, Slice::input(c), Slice::output(c % oc), false, c);
                 }
             }
         }
         Collective::AllReduce => {
             for c in 0..chunks {
                 let root = b.rng.below(ranks);
-                let buf = if in_place && b.rng.coin() {
-                    BufferKind::Output
-                } else {
-                    BufferKind::Input
-                };
+                let buf = if in_place && b.rng.coin() { BufferKind::Output } else { BufferKind::Input };
                 if in_place {
                     b.reduce(c as usize, root, &|_| Slice::new(buf, c, 1), c);
                     b.broadcast(c as usize, root, &|_| Slice::new(buf, c, 1), c);
                 } else {
                     b.reduce(c as usize, root, &|_| Slice::input(c), c);
-                    b.local(
-                        c as usize,
-                        root,
-                        Slice::input(c),
-                        Slice::output(c),
-                        false,
-                        c,
-                    );
+                    b.local(c as usize, root, Slice::input(c), Slice::output(c), false, c);
                     b.broadcast(c as usize, root, &|_| Slice::output(c), c);
                 }
             }
@@ -313,9 +248,7 @@ pub fn shared_msccl() -> Option<PathBuf> {
 pub fn xml_files(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "xml"))
-                .collect()
+            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "xml")).collect()
         })
         .unwrap_or_default();
     v.sort();
@@ -324,24 +257,15 @@ pub fn xml_files(dir: &std::path::Path) -> Vec<PathBuf> {
 
 /// Compares `actual` with the golden file `tests/golden/<name>`; `OXCCL_BLESS=1` rewrites it.
 pub fn golden(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
     if std::env::var_os("OXCCL_BLESS").is_some() {
         std::fs::write(&path, actual).expect("write golden file");
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!(
-            "missing golden file {} (run with OXCCL_BLESS=1 to create it)",
-            path.display()
-        )
-    });
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("missing golden file {} (run with OXCCL_BLESS=1 to create it)", path.display()));
     if expected != actual {
-        let first = expected
-            .lines()
-            .zip(actual.lines())
-            .position(|(a, b)| a != b);
+        let first = expected.lines().zip(actual.lines()).position(|(a, b)| a != b);
         panic!(
             "{} differs from the golden file (first differing line: {:?}); rerun with OXCCL_BLESS=1 if the change is intended",
             path.display(),
