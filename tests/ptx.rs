@@ -259,7 +259,7 @@ fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
 #[test]
 fn ptxas_assembles_both_modules() {
     let Some(ptxas) = common::ptxas() else {
-        eprintln!("skipped: ptxas not found (pip install nvidia-cuda-nvcc, or set OXCCL_PTXAS)");
+        common::skip("skipped: ptxas not found (pip install nvidia-cuda-nvcc, or set OXCCL_PTXAS)");
         return;
     };
     let dir = std::env::temp_dir().join(format!("oxccl-ptxas-{}", std::process::id()));
@@ -288,7 +288,7 @@ fn ptxas_assembles_both_modules() {
 #[test]
 fn shipped_ptx_equals_a_fresh_build() {
     if oxccl::ptx::SOURCE != "fresh" {
-        eprintln!("skipped: the PTX was not rebuilt here (no {} toolchain); the shipped files are embedded", "nightly");
+        common::skip("skipped: the PTX was not rebuilt here (no device toolchain); the shipped files are embedded");
         return;
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
