@@ -539,6 +539,21 @@ fn validate_config(c: &Config) -> Result<()> {
     Ok(())
 }
 
+/// `CUmemLocation { type = DEVICE, id = ordinal }`. cudarc's bindings spell `id` as a plain field for
+/// some CUDA versions and inside an anonymous union for others; in C it is `{ int type; int id; }`
+/// either way, so the id is written at byte offset 4.
+fn device_location(ordinal: usize) -> sys::CUmemLocation {
+    const _: () = assert!(std::mem::size_of::<sys::CUmemLocation>() == 8);
+    // SAFETY: an all-zero CUmemLocation is valid (type 0, id 0); the id is the `int` at offset 4 of
+    // the 8-byte C struct, written unaligned-safely.
+    unsafe {
+        let mut loc: sys::CUmemLocation = std::mem::zeroed();
+        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        std::ptr::addr_of_mut!(loc).cast::<u8>().add(4).cast::<i32>().write_unaligned(ordinal as i32);
+        loc
+    }
+}
+
 /// Enables peer access between every pair of distinct devices, and lets each device's peers read and
 /// write its default memory pool (cudarc allocates user buffers from stream-ordered pools).
 fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
@@ -560,10 +575,7 @@ fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
                 .result()
                 .map_err(Error::driver("cuDeviceGetDefaultMemPool"))?;
             let desc = sys::CUmemAccessDesc {
-                location: sys::CUmemLocation {
-                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: a.ordinal() as i32,
-                },
+                location: device_location(a.ordinal()),
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             };
             // SAFETY: one valid descriptor for a valid pool.
