@@ -262,24 +262,65 @@ fn pattern(r: usize, i: u64) -> i32 {
     ((r as u64 * 7 + i * 13) % 17) as i32 - 8
 }
 
-fn encode(dtype: DType, x: i32, out: &mut Vec<u8>) {
+/// `n` elements `f(0), f(1), …` encoded as `dtype` (little-endian bytes).
+fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
+    fn typed<T: bytemuck::Pod>(n: u64, f: impl Fn(u64) -> T) -> Vec<u8> {
+        let v: Vec<T> = (0..n).map(f).collect();
+        bytemuck::cast_slice(&v).to_vec()
+    }
     match dtype {
-        DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
-        DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
-        DType::I32 => out.extend_from_slice(&x.to_le_bytes()),
-        DType::U32 => out.extend_from_slice(&(x.unsigned_abs()).to_le_bytes()),
+        DType::F32 => typed(n, |i| f(i) as f32),
+        DType::F16 => typed(n, |i| half::f16::from_f32(f(i) as f32)),
+        DType::Bf16 => typed(n, |i| half::bf16::from_f32(f(i) as f32)),
+        DType::I32 => typed(n, &f),
+        DType::U32 => typed(n, |i| f(i).unsigned_abs()),
     }
 }
 
+/// The value of `op` over `vals` as the dtype sees them (unsigned for u32).
 fn reduce_i64(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> i32 {
-    let vals: Vec<i64> = vals.map(|x| if dtype == DType::U32 { x.unsigned_abs() as i64 } else { x as i64 }).collect();
+    let vals = vals.map(|x| if dtype == DType::U32 { x.unsigned_abs() as i64 } else { x as i64 });
     let r = match op {
-        ReduceOp::Sum => vals.iter().sum::<i64>(),
-        ReduceOp::Min => *vals.iter().min().unwrap(),
-        ReduceOp::Max => *vals.iter().max().unwrap(),
+        ReduceOp::Sum => vals.sum::<i64>(),
+        ReduceOp::Min => vals.min().unwrap_or(0),
+        ReduceOp::Max => vals.max().unwrap_or(0),
     };
     r as i32
+}
+
+/// The result element `i` of rank `r` must hold, for inputs made by [`pattern`].
+struct Expected {
+    collective: Collective,
+    dtype: DType,
+    count: u64,
+    /// `pattern` has period 17 in the element index: its reduction over ranks is a 17-entry table.
+    reduced: Vec<i32>,
+}
+
+impl Expected {
+    fn new(collective: Collective, dtype: DType, op: ReduceOp, ranks: usize, count: u64) -> Self {
+        let reduced = (0..17).map(|m| reduce_i64(op, dtype, (0..ranks).map(|q| pattern(q, m)))).collect();
+        Expected { collective, dtype, count, reduced }
+    }
+
+    fn value(&self, r: usize, i: u64) -> i32 {
+        match self.collective {
+            Collective::AllReduce => self.reduced[(i % 17) as usize],
+            Collective::ReduceScatter => self.reduced[((r as u64 * self.count + i) % 17) as usize],
+            Collective::AllGather => {
+                let (q, j) = ((i / self.count.max(1)) as usize, i % self.count.max(1));
+                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(q, j)))
+            }
+        }
+    }
+}
+
+/// Elements of `got` that differ from `want` (same dtype, same length).
+fn count_wrong(got: &[u8], want: &[u8], elem: usize) -> u64 {
+    if got == want {
+        return 0;
+    }
+    got.chunks_exact(elem).zip(want.chunks_exact(elem)).filter(|(a, b)| a != b).count() as u64
 }
 
 /// Runs the benchmark on virtual ranks of `stream`'s GPU, one row per size.
@@ -311,27 +352,8 @@ pub fn collective_bench(
             reduction: b.config.reduction,
         };
         let (in_bytes, out_bytes) = spec.buffer_bytes();
-        let inputs: Vec<Vec<u8>> = (0..p)
-            .map(|r| {
-                let mut v = Vec::with_capacity(in_bytes as usize);
-                for i in 0..in_bytes / e {
-                    encode(b.dtype, pattern(r, i), &mut v);
-                }
-                v
-            })
-            .collect();
-        let expected = |r: usize, i: u64| -> i32 {
-            match b.collective {
-                Collective::AllReduce => reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, i))),
-                Collective::ReduceScatter => {
-                    reduce_i64(b.op, b.dtype, (0..p).map(|q| pattern(q, r as u64 * count + i)))
-                }
-                Collective::AllGather => {
-                    let (q, j) = ((i / count.max(1)) as usize, i % count.max(1));
-                    reduce_i64(ReduceOp::Sum, b.dtype, std::iter::once(pattern(q, j)))
-                }
-            }
-        };
+        let inputs: Vec<Vec<u8>> = (0..p).map(|r| encode_all(b.dtype, in_bytes / e, |i| pattern(r, i))).collect();
+        let expected = Expected::new(b.collective, b.dtype, b.op, p, count);
         let mut times = [0f64; 2];
         let mut wrong = [0u64; 2];
         for (k, in_place) in [false, true].into_iter().enumerate() {
@@ -391,15 +413,9 @@ pub fn collective_bench(
                         (Collective::ReduceScatter, true) => (r as u64 * count, count),
                         _ => (0, out_bytes / e),
                     };
-                    let mut want = Vec::with_capacity(e as usize);
-                    for i in 0..n {
-                        want.clear();
-                        encode(b.dtype, expected(r, i), &mut want);
-                        let at = ((base + i) * e) as usize;
-                        if host[at..at + e as usize] != want[..] {
-                            wrong[k] += 1;
-                        }
-                    }
+                    let want = encode_all(b.dtype, n, |i| expected.value(r, i));
+                    let at = (base * e) as usize;
+                    wrong[k] += count_wrong(&host[at..at + want.len()], &want, e as usize);
                 }
             }
             times[k] = time_ms(stream, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
@@ -481,5 +497,52 @@ pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
         Collective::AllReduce => 2 * size * p,
         // ReduceScatter: input `size`, output size / P per rank; AllGather the other way round.
         Collective::ReduceScatter | Collective::AllGather => size * p + size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_host::tccl::{self, PlanSpec};
+
+    /// The benchmark's expected outputs agree with the collectives' reference on the benchmark's
+    /// inputs, for every collective, dtype and operator.
+    #[test]
+    fn expected_outputs_match_the_reference() {
+        for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+            for &dtype in DType::ALL {
+                for &op in ReduceOp::ALL {
+                    for (ranks, count) in [(1, 5), (3, 40), (8, 37)] {
+                        let spec = PlanSpec {
+                            collective,
+                            count,
+                            dtype,
+                            op,
+                            ranks,
+                            in_place: false,
+                            ctas: 1,
+                            reduction: Reduction::Registers,
+                        };
+                        let e = dtype.size() as u64;
+                        let (in_bytes, out_bytes) = spec.buffer_bytes();
+                        let inputs: Vec<Vec<u8>> =
+                            (0..ranks).map(|r| encode_all(dtype, in_bytes / e, |i| pattern(r, i))).collect();
+                        let want = tccl::reference(&spec, &inputs);
+                        let exp = Expected::new(collective, dtype, op, ranks, count);
+                        for (r, w) in want.iter().enumerate() {
+                            let got = encode_all(dtype, out_bytes / e, |i| exp.value(r, i));
+                            assert_eq!(count_wrong(&got, w, e as usize), 0, "{collective:?} {dtype:?} {op:?} rank {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn count_wrong_counts_elements() {
+        assert_eq!(count_wrong(&[1, 2, 3, 4], &[1, 2, 3, 4], 2), 0);
+        assert_eq!(count_wrong(&[1, 2, 3, 5], &[1, 2, 3, 4], 2), 1);
+        assert_eq!(count_wrong(&[0, 2, 3, 5], &[1, 2, 3, 4], 2), 2);
     }
 }
