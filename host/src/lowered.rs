@@ -70,7 +70,7 @@ fn decode(index: usize, t: &Task) -> Result<(TaskKind, DType, RedOp), LoweredErr
         return Err(bad("slot out of range"));
     }
     let e = dtype.size() as u64;
-    if t.bytes % e != 0 || t.src_offset % e != 0 || t.dst_offset % e != 0 {
+    if !t.bytes.is_multiple_of(e) || !t.src_offset.is_multiple_of(e) || !t.dst_offset.is_multiple_of(e) {
         return Err(bad("lengths or offsets are not whole elements"));
     }
     if kind == TaskKind::ReduceInto && t.dst_ranks.count_ones() != 1 {
@@ -120,8 +120,11 @@ pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> 
     Ok(())
 }
 
-/// Byte ranges one task reads and writes: (rank, slot, start, end).
-fn accesses(t: &Task) -> (Vec<(usize, u8, u64, u64)>, Vec<(usize, u8, u64, u64)>) {
+/// A byte range of one rank's buffer: (rank, slot, start, end).
+type Access = (usize, u8, u64, u64);
+
+/// Byte ranges one task reads and writes.
+fn accesses(t: &Task) -> (Vec<Access>, Vec<Access>) {
     let reads: Vec<_> = ranks(t.src_ranks).map(|r| (r, t.src_slot, t.src_offset, t.src_offset + t.bytes)).collect();
     // Accumulating (`ReduceInto`) also reads the destination; the write covers it.
     let writes: Vec<_> = ranks(t.dst_ranks).map(|r| (r, t.dst_slot, t.dst_offset, t.dst_offset + t.bytes)).collect();

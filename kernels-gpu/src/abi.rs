@@ -400,5 +400,5 @@ const _: () = {
     assert!(align_of::<LaunchArgs>() == 8);
     assert!(size_of::<Workspace>() == Workspace::seq_offset(MAX_CTAS_PER_RANK));
     assert!(MAX_RANKS <= 32, "rank masks are u32");
-    assert!(smem::STAGES % 128 == 0);
+    assert!(smem::STAGES.is_multiple_of(128));
 };
