@@ -471,7 +471,7 @@ impl Communicator {
         if b.len != expected {
             return Err(Error::Length { what, rank, expected, got: b.len });
         }
-        if b.ptr % align as u64 != 0 {
+        if !b.ptr.is_multiple_of(align as u64) {
             return Err(Error::Misaligned { what, rank, address: b.ptr, align });
         }
         Ok(())
