@@ -81,7 +81,9 @@ struct CachedPlan {
 /// `cudarc::nccl::Comm`s.
 ///
 /// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
-/// reports any device-side error (a bounded wait that gave up, a rejected descriptor).
+/// reports any device-side error (a bounded wait that gave up, a rejected descriptor). Plans are built
+/// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, for the
+/// communicator's lifetime; dropping the communicator waits for its streams first.
 pub struct Communicator {
     config: Config,
     engines: Vec<Engine>,
@@ -475,6 +477,16 @@ impl Communicator {
             return Err(Error::Misaligned { what, rank, address: b.ptr, align });
         }
         Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    /// Waits for the ranks' streams before the workspaces, status records and cached plans are freed:
+    /// kernels still in flight read them.
+    fn drop(&mut self) {
+        for r in &self.ranks {
+            let _ = r.stream.synchronize();
+        }
     }
 }
 
