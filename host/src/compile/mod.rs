@@ -25,6 +25,7 @@
 //! over micro-batches inside each sub-pipeline. See [`Plan`] for the exact semantics.
 
 pub mod deps;
+pub mod lower;
 pub mod plan;
 pub mod schedule;
 pub mod tballoc;

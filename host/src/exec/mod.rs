@@ -10,6 +10,7 @@
 //! Beyond the device, the executor also checks what the hardware cannot: that the message a receive
 //! takes was sent for the same op, and that no message is left over.
 
+pub mod lowered;
 pub mod reference;
 
 use crate::compile::{ConnId, Plan, Prim, TbId};
