@@ -24,8 +24,8 @@
 //! the device's `%globaltimer` records ([`oxccl_kernels::abi::TbTiming`]).
 
 use super::{Element, ReduceOp, VerifyReport, reference, test_inputs};
-use crate::compile::Prim;
 use crate::compile::lower::{DescriptorError, LoweredPlan, place, validate};
+use crate::compile::{Prim, TbId};
 use crate::lowered::combine_into;
 use crate::program::{OpId, Rank, Slice};
 use bytemuck::Pod;
@@ -124,7 +124,7 @@ impl Default for LaunchOptions {
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Blocked {
     pub rank: Rank,
-    pub tb: u32,
+    pub tb: TbId,
     /// The task's index in its TB.
     pub task: u32,
     pub prim: Prim,
@@ -163,7 +163,7 @@ impl fmt::Display for LoweredExecError {
                 for b in blocked.iter().take(8) {
                     write!(
                         f,
-                        "; {} tb{} task {} ({} {}, micro-batch {}): {}",
+                        "; {} {} task {} ({} {}, micro-batch {}): {}",
                         b.rank,
                         b.tb,
                         b.task,
@@ -413,7 +413,7 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                             report.tbs[r][t].idle += 1;
                             blocked.push(Blocked {
                                 rank: Rank(r as u32),
-                                tb: t as u32,
+                                tb: TbId::new(t),
                                 task: i - tb.first_task,
                                 prim: crate::compile::lower::prim_of(kind),
                                 origin: OpId(task.origin),
