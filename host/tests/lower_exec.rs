@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{bundled_msccl, xml_files};
+use common::{bundled_msccl, shared_msccl, xml_files};
 use oxccl_host::compile::lower::{LowerOptions, LoweredPlan, lower};
 use oxccl_host::compile::{Options, Plan, Scheduler, TbAlloc, compile};
 use oxccl_host::exec::ReduceOp;
@@ -97,13 +97,42 @@ fn hierarchical_mesh() {
     }
 }
 
-#[test]
-fn msccl_files() {
-    let files = xml_files(&bundled_msccl());
-    assert!(files.len() >= 5, "bundled MSCCL files missing");
+fn msccl_folder(dir: &std::path::Path) {
+    let files = xml_files(dir);
+    assert!(!files.is_empty(), "no MSCCL files in {}", dir.display());
     for f in files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let imp = import(&std::fs::read_to_string(&f).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
         check(&imp.program, &name);
     }
+}
+
+#[test]
+fn bundled_msccl_files() {
+    assert!(xml_files(&bundled_msccl()).len() >= 5, "bundled MSCCL files missing");
+    msccl_folder(&bundled_msccl());
+}
+
+#[test]
+fn shared_msccl_files() {
+    match shared_msccl() {
+        Some(dir) => msccl_folder(&dir),
+        None => eprintln!("skipped: ../shared/msccl not found"),
+    }
+}
+
+#[test]
+fn sizes_of_the_largest_runs() {
+    // ndv4_ap-1pass: 2016 ops on 8 ranks; the executor runs every (task, micro-batch).
+    let f = bundled_msccl().join("ndv4_ap-1pass.xml");
+    let p = import(&std::fs::read_to_string(f).unwrap()).unwrap().program;
+    let plan = compile(&p, &Options::default()).unwrap();
+    let lp = lowered::<f32>(&plan, PlanMode::Compiled, ReduceOp::Sum, 4, 4, plan.stats.fifo_slots_needed.max(1));
+    let mut mem = oxccl_host::exec::lowered::Memory::new(&lp);
+    let ic = lp.layout.input_chunks() as usize;
+    mem.load_inputs(&lp, &oxccl_host::exec::test_inputs::<f32>(8, ic * 16)).unwrap();
+    let rep = oxccl_host::exec::lowered::launch(&lp, &mut mem, &LaunchOptions::default()).unwrap();
+    let steps: u64 = rep.tbs.iter().flatten().map(|a| a.busy).sum();
+    assert_eq!(steps, 4 * plan.stats.tasks as u64);
+    assert!(plan.stats.tasks >= 2016);
 }

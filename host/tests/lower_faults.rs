@@ -217,3 +217,37 @@ fn counters_carry_over_launches_and_accounts_add_up() {
         }
     }
 }
+
+#[test]
+fn recv_reduce_copy_out_of_place() {
+    // The ABI's recv_reduce_copy is `dst = src ⊕ message`; plans use it in place. Rewrite a lowered
+    // plan so r1 reduces its input and r0's message straight into its output.
+    let text = "program rrc_out_of_place\n\
+                collective allreduce ranks=2 chunks=1 outofplace\n\
+                scratch 0 1\n\
+                op0 = xfer r0 in[0] -> r1 in[0] rrc ch=0 chunk=0 step=0 stage=0\n\
+                op1 = copy r1 in[0] -> out[0] ch=0 chunk=0 step=1 stage=0\n\
+                op2 = xfer r1 out[0] -> r0 out[0] recv ch=0 chunk=0 step=2 stage=0\n";
+    let p = oxccl_host::program::text::parse(text).unwrap();
+    let plan = compile(&p, &Options::default()).unwrap();
+    let mut lp = lowered(&plan, PlanMode::Compiled, 2, 2);
+    use oxccl_kernels::abi::{FifoKind, slot};
+    for t in &mut lp.ranks[1].tasks {
+        match FifoKind::from_raw(t.kind).unwrap() {
+            FifoKind::RecvReduceCopy => (t.dst_slot, t.dst_chunk) = (slot::OUTPUT, 0),
+            // The copy becomes harmless (output to scratch), keeping its place in the order.
+            FifoKind::Copy => {
+                ((t.src_slot, t.src_chunk), (t.dst_slot, t.dst_chunk)) = ((slot::OUTPUT, 0), (slot::SCRATCH, 0))
+            }
+            _ => {}
+        }
+    }
+    let mut mem = Memory::new(&lp);
+    let inputs = test_inputs::<f32>(2, 16);
+    mem.load_inputs(&lp, &inputs).unwrap();
+    launch(&lp, &mut mem, &LaunchOptions::default()).unwrap();
+    let want = oxccl_host::exec::reference::all_reduce(&inputs, ReduceOp::Sum).unwrap();
+    assert_eq!(mem.outputs::<f32>(&lp), want);
+    // r1's input is untouched.
+    assert_eq!(mem.buffers[1][slot::INPUT as usize], bytemuck::cast_slice::<f32, u8>(&inputs[1]));
+}

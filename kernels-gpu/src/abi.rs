@@ -452,7 +452,9 @@ abi_enum!(
         /// Acquire-wait until `tail > head`, bulk-load slot `head % slots`, store it at `dst`, complete
         /// the reads, release-store `head + 1` into the head counter.
         Recv = 17,
-        /// As [`FifoKind::Recv`], but `dst = dst ⊕ message` (`src == dst` is the local operand).
+        /// As [`FifoKind::Recv`], but reduce the message with the local input into the output:
+        /// `dst = src ⊕ message` (compiled plans reduce in place, `src == dst`; otherwise the two
+        /// must not overlap).
         RecvReduceCopy = 18,
         /// Local `dst = src`.
         Copy = 19,

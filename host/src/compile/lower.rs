@@ -742,15 +742,12 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
                         return err(format!("{here}: {what} slot {s} chunks {c}.. outside the buffer"));
                     }
                 }
-                if kind == FifoKind::RecvReduceCopy
-                    && (task.src_slot, task.src_chunk) != (task.dst_slot, task.dst_chunk)
-                {
-                    return err(format!("{here}: a recv_reduce_copy's local operand is its destination"));
-                }
-                if kind == FifoKind::Copy || kind == FifoKind::Reduce {
+                if has_src && has_dst {
+                    // Local operands are disjoint, or (a recv_reduce_copy in place) identical.
                     let a = unplace(l, Rank(r as u32), task.src_slot, task.src_chunk).unwrap_or(0) as u64;
                     let b = unplace(l, Rank(r as u32), task.dst_slot, task.dst_chunk).unwrap_or(0) as u64;
-                    if a < b + task.chunks as u64 && b < a + task.chunks as u64 {
+                    let in_place = kind == FifoKind::RecvReduceCopy && a == b;
+                    if !in_place && a < b + task.chunks as u64 && b < a + task.chunks as u64 {
                         return err(format!("{here}: source and destination overlap"));
                     }
                 }

@@ -374,16 +374,22 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                                 }
                                 let at =
                                     (c.ring_offset - FIFO_REGION_OFFSET as u64) as usize + k * c.slot_bytes as usize;
-                                let dst = &mut mem.buffers[r][task.dst_slot as usize];
-                                for j in 0..task.chunks {
-                                    let from = at + j as usize * mb_bytes;
-                                    let to = piece(task.dst_chunk, j);
-                                    let msg = &ws[from..from + mb_bytes];
-                                    if kind == FifoKind::RecvReduceCopy {
-                                        combine_into(dtype, op, &mut dst[to..to + mb_bytes], msg);
-                                    } else {
-                                        dst[to..to + mb_bytes].copy_from_slice(msg);
+                                // recv: dst = message; recv_reduce_copy: dst = src ⊕ message.
+                                scratch.clear();
+                                scratch.extend_from_slice(&ws[at..at + task.chunks as usize * mb_bytes]);
+                                if kind == FifoKind::RecvReduceCopy {
+                                    let src = &mem.buffers[r][task.src_slot as usize];
+                                    for j in 0..task.chunks as usize {
+                                        let from = piece(task.src_chunk, j as u32);
+                                        let mut local = src[from..from + mb_bytes].to_vec();
+                                        combine_into(dtype, op, &mut local, &scratch[j * mb_bytes..(j + 1) * mb_bytes]);
+                                        scratch[j * mb_bytes..(j + 1) * mb_bytes].copy_from_slice(&local);
                                     }
+                                }
+                                let dst = &mut mem.buffers[r][task.dst_slot as usize];
+                                for j in 0..task.chunks as usize {
+                                    let to = piece(task.dst_chunk, j as u32);
+                                    dst[to..to + mb_bytes].copy_from_slice(&scratch[j * mb_bytes..(j + 1) * mb_bytes]);
                                 }
                                 write_u64(ws, c.head_offset, head + 1);
                             }
