@@ -730,7 +730,7 @@ const _: () = {
     assert!(size_of::<TbTiming>() == 32 && align_of::<TbTiming>() == 8);
     assert!(size_of::<PlanLaunchArgs>() == 88 + 8 * 8 + 8 * MAX_RANKS + 8 * BUFFER_SLOTS);
     assert!(align_of::<PlanLaunchArgs>() == 8);
-    assert!(FIFO_REGION_OFFSET % 4096 == 0 && FIFO_REGION_OFFSET >= size_of::<Workspace>());
+    assert!(FIFO_REGION_OFFSET.is_multiple_of(4096) && FIFO_REGION_OFFSET >= size_of::<Workspace>());
     // FIFO kinds never collide with the T-CCL engine's task kinds.
     let mut i = 0;
     while i < FifoKind::ALL.len() {

@@ -246,7 +246,7 @@ pub fn segments_of(tb: &TbPlan, mode: PlanMode) -> Vec<Range<usize>> {
     match mode {
         PlanMode::Compiled => tb.segments(),
         PlanMode::Interpreted if tb.tasks.is_empty() => Vec::new(),
-        PlanMode::Interpreted => vec![0..tb.tasks.len()],
+        PlanMode::Interpreted => std::iter::once(0..tb.tasks.len()).collect(),
     }
 }
 
@@ -683,7 +683,7 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
             }
             if c.slots == 0
                 || c.slot_bytes == 0
-                || c.slot_bytes as usize % FIFO_ALIGN != 0
+                || !(c.slot_bytes as usize).is_multiple_of(FIFO_ALIGN)
                 || c.flags & !CONN_INTER_NODE != 0
             {
                 return err(format!("connection {i}: bad slots, slot size or flags"));

@@ -242,6 +242,8 @@ enum Step {
 }
 
 /// Runs one launch of `lp` (every rank) on `mem`. See the [module documentation](self).
+// Rank and TB indices address several parallel tables (descriptors, state, memory, report).
+#[allow(clippy::needless_range_loop)]
 pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Result<LaunchReport, LoweredExecError> {
     validate(lp)?;
     if opts.quantum == 0 {
