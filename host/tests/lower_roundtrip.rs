@@ -244,6 +244,10 @@ fn corrupt_descriptors_are_rejected() {
     x.ranks[0].header.tasks += 1;
     cases.push(("header says", x));
     let mut x = lp.clone();
+    x.ranks[2].header.mb_bytes *= 2;
+    x.ranks[2].header.chunk_bytes *= 2;
+    cases.push(("disagrees", x));
+    let mut x = lp.clone();
     x.ranks[0].header = bytemuck::Zeroable::zeroed();
     cases.push(("version", x));
     if let Some((r, w)) = lp.ranks.iter().enumerate().find_map(|(r, lr)| lr.waits.first().map(|_| (r, 0))) {

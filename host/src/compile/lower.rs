@@ -597,6 +597,13 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
         if h.rank as usize != r || h.ranks as usize != n || h.flags & !PLAN_FLAG_TIMING != 0 {
             return err("header names another rank, rank count or unknown flags".into());
         }
+        // Messages cross ranks: every rank cuts chunks alike, in one mode, for one dtype and operator.
+        let h0 = &lp.ranks[0].header;
+        if (h.mode, h.micro_batches, h.chunk_bytes, h.mb_bytes, h.dtype, h.op)
+            != (h0.mode, h0.micro_batches, h0.chunk_bytes, h0.mb_bytes, h0.dtype, h0.op)
+        {
+            return err("header disagrees with rank 0's on mode, geometry, dtype or operator".into());
+        }
         let counts = [
             (h.tbs as usize, lr.tbs.len(), "TBs"),
             (h.segments as usize, lr.segments.len(), "segments"),
@@ -818,9 +825,6 @@ pub fn decode(lp: &LoweredPlan) -> Result<PlanView, DescriptorError> {
     let mut ranks = Vec::with_capacity(lp.ranks.len());
     for (r, lr) in lp.ranks.iter().enumerate() {
         let rank = Rank(r as u32);
-        if lr.header.mode != h0.mode || lr.header.micro_batches != h0.micro_batches {
-            return Err(DescriptorError { rank: r, what: "ranks disagree on mode or micro-batches".into() });
-        }
         let mut tbs = Vec::with_capacity(lr.tbs.len());
         for tb in &lr.tbs {
             let segments = lr.segments[tb.first_segment as usize..(tb.first_segment + tb.segment_count) as usize]
