@@ -121,7 +121,9 @@ fn golden_ring_allreduce() {
     let lp = lower(&plan, &opts(PlanMode::Compiled, 2, 2)).unwrap();
     golden("lower_ring_allreduce_1x4_compiled.txt", &lp.dump());
     let plan = compile(&p, &Options::new(Scheduler::Algorithm, TbAlloc::PerConn)).unwrap();
-    let lp = lower(&plan, &opts(PlanMode::Interpreted, 2, 2)).unwrap();
+    let needed = lower(&plan, &opts(PlanMode::Interpreted, 2, 1)).unwrap().slots_needed;
+    assert_eq!(needed, 3, "a connection carries 3 messages per micro-batch in the whole list");
+    let lp = lower(&plan, &opts(PlanMode::Interpreted, 2, needed)).unwrap();
     golden("lower_ring_allreduce_1x4_interpreted.txt", &lp.dump());
 }
 
