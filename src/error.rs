@@ -112,6 +112,9 @@ impl fmt::Display for Error {
                     WaitKind::EndBarrier => "waiting for peer to finish writing (end barrier)",
                     WaitKind::BulkLoad => "waiting for a bulk load to land in shared memory",
                     WaitKind::BadTask => "bad task",
+                    WaitKind::FifoSpace => "waiting for a free FIFO slot (receiver's head)",
+                    WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
+                    WaitKind::Progress => "waiting for another CTA's progress (sync point)",
                 };
                 write!(
                     f,

@@ -4,9 +4,9 @@
 //! |---|---|
 //! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, their CPU executor |
 //! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
-//! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation) and the compiled plan |
+//! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, its lowering to `abi` descriptors |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |
-//! | [`exec`] | CPU executor of compiled plans, the semantic oracle |
+//! | [`exec`] | CPU executors of compiled plans and of their lowered descriptors, the semantic oracles |
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
 

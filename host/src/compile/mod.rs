@@ -10,7 +10,8 @@
 //! | `tb-alloc` | FIFO connections, and thread blocks for connection endpoints (state-based or per connection) |
 //! | `emit` | per-TB ordered task lists with sync points, and statistics |
 //!
-//! The same table is [`PASSES`], for tools.
+//! The same table is [`PASSES`], for tools. [`lower`] turns the resulting [`Plan`] into the device's
+//! descriptors (compiled or interpreted shape) and reads them back.
 //!
 //! Each pass is followed by its verifier ([`verify`]) unless [`Options::verify`] is off; every pass
 //! has a text dump ([`Compilation`]) that the golden tests compare.
@@ -25,6 +26,7 @@
 //! over micro-batches inside each sub-pipeline. See [`Plan`] for the exact semantics.
 
 pub mod deps;
+pub mod lower;
 pub mod plan;
 pub mod schedule;
 pub mod tballoc;

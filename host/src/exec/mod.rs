@@ -9,7 +9,11 @@
 //!
 //! Beyond the device, the executor also checks what the hardware cannot: that the message a receive
 //! takes was sent for the same op, and that no message is left over.
+//!
+//! [`lowered`] runs the same plans after lowering ([`crate::compile::lower`]): the device descriptors
+//! themselves, on bytes, with real FIFO rings and counters.
 
+pub mod lowered;
 pub mod reference;
 
 use crate::compile::{ConnId, Plan, Prim, TbId};
