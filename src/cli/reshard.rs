@@ -98,7 +98,7 @@ pub struct Args {
 }
 
 /// Parses one side's layout; errors name the flag or the side at fault.
-fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
+pub(crate) fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
     let mesh: Mesh = mesh.parse().map_err(|e| format!("--{flag}-mesh: {e}"))?;
     let placements = reshard::parse_placements(placements).map_err(|e| format!("--{flag}: {e}"))?;
     Layout::new(mesh, placements).map_err(|e| format!("{side} layout: {e}"))
