@@ -618,6 +618,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
         }
     }
     let total: u64 = need.iter().flatten().sum::<u64>() + 2 * plan.src_sharding().elements() * e as u64;
+    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
     let (free, _) = cudarc::driver::result::mem_get_info().map_err(Error::driver("cuMemGetInfo"))?;
     if total as f64 > 0.9 * free as f64 {
         return Err(Error::Config {
@@ -628,7 +629,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
     let (src_sh, dst_sh) = (plan.src_sharding(), plan.dst_sharding());
     let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
     let mut bufs: Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]> = Vec::new();
-    for r in 0..b.ranks {
+    for (r, need) in need.iter().enumerate().take(b.ranks) {
         let mut row: [Option<CudaSlice<u8>>; BUFFER_SLOTS] = Default::default();
         if src_sh.mesh().contains(r as u32) {
             let data = reshard_shard(src_sh, r as u32, e);
@@ -639,8 +640,8 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
             });
         }
         for s in [slot::OUTPUT, slot::SCRATCH] {
-            if need[r][s as usize] > 0 || (s == slot::OUTPUT && dst_sh.mesh().contains(r as u32)) {
-                row[s as usize] = Some(alloc(need[r][s as usize])?);
+            if need[s as usize] > 0 || (s == slot::OUTPUT && dst_sh.mesh().contains(r as u32)) {
+                row[s as usize] = Some(alloc(need[s as usize])?);
             }
         }
         bufs.push(row);

@@ -123,7 +123,7 @@ fn check_problem(p: &Problem, route: Route, ctas: u32, owner: CtaOwner) -> Resul
         }
         other => other.unwrap(),
     };
-    prop_assert!(p.elem_bytes % 2 == 0 || !has_odd_geometry(&plan));
+    prop_assert!(p.elem_bytes.is_multiple_of(2) || !has_odd_geometry(&plan));
     prop_assert_eq!(lowered.stages.len(), plan.stages().len());
     assert_well_formed(&lowered, &opts);
     lowered.check_races().unwrap();

@@ -439,15 +439,15 @@ pub(crate) fn check_mesh(side: &'static str, sharding: &Sharding, ranks: usize) 
 /// The copy unit: the requested one, or one chosen from the element size and the plan's geometry.
 fn copy_unit(stages: &[Vec<BoxCopy>], elem_bytes: u64, requested: Option<DType>) -> Result<DType, LowerError> {
     if let Some(dtype) = requested {
-        if elem_bytes % dtype.size() as u64 != 0 {
+        if !elem_bytes.is_multiple_of(dtype.size() as u64) {
             return Err(LowerError::DTypeSize { dtype, elem_bytes });
         }
         return Ok(dtype);
     }
-    if elem_bytes % 4 == 0 {
+    if elem_bytes.is_multiple_of(4) {
         return Ok(DType::F32);
     }
-    if elem_bytes % 2 == 0 {
+    if elem_bytes.is_multiple_of(2) {
         return Ok(DType::F16);
     }
     // Odd element sizes: the greatest common power of two (up to 4) of every offset, stride and run.
