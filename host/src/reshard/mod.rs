@@ -7,7 +7,7 @@
 //! | [`mod@plan`] | the planner: [`plan()`] → [`ReshardPlan`] (stages of strided [`Transfer`]s) |
 //! | [`traffic`] | [`Traffic`]: bytes the plan moves, bytes destinations lack, the two usual workarounds |
 //! | [`exec`] | the CPU executor and [`verify`], the exact check against the global tensor |
-//! | [`lower`] | [`lower()`]: a plan as engine descriptors, one [`crate::lowered::Lowered`] per stage |
+//! | [`mod@lower`] | [`lower()`]: a plan as engine descriptors, one [`crate::lowered::Lowered`] per stage |
 //! | [`workaround`] | the two usual workarounds as programs for the same engine |
 //! | [`report`] | the text form (golden tests) and the JSON report (`oxccl reshard --json`) |
 //!
