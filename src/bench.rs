@@ -1,14 +1,16 @@
 //! Measurements that speak nccl-tests: device-event timing, the mover CTA sweep, and the collective
 //! bandwidth table (size, count, type, redop, root, time, algbw, busbw, #wrong, out-of-place and
 //! in-place, "Avg bus bandwidth"). algbw = bytes / seconds / 1e9; busbw = algbw × the collective's
-//! factor. Correctness is checked in a separate, untimed pass.
+//! factor. Correctness is checked in a separate, untimed pass. The reshard benchmark times a plan
+//! against the two usual workarounds on the same engine and against two speed-of-light models.
 
 use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
 use crate::error::{Error, Result};
-use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction};
+use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr};
 use oxccl_host::lowered::Lowered;
+use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::sync::Arc;
@@ -500,6 +502,280 @@ pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
     }
 }
 
+/// Parameters of the reshard benchmark (`oxccl bench reshard`).
+#[derive(Clone, Debug)]
+pub struct ReshardBench {
+    /// Global shape.
+    pub shape: Vec<u64>,
+    /// Element type.
+    pub dtype: DType,
+    /// Source and destination layouts.
+    pub src: Layout,
+    pub dst: Layout,
+    /// Virtual ranks on the GPU (every mesh must lie below).
+    pub ranks: usize,
+    /// Route, domain size, split threshold, CTA owner.
+    pub options: ReshardOptions,
+    pub iters: usize,
+    pub warmup: usize,
+    /// Check every destination shard in a separate untimed pass.
+    pub check: bool,
+    pub config: Config,
+    /// The NVLink model's bandwidth of one rank's NVLink port, per direction (GB/s).
+    pub nvlink_gbps: f64,
+    /// The NVLink model's bandwidth of one rank's link out of its domain, per direction (GB/s).
+    pub cross_gbps: f64,
+}
+
+/// One row of the reshard benchmark: one program (the plan or a workaround) on the same engine.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReshardRow {
+    /// `plan`, `flat_sends` or `gather_broadcast`.
+    pub program: &'static str,
+    /// Launches (stages with tasks).
+    pub launches: usize,
+    pub tasks: usize,
+    /// Bytes copied from one rank's buffer into another's.
+    pub bytes_between_ranks: u64,
+    /// Bytes copied inside one rank.
+    pub bytes_local: u64,
+    /// Bytes crossing NVLink domains.
+    pub bytes_cross_domain: u64,
+    /// Average milliseconds per call.
+    pub ms: f64,
+    /// Bytes copied (between ranks + local) per second / 1e9.
+    pub gbps: f64,
+    /// The one-GPU model: every byte copied is read and written once through this GPU's memory at the
+    /// measured `cuMemcpyDtoD` rate.
+    pub sol_hbm_ms: f64,
+    /// The NVLink model, as if each rank were a GPU: the busiest link's bytes over its bandwidth.
+    pub sol_nvlink_ms: f64,
+    /// Which link is busiest in the NVLink model (`nvlink out of rank 3`, ...).
+    pub busiest_link: String,
+    /// Elements that differed in the check pass (`u64::MAX`: not checked).
+    pub wrong: u64,
+}
+
+/// A pseudo-random non-zero element pattern (so zero-initialised destinations show unwritten elements).
+fn reshard_pattern(i: u64, elem: usize) -> u64 {
+    let mut z = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5DEE_CE66;
+    z = (z ^ (z >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^= z >> 32;
+    (z | 1) & (u64::MAX >> (64 - 8 * elem))
+}
+
+/// Rank `rank`'s shard of the pattern tensor under `sharding`, as bytes.
+fn reshard_shard(sharding: &oxccl_host::reshard::Sharding, rank: u32, elem: usize) -> Vec<u8> {
+    let Some(region) = sharding.local_region(rank) else { return Vec::new() };
+    let shape = sharding.shape();
+    let strides: Vec<u64> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+    let mut out = Vec::with_capacity(region.volume() as usize * elem);
+    if region.is_empty() {
+        return out;
+    }
+    let k = region.start.len().saturating_sub(1);
+    let run = region.extent.last().copied().unwrap_or(1);
+    let rows: u64 = region.extent[..k].iter().product();
+    for row in 0..rows {
+        let (mut rest, mut at) = (row, region.start.get(k).copied().unwrap_or(0));
+        for d in (0..k).rev() {
+            at += (region.start[d] + rest % region.extent[d]) * strides[d];
+            rest /= region.extent[d];
+        }
+        for i in at..at + run {
+            out.extend_from_slice(&reshard_pattern(i, elem).to_le_bytes()[..elem]);
+        }
+    }
+    out
+}
+
+/// The NVLink model's busiest link for `loads`: (bytes / bandwidth in seconds, description).
+fn busiest_link(loads: &Loads, nvlink_gbps: f64, cross_gbps: f64) -> (f64, String) {
+    let mut best = (0.0, "none".to_string());
+    for r in 0..loads.sent.len() {
+        let links = [
+            (loads.sent[r] - loads.sent_cross_domain[r], nvlink_gbps, "NVLink out of"),
+            (loads.received[r] - loads.received_cross_domain[r], nvlink_gbps, "NVLink into"),
+            (loads.sent_cross_domain[r], cross_gbps, "domain link out of"),
+            (loads.received_cross_domain[r], cross_gbps, "domain link into"),
+        ];
+        for (bytes, gbps, name) in links {
+            let s = bytes as f64 / (gbps * 1e9);
+            if s > best.0 {
+                best = (s, format!("{name} rank {r} ({bytes} B)"));
+            }
+        }
+    }
+    best
+}
+
+/// Runs the reshard benchmark on virtual ranks of `stream`'s GPU: the plan through
+/// [`Communicator::reshard`], and the two workarounds (flat sends, gather + broadcast) lowered to the same
+/// engine, each checked once (untimed) and timed. Returns (memcpy GB/s read + written, rows).
+pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64, Vec<ReshardRow>)> {
+    let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
+    let e = b.dtype.size();
+    let plan = reshard::plan(&b.shape, e as u64, &b.src, &b.dst, b.options.plan)?;
+    let ctas = comm.ctas_per_rank();
+    let opts = LowerOptions { owner: b.options.owner, dtype: Some(b.dtype), ..LowerOptions::new(b.ranks, ctas) };
+    let programs = [
+        ("plan", lower(&plan, &opts)?),
+        ("flat_sends", lower(&workaround::flat_sends(&plan), &opts)?),
+        ("gather_broadcast", workaround::gather_broadcast(&plan, &opts)?),
+    ];
+
+    // Device memory: every rank's source, destination and scratch buffers.
+    let mut need = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    for (_, l) in &programs {
+        for (r, bytes) in l.buffer_bytes.iter().enumerate() {
+            for s in 0..BUFFER_SLOTS {
+                need[r][s] = need[r][s].max(bytes[s]);
+            }
+        }
+    }
+    let total: u64 = need.iter().flatten().sum::<u64>() + 2 * plan.src_sharding().elements() * e as u64;
+    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    let (free, _) = cudarc::driver::result::mem_get_info().map_err(Error::driver("cuMemGetInfo"))?;
+    if total as f64 > 0.9 * free as f64 {
+        return Err(Error::Config {
+            field: "shape",
+            why: format!("the benchmark needs {total} bytes of device memory, {free} are free; use a smaller shape"),
+        });
+    }
+    let (src_sh, dst_sh) = (plan.src_sharding(), plan.dst_sharding());
+    let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
+    let mut bufs: Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]> = Vec::new();
+    for (r, need) in need.iter().enumerate().take(b.ranks) {
+        let mut row: [Option<CudaSlice<u8>>; BUFFER_SLOTS] = Default::default();
+        if src_sh.mesh().contains(r as u32) {
+            let data = reshard_shard(src_sh, r as u32, e);
+            row[slot::INPUT as usize] = Some(if data.is_empty() {
+                alloc(0)?
+            } else {
+                stream.clone_htod(&data).map_err(Error::driver("cuMemcpyHtoD"))?
+            });
+        }
+        for s in [slot::OUTPUT, slot::SCRATCH] {
+            if need[s as usize] > 0 || (s == slot::OUTPUT && dst_sh.mesh().contains(r as u32)) {
+                row[s as usize] = Some(alloc(need[s as usize])?);
+            }
+        }
+        bufs.push(row);
+    }
+    let mut table = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    for (r, row) in bufs.iter().enumerate() {
+        for (s, buf) in row.iter().enumerate() {
+            if let Some(buf) = buf {
+                table[r][s] = buf.device_ptr(stream).0;
+            }
+        }
+    }
+
+    // cuMemcpyDtoD of the tensor's size: the one-GPU model's bandwidth.
+    let tensor_bytes = (plan.src_sharding().elements() * e as u64).max(1 << 20) as usize;
+    let memcpy_gbps = {
+        let a: CudaSlice<u8> = stream.alloc_zeros(tensor_bytes).map_err(Error::driver("cuMemAlloc"))?;
+        let mut d: CudaSlice<u8> = stream.alloc_zeros(tensor_bytes).map_err(Error::driver("cuMemAlloc"))?;
+        let ms = time_ms(stream, b.warmup, b.iters, || {
+            stream.memcpy_dtod(&a, &mut d).map_err(Error::driver("cuMemcpyDtoDAsync"))
+        })?;
+        2.0 * tensor_bytes as f64 / (ms * 1e-3) / 1e9
+    };
+
+    let mut rows = Vec::new();
+    for (name, lowered) in programs {
+        let loads = lowered.loads(b.options.plan.domain_size);
+        let cross: u64 = loads.sent_cross_domain.iter().sum();
+        let launches = lowered.stages.iter().filter(|l| !l.tasks.is_empty()).count();
+        let tasks = lowered.task_count();
+        let prepared = if name == "plan" { None } else { Some(comm.prepare_reshard(lowered, ctas)?) };
+        let run = |bufs: &mut Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]>| -> Result<()> {
+            match &prepared {
+                // SAFETY: `table` holds buffers of at least `buffer_bytes` for every (rank, slot) of every
+                // program (allocated above from their maximum), alive until the end of this function,
+                // which synchronises before returning.
+                Some(p) => unsafe { comm.launch_prepared(p, table) },
+                None => reshard_call(&comm, bufs, b, &plan),
+            }
+        };
+        let wrong = if b.check {
+            for row in bufs.iter_mut() {
+                if let Some(out) = &mut row[slot::OUTPUT as usize] {
+                    stream.memset_zeros(out).map_err(Error::driver("cuMemsetD8Async"))?;
+                }
+            }
+            run(&mut bufs)?;
+            comm.synchronize()?;
+            let mut wrong = 0u64;
+            for r in dst_sh.mesh().ranks() {
+                let want = reshard_shard(dst_sh, r, e);
+                let out = bufs[r as usize][slot::OUTPUT as usize].as_ref().expect("destination ranks have buffers");
+                let got = stream.clone_dtoh(out).map_err(Error::driver("cuMemcpyDtoH"))?;
+                wrong += got[..want.len()].chunks(e).zip(want.chunks(e)).filter(|(a, b)| a != b).count() as u64;
+            }
+            wrong
+        } else {
+            u64::MAX
+        };
+        let ms = time_ms(stream, b.warmup, b.iters, || run(&mut bufs))?;
+        comm.synchronize()?;
+        let copied = loads.between_ranks + loads.local;
+        let (nvlink_s, link) = busiest_link(&loads, b.nvlink_gbps, b.cross_gbps);
+        rows.push(ReshardRow {
+            program: name,
+            launches,
+            tasks,
+            bytes_between_ranks: loads.between_ranks,
+            bytes_local: loads.local,
+            bytes_cross_domain: cross,
+            ms,
+            gbps: copied as f64 / (ms * 1e-3) / 1e9,
+            sol_hbm_ms: 2.0 * copied as f64 / (memcpy_gbps * 1e9) * 1e3,
+            sol_nvlink_ms: nvlink_s * 1e3,
+            busiest_link: link,
+            wrong,
+        });
+    }
+    stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+    Ok((memcpy_gbps, rows))
+}
+
+/// The plan through the public call, on the benchmark's byte buffers viewed as elements.
+fn reshard_call(
+    comm: &Communicator,
+    bufs: &mut [[Option<CudaSlice<u8>>; BUFFER_SLOTS]],
+    b: &ReshardBench,
+    plan: &reshard::ReshardPlan,
+) -> Result<()> {
+    let e = b.dtype.size();
+    macro_rules! go {
+        ($t:ty) => {{
+            let mut src: Vec<Option<CudaView<$t>>> = Vec::new();
+            let mut dst: Vec<Option<CudaViewMut<$t>>> = Vec::new();
+            for (r, row) in bufs.iter_mut().enumerate() {
+                let (a, rest) = row.split_at_mut(1);
+                let n_src = plan.src_buffer_bytes(r as u32) as usize / e;
+                let n_dst = plan.dst_buffer_bytes(r as u32) as usize / e;
+                // SAFETY: byte buffers of at least the shard's bytes viewed as whole elements (cudarc
+                // allocations are 256-byte aligned).
+                src.push(a[0].as_ref().map(|x| unsafe { x.transmute::<$t>(n_src) }.expect("sized above")));
+                let out = rest[0].as_mut().filter(|_| plan.dst().mesh().contains(r as u32));
+                dst.push(out.map(|x| unsafe { x.transmute_mut::<$t>(n_dst) }.expect("sized above")));
+            }
+            let src: Vec<Option<&CudaView<$t>>> = src.iter().map(Option::as_ref).collect();
+            let mut dst: Vec<Option<&mut CudaViewMut<$t>>> = dst.iter_mut().map(Option::as_mut).collect();
+            comm.reshard(&src, &mut dst, &b.shape, &b.src, &b.dst, &b.options)
+        }};
+    }
+    match b.dtype {
+        DType::F32 => go!(f32),
+        DType::F16 => go!(half::f16),
+        DType::Bf16 => go!(half::bf16),
+        DType::I32 => go!(i32),
+        DType::U32 => go!(u32),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,5 +820,50 @@ mod tests {
         assert_eq!(count_wrong(&[1, 2, 3, 4], &[1, 2, 3, 4], 2), 0);
         assert_eq!(count_wrong(&[1, 2, 3, 5], &[1, 2, 3, 4], 2), 1);
         assert_eq!(count_wrong(&[0, 2, 3, 5], &[1, 2, 3, 4], 2), 2);
+    }
+}
+
+#[cfg(test)]
+mod reshard_tests {
+    use super::*;
+
+    #[test]
+    fn reshard_shards_are_cut_from_the_pattern_tensor() {
+        for (shape, mesh, placements, elem) in [
+            (vec![5u64, 7], "2x2@1", "S1,S0", 2usize),
+            (vec![3, 4, 5], "3@0", "S2", 4),
+            (vec![6], "4@2", "S0", 2),
+            (vec![], "2@0", "R", 4),
+        ] {
+            let sharding = Layout::parse(mesh, placements).unwrap().on(&shape).unwrap();
+            let global: Vec<u64> = (0..sharding.elements()).map(|i| reshard_pattern(i, elem)).collect();
+            for (rank, want) in sharding.local_shards(&global).unwrap() {
+                let want: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()[..elem].to_vec()).collect();
+                assert_eq!(reshard_shard(&sharding, rank, elem), want, "{shape:?} {mesh} {placements} rank {rank}");
+            }
+        }
+        assert!((0..1000).all(|i| reshard_pattern(i, 2) != 0 && reshard_pattern(i, 2) <= 0xFFFF));
+    }
+
+    #[test]
+    fn the_nvlink_model_picks_the_busiest_link() {
+        // TP8 → TP2 × DP4 hierarchical: each receiving leader gets a quarter of its shard across the
+        // domain boundary; the forwarding inside the destination domain is on NVLink.
+        let plan = reshard::plan(
+            &[7168, 18432],
+            2,
+            &Layout::parse("8@0", "S0").unwrap(),
+            &Layout::parse("4x2@8", "R,S0").unwrap(),
+            reshard::PlanOptions::default(),
+        )
+        .unwrap();
+        let l = lower(&plan, &LowerOptions::new(16, 8)).unwrap();
+        let loads = l.loads(8);
+        let shard = 3584 * 18432 * 2u64;
+        let (s, link) = busiest_link(&loads, 450.0, 50.0);
+        // Every rank 0..8 sends its 33 MB shard out of domain 0 (4 parts of 8.3 MB): 33 MB / 50 GB/s.
+        assert_eq!(loads.sent_cross_domain[0], shard / 4);
+        assert!((s - (shard / 4) as f64 / 50e9).abs() < 1e-12, "{s} {link}");
+        assert!(link.starts_with("domain link"), "{link}");
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec};
 use crate::error::{Error, Result};
-use crate::{Element, Mover, ReduceOp};
+use crate::{DType, Element, Mover, ReduceOp};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use oxccl_host::lowered::Lowered;
@@ -71,8 +71,11 @@ struct Group {
     status: DeviceAlloc,
 }
 
-struct CachedPlan {
-    lowered: Lowered,
+/// A lowered program uploaded for every launch group of a communicator (each group's slice of the
+/// programs, all the tasks).
+pub(crate) struct Uploaded {
+    /// The program as lowered (barriers dropped when one launch holds every rank).
+    pub lowered: Lowered,
     per_group: Vec<DeviceProgram>,
 }
 
@@ -89,15 +92,16 @@ pub struct Communicator {
     engines: Vec<Engine>,
     ranks: Vec<Rank>,
     groups: Vec<Group>,
-    plans: Mutex<HashMap<PlanSpec, Arc<CachedPlan>>>,
+    plans: Mutex<HashMap<PlanSpec, Arc<Uploaded>>>,
+    pub(crate) reshard_plans: Mutex<HashMap<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>>,
     poisoned: AtomicBool,
 }
 
 /// A raw per-rank buffer: address, elements, device ordinal.
-struct Raw {
-    ptr: u64,
-    len: usize,
-    device: usize,
+pub(crate) struct Raw {
+    pub ptr: u64,
+    pub len: usize,
+    pub device: usize,
 }
 
 impl Communicator {
@@ -150,6 +154,7 @@ impl Communicator {
             ranks,
             groups,
             plans: Mutex::new(HashMap::new()),
+            reshard_plans: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -298,6 +303,12 @@ impl Communicator {
 
     /// The plan and launch parameters a call would use (for inspection and benchmarks).
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
+        self.launch_spec_for(spec.dtype, spec.op, slots, combines)
+    }
+
+    /// The launch parameters of a program of `dtype` tasks reducing with `op` (ignored by copies) that
+    /// needs `slots` shared-memory slots per stage and combines sources or not.
+    pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let c = &self.config;
         let threads = c.threads.unwrap_or(match c.mover {
             Mover::Tma if combines => 128,
@@ -316,8 +327,8 @@ impl Communicator {
         };
         Ok(LaunchSpec {
             mover: c.mover,
-            dtype: spec.dtype,
-            op: spec.op,
+            dtype,
+            op,
             threads,
             chunk_bytes: chunk,
             stages: c.stages,
@@ -331,12 +342,27 @@ impl Communicator {
     }
 
     /// The plan for `spec`, built and uploaded on first use.
-    fn plan(&self, spec: &PlanSpec) -> Result<Arc<CachedPlan>> {
+    fn plan(&self, spec: &PlanSpec) -> Result<Arc<Uploaded>> {
         let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(spec) {
             return Ok(p.clone());
         }
-        let mut lowered = tccl::plan(spec)?;
+        let plan = Arc::new(self.upload(tccl::plan(spec)?, spec.ctas)?);
+        cache.insert(*spec, plan.clone());
+        Ok(plan)
+    }
+
+    /// Errors with [`Error::Poisoned`] after an unreported or unreset device error.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Uploads a program of `ctas` CTAs per rank (rank-major, every rank of the communicator) for every
+    /// launch group: each group gets its ranks' programs and all the tasks.
+    pub(crate) fn upload(&self, mut lowered: Lowered, ctas: u32) -> Result<Uploaded> {
         if self.groups.len() == 1 {
             // One launch holds every rank: the stream orders it after the producers of every input and
             // before the consumers of every output, so no barrier is needed.
@@ -344,7 +370,7 @@ impl Communicator {
                 p.barrier_ranks = 0;
             }
         }
-        let c = spec.ctas as usize;
+        let c = ctas as usize;
         let mut per_group = Vec::new();
         for g in &self.groups {
             let engine = &self.engines[g.device];
@@ -355,9 +381,48 @@ impl Communicator {
             let n = sub.programs.len();
             per_group.push(engine.upload(&sub, 0..n)?);
         }
-        let plan = Arc::new(CachedPlan { lowered, per_group });
-        cache.insert(*spec, plan.clone());
-        Ok(plan)
+        Ok(Uploaded { lowered, per_group })
+    }
+
+    /// Checks that every launch on a device, `ctas` CTAs per rank needing `slots` slots, can be
+    /// resident together with the others on it.
+    pub(crate) fn check_resident(&self, launch: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
+        for (d, engine) in self.engines.iter().enumerate() {
+            let on_device: u32 =
+                self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * ctas).sum();
+            engine.check(launch, on_device, slots)?;
+        }
+        Ok(())
+    }
+
+    /// Launches `program` once per group, on the groups' streams, with the buffer table `buffers`.
+    ///
+    /// # Safety
+    /// `buffers` holds, for every (rank, slot) the program's tasks touch, the address of a buffer on
+    /// that rank's device large enough for every range the tasks address, alive (and not used by other
+    /// work) until the launches complete.
+    pub(crate) unsafe fn launch_uploaded(
+        &self,
+        program: &Uploaded,
+        launch: &LaunchSpec,
+        buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+    ) -> Result<()> {
+        let mut workspaces = [0u64; MAX_RANKS];
+        for (r, rank) in self.ranks.iter().enumerate() {
+            workspaces[r] = rank.workspace.ptr();
+        }
+        for (g, prog) in self.groups.iter().zip(&program.per_group) {
+            let engine = &self.engines[g.device];
+            // SAFETY: the caller vouches for the buffer table; the status record is the group's own;
+            // every group of the communicator is launched here, so barriers meet.
+            unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr())? };
+        }
+        Ok(())
+    }
+
+    /// The stream of rank `rank`.
+    pub(crate) fn stream(&self, rank: usize) -> &Arc<CudaStream> {
+        &self.ranks[rank].stream
     }
 
     fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
@@ -368,9 +433,7 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Poisoned);
-        }
+        self.check_usable()?;
         let p = self.ranks();
         let in_place = send.is_none();
         let spec = PlanSpec {
@@ -420,11 +483,7 @@ impl Communicator {
             return Err(Error::Config { field: "deterministic", why: "requires reduction = Registers".into() });
         }
         // Every launch on a device must be resident together with the others on it.
-        for (d, engine) in self.engines.iter().enumerate() {
-            let ctas: u32 =
-                self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * spec.ctas).sum();
-            engine.check(&launch, ctas, plan.lowered.slots)?;
-        }
+        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
 
         // The buffer table: every rank's input and output, and in-place aliases resolved.
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
@@ -440,10 +499,6 @@ impl Communicator {
             buffers[r][slot::INPUT as usize] = input;
             buffers[r][slot::OUTPUT as usize] = output;
         }
-        let mut workspaces = [0u64; MAX_RANKS];
-        for (r, rank) in self.ranks.iter().enumerate() {
-            workspaces[r] = rank.workspace.ptr();
-        }
         // Keep cudarc's stream-ordering guards alive until every launch is queued.
         let mut guards = Vec::with_capacity(2 * p);
         for (r, b) in recv.iter_mut().enumerate() {
@@ -454,18 +509,21 @@ impl Communicator {
                 guards.push(b.device_ptr(&self.ranks[r].stream).1);
             }
         }
-        for (g, prog) in self.groups.iter().zip(&plan.per_group) {
-            let engine = &self.engines[g.device];
-            // SAFETY: every address in the tables was checked above (device, length, disjointness) and
-            // belongs to buffers borrowed for this call; the status record is the group's own; every
-            // group of the communicator is launched here, so barriers meet.
-            unsafe { engine.launch(&g.stream, prog, &launch, buffers, workspaces, g.status.ptr())? };
-        }
+        // SAFETY: every address in the table was checked above (device, length, disjointness) and
+        // belongs to buffers borrowed for this call; the plan addresses exactly these lengths.
+        unsafe { self.launch_uploaded(&plan, &launch, buffers)? };
         drop(guards);
         Ok(())
     }
 
-    fn check_buffer(&self, b: &Raw, rank: usize, expected: usize, what: &'static str, align: usize) -> Result<()> {
+    pub(crate) fn check_buffer(
+        &self,
+        b: &Raw,
+        rank: usize,
+        expected: usize,
+        what: &'static str,
+        align: usize,
+    ) -> Result<()> {
         let device = self.engines[self.ranks[rank].device].context().ordinal();
         if b.device != device {
             return Err(Error::WrongDevice { what, rank, expected: device, got: b.device });
@@ -494,7 +552,7 @@ fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str) -> Result<usi
     bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: 1, got: 0 })
 }
 
-fn raw_of<T, S: DevicePtr<T>>(s: &S) -> Raw {
+pub(crate) fn raw_of<T, S: DevicePtr<T>>(s: &S) -> Raw {
     Raw { ptr: s.address(), len: s.len(), device: s.stream().context().ordinal() }
 }
 
@@ -515,7 +573,7 @@ impl<T, S: DevicePtr<T>> DevicePtrLike<T> for S {
 
 /// Every written range (`.4`) must be disjoint from every other range on its device; ranges that are
 /// only read may overlap each other.
-fn check_disjoint(ranges: &[(u64, u64, usize, usize, bool)], what: &'static str) -> Result<()> {
+pub(crate) fn check_disjoint(ranges: &[(u64, u64, usize, usize, bool)], what: &'static str) -> Result<()> {
     let mut v: Vec<_> = ranges.iter().filter(|r| r.0 < r.1).copied().collect();
     v.sort_by_key(|r| (r.3, r.0));
     for i in 0..v.len() {

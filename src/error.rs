@@ -2,6 +2,7 @@
 
 use cudarc::driver::DriverError;
 use oxccl_host::lowered::LoweredError;
+use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
 use oxccl_kernels::abi::{DType, RedOp, Status, WaitKind};
 use std::fmt;
@@ -41,6 +42,15 @@ pub enum Error {
     Plan(PlanError),
     /// A lowered program failed validation.
     Lowered(LoweredError),
+    /// A reshard's layouts do not fit the tensor or the communicator, or its two sides disagree
+    /// (`ReshardError::Src` / `Dst` name the side).
+    Reshard(ReshardError),
+    /// A reshard plan cannot be lowered for the engine (too many tasks, no copy unit, ...).
+    ReshardLower(LowerError),
+    /// A rank whose shard holds data passed no buffer for that side of a reshard.
+    MissingBuffer { what: &'static str, rank: usize, elements: u64 },
+    /// A rank outside a side's mesh passed a buffer for that side of a reshard.
+    UnexpectedBuffer { what: &'static str, rank: usize },
     /// A bounded wait on the device gave up: a peer never arrived or never finished.
     Timeout { wait: WaitKind, rank: u32, cta: u32, peer: u32, expected: u64, observed: u64, errors: u32 },
     /// The engine rejected a task descriptor.
@@ -106,6 +116,14 @@ impl fmt::Display for Error {
             Error::Config { field, why } => write!(f, "config.{field}: {why}"),
             Error::Plan(e) => write!(f, "plan: {e}"),
             Error::Lowered(e) => write!(f, "lowered program: {e}"),
+            Error::Reshard(e) => write!(f, "reshard: {e}"),
+            Error::ReshardLower(e) => write!(f, "reshard lowering: {e}"),
+            Error::MissingBuffer { what, rank, elements } => {
+                write!(f, "{what} of rank {rank} is missing: its shard has {elements} elements")
+            }
+            Error::UnexpectedBuffer { what, rank } => {
+                write!(f, "{what} given for rank {rank}, which is outside that side's mesh (pass None)")
+            }
             Error::Timeout { wait, rank, cta, peer, expected, observed, errors } => {
                 let what = match wait {
                     WaitKind::StartBarrier => "waiting for peer to reach the collective (start barrier)",
@@ -136,6 +154,8 @@ impl std::error::Error for Error {
             Error::Driver { source, .. } => Some(source),
             Error::Plan(e) => Some(e),
             Error::Lowered(e) => Some(e),
+            Error::Reshard(e) => Some(e),
+            Error::ReshardLower(e) => Some(e),
             _ => None,
         }
     }
@@ -150,5 +170,17 @@ impl From<PlanError> for Error {
 impl From<LoweredError> for Error {
     fn from(e: LoweredError) -> Self {
         Error::Lowered(e)
+    }
+}
+
+impl From<ReshardError> for Error {
+    fn from(e: ReshardError) -> Self {
+        Error::Reshard(e)
+    }
+}
+
+impl From<LowerError> for Error {
+    fn from(e: LowerError) -> Self {
+        Error::ReshardLower(e)
     }
 }

@@ -16,6 +16,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Calls: the collectives, and [`Communicator::reshard`] (M-to-N layout changes, [`reshard`]).
+//!
 //! Layers: [`Communicator`] (ranks, plan cache, calls) → [`engine`] (PTX module, launches, owned device
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
 //! `oxccl-host`, which also executes them on the CPU.
@@ -26,11 +28,13 @@ mod comm;
 pub mod engine;
 mod error;
 pub mod ptx;
+pub mod reshard;
 
 pub use comm::{Communicator, Config};
 pub use error::{Error, Result};
 pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
+pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce.
 pub trait Element: cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static {

@@ -1,12 +1,18 @@
-//! `oxccl bench`: nccl-tests-style collective benchmarks and the mover CTA sweep.
+//! `oxccl bench`: nccl-tests-style collective benchmarks, the mover CTA sweep, and the reshard
+//! benchmark (the plan against the two workarounds on the same engine and two speed-of-light models):
+//!
+//! ```text
+//! oxccl bench reshard --shape 7168,18432 -d bfloat16 --src-mesh 8@0 --src S0 --dst-mesh 4x2@8 --dst R,S0
+//! ```
 
 use super::CliResult;
-use crate::bench::{self, CollectiveBench, SweepConfig};
-use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction};
+use crate::bench::{self, CollectiveBench, ReshardBench, SweepConfig};
+use crate::reshard::{CtaOwner, PlanOptions, Route};
+use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// all_reduce | reduce_scatter | all_gather | movers
+    /// all_reduce | reduce_scatter | all_gather | movers | reshard
     pub what: String,
     /// Smallest size (bytes; K, M, G suffixes are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size)]
@@ -26,15 +32,15 @@ pub struct Args {
     /// Check results in a separate untimed pass (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
-    /// Element type: float, half, bfloat16, int32, uint32.
-    #[arg(short = 'd', long = "datatype", default_value = "float")]
-    pub dtype: String,
+    /// Element type: float, half, bfloat16, int32, uint32 (default float; bfloat16 for reshard).
+    #[arg(short = 'd', long = "datatype")]
+    pub dtype: Option<String>,
     /// Reduction: sum, min, max.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
-    /// Virtual ranks on the GPU.
-    #[arg(long, default_value_t = 8)]
-    pub ranks: usize,
+    /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
+    #[arg(long)]
+    pub ranks: Option<usize>,
     /// CTAs per rank (default: all SMs divided among the ranks, at most 16).
     #[arg(long)]
     pub ctas: Option<u32>,
@@ -56,6 +62,39 @@ pub struct Args {
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
+    /// reshard: global shape, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "7168,18432")]
+    pub shape: Vec<u64>,
+    /// reshard: source mesh (`DIMSxDIMS@START`).
+    #[arg(long, default_value = "8@0")]
+    pub src_mesh: String,
+    /// reshard: source placements (`S0`, `R,S1`, ...).
+    #[arg(long, default_value = "S0")]
+    pub src: String,
+    /// reshard: destination mesh.
+    #[arg(long, default_value = "4x2@8")]
+    pub dst_mesh: String,
+    /// reshard: destination placements.
+    #[arg(long, default_value = "R,S0")]
+    pub dst: String,
+    /// reshard: route, direct or hierarchical.
+    #[arg(long, default_value = "hierarchical")]
+    pub route: String,
+    /// reshard: ranks per NVLink domain.
+    #[arg(long, default_value_t = 8)]
+    pub domain_size: u32,
+    /// reshard: hierarchical split threshold in bytes.
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    pub min_split_bytes: u64,
+    /// reshard: which rank's CTAs run a copy: reader, writer or balanced.
+    #[arg(long, default_value = "reader")]
+    pub owner: String,
+    /// reshard, NVLink model: one rank's NVLink bandwidth per direction (GB/s; H200: 450).
+    #[arg(long, default_value_t = 450.0)]
+    pub nvlink_gbps: f64,
+    /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
+    #[arg(long, default_value_t = 50.0)]
+    pub cross_gbps: f64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -98,14 +137,21 @@ pub fn run(a: Args) -> CliResult {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
-        "movers" => None,
+        "movers" | "reshard" => None,
         other => {
-            return Err(format!("unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather or movers").into());
+            return Err(format!(
+                "unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather, movers or reshard"
+            )
+            .into());
         }
     };
     let command: Vec<String> = std::env::args().collect();
+    let reshard = (a.what == "reshard").then(|| reshard_bench(&a)).transpose()?;
     let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
     let stream = ctx.default_stream();
+    if let Some(b) = reshard {
+        return run_reshard(&stream, &b, &a, &command, &ctx.name().unwrap_or_default());
+    }
     let Some(collective) = collective else {
         let d = SweepConfig::default();
         let cfg =
@@ -157,9 +203,9 @@ pub fn run(a: Args) -> CliResult {
     };
     let b = CollectiveBench {
         collective,
-        dtype: parse_dtype(&a.dtype)?,
+        dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
         op: parse_op(&a.op)?,
-        ranks: a.ranks,
+        ranks: a.ranks.unwrap_or(8),
         min_bytes: a.min_bytes,
         max_bytes: a.max_bytes,
         factor: a.factor,
@@ -172,7 +218,7 @@ pub fn run(a: Args) -> CliResult {
     println!(
         "# device: {}, {} virtual ranks, mover {}, reduction {}",
         ctx.name().unwrap_or_default(),
-        a.ranks,
+        b.ranks,
         a.mover,
         a.reduction
     );
@@ -186,6 +232,135 @@ pub fn run(a: Args) -> CliResult {
     }
     if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX))
     {
+        return Err("wrong results (see #wrong)".into());
+    }
+    Ok(())
+}
+
+/// The reshard benchmark's parameters from the flags (checked before looking for a GPU).
+fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
+    let src = super::reshard::layout(&a.src_mesh, &a.src, "src", "source")?;
+    let dst = super::reshard::layout(&a.dst_mesh, &a.dst, "dst", "destination")?;
+    let route = match a.route.as_str() {
+        "direct" => Route::Direct,
+        "hierarchical" => Route::Hierarchical,
+        other => return Err(format!("unknown route {other:?} (direct, hierarchical)").into()),
+    };
+    let last = |l: &crate::reshard::Layout| (l.mesh().start() + l.mesh().size()) as usize;
+    let ranks = a.ranks.unwrap_or_else(|| last(&src).max(last(&dst)));
+    let dtype = parse_dtype(a.dtype.as_deref().unwrap_or("bfloat16"))?;
+    let options = ReshardOptions {
+        plan: PlanOptions { route, domain_size: a.domain_size, min_split_bytes: a.min_split_bytes },
+        owner: a.owner.parse::<CtaOwner>()?,
+    };
+    // Validate the layouts against the shape and the ranks here, so a bad command fails without a GPU.
+    let buffers = vec![None; ranks];
+    let side =
+        |layout| crate::reshard::Side { shape: &a.shape, elem_bytes: dtype.size() as u64, layout, buffers: &buffers };
+    match crate::reshard::validate(ranks, &side(&src), &side(&dst)) {
+        Ok(()) | Err(crate::Error::MissingBuffer { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS {
+        return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
+    }
+    let config = Config {
+        max_ctas: a.ctas,
+        mover: parse_mover(&a.mover)?,
+        chunk_bytes: a.chunk,
+        stages: a.stages,
+        threads: a.threads,
+        timeout: std::time::Duration::from_secs(60),
+        ..Config::default()
+    };
+    Ok(ReshardBench {
+        shape: a.shape.clone(),
+        dtype,
+        src,
+        dst,
+        ranks,
+        options,
+        iters: a.iters,
+        warmup: a.warmup,
+        check: a.check != 0,
+        config,
+        nvlink_gbps: a.nvlink_gbps,
+        cross_gbps: a.cross_gbps,
+    })
+}
+
+fn run_reshard(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    b: &ReshardBench,
+    a: &Args,
+    command: &[String],
+    device: &str,
+) -> CliResult {
+    let bytes = b.shape.iter().product::<u64>() * b.dtype.size() as u64;
+    println!("# oxccl reshard: {}", command.join(" "));
+    println!(
+        "# device: {device}, {} virtual ranks, mover {}, owner {}, {} iterations after {} warm-up",
+        b.ranks, a.mover, b.options.owner, b.iters, b.warmup
+    );
+    println!(
+        "# tensor {:?} {} ({bytes} B): {} -> {}, route {}, domain size {}, split >= {} B",
+        b.shape,
+        b.dtype.nccl_name(),
+        b.src,
+        b.dst,
+        b.options.plan.route,
+        b.options.plan.domain_size,
+        b.options.plan.min_split_bytes
+    );
+    let (memcpy, rows) = bench::reshard_bench(stream, b)?;
+    println!("# cuMemcpyDtoD of the tensor's size: {memcpy:.1} GB/s (read + written)");
+    println!(
+        "# SOL models: hbm = 2 x bytes copied / the memcpy rate (every rank shares this GPU's memory); nvlink = \
+         busiest link's bytes / its bandwidth as if each rank were a GPU ({} GB/s NVLink, {} GB/s out of a domain)",
+        b.nvlink_gbps, b.cross_gbps
+    );
+    println!(
+        "# {:<17} {:>8} {:>8} {:>14} {:>12} {:>14} {:>10} {:>9} {:>11} {:>7} {:>13} {:>7}",
+        "program",
+        "launches",
+        "tasks",
+        "between (B)",
+        "local (B)",
+        "cross (B)",
+        "time (ms)",
+        "GB/s",
+        "hbm SOL ms",
+        "of SOL",
+        "nvlink SOL ms",
+        "#wrong"
+    );
+    for r in &rows {
+        let wrong = if r.wrong == u64::MAX { "N/A".to_string() } else { r.wrong.to_string() };
+        println!(
+            "  {:<17} {:>8} {:>8} {:>14} {:>12} {:>14} {:>10.3} {:>9.1} {:>11.3} {:>6.1}% {:>13.3} {:>7}",
+            r.program,
+            r.launches,
+            r.tasks,
+            r.bytes_between_ranks,
+            r.bytes_local,
+            r.bytes_cross_domain,
+            r.ms,
+            r.gbps,
+            r.sol_hbm_ms,
+            100.0 * r.sol_hbm_ms / r.ms,
+            r.sol_nvlink_ms,
+            wrong
+        );
+    }
+    for r in &rows {
+        println!("# {}: NVLink model's busiest link: {}", r.program, r.busiest_link);
+    }
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    }
+    if rows.iter().any(|r| r.wrong != 0 && r.wrong != u64::MAX) {
         return Err("wrong results (see #wrong)".into());
     }
     Ok(())

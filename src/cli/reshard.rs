@@ -95,10 +95,21 @@ pub struct Args {
     /// Transfers listed in the text output (the JSON report lists all).
     #[arg(long, default_value_t = 64)]
     pub max_listed: usize,
+    /// Also lower the plan for the engine (ranks: enough for both meshes) and print its task counts
+    /// (and its text form when it has at most --max-listed tasks); with --verify, run the lowered
+    /// program on the CPU with the engine's semantics too.
+    #[arg(long)]
+    pub lower: bool,
+    /// With --lower: CTAs per rank.
+    #[arg(long, default_value_t = 8)]
+    pub ctas: u32,
+    /// With --lower: which rank's CTAs run a copy (reader, writer, balanced).
+    #[arg(long, default_value = "reader")]
+    pub owner: String,
 }
 
 /// Parses one side's layout; errors name the flag or the side at fault.
-fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
+pub(crate) fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
     let mesh: Mesh = mesh.parse().map_err(|e| format!("--{flag}-mesh: {e}"))?;
     let placements = reshard::parse_placements(placements).map_err(|e| format!("--{flag}: {e}"))?;
     Layout::new(mesh, placements).map_err(|e| format!("{side} layout: {e}"))
@@ -126,10 +137,57 @@ pub fn run(args: Args) -> CliResult {
             println!("{r}");
         }
     }
-    match report {
-        Some(r) if !r.is_exact() => Err(format!("verification failed: {} elements differ", r.mismatches).into()),
-        _ => Ok(()),
+    if let Some(r) = &report
+        && !r.is_exact()
+    {
+        return Err(format!("verification failed: {} elements differ", r.mismatches).into());
     }
+    if args.lower {
+        lowered(&plan, &args)?;
+    }
+    Ok(())
+}
+
+/// `--lower`: the plan as engine programs, and with `--verify` run on the CPU against the global tensor.
+fn lowered(plan: &reshard::ReshardPlan, args: &Args) -> CliResult {
+    let last = |s: &reshard::Sharding| (s.mesh().start() + s.mesh().size()) as usize;
+    let ranks = last(plan.src_sharding()).max(last(plan.dst_sharding()));
+    let opts = reshard::LowerOptions { owner: args.owner.parse()?, ..reshard::LowerOptions::new(ranks, args.ctas) };
+    let l = reshard::lower(plan, &opts)?;
+    l.check_races()?;
+    if l.task_count() <= args.max_listed {
+        print!("{l}");
+    } else {
+        println!(
+            "lowered: unit {:?}, {ranks} ranks, {} CTAs per rank, tasks per stage {:?} (text form over --max-listed)",
+            l.dtype,
+            args.ctas,
+            l.tasks_per_stage()
+        );
+    }
+    if args.verify {
+        // Element i of the global tensor: bytes of i + 1 (never all zero, so unwritten bytes show).
+        let e = plan.elem_bytes() as usize;
+        let n = plan.src_sharding().elements();
+        let global: Vec<u64> = (0..n).collect();
+        let bytes = |idx: &[u64]| -> Vec<u8> {
+            idx.iter().flat_map(|&i| (0..e).map(move |k| ((i + 1) >> (8 * (k % 8))) as u8 ^ (k / 8) as u8)).collect()
+        };
+        let mut bufs = l.host_buffers();
+        for (r, idx) in plan.src_sharding().local_shards(&global)? {
+            bufs[r as usize][oxccl_kernels::abi::slot::INPUT as usize] = bytes(&idx);
+        }
+        l.execute(&mut bufs)?;
+        let mut wrong = 0;
+        for (r, idx) in plan.dst_sharding().local_shards(&global)? {
+            wrong += usize::from(bufs[r as usize][oxccl_kernels::abi::slot::OUTPUT as usize] != bytes(&idx));
+        }
+        if wrong > 0 {
+            return Err(format!("lowered program: {wrong} destination ranks differ from the global tensor").into());
+        }
+        println!("lowered program verified on the CPU: every destination shard matches the global tensor");
+    }
+    Ok(())
 }
 
 fn print_text(plan: &reshard::ReshardPlan, args: &Args) {

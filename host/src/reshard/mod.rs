@@ -7,6 +7,8 @@
 //! | [`mod@plan`] | the planner: [`plan()`] → [`ReshardPlan`] (stages of strided [`Transfer`]s) |
 //! | [`traffic`] | [`Traffic`]: bytes the plan moves, bytes destinations lack, the two usual workarounds |
 //! | [`exec`] | the CPU executor and [`verify`], the exact check against the global tensor |
+//! | [`mod@lower`] | [`lower()`]: a plan as engine descriptors, one [`crate::lowered::Lowered`] per stage |
+//! | [`workaround`] | the two usual workarounds as programs for the same engine |
 //! | [`report`] | the text form (golden tests) and the JSON report (`oxccl reshard --json`) |
 //!
 //! ```
@@ -26,14 +28,17 @@
 pub mod exec;
 mod geometry;
 pub mod layout;
+pub mod lower;
 pub mod plan;
 pub mod report;
 pub mod traffic;
+pub mod workaround;
 
 pub use exec::{
     Buffers, ExecError, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, verify, verify_with_limit,
 };
 pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
+pub use lower::{CtaOwner, Loads, LowerError, LowerOptions, LoweredReshard, lower};
 pub use plan::{PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan};
 pub use report::{PlanReport, TransferRow, VerifySummary, Workarounds};
 pub use traffic::{Traffic, Workaround};

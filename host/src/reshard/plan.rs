@@ -507,17 +507,17 @@ fn split(region: &Region, ways: usize, min_bytes: u64, elem: u64) -> Vec<Region>
 }
 
 /// A piece's byte geometry between two dense row-major buffers.
-struct BoxGeometry {
-    src_offset: u64,
-    dst_offset: u64,
-    bytes: u64,
-    shape: Vec<u64>,
-    src_strides: Vec<u64>,
-    dst_strides: Vec<u64>,
+pub(crate) struct BoxGeometry {
+    pub src_offset: u64,
+    pub dst_offset: u64,
+    pub bytes: u64,
+    pub shape: Vec<u64>,
+    pub src_strides: Vec<u64>,
+    pub dst_strides: Vec<u64>,
 }
 
 /// The byte geometry of `piece` read from a buffer holding box `a` and written to one holding box `b`.
-fn boxed(piece: &Region, a: &Region, b: &Region, elem: u64) -> BoxGeometry {
+pub(crate) fn boxed(piece: &Region, a: &Region, b: &Region, elem: u64) -> BoxGeometry {
     let (sa, sb) = (a.strides(), b.strides());
     let offset = |outer: &Region, strides: &[u64]| -> u64 {
         (0..piece.start.len()).map(|d| (piece.start[d] - outer.start[d]) * strides[d]).sum::<u64>() * elem

@@ -34,16 +34,31 @@ impl Problem {
 fn layout(rank: usize, max_ranks: u32) -> impl Strategy<Value = Layout> {
     let axes = prop::collection::vec(1u32..=4, 1..=3)
         .prop_filter("mesh too large", move |d| d.iter().product::<u32>() <= max_ranks);
-    (axes, 0u32..=12).prop_flat_map(move |(dims, start)| {
-        let placement = if rank == 0 {
-            Just(Placement::Replicate).boxed()
-        } else {
-            prop_oneof![Just(Placement::Replicate), (0..rank as u32).prop_map(Placement::Shard)].boxed()
-        };
-        let n = dims.len();
-        prop::collection::vec(placement, n)
-            .prop_map(move |p| Layout::new(Mesh::new(dims.clone(), start).expect("positive dims"), p).expect("valid"))
+    (axes, 0u32..=12).prop_flat_map(move |(dims, start)| placed(rank, dims, start))
+}
+
+/// A random layout for a tensor of `rank` dims on a mesh of at most `world` ranks lying inside ranks
+/// `0..world`.
+fn layout_in(rank: usize, world: u32) -> impl Strategy<Value = Layout> {
+    let axes = prop::collection::vec(1u32..=4, 1..=3)
+        .prop_filter("mesh too large", move |d| d.iter().product::<u32>() <= world);
+    axes.prop_flat_map(move |dims| {
+        let size: u32 = dims.iter().product();
+        (Just(dims), 0u32..=world - size)
     })
+    .prop_flat_map(move |(dims, start)| placed(rank, dims, start))
+}
+
+/// `dims` at `start` with random placements for a tensor of `rank` dims.
+fn placed(rank: usize, dims: Vec<u32>, start: u32) -> impl Strategy<Value = Layout> {
+    let placement = if rank == 0 {
+        Just(Placement::Replicate).boxed()
+    } else {
+        prop_oneof![Just(Placement::Replicate), (0..rank as u32).prop_map(Placement::Shard)].boxed()
+    };
+    let n = dims.len();
+    prop::collection::vec(placement, n)
+        .prop_map(move |p| Layout::new(Mesh::new(dims.clone(), start).expect("positive dims"), p).expect("valid"))
 }
 
 /// Random problems: tensors of 0 to 3 dims (sizes 0 to 9, mostly positive), meshes of up to 24 ranks
@@ -59,6 +74,31 @@ pub fn problem() -> impl Strategy<Value = Problem> {
                 prop::sample::select(vec![1u64, 2, 3, 4, 8]),
                 layout(rank, 24),
                 layout(rank, 24),
+                1u32..=8,
+                prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
+            )
+        })
+        .prop_map(|(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
+            shape,
+            elem_bytes,
+            src,
+            dst,
+            domain_size,
+            min_split_bytes,
+        })
+}
+
+/// Random problems like [`problem`] whose meshes lie inside ranks `0..world` (what one engine launch
+/// addresses): meshes of up to `world` ranks starting anywhere that keeps them inside.
+pub fn problem_in(world: u32) -> impl Strategy<Value = Problem> {
+    (0usize..=3)
+        .prop_flat_map(move |rank| {
+            let dim = prop_oneof![1 => Just(0u64), 12 => 1u64..=9];
+            (
+                prop::collection::vec(dim, rank),
+                prop::sample::select(vec![1u64, 2, 3, 4, 8]),
+                layout_in(rank, world),
+                layout_in(rank, world),
                 1u32..=8,
                 prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
             )
