@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (tests, sanitizer, sweep, allreduce, compare, overlap)
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
+# allreduce-256m ar-matrix collectives overlap reshard); each step logs under $OUT.
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/oxccl-out}
@@ -12,7 +13,7 @@ for step in "$@"; do
     info)
       log info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv ;;
     tests)
-      for t in gpu_intrinsics gpu_engine gpu_collectives; do
+      for t in gpu_intrinsics gpu_engine gpu_collectives gpu_reshard; do
         log "$t"; timeout 200 $B/$t --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
     sanitizer)
       log memcheck
@@ -30,6 +31,11 @@ for step in "$@"; do
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
+    overlap)
+      log overlap; timeout 300 $B/oxccl bench overlap --ranks 8 -e 256M --ctas 8 -n 10 -w 3 --json > "$OUT/overlap.log" 2>&1; grep -v "^{" "$OUT/overlap.log" ;;
+    reshard)
+      log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
+      log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;
     allreduce-256m)
       log allreduce-tma-256m; timeout 100 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 256M -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8_256m.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8_256m.log" ;;
     collectives)

@@ -867,3 +867,128 @@ mod reshard_tests {
         assert!(link.starts_with("domain link"), "{link}");
     }
 }
+
+/// Parameters of the overlap benchmark: an AllReduce on virtual ranks beside an FMA-bound compute
+/// kernel on another stream.
+#[derive(Clone, Debug)]
+pub struct OverlapBench {
+    pub ranks: usize,
+    /// Bytes per rank of the AllReduce (f32 sum).
+    pub bytes: u64,
+    /// CTAs per rank for the collective.
+    pub ctas: u32,
+    pub movers: Vec<Mover>,
+    /// Suspend-time hints for the collective's waits (ns), each measured.
+    pub suspend_ns: Vec<u32>,
+    /// Threads per compute CTA, and compute CTAs per SM.
+    pub compute_threads: u32,
+    pub compute_ctas_per_sm: u32,
+    pub iters: usize,
+    pub warmup: usize,
+}
+
+/// One row of the overlap benchmark (milliseconds, means over the iterations).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct OverlapRow {
+    pub mover: &'static str,
+    pub ctas: u32,
+    pub suspend_ns: u32,
+    pub compute_alone_ms: f64,
+    pub collective_alone_ms: f64,
+    /// From the common start to the end of each, when both run at once.
+    pub compute_together_ms: f64,
+    pub collective_together_ms: f64,
+    /// From the common start until both are done.
+    pub makespan_ms: f64,
+    /// Makespan over the sum of the times alone (1: no overlap, 0.5: perfect overlap of equals).
+    pub makespan_over_serial: f64,
+}
+
+/// Runs the overlap benchmark on `stream`'s GPU. The compute kernel's iteration count is chosen so
+/// that it runs about as long as the collective alone (TMA mover, first suspend hint).
+pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<OverlapRow>> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let ctx = stream.context().clone();
+    let module =
+        ctx.load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES)).map_err(Error::driver("cuModuleLoadData"))?;
+    let fma = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
+    let sms = Engine::new(&ctx)?.sms;
+    let compute_stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+    let grid = sms * b.compute_ctas_per_sm;
+    let out: CudaSlice<f32> =
+        compute_stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
+    let out_ptr = out.device_ptr(&compute_stream).0;
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (b.compute_threads, 1, 1), shared_mem_bytes: 0 };
+    let launch_fma = |iters: u32| -> Result<()> {
+        let seed = 1.0f32;
+        let mut l = compute_stream.launch_builder(&fma);
+        l.arg(&out_ptr).arg(&iters).arg(&seed);
+        // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
+        unsafe { l.launch(cfg) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
+    };
+
+    let n = (b.bytes / 4) as usize;
+    let send: Vec<CudaSlice<f32>> = (0..b.ranks)
+        .map(|r| stream.clone_htod(&vec![r as f32; n]).map_err(Error::driver("cuMemcpyHtoD")))
+        .collect::<Result<_>>()?;
+    let mut recv: Vec<CudaSlice<f32>> =
+        (0..b.ranks).map(|_| stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))).collect::<Result<_>>()?;
+
+    let event =
+        |s: &CudaStream| s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"));
+    let elapsed = |a: &cudarc::driver::CudaEvent, z: &cudarc::driver::CudaEvent| -> Result<f64> {
+        z.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+        Ok(a.elapsed_ms(z).map_err(Error::driver("cuEventElapsedTime"))? as f64)
+    };
+
+    let mut rows = Vec::new();
+    let mut fma_iters = 0u32;
+    for &mover in &b.movers {
+        for &suspend in &b.suspend_ns {
+            let config = Config { max_ctas: Some(b.ctas), mover, wait_suspend_ns: suspend, ..Config::default() };
+            let comm = Communicator::virtual_ranks(stream, b.ranks, config)?;
+            let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
+            let coll_alone = time_ms(stream, b.warmup, b.iters, &mut collective)?;
+            if fma_iters == 0 {
+                // Calibrate once: the compute kernel alone takes about as long as the collective.
+                let probe = 1 << 14;
+                let t = time_ms(&compute_stream, 1, 3, || launch_fma(probe))?;
+                fma_iters = ((probe as f64 * coll_alone / t.max(1e-6)) as u32).max(1);
+            }
+            let comp_alone = time_ms(&compute_stream, b.warmup, b.iters, || launch_fma(fma_iters))?;
+            let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
+            for it in 0..b.warmup + b.iters {
+                stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+                compute_stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+                let start = event(stream)?;
+                compute_stream.wait(&start).map_err(Error::driver("cuStreamWaitEvent"))?;
+                collective()?;
+                launch_fma(fma_iters)?;
+                let coll_end = event(stream)?;
+                let comp_end = event(&compute_stream)?;
+                stream.wait(&comp_end).map_err(Error::driver("cuStreamWaitEvent"))?;
+                let all_end = event(stream)?;
+                if it >= b.warmup {
+                    coll_t += elapsed(&start, &coll_end)?;
+                    comp_t += elapsed(&start, &comp_end)?;
+                    span += elapsed(&start, &all_end)?;
+                }
+            }
+            comm.synchronize()?;
+            let k = b.iters.max(1) as f64;
+            let (comp_t, coll_t, span) = (comp_t / k, coll_t / k, span / k);
+            rows.push(OverlapRow {
+                mover: if mover == Mover::Tma { "tma" } else { "simt" },
+                ctas: b.ctas,
+                suspend_ns: suspend,
+                compute_alone_ms: comp_alone,
+                collective_alone_ms: coll_alone,
+                compute_together_ms: comp_t,
+                collective_together_ms: coll_t,
+                makespan_ms: span,
+                makespan_over_serial: span / (comp_alone + coll_alone),
+            });
+        }
+    }
+    Ok(rows)
+}

@@ -4,6 +4,9 @@
 //! - the GPU test (`tests/gpu_intrinsics.rs`) runs each family against a host expectation.
 //!
 //! Kernels take plain device addresses (`u64`) and write their observations to an `out` array.
+//!
+//! The module also holds [`bench_fma`], the compute kernel the overlap benchmark runs beside a
+//! collective.
 
 use crate::arith::*;
 use crate::bulk::*;
@@ -330,4 +333,25 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
             *o.add(k as u64).ptr() = v;
         }
     }
+}
+
+/// An FMA-bound compute kernel for the overlap benchmark (`oxccl bench overlap`), not a probe: every
+/// thread runs `iters` rounds of 8 independent `fma.rn.f32` on registers (no memory traffic), then
+/// writes one value to `out[global thread id]` so the work cannot be optimised away.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
+    let i = ctaid_x() * ntid_x() + tid_x();
+    let mut acc = [0f32; 8];
+    for (k, a) in acc.iter_mut().enumerate() {
+        *a = seed + (i as f32) * 1e-7 + k as f32;
+    }
+    let (m, c) = (0.999_999_9_f32, 1e-7_f32);
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = core::intrinsics::fmaf32(*a, m, c);
+        }
+    }
+    let sum = acc.iter().sum::<f32>();
+    // SAFETY: the host sizes `out` for every thread of the grid.
+    unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = sum };
 }

@@ -137,10 +137,10 @@ pub fn run(a: Args) -> CliResult {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
-        "movers" | "reshard" => None,
+        "movers" | "reshard" | "overlap" => None,
         other => {
             return Err(format!(
-                "unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather, movers or reshard"
+                "unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather, movers, overlap or reshard"
             )
             .into());
         }
@@ -151,6 +151,9 @@ pub fn run(a: Args) -> CliResult {
     let stream = ctx.default_stream();
     if let Some(b) = reshard {
         return run_reshard(&stream, &b, &a, &command, &ctx.name().unwrap_or_default());
+    }
+    if a.what == "overlap" {
+        return run_overlap(&stream, &a, &command, &ctx.name().unwrap_or_default());
     }
     let Some(collective) = collective else {
         let d = SweepConfig::default();
@@ -362,6 +365,58 @@ fn run_reshard(
     }
     if rows.iter().any(|r| r.wrong != 0 && r.wrong != u64::MAX) {
         return Err("wrong results (see #wrong)".into());
+    }
+    Ok(())
+}
+
+/// `oxccl bench overlap`: an AllReduce of `-e` bytes per rank on `--ranks` virtual ranks with
+/// `--ctas` CTAs per rank, beside an FMA-bound kernel on another stream, for both movers and the
+/// suspend hints 0 and 1000 ns.
+fn run_overlap(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    a: &Args,
+    command: &[String],
+    device: &str,
+) -> CliResult {
+    let b = bench::OverlapBench {
+        ranks: a.ranks.unwrap_or(8),
+        bytes: a.max_bytes,
+        ctas: a.ctas.unwrap_or(8),
+        movers: vec![Mover::Tma, Mover::Simt],
+        suspend_ns: vec![0, 1000],
+        compute_threads: 256,
+        compute_ctas_per_sm: 4,
+        iters: a.iters,
+        warmup: a.warmup,
+    };
+    println!("# oxccl overlap: {}", command.join(" "));
+    println!(
+        "# device: {device}; AllReduce f32 sum of {} B per rank on {} virtual ranks beside an FMA kernel",
+        b.bytes, b.ranks
+    );
+    let rows = bench::overlap_bench(stream, &b)?;
+    println!(
+        "# {:>5} {:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "mover", "CTAs", "susp_ns", "compute(ms)", "coll(ms)", "compute||", "coll||", "makespan", "/serial"
+    );
+    for r in &rows {
+        println!(
+            "  {:>5} {:>5} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            r.mover,
+            r.ctas,
+            r.suspend_ns,
+            r.compute_alone_ms,
+            r.collective_alone_ms,
+            r.compute_together_ms,
+            r.collective_together_ms,
+            r.makespan_ms,
+            r.makespan_over_serial
+        );
+    }
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
     }
     Ok(())
 }
