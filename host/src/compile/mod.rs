@@ -324,6 +324,10 @@ fn drive(
     if opts.verify {
         verify::alloc(program, &graph, &schedule, &alloc)?;
     }
+    if !keep {
+        // Links were for the schedulers and for the connections' node crossing.
+        graph.link_of_op = Vec::new();
+    }
     mark("tb-alloc", &mut times);
     let mut check = opts.verify.then(|| verify::PlanCheck::new(&graph, &schedule, &alloc));
     let mut plan = plan::emit(program, &graph, &schedule, &alloc, opts, &mut |rp| {
