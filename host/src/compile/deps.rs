@@ -151,8 +151,18 @@ impl Graph {
 
     /// The data dependencies of task `side` of `op`: earlier tasks of the same rank, ascending.
     pub fn task_preds(&self, op: OpId, side: usize) -> impl Iterator<Item = TaskId> + '_ {
-        let (a, b) = (self.op_preds.start[op.index()] as usize, self.op_preds.start[op.index() + 1] as usize);
-        self.op_preds.items[a..b].iter().zip(&self.pred_sides[a..b]).flat_map(move |(&p, &bits)| {
+        self.task_preds_in(self.pred_row(op), side)
+    }
+
+    /// Where `op`'s dependencies are in `op_preds.items` and `pred_sides`.
+    #[inline]
+    pub fn pred_row(&self, op: OpId) -> std::ops::Range<usize> {
+        self.op_preds.start[op.index()] as usize..self.op_preds.start[op.index() + 1] as usize
+    }
+
+    /// [`Graph::task_preds`] of task `side` of the op whose [`Graph::pred_row`] is `row`.
+    pub fn task_preds_in(&self, row: std::ops::Range<usize>, side: usize) -> impl Iterator<Item = TaskId> + '_ {
+        self.op_preds.items[row.clone()].iter().zip(&self.pred_sides[row]).flat_map(move |(&p, &bits)| {
             let first = self.op_tasks[p as usize].0;
             (0..2u32).filter(move |&s2| bits & (1 << (2 * side as u32 + s2)) != 0).map(move |s2| TaskId(first + s2))
         })

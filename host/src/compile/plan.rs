@@ -386,7 +386,14 @@ pub fn emit(
         }
     }
     drop(fill);
-    // (TB, index in the TB) of each task of the rank being built.
+    // Per task of the rank being built: (task id, side, TB, index in the TB), the op's
+    // (sub-pipeline, seq, connection) and where its dependencies are. Gathered in separate loops over the rank's tasks before they
+    // are used: the loads are independent, so the processor overlaps their cache misses, which is
+    // most of this pass's time on large programs.
+    let mut local: Vec<(u32, u32, u32, u32)> = Vec::new();
+    let mut when: Vec<(u32, u32, Option<ConnId>)> = Vec::new();
+    let mut rows: Vec<std::ops::Range<usize>> = Vec::new();
+    // (TB, index in the TB) of each task of the rank, by task id, for the producers' look-ups.
     let mut place: super::FastMap<u32, (u32, u32)> = Default::default();
     let mut waits: Vec<(u32, u32)> = Vec::new();
     let mut sync_points = 0usize;
@@ -395,22 +402,31 @@ pub fn emit(
     for r in 0..nranks {
         let rank = Rank(r as u32);
         let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
-        let task_of = |op: OpId| {
+        local.clear();
+        local.extend(mine.iter().map(|&op| {
             let side = Task::side_on(&program.ops[op.index()], rank);
-            (side, g.op_tasks[op.index()].index() + side)
-        };
-        let mut sizes = vec![0usize; alloc.tbs_per_rank[r] as usize];
-        for &op in mine {
-            sizes[alloc.tb_of_task(task_of(op).1).index()] += 1;
+            let t = g.op_tasks[op.index()].index() + side;
+            (t as u32, side as u32, alloc.tb_of_task(t).0, 0)
+        }));
+        when.clear();
+        when.extend(
+            mine.iter().map(|&op| (sched.subpipeline[op.index()], sched.position[op.index()], alloc.conn_of(op))),
+        );
+        rows.clear();
+        rows.extend(mine.iter().map(|&op| g.pred_row(op)));
+        // Index of each task in its TB (tasks are pushed in this order below), and the TB sizes.
+        let mut sizes = vec![0u32; alloc.tbs_per_rank[r] as usize];
+        for l in local.iter_mut() {
+            l.3 = sizes[l.2 as usize];
+            sizes[l.2 as usize] += 1;
         }
         let mut tbs: Vec<TbPlan> =
-            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n), syncs: Vec::new() }).collect();
+            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
         place.clear();
         place.reserve(mine.len());
-        for &op in mine {
-            let (side, t) = task_of(op);
+        for ((&op, &(t, side, tb, i)), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
             let o = &program.ops[op.index()];
-            let prim = Task::split(op, o).nth(side).expect("side of a task").prim;
+            let prim = Task::split(op, o).nth(side as usize).expect("side of a task").prim;
             let (peer, src, dst) = match (prim, o.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
@@ -422,15 +438,13 @@ pub fn emit(
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
-            let tb = alloc.tb_of_task(t);
-            let list = &mut tbs[tb.index()].tasks;
-            place.insert(t as u32, (tb.0, list.len() as u32));
-            list.push(TbTask {
+            place.insert(t, (tb, i));
+            tbs[tb as usize].tasks.push(TbTask {
                 prim,
-                subpipeline: sched.subpipeline[op.index()],
-                seq: sched.position[op.index()],
+                subpipeline,
+                seq,
                 peer,
-                conn: alloc.conn_of(op),
+                conn,
                 src,
                 dst,
                 wait_start: 0,
@@ -441,11 +455,9 @@ pub fn emit(
         }
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
         // schedule) keep the latest task per producer TB; mark the producers as signalling.
-        for &op in mine {
-            let (side, t) = task_of(op);
-            let (tb, i) = place[&(t as u32)];
+        for (&(_, side, tb, i), row) in local.iter().zip(&rows) {
             waits.clear();
-            for p in g.task_preds(op, side) {
+            for p in g.task_preds_in(row.clone(), side as usize) {
                 let (ptb, pidx) = *place.get(&p.0).expect("producers come first in the schedule");
                 if ptb != tb {
                     waits.push((ptb, pidx));
