@@ -343,6 +343,18 @@ impl Plan {
     }
 }
 
+/// Where `emit` puts a task of the rank it is building.
+#[derive(Copy, Clone)]
+struct Placed {
+    /// The task's id in the graph.
+    task: u32,
+    /// Its side of the op (see [`Task::split`]).
+    side: u32,
+    /// Its TB, and its index in that TB's list.
+    tb: u32,
+    index: u32,
+}
+
 /// Runs pass `emit`: builds the rank plans one at a time, in rank order, and hands each to `each`
 /// (which may check it, keep it or drop it; an error stops the pass). Returns the plan without its
 /// rank plans (`ranks` is empty), with the statistics.
@@ -386,11 +398,11 @@ pub fn emit(
         }
     }
     drop(fill);
-    // Per task of the rank being built: (task id, side, TB, index in the TB), the op's
-    // (sub-pipeline, seq, connection) and where its dependencies are. Gathered in separate loops over the rank's tasks before they
-    // are used: the loads are independent, so the processor overlaps their cache misses, which is
-    // most of this pass's time on large programs.
-    let mut local: Vec<(u32, u32, u32, u32)> = Vec::new();
+    // Per task of the rank being built: where it goes, the op's (sub-pipeline, seq, connection),
+    // and where its dependencies are. They are gathered in separate loops over the rank's tasks
+    // before they are used: the loads are independent, so the processor overlaps their cache
+    // misses, which are most of this pass's time on large programs.
+    let mut local: Vec<Placed> = Vec::new();
     let mut when: Vec<(u32, u32, Option<ConnId>)> = Vec::new();
     let mut rows: Vec<std::ops::Range<usize>> = Vec::new();
     // (TB, index in the TB) of each task of the rank, by task id, for the producers' look-ups.
@@ -406,7 +418,7 @@ pub fn emit(
         local.extend(mine.iter().map(|&op| {
             let side = Task::side_on(&program.ops[op.index()], rank);
             let t = g.op_tasks[op.index()].index() + side;
-            (t as u32, side as u32, alloc.tb_of_task(t).0, 0)
+            Placed { task: t as u32, side: side as u32, tb: alloc.tb_of_task(t).0, index: 0 }
         }));
         when.clear();
         when.extend(
@@ -417,16 +429,16 @@ pub fn emit(
         // Index of each task in its TB (tasks are pushed in this order below), and the TB sizes.
         let mut sizes = vec![0u32; alloc.tbs_per_rank[r] as usize];
         for l in local.iter_mut() {
-            l.3 = sizes[l.2 as usize];
-            sizes[l.2 as usize] += 1;
+            l.index = sizes[l.tb as usize];
+            sizes[l.tb as usize] += 1;
         }
         let mut tbs: Vec<TbPlan> =
             sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
         place.clear();
         place.reserve(mine.len());
-        for ((&op, &(t, side, tb, i)), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
+        for ((&op, l), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
             let o = &program.ops[op.index()];
-            let prim = Task::split(op, o).nth(side as usize).expect("side of a task").prim;
+            let prim = Task::split(op, o).nth(l.side as usize).expect("side of a task").prim;
             let (peer, src, dst) = match (prim, o.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
@@ -438,8 +450,8 @@ pub fn emit(
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
-            place.insert(t, (tb, i));
-            tbs[tb as usize].tasks.push(TbTask {
+            place.insert(l.task, (l.tb, l.index));
+            tbs[l.tb as usize].tasks.push(TbTask {
                 prim,
                 subpipeline,
                 seq,
@@ -455,9 +467,10 @@ pub fn emit(
         }
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
         // schedule) keep the latest task per producer TB; mark the producers as signalling.
-        for (&(_, side, tb, i), row) in local.iter().zip(&rows) {
+        for (l, row) in local.iter().zip(&rows) {
+            let (tb, i) = (l.tb, l.index);
             waits.clear();
-            for p in g.task_preds_in(row.clone(), side as usize) {
+            for p in g.task_preds_in(row.clone(), l.side as usize) {
                 let (ptb, pidx) = *place.get(&p.0).expect("producers come first in the schedule");
                 if ptb != tb {
                     waits.push((ptb, pidx));
