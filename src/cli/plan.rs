@@ -143,7 +143,9 @@ pub fn run(args: Args) -> CliResult {
         print!("{dump}");
         return Ok(());
     }
-    let plan = compile::compile(&loaded.program, &opts)?;
+    // The summary reads no rank plan: each is emitted, verified and dropped at once, which is what
+    // lets an 8192-GPU program compile here (its whole plan alone would take about 19 GB).
+    let plan = compile::compile_streaming(&loaded.program, &opts, &mut |rank_plan| drop(rank_plan))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.summary_json())?);
         return Ok(());

@@ -41,7 +41,7 @@
 //! re-walks its whole list per micro-batch with per-step dependency flags: MSCCL's interpreted
 //! execution structure (with the per-connection allocator, one TB per connection and stage).
 
-use super::{Allocation, ConnId, Graph, Options, Prim, Schedule, TbAlloc, TbId};
+use super::{Allocation, CompileError, ConnId, Graph, Options, Prim, Schedule, Task, TbAlloc, TbId};
 use crate::program::{Layout, OpId, OpKind, Program, Rank, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -343,48 +343,103 @@ impl Plan {
     }
 }
 
-/// Runs pass `emit`.
-pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, opts: &Options) -> Plan {
+/// Where `emit` puts a task of the rank it is building.
+#[derive(Copy, Clone)]
+struct Placed {
+    /// The task's id in the graph.
+    task: u32,
+    /// Its side of the op (see [`Task::split`]).
+    side: u32,
+    /// Its TB, and its index in that TB's list.
+    tb: u32,
+    index: u32,
+}
+
+/// Runs pass `emit`: builds the rank plans one at a time, in rank order, and hands each to `each`
+/// (which may check it, keep it or drop it; an error stops the pass). Returns the plan without its
+/// rank plans (`ranks` is empty), with the statistics.
+///
+/// Only one rank's plan is built at a time: the (TB, index) of each task lives in a per-rank map,
+/// so the working set beyond the inputs is one array of op ids grouped by rank.
+pub fn emit(
+    program: &Program,
+    g: &Graph,
+    sched: &Schedule,
+    alloc: &Allocation,
+    opts: &Options,
+    each: &mut dyn FnMut(RankPlan) -> Result<(), CompileError>,
+) -> Result<Plan, CompileError> {
     let nranks = program.ranks() as usize;
-    let ntasks = g.tasks.len();
-    // Tasks grouped by rank, each group in schedule order (a stable counting sort), so that each
-    // rank's TB lists are built in one cache-friendly pass and come out sorted by (sub-pipeline, seq).
+    let ntasks = g.task_count();
+    // Ops grouped by the ranks they run on, each group in schedule order (a stable counting sort),
+    // so that each rank's TB lists are built in one pass and come out sorted by (sub-pipeline, seq).
+    // A transfer appears under both its ranks; its task on a rank is `Task::side_on` that rank.
     let mut rank_start = vec![0usize; nranks + 1];
-    for t in &g.tasks {
-        rank_start[t.rank.index() + 1] += 1;
+    for op in &program.ops {
+        rank_start[op.src_rank().index() + 1] += 1;
+        if op.is_transfer() {
+            rank_start[op.dst_rank().index() + 1] += 1;
+        }
     }
     for r in 0..nranks {
         rank_start[r + 1] += rank_start[r];
     }
     let mut fill = rank_start.clone();
-    let mut by_rank = vec![0u32; ntasks];
+    let mut by_rank = vec![OpId(0); ntasks];
     for &op in &sched.order {
-        for t in g.tasks_of(op) {
-            let r = g.tasks[t].rank.index();
-            by_rank[fill[r]] = t as u32;
-            fill[r] += 1;
+        let o = &program.ops[op.index()];
+        let mut put = |r: Rank| {
+            by_rank[fill[r.index()]] = op;
+            fill[r.index()] += 1;
+        };
+        put(o.src_rank());
+        if o.is_transfer() {
+            put(o.dst_rank());
         }
     }
     drop(fill);
-    // (TB, index in the TB) of every task: one lookup per dependency when adding sync points.
-    let mut place = vec![(0u32, 0u32); ntasks];
+    // Per task of the rank being built: where it goes, the op's (sub-pipeline, seq, connection),
+    // and where its dependencies are. They are gathered in separate loops over the rank's tasks
+    // before they are used: the loads are independent, so the processor overlaps their cache
+    // misses, which are most of this pass's time on large programs.
+    let mut local: Vec<Placed> = Vec::new();
+    let mut when: Vec<(u32, u32, Option<ConnId>)> = Vec::new();
+    let mut rows: Vec<std::ops::Range<usize>> = Vec::new();
+    // (TB, index in the TB) of each task of the rank, by task id, for the producers' look-ups.
+    let mut place: super::FastMap<u32, (u32, u32)> = Default::default();
     let mut waits: Vec<(u32, u32)> = Vec::new();
     let mut sync_points = 0usize;
-    let mut ranks = Vec::with_capacity(nranks);
+    let (mut idle_sum, mut ntbs) = (0.0, 0usize);
+    let spn = sched.count.max(1) as f64;
     for r in 0..nranks {
+        let rank = Rank(r as u32);
         let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
-        let mut sizes = vec![0usize; alloc.tbs_per_rank[r] as usize];
-        for &t in mine {
-            sizes[alloc.tb_of_task(t as usize).index()] += 1;
+        local.clear();
+        local.extend(mine.iter().map(|&op| {
+            let side = Task::side_on(&program.ops[op.index()], rank);
+            let t = g.op_tasks[op.index()].index() + side;
+            Placed { task: t as u32, side: side as u32, tb: alloc.tb_of_task(t).0, index: 0 }
+        }));
+        when.clear();
+        when.extend(
+            mine.iter().map(|&op| (sched.subpipeline[op.index()], sched.position[op.index()], alloc.conn_of(op))),
+        );
+        rows.clear();
+        rows.extend(mine.iter().map(|&op| g.pred_row(op)));
+        // Index of each task in its TB (tasks are pushed in this order below), and the TB sizes.
+        let mut sizes = vec![0u32; alloc.tbs_per_rank[r] as usize];
+        for l in local.iter_mut() {
+            l.index = sizes[l.tb as usize];
+            sizes[l.tb as usize] += 1;
         }
         let mut tbs: Vec<TbPlan> =
-            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n), syncs: Vec::new() }).collect();
-        for &t in mine {
-            let t = t as usize;
-            let task = &g.tasks[t];
-            let op = task.op;
+            sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
+        place.clear();
+        place.reserve(mine.len());
+        for ((&op, l), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
             let o = &program.ops[op.index()];
-            let (peer, src, dst) = match (task.prim, o.kind) {
+            let prim = Task::split(op, o).nth(l.side as usize).expect("side of a task").prim;
+            let (peer, src, dst) = match (prim, o.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
                 (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
@@ -395,15 +450,13 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
                     OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
                 },
             };
-            let tb = alloc.tb_of_task(t);
-            let list = &mut tbs[tb.index()].tasks;
-            place[t] = (tb.0, list.len() as u32);
-            list.push(TbTask {
-                prim: task.prim,
-                subpipeline: sched.subpipeline[op.index()],
-                seq: sched.position[op.index()],
+            place.insert(l.task, (l.tb, l.index));
+            tbs[l.tb as usize].tasks.push(TbTask {
+                prim,
+                subpipeline,
+                seq,
                 peer,
-                conn: alloc.conn_of_op[op.index()],
+                conn,
                 src,
                 dst,
                 wait_start: 0,
@@ -412,14 +465,13 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
                 op,
             });
         }
-        // Sync points: for each cross-TB dependency (always on this rank) keep the latest task per
-        // producer TB; mark the producers as signalling.
-        for &t in mine {
-            let t = t as usize;
-            let (tb, i) = place[t];
+        // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
+        // schedule) keep the latest task per producer TB; mark the producers as signalling.
+        for (l, row) in local.iter().zip(&rows) {
+            let (tb, i) = (l.tb, l.index);
             waits.clear();
-            for &p in g.preds.row(t) {
-                let (ptb, pidx) = place[p as usize];
+            for p in g.task_preds_in(row.clone(), l.side as usize) {
+                let (ptb, pidx) = *place.get(&p.0).expect("producers come first in the schedule");
                 if ptb != tb {
                     waits.push((ptb, pidx));
                 }
@@ -439,15 +491,20 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
             }
             sync_points += waits.len();
         }
-        ranks.push(RankPlan { rank: Rank(r as u32), tbs });
+        for tb in &tbs {
+            idle_sum += 1.0 - tb.segments().len() as f64 / spn;
+            ntbs += 1;
+        }
+        each(RankPlan { rank, tbs })?;
     }
+    drop(by_rank);
     // Statistics.
     // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
     let mut last_sp = vec![u32::MAX; alloc.connections.len()];
     let mut count = vec![0u32; alloc.connections.len()];
     let mut fifo_slots_needed = 0u32;
     for &op in &sched.order {
-        if let Some(c) = alloc.conn_of_op[op.index()] {
+        if let Some(c) = alloc.conn_of(op) {
             let (c, sp) = (c.index(), sched.subpipeline[op.index()]);
             if last_sp[c] != sp {
                 last_sp[c] = sp;
@@ -455,16 +512,6 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
             }
             count[c] += 1;
             fifo_slots_needed = fifo_slots_needed.max(count[c]);
-        }
-    }
-    let spn = sched.count.max(1) as f64;
-    let mut idle_sum = 0.0;
-    let mut ntbs = 0usize;
-    for rp in &ranks {
-        for tb in &rp.tbs {
-            let distinct = tb.segments().len() as f64;
-            idle_sum += 1.0 - distinct / spn;
-            ntbs += 1;
         }
     }
     let tbs_per_rank = alloc.tbs_per_rank.clone();
@@ -482,7 +529,7 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
         compile_ms: 0.0,
         pass_ms: Vec::new(),
     };
-    Plan {
+    Ok(Plan {
         name: program.name.clone(),
         layout: program.layout.clone(),
         scheduler: sched.scheduler,
@@ -490,7 +537,7 @@ pub fn emit(program: &Program, g: &Graph, sched: &Schedule, alloc: &Allocation, 
         ranks_per_node: g.ranks_per_node,
         subpipelines: sched.count,
         connections: alloc.connections.clone(),
-        ranks,
+        ranks: Vec::new(),
         stats,
-    }
+    })
 }

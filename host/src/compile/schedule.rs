@@ -178,6 +178,8 @@ fn hpds(program: &Program, g: &Graph) -> Schedule {
         });
         sp += 1;
     }
+    // Free the per-op scratch before `from_order` allocates the positions (it is the pass's peak).
+    drop((pending, inter, chunk, queue));
     Schedule::from_order(Scheduler::Hpds, sp_of, order)
 }
 
@@ -227,6 +229,7 @@ fn round_robin(program: &Program, g: &Graph) -> Schedule {
         start = (start + 1) % nchunks.max(1);
         sp += 1;
     }
+    drop((pending, chunk, ready));
     Schedule::from_order(Scheduler::RoundRobin, sp_of, order)
 }
 

@@ -13,8 +13,8 @@
 //! * **Per connection** (MSCCL): one connection per `(src, dst, program channel, stage)` (channels are
 //!   renumbered densely per rank pair) and one TB per endpoint.
 
-use super::{ConnId, Connection, Graph, Prim, Schedule, TbAlloc, TbId};
-use crate::program::{OpKind, Program, Rank};
+use super::{ConnId, Connection, Graph, Prim, Schedule, Task, TbAlloc, TbId};
+use crate::program::{OpId, OpKind, Program, Rank};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt::Write;
@@ -46,8 +46,8 @@ pub struct Endpoint {
 pub struct Allocation {
     pub policy: TbAlloc,
     pub connections: Vec<Connection>,
-    /// The connection of each op (`None` for local ops).
-    pub conn_of_op: Vec<Option<ConnId>>,
+    /// The connection of each op, [`NO_CONN`] for local ops (see [`Allocation::conn_of`]).
+    conn_of_op: Vec<u32>,
     pub endpoints: Vec<Endpoint>,
     /// The endpoint (index into `endpoints`) of each task.
     pub endpoint_of_task: Vec<u32>,
@@ -55,7 +55,17 @@ pub struct Allocation {
     pub tbs_per_rank: Vec<u32>,
 }
 
+/// `conn_of_op` of a local op (four bytes per op rather than an `Option`'s eight).
+const NO_CONN: u32 = u32::MAX;
+
 impl Allocation {
+    /// The connection of `op` (`None` for local ops).
+    #[inline]
+    pub fn conn_of(&self, op: OpId) -> Option<ConnId> {
+        let c = self.conn_of_op[op.index()];
+        (c != NO_CONN).then_some(ConnId(c))
+    }
+
     /// The TB of task `t`.
     pub fn tb_of_task(&self, t: usize) -> TbId {
         self.endpoints[self.endpoint_of_task[t] as usize].tb
@@ -128,34 +138,36 @@ pub fn run(program: &Program, g: &Graph, sched: &Schedule, policy: TbAlloc) -> A
                     let inter_node = g.links[g.link_of_op[i].index()].inter_node;
                     connections.push(Connection { src: src_rank, dst: dst_rank, channel: ch, inter_node });
                 }
-                Some(id)
+                id.0
             }
-            _ => None,
+            _ => NO_CONN,
         };
         conn_of_op.push(c);
     }
     // Endpoints and their intervals.
     let mut ep_ids: super::FastMap<(u32, EndpointKind), u32> = Default::default();
     let mut endpoints: Vec<Endpoint> = Vec::new();
-    let mut endpoint_of_task = Vec::with_capacity(g.tasks.len());
-    for t in &g.tasks {
-        let op = &program.ops[t.op.index()];
-        let kind = match (t.prim, conn_of_op[t.op.index()]) {
-            (Prim::Send, Some(c)) => EndpointKind::Send(c),
-            (Prim::Recv | Prim::RecvReduceCopy, Some(c)) => EndpointKind::Recv(c),
-            _ => EndpointKind::Local { channel: op.channel(), stage: per_conn.then_some(op.stage) },
-        };
-        let sp = sched.subpipeline[t.op.index()];
-        let next = endpoints.len() as u32;
-        let id = *ep_ids.entry((t.rank.0, kind)).or_insert(next);
-        if id == next {
-            endpoints.push(Endpoint { rank: t.rank, kind, first: sp, last: sp, tb: TbId(0) });
-        } else {
-            let e = &mut endpoints[id as usize];
-            e.first = e.first.min(sp);
-            e.last = e.last.max(sp);
+    let mut endpoint_of_task = Vec::with_capacity(g.task_count());
+    for (i, op) in program.ops.iter().enumerate() {
+        let id = OpId::new(i);
+        let sp = sched.subpipeline[i];
+        for t in Task::split(id, op) {
+            let kind = match (t.prim, conn_of_op[i]) {
+                (Prim::Send, c) if c != NO_CONN => EndpointKind::Send(ConnId(c)),
+                (Prim::Recv | Prim::RecvReduceCopy, c) if c != NO_CONN => EndpointKind::Recv(ConnId(c)),
+                _ => EndpointKind::Local { channel: op.channel(), stage: per_conn.then_some(op.stage) },
+            };
+            let next = endpoints.len() as u32;
+            let e = *ep_ids.entry((t.rank.0, kind)).or_insert(next);
+            if e == next {
+                endpoints.push(Endpoint { rank: t.rank, kind, first: sp, last: sp, tb: TbId(0) });
+            } else {
+                let e = &mut endpoints[e as usize];
+                e.first = e.first.min(sp);
+                e.last = e.last.max(sp);
+            }
+            endpoint_of_task.push(e);
         }
-        endpoint_of_task.push(id);
     }
     // Thread blocks.
     let nranks = program.ranks() as usize;

@@ -1,7 +1,7 @@
 //! The verifiers run after each pass. A failure is a compiler bug; it is reported as
 //! [`CompileError::Verify`] naming the pass and what broke, never a panic.
 
-use super::{Allocation, CompileError, EndpointKind, Graph, Plan, Prim, Schedule, Scheduler, TbAlloc};
+use super::{Allocation, CompileError, EndpointKind, Graph, Plan, Prim, RankPlan, Schedule, Scheduler, TbAlloc};
 use crate::program::{OpId, Program};
 use std::collections::HashMap;
 
@@ -19,42 +19,47 @@ fn fail(pass: &'static str, message: String) -> CompileError {
     CompileError::Verify { pass, message }
 }
 
-/// After `deps`: tasks match ops, dependencies point back to earlier tasks of the same rank, links
-/// match their ops.
+/// After `deps`: each op has its tasks, dependencies point back to earlier tasks of the same rank,
+/// links match their ops.
 pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
     let p = "deps";
-    if g.op_tasks.len() != program.ops.len() || g.link_of_op.len() != program.ops.len() {
+    let n = program.ops.len();
+    if g.op_tasks.len() != n + 1 || g.link_of_op.len() != n || g.op_preds.rows() != n {
         return Err(fail(p, "one entry per op expected".into()));
+    }
+    if g.pred_sides.len() != g.op_preds.items.len() || g.op_tasks[0].0 != 0 {
+        return Err(fail(p, "dependency tags do not match the dependencies".into()));
     }
     for (i, op) in program.ops.iter().enumerate() {
         let id = OpId::new(i);
-        let ts = g.tasks_of(id);
+        let ts = g.op_tasks[i].index()..g.op_tasks[i + 1].index();
         let want = if op.is_transfer() { 2 } else { 1 };
         if ts.len() != want {
             return Err(fail(p, format!("{id} has {} tasks, expected {want}", ts.len())));
-        }
-        let first = &g.tasks[ts.start];
-        if first.rank != op.src_rank() || g.tasks[ts.end - 1].rank != op.dst_rank() {
-            return Err(fail(p, format!("{id}: tasks on the wrong ranks")));
-        }
-        if op.is_transfer() && first.prim != Prim::Send {
-            return Err(fail(p, format!("{id}: a transfer's first task must be its send")));
         }
         let l = &g.links[g.link_of_op[i].index()];
         if l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer() {
             return Err(fail(p, format!("{id}: link does not match the op")));
         }
-        for &a in g.op_preds.row(i) {
-            if a as usize >= i {
-                return Err(fail(p, format!("{id} depends on a later op op{a}")));
+        let row = g.op_preds.start[i] as usize..g.op_preds.start[i + 1] as usize;
+        for (k, (&a, &bits)) in g.op_preds.items[row.clone()].iter().zip(&g.pred_sides[row]).enumerate() {
+            if a as usize >= i || (k > 0 && g.op_preds.row(i)[k - 1] >= a) {
+                return Err(fail(p, format!("{id} depends on a later op op{a} (or rows unsorted)")));
             }
-        }
-    }
-    for (t, task) in g.tasks.iter().enumerate() {
-        for &pr in g.preds.row(t) {
-            let pt = &g.tasks[pr as usize];
-            if pr as usize >= t || pt.rank != task.rank {
-                return Err(fail(p, format!("t{t} depends on t{pr}, not an earlier task of {}", task.rank)));
+            // The rank of task `side` of an op (see `Task::split`) and the op's task count.
+            let rank_of = |op: &crate::program::Op, side: usize| if side == 0 { op.src_rank() } else { op.dst_rank() };
+            let (pa, na) = (&program.ops[a as usize], g.tasks_of(OpId(a)).len());
+            if bits == 0 || bits >> 4 != 0 || (want == 1 && bits & 0b1100 != 0) || (na == 1 && bits & 0b1010 != 0) {
+                return Err(fail(p, format!("{id}: bad dependency tag on op{a}")));
+            }
+            for side in 0..want {
+                for s2 in 0..na {
+                    if bits & (1 << (2 * side + s2)) != 0 && rank_of(pa, s2) != rank_of(op, side) {
+                        let (t, pr) = (g.op_tasks[i].index() + side, g.op_tasks[a as usize].index() + s2);
+                        let rank = rank_of(op, side);
+                        return Err(fail(p, format!("t{t} depends on t{pr}, not an earlier task of {rank}")));
+                    }
+                }
             }
         }
     }
@@ -115,12 +120,13 @@ pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), Compil
 
 /// After `tb-alloc`: endpoints match their tasks, intervals cover them, and TBs are shared only by
 /// endpoints with disjoint intervals (state-based) or not at all (per connection).
-pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
+pub fn alloc(program: &Program, g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
     let p = "tb-alloc";
-    if a.endpoint_of_task.len() != g.tasks.len() {
+    if a.endpoint_of_task.len() != g.task_count() {
         return Err(fail(p, "one endpoint per task expected".into()));
     }
-    for (t, task) in g.tasks.iter().enumerate() {
+    for (t, task) in g.tasks(program) {
+        let t = t.index();
         let e = a.endpoints.get(a.endpoint_of_task[t] as usize).ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
         let sp = s.subpipeline[task.op.index()];
         if e.rank != task.rank || sp < e.first || sp > e.last {
@@ -129,11 +135,11 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
         let ok = match (task.prim, e.kind) {
             (Prim::Send, EndpointKind::Send(c)) => {
                 let conn = &a.connections[c.index()];
-                conn.src == task.rank && a.conn_of_op[task.op.index()] == Some(c)
+                conn.src == task.rank && a.conn_of(task.op) == Some(c)
             }
             (Prim::Recv | Prim::RecvReduceCopy, EndpointKind::Recv(c)) => {
                 let conn = &a.connections[c.index()];
-                conn.dst == task.rank && a.conn_of_op[task.op.index()] == Some(c)
+                conn.dst == task.rank && a.conn_of(task.op) == Some(c)
             }
             (Prim::Copy | Prim::Reduce, EndpointKind::Local { .. }) => true,
             _ => false,
@@ -163,25 +169,47 @@ pub fn alloc(g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError
     Ok(())
 }
 
-/// After `emit`: every task once, TB lists sorted, sync points backwards within the rank, and both
-/// ends of each FIFO issue the same messages in the same order from one TB each.
-pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
-    let p = "emit";
-    let total: usize = plan.ranks.iter().flat_map(|r| r.tbs.iter()).map(|t| t.tasks.len()).sum();
-    if total != g.tasks.len() {
-        return Err(fail(p, format!("plan has {total} tasks, the graph {}", g.tasks.len())));
+/// After `emit`, one rank plan at a time (emit streams them): every task once, TB lists sorted,
+/// sync points backwards within the rank, and both ends of each FIFO issue the same messages in the
+/// same order from one TB each. [`PlanCheck::finish`] checks that every task was seen.
+///
+/// Both halves of a transfer must carry the connection, sub-pipeline and seq the schedule and the
+/// allocation gave the op; with TB lists sorted by seq, one TB per side of each connection means
+/// both sides issue the connection's messages in the same order. Per op only the sides seen so far
+/// are kept (one byte), so the check streams over 8192-GPU plans.
+pub struct PlanCheck<'a> {
+    graph: &'a Graph,
+    sched: &'a Schedule,
+    alloc: &'a Allocation,
+    /// Per op: bit 0 its send was seen, bit 1 its receive, bit 2 its local task.
+    seen: Vec<u8>,
+    /// Per connection: the (rank, TB) driving each side.
+    side_tb: Vec<[(u32, u32); 2]>,
+    tasks: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl<'a> PlanCheck<'a> {
+    /// A check of the plan emitted from these pass results.
+    pub fn new(graph: &'a Graph, sched: &'a Schedule, alloc: &'a Allocation) -> PlanCheck<'a> {
+        let nops = graph.op_tasks.len().saturating_sub(1);
+        PlanCheck {
+            graph,
+            sched,
+            alloc,
+            seen: vec![0u8; nops],
+            side_tb: vec![[(NONE, NONE); 2]; alloc.connections.len()],
+            tasks: 0,
+        }
     }
-    // Per op: how many of its tasks were seen, and the (connection, sub-pipeline, seq) of each side;
-    // per connection: the one TB driving each side. With TB lists sorted by seq and both halves of
-    // every transfer carrying the same seq, one TB per side means both sides issue the connection's
-    // messages in the same order.
-    const NONE: u32 = u32::MAX;
-    let nops = g.op_tasks.len();
-    let mut seen = vec![0u8; nops];
-    let mut side_key: Vec<[(u32, u32, u32); 2]> = vec![[(NONE, 0, 0); 2]; nops];
-    let mut side_tb: Vec<[(u32, u32); 2]> = vec![[(NONE, NONE); 2]; plan.connections.len()];
-    for rp in &plan.ranks {
+
+    /// Checks one rank's plan.
+    pub fn rank(&mut self, rp: &RankPlan) -> Result<(), CompileError> {
+        let p = "emit";
+        let nops = self.seen.len();
         for (ti, tb) in rp.tbs.iter().enumerate() {
+            self.tasks += tb.tasks.len();
             for (i, task) in tb.tasks.iter().enumerate() {
                 let here = Here(rp.rank, ti, i);
                 if i > 0 {
@@ -201,13 +229,19 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                     }
                 }
                 let o = task.op.index();
-                if o >= nops || seen[o] >= 2 {
+                let bit = match task.prim {
+                    Prim::Send => 1u8,
+                    Prim::Recv | Prim::RecvReduceCopy => 2,
+                    Prim::Copy | Prim::Reduce => 4,
+                };
+                if o >= nops || self.seen[o] & bit != 0 {
                     return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
                 }
-                seen[o] += 1;
+                self.seen[o] |= bit;
                 if task.prim.is_comm() {
                     let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
-                    let conn = plan
+                    let conn = self
+                        .alloc
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
@@ -216,9 +250,11 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                     if me != rp.rank || task.peer != Some(peer) {
                         return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
                     }
-                    let side = usize::from(!send);
-                    side_key[o][side] = (c.0, task.subpipeline, task.seq);
-                    let owner = &mut side_tb[c.index()][side];
+                    let want = (self.alloc.conn_of(task.op), self.sched.subpipeline[o], self.sched.position[o]);
+                    if (Some(c), task.subpipeline, task.seq) != want {
+                        return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
+                    }
+                    let owner = &mut self.side_tb[c.index()][usize::from(!send)];
                     if owner.0 == NONE {
                         *owner = (rp.rank.0, ti as u32);
                     } else if *owner != (rp.rank.0, ti as u32) {
@@ -229,12 +265,30 @@ pub fn plan(g: &Graph, plan: &Plan) -> Result<(), CompileError> {
                 }
             }
         }
+        Ok(())
     }
-    for (o, k) in side_key.iter().enumerate() {
-        let transfer = seen[o] == 2;
-        if (transfer && (k[0].0 == NONE || k[0] != k[1])) || (!transfer && k[0].0 != NONE) || seen[o] == 0 {
-            return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
+
+    /// Checks that the rank plans seen hold every task of the graph.
+    pub fn finish(self) -> Result<(), CompileError> {
+        let p = "emit";
+        if self.tasks != self.graph.task_count() {
+            return Err(fail(p, format!("plan has {} tasks, the graph {}", self.tasks, self.graph.task_count())));
         }
+        for (o, &seen) in self.seen.iter().enumerate() {
+            let want = if self.graph.tasks_of(OpId::new(o)).len() == 2 { 0b011 } else { 0b100 };
+            if seen != want {
+                return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
+            }
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+/// After `emit`, for a whole plan: [`PlanCheck`] over every rank plan.
+pub fn plan(g: &Graph, s: &Schedule, a: &Allocation, plan: &Plan) -> Result<(), CompileError> {
+    let mut check = PlanCheck::new(g, s, a);
+    for rp in &plan.ranks {
+        check.rank(rp)?;
+    }
+    check.finish()
 }
