@@ -8,7 +8,8 @@
 //! Both are committed under `ptx/`, so a crate that depends on `oxccl` builds on stable Rust with no
 //! CUDA toolkit and no nightly. When the workspace sources are present and the dated nightly named in
 //! `rust-toolchain.toml` (with `rust-src`) is installed, the PTX is rebuilt from source through a nested
-//! cargo; `tests/ptx_shipped.rs` then proves the committed files equal the fresh build.
+//! cargo; `tests/ptx.rs` (`shipped_ptx_equals_a_fresh_build`) then proves the committed files equal the
+//! fresh build.
 //!
 //! `OXCCL_PTX_BUILD` selects the source: `auto` (default: fresh when possible, else shipped, with a
 //! warning when a fresh build was possible but failed), `fresh` (fail the build if it cannot be rebuilt),

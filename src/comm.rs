@@ -94,6 +94,8 @@ pub struct Communicator {
     groups: Vec<Group>,
     plans: Mutex<HashMap<PlanSpec, Arc<Uploaded>>>,
     pub(crate) reshard_plans: Mutex<HashMap<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>>,
+    /// Held while one call queues its launches on every group.
+    launch_order: Mutex<()>,
     poisoned: AtomicBool,
 }
 
@@ -138,7 +140,10 @@ impl Communicator {
         enable_peer_access(&contexts)?;
         let mut groups: Vec<Group> = Vec::new();
         for (r, rank) in ranks.iter().enumerate() {
-            match groups.iter_mut().find(|g| Arc::ptr_eq(&g.stream, &rank.stream)) {
+            // The same CUDA stream may come as different `Arc`s (cudarc hands out a new one for the
+            // default stream on every call): group by device and stream handle.
+            let same = |g: &Group| g.device == rank.device && g.stream.cu_stream() == rank.stream.cu_stream();
+            match groups.iter_mut().find(|g| same(g)) {
                 Some(g) => g.ranks.push(r),
                 None => groups.push(Group {
                     device: rank.device,
@@ -155,6 +160,7 @@ impl Communicator {
             groups,
             plans: Mutex::new(HashMap::new()),
             reshard_plans: Mutex::new(HashMap::new()),
+            launch_order: Mutex::new(()),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -170,8 +176,9 @@ impl Communicator {
     }
 
     /// The engine of the device rank `rank` runs on.
-    pub fn engine(&self, rank: usize) -> &Engine {
-        &self.engines[self.ranks[rank].device]
+    pub fn engine(&self, rank: usize) -> Result<&Engine> {
+        let r = self.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })?;
+        Ok(&self.engines[r.device])
     }
 
     /// CTAs per rank a call uses with the current configuration.
@@ -194,7 +201,7 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(send, "send buffers")?;
+        let count = first_len(send, "send buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op)
     }
 
@@ -204,7 +211,7 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(bufs, "buffers")?;
+        let count = first_len(bufs, "buffers", self.ranks())?;
         self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op)
     }
 
@@ -215,7 +222,7 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(recv, "receive buffers")?;
+        let count = first_len(recv, "receive buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op)
     }
 
@@ -226,7 +233,7 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let total = first_len(bufs, "buffers")?;
+        let total = first_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
@@ -245,14 +252,14 @@ impl Communicator {
         send: &[S],
         recv: &mut [R],
     ) -> Result<()> {
-        let count = first_len(send, "send buffers")?;
+        let count = first_len(send, "send buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum)
     }
 
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
-        let total = first_len(bufs, "buffers")?;
+        let total = first_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
@@ -265,8 +272,9 @@ impl Communicator {
         self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum)
     }
 
-    /// Waits for every rank's stream and reports the first device-side error since the last report.
-    /// After an error the communicator refuses calls until [`Communicator::reset`].
+    /// Waits for every rank's stream and reports the first device-side error recorded since the
+    /// communicator was built or last [`Communicator::reset`] (the record is kept: the same error is
+    /// reported again until then). After an error the communicator refuses calls until `reset`.
     pub fn synchronize(&self) -> Result<()> {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
@@ -319,8 +327,9 @@ impl Communicator {
         let chunk = match c.chunk_bytes {
             Some(b) => b,
             None => {
-                let room = max_smem.saturating_sub(abi::smem::STAGES) / (c.stages as usize * slots as usize);
-                let cap = ((1usize << 20) - 1) / slots as usize;
+                let slots = slots.max(1) as usize;
+                let room = max_smem.saturating_sub(abi::smem::STAGES) / (c.stages as usize * slots);
+                let cap = ((1usize << 20) - 1) / slots;
                 let b = room.min(32 * 1024).min(cap);
                 (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
             }
@@ -411,11 +420,22 @@ impl Communicator {
         for (r, rank) in self.ranks.iter().enumerate() {
             workspaces[r] = rank.workspace.ptr();
         }
-        for (g, prog) in self.groups.iter().zip(&program.per_group) {
+        // Every group must see calls in the same order (barriers pair CTAs by a per-CTA call count):
+        // calls from several threads queue their groups' launches one call at a time.
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
             let engine = &self.engines[g.device];
             // SAFETY: the caller vouches for the buffer table; the status record is the group's own;
             // every group of the communicator is launched here, so barriers meet.
-            unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr())? };
+            let launched = unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr()) };
+            if let Err(e) = launched {
+                if k > 0 {
+                    // Earlier groups are queued and will wait for this one at their barriers: the call
+                    // counts of the groups now disagree until `reset`.
+                    self.poisoned.store(true, Ordering::SeqCst);
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -479,9 +499,6 @@ impl Communicator {
 
         let plan = self.plan(&spec)?;
         let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
-        if self.config.deterministic && self.config.reduction == Reduction::Tma && collective != Collective::AllGather {
-            return Err(Error::Config { field: "deterministic", why: "requires reduction = Registers".into() });
-        }
         // Every launch on a device must be resident together with the others on it.
         self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
 
@@ -548,15 +565,18 @@ impl Drop for Communicator {
     }
 }
 
-fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str) -> Result<usize> {
-    bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: 1, got: 0 })
+/// Length of the first buffer (the call's count); an empty slice is a buffer-count error.
+fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize) -> Result<usize> {
+    bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: ranks, got: 0 })
 }
 
 pub(crate) fn raw_of<T, S: DevicePtr<T>>(s: &S) -> Raw {
     Raw { ptr: s.address(), len: s.len(), device: s.stream().context().ordinal() }
 }
 
-/// The device address of a cudarc buffer without recording a stream-ordering event.
+/// The device address of a cudarc buffer, for the checks before a call (cudarc orders the buffer's
+/// stream after its last write event and records a read event when the guard drops; no work is
+/// queued in between).
 trait DevicePtrLike<T> {
     fn address(&self) -> u64;
 }
@@ -603,11 +623,36 @@ fn validate_config(c: &Config) -> Result<()> {
     if c.stages == 0 || c.stages as usize > abi::MAX_STAGES {
         return Err(Error::Config { field: "stages", why: format!("{} is not in 1..={}", c.stages, abi::MAX_STAGES) });
     }
-    if c.timeout.is_zero() {
-        return Err(Error::Config { field: "timeout", why: "must be positive".into() });
+    if c.timeout.is_zero() || c.timeout > MAX_TIMEOUT {
+        return Err(Error::Config {
+            field: "timeout",
+            why: format!(
+                "{:?} is not in (0, {MAX_TIMEOUT:?}] (device waits add it to a 64-bit nanosecond clock)",
+                c.timeout
+            ),
+        });
+    }
+    if let Some(m) = c.max_ctas
+        && m as usize > abi::MAX_CTAS_PER_RANK
+    {
+        return Err(Error::Config { field: "max_ctas", why: format!("{m} is above {}", abi::MAX_CTAS_PER_RANK) });
+    }
+    if let Some(t) = c.threads {
+        let most = if c.mover == Mover::Simt { 512 } else { 1024 };
+        if t == 0 || !t.is_multiple_of(32) || t > most {
+            return Err(Error::Config { field: "threads", why: format!("{t} is not a multiple of 32 in 32..={most}") });
+        }
+    }
+    if let Some(b) = c.chunk_bytes
+        && (b == 0 || !b.is_multiple_of(16))
+    {
+        return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
     }
     Ok(())
 }
+
+/// Longest device-side wait a configuration may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// `CUmemLocation { type = DEVICE, id = ordinal }`. cudarc's bindings spell `id` as a plain field for
 /// some CUDA versions and inside an anonymous union for others; in C it is `{ int type; int id; }`

@@ -93,6 +93,8 @@ pub struct DeviceProgram {
     pub slots: u32,
     /// Whether any task combines several sources.
     pub combines: bool,
+    /// The longest task (the TMA mover counts a task's chunks in 32 bits).
+    pub max_task_bytes: u64,
 }
 
 /// How to launch a program: mover, operator, CTA shape and pipeline.
@@ -177,14 +179,22 @@ impl Engine {
     }
 
     /// Uploads the programs `range` of `l` (one launch's CTAs) and all its tasks.
+    ///
+    /// The program's structure is checked first (task ranges, rank and CTA indices, descriptors,
+    /// range arithmetic): the device indexes its tables by them.
     pub fn upload(&self, l: &Lowered, range: std::ops::Range<usize>) -> Result<DeviceProgram> {
-        let programs = &l.programs[range];
+        oxccl_host::lowered::validate_structure(l)?;
+        let programs = l.programs.get(range.clone()).ok_or(Error::Config {
+            field: "programs",
+            why: format!("range {range:?} outside the {} programs", l.programs.len()),
+        })?;
         Ok(DeviceProgram {
             programs: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?,
             tasks: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?,
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,
+            max_task_bytes: l.tasks.iter().map(|t| t.bytes).max().unwrap_or(0),
         })
     }
 
@@ -264,6 +274,15 @@ impl Engine {
         status: u64,
     ) -> Result<()> {
         self.check(spec, prog.ctas, prog.slots)?;
+        if spec.mover == Mover::Tma && prog.max_task_bytes.div_ceil(spec.chunk_bytes.max(1) as u64) > u32::MAX as u64 {
+            return Err(Error::Config {
+                field: "chunk_bytes",
+                why: format!(
+                    "a task of {} B needs more than 2^32 chunks of {} B",
+                    prog.max_task_bytes, spec.chunk_bytes
+                ),
+            });
+        }
         if prog.ctas == 0 {
             return Ok(());
         }

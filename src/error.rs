@@ -4,7 +4,7 @@ use cudarc::driver::DriverError;
 use oxccl_host::lowered::LoweredError;
 use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
-use oxccl_kernels::abi::{DType, RedOp, Status, WaitKind};
+use oxccl_kernels::abi::{Status, WaitKind};
 use std::fmt;
 
 /// oxccl's result type.
@@ -16,12 +16,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A CUDA driver call failed.
     Driver { call: &'static str, source: DriverError },
-    /// No CUDA driver or device could be used.
-    NoDevice(String),
     /// The device is not a Hopper (sm_90) GPU.
     UnsupportedDevice { ordinal: usize, major: i32, minor: i32 },
     /// The communicator was built with no ranks, or more than one launch can address.
     RankCount { ranks: usize, max: usize },
+    /// A rank index at or above the communicator's rank count.
+    NoSuchRank { rank: usize, ranks: usize },
     /// A call passed a different number of per-rank buffers than the communicator has ranks.
     BufferCount { what: &'static str, expected: usize, got: usize },
     /// A rank's buffer has the wrong number of elements.
@@ -32,8 +32,6 @@ pub enum Error {
     Aliasing { what: &'static str, rank: usize, other_rank: usize },
     /// A buffer's address is not aligned to its element size.
     Misaligned { what: &'static str, rank: usize, address: u64, align: usize },
-    /// The (dtype, operator) pair is not supported by the requested path.
-    Unsupported { dtype: DType, op: RedOp, why: &'static str },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
     TooManyCtas { requested: u32, max: u32, why: String },
     /// A configuration value is out of range.
@@ -89,11 +87,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Driver { call, source } => write!(f, "CUDA driver call {call} failed: {source}"),
-            Error::NoDevice(why) => write!(f, "no usable CUDA device: {why}"),
             Error::UnsupportedDevice { ordinal, major, minor } => {
                 write!(f, "device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")
             }
             Error::RankCount { ranks, max } => write!(f, "{ranks} ranks: a communicator has 1..={max}"),
+            Error::NoSuchRank { rank, ranks } => write!(f, "rank {rank}: the communicator has ranks 0..{ranks}"),
             Error::BufferCount { what, expected, got } => {
                 write!(f, "{what}: {got} buffers for a communicator of {expected} ranks")
             }
@@ -109,7 +107,6 @@ impl fmt::Display for Error {
             Error::Misaligned { what, rank, address, align } => {
                 write!(f, "{what} of rank {rank} at {address:#x} is not {align}-byte aligned")
             }
-            Error::Unsupported { dtype, op, why } => write!(f, "{dtype:?} {op:?}: {why}"),
             Error::TooManyCtas { requested, max, why } => {
                 write!(f, "{requested} CTAs requested, at most {max} can run: {why}")
             }

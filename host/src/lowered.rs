@@ -5,7 +5,10 @@
 //! GPU against), and [`check_races`] proves the CTAs of a program never touch a byte another CTA writes,
 //! which is what makes running CTAs one after another on the CPU equal to running them concurrently.
 
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, tma_can_reduce};
+use oxccl_kernels::abi::{
+    BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
+    tma_can_reduce,
+};
 use std::fmt;
 
 /// A lowered program: CTA programs, their tasks, and what the launch needs.
@@ -33,6 +36,11 @@ pub enum LoweredError {
     BadTask { task: usize, why: &'static str },
     /// A range is outside the buffer it addresses.
     OutOfBounds { task: usize, rank: usize, slot: u8, end: u64, len: u64 },
+    /// A program names a rank or CTA index the engine's tables cannot hold.
+    BadProgram { program: usize, why: &'static str },
+    /// A task touches bytes an earlier task of the same CTA writes (or reads, where it writes) without
+    /// `TASK_AFTER_WRITES`: on the GPU the two may overlap in time.
+    Unordered { program: usize, task: usize },
     /// Two CTAs access the same bytes and at least one writes them.
     Race { first: usize, second: usize, rank: usize, slot: u8, start: u64, end: u64 },
 }
@@ -45,6 +53,11 @@ impl fmt::Display for LoweredError {
             LoweredError::OutOfBounds { task, rank, slot, end, len } => {
                 write!(f, "task {task}: rank {rank} slot {slot}: range ends at byte {end}, buffer has {len}")
             }
+            LoweredError::BadProgram { program, why } => write!(f, "program {program}: {why}"),
+            LoweredError::Unordered { program, task } => write!(
+                f,
+                "program {program}: task {task} touches bytes an earlier task of the CTA writes, without TASK_AFTER_WRITES"
+            ),
             LoweredError::Race { first, second, rank, slot, start, end } => {
                 write!(f, "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}")
             }
@@ -86,9 +99,34 @@ fn ranks(mask: u32) -> impl Iterator<Item = usize> {
 /// A slot that lives inside another: (rank, slot) is (target rank, target slot) from byte `offset` on.
 pub type Alias = (usize, u8, usize, u8, u64);
 
+/// Checks what does not depend on buffers: every program's task range lies in the task array and its
+/// rank and CTA fit the engine's tables; every task decodes and its ranges do not overflow.
+pub fn validate_structure(l: &Lowered) -> Result<(), LoweredError> {
+    for (p, prog) in l.programs.iter().enumerate() {
+        let end = prog.first_task as u64 + prog.task_count as u64;
+        if end > l.tasks.len() as u64 {
+            return Err(LoweredError::TaskRange { program: p });
+        }
+        if prog.rank as usize >= MAX_RANKS {
+            return Err(LoweredError::BadProgram { program: p, why: "rank at or above MAX_RANKS" });
+        }
+        if prog.cta as usize >= MAX_CTAS_PER_RANK {
+            return Err(LoweredError::BadProgram { program: p, why: "CTA index at or above MAX_CTAS_PER_RANK" });
+        }
+    }
+    for (i, t) in l.tasks.iter().enumerate() {
+        decode(i, t)?;
+        if t.src_offset.checked_add(t.bytes).is_none() || t.dst_offset.checked_add(t.bytes).is_none() {
+            return Err(LoweredError::BadTask { task: i, why: "offset + bytes overflows" });
+        }
+    }
+    Ok(())
+}
+
 /// Validates every program and task against the buffer lengths `len[rank][slot]` (aliased slots
 /// measured inside their target).
 pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> Result<(), LoweredError> {
+    validate_structure(l)?;
     let len_of = |r: usize, s: u8| -> u64 {
         for &(ar, as_, tr, ts, off) in aliases {
             if ar == r && as_ == s {
@@ -97,17 +135,11 @@ pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> 
         }
         len.get(r).map(|x| x[s as usize]).unwrap_or(0)
     };
-    for (p, prog) in l.programs.iter().enumerate() {
-        let end = prog.first_task as usize + prog.task_count as usize;
-        if end > l.tasks.len() {
-            return Err(LoweredError::TaskRange { program: p });
-        }
-    }
     for (i, t) in l.tasks.iter().enumerate() {
-        decode(i, t)?;
         let check = |mask: u32, slot: u8, off: u64| -> Result<(), LoweredError> {
             for r in ranks(mask) {
                 let have = len_of(r, slot);
+                // `validate_structure` proved the sum does not overflow.
                 if off + t.bytes > have {
                     return Err(LoweredError::OutOfBounds { task: i, rank: r, slot, end: off + t.bytes, len: have });
                 }
@@ -135,25 +167,43 @@ fn accesses(t: &Task) -> (Vec<Access>, Vec<Access>) {
 /// writes. Buffers of different slots are assumed distinct unless `aliases` maps a (rank, slot) onto
 /// another (rank, slot) at a byte offset (in-place collectives).
 pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
+    validate_structure(l)?;
     // (rank, slot, start, end, cta, is_write), in canonical (aliased) coordinates.
     let canon = |r: usize, s: u8, a: u64, b: u64| {
         for &(ar, as_, tr, ts, off) in aliases {
             if ar == r && as_ == s {
-                return (tr, ts, a + off, b + off);
+                return (tr, ts, a.saturating_add(off), b.saturating_add(off));
             }
         }
         (r, s, a, b)
     };
+    let overlaps = |x: &Access, y: &Access| x.0 == y.0 && x.1 == y.1 && x.2 < y.3 && y.2 < x.3;
     let mut all = Vec::new();
     for (c, prog) in l.programs.iter().enumerate() {
-        for t in &l.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize] {
+        // Inside one CTA, tasks since the last `TASK_AFTER_WRITES` may run concurrently (bulk writes
+        // in flight, threads ahead of the issuer): none may touch bytes another one of them writes.
+        let (mut window_reads, mut window_writes): (Vec<Access>, Vec<Access>) = (Vec::new(), Vec::new());
+        let first = prog.first_task as usize;
+        for (k, t) in l.tasks[first..first + prog.task_count as usize].iter().enumerate() {
             let (reads, writes) = accesses(t);
+            let reads: Vec<Access> = reads.into_iter().map(|(r, s, a, b)| canon(r, s, a, b)).collect();
+            let writes: Vec<Access> = writes.into_iter().map(|(r, s, a, b)| canon(r, s, a, b)).collect();
+            if t.flags & TASK_AFTER_WRITES != 0 {
+                window_reads.clear();
+                window_writes.clear();
+            } else {
+                let conflict = reads.iter().chain(&writes).any(|x| window_writes.iter().any(|w| overlaps(x, w)))
+                    || writes.iter().any(|x| window_reads.iter().any(|w| overlaps(x, w)));
+                if conflict {
+                    return Err(LoweredError::Unordered { program: c, task: first + k });
+                }
+            }
+            window_reads.extend_from_slice(&reads);
+            window_writes.extend_from_slice(&writes);
             for (r, s, a, b) in reads {
-                let (r, s, a, b) = canon(r, s, a, b);
                 all.push((r, s, a, b, c, false));
             }
             for (r, s, a, b) in writes {
-                let (r, s, a, b) = canon(r, s, a, b);
                 all.push((r, s, a, b, c, true));
             }
         }
@@ -269,9 +319,4 @@ pub fn tma_slots(t: &Task, bulk_reduce: bool) -> u32 {
         (Some(TaskKind::ReduceInto), _, _) => sources + 1,
         _ => sources,
     }
-}
-
-/// Whether `ReduceInto` tasks of this (dtype, operator) may run on `cp.reduce.async.bulk`.
-pub fn tma_reducible(dtype: DType, op: RedOp) -> bool {
-    tma_can_reduce(dtype, op)
 }

@@ -135,10 +135,10 @@ impl PlanSpec {
 /// Splits `total` bytes into `parts` contiguous ranges whose boundaries fall on multiples of `grain`
 /// (except the end), as evenly as whole grains allow. Returns the `i`-th range.
 pub fn split(total: u64, parts: u64, grain: u64, i: u64) -> (u64, u64) {
-    let grains = total.div_ceil(grain);
-    let lo = (grains * i / parts * grain).min(total);
-    let hi = (grains * (i + 1) / parts * grain).min(total);
-    (lo, hi)
+    // In u128: grains × (i + 1) overflows u64 for buffers near the address-space limit.
+    let (grains, parts, grain, i) = (total.div_ceil(grain) as u128, parts as u128, grain as u128, i as u128);
+    let at = |k: u128| ((grains * k / parts * grain).min(total as u128)) as u64;
+    (at(i), at(i + 1))
 }
 
 /// Bulk copies need 16-byte-aligned ranges: shard and piece boundaries fall on 16-byte multiples.

@@ -212,4 +212,7 @@ fn invalid_specs_are_typed_errors() {
     assert!(matches!(tccl::plan(&PlanSpec { ranks: 17, ..base }), Err(tccl::PlanError::Ranks { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { ctas: 0, ..base }), Err(tccl::PlanError::Ctas { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { count: u64::MAX / 2, ..base }), Err(tccl::PlanError::TooLarge { .. })));
+    // Near the limit: the split's arithmetic must not overflow either (no panic, a plan or an error).
+    let big = PlanSpec { collective: Collective::ReduceScatter, count: (1 << 58) - 1, ranks: 16, ctas: 256, ..base };
+    assert!(matches!(tccl::plan(&big), Ok(_) | Err(tccl::PlanError::TooLarge { .. })));
 }

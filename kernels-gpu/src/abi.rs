@@ -392,7 +392,7 @@ pub mod smem {
     pub const WORKSPACES: usize = BUFFERS + MAX_RANKS * BUFFER_SLOTS * 8;
     /// Offset of the stage mbarriers (one per stage).
     pub const BARRIERS: usize = WORKSPACES + MAX_RANKS * 8;
-    /// Offset of the first stage (128-byte aligned).
+    /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
 
     /// Dynamic shared memory a launch needs.

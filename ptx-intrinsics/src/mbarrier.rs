@@ -8,7 +8,7 @@ use core::arch::asm;
 
 /// Initialises the barrier for `count` expected arrivals per phase, phase 0.
 ///
-/// `mbarrier.init.shared::cta.b64 [addr], count;` · PTX ISA 7.0 · sm_80
+/// `mbarrier.init.shared::cta.b64 [addr], count;` · PTX ISA 7.8 (the `::cta` qualifier; plain `.shared` since 7.0) · sm_80
 ///
 /// # Safety
 /// - `bar` is an 8-byte-aligned address in this CTA's shared memory that no other thread uses
@@ -26,7 +26,7 @@ pub unsafe fn mbarrier_init_shared_b64(bar: Shared<Mbarrier>, count: u32) {
 
 /// Invalidates the barrier so its memory may be reused or re-initialised.
 ///
-/// `mbarrier.inval.shared::cta.b64 [addr];` · PTX ISA 7.0 · sm_80
+/// `mbarrier.inval.shared::cta.b64 [addr];` · PTX ISA 7.8 (the `::cta` qualifier; plain `.shared` since 7.0) · sm_80
 ///
 /// # Safety
 /// `bar` is an initialised barrier in this CTA's shared memory on which no thread waits, no arrival is
@@ -40,7 +40,7 @@ pub unsafe fn mbarrier_inval_shared_b64(bar: Shared<Mbarrier>) {
 
 /// Arrives once (release, CTA scope) and returns the phase state token.
 ///
-/// `mbarrier.arrive.shared::cta.b64 state, [addr];` · PTX ISA 7.0 · sm_80
+/// `mbarrier.arrive.shared::cta.b64 state, [addr];` · PTX ISA 7.8 (the `::cta` qualifier; plain `.shared` since 7.0) · sm_80
 ///
 /// # Safety
 /// `bar` is an initialised barrier in this CTA's shared memory whose current phase still expects an

@@ -6,6 +6,7 @@
 //! ```
 
 use super::CliResult;
+use super::simulate::parse_size;
 use crate::bench::{self, CollectiveBench, ReshardBench, SweepConfig};
 use crate::reshard::{CtaOwner, PlanOptions, Route};
 use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
@@ -95,17 +96,6 @@ pub struct Args {
     /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
     #[arg(long, default_value_t = 50.0)]
     pub cross_gbps: f64,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().map(|n| n * mult).map_err(|e| format!("{s:?} is not a size: {e}"))
 }
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
