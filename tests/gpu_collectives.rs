@@ -135,12 +135,20 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let mut rng = common::Rng(seed);
     let sms = oxccl::engine::Engine::new(stream.context()).unwrap().sms;
     let mut done = 0;
-    let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction), Communicator> = Default::default();
+    let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction, bool), Communicator> = Default::default();
+    let rank_streams: Vec<Arc<CudaStream>> = (0..16).map(|_| stream.context().new_stream().unwrap()).collect();
     for case in 0..cases() {
         let (spec, mover) = random_spec(&mut rng, sms);
-        let comm = comms
-            .entry((spec.ranks, spec.ctas, mover, spec.reduction))
-            .or_insert_with(|| Communicator::virtual_ranks(&stream, spec.ranks, config(&spec, mover)).unwrap());
+        // One case in four: every rank on its own stream, launched separately, meeting through the
+        // workspace barriers (the multi-GPU code path), with no host synchronisation before the call.
+        let per_rank = rng.below(4) == 0;
+        let comm = comms.entry((spec.ranks, spec.ctas, mover, spec.reduction, per_rank)).or_insert_with(|| {
+            if per_rank {
+                Communicator::from_streams(&rank_streams[..spec.ranks], config(&spec, mover)).unwrap()
+            } else {
+                Communicator::virtual_ranks(&stream, spec.ranks, config(&spec, mover)).unwrap()
+            }
+        });
         let integers = rng.below(4) != 0;
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
