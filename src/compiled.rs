@@ -26,7 +26,8 @@
 use crate::comm::enable_peer_access;
 use crate::engine::{DeviceAlloc, Engine};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use oxccl_host::compile::lower::{LoweredPlan, validate};
 use oxccl_host::exec::lowered::Memory;
 use oxccl_kernels::abi::{
@@ -85,6 +86,8 @@ struct RankState {
     workspace: DeviceAlloc,
     status: DeviceAlloc,
     timing: DeviceAlloc,
+    /// Recorded after the rank's launch when a lead stream orders the call.
+    done: CudaEvent,
 }
 
 /// A lowered plan uploaded for its ranks, ready to launch. See the [module documentation](self).
@@ -180,6 +183,9 @@ impl CompiledPlan {
                 workspace: DeviceAlloc::zeroed(ctx, ws_bytes)?,
                 status: DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>())?,
                 timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
+                done: ctx
+                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(Error::driver("cuEventCreate"))?,
             });
         }
         let contexts: Vec<Arc<CudaContext>> = used.iter().map(|e| e.context().clone()).collect();
@@ -346,9 +352,16 @@ impl CompiledPlan {
             workspaces[r] = rank.workspace.ptr();
         }
         let s = &self.shape;
+        let ready = match lead {
+            Some(lead) => Some(
+                lead.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(Error::driver("cuEventRecord"))?,
+            ),
+            None => None,
+        };
         for (r, rank) in self.ranks.iter().enumerate() {
-            if let Some(lead) = lead {
-                rank.stream.join(lead).map_err(Error::driver("cuStreamWaitEvent"))?;
+            if let Some(ready) = &ready {
+                rank.stream.wait(ready).map_err(Error::driver("cuStreamWaitEvent"))?;
             }
             let h = &rank.header;
             if h.tbs != 0 {
@@ -379,7 +392,8 @@ impl CompiledPlan {
                 unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
             }
             if let Some(lead) = lead {
-                lead.join(&rank.stream).map_err(Error::driver("cuStreamWaitEvent"))?;
+                rank.done.record(&rank.stream).map_err(Error::driver("cuEventRecord"))?;
+                lead.wait(&rank.done).map_err(Error::driver("cuStreamWaitEvent"))?;
             }
         }
         Ok(())

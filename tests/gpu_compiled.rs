@@ -8,7 +8,8 @@
 //! not a hang; per-TB timing records.
 //!
 //! Skips loudly without a Hopper GPU. `OXCCL_COMPILED_FILTER=substring` runs only the matching
-//! cases of `plans_match_the_cpu_executor`.
+//! cases of `plans_match_the_cpu_executor`; `OXCCL_MSCCL_DIR` names the MSCCL files' folder when the
+//! binary runs away from its checkout.
 
 mod common;
 
@@ -165,6 +166,23 @@ fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), Str
     Ok(())
 }
 
+/// The bundled MSCCL files: `OXCCL_MSCCL_DIR`, else this checkout's `host/tests/data/msccl`, else
+/// the same path below the working directory, else `.device/host-msccl` (where
+/// `scripts/gpu-stage.sh` puts them for a machine without the checkout).
+fn msccl_dir() -> std::path::PathBuf {
+    let candidates = [
+        std::env::var_os("OXCCL_MSCCL_DIR").map(std::path::PathBuf::from),
+        Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("host/tests/data/msccl")),
+        Some("host/tests/data/msccl".into()),
+        Some(".device/host-msccl".into()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.is_dir())
+        .expect("MSCCL files not found: set OXCCL_MSCCL_DIR to host/tests/data/msccl")
+}
+
 /// The algorithms: (name, program).
 fn programs() -> Vec<(String, Program)> {
     let mut v = Vec::new();
@@ -178,7 +196,7 @@ fn programs() -> Vec<(String, Program)> {
             v.push((format!("{algo} {nodes}x{gpus}"), p));
         }
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("host/tests/data/msccl");
+    let dir = msccl_dir();
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
