@@ -190,6 +190,11 @@ impl CompiledPlan {
         }
         let contexts: Vec<Arc<CudaContext>> = used.iter().map(|e| e.context().clone()).collect();
         enable_peer_access(&contexts)?;
+        // The uploads and memsets above run on each context's legacy stream, which the ranks'
+        // (non-blocking) streams do not wait for: finish them before any launch.
+        for c in &contexts {
+            c.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+        }
         let mut plan = CompiledPlan {
             engines: used,
             ranks,
@@ -477,7 +482,7 @@ pub struct PlanBuffers {
 }
 
 impl PlanBuffers {
-    /// Zeroed buffers for `plan`, on each rank's device.
+    /// Zeroed buffers for `plan`, on each rank's device (complete when this returns).
     pub fn new(plan: &CompiledPlan, shift: u64) -> Result<Self> {
         let mut allocs = Vec::with_capacity(plan.ranks());
         let mut sizes = Vec::with_capacity(plan.ranks());
@@ -492,6 +497,7 @@ impl PlanBuffers {
             }
             allocs.push(a);
             sizes.push(size);
+            ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
         }
         Ok(PlanBuffers { allocs, sizes, shift })
     }
@@ -501,7 +507,7 @@ impl PlanBuffers {
         self.allocs.iter().map(|a| std::array::from_fn(|s| a[s].as_ref().map_or(0, |b| b.ptr() + self.shift))).collect()
     }
 
-    /// Writes rank `rank`'s slot `slot` (exactly its size).
+    /// Writes rank `rank`'s slot `slot` (exactly its size; complete when this returns).
     pub fn write(&self, rank: usize, slot: usize, data: &[u8]) -> Result<()> {
         if data.len() as u64 != self.sizes[rank][slot] {
             return Err(Error::Length {
@@ -521,7 +527,7 @@ impl PlanBuffers {
         }
     }
 
-    /// Reads rank `rank`'s slot `slot`.
+    /// Reads rank `rank`'s slot `slot` (after the launches that write it are synchronised).
     pub fn read(&self, rank: usize, slot: usize) -> Result<Vec<u8>> {
         match &self.allocs[rank][slot] {
             None => Ok(Vec::new()),

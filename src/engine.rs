@@ -64,7 +64,9 @@ impl DeviceAlloc {
         Ok(out)
     }
 
-    /// Overwrites the first `data.len()` bytes with `data` (synchronous).
+    /// Overwrites the first `data.len()` bytes with `data` and waits for the context to finish it:
+    /// `cuMemcpyHtoD` may return before its DMA lands, and work queued on non-blocking streams does
+    /// not wait for it.
     pub fn write(&self, data: &[u8]) -> Result<()> {
         if data.len() > self.bytes {
             return Err(Error::Config { field: "data", why: format!("{} bytes into {}", data.len(), self.bytes) });
@@ -74,7 +76,8 @@ impl DeviceAlloc {
         }
         self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
         // SAFETY: the allocation holds at least `data.len()` bytes.
-        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
+        self.ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))
     }
 
     /// Copies `len` bytes from byte `offset` to the host (synchronous).

@@ -24,7 +24,7 @@ use oxccl_host::program::Program;
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::msccl::import;
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, Mover, PlanMode, RedOp, WaitKind};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 /// The GPU, with enough hardware queues for one stream per virtual rank.
@@ -40,18 +40,22 @@ fn gpu(test: &str) -> Option<Arc<CudaStream>> {
     common::gpu(test)
 }
 
-/// One stream per rank (at most 16) and the engine, shared by every case of a test.
+/// One stream per rank (at most 16) and the engine, shared by every case of a test; holds the GPU
+/// for the test: a plan's CTAs must all be resident, so two tests must not share the GPU at once.
 struct Device {
     engine: Arc<Engine>,
     streams: Vec<Arc<CudaStream>>,
+    _turn: MutexGuard<'static, ()>,
 }
 
 impl Device {
     fn new(stream: &Arc<CudaStream>) -> Device {
+        static GPU: Mutex<()> = Mutex::new(());
+        let turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = stream.context();
         let engine = Arc::new(Engine::new(ctx).expect("engine"));
         let streams = (0..16).map(|_| ctx.new_stream().expect("stream")).collect();
-        Device { engine, streams }
+        Device { engine, streams, _turn: turn }
     }
 
     fn plan(&self, lp: &LoweredPlan, config: CompiledConfig) -> oxccl::Result<CompiledPlan> {
