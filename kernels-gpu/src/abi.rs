@@ -692,8 +692,10 @@ pub struct TbTiming {
     pub idle_ns: u64,
 }
 
-/// Kernel parameters of a compiled-plan launch (one launch per rank, one CTA per TB), by value. The
-/// descriptor arrays are uploaded once per cached plan; buffers and workspaces are per call.
+/// Kernel parameters of a compiled-plan launch (one launch per rank, one CTA per TB), by value: the
+/// only parameter of the plan kernels ([`plan_kernel_name`]), launched with a grid of `header.tbs`
+/// CTAs and [`plan_smem_bytes`] of dynamic shared memory. The descriptor arrays are uploaded once
+/// per cached plan; buffers and workspaces are per call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct PlanLaunchArgs {
