@@ -1,7 +1,7 @@
 //! The host/device ABI: `#[repr(C)]` descriptors defined once and compiled for both sides.
 //!
 //! The host lowers a plan into an array of [`TbProgram`]s (one per CTA of the launch) and an array of
-//! [`Task`]s, uploads both once per cached plan, and launches the mover's kernel ([`Mover::kernel`]) with a
+//! [`Task`]s, uploads both once per cached plan, and launches the mover's kernel ([`kernel_name`]) with a
 //! [`LaunchArgs`]
 //! by value. Buffers are named symbolically in tasks (rank, [`slot`], byte offset) and resolved through
 //! the per-call buffer table in [`LaunchArgs::buffers`], so a cached plan serves any user buffers.
