@@ -1,11 +1,12 @@
 //! Embeds the device code (PTX) into the `oxccl` crate.
 //!
-//! Two PTX modules come out of the workspace's device crates:
-//! - `oxccl_kernels.ptx` from `kernels-gpu` (the engine the library launches), and
+//! Three PTX modules come out of the workspace's device crates:
+//! - `oxccl_kernels.ptx` from `kernels-gpu` (the T-CCL engine the library launches),
+//! - `oxccl_plans.ptx` from `kernels-gpu` with its `plans` feature (the compiled-plan kernels), and
 //! - `oxccl_probes.ptx` from `ptx-intrinsics` with its `probes` feature (one small kernel per
 //!   instruction family, used by the golden-PTX and GPU intrinsic tests).
 //!
-//! Both are committed under `ptx/`, so a crate that depends on `oxccl` builds on stable Rust with no
+//! All are committed under `ptx/`, so a crate that depends on `oxccl` builds on stable Rust with no
 //! CUDA toolkit and no nightly. When the workspace sources are present and the dated nightly named in
 //! `rust-toolchain.toml` (with `rust-src`) is installed, the PTX is rebuilt from source through a nested
 //! cargo; `tests/ptx.rs` (`shipped_ptx_equals_a_fresh_build`) then proves the committed files equal the
@@ -42,11 +43,33 @@ struct Module {
     dir: &'static str,
     package: &'static str,
     features: &'static str,
+    /// Cargo target directory under `OUT_DIR`: a package built with two feature sets needs two, since
+    /// the newest `.s` of a target directory is taken as the module.
+    target: &'static str,
 }
 
 const MODULES: &[Module] = &[
-    Module { file: "oxccl_kernels.ptx", dir: "kernels-gpu", package: "oxccl-kernels", features: "" },
-    Module { file: "oxccl_probes.ptx", dir: "ptx-intrinsics", package: "oxccl-ptx", features: "probes" },
+    Module {
+        file: "oxccl_kernels.ptx",
+        dir: "kernels-gpu",
+        package: "oxccl-kernels",
+        features: "",
+        target: "device-target",
+    },
+    Module {
+        file: "oxccl_plans.ptx",
+        dir: "kernels-gpu",
+        package: "oxccl-kernels",
+        features: "plans",
+        target: "device-target-plans",
+    },
+    Module {
+        file: "oxccl_probes.ptx",
+        dir: "ptx-intrinsics",
+        package: "oxccl-ptx",
+        features: "probes",
+        target: "device-target",
+    },
 ];
 
 fn main() {
@@ -158,8 +181,8 @@ fn rustup_command() -> Command {
 }
 
 fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
-    let target_dir = out.join("device-target");
     for m in MODULES {
+        let target_dir = out.join(m.target);
         let dest = out.join(m.file);
         let mut cmd = rustup_command();
         cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "rustc", "--quiet", "--release", "--lib"])
@@ -206,14 +229,14 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
 /// list tells ptxas to fit 512 threads' registers in one SM (at most 128 per thread).
 const SIMT_MAX_THREADS: u32 = 512;
 
-/// Adds `.maxntid SIMT_MAX_THREADS, 1, 1` to every `oxccl_run_simt_*` entry.
+/// Adds `.maxntid SIMT_MAX_THREADS, 1, 1` to every SIMT-mover entry (`oxccl_run_simt_*`, `oxccl_plan_simt_*`).
 fn bound_simt_kernels(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 1024);
     let mut in_simt_signature = false;
     for line in ptx.lines() {
         out.push_str(line);
         out.push('\n');
-        if line.starts_with(".visible .entry oxccl_run_simt_") {
+        if line.starts_with(".visible .entry oxccl_run_simt_") || line.starts_with(".visible .entry oxccl_plan_simt_") {
             in_simt_signature = true;
         } else if in_simt_signature && line == ")" {
             out.push_str(&format!(".maxntid {SIMT_MAX_THREADS}, 1, 1\n"));

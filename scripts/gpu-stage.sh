@@ -19,4 +19,7 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device/bin/" + name)
         print("staged", name)
 '
+# MSCCL files for `gpu-suite.sh compiled-bench` (the GPU machine has no checkout).
+mkdir -p .device/host-msccl
+cp host/tests/data/msccl/*.xml .device/host-msccl/
 ls -la .device/bin

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard); each step logs under $OUT.
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench); each step logs under $OUT.
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/oxccl-out}
@@ -42,6 +42,15 @@ for step in "$@"; do
       log gpu_collectives; timeout 150 $B/gpu_collectives --test-threads=1 --nocapture collectives_match > "$OUT/gpu_collectives_random.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_collectives_random.log" ;;
     allreduce)
       log allreduce-tma; timeout 120 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8.log" ;;
+    compiled)
+      export CUDA_DEVICE_MAX_CONNECTIONS=32
+      log gpu_intrinsics-smem; timeout 60 $B/gpu_intrinsics --test-threads=1 --nocapture dynamic_shared_memory_size > "$OUT/gpu_intrinsics_smem.log" 2>&1; grep -E "^test |test result|panicked" "$OUT/gpu_intrinsics_smem.log"
+      log gpu_compiled; timeout 600 $B/gpu_compiled --test-threads=1 --nocapture > "$OUT/gpu_compiled.log" 2>&1; grep -E "^test |test result|cases|FAILED|panicked|timed out|shape|skipped" "$OUT/gpu_compiled.log" ;;
+    compiled-bench)
+      export CUDA_DEVICE_MAX_CONNECTIONS=32
+      for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml"; do
+        for exec in compiled interpreted; do
+          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 256M -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -12 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     *) echo "unknown step $step" ;;
   esac
 done

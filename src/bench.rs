@@ -2,8 +2,10 @@
 //! bandwidth table (size, count, type, redop, root, time, algbw, busbw, #wrong, out-of-place and
 //! in-place, "Avg bus bandwidth"). algbw = bytes / seconds / 1e9; busbw = algbw × the collective's
 //! factor. Correctness is checked in a separate, untimed pass. The reshard benchmark times a plan
-//! against the two usual workarounds on the same engine and against two speed-of-light models.
+//! against the two usual workarounds on the same engine and against two speed-of-light models. The
+//! compiled-plan benchmark ([`plan_bench`]) runs a lowered ResCCL plan, compiled or interpreted.
 
+use crate::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
 use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
 use crate::error::{Error, Result};
 use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
@@ -12,7 +14,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
-use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, ReduceMode, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::sync::Arc;
 
 /// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
@@ -449,6 +451,185 @@ pub fn collective_bench(
         size = size.saturating_mul(b.factor.max(2));
     }
     Ok(rows)
+}
+
+/// Parameters of a compiled-plan benchmark (`oxccl bench --algo ...|--xml ... --exec ...`).
+pub struct PlanBench {
+    /// What to call the plan in reports.
+    pub name: String,
+    /// The compiled plan.
+    pub plan: oxccl_host::compile::Plan,
+    /// Compiled (segments are sub-pipelines) or interpreted (one segment per TB, re-walked).
+    pub mode: PlanMode,
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub micro_batches: u32,
+    /// FIFO slots per connection (`None`: what the lowering needs, at least 2).
+    pub slots: Option<u32>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: bool,
+    pub config: CompiledConfig,
+}
+
+/// What a compiled-plan benchmark ran with, for the report's header.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlanBenchInfo {
+    pub ranks: usize,
+    pub tbs_per_rank: u32,
+    pub slots: u32,
+    pub threads: u32,
+    pub stage_bytes: u32,
+    pub registers: u32,
+}
+
+/// Runs a lowered plan on virtual ranks of `stream`'s GPU (each rank on a stream of its own, timed
+/// through `stream`), one nccl-tests row per size: nccl-tests' size is the larger user buffer per
+/// rank, cut into the plan's chunks (each a multiple of 16 bytes per micro-batch). The plan's layout
+/// is either in place or out of place: the other half of the row is 0 and `N/A`. Correctness is
+/// checked in a separate untimed launch (AllReduce, AllGather, ReduceScatter; `N/A` otherwise).
+pub fn plan_bench(
+    stream: &Arc<CudaStream>,
+    b: &PlanBench,
+    mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
+) -> Result<Vec<CollectiveRow>> {
+    use oxccl_host::compile::lower::{LowerOptions, lower, place};
+    use oxccl_host::program::{Collective as Coll, Rank, Slice};
+    let l = &b.plan.layout;
+    let p = l.ranks as usize;
+    let ctx = stream.context();
+    let engine = Arc::new(Engine::new(ctx)?);
+    let streams =
+        (0..p).map(|_| ctx.new_stream().map_err(Error::driver("cuStreamCreate"))).collect::<Result<Vec<_>>>()?;
+    let e = b.dtype.size() as u64;
+    let (ic, oc) = (l.input_chunks() as u64, l.output_chunks() as u64);
+    let user_chunks = ic.max(oc);
+    let grain = 16 * b.micro_batches as u64;
+    let collective = match l.collective {
+        Coll::AllReduce => Some(Collective::AllReduce),
+        Coll::AllGather => Some(Collective::AllGather),
+        Coll::ReduceScatter => Some(Collective::ReduceScatter),
+        Coll::AllToAll => None,
+    };
+    let mut rows = Vec::new();
+    let mut size = b.min_bytes.max(e);
+    while size <= b.max_bytes {
+        let chunk_bytes = (size / user_chunks.max(1) / grain).max(1) * grain;
+        let opts = LowerOptions {
+            mode: b.mode,
+            micro_batches: b.micro_batches,
+            chunk_bytes,
+            fifo_slots: 1,
+            dtype: b.dtype,
+            op: b.op,
+            timing: false,
+        };
+        let probe = lower(&b.plan, &opts).map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
+        let slots = b.slots.unwrap_or(probe.slots_needed.max(2));
+        let lp = lower(&b.plan, &LowerOptions { fifo_slots: slots, ..opts })
+            .map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
+        let runner = CompiledPlan::on_engines(std::slice::from_ref(&engine), &streams, &lp, b.config.clone())?;
+        let bufs = PlanBuffers::new(&runner, 0)?;
+        let table = bufs.table();
+        let cb = chunk_bytes as usize;
+        let count_in = ic * chunk_bytes / e;
+        let count_out = oc * chunk_bytes / e;
+        // Inputs where the plan reads them; every other byte zero.
+        for r in 0..p {
+            let input = encode_all(b.dtype, count_in, |i| pattern(r, i));
+            let mut slots_data: Vec<Vec<u8>> =
+                (0..BUFFER_SLOTS).map(|s| vec![0u8; runner.buffer_bytes(r, s) as usize]).collect();
+            for j in 0..ic as usize {
+                let flat = l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves");
+                let (s, c) = place(l, flat);
+                slots_data[s as usize][c as usize * cb..][..cb].copy_from_slice(&input[j * cb..][..cb]);
+            }
+            for (s, d) in slots_data.iter().enumerate() {
+                bufs.write(r, s, d)?;
+            }
+        }
+        let mut wrong = u64::MAX;
+        if b.check
+            && let Some(c) = collective
+        {
+            // SAFETY: the buffers are the plan's own, alive until the synchronisation.
+            unsafe { runner.launch(&table, Some(stream))? };
+            runner.synchronize()?;
+            let count = if c == Collective::AllGather { count_in } else { count_out };
+            let expected = Expected::new(c, b.dtype, b.op, p, count);
+            wrong = 0;
+            for r in 0..p {
+                let data: Vec<Vec<u8>> = (0..BUFFER_SLOTS).map(|s| bufs.read(r, s)).collect::<Result<_>>()?;
+                let want = encode_all(b.dtype, count_out, |i| expected.value(r, i));
+                for j in 0..oc as usize {
+                    let flat = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves");
+                    let (s, c) = place(l, flat);
+                    let got = &data[s as usize][c as usize * cb..][..cb];
+                    wrong += count_wrong(got, &want[j * cb..][..cb], e as usize);
+                }
+            }
+        }
+        let us = time_ms(stream, b.warmup, b.iters, || {
+            // SAFETY: as above; `stream` orders every launch after the previous one.
+            unsafe { runner.launch(&table, Some(stream)) }
+        })? * 1e3;
+        runner.synchronize()?;
+        let shape = runner.shape();
+        let info = PlanBenchInfo {
+            ranks: p,
+            tbs_per_rank: lp.ranks.iter().map(|r| r.header.tbs).max().unwrap_or(0),
+            slots,
+            threads: shape.threads,
+            stage_bytes: shape.stage_bytes,
+            registers: engine.plan_kernel_info(b.config.mover, b.dtype, b.op)?.registers,
+        };
+        let real = user_chunks * chunk_bytes;
+        let bw = real as f64 / (us * 1e-6) / 1e9;
+        let factor = l.collective.bus_factor(p as u32);
+        let (measured, none) = ((us, bw, bw * factor, wrong), (0.0, 0.0, 0.0, u64::MAX));
+        let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
+        let row = CollectiveRow {
+            collective: l.collective.name(),
+            ranks: p,
+            ctas: info.tbs_per_rank,
+            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: "registers",
+            size: real,
+            count: real / e,
+            dtype: b.dtype.nccl_name(),
+            redop: b.op.nccl_name(),
+            oop_us: oop.0,
+            oop_algbw: oop.1,
+            oop_busbw: oop.2,
+            oop_wrong: oop.3,
+            ip_us: ip.0,
+            ip_algbw: ip.1,
+            ip_busbw: ip.2,
+            ip_wrong: ip.3,
+        };
+        on_row(&row, &info);
+        rows.push(row);
+        size = size.saturating_mul(b.factor.max(2));
+    }
+    Ok(rows)
+}
+
+/// nccl-tests' closing lines for rows that measured only one side (`in_place` or out of place):
+/// the average bus bandwidth is over that side.
+pub fn nccl_footer_one_side(rows: &[CollectiveRow], in_place: bool) -> String {
+    let wrong: u64 =
+        rows.iter().map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).filter(|&w| w != u64::MAX).sum();
+    let avg =
+        rows.iter().map(|r| if in_place { r.ip_busbw } else { r.oop_busbw }).sum::<f64>() / rows.len().max(1) as f64;
+    format!(
+        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#",
+        wrong,
+        if wrong == 0 { "OK" } else { "FAILED" },
+        avg
+    )
 }
 
 /// The nccl-tests table header.

@@ -671,7 +671,7 @@ fn device_location(ordinal: usize) -> sys::CUmemLocation {
 
 /// Enables peer access between every pair of distinct devices, and lets each device's peers read and
 /// write its default memory pool (cudarc allocates user buffers from stream-ordered pools).
-fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
+pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
     for a in contexts {
         for b in contexts {
             if a.ordinal() == b.ordinal() {

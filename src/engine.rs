@@ -13,7 +13,7 @@ use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
 pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
 /// Freed on drop.
@@ -61,6 +61,37 @@ impl DeviceAlloc {
         let mut out = vec![0u8; self.bytes];
         // SAFETY: the allocation holds `bytes` bytes.
         unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }.map_err(Error::driver("cuMemcpyDtoH"))?;
+        Ok(out)
+    }
+
+    /// Overwrites the first `data.len()` bytes with `data` and waits for the context to finish it:
+    /// `cuMemcpyHtoD` may return before its DMA lands, and work queued on non-blocking streams does
+    /// not wait for it.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        if data.len() > self.bytes {
+            return Err(Error::Config { field: "data", why: format!("{} bytes into {}", data.len(), self.bytes) });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: the allocation holds at least `data.len()` bytes.
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
+        self.ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))
+    }
+
+    /// Copies `len` bytes from byte `offset` to the host (synchronous).
+    pub fn read_range(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        if offset.checked_add(len).is_none_or(|e| e > self.bytes) {
+            return Err(Error::Config { field: "offset", why: format!("{offset}+{len} beyond {} bytes", self.bytes) });
+        }
+        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        let mut out = vec![0u8; len];
+        if len > 0 {
+            // SAFETY: the range lies inside the allocation.
+            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr + offset as u64) }
+                .map_err(Error::driver("cuMemcpyDtoH"))?;
+        }
         Ok(out)
     }
 
@@ -128,6 +159,8 @@ pub struct KernelInfo {
 pub struct Engine {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
+    /// The compiled-plan module (`ptx::PLANS`), loaded on first use.
+    plans: OnceLock<Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// Multiprocessors of the device.
     pub sms: u32,
@@ -147,7 +180,14 @@ impl Engine {
         let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
-        Ok(Engine { ctx: ctx.clone(), module, functions: Mutex::new(HashMap::new()), sms, max_smem })
+        Ok(Engine {
+            ctx: ctx.clone(),
+            module,
+            plans: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+            sms,
+            max_smem,
+        })
     }
 
     /// The context.
@@ -167,6 +207,42 @@ impl Engine {
             .map_err(Error::driver("cuFuncSetAttribute"))?;
         map.insert(name, f.clone());
         Ok(f)
+    }
+
+    /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
+    /// shared-memory limit raised. Loads the plan module on first use.
+    pub fn plan_function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
+        let name = abi::plan_kernel_name(mover, dtype, op);
+        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(name) {
+            return Ok(f.clone());
+        }
+        let module = match self.plans.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = self
+                    .ctx
+                    .load_module(Ptx::from_src(crate::ptx::PLANS))
+                    .map_err(Error::driver("cuModuleLoadData"))?;
+                // The functions lock is held: no other thread sets it meanwhile.
+                let _ = self.plans.set(m.clone());
+                m
+            }
+        };
+        let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        map.insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// Registers and local memory of a compiled-plan kernel.
+    pub fn plan_kernel_info(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<KernelInfo> {
+        let f = self.plan_function(mover, dtype, op)?;
+        Ok(KernelInfo {
+            registers: f.num_regs().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
+            local_bytes: f.local_size_bytes().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
+        })
     }
 
     /// Registers and local memory of an engine kernel.

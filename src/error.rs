@@ -1,6 +1,7 @@
 //! Errors: every misuse and every device failure is a value naming what was wrong.
 
 use cudarc::driver::DriverError;
+use oxccl_host::compile::lower::DescriptorError;
 use oxccl_host::lowered::LoweredError;
 use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
@@ -40,6 +41,8 @@ pub enum Error {
     Plan(PlanError),
     /// A lowered program failed validation.
     Lowered(LoweredError),
+    /// A compiled plan's device descriptors are malformed (`oxccl_host::compile::lower::validate`).
+    Descriptors(DescriptorError),
     /// A reshard's layouts do not fit the tensor or the communicator, or its two sides disagree
     /// (`ReshardError::Src` / `Dst` name the side).
     Reshard(ReshardError),
@@ -113,6 +116,7 @@ impl fmt::Display for Error {
             Error::Config { field, why } => write!(f, "config.{field}: {why}"),
             Error::Plan(e) => write!(f, "plan: {e}"),
             Error::Lowered(e) => write!(f, "lowered program: {e}"),
+            Error::Descriptors(e) => write!(f, "compiled plan descriptors: {e}"),
             Error::Reshard(e) => write!(f, "reshard: {e}"),
             Error::ReshardLower(e) => write!(f, "reshard lowering: {e}"),
             Error::MissingBuffer { what, rank, elements } => {
@@ -151,6 +155,7 @@ impl std::error::Error for Error {
             Error::Driver { source, .. } => Some(source),
             Error::Plan(e) => Some(e),
             Error::Lowered(e) => Some(e),
+            Error::Descriptors(e) => Some(e),
             Error::Reshard(e) => Some(e),
             Error::ReshardLower(e) => Some(e),
             _ => None,
@@ -167,6 +172,12 @@ impl From<PlanError> for Error {
 impl From<LoweredError> for Error {
     fn from(e: LoweredError) -> Self {
         Error::Lowered(e)
+    }
+}
+
+impl From<DescriptorError> for Error {
+    fn from(e: DescriptorError) -> Self {
+        Error::Descriptors(e)
     }
 }
 

@@ -17,6 +17,7 @@
 //! ```
 //!
 //! Calls: the collectives, and [`Communicator::reshard`] (M-to-N layout changes, [`reshard`]).
+//! Compiled ResCCL plans (lowered by `oxccl_host::compile::lower`) run through [`compiled`].
 //!
 //! Layers: [`Communicator`] (ranks, plan cache, calls) → [`engine`] (PTX module, launches, owned device
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
@@ -25,6 +26,7 @@
 pub mod bench;
 pub mod cli;
 mod comm;
+pub mod compiled;
 pub mod engine;
 mod error;
 pub mod ptx;

@@ -16,7 +16,7 @@ enum Command {
     /// Run an AllReduce over 8 ranks: on the GPU when one is present, otherwise the same plan on the CPU executor.
     Demo(cli::demo::Args),
     /// nccl-tests-style bandwidth benchmark of a collective or a compiled algorithm.
-    Bench(cli::bench::Args),
+    Bench(Box<cli::bench::Args>),
     /// Compile an algorithm and print the plan summary.
     Plan(cli::plan::Args),
     /// Simulate a compiled plan on a topology.
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cli::demo::run(a),
-        Command::Bench(a) => cli::bench::run(a),
+        Command::Bench(a) => cli::bench::run(*a),
         Command::Plan(a) => cli::plan::run(a),
         Command::Simulate(a) => cli::simulate::run(a),
         Command::Verify(a) => cli::verify::run(a),

@@ -1,7 +1,11 @@
 //! The embedded device code (see `build.rs`).
 
-/// The engine module (`kernels-gpu`), PTX ISA 8.0 for sm_90a.
+/// The engine module (`kernels-gpu`), PTX ISA 8.0 for sm_90a: the T-CCL kernels (`oxccl_run_*`).
 pub const KERNELS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_kernels.ptx"));
+
+/// The compiled-plan module (`kernels-gpu` with its `plans` feature): the plan kernels
+/// (`oxccl_plan_*`), a module of its own so neither set's code generation depends on the other.
+pub const PLANS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_plans.ptx"));
 
 /// The probe module (`ptx-intrinsics` with its `probes` feature): one kernel per instruction family.
 pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.ptx"));

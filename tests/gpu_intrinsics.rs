@@ -56,6 +56,19 @@ fn special_registers_and_elect() {
 }
 
 #[test]
+fn dynamic_shared_memory_size() {
+    let Some(p) = Probes::new("dynamic_shared_memory_size") else { return };
+    let f = p.f("probe_smem_size");
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 100 * 1024).unwrap();
+    for smem in [0u32, 1040, 100 * 1024] {
+        let out = p.stream.alloc_zeros::<u64>(2).unwrap();
+        let a = p.addr(&out);
+        unsafe { p.stream.launch_builder(&f).arg(&a).launch(Probes::cfg(2, 32, smem)) }.unwrap();
+        assert_eq!(p.stream.clone_dtoh(&out).unwrap(), vec![smem as u64; 2], "%dynamic_smem_size");
+    }
+}
+
+#[test]
 fn mbarrier_phases_and_transactions() {
     let Some(p) = Probes::new("mbarrier_phases_and_transactions") else { return };
     let src_data: Vec<u64> = (0..8).map(|i| 0x0123_4567_89ab_cdef ^ (i * 0x1111)).collect();

@@ -1,6 +1,6 @@
-//! Golden PTX: every `oxccl-ptx` wrapper's instruction appears in its probe kernel; both modules
-//! assemble with `ptxas -arch=sm_90a`; no unresolved externs; the engine's kernels exist with their
-//! launch bounds; the shipped PTX equals a fresh build.
+//! Golden PTX: every `oxccl-ptx` wrapper's instruction appears in its probe kernel; every module
+//! assembles with `ptxas -arch=sm_90a`; no unresolved externs; the engine's kernels (T-CCL and
+//! compiled plans) exist with their launch bounds; the shipped PTX equals a fresh build.
 
 mod common;
 
@@ -168,6 +168,7 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("ctaid_x", "probe_sreg", "%ctaid.x;"),
     ("nctaid_x", "probe_sreg", "%nctaid.x;"),
     ("laneid", "probe_sreg", "%laneid;"),
+    ("dynamic_smem_size", "probe_smem_size", "%dynamic_smem_size;"),
     ("smid", "probe_sreg", "%smid;"),
     ("globaltimer", "probe_sreg", "mov.u64 %rd"),
     ("elect_sync", "probe_sreg", "elect.sync _|p, %r"),
@@ -179,6 +180,10 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("max_bf16x2", "probe_arith", "max.bf16x2 %r"),
     ("Shared::from_generic", "probe_sync", "cvta.to.shared.u64 s, %rd"),
 ];
+
+/// Every PTX module the crate embeds.
+const MODULES: [(&str, &str); 3] =
+    [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS), ("probes", oxccl::ptx::PROBES)];
 
 /// The text of one `.entry` (up to the next entry or function).
 fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
@@ -233,7 +238,7 @@ fn tensor_wrappers_appear_in_their_probes() {
 
 #[test]
 fn modules_target_sm90a_with_no_unresolved_externs() {
-    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("probes", oxccl::ptx::PROBES)] {
+    for (name, ptx) in MODULES {
         assert!(ptx.contains(".target sm_90a"), "{name}: not built for sm_90a");
         let version = ptx.lines().find_map(|l| l.strip_prefix(".version ")).expect(".version line");
         let (major, minor) = version.trim().split_once('.').expect("version x.y");
@@ -257,14 +262,44 @@ fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
 }
 
 #[test]
-fn ptxas_assembles_both_modules() {
+fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
+    for &(dtype, op, tma, simt) in abi::PLAN_KERNELS {
+        let t = entry(oxccl::ptx::PLANS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));
+        assert!(!t.contains(".maxntid"), "{tma} must not carry the SIMT launch bound");
+        let s = entry(oxccl::ptx::PLANS, simt).unwrap_or_else(|| panic!("{simt} missing"));
+        assert!(s.contains(".maxntid 512, 1, 1"), "{simt} lacks its launch bound");
+        // The FIFO protocol: acquire polls, releases of tail/head (system scope) and progress (GPU
+        // scope); the TMA kernels find their stages from the launch's shared memory.
+        for (name, body) in [(tma, t), (simt, s)] {
+            for text in [
+                "ld.acquire.sys.global.u64",
+                "st.release.sys.global.u64",
+                "st.release.gpu.global.u64",
+                "fence.proxy.async.global;",
+            ] {
+                assert!(body.contains(text), "{name} lacks `{text}`");
+            }
+        }
+        assert!(t.contains("%dynamic_smem_size;"), "{tma} does not size its stages from the launch");
+        assert!(t.contains("cp.async.bulk.shared::cluster.global"), "{tma} has no bulk loads");
+        assert!(t.contains("cp.async.bulk.global.shared::cta.bulk_group"), "{tma} has no bulk stores");
+        assert!(t.contains("cp.async.bulk.wait_group 0;"), "{tma} never completes its writes");
+        assert!(s.contains("ld.global.v4.u32"), "{simt} has no vector loads");
+    }
+    // The T-CCL module holds no plan kernel and the plan module no T-CCL kernel.
+    assert!(!oxccl::ptx::KERNELS.contains(".entry oxccl_plan_"));
+    assert!(!oxccl::ptx::PLANS.contains(".entry oxccl_run_"));
+}
+
+#[test]
+fn ptxas_assembles_every_module() {
     let Some(ptxas) = common::ptxas() else {
         common::skip("skipped: ptxas not found (pip install nvidia-cuda-nvcc, or set OXCCL_PTXAS)");
         return;
     };
     let dir = std::env::temp_dir().join(format!("oxccl-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("probes", oxccl::ptx::PROBES)] {
+    for (name, ptx) in MODULES {
         let src = dir.join(format!("{name}.ptx"));
         std::fs::write(&src, ptx).unwrap();
         let out = Command::new(&ptxas)
@@ -293,7 +328,11 @@ fn shipped_ptx_equals_a_fresh_build() {
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
     let bless = std::env::var_os("OXCCL_BLESS").is_some();
-    for (file, fresh) in [("oxccl_kernels.ptx", oxccl::ptx::KERNELS), ("oxccl_probes.ptx", oxccl::ptx::PROBES)] {
+    for (file, fresh) in [
+        ("oxccl_kernels.ptx", oxccl::ptx::KERNELS),
+        ("oxccl_plans.ptx", oxccl::ptx::PLANS),
+        ("oxccl_probes.ptx", oxccl::ptx::PROBES),
+    ] {
         let path = root.join(file);
         let shipped = std::fs::read_to_string(&path).unwrap_or_default();
         if shipped != fresh {

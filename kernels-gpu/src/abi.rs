@@ -1,7 +1,7 @@
 //! The host/device ABI: `#[repr(C)]` descriptors defined once and compiled for both sides.
 //!
 //! The host lowers a plan into an array of [`TbProgram`]s (one per CTA of the launch) and an array of
-//! [`Task`]s, uploads both once per cached plan, and launches the mover's kernel ([`Mover::kernel`]) with a
+//! [`Task`]s, uploads both once per cached plan, and launches the mover's kernel ([`kernel_name`]) with a
 //! [`LaunchArgs`]
 //! by value. Buffers are named symbolically in tasks (rank, [`slot`], byte offset) and resolved through
 //! the per-call buffer table in [`LaunchArgs::buffers`], so a cached plan serves any user buffers.
@@ -9,7 +9,8 @@
 //! Compiled ResCCL plans have their own descriptors ([`PlanHeader`], [`PlanTb`], [`PlanSegment`],
 //! [`FifoTask`], [`PlanWait`], [`FifoConn`], [`PlanLaunchArgs`]): one launch per rank, one CTA per
 //! thread block, FIFO connections in the workspace's FIFO region ([`FIFO_REGION_OFFSET`]). The engine
-//! does not execute them yet; the host lowers plans into them and runs them on its CPU executor.
+//! runs them with the plan kernels ([`plan_kernel_name`]); the host's CPU executor
+//! (`oxccl_host::exec::lowered`) defines their semantics.
 //!
 //! Every struct's size and alignment is asserted at compile time; the asserts run on both targets.
 
@@ -184,7 +185,7 @@ macro_rules! engine_kernels {
         }
     };
 }
-#[cfg_attr(not(target_arch = "nvptx64"), allow(unused_imports))]
+#[cfg_attr(any(not(target_arch = "nvptx64"), feature = "plans"), allow(unused_imports))]
 pub(crate) use engine_kernels;
 
 macro_rules! kernel_table {
@@ -392,8 +393,18 @@ pub mod smem {
     pub const WORKSPACES: usize = BUFFERS + MAX_RANKS * BUFFER_SLOTS * 8;
     /// Offset of the stage mbarriers (one per stage).
     pub const BARRIERS: usize = WORKSPACES + MAX_RANKS * 8;
+    /// Offset of the CTA's abort flag (a `u32`; see the engine's `Ctx::set_abort`).
+    pub const ABORT: usize = BARRIERS + MAX_STAGES * 8;
+    /// Offset of the plan kernels' step record (three `u64`s): the FIFO slot the issuing thread
+    /// acquired for the current step (its address, read by every thread after a CTA barrier) and
+    /// the counter the step's release advances (its address and next value).
+    pub const PLAN_STEP: usize = ABORT + 8;
+    /// Offset of the plan kernels' time accounts (two `u64`s: the TB's start, its time waiting).
+    pub const PLAN_CLOCK: usize = PLAN_STEP + 24;
     /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
+
+    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8));
 
     /// Dynamic shared memory a launch needs.
     pub const fn bytes(stages: usize, slots: usize, chunk_bytes: usize) -> usize {
@@ -681,8 +692,10 @@ pub struct TbTiming {
     pub idle_ns: u64,
 }
 
-/// Kernel parameters of a compiled-plan launch (one launch per rank, one CTA per TB), by value. The
-/// descriptor arrays are uploaded once per cached plan; buffers and workspaces are per call.
+/// Kernel parameters of a compiled-plan launch (one launch per rank, one CTA per TB), by value: the
+/// only parameter of the plan kernels ([`plan_kernel_name`]), launched with a grid of `header.tbs`
+/// CTAs and [`plan_smem_bytes`] of dynamic shared memory. The descriptor arrays are uploaded once
+/// per cached plan; buffers and workspaces are per call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct PlanLaunchArgs {
@@ -710,6 +723,87 @@ pub struct PlanLaunchArgs {
     pub buffers: [u64; BUFFER_SLOTS],
 }
 
+/// Pipeline stages of the TMA mover in the plan kernels (one mbarrier each).
+pub const PLAN_STAGES: u32 = 4;
+/// Source slots per stage in the plan kernels: a `recv_reduce_copy` or a local reduction combines
+/// two sources (the message or the destination, and the local operand).
+pub const PLAN_SLOTS: u32 = 2;
+
+/// Dynamic shared memory of a compiled-plan launch with `mover`: the engine's header ([`smem`]),
+/// then for the TMA mover [`PLAN_STAGES`] × [`PLAN_SLOTS`] slots of `stage_bytes` (a multiple of
+/// 16). The kernel reads the size back (`%dynamic_smem_size`) and cuts it with
+/// [`plan_stage_bytes`], so the launcher alone chooses the stage size.
+pub const fn plan_smem_bytes(mover: Mover, stage_bytes: u32) -> usize {
+    match mover {
+        Mover::Tma => smem::STAGES + (PLAN_STAGES * PLAN_SLOTS) as usize * stage_bytes as usize,
+        Mover::Simt => smem::STAGES,
+    }
+}
+
+/// The TMA stage size a plan kernel derives from its dynamic shared memory: the inverse of
+/// [`plan_smem_bytes`] (rounded down to 16 bytes; 0 when there is no room for stages).
+pub const fn plan_stage_bytes(dynamic_smem: u32) -> u32 {
+    let header = smem::STAGES as u32;
+    if dynamic_smem <= header {
+        return 0;
+    }
+    ((dynamic_smem - header) / (PLAN_STAGES * PLAN_SLOTS)) & !15
+}
+
+/// Invokes `$m!` with every compiled-plan kernel: (TMA kernel, SIMT kernel: dtype, operator, the
+/// engine's `Combine` type). One kernel per mover and (dtype, operator), as for [`KERNELS`]; a
+/// compiled plan and its interpreted lowering run in the same kernel (the descriptors differ, the
+/// engine does not).
+macro_rules! plan_kernels {
+    ($m:ident) => {
+        $m! {
+            oxccl_plan_tma_f32_sum, oxccl_plan_simt_f32_sum: F32, Sum, SumF32;
+            oxccl_plan_tma_f32_min, oxccl_plan_simt_f32_min: F32, Min, MinF32;
+            oxccl_plan_tma_f32_max, oxccl_plan_simt_f32_max: F32, Max, MaxF32;
+            oxccl_plan_tma_f16_sum, oxccl_plan_simt_f16_sum: F16, Sum, SumF16;
+            oxccl_plan_tma_f16_min, oxccl_plan_simt_f16_min: F16, Min, MinF16;
+            oxccl_plan_tma_f16_max, oxccl_plan_simt_f16_max: F16, Max, MaxF16;
+            oxccl_plan_tma_bf16_sum, oxccl_plan_simt_bf16_sum: Bf16, Sum, SumBf16;
+            oxccl_plan_tma_bf16_min, oxccl_plan_simt_bf16_min: Bf16, Min, MinBf16;
+            oxccl_plan_tma_bf16_max, oxccl_plan_simt_bf16_max: Bf16, Max, MaxBf16;
+            oxccl_plan_tma_i32_sum, oxccl_plan_simt_i32_sum: I32, Sum, SumI32;
+            oxccl_plan_tma_i32_min, oxccl_plan_simt_i32_min: I32, Min, MinI32;
+            oxccl_plan_tma_i32_max, oxccl_plan_simt_i32_max: I32, Max, MaxI32;
+            oxccl_plan_tma_u32_sum, oxccl_plan_simt_u32_sum: U32, Sum, SumI32;
+            oxccl_plan_tma_u32_min, oxccl_plan_simt_u32_min: U32, Min, MinU32;
+            oxccl_plan_tma_u32_max, oxccl_plan_simt_u32_max: U32, Max, MaxU32;
+        }
+    };
+}
+#[cfg_attr(any(not(target_arch = "nvptx64"), not(feature = "plans")), allow(unused_imports))]
+pub(crate) use plan_kernels;
+
+macro_rules! plan_kernel_table {
+    ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {
+        /// Every compiled-plan kernel: (dtype, operator, TMA-mover kernel, SIMT-mover kernel). Each
+        /// takes one [`PlanLaunchArgs`] by value; CTA `blockIdx.x` runs [`PlanTb`] `blockIdx.x`.
+        pub const PLAN_KERNELS: &[(DType, RedOp, &str, &str)] =
+            &[$((DType::$dtype, RedOp::$op, stringify!($tma), stringify!($simt))),+];
+    };
+}
+plan_kernels!(plan_kernel_table);
+
+/// Name of the compiled-plan kernel for `mover` reducing `dtype` with `op`.
+pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
+    let mut i = 0;
+    while i < PLAN_KERNELS.len() {
+        let (d, o, tma, simt) = PLAN_KERNELS[i];
+        if d as u8 == dtype as u8 && o as u8 == op as u8 {
+            return match mover {
+                Mover::Tma => tma,
+                Mover::Simt => simt,
+            };
+        }
+        i += 1;
+    }
+    unreachable!()
+}
+
 const _: () = {
     use core::mem::{align_of, size_of};
     assert!(size_of::<Task>() == 40 && align_of::<Task>() == 8);
@@ -730,6 +824,8 @@ const _: () = {
     assert!(size_of::<TbTiming>() == 32 && align_of::<TbTiming>() == 8);
     assert!(size_of::<PlanLaunchArgs>() == 88 + 8 * 8 + 8 * MAX_RANKS + 8 * BUFFER_SLOTS);
     assert!(align_of::<PlanLaunchArgs>() == 8);
+    assert!(plan_stage_bytes(plan_smem_bytes(Mover::Tma, 4096) as u32) == 4096);
+    assert!((PLAN_STAGES as usize) <= MAX_STAGES);
     assert!(FIFO_REGION_OFFSET.is_multiple_of(4096) && FIFO_REGION_OFFSET >= size_of::<Workspace>());
     // FIFO kinds never collide with the T-CCL engine's task kinds.
     let mut i = 0;

@@ -1,4 +1,5 @@
-//! Kernel entry points of `oxccl_kernels.ptx`.
+//! Kernel entry points of `oxccl_kernels.ptx`: the T-CCL engine, one kernel per mover and (dtype,
+//! operator).
 
 use crate::abi::{self, BUFFER_SLOTS, DType, LaunchArgs, MAX_RANKS, RedOp, Task, TbProgram};
 use crate::engine::combine::{self, Combine};
@@ -7,14 +8,6 @@ use oxccl_ptx::fence::fence_proxy_async_shared_cta;
 use oxccl_ptx::mbarrier::{fence_mbarrier_init_release_cluster, mbarrier_init_shared_b64, mbarrier_inval_shared_b64};
 use oxccl_ptx::sreg::ctaid_x;
 use oxccl_ptx::sync::bar_sync_all;
-
-/// Copies a table from the (by-value) kernel parameter to shared memory with constant indices only:
-/// a dynamic index into a kernel parameter would make the compiler copy all of it to local memory.
-macro_rules! copy_table {
-    ($dst:expr, $src:expr, [$($i:literal)+]) => {$(
-        *$dst.add($i) = $src[$i];
-    )+};
-}
 
 macro_rules! kernels {
     ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {$(

@@ -1,17 +1,29 @@
 //! `oxccl-kernels`: the device engine.
 //!
-//! Compiled for `nvptx64-nvidia-cuda` it is the PTX module `oxccl_kernels.ptx` (entry points in
-//! [`entry`]). Compiled for the host it is only [`abi`]: the `#[repr(C)]` descriptors the host lowers
-//! plans into, defined once for both sides.
+//! Compiled for `nvptx64-nvidia-cuda` it is the PTX module `oxccl_kernels.ptx` (the T-CCL engine,
+//! entry points in `entry`) or, with the `plans` feature, `oxccl_plans.ptx` (compiled ResCCL plans,
+//! entry points in `plan_entry`). Compiled for the host it is only [`abi`]: the `#[repr(C)]`
+//! descriptors the host lowers plans into, defined once for both sides.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics))]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
+/// Copies a table from the (by-value) kernel parameter to shared memory with constant indices only:
+/// a dynamic index into a kernel parameter would make the compiler copy all of it to local memory.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! copy_table {
+    ($dst:expr, $src:expr, [$($i:literal)+]) => {$(
+        *$dst.add($i) = $src[$i];
+    )+};
+}
+
 pub mod abi;
 #[cfg(target_arch = "nvptx64")]
 pub mod engine;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(target_arch = "nvptx64", not(feature = "plans")))]
 pub mod entry;
+#[cfg(all(target_arch = "nvptx64", feature = "plans"))]
+pub mod plan_entry;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

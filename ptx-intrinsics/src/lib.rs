@@ -19,7 +19,7 @@
 //! | [`tensor`] | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
 //! | [`fence`] | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
 //! | [`memory`] | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |
-//! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%laneid`, `%globaltimer`, `elect.sync` |
+//! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `elect.sync` |
 //! | [`sync`] | `bar.sync`, `nanosleep` |
 //! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
 #![no_std]

@@ -77,6 +77,15 @@ pub unsafe extern "ptx-kernel" fn probe_sreg(out: u64) {
     }
 }
 
+/// Shared-memory size: thread 0 of each CTA writes `%dynamic_smem_size` to `out[ctaid]`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_smem_size(out: u64) {
+    if tid_x() == 0 {
+        // SAFETY: the host sizes `out` for one word per CTA.
+        unsafe { *Global::<u64>::from_addr(out).add(ctaid_x() as u64).ptr() = dynamic_smem_size() as u64 };
+    }
+}
+
 /// mbarrier phases and transactions, one thread, the way the TMA pipeline uses them: phase 0 armed
 /// by `arrive.expect_tx` and completed by a 64-byte bulk copy from `src`; phase 1 armed by
 /// `expect_tx` plus `arrive.expect_tx` and completed by a second copy; then a plain `arrive` phase.

@@ -33,6 +33,10 @@ sreg32!(
 sreg32!(
     /// This thread's lane in its warp (0..32).
     laneid, "%laneid", "1.3");
+sreg32!(
+    /// Bytes of dynamic shared memory the launch gave this CTA (the `sharedMemBytes` of
+    /// `cuLaunchKernel`): lets a kernel size its shared-memory ring from the launch alone.
+    dynamic_smem_size, "%dynamic_smem_size", "4.1");
 
 /// The SM this thread runs on (may change under preemption; for diagnostics only).
 ///

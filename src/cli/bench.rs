@@ -1,8 +1,11 @@
-//! `oxccl bench`: nccl-tests-style collective benchmarks, the mover CTA sweep, and the reshard
-//! benchmark (the plan against the two workarounds on the same engine and two speed-of-light models):
+//! `oxccl bench`: nccl-tests-style collective benchmarks, the mover CTA sweep, the reshard
+//! benchmark (the plan against the two workarounds on the same engine and two speed-of-light models)
+//! and compiled ResCCL plans, compiled or interpreted, on the same engine and mover:
 //!
 //! ```text
 //! oxccl bench reshard --shape 7168,18432 -d bfloat16 --src-mesh 8@0 --src S0 --dst-mesh 4x2@8 --dst R,S0
+//! oxccl bench --algo hm-allreduce --topo 2x4 --exec compiled -b 1M -e 256M
+//! oxccl bench --xml host/tests/data/msccl/ndv4_r48ll.xml --exec interpreted
 //! ```
 
 use super::CliResult;
@@ -13,8 +16,30 @@ use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOption
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// all_reduce | reduce_scatter | all_gather | movers | reshard
-    pub what: String,
+    /// all_reduce | reduce_scatter | all_gather | movers | overlap | reshard (none with --algo or --xml)
+    pub what: Option<String>,
+    /// Compiled plan of a built-in algorithm: ring-allreduce, hm-allreduce, hm-allgather, ... (see
+    /// `oxccl plan`).
+    #[arg(long, conflicts_with = "xml")]
+    pub algo: Option<String>,
+    /// Compiled plan of an MSCCL XML algorithm.
+    #[arg(long)]
+    pub xml: Option<std::path::PathBuf>,
+    /// With --algo: NODESxGPUS (default 1x8 for ring algorithms, 2x4 otherwise); with --xml: which
+    /// ranks share a node.
+    #[arg(long)]
+    pub topo: Option<String>,
+    /// With --algo/--xml: `compiled` (HPDS schedule, state-based thread blocks, a segment per
+    /// sub-pipeline) or `interpreted` (MSCCL's shape: algorithm-level schedule, a TB per connection
+    /// and stage, the whole list re-walked per micro-batch). Same kernels, same mover.
+    #[arg(long, default_value = "compiled")]
+    pub exec: String,
+    /// With --algo/--xml: micro-batches per chunk.
+    #[arg(long, default_value_t = 4)]
+    pub micro_batches: u32,
+    /// With --algo/--xml: FIFO slots per connection (default: what the plan needs, at least 2).
+    #[arg(long)]
+    pub slots: Option<u32>,
     /// Smallest size (bytes; K, M, G suffixes are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size)]
     pub min_bytes: u64,
@@ -54,7 +79,7 @@ pub struct Args {
     /// Threads per CTA (default: chosen by the mover).
     #[arg(long)]
     pub threads: Option<u32>,
-    /// Bytes per source per pipeline stage (TMA).
+    /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
     #[arg(long)]
     pub chunk: Option<u32>,
     /// Pipeline stages (TMA).
@@ -123,7 +148,16 @@ fn parse_mover(s: &str) -> Result<Mover, String> {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let collective = match a.what.as_str() {
+    if a.algo.is_some() || a.xml.is_some() {
+        return run_plan(&a);
+    }
+    let Some(what) = a.what.clone() else {
+        return Err(
+            "give a benchmark (all_reduce, reduce_scatter, all_gather, movers, overlap, reshard) or --algo/--xml"
+                .into(),
+        );
+    };
+    let collective = match what.as_str() {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
@@ -136,13 +170,13 @@ pub fn run(a: Args) -> CliResult {
         }
     };
     let command: Vec<String> = std::env::args().collect();
-    let reshard = (a.what == "reshard").then(|| reshard_bench(&a)).transpose()?;
+    let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
     let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
     let stream = ctx.default_stream();
     if let Some(b) = reshard {
         return run_reshard(&stream, &b, &a, &command, &ctx.name().unwrap_or_default());
     }
-    if a.what == "overlap" {
+    if what == "overlap" {
         return run_overlap(&stream, &a, &command, &ctx.name().unwrap_or_default());
     }
     let Some(collective) = collective else {
@@ -218,6 +252,113 @@ pub fn run(a: Args) -> CliResult {
     println!("{}", bench::NCCL_HEADER);
     let rows = bench::collective_bench(&stream, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    }
+    if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX))
+    {
+        return Err("wrong results (see #wrong)".into());
+    }
+    Ok(())
+}
+
+/// `oxccl bench --algo ...|--xml ... --exec compiled|interpreted`: a lowered ResCCL plan on virtual
+/// ranks, one nccl-tests row per size. The flags are checked and the plan compiled before looking
+/// for a GPU.
+fn run_plan(a: &Args) -> CliResult {
+    use crate::compiled::CompiledConfig;
+    use oxccl_host::compile::{Scheduler, TbAlloc};
+    use oxccl_kernels::abi::PlanMode;
+    if let Some(w) = &a.what {
+        return Err(format!("`{w}` and --algo/--xml: give one").into());
+    }
+    let (mode, scheduler, tb_alloc) = match a.exec.as_str() {
+        "compiled" => (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
+        "interpreted" => (PlanMode::Interpreted, Scheduler::Algorithm, TbAlloc::PerConn),
+        other => return Err(format!("unknown --exec {other:?} (compiled, interpreted)").into()),
+    };
+    let topo = a
+        .topo
+        .clone()
+        .or_else(|| a.algo.as_ref().map(|n| if n.starts_with("ring") { "1x8".to_string() } else { "2x4".to_string() }));
+    let program = super::plan::ProgramArgs {
+        algo: a.algo.clone(),
+        xml: a.xml.clone(),
+        program: None,
+        topo,
+        instances: 1,
+        scheduler: scheduler.to_string(),
+        tb_alloc: tb_alloc.to_string(),
+    };
+    let (loaded, plan) = program.compile()?;
+    let ranks = plan.layout.ranks as usize;
+    if ranks > oxccl_kernels::abi::MAX_RANKS {
+        return Err(format!("{ranks} ranks: a launch addresses at most {}", oxccl_kernels::abi::MAX_RANKS).into());
+    }
+    if a.micro_batches == 0 {
+        return Err("--micro-batches must be at least 1".into());
+    }
+    let config = CompiledConfig {
+        mover: parse_mover(&a.mover)?,
+        threads: a.threads,
+        stage_bytes: a.chunk,
+        timeout: std::time::Duration::from_secs(60),
+    };
+    let b = bench::PlanBench {
+        name: plan.name.clone(),
+        plan,
+        mode,
+        dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
+        op: parse_op(&a.op)?,
+        micro_batches: a.micro_batches,
+        slots: a.slots,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        factor: a.factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        check: a.check != 0,
+        config,
+    };
+    // One stream per virtual rank: more than the driver's default eight hardware queues must be
+    // asked for before CUDA starts.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: the CLI is single-threaded here and CUDA is not initialised yet.
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
+    }
+    let command: Vec<String> = std::env::args().collect();
+    let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+    let stream = ctx.default_stream();
+    let l = &b.plan.layout;
+    println!("# oxccl compiled plan {} ({}): {}", b.name, a.exec, command.join(" "));
+    println!(
+        "# device: {}, {} virtual ranks ({}x{}), {}, {} chunks, mover {}, {} micro-batches, schedule {} / tb-alloc {}",
+        ctx.name().unwrap_or_default(),
+        ranks,
+        loaded.nodes,
+        loaded.gpus_per_node,
+        if l.in_place { "in place" } else { "out of place" },
+        l.chunks,
+        a.mover,
+        a.micro_batches,
+        b.plan.scheduler,
+        b.plan.tb_alloc
+    );
+    println!("{}", bench::NCCL_HEADER);
+    let mut first = true;
+    let rows = bench::plan_bench(&stream, &b, |row, info| {
+        if first {
+            println!(
+                "# {} TBs per rank (one CTA each), {} FIFO slots, {} threads per CTA, TMA stage {} B, {} registers",
+                info.tbs_per_rank, info.slots, info.threads, info.stage_bytes, info.registers
+            );
+            first = false;
+        }
+        println!("{}", bench::nccl_line(row));
+    })?;
+    println!("{}", bench::nccl_footer_one_side(&rows, l.in_place));
     if a.json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);

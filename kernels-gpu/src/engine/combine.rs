@@ -19,6 +19,16 @@ pub trait Combine {
     }
 }
 
+/// The operator of a single-source move: never called (one source is a copy), so every mover has
+/// one instantiation for copies whatever the kernel's operator.
+pub struct Copy;
+impl Combine for Copy {
+    #[inline(always)]
+    fn word(a: u32, _: u32) -> u32 {
+        a
+    }
+}
+
 macro_rules! combine {
     ($($name:ident => |$a:ident, $b:ident| $body:expr;)+) => {$(
         #[doc = concat!("Operator `", stringify!($name), "`.")]

@@ -3,16 +3,18 @@
 //!
 //! Layers, bottom up: `oxccl-ptx` (one wrapper per instruction) → [`wait`] and [`pipeline`] (bounded
 //! waits, stage ring state) → the movers [`tma`] and [`simt`] (a task's byte range, moved or reduced) →
-//! [`walker`] (a CTA's task list between a start and an end barrier) → `crate::entry` (the kernel).
+//! [`walker`] (a CTA's task list between a start and an end barrier) or [`plan`] (a compiled plan's
+//! thread block: segments × micro-batches × FIFO primitives) → `crate::entry` (the kernels).
 
 pub mod combine;
 pub mod pipeline;
+pub mod plan;
 pub mod simt;
 pub mod tma;
 pub mod wait;
 pub mod walker;
 
-use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, ReduceMode, Status};
+use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, PLAN_SLOTS, PLAN_STAGES, PlanLaunchArgs, ReduceMode, Status};
 use oxccl_ptx::sreg::{ntid_x, tid_x};
 use oxccl_ptx::{Global, Mbarrier, Shared};
 
@@ -70,6 +72,34 @@ impl Ctx {
         }
     }
 
+    /// The context of a compiled-plan CTA (`cta`: its TB index): the rank from the plan's header,
+    /// the TMA mover's ring of [`PLAN_STAGES`] stages of [`PLAN_SLOTS`] × `stage_bytes` (0 for the
+    /// SIMT mover), operands combined in registers, waits that spin.
+    ///
+    /// # Safety
+    /// As [`Ctx::new`].
+    #[inline(always)]
+    pub unsafe fn for_plan(args: &PlanLaunchArgs, smem: *mut u8, cta: u32, stage_bytes: u32) -> Self {
+        let tid = tid_x();
+        Ctx {
+            tid,
+            threads: ntid_x(),
+            issuer: tid == 0,
+            rank: args.header.rank,
+            cta,
+            smem,
+            // SAFETY: `smem` is the dynamic shared memory base.
+            smem_shared: unsafe { Shared::from_generic(smem) },
+            status: Global::from_addr(args.status),
+            timeout_ns: args.timeout_ns,
+            chunk_bytes: stage_bytes,
+            stages: PLAN_STAGES,
+            slots: PLAN_SLOTS,
+            reduce_mode: ReduceMode::Registers,
+            wait_suspend_ns: 0,
+        }
+    }
+
     /// Base address of `rank`'s buffer in `slot`, from the shared-memory buffer table.
     #[inline(always)]
     pub fn buffer(&self, rank: u32, slot: u8) -> u64 {
@@ -102,9 +132,8 @@ impl Ctx {
     /// all after each CTA barrier so the whole CTA leaves together.
     #[inline(always)]
     fn abort_flag(&self) -> *mut u32 {
-        // SAFETY: the word after the barriers is reserved for the flag (smem::BARRIERS + MAX_STAGES*8 <
-        // smem::STAGES).
-        unsafe { self.smem.add(abi::smem::BARRIERS + abi::MAX_STAGES * 8) as *mut u32 }
+        // SAFETY: the word after the barriers is reserved for the flag (smem::ABORT < smem::STAGES).
+        unsafe { self.smem.add(abi::smem::ABORT) as *mut u32 }
     }
 
     /// Marks the CTA as aborting.

@@ -10,7 +10,7 @@
 //!   `done[peer][c]`. Nobody writes into this rank's buffers after its kernel ends.
 //! Only the issuing thread signals and waits; the others meet it at CTA barriers.
 
-use super::combine::Combine;
+use super::combine::{Combine, Copy};
 use super::pipeline::PipelineState;
 use super::simt::{self, AddrSet, Operands};
 use super::{Ctx, tma, wait};
@@ -158,16 +158,9 @@ enum Path {
     TmaReduceInto,
 }
 
-/// The operator of a single-source move: never called.
-struct Copy;
-impl Combine for Copy {
-    #[inline(always)]
-    fn word(a: u32, _: u32) -> u32 {
-        a
-    }
-}
-
-fn bad_task(ctx: &Ctx, index: u32) -> bool {
+/// Records a malformed descriptor (`WaitKind::BadTask`, naming the task) and stops the CTA. Every
+/// thread calls it with the same verdict; the issuer records.
+pub(crate) fn bad_task(ctx: &Ctx, index: u32) -> bool {
     if ctx.issuer {
         wait::record(ctx, WaitKind::BadTask, index, 0, 0);
     }

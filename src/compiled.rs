@@ -1,0 +1,566 @@
+//! Compiled ResCCL plans on the device engine: a lowered plan (`oxccl_host::compile::lower`)
+//! uploaded once, a workspace per rank (the T-CCL [`abi::Workspace`], then the plan's FIFO region:
+//! progress counters, FIFO head/tail counters, rings), and one kernel launch per rank per call,
+//! one CTA per thread block, every rank on its own stream.
+//!
+//! The kernels are the plan kernels of `ptx::PLANS` (`abi::plan_kernel_name`); they reproduce the
+//! host's CPU executor of the same descriptors (`oxccl_host::exec::lowered`). A compiled plan and
+//! its interpreted lowering run with the same kernel and mover: only the descriptors differ.
+//!
+//! **Co-residency.** The thread blocks of every rank wait on each other (FIFOs, sync points), so
+//! all CTAs of all ranks on a device must be resident at once. [`CompiledPlan::new`] picks the
+//! threads per CTA and (TMA) the stage size so that the driver's occupancy calculator admits them
+//! all, or fails with [`Error::TooManyCtas`]. Nothing else may occupy the device meanwhile.
+//!
+//! **Streams.** Ranks are separate launches: two ranks on one stream would run one after the other
+//! and time out. With more than eight ranks on one device, set `CUDA_DEVICE_MAX_CONNECTIONS` to at
+//! least the rank count before the CUDA driver is initialised (the `oxccl` CLI does; the driver's
+//! default of eight hardware queues may otherwise delay a launch behind another rank's). A launch
+//! that cannot meet its peers never hangs: every device wait is bounded and reported as
+//! [`Error::Timeout`].
+//!
+//! **State.** FIFO and progress counters only grow and live in the workspaces, so repeated
+//! launches (or a captured graph) need no reset. After a launch that reported an error, call
+//! [`CompiledPlan::reset`] (zeroes workspaces and status records).
+
+use crate::comm::enable_peer_access;
+use crate::engine::{DeviceAlloc, Engine};
+use crate::error::{Error, Result};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use oxccl_host::compile::lower::{LoweredPlan, validate};
+use oxccl_host::exec::lowered::Memory;
+use oxccl_kernels::abi::{
+    self, BUFFER_SLOTS, DType, FIFO_REGION_OFFSET, MAX_RANKS, Mover, PLAN_FLAG_TIMING, PlanHeader, PlanLaunchArgs,
+    RedOp, Status, TbTiming,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a compiled plan is launched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledConfig {
+    /// The data mover.
+    pub mover: Mover,
+    /// Threads per CTA (`None`: 128 for the TMA mover, 512 for the SIMT mover, halved down to 32
+    /// until every CTA is co-resident).
+    pub threads: Option<u32>,
+    /// Bytes per source per TMA pipeline stage (`None`: the largest power of two from 16 KiB down
+    /// to 256 B that keeps every CTA co-resident).
+    pub stage_bytes: Option<u32>,
+    /// Every device-side wait gives up after this long and the launch reports [`Error::Timeout`].
+    pub timeout: Duration,
+}
+
+impl Default for CompiledConfig {
+    fn default() -> Self {
+        CompiledConfig { mover: Mover::Tma, threads: None, stage_bytes: None, timeout: Duration::from_secs(10) }
+    }
+}
+
+/// The launch shape chosen for a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// Threads per CTA.
+    pub threads: u32,
+    /// Bytes per source per TMA stage (0 for the SIMT mover).
+    pub stage_bytes: u32,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: u32,
+    /// CTAs of this kernel one SM holds at this shape (the occupancy calculator's figure).
+    pub ctas_per_sm: u32,
+    /// The most CTAs the plan puts on one device (every rank on it).
+    pub ctas_per_device: u32,
+}
+
+/// One rank: where it runs, its descriptors on the device, its workspace, status and timing.
+struct RankState {
+    device: usize,
+    stream: Arc<CudaStream>,
+    header: PlanHeader,
+    programs: DeviceAlloc,
+    segments: DeviceAlloc,
+    tasks: DeviceAlloc,
+    waits: DeviceAlloc,
+    connections: DeviceAlloc,
+    workspace: DeviceAlloc,
+    status: DeviceAlloc,
+    timing: DeviceAlloc,
+    /// Recorded after the rank's launch when a lead stream orders the call.
+    done: CudaEvent,
+}
+
+/// A lowered plan uploaded for its ranks, ready to launch. See the [module documentation](self).
+pub struct CompiledPlan {
+    engines: Vec<Arc<Engine>>,
+    ranks: Vec<RankState>,
+    lowered: LoweredPlan,
+    config: CompiledConfig,
+    shape: LaunchShape,
+    dtype: DType,
+    op: RedOp,
+}
+
+/// The stage sizes tried when the configuration does not fix one, largest first.
+const STAGE_BYTES: [u32; 7] = [16384, 8192, 4096, 2048, 1024, 512, 256];
+
+impl CompiledPlan {
+    /// Every rank of `lowered` on the GPU of `ctx`, each on a new stream of its own.
+    pub fn virtual_ranks(ctx: &Arc<CudaContext>, lowered: &LoweredPlan, config: CompiledConfig) -> Result<Self> {
+        let streams = (0..lowered.ranks.len())
+            .map(|_| ctx.new_stream().map_err(Error::driver("cuStreamCreate")))
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(&streams, lowered, config)
+    }
+
+    /// Rank `r` of `lowered` on `streams[r]` (distinct streams; ranks on several devices get peer
+    /// access to each other). Validates the descriptors, uploads them, allocates and zeroes each
+    /// rank's workspace (`FIFO_REGION_OFFSET + fifo_bytes` bytes) and picks the launch shape.
+    pub fn new(streams: &[Arc<CudaStream>], lowered: &LoweredPlan, config: CompiledConfig) -> Result<Self> {
+        let mut engines: Vec<Arc<Engine>> = Vec::new();
+        for s in streams {
+            if !engines.iter().any(|e| e.context().ordinal() == s.context().ordinal()) {
+                engines.push(Arc::new(Engine::new(s.context())?));
+            }
+        }
+        Self::on_engines(&engines, streams, lowered, config)
+    }
+
+    /// As [`CompiledPlan::new`], with engines already loaded (one per device of `streams`): plans of
+    /// many sizes then share the loaded PTX modules.
+    pub fn on_engines(
+        engines: &[Arc<Engine>],
+        streams: &[Arc<CudaStream>],
+        lowered: &LoweredPlan,
+        config: CompiledConfig,
+    ) -> Result<Self> {
+        validate(lowered)?;
+        let n = lowered.ranks.len();
+        if streams.len() != n {
+            return Err(Error::BufferCount { what: "streams", expected: n, got: streams.len() });
+        }
+        for (i, a) in streams.iter().enumerate() {
+            if let Some(j) = streams[..i].iter().position(|b| Arc::ptr_eq(a, b) || a.cu_stream() == b.cu_stream()) {
+                return Err(Error::Config {
+                    field: "streams",
+                    why: format!("ranks {j} and {i} share a stream: each rank is a launch that waits for the others"),
+                });
+            }
+        }
+        if config.timeout.is_zero() {
+            return Err(Error::Config { field: "timeout", why: "must be positive".into() });
+        }
+        let h0 = lowered.ranks[0].header;
+        let dtype = DType::from_raw(h0.dtype).expect("validated");
+        let op = RedOp::from_raw(h0.op).expect("validated");
+        let mut used: Vec<Arc<Engine>> = Vec::new();
+        let mut ranks = Vec::with_capacity(n);
+        for (lr, stream) in lowered.ranks.iter().zip(streams) {
+            let ctx = stream.context();
+            let device = match used.iter().position(|e| e.context().ordinal() == ctx.ordinal()) {
+                Some(d) => d,
+                None => {
+                    let e = engines.iter().find(|e| e.context().ordinal() == ctx.ordinal()).ok_or_else(|| {
+                        Error::Config { field: "engines", why: format!("no engine for device {}", ctx.ordinal()) }
+                    })?;
+                    used.push(e.clone());
+                    used.len() - 1
+                }
+            };
+            let upload = |bytes: &[u8]| DeviceAlloc::from_bytes(ctx, bytes);
+            let h = lr.header;
+            let ws_bytes = usize::try_from(FIFO_REGION_OFFSET as u64 + h.fifo_bytes)
+                .map_err(|_| Error::Config { field: "fifo_bytes", why: format!("{} bytes", h.fifo_bytes) })?;
+            ranks.push(RankState {
+                device,
+                stream: stream.clone(),
+                header: h,
+                programs: upload(bytemuck::cast_slice(&lr.tbs))?,
+                segments: upload(bytemuck::cast_slice(&lr.segments))?,
+                tasks: upload(bytemuck::cast_slice(&lr.tasks))?,
+                waits: upload(bytemuck::cast_slice(&lr.waits))?,
+                connections: upload(bytemuck::cast_slice(&lr.connections))?,
+                workspace: DeviceAlloc::zeroed(ctx, ws_bytes)?,
+                status: DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>())?,
+                timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
+                done: ctx
+                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(Error::driver("cuEventCreate"))?,
+            });
+        }
+        let contexts: Vec<Arc<CudaContext>> = used.iter().map(|e| e.context().clone()).collect();
+        enable_peer_access(&contexts)?;
+        // The uploads and memsets above run on each context's legacy stream, which the ranks'
+        // (non-blocking) streams do not wait for: finish them before any launch.
+        for c in &contexts {
+            c.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+        }
+        let mut plan = CompiledPlan {
+            engines: used,
+            ranks,
+            lowered: lowered.clone(),
+            config,
+            shape: LaunchShape { threads: 0, stage_bytes: 0, smem_bytes: 0, ctas_per_sm: 0, ctas_per_device: 0 },
+            dtype,
+            op,
+        };
+        plan.shape = plan.choose_shape()?;
+        Ok(plan)
+    }
+
+    /// The first (threads, stage size) that fits every device's CTAs at once: stage sizes largest
+    /// first, then threads largest first.
+    fn choose_shape(&self) -> Result<LaunchShape> {
+        let c = &self.config;
+        let mover = c.mover;
+        let default_threads = if mover == Mover::Tma { 128 } else { 512 };
+        let threads: Vec<u32> = match c.threads {
+            Some(t) => {
+                let max = if mover == Mover::Simt { 512 } else { 1024 };
+                if t == 0 || !t.is_multiple_of(32) || t > max {
+                    return Err(Error::Config {
+                        field: "threads",
+                        why: format!("{t} is not a multiple of 32 in 32..={max} (SIMT kernels are bounded to 512)"),
+                    });
+                }
+                vec![t]
+            }
+            None => std::iter::successors(Some(default_threads), |&t| (t > 32).then_some(t / 2)).collect(),
+        };
+        let stages: Vec<u32> = match (mover, c.stage_bytes) {
+            (Mover::Simt, _) => vec![0],
+            (Mover::Tma, Some(b)) => {
+                if b < 16 || !b.is_multiple_of(16) {
+                    return Err(Error::Config {
+                        field: "stage_bytes",
+                        why: format!("{b} is not a multiple of 16 of at least 16"),
+                    });
+                }
+                vec![b]
+            }
+            (Mover::Tma, None) => STAGE_BYTES.to_vec(),
+        };
+        let mut ctas_per_device = 0u32;
+        for d in 0..self.engines.len() {
+            let on: u32 = self.ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum();
+            ctas_per_device = ctas_per_device.max(on);
+        }
+        let mut last = String::new();
+        for &stage_bytes in &stages {
+            let smem = abi::plan_smem_bytes(mover, stage_bytes);
+            if self.engines.iter().any(|e| smem > e.max_smem as usize) {
+                last = format!("{smem} B of shared memory per CTA exceeds the device's limit");
+                continue;
+            }
+            for &t in &threads {
+                let mut fits = true;
+                let mut per_sm_min = u32::MAX;
+                for (d, engine) in self.engines.iter().enumerate() {
+                    let f = engine.plan_function(mover, self.dtype, self.op)?;
+                    let per_sm = f
+                        .occupancy_max_active_blocks_per_multiprocessor(t, smem, None)
+                        .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+                    let on: u32 = self.ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum();
+                    per_sm_min = per_sm_min.min(per_sm);
+                    if per_sm * engine.sms < on {
+                        fits = false;
+                        last = format!(
+                            "{per_sm} CTA(s) of {t} threads and {smem} B shared memory fit per SM, {} SMs, for {on} CTAs",
+                            engine.sms
+                        );
+                    }
+                }
+                if fits {
+                    return Ok(LaunchShape {
+                        threads: t,
+                        stage_bytes,
+                        smem_bytes: smem as u32,
+                        ctas_per_sm: per_sm_min,
+                        ctas_per_device,
+                    });
+                }
+            }
+        }
+        let max = self.engines.iter().map(|e| e.sms * 32).min().unwrap_or(0);
+        Err(Error::TooManyCtas {
+            requested: ctas_per_device,
+            max,
+            why: format!("the plan's thread blocks must all be resident at once; at the smallest shape tried: {last}"),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// The plan as lowered.
+    pub fn lowered(&self) -> &LoweredPlan {
+        &self.lowered
+    }
+
+    /// The launch shape in use.
+    pub fn shape(&self) -> LaunchShape {
+        self.shape
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CompiledConfig {
+        &self.config
+    }
+
+    /// The stream rank `rank` launches on.
+    pub fn stream(&self, rank: usize) -> &Arc<CudaStream> {
+        &self.ranks[rank].stream
+    }
+
+    /// The engine of the device rank `rank` runs on.
+    pub fn engine(&self, rank: usize) -> &Engine {
+        &self.engines[self.ranks[rank].device]
+    }
+
+    /// Bytes rank `rank`'s buffer in `slot` must hold (`buffer_chunks[slot] × chunk_bytes`).
+    pub fn buffer_bytes(&self, rank: usize, slot: usize) -> u64 {
+        let h = &self.ranks[rank].header;
+        h.buffer_chunks[slot] as u64 * h.chunk_bytes
+    }
+
+    /// Launches every rank once, each on its stream (asynchronous; see [`CompiledPlan::synchronize`]).
+    /// With `lead`, every rank's launch waits for the work queued on `lead` so far and `lead` waits
+    /// for every launch (one stream to time or order the call by).
+    ///
+    /// # Safety
+    /// `buffers[r][s]` is, for every slot `s` whose [`CompiledPlan::buffer_bytes`] is non-zero, the
+    /// address of that many bytes of device memory on rank `r`'s device, aligned to the element
+    /// size, alive and used by nothing else until the launches complete (in place, the larger user
+    /// buffer holds both input and output, as the lowering placed them).
+    pub unsafe fn launch(&self, buffers: &[[u64; BUFFER_SLOTS]], lead: Option<&CudaStream>) -> Result<()> {
+        let n = self.ranks.len();
+        if buffers.len() != n {
+            return Err(Error::BufferCount { what: "buffer tables", expected: n, got: buffers.len() });
+        }
+        let elem = self.dtype.size() as u64;
+        for (r, table) in buffers.iter().enumerate() {
+            for (s, &addr) in table.iter().enumerate() {
+                if self.buffer_bytes(r, s) != 0 && (addr == 0 || !addr.is_multiple_of(elem)) {
+                    return Err(Error::Misaligned {
+                        what: "plan buffer",
+                        rank: r,
+                        address: addr,
+                        align: elem as usize,
+                    });
+                }
+            }
+        }
+        let mut workspaces = [0u64; MAX_RANKS];
+        for (r, rank) in self.ranks.iter().enumerate() {
+            workspaces[r] = rank.workspace.ptr();
+        }
+        let s = &self.shape;
+        let ready = match lead {
+            Some(lead) => Some(
+                lead.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(Error::driver("cuEventRecord"))?,
+            ),
+            None => None,
+        };
+        for (r, rank) in self.ranks.iter().enumerate() {
+            if let Some(ready) = &ready {
+                rank.stream.wait(ready).map_err(Error::driver("cuStreamWaitEvent"))?;
+            }
+            let h = &rank.header;
+            if h.tbs != 0 {
+                let f = self.engines[rank.device].plan_function(self.config.mover, self.dtype, self.op)?;
+                let args = Args(PlanLaunchArgs {
+                    header: *h,
+                    programs: rank.programs.ptr(),
+                    segments: rank.segments.ptr(),
+                    tasks: rank.tasks.ptr(),
+                    waits: rank.waits.ptr(),
+                    connections: rank.connections.ptr(),
+                    status: rank.status.ptr(),
+                    timing: if h.flags & PLAN_FLAG_TIMING != 0 { rank.timing.ptr() } else { 0 },
+                    timeout_ns: self.config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                    workspaces,
+                    buffers: buffers[r],
+                });
+                let cfg = LaunchConfig {
+                    grid_dim: (h.tbs, 1, 1),
+                    block_dim: (s.threads, 1, 1),
+                    shared_mem_bytes: s.smem_bytes,
+                };
+                let mut b = rank.stream.launch_builder(&f);
+                b.arg(&args);
+                // SAFETY: the argument is the kernel's single by-value `PlanLaunchArgs`; the descriptors,
+                // workspaces, status and timing records are this plan's own allocations; the caller
+                // vouches for the buffers; every rank is launched here.
+                unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
+            }
+            if let Some(lead) = lead {
+                rank.done.record(&rank.stream).map_err(Error::driver("cuEventRecord"))?;
+                lead.wait(&rank.done).map_err(Error::driver("cuStreamWaitEvent"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank's stream and reports the first device-side error (a bounded wait that
+    /// gave up, a rejected descriptor). After an error, [`CompiledPlan::reset`] before launching
+    /// again.
+    pub fn synchronize(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        for s in self.statuses()? {
+            if let Some(e) = Error::from_status(&s) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's status record (after [`CompiledPlan::synchronize`]).
+    pub fn statuses(&self) -> Result<Vec<Status>> {
+        self.ranks
+            .iter()
+            .map(|r| Ok(bytemuck::pod_read_unaligned(&r.status.read()?[..std::mem::size_of::<Status>()])))
+            .collect()
+    }
+
+    /// Every rank's per-TB timing of the last launch (`%globaltimer` ns; zeros unless the plan was
+    /// lowered with timing).
+    pub fn timing(&self) -> Result<Vec<Vec<TbTiming>>> {
+        self.ranks
+            .iter()
+            .map(|r| {
+                let bytes = r.timing.read()?;
+                let n = r.header.tbs as usize * std::mem::size_of::<TbTiming>();
+                Ok(bytes[..n].chunks_exact(std::mem::size_of::<TbTiming>()).map(bytemuck::pod_read_unaligned).collect())
+            })
+            .collect()
+    }
+
+    /// Every rank's FIFO region as bytes (the workspace from `FIFO_REGION_OFFSET` on: progress
+    /// counters, FIFO counters, rings), the layout of `oxccl_host::exec::lowered::Memory::workspaces`.
+    pub fn fifo_regions(&self) -> Result<Vec<Vec<u8>>> {
+        self.ranks.iter().map(|r| r.workspace.read_range(FIFO_REGION_OFFSET, r.header.fifo_bytes as usize)).collect()
+    }
+
+    /// Waits for the streams and zeroes every workspace, status and timing record (after an error).
+    pub fn reset(&self) -> Result<()> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        for r in &self.ranks {
+            r.workspace.zero_async(&r.stream)?;
+            r.status.zero_async(&r.stream)?;
+            r.timing.zero_async(&r.stream)?;
+        }
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CompiledPlan {
+    /// Waits for the ranks' streams before the descriptors and workspaces are freed.
+    fn drop(&mut self) {
+        for r in &self.ranks {
+            let _ = r.stream.synchronize();
+        }
+    }
+}
+
+/// Device buffers for every rank's buffer slots of a plan (tests and benchmarks): `buffer_chunks[s]
+/// × chunk_bytes` bytes each, starting `shift` bytes into their allocation (a shift that is not a
+/// multiple of 16 sends every move through the SIMT element path).
+pub struct PlanBuffers {
+    allocs: Vec<[Option<DeviceAlloc>; BUFFER_SLOTS]>,
+    sizes: Vec<[u64; BUFFER_SLOTS]>,
+    shift: u64,
+}
+
+impl PlanBuffers {
+    /// Zeroed buffers for `plan`, on each rank's device (complete when this returns).
+    pub fn new(plan: &CompiledPlan, shift: u64) -> Result<Self> {
+        let mut allocs = Vec::with_capacity(plan.ranks());
+        let mut sizes = Vec::with_capacity(plan.ranks());
+        for r in 0..plan.ranks() {
+            let ctx = plan.engine(r).context();
+            let size: [u64; BUFFER_SLOTS] = std::array::from_fn(|s| plan.buffer_bytes(r, s));
+            let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
+            for s in 0..BUFFER_SLOTS {
+                if size[s] != 0 {
+                    a[s] = Some(DeviceAlloc::zeroed(ctx, (size[s] + shift) as usize)?);
+                }
+            }
+            allocs.push(a);
+            sizes.push(size);
+            ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+        }
+        Ok(PlanBuffers { allocs, sizes, shift })
+    }
+
+    /// The buffer table of [`CompiledPlan::launch`].
+    pub fn table(&self) -> Vec<[u64; BUFFER_SLOTS]> {
+        self.allocs.iter().map(|a| std::array::from_fn(|s| a[s].as_ref().map_or(0, |b| b.ptr() + self.shift))).collect()
+    }
+
+    /// Writes rank `rank`'s slot `slot` (exactly its size; complete when this returns).
+    pub fn write(&self, rank: usize, slot: usize, data: &[u8]) -> Result<()> {
+        if data.len() as u64 != self.sizes[rank][slot] {
+            return Err(Error::Length {
+                what: "plan buffer",
+                rank,
+                expected: self.sizes[rank][slot] as usize,
+                got: data.len(),
+            });
+        }
+        match &self.allocs[rank][slot] {
+            None => Ok(()),
+            Some(a) => {
+                let mut bytes = vec![0u8; self.shift as usize];
+                bytes.extend_from_slice(data);
+                a.write(&bytes)
+            }
+        }
+    }
+
+    /// Reads rank `rank`'s slot `slot` (after the launches that write it are synchronised).
+    pub fn read(&self, rank: usize, slot: usize) -> Result<Vec<u8>> {
+        match &self.allocs[rank][slot] {
+            None => Ok(Vec::new()),
+            Some(a) => a.read_range(self.shift as usize, self.sizes[rank][slot] as usize),
+        }
+    }
+
+    /// Uploads every buffer of `mem` (the CPU executor's memory of the same plan).
+    pub fn upload(&self, mem: &Memory) -> Result<()> {
+        for (r, bufs) in mem.buffers.iter().enumerate() {
+            for (s, b) in bufs.iter().enumerate() {
+                self.write(r, s, b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every buffer, in the layout of `Memory::buffers`.
+    pub fn download(&self) -> Result<Vec<[Vec<u8>; BUFFER_SLOTS]>> {
+        (0..self.allocs.len())
+            .map(|r| {
+                let mut out: [Vec<u8>; BUFFER_SLOTS] = Default::default();
+                for (s, o) in out.iter_mut().enumerate() {
+                    *o = self.read(r, s)?;
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+}
+
+/// `PlanLaunchArgs` passed by value as the kernel's only parameter.
+#[repr(transparent)]
+struct Args(PlanLaunchArgs);
+// SAFETY: `PlanLaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
+unsafe impl DeviceRepr for Args {}

@@ -1,0 +1,463 @@
+//! Compiled plans on the GPU against the CPU executor of the same descriptors
+//! (`oxccl_host::exec::lowered`): ring AllReduce, hierarchical-mesh AllReduce and AllGather (2×4,
+//! 2×8 as 8 and 16 virtual ranks) and the bundled MSCCL files, each lowered compiled (HPDS,
+//! state-based TBs) and interpreted (MSCCL's shape: algorithm-level schedule, one TB per
+//! connection and stage), on both movers, over dtypes, operators, micro-batch counts, sizes, FIFO
+//! slots, buffer alignments and replays. Every buffer byte and every FIFO-region byte (counters and
+//! rings) must equal the CPU executor's. Also: a plan with a dropped send ends in a typed timeout,
+//! not a hang; per-TB timing records.
+//!
+//! Skips loudly without a Hopper GPU. `OXCCL_COMPILED_FILTER=substring` runs only the matching
+//! cases of `plans_match_the_cpu_executor`; `OXCCL_MSCCL_DIR` names the MSCCL files' folder when the
+//! binary runs away from its checkout.
+
+mod common;
+
+use cudarc::driver::CudaStream;
+use oxccl::Error;
+use oxccl::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
+use oxccl::engine::Engine;
+use oxccl_host::compile::lower::{LowerOptions, LoweredPlan, lower};
+use oxccl_host::compile::{Options, Plan, Prim, Scheduler, SyncPoint, TbAlloc, TbId, compile};
+use oxccl_host::exec::lowered::{LaunchOptions, Memory, launch};
+use oxccl_host::program::Program;
+use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::msccl::import;
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, Mover, PlanMode, RedOp, WaitKind};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+/// The GPU, with enough hardware queues for one stream per virtual rank.
+fn gpu(test: &str) -> Option<Arc<CudaStream>> {
+    static QUEUES: Once = Once::new();
+    QUEUES.call_once(|| {
+        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+            // SAFETY: every test of this binary calls this before anything initialises CUDA, and
+            // `Once` makes the others wait: no thread reads the environment concurrently through us.
+            unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
+        }
+    });
+    common::gpu(test)
+}
+
+/// One stream per rank (at most 16) and the engine, shared by every case of a test; holds the GPU
+/// for the test: a plan's CTAs must all be resident, so two tests must not share the GPU at once.
+struct Device {
+    engine: Arc<Engine>,
+    streams: Vec<Arc<CudaStream>>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Device {
+    fn new(stream: &Arc<CudaStream>) -> Device {
+        static GPU: Mutex<()> = Mutex::new(());
+        let turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = stream.context();
+        let engine = Arc::new(Engine::new(ctx).expect("engine"));
+        let streams = (0..16).map(|_| ctx.new_stream().expect("stream")).collect();
+        Device { engine, streams, _turn: turn }
+    }
+
+    fn plan(&self, lp: &LoweredPlan, config: CompiledConfig) -> oxccl::Result<CompiledPlan> {
+        CompiledPlan::on_engines(std::slice::from_ref(&self.engine), &self.streams[..lp.ranks.len()], lp, config)
+    }
+}
+
+/// Small integers encoded as `dtype`: exact under any summation order for up to 16 ranks.
+fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
+    while out.len() < bytes {
+        let v = rng.below(17) as i32 - 8;
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
+            DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&v.to_le_bytes()),
+            DType::U32 => out.extend_from_slice(&(v + 8).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// The first byte where two memories differ, named.
+fn first_difference(what: &str, a: &[u8], b: &[u8]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    if a.len() != b.len() {
+        return Some(format!("{what}: {} bytes on the GPU, {} on the CPU", a.len(), b.len()));
+    }
+    let i = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
+    let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    Some(format!("{what}: {n} bytes differ, first at byte {i} (GPU {:#04x}, CPU {:#04x})", a[i], b[i]))
+}
+
+/// One GPU run of a lowered plan against the CPU executor.
+#[derive(Clone, Debug)]
+struct Case {
+    name: String,
+    mode: PlanMode,
+    mover: Mover,
+    dtype: DType,
+    op: RedOp,
+    micro_batches: u32,
+    mb_bytes: u64,
+    extra_slots: u32,
+    /// Bytes every buffer starts past a 256-byte boundary (not a multiple of 16: SIMT element path).
+    shift: u64,
+    launches: u32,
+}
+
+/// Runs `case` of `plan`: `launches` launches on one workspace (a replay), each on fresh inputs,
+/// comparing every buffer and FIFO region with the CPU executor's after each.
+fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), String> {
+    let probe = lower(plan, &LowerOptions { mode: case.mode, ..LowerOptions::default() }).map_err(|e| e.to_string())?;
+    let opts = LowerOptions {
+        mode: case.mode,
+        micro_batches: case.micro_batches,
+        chunk_bytes: case.micro_batches as u64 * case.mb_bytes,
+        fifo_slots: probe.slots_needed.max(1) + case.extra_slots,
+        dtype: case.dtype,
+        op: case.op,
+        timing: seed.is_multiple_of(3),
+    };
+    let lp = lower(plan, &opts).map_err(|e| format!("lower: {e}"))?;
+    let config = CompiledConfig { mover: case.mover, timeout: Duration::from_secs(5), ..CompiledConfig::default() };
+    let runner = dev.plan(&lp, config).map_err(|e| format!("upload: {e}"))?;
+    let bufs = PlanBuffers::new(&runner, case.shift).map_err(|e| format!("buffers: {e}"))?;
+    let mut cpu = Memory::new(&lp);
+    let mut rng = common::Rng(seed);
+    for k in 0..case.launches {
+        for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
+            let n = b.len();
+            *b = fill(case.dtype, n, &mut rng);
+        }
+        bufs.upload(&cpu).map_err(|e| format!("upload buffers: {e}"))?;
+        // SAFETY: the buffers are this plan's, sized by it, alive until the synchronisation below.
+        unsafe { runner.launch(&bufs.table(), None) }.map_err(|e| format!("launch {k}: {e}"))?;
+        let device = runner.synchronize();
+        launch(&lp, &mut cpu, &LaunchOptions::default()).map_err(|e| format!("CPU executor: {e}"))?;
+        if let Err(e) = device {
+            runner.reset().ok();
+            return Err(format!("launch {k}: {e}"));
+        }
+        let got = bufs.download().map_err(|e| format!("download: {e}"))?;
+        for (r, (g, c)) in got.iter().zip(&cpu.buffers).enumerate() {
+            for s in 0..BUFFER_SLOTS {
+                if let Some(d) = first_difference(&format!("launch {k} rank {r} slot {s}"), &g[s], &c[s]) {
+                    return Err(d);
+                }
+            }
+        }
+        let regions = runner.fifo_regions().map_err(|e| format!("FIFO regions: {e}"))?;
+        for (r, (g, c)) in regions.iter().zip(&cpu.workspaces).enumerate() {
+            if let Some(d) = first_difference(&format!("launch {k} rank {r} FIFO region"), g, c) {
+                return Err(d);
+            }
+        }
+        if opts.timing {
+            for (r, tbs) in runner.timing().map_err(|e| e.to_string())?.iter().enumerate() {
+                for (t, x) in tbs.iter().enumerate() {
+                    let ok =
+                        x.start_ns > 0 && x.end_ns >= x.start_ns && x.busy_ns + x.idle_ns <= x.end_ns - x.start_ns + 1;
+                    if !ok && lp.ranks[r].tbs[t].steps > 0 {
+                        return Err(format!("rank {r} tb{t}: timing record {x:?}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The bundled MSCCL files: `OXCCL_MSCCL_DIR`, else this checkout's `host/tests/data/msccl`, else
+/// the same path below the working directory, else `.device/host-msccl` (where
+/// `scripts/gpu-stage.sh` puts them for a machine without the checkout).
+fn msccl_dir() -> std::path::PathBuf {
+    let candidates = [
+        std::env::var_os("OXCCL_MSCCL_DIR").map(std::path::PathBuf::from),
+        Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("host/tests/data/msccl")),
+        Some("host/tests/data/msccl".into()),
+        Some(".device/host-msccl".into()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.is_dir())
+        .expect("MSCCL files not found: set OXCCL_MSCCL_DIR to host/tests/data/msccl")
+}
+
+/// The algorithms: (name, program).
+fn programs() -> Vec<(String, Program)> {
+    let mut v = Vec::new();
+    for n in [4, 8] {
+        v.push((format!("ring-allreduce 1x{n}"), Algorithm::RingAllReduce.generate(1, n).unwrap()));
+    }
+    for algo in [Algorithm::HmAllReduce, Algorithm::HmAllGather] {
+        for (nodes, gpus) in [(2, 4), (2, 8)] {
+            let mut p = algo.generate(nodes, gpus).unwrap();
+            p.ranks_per_node = Some(gpus);
+            v.push((format!("{algo} {nodes}x{gpus}"), p));
+        }
+    }
+    let dir = msccl_dir();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "xml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "MSCCL files missing in {}", dir.display());
+    for f in files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let p = import(&std::fs::read_to_string(&f).unwrap()).unwrap_or_else(|e| panic!("{name}: {e}")).program;
+        v.push((name, p));
+    }
+    v
+}
+
+/// The lowering modes: compiled (HPDS, state-based TB sharing) and interpreted (MSCCL's shape).
+const MODES: [(PlanMode, Scheduler, TbAlloc); 2] = [
+    (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
+    (PlanMode::Interpreted, Scheduler::Algorithm, TbAlloc::PerConn),
+];
+
+/// (micro-batches, bytes per micro-batch of a chunk, extra FIFO slots, shift in elements, launches).
+const GEOMETRIES: [(u32, u64, u32, u64, u32); 8] = [
+    (1, 16, 0, 0, 1),
+    (2, 64, 1, 0, 2),
+    (4, 1024, 0, 1, 1),
+    (3, 4112, 2, 0, 1),
+    (2, 65536, 0, 0, 2),
+    (1, 262_144, 0, 0, 1),
+    (4, 16_400, 0, 1, 1),
+    (2, 48, 3, 0, 3),
+];
+
+/// Failures after which the remaining cases are skipped (a systematic fault would otherwise cost a
+/// timeout per case).
+const MAX_FAILURES: usize = 10;
+
+/// Largest buffer bytes per rank a case may use (keeps the CPU executor's share of the test short).
+const MAX_RANK_BYTES: u64 = 8 << 20;
+
+#[test]
+fn plans_match_the_cpu_executor() {
+    let Some(stream) = gpu("plans_match_the_cpu_executor") else { return };
+    let dev = Device::new(&stream);
+    let filter = std::env::var("OXCCL_COMPILED_FILTER").ok();
+    let dtypes = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32];
+    let started = Instant::now();
+    let (mut ran, mut failures) = (0usize, Vec::new());
+    for (pi, (name, program)) in programs().into_iter().enumerate() {
+        let reduces = program.layout.collective.reduces();
+        for (mi, &(mode, scheduler, tb_alloc)) in MODES.iter().enumerate() {
+            let plan = compile(&program, &Options::new(scheduler, tb_alloc)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let chunks = plan.layout.input_chunks().max(plan.layout.output_chunks()) as u64
+                + plan.layout.scratch.iter().copied().max().unwrap_or(0) as u64;
+            for mover in [Mover::Tma, Mover::Simt] {
+                for (gi, &(mbs, mb_bytes, extra_slots, shift, launches)) in GEOMETRIES.iter().enumerate() {
+                    // dtype and operator rotate over the cases so every pair meets every plan family.
+                    let k = pi * 7 + mi * 3 + gi + (mover == Mover::Simt) as usize * 2;
+                    let dtype = dtypes[k % dtypes.len()];
+                    let op = if reduces { RedOp::ALL[(k / dtypes.len()) % RedOp::ALL.len()] } else { RedOp::Sum };
+                    let elem = dtype.size() as u64;
+                    // Cap the size: micro-batch bytes stay multiples of 16.
+                    let cap = (MAX_RANK_BYTES / (chunks.max(1) * mbs as u64)) / 16 * 16;
+                    let mb_bytes = mb_bytes.min(cap.max(16));
+                    let case = Case {
+                        name: format!(
+                            "{name} {mode:?} {mover:?} {} {} mbs={mbs} mb={mb_bytes} +slots={extra_slots} shift={} x{launches}",
+                            dtype.nccl_name(),
+                            op.nccl_name(),
+                            shift * elem
+                        ),
+                        mode,
+                        mover,
+                        dtype,
+                        op,
+                        micro_batches: mbs,
+                        mb_bytes,
+                        extra_slots,
+                        shift: shift * elem,
+                        launches,
+                    };
+                    if filter.as_ref().is_some_and(|f| !case.name.contains(f.as_str())) {
+                        continue;
+                    }
+                    if failures.len() >= MAX_FAILURES {
+                        continue;
+                    }
+                    ran += 1;
+                    if let Err(e) = run_case(&dev, &plan, &case, 1000 + ran as u64) {
+                        eprintln!("FAILED {}: {e}", case.name);
+                        failures.push(format!("{}: {e}", case.name));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{ran} cases in {:.1} s, {} failed", started.elapsed().as_secs_f64(), failures.len());
+    if failures.len() >= MAX_FAILURES {
+        eprintln!("stopped after {MAX_FAILURES} failures");
+    }
+    assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
+    if filter.is_none() {
+        assert!(ran >= 300, "only {ran} cases");
+    }
+}
+
+/// The last task whose primitive is `prim` in the first TB of more than one task that has one.
+fn find_last(plan: &Plan, prim: Prim) -> (usize, usize, usize) {
+    for (r, rp) in plan.ranks.iter().enumerate() {
+        for (t, tb) in rp.tbs.iter().enumerate() {
+            if tb.tasks.len() > 1
+                && let Some(i) = tb.tasks.iter().rposition(|x| x.prim == prim)
+            {
+                return (r, t, i);
+            }
+        }
+    }
+    panic!("no {prim:?}");
+}
+
+/// Removes task `i` of `rank`'s TB `tb`, renumbering the sync points after it and dropping those on
+/// it (as `host/tests/lower_faults.rs` does).
+fn drop_task(plan: &mut Plan, rank: usize, tb: usize, i: usize) {
+    let rp = &mut plan.ranks[rank];
+    let mut waits: Vec<Vec<Vec<SyncPoint>>> =
+        rp.tbs.iter().map(|t| (0..t.tasks.len()).map(|k| t.waits(k).to_vec()).collect()).collect();
+    waits[tb].remove(i);
+    rp.tbs[tb].tasks.remove(i);
+    for w in waits.iter_mut().flatten() {
+        w.retain(|s| !(s.tb == TbId::new(tb) && s.task as usize == i));
+        for s in w.iter_mut().filter(|s| s.tb == TbId::new(tb) && s.task as usize > i) {
+            s.task -= 1;
+        }
+    }
+    for (t, tbp) in rp.tbs.iter_mut().enumerate() {
+        tbp.syncs.clear();
+        for (k, task) in tbp.tasks.iter_mut().enumerate() {
+            task.wait_start = tbp.syncs.len() as u32;
+            task.wait_count = waits[t][k].len() as u32;
+            tbp.syncs.extend_from_slice(&waits[t][k]);
+        }
+    }
+}
+
+#[test]
+fn a_dropped_send_times_out_with_a_typed_error() {
+    let Some(stream) = gpu("a_dropped_send_times_out_with_a_typed_error") else { return };
+    let dev = Device::new(&stream);
+    for mover in [Mover::Tma, Mover::Simt] {
+        let program = Algorithm::RingAllReduce.generate(1, 4).unwrap();
+        let mut plan = compile(&program, &Options::new(Scheduler::Hpds, TbAlloc::State)).unwrap();
+        let (r, t, i) = find_last(&plan, Prim::Send);
+        let receiver = plan.ranks[r].tbs[t].tasks[i].peer.expect("a send has a peer").0;
+        drop_task(&mut plan, r, t, i);
+        let opts = LowerOptions { micro_batches: 1, chunk_bytes: 1024, ..LowerOptions::default() };
+        let lp = lower(&plan, &opts).unwrap();
+        // The CPU executor calls it a deadlock.
+        let mut cpu = Memory::new(&lp);
+        assert!(matches!(
+            launch(&lp, &mut cpu, &LaunchOptions::default()),
+            Err(oxccl_host::exec::lowered::LoweredExecError::Deadlock { .. })
+        ));
+        let config = CompiledConfig { mover, timeout: Duration::from_millis(300), ..CompiledConfig::default() };
+        let runner = dev.plan(&lp, config).unwrap();
+        let bufs = PlanBuffers::new(&runner, 0).unwrap();
+        let started = Instant::now();
+        // SAFETY: the plan's own buffers, alive until the synchronisation.
+        unsafe { runner.launch(&bufs.table(), None) }.unwrap();
+        let e = runner.synchronize().expect_err("a dropped send must not complete");
+        let took = started.elapsed();
+        eprintln!("{mover:?}: dropped send of r{r} tb{t} -> {e} after {took:?}");
+        assert!(matches!(e, Error::Timeout { .. }), "{mover:?}: expected a timeout, got {e}");
+        assert!(took < Duration::from_secs(30), "{mover:?}: {took:?} to give up");
+        // The receiver of the dropped message gave up waiting for it (or, first, for a thread block
+        // of its own rank that waits on that receive).
+        let statuses = runner.statuses().unwrap();
+        let recv = &statuses[receiver as usize];
+        assert!(recv.errors > 0 && recv.rank == receiver, "{mover:?}: r{receiver} recorded nothing: {statuses:?}");
+        let kind = WaitKind::from_raw(recv.kind);
+        assert!(
+            kind == Some(WaitKind::FifoData) && recv.peer == r as u32 || kind == Some(WaitKind::Progress),
+            "{mover:?}: r{receiver} recorded {kind:?} (peer {}): {statuses:?}",
+            recv.peer
+        );
+        // After a reset the workspace is clean: the intact plan runs on the same device.
+        runner.reset().unwrap();
+    }
+    let plan = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
+    let case = Case {
+        name: "after the timeout".into(),
+        mode: PlanMode::Compiled,
+        mover: Mover::Tma,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        micro_batches: 2,
+        mb_bytes: 256,
+        extra_slots: 0,
+        shift: 0,
+        launches: 2,
+    };
+    run_case(&dev, &plan, &case, 7).unwrap();
+}
+
+#[test]
+fn timing_records_every_thread_block() {
+    let Some(stream) = gpu("timing_records_every_thread_block") else { return };
+    let dev = Device::new(&stream);
+    let mut p = Algorithm::HmAllReduce.generate(2, 4).unwrap();
+    p.ranks_per_node = Some(4);
+    let plan = compile(&p, &Options::default()).unwrap();
+    for mover in [Mover::Tma, Mover::Simt] {
+        let opts = LowerOptions { micro_batches: 4, chunk_bytes: 4 << 16, timing: true, ..LowerOptions::default() };
+        let lp = lower(&plan, &opts).unwrap();
+        let runner = dev.plan(&lp, CompiledConfig { mover, ..CompiledConfig::default() }).unwrap();
+        let bufs = PlanBuffers::new(&runner, 0).unwrap();
+        // SAFETY: the plan's own buffers, alive until the synchronisation.
+        unsafe { runner.launch(&bufs.table(), None) }.unwrap();
+        runner.synchronize().unwrap();
+        let timing = runner.timing().unwrap();
+        let (mut busy, mut idle) = (0u64, 0u64);
+        for (r, tbs) in timing.iter().enumerate() {
+            assert_eq!(tbs.len(), lp.ranks[r].tbs.len());
+            for (t, x) in tbs.iter().enumerate() {
+                assert!(x.start_ns > 0 && x.end_ns >= x.start_ns, "r{r} tb{t}: {x:?}");
+                assert_eq!(x.busy_ns + x.idle_ns, x.end_ns - x.start_ns, "r{r} tb{t}: {x:?}");
+                busy += x.busy_ns;
+                idle += x.idle_ns;
+            }
+        }
+        eprintln!(
+            "{mover:?}: shape {:?}; TB time busy {busy} ns, idle {idle} ns ({:.1}% idle)",
+            runner.shape(),
+            100.0 * idle as f64 / (busy + idle).max(1) as f64
+        );
+    }
+}
+
+#[test]
+fn misuse_is_a_typed_error() {
+    let Some(stream) = gpu("misuse_is_a_typed_error") else { return };
+    let dev = Device::new(&stream);
+    let plan = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
+    let lp = lower(&plan, &LowerOptions::default()).unwrap();
+    // Two ranks on one stream would serialise and time out: refused.
+    let same = vec![dev.streams[0].clone(); 4];
+    let e = CompiledPlan::on_engines(std::slice::from_ref(&dev.engine), &same, &lp, CompiledConfig::default())
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Config { field: "streams", .. }), "{e}");
+    // Malformed descriptors: refused before anything is uploaded.
+    let mut bad = lp.clone();
+    bad.ranks[1].tasks[0].conn = 999;
+    assert!(matches!(dev.plan(&bad, CompiledConfig::default()), Err(Error::Descriptors(_))));
+    // A missing buffer.
+    let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
+    let mut table = PlanBuffers::new(&runner, 0).unwrap().table();
+    table[2] = [0; BUFFER_SLOTS];
+    // SAFETY: refused before any launch.
+    assert!(matches!(unsafe { runner.launch(&table, None) }, Err(Error::Misaligned { rank: 2, .. })));
+}
