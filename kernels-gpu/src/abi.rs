@@ -199,20 +199,23 @@ macro_rules! kernel_table {
 }
 engine_kernels!(kernel_table);
 
+/// The kernel of `table` for `mover` reducing `dtype` with `op` (every table lists all 15 pairs).
+fn find_kernel(
+    table: &[(DType, RedOp, &'static str, &'static str)],
+    mover: Mover,
+    dtype: DType,
+    op: RedOp,
+) -> &'static str {
+    let (_, _, tma, simt) = table.iter().find(|(d, o, _, _)| *d == dtype && *o == op).copied().unwrap_or(table[0]);
+    match mover {
+        Mover::Tma => tma,
+        Mover::Simt => simt,
+    }
+}
+
 /// Name of the engine kernel for `mover` reducing `dtype` with `op` (copies use any operator).
 pub fn kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
-    let mut i = 0;
-    while i < KERNELS.len() {
-        let (d, o, tma, simt) = KERNELS[i];
-        if d as u8 == dtype as u8 && o as u8 == op as u8 {
-            return match mover {
-                Mover::Tma => tma,
-                Mover::Simt => simt,
-            };
-        }
-        i += 1;
-    }
-    unreachable!()
+    find_kernel(KERNELS, mover, dtype, op)
 }
 
 abi_enum!(
@@ -790,18 +793,7 @@ plan_kernels!(plan_kernel_table);
 
 /// Name of the compiled-plan kernel for `mover` reducing `dtype` with `op`.
 pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
-    let mut i = 0;
-    while i < PLAN_KERNELS.len() {
-        let (d, o, tma, simt) = PLAN_KERNELS[i];
-        if d as u8 == dtype as u8 && o as u8 == op as u8 {
-            return match mover {
-                Mover::Tma => tma,
-                Mover::Simt => simt,
-            };
-        }
-        i += 1;
-    }
-    unreachable!()
+    find_kernel(PLAN_KERNELS, mover, dtype, op)
 }
 
 const _: () = {
@@ -834,3 +826,26 @@ const _: () = {
         i += 1;
     }
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_and_operator_has_its_own_kernels() {
+        for &d in DType::ALL {
+            for &o in RedOp::ALL {
+                for (table, name) in [
+                    (KERNELS, kernel_name as fn(Mover, DType, RedOp) -> &'static str),
+                    (PLAN_KERNELS, plan_kernel_name),
+                ] {
+                    let row = table.iter().find(|r| r.0 == d && r.1 == o).expect("listed");
+                    assert_eq!(name(Mover::Tma, d, o), row.2);
+                    assert_eq!(name(Mover::Simt, d, o), row.3);
+                }
+            }
+        }
+        assert_eq!(KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
+        assert_eq!(PLAN_KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
+    }
+}
