@@ -33,7 +33,7 @@ pub mod tballoc;
 pub mod verify;
 
 pub use deps::{Graph, Link, Prim, Task};
-pub use plan::{Connection, Plan, PlanStats, RankPlan, SyncPoint, TbPlan, TbTask};
+pub use plan::{Connection, Plan, PlanStats, RankPlan, SyncPoint, TbCursor, TbPlan, TbTask};
 pub use schedule::Schedule;
 pub use tballoc::{Allocation, Endpoint, EndpointKind};
 

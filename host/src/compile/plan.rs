@@ -100,6 +100,45 @@ pub struct TbPlan {
     pub syncs: Vec<SyncPoint>,
 }
 
+/// Where a thread block is in its program: segment `seg`, micro-batch `mb`, task `pos`. A TB runs
+/// each segment for every micro-batch before the next segment (see [`TbPlan::segments`]).
+#[derive(Clone, Debug)]
+pub struct TbCursor {
+    pub segments: Vec<std::ops::Range<usize>>,
+    pub seg: usize,
+    pub mb: u32,
+    pub pos: usize,
+}
+
+impl TbCursor {
+    /// The start of `tb`'s program.
+    pub fn new(tb: &TbPlan) -> Self {
+        let segments = tb.segments();
+        let pos = segments.first().map(|s| s.start).unwrap_or(0);
+        TbCursor { segments, seg: 0, mb: 0, pos }
+    }
+
+    /// Whether every segment ran for every micro-batch.
+    pub fn finished(&self) -> bool {
+        self.seg >= self.segments.len()
+    }
+
+    /// Moves past the current task, with `mbs` micro-batches per segment.
+    pub fn advance(&mut self, mbs: u32) {
+        self.pos += 1;
+        let seg = self.segments[self.seg].clone();
+        if self.pos == seg.end {
+            self.mb += 1;
+            self.pos = seg.start;
+            if self.mb == mbs {
+                self.mb = 0;
+                self.seg += 1;
+                self.pos = self.segments.get(self.seg).map(|s| s.start).unwrap_or(0);
+            }
+        }
+    }
+}
+
 impl TbPlan {
     /// The sync points task `i` waits on.
     pub fn waits(&self, i: usize) -> &[SyncPoint] {

@@ -16,7 +16,7 @@
 pub mod lowered;
 pub mod reference;
 
-use crate::compile::{ConnId, Plan, Prim, TbId};
+use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId};
 use crate::program::{OpId, Rank, Slice};
 use std::collections::VecDeque;
 use std::fmt;
@@ -172,20 +172,6 @@ struct Message<T> {
     data: Vec<T>,
 }
 
-#[derive(Clone)]
-struct TbState {
-    segments: Vec<std::ops::Range<usize>>,
-    seg: usize,
-    mb: u32,
-    pos: usize,
-}
-
-impl TbState {
-    fn finished(&self) -> bool {
-        self.seg >= self.segments.len()
-    }
-}
-
 /// Micro-batch `m` of `mbs` of a chunk of `len` elements.
 pub fn micro_batch_range(len: usize, mbs: u32, m: u32) -> std::ops::Range<usize> {
     let mbs = mbs as usize;
@@ -235,20 +221,8 @@ pub fn execute<T: Element>(
     let mut fifos: Vec<VecDeque<Message<T>>> = (0..plan.connections.len()).map(|_| VecDeque::new()).collect();
     let mut done: Vec<Vec<Vec<u32>>> =
         plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect()).collect();
-    let mut state: Vec<Vec<TbState>> = plan
-        .ranks
-        .iter()
-        .map(|rp| {
-            rp.tbs
-                .iter()
-                .map(|tb| {
-                    let segments = tb.segments();
-                    let pos = segments.first().map(|s| s.start).unwrap_or(0);
-                    TbState { segments, seg: 0, mb: 0, pos }
-                })
-                .collect()
-        })
-        .collect();
+    let mut state: Vec<Vec<TbCursor>> =
+        plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| TbCursor::new(tb)).collect()).collect();
     let mbs = opts.micro_batches;
     let slots = opts.fifo_slots as usize;
     let mut scratch: Vec<T> = Vec::new();
@@ -359,18 +333,7 @@ pub fn execute<T: Element>(
                         Step::Done => {
                             progress = true;
                             done[r][t][i] = mb + 1;
-                            let st = &mut state[r][t];
-                            st.pos += 1;
-                            let seg = st.segments[st.seg].clone();
-                            if st.pos == seg.end {
-                                st.mb += 1;
-                                st.pos = seg.start;
-                                if st.mb == mbs {
-                                    st.mb = 0;
-                                    st.seg += 1;
-                                    st.pos = st.segments.get(st.seg).map(|s| s.start).unwrap_or(0);
-                                }
-                            }
+                            state[r][t].advance(mbs);
                         }
                     }
                 }

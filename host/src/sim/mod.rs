@@ -22,7 +22,7 @@
 
 pub mod svg;
 
-use crate::compile::{Plan, Prim};
+use crate::compile::{Plan, Prim, TbCursor};
 use crate::program::Rank;
 use serde::Serialize;
 use std::cmp::Ordering;
@@ -271,10 +271,7 @@ enum Phase {
 }
 
 struct TbSim {
-    segments: Vec<std::ops::Range<usize>>,
-    seg: usize,
-    mb: u32,
-    pos: usize,
+    cursor: TbCursor,
     phase: Phase,
     item_start: f64,
     busy: f64,
@@ -282,7 +279,7 @@ struct TbSim {
 
 impl TbSim {
     fn finished(&self) -> bool {
-        self.seg >= self.segments.len()
+        self.cursor.finished()
     }
 }
 
@@ -337,11 +334,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         .map(|rp| {
             rp.tbs
                 .iter()
-                .map(|tb| {
-                    let segments = tb.segments();
-                    let pos = segments.first().map(|s| s.start).unwrap_or(0);
-                    TbSim { segments, seg: 0, mb: 0, pos, phase: Phase::Idle, item_start: 0.0, busy: 0.0 }
-                })
+                .map(|tb| TbSim { cursor: TbCursor::new(tb), phase: Phase::Idle, item_start: 0.0, busy: 0.0 })
                 .collect()
         })
         .collect();
@@ -386,7 +379,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                     if tbs[r][t].phase != Phase::Idle || tbs[r][t].finished() {
                         continue;
                     }
-                    let (i, mb) = (tbs[r][t].pos, tbs[r][t].mb);
+                    let (i, mb) = (tbs[r][t].cursor.pos, tbs[r][t].cursor.mb);
                     let tbp = &plan.ranks[r].tbs[t];
                     let task = &tbp.tasks[i];
                     if opts.subpipeline_barrier && task.subpipeline > open_sp {
@@ -453,12 +446,17 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             for (r, rank_tbs) in tbs.iter().enumerate() {
                 for (t, tb) in rank_tbs.iter().enumerate() {
                     if !tb.finished() {
-                        let task = &plan.ranks[r].tbs[t].tasks[tb.pos];
+                        let task = &plan.ranks[r].tbs[t].tasks[tb.cursor.pos];
                         return Err(SimError::Deadlock {
                             rank: Rank(r as u32),
                             tb: t as u32,
-                            task: tb.pos as u32,
-                            reason: format!("({} {}, micro-batch {}) is blocked", task.prim.name(), task.op, tb.mb),
+                            task: tb.cursor.pos as u32,
+                            reason: format!(
+                                "({} {}, micro-batch {}) is blocked",
+                                task.prim.name(),
+                                task.op,
+                                tb.cursor.mb
+                            ),
                         });
                     }
                 }
@@ -486,7 +484,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                 break;
             }
             timers.pop();
-            let i = tbs[r][t].pos;
+            let i = tbs[r][t].cursor.pos;
             let task = &plan.ranks[r].tbs[t].tasks[i];
             let rank = r as u32;
             let bytes = task_bytes(r, t, i);
@@ -542,8 +540,8 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             }
         }
         for (r, t) in finished_items {
-            let i = tbs[r][t].pos;
-            let mb = tbs[r][t].mb;
+            let i = tbs[r][t].cursor.pos;
+            let mb = tbs[r][t].cursor.mb;
             let task = &plan.ranks[r].tbs[t].tasks[i];
             match task.prim {
                 Prim::Send => {
@@ -571,17 +569,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
             while (open_sp as usize) < left_in_sp.len() - 1 && left_in_sp[open_sp as usize] == 0 {
                 open_sp += 1;
             }
-            tb.pos += 1;
-            let seg = tb.segments[tb.seg].clone();
-            if tb.pos == seg.end {
-                tb.mb += 1;
-                tb.pos = seg.start;
-                if tb.mb == mbs {
-                    tb.mb = 0;
-                    tb.seg += 1;
-                    tb.pos = tb.segments.get(tb.seg).map(|s| s.start).unwrap_or(0);
-                }
-            }
+            tb.cursor.advance(mbs);
         }
     }
 
