@@ -252,16 +252,7 @@ pub fn run(a: Args) -> CliResult {
     println!("{}", bench::NCCL_HEADER);
     let rows = bench::collective_bench(&stream, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
-    if a.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    }
-    if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX))
-    {
-        return Err("wrong results (see #wrong)".into());
-    }
-    Ok(())
+    finish_rows(&rows, a.json)
 }
 
 /// `oxccl bench --algo ...|--xml ... --exec compiled|interpreted`: a lowered ResCCL plan on virtual
@@ -359,16 +350,7 @@ fn run_plan(a: &Args) -> CliResult {
         println!("{}", bench::nccl_line(row));
     })?;
     println!("{}", bench::nccl_footer_one_side(&rows, l.in_place));
-    if a.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    }
-    if rows.iter().any(|r| (r.oop_wrong != 0 && r.oop_wrong != u64::MAX) || (r.ip_wrong != 0 && r.ip_wrong != u64::MAX))
-    {
-        return Err("wrong results (see #wrong)".into());
-    }
-    Ok(())
+    finish_rows(&rows, a.json)
 }
 
 /// The reshard benchmark's parameters from the flags (checked before looking for a GPU).
@@ -548,6 +530,20 @@ fn run_overlap(
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);
         }
+    }
+    Ok(())
+}
+
+/// Prints the rows as JSON lines when asked, and fails if any checked row has wrong elements.
+fn finish_rows(rows: &[bench::CollectiveRow], json: bool) -> CliResult {
+    if json {
+        for r in rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    }
+    let wrong = |n: u64| n != 0 && n != u64::MAX;
+    if rows.iter().any(|r| wrong(r.oop_wrong) || wrong(r.ip_wrong)) {
+        return Err("wrong results (see #wrong)".into());
     }
     Ok(())
 }
