@@ -43,7 +43,13 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
 ) {
     let peers = program.barrier_ranks;
     let mut seq = 0;
-    // SAFETY (whole function): the barriers and tasks follow the module's protocol; see `# Safety`.
+    // SAFETY: `start_barrier`/`end_barrier` run on the issuer only, with the workspace table written
+    // at entry (caller's contract) and this CTA's own `seq` slot; every thread reaches each
+    // `bar_sync_all` (no early return between them, the abort flag is read after a barrier); task
+    // `first_task + t` is inside the launch's task array (the host validated the program's range);
+    // `execute` checks each descriptor before touching memory; the fences before the end barrier
+    // complete bulk writes (`wait_group 0`, proxy fence) and order every thread's writes at system
+    // scope before the issuer's release stores.
     unsafe {
         if peers != 0 && ctx.issuer {
             seq = start_barrier(ctx, peers);
