@@ -162,6 +162,8 @@ pub struct Engine {
     /// The compiled-plan module (`ptx::PLANS`), loaded on first use.
     plans: OnceLock<Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// CTAs per SM by (kernel, threads, dynamic shared memory).
+    occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
     /// Multiprocessors of the device.
     pub sms: u32,
     /// Most dynamic shared memory one CTA may use (opt-in limit).
@@ -185,6 +187,7 @@ impl Engine {
             module,
             plans: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
+            occupancy: Mutex::new(HashMap::new()),
             sms,
             max_smem,
         })
@@ -315,10 +318,7 @@ impl Engine {
                 ),
             );
         }
-        let f = self.function(spec.mover, spec.dtype, spec.op)?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(spec.threads, smem, None)
-            .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        let per_sm = self.ctas_per_sm(spec, smem)?;
         let max = per_sm * self.sms;
         if ctas > max {
             return Err(Error::TooManyCtas {
@@ -332,6 +332,21 @@ impl Engine {
             });
         }
         Ok(())
+    }
+
+    /// CTAs of `spec`'s kernel with `smem` bytes of shared memory that fit on one SM, from the
+    /// driver's occupancy calculator once per (kernel, threads, shared memory): every call checks it.
+    fn ctas_per_sm(&self, spec: &LaunchSpec, smem: usize) -> Result<u32> {
+        let key = (abi::kernel_name(spec.mover, spec.dtype, spec.op), spec.threads, smem);
+        if let Some(&n) = self.occupancy.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(n);
+        }
+        let f = self.function(spec.mover, spec.dtype, spec.op)?;
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(spec.threads, smem, None)
+            .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        self.occupancy.lock().unwrap_or_else(|e| e.into_inner()).insert(key, n);
+        Ok(n)
     }
 
     /// Launches `prog` on `stream`.
