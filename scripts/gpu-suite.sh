@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench); each step logs under $OUT.
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench multi-tests multi-bench nccl);
+# each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/oxccl-out}
 mkdir -p "$OUT"
 export RUST_BACKTRACE=1
+# NVLink multicast stays off on shared machines, also for anything these steps start.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}
+SIZES=${SIZES:--b 1M -e 4G -f 4}
+CTAS=${CTAS:-4 8 16 132}
 log() { echo "=== $* ($(date -u +%H:%M:%S))"; }
 for step in "$@"; do
   case "$step" in
@@ -51,6 +57,16 @@ for step in "$@"; do
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml"; do
         for exec in compiled interpreted; do
           log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 256M -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -12 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+    multi-tests)
+      export CUDA_DEVICE_MAX_CONNECTIONS=32
+      log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"
+      log "gpu_reshard one rank per GPU"; timeout 150 $B/gpu_reshard --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_reshard.log"
+      log "gpu_compiled across GPUs"; timeout 200 $B/gpu_compiled --test-threads=1 --nocapture across_gpus > "$OUT/multi_compiled.log" 2>&1; grep -E "^test |test result|cases|FAILED|panicked|skipped" "$OUT/multi_compiled.log" | head -20 ;;
+    multi-bench)
+      for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
+        log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
+    nccl)
+      log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -19,22 +19,41 @@ use std::sync::Arc;
 
 /// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
 /// with device events on `stream`.
-pub fn time_ms(
-    stream: &Arc<CudaStream>,
+pub fn time_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
+    time_ms_on(std::slice::from_ref(stream), warmup, iters, f)
+}
+
+/// As [`time_ms`] for calls that run on several streams (one per rank, possibly on several GPUs):
+/// events bracket the timed calls on every distinct stream and the longest span counts. The ranks'
+/// launches meet at device barriers, so no stream's span can hide another's work.
+pub fn time_ms_on(
+    streams: &[Arc<CudaStream>],
     warmup: usize,
     iters: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
+    let mut distinct: Vec<&Arc<CudaStream>> = Vec::new();
+    for s in streams {
+        if !distinct.iter().any(|d| d.context().ordinal() == s.context().ordinal() && d.cu_stream() == s.cu_stream()) {
+            distinct.push(s);
+        }
+    }
     for _ in 0..warmup {
         f()?;
     }
-    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+    let record = |s: &Arc<CudaStream>| {
+        s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))
+    };
+    let starts = distinct.iter().map(|s| record(s)).collect::<Result<Vec<_>>>()?;
     for _ in 0..iters.max(1) {
         f()?;
     }
-    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
-    end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
-    let ms = start.elapsed_ms(&end).map_err(Error::driver("cuEventElapsedTime"))? as f64;
+    let ends = distinct.iter().map(|s| record(s)).collect::<Result<Vec<_>>>()?;
+    let mut ms = 0f64;
+    for (start, end) in starts.iter().zip(&ends) {
+        end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+        ms = ms.max(start.elapsed_ms(end).map_err(Error::driver("cuEventElapsedTime"))? as f64);
+    }
     Ok(ms / iters.max(1) as f64)
 }
 
@@ -281,6 +300,20 @@ fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
     }
 }
 
+/// As [`encode_all`] for an `f` of period 17 (`f(i + 17) == f(i)`, as [`pattern`] and [`Expected`]
+/// are): one period is encoded and the bytes repeated, so multi-GiB buffers take memory-copy time.
+fn encode_periodic(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
+    let period = encode_all(dtype, n.min(17), f);
+    let total = n as usize * dtype.size();
+    let mut v = Vec::with_capacity(total);
+    v.extend_from_slice(&period);
+    while v.len() < total {
+        let more = v.len().min(total - v.len());
+        v.extend_from_within(..more);
+    }
+    v
+}
+
 /// The value of `op` over `vals` as the dtype sees them (unsigned for u32).
 fn reduce_i64(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> i32 {
     let vals = vals.map(|x| if dtype == DType::U32 { x.unsigned_abs() as i64 } else { x as i64 });
@@ -317,6 +350,22 @@ impl Expected {
             }
         }
     }
+
+    /// Elements `0..n` of rank `r`'s result, encoded (period by period: see [`encode_periodic`]).
+    fn encode(&self, r: usize, n: u64) -> Vec<u8> {
+        if self.collective != Collective::AllGather || self.count == 0 {
+            return encode_periodic(self.dtype, n, |i| self.value(r, i));
+        }
+        // AllGather: block q is rank q's input, periodic within the block.
+        let mut v = Vec::with_capacity(n as usize * self.dtype.size());
+        let mut at = 0;
+        while at < n {
+            let len = self.count.min(n - at);
+            v.extend(encode_periodic(self.dtype, len, |j| self.value(r, at + j)));
+            at += len;
+        }
+        v
+    }
 }
 
 /// Elements of `got` that differ from `want` (same dtype, same length).
@@ -327,13 +376,17 @@ fn count_wrong(got: &[u8], want: &[u8], elem: usize) -> u64 {
     got.chunks_exact(elem).zip(want.chunks_exact(elem)).filter(|(a, b)| a != b).count() as u64
 }
 
-/// Runs the benchmark on virtual ranks of `stream`'s GPU, one row per size.
+/// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
+/// together, or one stream per GPU), one row per size. Each rank's buffers live on its stream's GPU.
 pub fn collective_bench(
-    stream: &Arc<CudaStream>,
+    streams: &[Arc<CudaStream>],
     b: &CollectiveBench,
     mut on_row: impl FnMut(&CollectiveRow),
 ) -> Result<Vec<CollectiveRow>> {
-    let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
+    if streams.len() != b.ranks {
+        return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
+    }
+    let comm = Communicator::from_streams(streams, b.config.clone())?;
     let p = b.ranks;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
@@ -356,24 +409,29 @@ pub fn collective_bench(
             reduction: b.config.reduction,
         };
         let (in_bytes, out_bytes) = spec.buffer_bytes();
-        let inputs: Vec<Vec<u8>> = (0..p).map(|r| encode_all(b.dtype, in_bytes / e, |i| pattern(r, i))).collect();
         let expected = Expected::new(b.collective, b.dtype, b.op, p, count);
         let mut times = [0f64; 2];
         let mut wrong = [0u64; 2];
         for (k, in_place) in [false, true].into_iter().enumerate() {
             let mut send: Vec<CudaSlice<u8>> = Vec::new();
             let mut recv: Vec<CudaSlice<u8>> = Vec::new();
-            for (r, input) in inputs.iter().enumerate() {
+            for (r, stream) in streams.iter().enumerate() {
+                let input = encode_periodic(b.dtype, in_bytes / e, |i| pattern(r, i));
                 if in_place {
                     let len = in_bytes.max(out_bytes) as usize;
                     let mut buf = vec![0u8; len];
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
-                    buf[at..at + input.len()].copy_from_slice(input);
+                    buf[at..at + input.len()].copy_from_slice(&input);
                     recv.push(stream.clone_htod(&buf).map_err(Error::driver("cuMemcpyHtoD"))?);
                 } else {
-                    send.push(stream.clone_htod(input).map_err(Error::driver("cuMemcpyHtoD"))?);
+                    send.push(stream.clone_htod(&input).map_err(Error::driver("cuMemcpyHtoD"))?);
                     recv.push(stream.alloc_zeros::<u8>(out_bytes as usize).map_err(Error::driver("cuMemAlloc"))?);
                 }
+            }
+            // The uploads run on the ranks' streams; a rank's launch must not start before another
+            // rank's buffers are written.
+            for s in streams {
+                s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
             }
             let call = |recv: &mut Vec<CudaSlice<u8>>, send: &Vec<CudaSlice<u8>>| -> Result<()> {
                 macro_rules! go {
@@ -412,17 +470,17 @@ pub fn collective_bench(
                 call(&mut recv, &send)?;
                 comm.synchronize()?;
                 for (r, buf) in recv.iter().enumerate() {
-                    let host = stream.clone_dtoh(buf).map_err(Error::driver("cuMemcpyDtoH"))?;
+                    let host = streams[r].clone_dtoh(buf).map_err(Error::driver("cuMemcpyDtoH"))?;
                     let (base, n) = match (b.collective, in_place) {
                         (Collective::ReduceScatter, true) => (r as u64 * count, count),
                         _ => (0, out_bytes / e),
                     };
-                    let want = encode_all(b.dtype, n, |i| expected.value(r, i));
+                    let want = expected.encode(r, n);
                     let at = (base * e) as usize;
                     wrong[k] += count_wrong(&host[at..at + want.len()], &want, e as usize);
                 }
             }
-            times[k] = time_ms(stream, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
+            times[k] = time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
             comm.synchronize()?;
         }
         let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
@@ -486,13 +544,14 @@ pub struct PlanBenchInfo {
     pub registers: u32,
 }
 
-/// Runs a lowered plan on virtual ranks of `stream`'s GPU (each rank on a stream of its own, timed
-/// through `stream`), one nccl-tests row per size: nccl-tests' size is the larger user buffer per
+/// Runs a lowered plan with rank `r` on `streams[r]` (distinct streams, on one GPU or several),
+/// launched and timed through `stream`, one nccl-tests row per size: nccl-tests' size is the larger user buffer per
 /// rank, cut into the plan's chunks (each a multiple of 16 bytes per micro-batch). The plan's layout
 /// is either in place or out of place: the other half of the row is 0 and `N/A`. Correctness is
 /// checked in a separate untimed launch (AllReduce, AllGather, ReduceScatter; `N/A` otherwise).
 pub fn plan_bench(
     stream: &Arc<CudaStream>,
+    streams: &[Arc<CudaStream>],
     b: &PlanBench,
     mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
 ) -> Result<Vec<CollectiveRow>> {
@@ -500,10 +559,16 @@ pub fn plan_bench(
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
     let l = &b.plan.layout;
     let p = l.ranks as usize;
-    let ctx = stream.context();
-    let engine = Arc::new(Engine::new(ctx)?);
-    let streams =
-        (0..p).map(|_| ctx.new_stream().map_err(Error::driver("cuStreamCreate"))).collect::<Result<Vec<_>>>()?;
+    if streams.len() != p {
+        return Err(Error::BufferCount { what: "rank streams", expected: p, got: streams.len() });
+    }
+    let mut engines: Vec<Arc<Engine>> = Vec::new();
+    for s in streams {
+        if !engines.iter().any(|e| e.context().ordinal() == s.context().ordinal()) {
+            engines.push(Arc::new(Engine::new(s.context())?));
+        }
+    }
+    let engine = engines[0].clone();
     let e = b.dtype.size() as u64;
     let (ic, oc) = (l.input_chunks() as u64, l.output_chunks() as u64);
     let user_chunks = ic.max(oc);
@@ -531,7 +596,7 @@ pub fn plan_bench(
         let slots = b.slots.unwrap_or(probe.slots_needed.max(2));
         let lp = lower(&b.plan, &LowerOptions { fifo_slots: slots, ..opts })
             .map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
-        let runner = CompiledPlan::on_engines(std::slice::from_ref(&engine), &streams, &lp, b.config.clone())?;
+        let runner = CompiledPlan::on_engines(&engines, streams, &lp, b.config.clone())?;
         let bufs = PlanBuffers::new(&runner, 0)?;
         let table = bufs.table();
         let cb = chunk_bytes as usize;
@@ -539,7 +604,7 @@ pub fn plan_bench(
         let count_out = oc * chunk_bytes / e;
         // Inputs where the plan reads them; every other byte zero.
         for r in 0..p {
-            let input = encode_all(b.dtype, count_in, |i| pattern(r, i));
+            let input = encode_periodic(b.dtype, count_in, |i| pattern(r, i));
             let mut slots_data: Vec<Vec<u8>> =
                 (0..BUFFER_SLOTS).map(|s| vec![0u8; runner.buffer_bytes(r, s) as usize]).collect();
             for j in 0..ic as usize {
@@ -563,7 +628,7 @@ pub fn plan_bench(
             wrong = 0;
             for r in 0..p {
                 let data: Vec<Vec<u8>> = (0..BUFFER_SLOTS).map(|s| bufs.read(r, s)).collect::<Result<_>>()?;
-                let want = encode_all(b.dtype, count_out, |i| expected.value(r, i));
+                let want = expected.encode(r, count_out);
                 for j in 0..oc as usize {
                     let flat = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves");
                     let (s, c) = place(l, flat);
@@ -990,6 +1055,32 @@ mod tests {
                             let got = encode_all(dtype, out_bytes / e, |i| exp.value(r, i));
                             assert_eq!(count_wrong(&got, w, e as usize), 0, "{collective:?} {dtype:?} {op:?} rank {r}");
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tiled encodings used for multi-GiB buffers equal the element-by-element ones, also where
+    /// lengths are not multiples of the period and AllGather blocks start mid-period.
+    #[test]
+    fn periodic_encodings_match_element_by_element() {
+        for &dtype in DType::ALL {
+            for n in [0, 1, 16, 17, 18, 100, 1000] {
+                for r in 0..3 {
+                    assert_eq!(encode_periodic(dtype, n, |i| pattern(r, i)), encode_all(dtype, n, |i| pattern(r, i)));
+                }
+            }
+            for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+                for (ranks, count) in [(1, 0), (2, 5), (3, 40), (8, 37)] {
+                    let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
+                    let n = if collective == Collective::AllGather { ranks as u64 * count } else { count };
+                    for r in 0..ranks {
+                        assert_eq!(
+                            exp.encode(r, n),
+                            encode_all(dtype, n, |i| exp.value(r, i)),
+                            "{collective:?} {dtype:?} rank {r}"
+                        );
                     }
                 }
             }

@@ -431,6 +431,26 @@ pub fn probe_gpu() -> std::result::Result<Arc<CudaContext>, String> {
     Ok(ctx)
 }
 
+/// The first `n` CUDA devices, each checked to be Hopper, for one rank per GPU; an error names the
+/// device that is missing or not usable.
+pub fn probe_gpus(n: usize) -> std::result::Result<Vec<Arc<CudaContext>>, String> {
+    let first = probe_gpu()?;
+    let have = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))? as usize;
+    if n == 0 || n > have {
+        return Err(format!("{n} GPUs asked for, {have} visible"));
+    }
+    let mut out = vec![first];
+    for d in 1..n {
+        let ctx = CudaContext::new(d).map_err(|e| format!("cuCtxCreate on device {d}: {e}"))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| format!("compute capability: {e}"))?;
+        if major != 9 {
+            return Err(format!("device {d} is sm_{major}{minor}, not Hopper"));
+        }
+        out.push(ctx);
+    }
+    Ok(out)
+}
+
 /// The error a device [`Status`] record describes (`None` when it records none).
 pub fn status_error(s: &Status) -> Option<Error> {
     Error::from_status(s)

@@ -47,11 +47,12 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
         .collect()
 }
 
-/// Runs one collective call on the GPU with the given per-rank input bytes; returns each rank's result
-/// bytes (output buffer, or the one buffer in place). Outputs start poisoned with 0xA5.
+/// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
+/// GPU; returns each rank's result bytes (output buffer, or the one buffer in place). Outputs start
+/// poisoned with 0xA5.
 fn run_gpu(
     comm: &Communicator,
-    stream: &Arc<CudaStream>,
+    streams: &[Arc<CudaStream>],
     spec: &PlanSpec,
     inputs: &[Vec<u8>],
 ) -> Result<Vec<Vec<u8>>, Error> {
@@ -65,12 +66,19 @@ fn run_gpu(
             let mut b = vec![0xA5u8; len];
             let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
             b[at..at + input.len()].copy_from_slice(input);
-            outs.push(stream.clone_htod(&b).unwrap());
+            outs.push(streams[r].clone_htod(&b).unwrap());
         }
     } else {
-        for input in inputs {
+        for (input, stream) in inputs.iter().zip(streams) {
             ins.push(stream.clone_htod(input).unwrap());
             outs.push(stream.clone_htod(&vec![0xA5u8; out_bytes as usize]).unwrap());
+        }
+    }
+    // Across GPUs the uploads run on each rank's stream: finish them before any rank reads a peer's
+    // buffer. (On one GPU the calls go without host synchronisation.)
+    if streams.iter().any(|s| s.context().ordinal() != streams[0].context().ordinal()) {
+        for s in streams {
+            s.synchronize().unwrap();
         }
     }
     macro_rules! call {
@@ -96,7 +104,12 @@ fn run_gpu(
     }?;
     comm.synchronize()?;
     assert_eq!(outs.len(), p);
-    Ok(outs.iter().map(|o| stream.clone_dtoh(o).unwrap()).collect())
+    Ok(outs.iter().zip(streams).map(|(o, s)| s.clone_dtoh(o).unwrap()).collect())
+}
+
+/// `stream` for each of `ranks` virtual ranks.
+fn same(stream: &Arc<CudaStream>, ranks: usize) -> Vec<Arc<CudaStream>> {
+    vec![stream.clone(); ranks]
 }
 
 fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) {
@@ -128,6 +141,45 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
     }
 }
 
+/// Compares one case's results with the CPU reference: bitwise where the order of combination is
+/// fixed or the values are integers, within a rounding bound for the hardware bulk reduction of
+/// random floats.
+fn check(case: usize, seed: u64, spec: &PlanSpec, mover: Mover, integers: bool, inputs: &[Vec<u8>], got: &[Vec<u8>]) {
+    let want = tccl::reference(spec, inputs);
+    // Register reduction combines in ascending rank order like the reference: bitwise equal even on
+    // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
+    let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32);
+    if integers || integer_dtype || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
+        if got != want {
+            let (r, at) = got
+                .iter()
+                .zip(&want)
+                .enumerate()
+                .find_map(|(r, (g, w))| g.iter().zip(w).position(|(a, b)| a != b).map(|i| (r, i)))
+                .unwrap();
+            panic!("case {case} (seed {seed}) {spec:?} {mover:?}: rank {r} first wrong byte {at}");
+        }
+    } else {
+        for (g, w) in got.iter().zip(&want) {
+            for (a, b) in g.chunks(spec.dtype.size()).zip(w.chunks(spec.dtype.size())) {
+                let f = |x: &[u8]| match spec.dtype {
+                    DType::F32 => f32::from_le_bytes(x.try_into().unwrap()) as f64,
+                    DType::F16 => half::f16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+                    DType::Bf16 => half::bf16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+                    _ => unreachable!("integer dtypes take the exact branch"),
+                };
+                let rel = match spec.dtype {
+                    DType::F32 => 1e-6,
+                    DType::F16 => 4e-3,
+                    _ => 3e-2,
+                };
+                let tol = rel * 1000.0 * (spec.ranks as f64);
+                assert!((f(a) - f(b)).abs() <= tol, "case {case} {spec:?}: {} vs {}", f(a), f(b));
+            }
+        }
+    }
+}
+
 #[test]
 fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let Some(stream) = common::gpu("collectives_match_the_cpu_reference_on_virtual_ranks") else { return };
@@ -153,44 +205,56 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs: Vec<Vec<u8>> = (0..spec.ranks).map(|_| data(spec.dtype, elems, &mut rng, integers)).collect();
-        let got =
-            run_gpu(comm, &stream, &spec, &inputs).unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
-        let want = tccl::reference(&spec, &inputs);
-        // Register reduction combines in ascending rank order like the reference: bitwise equal even on
-        // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
-        let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32);
-        if integers || integer_dtype || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
-            if got != want {
-                let (r, at) = got
-                    .iter()
-                    .zip(&want)
-                    .enumerate()
-                    .find_map(|(r, (g, w))| g.iter().zip(w).position(|(a, b)| a != b).map(|i| (r, i)))
-                    .unwrap();
-                panic!("case {case} (seed {seed}) {spec:?} {mover:?}: rank {r} first wrong byte {at}");
-            }
-        } else {
-            for (g, w) in got.iter().zip(&want) {
-                for (a, b) in g.chunks(spec.dtype.size()).zip(w.chunks(spec.dtype.size())) {
-                    let f = |x: &[u8]| match spec.dtype {
-                        DType::F32 => f32::from_le_bytes(x.try_into().unwrap()) as f64,
-                        DType::F16 => half::f16::from_le_bytes(x.try_into().unwrap()).to_f64(),
-                        DType::Bf16 => half::bf16::from_le_bytes(x.try_into().unwrap()).to_f64(),
-                        _ => unreachable!("integer dtypes take the exact branch"),
-                    };
-                    let rel = match spec.dtype {
-                        DType::F32 => 1e-6,
-                        DType::F16 => 4e-3,
-                        _ => 3e-2,
-                    };
-                    let tol = rel * 1000.0 * (spec.ranks as f64);
-                    assert!((f(a) - f(b)).abs() <= tol, "case {case} {spec:?}: {} vs {}", f(a), f(b));
-                }
-            }
-        }
+        let got = run_gpu(comm, &same(&stream, spec.ranks), &spec, &inputs)
+            .unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
+        check(case, seed, &spec, mover, integers, &inputs, &got);
         done += 1;
     }
     eprintln!("{done} collective cases matched the CPU reference (seed {seed})");
+}
+
+/// Multi-GPU case count: `OXCCL_MULTI_GPU_CASES` or 300.
+fn multi_gpu_cases() -> usize {
+    std::env::var("OXCCL_MULTI_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
+}
+
+#[test]
+fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
+    let Some(gpus) = common::gpus("collectives_match_the_cpu_reference_with_one_rank_per_gpu") else { return };
+    let seed = std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6B0_0C11);
+    let mut rng = common::Rng(seed);
+    let sms = oxccl::engine::Engine::new(&gpus[0]).unwrap().sms;
+    let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();
+    let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction), Communicator> = Default::default();
+    let mut per_ranks = vec![0usize; gpus.len() + 1];
+    for case in 0..multi_gpu_cases() {
+        let (mut spec, mover) = random_spec(&mut rng, sms);
+        // Ranks 2..=GPUs, one per GPU; CTAs up to the whole GPU.
+        spec.ranks = 2 + rng.below(gpus.len() as u64 - 1) as usize;
+        let most = if rng.below(4) == 0 { sms as u64 } else { 32 };
+        spec.ctas = 1 + rng.below(most) as u32;
+        if spec.collective != Collective::AllReduce {
+            spec.count = spec.count.min(2_000_000 / spec.ranks as u64);
+        }
+        per_ranks[spec.ranks] += 1;
+        let comm = comms
+            .entry((spec.ranks, spec.ctas, mover, spec.reduction))
+            .or_insert_with(|| Communicator::from_streams(&streams[..spec.ranks], config(&spec, mover)).unwrap());
+        let integers = rng.below(4) != 0;
+        let (in_bytes, _) = spec.buffer_bytes();
+        let elems = in_bytes as usize / spec.dtype.size();
+        let inputs: Vec<Vec<u8>> = (0..spec.ranks).map(|_| data(spec.dtype, elems, &mut rng, integers)).collect();
+        let got = run_gpu(comm, &streams[..spec.ranks], &spec, &inputs)
+            .unwrap_or_else(|e| panic!("case {case} (seed {seed}) {spec:?} {mover:?}: {e}"));
+        check(case, seed, &spec, mover, integers, &inputs, &got);
+    }
+    let by_ranks: Vec<String> =
+        per_ranks.iter().enumerate().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{n} on {r} GPUs")).collect();
+    eprintln!(
+        "{} collective cases with one rank per GPU matched the CPU reference ({}; seed {seed})",
+        multi_gpu_cases(),
+        by_ranks.join(", ")
+    );
 }
 
 #[test]
@@ -216,9 +280,9 @@ fn deterministic_mode_is_bitwise_stable() {
             let comm = Communicator::virtual_ranks(&stream, 8, config(&spec, mover)).unwrap();
             let elems = spec.buffer_bytes().0 as usize / dtype.size();
             let inputs: Vec<Vec<u8>> = (0..8).map(|_| data(dtype, elems, &mut rng, false)).collect();
-            let first = run_gpu(&comm, &stream, &spec, &inputs).unwrap();
+            let first = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs).unwrap();
             for run in 1..5 {
-                let again = run_gpu(&comm, &stream, &spec, &inputs).unwrap();
+                let again = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs).unwrap();
                 assert!(again == first, "{collective:?} {dtype:?} {mover:?}: run {run} differs bitwise from run 0");
             }
             assert!(
@@ -322,7 +386,8 @@ fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
         let comm = Communicator::virtual_ranks(&stream, 6, config(&spec, Mover::Tma)).unwrap();
         let elems = spec.buffer_bytes().0 as usize / dtype.size();
         let inputs: Vec<Vec<u8>> = (0..6).map(|_| data(dtype, elems, &mut rng, true)).collect();
-        let got = run_gpu(&comm, &stream, &spec, &inputs).unwrap_or_else(|e| panic!("{dtype:?} {op:?}: {e}"));
+        let got = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs)
+            .unwrap_or_else(|e| panic!("{dtype:?} {op:?}: {e}"));
         assert!(got == tccl::reference(&spec, &inputs), "{dtype:?} {op:?}");
     }
 }

@@ -43,23 +43,27 @@ fn gpu(test: &str) -> Option<Arc<CudaStream>> {
 /// One stream per rank (at most 16) and the engine, shared by every case of a test; holds the GPU
 /// for the test: a plan's CTAs must all be resident, so two tests must not share the GPU at once.
 struct Device {
-    engine: Arc<Engine>,
+    engines: Vec<Arc<Engine>>,
     streams: Vec<Arc<CudaStream>>,
     _turn: MutexGuard<'static, ()>,
 }
 
 impl Device {
     fn new(stream: &Arc<CudaStream>) -> Device {
+        Device::across(std::slice::from_ref(stream.context()))
+    }
+
+    /// Rank r on a stream of `gpus[r % gpus.len()]`.
+    fn across(gpus: &[Arc<cudarc::driver::CudaContext>]) -> Device {
         static GPU: Mutex<()> = Mutex::new(());
         let turn = GPU.lock().unwrap_or_else(|e| e.into_inner());
-        let ctx = stream.context();
-        let engine = Arc::new(Engine::new(ctx).expect("engine"));
-        let streams = (0..16).map(|_| ctx.new_stream().expect("stream")).collect();
-        Device { engine, streams, _turn: turn }
+        let engines = gpus.iter().map(|g| Arc::new(Engine::new(g).expect("engine"))).collect();
+        let streams = (0..16).map(|r| gpus[r % gpus.len()].new_stream().expect("stream")).collect();
+        Device { engines, streams, _turn: turn }
     }
 
     fn plan(&self, lp: &LoweredPlan, config: CompiledConfig) -> oxccl::Result<CompiledPlan> {
-        CompiledPlan::on_engines(std::slice::from_ref(&self.engine), &self.streams[..lp.ranks.len()], lp, config)
+        CompiledPlan::on_engines(&self.engines, &self.streams[..lp.ranks.len()], lp, config)
     }
 }
 
@@ -241,15 +245,11 @@ const MAX_FAILURES: usize = 10;
 /// Largest buffer bytes per rank a case may use (keeps the CPU executor's share of the test short).
 const MAX_RANK_BYTES: u64 = 8 << 20;
 
-#[test]
-fn plans_match_the_cpu_executor() {
-    let Some(stream) = gpu("plans_match_the_cpu_executor") else { return };
-    let dev = Device::new(&stream);
-    let filter = std::env::var("OXCCL_COMPILED_FILTER").ok();
+/// Runs every (program, mode, mover, geometry) case on `dev`; returns the number run and the failures.
+fn run_matrix(dev: &Device, programs: Vec<(String, Program)>, filter: Option<&str>) -> (usize, Vec<String>) {
     let dtypes = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32];
-    let started = Instant::now();
     let (mut ran, mut failures) = (0usize, Vec::new());
-    for (pi, (name, program)) in programs().into_iter().enumerate() {
+    for (pi, (name, program)) in programs.into_iter().enumerate() {
         let reduces = program.layout.collective.reduces();
         for (mi, &(mode, scheduler, tb_alloc)) in MODES.iter().enumerate() {
             let plan = compile(&program, &Options::new(scheduler, tb_alloc)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -282,14 +282,14 @@ fn plans_match_the_cpu_executor() {
                         shift: shift * elem,
                         launches,
                     };
-                    if filter.as_ref().is_some_and(|f| !case.name.contains(f.as_str())) {
+                    if filter.is_some_and(|f| !case.name.contains(f)) {
                         continue;
                     }
                     if failures.len() >= MAX_FAILURES {
                         continue;
                     }
                     ran += 1;
-                    if let Err(e) = run_case(&dev, &plan, &case, 1000 + ran as u64) {
+                    if let Err(e) = run_case(dev, &plan, &case, 1000 + ran as u64) {
                         eprintln!("FAILED {}: {e}", case.name);
                         failures.push(format!("{}: {e}", case.name));
                     }
@@ -297,14 +297,57 @@ fn plans_match_the_cpu_executor() {
             }
         }
     }
-    eprintln!("{ran} cases in {:.1} s, {} failed", started.elapsed().as_secs_f64(), failures.len());
     if failures.len() >= MAX_FAILURES {
         eprintln!("stopped after {MAX_FAILURES} failures");
     }
+    (ran, failures)
+}
+
+#[test]
+fn plans_match_the_cpu_executor() {
+    let Some(stream) = gpu("plans_match_the_cpu_executor") else { return };
+    let dev = Device::new(&stream);
+    let filter = std::env::var("OXCCL_COMPILED_FILTER").ok();
+    let started = Instant::now();
+    let (ran, failures) = run_matrix(&dev, programs(), filter.as_deref());
+    eprintln!("{ran} cases in {:.1} s, {} failed", started.elapsed().as_secs_f64(), failures.len());
     assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
     if filter.is_none() {
         assert!(ran >= 300, "only {ran} cases");
     }
+}
+
+/// The same matrix with the ranks spread over every visible GPU (rank r on GPU r mod N, so
+/// connections cross NVLink), plus ring and hierarchical plans with exactly one rank per GPU.
+#[test]
+fn plans_match_the_cpu_executor_across_gpus() {
+    let _ = gpu("plans_match_the_cpu_executor_across_gpus");
+    let Some(gpus) = common::gpus("plans_match_the_cpu_executor_across_gpus") else { return };
+    let dev = Device::across(&gpus);
+    let filter = std::env::var("OXCCL_COMPILED_FILTER").ok();
+    let n = gpus.len() as u32;
+    let mut one_per_gpu = vec![(format!("ring-allreduce 1x{n}"), Algorithm::RingAllReduce.generate(1, n).unwrap())];
+    if n.is_multiple_of(2) {
+        for algo in [Algorithm::HmAllReduce, Algorithm::HmAllGather] {
+            if let Ok(mut p) = algo.generate(2, n / 2) {
+                p.ranks_per_node = Some(n / 2);
+                one_per_gpu.push((format!("{algo} 2x{}", n / 2), p));
+            }
+        }
+    }
+    let started = Instant::now();
+    let names: Vec<String> = one_per_gpu.iter().map(|(n, _)| n.clone()).collect();
+    let (ran1, mut failures) = run_matrix(&dev, one_per_gpu, filter.as_deref());
+    let (ran2, more) = run_matrix(&dev, programs(), filter.as_deref());
+    failures.extend(more);
+    let ran = ran1 + ran2;
+    eprintln!(
+        "{ran} cases on {n} GPUs in {:.1} s ({ran1} with one rank per GPU: {}), {} failed",
+        started.elapsed().as_secs_f64(),
+        names.join(", "),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// The last task whose primitive is `prim` in the first TB of more than one task that has one.
@@ -446,9 +489,7 @@ fn misuse_is_a_typed_error() {
     let lp = lower(&plan, &LowerOptions::default()).unwrap();
     // Two ranks on one stream would serialise and time out: refused.
     let same = vec![dev.streams[0].clone(); 4];
-    let e = CompiledPlan::on_engines(std::slice::from_ref(&dev.engine), &same, &lp, CompiledConfig::default())
-        .err()
-        .unwrap();
+    let e = CompiledPlan::on_engines(&dev.engines, &same, &lp, CompiledConfig::default()).err().unwrap();
     assert!(matches!(e, Error::Config { field: "streams", .. }), "{e}");
     // Malformed descriptors: refused before anything is uploaded.
     let mut bad = lp.clone();

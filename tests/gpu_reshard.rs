@@ -101,15 +101,15 @@ fn shards(layout: &Layout, shape: &[u64], global: &[u8], elem: usize) -> HashMap
     out
 }
 
-/// Per-rank device buffers of one side: `Some` for ranks of the mesh (at least 16 bytes allocated so
-/// empty shards still get a buffer to view), `None` elsewhere.
-fn upload(stream: &Arc<CudaStream>, world: usize, data: &HashMap<u32, Vec<u8>>) -> Vec<Option<CudaSlice<u8>>> {
-    (0..world as u32)
+/// Per-rank device buffers of one side, rank r's on `streams[r]`'s GPU: `Some` for ranks of the mesh
+/// (at least 16 bytes allocated so empty shards still get a buffer to view), `None` elsewhere.
+fn upload(streams: &[Arc<CudaStream>], data: &HashMap<u32, Vec<u8>>) -> Vec<Option<CudaSlice<u8>>> {
+    (0..streams.len() as u32)
         .map(|r| {
             data.get(&r).map(|d| {
                 let mut padded = d.clone();
                 padded.resize(d.len().max(16), 0xA5);
-                stream.clone_htod(&padded).unwrap()
+                streams[r as usize].clone_htod(&padded).unwrap()
             })
         })
         .collect()
@@ -183,8 +183,9 @@ struct Case {
 }
 
 impl Case {
-    fn random(rng: &mut common::Rng) -> Case {
-        let world = 1 + rng.below(16) as usize;
+    /// A case on `worlds.0..=worlds.1` ranks.
+    fn random(rng: &mut common::Rng, worlds: (usize, usize)) -> Case {
+        let world = worlds.0 + rng.below((worlds.1 - worlds.0 + 1) as u64) as usize;
         let shape = random_shape(rng);
         let src = random_layout(rng, shape.len(), world as u32);
         let dst = random_layout(rng, shape.len(), world as u32);
@@ -234,7 +235,7 @@ fn random_reshards_match_the_global_tensor() {
     let per_rank_streams: Vec<Arc<CudaStream>> = (0..16).map(|_| ctx.new_stream().unwrap()).collect();
     let mut comms: HashMap<(usize, u32, Mover, bool), Communicator> = HashMap::new();
     for case in 0..cases() {
-        let c = Case::random(&mut rng);
+        let c = Case::random(&mut rng, (1, 16));
         let what = c.describe(case, seed);
         let comm = comms.entry((c.world, c.ctas, c.mover, c.separate)).or_insert_with(|| {
             let config = Config {
@@ -251,8 +252,9 @@ fn random_reshards_match_the_global_tensor() {
         });
         let (src_data, want) = c.shards();
         let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-        let src_bufs = upload(&stream, c.world, &src_data);
-        let mut dst_bufs = upload(&stream, c.world, &poison);
+        let on_stream = vec![stream.clone(); c.world];
+        let src_bufs = upload(&on_stream, &src_data);
+        let mut dst_bufs = upload(&on_stream, &poison);
         stream.synchronize().unwrap();
         let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
         let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
@@ -273,6 +275,58 @@ fn random_reshards_match_the_global_tensor() {
     eprintln!("{} reshard cases matched the global tensor (seed {seed})", cases());
 }
 
+/// Random reshards with one rank per GPU (2 up to every visible GPU; each rank's buffers on its
+/// GPU, one launch per rank meeting through barriers over NVLink): `OXCCL_MULTI_GPU_CASES` or 100.
+#[test]
+fn random_reshards_match_the_global_tensor_with_one_rank_per_gpu() {
+    let Some(gpus) = common::gpus("random_reshards_match_the_global_tensor_with_one_rank_per_gpu") else { return };
+    let cases: usize = std::env::var("OXCCL_MULTI_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let seed = seed() ^ 0x6B0;
+    let mut rng = common::Rng(seed);
+    let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();
+    let mut comms: HashMap<(usize, u32, Mover), Communicator> = HashMap::new();
+    for case in 0..cases {
+        let c = Case::random(&mut rng, (2, gpus.len()));
+        let what = c.describe(case, seed);
+        let streams = &streams[..c.world];
+        let comm = comms.entry((c.world, c.ctas, c.mover)).or_insert_with(|| {
+            let config = Config {
+                max_ctas: Some(c.ctas),
+                mover: c.mover,
+                timeout: Duration::from_secs(10),
+                ..Config::default()
+            };
+            Communicator::from_streams(streams, config).unwrap()
+        });
+        let (src_data, want) = c.shards();
+        let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
+        let src_bufs = upload(streams, &src_data);
+        let mut dst_bufs = upload(streams, &poison);
+        for s in streams {
+            s.synchronize().unwrap();
+        }
+        let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
+        let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
+        let layouts = (&c.src, &c.dst);
+        with_dtype!(
+            c.dtype,
+            call(comm, &src_bufs, &src_lens, &mut dst_bufs, &dst_lens, &c.shape, layouts, &c.options, c.empty_as_none)
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (r, w) in &want {
+            let got = streams[*r as usize].clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
+            if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
+                panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
+            }
+        }
+    }
+    eprintln!(
+        "{cases} reshard cases with one rank per GPU ({} GPUs) matched the global tensor (seed {seed})",
+        gpus.len()
+    );
+}
+
 /// The same cases as the GPU test, through the call's validation and the lowering it uses, run on the
 /// CPU with the engine's semantics: checks the test's case generator and shard cutting here, so a GPU
 /// failure points at the device.
@@ -284,7 +338,7 @@ fn random_reshard_cases_run_on_the_cpu_executor() {
     let mut rng = common::Rng(seed);
     let mut tasks = 0;
     for case in 0..cases() {
-        let c = Case::random(&mut rng);
+        let c = Case::random(&mut rng, (1, 16));
         let what = c.describe(case, seed);
         let (src_data, want) = c.shards();
         let e = c.dtype.size();
@@ -330,13 +384,13 @@ fn layer_sized_tp8_to_tp2xdp4_is_exact() {
     let dst_lens: HashMap<u32, usize> = want.iter().map(|(&r, d)| (r, d.len())).collect();
     for src in [Layout::parse("8@0", "S0").unwrap(), Layout::parse("8@0", "S1").unwrap()] {
         let src_data = shards(&src, &shape, &global, 2);
-        let src_bufs = upload(&stream, 16, &src_data);
+        let src_bufs = upload(&vec![stream.clone(); 16], &src_data);
         let src_lens: HashMap<u32, usize> = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
         for route in [Route::Hierarchical, Route::Direct] {
             let options = ReshardOptions { plan: PlanOptions::new(route, 8), ..ReshardOptions::default() };
             for round in 0..2 {
                 let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-                let mut dst_bufs = upload(&stream, 16, &poison);
+                let mut dst_bufs = upload(&vec![stream.clone(); 16], &poison);
                 let layouts = (&src, &dst);
                 call::<half::bf16>(
                     &comm,

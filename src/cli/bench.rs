@@ -67,6 +67,11 @@ pub struct Args {
     /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
     #[arg(long)]
     pub ranks: Option<usize>,
+    /// One rank per GPU on the first N GPUs (rank r on GPU r mod N when --ranks or the plan has more),
+    /// each on a stream of its own, buffers on its GPU, peer access between the GPUs. Without it:
+    /// virtual ranks on GPU 0.
+    #[arg(long)]
+    pub gpus: Option<usize>,
     /// CTAs per rank (default: all SMs divided among the ranks, at most 16).
     #[arg(long)]
     pub ctas: Option<u32>,
@@ -147,6 +152,29 @@ fn parse_mover(s: &str) -> Result<Mover, String> {
     }
 }
 
+/// The ranks' streams: with `--gpus N`, rank r on a new stream of GPU r mod N; else `same` for
+/// every rank (virtual ranks launched together) or, with `distinct`, a new stream each on GPU 0.
+fn rank_streams(
+    gpus: &[std::sync::Arc<cudarc::driver::CudaContext>],
+    ranks: usize,
+    distinct: bool,
+) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaStream>>, Box<dyn std::error::Error>> {
+    let mut out = Vec::with_capacity(ranks);
+    for r in 0..ranks {
+        let ctx = &gpus[r % gpus.len()];
+        out.push(if gpus.len() > 1 || distinct { ctx.new_stream()? } else { ctx.default_stream() });
+    }
+    Ok(out)
+}
+
+/// GPU 0, or the first `--gpus` GPUs.
+fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>, Box<dyn std::error::Error>> {
+    Ok(match a.gpus {
+        Some(n) => crate::engine::probe_gpus(n).map_err(|why| format!("--gpus {n}: {why}"))?,
+        None => vec![crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?],
+    })
+}
+
 pub fn run(a: Args) -> CliResult {
     if a.algo.is_some() || a.xml.is_some() {
         return run_plan(&a);
@@ -171,7 +199,11 @@ pub fn run(a: Args) -> CliResult {
     };
     let command: Vec<String> = std::env::args().collect();
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
-    let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+    if a.gpus.is_some() && collective.is_none() {
+        return Err(format!("--gpus is for all_reduce, reduce_scatter, all_gather and --algo/--xml, not {what}").into());
+    }
+    let gpus = contexts(&a)?;
+    let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
     if let Some(b) = reshard {
         return run_reshard(&stream, &b, &a, &command, &ctx.name().unwrap_or_default());
@@ -232,7 +264,7 @@ pub fn run(a: Args) -> CliResult {
         collective,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
         op: parse_op(&a.op)?,
-        ranks: a.ranks.unwrap_or(8),
+        ranks: a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 }),
         min_bytes: a.min_bytes,
         max_bytes: a.max_bytes,
         factor: a.factor,
@@ -243,14 +275,16 @@ pub fn run(a: Args) -> CliResult {
     };
     println!("# oxccl {}: {}", collective.name(), command.join(" "));
     println!(
-        "# device: {}, {} virtual ranks, mover {}, reduction {}",
+        "# device: {}, {} {}, mover {}, reduction {}",
         ctx.name().unwrap_or_default(),
         b.ranks,
+        placement(gpus.len(), b.ranks),
         a.mover,
         a.reduction
     );
     println!("{}", bench::NCCL_HEADER);
-    let rows = bench::collective_bench(&stream, &b, |r| println!("{}", bench::nccl_line(r)))?;
+    let streams = rank_streams(&gpus, b.ranks, false)?;
+    let rows = bench::collective_bench(&streams, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
     finish_rows(&rows, a.json)
 }
@@ -320,14 +354,17 @@ fn run_plan(a: &Args) -> CliResult {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
     }
     let command: Vec<String> = std::env::args().collect();
-    let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+    let gpus = contexts(a)?;
+    let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
+    let streams = rank_streams(&gpus, ranks, true)?;
     let l = &b.plan.layout;
     println!("# oxccl compiled plan {} ({}): {}", b.name, a.exec, command.join(" "));
     println!(
-        "# device: {}, {} virtual ranks ({}x{}), {}, {} chunks, mover {}, {} micro-batches, schedule {} / tb-alloc {}",
+        "# device: {}, {} {} ({}x{}), {}, {} chunks, mover {}, {} micro-batches, schedule {} / tb-alloc {}",
         ctx.name().unwrap_or_default(),
         ranks,
+        placement(gpus.len(), ranks),
         loaded.nodes,
         loaded.gpus_per_node,
         if l.in_place { "in place" } else { "out of place" },
@@ -339,7 +376,7 @@ fn run_plan(a: &Args) -> CliResult {
     );
     println!("{}", bench::NCCL_HEADER);
     let mut first = true;
-    let rows = bench::plan_bench(&stream, &b, |row, info| {
+    let rows = bench::plan_bench(&stream, &streams, &b, |row, info| {
         if first {
             println!(
                 "# {} TBs per rank (one CTA each), {} FIFO slots, {} threads per CTA, TMA stage {} B, {} registers",
@@ -532,6 +569,15 @@ fn run_overlap(
         }
     }
     Ok(())
+}
+
+/// How the ranks sit on the GPUs, for report headers.
+fn placement(gpus: usize, ranks: usize) -> String {
+    match gpus {
+        1 => "virtual ranks on one GPU".to_string(),
+        g if g == ranks => format!("ranks, one per GPU ({g} GPUs, peer access)"),
+        g => format!("ranks on {g} GPUs (rank r on GPU r mod {g}, peer access)"),
+    }
 }
 
 /// Prints the rows as JSON lines when asked, and fails if any checked row has wrong elements.

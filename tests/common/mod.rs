@@ -33,6 +33,30 @@ pub fn gpu(test: &str) -> Option<Arc<cudarc::driver::CudaStream>> {
     }
 }
 
+/// Every visible CUDA device if there are at least two Hopper GPUs, else `None` after printing why
+/// the caller's test is skipped. `OXCCL_GPUS` limits how many are used.
+pub fn gpus(test: &str) -> Option<Vec<Arc<cudarc::driver::CudaContext>>> {
+    let have = match oxccl::engine::probe_gpu() {
+        Ok(_) => cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize,
+        Err(why) => {
+            skip(&format!("skipped: no GPU ({test}: {why})"));
+            return None;
+        }
+    };
+    let want = std::env::var("OXCCL_GPUS").ok().and_then(|s| s.parse().ok()).unwrap_or(have).min(have);
+    if want < 2 {
+        skip(&format!("skipped: fewer than 2 GPUs ({test}: {have} visible, {want} used)"));
+        return None;
+    }
+    match oxccl::engine::probe_gpus(want) {
+        Ok(g) => Some(g),
+        Err(why) => {
+            skip(&format!("skipped: no usable GPUs ({test}: {why})"));
+            None
+        }
+    }
+}
+
 /// A small deterministic generator (splitmix64) so GPU tests need no extra crates and are reproducible
 /// from the printed seed.
 pub struct Rng(pub u64);

@@ -222,7 +222,7 @@ pub fn execute<T: Element>(
     let mut done: Vec<Vec<Vec<u32>>> =
         plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| vec![0u32; tb.tasks.len()]).collect()).collect();
     let mut state: Vec<Vec<TbCursor>> =
-        plan.ranks.iter().map(|rp| rp.tbs.iter().map(|tb| TbCursor::new(tb)).collect()).collect();
+        plan.ranks.iter().map(|rp| rp.tbs.iter().map(TbCursor::new).collect()).collect();
     let mbs = opts.micro_batches;
     let slots = opts.fifo_slots as usize;
     let mut scratch: Vec<T> = Vec::new();
