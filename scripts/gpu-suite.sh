@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench multi-tests multi-bench nccl);
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench nccl);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -57,6 +57,9 @@ for step in "$@"; do
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml"; do
         for exec in compiled interpreted; do
           log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 256M -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -12 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+    cta-table)
+      for m in tma simt; do for c in 1 2 4 8 16 32; do
+        log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -10 "$OUT/cta_table.log" | grep -E "^ +(268435456|1073741824) |Avg" ; done; done ;;
     multi-tests)
       export CUDA_DEVICE_MAX_CONNECTIONS=32
       log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"

@@ -10,7 +10,7 @@ use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
 use crate::error::{Error, Result};
 use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
@@ -351,21 +351,90 @@ impl Expected {
         }
     }
 
-    /// Elements `0..n` of rank `r`'s result, encoded (period by period: see [`encode_periodic`]).
-    fn encode(&self, r: usize, n: u64) -> Vec<u8> {
+    /// Elements `start..start + n` of rank `r`'s result, encoded (period by period: see
+    /// [`encode_periodic`]).
+    fn encode_range(&self, r: usize, start: u64, n: u64) -> Vec<u8> {
         if self.collective != Collective::AllGather || self.count == 0 {
-            return encode_periodic(self.dtype, n, |i| self.value(r, i));
+            return encode_periodic(self.dtype, n, |i| self.value(r, start + i));
         }
         // AllGather: block q is rank q's input, periodic within the block.
         let mut v = Vec::with_capacity(n as usize * self.dtype.size());
-        let mut at = 0;
-        while at < n {
-            let len = self.count.min(n - at);
+        let (mut at, end) = (start, start + n);
+        while at < end {
+            let len = ((at / self.count + 1) * self.count).min(end) - at;
             v.extend(encode_periodic(self.dtype, len, |j| self.value(r, at + j)));
             at += len;
         }
         v
     }
+}
+
+/// Bytes per piece when results are read back for checking.
+const CHECK_PIECE: usize = 64 << 20;
+
+/// Writes `n` elements `f(0), f(1), …` (period 17, as [`pattern`]) into `buf` from byte `at`: one
+/// period-aligned block is uploaded and doubled in place on the device, so multi-GiB buffers fill
+/// at device-copy speed.
+fn fill_periodic(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<u8>,
+    at: usize,
+    dtype: DType,
+    n: u64,
+    f: impl Fn(u64) -> i32,
+) -> Result<()> {
+    let total = n as usize * dtype.size();
+    if total == 0 {
+        return Ok(());
+    }
+    assert!(at + total <= buf.len(), "fill past the buffer");
+    let unit = encode_all(dtype, n.min(17 << 16), f);
+    stream.memcpy_htod(&unit, &mut buf.slice_mut(at..at + unit.len())).map_err(Error::driver("cuMemcpyHtoD"))?;
+    let (base, _record) = buf.device_ptr_mut(stream);
+    let mut filled = unit.len();
+    while filled < total {
+        let len = filled.min(total - filled);
+        // SAFETY: both ranges lie inside `buf` (checked above) and do not overlap; the copy is queued
+        // on `stream`, which owns the buffer's pending work.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                base + (at + filled) as u64,
+                base + at as u64,
+                len,
+                stream.cu_stream(),
+            )
+        }
+        .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
+        filled += len;
+    }
+    Ok(())
+}
+
+/// Elements `0..n` of `buf` from byte `at` that differ from rank `r`'s expected result, read back in
+/// pieces through `staging` (pinned).
+fn count_wrong_on_device(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<u8>,
+    at: usize,
+    n: u64,
+    expected: &Expected,
+    r: usize,
+    staging: &mut cudarc::driver::PinnedHostSlice<u8>,
+) -> Result<u64> {
+    let e = expected.dtype.size();
+    let piece = (staging.len() / e) as u64;
+    let mut wrong = 0;
+    let mut start = 0;
+    while start < n {
+        let len = piece.min(n - start);
+        let bytes = len as usize * e;
+        let from = at + start as usize * e;
+        stream.memcpy_dtoh(&buf.slice(from..from + bytes), staging).map_err(Error::driver("cuMemcpyDtoH"))?;
+        let host = staging.as_slice().map_err(Error::driver("cuEventSynchronize"))?;
+        wrong += count_wrong(&host[..bytes], &expected.encode_range(r, start, len), e);
+        start += len;
+    }
+    Ok(wrong)
 }
 
 /// Elements of `got` that differ from `want` (same dtype, same length).
@@ -388,6 +457,15 @@ pub fn collective_bench(
     }
     let comm = Communicator::from_streams(streams, b.config.clone())?;
     let p = b.ranks;
+    let mut staging = Vec::with_capacity(p);
+    for s in streams {
+        // SAFETY: pinned host memory (flags 0: cached, readable by the host at full speed), written by
+        // a device copy before every read.
+        staging.push(
+            unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
+                .map_err(Error::driver("cuMemHostAlloc"))?,
+        );
+    }
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
     let mut size = b.min_bytes.max(e);
@@ -415,17 +493,20 @@ pub fn collective_bench(
         for (k, in_place) in [false, true].into_iter().enumerate() {
             let mut send: Vec<CudaSlice<u8>> = Vec::new();
             let mut recv: Vec<CudaSlice<u8>> = Vec::new();
+            let zeros =
+                |s: &Arc<CudaStream>, n: u64| s.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"));
             for (r, stream) in streams.iter().enumerate() {
-                let input = encode_periodic(b.dtype, in_bytes / e, |i| pattern(r, i));
+                let input = |i| pattern(r, i);
                 if in_place {
-                    let len = in_bytes.max(out_bytes) as usize;
-                    let mut buf = vec![0u8; len];
+                    let mut buf = zeros(stream, in_bytes.max(out_bytes))?;
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
-                    buf[at..at + input.len()].copy_from_slice(&input);
-                    recv.push(stream.clone_htod(&buf).map_err(Error::driver("cuMemcpyHtoD"))?);
+                    fill_periodic(stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
+                    recv.push(buf);
                 } else {
-                    send.push(stream.clone_htod(&input).map_err(Error::driver("cuMemcpyHtoD"))?);
-                    recv.push(stream.alloc_zeros::<u8>(out_bytes as usize).map_err(Error::driver("cuMemAlloc"))?);
+                    let mut buf = zeros(stream, in_bytes)?;
+                    fill_periodic(stream, &mut buf, 0, b.dtype, in_bytes / e, input)?;
+                    send.push(buf);
+                    recv.push(zeros(stream, out_bytes)?);
                 }
             }
             // The uploads run on the ranks' streams; a rank's launch must not start before another
@@ -470,14 +551,12 @@ pub fn collective_bench(
                 call(&mut recv, &send)?;
                 comm.synchronize()?;
                 for (r, buf) in recv.iter().enumerate() {
-                    let host = streams[r].clone_dtoh(buf).map_err(Error::driver("cuMemcpyDtoH"))?;
                     let (base, n) = match (b.collective, in_place) {
                         (Collective::ReduceScatter, true) => (r as u64 * count, count),
                         _ => (0, out_bytes / e),
                     };
-                    let want = expected.encode(r, n);
-                    let at = (base * e) as usize;
-                    wrong[k] += count_wrong(&host[at..at + want.len()], &want, e as usize);
+                    let (stream, stage) = (&streams[r], &mut staging[r]);
+                    wrong[k] += count_wrong_on_device(stream, buf, (base * e) as usize, n, &expected, r, stage)?;
                 }
             }
             times[k] = time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
@@ -628,7 +707,7 @@ pub fn plan_bench(
             wrong = 0;
             for r in 0..p {
                 let data: Vec<Vec<u8>> = (0..BUFFER_SLOTS).map(|s| bufs.read(r, s)).collect::<Result<_>>()?;
-                let want = expected.encode(r, count_out);
+                let want = expected.encode_range(r, 0, count_out);
                 for j in 0..oc as usize {
                     let flat = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves");
                     let (s, c) = place(l, flat);
@@ -1077,7 +1156,7 @@ mod tests {
                     let n = if collective == Collective::AllGather { ranks as u64 * count } else { count };
                     for r in 0..ranks {
                         assert_eq!(
-                            exp.encode(r, n),
+                            exp.encode_range(r, 0, n),
                             encode_all(dtype, n, |i| exp.value(r, i)),
                             "{collective:?} {dtype:?} rank {r}"
                         );
