@@ -429,9 +429,12 @@ fn count_wrong_on_device(
         let len = piece.min(n - start);
         let bytes = len as usize * e;
         let from = at + start as usize * e;
-        stream.memcpy_dtoh(&buf.slice(from..from + bytes), staging).map_err(Error::driver("cuMemcpyDtoH"))?;
-        let host = staging.as_slice().map_err(Error::driver("cuEventSynchronize"))?;
-        wrong += count_wrong(&host[..bytes], &expected.encode_range(r, start, len), e);
+        // A host slice of exactly the piece (cudarc copies the destination's length). Into pinned
+        // memory the copy is asynchronous: wait for the stream before reading.
+        let host = &mut staging.as_mut_slice().map_err(Error::driver("cuEventSynchronize"))?[..bytes];
+        stream.memcpy_dtoh(&buf.slice(from..from + bytes), host).map_err(Error::driver("cuMemcpyDtoH"))?;
+        stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        wrong += count_wrong(host, &expected.encode_range(r, start, len), e);
         start += len;
     }
     Ok(wrong)
