@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench nccl);
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-compiled nccl);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -68,6 +68,9 @@ for step in "$@"; do
     multi-bench)
       for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
+    multi-compiled)
+      for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
+        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs" ; done; done ;;
     nccl)
       log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
     *) echo "unknown step $step" ;;

@@ -369,6 +369,53 @@ impl Expected {
     }
 }
 
+/// Elements per cyclic unit of [`Expected::count_wrong_range`] (a multiple of the period 17).
+const UNIT_ELEMS: u64 = 17 * 4096;
+
+impl Expected {
+    /// Elements of `got` (elements `start..` of rank `r`'s result) that differ from the expected
+    /// values, compared against a small encoded unit repeated in place: no allocation per element
+    /// range, so multi-GiB results check at memory-compare speed.
+    fn count_wrong_range(&self, r: usize, start: u64, got: &[u8]) -> u64 {
+        let e = self.dtype.size();
+        let n = (got.len() / e) as u64;
+        let mut wrong = 0;
+        let (mut at, end) = (start, start + n);
+        while at < end {
+            // A segment over which the expected values repeat every 17 elements from `base`.
+            let (base, seg_end) = if self.collective == Collective::AllGather && self.count > 0 {
+                let q = at / self.count;
+                (q * self.count, ((q + 1) * self.count).min(end))
+            } else {
+                (0, end)
+            };
+            let unit = encode_all(self.dtype, UNIT_ELEMS, |k| self.periodic(r, base, k));
+            let mut x = at;
+            while x < seg_end {
+                let phase = (x - base) % UNIT_ELEMS;
+                let len = (UNIT_ELEMS - phase).min(seg_end - x);
+                let g = &got[((x - start) as usize) * e..((x - start + len) as usize) * e];
+                wrong += count_wrong(g, &unit[phase as usize * e..(phase + len) as usize * e], e);
+                x += len;
+            }
+            at = seg_end;
+        }
+        wrong
+    }
+
+    /// Element `base + k` of rank `r`'s result for any `k`, where `base` starts a segment of
+    /// [`Expected::count_wrong_range`] (AllGather: a block).
+    fn periodic(&self, r: usize, base: u64, k: u64) -> i32 {
+        match self.collective {
+            Collective::AllGather if self.count > 0 => {
+                let q = (base / self.count) as usize;
+                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(q, k)))
+            }
+            _ => self.value(r, base + k),
+        }
+    }
+}
+
 /// Bytes per piece when results are read back for checking.
 const CHECK_PIECE: usize = 64 << 20;
 
@@ -434,7 +481,7 @@ fn count_wrong_on_device(
         let host = &mut staging.as_mut_slice().map_err(Error::driver("cuEventSynchronize"))?[..bytes];
         stream.memcpy_dtoh(&buf.slice(from..from + bytes), host).map_err(Error::driver("cuMemcpyDtoH"))?;
         stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-        wrong += count_wrong(host, &expected.encode_range(r, start, len), e);
+        wrong += expected.count_wrong_range(r, start, host);
         start += len;
     }
     Ok(wrong)
@@ -1163,6 +1210,44 @@ mod tests {
                             encode_all(dtype, n, |i| exp.value(r, i)),
                             "{collective:?} {dtype:?} rank {r}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The in-place cyclic comparison counts exactly what a full comparison against the encoded
+    /// expectation counts, for ranges starting anywhere, across AllGather blocks, with planted errors.
+    #[test]
+    fn cyclic_comparison_matches_the_full_one() {
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n.max(1)
+        };
+        for &dtype in DType::ALL {
+            for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+                for (ranks, count) in [(2, 5), (3, 17), (4, 70_000), (8, 150_001)] {
+                    let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
+                    let total = if collective == Collective::AllGather { ranks as u64 * count } else { count };
+                    let e = dtype.size();
+                    for _ in 0..4 {
+                        let r = next(ranks as u64) as usize;
+                        let start = next(total);
+                        let n = next(total - start) + 1;
+                        let want = exp.encode_range(r, start, n);
+                        let mut got = want.clone();
+                        assert_eq!(exp.count_wrong_range(r, start, &got), 0, "{collective:?} {dtype:?}");
+                        for _ in 0..1 + next(3) {
+                            let i = next(n) as usize * e;
+                            got[i] = !want[i];
+                        }
+                        assert_eq!(
+                            exp.count_wrong_range(r, start, &got),
+                            count_wrong(&got, &want, e),
+                            "{collective:?} {dtype:?} rank {r} start {start} n {n}"
+                        );
+                        assert!(count_wrong(&got, &want, e) >= 1);
                     }
                 }
             }
