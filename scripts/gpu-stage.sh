@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .device/bin
 export OXCCL_PTX_BUILD=fresh
-cargo build --release --bin oxccl
+# The CLI with the cuBLAS GEMM load for `bench overlap --compute gemm`.
+cargo build --release --features gemm --bin oxccl
 cp target/release/oxccl .device/bin/oxccl
 cargo test --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '

@@ -38,7 +38,11 @@ for step in "$@"; do
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
     overlap)
-      log overlap; timeout 300 $B/oxccl bench overlap --ranks 8 -e 256M --ctas 8 -n 10 -w 3 --json > "$OUT/overlap.log" 2>&1; grep -v "^{" "$OUT/overlap.log" ;;
+      # libcublas for the GEMM load: the toolkit's, else the Python wheels'.
+      cublas_dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
+      export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}"
+      for compute in gemm fma; do for c in 8 32; do
+        log "overlap --compute $compute --ctas $c"; timeout 200 $B/oxccl bench overlap --compute $compute --ranks 8 -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/overlap.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/overlap.log" | grep -v "^{" ; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

@@ -1307,10 +1307,31 @@ mod reshard_tests {
     }
 }
 
-/// Parameters of the overlap benchmark: an AllReduce on virtual ranks beside an FMA-bound compute
-/// kernel on another stream.
+/// The compute kernel of the overlap benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ComputeLoad {
+    /// `bench_fma` (oxccl's probe module): FMA-bound, registers only, no memory traffic.
+    Fma,
+    /// cuBLAS bf16 GEMMs `C = A·B` of `m × k` by `k × n` (f32 accumulation, tensor cores): the
+    /// realistic neighbour of a collective in training. Needs the `gemm` feature and libcublas.
+    Gemm { m: u32, n: u32, k: u32 },
+}
+
+impl ComputeLoad {
+    pub fn name(self) -> String {
+        match self {
+            ComputeLoad::Fma => "fma".into(),
+            ComputeLoad::Gemm { m, n, k } => format!("gemm-bf16-{m}x{n}x{k}"),
+        }
+    }
+}
+
+/// Parameters of the overlap benchmark: an AllReduce on virtual ranks beside a compute kernel on
+/// another stream.
 #[derive(Clone, Debug)]
 pub struct OverlapBench {
+    /// What runs beside the collective.
+    pub compute: ComputeLoad,
     pub ranks: usize,
     /// Bytes per rank of the AllReduce (f32 sum).
     pub bytes: u64,
@@ -1329,6 +1350,7 @@ pub struct OverlapBench {
 /// One row of the overlap benchmark (milliseconds, means over the iterations).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct OverlapRow {
+    pub compute: String,
     pub mover: &'static str,
     pub ctas: u32,
     pub suspend_ns: u32,
@@ -1346,26 +1368,9 @@ pub struct OverlapRow {
 /// Runs the overlap benchmark on `stream`'s GPU. The compute kernel's iteration count is chosen so
 /// that it runs about as long as the collective alone (TMA mover, first suspend hint).
 pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<OverlapRow>> {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
     let ctx = stream.context().clone();
-    let module =
-        ctx.load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES)).map_err(Error::driver("cuModuleLoadData"))?;
-    let fma = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
-    let sms = Engine::new(&ctx)?.sms;
     let compute_stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
-    let grid = sms * b.compute_ctas_per_sm;
-    let out: CudaSlice<f32> =
-        compute_stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
-    let out_ptr = out.device_ptr(&compute_stream).0;
-    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (b.compute_threads, 1, 1), shared_mem_bytes: 0 };
-    let launch_fma = |iters: u32| -> Result<()> {
-        let seed = 1.0f32;
-        let mut l = compute_stream.launch_builder(&fma);
-        l.arg(&out_ptr).arg(&iters).arg(&seed);
-        // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
-        unsafe { l.launch(cfg) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
-    };
-
+    let mut compute = Compute::new(&compute_stream, b)?;
     let n = (b.bytes / 4) as usize;
     let send: Vec<CudaSlice<f32>> = (0..b.ranks)
         .map(|r| stream.clone_htod(&vec![r as f32; n]).map_err(Error::driver("cuMemcpyHtoD")))
@@ -1381,20 +1386,20 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
     };
 
     let mut rows = Vec::new();
-    let mut fma_iters = 0u32;
+    let mut reps = 0u32;
     for &mover in &b.movers {
         for &suspend in &b.suspend_ns {
             let config = Config { max_ctas: Some(b.ctas), mover, wait_suspend_ns: suspend, ..Config::default() };
             let comm = Communicator::virtual_ranks(stream, b.ranks, config)?;
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
             let coll_alone = time_ms(stream, b.warmup, b.iters, &mut collective)?;
-            if fma_iters == 0 {
-                // Calibrate once: the compute kernel alone takes about as long as the collective.
-                let probe = 1 << 14;
-                let t = time_ms(&compute_stream, 1, 3, || launch_fma(probe))?;
-                fma_iters = ((probe as f64 * coll_alone / t.max(1e-6)) as u32).max(1);
+            if reps == 0 {
+                // Calibrate once: the compute work alone takes about as long as the collective.
+                let probe = compute.probe_reps();
+                let t = time_ms(&compute_stream, 1, 3, || compute.launch(probe))?;
+                reps = ((probe as f64 * coll_alone / t.max(1e-6)) as u32).max(1);
             }
-            let comp_alone = time_ms(&compute_stream, b.warmup, b.iters, || launch_fma(fma_iters))?;
+            let comp_alone = time_ms(&compute_stream, b.warmup, b.iters, || compute.launch(reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
             for it in 0..b.warmup + b.iters {
                 stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
@@ -1402,7 +1407,7 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
                 let start = event(stream)?;
                 compute_stream.wait(&start).map_err(Error::driver("cuStreamWaitEvent"))?;
                 collective()?;
-                launch_fma(fma_iters)?;
+                compute.launch(reps)?;
                 let coll_end = event(stream)?;
                 let comp_end = event(&compute_stream)?;
                 stream.wait(&comp_end).map_err(Error::driver("cuStreamWaitEvent"))?;
@@ -1417,6 +1422,7 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
             let k = b.iters.max(1) as f64;
             let (comp_t, coll_t, span) = (comp_t / k, coll_t / k, span / k);
             rows.push(OverlapRow {
+                compute: b.compute.name(),
                 mover: if mover == Mover::Tma { "tma" } else { "simt" },
                 ctas: b.ctas,
                 suspend_ns: suspend,
@@ -1430,4 +1436,134 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
         }
     }
     Ok(rows)
+}
+
+/// The overlap benchmark's compute work on its own stream, launched `reps` times per call.
+struct Compute {
+    stream: Arc<CudaStream>,
+    kind: ComputeKind,
+}
+
+enum ComputeKind {
+    Fma {
+        function: cudarc::driver::CudaFunction,
+        out: CudaSlice<f32>,
+        config: cudarc::driver::LaunchConfig,
+    },
+    #[cfg(feature = "gemm")]
+    Gemm {
+        blas: cudarc::cublas::CudaBlas,
+        a: CudaSlice<half::bf16>,
+        b: CudaSlice<half::bf16>,
+        c: CudaSlice<half::bf16>,
+        m: u32,
+        n: u32,
+        k: u32,
+    },
+}
+
+impl Compute {
+    fn new(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Compute> {
+        let ctx = stream.context();
+        let kind = match b.compute {
+            ComputeLoad::Fma => {
+                let module = ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
+                    .map_err(Error::driver("cuModuleLoadData"))?;
+                let function = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
+                let grid = Engine::new(ctx)?.sms * b.compute_ctas_per_sm;
+                let out = stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
+                let config = cudarc::driver::LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (b.compute_threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                ComputeKind::Fma { function, out, config }
+            }
+            ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k)?,
+        };
+        Ok(Compute { stream: stream.clone(), kind })
+    }
+
+    #[cfg(feature = "gemm")]
+    fn gemm(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32) -> Result<ComputeKind> {
+        if m == 0 || n == 0 || k == 0 || [m, n, k].iter().any(|&d| d > i32::MAX as u32) {
+            return Err(Error::Config { field: "gemm shape", why: format!("{m}x{n}x{k}: every dimension in 1..2^31") });
+        }
+        // SAFETY: only looks for the library; loading it has no side effects on failure.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(Error::Config {
+                field: "compute",
+                why: "libcublas was not found: put its folder on LD_LIBRARY_PATH".into(),
+            });
+        }
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone())
+            .map_err(|e| Error::Config { field: "compute", why: format!("cublasCreate: {e:?}") })?;
+        // Small values so the products stay finite in bf16; the values do not matter for timing.
+        let fill = |len: u64, step: u64| -> Result<CudaSlice<half::bf16>> {
+            let host: Vec<half::bf16> =
+                (0..len).map(|i| half::bf16::from_f32(((i * step) % 7) as f32 / 64.0 - 0.05)).collect();
+            stream.clone_htod(&host).map_err(Error::driver("cuMemcpyHtoD"))
+        };
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let a = fill(m64 * k64, 3)?;
+        let b = fill(k64 * n64, 5)?;
+        let c = stream.alloc_zeros(m64 as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
+        Ok(ComputeKind::Gemm { blas, a, b, c, m, n, k })
+    }
+
+    #[cfg(not(feature = "gemm"))]
+    fn gemm(_: &Arc<CudaStream>, _: u32, _: u32, _: u32) -> Result<ComputeKind> {
+        Err(Error::Config {
+            field: "compute",
+            why: "this build has no cuBLAS bindings: build with `--features gemm` for the GEMM load".into(),
+        })
+    }
+
+    /// Repetitions for the calibration run.
+    fn probe_reps(&self) -> u32 {
+        match self.kind {
+            ComputeKind::Fma { .. } => 1 << 14,
+            #[cfg(feature = "gemm")]
+            ComputeKind::Gemm { .. } => 4,
+        }
+    }
+
+    /// Queues the work on the compute stream: `reps` FMA iterations per thread, or `reps` GEMMs.
+    fn launch(&mut self, reps: u32) -> Result<()> {
+        use cudarc::driver::PushKernelArg;
+        match &mut self.kind {
+            ComputeKind::Fma { function, out, config } => {
+                let out_ptr = out.device_ptr(&self.stream).0;
+                let seed = 1.0f32;
+                let mut l = self.stream.launch_builder(function);
+                l.arg(&out_ptr).arg(&reps).arg(&seed);
+                // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
+                unsafe { l.launch(*config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
+            }
+            #[cfg(feature = "gemm")]
+            ComputeKind::Gemm { blas, a, b, c, m, n, k } => {
+                use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
+                // Column-major C (m × n) = A (m × k) · B (k × n).
+                let cfg = GemmConfig {
+                    transa: CUBLAS_OP_N,
+                    transb: CUBLAS_OP_N,
+                    m: *m as i32,
+                    n: *n as i32,
+                    k: *k as i32,
+                    alpha: half::bf16::ONE,
+                    lda: *m as i32,
+                    ldb: *k as i32,
+                    beta: half::bf16::ZERO,
+                    ldc: *m as i32,
+                };
+                for _ in 0..reps {
+                    // SAFETY: A, B and C were allocated with exactly these shapes and leading dimensions.
+                    unsafe { blas.gemm(cfg, &*a, &*b, &mut *c) }
+                        .map_err(|e| Error::Config { field: "compute", why: format!("cublasGemmEx: {e:?}") })?;
+                }
+                Ok(())
+            }
+        }
+    }
 }

@@ -90,6 +90,13 @@ pub struct Args {
     /// Pipeline stages (TMA).
     #[arg(long, default_value_t = 4)]
     pub stages: u32,
+    /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
+    /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
+    #[arg(long, default_value = "fma")]
+    pub compute: String,
+    /// overlap, `--compute gemm`: M,N,K of each GEMM.
+    #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
+    pub gemm: Vec<u32>,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -528,7 +535,14 @@ fn run_overlap(
     command: &[String],
     device: &str,
 ) -> CliResult {
+    let compute = match (a.compute.as_str(), a.gemm.as_slice()) {
+        ("fma", _) => bench::ComputeLoad::Fma,
+        ("gemm", &[m, n, k]) => bench::ComputeLoad::Gemm { m, n, k },
+        ("gemm", other) => return Err(format!("--gemm {other:?}: give M,N,K").into()),
+        (other, _) => return Err(format!("unknown --compute {other:?} (fma, gemm)").into()),
+    };
     let b = bench::OverlapBench {
+        compute,
         ranks: a.ranks.unwrap_or(8),
         bytes: a.max_bytes,
         ctas: a.ctas.unwrap_or(8),
@@ -541,8 +555,10 @@ fn run_overlap(
     };
     println!("# oxccl overlap: {}", command.join(" "));
     println!(
-        "# device: {device}; AllReduce f32 sum of {} B per rank on {} virtual ranks beside an FMA kernel",
-        b.bytes, b.ranks
+        "# device: {device}; AllReduce f32 sum of {} B per rank on {} virtual ranks beside {}",
+        b.bytes,
+        b.ranks,
+        b.compute.name()
     );
     let rows = bench::overlap_bench(stream, &b)?;
     println!(
