@@ -1472,7 +1472,8 @@ impl Compute {
                     .map_err(Error::driver("cuModuleLoadData"))?;
                 let function = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
                 let grid = Engine::new(ctx)?.sms * b.compute_ctas_per_sm;
-                let out = stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
+                let out =
+                    stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
                 let config = cudarc::driver::LaunchConfig {
                     grid_dim: (grid, 1, 1),
                     block_dim: (b.compute_threads, 1, 1),
