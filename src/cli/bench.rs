@@ -206,6 +206,9 @@ pub fn run(a: Args) -> CliResult {
     };
     let command: Vec<String> = std::env::args().collect();
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
+    if what == "overlap" {
+        compute_load(&a)?;
+    }
     if a.gpus.is_some() && collective.is_none() {
         return Err(format!("--gpus is for all_reduce, reduce_scatter, all_gather and --algo/--xml, not {what}").into());
     }
@@ -535,12 +538,7 @@ fn run_overlap(
     command: &[String],
     device: &str,
 ) -> CliResult {
-    let compute = match (a.compute.as_str(), a.gemm.as_slice()) {
-        ("fma", _) => bench::ComputeLoad::Fma,
-        ("gemm", &[m, n, k]) => bench::ComputeLoad::Gemm { m, n, k },
-        ("gemm", other) => return Err(format!("--gemm {other:?}: give M,N,K").into()),
-        (other, _) => return Err(format!("unknown --compute {other:?} (fma, gemm)").into()),
-    };
+    let compute = compute_load(a)?;
     let b = bench::OverlapBench {
         compute,
         ranks: a.ranks.unwrap_or(8),
@@ -593,6 +591,18 @@ fn placement(gpus: usize, ranks: usize) -> String {
         1 => "virtual ranks on one GPU".to_string(),
         g if g == ranks => format!("ranks, one per GPU ({g} GPUs, peer access)"),
         g => format!("ranks on {g} GPUs (rank r on GPU r mod {g}, peer access)"),
+    }
+}
+
+/// The overlap benchmark's compute load from `--compute` and `--gemm`.
+fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Error>> {
+    match (a.compute.as_str(), a.gemm.as_slice()) {
+        ("fma", _) => Ok(bench::ComputeLoad::Fma),
+        ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
+            Ok(bench::ComputeLoad::Gemm { m, n, k })
+        }
+        ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
+        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm)").into()),
     }
 }
 

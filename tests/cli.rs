@@ -1,0 +1,37 @@
+//! The `oxccl` binary's flag checking: bad benchmark flags are refused with a message naming the
+//! flag, before any GPU is looked for, so these run the same with or without one.
+
+use std::process::Command;
+
+/// Runs `oxccl ARGS`; returns (success, stderr).
+fn oxccl(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn gpus_is_refused_where_it_means_nothing() {
+    for what in ["movers", "overlap", "reshard"] {
+        let (ok, err) = oxccl(&["bench", what, "--gpus", "2"]);
+        assert!(!ok, "{what}: accepted --gpus");
+        assert!(err.contains("--gpus is for"), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_compute_load_is_named() {
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "matmul"]);
+    assert!(!ok && err.contains("unknown --compute \"matmul\""), "{err}");
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm", "--gemm", "8,8"]);
+    assert!(!ok && err.contains("--gemm [8, 8]"), "{err}");
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm", "--gemm", "8,0,8"]);
+    assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
+}
+
+#[test]
+fn an_unknown_benchmark_is_named() {
+    let (ok, err) = oxccl(&["bench", "all_to_all"]);
+    assert!(!ok && err.contains("unknown benchmark \"all_to_all\""), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
