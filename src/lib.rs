@@ -59,3 +59,8 @@ impl Element for i32 {
 impl Element for u32 {
     const DTYPE: DType = DType::U32;
 }
+
+/// The README's Rust examples, compiled by `cargo test` (not run: they need a GPU).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
