@@ -45,6 +45,8 @@ def worker(rank, world, args, ctas, port, out_path):
     for coll in args.collectives.split(","):
         size = args.min_bytes
         while size <= args.max_bytes:
+            t = inp = out = call = None  # the previous size's tensors go before the next are made
+            torch.cuda.empty_cache()
             if coll == "all_reduce":
                 t = torch.ones(size // elem, dtype=dtype, device="cuda")
                 call = lambda: dist.all_reduce(t)  # noqa: E731
@@ -87,9 +89,9 @@ def worker(rank, world, args, ctas, port, out_path):
             rows.append({"library": "nccl", "collective": coll, "ranks": world, "nccl_max_ctas": ctas,
                          "size": size, "time_us": us, "algbw": algbw, "busbw": algbw * factor,
                          "wrong_ranks": wrong})
-            del call
-            torch.cuda.empty_cache()
             size *= args.factor
+        t = inp = out = call = None
+        torch.cuda.empty_cache()
     if rank == 0:
         with open(out_path, "w") as f:
             for r in rows:
@@ -108,10 +110,13 @@ def main():
     p.add_argument("-f", "--stepfactor", dest="factor", type=int, default=4)
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
-    p.add_argument("--json", action="store_true", help="also print the rows as JSON lines")
+    p.add_argument("--json", action="store_true", help="also print each run's rows as JSON lines")
     args = p.parse_args()
     if args.factor < 2:
         sys.exit("--stepfactor must be at least 2")
+    for c in args.collectives.split(","):
+        if c not in COLLECTIVES:
+            sys.exit(f"unknown collective {c!r} ({', '.join(COLLECTIVES)})")
 
     os.environ.update(NO_MULTICAST)
     import torch
@@ -120,6 +125,9 @@ def main():
     world = args.gpus or torch.cuda.device_count()
     if world < 2 or world > torch.cuda.device_count():
         sys.exit(f"--gpus {world}: {torch.cuda.device_count()} GPUs visible, need at least 2")
+    if args.min_bytes < 4 * world or args.max_bytes < args.min_bytes:
+        sys.exit(f"sizes {args.min_bytes}..{args.max_bytes}: need {4 * world} <= -b <= -e "
+                 "(ReduceScatter and AllGather give every rank at least one float)")
     print(f"# nccl {'.'.join(map(str, torch.cuda.nccl.version()))} via torch {torch.__version__}: {' '.join(sys.argv)}")
     print(f"# device: {torch.cuda.get_device_name(0)} x {world}, one process per GPU, float sum, "
           f"{args.iters} iterations after {args.warmup} warm-up; NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}")
@@ -130,10 +138,13 @@ def main():
         else:
             os.environ["NCCL_MAX_CTAS"] = str(int(ctas))
         out_path = f"/tmp/nccl_bench_{os.getpid()}_{i}.jsonl"
-        mp.spawn(worker, args=(world, args, ctas, 29500 + (os.getpid() + i) % 1000, out_path), nprocs=world)
-        with open(out_path) as f:
-            rows = [json.loads(line) for line in f]
-        os.remove(out_path)
+        try:
+            mp.spawn(worker, args=(world, args, ctas, 29500 + (os.getpid() + i) % 1000, out_path), nprocs=world)
+            with open(out_path) as f:
+                rows = [json.loads(line) for line in f]
+        finally:
+            if os.path.exists(out_path):
+                os.remove(out_path)
         for coll in args.collectives.split(","):
             sel = [r for r in rows if r["collective"] == coll]
             print(f"# {coll}, NCCL_MAX_CTAS={ctas}")
@@ -143,10 +154,11 @@ def main():
             big = [r["busbw"] for r in sel if r["size"] >= 64 << 20]
             if big:
                 print(f"# mean busbw at >= 64 MiB: {sum(big) / len(big):.2f} GB/s")
+        if args.json:
+            for r in rows:
+                print(json.dumps(r))
+        sys.stdout.flush()
         all_rows += rows
-    if args.json:
-        for r in all_rows:
-            print(json.dumps(r))
     if any(r["wrong_ranks"] for r in all_rows):
         sys.exit("wrong results (see #wrong)")
 

@@ -438,11 +438,13 @@ fn fill_periodic(
     let unit = encode_all(dtype, n.min(17 << 16), f);
     stream.memcpy_htod(&unit, &mut buf.slice_mut(at..at + unit.len())).map_err(Error::driver("cuMemcpyHtoD"))?;
     let (base, _record) = buf.device_ptr_mut(stream);
+    // The raw copies below run in the current context: make it the buffer's.
+    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
     let mut filled = unit.len();
     while filled < total {
         let len = filled.min(total - filled);
         // SAFETY: both ranges lie inside `buf` (checked above) and do not overlap; the copy is queued
-        // on `stream`, which owns the buffer's pending work.
+        // on `stream`, which owns the buffer's pending work, in the buffer's context (bound above).
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(
                 base + (at + filled) as u64,
@@ -507,14 +509,18 @@ pub fn collective_bench(
     }
     let comm = Communicator::from_streams(streams, b.config.clone())?;
     let p = b.ranks;
-    let mut staging = Vec::with_capacity(p);
-    for s in streams {
-        // SAFETY: pinned host memory (flags 0: cached, readable by the host at full speed), written by
-        // a device copy before every read.
-        staging.push(
-            unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
-                .map_err(Error::driver("cuMemHostAlloc"))?,
-        );
+    // Read-back staging for the check: one pinned buffer per device (each read waits for its copy,
+    // so the ranks of a device share it).
+    let mut staging: Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)> = Vec::new();
+    for s in streams.iter().filter(|_| b.check) {
+        let ordinal = s.context().ordinal();
+        if !staging.iter().any(|(o, _)| *o == ordinal) {
+            // SAFETY: pinned host memory (flags 0: cached, readable by the host at full speed),
+            // written by a device copy before every read.
+            let pinned = unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
+                .map_err(Error::driver("cuMemHostAlloc"))?;
+            staging.push((ordinal, pinned));
+        }
     }
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
@@ -605,7 +611,9 @@ pub fn collective_bench(
                         (Collective::ReduceScatter, true) => (r as u64 * count, count),
                         _ => (0, out_bytes / e),
                     };
-                    let (stream, stage) = (&streams[r], &mut staging[r]);
+                    let stream = &streams[r];
+                    let ordinal = stream.context().ordinal();
+                    let stage = &mut staging.iter_mut().find(|(o, _)| *o == ordinal).expect("staged per device").1;
                     wrong[k] += count_wrong_on_device(stream, buf, (base * e) as usize, n, &expected, r, stage)?;
                 }
             }
@@ -1235,7 +1243,8 @@ mod tests {
                         let r = next(ranks as u64) as usize;
                         let start = next(total);
                         let n = next(total - start) + 1;
-                        let want = exp.encode_range(r, start, n);
+                        let want = encode_all(dtype, n, |i| exp.value(r, start + i));
+                        assert_eq!(exp.encode_range(r, start, n), want, "{collective:?} {dtype:?}");
                         let mut got = want.clone();
                         assert_eq!(exp.count_wrong_range(r, start, &got), 0, "{collective:?} {dtype:?}");
                         for _ in 0..1 + next(3) {
@@ -1351,6 +1360,9 @@ pub struct OverlapBench {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct OverlapRow {
     pub compute: String,
+    /// FMA iterations per thread, or GEMMs, per compute call (calibrated once so that the compute
+    /// alone takes about as long as the first configuration's collective, at least one).
+    pub compute_reps: u32,
     pub mover: &'static str,
     pub ctas: u32,
     pub suspend_ns: u32,
@@ -1423,6 +1435,7 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
             let (comp_t, coll_t, span) = (comp_t / k, coll_t / k, span / k);
             rows.push(OverlapRow {
                 compute: b.compute.name(),
+                compute_reps: reps,
                 mover: if mover == Mover::Tma { "tma" } else { "simt" },
                 ctas: b.ctas,
                 suspend_ns: suspend,
@@ -1447,7 +1460,9 @@ struct Compute {
 enum ComputeKind {
     Fma {
         function: cudarc::driver::CudaFunction,
-        out: CudaSlice<f32>,
+        /// One f32 per thread of the grid; `out_ptr` is its address.
+        _out: CudaSlice<f32>,
+        out_ptr: u64,
         config: cudarc::driver::LaunchConfig,
     },
     #[cfg(feature = "gemm")]
@@ -1472,14 +1487,15 @@ impl Compute {
                     .map_err(Error::driver("cuModuleLoadData"))?;
                 let function = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
                 let grid = Engine::new(ctx)?.sms * b.compute_ctas_per_sm;
-                let out =
+                let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
+                let out_ptr = out.device_ptr_mut(stream).0;
                 let config = cudarc::driver::LaunchConfig {
                     grid_dim: (grid, 1, 1),
                     block_dim: (b.compute_threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                ComputeKind::Fma { function, out, config }
+                ComputeKind::Fma { function, _out: out, out_ptr, config }
             }
             ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k)?,
         };
@@ -1488,8 +1504,12 @@ impl Compute {
 
     #[cfg(feature = "gemm")]
     fn gemm(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32) -> Result<ComputeKind> {
-        if m == 0 || n == 0 || k == 0 || [m, n, k].iter().any(|&d| d > i32::MAX as u32) {
-            return Err(Error::Config { field: "gemm shape", why: format!("{m}x{n}x{k}: every dimension in 1..2^31") });
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        if m == 0 || n == 0 || k == 0 || [m64 * k64, k64 * n64, m64 * n64].iter().any(|&e| e > 1 << 30) {
+            return Err(Error::Config {
+                field: "gemm shape",
+                why: format!("{m}x{n}x{k}: every dimension at least 1, every matrix at most 2^30 elements"),
+            });
         }
         // SAFETY: only looks for the library; loading it has no side effects on failure.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -1506,7 +1526,6 @@ impl Compute {
                 (0..len).map(|i| half::bf16::from_f32(((i * step) % 7) as f32 / 64.0 - 0.05)).collect();
             stream.clone_htod(&host).map_err(Error::driver("cuMemcpyHtoD"))
         };
-        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let a = fill(m64 * k64, 3)?;
         let b = fill(k64 * n64, 5)?;
         let c = stream.alloc_zeros(m64 as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
@@ -1534,11 +1553,10 @@ impl Compute {
     fn launch(&mut self, reps: u32) -> Result<()> {
         use cudarc::driver::PushKernelArg;
         match &mut self.kind {
-            ComputeKind::Fma { function, out, config } => {
-                let out_ptr = out.device_ptr(&self.stream).0;
+            ComputeKind::Fma { function, out_ptr, config, .. } => {
                 let seed = 1.0f32;
                 let mut l = self.stream.launch_builder(function);
-                l.arg(&out_ptr).arg(&reps).arg(&seed);
+                l.arg(&*out_ptr).arg(&reps).arg(&seed);
                 // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
                 unsafe { l.launch(*config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
             }

@@ -329,12 +329,12 @@ fn plans_match_the_cpu_executor_across_gpus() {
     let mut one_per_gpu = vec![(format!("ring-allreduce 1x{n}"), Algorithm::RingAllReduce.generate(1, n).unwrap())];
     if n.is_multiple_of(2) {
         for algo in [Algorithm::HmAllReduce, Algorithm::HmAllGather] {
-            if let Ok(mut p) = algo.generate(2, n / 2) {
-                p.ranks_per_node = Some(n / 2);
-                one_per_gpu.push((format!("{algo} 2x{}", n / 2), p));
-            }
+            let mut p = algo.generate(2, n / 2).unwrap_or_else(|e| panic!("{algo} 2x{}: {e}", n / 2));
+            p.ranks_per_node = Some(n / 2);
+            one_per_gpu.push((format!("{algo} 2x{}", n / 2), p));
         }
     }
+    let plans = one_per_gpu.len();
     let started = Instant::now();
     let names: Vec<String> = one_per_gpu.iter().map(|(n, _)| n.clone()).collect();
     let (ran1, mut failures) = run_matrix(&dev, one_per_gpu, filter.as_deref());
@@ -348,6 +348,11 @@ fn plans_match_the_cpu_executor_across_gpus() {
         failures.len()
     );
     assert!(failures.is_empty(), "{} of {ran} cases failed:\n{}", failures.len(), failures.join("\n"));
+    if filter.is_none() {
+        // Every plan in every mode, mover and geometry ran.
+        assert_eq!(ran1, plans * MODES.len() * 2 * GEOMETRIES.len(), "one-rank-per-GPU cases");
+        assert!(ran2 >= 300, "only {ran2} spread cases");
+    }
 }
 
 /// The last task whose primitive is `prim` in the first TB of more than one task that has one.

@@ -560,15 +560,16 @@ fn run_overlap(
     );
     let rows = bench::overlap_bench(stream, &b)?;
     println!(
-        "# {:>5} {:>5} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
-        "mover", "CTAs", "susp_ns", "compute(ms)", "coll(ms)", "compute||", "coll||", "makespan", "/serial"
+        "# {:>5} {:>5} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "mover", "CTAs", "susp_ns", "reps", "compute(ms)", "coll(ms)", "compute||", "coll||", "makespan", "/serial"
     );
     for r in &rows {
         println!(
-            "  {:>5} {:>5} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            "  {:>5} {:>5} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
             r.mover,
             r.ctas,
             r.suspend_ns,
+            r.compute_reps,
             r.compute_alone_ms,
             r.collective_alone_ms,
             r.compute_together_ms,

@@ -21,9 +21,26 @@ pub fn ptxas() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// Holds the GPUs for the calling test until its thread ends: a collective's CTAs must all be
+/// resident, so two tests of one binary must not share the GPUs at once (`cargo test` runs tests on
+/// parallel threads). Re-entrant on one thread, so tests run one after another on a single thread
+/// (`--test-threads=1`) never wait on themselves.
+fn hold_gpus() {
+    use std::cell::RefCell;
+    use std::sync::{Mutex, MutexGuard};
+    static GPUS: Mutex<()> = Mutex::new(());
+    thread_local!(static TURN: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) });
+    TURN.with(|t| {
+        if t.borrow().is_none() {
+            *t.borrow_mut() = Some(GPUS.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
+}
+
 /// The first CUDA device if it is a usable Hopper GPU, else `None` after printing why the caller's test
-/// is skipped.
+/// is skipped. Holds the GPUs for the calling test (see `hold_gpus`).
 pub fn gpu(test: &str) -> Option<Arc<cudarc::driver::CudaStream>> {
+    hold_gpus();
     match oxccl::engine::probe_gpu() {
         Ok(ctx) => Some(ctx.default_stream()),
         Err(why) => {
@@ -36,6 +53,7 @@ pub fn gpu(test: &str) -> Option<Arc<cudarc::driver::CudaStream>> {
 /// Every visible CUDA device if there are at least two Hopper GPUs, else `None` after printing why
 /// the caller's test is skipped. `OXCCL_GPUS` limits how many are used.
 pub fn gpus(test: &str) -> Option<Vec<Arc<cudarc::driver::CudaContext>>> {
+    hold_gpus();
     let have = match oxccl::engine::probe_gpu() {
         Ok(_) => cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize,
         Err(why) => {
