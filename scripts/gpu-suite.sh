@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-compiled nccl);
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled nccl);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -32,7 +32,7 @@ for step in "$@"; do
     sweep)
       log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
     sweep-configs)
-      for cs in "16384 4" "32768 6" "16384 8" "49152 4"; do set -- $cs
+      for cs in "16384 4" "32768 6" "16384 8" "24576 8" "49152 4"; do set -- $cs
         log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$1_$2.log" | grep -E " (1|8|32|132) " ; done ;;
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
@@ -72,6 +72,11 @@ for step in "$@"; do
     multi-bench)
       for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
+    multi-tune)
+      # Bytes in flight per CTA against NVLink: stages x sources x chunk, at one size.
+      for coll in reduce_scatter all_reduce; do for c in 8 16; do for cs in "4 0" "6 8192" "8 6144" "3 16384"; do set -- $cs
+        chunk=""; [ "$2" != 0 ] && chunk="--chunk $2"
+        log "oxccl $coll --gpus $GPUS --ctas $c --stages $1 $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $1 $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
     multi-compiled)
       for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
         log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs" ; done; done ;;
