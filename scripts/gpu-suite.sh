@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled nccl);
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -82,6 +82,8 @@ for step in "$@"; do
         log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs" ; done; done ;;
     nccl)
       log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
+    compare)
+      log "oxccl vs NCCL"; python3 scripts/compare_nccl.py --oxccl "$OUT/multi_bench.log" --nccl "$OUT/nccl_bench.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
