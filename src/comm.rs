@@ -445,6 +445,50 @@ impl Communicator {
         &self.ranks[rank].stream
     }
 
+    /// Builds and uploads the plan that a later call with these arguments uses, and checks that its
+    /// launch fits the devices: that call then only queues kernels (no allocation, upload or host
+    /// synchronisation). Prepare every size this way before capturing calls in a CUDA graph, where
+    /// a first call would upload its plan inside the capture. `count` is the call's count: AllReduce,
+    /// elements per buffer; ReduceScatter, elements each rank receives; AllGather, elements each rank
+    /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather.
+    pub fn prepare<T: Element>(
+        &self,
+        collective: Collective,
+        count: usize,
+        op: ReduceOp,
+        in_place: bool,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let spec = self.spec::<T>(collective, count, op, in_place);
+        let plan = self.plan(&spec)?;
+        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
+        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
+        for g in &self.groups {
+            self.engines[g.device].function(launch.mover, launch.dtype, launch.op)?;
+        }
+        Ok(())
+    }
+
+    /// Plans built and uploaded so far (each kept for the communicator's lifetime).
+    pub fn cached_plans(&self) -> usize {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The plan key of a call.
+    fn spec<T: Element>(&self, collective: Collective, count: usize, op: ReduceOp, in_place: bool) -> PlanSpec {
+        PlanSpec {
+            collective,
+            count: count as u64,
+            dtype: T::DTYPE,
+            // AllGather reduces nothing: one plan whatever the operator.
+            op: if collective == Collective::AllGather { ReduceOp::Sum } else { op },
+            ranks: self.ranks(),
+            in_place,
+            ctas: self.ctas_per_rank(),
+            reduction: self.config.reduction,
+        }
+    }
+
     fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         collective: Collective,
@@ -456,16 +500,7 @@ impl Communicator {
         self.check_usable()?;
         let p = self.ranks();
         let in_place = send.is_none();
-        let spec = PlanSpec {
-            collective,
-            count: count as u64,
-            dtype: T::DTYPE,
-            op,
-            ranks: p,
-            in_place,
-            ctas: self.ctas_per_rank(),
-            reduction: self.config.reduction,
-        };
+        let spec = self.spec::<T>(collective, count, op, in_place);
         let (in_bytes, out_bytes) = spec.buffer_bytes();
         let e = std::mem::size_of::<T>();
         let (in_len, out_len) = ((in_bytes as usize) / e, (out_bytes as usize) / e);

@@ -257,6 +257,62 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
     );
 }
 
+/// A prepared call builds nothing when made, so it can be captured in a CUDA graph; replays of the
+/// graph run the collective again (the barrier counters live in device memory and count on).
+#[test]
+fn prepared_calls_replay_in_a_cuda_graph() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(stream) = common::gpu("prepared_calls_replay_in_a_cuda_graph") else { return };
+    let ctx = stream.context().clone();
+    // Capture needs a stream other than the legacy one.
+    let s = ctx.new_stream().unwrap();
+    let (ranks, n) = (4usize, 100_003usize);
+    let comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
+    let plans = comm.cached_plans();
+    assert!(plans >= 1);
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
+    assert_eq!(comm.cached_plans(), plans, "preparing twice built a second plan");
+    // Buffers without cudarc's cross-stream event tracking: its waits on events recorded before the
+    // capture are not part of what is captured.
+    struct Tracking(Arc<cudarc::driver::CudaContext>);
+    impl Drop for Tracking {
+        fn drop(&mut self) {
+            // SAFETY: restores the context's default for slices created after this test.
+            unsafe { self.0.enable_event_tracking() };
+        }
+    }
+    // SAFETY: only this test's buffers are created while tracking is off; they live on one stream.
+    unsafe { ctx.disable_event_tracking() };
+    let restore = Tracking(ctx.clone());
+    let mut bufs: Vec<CudaSlice<f32>> = (0..ranks).map(|r| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    drop(restore);
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let captured = comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("the capture holds the launch");
+    captured.unwrap();
+    assert_eq!(comm.cached_plans(), plans, "the captured call built a plan");
+    // Nothing ran during the capture: the buffers still hold the inputs.
+    assert_eq!(s.clone_dtoh(&bufs[1]).unwrap()[n - 1], 2.0);
+    // Each replay sums in place: after k replays every element is (1 + 2 + ... + ranks) × ranks^(k-1).
+    let first: f32 = (1..=ranks).map(|r| r as f32).sum();
+    for replay in 1..=3 {
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        let want = first * (ranks as f32).powi(replay - 1);
+        for (r, b) in bufs.iter().enumerate() {
+            let got = s.clone_dtoh(b).unwrap();
+            assert!(got.iter().all(|&x| x == want), "replay {replay} rank {r}: {} (want {want})", got[0]);
+        }
+    }
+    // AllGather ignores the operator: one plan for both.
+    comm.prepare::<f32>(Collective::AllGather, 7, ReduceOp::Max, false).unwrap();
+    comm.prepare::<f32>(Collective::AllGather, 7, ReduceOp::Sum, false).unwrap();
+    assert_eq!(comm.cached_plans(), plans + 1, "AllGather plans depend on no operator");
+}
+
 #[test]
 fn deterministic_mode_is_bitwise_stable() {
     let Some(stream) = common::gpu("deterministic_mode_is_bitwise_stable") else { return };
