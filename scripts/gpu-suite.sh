@@ -58,9 +58,9 @@ for step in "$@"; do
       log gpu_compiled; timeout 600 $B/gpu_compiled --test-threads=1 --nocapture > "$OUT/gpu_compiled.log" 2>&1; grep -E "^test |test result|cases|FAILED|panicked|timed out|shape|skipped" "$OUT/gpu_compiled.log" ;;
     compiled-bench)
       export CUDA_DEVICE_MAX_CONNECTIONS=32
-      for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml"; do
+      for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml" "--xml .device/host-msccl/ndv4_ag-32m-1g.xml"; do
         for exec in compiled interpreted; do
-          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 256M -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -12 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     cta-table)
       for m in tma simt; do for c in 1 2 4 8 16 32; do
         log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -10 "$OUT/cta_table.log" | grep -E "^ +(268435456|1073741824) |Avg" ; done; done ;;
@@ -79,7 +79,7 @@ for step in "$@"; do
         log "oxccl $coll --gpus $GPUS --ctas $c --stages $1 $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $1 $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
     multi-compiled)
       for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
-        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs" ; done; done ;;
+        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs|idle" ; done; done ;;
     nccl)
       log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
     compare)

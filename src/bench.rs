@@ -679,6 +679,10 @@ pub struct PlanBenchInfo {
     pub threads: u32,
     pub stage_bytes: u32,
     pub registers: u32,
+    /// Share of the TBs' time spent waiting (FIFO space or data, sync points), from the device's
+    /// per-TB records of one separate launch of the same plan lowered with timing:
+    /// Σ idle / Σ (busy + idle) over the TBs that have work.
+    pub idle_share: f64,
 }
 
 /// Runs a lowered plan with rank `r` on `streams[r]` (distinct streams, on one GPU or several),
@@ -779,6 +783,26 @@ pub fn plan_bench(
             unsafe { runner.launch(&table, Some(stream)) }
         })? * 1e3;
         runner.synchronize()?;
+        let idle_share = {
+            // The same plan with `%globaltimer` records, launched once on the same buffers.
+            let lt = lower(&b.plan, &LowerOptions { fifo_slots: slots, timing: true, ..opts })
+                .map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
+            let timed = CompiledPlan::on_engines(&engines, streams, &lt, b.config.clone())?;
+            // SAFETY: the buffers are sized by the same lowering (timing changes no layout), alive
+            // until the synchronisation.
+            unsafe { timed.launch(&table, Some(stream))? };
+            timed.synchronize()?;
+            let (mut busy, mut idle) = (0u64, 0u64);
+            for (r, tbs) in timed.timing()?.iter().enumerate() {
+                for (t, x) in tbs.iter().enumerate() {
+                    if lt.ranks[r].tbs[t].steps > 0 {
+                        busy += x.busy_ns;
+                        idle += x.idle_ns;
+                    }
+                }
+            }
+            idle as f64 / (busy + idle).max(1) as f64
+        };
         let shape = runner.shape();
         let info = PlanBenchInfo {
             ranks: p,
@@ -787,6 +811,7 @@ pub fn plan_bench(
             threads: shape.threads,
             stage_bytes: shape.stage_bytes,
             registers: engine.plan_kernel_info(b.config.mover, b.dtype, b.op)?.registers,
+            idle_share,
         };
         let real = user_chunks * chunk_bytes;
         let bw = real as f64 / (us * 1e-6) / 1e9;
