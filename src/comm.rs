@@ -165,6 +165,43 @@ impl Communicator {
         })
     }
 
+    /// One rank per entry of `ordinals` (CUDA device numbers), each on a new stream of its device;
+    /// peer access is enabled between the devices. A number given twice puts two ranks on that device,
+    /// launched separately. Allocate each rank's buffers on [`Communicator::stream`]`(rank)` (they
+    /// must live on the rank's device) and order other work against that stream.
+    pub fn from_devices(ordinals: &[usize], config: Config) -> Result<Self> {
+        if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
+            return Err(Error::RankCount { ranks: ordinals.len(), max: MAX_RANKS });
+        }
+        // SAFETY: only looks for the driver library; loading it has no side effects on failure.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoDriver);
+        }
+        let devices = CudaContext::device_count().map_err(Error::driver("cuDeviceGetCount"))? as usize;
+        let mut contexts: Vec<Arc<CudaContext>> = Vec::new();
+        let mut streams = Vec::with_capacity(ordinals.len());
+        for &ordinal in ordinals {
+            if ordinal >= devices {
+                return Err(Error::NoSuchDevice { ordinal, devices });
+            }
+            let ctx = match contexts.iter().find(|c| c.ordinal() == ordinal) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = CudaContext::new(ordinal).map_err(Error::driver("cuDevicePrimaryCtxRetain"))?;
+                    contexts.push(c.clone());
+                    c
+                }
+            };
+            streams.push(ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?);
+        }
+        Self::from_streams(&streams, config)
+    }
+
+    /// The stream rank `rank` runs on: its buffers are allocated on it and its calls are queued on it.
+    pub fn stream(&self, rank: usize) -> Result<&Arc<CudaStream>> {
+        self.ranks.get(rank).map(|r| &r.stream).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.ranks.len()
@@ -441,7 +478,7 @@ impl Communicator {
     }
 
     /// The stream of rank `rank`.
-    pub(crate) fn stream(&self, rank: usize) -> &Arc<CudaStream> {
+    pub(crate) fn rank_stream(&self, rank: usize) -> &Arc<CudaStream> {
         &self.ranks[rank].stream
     }
 

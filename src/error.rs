@@ -17,6 +17,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A CUDA driver call failed.
     Driver { call: &'static str, source: DriverError },
+    /// The CUDA driver library is not installed (no GPU can be used).
+    NoDriver,
+    /// A device number at or above the number of CUDA devices.
+    NoSuchDevice { ordinal: usize, devices: usize },
     /// The device is not a Hopper (sm_90) GPU.
     UnsupportedDevice { ordinal: usize, major: i32, minor: i32 },
     /// The communicator was built with no ranks, or more than one launch can address.
@@ -145,6 +149,10 @@ impl fmt::Display for Error {
                 write!(f, "the engine rejected task {task} of rank {rank} CTA {cta}")
             }
             Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
+            Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
+            Error::NoSuchDevice { ordinal, devices } => {
+                write!(f, "no CUDA device {ordinal}: {devices} visible")
+            }
         }
     }
 }

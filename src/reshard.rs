@@ -174,12 +174,12 @@ impl Communicator {
         let mut guards = Vec::new();
         for (r, b) in dst.iter_mut().enumerate() {
             if let Some(b) = b {
-                guards.push(b.device_ptr_mut(self.stream(r)).1);
+                guards.push(b.device_ptr_mut(self.rank_stream(r)).1);
             }
         }
         for (r, b) in src.iter().enumerate() {
             if let Some(b) = b {
-                guards.push(b.device_ptr(self.stream(r)).1);
+                guards.push(b.device_ptr(self.rank_stream(r)).1);
             }
         }
         // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and its

@@ -313,6 +313,35 @@ fn prepared_calls_replay_in_a_cuda_graph() {
     assert_eq!(comm.cached_plans(), plans + 1, "AllGather plans depend on no operator");
 }
 
+/// `Communicator::from_devices` puts one rank on each listed device (every visible GPU, or GPU 0
+/// twice on a one-GPU machine), each on a stream of its own that `stream(rank)` hands out.
+#[test]
+fn from_devices_runs_one_rank_per_listed_device() {
+    let Some(_) = common::gpu("from_devices_runs_one_rank_per_listed_device") else { return };
+    let devices = cudarc::driver::CudaContext::device_count().unwrap() as usize;
+    let ordinals: Vec<usize> = if devices > 1 { (0..devices.min(8)).collect() } else { vec![0, 0] };
+    let comm = Communicator::from_devices(&ordinals, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
+    let p = ordinals.len();
+    assert!(matches!(comm.stream(p), Err(Error::NoSuchRank { rank, ranks }) if rank == p && ranks == p));
+    let n = 70_001;
+    let mut bufs = Vec::new();
+    for (r, &d) in ordinals.iter().enumerate() {
+        let s = comm.stream(r).unwrap();
+        assert_eq!(s.context().ordinal(), d, "rank {r}");
+        bufs.push(s.clone_htod(&vec![r as i32 + 1; n]).unwrap());
+    }
+    for r in 0..p {
+        comm.stream(r).unwrap().synchronize().unwrap();
+    }
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    let want = (1..=p as i32).sum::<i32>();
+    for (r, b) in bufs.iter().enumerate() {
+        let got = comm.stream(r).unwrap().clone_dtoh(b).unwrap();
+        assert!(got.iter().all(|&x| x == want), "rank {r}: {} (want {want})", got[0]);
+    }
+}
+
 #[test]
 fn deterministic_mode_is_bitwise_stable() {
     let Some(stream) = common::gpu("deterministic_mode_is_bitwise_stable") else { return };
