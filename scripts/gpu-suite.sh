@@ -60,7 +60,7 @@ for step in "$@"; do
       export CUDA_DEVICE_MAX_CONNECTIONS=32
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml" "--xml .device/host-msccl/ndv4_ag-32m-1g.xml"; do
         for exec in compiled interpreted; do
-          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     cta-table)
       for m in tma simt; do for c in 1 2 4 8 16 32; do
         log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -10 "$OUT/cta_table.log" | grep -E "^ +(268435456|1073741824) |Avg" ; done; done ;;
