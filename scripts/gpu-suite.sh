@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
-# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled nccl compare);
+# allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -37,12 +37,13 @@ for step in "$@"; do
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
-    overlap)
+    overlap|multi-overlap)
       # libcublas for the GEMM load: the toolkit's, else the Python wheels'.
       cublas_dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
       libs="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}"
+      where="--ranks 8"; [ "$step" = multi-overlap ] && where="--gpus $GPUS"
       for compute in gemm fma; do for c in 8 32; do
-        log "overlap --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap --compute $compute --ranks 8 -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/overlap.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/overlap.log" | grep -v "^{" ; done; done ;;
+        log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

@@ -1402,18 +1402,58 @@ pub struct OverlapRow {
     pub makespan_over_serial: f64,
 }
 
-/// Runs the overlap benchmark on `stream`'s GPU. The compute kernel's iteration count is chosen so
-/// that it runs about as long as the collective alone (TMA mover, first suspend hint).
-pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<OverlapRow>> {
-    let ctx = stream.context().clone();
-    let compute_stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
-    let mut compute = Compute::new(&compute_stream, b)?;
+/// Runs the overlap benchmark with rank `r` on `streams[r]` (virtual ranks on one stream, or one
+/// rank per GPU): the compute work runs on a stream of its own on every GPU involved. The compute
+/// repetitions are chosen once so that the compute alone takes about as long as the first
+/// configuration's collective. With several GPUs each time is the longest over the GPUs, every span
+/// measured between events of one GPU from a common start (the collective's barriers align them).
+pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
+    if streams.len() != b.ranks {
+        return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
+    }
+    // The collective's distinct streams ("lanes") and, per device, a compute stream and its work.
+    let mut lanes: Vec<Arc<CudaStream>> = Vec::new();
+    for s in streams {
+        let same =
+            |l: &Arc<CudaStream>| l.context().ordinal() == s.context().ordinal() && l.cu_stream() == s.cu_stream();
+        if !lanes.iter().any(same) {
+            lanes.push(s.clone());
+        }
+    }
+    let mut ordinals: Vec<usize> = Vec::new();
+    let mut compute_streams: Vec<Arc<CudaStream>> = Vec::new();
+    let mut works: Vec<Compute> = Vec::new();
+    for l in &lanes {
+        let ordinal = l.context().ordinal();
+        if !ordinals.contains(&ordinal) {
+            let cs = l.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
+            works.push(Compute::new(&cs, b)?);
+            compute_streams.push(cs);
+            ordinals.push(ordinal);
+        }
+    }
+    // The compute stream (index) on each lane's device.
+    let device_of: Vec<usize> =
+        lanes.iter().map(|l| ordinals.iter().position(|&o| o == l.context().ordinal()).unwrap_or(0)).collect();
+    let probe = works[0].probe_reps();
+    let mut launch_compute = |reps: u32| -> Result<()> {
+        for w in works.iter_mut() {
+            w.launch(reps)?;
+        }
+        Ok(())
+    };
+
     let n = (b.bytes / 4) as usize;
-    let send: Vec<CudaSlice<f32>> = (0..b.ranks)
-        .map(|r| stream.clone_htod(&vec![r as f32; n]).map_err(Error::driver("cuMemcpyHtoD")))
+    let send: Vec<CudaSlice<f32>> = streams
+        .iter()
+        .enumerate()
+        .map(|(r, s)| s.clone_htod(&vec![r as f32; n]).map_err(Error::driver("cuMemcpyHtoD")))
         .collect::<Result<_>>()?;
     let mut recv: Vec<CudaSlice<f32>> =
-        (0..b.ranks).map(|_| stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))).collect::<Result<_>>()?;
+        streams.iter().map(|s| s.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))).collect::<Result<_>>()?;
+    for s in streams {
+        s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+    }
 
     let event =
         |s: &CudaStream| s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"));
@@ -1421,38 +1461,53 @@ pub fn overlap_bench(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Vec<O
         z.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
         Ok(a.elapsed_ms(z).map_err(Error::driver("cuEventElapsedTime"))? as f64)
     };
+    let sync_all = || -> Result<()> {
+        for s in lanes.iter().chain(&compute_streams) {
+            s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        Ok(())
+    };
 
     let mut rows = Vec::new();
     let mut reps = 0u32;
     for &mover in &b.movers {
         for &suspend in &b.suspend_ns {
             let config = Config { max_ctas: Some(b.ctas), mover, wait_suspend_ns: suspend, ..Config::default() };
-            let comm = Communicator::virtual_ranks(stream, b.ranks, config)?;
+            let comm = Communicator::from_streams(streams, config)?;
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
-            let coll_alone = time_ms(stream, b.warmup, b.iters, &mut collective)?;
+            let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
             if reps == 0 {
                 // Calibrate once: the compute work alone takes about as long as the collective.
-                let probe = compute.probe_reps();
-                let t = time_ms(&compute_stream, 1, 3, || compute.launch(probe))?;
+                let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
                 reps = ((probe as f64 * coll_alone / t.max(1e-6)) as u32).max(1);
             }
-            let comp_alone = time_ms(&compute_stream, b.warmup, b.iters, || compute.launch(reps))?;
+            let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
             for it in 0..b.warmup + b.iters {
-                stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-                compute_stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-                let start = event(stream)?;
-                compute_stream.wait(&start).map_err(Error::driver("cuStreamWaitEvent"))?;
+                sync_all()?;
+                let starts = lanes.iter().map(|l| event(l)).collect::<Result<Vec<_>>>()?;
+                for (i, start) in starts.iter().enumerate() {
+                    compute_streams[device_of[i]].wait(start).map_err(Error::driver("cuStreamWaitEvent"))?;
+                }
                 collective()?;
-                compute.launch(reps)?;
-                let coll_end = event(stream)?;
-                let comp_end = event(&compute_stream)?;
-                stream.wait(&comp_end).map_err(Error::driver("cuStreamWaitEvent"))?;
-                let all_end = event(stream)?;
+                launch_compute(reps)?;
+                let coll_ends = lanes.iter().map(|l| event(l)).collect::<Result<Vec<_>>>()?;
+                let comp_ends = compute_streams.iter().map(|c| event(c)).collect::<Result<Vec<_>>>()?;
+                let mut all_ends = Vec::with_capacity(lanes.len());
+                for (i, l) in lanes.iter().enumerate() {
+                    l.wait(&comp_ends[device_of[i]]).map_err(Error::driver("cuStreamWaitEvent"))?;
+                    all_ends.push(event(l)?);
+                }
                 if it >= b.warmup {
-                    coll_t += elapsed(&start, &coll_end)?;
-                    comp_t += elapsed(&start, &comp_end)?;
-                    span += elapsed(&start, &all_end)?;
+                    let (mut c, mut k, mut m) = (0f64, 0f64, 0f64);
+                    for i in 0..lanes.len() {
+                        k = k.max(elapsed(&starts[i], &coll_ends[i])?);
+                        c = c.max(elapsed(&starts[i], &comp_ends[device_of[i]])?);
+                        m = m.max(elapsed(&starts[i], &all_ends[i])?);
+                    }
+                    coll_t += k;
+                    comp_t += c;
+                    span += m;
                 }
             }
             comm.synchronize()?;

@@ -11,7 +11,7 @@ fn oxccl(args: &[&str]) -> (bool, String) {
 
 #[test]
 fn gpus_is_refused_where_it_means_nothing() {
-    for what in ["movers", "overlap", "reshard"] {
+    for what in ["movers", "reshard"] {
         let (ok, err) = oxccl(&["bench", what, "--gpus", "2"]);
         assert!(!ok, "{what}: accepted --gpus");
         assert!(err.contains("--gpus is for"), "{what}: {err}");

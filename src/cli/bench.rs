@@ -209,8 +209,11 @@ pub fn run(a: Args) -> CliResult {
     if what == "overlap" {
         compute_load(&a)?;
     }
-    if a.gpus.is_some() && collective.is_none() {
-        return Err(format!("--gpus is for all_reduce, reduce_scatter, all_gather and --algo/--xml, not {what}").into());
+    if a.gpus.is_some() && collective.is_none() && what != "overlap" {
+        return Err(format!(
+            "--gpus is for all_reduce, reduce_scatter, all_gather, overlap and --algo/--xml, not {what}"
+        )
+        .into());
     }
     let gpus = contexts(&a)?;
     let ctx = gpus[0].clone();
@@ -219,7 +222,7 @@ pub fn run(a: Args) -> CliResult {
         return run_reshard(&stream, &b, &a, &command, &ctx.name().unwrap_or_default());
     }
     if what == "overlap" {
-        return run_overlap(&stream, &a, &command, &ctx.name().unwrap_or_default());
+        return run_overlap(&gpus, &a, &command, &ctx.name().unwrap_or_default());
     }
     let Some(collective) = collective else {
         let d = SweepConfig::default();
@@ -530,19 +533,21 @@ fn run_reshard(
     Ok(())
 }
 
-/// `oxccl bench overlap`: an AllReduce of `-e` bytes per rank on `--ranks` virtual ranks with
-/// `--ctas` CTAs per rank, beside an FMA-bound kernel on another stream, for both movers and the
-/// suspend hints 0 and 1000 ns.
+/// `oxccl bench overlap`: an AllReduce of `-e` bytes per rank on `--ranks` virtual ranks (or one rank
+/// per GPU with `--gpus`) with `--ctas` CTAs per rank, beside a compute load on another stream of
+/// every GPU, for both movers and the suspend hints 0 and 1000 ns.
 fn run_overlap(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    gpus: &[std::sync::Arc<cudarc::driver::CudaContext>],
     a: &Args,
     command: &[String],
     device: &str,
 ) -> CliResult {
     let compute = compute_load(a)?;
+    let ranks = a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 });
+    let streams = rank_streams(gpus, ranks, false)?;
     let b = bench::OverlapBench {
         compute,
-        ranks: a.ranks.unwrap_or(8),
+        ranks,
         bytes: a.max_bytes,
         ctas: a.ctas.unwrap_or(8),
         movers: vec![Mover::Tma, Mover::Simt],
@@ -554,12 +559,13 @@ fn run_overlap(
     };
     println!("# oxccl overlap: {}", command.join(" "));
     println!(
-        "# device: {device}; AllReduce f32 sum of {} B per rank on {} virtual ranks beside {}",
+        "# device: {device}; AllReduce f32 sum of {} B per rank on {} {} beside {} (on every GPU)",
         b.bytes,
         b.ranks,
+        placement(gpus.len(), b.ranks),
         b.compute.name()
     );
-    let rows = bench::overlap_bench(stream, &b)?;
+    let rows = bench::overlap_bench(&streams, &b)?;
     println!(
         "# {:>5} {:>5} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "mover", "CTAs", "susp_ns", "reps", "compute(ms)", "coll(ms)", "compute||", "coll||", "makespan", "/serial"
