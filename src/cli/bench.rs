@@ -230,6 +230,7 @@ pub fn run(a: Args) -> CliResult {
             SweepConfig { bytes: a.max_bytes, chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes), stages: a.stages, ..d };
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
+        println!("# TMA pipeline: {} B per source per stage, {} stages", cfg.chunk_bytes, cfg.stages);
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
         println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
         println!(
