@@ -153,7 +153,7 @@ impl Communicator {
                 }),
             }
         }
-        Ok(Communicator {
+        let comm = Communicator {
             config,
             engines,
             ranks,
@@ -162,7 +162,10 @@ impl Communicator {
             reshard_plans: Mutex::new(HashMap::new()),
             launch_order: Mutex::new(()),
             poisoned: AtomicBool::new(false),
-        })
+        };
+        // The workspaces and status records were zeroed on the legacy streams: finish before any launch.
+        comm.synchronize_devices()?;
+        Ok(comm)
     }
 
     /// One rank per entry of `ordinals` (CUDA device numbers), each on a new stream of its device;
@@ -177,7 +180,12 @@ impl Communicator {
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::NoDriver);
         }
-        let devices = CudaContext::device_count().map_err(Error::driver("cuDeviceGetCount"))? as usize;
+        let devices = match CudaContext::device_count() {
+            Ok(n) => n as usize,
+            // A driver with no usable device (e.g. `CUDA_VISIBLE_DEVICES=""`) fails `cuInit` so.
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(Error::Driver { call: "cuDeviceGetCount", source: e }),
+        };
         let mut contexts: Vec<Arc<CudaContext>> = Vec::new();
         let mut streams = Vec::with_capacity(ordinals.len());
         for &ordinal in ordinals {
@@ -427,7 +435,19 @@ impl Communicator {
             let n = sub.programs.len();
             per_group.push(engine.upload(&sub, 0..n)?);
         }
+        // The uploads ran on each context's legacy stream, which the ranks' non-blocking streams do not
+        // wait for (and a copy from pageable memory may return before it lands): finish them before
+        // any launch reads the program.
+        self.synchronize_devices()?;
         Ok(Uploaded { lowered, per_group })
+    }
+
+    /// Waits for all work on every device of the communicator (its contexts' legacy streams included).
+    fn synchronize_devices(&self) -> Result<()> {
+        for e in &self.engines {
+            e.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+        }
+        Ok(())
     }
 
     /// Checks that every launch on a device, `ctas` CTAs per rank needing `slots` slots, can be
@@ -485,7 +505,9 @@ impl Communicator {
     /// Builds and uploads the plan that a later call with these arguments uses, and checks that its
     /// launch fits the devices: that call then only queues kernels (no allocation, upload or host
     /// synchronisation). Prepare every size this way before capturing calls in a CUDA graph, where
-    /// a first call would upload its plan inside the capture. `count` is the call's count: AllReduce,
+    /// a first call would upload its plan inside the capture. Every rank's stream must take part in
+    /// the capture (ranks on other streams are launched separately and meet at barriers: capture one
+    /// stream alone and the others' launches run at once and wait for a partner that never comes). `count` is the call's count: AllReduce,
     /// elements per buffer; ReduceScatter, elements each rank receives; AllGather, elements each rank
     /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather.
     pub fn prepare<T: Element>(

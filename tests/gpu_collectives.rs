@@ -258,7 +258,8 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
 }
 
 /// A prepared call builds nothing when made, so it can be captured in a CUDA graph; replays of the
-/// graph run the collective again (the barrier counters live in device memory and count on).
+/// graph run the collective again: one launch for all ranks, and ranks on two streams whose separate
+/// launches meet at barriers (their counters live in device memory and count on across replays).
 #[test]
 fn prepared_calls_replay_in_a_cuda_graph() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -305,6 +306,37 @@ fn prepared_calls_replay_in_a_cuda_graph() {
         for (r, b) in bufs.iter().enumerate() {
             let got = s.clone_dtoh(b).unwrap();
             assert!(got.iter().all(|&x| x == want), "replay {replay} rank {r}: {} (want {want})", got[0]);
+        }
+    }
+    // Two ranks on separate streams (separate launches meeting at barriers whose counters live in
+    // device memory): both streams join the capture (fork and join through events).
+    let comm2 = Communicator::from_devices(&[0, 0], Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    comm2.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
+    let (s0, s1) = (comm2.stream(0).unwrap().clone(), comm2.stream(1).unwrap().clone());
+    let ctx2 = s0.context().clone();
+    // SAFETY: as above, for this communicator's context.
+    unsafe { ctx2.disable_event_tracking() };
+    let restore = Tracking(ctx2.clone());
+    let mut pair = vec![s0.clone_htod(&vec![1.0f32; n]).unwrap(), s1.clone_htod(&vec![2.0f32; n]).unwrap()];
+    drop(restore);
+    s0.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    s0.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let fork = s0.record_event(None).unwrap();
+    s1.wait(&fork).unwrap();
+    let captured = comm2.all_reduce_in_place(&mut pair, ReduceOp::Sum);
+    let join = s1.record_event(None).unwrap();
+    s0.wait(&join).unwrap();
+    let graph2 = s0.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("the capture holds both launches");
+    captured.unwrap();
+    for replay in 1..=3 {
+        graph2.launch().unwrap();
+        s0.synchronize().unwrap();
+        comm2.synchronize().unwrap();
+        let want = 3.0 * 2f32.powi(replay - 1);
+        for (r, b) in pair.iter().enumerate() {
+            let got = comm2.stream(r).unwrap().clone_dtoh(b).unwrap();
+            assert!(got.iter().all(|&x| x == want), "two streams, replay {replay} rank {r}: {} (want {want})", got[0]);
         }
     }
     // AllGather ignores the operator: one plan for both.

@@ -399,7 +399,10 @@ fn run_plan(a: &Args) -> CliResult {
             first = false;
         }
         println!("{}", bench::nccl_line(row));
-        println!("#   TB idle share {:.1} % (one separate launch with per-TB timing)", 100.0 * info.idle_share);
+        println!(
+            "#   TB idle share {:.1} % (per-TB timing, the second of two separate launches)",
+            100.0 * info.idle_share
+        );
     })?;
     println!("{}", bench::nccl_footer_one_side(&rows, l.in_place));
     finish_rows(&rows, a.json)
