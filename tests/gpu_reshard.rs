@@ -222,6 +222,33 @@ impl Case {
     }
 }
 
+/// Runs case `c` on `comm`, rank r's buffers on `streams[r]`'s GPU (destinations poisoned first),
+/// and compares every destination shard byte for byte with the global tensor's; panics naming `what`.
+fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &str) {
+    let (src_data, want) = c.shards();
+    let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
+    let src_bufs = upload(streams, &src_data);
+    let mut dst_bufs = upload(streams, &poison);
+    for s in streams {
+        s.synchronize().unwrap();
+    }
+    let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
+    let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
+    let layouts = (&c.src, &c.dst);
+    with_dtype!(
+        c.dtype,
+        call(comm, &src_bufs, &src_lens, &mut dst_bufs, &dst_lens, &c.shape, layouts, &c.options, c.empty_as_none)
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (r, w) in &want {
+        let got = streams[*r as usize].clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
+        if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
+            panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
+        }
+    }
+}
+
 fn seed() -> u64 {
     std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5E5A_4D00)
 }
@@ -250,27 +277,7 @@ fn random_reshards_match_the_global_tensor() {
                 Communicator::virtual_ranks(&stream, c.world, config).unwrap()
             }
         });
-        let (src_data, want) = c.shards();
-        let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-        let on_stream = vec![stream.clone(); c.world];
-        let src_bufs = upload(&on_stream, &src_data);
-        let mut dst_bufs = upload(&on_stream, &poison);
-        stream.synchronize().unwrap();
-        let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
-        let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
-        let layouts = (&c.src, &c.dst);
-        with_dtype!(
-            c.dtype,
-            call(comm, &src_bufs, &src_lens, &mut dst_bufs, &dst_lens, &c.shape, layouts, &c.options, c.empty_as_none)
-        )
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-        comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (r, w) in &want {
-            let got = stream.clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
-            if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
-                panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
-            }
-        }
+        run_case(comm, &vec![stream.clone(); c.world], &c, &what);
     }
     eprintln!("{} reshard cases matched the global tensor (seed {seed})", cases());
 }
@@ -298,28 +305,7 @@ fn random_reshards_match_the_global_tensor_with_one_rank_per_gpu() {
             };
             Communicator::from_streams(streams, config).unwrap()
         });
-        let (src_data, want) = c.shards();
-        let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-        let src_bufs = upload(streams, &src_data);
-        let mut dst_bufs = upload(streams, &poison);
-        for s in streams {
-            s.synchronize().unwrap();
-        }
-        let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
-        let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
-        let layouts = (&c.src, &c.dst);
-        with_dtype!(
-            c.dtype,
-            call(comm, &src_bufs, &src_lens, &mut dst_bufs, &dst_lens, &c.shape, layouts, &c.options, c.empty_as_none)
-        )
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-        comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (r, w) in &want {
-            let got = streams[*r as usize].clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
-            if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
-                panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
-            }
-        }
+        run_case(comm, streams, &c, &what);
     }
     eprintln!(
         "{cases} reshard cases with one rank per GPU ({} GPUs) matched the global tensor (seed {seed})",
