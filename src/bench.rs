@@ -57,6 +57,16 @@ pub fn time_ms_on(
     Ok(ms / iters.max(1) as f64)
 }
 
+/// `cuMemcpyDtoD` of `bytes` on `stream`'s GPU in GB/s, counting bytes read and written (the
+/// one-GPU ceiling every roofline here is measured against).
+pub fn memcpy_rate(stream: &Arc<CudaStream>, bytes: usize, warmup: usize, iters: usize) -> Result<f64> {
+    let a: CudaSlice<u8> = stream.alloc_zeros(bytes).map_err(Error::driver("cuMemAlloc"))?;
+    let mut d: CudaSlice<u8> = stream.alloc_zeros(bytes).map_err(Error::driver("cuMemAlloc"))?;
+    let ms =
+        time_ms(stream, warmup, iters, || stream.memcpy_dtod(&a, &mut d).map_err(Error::driver("cuMemcpyDtoDAsync")))?;
+    Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
+}
+
 /// What a mover-sweep row measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SweepOp {
@@ -179,11 +189,8 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     let n = (cfg.bytes / 4) as usize;
     let a: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
     let b: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
-    let mut dst: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
-    let memcpy_ms = time_ms(stream, cfg.warmup, cfg.iters, || {
-        stream.memcpy_dtod(&a, &mut dst).map_err(Error::driver("cuMemcpyDtoDAsync"))
-    })?;
-    let memcpy_gbps = 2.0 * cfg.bytes as f64 / (memcpy_ms * 1e-3) / 1e9;
+    let dst: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
+    let memcpy_gbps = memcpy_rate(stream, cfg.bytes as usize, cfg.warmup, cfg.iters)?;
     let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
     buffers[0][slot::INPUT as usize] = a.device_ptr(stream).0;
     buffers[1][slot::INPUT as usize] = b.device_ptr(stream).0;
@@ -1085,14 +1092,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
 
     // cuMemcpyDtoD of the tensor's size: the one-GPU model's bandwidth.
     let tensor_bytes = (plan.src_sharding().elements() * e as u64).max(1 << 20) as usize;
-    let memcpy_gbps = {
-        let a: CudaSlice<u8> = stream.alloc_zeros(tensor_bytes).map_err(Error::driver("cuMemAlloc"))?;
-        let mut d: CudaSlice<u8> = stream.alloc_zeros(tensor_bytes).map_err(Error::driver("cuMemAlloc"))?;
-        let ms = time_ms(stream, b.warmup, b.iters, || {
-            stream.memcpy_dtod(&a, &mut d).map_err(Error::driver("cuMemcpyDtoDAsync"))
-        })?;
-        2.0 * tensor_bytes as f64 / (ms * 1e-3) / 1e9
-    };
+    let memcpy_gbps = memcpy_rate(stream, tensor_bytes, b.warmup, b.iters)?;
 
     let mut rows = Vec::new();
     for (name, lowered) in programs {

@@ -300,6 +300,22 @@ pub fn run(a: Args) -> CliResult {
     let streams = rank_streams(&gpus, b.ranks, false)?;
     let rows = bench::collective_bench(&streams, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
+    if gpus.len() == 1 && !rows.is_empty() {
+        // On one GPU every rank's bytes go through the same memory: the HBM roofline.
+        let bytes = a.max_bytes.min(1 << 30).max(1 << 20) as usize;
+        let memcpy = bench::memcpy_rate(&stream, bytes, 3, 10)?;
+        println!(
+            "# roofline: every input read once and every output written once ({} ranks on this GPU), at \
+             cuMemcpyDtoD's {memcpy:.1} GB/s ({bytes} B, read + written)",
+            b.ranks
+        );
+        println!("# {:>12} {:>14} {:>10} {:>10}", "size", "bytes moved", "oop %", "ip %");
+        for r in &rows {
+            let moved = bench::min_traffic(collective, r.size, b.ranks);
+            let pct = |us: f64| 100.0 * moved as f64 / (us * 1e-6) / 1e9 / memcpy;
+            println!("# {:>12} {:>14} {:>9.1}% {:>9.1}%", r.size, moved, pct(r.oop_us), pct(r.ip_us));
+        }
+    }
     finish_rows(&rows, a.json)
 }
 
