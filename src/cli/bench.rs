@@ -302,7 +302,7 @@ pub fn run(a: Args) -> CliResult {
     println!("{}", bench::nccl_footer(&rows));
     if gpus.len() == 1 && !rows.is_empty() {
         // On one GPU every rank's bytes go through the same memory: the HBM roofline.
-        let bytes = a.max_bytes.min(1 << 30).max(1 << 20) as usize;
+        let bytes = a.max_bytes.clamp(1 << 20, 1 << 30) as usize;
         let memcpy = bench::memcpy_rate(&stream, bytes, 3, 10)?;
         println!(
             "# roofline: every input read once and every output written once ({} ranks on this GPU), at \
