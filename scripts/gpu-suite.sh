@@ -64,7 +64,7 @@ for step in "$@"; do
           log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     cta-table)
       for m in tma simt; do for c in 1 2 4 8 16 32; do
-        log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -10 "$OUT/cta_table.log" | grep -E "^ +(268435456|1073741824) |Avg" ; done; done ;;
+        log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -20 "$OUT/cta_table.log" | grep -E "^#? +(268435456|1073741824) |Avg|roofline" ; done; done ;;
     multi-tests)
       export CUDA_DEVICE_MAX_CONNECTIONS=32
       log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"
