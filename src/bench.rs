@@ -613,15 +613,35 @@ pub fn collective_bench(
             if b.check {
                 call(&mut recv, &send)?;
                 comm.synchronize()?;
-                for (r, buf) in recv.iter().enumerate() {
-                    let (base, n) = match (b.collective, in_place) {
-                        (Collective::ReduceScatter, true) => (r as u64 * count, count),
-                        _ => (0, out_bytes / e),
-                    };
-                    let stream = &streams[r];
-                    let ordinal = stream.context().ordinal();
-                    let stage = &mut staging.iter_mut().find(|(o, _)| *o == ordinal).expect("staged per device").1;
-                    wrong[k] += count_wrong_on_device(stream, buf, (base * e) as usize, n, &expected, r, stage)?;
+                // One thread per device (each with its staging buffer), its ranks one after another.
+                let recv = &recv;
+                let expected = &expected;
+                let per_device = std::thread::scope(|scope| {
+                    let workers: Vec<_> = staging
+                        .iter_mut()
+                        .map(|(ordinal, stage)| {
+                            let ordinal = *ordinal;
+                            scope.spawn(move || -> Result<u64> {
+                                let mut wrong = 0;
+                                for (r, buf) in recv.iter().enumerate() {
+                                    if streams[r].context().ordinal() != ordinal {
+                                        continue;
+                                    }
+                                    let (base, n) = match (b.collective, in_place) {
+                                        (Collective::ReduceScatter, true) => (r as u64 * count, count),
+                                        _ => (0, out_bytes / e),
+                                    };
+                                    let at = (base * e) as usize;
+                                    wrong += count_wrong_on_device(&streams[r], buf, at, n, expected, r, stage)?;
+                                }
+                                Ok(wrong)
+                            })
+                        })
+                        .collect();
+                    workers.into_iter().map(|w| w.join().expect("check thread")).collect::<Vec<Result<u64>>>()
+                });
+                for w in per_device {
+                    wrong[k] += w?;
                 }
             }
             times[k] = time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
