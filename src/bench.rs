@@ -733,7 +733,7 @@ pub fn plan_bench(
     let mut engines: Vec<Arc<Engine>> = Vec::new();
     for s in streams {
         if !engines.iter().any(|e| e.context().ordinal() == s.context().ordinal()) {
-            engines.push(Arc::new(Engine::new(s.context())?));
+            engines.push(Engine::shared(s.context())?);
         }
     }
     let engine = engines[0].clone();

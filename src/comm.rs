@@ -89,7 +89,7 @@ pub(crate) struct Uploaded {
 /// communicator's lifetime; dropping the communicator waits for its streams first.
 pub struct Communicator {
     config: Config,
-    engines: Vec<Engine>,
+    engines: Vec<Arc<Engine>>,
     ranks: Vec<Rank>,
     groups: Vec<Group>,
     plans: Mutex<HashMap<PlanSpec, Arc<Uploaded>>>,
@@ -130,7 +130,7 @@ impl Communicator {
                 Some(d) => d,
                 None => {
                     contexts.push(ctx.clone());
-                    engines.push(Engine::new(ctx)?);
+                    engines.push(Engine::shared(ctx)?);
                     contexts.len() - 1
                 }
             };

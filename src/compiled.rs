@@ -120,7 +120,7 @@ impl CompiledPlan {
         let mut engines: Vec<Arc<Engine>> = Vec::new();
         for s in streams {
             if !engines.iter().any(|e| e.context().ordinal() == s.context().ordinal()) {
-                engines.push(Arc::new(Engine::new(s.context())?));
+                engines.push(Engine::shared(s.context())?);
             }
         }
         Self::on_engines(&engines, streams, lowered, config)

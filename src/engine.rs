@@ -193,6 +193,22 @@ impl Engine {
         })
     }
 
+    /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:
+    /// the PTX is loaded, and kernel handles and occupancy queried, once per context rather than once
+    /// per communicator.
+    pub fn shared(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
+        static ENGINES: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
+        let key = ctx.cu_ctx() as usize;
+        let mut engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
+        engines.retain(|(_, e)| e.strong_count() > 0);
+        if let Some(e) = engines.iter().find(|(k, _)| *k == key).and_then(|(_, e)| e.upgrade()) {
+            return Ok(e);
+        }
+        let e = Arc::new(Engine::new(ctx)?);
+        engines.push((key, Arc::downgrade(&e)));
+        Ok(e)
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
