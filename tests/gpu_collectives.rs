@@ -355,6 +355,10 @@ fn from_devices_runs_one_rank_per_listed_device() {
     let comm = Communicator::from_devices(&ordinals, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
     let p = ordinals.len();
     assert!(matches!(comm.stream(p), Err(Error::NoSuchRank { rank, ranks }) if rank == p && ranks == p));
+    // Communicators on one context share its engine (the PTX is loaded once).
+    let other = Communicator::virtual_ranks(comm.stream(0).unwrap(), 2, Config::default()).unwrap();
+    assert!(std::ptr::eq(comm.engine(0).unwrap(), other.engine(1).unwrap()), "a second engine for GPU 0");
+    drop(other);
     let n = 70_001;
     let mut bufs = Vec::new();
     for (r, &d) in ordinals.iter().enumerate() {
