@@ -74,10 +74,11 @@ for step in "$@"; do
       for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
     multi-tune)
-      # Bytes in flight per CTA against NVLink: stages x sources x chunk, at one size.
-      for coll in reduce_scatter all_reduce; do for c in 8 16; do for cs in "4 0" "6 8192" "8 6144" "3 16384"; do set -- $cs
-        chunk=""; [ "$2" != 0 ] && chunk="--chunk $2"
-        log "oxccl $coll --gpus $GPUS --ctas $c --stages $1 $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $1 $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
+      # Bytes in flight per CTA against NVLink at one size: the default, then deeper rings of
+      # smaller chunks filling 192 KiB of stages (one slot per source: GPUS sources per stage).
+      for coll in reduce_scatter all_reduce; do for c in 8 16; do for st in 4 6 8 12; do
+        chunk=""; [ "$st" != 4 ] && chunk="--chunk $(( 196608 / (st * GPUS) / 1024 * 1024 ))"
+        log "oxccl $coll --gpus $GPUS --ctas $c --stages $st $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $st $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
     multi-compiled)
       for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
         log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs|idle" ; done; done ;;
