@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 use oxccl_host::lowered::Lowered;
 use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
-use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::sync::Arc;
 
 /// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
@@ -86,6 +86,14 @@ impl SweepOp {
             SweepOp::ReduceInto => "reduce-into",
         }
     }
+    /// Sources per pipeline stage (shared-memory slots).
+    fn sources(self) -> u32 {
+        match self {
+            SweepOp::ReduceAdd => 2,
+            SweepOp::Copy | SweepOp::ReduceInto => 1,
+        }
+    }
+
     fn traffic(self) -> u64 {
         match self {
             SweepOp::Copy => 2,
@@ -103,6 +111,9 @@ pub struct SweepRow {
     pub threads: u32,
     pub registers: u32,
     pub bytes: u64,
+    /// The TMA pipeline the row ran (bytes per source per stage, stages; 0 for SIMT rows).
+    pub chunk_bytes: u32,
+    pub stages: u32,
     pub ms: f64,
     /// Bytes read + written per second / 1e9.
     pub gbps: f64,
@@ -149,7 +160,7 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32) -> Lowered {
         });
     }
     let combines = op != SweepOp::Copy;
-    Lowered { programs, tasks, ranks: 2, slots: 2, combines }
+    Lowered { programs, tasks, ranks: 2, slots: op.sources(), combines }
 }
 
 /// Parameters of the mover sweep.
@@ -212,7 +223,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     dtype: DType::F32,
                     op: ReduceOp::Sum,
                     threads,
-                    chunk_bytes: cfg.chunk_bytes,
+                    chunk_bytes: fitted_chunk(&engine, cfg, l.slots),
                     stages: cfg.stages,
                     reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
                     timeout_ns: 10_000_000_000,
@@ -231,6 +242,8 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     threads,
                     registers: info.registers,
                     bytes: cfg.bytes,
+                    chunk_bytes: if mover == Mover::Tma { spec.chunk_bytes } else { 0 },
+                    stages: if mover == Mover::Tma { spec.stages } else { 0 },
                     ms,
                     gbps,
                     gbps_per_cta: gbps / ctas as f64,
@@ -245,6 +258,16 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
         return Err(e);
     }
     Ok((memcpy_gbps, rows))
+}
+
+/// The sweep's chunk for a program with `slots` sources per stage: the configured one, or, where
+/// `stages × slots` of it do not fit the device's shared memory, the largest 1 KiB multiple that does
+/// (the same bytes in flight per stage split between the sources).
+fn fitted_chunk(engine: &Engine, cfg: &SweepConfig, slots: u32) -> u32 {
+    let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES)
+        / (cfg.stages.max(1) as usize * slots.max(1) as usize);
+    let fit = (room / 1024 * 1024).max(16) as u32;
+    cfg.chunk_bytes.min(fit)
 }
 
 /// Parameters of a collective benchmark (nccl-tests flags).

@@ -230,21 +230,26 @@ pub fn run(a: Args) -> CliResult {
             SweepConfig { bytes: a.max_bytes, chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes), stages: a.stages, ..d };
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
-        println!("# TMA pipeline: {} B per source per stage, {} stages", cfg.chunk_bytes, cfg.stages);
+        println!(
+            "# TMA pipeline: {} B per source per stage, {} stages (smaller chunks where the sources' slots would not fit)",
+            cfg.chunk_bytes, cfg.stages
+        );
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
         println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
         println!(
-            "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>10} {:>10} {:>10} {:>8}",
-            "op", "mover", "CTAs", "threads", "regs", "ms", "GB/s", "GB/s/CTA", "memcpy%"
+            "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10} {:>10} {:>10} {:>8}",
+            "op", "mover", "CTAs", "threads", "regs", "chunk×stages", "ms", "GB/s", "GB/s/CTA", "memcpy%"
         );
         for r in &rows {
+            let pipeline = if r.stages == 0 { "-".to_string() } else { format!("{}×{}", r.chunk_bytes, r.stages) };
             println!(
-                "  {:<12} {:>5} {:>5} {:>8} {:>5} {:>10.3} {:>10.1} {:>10.1} {:>7.1}%",
+                "  {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10.3} {:>10.1} {:>10.1} {:>7.1}%",
                 r.op,
                 r.mover,
                 r.ctas,
                 r.threads,
                 r.registers,
+                pipeline,
                 r.ms,
                 r.gbps,
                 r.gbps_per_cta,

@@ -106,7 +106,14 @@ impl Ctx {
         let i = rank as usize * BUFFER_SLOTS + slot as usize;
         // SAFETY: the table was written at entry (before the CTA barrier) and is only read afterwards;
         // rank < MAX_RANKS and slot < BUFFER_SLOTS are checked by the walker before tasks run.
-        unsafe { *(self.smem.add(abi::smem::BUFFERS) as *const u64).add(i) }
+        unsafe { *self.buffer_table().add(i) }
+    }
+
+    /// The shared-memory buffer table: `MAX_RANKS × BUFFER_SLOTS` addresses, rank-major.
+    #[inline(always)]
+    pub fn buffer_table(&self) -> *const u64 {
+        // SAFETY: the table lies at a fixed offset inside the dynamic shared memory.
+        unsafe { self.smem.add(abi::smem::BUFFERS) as *const u64 }
     }
 
     /// Base address of `rank`'s workspace.

@@ -5,6 +5,7 @@
 
 use super::Ctx;
 use super::combine::Combine;
+use crate::abi::BUFFER_SLOTS;
 use oxccl_ptx::Global;
 use oxccl_ptx::memory::{V4, ld_global_v4_u32, st_global_v4_u32};
 
@@ -31,8 +32,8 @@ impl AddrSet {
 
     /// The start address of every range, in order.
     #[inline(always)]
-    pub fn iter<'a>(&self, ctx: &'a Ctx) -> AddrIter<'a> {
-        AddrIter { ctx, first: self.first, mask: self.mask, slot: self.slot, offset: self.offset }
+    pub fn iter(&self, ctx: &Ctx) -> AddrIter {
+        AddrIter { table: ctx.buffer_table(), first: self.first, mask: self.mask, slot: self.slot, offset: self.offset }
     }
 
     /// Start address of the first range.
@@ -42,16 +43,17 @@ impl AddrSet {
     }
 }
 
-/// Iterator over an [`AddrSet`]'s start addresses.
-pub struct AddrIter<'a> {
-    ctx: &'a Ctx,
+/// Iterator over an [`AddrSet`]'s start addresses. It holds the buffer table's address, not the
+/// [`Ctx`]: a context reference kept in a value that outlives a loop pins the context in local memory.
+pub struct AddrIter {
+    table: *const u64,
     first: u64,
     mask: u32,
     slot: u8,
     offset: u64,
 }
 
-impl Iterator for AddrIter<'_> {
+impl Iterator for AddrIter {
     type Item = u64;
 
     #[inline(always)]
@@ -66,7 +68,8 @@ impl Iterator for AddrIter<'_> {
         }
         let r = self.mask.trailing_zeros();
         self.mask &= self.mask - 1;
-        Some(self.ctx.buffer(r, self.slot) + self.offset)
+        // SAFETY: as `Ctx::buffer` (the table outlives the CTA's walk; rank and slot are checked).
+        Some(unsafe { *self.table.add(r as usize * BUFFER_SLOTS + self.slot as usize) } + self.offset)
     }
 }
 
@@ -94,7 +97,10 @@ impl Operands {
     pub fn misalignment(&self, ctx: &Ctx) -> u64 {
         let base = self.srcs.head(ctx);
         let mut mix = 0;
-        for a in self.srcs.iter(ctx).chain(self.dsts.iter(ctx)) {
+        for a in self.srcs.iter(ctx) {
+            mix |= a ^ base;
+        }
+        for a in self.dsts.iter(ctx) {
             mix |= a ^ base;
         }
         mix & 15

@@ -13,9 +13,18 @@ use oxccl_ptx::{Global, Mbarrier, Shared};
 const POLLS_PER_CLOCK_READ: u32 = 32;
 
 /// Records an error in the launch status (the first one wins) and sets the CTA's abort flag.
-#[inline(never)]
+#[inline(always)]
 pub fn record(ctx: &Ctx, kind: WaitKind, peer: u32, expected: u64, observed: u64) {
-    let s = ctx.status;
+    // The out-of-line part takes plain values, not `&Ctx`: a reference passed to a call that is not
+    // inlined would pin the whole context in local memory and turn every field read in the hot loops
+    // into an `ld.local`.
+    write_status(ctx.status, ctx.rank, ctx.cta, kind, peer, expected, observed);
+    ctx.set_abort();
+}
+
+/// The first error of a launch into its `Status`; later ones only count.
+#[inline(never)]
+fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u32, expected: u64, observed: u64) {
     // SAFETY: `status` is the launch's Status in device memory; the counter is updated atomically and
     // only the thread that moved it from 0 writes the details, which the host reads after the launch.
     unsafe {
@@ -23,14 +32,13 @@ pub fn record(ctx: &Ctx, kind: WaitKind, peer: u32, expected: u64, observed: u64
         if old == 0 {
             let st: *mut Status = s.ptr();
             (*st).kind = kind as u32;
-            (*st).rank = ctx.rank;
-            (*st).cta = ctx.cta;
+            (*st).rank = rank;
+            (*st).cta = cta;
             (*st).peer = peer;
             (*st).expected = expected;
             (*st).observed = observed;
         }
     }
-    ctx.set_abort();
 }
 
 /// Waits until the system-scope flag at `flag` reaches at least `expected` (acquire). On timeout records
