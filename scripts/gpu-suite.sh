@@ -32,8 +32,16 @@ for step in "$@"; do
     sweep)
       log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
     sweep-configs)
-      for cs in "16384 4" "32768 6" "16384 8" "24576 8" "49152 4"; do set -- $cs
+      # CONFIGS: chunk:stages pairs.
+      for cs in ${CONFIGS:-16384:4 16384:8 24576:8 32768:6 16384:12 12288:16 8192:16}; do set -- ${cs/:/ }
         log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$1_$2.log" | grep -E " (1|8|32|132) " ; done ;;
+    sweep-old)
+      # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
+      for b in oxccl-old oxccl; do log "$b movers 16384x4"; $B/$b bench movers -e 1G --chunk 16384 --stages 4 > "$OUT/sweep_$b.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$b.log" | grep -E " (1|8|132) " ; done ;;
+    ar-stages)
+      # Stage count (chunk chosen to fill shared memory) for the three collectives, 8 virtual ranks.
+      for coll in all_reduce reduce_scatter all_gather; do for st in ${STAGES:-4 8 12}; do
+        log "$coll --ranks 8 --ctas 8 --stages $st"; timeout 60 $B/oxccl bench $coll --ranks 8 -b 16M -e 1G -f 4 -n 10 -w 3 --ctas 8 --stages $st --json >> "$OUT/ar_stages.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/ar_stages.log" | grep -E "^ +(16777216|268435456|1073741824) |Avg" ; done; done ;;
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;

@@ -9,10 +9,13 @@
 //! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
 //!
 //! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
-//! item stopped reading it. With three or more stages the refill lags two items behind the consumer
-//! (`wait_group.read 1`), so the stores of the newest item stay in flight while the next load issues;
-//! with fewer it lags one (`wait_group.read 0`). Completion of writes (`wait_group 0`) is left to the walker, before it
-//! signals anyone. Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo
+//! item stopped reading it. The ring is split between the two directions: the refill lags `lag =
+//! stages / 2` items behind the consumer (at least one), so `stages - lag` items of loads and `lag - 1`
+//! items of stores are in flight at once (`wait_group.read lag-1`). Each bulk operation takes about
+//! half a microsecond from issue to done whatever its size, so the rate per CTA is the bytes in
+//! flight in each direction over that latency: one store group in flight caps a 16 KiB chunk near
+//! 67 GB/s (read + written), however many loads are ahead. Completion of writes (`wait_group 0`) is
+//! left to the walker, before it signals anyone. Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo
 //! 16, go through the SIMT path.
 
 use super::combine::Combine;
@@ -144,8 +147,8 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         };
 
         // Items the refill lags behind the consumer: the stage item `i + stages - lag` uses was last
-        // read by the stores of item `i - lag`.
-        let lag = if stages >= 3 { 2 } else { 1 };
+        // read by the stores of item `i - lag`, so `lag - 1` newer store groups may still be reading.
+        let lag = refill_lag(stages);
         if ctx.issuer {
             let ahead = (stages - lag).min(items);
             for i in 0..ahead {
@@ -157,11 +160,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             if ctx.issuer {
                 let next = i + stages - lag;
                 if next < items {
-                    if lag == 2 {
-                        cp_async_bulk_wait_group_read::<1>();
-                    } else {
-                        cp_async_bulk_wait_group_read::<0>();
-                    }
+                    wait_stores_reading(lag - 1);
                     load(&producer, next);
                     producer.advance(stages);
                 }
@@ -200,6 +199,41 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     }
     state.advance_by(items, stages);
 }
+
+/// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):
+/// half the ring, at least one.
+#[inline(always)]
+pub const fn refill_lag(stages: u32) -> u32 {
+    let lag = stages / 2;
+    if lag == 0 { 1 } else { lag }
+}
+
+/// `cp.async.bulk.wait_group.read pending` for a run-time `pending` (the instruction takes an
+/// immediate; `pending < MAX_STAGES / 2`).
+///
+/// # Safety
+/// As `cp_async_bulk_wait_group_read`.
+#[inline(always)]
+unsafe fn wait_stores_reading(pending: u32) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match pending {
+            0 => cp_async_bulk_wait_group_read::<0>(),
+            1 => cp_async_bulk_wait_group_read::<1>(),
+            2 => cp_async_bulk_wait_group_read::<2>(),
+            3 => cp_async_bulk_wait_group_read::<3>(),
+            4 => cp_async_bulk_wait_group_read::<4>(),
+            5 => cp_async_bulk_wait_group_read::<5>(),
+            6 => cp_async_bulk_wait_group_read::<6>(),
+            _ => cp_async_bulk_wait_group_read::<7>(),
+        }
+    }
+}
+
+const _: () = assert!(
+    refill_lag(crate::abi::MAX_STAGES as u32) - 1 <= 7 && refill_lag(1) == 1 && refill_lag(4) == 2,
+    "wait_stores_reading covers every lag"
+);
 
 /// Slot 0 ⊕= slots 1..sources of stage `stage`, `len` bytes, all threads.
 ///
