@@ -49,8 +49,9 @@ for step in "$@"; do
       # libcublas for the GEMM load: the toolkit's, else the Python wheels'.
       cublas_dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
       libs="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}"
-      where="--ranks 8"; [ "$step" = multi-overlap ] && where="--gpus $GPUS"
-      for compute in gemm fma; do for c in 8 32; do
+      # CTA budgets of 8 and 32 in all: 8 virtual ranks x 1 or 4 CTAs, or per GPU with one rank each.
+      where="--ranks 8"; budgets="1 4"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="8 32"
+      for compute in gemm fma; do for c in $budgets; do
         log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
@@ -71,7 +72,8 @@ for step in "$@"; do
         for exec in compiled interpreted; do
           log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     cta-table)
-      for m in tma simt; do for c in 1 2 4 8 16 32; do
+      # 16 CTAs per rank is every SM (8 x 16 of 132; one CTA per SM).
+      for m in tma simt; do for c in 1 2 4 8 16; do
         log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -20 "$OUT/cta_table.log" | grep -E "^#? +(268435456|1073741824) |Avg|roofline" ; done; done ;;
     multi-tests)
       export CUDA_DEVICE_MAX_CONNECTIONS=32

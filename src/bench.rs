@@ -185,8 +185,8 @@ impl Default for SweepConfig {
             tma_threads_copy: 32,
             tma_threads_reduce: 128,
             simt_threads: 512,
-            chunk_bytes: 16 * 1024,
-            stages: 6,
+            chunk_bytes: 32 * 1024,
+            stages: 4,
             warmup: 2,
             iters: 5,
         }

@@ -29,8 +29,8 @@ pub struct Config {
     /// Bytes per source per pipeline stage (TMA mover; `None`: the largest multiple of 1 KiB up to
     /// 32 KiB that fits the stages in shared memory).
     pub chunk_bytes: Option<u32>,
-    /// Pipeline stages (TMA mover).
-    pub stages: u32,
+    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
+    pub stages: Option<u32>,
     /// Threads per CTA (`None`: one warp for a TMA copy, 128 when a TMA CTA combines sources, 512 for
     /// the SIMT mover).
     pub threads: Option<u32>,
@@ -49,7 +49,7 @@ impl Default for Config {
             reduction: Reduction::Registers,
             deterministic: true,
             chunk_bytes: None,
-            stages: 4,
+            stages: None,
             threads: None,
             timeout: Duration::from_secs(10),
             wait_suspend_ns: 0,
@@ -369,23 +369,15 @@ impl Communicator {
             Mover::Simt => 512,
         });
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
-        let chunk = match c.chunk_bytes {
-            Some(b) => b,
-            None => {
-                let slots = slots.max(1) as usize;
-                let room = max_smem.saturating_sub(abi::smem::STAGES) / (c.stages as usize * slots);
-                let cap = ((1usize << 20) - 1) / slots;
-                let b = room.min(32 * 1024).min(cap);
-                (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
-            }
-        };
+        let room = max_smem.saturating_sub(abi::smem::STAGES);
+        let (chunk, stages) = auto_pipeline(room, slots, c.chunk_bytes, c.stages);
         Ok(LaunchSpec {
             mover: c.mover,
             dtype,
             op,
             threads,
             chunk_bytes: chunk,
-            stages: c.stages,
+            stages,
             reduce_mode: match c.reduction {
                 Reduction::Registers => ReduceMode::Registers,
                 Reduction::Tma => ReduceMode::Tma,
@@ -714,8 +706,10 @@ fn validate_config(c: &Config) -> Result<()> {
     if let Some(0) = c.max_ctas {
         return Err(Error::Config { field: "max_ctas", why: "must be at least 1".into() });
     }
-    if c.stages == 0 || c.stages as usize > abi::MAX_STAGES {
-        return Err(Error::Config { field: "stages", why: format!("{} is not in 1..={}", c.stages, abi::MAX_STAGES) });
+    if let Some(st) = c.stages
+        && (st == 0 || st as usize > abi::MAX_STAGES)
+    {
+        return Err(Error::Config { field: "stages", why: format!("{st} is not in 1..={}", abi::MAX_STAGES) });
     }
     if c.timeout.is_zero() || c.timeout > MAX_TIMEOUT {
         return Err(Error::Config {
@@ -743,6 +737,34 @@ fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
     }
     Ok(())
+}
+
+/// The TMA pipeline, `(chunk bytes per source, stages)`, for `slots` sources per stage in `room`
+/// bytes of shared memory, filling in what the configuration leaves open.
+///
+/// Every bulk operation costs the SM's copy engine about a quarter of a microsecond whatever its
+/// size, until it is large enough (about 24 KiB) to run at the SM's bandwidth instead; and the depth
+/// of the ring beyond two loads in flight buys nothing (docs/PERF.md, 2026-11-29). So chunks come
+/// first: up to 32 KiB per source, with four stages while each source still gets at least 16 KiB,
+/// and fewer (down to two) when many sources share a stage. A given chunk gets as many stages (up
+/// to four) as fit; given stages get the largest chunk that fits.
+pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
+    const MAX_CHUNK: usize = 32 * 1024;
+    const MIN_CHUNK: usize = 16 * 1024;
+    let slots = slots.max(1) as usize;
+    let fit = |stages: usize| {
+        let b = (room / (stages * slots)).min(MAX_CHUNK).min(((1usize << 20) - 1) / slots);
+        (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
+    };
+    match (chunk, stages) {
+        (Some(b), Some(st)) => (b, st),
+        (None, Some(st)) => (fit(st as usize), st),
+        (Some(b), None) => (b, (room / (slots * b.max(1) as usize)).clamp(1, 4) as u32),
+        (None, None) => {
+            let st = (2..=4).rev().find(|&st| fit(st) as usize >= MIN_CHUNK).unwrap_or(2);
+            (fit(st), st as u32)
+        }
+    }
 }
 
 /// Longest device-side wait a configuration may ask for.

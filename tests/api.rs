@@ -18,3 +18,31 @@ fn from_devices_names_what_is_missing() {
         other => panic!("unexpected error: {other}"),
     }
 }
+
+/// The automatic TMA pipeline in an H200's shared memory (227 KiB less the engine's header): 32 KiB
+/// chunks with four stages for one source, smaller chunks and fewer stages as sources share a stage,
+/// and what the configuration fixes kept.
+#[test]
+fn auto_pipeline_prefers_large_chunks() {
+    use oxccl::auto_pipeline;
+    let room = 232_448 - oxccl_kernels::abi::smem::STAGES;
+    assert_eq!(auto_pipeline(room, 1, None, None), (32 * 1024, 4));
+    assert_eq!(auto_pipeline(room, 2, None, None), (28 * 1024, 4));
+    assert_eq!(auto_pipeline(room, 4, None, None), (18 * 1024, 3));
+    assert_eq!(auto_pipeline(room, 8, None, None), (14 * 1024, 2));
+    assert_eq!(auto_pipeline(room, 16, None, None), (7 * 1024, 2));
+    assert_eq!(auto_pipeline(room, 8, None, Some(4)), (7 * 1024, 4));
+    assert_eq!(auto_pipeline(room, 1, Some(16384), None), (16384, 4));
+    assert_eq!(auto_pipeline(room, 8, Some(16384), None), (16384, 1));
+    assert_eq!(
+        auto_pipeline(room, 8, Some(65536), None),
+        (65536, 1),
+        "a chunk too large is the engine's error to report"
+    );
+    assert_eq!(auto_pipeline(room, 2, Some(4096), Some(9)), (4096, 9));
+    for slots in 1..=16 {
+        let (chunk, stages) = auto_pipeline(room, slots, None, None);
+        assert!(chunk as usize * slots as usize * stages as usize <= room, "{slots} sources: {chunk} × {stages}");
+        assert!(chunk >= 1024 && chunk % 1024 == 0 && (2..=4).contains(&stages), "{slots} sources: {chunk} × {stages}");
+    }
+}

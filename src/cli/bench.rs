@@ -81,15 +81,16 @@ pub struct Args {
     /// Reduction path: registers (deterministic) or tma (cp.reduce.async.bulk).
     #[arg(long, default_value = "registers")]
     pub reduction: String,
-    /// Threads per CTA (default: chosen by the mover).
+    /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine sources).
     #[arg(long)]
     pub threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
     #[arg(long)]
     pub chunk: Option<u32>,
-    /// Pipeline stages (TMA).
-    #[arg(long, default_value_t = 4)]
-    pub stages: u32,
+    /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`;
+    /// movers: 4).
+    #[arg(long)]
+    pub stages: Option<u32>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
     #[arg(long, default_value = "fma")]
@@ -226,8 +227,13 @@ pub fn run(a: Args) -> CliResult {
     }
     let Some(collective) = collective else {
         let d = SweepConfig::default();
-        let cfg =
-            SweepConfig { bytes: a.max_bytes, chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes), stages: a.stages, ..d };
+        let cfg = SweepConfig {
+            bytes: a.max_bytes,
+            chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes),
+            stages: a.stages.unwrap_or(d.stages),
+            tma_threads_reduce: a.threads.unwrap_or(d.tma_threads_reduce),
+            ..d
+        };
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
         println!(
