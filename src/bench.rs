@@ -183,7 +183,7 @@ impl Default for SweepConfig {
             bytes: 1 << 30,
             ctas: vec![1, 2, 4, 8, 16, 32, 66, 132],
             tma_threads_copy: 32,
-            tma_threads_reduce: 128,
+            tma_threads_reduce: 256,
             simt_threads: 512,
             chunk_bytes: 32 * 1024,
             stages: 4,

@@ -31,7 +31,7 @@ pub struct Config {
     pub chunk_bytes: Option<u32>,
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
     pub stages: Option<u32>,
-    /// Threads per CTA (`None`: one warp for a TMA copy, 128 when a TMA CTA combines sources, 512 for
+    /// Threads per CTA (`None`: one warp for a TMA copy, 256 when a TMA CTA combines sources in registers, 512 for
     /// the SIMT mover).
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`].
@@ -364,7 +364,7 @@ impl Communicator {
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let c = &self.config;
         let threads = c.threads.unwrap_or(match c.mover {
-            Mover::Tma if combines => 128,
+            Mover::Tma if combines => 256,
             Mover::Tma => 32,
             Mover::Simt => 512,
         });
