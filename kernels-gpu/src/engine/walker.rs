@@ -140,8 +140,7 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             (Mover::Tma, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
             (Mover::Tma, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
         };
-        // Any number of sources fits: more than a stage's slots are folded one stage at a time.
-        if path == Path::TmaMove && ctx.slots == 0 {
+        if path == Path::TmaMove && operands.srcs.count() > ctx.slots {
             return bad_task(ctx, index);
         }
         // A single source is a copy: no operator, one instantiation.
