@@ -86,6 +86,14 @@ impl SweepOp {
             SweepOp::ReduceInto => "reduce-into",
         }
     }
+    /// Sources per pipeline stage (shared-memory slots).
+    fn sources(self) -> u32 {
+        match self {
+            SweepOp::ReduceAdd => 2,
+            SweepOp::Copy | SweepOp::ReduceInto => 1,
+        }
+    }
+
     fn traffic(self) -> u64 {
         match self {
             SweepOp::Copy => 2,
@@ -152,9 +160,7 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32) -> Lowered {
         });
     }
     let combines = op != SweepOp::Copy;
-    // One shared-memory slot per stage for every op, as the communicator launches the TMA mover:
-    // reduce-add folds its two sources into registers one stage at a time.
-    Lowered { programs, tasks, ranks: 2, slots: 1, combines }
+    Lowered { programs, tasks, ranks: 2, slots: op.sources(), combines }
 }
 
 /// Parameters of the mover sweep.

@@ -393,14 +393,7 @@ impl Communicator {
         if let Some(p) = cache.get(spec) {
             return Ok(p.clone());
         }
-        let mut lowered = tccl::plan(spec)?;
-        if self.config.mover == Mover::Tma {
-            // One slot per stage: the TMA mover folds a task's sources into registers one whole stage
-            // at a time (the engine's `accumulate`), so every bulk load is a full chunk of up to
-            // 32 KiB instead of a 1/P share of the stage (bulk operations have a fixed cost each).
-            lowered.slots = 1;
-        }
-        let plan = Arc::new(self.upload(lowered, spec.ctas)?);
+        let plan = Arc::new(self.upload(tccl::plan(spec)?, spec.ctas)?);
         cache.insert(*spec, plan.clone());
         Ok(plan)
     }

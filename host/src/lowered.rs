@@ -20,8 +20,7 @@ pub struct Lowered {
     pub tasks: Vec<Task>,
     /// Ranks the program addresses (buffer table rows 0..ranks).
     pub ranks: usize,
-    /// Most sources a TMA-mover task combines in registers (shared-memory slots per stage). A launch
-    /// may give its stages fewer slots: the engine then folds the sources one stage at a time.
+    /// Most sources a TMA-mover task combines in registers (shared-memory slots per stage).
     pub slots: u32,
     /// Whether any task combines several sources (the CTA then needs more than one warp).
     pub combines: bool,

@@ -237,7 +237,7 @@ pub fn run(a: Args) -> CliResult {
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
         println!(
-            "# TMA pipeline: {} B per source per stage, {} stages (reduce-add folds its sources one stage at a time; smaller chunks where the stages would not fit)",
+            "# TMA pipeline: {} B per source per stage, {} stages (smaller chunks where the sources' slots would not fit)",
             cfg.chunk_bytes, cfg.stages
         );
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;

@@ -58,11 +58,7 @@ pub unsafe fn run_move<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &O
         simt::elements::<C>(ctx, &ops.window(0, head), elem);
         simt::elements::<C>(ctx, &ops.window(head + body, ops.bytes - head - body), elem);
         let sources = ops.srcs.count();
-        if sources > ctx.slots {
-            accumulate::<C>(ctx, state, &ops.window(head, body), sources);
-        } else {
-            stream::<C>(ctx, state, &ops.window(head, body), sources, Write::Store);
-        }
+        stream::<C>(ctx, state, &ops.window(head, body), sources, Write::Store);
     }
 }
 
@@ -202,118 +198,6 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         }
     }
     state.advance_by(items, stages);
-}
-
-/// 16-byte vectors each thread holds in registers while [`accumulate`] folds the sources.
-const ACC_VECS: u32 = 8;
-
-/// Sources combined one at a time, for launches whose stages hold fewer slots than a task has
-/// sources (the T-CCL launches give the TMA mover one slot per stage): each item is one source's
-/// part of the range, at most `ACC_VECS × 16 × threads` bytes, and every thread folds its vectors of
-/// it into registers, in source order (the same order as [`combine_slots`], so results are bitwise
-/// the same); after the last source the threads write the sum into that item's stage and the issuer
-/// bulk-stores it to every destination. Each bulk load moves a whole stage instead of a slot of one,
-/// which is what pays: a bulk operation has a fixed cost of about a quarter of a microsecond
-/// (docs/PERF.md), so eight 4–14 KiB slots cost as much as eight 32 KiB stages.
-///
-/// Ring discipline: a stage whose item was consumed is refilled right after the CTA barrier that
-/// ends its reads; a stage that held a sum is refilled one item later, after
-/// `wait_group.read 0` says the stores stopped reading it.
-///
-/// # Safety
-/// As [`run_move`]: a 16-byte-aligned range whose length is a multiple of 16; every thread of the
-/// CTA calls it with the same operands and state; `sources >= 2`.
-#[inline(always)]
-unsafe fn accumulate<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32) {
-    let stages = ctx.stages;
-    let part = ctx.chunk_bytes.min(ACC_VECS * 16 * ctx.threads) as u64;
-    let s = sources as u64;
-    let items = ops.bytes.div_ceil(part) * s;
-    if items == 0 {
-        return;
-    }
-    // SAFETY (whole block): as in `stream`; in addition each thread reads and writes only its own
-    // vectors of a stage, and the CTA barriers order every read of a stage before its refill or its
-    // overwrite with the sum, and the sum's writes (made visible to the async proxy) before the store.
-    unsafe {
-        // Every thread waits on the stage barriers below: all must enter with the ring drained.
-        bar_sync_all();
-        let len = |j: u64| (ops.bytes - j * part).min(part) as u32;
-        let load = |p: &PipelineState, t: u64| {
-            let (j, k) = (t / s, (t % s) as u32);
-            let n = len(j);
-            let bar = ctx.stage_barrier(p.index);
-            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n);
-            let a = ops.srcs.iter(ctx).nth(k as usize).unwrap_or(0);
-            cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(p.index, 0), Global::from_addr(a + j * part), n, bar);
-        };
-        let mut producer = *state;
-        let mut consumer = *state;
-        if ctx.issuer {
-            for t in 0..(stages as u64).min(items) {
-                load(&producer, t);
-                producer.advance(stages);
-            }
-        }
-        let mut acc = [[0u32; 4]; ACC_VECS as usize];
-        // The item whose stage still owes its refill (it held a sum the stores were reading).
-        let mut owed = false;
-        for t in 0..items {
-            let (j, k) = (t / s, t % s);
-            let n = len(j);
-            let stage = ctx.stage_slot(consumer.index, 0);
-            if wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
-                for (m, a) in acc.iter_mut().enumerate() {
-                    let v = ctx.tid + m as u32 * ctx.threads;
-                    if v < n / 16 {
-                        let x = ld_shared_v4_u32(stage.byte_add(16 * v));
-                        *a = if k == 0 { x } else { C::vec(*a, x) };
-                    }
-                }
-            }
-            bar_sync_all();
-            if ctx.aborted() {
-                break;
-            }
-            let last = k == s - 1;
-            if last {
-                for (m, a) in acc.iter().enumerate() {
-                    let v = ctx.tid + m as u32 * ctx.threads;
-                    if v < n / 16 {
-                        st_shared_v4_u32(stage.byte_add(16 * v), *a);
-                    }
-                }
-                fence_proxy_async_shared_cta();
-                bar_sync_all();
-                if ctx.issuer {
-                    for a in ops.dsts.iter(ctx) {
-                        cp_async_bulk_global_shared_bulk_group(Global::from_addr(a + j * part), stage, n);
-                    }
-                    cp_async_bulk_commit_group();
-                }
-            }
-            if ctx.issuer {
-                if owed {
-                    // The previous item's stage held a sum: refill it once its stores stopped reading.
-                    cp_async_bulk_wait_group_read::<0>();
-                    if t - 1 + (stages as u64) < items {
-                        load(&producer, t - 1 + stages as u64);
-                        producer.advance(stages);
-                    }
-                }
-                if !last && t + (stages as u64) < items {
-                    load(&producer, t + stages as u64);
-                    producer.advance(stages);
-                }
-                owed = last;
-            }
-            consumer.advance(stages);
-        }
-        if ctx.issuer {
-            cp_async_bulk_wait_group_read::<0>();
-        }
-        *state = consumer;
-    }
 }
 
 /// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):
