@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs allreduce
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ar-stages allreduce
 # allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -35,6 +35,10 @@ for step in "$@"; do
       # CONFIGS: chunk:stages pairs.
       for cs in ${CONFIGS:-16384:4 16384:8 24576:8 32768:6 16384:12 12288:16 8192:16}; do set -- ${cs/:/ }
         log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$1_$2.log" | grep -E " (1|8|32|132) " ; done ;;
+    sweep-pieces)
+      # Contiguous range per CTA against pieces dealt in turn (do the CTAs' distant streams cost the 132-CTA rate?).
+      for piece in ${PIECES:-none 4M 1M 256K}; do flag=""; [ "$piece" != none ] && flag="--piece $piece"
+        log "sweep $flag"; timeout 60 $B/oxccl bench movers -e 1G $flag > "$OUT/sweep_piece_$piece.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_piece_$piece.log" | grep -E " (1|32|66|132) " ; done ;;
     sweep-old)
       # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
       for b in oxccl-old oxccl; do log "$b movers 16384x4"; $B/$b bench movers -e 1G --chunk 16384 --stages 4 > "$OUT/sweep_$b.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$b.log" | grep -E " (1|8|132) " ; done ;;

@@ -122,34 +122,46 @@ pub struct SweepRow {
     pub of_memcpy: f64,
 }
 
-/// A one-rank program moving `bytes` with `ctas` CTAs: one task per CTA over a 16-byte-grained split.
-fn sweep_program(op: SweepOp, bytes: u64, ctas: u32) -> Lowered {
+/// A one-rank program moving `bytes` with `ctas` CTAs: one task per CTA over a 16-byte-grained split,
+/// or, with `piece`, pieces of `piece` bytes dealt to the CTAs in turn (CTA `c` moves pieces `c`,
+/// `c + ctas`, …), so that the CTAs stream neighbouring addresses instead of one distant range each.
+fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowered {
+    let (kind, src_ranks) = match op {
+        SweepOp::Copy => (TaskKind::Move, 0b1),
+        SweepOp::ReduceAdd => (TaskKind::Move, 0b11),
+        SweepOp::ReduceInto => (TaskKind::ReduceInto, 0b10),
+    };
+    let task = |lo: u64, hi: u64| Task {
+        kind: kind.raw(),
+        dtype: DType::F32.raw(),
+        op: ReduceOp::Sum.raw(),
+        src_slot: slot::INPUT,
+        dst_slot: slot::OUTPUT,
+        flags: 0,
+        reserved: 0,
+        src_ranks,
+        dst_ranks: 1,
+        src_offset: lo,
+        dst_offset: lo,
+        bytes: hi - lo,
+    };
+    let ranges = |c: u32| -> Vec<(u64, u64)> {
+        match piece {
+            Some(p) => (c as u64..bytes.div_ceil(p))
+                .step_by(ctas as usize)
+                .map(|i| (i * p, ((i + 1) * p).min(bytes)))
+                .collect(),
+            None => {
+                let (lo, hi) = split(bytes, ctas as u64, 16, c as u64);
+                if hi > lo { vec![(lo, hi)] } else { vec![] }
+            }
+        }
+    };
     let mut programs = Vec::new();
     let mut tasks = Vec::new();
     for c in 0..ctas {
-        let (lo, hi) = split(bytes, ctas as u64, 16, c as u64);
         let first = tasks.len() as u32;
-        if hi > lo {
-            let (kind, src_ranks) = match op {
-                SweepOp::Copy => (TaskKind::Move, 0b1),
-                SweepOp::ReduceAdd => (TaskKind::Move, 0b11),
-                SweepOp::ReduceInto => (TaskKind::ReduceInto, 0b10),
-            };
-            tasks.push(Task {
-                kind: kind.raw(),
-                dtype: DType::F32.raw(),
-                op: ReduceOp::Sum.raw(),
-                src_slot: slot::INPUT,
-                dst_slot: slot::OUTPUT,
-                flags: 0,
-                reserved: 0,
-                src_ranks,
-                dst_ranks: 1,
-                src_offset: lo,
-                dst_offset: lo,
-                bytes: hi - lo,
-            });
-        }
+        tasks.extend(ranges(c).into_iter().map(|(lo, hi)| task(lo, hi)));
         programs.push(TbProgram {
             rank: 0,
             cta: c,
@@ -173,6 +185,9 @@ pub struct SweepConfig {
     pub simt_threads: u32,
     pub chunk_bytes: u32,
     pub stages: u32,
+    /// Deal the range to the CTAs in pieces of this many bytes (a multiple of 16), in turn, instead
+    /// of one contiguous range per CTA.
+    pub piece_bytes: Option<u64>,
     pub warmup: usize,
     pub iters: usize,
 }
@@ -187,6 +202,7 @@ impl Default for SweepConfig {
             simt_threads: 512,
             chunk_bytes: 32 * 1024,
             stages: 4,
+            piece_bytes: None,
             warmup: 2,
             iters: 5,
         }
@@ -196,6 +212,17 @@ impl Default for SweepConfig {
 /// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
 /// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
 pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
+    if let Some(p) = cfg.piece_bytes
+        && (p == 0 || !p.is_multiple_of(16) || cfg.bytes.div_ceil(p) > MAX_SWEEP_PIECES)
+    {
+        return Err(Error::Config {
+            field: "piece_bytes",
+            why: format!(
+                "{p} is not a positive multiple of 16 that cuts {} B into at most {MAX_SWEEP_PIECES} pieces",
+                cfg.bytes
+            ),
+        });
+    }
     let engine = Engine::new(stream.context())?;
     let n = (cfg.bytes / 4) as usize;
     let a: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
@@ -210,7 +237,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     let mut rows = Vec::new();
     for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
         for &ctas in &cfg.ctas {
-            let l = sweep_program(op, cfg.bytes, ctas);
+            let l = sweep_program(op, cfg.bytes, ctas, cfg.piece_bytes);
             let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
             for mover in [Mover::Tma, Mover::Simt] {
                 let threads = match (mover, op) {
@@ -259,6 +286,9 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     }
     Ok((memcpy_gbps, rows))
 }
+
+/// Most pieces [`SweepConfig::piece_bytes`] may cut the range into (one task each).
+const MAX_SWEEP_PIECES: u64 = 1 << 20;
 
 /// The sweep's chunk for a program with `slots` sources per stage: the configured one, or, where
 /// `stages × slots` of it do not fit the device's shared memory, the largest 1 KiB multiple that does
@@ -1235,6 +1265,32 @@ fn reshard_call(
 mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
+
+    /// The sweep's programs cover the range exactly once, contiguous per CTA or in pieces dealt in
+    /// turn, whatever the remainder.
+    #[test]
+    fn sweep_programs_cover_the_range_once() {
+        for (bytes, ctas, piece) in
+            [(1u64 << 20, 3u32, None), (1 << 20, 3, Some(4096u64)), (1000 * 16 + 32, 7, Some(160)), (64, 8, Some(16))]
+        {
+            for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
+                let l = sweep_program(op, bytes, ctas, piece);
+                assert_eq!(l.programs.len(), ctas as usize);
+                let mut covered = vec![0u8; bytes as usize];
+                for (c, p) in l.programs.iter().enumerate() {
+                    let mine = &l.tasks[p.first_task as usize..][..p.task_count as usize];
+                    for (k, t) in mine.iter().enumerate() {
+                        assert_eq!(t.src_offset, t.dst_offset);
+                        if let Some(size) = piece {
+                            assert_eq!(t.src_offset, (c as u64 + k as u64 * ctas as u64) * size, "piece order");
+                        }
+                        covered[t.src_offset as usize..][..t.bytes as usize].iter_mut().for_each(|b| *b += 1);
+                    }
+                }
+                assert!(covered.iter().all(|&n| n == 1), "{bytes} B over {ctas} CTAs, pieces {piece:?}");
+            }
+        }
+    }
 
     /// The benchmark's expected outputs agree with the collectives' reference on the benchmark's
     /// inputs, for every collective, dtype and operator.

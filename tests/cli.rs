@@ -35,3 +35,12 @@ fn an_unknown_benchmark_is_named() {
     assert!(!ok && err.contains("unknown benchmark \"all_to_all\""), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn a_bad_piece_is_named() {
+    let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
+    assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
+    let (ok, err) = oxccl(&["bench", "all_reduce", "--piece", "1M"]);
+    assert!(!ok && err.contains("--piece is for movers, not all_reduce"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

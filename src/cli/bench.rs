@@ -87,6 +87,10 @@ pub struct Args {
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
     #[arg(long)]
     pub chunk: Option<u32>,
+    /// movers: deal the range to the CTAs in pieces of this size, in turn (default: one contiguous
+    /// range per CTA).
+    #[arg(long, value_parser = parse_size)]
+    pub piece: Option<u64>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`;
     /// movers: 4).
     #[arg(long)]
@@ -210,6 +214,14 @@ pub fn run(a: Args) -> CliResult {
     if what == "overlap" {
         compute_load(&a)?;
     }
+    if let Some(p) = a.piece {
+        if what != "movers" {
+            return Err(format!("--piece is for movers, not {what}").into());
+        }
+        if p == 0 || !p.is_multiple_of(16) {
+            return Err(format!("--piece {p}: give a positive multiple of 16 bytes").into());
+        }
+    }
     if a.gpus.is_some() && collective.is_none() && what != "overlap" {
         return Err(format!(
             "--gpus is for all_reduce, reduce_scatter, all_gather, overlap and --algo/--xml, not {what}"
@@ -232,6 +244,7 @@ pub fn run(a: Args) -> CliResult {
             chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes),
             stages: a.stages.unwrap_or(d.stages),
             tma_threads_reduce: a.threads.unwrap_or(d.tma_threads_reduce),
+            piece_bytes: a.piece,
             ..d
         };
         println!("# oxccl mover sweep: {}", command.join(" "));
@@ -240,6 +253,10 @@ pub fn run(a: Args) -> CliResult {
             "# TMA pipeline: {} B per source per stage, {} stages (smaller chunks where the sources' slots would not fit)",
             cfg.chunk_bytes, cfg.stages
         );
+        match cfg.piece_bytes {
+            Some(p) => println!("# each CTA moves {p}-byte pieces dealt in turn"),
+            None => println!("# each CTA moves one contiguous range"),
+        }
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
         println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
         println!(
