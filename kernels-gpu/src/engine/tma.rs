@@ -3,20 +3,21 @@
 //!
 //! Per item (one chunk of every source):
 //! 1. the issuer arms the stage's mbarrier with the item's byte count and issues one bulk load per
-//!    source into the stage's slots (`stages - 1` items are kept in flight ahead of the consumer);
+//!    source into the stage's slots (`stages - lag` items are kept in flight ahead of the consumer);
 //! 2. the consumer waits for the stage's phase; with several sources the CTA's threads combine the
 //!    slots into slot 0 (`fence.proxy.async.shared::cta`, CTA barrier);
 //! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
 //!
 //! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
-//! item stopped reading it. The ring is split between the two directions: the refill lags `lag =
-//! stages / 2` items behind the consumer (at least one), so `stages - lag` items of loads and `lag - 1`
-//! items of stores are in flight at once (`wait_group.read lag-1`). Each bulk operation takes about
-//! half a microsecond from issue to done whatever its size, so the rate per CTA is the bytes in
-//! flight in each direction over that latency: one store group in flight caps a 16 KiB chunk near
-//! 67 GB/s (read + written), however many loads are ahead. Completion of writes (`wait_group 0`) is
-//! left to the walker, before it signals anyone. Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo
-//! 16, go through the SIMT path.
+//! item stopped reading it: the refill lags `lag = stages / 2` items behind the consumer (at least
+//! one), so `stages - lag` items of loads and `lag - 1` groups of stores may be in flight at once
+//! (`wait_group.read lag-1`). Measured on an H200 (docs/PERF.md, 2026-11-29), the depth beyond that
+//! buys nothing: every bulk operation costs the SM's copy engine about a quarter of a microsecond
+//! whatever its size, so small chunks are bound by the operation count (16 KiB copies at 64–67 GB/s
+//! per CTA with 4, 8 or 12 stages) and only chunks of about 24 KiB and more reach the SM's ~100 GB/s.
+//! The host therefore sizes chunks before depth (`oxccl::auto_pipeline`). Completion of writes
+//! (`wait_group 0`) is left to the walker, before it signals anyone. Unaligned heads and tails, and
+//! ranges whose buffers disagree in alignment modulo 16, go through the SIMT path.
 
 use super::combine::Combine;
 use super::pipeline::PipelineState;
