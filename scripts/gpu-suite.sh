@@ -6,6 +6,8 @@
 set -uo pipefail
 B=.device/bin
 OUT=${OUT:-/tmp/oxccl-out}
+# Mover-sweep rows at CTA counts $1 (a regex alternation), matched on the CTAs column.
+rows() { grep -E "copy|reduce" | awk -v c="^($1)\$" '$3 ~ c'; }
 mkdir -p "$OUT"
 export RUST_BACKTRACE=1
 # NVLink multicast stays off on shared machines, also for anything these steps start.
@@ -33,19 +35,21 @@ for step in "$@"; do
       log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
     sweep-configs)
       # CONFIGS: chunk:stages pairs.
-      for cs in ${CONFIGS:-16384:4 16384:8 24576:8 32768:6 16384:12 12288:16 8192:16}; do set -- ${cs/:/ }
-        log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$1_$2.log" | grep -E " (1|8|32|132) " ; done ;;
+      for cs in ${CONFIGS:-16384:4 16384:8 24576:8 32768:6 16384:12 12288:16 8192:16}; do
+        case "$cs" in *:*) ;; *) echo "CONFIGS entry $cs is not chunk:stages"; continue ;; esac; set -- ${cs/:/ }
+        log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; rows "1|8|32|132" < "$OUT/sweep_$1_$2.log" ; done ;;
     sweep-pieces)
       # Contiguous range per CTA against pieces dealt in turn (do the CTAs' distant streams cost the 132-CTA rate?).
       for piece in ${PIECES:-none 4M 1M 256K}; do flag=""; [ "$piece" != none ] && flag="--piece $piece"
-        log "sweep $flag"; timeout 60 $B/oxccl bench movers -e 1G $flag > "$OUT/sweep_piece_$piece.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_piece_$piece.log" | grep -E " (1|32|66|132) " ; done ;;
+        log "sweep $flag"; timeout 60 $B/oxccl bench movers -e 1G $flag > "$OUT/sweep_piece_$piece.log" 2>&1; rows "1|32|66|132" < "$OUT/sweep_piece_$piece.log" ; done ;;
     sweep-old)
       # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
-      for b in oxccl-old oxccl; do log "$b movers 16384x4"; $B/$b bench movers -e 1G --chunk 16384 --stages 4 > "$OUT/sweep_$b.log" 2>&1; grep -E "copy|reduce" "$OUT/sweep_$b.log" | grep -E " (1|8|132) " ; done ;;
+      [ -x $B/oxccl-old ] || { echo "sweep-old skipped: no $B/oxccl-old staged"; continue; }
+      for b in oxccl-old oxccl; do log "$b movers 16384x4"; $B/$b bench movers -e 1G --chunk 16384 --stages 4 > "$OUT/sweep_$b.log" 2>&1; rows "1|8|132" < "$OUT/sweep_$b.log" ; done ;;
     ar-stages)
       # Stage count (chunk chosen to fill shared memory) for the three collectives, 8 virtual ranks.
       for coll in all_reduce reduce_scatter all_gather; do for st in ${STAGES:-4 8 12}; do
-        log "$coll --ranks 8 --ctas 8 --stages $st"; timeout 60 $B/oxccl bench $coll --ranks 8 -b 16M -e 1G -f 4 -n 10 -w 3 --ctas 8 --stages $st --json >> "$OUT/ar_stages.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/ar_stages.log" | grep -E "^ +(16777216|268435456|1073741824) |Avg" ; done; done ;;
+        log "$coll --ranks 8 --ctas 8 --stages $st"; timeout 60 $B/oxccl bench $coll --ranks 8 -b 16M -e 1G -f 4 -n 10 -w 3 --ctas 8 --stages $st --json >> "$OUT/ar_stages.log" 2>&1; echo "rc=$?"; tail -20 "$OUT/ar_stages.log" | grep -E "^ +(16777216|268435456|1073741824) |Avg" ; done; done ;;
     ar-matrix)
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;

@@ -212,6 +212,9 @@ impl Default for SweepConfig {
 /// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
 /// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
 pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
+    if cfg.ctas.contains(&0) {
+        return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
+    }
     if let Some(p) = cfg.piece_bytes
         && (p == 0 || !p.is_multiple_of(16) || cfg.bytes.div_ceil(p) > MAX_SWEEP_PIECES)
     {
@@ -291,8 +294,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
 const MAX_SWEEP_PIECES: u64 = 1 << 20;
 
 /// The sweep's chunk for a program with `slots` sources per stage: the configured one, or, where
-/// `stages × slots` of it do not fit the device's shared memory, the largest 1 KiB multiple that does
-/// (the same bytes in flight per stage split between the sources).
+/// `stages × slots` of it do not fit the device's shared memory, the largest 1 KiB multiple that does.
 fn fitted_chunk(engine: &Engine, cfg: &SweepConfig, slots: u32) -> u32 {
     let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES)
         / (cfg.stages.max(1) as usize * slots.max(1) as usize);

@@ -26,13 +26,14 @@ pub struct Config {
     /// Results bitwise identical run to run for a given configuration. Requires
     /// `Reduction::Registers` (the hardware bulk reduction does not fix the order between sources).
     pub deterministic: bool,
-    /// Bytes per source per pipeline stage (TMA mover; `None`: the largest multiple of 1 KiB up to
-    /// 32 KiB that fits the stages in shared memory).
+    /// Bytes per source per pipeline stage (TMA mover; `None`: see
+    /// [`auto_pipeline`](crate::auto_pipeline), which also gives a fixed chunk as many stages, up to
+    /// four, as fit in shared memory).
     pub chunk_bytes: Option<u32>,
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
     pub stages: Option<u32>,
-    /// Threads per CTA (`None`: one warp for a TMA copy, 256 when a TMA CTA combines sources in registers, 512 for
-    /// the SIMT mover).
+    /// Threads per CTA (`None`: one warp for a TMA copy, 256 when a TMA CTA combines sources (in
+    /// registers, or some of them by bulk reduction), 512 for the SIMT mover).
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`].
     pub timeout: Duration,
@@ -747,13 +748,14 @@ fn validate_config(c: &Config) -> Result<()> {
 /// of the ring beyond two loads in flight buys nothing (docs/PERF.md, 2026-11-29). So chunks come
 /// first: up to 32 KiB per source, with four stages while each source still gets at least 16 KiB,
 /// and fewer (down to two) when many sources share a stage. A given chunk gets as many stages (up
-/// to four) as fit; given stages get the largest chunk that fits.
+/// to four) as fit; given stages get the largest chunk that fits. Zero stages count as one; what
+/// does not fit `room` is left for the engine's launch check to report.
 pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
     const MAX_CHUNK: usize = 32 * 1024;
     const MIN_CHUNK: usize = 16 * 1024;
     let slots = slots.max(1) as usize;
     let fit = |stages: usize| {
-        let b = (room / (stages * slots)).min(MAX_CHUNK).min(((1usize << 20) - 1) / slots);
+        let b = (room / (stages.max(1) * slots)).min(MAX_CHUNK).min(((1usize << 20) - 1) / slots);
         (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
     };
     match (chunk, stages) {

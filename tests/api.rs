@@ -40,6 +40,7 @@ fn auto_pipeline_prefers_large_chunks() {
         "a chunk too large is the engine's error to report"
     );
     assert_eq!(auto_pipeline(room, 2, Some(4096), Some(9)), (4096, 9));
+    assert_eq!(auto_pipeline(room, 1, None, Some(0)), (32 * 1024, 0), "zero stages: the engine's check names it");
     for slots in 1..=16 {
         let (chunk, stages) = auto_pipeline(room, slots, None, None);
         assert!(chunk as usize * slots as usize * stages as usize <= room, "{slots} sources: {chunk} × {stages}");

@@ -40,6 +40,9 @@ fn an_unknown_benchmark_is_named() {
 fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
     assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--piece", "1M"]);
+    assert!(!ok && err.contains("--piece is for movers, not --algo/--xml"), "{err}");
     let (ok, err) = oxccl(&["bench", "all_reduce", "--piece", "1M"]);
     assert!(!ok && err.contains("--piece is for movers, not all_reduce"), "{err}");
     assert!(!err.contains("panicked"), "{err}");

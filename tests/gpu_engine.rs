@@ -22,6 +22,8 @@ struct Case {
     src_off: u64,
     dst_off: u64,
     ctas: u32,
+    /// TMA pipeline stages (every refill lag from 1 to `MAX_STAGES / 2` gets exercised).
+    stages: u32,
 }
 
 fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
@@ -31,7 +33,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         op: c.op,
         threads: if c.mover == Mover::Simt { 512 } else { 128 },
         chunk_bytes: 4096,
-        stages: 4,
+        stages: c.stages,
         reduce_mode: c.reduce_mode,
         timeout_ns,
         wait_suspend_ns: 0,
@@ -173,6 +175,8 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 }
                 _ => (rng.below(9), rng.below(9)),
             };
+            // As many stages of 4 KiB slots (one per source, plus the destination) as fit in 227 KiB.
+            let fit = (231_424 / ((sources as u64 + 1) * 4096)).min(abi::MAX_STAGES as u64);
             let c = Case {
                 mover,
                 dtype,
@@ -184,14 +188,16 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 src_off,
                 dst_off,
                 ctas: 1 + rng.below(8) as u32,
+                stages: 1 + rng.below(fit) as u32,
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(
                 gpu == cpu,
-                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={}: first difference at byte {:?}",
+                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={} stages={}: first difference at byte {:?}",
                 c.src_off,
                 c.dst_off,
                 c.ctas,
+                c.stages,
                 gpu.iter().zip(&cpu).position(|(a, b)| a != b)
             );
             cases += 1;
@@ -218,6 +224,7 @@ fn movers_handle_more_than_a_gibibyte() {
                 src_off: 0,
                 dst_off: 1,
                 ctas: 32,
+                stages: 4,
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(gpu == cpu, "{mover:?} sources={sources}: > 1 GiB result differs");
@@ -274,6 +281,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
         src_off: 0,
         dst_off: 0,
         ctas: 1,
+        stages: 4,
     };
     for _ in 0..20 {
         unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }

@@ -189,6 +189,9 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 
 pub fn run(a: Args) -> CliResult {
     if a.algo.is_some() || a.xml.is_some() {
+        if a.piece.is_some() {
+            return Err("--piece is for movers, not --algo/--xml".into());
+        }
         return run_plan(&a);
     }
     let Some(what) = a.what.clone() else {
