@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ar-stages allreduce
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
 # allreduce-256m ar-matrix collectives overlap reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -42,6 +42,14 @@ for step in "$@"; do
       # Contiguous range per CTA against pieces dealt in turn (do the CTAs' distant streams cost the 132-CTA rate?).
       for piece in ${PIECES:-none 4M 1M 256K}; do flag=""; [ "$piece" != none ] && flag="--piece $piece"
         log "sweep $flag"; timeout 60 $B/oxccl bench movers -e 1G $flag > "$OUT/sweep_piece_$piece.log" 2>&1; rows "1|32|66|132" < "$OUT/sweep_piece_$piece.log" ; done ;;
+    ab)
+      # A/B of two builds in one run: .device/bin/oxccl-old (stage a build, then copy its oxccl there)
+      # against .device/bin/oxccl: movers at their defaults, AllReduce and ReduceScatter at 1 and 8 CTAs.
+      [ -x $B/oxccl-old ] || { echo "ab skipped: no $B/oxccl-old staged"; continue; }
+      for b in oxccl-old oxccl; do
+        log "$b movers"; timeout 60 $B/$b bench movers -e 1G > "$OUT/ab_movers_$b.log" 2>&1; rows "1|8|132" < "$OUT/ab_movers_$b.log"
+        for coll in all_reduce reduce_scatter; do for c in 1 8; do
+          log "$b $coll --ranks 8 --ctas $c"; timeout 60 $B/$b bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c > "$OUT/ab_${b}_${coll}_$c.log" 2>&1; grep -E "^ +1073741824 |Avg" "$OUT/ab_${b}_${coll}_$c.log" ; done; done; done ;;
     sweep-old)
       # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
       [ -x $B/oxccl-old ] || { echo "sweep-old skipped: no $B/oxccl-old staged"; continue; }
