@@ -40,8 +40,8 @@ for step in "$@"; do
         log "sweep chunk=$1 stages=$2"; $B/oxccl bench movers -e 1G --chunk $1 --stages $2 > "$OUT/sweep_$1_$2.log" 2>&1; rows "1|8|32|132" < "$OUT/sweep_$1_$2.log" ; done ;;
     sweep-pieces)
       # Contiguous range per CTA against pieces dealt in turn (do the CTAs' distant streams cost the 132-CTA rate?).
-      for piece in ${PIECES:-none 4M 1M 256K}; do flag=""; [ "$piece" != none ] && flag="--piece $piece"
-        log "sweep $flag"; timeout 60 $B/oxccl bench movers -e 1G $flag > "$OUT/sweep_piece_$piece.log" 2>&1; rows "1|32|66|132" < "$OUT/sweep_piece_$piece.log" ; done ;;
+      for piece in ${PIECES:-contiguous 4M 1M 256K}; do
+        log "sweep --piece $piece"; timeout 60 $B/oxccl bench movers -e 1G --piece $piece > "$OUT/sweep_piece_$piece.log" 2>&1; rows "1|32|66|132" < "$OUT/sweep_piece_$piece.log" ; done ;;
     ab)
       # A/B of two builds in one run: .device/bin/oxccl-old (stage a build, then copy its oxccl there)
       # against .device/bin/oxccl, or the binaries named in AB: movers at their defaults, AllReduce and

@@ -120,6 +120,40 @@ pub struct SweepRow {
     pub gbps_per_cta: f64,
     /// Against `cuMemcpyDtoD` of the same size in the same run.
     pub of_memcpy: f64,
+    /// Bytes per piece dealt to the CTAs in turn (0: one contiguous range per CTA).
+    pub piece_bytes: u64,
+}
+
+/// How the mover sweep splits its range between the CTAs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// One contiguous range per CTA (a 16-byte-grained split).
+    Contiguous,
+    /// Pieces of this many bytes (a multiple of 16) dealt to the CTAs in turn: CTA `c` moves pieces
+    /// `c`, `c + ctas`, ….
+    Pieces(u64),
+    /// Contiguous below [`Split::AUTO_PIECES_FROM`] CTAs, pieces of [`Split::AUTO_PIECE`] from there.
+    /// Measured on an H200 (docs/PERF.md, 2026-11-29): at 66 and 132 CTAs one distant contiguous
+    /// stream per CTA left both movers at 68–81 % of `cuMemcpyDtoD`, pieces dealt in turn reached
+    /// 86–93 %; at 32 CTAs and fewer the contiguous split was as fast or faster (a piece is a task,
+    /// and the TMA ring drains between tasks).
+    Auto,
+}
+
+impl Split {
+    /// CTA count from which [`Split::Auto`] deals pieces.
+    pub const AUTO_PIECES_FROM: u32 = 64;
+    /// Piece size of [`Split::Auto`].
+    pub const AUTO_PIECE: u64 = 4 << 20;
+
+    /// The piece size for `ctas` CTAs (`None`: one contiguous range each).
+    pub fn piece(self, ctas: u32) -> Option<u64> {
+        match self {
+            Split::Contiguous => None,
+            Split::Pieces(p) => Some(p),
+            Split::Auto => (ctas >= Self::AUTO_PIECES_FROM).then_some(Self::AUTO_PIECE),
+        }
+    }
 }
 
 /// A one-rank program moving `bytes` with `ctas` CTAs: one task per CTA over a 16-byte-grained split,
@@ -185,9 +219,8 @@ pub struct SweepConfig {
     pub simt_threads: u32,
     pub chunk_bytes: u32,
     pub stages: u32,
-    /// Deal the range to the CTAs in pieces of this many bytes (a multiple of 16), in turn, instead
-    /// of one contiguous range per CTA.
-    pub piece_bytes: Option<u64>,
+    /// How the range is split between the CTAs.
+    pub split: Split,
     pub warmup: usize,
     pub iters: usize,
 }
@@ -202,7 +235,7 @@ impl Default for SweepConfig {
             simt_threads: 512,
             chunk_bytes: 32 * 1024,
             stages: 4,
-            piece_bytes: None,
+            split: Split::Auto,
             warmup: 2,
             iters: 5,
         }
@@ -215,11 +248,11 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     if cfg.ctas.contains(&0) {
         return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
     }
-    if let Some(p) = cfg.piece_bytes
+    if let Split::Pieces(p) = cfg.split
         && (p == 0 || !p.is_multiple_of(16) || cfg.bytes.div_ceil(p) > MAX_SWEEP_PIECES)
     {
         return Err(Error::Config {
-            field: "piece_bytes",
+            field: "split",
             why: format!(
                 "{p} is not a positive multiple of 16 that cuts {} B into at most {MAX_SWEEP_PIECES} pieces",
                 cfg.bytes
@@ -240,7 +273,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     let mut rows = Vec::new();
     for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
         for &ctas in &cfg.ctas {
-            let l = sweep_program(op, cfg.bytes, ctas, cfg.piece_bytes);
+            let l = sweep_program(op, cfg.bytes, ctas, cfg.split.piece(ctas));
             let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
             for mover in [Mover::Tma, Mover::Simt] {
                 let threads = match (mover, op) {
@@ -278,6 +311,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     gbps,
                     gbps_per_cta: gbps / ctas as f64,
                     of_memcpy: gbps / memcpy_gbps,
+                    piece_bytes: cfg.split.piece(ctas).unwrap_or(0),
                 });
             }
         }
@@ -290,7 +324,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     Ok((memcpy_gbps, rows))
 }
 
-/// Most pieces [`SweepConfig::piece_bytes`] may cut the range into (one task each).
+/// Most pieces [`Split::Pieces`] may cut the range into (one task each).
 const MAX_SWEEP_PIECES: u64 = 1 << 20;
 
 /// The sweep's chunk for a program with `slots` sources per stage: the configured one, or, where
@@ -1267,6 +1301,18 @@ fn reshard_call(
 mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
+
+    /// The automatic split is contiguous below 64 CTAs and 4 MiB pieces from there; the others are
+    /// what they say.
+    #[test]
+    fn split_pieces_per_cta_count() {
+        assert_eq!(Split::Auto.piece(1), None);
+        assert_eq!(Split::Auto.piece(63), None);
+        assert_eq!(Split::Auto.piece(64), Some(4 << 20));
+        assert_eq!(Split::Auto.piece(132), Some(4 << 20));
+        assert_eq!(Split::Contiguous.piece(132), None);
+        assert_eq!(Split::Pieces(4096).piece(1), Some(4096));
+    }
 
     /// The sweep's programs cover the range exactly once, contiguous per CTA or in pieces dealt in
     /// turn, whatever the remainder.

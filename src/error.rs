@@ -60,6 +60,10 @@ pub enum Error {
     Timeout { wait: WaitKind, rank: u32, cta: u32, peer: u32, expected: u64, observed: u64, errors: u32 },
     /// The engine rejected a task descriptor.
     BadTask { rank: u32, cta: u32, task: u32 },
+    /// A rank met a peer that is already at a later call of the communicator: the ranks' calls are out
+    /// of step (one rank skipped a call, or an earlier call failed on some ranks only). Nothing was
+    /// read from or written to that peer; rebuild the communicator (or `reset` it) on every rank.
+    OutOfStep { rank: u32, cta: u32, peer: u32, call: u64, peer_call: u64, errors: u32 },
     /// The communicator is unusable after an earlier device error (call `reset` or build a new one).
     Poisoned,
 }
@@ -76,6 +80,14 @@ impl Error {
         }
         Some(match WaitKind::from_raw(s.kind) {
             Some(WaitKind::BadTask) => Error::BadTask { rank: s.rank, cta: s.cta, task: s.peer },
+            Some(WaitKind::OutOfStep) => Error::OutOfStep {
+                rank: s.rank,
+                cta: s.cta,
+                peer: s.peer,
+                call: s.expected,
+                peer_call: s.observed,
+                errors: s.errors,
+            },
             Some(wait) => Error::Timeout {
                 wait,
                 rank: s.rank,
@@ -138,6 +150,7 @@ impl fmt::Display for Error {
                     WaitKind::FifoSpace => "waiting for a free FIFO slot (receiver's head)",
                     WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
                     WaitKind::Progress => "waiting for another CTA's progress (sync point)",
+                    WaitKind::OutOfStep => "at a barrier (calls out of step)",
                 };
                 write!(
                     f,
@@ -148,6 +161,10 @@ impl fmt::Display for Error {
             Error::BadTask { rank, cta, task } => {
                 write!(f, "the engine rejected task {task} of rank {rank} CTA {cta}")
             }
+            Error::OutOfStep { rank, cta, peer, call, peer_call, errors } => write!(
+                f,
+                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call                  {peer_call} ({errors} CTA(s) reported errors)"
+            ),
             Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {

@@ -40,6 +40,8 @@ fn an_unknown_benchmark_is_named() {
 fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
     assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
+    let (ok, err) = oxccl(&["bench", "movers", "--piece", "halves"]);
+    assert!(!ok && err.contains("bad size `halves`") && err.contains("or auto, or contiguous"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--piece", "1M"]);
     assert!(!ok && err.contains("--piece is for movers, not --algo/--xml"), "{err}");

@@ -101,6 +101,19 @@ fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
 
 /// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
 fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
+    let (st, gpu, cpu) = run_with_timeout(engine, stream, c, rng, 5_000_000_000);
+    assert_eq!(st.errors, 0, "device reported {st:?}");
+    (gpu, cpu)
+}
+
+/// [`run`] with the device waits bounded by `timeout_ns`; also returns the launch's status.
+fn run_with_timeout(
+    engine: &Engine,
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    rng: &mut common::Rng,
+    timeout_ns: u64,
+) -> (Status, Vec<u8>, Vec<u8>) {
     let e = c.dtype.size() as u64;
     let src_len = (c.src_off * e + c.bytes) as usize;
     let dst_len = (c.dst_off * e + c.bytes + 2 * e) as usize;
@@ -117,10 +130,9 @@ fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rn
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
     let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
-    unsafe { engine.launch(stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+    unsafe { engine.launch(stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
     stream.synchronize().unwrap();
     let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
-    assert_eq!(st.errors, 0, "device reported {st:?}");
     let gpu = stream.clone_dtoh(&d_dst).unwrap();
 
     let mut host: HostBuffers = Vec::new();
@@ -133,7 +145,7 @@ fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rn
         host.push(row);
     }
     lowered::execute(&l, &mut host, &[]).unwrap();
-    (gpu, host[0][slot::OUTPUT as usize].clone())
+    (st, gpu, host[0][slot::OUTPUT as usize].clone())
 }
 
 fn dtypes() -> [DType; 5] {
@@ -336,4 +348,89 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
     let text = err.to_string();
     assert!(text.contains("start barrier") && text.contains("peer 1"), "{text}");
     eprintln!("timeout reported after {waited:?}: {text}");
+}
+
+#[test]
+fn an_abandoned_load_lands_before_the_cta_moves_on() {
+    // Waits bounded far below a load's latency: the issuer gives up a stage's wait with later loads of
+    // the ring still in flight. The CTA must let them land before its stages are reused or it exits
+    // (else they write into shared memory the next CTA on that SM owns), report the timeout, and
+    // leave the engine exact for the next launch. Copies (the issuer alone) and combines (every
+    // thread waits), several ring depths.
+    let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let mut rng = common::Rng(0xab0);
+    for (sources, stages) in [(1, 2), (1, 8), (3, 2), (3, 6)] {
+        let mut c = Case {
+            mover: Mover::Tma,
+            dtype: DType::F32,
+            op: RedOp::Sum,
+            kind: abi::TaskKind::Move,
+            reduce_mode: ReduceMode::Registers,
+            sources,
+            bytes: 16 << 20,
+            src_off: 0,
+            dst_off: 0,
+            ctas: 4,
+            stages,
+        };
+        // A 1 ns bound gives up whichever wait first needs a second poll; a launch in which every
+        // load landed by the first poll reports nothing, so try a few.
+        let aborted = (0..5).find_map(|_| {
+            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1);
+            (st.errors > 0).then_some(st)
+        });
+        let st = aborted.unwrap_or_else(|| panic!("sources={sources} stages={stages}: no wait gave up in 5 launches"));
+        assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::BulkLoad), "sources={sources} stages={stages}: {st:?}");
+        c.bytes += 4 * 16 + 4;
+        let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
+        assert!(gpu == cpu, "sources={sources} stages={stages}: the launch after the abandoned one differs");
+    }
+    eprintln!("abandoned loads drained; the next launches exact");
+}
+
+#[test]
+fn a_peer_already_at_a_later_call_is_out_of_step_not_ignored() {
+    // Rank 1's start flag for rank 0 says call 2 while rank 0 makes call 1: in step that cannot
+    // happen (rank 1 cannot pass call 1's end barrier without rank 0), so rank 0 must stop with
+    // an out-of-step error instead of reading buffers rank 1 is already using for call 2.
+    let Some(stream) = common::gpu("a_peer_already_at_a_later_call_is_out_of_step_not_ignored") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let ctx = engine.context().clone();
+    let l = Lowered {
+        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
+        tasks: vec![],
+        ranks: 2,
+        slots: 1,
+        combines: false,
+    };
+    let prog = engine.upload(&l, 0..1).unwrap();
+    let mut own = vec![0u8; std::mem::size_of::<abi::Workspace>()];
+    own[abi::Workspace::arrive_offset(1, 0)..][..8].copy_from_slice(&2u64.to_le_bytes());
+    let ws = [DeviceAlloc::from_bytes(&ctx, &own).unwrap(), DeviceAlloc::zeroed(&ctx, own.len()).unwrap()];
+    let mut workspaces = [0u64; MAX_RANKS];
+    workspaces[0] = ws[0].ptr();
+    workspaces[1] = ws[1].ptr();
+    let status = DeviceAlloc::zeroed(&ctx, std::mem::size_of::<Status>()).unwrap();
+    let spec = LaunchSpec {
+        mover: Mover::Tma,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        threads: 32,
+        chunk_bytes: 1024,
+        stages: 2,
+        reduce_mode: ReduceMode::Registers,
+        timeout_ns: 5_000_000_000,
+        wait_suspend_ns: 0,
+    };
+    let t0 = std::time::Instant::now();
+    unsafe { engine.launch(&stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::OutOfStep), "{st:?}");
+    assert_eq!((st.rank, st.cta, st.peer, st.expected, st.observed), (0, 0, 1, 1, 2));
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "reported after {:?}, not at once", t0.elapsed());
+    let text = oxccl::engine::status_error(&st).expect("an error").to_string();
+    assert!(text.contains("out of step") && text.contains("peer 1"), "{text}");
+    eprintln!("{text}");
 }

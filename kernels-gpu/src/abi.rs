@@ -332,6 +332,10 @@ abi_enum!(
         FifoData = 6,
         /// A task waiting for another TB's progress counter (a sync point; compiled plans).
         Progress = 7,
+        /// A peer's barrier flag ran past this rank's call: the ranks' calls are out of step (a
+        /// rank skipped a call, or an earlier call was abandoned on some ranks only). `expected` is
+        /// this rank's call number, `observed` the peer's.
+        OutOfStep = 8,
     }
 );
 

@@ -10,7 +10,7 @@
 
 use super::CliResult;
 use super::simulate::parse_size;
-use crate::bench::{self, CollectiveBench, ReshardBench, SweepConfig};
+use crate::bench::{self, CollectiveBench, ReshardBench, Split, SweepConfig};
 use crate::reshard::{CtaOwner, PlanOptions, Route};
 use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
@@ -87,10 +87,11 @@ pub struct Args {
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
     #[arg(long)]
     pub chunk: Option<u32>,
-    /// movers: deal the range to the CTAs in pieces of this size, in turn (default: one contiguous
-    /// range per CTA).
-    #[arg(long, value_parser = parse_size)]
-    pub piece: Option<u64>,
+    /// movers: how the range is split between the CTAs: `contiguous` (one range per CTA), a size
+    /// (pieces of that size dealt to the CTAs in turn), or `auto` (default: contiguous below 64 CTAs,
+    /// 4 MiB pieces from there).
+    #[arg(long, value_parser = parse_split)]
+    pub piece: Option<Split>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`;
     /// movers: 4).
     #[arg(long)]
@@ -217,11 +218,13 @@ pub fn run(a: Args) -> CliResult {
     if what == "overlap" {
         compute_load(&a)?;
     }
-    if let Some(p) = a.piece {
+    if let Some(split) = a.piece {
         if what != "movers" {
             return Err(format!("--piece is for movers, not {what}").into());
         }
-        if p == 0 || !p.is_multiple_of(16) {
+        if let Split::Pieces(p) = split
+            && (p == 0 || !p.is_multiple_of(16))
+        {
             return Err(format!("--piece {p}: give a positive multiple of 16 bytes").into());
         }
     }
@@ -247,7 +250,7 @@ pub fn run(a: Args) -> CliResult {
             chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes),
             stages: a.stages.unwrap_or(d.stages),
             tma_threads_reduce: a.threads.unwrap_or(d.tma_threads_reduce),
-            piece_bytes: a.piece,
+            split: a.piece.unwrap_or(d.split),
             ..d
         };
         println!("# oxccl mover sweep: {}", command.join(" "));
@@ -256,20 +259,25 @@ pub fn run(a: Args) -> CliResult {
             "# TMA pipeline: {} B per source per stage, {} stages (smaller chunks where the sources' slots would not fit)",
             cfg.chunk_bytes, cfg.stages
         );
-        match cfg.piece_bytes {
-            Some(p) => println!("# each CTA moves {p}-byte pieces dealt in turn"),
-            None => println!("# each CTA moves one contiguous range"),
+        match cfg.split {
+            Split::Pieces(p) => println!("# each CTA moves {p}-byte pieces dealt in turn"),
+            Split::Contiguous => println!("# each CTA moves one contiguous range"),
+            Split::Auto => println!(
+                "# each CTA moves one contiguous range below {} CTAs, {}-byte pieces dealt in turn from there",
+                Split::AUTO_PIECES_FROM,
+                Split::AUTO_PIECE
+            ),
         }
         let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
         println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
         println!(
-            "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10} {:>10} {:>10} {:>8}",
-            "op", "mover", "CTAs", "threads", "regs", "chunk×stages", "ms", "GB/s", "GB/s/CTA", "memcpy%"
+            "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "op", "mover", "CTAs", "threads", "regs", "chunk×stages", "ms", "GB/s", "GB/s/CTA", "memcpy%", "piece"
         );
         for r in &rows {
             let pipeline = if r.stages == 0 { "-".to_string() } else { format!("{}×{}", r.chunk_bytes, r.stages) };
             println!(
-                "  {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10.3} {:>10.1} {:>10.1} {:>7.1}%",
+                "  {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10.3} {:>10.1} {:>10.1} {:>7.1}% {:>8}",
                 r.op,
                 r.mover,
                 r.ctas,
@@ -279,7 +287,8 @@ pub fn run(a: Args) -> CliResult {
                 r.ms,
                 r.gbps,
                 r.gbps_per_cta,
-                100.0 * r.of_memcpy
+                100.0 * r.of_memcpy,
+                if r.piece_bytes == 0 { "-".to_string() } else { r.piece_bytes.to_string() }
             );
         }
         if a.json {
@@ -677,4 +686,13 @@ fn finish_rows(rows: &[bench::CollectiveRow], json: bool) -> CliResult {
         return Err("wrong results (see #wrong)".into());
     }
     Ok(())
+}
+
+/// `--piece`: `auto`, `contiguous` or a size.
+fn parse_split(s: &str) -> Result<Split, String> {
+    match s.trim() {
+        "auto" => Ok(Split::Auto),
+        "contiguous" => Ok(Split::Contiguous),
+        size => parse_size(size).map(Split::Pieces).map_err(|e| format!("{e}, or auto, or contiguous")),
+    }
 }

@@ -49,19 +49,46 @@ fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u3
 /// release semantics.
 #[inline(always)]
 pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { flag_wait(ctx, flag, expected, kind, peer, false) }
+}
+
+/// Waits until the system-scope flag at `flag` equals `expected` (acquire): a barrier flag, which a
+/// peer in step with this rank can never move past `expected` before this rank has passed the
+/// barrier. A larger value records [`WaitKind::OutOfStep`]; a timeout records `kind`; both return
+/// `false`.
+///
+/// # Safety
+/// As [`flag_at_least`].
+#[inline(always)]
+pub unsafe fn flag_reaches(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { flag_wait(ctx, flag, expected, kind, peer, true) }
+}
+
+/// [`flag_at_least`], and with `exact` a value past `expected` is an error.
+///
+/// # Safety
+/// As [`flag_at_least`].
+#[inline(always)]
+unsafe fn flag_wait(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32, exact: bool) -> bool {
     let mut deadline = 0u64;
     let mut polls = 0u32;
     loop {
         // SAFETY: the caller guarantees the address.
         let seen = unsafe { ld_acquire_sys_u64(flag) };
         if seen >= expected {
+            if exact && seen != expected {
+                record(ctx, WaitKind::OutOfStep, peer, expected, seen);
+                return false;
+            }
             return true;
         }
         polls += 1;
         if polls % POLLS_PER_CLOCK_READ == 0 {
             let now = globaltimer();
             if deadline == 0 {
-                deadline = now + ctx.timeout_ns;
+                deadline = now.saturating_add(ctx.timeout_ns);
             } else if now > deadline {
                 record(ctx, kind, peer, expected, seen);
                 return false;
@@ -97,7 +124,7 @@ pub unsafe fn mbarrier_phase(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> b
         // try_wait already blocks for a hardware-defined interval, so the clock is read every round.
         let now = globaltimer();
         if deadline == 0 {
-            deadline = now + ctx.timeout_ns;
+            deadline = now.saturating_add(ctx.timeout_ns);
         } else if now > deadline {
             record(ctx, WaitKind::BulkLoad, bar.addr(), parity as u64, 0);
             return false;

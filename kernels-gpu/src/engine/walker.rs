@@ -152,6 +152,11 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             Path::TmaMove => tma::run_move::<C>(ctx, state, &operands, elem),
             Path::TmaReduceInto => tma::run_reduce_into::<C>(ctx, state, &operands, elem, dtype, op),
         }
+        // The issuer pipelines copies and bulk reductions alone and may have given up a wait: every
+        // thread reads the abort flag only after a barrier, so all leave the task loop together.
+        if path == Path::TmaReduceInto || (path == Path::TmaMove && copy) {
+            bar_sync_all();
+        }
         !ctx.aborted()
     }
 }
@@ -198,7 +203,7 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
             let q = m.trailing_zeros();
             m &= m - 1;
             let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
-            if !wait::flag_at_least(ctx, Global::from_addr(flag), seq, WaitKind::StartBarrier, q) {
+            if !wait::flag_reaches(ctx, Global::from_addr(flag), seq, WaitKind::StartBarrier, q) {
                 break;
             }
         }
@@ -228,7 +233,7 @@ unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
             let q = m.trailing_zeros();
             m &= m - 1;
             let flag = own + Workspace::done_offset(q as usize, ctx.cta as usize) as u64;
-            if !wait::flag_at_least(ctx, Global::from_addr(flag), seq, WaitKind::EndBarrier, q) {
+            if !wait::flag_reaches(ctx, Global::from_addr(flag), seq, WaitKind::EndBarrier, q) {
                 break;
             }
         }
