@@ -163,7 +163,7 @@ impl fmt::Display for Error {
             }
             Error::OutOfStep { rank, cta, peer, call, peer_call, errors } => write!(
                 f,
-                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call                  {peer_call} ({errors} CTA(s) reported errors)"
+                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call {peer_call} ({errors} CTA(s) reported errors)"
             ),
             Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),

@@ -26,7 +26,7 @@ struct Case {
     stages: u32,
 }
 
-fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
+fn spec(c: &Case, timeout_ns: u64, wait_suspend_ns: u32) -> LaunchSpec {
     LaunchSpec {
         mover: c.mover,
         dtype: c.dtype,
@@ -36,7 +36,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         stages: c.stages,
         reduce_mode: c.reduce_mode,
         timeout_ns,
-        wait_suspend_ns: 0,
+        wait_suspend_ns,
     }
 }
 
@@ -101,18 +101,20 @@ fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
 
 /// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
 fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
-    let (st, gpu, cpu) = run_with_timeout(engine, stream, c, rng, 5_000_000_000);
+    let (st, gpu, cpu) = run_with_timeout(engine, stream, c, rng, 5_000_000_000, 0);
     assert_eq!(st.errors, 0, "device reported {st:?}");
     (gpu, cpu)
 }
 
-/// [`run`] with the device waits bounded by `timeout_ns`; also returns the launch's status.
+/// [`run`] with the device waits bounded by `timeout_ns` (mbarrier waits with a suspend hint of
+/// `wait_suspend_ns`); also returns the launch's status.
 fn run_with_timeout(
     engine: &Engine,
     stream: &Arc<CudaStream>,
     c: &Case,
     rng: &mut common::Rng,
     timeout_ns: u64,
+    wait_suspend_ns: u32,
 ) -> (Status, Vec<u8>, Vec<u8>) {
     let e = c.dtype.size() as u64;
     let src_len = (c.src_off * e + c.bytes) as usize;
@@ -130,7 +132,10 @@ fn run_with_timeout(
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
     let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
-    unsafe { engine.launch(stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+    unsafe {
+        engine.launch(stream, &prog, &spec(c, timeout_ns, wait_suspend_ns), buffers, [0; MAX_RANKS], status.ptr())
+    }
+    .unwrap();
     stream.synchronize().unwrap();
     let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
     let gpu = stream.clone_dtoh(&d_dst).unwrap();
@@ -296,7 +301,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
         stages: 4,
     };
     for _ in 0..20 {
-        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
+        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000, 0), buffers, [0; MAX_RANKS], status.ptr()) }
             .unwrap();
         let got = stream.clone_dtoh(&dst).unwrap();
         let bad = got.iter().zip(a.iter().zip(&b)).position(|(g, (x, y))| *g != x + y);
@@ -374,13 +379,14 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             ctas: 4,
             stages,
         };
-        // A 1 ns bound gives up whichever wait first needs a second poll; a launch in which every
-        // load landed by the first poll reports nothing, so try a few.
-        let aborted = (0..5).find_map(|_| {
-            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1);
+        // A 1 ns bound gives up whichever wait first needs a second poll (a 1 ns suspend hint keeps
+        // each poll short, so a load still in flight is seen as one); a launch in which every load
+        // had landed by the first poll reports nothing, so try a few.
+        let aborted = (0..20).find_map(|_| {
+            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1, 1);
             (st.errors > 0).then_some(st)
         });
-        let st = aborted.unwrap_or_else(|| panic!("sources={sources} stages={stages}: no wait gave up in 5 launches"));
+        let st = aborted.unwrap_or_else(|| panic!("sources={sources} stages={stages}: no wait gave up in 20 launches"));
         assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::BulkLoad), "sources={sources} stages={stages}: {st:?}");
         c.bytes += 4 * 16 + 4;
         let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
