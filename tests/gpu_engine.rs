@@ -24,6 +24,8 @@ struct Case {
     ctas: u32,
     /// TMA pipeline stages (every refill lag from 1 to `MAX_STAGES / 2` gets exercised).
     stages: u32,
+    /// TMA bytes per source per stage.
+    chunk: u32,
 }
 
 fn spec(c: &Case, timeout_ns: u64, wait_suspend_ns: u32) -> LaunchSpec {
@@ -32,7 +34,7 @@ fn spec(c: &Case, timeout_ns: u64, wait_suspend_ns: u32) -> LaunchSpec {
         dtype: c.dtype,
         op: c.op,
         threads: if c.mover == Mover::Simt { 512 } else { 128 },
-        chunk_bytes: 4096,
+        chunk_bytes: c.chunk,
         stages: c.stages,
         reduce_mode: c.reduce_mode,
         timeout_ns,
@@ -206,6 +208,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 dst_off,
                 ctas: 1 + rng.below(8) as u32,
                 stages: 1 + rng.below(fit) as u32,
+                chunk: 4096,
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(
@@ -242,6 +245,7 @@ fn movers_handle_more_than_a_gibibyte() {
                 dst_off: 1,
                 ctas: 32,
                 stages: 4,
+                chunk: 4096,
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(gpu == cpu, "{mover:?} sources={sources}: > 1 GiB result differs");
@@ -299,6 +303,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
         dst_off: 0,
         ctas: 1,
         stages: 4,
+        chunk: 4096,
     };
     for _ in 0..20 {
         unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000, 0), buffers, [0; MAX_RANKS], status.ptr()) }
@@ -365,7 +370,10 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
-    for (sources, stages) in [(1, 2), (1, 8), (3, 2), (3, 6)] {
+    // Chunks large enough that a load is still in flight at a wait's second poll (192 KiB of ring
+    // each: the test launches give copies a spare slot too); 132 CTAs share
+    // the memory bandwidth, so loads land slowly.
+    for (sources, stages, chunk) in [(1, 2, 48 << 10), (1, 8, 12 << 10), (3, 2, 24 << 10), (3, 6, 8 << 10)] {
         let mut c = Case {
             mover: Mover::Tma,
             dtype: DType::F32,
@@ -373,17 +381,17 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             kind: abi::TaskKind::Move,
             reduce_mode: ReduceMode::Registers,
             sources,
-            bytes: 16 << 20,
+            bytes: 32 << 20,
             src_off: 0,
             dst_off: 0,
-            ctas: 4,
+            ctas: 132,
             stages,
+            chunk,
         };
-        // A 1 ns bound gives up whichever wait first needs a second poll (a 1 ns suspend hint keeps
-        // each poll short, so a load still in flight is seen as one); a launch in which every load
-        // had landed by the first poll reports nothing, so try a few.
+        // A 1 ns bound gives up whichever wait first needs a second poll; a launch in which every
+        // load had landed by the first poll reports nothing, so try a few.
         let aborted = (0..20).find_map(|_| {
-            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1, 1);
+            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1, 0);
             (st.errors > 0).then_some(st)
         });
         let st = aborted.unwrap_or_else(|| panic!("sources={sources} stages={stages}: no wait gave up in 20 launches"));
