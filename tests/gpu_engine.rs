@@ -371,8 +371,8 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
     // Chunks large enough that a load is still in flight at a wait's second poll (192 KiB of ring
-    // each: the test launches give copies a spare slot too); 132 CTAs share
-    // the memory bandwidth, so loads land slowly.
+    // each: the test launches give copies a spare slot too); 132 CTAs share the memory bandwidth,
+    // so loads land slowly.
     for (sources, stages, chunk) in [(1, 2, 48 << 10), (1, 8, 12 << 10), (3, 2, 24 << 10), (3, 6, 8 << 10)] {
         let mut c = Case {
             mover: Mover::Tma,
