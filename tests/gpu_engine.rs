@@ -28,7 +28,7 @@ struct Case {
     chunk: u32,
 }
 
-fn spec(c: &Case, timeout_ns: u64, wait_suspend_ns: u32) -> LaunchSpec {
+fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
     LaunchSpec {
         mover: c.mover,
         dtype: c.dtype,
@@ -38,7 +38,7 @@ fn spec(c: &Case, timeout_ns: u64, wait_suspend_ns: u32) -> LaunchSpec {
         stages: c.stages,
         reduce_mode: c.reduce_mode,
         timeout_ns,
-        wait_suspend_ns,
+        wait_suspend_ns: 0,
     }
 }
 
@@ -103,21 +103,6 @@ fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
 
 /// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
 fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
-    let (st, gpu, cpu) = run_with_timeout(engine, stream, c, rng, 5_000_000_000, 0);
-    assert_eq!(st.errors, 0, "device reported {st:?}");
-    (gpu, cpu)
-}
-
-/// [`run`] with the device waits bounded by `timeout_ns` (mbarrier waits with a suspend hint of
-/// `wait_suspend_ns`); also returns the launch's status.
-fn run_with_timeout(
-    engine: &Engine,
-    stream: &Arc<CudaStream>,
-    c: &Case,
-    rng: &mut common::Rng,
-    timeout_ns: u64,
-    wait_suspend_ns: u32,
-) -> (Status, Vec<u8>, Vec<u8>) {
     let e = c.dtype.size() as u64;
     let src_len = (c.src_off * e + c.bytes) as usize;
     let dst_len = (c.dst_off * e + c.bytes + 2 * e) as usize;
@@ -134,12 +119,10 @@ fn run_with_timeout(
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
     let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
-    unsafe {
-        engine.launch(stream, &prog, &spec(c, timeout_ns, wait_suspend_ns), buffers, [0; MAX_RANKS], status.ptr())
-    }
-    .unwrap();
+    unsafe { engine.launch(stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
     stream.synchronize().unwrap();
     let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    assert_eq!(st.errors, 0, "device reported {st:?}");
     let gpu = stream.clone_dtoh(&d_dst).unwrap();
 
     let mut host: HostBuffers = Vec::new();
@@ -152,7 +135,7 @@ fn run_with_timeout(
         host.push(row);
     }
     lowered::execute(&l, &mut host, &[]).unwrap();
-    (st, gpu, host[0][slot::OUTPUT as usize].clone())
+    (gpu, host[0][slot::OUTPUT as usize].clone())
 }
 
 fn dtypes() -> [DType; 5] {
@@ -306,7 +289,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
         chunk: 4096,
     };
     for _ in 0..20 {
-        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000, 0), buffers, [0; MAX_RANKS], status.ptr()) }
+        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
             .unwrap();
         let got = stream.clone_dtoh(&dst).unwrap();
         let bad = got.iter().zip(a.iter().zip(&b)).position(|(g, (x, y))| *g != x + y);
@@ -360,19 +343,44 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
     eprintln!("timeout reported after {waited:?}: {text}");
 }
 
+/// Launches `c` with its sources in mapped pinned host memory, so every bulk load crosses PCIe and
+/// lands microseconds after it is issued, with the device waits bounded by `timeout_ns`; returns
+/// the launch's status (the destination's contents are not checked).
+fn launch_from_host_memory(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, timeout_ns: u64) -> Status {
+    use cudarc::driver::sys;
+    let ctx = engine.context();
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: the host never reads these buffers; the device only loads from them.
+    let srcs: Vec<_> = (0..c.sources)
+        .map(|_| unsafe { ctx.alloc_pinned_with_flags::<u8>(c.bytes as usize, flags) }.unwrap())
+        .collect();
+    let d_dst = stream.alloc_zeros::<u8>(c.bytes as usize).unwrap();
+    let l = lowered(c);
+    let prog = engine.upload(&l, 0..l.programs.len()).unwrap();
+    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+    for (k, s) in srcs.iter().enumerate() {
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `s` is a live mapped pinned allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, s.as_ptr().unwrap() as *mut _, 0) }.result().unwrap();
+        buffers[k][slot::INPUT as usize] = dptr;
+    }
+    buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
+    let status = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>()).unwrap();
+    unsafe { engine.launch(stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
+}
+
 #[test]
 fn an_abandoned_load_lands_before_the_cta_moves_on() {
-    // Waits bounded far below a load's latency: the issuer gives up a stage's wait with later loads of
-    // the ring still in flight. The CTA must let them land before its stages are reused or it exits
+    // Waits bounded far below a load's latency (1 ns; sources in host memory): the CTA gives up a
+    // stage's wait with later loads of the ring still in flight. The CTA must let them land before its stages are reused or it exits
     // (else they write into shared memory the next CTA on that SM owns), report the timeout, and
     // leave the engine exact for the next launch. Copies (the issuer alone) and combines (every
     // thread waits), several ring depths.
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
-    // Chunks large enough that a load is still in flight at a wait's second poll (192 KiB of ring
-    // each: the test launches give copies a spare slot too); 132 CTAs share the memory bandwidth,
-    // so loads land slowly.
     for (sources, stages, chunk) in [(1, 2, 48 << 10), (1, 8, 12 << 10), (3, 2, 24 << 10), (3, 6, 8 << 10)] {
         let mut c = Case {
             mover: Mover::Tma,
@@ -381,20 +389,15 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             kind: abi::TaskKind::Move,
             reduce_mode: ReduceMode::Registers,
             sources,
-            bytes: 32 << 20,
+            bytes: 8 << 20,
             src_off: 0,
             dst_off: 0,
             ctas: 132,
             stages,
             chunk,
         };
-        // A 1 ns bound gives up whichever wait first needs a second poll; a launch in which every
-        // load had landed by the first poll reports nothing, so try a few.
-        let aborted = (0..20).find_map(|_| {
-            let (st, _, _) = run_with_timeout(&engine, &stream, &c, &mut rng, 1, 0);
-            (st.errors > 0).then_some(st)
-        });
-        let st = aborted.unwrap_or_else(|| panic!("sources={sources} stages={stages}: no wait gave up in 20 launches"));
+        let st = launch_from_host_memory(&engine, &stream, &c, 1);
+        assert!(st.errors > 0, "sources={sources} stages={stages}: no wait gave up");
         assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::BulkLoad), "sources={sources} stages={stages}: {st:?}");
         c.bytes += 4 * 16 + 4;
         let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);

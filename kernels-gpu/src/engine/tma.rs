@@ -196,9 +196,9 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         }
         if ctx.issuer {
             // After an abandoned wait, loads already issued may still be writing into the ring: let
-            // them land (each wait bounded again) before the stages are reused or the CTA exits.
+            // them land before the stages are reused or the CTA exits.
             while consumer.index != producer.index || consumer.phase != producer.phase {
-                let _ = wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
+                let _ = wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
                 consumer.advance(stages);
             }
             cp_async_bulk_wait_group_read::<0>();

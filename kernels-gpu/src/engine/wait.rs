@@ -107,6 +107,34 @@ unsafe fn flag_wait(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind,
 /// `bar` is a live mbarrier of this CTA whose phase `parity` is the current or the preceding one.
 #[inline(always)]
 pub unsafe fn mbarrier_phase(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { mbarrier_phase_within(ctx, bar, parity, ctx.timeout_ns) }
+}
+
+/// Shortest bound on the wait for a bulk load that was already issued when its consumer gave up
+/// ([`mbarrier_drain`]).
+const DRAIN_TIMEOUT_NS: u64 = 1_000_000_000;
+
+/// Waits for the phase of a load issued before the CTA gave up a wait, so that the load does not
+/// write into shared memory after the stages are reused or the CTA exits. A load that was issued
+/// completes unless the memory system fails, so the bound is the launch's timeout but at least
+/// [`DRAIN_TIMEOUT_NS`] (a tiny timeout must not cut the drain short). Records `BulkLoad` when it
+/// gives up.
+///
+/// # Safety
+/// As [`mbarrier_phase`].
+#[inline(always)]
+pub unsafe fn mbarrier_drain(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { mbarrier_phase_within(ctx, bar, parity, ctx.timeout_ns.max(DRAIN_TIMEOUT_NS)) }
+}
+
+/// [`mbarrier_phase`] bounded by `timeout_ns`.
+///
+/// # Safety
+/// As [`mbarrier_phase`].
+#[inline(always)]
+unsafe fn mbarrier_phase_within(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32, timeout_ns: u64) -> bool {
     use oxccl_ptx::mbarrier::{mbarrier_try_wait_parity_shared_b64, mbarrier_try_wait_parity_suspend_shared_b64};
     let mut deadline = 0u64;
     loop {
@@ -124,7 +152,7 @@ pub unsafe fn mbarrier_phase(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> b
         // try_wait already blocks for a hardware-defined interval, so the clock is read every round.
         let now = globaltimer();
         if deadline == 0 {
-            deadline = now.saturating_add(ctx.timeout_ns);
+            deadline = now.saturating_add(timeout_ns);
         } else if now > deadline {
             record(ctx, WaitKind::BulkLoad, bar.addr(), parity as u64, 0);
             return false;
