@@ -16,7 +16,9 @@
 //! whatever its size, so small chunks are bound by the operation count (16 KiB copies at 64–67 GB/s
 //! per CTA with 4, 8 or 12 stages) and only chunks of about 24 KiB and more reach the SM's ~100 GB/s.
 //! The host therefore sizes chunks before depth (`oxccl::auto_pipeline`). Completion of writes
-//! (`wait_group 0`) is left to the walker, before it signals anyone. Unaligned heads and tails, and
+//! (`wait_group 0`) is left to the walker, before it signals anyone. When a wait gives up (timeout),
+//! the issuer still lets every load it issued land (`wait::mbarrier_drain`) before the stages are
+//! reused or the CTA exits, so no bulk copy writes into shared memory the CTA no longer owns. Unaligned heads and tails, and
 //! ranges whose buffers disagree in alignment modulo 16, go through the SIMT path.
 
 use super::combine::Combine;
