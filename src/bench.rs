@@ -132,7 +132,8 @@ pub enum Split {
     /// Pieces of this many bytes (a multiple of 16) dealt to the CTAs in turn: CTA `c` moves pieces
     /// `c`, `c + ctas`, ….
     Pieces(u64),
-    /// Contiguous below [`Split::AUTO_PIECES_FROM`] CTAs, pieces of [`Split::AUTO_PIECE`] from there.
+    /// Contiguous below [`Split::AUTO_PIECES_FROM`] CTAs, pieces of [`Split::AUTO_PIECE`] from there
+    /// (where every CTA gets at least one piece; contiguous otherwise).
     /// Measured on an H200 (docs/PERF.md, 2026-11-29): at 66 and 132 CTAs one distant contiguous
     /// stream per CTA left both movers at 68–81 % of `cuMemcpyDtoD`, pieces dealt in turn reached
     /// 86–93 %; at 32 CTAs and fewer the contiguous split was as fast or faster (a piece is a task,
@@ -146,12 +147,14 @@ impl Split {
     /// Piece size of [`Split::Auto`].
     pub const AUTO_PIECE: u64 = 4 << 20;
 
-    /// The piece size for `ctas` CTAs (`None`: one contiguous range each).
-    pub fn piece(self, ctas: u32) -> Option<u64> {
+    /// The piece size for `bytes` over `ctas` CTAs (`None`: one contiguous range each).
+    pub fn piece(self, bytes: u64, ctas: u32) -> Option<u64> {
         match self {
             Split::Contiguous => None,
             Split::Pieces(p) => Some(p),
-            Split::Auto => (ctas >= Self::AUTO_PIECES_FROM).then_some(Self::AUTO_PIECE),
+            Split::Auto => {
+                (ctas >= Self::AUTO_PIECES_FROM && bytes >= ctas as u64 * Self::AUTO_PIECE).then_some(Self::AUTO_PIECE)
+            }
         }
     }
 }
@@ -242,23 +245,47 @@ impl Default for SweepConfig {
     }
 }
 
+impl SweepConfig {
+    /// Checks what the sweep would refuse, without a GPU: CTA counts of at least 1, and explicit
+    /// pieces that are positive multiples of 16, at most [`MAX_SWEEP_PIECES`] of them, and at least
+    /// one per CTA.
+    pub fn validate(&self) -> Result<()> {
+        if self.ctas.contains(&0) {
+            return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
+        }
+        if let Split::Pieces(p) = self.split
+            && p > 0
+            && let Some(&most) = self.ctas.iter().max()
+            && self.bytes.div_ceil(p) < most as u64
+        {
+            return Err(Error::Config {
+                field: "split",
+                why: format!(
+                    "{p}-byte pieces cut {} B into {} pieces, fewer than the sweep's {most} CTAs (some would idle)",
+                    self.bytes,
+                    self.bytes.div_ceil(p)
+                ),
+            });
+        }
+        if let Split::Pieces(p) = self.split
+            && (p == 0 || !p.is_multiple_of(16) || self.bytes.div_ceil(p) > MAX_SWEEP_PIECES)
+        {
+            return Err(Error::Config {
+                field: "split",
+                why: format!(
+                    "{p} is not a positive multiple of 16 that cuts {} B into at most {MAX_SWEEP_PIECES} pieces",
+                    self.bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
 /// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
 pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
-    if cfg.ctas.contains(&0) {
-        return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
-    }
-    if let Split::Pieces(p) = cfg.split
-        && (p == 0 || !p.is_multiple_of(16) || cfg.bytes.div_ceil(p) > MAX_SWEEP_PIECES)
-    {
-        return Err(Error::Config {
-            field: "split",
-            why: format!(
-                "{p} is not a positive multiple of 16 that cuts {} B into at most {MAX_SWEEP_PIECES} pieces",
-                cfg.bytes
-            ),
-        });
-    }
+    cfg.validate()?;
     let engine = Engine::new(stream.context())?;
     let n = (cfg.bytes / 4) as usize;
     let a: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
@@ -273,7 +300,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     let mut rows = Vec::new();
     for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
         for &ctas in &cfg.ctas {
-            let l = sweep_program(op, cfg.bytes, ctas, cfg.split.piece(ctas));
+            let l = sweep_program(op, cfg.bytes, ctas, cfg.split.piece(cfg.bytes, ctas));
             let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
             for mover in [Mover::Tma, Mover::Simt] {
                 let threads = match (mover, op) {
@@ -311,7 +338,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     gbps,
                     gbps_per_cta: gbps / ctas as f64,
                     of_memcpy: gbps / memcpy_gbps,
-                    piece_bytes: cfg.split.piece(ctas).unwrap_or(0),
+                    piece_bytes: cfg.split.piece(cfg.bytes, ctas).unwrap_or(0),
                 });
             }
         }
@@ -1302,16 +1329,20 @@ mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
 
-    /// The automatic split is contiguous below 64 CTAs and 4 MiB pieces from there; the others are
-    /// what they say.
+    /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
+    /// gets one; the others are what they say.
     #[test]
     fn split_pieces_per_cta_count() {
-        assert_eq!(Split::Auto.piece(1), None);
-        assert_eq!(Split::Auto.piece(63), None);
-        assert_eq!(Split::Auto.piece(64), Some(4 << 20));
-        assert_eq!(Split::Auto.piece(132), Some(4 << 20));
-        assert_eq!(Split::Contiguous.piece(132), None);
-        assert_eq!(Split::Pieces(4096).piece(1), Some(4096));
+        let gib = 1 << 30;
+        assert_eq!(Split::Auto.piece(gib, 1), None);
+        assert_eq!(Split::Auto.piece(gib, 63), None);
+        assert_eq!(Split::Auto.piece(gib, 64), Some(4 << 20));
+        assert_eq!(Split::Auto.piece(gib, 132), Some(4 << 20));
+        assert_eq!(Split::Auto.piece(132 << 22, 132), Some(4 << 20));
+        assert_eq!(Split::Auto.piece((132 << 22) - 16, 132), None, "some CTA would get no piece");
+        assert_eq!(Split::Auto.piece(64 << 20, 132), None);
+        assert_eq!(Split::Contiguous.piece(gib, 132), None);
+        assert_eq!(Split::Pieces(4096).piece(gib, 1), Some(4096));
     }
 
     /// The sweep's programs cover the range exactly once, contiguous per CTA or in pieces dealt in

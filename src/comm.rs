@@ -35,7 +35,8 @@ pub struct Config {
     /// Threads per CTA (`None`: one warp for a TMA copy, 256 when a TMA CTA combines sources (in
     /// registers, or some of them by bulk reduction), 512 for the SIMT mover).
     pub threads: Option<u32>,
-    /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`].
+    /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`] (the
+    /// drain of bulk loads already issued when a wait gave up is bounded by at least a second).
     pub timeout: Duration,
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.

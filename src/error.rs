@@ -60,9 +60,11 @@ pub enum Error {
     Timeout { wait: WaitKind, rank: u32, cta: u32, peer: u32, expected: u64, observed: u64, errors: u32 },
     /// The engine rejected a task descriptor.
     BadTask { rank: u32, cta: u32, task: u32 },
-    /// A rank met a peer that is already at a later call of the communicator: the ranks' calls are out
-    /// of step (one rank skipped a call, or an earlier call failed on some ranks only). Nothing was
-    /// read from or written to that peer; rebuild the communicator (or `reset` it) on every rank.
+    /// At a barrier a rank met a peer that is already at a later call: the ranks' calls are out of
+    /// step (one rank skipped a call, or an earlier call failed on some ranks only). At the start
+    /// barrier the CTA stops before its tasks; at the end barrier its tasks have run. `call` and
+    /// `peer_call` count that CTA's barriers since the communicator was built or last reset; after
+    /// this error `reset` the communicator (it zeroes every rank's counters).
     OutOfStep { rank: u32, cta: u32, peer: u32, call: u64, peer_call: u64, errors: u32 },
     /// The communicator is unusable after an earlier device error (call `reset` or build a new one).
     Poisoned,
@@ -163,7 +165,8 @@ impl fmt::Display for Error {
             }
             Error::OutOfStep { rank, cta, peer, call, peer_call, errors } => write!(
                 f,
-                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call {peer_call} ({errors} CTA(s) reported errors)"
+                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call \
+                 {peer_call} ({errors} CTA(s) reported errors)"
             ),
             Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),

@@ -40,6 +40,8 @@ fn an_unknown_benchmark_is_named() {
 fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
     assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
+    let (ok, err) = oxccl(&["bench", "movers", "-e", "64M", "--piece", "4M"]);
+    assert!(!ok && err.contains("cut 67108864 B into 16 pieces, fewer than the sweep's 132 CTAs"), "{err}");
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "halves"]);
     assert!(!ok && err.contains("bad size `halves`") && err.contains("or auto, or contiguous"), "{err}");
     assert!(!err.contains("panicked"), "{err}");

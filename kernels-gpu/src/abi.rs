@@ -334,7 +334,7 @@ abi_enum!(
         Progress = 7,
         /// A peer's barrier flag ran past this rank's call: the ranks' calls are out of step (a
         /// rank skipped a call, or an earlier call was abandoned on some ranks only). `expected` is
-        /// this rank's call number, `observed` the peer's.
+        /// this CTA's barrier count (`seq`), `observed` the peer's.
         OutOfStep = 8,
     }
 );

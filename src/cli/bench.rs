@@ -88,8 +88,8 @@ pub struct Args {
     #[arg(long)]
     pub chunk: Option<u32>,
     /// movers: how the range is split between the CTAs: `contiguous` (one range per CTA), a size
-    /// (pieces of that size dealt to the CTAs in turn), or `auto` (default: contiguous below 64 CTAs,
-    /// 4 MiB pieces from there).
+    /// (pieces of that size dealt to the CTAs in turn; at least one per CTA), or `auto` (default:
+    /// contiguous below 64 CTAs, 4 MiB pieces from there where every CTA gets one).
     #[arg(long, value_parser = parse_split)]
     pub piece: Option<Split>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`;
@@ -227,6 +227,9 @@ pub fn run(a: Args) -> CliResult {
         {
             return Err(format!("--piece {p}: give a positive multiple of 16 bytes").into());
         }
+        SweepConfig { bytes: a.max_bytes, split, ..SweepConfig::default() }
+            .validate()
+            .map_err(|e| format!("--piece: {e}"))?;
     }
     if a.gpus.is_some() && collective.is_none() && what != "overlap" {
         return Err(format!(
@@ -263,7 +266,8 @@ pub fn run(a: Args) -> CliResult {
             Split::Pieces(p) => println!("# each CTA moves {p}-byte pieces dealt in turn"),
             Split::Contiguous => println!("# each CTA moves one contiguous range"),
             Split::Auto => println!(
-                "# each CTA moves one contiguous range below {} CTAs, {}-byte pieces dealt in turn from there",
+                "# each CTA moves one contiguous range below {} CTAs, {}-byte pieces dealt in turn from there \
+                 (where every CTA gets one)",
                 Split::AUTO_PIECES_FROM,
                 Split::AUTO_PIECE
             ),

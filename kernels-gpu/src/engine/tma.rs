@@ -18,8 +18,9 @@
 //! The host therefore sizes chunks before depth (`oxccl::auto_pipeline`). Completion of writes
 //! (`wait_group 0`) is left to the walker, before it signals anyone. When a wait gives up (timeout),
 //! the issuer still lets every load it issued land (`wait::mbarrier_drain`) before the stages are
-//! reused or the CTA exits, so no bulk copy writes into shared memory the CTA no longer owns. Unaligned heads and tails, and
-//! ranges whose buffers disagree in alignment modulo 16, go through the SIMT path.
+//! reused or the CTA exits, so no bulk copy writes into shared memory the CTA no longer owns.
+//! Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo 16, go through
+//! the SIMT path.
 
 use super::combine::Combine;
 use super::pipeline::PipelineState;
@@ -198,9 +199,13 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         }
         if ctx.issuer {
             // After an abandoned wait, loads already issued may still be writing into the ring: let
-            // them land before the stages are reused or the CTA exits.
+            // them land before the stages are reused or the CTA exits. A load that does not land
+            // within the drain's bound will not land later: stop there rather than wait again for
+            // each stage behind it.
             while consumer.index != producer.index || consumer.phase != producer.phase {
-                let _ = wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
+                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
+                    break;
+                }
                 consumer.advance(stages);
             }
             cp_async_bulk_wait_group_read::<0>();

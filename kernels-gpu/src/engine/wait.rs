@@ -1,6 +1,8 @@
-//! Bounded waits. Every wait in the engine gives up after the launch's timeout, records what it waited
-//! for in the launch's [`Status`](crate::abi::Status) and sets the CTA's abort flag; the host turns the
-//! record into an `Err` naming the wait. Nothing spins forever.
+//! Bounded waits. Every wait in the engine gives up after the launch's timeout (the drain of loads
+//! already issued when a wait gave up: after at least a second), records what it waited for in the
+//! launch's [`Status`](crate::abi::Status) and sets the CTA's abort flag; a barrier flag past the
+//! value it should reach is recorded at once as out of step. The host turns the record into an `Err`
+//! naming the wait. Nothing spins forever.
 
 use super::Ctx;
 use crate::abi::{Status, WaitKind};

@@ -4,10 +4,13 @@
 //! through flags in each rank's workspace:
 //! - start: `seq[c] += 1` (this CTA's private counter, in device memory so graph replays count on);
 //!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
-//!   `arrive[peer][c]` in our workspace reaches it. Peers' buffers are then ready to read and write.
+//!   `arrive[peer][c]` in our workspace equals it. Peers' buffers are then ready to read and write.
 //! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
 //!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
-//!   `done[peer][c]`. Nobody writes into this rank's buffers after its kernel ends.
+//!   `done[peer][c]` to equal it. Nobody writes into this rank's buffers after its kernel ends.
+//! A peer in step cannot move a flag past `seq` before this CTA has passed the barrier (it would
+//! first need this CTA's flag of the next barrier), so a larger value means the ranks' calls are out
+//! of step: the wait records `WaitKind::OutOfStep` instead of passing.
 //! Only the issuing thread signals and waits; the others meet it at CTA barriers.
 
 use super::combine::{Combine, Copy};
