@@ -45,13 +45,13 @@ for step in "$@"; do
     ab)
       # A/B of two builds in one run: .device/bin/oxccl-old (stage a build, then copy its oxccl there)
       # against .device/bin/oxccl, or the binaries named in AB: movers at their defaults, AllReduce and
-      # ReduceScatter at 1 and 8 CTAs.
+      # ReduceScatter at 1 and 8 CTAs (with AB_ARGS added, e.g. AB_ARGS="--reduction tma").
       ab="${AB:-oxccl-old oxccl}"; missing=""; for b in $ab; do [ -x $B/$b ] || missing="$missing $b"; done
       [ -z "$missing" ] || { echo "ab skipped: not staged:$missing"; continue; }
       for b in $ab; do
         log "$b movers"; timeout 60 $B/$b bench movers -e 1G > "$OUT/ab_movers_$b.log" 2>&1; rows "1|8|132" < "$OUT/ab_movers_$b.log"
         for coll in all_reduce reduce_scatter; do for c in 1 8; do
-          log "$b $coll --ranks 8 --ctas $c"; timeout 60 $B/$b bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c > "$OUT/ab_${b}_${coll}_$c.log" 2>&1; grep -E "^ +1073741824 |Avg" "$OUT/ab_${b}_${coll}_$c.log" ; done; done; done ;;
+          log "$b $coll --ranks 8 --ctas $c"; timeout 60 $B/$b bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c ${AB_ARGS:-} > "$OUT/ab_${b}_${coll}_$c.log" 2>&1; grep -E "^ +1073741824 |Avg" "$OUT/ab_${b}_${coll}_$c.log" ; done; done; done ;;
     sweep-old)
       # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
       [ -x $B/oxccl-old ] || { echo "sweep-old skipped: no $B/oxccl-old staged"; continue; }
