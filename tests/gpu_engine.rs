@@ -1,6 +1,7 @@
 //! The engine on the GPU: both movers copy and reduce random data of random sizes and alignments
-//! exactly as the CPU executor does; a rank that never arrives yields a timeout error, not a hang.
-//! Skips loudly without a Hopper GPU.
+//! exactly as the CPU executor does; a rank that never arrives yields a timeout error, not a hang; a
+//! peer already at a later call is an out-of-step error, not a pass; waits given up with bulk loads
+//! in flight are reported and leave the engine exact. Skips loudly without a Hopper GPU.
 
 mod common;
 
