@@ -889,8 +889,9 @@ pub fn plan_bench(
         // Inputs where the plan reads them; every other byte zero.
         for r in 0..p {
             let input = encode_periodic(b.dtype, count_in, |i| pattern(r, i));
-            let mut slots_data: Vec<Vec<u8>> =
-                (0..BUFFER_SLOTS).map(|s| vec![0u8; runner.buffer_bytes(r, s) as usize]).collect();
+            let mut slots_data: Vec<Vec<u8>> = (0..BUFFER_SLOTS)
+                .map(|s| runner.buffer_bytes(r, s).map(|b| vec![0u8; b as usize]))
+                .collect::<Result<_>>()?;
             for j in 0..ic as usize {
                 let flat = l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves");
                 let (s, c) = place(l, flat);

@@ -309,20 +309,26 @@ impl CompiledPlan {
         &self.config
     }
 
-    /// The stream rank `rank` launches on.
-    pub fn stream(&self, rank: usize) -> &Arc<CudaStream> {
-        &self.ranks[rank].stream
+    /// The stream rank `rank` launches on ([`Error::NoSuchRank`] outside the plan's ranks).
+    pub fn stream(&self, rank: usize) -> Result<&Arc<CudaStream>> {
+        Ok(&self.rank(rank)?.stream)
     }
 
-    /// The engine of the device rank `rank` runs on.
-    pub fn engine(&self, rank: usize) -> &Engine {
-        &self.engines[self.ranks[rank].device]
+    /// The engine of the device rank `rank` runs on ([`Error::NoSuchRank`] outside the plan's ranks).
+    pub fn engine(&self, rank: usize) -> Result<&Engine> {
+        Ok(&self.engines[self.rank(rank)?.device])
     }
 
-    /// Bytes rank `rank`'s buffer in `slot` must hold (`buffer_chunks[slot] × chunk_bytes`).
-    pub fn buffer_bytes(&self, rank: usize, slot: usize) -> u64 {
-        let h = &self.ranks[rank].header;
-        h.buffer_chunks[slot] as u64 * h.chunk_bytes
+    /// Bytes rank `rank`'s buffer in `slot` must hold (`buffer_chunks[slot] × chunk_bytes`);
+    /// [`Error::NoSuchRank`] or [`Error::NoSuchSlot`] outside the plan's ranks and slots.
+    pub fn buffer_bytes(&self, rank: usize, slot: usize) -> Result<u64> {
+        let h = &self.rank(rank)?.header;
+        let chunks = h.buffer_chunks.get(slot).ok_or(Error::NoSuchSlot { slot, slots: BUFFER_SLOTS })?;
+        Ok(*chunks as u64 * h.chunk_bytes)
+    }
+
+    fn rank(&self, rank: usize) -> Result<&RankState> {
+        self.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })
     }
 
     /// Launches every rank once, each on its stream (asynchronous; see [`CompiledPlan::synchronize`]).
@@ -342,7 +348,7 @@ impl CompiledPlan {
         let elem = self.dtype.size() as u64;
         for (r, table) in buffers.iter().enumerate() {
             for (s, &addr) in table.iter().enumerate() {
-                if self.buffer_bytes(r, s) != 0 && (addr == 0 || !addr.is_multiple_of(elem)) {
+                if self.buffer_bytes(r, s)? != 0 && (addr == 0 || !addr.is_multiple_of(elem)) {
                     return Err(Error::Misaligned {
                         what: "plan buffer",
                         rank: r,
@@ -487,8 +493,11 @@ impl PlanBuffers {
         let mut allocs = Vec::with_capacity(plan.ranks());
         let mut sizes = Vec::with_capacity(plan.ranks());
         for r in 0..plan.ranks() {
-            let ctx = plan.engine(r).context();
-            let size: [u64; BUFFER_SLOTS] = std::array::from_fn(|s| plan.buffer_bytes(r, s));
+            let ctx = plan.engine(r)?.context();
+            let mut size = [0u64; BUFFER_SLOTS];
+            for (s, b) in size.iter_mut().enumerate() {
+                *b = plan.buffer_bytes(r, s)?;
+            }
             let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
             for s in 0..BUFFER_SLOTS {
                 if size[s] != 0 {
@@ -509,13 +518,9 @@ impl PlanBuffers {
 
     /// Writes rank `rank`'s slot `slot` (exactly its size; complete when this returns).
     pub fn write(&self, rank: usize, slot: usize, data: &[u8]) -> Result<()> {
-        if data.len() as u64 != self.sizes[rank][slot] {
-            return Err(Error::Length {
-                what: "plan buffer",
-                rank,
-                expected: self.sizes[rank][slot] as usize,
-                got: data.len(),
-            });
+        let size = self.size(rank, slot)?;
+        if data.len() as u64 != size {
+            return Err(Error::Length { what: "plan buffer", rank, expected: size as usize, got: data.len() });
         }
         match &self.allocs[rank][slot] {
             None => Ok(()),
@@ -529,10 +534,17 @@ impl PlanBuffers {
 
     /// Reads rank `rank`'s slot `slot` (after the launches that write it are synchronised).
     pub fn read(&self, rank: usize, slot: usize) -> Result<Vec<u8>> {
+        let size = self.size(rank, slot)?;
         match &self.allocs[rank][slot] {
             None => Ok(Vec::new()),
-            Some(a) => a.read_range(self.shift as usize, self.sizes[rank][slot] as usize),
+            Some(a) => a.read_range(self.shift as usize, size as usize),
         }
+    }
+
+    /// The byte size of rank `rank`'s slot `slot`, or which index is out of range.
+    fn size(&self, rank: usize, slot: usize) -> Result<u64> {
+        let sizes = self.sizes.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.sizes.len() })?;
+        sizes.get(slot).copied().ok_or(Error::NoSuchSlot { slot, slots: BUFFER_SLOTS })
     }
 
     /// Uploads every buffer of `mem` (the CPU executor's memory of the same plan).

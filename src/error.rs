@@ -27,6 +27,8 @@ pub enum Error {
     RankCount { ranks: usize, max: usize },
     /// A rank index at or above the communicator's rank count.
     NoSuchRank { rank: usize, ranks: usize },
+    /// A buffer slot index outside the plan's slots.
+    NoSuchSlot { slot: usize, slots: usize },
     /// A call passed a different number of per-rank buffers than the communicator has ranks.
     BufferCount { what: &'static str, expected: usize, got: usize },
     /// A rank's buffer has the wrong number of elements.
@@ -113,6 +115,7 @@ impl fmt::Display for Error {
             }
             Error::RankCount { ranks, max } => write!(f, "{ranks} ranks: a communicator has 1..={max}"),
             Error::NoSuchRank { rank, ranks } => write!(f, "rank {rank}: the communicator has ranks 0..{ranks}"),
+            Error::NoSuchSlot { slot, slots } => write!(f, "buffer slot {slot}: a plan has slots 0..{slots}"),
             Error::BufferCount { what, expected, got } => {
                 write!(f, "{what}: {got} buffers for a communicator of {expected} ranks")
             }

@@ -506,4 +506,11 @@ fn misuse_is_a_typed_error() {
     table[2] = [0; BUFFER_SLOTS];
     // SAFETY: refused before any launch.
     assert!(matches!(unsafe { runner.launch(&table, None) }, Err(Error::Misaligned { rank: 2, .. })));
+    // Ranks and slots outside the plan.
+    assert!(matches!(runner.stream(4), Err(Error::NoSuchRank { rank: 4, ranks: 4 })));
+    assert!(matches!(runner.engine(7), Err(Error::NoSuchRank { rank: 7, ranks: 4 })));
+    assert!(matches!(runner.buffer_bytes(0, BUFFER_SLOTS), Err(Error::NoSuchSlot { .. })));
+    let bufs = PlanBuffers::new(&runner, 0).unwrap();
+    assert!(matches!(bufs.read(4, 0), Err(Error::NoSuchRank { .. })));
+    assert!(matches!(bufs.write(0, BUFFER_SLOTS, &[]), Err(Error::NoSuchSlot { .. })));
 }
