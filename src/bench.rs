@@ -1585,14 +1585,29 @@ pub struct OverlapRow {
     pub makespan_over_serial: f64,
 }
 
+/// Largest AllReduce per rank [`overlap_bench`] takes (its inputs are filled from the host).
+pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
+
 /// Runs the overlap benchmark with rank `r` on `streams[r]` (virtual ranks on one stream, or one
 /// rank per GPU): the compute work runs on a stream of its own on every GPU involved. The compute
 /// repetitions are chosen once so that the compute alone takes about as long as the first
 /// configuration's collective. With several GPUs each time is the longest over the GPUs, every span
 /// measured between events of one GPU from a common start (the collective's barriers align them).
 pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
+    if b.ranks == 0 || b.ranks > MAX_RANKS {
+        return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
+    }
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
+    }
+    if b.bytes > MAX_OVERLAP_BYTES {
+        return Err(Error::Config {
+            field: "bytes",
+            why: format!(
+                "{} B per rank: the overlap benchmark fills its inputs from the host; at most {MAX_OVERLAP_BYTES}",
+                b.bytes
+            ),
+        });
     }
     // The collective's distinct streams ("lanes") and, per device, a compute stream and its work.
     let mut lanes: Vec<Arc<CudaStream>> = Vec::new();

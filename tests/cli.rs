@@ -51,3 +51,39 @@ fn a_bad_piece_is_named() {
     assert!(!ok && err.contains("--piece is for movers, not all_reduce"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Runs `oxccl ARGS`; returns (success, stdout).
+fn oxccl_out(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn out_of_range_sizes_and_counts_are_named_not_panics() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "--ranks", "1000000000000"][..], "--ranks 1000000000000: must be 1..=16"),
+        (&["bench", "overlap", "--ranks", "0"], "--ranks 0: must be 1..=16"),
+        (&["bench", "reshard", "--ranks", "100000000000"], "--ranks 100000000000: must be 1..=16"),
+        (&["demo", "--ranks", "0", "--cpu"], "0 ranks"),
+        (&["demo", "--count", "100000000000", "--cpu"], "--count 100000000000"),
+        (&["plan", "--algo", "ring-allreduce", "--topo", "4x1073741826"], "more than 1048576 GPUs"),
+        (&["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "4294967295"], "too large"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // verify reports the refusal as a failed configuration, naming the size.
+    let (ok, out) =
+        oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
+    assert!(!ok && out.contains("a host verification holds"), "{out}");
+}
+
+#[test]
+fn edge_sizes_run_to_the_end() {
+    // No elements at all: the demo checks nothing wrong, on the CPU executor.
+    let (ok, out) = oxccl_out(&["demo", "--count", "0", "--ranks", "3", "--cpu"]);
+    assert!(ok && out.contains("correct"), "{out}");
+    // A simulation far into f64 time still finishes (time keeps moving).
+    let (ok, out) = oxccl_out(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "16384G"]);
+    assert!(ok && out.contains("TBs"), "{out}");
+}

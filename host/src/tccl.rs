@@ -103,14 +103,15 @@ impl fmt::Display for PlanError {
 impl std::error::Error for PlanError {}
 
 impl PlanSpec {
-    /// Bytes of each rank's (input, output) buffer.
+    /// Bytes of each rank's (input, output) buffer; `u64::MAX` where that does not fit in a `u64`
+    /// (such a spec is [`PlanError::TooLarge`] for [`plan`]), so no size wraps to a small one.
     pub fn buffer_bytes(&self) -> (u64, u64) {
-        let b = self.count * self.dtype.size() as u64;
+        let b = self.count.saturating_mul(self.dtype.size() as u64);
         let p = self.ranks as u64;
         match self.collective {
             Collective::AllReduce => (b, b),
-            Collective::ReduceScatter => (b * p, b),
-            Collective::AllGather => (b, b * p),
+            Collective::ReduceScatter => (b.saturating_mul(p), b),
+            Collective::AllGather => (b, b.saturating_mul(p)),
         }
     }
 
@@ -133,8 +134,10 @@ impl PlanSpec {
 }
 
 /// Splits `total` bytes into `parts` contiguous ranges whose boundaries fall on multiples of `grain`
-/// (except the end), as evenly as whole grains allow. Returns the `i`-th range.
+/// (except the end), as evenly as whole grains allow. Returns the `i`-th range (empty at `total` for
+/// `i >= parts`). A `parts` or `grain` of 0 counts as 1.
 pub fn split(total: u64, parts: u64, grain: u64, i: u64) -> (u64, u64) {
+    let (parts, grain) = (parts.max(1), grain.max(1));
     // In u128: grains × (i + 1) overflows u64 for buffers near the address-space limit.
     let (grains, parts, grain, i) = (total.div_ceil(grain) as u128, parts as u128, grain as u128, i as u128);
     let at = |k: u128| ((grains * k / parts * grain).min(total as u128)) as u64;
@@ -276,6 +279,10 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
 /// results are compared with. `inputs[r]` is rank `r`'s input buffer (bytes); returns every rank's
 /// output buffer. For in-place specs the inputs are given as they are before the call (for AllGather
 /// in place: rank r's own block) and outputs are the buffers after it.
+///
+/// # Panics
+/// A test oracle: `inputs` must hold `spec.ranks ≥ 1` buffers of at least the spec's input size
+/// (check the spec with [`plan`] first).
 pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let block = spec.count as usize * spec.dtype.size();
     let p = spec.ranks;

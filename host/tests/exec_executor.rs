@@ -98,7 +98,7 @@ fn receive_before_send_on_one_tb_deadlocks() {
 #[test]
 fn fifo_order_mismatch_and_lost_messages_are_errors() {
     // Two chunks from r0 to r1 on one connection, in one sub-pipeline.
-    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2);
+    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2).unwrap();
     let plan = compile(&p, &Options::new(Scheduler::Algorithm, TbAlloc::State)).unwrap();
     let inputs = test_inputs::<i32>(2, 4);
     let mut swapped = plan.clone();

@@ -120,7 +120,7 @@ fn receive_before_send_on_one_tb_deadlocks() {
 fn too_few_slots_deadlock_enough_do_not() {
     // Two messages per connection per micro-batch, sent before the receiving TB's own sends are
     // received: one TB per rank, sends first, then receives.
-    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2);
+    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2).unwrap();
     let mut plan = compile(&p, &Options::new(Scheduler::Algorithm, TbAlloc::State)).unwrap();
     for rp in &mut plan.ranks {
         let mut tasks: Vec<_> = rp.tbs.iter().flat_map(|tb| tb.tasks.iter().copied()).collect();
@@ -138,7 +138,7 @@ fn too_few_slots_deadlock_enough_do_not() {
 
 #[test]
 fn fifo_disorder_and_lost_messages() {
-    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2);
+    let p = Algorithm::DirectAllGather.generate(1, 2).unwrap().instanced(2).unwrap();
     let plan = compile(&p, &Options::new(Scheduler::Algorithm, TbAlloc::State)).unwrap();
     let recv_tb =
         |plan: &Plan| plan.ranks[1].tbs.iter().position(|tb| tb.tasks.iter().all(|t| t.prim == Prim::Recv)).unwrap();

@@ -60,6 +60,26 @@ fn parse_errors_name_the_line() {
 }
 
 #[test]
+fn storage_past_u32_chunks_is_a_layout_error_not_a_wrap() {
+    // One rank's storage is counted in u32 chunks: a scratch or chunk count that would wrap it is
+    // refused, by parse or by the checks, never indexed past its end.
+    for (layout, scratch) in
+        [("ranks=1 chunks=1 outofplace", "4294967295"), ("ranks=1 chunks=2147483648 outofplace", "0")]
+    {
+        let t = format!(
+            "program t\ncollective allreduce {layout}\nscratch {scratch}\nop0 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=0 stage=0\n"
+        );
+        let e = text::parse(&t).and_then(|p| p.check()).unwrap_err();
+        assert!(matches!(&e, ProgramError::BadLayout { reason } if reason.contains("too large")), "{layout}: {e}");
+    }
+    // Instancing that would wrap the chunk count is refused the same way.
+    let p = Algorithm::RingAllReduce.generate(1, 4).unwrap();
+    let e = p.instanced(u32::MAX).unwrap_err();
+    assert!(matches!(&e, ProgramError::BadLayout { reason } if reason.contains("too large")), "{e}");
+    assert_eq!(p.instanced(3).unwrap().layout.chunks, p.layout.chunks * 3);
+}
+
+#[test]
 fn comments_and_per_rank_scratch() {
     let t = "# a comment\nprogram t   # trailing\ncollective allgather ranks=2 chunks=2 outofplace\nscratch 0 1\n\
              op0 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=0 stage=0\n\

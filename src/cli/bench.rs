@@ -214,6 +214,11 @@ pub fn run(a: Args) -> CliResult {
         }
     };
     let command: Vec<String> = std::env::args().collect();
+    if let Some(ranks) = a.ranks
+        && (ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS)
+    {
+        return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
+    }
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
     if what == "overlap" {
         compute_load(&a)?;
@@ -484,6 +489,9 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
         plan: PlanOptions { route, domain_size: a.domain_size, min_split_bytes: a.min_split_bytes },
         owner: a.owner.parse::<CtaOwner>()?,
     };
+    if ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS {
+        return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
+    }
     // Validate the layouts against the shape and the ranks here, so a bad command fails without a GPU.
     let buffers = vec![None; ranks];
     let side =
@@ -491,9 +499,6 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
     match crate::reshard::validate(ranks, &side(&src), &side(&dst)) {
         Ok(()) | Err(crate::Error::MissingBuffer { .. }) => {}
         Err(e) => return Err(e.into()),
-    }
-    if ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS {
-        return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
     }
     let config = Config {
         max_ctas: a.ctas,

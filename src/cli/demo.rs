@@ -23,7 +23,17 @@ pub struct Args {
     pub cpu: bool,
 }
 
+/// Most elements per rank the demo takes: it holds every rank's input and output on the host.
+const MAX_DEMO_COUNT: u64 = 1 << 28;
+
 pub fn run(a: Args) -> CliResult {
+    if a.count > MAX_DEMO_COUNT {
+        return Err(format!(
+            "--count {}: the demo holds every rank's buffers on the host; at most {MAX_DEMO_COUNT}",
+            a.count
+        )
+        .into());
+    }
     let spec = PlanSpec {
         collective: Collective::AllReduce,
         count: a.count,
@@ -34,6 +44,8 @@ pub fn run(a: Args) -> CliResult {
         ctas: a.ctas,
         reduction: Reduction::Registers,
     };
+    // Ranks, CTAs and size checked before anything is allocated.
+    let plan = tccl::plan(&spec)?;
     // Rank r holds (r + 1) * (i mod 7): small integers, so the sum is exact in any order.
     let inputs: Vec<Vec<f32>> =
         (0..a.ranks).map(|r| (0..a.count).map(|i| ((r + 1) as u64 * (i % 7)) as f32).collect()).collect();
@@ -58,7 +70,6 @@ pub fn run(a: Args) -> CliResult {
             (out, format!("on the GPU ({}), TMA mover", ctx.name().unwrap_or_default()))
         }
         Err(why) => {
-            let plan = tccl::plan(&spec)?;
             let mut bufs: HostBuffers = as_bytes
                 .iter()
                 .map(|input| {
@@ -78,7 +89,8 @@ pub fn run(a: Args) -> CliResult {
         "AllReduce (sum, f32) of {} elements over {} virtual ranks, {} CTAs per rank, ran {where_}",
         a.count, a.ranks, a.ctas
     );
-    let sample: Vec<f32> = bytemuck::cast_slice::<u8, f32>(&got[0][..28.min(got[0].len())]).to_vec();
+    let sample: Vec<f32> =
+        got[0].chunks_exact(4).take(7).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
     println!("rank 0 output starts {sample:?}");
     if wrong != 0 {
         return Err(format!("{wrong} of {} ranks hold a wrong result", a.ranks).into());

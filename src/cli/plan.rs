@@ -56,6 +56,10 @@ pub fn parse_topo(s: &str) -> Result<(u32, u32), String> {
     if n == 0 || g == 0 {
         return Err(format!("--topo `{s}`: needs at least one node and one GPU"));
     }
+    let max = oxccl_host::program::Layout::MAX_RANKS;
+    if n.checked_mul(g).is_none_or(|r| r > max) {
+        return Err(format!("--topo `{s}`: more than {max} GPUs"));
+    }
     Ok((n, g))
 }
 
@@ -94,7 +98,7 @@ impl ProgramArgs {
             return Err("--instances must be at least 1".into());
         }
         if self.instances > 1 {
-            program = program.instanced(self.instances);
+            program = program.instanced(self.instances)?;
         }
         Ok(Loaded { program, nodes, gpus_per_node: gpus })
     }

@@ -172,11 +172,13 @@ struct Message<T> {
     data: Vec<T>,
 }
 
-/// Micro-batch `m` of `mbs` of a chunk of `len` elements.
+/// Micro-batch `m` of `mbs` of a chunk of `len` elements (`mbs` of 0 counts as 1; `m >= mbs` is the
+/// empty range at the end).
 pub fn micro_batch_range(len: usize, mbs: u32, m: u32) -> std::ops::Range<usize> {
-    let mbs = mbs as usize;
-    let m = m as usize;
-    (m * len / mbs)..((m + 1) * len / mbs)
+    let mbs = mbs.max(1) as u128;
+    let m = m.min(mbs as u32) as u128;
+    let at = |k: u128| (k * len as u128 / mbs) as usize;
+    at(m)..at((m + 1).min(mbs))
 }
 
 enum Step {
@@ -381,8 +383,12 @@ pub struct VerifyReport {
     pub first_wrong: Option<(usize, usize)>,
 }
 
+/// Most input elements, over all ranks, [`verify`] builds on the host.
+pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
+
 /// Executes `plan` on [`test_inputs`] with `chunk_len` elements per chunk and compares every output
-/// element with the collective's reference.
+/// element with the collective's reference ([`ExecError::BadInput`] beyond
+/// [`MAX_VERIFY_ELEMENTS`]).
 pub fn verify<T: Element>(
     plan: &Plan,
     op: ReduceOp,
@@ -390,7 +396,18 @@ pub fn verify<T: Element>(
     opts: &ExecOptions,
 ) -> Result<VerifyReport, ExecError> {
     let l = &plan.layout;
-    let inputs = test_inputs::<T>(l.ranks as usize, l.input_chunks() as usize * chunk_len);
+    let elements = (l.input_chunks() as usize)
+        .checked_mul(chunk_len)
+        .filter(|&n| n.saturating_mul(l.ranks as usize) <= MAX_VERIFY_ELEMENTS)
+        .ok_or_else(|| ExecError::BadInput {
+            reason: format!(
+                "{} input chunks of {chunk_len} elements on {} ranks: more than the {MAX_VERIFY_ELEMENTS} elements \
+                 a host verification holds",
+                l.input_chunks(),
+                l.ranks
+            ),
+        })?;
+    let inputs = test_inputs::<T>(l.ranks as usize, elements);
     let got = execute(plan, &inputs, op, opts)?;
     let want = reference::reference(l.collective, &inputs, op)?;
     let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };

@@ -259,7 +259,8 @@ impl Layout {
             });
         }
         let per_rank = self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
-        if per_rank * self.ranks as u64 > Self::MAX_CHUNKS {
+        // A rank's storage is counted in u32 chunks (`storage_chunks`).
+        if per_rank * self.ranks as u64 > Self::MAX_CHUNKS || per_rank > u32::MAX as u64 {
             return Err(ProgramError::BadLayout {
                 reason: format!("buffers of {} chunks per rank on {} ranks are too large", per_rank, self.ranks),
             });
@@ -487,14 +488,25 @@ impl Program {
     /// `c*k .. c*k+k`, and every op is repeated once per instance (ops on several chunks are split
     /// into one op per chunk, since an instance's chunks are no longer adjacent). Scratch grows `k`
     /// times. The result computes the same collective; it gives the schedulers more independent work.
-    pub fn instanced(&self, k: u32) -> Program {
+    /// [`ProgramError::BadLayout`] when the `k`-times larger buffers are too large.
+    pub fn instanced(&self, k: u32) -> Result<Program, ProgramError> {
         if k <= 1 {
-            return self.clone();
+            return Ok(self.clone());
         }
+        let too_large = || ProgramError::BadLayout {
+            reason: format!("{k} instances of {} chunks per buffer are too large", self.layout.chunks),
+        };
         let mut layout = self.layout.clone();
-        layout.chunks *= k;
+        layout.chunks = layout.chunks.checked_mul(k).ok_or_else(too_large)?;
         for s in &mut layout.scratch {
-            *s *= k;
+            *s = s.checked_mul(k).ok_or_else(too_large)?;
+        }
+        layout.validate()?;
+        let ops = self.ops.iter().map(|op| op.src().count as u64).sum::<u64>() * k as u64;
+        if ops > Self::MAX_INSTANCED_OPS {
+            return Err(ProgramError::BadLayout {
+                reason: format!("{k} instances make {ops} ops, more than {}", Self::MAX_INSTANCED_OPS),
+            });
         }
         let mut out = Program {
             name: format!("{}_x{}", self.name, k),
@@ -527,8 +539,11 @@ impl Program {
                 }
             }
         }
-        out
+        Ok(out)
     }
+
+    /// Most ops [`Program::instanced`] builds.
+    pub const MAX_INSTANCED_OPS: u64 = 1 << 24;
 }
 
 /// What is wrong with a program. Every variant names the op (or the line) at fault.

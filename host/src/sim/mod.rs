@@ -96,9 +96,9 @@ impl Topology {
         }
     }
 
-    /// Total GPUs.
+    /// Total GPUs (`u32::MAX` where the product does not fit, which no program's rank count matches).
     pub fn ranks(&self) -> u32 {
-        self.nodes * self.gpus_per_node
+        self.nodes.saturating_mul(self.gpus_per_node)
     }
 
     fn node(&self, r: u32) -> u32 {
@@ -514,7 +514,9 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         }
         let mut k = 0;
         while k < flows.len() {
-            if flows[k].remaining <= 1e-3 {
+            // Done, or so little left that its end is not a later time than `now` in f64 (far into a
+            // long simulation): finishing it there keeps time moving.
+            if flows[k].remaining <= 1e-3 || now + flows[k].remaining / flows[k].rate <= now {
                 let f = flows.swap_remove(k);
                 for &x in &f.res[..f.nres] {
                     res[x].active -= 1;
