@@ -72,6 +72,8 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
     }
+    let (ok, err) = oxccl(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--micro-batches", "4294967295"]);
+    assert!(!ok && err.contains("micro-batches: at most 65536"), "{err}");
     // verify reports the refusal as a failed configuration, naming the size.
     let (ok, out) =
         oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);

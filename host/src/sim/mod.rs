@@ -59,6 +59,10 @@ pub struct Topology {
     pub hbm: LinkParams,
 }
 
+/// Most micro-batches the simulator and the CPU executor take (each is a full pass over the plan;
+/// the automatic choice stays within 1..=512).
+pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
+
 impl Topology {
     /// ResCCL's testbed: A100 servers, NVSwitch at 300 GB/s per GPU and direction, one 200 Gb/s
     /// RoCE NIC per two GPUs.
@@ -296,6 +300,11 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
     }
     if opts.micro_batches == 0 || opts.fifo_slots == 0 {
         return Err(SimError::BadInput { reason: "micro-batches and FIFO slots must be at least 1".into() });
+    }
+    if opts.micro_batches > MAX_MICRO_BATCHES {
+        return Err(SimError::BadInput {
+            reason: format!("{} micro-batches: at most {MAX_MICRO_BATCHES}", opts.micro_batches),
+        });
     }
     let mbs = opts.micro_batches;
     let chunk_mb_bytes = opts.bytes as f64 / plan.layout.chunks.max(1) as f64 / mbs as f64;
