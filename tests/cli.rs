@@ -3,10 +3,23 @@
 
 use std::process::Command;
 
+/// Runs `oxccl ARGS`; returns (success, stdout, stderr).
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
 /// Runs `oxccl ARGS`; returns (success, stderr).
 fn oxccl(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl");
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let (ok, _, err) = run(args);
+    (ok, err)
+}
+
+/// Runs `oxccl ARGS`; returns (success, stdout).
+fn oxccl_out(args: &[&str]) -> (bool, String) {
+    let (ok, out, _) = run(args);
+    (ok, out)
 }
 
 #[test]
@@ -50,12 +63,6 @@ fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "all_reduce", "--piece", "1M"]);
     assert!(!ok && err.contains("--piece is for movers, not all_reduce"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
-}
-
-/// Runs `oxccl ARGS`; returns (success, stdout).
-fn oxccl_out(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[test]

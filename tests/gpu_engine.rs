@@ -120,6 +120,8 @@ fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rn
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
     let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
+    // SAFETY: every buffer the tasks name is a live allocation covering its range (offsets plus
+    // bytes) until the synchronisation below.
     unsafe { engine.launch(stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
     stream.synchronize().unwrap();
     let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
@@ -298,12 +300,16 @@ fn reduce_after_writes_orders_dependent_tasks() {
     }
 }
 
-#[test]
-fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
-    let Some(stream) = common::gpu("a_rank_that_never_arrives_is_a_timeout_not_a_hang") else { return };
-    let engine = Engine::new(stream.context()).unwrap();
-    let ctx = engine.context().clone();
-    // Rank 0 expects rank 1 at its start barrier; rank 1 is never launched.
+/// Launches one CTA of rank 0 with no tasks and barriers with rank 1, which is never launched;
+/// rank 0's workspace holds the u64 `writes` (byte offset, value) first. Returns the status.
+fn launch_rank0_barrier_only(
+    engine: &Engine,
+    stream: &Arc<CudaStream>,
+    workspace_bytes: usize,
+    writes: &[(usize, u64)],
+    timeout_ns: u64,
+) -> Status {
+    let ctx = engine.context();
     let l = Lowered {
         programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
         tasks: vec![],
@@ -312,12 +318,15 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
         combines: false,
     };
     let prog = engine.upload(&l, 0..1).unwrap();
-    let ws: Vec<DeviceAlloc> =
-        (0..2).map(|_| DeviceAlloc::zeroed(&ctx, std::mem::size_of::<abi::Workspace>()).unwrap()).collect();
+    let mut own = vec![0u8; workspace_bytes];
+    for &(at, v) in writes {
+        own[at..][..8].copy_from_slice(&v.to_le_bytes());
+    }
+    let ws = [DeviceAlloc::from_bytes(ctx, &own).unwrap(), DeviceAlloc::zeroed(ctx, workspace_bytes).unwrap()];
     let mut workspaces = [0u64; MAX_RANKS];
     workspaces[0] = ws[0].ptr();
     workspaces[1] = ws[1].ptr();
-    let status = DeviceAlloc::zeroed(&ctx, std::mem::size_of::<Status>()).unwrap();
+    let status = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>()).unwrap();
     let spec = LaunchSpec {
         mover: Mover::Tma,
         dtype: DType::F32,
@@ -326,14 +335,24 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
         chunk_bytes: 1024,
         stages: 2,
         reduce_mode: ReduceMode::Registers,
-        timeout_ns: 50_000_000,
+        timeout_ns,
         wait_suspend_ns: 0,
     };
-    let t0 = std::time::Instant::now();
-    unsafe { engine.launch(&stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
+    // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
+    // allocations of the workspace's size until the synchronisation below.
+    unsafe { engine.launch(stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
     stream.synchronize().unwrap();
+    bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
+    let Some(stream) = common::gpu("a_rank_that_never_arrives_is_a_timeout_not_a_hang") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    // Rank 0 expects rank 1 at its start barrier; rank 1 is never launched.
+    let t0 = std::time::Instant::now();
+    let st = launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[], 50_000_000);
     let waited = t0.elapsed();
-    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
     assert_eq!(st.errors, 1);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::StartBarrier));
     assert_eq!((st.rank, st.cta, st.peer, st.expected), (0, 0, 1, 1));
@@ -367,6 +386,8 @@ fn launch_from_host_memory(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, 
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
     let status = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>()).unwrap();
+    // SAFETY: the sources are mapped pinned allocations of `c.bytes` each (device-addressable), the
+    // destination a device allocation of the same size, all alive until the synchronisation below.
     unsafe { engine.launch(stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
     stream.synchronize().unwrap();
     bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
@@ -417,37 +438,10 @@ fn a_peer_already_at_a_later_call_is_out_of_step_not_ignored() {
     // an out-of-step error instead of reading buffers rank 1 is already using for call 2.
     let Some(stream) = common::gpu("a_peer_already_at_a_later_call_is_out_of_step_not_ignored") else { return };
     let engine = Engine::new(stream.context()).unwrap();
-    let ctx = engine.context().clone();
-    let l = Lowered {
-        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
-        tasks: vec![],
-        ranks: 2,
-        slots: 1,
-        combines: false,
-    };
-    let prog = engine.upload(&l, 0..1).unwrap();
-    let mut own = vec![0u8; std::mem::size_of::<abi::Workspace>()];
-    own[abi::Workspace::arrive_offset(1, 0)..][..8].copy_from_slice(&2u64.to_le_bytes());
-    let ws = [DeviceAlloc::from_bytes(&ctx, &own).unwrap(), DeviceAlloc::zeroed(&ctx, own.len()).unwrap()];
-    let mut workspaces = [0u64; MAX_RANKS];
-    workspaces[0] = ws[0].ptr();
-    workspaces[1] = ws[1].ptr();
-    let status = DeviceAlloc::zeroed(&ctx, std::mem::size_of::<Status>()).unwrap();
-    let spec = LaunchSpec {
-        mover: Mover::Tma,
-        dtype: DType::F32,
-        op: RedOp::Sum,
-        threads: 32,
-        chunk_bytes: 1024,
-        stages: 2,
-        reduce_mode: ReduceMode::Registers,
-        timeout_ns: 5_000_000_000,
-        wait_suspend_ns: 0,
-    };
+    let at = abi::Workspace::arrive_offset(1, 0);
     let t0 = std::time::Instant::now();
-    unsafe { engine.launch(&stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
-    stream.synchronize().unwrap();
-    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    let st =
+        launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[(at, 2)], 5_000_000_000);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::OutOfStep), "{st:?}");
     assert_eq!((st.rank, st.cta, st.peer, st.expected, st.observed), (0, 0, 1, 1, 2));
     assert!(t0.elapsed().as_secs_f64() < 2.0, "reported after {:?}, not at once", t0.elapsed());
