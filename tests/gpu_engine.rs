@@ -102,6 +102,26 @@ fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
     s.device_ptr(stream).0
 }
 
+/// Launches `prog` with a fresh status record, waits for it and returns the record.
+///
+/// # Safety
+/// As [`Engine::launch`]: every buffer and workspace the program uses is a live device-addressable
+/// allocation covering what its tasks touch.
+unsafe fn launch_status(
+    engine: &Engine,
+    stream: &Arc<CudaStream>,
+    prog: &oxccl::engine::DeviceProgram,
+    spec: &LaunchSpec,
+    buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+    workspaces: [u64; MAX_RANKS],
+) -> Status {
+    let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
+    // SAFETY: forwarded contract; the status record outlives the synchronisation below.
+    unsafe { engine.launch(stream, prog, spec, buffers, workspaces, status.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
+}
+
 /// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
 fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
     let e = c.dtype.size() as u64;
@@ -119,12 +139,9 @@ fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rn
         buffers[k][slot::INPUT as usize] = addr(stream, s);
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
-    let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>()).unwrap();
     // SAFETY: every buffer the tasks name is a live allocation covering its range (offsets plus
-    // bytes) until the synchronisation below.
-    unsafe { engine.launch(stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
-    stream.synchronize().unwrap();
-    let st: Status = bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()]);
+    // bytes) until `launch_status` has synchronised.
+    let st = unsafe { launch_status(engine, stream, &prog, &spec(c, 5_000_000_000), buffers, [0; MAX_RANKS]) };
     assert_eq!(st.errors, 0, "device reported {st:?}");
     let gpu = stream.clone_dtoh(&d_dst).unwrap();
 
@@ -326,7 +343,6 @@ fn launch_rank0_barrier_only(
     let mut workspaces = [0u64; MAX_RANKS];
     workspaces[0] = ws[0].ptr();
     workspaces[1] = ws[1].ptr();
-    let status = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>()).unwrap();
     let spec = LaunchSpec {
         mover: Mover::Tma,
         dtype: DType::F32,
@@ -339,10 +355,8 @@ fn launch_rank0_barrier_only(
         wait_suspend_ns: 0,
     };
     // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
-    // allocations of the workspace's size until the synchronisation below.
-    unsafe { engine.launch(stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces, status.ptr()) }.unwrap();
-    stream.synchronize().unwrap();
-    bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
+    // allocations of the workspace's size until `launch_status` has synchronised.
+    unsafe { launch_status(engine, stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces) }
 }
 
 #[test]
@@ -385,12 +399,10 @@ fn launch_from_host_memory(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, 
         buffers[k][slot::INPUT as usize] = dptr;
     }
     buffers[0][slot::OUTPUT as usize] = addr(stream, &d_dst);
-    let status = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>()).unwrap();
     // SAFETY: the sources are mapped pinned allocations of `c.bytes` each (device-addressable), the
-    // destination a device allocation of the same size, all alive until the synchronisation below.
-    unsafe { engine.launch(stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS], status.ptr()) }.unwrap();
-    stream.synchronize().unwrap();
-    bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
+    // destination a device allocation of the same size, all alive until `launch_status` has
+    // synchronised.
+    unsafe { launch_status(engine, stream, &prog, &spec(c, timeout_ns), buffers, [0; MAX_RANKS]) }
 }
 
 #[test]
