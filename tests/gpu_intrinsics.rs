@@ -335,7 +335,8 @@ fn fences_barriers_and_sleep() {
     unsafe { p.stream.launch_builder(&p.f("probe_sync")).arg(&o).launch(Probes::cfg(1, threads, 128 + 4 * threads)) }
         .unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
-    assert_eq!(v, (0..threads as u64).map(|t| (t + 1) % threads as u64).collect::<Vec<_>>());
+    // Neighbour ids; bit 32: barrier-OR of "last thread" (true everywhere); bit 33: of `false`.
+    assert_eq!(v, (0..threads as u64).map(|t| ((t + 1) % threads as u64) | (1 << 32)).collect::<Vec<_>>());
 }
 
 #[test]

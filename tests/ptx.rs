@@ -133,6 +133,7 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("fence_acq_rel_sys", "probe_sync", "fence.acq_rel.sys;"),
     ("bar_sync", "probe_sync", "bar.sync %r"),
     ("bar_sync_all", "probe_sync", "bar.sync 0;"),
+    ("bar_red_or_all", "probe_sync", "bar.red.or.pred"),
     ("nanosleep_u32", "probe_sync", "nanosleep.u32 %r"),
     ("ld_relaxed_gpu_u32", "probe_memory", "ld.relaxed.gpu.global.u32 %r"),
     ("ld_relaxed_gpu_u64", "probe_memory", "ld.relaxed.gpu.global.u64 %rd"),

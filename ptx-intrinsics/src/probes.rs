@@ -280,7 +280,8 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
 }
 
 /// Fences and barriers: each thread writes its id to shared memory, fences, meets the others, reads its
-/// neighbour's id through a 16-byte vector path and writes it to `out[tid]`.
+/// neighbour's id and writes it to `out[tid]`, with bit 32 set when a barrier-OR of "I am the last
+/// thread" was true and bit 33 when a barrier-OR of `false` was.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_sync(out: u64) {
     let t = tid_x();
@@ -299,7 +300,9 @@ pub unsafe extern "ptx-kernel" fn probe_sync(out: u64) {
         bar_sync(1, n);
         let neighbour = ld_shared_u32(s.add((t + 1) % n));
         bar_sync_all();
-        *Global::<u64>::from_addr(out).add(t as u64).ptr() = neighbour as u64;
+        let any_last = bar_red_or_all(t == n - 1) as u64;
+        let any_none = bar_red_or_all(false) as u64;
+        *Global::<u64>::from_addr(out).add(t as u64).ptr() = neighbour as u64 | any_last << 32 | any_none << 33;
     }
 }
 

@@ -30,6 +30,28 @@ pub unsafe fn bar_sync_all() {
     unsafe { asm!("bar.sync 0;") }
 }
 
+/// Waits until all threads of this CTA reach barrier 0, and returns whether `pred` was true in any of
+/// them: one decision every thread of the CTA shares, whatever any thread does after the barrier.
+///
+/// `bar.red.or.pred p, 0, q;` · PTX ISA 2.0 · sm_20
+///
+/// # Safety
+/// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
+#[doc(alias = "bar.red")]
+#[inline(always)]
+pub unsafe fn bar_red_or_all(pred: bool) -> bool {
+    let any: u32;
+    // SAFETY: the caller guarantees every thread arrives; the predicates are local to the block.
+    unsafe {
+        asm!(
+            "{{ .reg .pred q, p; setp.ne.u32 q, {x}, 0; bar.red.or.pred p, 0, q; selp.u32 {r}, 1, 0, p; }}",
+            x = in(reg32) pred as u32,
+            r = out(reg32) any,
+        )
+    }
+    any != 0
+}
+
 /// Suspends the thread for about `ns` nanoseconds (at most 1 ms), giving its issue slots to other warps.
 ///
 /// `nanosleep.u32 t;` · PTX ISA 6.3 · sm_70

@@ -151,6 +151,17 @@ impl Ctx {
         unsafe { core::ptr::write_volatile(self.abort_flag(), 1) }
     }
 
+    /// CTA barrier, then whether any thread had set the abort flag when it arrived: one verdict for
+    /// every thread, so all leave a loop together even if a thread aborts right after the barrier.
+    ///
+    /// # Safety
+    /// Every thread of the CTA calls it (a CTA barrier).
+    #[inline(always)]
+    pub unsafe fn sync_aborted(&self) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { oxccl_ptx::sync::bar_red_or_all(self.aborted()) }
+    }
+
     /// Whether any thread set the abort flag (meaningful after a CTA barrier).
     #[inline(always)]
     pub fn aborted(&self) -> bool {

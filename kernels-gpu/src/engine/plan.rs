@@ -51,7 +51,6 @@ use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::fence_proxy_async_global;
 use oxccl_ptx::memory::{ld_relaxed_gpu_u64, ld_relaxed_sys_u64, st_release_gpu_u64, st_release_sys_u64};
 use oxccl_ptx::sreg::globaltimer;
-use oxccl_ptx::sync::bar_sync_all;
 
 /// What every CTA of a launch reads from its [`PlanLaunchArgs`] (constant offsets only).
 #[derive(Clone, Copy)]
@@ -317,8 +316,7 @@ unsafe fn step<const TMA: bool, C: Combine>(
             *step_record(ctx) = slot;
         }
         // 2. Everyone learns the slot, or that the CTA stops.
-        bar_sync_all();
-        if ctx.aborted() {
+        if ctx.sync_aborted() {
             return false;
         }
         // 3. The move, piece by piece. A message is the `chunks` pieces of micro-batch `m`, packed;
@@ -366,8 +364,7 @@ unsafe fn step<const TMA: bool, C: Combine>(
             cp_async_bulk_wait_group::<0>();
             fence_proxy_async_global();
         }
-        bar_sync_all();
-        if ctx.aborted() {
+        if ctx.sync_aborted() {
             return false;
         }
         // 5. Release the FIFO end.

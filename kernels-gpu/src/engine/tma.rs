@@ -175,8 +175,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
                     combine_slots::<C>(ctx, consumer.index, sources, len(i));
                 }
                 fence_proxy_async_shared_cta();
-                bar_sync_all();
-                if ctx.aborted() {
+                if ctx.sync_aborted() {
                     break;
                 }
             } else if !landed {

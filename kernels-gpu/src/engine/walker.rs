@@ -48,7 +48,7 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
     let mut seq = 0;
     // SAFETY: `start_barrier`/`end_barrier` run on the issuer only, with the workspace table written
     // at entry (caller's contract) and this CTA's own `seq` slot; every thread reaches each
-    // `bar_sync_all` (no early return between them, the abort flag is read after a barrier); task
+    // CTA barrier (no early return between them; the abort verdict comes from `sync_aborted`); task
     // `first_task + t` is inside the launch's task array (the host validated the program's range);
     // `execute` checks each descriptor before touching memory; the fences before the end barrier
     // complete bulk writes (`wait_group 0`, proxy fence) and order every thread's writes at system
@@ -57,8 +57,7 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
         if peers != 0 && ctx.issuer {
             seq = start_barrier(ctx, peers);
         }
-        bar_sync_all();
-        if !ctx.aborted() {
+        if !ctx.sync_aborted() {
             let mut state = PipelineState::new();
             for t in 0..program.task_count {
                 let task = *tasks.add((program.first_task + t) as usize);
@@ -155,12 +154,9 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             Path::TmaMove => tma::run_move::<C>(ctx, state, &operands, elem),
             Path::TmaReduceInto => tma::run_reduce_into::<C>(ctx, state, &operands, elem, dtype, op),
         }
-        // The issuer pipelines copies and bulk reductions alone and may have given up a wait: every
-        // thread reads the abort flag only after a barrier, so all leave the task loop together.
-        if path == Path::TmaReduceInto || (path == Path::TmaMove && copy) {
-            bar_sync_all();
-        }
-        !ctx.aborted()
+        // The issuer pipelines copies and bulk reductions alone and may have given up a wait: the CTA
+        // decides at a barrier, so all threads leave the task loop together.
+        !ctx.sync_aborted()
     }
 }
 
