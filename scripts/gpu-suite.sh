@@ -45,11 +45,12 @@ for step in "$@"; do
     ab)
       # A/B of two builds in one run: .device/bin/oxccl-old (stage a build, then copy its oxccl there)
       # against .device/bin/oxccl, or the binaries named in AB: movers at their defaults, AllReduce and
-      # ReduceScatter at 1 and 8 CTAs (with AB_ARGS added, e.g. AB_ARGS="--reduction tma").
+      # ReduceScatter at 1 and 8 CTAs (with AB_ARGS added, e.g. AB_ARGS="--reduction tma"; AB_MOVERS=0
+      # leaves out the movers, for builds whose device code is the same).
       ab="${AB:-oxccl-old oxccl}"; missing=""; for b in $ab; do [ -x $B/$b ] || missing="$missing $b"; done
       [ -z "$missing" ] || { echo "ab skipped: not staged:$missing"; continue; }
       for b in $ab; do
-        log "$b movers"; timeout 60 $B/$b bench movers -e 1G > "$OUT/ab_movers_$b.log" 2>&1; rows "1|8|132" < "$OUT/ab_movers_$b.log"
+        [ "${AB_MOVERS:-1}" = 0 ] || { log "$b movers"; timeout 60 $B/$b bench movers -e 1G > "$OUT/ab_movers_$b.log" 2>&1; rows "1|8|132" < "$OUT/ab_movers_$b.log"; }
         for coll in all_reduce reduce_scatter; do for c in 1 8; do
           log "$b $coll --ranks 8 --ctas $c"; timeout 60 $B/$b bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c ${AB_ARGS:-} > "$OUT/ab_${b}_${coll}_$c.log" 2>&1; grep -E "^ +1073741824 |Avg" "$OUT/ab_${b}_${coll}_$c.log" ; done; done; done ;;
     sweep-old)
