@@ -1555,6 +1555,10 @@ pub struct OverlapBench {
     /// CTAs per rank for the collective.
     pub ctas: u32,
     pub movers: Vec<Mover>,
+    /// How the TMA mover's rows reduce, each measured: [`Reduction::Registers`] combines the sources
+    /// with a CTA of threads, [`Reduction::Tma`] hands them to the bulk reductions with one warp
+    /// (fewer issue slots taken from the compute beside it). SIMT rows always use registers.
+    pub tma_reductions: Vec<Reduction>,
     /// Suspend-time hints for the collective's waits (ns), each measured.
     pub suspend_ns: Vec<u32>,
     /// Threads per compute CTA, and compute CTAs per SM.
@@ -1572,6 +1576,8 @@ pub struct OverlapRow {
     /// alone takes about as long as the first configuration's collective, at least one).
     pub compute_reps: u32,
     pub mover: &'static str,
+    /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
+    pub reduction: &'static str,
     pub ctas: u32,
     pub suspend_ns: u32,
     pub compute_alone_ms: f64,
@@ -1668,9 +1674,17 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
 
     let mut rows = Vec::new();
     let mut reps = 0u32;
+    let mut variants = Vec::new();
     for &mover in &b.movers {
+        match mover {
+            Mover::Tma => variants.extend(b.tma_reductions.iter().map(|&r| (mover, r))),
+            Mover::Simt => variants.push((mover, Reduction::Registers)),
+        }
+    }
+    for &(mover, reduction) in &variants {
         for &suspend in &b.suspend_ns {
-            let config = Config { max_ctas: Some(b.ctas), mover, wait_suspend_ns: suspend, ..Config::default() };
+            let config =
+                Config { max_ctas: Some(b.ctas), mover, reduction, wait_suspend_ns: suspend, ..Config::default() };
             let comm = Communicator::from_streams(streams, config)?;
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
             let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
@@ -1715,6 +1729,10 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 compute: b.compute.name(),
                 compute_reps: reps,
                 mover: if mover == Mover::Tma { "tma" } else { "simt" },
+                reduction: match reduction {
+                    Reduction::Registers => "registers",
+                    Reduction::Tma => "tma",
+                },
                 ctas: b.ctas,
                 suspend_ns: suspend,
                 compute_alone_ms: comp_alone,

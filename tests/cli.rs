@@ -43,6 +43,15 @@ fn a_bad_compute_load_is_named() {
 }
 
 #[test]
+fn an_unknown_reduction_is_named() {
+    for what in ["all_reduce", "overlap"] {
+        let (ok, err) = oxccl(&["bench", what, "--reduction", "atomics"]);
+        assert!(!ok && err.contains("unknown reduction \"atomics\" (registers, tma)"), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+}
+
+#[test]
 fn an_unknown_benchmark_is_named() {
     let (ok, err) = oxccl(&["bench", "all_to_all"]);
     assert!(!ok && err.contains("unknown benchmark \"all_to_all\""), "{err}");

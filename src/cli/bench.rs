@@ -78,9 +78,10 @@ pub struct Args {
     /// Data mover: tma or simt.
     #[arg(long, default_value = "tma")]
     pub mover: String,
-    /// Reduction path: registers (deterministic) or tma (cp.reduce.async.bulk).
-    #[arg(long, default_value = "registers")]
-    pub reduction: String,
+    /// Reduction path: registers (deterministic; the default) or tma (cp.reduce.async.bulk); overlap
+    /// measures the TMA mover with both unless one is given.
+    #[arg(long)]
+    pub reduction: Option<String>,
     /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine sources).
     #[arg(long)]
     pub threads: Option<u32>,
@@ -223,6 +224,9 @@ pub fn run(a: Args) -> CliResult {
     if what == "overlap" {
         compute_load(&a)?;
     }
+    if let Some(r) = a.reduction.as_deref() {
+        parse_reduction(r)?;
+    }
     if let Some(split) = a.piece {
         if what != "movers" {
             return Err(format!("--piece is for movers, not {what}").into());
@@ -308,11 +312,7 @@ pub fn run(a: Args) -> CliResult {
         return Ok(());
     };
     let mover = parse_mover(&a.mover)?;
-    let reduction = match a.reduction.as_str() {
-        "registers" => Reduction::Registers,
-        "tma" => Reduction::Tma,
-        other => return Err(format!("unknown reduction {other:?} (registers, tma)").into()),
-    };
+    let reduction = parse_reduction(a.reduction.as_deref().unwrap_or("registers"))?;
     let config = Config {
         max_ctas: a.ctas,
         mover,
@@ -343,7 +343,7 @@ pub fn run(a: Args) -> CliResult {
         b.ranks,
         placement(gpus.len(), b.ranks),
         a.mover,
-        a.reduction
+        a.reduction.as_deref().unwrap_or("registers")
     );
     println!("{}", bench::NCCL_HEADER);
     let streams = rank_streams(&gpus, b.ranks, false)?;
@@ -620,6 +620,10 @@ fn run_overlap(
         bytes: a.max_bytes,
         ctas: a.ctas.unwrap_or(8),
         movers: vec![Mover::Tma, Mover::Simt],
+        tma_reductions: match a.reduction.as_deref() {
+            None => vec![Reduction::Registers, Reduction::Tma],
+            Some(r) => vec![parse_reduction(r)?],
+        },
         suspend_ns: vec![0, 1000],
         compute_threads: 256,
         compute_ctas_per_sm: 4,
@@ -636,13 +640,24 @@ fn run_overlap(
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     println!(
-        "# {:>5} {:>5} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
-        "mover", "CTAs", "susp_ns", "reps", "compute(ms)", "coll(ms)", "compute||", "coll||", "makespan", "/serial"
+        "# {:>5} {:>9} {:>5} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "mover",
+        "reduction",
+        "CTAs",
+        "susp_ns",
+        "reps",
+        "compute(ms)",
+        "coll(ms)",
+        "compute||",
+        "coll||",
+        "makespan",
+        "/serial"
     );
     for r in &rows {
         println!(
-            "  {:>5} {:>5} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            "  {:>5} {:>9} {:>5} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
             r.mover,
+            r.reduction,
             r.ctas,
             r.suspend_ns,
             r.compute_reps,
@@ -668,6 +683,15 @@ fn placement(gpus: usize, ranks: usize) -> String {
         1 => "virtual ranks on one GPU".to_string(),
         g if g == ranks => format!("ranks, one per GPU ({g} GPUs, peer access)"),
         g => format!("ranks on {g} GPUs (rank r on GPU r mod {g}, peer access)"),
+    }
+}
+
+/// `--reduction`: `registers` or `tma`.
+fn parse_reduction(name: &str) -> Result<Reduction, Box<dyn std::error::Error>> {
+    match name {
+        "registers" => Ok(Reduction::Registers),
+        "tma" => Ok(Reduction::Tma),
+        other => Err(format!("unknown reduction {other:?} (registers, tma)").into()),
     }
 }
 
