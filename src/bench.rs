@@ -1330,6 +1330,21 @@ mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
 
+    /// Every row the overlap benchmark measures has a configuration a communicator accepts (the
+    /// bulk reductions are not deterministic, so those rows must not ask for it).
+    #[test]
+    fn overlap_rows_have_valid_configurations() {
+        for (mover, reduction) in
+            [(Mover::Tma, Reduction::Registers), (Mover::Tma, Reduction::Tma), (Mover::Simt, Reduction::Registers)]
+        {
+            for suspend in [0, 1000] {
+                let c = overlap_config(4, mover, reduction, suspend);
+                crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
+                assert_eq!((c.mover, c.reduction, c.max_ctas, c.wait_suspend_ns), (mover, reduction, Some(4), suspend));
+            }
+        }
+    }
+
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
     /// gets one; the others are what they say.
     #[test]
@@ -1683,8 +1698,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     }
     for &(mover, reduction) in &variants {
         for &suspend in &b.suspend_ns {
-            let config =
-                Config { max_ctas: Some(b.ctas), mover, reduction, wait_suspend_ns: suspend, ..Config::default() };
+            let config = overlap_config(b.ctas, mover, reduction, suspend);
             let comm = Communicator::from_streams(streams, config)?;
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
             let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
@@ -1745,6 +1759,19 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
         }
     }
     Ok(rows)
+}
+
+/// The collective's configuration in one row of [`overlap_bench`]: deterministic where the
+/// reduction allows it (registers), not with the bulk reductions.
+fn overlap_config(ctas: u32, mover: Mover, reduction: Reduction, suspend_ns: u32) -> Config {
+    Config {
+        max_ctas: Some(ctas),
+        mover,
+        reduction,
+        deterministic: reduction == Reduction::Registers,
+        wait_suspend_ns: suspend_ns,
+        ..Config::default()
+    }
 }
 
 /// The overlap benchmark's compute work on its own stream, launched `reps` times per call.

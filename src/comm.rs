@@ -698,7 +698,7 @@ pub(crate) fn check_disjoint(ranges: &[(u64, u64, usize, usize, bool)], what: &'
     Ok(())
 }
 
-fn validate_config(c: &Config) -> Result<()> {
+pub(crate) fn validate_config(c: &Config) -> Result<()> {
     if c.deterministic && c.reduction == Reduction::Tma {
         return Err(Error::Config {
             field: "deterministic",
