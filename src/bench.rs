@@ -1338,9 +1338,31 @@ mod tests {
             [(Mover::Tma, Reduction::Registers), (Mover::Tma, Reduction::Tma), (Mover::Simt, Reduction::Registers)]
         {
             for suspend in [0, 1000] {
-                let c = overlap_config(4, mover, reduction, suspend);
+                let mut b = OverlapBench {
+                    compute: ComputeLoad::Fma,
+                    ranks: 8,
+                    bytes: 1 << 20,
+                    ctas: 4,
+                    movers: vec![Mover::Tma, Mover::Simt],
+                    tma_reductions: vec![Reduction::Registers, Reduction::Tma],
+                    suspend_ns: vec![0, 1000],
+                    chunk_bytes: None,
+                    stages: None,
+                    threads: None,
+                    compute_threads: 256,
+                    compute_ctas_per_sm: 4,
+                    iters: 1,
+                    warmup: 0,
+                };
+                let c = overlap_config(&b, mover, reduction, suspend);
                 crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
                 assert_eq!((c.mover, c.reduction, c.max_ctas, c.wait_suspend_ns), (mover, reduction, Some(4), suspend));
+                // A pipeline asked for shapes the TMA rows only (the SIMT mover has none).
+                (b.chunk_bytes, b.stages, b.threads) = (Some(8192), Some(2), Some(64));
+                let c = overlap_config(&b, mover, reduction, suspend);
+                crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
+                let want = if mover == Mover::Tma { (Some(8192), Some(2), Some(64)) } else { (None, None, None) };
+                assert_eq!((c.chunk_bytes, c.stages, c.threads), want);
             }
         }
     }
@@ -1576,6 +1598,11 @@ pub struct OverlapBench {
     pub tma_reductions: Vec<Reduction>,
     /// Suspend-time hints for the collective's waits (ns), each measured.
     pub suspend_ns: Vec<u32>,
+    /// The TMA rows' pipeline and threads (`None`: the communicator's defaults). A smaller pipeline
+    /// leaves shared memory on the collective's SMs to the compute kernel's CTAs.
+    pub chunk_bytes: Option<u32>,
+    pub stages: Option<u32>,
+    pub threads: Option<u32>,
     /// Threads per compute CTA, and compute CTAs per SM.
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
@@ -1594,6 +1621,9 @@ pub struct OverlapRow {
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
     pub reduction: &'static str,
     pub ctas: u32,
+    /// The collective's threads per CTA and dynamic shared memory per CTA (bytes).
+    pub threads: u32,
+    pub smem_bytes: u32,
     pub suspend_ns: u32,
     pub compute_alone_ms: f64,
     pub collective_alone_ms: f64,
@@ -1698,8 +1728,9 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     }
     for &(mover, reduction) in &variants {
         for &suspend in &b.suspend_ns {
-            let config = overlap_config(b.ctas, mover, reduction, suspend);
+            let config = overlap_config(b, mover, reduction, suspend);
             let comm = Communicator::from_streams(streams, config)?;
+            let launch = comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, false)?;
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
             let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
             if reps == 0 {
@@ -1748,6 +1779,8 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                     Reduction::Tma => "tma",
                 },
                 ctas: b.ctas,
+                threads: launch.spec.threads,
+                smem_bytes: launch.smem_bytes,
                 suspend_ns: suspend,
                 compute_alone_ms: comp_alone,
                 collective_alone_ms: coll_alone,
@@ -1762,14 +1795,19 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
 }
 
 /// The collective's configuration in one row of [`overlap_bench`]: deterministic where the
-/// reduction allows it (registers), not with the bulk reductions.
-fn overlap_config(ctas: u32, mover: Mover, reduction: Reduction, suspend_ns: u32) -> Config {
+/// reduction allows it (registers), not with the bulk reductions; the pipeline and threads asked
+/// for apply to the TMA rows.
+fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_ns: u32) -> Config {
+    let tma = mover == Mover::Tma;
     Config {
-        max_ctas: Some(ctas),
+        max_ctas: Some(b.ctas),
         mover,
         reduction,
         deterministic: reduction == Reduction::Registers,
         wait_suspend_ns: suspend_ns,
+        chunk_bytes: b.chunk_bytes.filter(|_| tma),
+        stages: b.stages.filter(|_| tma),
+        threads: b.threads.filter(|_| tma),
         ..Config::default()
     }
 }

@@ -503,23 +503,30 @@ impl Communicator {
     /// the capture (ranks on other streams are launched separately and meet at barriers: capture one
     /// stream alone and the others' launches run at once and wait for a partner that never comes). `count` is the call's count: AllReduce,
     /// elements per buffer; ReduceScatter, elements each rank receives; AllGather, elements each rank
-    /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather.
+    /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather. Returns how
+    /// the call launches (threads, pipeline, shared memory: what kernels beside it must leave room for).
     pub fn prepare<T: Element>(
         &self,
         collective: Collective,
         count: usize,
         op: ReduceOp,
         in_place: bool,
-    ) -> Result<()> {
+    ) -> Result<CallLaunch> {
         self.check_usable()?;
         let spec = self.spec::<T>(collective, count, op, in_place);
         let plan = self.plan(&spec)?;
-        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
-        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
+        let slots = plan.lowered.slots;
+        let launch = self.launch_spec(&spec, slots, plan.lowered.combines)?;
+        self.check_resident(&launch, spec.ctas, slots)?;
         for g in &self.groups {
             self.engines[g.device].function(launch.mover, launch.dtype, launch.op)?;
         }
-        Ok(())
+        Ok(CallLaunch {
+            spec: launch,
+            ctas_per_rank: spec.ctas,
+            slots,
+            smem_bytes: Engine::smem_bytes(&launch, slots) as u32,
+        })
     }
 
     /// Plans built and uploaded so far (each kept for the communicator's lifetime).
@@ -739,6 +746,19 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
     }
     Ok(())
+}
+
+/// How a collective call launches on every rank ([`Communicator::prepare`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallLaunch {
+    /// Mover, threads per CTA, TMA pipeline (chunk bytes per source, stages) and reduction mode.
+    pub spec: LaunchSpec,
+    /// CTAs per rank.
+    pub ctas_per_rank: u32,
+    /// Shared-memory slots per pipeline stage (sources a stage holds at once).
+    pub slots: u32,
+    /// Dynamic shared memory per CTA, in bytes (the device adds 1 KiB per CTA of its own).
+    pub smem_bytes: u32,
 }
 
 /// The TMA pipeline, `(chunk bytes per source, stages)`, for `slots` sources per stage in `room`

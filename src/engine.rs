@@ -222,10 +222,24 @@ impl Engine {
             return Ok(f.clone());
         }
         let f = self.module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
-            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        self.raise_smem(&f, mover)?;
         map.insert(name, f.clone());
         Ok(f)
+    }
+
+    /// Raises a kernel's dynamic shared-memory limit to the device's; a TMA kernel also asks for the
+    /// largest shared-memory carveout, so that the SMs it runs on keep the shared memory it leaves
+    /// free (and every CTA's reserved kilobyte) for kernels running beside it, rather than a carveout
+    /// cut just above its own stages. The SIMT kernels keep the driver's choice (they read through L1).
+    fn raise_smem(&self, f: &CudaFunction, mover: Mover) -> Result<()> {
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        if mover == Mover::Tma {
+            // CU_SHAREDMEM_CARVEOUT_MAX_SHARED: 100 % of the unified L1/shared memory as shared.
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+                .map_err(Error::driver("cuFuncSetAttribute"))?;
+        }
+        Ok(())
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
@@ -249,8 +263,7 @@ impl Engine {
             }
         };
         let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
-            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        self.raise_smem(&f, mover)?;
         map.insert(name, f.clone());
         Ok(f)
     }

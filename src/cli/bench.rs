@@ -604,7 +604,8 @@ fn run_reshard(
 
 /// `oxccl bench overlap`: an AllReduce of `-e` bytes per rank on `--ranks` virtual ranks (or one rank
 /// per GPU with `--gpus`) with `--ctas` CTAs per rank, beside a compute load on another stream of
-/// every GPU, for both movers and the suspend hints 0 and 1000 ns.
+/// every GPU, for both movers (the TMA mover with both reductions, or the `--reduction` given; its
+/// pipeline and threads from `--chunk`, `--stages`, `--threads`) and the suspend hints 0 and 1000 ns.
 fn run_overlap(
     gpus: &[std::sync::Arc<cudarc::driver::CudaContext>],
     a: &Args,
@@ -625,6 +626,9 @@ fn run_overlap(
             Some(r) => vec![parse_reduction(r)?],
         },
         suspend_ns: vec![0, 1000],
+        chunk_bytes: a.chunk,
+        stages: a.stages,
+        threads: a.threads,
         compute_threads: 256,
         compute_ctas_per_sm: 4,
         iters: a.iters,
@@ -640,10 +644,12 @@ fn run_overlap(
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     println!(
-        "# {:>5} {:>9} {:>5} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "mover",
         "reduction",
         "CTAs",
+        "threads",
+        "smem",
         "susp_ns",
         "reps",
         "compute(ms)",
@@ -655,10 +661,12 @@ fn run_overlap(
     );
     for r in &rows {
         println!(
-            "  {:>5} {:>9} {:>5} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            "  {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
             r.mover,
             r.reduction,
             r.ctas,
+            r.threads,
+            r.smem_bytes,
             r.suspend_ns,
             r.compute_reps,
             r.compute_alone_ms,
