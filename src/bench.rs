@@ -1351,6 +1351,7 @@ mod tests {
                     threads: None,
                     compute_threads: 256,
                     compute_ctas_per_sm: 4,
+                    compute_ms: None,
                     iters: 1,
                     warmup: 0,
                 };
@@ -1606,6 +1607,9 @@ pub struct OverlapBench {
     /// Threads per compute CTA, and compute CTAs per SM.
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
+    /// How long the compute work alone should take, in ms (`None`: as long as the first
+    /// configuration's collective alone). Repetitions are calibrated once to it.
+    pub compute_ms: Option<f64>,
     pub iters: usize,
     pub warmup: usize,
 }
@@ -1636,6 +1640,9 @@ pub struct OverlapRow {
     pub makespan_over_serial: f64,
 }
 
+/// Longest compute work [`OverlapBench::compute_ms`] may ask for.
+pub const MAX_COMPUTE_MS: f64 = 60_000.0;
+
 /// Largest AllReduce per rank [`overlap_bench`] takes (its inputs are filled from the host).
 pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
 
@@ -1650,6 +1657,14 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     }
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
+    }
+    if let Some(ms) = b.compute_ms
+        && !(ms > 0.0 && ms <= MAX_COMPUTE_MS)
+    {
+        return Err(Error::Config {
+            field: "compute_ms",
+            why: format!("{ms} ms: the compute work alone must take more than 0 and at most {MAX_COMPUTE_MS} ms"),
+        });
     }
     if b.bytes > MAX_OVERLAP_BYTES {
         return Err(Error::Config {
@@ -1734,9 +1749,11 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             let mut collective = || comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
             let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
             if reps == 0 {
-                // Calibrate once: the compute work alone takes about as long as the collective.
+                // Calibrate once: the compute work alone takes about as long as asked, or as the
+                // first collective.
                 let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
-                reps = ((probe as f64 * coll_alone / t.max(1e-6)) as u32).max(1);
+                let target = b.compute_ms.unwrap_or(coll_alone);
+                reps = ((probe as f64 * target / t.max(1e-6)) as u32).max(1);
             }
             let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);

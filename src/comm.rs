@@ -32,8 +32,8 @@ pub struct Config {
     pub chunk_bytes: Option<u32>,
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
     pub stages: Option<u32>,
-    /// Threads per CTA (`None`: one warp for a TMA copy, 256 when a TMA CTA combines sources (in
-    /// registers, or some of them by bulk reduction), 512 for the SIMT mover).
+    /// Threads per CTA (`None`: one warp for a TMA CTA that only copies and bulk-reduces, 256 when it
+    /// combines sources in registers, 512 for the SIMT mover).
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`] (the
     /// drain of bulk loads already issued when a wait gave up is bounded by at least a second).

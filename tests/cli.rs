@@ -52,6 +52,17 @@ fn an_unknown_reduction_is_named() {
 }
 
 #[test]
+fn a_bad_compute_time_is_named() {
+    for ms in ["0", "-3", "NaN", "1e9"] {
+        let flag = format!("--compute-ms={ms}");
+        let (ok, err) = oxccl(&["bench", "overlap", &flag]);
+        assert!(!ok && err.contains("--compute-ms") && err.contains("give a time in (0, 60000] ms"), "{ms}: {err}");
+    }
+    let (ok, err) = oxccl(&["bench", "all_reduce", "--compute-ms", "5"]);
+    assert!(!ok && err.contains("--compute-ms is for overlap, not all_reduce"), "{err}");
+}
+
+#[test]
 fn an_unknown_benchmark_is_named() {
     let (ok, err) = oxccl(&["bench", "all_to_all"]);
     assert!(!ok && err.contains("unknown benchmark \"all_to_all\""), "{err}");

@@ -186,9 +186,12 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     };
     let c = spec.ctas as u64;
     let tma = spec.reduction == Reduction::Tma;
-    // A ReduceInto the hardware cannot bulk-reduce (f32 min/max) is combined in registers: every
-    // peer's piece and the destination's share a stage.
-    let reduce_into_slots = if tma_can_reduce(spec.dtype, spec.op) { 2 } else { p as u32 };
+    // A ReduceInto the hardware bulk-reduces is one stream per source through slot 0, issued by one
+    // thread: no stage holds two sources and no warp combines, so the CTA can be a single warp that
+    // leaves the SM's threads and most of its shared memory to other kernels. One it cannot
+    // (f32 min/max) is combined in registers: every peer's piece and the destination's share a stage.
+    let (reduce_into_slots, reduce_into_combines) =
+        if tma_can_reduce(spec.dtype, spec.op) { (1, false) } else { (p as u32, true) };
     let mut programs = Vec::with_capacity(p * spec.ctas as usize);
     let mut tasks = Vec::new();
     let mut slots = 1;
@@ -230,7 +233,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                         tasks.push(task(ReduceInto, others, inp, a, me, out, a, n, flags));
                         tasks.push(task(Move, me, out, a, others, out, a, n, TASK_AFTER_WRITES));
                         slots = slots.max(reduce_into_slots);
-                        combines = true;
+                        combines |= reduce_into_combines;
                     }
                     Collective::ReduceScatter => {
                         // Block r of every rank's input → rank r's output.
@@ -249,7 +252,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                             }
                             tasks.push(task(ReduceInto, others, inp, src_at, me, out, a, n, flags));
                             slots = slots.max(reduce_into_slots);
-                            combines = true;
+                            combines |= reduce_into_combines;
                         }
                     }
                     Collective::AllGather => {

@@ -197,6 +197,33 @@ fn every_byte_is_written_once_per_destination() {
 }
 
 #[test]
+fn bulk_reduction_plans_need_one_slot_and_no_combining_warp() {
+    // Where the hardware reduces the (dtype, operator), the bulk path streams one source at a time
+    // through slot 0 from the issuing thread: one slot per stage, no combining, so the CTA can be one
+    // warp. Where it cannot (f32 min), the sources are combined in registers: a slot per rank.
+    for collective in [Collective::AllReduce, Collective::ReduceScatter] {
+        for (dtype, op, slots, combines) in
+            [(DType::F32, RedOp::Sum, 1, false), (DType::Bf16, RedOp::Max, 1, false), (DType::F32, RedOp::Min, 8, true)]
+        {
+            let spec = PlanSpec {
+                collective,
+                count: 1 << 20,
+                dtype,
+                op,
+                ranks: 8,
+                in_place: false,
+                ctas: 4,
+                reduction: Reduction::Tma,
+            };
+            let plan = tccl::plan(&spec).unwrap();
+            assert_eq!((plan.slots, plan.combines), (slots, combines), "{collective:?} {dtype:?} {op:?}");
+            let registers = tccl::plan(&PlanSpec { reduction: Reduction::Registers, ..spec }).unwrap();
+            assert_eq!((registers.slots, registers.combines), (8, true), "{collective:?} {dtype:?} {op:?} registers");
+        }
+    }
+}
+
+#[test]
 fn invalid_specs_are_typed_errors() {
     let base = PlanSpec {
         collective: Collective::AllReduce,

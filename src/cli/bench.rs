@@ -104,6 +104,10 @@ pub struct Args {
     /// overlap, `--compute gemm`: M,N,K of each GEMM.
     #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
     pub gemm: Vec<u32>,
+    /// overlap: how long the compute work alone should take, in ms (default: as long as the first
+    /// configuration's collective alone).
+    #[arg(long)]
+    pub compute_ms: Option<f64>,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -223,6 +227,14 @@ pub fn run(a: Args) -> CliResult {
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
     if what == "overlap" {
         compute_load(&a)?;
+    }
+    if let Some(ms) = a.compute_ms {
+        if what != "overlap" {
+            return Err(format!("--compute-ms is for overlap, not {what}").into());
+        }
+        if !(ms > 0.0 && ms <= bench::MAX_COMPUTE_MS) {
+            return Err(format!("--compute-ms {ms}: give a time in (0, {}] ms", bench::MAX_COMPUTE_MS).into());
+        }
     }
     if let Some(r) = a.reduction.as_deref() {
         parse_reduction(r)?;
@@ -631,6 +643,7 @@ fn run_overlap(
         threads: a.threads,
         compute_threads: 256,
         compute_ctas_per_sm: 4,
+        compute_ms: a.compute_ms,
         iters: a.iters,
         warmup: a.warmup,
     };
