@@ -230,7 +230,9 @@ impl Engine {
     /// Raises a kernel's dynamic shared-memory limit to the device's; a TMA kernel also asks for the
     /// largest shared-memory carveout, so that the SMs it runs on keep the shared memory it leaves
     /// free (and every CTA's reserved kilobyte) for kernels running beside it, rather than a carveout
-    /// cut just above its own stages. The SIMT kernels keep the driver's choice (they read through L1).
+    /// cut just above its own stages. (Beside the FMA probe, whose CTAs need only that kilobyte, it
+    /// measured the same as the driver's choice: docs/PERF.md.) The SIMT kernels keep the driver's
+    /// choice (they read through L1).
     fn raise_smem(&self, f: &CudaFunction, mover: Mover) -> Result<()> {
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
             .map_err(Error::driver("cuFuncSetAttribute"))?;
