@@ -71,7 +71,7 @@ for step in "$@"; do
       # CTA budgets of 8 and 32 in all: 8 virtual ranks x 1 or 4 CTAs, or per GPU with one rank each.
       where="--ranks 8"; budgets="1 4"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="8 32"
       for compute in gemm fma; do for c in $budgets; do
-        log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
+        log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     overlap-shapes)
       # The collective's footprint against the compute beside it: the TMA rows with smaller pipelines
       # (chunk:stages) leave shared memory on their SMs to the compute's CTAs. OV_BIN picks the binary.
@@ -81,7 +81,7 @@ for step in "$@"; do
           args=""; [ "$cs" != default ] && args="--chunk ${cs%:*} --stages ${cs#*:}"
           log "${OV_BIN:-oxccl} overlap --compute ${OV_COMPUTE:-fma} --ctas $c --reduction $red $args"
           timeout 100 $B/${OV_BIN:-oxccl} bench overlap --ranks 8 --compute ${OV_COMPUTE:-fma} -e 256M --ctas $c --reduction $red $args -n 10 -w 3 --json >> "$OUT/overlap_shapes.log" 2>&1; echo "rc=$?"
-          tail -8 "$OUT/overlap_shapes.log" | grep -E "^ +(tma|simt) " ; done; done; done ;;
+          tail -15 "$OUT/overlap_shapes.log" | grep -E "^ +(tma|simt) " ; done; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;
