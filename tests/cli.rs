@@ -58,6 +58,10 @@ fn a_bad_compute_time_is_named() {
         let (ok, err) = oxccl(&["bench", "overlap", &flag]);
         assert!(!ok && err.contains("--compute-ms") && err.contains("give a time in (0, 60000] ms"), "{ms}: {err}");
     }
+    for n in ["0", "9"] {
+        let (ok, err) = oxccl(&["bench", "overlap", "--fma-ctas-per-sm", n]);
+        assert!(!ok && err.contains(&format!("--fma-ctas-per-sm {n}: give 1..=8")), "{n}: {err}");
+    }
     let (ok, err) = oxccl(&["bench", "all_reduce", "--compute-ms", "5"]);
     assert!(!ok && err.contains("--compute-ms is for overlap, not all_reduce"), "{err}");
 }

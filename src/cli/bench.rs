@@ -108,6 +108,9 @@ pub struct Args {
     /// configuration's collective alone).
     #[arg(long)]
     pub compute_ms: Option<f64>,
+    /// overlap, `--compute fma`: FMA CTAs (256 threads each) per SM, 1..=8 (default 4).
+    #[arg(long, default_value_t = 4)]
+    pub fma_ctas_per_sm: u32,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -227,6 +230,9 @@ pub fn run(a: Args) -> CliResult {
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
     if what == "overlap" {
         compute_load(&a)?;
+    }
+    if !(1..=8).contains(&a.fma_ctas_per_sm) {
+        return Err(format!("--fma-ctas-per-sm {}: give 1..=8 (256 threads each)", a.fma_ctas_per_sm).into());
     }
     if let Some(ms) = a.compute_ms {
         if what != "overlap" {
@@ -642,18 +648,23 @@ fn run_overlap(
         stages: a.stages,
         threads: a.threads,
         compute_threads: 256,
-        compute_ctas_per_sm: 4,
+        compute_ctas_per_sm: a.fma_ctas_per_sm,
         compute_ms: a.compute_ms,
         iters: a.iters,
         warmup: a.warmup,
     };
     println!("# oxccl overlap: {}", command.join(" "));
     println!(
-        "# device: {device}; AllReduce f32 sum of {} B per rank on {} {} beside {} (on every GPU)",
+        "# device: {device}; AllReduce f32 sum of {} B per rank on {} {} beside {} (on every GPU){}",
         b.bytes,
         b.ranks,
         placement(gpus.len(), b.ranks),
-        b.compute.name()
+        b.compute.name(),
+        match b.compute {
+            bench::ComputeLoad::Fma =>
+                format!(", {} CTAs of {} threads per SM", b.compute_ctas_per_sm, b.compute_threads),
+            bench::ComputeLoad::Gemm { .. } => String::new(),
+        }
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     println!(
