@@ -16,6 +16,12 @@ GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)}
 SIZES=${SIZES:--b 1M -e 4G -f 4}
 CTAS=${CTAS:-4 8 16 132}
 log() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+# LD_LIBRARY_PATH with libcublas for the GEMM load: the toolkit's, else the Python wheels'.
+cublas_path() {
+  local dirs
+  dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
+  echo "${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${dirs:+:$dirs}"
+}
 for step in "$@"; do
   case "$step" in
     info)
@@ -65,22 +71,23 @@ for step in "$@"; do
       for args in "--ctas 8 --mover tma" "--ctas 16 --mover tma" "--ctas 16 --mover simt" "--ctas 16 --mover tma --reduction tma"; do
         log "all_reduce $args"; $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 $args --json >> "$OUT/ar_matrix.log" 2>&1; tail -9 "$OUT/ar_matrix.log" | grep -vE "^\{" ; done ;;
     overlap|multi-overlap)
-      # libcublas for the GEMM load: the toolkit's, else the Python wheels'.
-      cublas_dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
-      libs="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${cublas_dirs:+:$cublas_dirs}"
+      libs="$(cublas_path)"
       # CTA budgets of 8 and 32 in all: 8 virtual ranks x 1 or 4 CTAs, or per GPU with one rank each.
       where="--ranks 8"; budgets="1 4"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="8 32"
       for compute in gemm fma; do for c in $budgets; do
         log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     overlap-shapes)
       # The collective's footprint against the compute beside it: the TMA rows with smaller pipelines
-      # (chunk:stages) leave shared memory on their SMs to the compute's CTAs. OV_BIN picks the binary.
+      # (chunk:stages) leave shared memory on their SMs to the compute's CTAs. OV_BIN (binary),
+      # OV_CTAS (CTAs per rank), OV_COMPUTE (fma or gemm), REG_SHAPES and TMA_SHAPES (chunk:stages
+      # lists, or default). Each run also re-measures the SIMT rows, as a same-run reference.
+      libs="$(cublas_path)"
       for c in ${OV_CTAS:-1 4}; do for red in registers tma; do
         shapes="${REG_SHAPES:-default 8192:2 4096:2 2048:2}"; [ "$red" = tma ] && shapes="${TMA_SHAPES:-default 16384:2 8192:2}"
         for cs in $shapes; do
           args=""; [ "$cs" != default ] && args="--chunk ${cs%:*} --stages ${cs#*:}"
           log "${OV_BIN:-oxccl} overlap --compute ${OV_COMPUTE:-fma} --ctas $c --reduction $red $args"
-          timeout 100 $B/${OV_BIN:-oxccl} bench overlap --ranks 8 --compute ${OV_COMPUTE:-fma} -e 256M --ctas $c --reduction $red $args -n 10 -w 3 --json >> "$OUT/overlap_shapes.log" 2>&1; echo "rc=$?"
+          LD_LIBRARY_PATH="$libs" timeout 100 $B/${OV_BIN:-oxccl} bench overlap --ranks 8 --compute ${OV_COMPUTE:-fma} -e 256M --ctas $c --reduction $red $args -n 10 -w 3 --json >> "$OUT/overlap_shapes.log" 2>&1; echo "rc=$?"
           tail -15 "$OUT/overlap_shapes.log" | grep -E "^ +(tma|simt) " ; done; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"

@@ -1594,8 +1594,8 @@ pub struct OverlapBench {
     pub ctas: u32,
     pub movers: Vec<Mover>,
     /// How the TMA mover's rows reduce, each measured: [`Reduction::Registers`] combines the sources
-    /// with a CTA of threads, [`Reduction::Tma`] hands them to the bulk reductions with one warp
-    /// (fewer issue slots taken from the compute beside it). SIMT rows always use registers.
+    /// with a CTA of threads, [`Reduction::Tma`] hands them to the bulk reductions, by default from
+    /// one warp (fewer issue slots taken from the compute beside it). SIMT rows always use registers.
     pub tma_reductions: Vec<Reduction>,
     /// Suspend-time hints for the collective's waits (ns), each measured.
     pub suspend_ns: Vec<u32>,
@@ -1619,7 +1619,8 @@ pub struct OverlapBench {
 pub struct OverlapRow {
     pub compute: String,
     /// FMA iterations per thread, or GEMMs, per compute call (calibrated once so that the compute
-    /// alone takes about as long as the first configuration's collective, at least one).
+    /// alone takes about [`OverlapBench::compute_ms`], or as long as the first configuration's
+    /// collective; at least one).
     pub compute_reps: u32,
     pub mover: &'static str,
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
@@ -1648,8 +1649,9 @@ pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
 
 /// Runs the overlap benchmark with rank `r` on `streams[r]` (virtual ranks on one stream, or one
 /// rank per GPU): the compute work runs on a stream of its own on every GPU involved. The compute
-/// repetitions are chosen once so that the compute alone takes about as long as the first
-/// configuration's collective. With several GPUs each time is the longest over the GPUs, every span
+/// repetitions are chosen once so that the compute alone takes about `compute_ms`, or as long as
+/// the first configuration's collective. Every configuration is checked before anything is
+/// allocated. With several GPUs each time is the longest over the GPUs, every span
 /// measured between events of one GPU from a common start (the collective's barriers align them).
 pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
     if b.ranks == 0 || b.ranks > MAX_RANKS {
@@ -1657,6 +1659,20 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     }
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
+    }
+    if b.compute_threads == 0 || b.compute_threads > 1024 || !(1..=64).contains(&b.compute_ctas_per_sm) {
+        return Err(Error::Config {
+            field: "compute shape",
+            why: format!(
+                "{} CTAs of {} threads per SM: give 1..=64 CTAs of 1..=1024 threads",
+                b.compute_ctas_per_sm, b.compute_threads
+            ),
+        });
+    }
+    for (mover, reduction) in overlap_variants(b) {
+        for &suspend in &b.suspend_ns {
+            crate::comm::validate_config(&overlap_config(b, mover, reduction, suspend))?;
+        }
     }
     if let Some(ms) = b.compute_ms
         && !(ms > 0.0 && ms <= MAX_COMPUTE_MS)
@@ -1734,14 +1750,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
 
     let mut rows = Vec::new();
     let mut reps = 0u32;
-    let mut variants = Vec::new();
-    for &mover in &b.movers {
-        match mover {
-            Mover::Tma => variants.extend(b.tma_reductions.iter().map(|&r| (mover, r))),
-            Mover::Simt => variants.push((mover, Reduction::Registers)),
-        }
-    }
-    for &(mover, reduction) in &variants {
+    for (mover, reduction) in overlap_variants(b) {
         for &suspend in &b.suspend_ns {
             let config = overlap_config(b, mover, reduction, suspend);
             let comm = Communicator::from_streams(streams, config)?;
@@ -1753,7 +1762,17 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 // first collective.
                 let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
                 let target = b.compute_ms.unwrap_or(coll_alone);
-                reps = ((probe as f64 * target / t.max(1e-6)) as u32).max(1);
+                let want = (probe as f64 * target / t.max(1e-6)).max(1.0);
+                if want > u32::MAX as f64 {
+                    return Err(Error::Config {
+                        field: "compute_ms",
+                        why: format!(
+                            "{target} ms of compute needs {want:.0} repetitions per call, more than {}",
+                            u32::MAX
+                        ),
+                    });
+                }
+                reps = want as u32;
             }
             let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
@@ -1795,7 +1814,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                     Reduction::Registers => "registers",
                     Reduction::Tma => "tma",
                 },
-                ctas: b.ctas,
+                ctas: launch.ctas_per_rank,
                 threads: launch.spec.threads,
                 smem_bytes: launch.smem_bytes,
                 suspend_ns: suspend,
@@ -1809,6 +1828,19 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
         }
     }
     Ok(rows)
+}
+
+/// The (mover, reduction) of every configuration [`overlap_bench`] measures: each TMA reduction
+/// asked for, and the SIMT mover with registers.
+fn overlap_variants(b: &OverlapBench) -> Vec<(Mover, Reduction)> {
+    let mut v = Vec::new();
+    for &mover in &b.movers {
+        match mover {
+            Mover::Tma => v.extend(b.tma_reductions.iter().map(|&r| (mover, r))),
+            Mover::Simt => v.push((mover, Reduction::Registers)),
+        }
+    }
+    v
 }
 
 /// The collective's configuration in one row of [`overlap_bench`]: deterministic where the

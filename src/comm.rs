@@ -33,7 +33,9 @@ pub struct Config {
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
     pub stages: Option<u32>,
     /// Threads per CTA (`None`: one warp for a TMA CTA that only copies and bulk-reduces, 256 when it
-    /// combines sources in registers, 512 for the SIMT mover).
+    /// combines sources in registers or reduces element by element, 512 for the SIMT mover). A
+    /// one-warp CTA leaves its SM to kernels running beside it, but its single issuing thread then
+    /// competes with their warps and slows (docs/PERF.md); more threads keep it from sharing the SM.
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`] (the
     /// drain of bulk loads already issued when a wait gave up is bounded by at least a second).
@@ -751,7 +753,8 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
 /// How a collective call launches on every rank ([`Communicator::prepare`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallLaunch {
-    /// Mover, threads per CTA, TMA pipeline (chunk bytes per source, stages) and reduction mode.
+    /// The kernels' launch: mover, dtype and operator, threads per CTA, TMA pipeline (chunk bytes
+    /// per source, stages), reduction mode, timeout and wait hint.
     pub spec: LaunchSpec,
     /// CTAs per rank.
     pub ctas_per_rank: u32,

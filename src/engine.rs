@@ -122,7 +122,7 @@ pub struct DeviceProgram {
     pub ctas: u32,
     /// Shared-memory slots per stage the TMA mover needs.
     pub slots: u32,
-    /// Whether any task combines several sources.
+    /// Whether the CTA needs more than one warp (see `Lowered::combines`).
     pub combines: bool,
     /// The longest task (the TMA mover counts a task's chunks in 32 bits).
     pub max_task_bytes: u64,

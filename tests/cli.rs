@@ -64,6 +64,22 @@ fn a_bad_compute_time_is_named() {
     }
     let (ok, err) = oxccl(&["bench", "all_reduce", "--compute-ms", "5"]);
     assert!(!ok && err.contains("--compute-ms is for overlap, not all_reduce"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--topo", "1x2", "--fma-ctas-per-sm", "2"]);
+    assert!(!ok && err.contains("--fma-ctas-per-sm is for overlap, not --algo/--xml"), "{err}");
+}
+
+#[test]
+fn a_bad_overlap_pipeline_is_named() {
+    for (flag, value, field) in [
+        ("--chunk", "17", "chunk_bytes"),
+        ("--stages", "0", "stages"),
+        ("--threads", "48", "threads"),
+        ("--ctas", "0", "max_ctas"),
+    ] {
+        let (ok, err) = oxccl(&["bench", "overlap", flag, value]);
+        assert!(!ok && err.contains(field), "{flag} {value}: {err}");
+        assert!(!err.contains("no GPU") && !err.contains("panicked"), "{flag} {value}: {err}");
+    }
 }
 
 #[test]

@@ -22,7 +22,9 @@ pub struct Lowered {
     pub ranks: usize,
     /// Most sources a TMA-mover task combines in registers (shared-memory slots per stage).
     pub slots: u32,
-    /// Whether any task combines several sources (the CTA then needs more than one warp).
+    /// Whether any task combines several sources in registers (through a TMA stage) or reduces
+    /// element by element (the CTA then needs more than one warp). Bulk reductions need only the
+    /// issuing thread.
     pub combines: bool,
 }
 

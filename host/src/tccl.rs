@@ -252,7 +252,10 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                             }
                             tasks.push(task(ReduceInto, others, inp, src_at, me, out, a, n, flags));
                             slots = slots.max(reduce_into_slots);
-                            combines |= reduce_into_combines;
+                            // Blocks that are not 16-byte multiples put the sources and the
+                            // destination at different offsets modulo 16: the kernel then reduces
+                            // element by element with every thread, so keep the CTA's warps.
+                            combines |= reduce_into_combines || block % GRAIN != 0;
                         }
                     }
                     Collective::AllGather => {

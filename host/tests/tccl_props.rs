@@ -221,6 +221,22 @@ fn bulk_reduction_plans_need_one_slot_and_no_combining_warp() {
             assert_eq!((registers.slots, registers.combines), (8, true), "{collective:?} {dtype:?} {op:?} registers");
         }
     }
+    // ReduceScatter blocks that are not 16-byte multiples misalign sources and destination: the
+    // kernel reduces element by element there, with every thread of a combining CTA.
+    let odd = PlanSpec {
+        collective: Collective::ReduceScatter,
+        count: (1 << 20) + 1,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        ranks: 8,
+        in_place: false,
+        ctas: 4,
+        reduction: Reduction::Tma,
+    };
+    let plan = tccl::plan(&odd).unwrap();
+    assert_eq!((plan.slots, plan.combines), (1, true));
+    let plan = tccl::plan(&PlanSpec { collective: Collective::AllReduce, ..odd }).unwrap();
+    assert_eq!((plan.slots, plan.combines), (1, false), "AllReduce keeps source and destination offsets equal");
 }
 
 #[test]

@@ -82,7 +82,8 @@ pub struct Args {
     /// measures the TMA mover with both unless one is given.
     #[arg(long)]
     pub reduction: Option<String>,
-    /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine sources).
+    /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine sources;
+    /// overlap: of the TMA rows only).
     #[arg(long)]
     pub threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
@@ -109,8 +110,8 @@ pub struct Args {
     #[arg(long)]
     pub compute_ms: Option<f64>,
     /// overlap, `--compute fma`: FMA CTAs (256 threads each) per SM, 1..=8 (default 4).
-    #[arg(long, default_value_t = 4)]
-    pub fma_ctas_per_sm: u32,
+    #[arg(long)]
+    pub fma_ctas_per_sm: Option<u32>,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -197,6 +198,14 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 }
 
 pub fn run(a: Args) -> CliResult {
+    let overlap = a.what.as_deref() == Some("overlap");
+    for (flag, given) in [("--compute-ms", a.compute_ms.is_some()), ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some())]
+    {
+        if given && !overlap {
+            let what = a.what.as_deref().unwrap_or("--algo/--xml");
+            return Err(format!("{flag} is for overlap, not {what}").into());
+        }
+    }
     if a.algo.is_some() || a.xml.is_some() {
         if a.piece.is_some() {
             return Err("--piece is for movers, not --algo/--xml".into());
@@ -231,16 +240,28 @@ pub fn run(a: Args) -> CliResult {
     if what == "overlap" {
         compute_load(&a)?;
     }
-    if !(1..=8).contains(&a.fma_ctas_per_sm) {
-        return Err(format!("--fma-ctas-per-sm {}: give 1..=8 (256 threads each)", a.fma_ctas_per_sm).into());
+    if let Some(n) = a.fma_ctas_per_sm
+        && !(1..=8).contains(&n)
+    {
+        return Err(format!("--fma-ctas-per-sm {n}: give 1..=8 (256 threads each)").into());
     }
-    if let Some(ms) = a.compute_ms {
-        if what != "overlap" {
-            return Err(format!("--compute-ms is for overlap, not {what}").into());
-        }
-        if !(ms > 0.0 && ms <= bench::MAX_COMPUTE_MS) {
-            return Err(format!("--compute-ms {ms}: give a time in (0, {}] ms", bench::MAX_COMPUTE_MS).into());
-        }
+    if let Some(ms) = a.compute_ms
+        && !(ms > 0.0 && ms <= bench::MAX_COMPUTE_MS)
+    {
+        return Err(format!("--compute-ms {ms}: give a time in (0, {}] ms", bench::MAX_COMPUTE_MS).into());
+    }
+    if overlap {
+        // The TMA rows' configuration (the SIMT rows take none of these flags).
+        let tma = Config {
+            max_ctas: Some(a.ctas.unwrap_or(8)),
+            mover: Mover::Tma,
+            deterministic: false,
+            chunk_bytes: a.chunk,
+            stages: a.stages,
+            threads: a.threads,
+            ..Config::default()
+        };
+        crate::comm::validate_config(&tma)?;
     }
     if let Some(r) = a.reduction.as_deref() {
         parse_reduction(r)?;
@@ -648,7 +669,7 @@ fn run_overlap(
         stages: a.stages,
         threads: a.threads,
         compute_threads: 256,
-        compute_ctas_per_sm: a.fma_ctas_per_sm,
+        compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
         compute_ms: a.compute_ms,
         iters: a.iters,
         warmup: a.warmup,
