@@ -4,6 +4,8 @@
 use oxccl_host::lowered::{self, Lowered, LoweredError};
 use oxccl_kernels::abi::{DType, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot};
 
+/// A task descriptor with the test's fixed dtype and operator (the arguments are its fields).
+#[allow(clippy::too_many_arguments)]
 fn task(kind: TaskKind, src: u32, src_slot: u8, dst: u32, dst_slot: u8, offset: u64, bytes: u64, flags: u8) -> Task {
     Task {
         kind: kind.raw(),

@@ -176,9 +176,9 @@ fn every_byte_is_written_once_per_destination() {
             if t.kind != oxccl_kernels::abi::TaskKind::Move.raw() || t.dst_slot != slot::OUTPUT {
                 continue;
             }
-            for r in 0..8 {
+            for (r, c) in cover.iter_mut().enumerate() {
                 if t.dst_ranks & (1 << r) != 0 && !(t.src_slot == slot::OUTPUT && t.src_ranks & (1 << r) != 0) {
-                    for b in &mut cover[r][t.dst_offset as usize..(t.dst_offset + t.bytes) as usize] {
+                    for b in &mut c[t.dst_offset as usize..(t.dst_offset + t.bytes) as usize] {
                         *b += 1;
                     }
                 }
