@@ -1334,27 +1334,34 @@ mod tests {
     /// bulk reductions are not deterministic, so those rows must not ask for it).
     #[test]
     fn overlap_rows_have_valid_configurations() {
-        for (mover, reduction) in
+        let mut b = OverlapBench {
+            compute: ComputeLoad::Fma,
+            ranks: 8,
+            bytes: 1 << 20,
+            ctas: 4,
+            movers: vec![Mover::Tma, Mover::Simt],
+            tma_reductions: vec![Reduction::Registers, Reduction::Tma],
+            suspend_ns: vec![0, 1000],
+            chunk_bytes: None,
+            stages: None,
+            threads: None,
+            compute_threads: 256,
+            compute_ctas_per_sm: 4,
+            compute_ms: None,
+            iters: 1,
+            warmup: 0,
+        };
+        let variants = overlap_variants(&b);
+        assert_eq!(
+            variants,
             [(Mover::Tma, Reduction::Registers), (Mover::Tma, Reduction::Tma), (Mover::Simt, Reduction::Registers)]
-        {
+        );
+        b.validate().unwrap();
+        for (mover, reduction) in variants {
             for suspend in [0, 1000] {
-                let mut b = OverlapBench {
-                    compute: ComputeLoad::Fma,
-                    ranks: 8,
-                    bytes: 1 << 20,
-                    ctas: 4,
-                    movers: vec![Mover::Tma, Mover::Simt],
-                    tma_reductions: vec![Reduction::Registers, Reduction::Tma],
-                    suspend_ns: vec![0, 1000],
-                    chunk_bytes: None,
-                    stages: None,
-                    threads: None,
-                    compute_threads: 256,
-                    compute_ctas_per_sm: 4,
-                    compute_ms: None,
-                    iters: 1,
-                    warmup: 0,
-                };
+                b.chunk_bytes = None;
+                b.stages = None;
+                b.threads = None;
                 let c = overlap_config(&b, mover, reduction, suspend);
                 crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
                 assert_eq!((c.mover, c.reduction, c.max_ctas, c.wait_suspend_ns), (mover, reduction, Some(4), suspend));
@@ -1366,6 +1373,18 @@ mod tests {
                 assert_eq!((c.chunk_bytes, c.stages, c.threads), want);
             }
         }
+        // What validate refuses: a bad TMA pipeline, compute shape, compute length or size.
+        b.chunk_bytes = Some(17);
+        assert!(b.validate().is_err());
+        b.chunk_bytes = None;
+        b.compute_ctas_per_sm = 0;
+        assert!(b.validate().is_err());
+        b.compute_ctas_per_sm = 4;
+        b.compute_ms = Some(0.0);
+        assert!(b.validate().is_err());
+        b.compute_ms = None;
+        b.bytes = MAX_OVERLAP_BYTES + 1;
+        assert!(b.validate().is_err());
     }
 
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
@@ -1647,6 +1666,49 @@ pub const MAX_COMPUTE_MS: f64 = 60_000.0;
 /// Largest AllReduce per rank [`overlap_bench`] takes (its inputs are filled from the host).
 pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
 
+impl OverlapBench {
+    /// Checks what [`overlap_bench`] would refuse, without a GPU: the rank count, the compute shape,
+    /// every row's communicator configuration, the compute length and the buffer size.
+    pub fn validate(&self) -> Result<()> {
+        let b = self;
+        if b.ranks == 0 || b.ranks > MAX_RANKS {
+            return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
+        }
+        if b.compute_threads == 0 || b.compute_threads > 1024 || !(1..=64).contains(&b.compute_ctas_per_sm) {
+            return Err(Error::Config {
+                field: "compute shape",
+                why: format!(
+                    "{} CTAs of {} threads per SM: give 1..=64 CTAs of 1..=1024 threads",
+                    b.compute_ctas_per_sm, b.compute_threads
+                ),
+            });
+        }
+        for (mover, reduction) in overlap_variants(b) {
+            for &suspend in &b.suspend_ns {
+                crate::comm::validate_config(&overlap_config(b, mover, reduction, suspend))?;
+            }
+        }
+        if let Some(ms) = b.compute_ms
+            && !(ms > 0.0 && ms <= MAX_COMPUTE_MS)
+        {
+            return Err(Error::Config {
+                field: "compute_ms",
+                why: format!("{ms} ms: the compute work alone must take more than 0 and at most {MAX_COMPUTE_MS} ms"),
+            });
+        }
+        if b.bytes > MAX_OVERLAP_BYTES {
+            return Err(Error::Config {
+                field: "bytes",
+                why: format!(
+                    "{} B per rank: the overlap benchmark fills its inputs from the host; at most {MAX_OVERLAP_BYTES}",
+                    b.bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Runs the overlap benchmark with rank `r` on `streams[r]` (virtual ranks on one stream, or one
 /// rank per GPU): the compute work runs on a stream of its own on every GPU involved. The compute
 /// repetitions are chosen once so that the compute alone takes about `compute_ms`, or as long as
@@ -1654,42 +1716,9 @@ pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
 /// allocated. With several GPUs each time is the longest over the GPUs, every span
 /// measured between events of one GPU from a common start (the collective's barriers align them).
 pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
-    if b.ranks == 0 || b.ranks > MAX_RANKS {
-        return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
-    }
+    b.validate()?;
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
-    }
-    if b.compute_threads == 0 || b.compute_threads > 1024 || !(1..=64).contains(&b.compute_ctas_per_sm) {
-        return Err(Error::Config {
-            field: "compute shape",
-            why: format!(
-                "{} CTAs of {} threads per SM: give 1..=64 CTAs of 1..=1024 threads",
-                b.compute_ctas_per_sm, b.compute_threads
-            ),
-        });
-    }
-    for (mover, reduction) in overlap_variants(b) {
-        for &suspend in &b.suspend_ns {
-            crate::comm::validate_config(&overlap_config(b, mover, reduction, suspend))?;
-        }
-    }
-    if let Some(ms) = b.compute_ms
-        && !(ms > 0.0 && ms <= MAX_COMPUTE_MS)
-    {
-        return Err(Error::Config {
-            field: "compute_ms",
-            why: format!("{ms} ms: the compute work alone must take more than 0 and at most {MAX_COMPUTE_MS} ms"),
-        });
-    }
-    if b.bytes > MAX_OVERLAP_BYTES {
-        return Err(Error::Config {
-            field: "bytes",
-            why: format!(
-                "{} B per rank: the overlap benchmark fills its inputs from the host; at most {MAX_OVERLAP_BYTES}",
-                b.bytes
-            ),
-        });
     }
     // The collective's distinct streams ("lanes") and, per device, a compute stream and its work.
     let mut lanes: Vec<Arc<CudaStream>> = Vec::new();

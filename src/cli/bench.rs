@@ -251,17 +251,9 @@ pub fn run(a: Args) -> CliResult {
         return Err(format!("--compute-ms {ms}: give a time in (0, {}] ms", bench::MAX_COMPUTE_MS).into());
     }
     if overlap {
-        // The TMA rows' configuration (the SIMT rows take none of these flags).
-        let tma = Config {
-            max_ctas: Some(a.ctas.unwrap_or(8)),
-            mover: Mover::Tma,
-            deterministic: false,
-            chunk_bytes: a.chunk,
-            stages: a.stages,
-            threads: a.threads,
-            ..Config::default()
-        };
-        crate::comm::validate_config(&tma)?;
+        // Every row's configuration, the compute shape and the size (the rank count is checked
+        // again once the GPUs are known).
+        overlap_args(&a, a.ranks.unwrap_or(1))?.validate()?;
     }
     if let Some(r) = a.reduction.as_deref() {
         parse_reduction(r)?;
@@ -651,29 +643,9 @@ fn run_overlap(
     command: &[String],
     device: &str,
 ) -> CliResult {
-    let compute = compute_load(a)?;
     let ranks = a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 });
     let streams = rank_streams(gpus, ranks, false)?;
-    let b = bench::OverlapBench {
-        compute,
-        ranks,
-        bytes: a.max_bytes,
-        ctas: a.ctas.unwrap_or(8),
-        movers: vec![Mover::Tma, Mover::Simt],
-        tma_reductions: match a.reduction.as_deref() {
-            None => vec![Reduction::Registers, Reduction::Tma],
-            Some(r) => vec![parse_reduction(r)?],
-        },
-        suspend_ns: vec![0, 1000],
-        chunk_bytes: a.chunk,
-        stages: a.stages,
-        threads: a.threads,
-        compute_threads: 256,
-        compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
-        compute_ms: a.compute_ms,
-        iters: a.iters,
-        warmup: a.warmup,
-    };
+    let b = overlap_args(a, ranks)?;
     println!("# oxccl overlap: {}", command.join(" "));
     println!(
         "# device: {device}; AllReduce f32 sum of {} B per rank on {} {} beside {} (on every GPU){}",
@@ -737,6 +709,30 @@ fn placement(gpus: usize, ranks: usize) -> String {
         g if g == ranks => format!("ranks, one per GPU ({g} GPUs, peer access)"),
         g => format!("ranks on {g} GPUs (rank r on GPU r mod {g}, peer access)"),
     }
+}
+
+/// The overlap benchmark's parameters from the flags, for `ranks` ranks.
+fn overlap_args(a: &Args, ranks: usize) -> Result<bench::OverlapBench, Box<dyn std::error::Error>> {
+    Ok(bench::OverlapBench {
+        compute: compute_load(a)?,
+        ranks,
+        bytes: a.max_bytes,
+        ctas: a.ctas.unwrap_or(8),
+        movers: vec![Mover::Tma, Mover::Simt],
+        tma_reductions: match a.reduction.as_deref() {
+            None => vec![Reduction::Registers, Reduction::Tma],
+            Some(r) => vec![parse_reduction(r)?],
+        },
+        suspend_ns: vec![0, 1000],
+        chunk_bytes: a.chunk,
+        stages: a.stages,
+        threads: a.threads,
+        compute_threads: 256,
+        compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
+        compute_ms: a.compute_ms,
+        iters: a.iters,
+        warmup: a.warmup,
+    })
 }
 
 /// `--reduction`: `registers` or `tma`.
