@@ -318,6 +318,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
                     timeout_ns: 10_000_000_000,
                     wait_suspend_ns: 0,
+                    issuers: 1,
                 };
                 let ms = time_ms(stream, cfg.warmup, cfg.iters, || {
                     // SAFETY: the three buffers hold `bytes` each and outlive the synchronised timing.
@@ -1345,6 +1346,7 @@ mod tests {
             chunk_bytes: None,
             stages: None,
             threads: None,
+            issuers: None,
             compute_threads: 256,
             compute_ctas_per_sm: 4,
             compute_ms: None,
@@ -1623,6 +1625,8 @@ pub struct OverlapBench {
     pub chunk_bytes: Option<u32>,
     pub stages: Option<u32>,
     pub threads: Option<u32>,
+    /// The TMA rows' issuing warps (`Config::issuers`).
+    pub issuers: Option<u32>,
     /// Threads per compute CTA, and compute CTAs per SM.
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
@@ -1886,6 +1890,7 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
         chunk_bytes: b.chunk_bytes.filter(|_| tma),
         stages: b.stages.filter(|_| tma),
         threads: b.threads.filter(|_| tma),
+        issuers: b.issuers.filter(|_| tma),
         ..Config::default()
     }
 }

@@ -43,6 +43,12 @@ pub struct Config {
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.
     pub wait_suspend_ns: u32,
+    /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (`None`: one; at most 4,
+    /// one per SM scheduler): each streams every W-th chunk through its own share of the stages
+    /// (two each unless `stages` is given, which must then be a multiple). Beside compute on the same
+    /// SMs a lone issuer is starved of issue slots (docs/PERF.md); several share the work. Calls that
+    /// combine sources in registers always use one.
+    pub issuers: Option<u32>,
 }
 
 impl Default for Config {
@@ -57,6 +63,7 @@ impl Default for Config {
             threads: None,
             timeout: Duration::from_secs(10),
             wait_suspend_ns: 0,
+            issuers: None,
         }
     }
 }
@@ -367,14 +374,9 @@ impl Communicator {
     /// needs `slots` shared-memory slots per stage and combines sources or not.
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let c = &self.config;
-        let threads = c.threads.unwrap_or(match c.mover {
-            Mover::Tma if combines => 256,
-            Mover::Tma => 32,
-            Mover::Simt => 512,
-        });
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
         let room = max_smem.saturating_sub(abi::smem::STAGES);
-        let (chunk, stages) = auto_pipeline(room, slots, c.chunk_bytes, c.stages);
+        let Shape { threads, chunk, stages, issuers } = launch_shape(c, room, slots, combines);
         Ok(LaunchSpec {
             mover: c.mover,
             dtype,
@@ -388,6 +390,7 @@ impl Communicator {
             },
             timeout_ns: c.timeout.as_nanos().min(u64::MAX as u128) as u64,
             wait_suspend_ns: c.wait_suspend_ns,
+            issuers,
         })
     }
 
@@ -742,12 +745,45 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
             return Err(Error::Config { field: "threads", why: format!("{t} is not a multiple of 32 in 32..={most}") });
         }
     }
+    if let Some(w) = c.issuers
+        && !(1..=abi::MAX_ISSUERS).contains(&w)
+    {
+        return Err(Error::Config { field: "issuers", why: format!("{w} is not in 1..={}", abi::MAX_ISSUERS) });
+    }
     if let Some(b) = c.chunk_bytes
         && (b == 0 || !b.is_multiple_of(16))
     {
         return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
     }
     Ok(())
+}
+
+/// Threads, TMA pipeline and issuing warps of a launch (see [`launch_shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub threads: u32,
+    pub chunk: u32,
+    pub stages: u32,
+    pub issuers: u32,
+}
+
+/// The shape of a launch under `c` whose program needs `slots` slots per stage in `room` bytes of
+/// shared memory and combines sources (in registers or element by element) or not: several issuers
+/// only where nothing combines (they split the ring), each with two stages of its own unless the
+/// stages are given; a warp per issuer unless the threads are given.
+pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) -> Shape {
+    let issuers = match c.issuers {
+        Some(w) if c.mover == Mover::Tma && !combines => w.max(1),
+        _ => 1,
+    };
+    let threads = c.threads.unwrap_or(match c.mover {
+        Mover::Tma if combines => 256,
+        Mover::Tma => 32 * issuers,
+        Mover::Simt => 512,
+    });
+    let stages = c.stages.or((issuers > 1).then_some((2 * issuers).min(abi::MAX_STAGES as u32)));
+    let (chunk, stages) = auto_pipeline(room, slots, c.chunk_bytes, stages);
+    Shape { threads, chunk, stages, issuers }
 }
 
 /// How a collective call launches on every rank ([`Communicator::prepare`]).
@@ -842,4 +878,31 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Several issuers only where nothing combines, a warp and two stages each by default; what the
+    /// configuration gives is kept.
+    #[test]
+    fn launch_shapes_give_issuers_their_warps_and_stages() {
+        let room = 227 * 1024;
+        let tma = Config { mover: Mover::Tma, ..Config::default() };
+        let one = launch_shape(&tma, room, 1, false);
+        assert_eq!((one.threads, one.stages, one.issuers, one.chunk), (32, 4, 1, 32 * 1024));
+        let four = launch_shape(&Config { issuers: Some(4), ..tma }, room, 1, false);
+        assert_eq!((four.threads, four.stages, four.issuers, four.chunk), (128, 8, 4, 28 * 1024));
+        let combining = launch_shape(&Config { issuers: Some(4), ..tma }, room, 8, true);
+        assert_eq!((combining.threads, combining.issuers), (256, 1));
+        let given =
+            launch_shape(&Config { issuers: Some(2), stages: Some(6), threads: Some(96), ..tma }, room, 1, false);
+        assert_eq!((given.threads, given.stages, given.issuers), (96, 6, 2));
+        let simt = launch_shape(&Config { mover: Mover::Simt, issuers: Some(4), ..tma }, room, 1, false);
+        assert_eq!((simt.threads, simt.issuers), (512, 1));
+        assert!(validate_config(&Config { issuers: Some(5), ..tma }).is_err());
+        assert!(validate_config(&Config { issuers: Some(0), ..tma }).is_err());
+        assert!(validate_config(&Config { issuers: Some(4), ..tma }).is_ok());
+    }
 }

@@ -144,6 +144,8 @@ pub struct LaunchSpec {
     pub timeout_ns: u64,
     /// Suspend-time hint for waits (ns); 0 spins.
     pub wait_suspend_ns: u32,
+    /// Issuing warps of a TMA CTA (0 or 1: one; see `abi::LaunchArgs::issuers`).
+    pub issuers: u32,
 }
 
 /// Per-kernel facts read from the driver.
@@ -332,6 +334,28 @@ impl Engine {
             if spec.stages == 0 || spec.stages as usize > abi::MAX_STAGES {
                 return cfg("stages", format!("{} is not in 1..={}", spec.stages, abi::MAX_STAGES));
             }
+            if spec.issuers > 1 {
+                let why = if spec.issuers > abi::MAX_ISSUERS {
+                    Some(format!("{} is above {}", spec.issuers, abi::MAX_ISSUERS))
+                } else if !spec.stages.is_multiple_of(spec.issuers) {
+                    Some(format!(
+                        "{}: the {} stages must be a multiple (each issuer owns a share)",
+                        spec.issuers, spec.stages
+                    ))
+                } else if spec.issuers > spec.threads / 32 {
+                    Some(format!("{}: the CTA has {} warps", spec.issuers, spec.threads / 32))
+                } else if slots > 1 {
+                    Some(format!(
+                        "{}: the launch combines {slots} sources in registers through the whole ring",
+                        spec.issuers
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return cfg("issuers", why);
+                }
+            }
             if spec.chunk_bytes as u64 * slots as u64 >= 1 << 20 {
                 return cfg(
                     "chunk_bytes",
@@ -419,7 +443,8 @@ impl Engine {
             slots: prog.slots,
             reduce_mode: spec.reduce_mode.raw() as u32,
             wait_suspend_ns: spec.wait_suspend_ns,
-            reserved: [0; 3],
+            issuers: spec.issuers,
+            reserved: [0; 2],
             workspaces,
             buffers,
         });

@@ -69,6 +69,20 @@ fn a_bad_compute_time_is_named() {
 }
 
 #[test]
+fn issuers_are_refused_where_they_mean_nothing() {
+    for what in ["movers", "reshard"] {
+        let (ok, err) = oxccl(&["bench", what, "--issuers", "2"]);
+        assert!(
+            !ok && err
+                .contains(&format!("--issuers is for all_reduce, reduce_scatter, all_gather and overlap, not {what}")),
+            "{err}"
+        );
+    }
+    let (ok, err) = oxccl(&["bench", "overlap", "--issuers", "5"]);
+    assert!(!ok && err.contains("issuers: 5 is not in 1..=4"), "{err}");
+}
+
+#[test]
 fn a_bad_overlap_pipeline_is_named() {
     for (flag, value, field) in [
         ("--chunk", "17", "chunk_bytes"),

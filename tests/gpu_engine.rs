@@ -27,6 +27,8 @@ struct Case {
     stages: u32,
     /// TMA bytes per source per stage.
     chunk: u32,
+    /// Issuing warps (1, or 2 or 4 for tasks that do not combine: one slot per stage).
+    issuers: u32,
 }
 
 fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
@@ -40,6 +42,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         reduce_mode: c.reduce_mode,
         timeout_ns,
         wait_suspend_ns: 0,
+        issuers: c.issuers,
     }
 }
 
@@ -78,7 +81,9 @@ fn lowered(c: &Case) -> Lowered {
         });
     }
     let combines = c.sources > 1 || c.kind == abi::TaskKind::ReduceInto;
-    Lowered { programs, tasks, ranks: c.sources, slots: c.sources as u32 + 1, combines }
+    // Several issuers split the ring: only tasks that stream one source at a time, through slot 0.
+    let slots = if c.issuers > 1 { 1 } else { c.sources as u32 + 1 };
+    Lowered { programs, tasks, ranks: c.sources, slots, combines }
 }
 
 /// Small integers in the element type: every summation order gives the same exact result.
@@ -212,15 +217,29 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 ctas: 1 + rng.below(8) as u32,
                 stages: 1 + rng.below(fit) as u32,
                 chunk: 4096,
+                issuers: 1,
+            };
+            // Half the TMA tasks that stream one source at a time (copies, bulk reductions) get 2 or 4
+            // issuing warps, each with 1 to 4 stages of its own.
+            let streams_alone = c.kind == abi::TaskKind::Move && sources == 1
+                || c.kind == abi::TaskKind::ReduceInto
+                    && reduce_mode == ReduceMode::Tma
+                    && abi::tma_can_reduce(dtype, op);
+            let c = if mover == Mover::Tma && streams_alone && rng.below(2) == 0 {
+                let w = [2, 4][rng.below(2) as usize];
+                Case { issuers: w, stages: w * (1 + rng.below(4) as u32), ..c }
+            } else {
+                c
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(
                 gpu == cpu,
-                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={} stages={}: first difference at byte {:?}",
+                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={} stages={} issuers={}: first difference at byte {:?}",
                 c.src_off,
                 c.dst_off,
                 c.ctas,
                 c.stages,
+                c.issuers,
                 gpu.iter().zip(&cpu).position(|(a, b)| a != b)
             );
             cases += 1;
@@ -249,6 +268,7 @@ fn movers_handle_more_than_a_gibibyte() {
                 ctas: 32,
                 stages: 4,
                 chunk: 4096,
+                issuers: 1,
             };
             let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
             assert!(gpu == cpu, "{mover:?} sources={sources}: > 1 GiB result differs");
@@ -307,6 +327,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
         ctas: 1,
         stages: 4,
         chunk: 4096,
+        issuers: 1,
     };
     for _ in 0..20 {
         unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
@@ -353,6 +374,7 @@ fn launch_rank0_barrier_only(
         reduce_mode: ReduceMode::Registers,
         timeout_ns,
         wait_suspend_ns: 0,
+        issuers: 1,
     };
     // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
     // allocations of the workspace's size until `launch_status` has synchronised.
@@ -418,7 +440,10 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
-    for (sources, stages, chunk) in [(1, 2, 48 << 10), (1, 8, 12 << 10), (3, 2, 24 << 10), (3, 6, 8 << 10)] {
+    // (sources, stages, chunk, issuers): four issuing warps drain their own shares of the ring.
+    for (sources, stages, chunk, issuers) in
+        [(1, 2, 48 << 10, 1), (1, 8, 12 << 10, 1), (1, 8, 12 << 10, 4), (3, 2, 24 << 10, 1), (3, 6, 8 << 10, 1)]
+    {
         let mut c = Case {
             mover: Mover::Tma,
             dtype: DType::F32,
@@ -432,13 +457,21 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             ctas: 132,
             stages,
             chunk,
+            issuers,
         };
         let st = launch_from_host_memory(&engine, &stream, &c, 1);
-        assert!(st.errors > 0, "sources={sources} stages={stages}: no wait gave up");
-        assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::BulkLoad), "sources={sources} stages={stages}: {st:?}");
+        assert!(st.errors > 0, "sources={sources} stages={stages} issuers={issuers}: no wait gave up");
+        assert_eq!(
+            WaitKind::from_raw(st.kind),
+            Some(WaitKind::BulkLoad),
+            "sources={sources} stages={stages} issuers={issuers}: {st:?}"
+        );
         c.bytes += 4 * 16 + 4;
         let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
-        assert!(gpu == cpu, "sources={sources} stages={stages}: the launch after the abandoned one differs");
+        assert!(
+            gpu == cpu,
+            "sources={sources} stages={stages} issuers={issuers}: the launch after the abandoned one differs"
+        );
     }
     eprintln!("every launch gave up a wait with loads in flight and reported it; the next launches exact");
 }

@@ -22,6 +22,9 @@ pub const MAX_RANKS: usize = 16;
 pub const BUFFER_SLOTS: usize = 4;
 /// Most CTAs one rank may use in a launch (sizes the barrier slots of the workspace).
 pub const MAX_CTAS_PER_RANK: usize = 256;
+/// Most issuing warps of a TMA CTA ([`LaunchArgs::issuers`]): one per SM sub-partition scheduler.
+pub const MAX_ISSUERS: u32 = 4;
+
 /// Most pipeline stages of the TMA mover (one mbarrier each).
 pub const MAX_STAGES: usize = 16;
 
@@ -307,8 +310,12 @@ pub struct LaunchArgs {
     pub reduce_mode: u32,
     /// Suspend-time hint for mbarrier waits (ns; 0: plain spin).
     pub wait_suspend_ns: u32,
+    /// Issuing warps of a TMA CTA (0 or 1: one). With `W` > 1 (the launch must not combine sources
+    /// in registers; `W` divides `stages`, at most the CTA's warps and [`MAX_ISSUERS`]) lane 0 of warp
+    /// `w < W` streams items `w, w + W, …` of every task through stages `w·S/W .. (w+1)·S/W`.
+    pub issuers: u32,
     /// Zero.
-    pub reserved: [u32; 3],
+    pub reserved: [u32; 2],
     /// Peer-visible workspace base of every rank ([`Workspace`] layout).
     pub workspaces: [u64; MAX_RANKS],
     /// `buffers[rank][slot]`: base device address of each rank's buffer in each slot (0 if unused).

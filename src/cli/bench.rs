@@ -98,6 +98,10 @@ pub struct Args {
     /// movers: 4).
     #[arg(long)]
     pub stages: Option<u32>,
+    /// all_reduce, reduce_scatter, all_gather, overlap (TMA rows): issuing warps per TMA CTA for calls
+    /// that only copy and bulk-reduce, 1..=4 (default 1; see `Config::issuers`).
+    #[arg(long)]
+    pub issuers: Option<u32>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
     #[arg(long, default_value = "fma")]
@@ -210,6 +214,9 @@ pub fn run(a: Args) -> CliResult {
         if a.piece.is_some() {
             return Err("--piece is for movers, not --algo/--xml".into());
         }
+        if a.issuers.is_some() {
+            return Err("--issuers is for all_reduce, reduce_scatter, all_gather and overlap, not --algo/--xml".into());
+        }
         return run_plan(&a);
     }
     let Some(what) = a.what.clone() else {
@@ -230,6 +237,9 @@ pub fn run(a: Args) -> CliResult {
             .into());
         }
     };
+    if a.issuers.is_some() && collective.is_none() && what != "overlap" {
+        return Err(format!("--issuers is for all_reduce, reduce_scatter, all_gather and overlap, not {what}").into());
+    }
     let command: Vec<String> = std::env::args().collect();
     if let Some(ranks) = a.ranks
         && (ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS)
@@ -352,6 +362,7 @@ pub fn run(a: Args) -> CliResult {
         chunk_bytes: a.chunk,
         stages: a.stages,
         threads: a.threads,
+        issuers: a.issuers,
         ..Config::default()
     };
     let b = CollectiveBench {
@@ -727,6 +738,7 @@ fn overlap_args(a: &Args, ranks: usize) -> Result<bench::OverlapBench, Box<dyn s
         chunk_bytes: a.chunk,
         stages: a.stages,
         threads: a.threads,
+        issuers: a.issuers,
         compute_threads: 256,
         compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
         compute_ms: a.compute_ms,

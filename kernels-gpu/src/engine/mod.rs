@@ -18,6 +18,24 @@ use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, PLAN_SLOTS, PLAN_STAGES, PlanLa
 use oxccl_ptx::sreg::{ntid_x, tid_x};
 use oxccl_ptx::{Global, Mbarrier, Shared};
 
+/// The issuing warps a launch gets: `asked` when it is in 2..=`MAX_ISSUERS`, divides `stages` and
+/// fits the CTA's warps; one otherwise (the host checks the same and refuses a launch that asks
+/// for more than this gives).
+#[inline(always)]
+pub const fn issuers_for(asked: u32, stages: u32, threads: u32) -> u32 {
+    if asked >= 2 && asked <= abi::MAX_ISSUERS && stages % asked == 0 && asked <= threads / 32 { asked } else { 1 }
+}
+
+const _: () = assert!(
+    issuers_for(0, 4, 32) == 1
+        && issuers_for(4, 8, 128) == 4
+        && issuers_for(4, 6, 128) == 1
+        && issuers_for(4, 8, 96) == 1
+        && issuers_for(8, 16, 256) == 1
+        && issuers_for(2, 4, 64) == 2,
+    "issuers_for keeps one issuer unless the ask fits"
+);
+
 /// Base of the dynamic shared memory, 1024-byte aligned.
 #[repr(C, align(1024))]
 pub struct SmemBase([u8; 1024]);
@@ -43,6 +61,15 @@ pub struct Ctx {
     pub slots: u32,
     pub reduce_mode: ReduceMode,
     pub wait_suspend_ns: u32,
+    /// This thread issues the bulk copies of its warp's share of a task that does not combine
+    /// sources (lane 0 of warps `0..ring_stride`; with one issuer, the same thread as `issuer`).
+    pub ring_issuer: bool,
+    /// Its share: items `ring_first, ring_first + ring_stride, …` of each such task, through stages
+    /// `ring_base .. ring_base + ring_len` of the ring.
+    pub ring_first: u32,
+    pub ring_stride: u32,
+    pub ring_base: u32,
+    pub ring_len: u32,
 }
 
 impl Ctx {
@@ -53,9 +80,13 @@ impl Ctx {
     #[inline(always)]
     pub unsafe fn new(args: &LaunchArgs, smem: *mut u8, rank: u32, cta: u32) -> Self {
         let tid = tid_x();
+        let threads = ntid_x();
+        let issuers = issuers_for(args.issuers, args.stages, threads);
+        let (warp, lane) = (tid / 32, tid % 32);
+        let ring_len = args.stages / issuers;
         Ctx {
             tid,
-            threads: ntid_x(),
+            threads,
             issuer: tid == 0,
             rank,
             cta,
@@ -69,6 +100,11 @@ impl Ctx {
             slots: args.slots,
             reduce_mode: ReduceMode::from_raw(args.reduce_mode as u8).unwrap_or(ReduceMode::Registers),
             wait_suspend_ns: args.wait_suspend_ns,
+            ring_issuer: lane == 0 && warp < issuers,
+            ring_first: if warp < issuers { warp } else { 0 },
+            ring_stride: issuers,
+            ring_base: if warp < issuers { warp * ring_len } else { 0 },
+            ring_len,
         }
     }
 
@@ -97,6 +133,11 @@ impl Ctx {
             slots: PLAN_SLOTS,
             reduce_mode: ReduceMode::Registers,
             wait_suspend_ns: 0,
+            ring_issuer: tid == 0,
+            ring_first: 0,
+            ring_stride: 1,
+            ring_base: 0,
+            ring_len: PLAN_STAGES,
         }
     }
 

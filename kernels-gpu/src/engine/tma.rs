@@ -1,5 +1,8 @@
 //! The TMA data mover: one issuing thread streams a task's 16-byte-aligned body through a ring of
-//! shared-memory stages.
+//! shared-memory stages. Where no task of the launch combines sources, up to
+//! [`MAX_ISSUERS`](crate::abi::MAX_ISSUERS) warps may issue instead (`LaunchArgs::issuers`): lane 0
+//! of warp `w` streams every `W`-th item from item `w` through its own `stages / W` stages, so each
+//! issuer's instruction stream is shorter and the work spreads over the SM's schedulers.
 //!
 //! Per item (one chunk of every source):
 //! 1. the issuer arms the stage's mbarrier with the item's byte count and issues one bulk load per
@@ -116,14 +119,23 @@ pub unsafe fn run_reduce_into<C: Combine>(
 unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32, write: Write) {
     let chunk = ctx.chunk_bytes as u64;
     let items = ops.bytes.div_ceil(chunk) as u32;
-    let stages = ctx.stages;
     let combine = sources > 1;
     if items == 0 {
         return;
     }
-    if !combine && !ctx.issuer {
-        // The issuer runs this range alone; keep this thread's view of the ring in step.
-        state.advance_by(items, stages);
+    // The share of the items this thread's ring streams: all of them through the whole ring when the
+    // CTA combines (the walker allows that only with one issuer), else items `first, first + stride,
+    // …` through this warp's stages (`ring_base ..`, `stages` of them).
+    let (first, stride, base, stages) =
+        if combine { (0, 1, 0, ctx.stages) } else { (ctx.ring_first, ctx.ring_stride, ctx.ring_base, ctx.ring_len) };
+    let mine = if items > first { (items - first - 1) / stride + 1 } else { 0 };
+    let issuer = if combine { ctx.issuer } else { ctx.ring_issuer };
+    if !combine && !issuer {
+        // The issuers run this range alone; keep this thread's view of its warp's ring in step.
+        state.advance_by(mine, stages);
+        return;
+    }
+    if mine == 0 {
         return;
     }
     if combine {
@@ -131,7 +143,9 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         // SAFETY: all threads of the CTA take this branch (same operands).
         unsafe { bar_sync_all() };
     }
-    let len = |i: u32| (ops.bytes - i as u64 * chunk).min(chunk) as u32;
+    // Item `j` of this share is item `first + j × stride` of the range.
+    let at = |j: u32| (first + j * stride) as u64 * chunk;
+    let len = |j: u32| (ops.bytes - at(j)).min(chunk) as u32;
     let mut producer = *state;
     let mut consumer = *state;
 
@@ -140,39 +154,39 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     // after the stores reading them have finished reading; consumers wait on the phase the producer
     // armed (`PipelineState` pairs index and parity).
     unsafe {
-        let load = |p: &PipelineState, i: u32| {
-            let n = len(i);
-            let bar = ctx.stage_barrier(p.index);
+        let load = |p: &PipelineState, j: u32| {
+            let n = len(j);
+            let bar = ctx.stage_barrier(base + p.index);
             let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
             for (k, a) in ops.srcs.iter(ctx).enumerate() {
-                let src = Global::<u8>::from_addr(a + i as u64 * chunk);
-                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(p.index, k as u32), src, n, bar);
+                let src = Global::<u8>::from_addr(a + at(j));
+                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(base + p.index, k as u32), src, n, bar);
             }
         };
 
         // Items the refill lags behind the consumer: the stage item `i + stages - lag` uses was last
         // read by the stores of item `i - lag`, so `lag - 1` newer store groups may still be reading.
         let lag = refill_lag(stages);
-        if ctx.issuer {
-            let ahead = (stages - lag).min(items);
-            for i in 0..ahead {
-                load(&producer, i);
+        if issuer {
+            let ahead = (stages - lag).min(mine);
+            for j in 0..ahead {
+                load(&producer, j);
                 producer.advance(stages);
             }
         }
-        for i in 0..items {
-            if ctx.issuer {
-                let next = i + stages - lag;
-                if next < items {
+        for j in 0..mine {
+            if issuer {
+                let next = j + stages - lag;
+                if next < mine {
                     wait_stores_reading(lag - 1);
                     load(&producer, next);
                     producer.advance(stages);
                 }
             }
-            let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
+            let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase);
             if combine {
                 if landed {
-                    combine_slots::<C>(ctx, consumer.index, sources, len(i));
+                    combine_slots::<C>(ctx, consumer.index, sources, len(j));
                 }
                 fence_proxy_async_shared_cta();
                 if ctx.sync_aborted() {
@@ -181,12 +195,11 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             } else if !landed {
                 break;
             }
-            if ctx.issuer {
-                let n = len(i);
-                let slot = ctx.stage_slot(consumer.index, 0);
-                let at = i as u64 * chunk;
+            if issuer {
+                let n = len(j);
+                let slot = ctx.stage_slot(base + consumer.index, 0);
                 for a in ops.dsts.iter(ctx) {
-                    let dst = Global::<u8>::from_addr(a + at);
+                    let dst = Global::<u8>::from_addr(a + at(j));
                     match write {
                         Write::Store => cp_async_bulk_global_shared_bulk_group(dst, slot, n),
                         Write::Reduce(dtype, op) => bulk_reduce(dst, slot, n, dtype, op),
@@ -196,13 +209,13 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             }
             consumer.advance(stages);
         }
-        if ctx.issuer {
+        if issuer {
             // After an abandoned wait, loads already issued may still be writing into the ring: let
             // them land before the stages are reused or the CTA exits. A load that does not land
             // within the drain's bound will not land later: stop there rather than wait again for
             // each stage behind it.
             while consumer.index != producer.index || consumer.phase != producer.phase {
-                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
+                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase) {
                     break;
                 }
                 consumer.advance(stages);
@@ -210,7 +223,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             cp_async_bulk_wait_group_read::<0>();
         }
     }
-    state.advance_by(items, stages);
+    state.advance_by(mine, stages);
 }
 
 /// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):

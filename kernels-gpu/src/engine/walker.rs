@@ -66,8 +66,8 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
                 }
             }
         }
-        // Complete every write before telling anyone.
-        if ctx.issuer {
+        // Complete every write before telling anyone (each issuer its own bulk groups).
+        if ctx.ring_issuer {
             cp_async_bulk_wait_group::<0>();
             fence_proxy_async_global();
         }
@@ -119,7 +119,7 @@ unsafe fn execute<const TMA: bool, C: Combine>(
     // SAFETY: validated descriptor; addresses come from the tables (see `run`).
     unsafe {
         if task.flags & TASK_AFTER_WRITES != 0 {
-            if ctx.issuer {
+            if ctx.ring_issuer {
                 cp_async_bulk_wait_group::<0>();
             }
             fence_proxy_async_global();
@@ -142,7 +142,10 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             (Mover::Tma, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
             (Mover::Tma, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
         };
-        if path == Path::TmaMove && operands.srcs.count() > ctx.slots {
+        // Combining sources needs the whole ring in one issuer's hands.
+        if path == Path::TmaMove
+            && (operands.srcs.count() > ctx.slots || operands.srcs.count() > 1 && ctx.ring_stride > 1)
+        {
             return bad_task(ctx, index);
         }
         // A single source is a copy: no operator, one instantiation.
