@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
-# allreduce-256m ar-matrix collectives overlap overlap-shapes reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -89,6 +89,18 @@ for step in "$@"; do
           log "${OV_BIN:-oxccl} overlap --compute ${OV_COMPUTE:-fma} --ctas $c --reduction $red $args"
           LD_LIBRARY_PATH="$libs" timeout 100 $B/${OV_BIN:-oxccl} bench overlap --ranks 8 --compute ${OV_COMPUTE:-fma} -e 256M --ctas $c --reduction $red $args -n 10 -w 3 --json >> "$OUT/overlap_shapes.log" 2>&1; echo "rc=$?"
           tail -15 "$OUT/overlap_shapes.log" | grep -E "^ +(tma|simt) " ; done; done; done ;;
+    issuers)
+      # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
+      # per SM, and the collectives alone, with 1, 2 and 4 issuers.
+      for w in 1 2 4; do
+        for n in 1 4; do
+          log "overlap fma --fma-ctas-per-sm $n --reduction tma --issuers $w"
+          timeout 100 $B/oxccl bench overlap --ranks 8 --compute fma -e 256M --ctas 1 --reduction tma --issuers $w --fma-ctas-per-sm $n -n 10 -w 3 --json >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
+          tail -10 "$OUT/issuers.log" | grep -E "^ +(tma|simt) " ; done
+        for c in 1 8; do for coll in all_reduce all_gather; do
+          log "$coll --ranks 8 --ctas $c --reduction tma --issuers $w"
+          timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c --reduction tma --issuers $w >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
+          tail -4 "$OUT/issuers.log" | grep -E "^ +1073741824 |Avg" ; done; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

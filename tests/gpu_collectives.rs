@@ -130,6 +130,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
     (spec, mover)
 }
 
+/// The communicator configuration of a case: one, two or four issuing warps by CTA count (calls
+/// that combine sources keep one).
 fn config(spec: &PlanSpec, mover: Mover) -> Config {
     Config {
         max_ctas: Some(spec.ctas),
@@ -137,6 +139,7 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
         reduction: spec.reduction,
         deterministic: spec.reduction == Reduction::Registers,
         timeout: std::time::Duration::from_secs(5),
+        issuers: Some([1, 2, 4][spec.ctas as usize % 3]),
         ..Config::default()
     }
 }
