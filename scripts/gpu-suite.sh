@@ -92,14 +92,16 @@ for step in "$@"; do
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.
-      for w in 1 2 4; do
+      # W:stages pairs: two and four stages per issuer (ISSUER_SHAPES).
+      for ws in ${ISSUER_SHAPES:-1:4 2:4 2:8 4:8 4:16}; do
+        w=${ws%:*}; st=${ws#*:}
         for n in 1 4; do
-          log "overlap fma --fma-ctas-per-sm $n --reduction tma --issuers $w"
-          timeout 100 $B/oxccl bench overlap --ranks 8 --compute fma -e 256M --ctas 1 --reduction tma --issuers $w --fma-ctas-per-sm $n -n 10 -w 3 --json >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
+          log "overlap fma --fma-ctas-per-sm $n --reduction tma --issuers $w --stages $st"
+          timeout 100 $B/oxccl bench overlap --ranks 8 --compute fma -e 256M --ctas 1 --reduction tma --issuers $w --stages $st --fma-ctas-per-sm $n -n 10 -w 3 --json >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
           tail -10 "$OUT/issuers.log" | grep -E "^ +(tma|simt) " ; done
         for c in 1 8; do for coll in all_reduce all_gather; do
-          log "$coll --ranks 8 --ctas $c --reduction tma --issuers $w"
-          timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c --reduction tma --issuers $w >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
+          log "$coll --ranks 8 --ctas $c --reduction tma --issuers $w --stages $st"
+          timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c --reduction tma --issuers $w --stages $st >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
           tail -4 "$OUT/issuers.log" | grep -E "^ +1073741824 |Avg" ; done; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"

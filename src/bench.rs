@@ -1652,6 +1652,8 @@ pub struct OverlapRow {
     /// The collective's threads per CTA and dynamic shared memory per CTA (bytes).
     pub threads: u32,
     pub smem_bytes: u32,
+    /// The collective's issuing warps per TMA CTA (1 for SIMT rows).
+    pub issuers: u32,
     pub suspend_ns: u32,
     pub compute_alone_ms: f64,
     pub collective_alone_ms: f64,
@@ -1850,6 +1852,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 ctas: launch.ctas_per_rank,
                 threads: launch.spec.threads,
                 smem_bytes: launch.smem_bytes,
+                issuers: launch.spec.issuers.max(1),
                 suspend_ns: suspend,
                 compute_alone_ms: comp_alone,
                 collective_alone_ms: coll_alone,

@@ -32,7 +32,8 @@ pub struct Config {
     pub chunk_bytes: Option<u32>,
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
     pub stages: Option<u32>,
-    /// Threads per CTA (`None`: one warp for a TMA CTA that only copies and bulk-reduces, 256 when it
+    /// Threads per CTA (`None`: one warp per issuer for a TMA CTA that only copies and bulk-reduces
+    /// (see `issuers`), 256 when it
     /// combines sources in registers or reduces element by element, 512 for the SIMT mover). A
     /// one-warp CTA leaves its SM to kernels running beside it, but its single issuing thread then
     /// competes with their warps and slows (docs/PERF.md); more threads keep it from sharing the SM.
@@ -47,7 +48,7 @@ pub struct Config {
     /// one per SM scheduler): each streams every W-th chunk through its own share of the stages
     /// (two each unless `stages` is given, which must then be a multiple). Beside compute on the same
     /// SMs a lone issuer is starved of issue slots (docs/PERF.md); several share the work. Calls that
-    /// combine sources in registers always use one.
+    /// combine sources in registers always use one; reshards follow it.
     pub issuers: Option<u32>,
 }
 
@@ -745,10 +746,24 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
             return Err(Error::Config { field: "threads", why: format!("{t} is not a multiple of 32 in 32..={most}") });
         }
     }
-    if let Some(w) = c.issuers
-        && !(1..=abi::MAX_ISSUERS).contains(&w)
-    {
-        return Err(Error::Config { field: "issuers", why: format!("{w} is not in 1..={}", abi::MAX_ISSUERS) });
+    if let Some(w) = c.issuers {
+        if !(1..=abi::MAX_ISSUERS).contains(&w) {
+            return Err(Error::Config { field: "issuers", why: format!("{w} is not in 1..={}", abi::MAX_ISSUERS) });
+        }
+        if let Some(st) = c.stages
+            && !st.is_multiple_of(w)
+        {
+            return Err(Error::Config {
+                field: "issuers",
+                why: format!("{w}: the {st} stages must be a multiple (each issuer owns a share)"),
+            });
+        }
+        if let Some(t) = c.threads
+            && c.mover == Mover::Tma
+            && t < 32 * w
+        {
+            return Err(Error::Config { field: "issuers", why: format!("{w}: {t} threads hold fewer warps") });
+        }
     }
     if let Some(b) = c.chunk_bytes
         && (b == 0 || !b.is_multiple_of(16))
@@ -773,7 +788,7 @@ pub(crate) struct Shape {
 /// stages are given; a warp per issuer unless the threads are given.
 pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) -> Shape {
     let issuers = match c.issuers {
-        Some(w) if c.mover == Mover::Tma && !combines => w.max(1),
+        Some(w) if c.mover == Mover::Tma && !combines && slots == 1 => w.max(1),
         _ => 1,
     };
     let threads = c.threads.unwrap_or(match c.mover {
@@ -781,7 +796,18 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) 
         Mover::Tma => 32 * issuers,
         Mover::Simt => 512,
     });
-    let stages = c.stages.or((issuers > 1).then_some((2 * issuers).min(abi::MAX_STAGES as u32)));
+    // Two stages per issuer, or as many multiples of the issuers (at least one each) as a given
+    // chunk leaves room for.
+    let stages = c.stages.or((issuers > 1).then(|| {
+        let most = (2 * issuers).min(abi::MAX_STAGES as u32);
+        match c.chunk_bytes {
+            Some(b) => {
+                let fit = (room / (slots.max(1) as usize * b.max(1) as usize)).min(most as usize) as u32;
+                (fit / issuers * issuers).max(issuers)
+            }
+            None => most,
+        }
+    }));
     let (chunk, stages) = auto_pipeline(room, slots, c.chunk_bytes, stages);
     Shape { threads, chunk, stages, issuers }
 }
@@ -904,5 +930,14 @@ mod tests {
         assert!(validate_config(&Config { issuers: Some(5), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(0), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(4), ..tma }).is_ok());
+        assert!(validate_config(&Config { issuers: Some(4), stages: Some(6), ..tma }).is_err());
+        assert!(validate_config(&Config { issuers: Some(4), threads: Some(96), ..tma }).is_err());
+        // A given chunk gets the stages that fit, in multiples of the issuers.
+        let big = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(32768), ..tma }, room, 1, false);
+        assert_eq!((big.stages, big.chunk, big.issuers), (4, 32768, 4));
+        let huge = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(200_000), ..tma }, room, 1, false);
+        assert_eq!(huge.stages, 4, "at least one stage per issuer (the engine's check then reports the size)");
+        // Several slots per stage keep one issuer whatever the lowering says about combining.
+        assert_eq!(launch_shape(&Config { issuers: Some(4), ..tma }, room, 2, false).issuers, 1);
     }
 }

@@ -277,64 +277,115 @@ fn movers_handle_more_than_a_gibibyte() {
 }
 
 #[test]
+fn several_issuers_split_every_item_count_exactly() {
+    // Every split of a task's items between 2 or 4 issuing warps, with 1 to 4 stages each: copies
+    // and bulk reductions (a reduction done twice or missed shows), the last item partial.
+    let Some(stream) = common::gpu("several_issuers_split_every_item_count_exactly") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let mut rng = common::Rng(0x155e);
+    let mut cases = 0;
+    for issuers in [2u32, 4] {
+        for ring in 1..=4u32 {
+            for items in 0..=3 * issuers as u64 + 1 {
+                for (kind, sources, reduce_mode) in
+                    [(abi::TaskKind::Move, 1, ReduceMode::Registers), (abi::TaskKind::ReduceInto, 3, ReduceMode::Tma)]
+                {
+                    let c = Case {
+                        mover: Mover::Tma,
+                        dtype: DType::F32,
+                        op: RedOp::Sum,
+                        kind,
+                        reduce_mode,
+                        sources,
+                        bytes: (items * 4096).saturating_sub(48),
+                        src_off: 0,
+                        dst_off: 0,
+                        ctas: 1,
+                        stages: issuers * ring,
+                        chunk: 4096,
+                        issuers,
+                    };
+                    let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
+                    assert!(
+                        gpu == cpu,
+                        "{kind:?} issuers={issuers} stages={} items={items}: first difference at byte {:?}",
+                        c.stages,
+                        gpu.iter().zip(&cpu).position(|(a, b)| a != b)
+                    );
+                    cases += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{cases} splits between several issuers exact");
+}
+
+#[test]
 fn reduce_after_writes_orders_dependent_tasks() {
     // Copy then ReduceInto the same destination in one CTA, the second task flagged TASK_AFTER_WRITES,
-    // with the hardware bulk reduction: the reduction must see the copy.
+    // with the hardware bulk reduction: the reduction must see the copy. With several issuing warps
+    // the reduction also starts a chunk (or half of one) later, so its items are not the ones each
+    // warp copied itself: every warp must wait for its own bulk writes before the CTA moves on.
     let Some(stream) = common::gpu("reduce_after_writes_orders_dependent_tasks") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let bytes = 3 << 20;
     let a: Vec<f32> = (0..bytes / 4).map(|i| (i % 17) as f32).collect();
     let b: Vec<f32> = (0..bytes / 4).map(|i| (i % 5) as f32).collect();
     let (da, db) = (stream.clone_htod(&a).unwrap(), stream.clone_htod(&b).unwrap());
-    let dst = stream.alloc_zeros::<f32>(bytes / 4).unwrap();
-    let t = |kind: abi::TaskKind, src_ranks: u32, flags: u8| Task {
-        kind: kind.raw(),
-        dtype: DType::F32.raw(),
-        op: RedOp::Sum.raw(),
-        src_slot: slot::INPUT,
-        dst_slot: slot::OUTPUT,
-        flags,
-        reserved: 0,
-        src_ranks,
-        dst_ranks: 1,
-        src_offset: 0,
-        dst_offset: 0,
-        bytes: bytes as u64,
-    };
-    let l = Lowered {
-        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 2, barrier_ranks: 0, reserved: 0 }],
-        tasks: vec![t(abi::TaskKind::Move, 1, 0), t(abi::TaskKind::ReduceInto, 2, TASK_AFTER_WRITES)],
-        ranks: 2,
-        slots: 2,
-        combines: true,
-    };
-    let prog = engine.upload(&l, 0..1).unwrap();
-    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
-    buffers[0][0] = da.device_ptr(&stream).0;
-    buffers[1][0] = db.device_ptr(&stream).0;
-    buffers[0][1] = dst.device_ptr(&stream).0;
-    let status = DeviceAlloc::zeroed(engine.context(), 64).unwrap();
-    let c = Case {
-        mover: Mover::Tma,
-        dtype: DType::F32,
-        op: RedOp::Sum,
-        kind: abi::TaskKind::ReduceInto,
-        reduce_mode: ReduceMode::Tma,
-        sources: 2,
-        bytes: 0,
-        src_off: 0,
-        dst_off: 0,
-        ctas: 1,
-        stages: 4,
-        chunk: 4096,
-        issuers: 1,
-    };
-    for _ in 0..20 {
-        unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
-            .unwrap();
-        let got = stream.clone_dtoh(&dst).unwrap();
-        let bad = got.iter().zip(a.iter().zip(&b)).position(|(g, (x, y))| *g != x + y);
-        assert_eq!(bad, None, "copy then bulk-reduce lost the copy");
+    for (issuers, shift) in [(1u32, 0u64), (2, 0), (4, 0), (2, 4096), (4, 4096), (4, 2048)] {
+        let dst = stream.alloc_zeros::<f32>(bytes / 4).unwrap();
+        let t = |kind: abi::TaskKind, src_ranks: u32, flags: u8, from: u64| Task {
+            kind: kind.raw(),
+            dtype: DType::F32.raw(),
+            op: RedOp::Sum.raw(),
+            src_slot: slot::INPUT,
+            dst_slot: slot::OUTPUT,
+            flags,
+            reserved: 0,
+            src_ranks,
+            dst_ranks: 1,
+            src_offset: from,
+            dst_offset: from,
+            bytes: bytes as u64 - from,
+        };
+        let l = Lowered {
+            programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 2, barrier_ranks: 0, reserved: 0 }],
+            tasks: vec![t(abi::TaskKind::Move, 1, 0, 0), t(abi::TaskKind::ReduceInto, 2, TASK_AFTER_WRITES, shift)],
+            ranks: 2,
+            slots: if issuers > 1 { 1 } else { 2 },
+            combines: issuers == 1,
+        };
+        let prog = engine.upload(&l, 0..1).unwrap();
+        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        buffers[0][0] = da.device_ptr(&stream).0;
+        buffers[1][0] = db.device_ptr(&stream).0;
+        buffers[0][1] = dst.device_ptr(&stream).0;
+        let status = DeviceAlloc::zeroed(engine.context(), 64).unwrap();
+        let c = Case {
+            mover: Mover::Tma,
+            dtype: DType::F32,
+            op: RedOp::Sum,
+            kind: abi::TaskKind::ReduceInto,
+            reduce_mode: ReduceMode::Tma,
+            sources: 2,
+            bytes: 0,
+            src_off: 0,
+            dst_off: 0,
+            ctas: 1,
+            stages: 4 * issuers,
+            chunk: 4096,
+            issuers,
+        };
+        let first_reduced = (shift / 4) as usize;
+        for _ in 0..20 {
+            // SAFETY: the three buffers hold `bytes` each and outlive the launch (read back below).
+            unsafe { engine.launch(&stream, &prog, &spec(&c, 5_000_000_000), buffers, [0; MAX_RANKS], status.ptr()) }
+                .unwrap();
+            let got = stream.clone_dtoh(&dst).unwrap();
+            let want = |i: usize| a[i] + if i >= first_reduced { b[i] } else { 0.0 };
+            let bad = (0..got.len()).position(|i| got[i] != want(i));
+            assert_eq!(bad, None, "issuers={issuers} shift={shift}: copy then bulk-reduce lost the copy");
+        }
     }
 }
 
@@ -440,10 +491,16 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
-    // (sources, stages, chunk, issuers): four issuing warps drain their own shares of the ring.
-    for (sources, stages, chunk, issuers) in
-        [(1, 2, 48 << 10, 1), (1, 8, 12 << 10, 1), (1, 8, 12 << 10, 4), (3, 2, 24 << 10, 1), (3, 6, 8 << 10, 1)]
-    {
+    // (sources, stages, chunk, issuers): four issuing warps drain their own shares of the ring (with
+    // 16 stages each owns four and keeps two loads ahead).
+    for (sources, stages, chunk, issuers) in [
+        (1, 2, 48 << 10, 1),
+        (1, 8, 12 << 10, 1),
+        (1, 8, 12 << 10, 4),
+        (1, 16, 4 << 10, 4),
+        (3, 2, 24 << 10, 1),
+        (3, 6, 8 << 10, 1),
+    ] {
         let mut c = Case {
             mover: Mover::Tma,
             dtype: DType::F32,

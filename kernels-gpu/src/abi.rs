@@ -312,7 +312,8 @@ pub struct LaunchArgs {
     pub wait_suspend_ns: u32,
     /// Issuing warps of a TMA CTA (0 or 1: one). With `W` > 1 (the launch must not combine sources
     /// in registers; `W` divides `stages`, at most the CTA's warps and [`MAX_ISSUERS`]) lane 0 of warp
-    /// `w < W` streams items `w, w + W, …` of every task through stages `w·S/W .. (w+1)·S/W`.
+    /// `w < W` streams items `w, w + W, …` of every task through stages `w·S/W .. (w+1)·S/W`. A value
+    /// that does not fit (the host refuses those) runs with one issuer.
     pub issuers: u32,
     /// Zero.
     pub reserved: [u32; 2],

@@ -38,8 +38,8 @@ abi::engine_kernels!(kernels);
 /// Kernel body: sets up the CTA and walks its program.
 ///
 /// Launch with `LaunchArgs` by value, `abi::smem::bytes(stages, slots, chunk_bytes)` bytes of dynamic
-/// shared memory and any block size that is a multiple of 32 (the TMA mover needs one warp; combining
-/// several sources in registers and the SIMT mover use all threads).
+/// shared memory and any block size that is a multiple of 32 (the TMA mover needs one warp per
+/// issuer; combining several sources in registers and the SIMT mover use all threads).
 ///
 /// # Safety
 /// `args` describes valid programs, tasks, buffers and workspaces (the host's lowering guarantees it);

@@ -672,11 +672,12 @@ fn run_overlap(
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     println!(
-        "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "mover",
         "reduction",
         "CTAs",
         "threads",
+        "issuers",
         "smem",
         "susp_ns",
         "reps",
@@ -689,11 +690,12 @@ fn run_overlap(
     );
     for r in &rows {
         println!(
-            "  {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            "  {:>5} {:>9} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
             r.mover,
             r.reduction,
             r.ctas,
             r.threads,
+            r.issuers,
             r.smem_bytes,
             r.suspend_ns,
             r.compute_reps,

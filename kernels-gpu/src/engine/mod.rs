@@ -45,7 +45,8 @@ pub struct Ctx {
     /// This thread's index and the CTA's size.
     pub tid: u32,
     pub threads: u32,
-    /// The one thread that issues bulk copies and does the cross-rank signalling.
+    /// The thread that does the cross-rank signalling and issues the bulk copies of combining tasks
+    /// (and of all tasks when the CTA has one issuer; see `ring_issuer`).
     pub issuer: bool,
     /// The rank this CTA works for and its index among that rank's CTAs.
     pub rank: u32,

@@ -13,7 +13,7 @@
 //!
 //! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
 //! item stopped reading it: the refill lags `lag = stages / 2` items behind the consumer (at least
-//! one), so `stages - lag` items of loads and `lag - 1` groups of stores may be in flight at once
+//! one; with several issuers, `stages` is each issuer's share), so `stages - lag` items of loads and `lag - 1` groups of stores may be in flight at once
 //! (`wait_group.read lag-1`). Measured on an H200 (docs/PERF.md, 2026-11-29), the depth beyond that
 //! buys nothing: every bulk operation costs the SM's copy engine about a quarter of a microsecond
 //! whatever its size, so small chunks are bound by the operation count (16 KiB copies at 64–67 GB/s

@@ -142,7 +142,8 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             (Mover::Tma, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
             (Mover::Tma, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
         };
-        // Combining sources needs the whole ring in one issuer's hands.
+        // Combining sources needs the whole ring in one issuer's hands (the host never launches that;
+        // this keeps a malformed launch from sharing stages between issuers).
         if path == Path::TmaMove
             && (operands.srcs.count() > ctx.slots || operands.srcs.count() > 1 && ctx.ring_stride > 1)
         {
