@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
-# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -74,8 +74,10 @@ for step in "$@"; do
       libs="$(cublas_path)"
       # CTA budgets of 8 and 32 in all: 8 virtual ranks x 1 or 4 CTAs, or per GPU with one rank each.
       where="--ranks 8"; budgets="1 4"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="8 32"
-      for compute in gemm fma; do for c in $budgets; do
-        log "overlap $where --compute $compute --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
+      # The FMA load at FMA_PER_SM CTAs of 256 threads per SM (default 4: it fills the GPU).
+      for load in gemm $(for n in ${FMA_PER_SM:-4}; do echo "fma:$n"; done); do for c in $budgets; do
+        compute=${load%%:*}; per_sm=""; [ "$compute" = fma ] && per_sm="--fma-ctas-per-sm ${load#*:}"
+        log "overlap $where --compute $compute $per_sm --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute $per_sm -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     overlap-shapes)
       # The collective's footprint against the compute beside it: the TMA rows with smaller pipelines
       # (chunk:stages) leave shared memory on their SMs to the compute's CTAs. OV_BIN (binary),
@@ -103,6 +105,22 @@ for step in "$@"; do
           log "$coll --ranks 8 --ctas $c --reduction tma --issuers $w --stages $st"
           timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c --reduction tma --issuers $w --stages $st >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
           tail -4 "$OUT/issuers.log" | grep -E "^ +1073741824 |Avg" ; done; done; done ;;
+    issuer-shapes)
+      # The bulk path with 1, 2 or 4 issuers and a shared-memory footprint that leaves room for the
+      # compute's CTAs, beside FMA loads of 1, 2, 4 and 8 CTAs per SM (SHAPE_FMA) and the cuBLAS GEMM.
+      # SHAPES: issuers:stages:chunk triples.
+      shapes="${SHAPES:-1:4:32768 2:4:32768 4:4:32768 2:8:16384 4:8:16384 4:8:24576 4:4:16384}"
+      for n in ${SHAPE_FMA:-1 2 4 8}; do for s in $shapes; do
+        IFS=: read -r w st ch <<< "$s"
+        log "overlap fma --fma-ctas-per-sm $n --reduction tma --issuers $w --stages $st --chunk $ch"
+        timeout 100 $B/oxccl bench overlap --ranks 8 --compute fma -e 256M --ctas ${SHAPE_CTAS:-1} --reduction tma --issuers $w --stages $st --chunk $ch --fma-ctas-per-sm $n -n 10 -w 3 --json >> "$OUT/issuer_shapes.log" 2>&1; echo "rc=$?"
+        tail -10 "$OUT/issuer_shapes.log" | grep -E "^ +(tma|simt) " | grep -E " 0 +[0-9]+ +[0-9.]+ " ; done; done
+      libs="$(cublas_path)"
+      for s in ${GEMM_SHAPES:-1:4:32768 4:8:16384 4:4:8192}; do
+        IFS=: read -r w st ch <<< "$s"
+        log "overlap gemm --reduction tma --issuers $w --stages $st --chunk $ch"
+        LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute gemm -e 256M --ctas ${SHAPE_CTAS:-1} --reduction tma --issuers $w --stages $st --chunk $ch -n 10 -w 3 --json >> "$OUT/issuer_shapes.log" 2>&1; echo "rc=$?"
+        tail -10 "$OUT/issuer_shapes.log" | grep -E "^ +(tma|simt) " ; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

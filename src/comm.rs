@@ -44,11 +44,14 @@ pub struct Config {
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.
     pub wait_suspend_ns: u32,
-    /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (`None`: one; at most 4,
-    /// one per SM scheduler): each streams every W-th chunk through its own share of the stages
-    /// (two each unless `stages` is given, which must then be a multiple). Beside compute on the same
-    /// SMs a lone issuer is starved of issue slots (docs/PERF.md); several share the work. Calls that
-    /// combine sources in registers always use one; reshards follow it.
+    /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (AllGather, reshards, and
+    /// AllReduce / ReduceScatter with `Reduction::Tma`; at most 4, one per SM scheduler): each
+    /// streams every W-th chunk through its own share of the stages (two each unless `stages` is
+    /// given, which must then be a multiple), in the shared memory one issuer's default pipeline
+    /// takes unless `chunk_bytes` is given. `None`: [`DEFAULT_ISSUERS`] where the stages (if given)
+    /// and threads (if given) allow it, else one. Beside compute on the same SMs a lone issuer is
+    /// starved of issue slots; four keep the collective's speed where one loses a third
+    /// (docs/PERF.md). Calls that combine sources in registers always use one.
     pub issuers: Option<u32>,
 }
 
@@ -773,6 +776,10 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
     Ok(())
 }
 
+/// Issuing warps of a TMA CTA that only copies and bulk-reduces when [`Config::issuers`] is `None`:
+/// one per SM scheduler.
+pub const DEFAULT_ISSUERS: u32 = 4;
+
 /// Threads, TMA pipeline and issuing warps of a launch (see [`launch_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -787,8 +794,15 @@ pub(crate) struct Shape {
 /// only where nothing combines (they split the ring), each with two stages of its own unless the
 /// stages are given; a warp per issuer unless the threads are given.
 pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) -> Shape {
+    let streams = c.mover == Mover::Tma && !combines && slots == 1;
     let issuers = match c.issuers {
-        Some(w) if c.mover == Mover::Tma && !combines && slots == 1 => w.max(1),
+        Some(w) if streams => w.max(1),
+        None if streams
+            && c.stages.is_none_or(|st| st.is_multiple_of(DEFAULT_ISSUERS))
+            && c.threads.is_none_or(|t| t >= 32 * DEFAULT_ISSUERS) =>
+        {
+            DEFAULT_ISSUERS
+        }
         _ => 1,
     };
     let threads = c.threads.unwrap_or(match c.mover {
@@ -808,7 +822,14 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) 
             None => most,
         }
     }));
-    let (chunk, stages) = auto_pipeline(room, slots, c.chunk_bytes, stages);
+    // Several issuers share the shared memory of one issuer's default pipeline: the split leaves
+    // the collective's footprint, and so what fits beside it on its SM, as it was.
+    let chunk = c.chunk_bytes.or((issuers > 1).then(|| {
+        let (b, st) = auto_pipeline(room, slots, None, None);
+        let each = (b as usize * st as usize) / stages.unwrap_or(1).max(1) as usize;
+        (if each >= 1024 { each / 1024 * 1024 } else { each / 16 * 16 }).max(16) as u32
+    }));
+    let (chunk, stages) = auto_pipeline(room, slots, chunk, stages);
     Shape { threads, chunk, stages, issuers }
 }
 
@@ -910,16 +931,26 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// Several issuers only where nothing combines, a warp and two stages each by default; what the
-    /// configuration gives is kept.
+    /// Several issuers only where nothing combines (four by default), a warp and two stages each in
+    /// one issuer's default shared memory; what the configuration gives is kept.
     #[test]
     fn launch_shapes_give_issuers_their_warps_and_stages() {
         let room = 227 * 1024;
         let tma = Config { mover: Mover::Tma, ..Config::default() };
-        let one = launch_shape(&tma, room, 1, false);
-        assert_eq!((one.threads, one.stages, one.issuers, one.chunk), (32, 4, 1, 32 * 1024));
+        let alone = launch_shape(&Config { issuers: Some(1), ..tma }, room, 1, false);
+        assert_eq!((alone.threads, alone.stages, alone.issuers, alone.chunk), (32, 4, 1, 32 * 1024));
         let four = launch_shape(&Config { issuers: Some(4), ..tma }, room, 1, false);
-        assert_eq!((four.threads, four.stages, four.issuers, four.chunk), (128, 8, 4, 28 * 1024));
+        assert_eq!((four.threads, four.stages, four.issuers, four.chunk), (128, 8, 4, 16 * 1024));
+        assert_eq!(four.stages * four.chunk, alone.stages * alone.chunk, "the same shared memory, split");
+        assert_eq!(launch_shape(&tma, room, 1, false), four, "four issuers by default");
+        let two = launch_shape(&Config { issuers: Some(2), ..tma }, room, 1, false);
+        assert_eq!((two.threads, two.stages, two.chunk), (64, 4, 32 * 1024));
+        // The default keeps one issuer where given stages or threads do not fit four.
+        let six = launch_shape(&Config { stages: Some(6), ..tma }, room, 1, false);
+        assert_eq!((six.issuers, six.stages, six.threads), (1, 6, 32));
+        assert_eq!(launch_shape(&Config { threads: Some(64), ..tma }, room, 1, false).issuers, 1);
+        let twelve = launch_shape(&Config { stages: Some(12), ..tma }, room, 1, false);
+        assert_eq!((twelve.issuers, twelve.stages, twelve.chunk), (4, 12, 10 * 1024));
         let combining = launch_shape(&Config { issuers: Some(4), ..tma }, room, 8, true);
         assert_eq!((combining.threads, combining.issuers), (256, 1));
         let given =

@@ -99,7 +99,8 @@ pub struct Args {
     #[arg(long)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, overlap (TMA rows): issuing warps per TMA CTA for calls
-    /// that only copy and bulk-reduce, 1..=4 (default 1; see `Config::issuers`).
+    /// that only copy and bulk-reduce, 1..=4 (default 4 where the stages and threads allow; see
+    /// `Config::issuers`).
     #[arg(long)]
     pub issuers: Option<u32>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
