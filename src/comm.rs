@@ -49,9 +49,10 @@ pub struct Config {
     /// streams every W-th chunk through its own share of the stages (two each unless `stages` is
     /// given, which must then be a multiple), in the shared memory one issuer's default pipeline
     /// takes unless `chunk_bytes` is given. `None`: [`DEFAULT_ISSUERS`] where the stages (if given)
-    /// and threads (if given) allow it, else one. Beside compute on the same SMs a lone issuer is
-    /// starved of issue slots; four keep the collective's speed where one loses a third
-    /// (docs/PERF.md). Calls that combine sources in registers always use one.
+    /// and threads (if given) allow it, else one. Beside one compute CTA per SM four lose a fifth of
+    /// the collective's speed where a lone issuer loses a third; beside compute that keeps every
+    /// scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %. Calls that
+    /// combine sources in registers always use one.
     pub issuers: Option<u32>,
 }
 
