@@ -247,7 +247,7 @@ impl Default for SweepConfig {
 
 impl SweepConfig {
     /// Checks what the sweep would refuse, without a GPU: CTA counts of at least 1, and explicit
-    /// pieces that are positive multiples of 16, at most [`MAX_SWEEP_PIECES`] of them, and at least
+    /// pieces that are positive multiples of 16, at most 2^20 of them, and at least
     /// one per CTA.
     pub fn validate(&self) -> Result<()> {
         if self.ctas.contains(&0) {

@@ -28,9 +28,10 @@ pub struct Config {
     pub deterministic: bool,
     /// Bytes per source per pipeline stage (TMA mover; `None`: see
     /// [`auto_pipeline`](crate::auto_pipeline), which also gives a fixed chunk as many stages, up to
-    /// four, as fit in shared memory).
+    /// four, as fit in shared memory; launches with several issuers: see `issuers`).
     pub chunk_bytes: Option<u32>,
-    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline)).
+    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline); launches with
+    /// several issuers: see `issuers`).
     pub stages: Option<u32>,
     /// Threads per CTA (`None`: one warp per issuer for a TMA CTA that only copies and bulk-reduces
     /// (see `issuers`), 256 when it
@@ -46,11 +47,14 @@ pub struct Config {
     pub wait_suspend_ns: u32,
     /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (AllGather, reshards, and
     /// AllReduce / ReduceScatter with `Reduction::Tma`; at most 4, one per SM scheduler): each
-    /// streams every W-th chunk through its own share of the stages (two each unless `stages` is
-    /// given, which must then be a multiple), in the shared memory one issuer's default pipeline
-    /// takes unless `chunk_bytes` is given. `None`: [`DEFAULT_ISSUERS`] where the stages (if given)
-    /// and threads (if given) allow it, else one. Beside one compute CTA per SM four lose a fifth of
-    /// the collective's speed where a lone issuer loses a third; beside compute that keeps every
+    /// streams every W-th chunk through its own `stages / W` stages. Given: with the stages given
+    /// (a multiple of W), or as many multiples of W as a given chunk leaves room for (two each at
+    /// most, one each at least), or two each in the shared memory one issuer's default pipeline
+    /// takes. `None`: the ring one issuer would get (stages and chunk as given, else
+    /// [`auto_pipeline`](crate::auto_pipeline)'s) split among [`DEFAULT_ISSUERS`] or 2 where each
+    /// keeps two stages and given threads hold their warps, else one; with neither stages nor chunk
+    /// given, 8 stages of 16 KiB among 4. Beside one compute CTA per SM four lose a fifth of the
+    /// collective's speed where a lone issuer loses a third; beside compute that keeps every
     /// scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %. Calls that
     /// combine sources in registers always use one.
     pub issuers: Option<u32>,
@@ -382,6 +386,16 @@ impl Communicator {
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
         let room = max_smem.saturating_sub(abi::smem::STAGES);
         let Shape { threads, chunk, stages, issuers } = launch_shape(c, room, slots, combines);
+        let need = stages as usize * slots.max(1) as usize * chunk as usize;
+        if issuers > 1 && c.issuers.is_some() && c.stages.is_none() && need > room {
+            return Err(Error::Config {
+                field: "issuers",
+                why: format!(
+                    "{issuers} issuers need a stage each at least: {stages} stages of {chunk} B are {need} B of \
+                     shared memory, {room} B are available (give a smaller chunk_bytes or fewer issuers)"
+                ),
+            });
+        }
         Ok(LaunchSpec {
             mover: c.mover,
             dtype,
@@ -755,6 +769,7 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
             return Err(Error::Config { field: "issuers", why: format!("{w} is not in 1..={}", abi::MAX_ISSUERS) });
         }
         if let Some(st) = c.stages
+            && c.mover == Mover::Tma
             && !st.is_multiple_of(w)
         {
             return Err(Error::Config {
@@ -791,45 +806,68 @@ pub(crate) struct Shape {
 }
 
 /// The shape of a launch under `c` whose program needs `slots` slots per stage in `room` bytes of
-/// shared memory and combines sources (in registers or element by element) or not: several issuers
-/// only where nothing combines (they split the ring), each with two stages of its own unless the
-/// stages are given; a warp per issuer unless the threads are given.
+/// shared memory and combines sources (in registers or element by element) or not. Several issuers
+/// only where nothing combines; they split the ring, so each gets `stages / issuers` stages.
+///
+/// * Issuers given: the stages given, or as many multiples of the issuers as a given chunk leaves
+///   room for (two each at most), or two each in one issuer's default shared memory.
+/// * Issuers left open: the ring one issuer would get (stages and chunk as given, else
+///   [`auto_pipeline`]'s), split among [`DEFAULT_ISSUERS`] or 2 where each keeps at least two stages
+///   and the threads (if given) hold their warps; with neither stages nor chunk given, 8 stages of
+///   one issuer's default shared memory for [`DEFAULT_ISSUERS`].
+///
+/// A warp per issuer unless the threads are given.
 pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) -> Shape {
     let streams = c.mover == Mover::Tma && !combines && slots == 1;
-    let issuers = match c.issuers {
-        Some(w) if streams => w.max(1),
-        None if streams
-            && c.stages.is_none_or(|st| st.is_multiple_of(DEFAULT_ISSUERS))
-            && c.threads.is_none_or(|t| t >= 32 * DEFAULT_ISSUERS) =>
-        {
-            DEFAULT_ISSUERS
+    // One issuer's default pipeline: the shared memory several issuers share when nothing is given.
+    let (one_chunk, one_stages) = auto_pipeline(room, slots, None, None);
+    let split = |stages: u32| -> u32 {
+        let each = (one_chunk as usize * one_stages as usize) / stages.max(1) as usize;
+        (if each >= 1024 { each / 1024 * 1024 } else { each / 16 * 16 }).max(16) as u32
+    };
+    let (issuers, chunk, stages) = match c.issuers {
+        Some(w) if streams && w > 1 => {
+            let stages = c.stages.unwrap_or_else(|| {
+                let most = (2 * w).min(abi::MAX_STAGES as u32);
+                match c.chunk_bytes {
+                    Some(b) => {
+                        let fit = (room / (slots.max(1) as usize * b.max(1) as usize)).min(most as usize) as u32;
+                        // At least one each: a chunk too large for that is refused by the engine's
+                        // shared-memory check, naming the size.
+                        (fit / w * w).max(w)
+                    }
+                    None => most,
+                }
+            });
+            let chunk = c.chunk_bytes.or((c.stages.is_none()).then(|| split(stages)));
+            (w, chunk, Some(stages))
         }
-        _ => 1,
+        None if streams => {
+            let fitted = |st: u32| {
+                [DEFAULT_ISSUERS, 2]
+                    .into_iter()
+                    .find(|&w| st.is_multiple_of(w) && st / w >= 2 && c.threads.is_none_or(|t| t >= 32 * w))
+                    .unwrap_or(1)
+            };
+            match (c.chunk_bytes, c.stages) {
+                (None, None) => {
+                    let st = (2 * DEFAULT_ISSUERS).min(abi::MAX_STAGES as u32);
+                    let w = fitted(st);
+                    if w > 1 { (w, Some(split(st)), Some(st)) } else { (1, None, None) }
+                }
+                (chunk, stages) => {
+                    let st = stages.unwrap_or_else(|| auto_pipeline(room, slots, chunk, None).1);
+                    (fitted(st), chunk, stages.or(Some(st)))
+                }
+            }
+        }
+        _ => (1, c.chunk_bytes, c.stages),
     };
     let threads = c.threads.unwrap_or(match c.mover {
         Mover::Tma if combines => 256,
         Mover::Tma => 32 * issuers,
         Mover::Simt => 512,
     });
-    // Two stages per issuer, or as many multiples of the issuers (at least one each) as a given
-    // chunk leaves room for.
-    let stages = c.stages.or((issuers > 1).then(|| {
-        let most = (2 * issuers).min(abi::MAX_STAGES as u32);
-        match c.chunk_bytes {
-            Some(b) => {
-                let fit = (room / (slots.max(1) as usize * b.max(1) as usize)).min(most as usize) as u32;
-                (fit / issuers * issuers).max(issuers)
-            }
-            None => most,
-        }
-    }));
-    // Several issuers share the shared memory of one issuer's default pipeline: the split leaves
-    // the collective's footprint, and so what fits beside it on its SM, as it was.
-    let chunk = c.chunk_bytes.or((issuers > 1).then(|| {
-        let (b, st) = auto_pipeline(room, slots, None, None);
-        let each = (b as usize * st as usize) / stages.unwrap_or(1).max(1) as usize;
-        (if each >= 1024 { each / 1024 * 1024 } else { each / 16 * 16 }).max(16) as u32
-    }));
     let (chunk, stages) = auto_pipeline(room, slots, chunk, stages);
     Shape { threads, chunk, stages, issuers }
 }
@@ -946,12 +984,19 @@ mod tests {
         assert_eq!(launch_shape(&tma, room, 1, false), four, "four issuers by default");
         let two = launch_shape(&Config { issuers: Some(2), ..tma }, room, 1, false);
         assert_eq!((two.threads, two.stages, two.chunk), (64, 4, 32 * 1024));
-        // The default keeps one issuer where given stages or threads do not fit four.
+        // Left open, the issuers split the ring one issuer would get, keeping two stages each at
+        // least and a warp each in given threads: given stages or chunks keep their footprint.
         let six = launch_shape(&Config { stages: Some(6), ..tma }, room, 1, false);
-        assert_eq!((six.issuers, six.stages, six.threads), (1, 6, 32));
-        assert_eq!(launch_shape(&Config { threads: Some(64), ..tma }, room, 1, false).issuers, 1);
+        assert_eq!((six.issuers, six.stages, six.threads), (2, 6, 64));
+        assert_eq!(launch_shape(&Config { threads: Some(64), ..tma }, room, 1, false).issuers, 2);
+        assert_eq!(launch_shape(&Config { threads: Some(32), ..tma }, room, 1, false), alone);
         let twelve = launch_shape(&Config { stages: Some(12), ..tma }, room, 1, false);
-        assert_eq!((twelve.issuers, twelve.stages, twelve.chunk), (4, 12, 10 * 1024));
+        assert_eq!((twelve.issuers, twelve.stages, twelve.chunk), (4, 12, 18 * 1024));
+        let small = launch_shape(&Config { chunk_bytes: Some(16384), ..tma }, room, 1, false);
+        assert_eq!((small.issuers, small.stages, small.chunk), (2, 4, 16384), "one issuer's 4 stages, split");
+        let large = launch_shape(&Config { chunk_bytes: Some(65536), ..tma }, room, 1, false);
+        assert_eq!((large.issuers, large.stages), (1, 3), "three stages fit: one issuer, as before");
+        assert_eq!(launch_shape(&Config { stages: Some(3), ..tma }, room, 1, false).issuers, 1);
         let combining = launch_shape(&Config { issuers: Some(4), ..tma }, room, 8, true);
         assert_eq!((combining.threads, combining.issuers), (256, 1));
         let given =

@@ -94,13 +94,13 @@ pub struct Args {
     /// contiguous below 64 CTAs, 4 MiB pieces from there where every CTA gets one).
     #[arg(long, value_parser = parse_split)]
     pub piece: Option<Split>,
-    /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`;
-    /// movers: 4).
+    /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, and
+    /// 8 shared by 4 issuers where nothing combines; movers: 4).
     #[arg(long)]
     pub stages: Option<u32>,
-    /// all_reduce, reduce_scatter, all_gather, overlap (TMA rows): issuing warps per TMA CTA for calls
-    /// that only copy and bulk-reduce, 1..=4 (default 4 where the stages and threads allow; see
-    /// `Config::issuers`).
+    /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
+    /// that only copy and bulk-reduce, 1..=4 (default 4, or 2, where each keeps two stages and the
+    /// threads hold their warps; see `Config::issuers`).
     #[arg(long)]
     pub issuers: Option<u32>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
@@ -216,7 +216,9 @@ pub fn run(a: Args) -> CliResult {
             return Err("--piece is for movers, not --algo/--xml".into());
         }
         if a.issuers.is_some() {
-            return Err("--issuers is for all_reduce, reduce_scatter, all_gather and overlap, not --algo/--xml".into());
+            return Err(
+                "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not --algo/--xml".into(),
+            );
         }
         return run_plan(&a);
     }
@@ -238,8 +240,11 @@ pub fn run(a: Args) -> CliResult {
             .into());
         }
     };
-    if a.issuers.is_some() && collective.is_none() && what != "overlap" {
-        return Err(format!("--issuers is for all_reduce, reduce_scatter, all_gather and overlap, not {what}").into());
+    if a.issuers.is_some() && collective.is_none() && what != "overlap" && what != "reshard" {
+        return Err(format!(
+            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not {what}"
+        )
+        .into());
     }
     let command: Vec<String> = std::env::args().collect();
     if let Some(ranks) = a.ranks
@@ -549,9 +554,12 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
         chunk_bytes: a.chunk,
         stages: a.stages,
         threads: a.threads,
+        issuers: a.issuers,
         timeout: std::time::Duration::from_secs(60),
         ..Config::default()
     };
+    // The configuration's own checks too, before any GPU use.
+    crate::comm::validate_config(&config)?;
     Ok(ReshardBench {
         shape: a.shape.clone(),
         dtype,
