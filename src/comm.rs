@@ -385,17 +385,9 @@ impl Communicator {
         let c = &self.config;
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
         let room = max_smem.saturating_sub(abi::smem::STAGES);
-        let Shape { threads, chunk, stages, issuers } = launch_shape(c, room, slots, combines);
-        let need = stages as usize * slots.max(1) as usize * chunk as usize;
-        if issuers > 1 && c.issuers.is_some() && c.stages.is_none() && need > room {
-            return Err(Error::Config {
-                field: "issuers",
-                why: format!(
-                    "{issuers} issuers need a stage each at least: {stages} stages of {chunk} B are {need} B of \
-                     shared memory, {room} B are available (give a smaller chunk_bytes or fewer issuers)"
-                ),
-            });
-        }
+        let shape = launch_shape(c, room, slots, combines);
+        check_issuers_fit(c, &shape, room, slots)?;
+        let Shape { threads, chunk, stages, issuers } = shape;
         Ok(LaunchSpec {
             mover: c.mover,
             dtype,
@@ -872,6 +864,23 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) 
     Shape { threads, chunk, stages, issuers }
 }
 
+/// Issuers the configuration asked for whose stages (one each at least, the stages left open) do
+/// not fit in `room`: an `issuers` error rather than the engine's later one about the chunk.
+pub(crate) fn check_issuers_fit(c: &Config, shape: &Shape, room: usize, slots: u32) -> Result<()> {
+    let Shape { chunk, stages, issuers, .. } = *shape;
+    let need = stages as usize * slots.max(1) as usize * chunk as usize;
+    if issuers > 1 && c.issuers.is_some() && c.stages.is_none() && need > room {
+        return Err(Error::Config {
+            field: "issuers",
+            why: format!(
+                "{issuers} issuers need a stage each at least: {stages} stages of {chunk} B are {need} B of shared \
+                 memory, {room} B are available (give a smaller chunk_bytes or fewer issuers)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// How a collective call launches on every rank ([`Communicator::prepare`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallLaunch {
@@ -1012,8 +1021,13 @@ mod tests {
         // A given chunk gets the stages that fit, in multiples of the issuers.
         let big = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(32768), ..tma }, room, 1, false);
         assert_eq!((big.stages, big.chunk, big.issuers), (4, 32768, 4));
-        let huge = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(200_000), ..tma }, room, 1, false);
-        assert_eq!(huge.stages, 4, "at least one stage per issuer (the engine's check then reports the size)");
+        let huge_config = Config { issuers: Some(4), chunk_bytes: Some(200_000), ..tma };
+        let huge = launch_shape(&huge_config, room, 1, false);
+        assert_eq!(huge.stages, 4, "at least one stage per issuer");
+        let err = check_issuers_fit(&huge_config, &huge, room, 1).unwrap_err().to_string();
+        assert!(err.contains("issuers") && err.contains("4 stages of 200000 B"), "{err}");
+        assert!(check_issuers_fit(&tma, &launch_shape(&tma, room, 1, false), room, 1).is_ok());
+        assert!(check_issuers_fit(&Config { issuers: Some(4), ..tma }, &four, room, 1).is_ok());
         // Several slots per stage keep one issuer whatever the lowering says about combining.
         assert_eq!(launch_shape(&Config { issuers: Some(4), ..tma }, room, 2, false).issuers, 1);
     }
