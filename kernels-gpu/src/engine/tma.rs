@@ -34,7 +34,7 @@ use oxccl_ptx::Global;
 use oxccl_ptx::bulk::*;
 use oxccl_ptx::fence::fence_proxy_async_shared_cta;
 use oxccl_ptx::mbarrier::mbarrier_arrive_expect_tx_shared_b64;
-use oxccl_ptx::memory::{ld_shared_v4_u32, st_shared_v4_u32};
+use oxccl_ptx::memory::{V4, ld_shared_v4_u32, st_global_v4_u32, st_shared_v4_u32};
 use oxccl_ptx::sync::bar_sync_all;
 
 /// How the issuer finishes an item.
@@ -122,6 +122,10 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     let combine = sources > 1;
     if items == 0 {
         return;
+    }
+    if combine && matches!(write, Write::Store) {
+        // SAFETY: forwarded contract.
+        return unsafe { stream_combining::<C>(ctx, state, ops, sources, items) };
     }
     // The share of the items this thread's ring streams: all of them through the whole ring when the
     // CTA combines (the walker allows that only with one issuer), else items `first, first + stride,
@@ -224,6 +228,164 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         }
     }
     state.advance_by(mine, stages);
+}
+
+/// The pipeline of a task that combines `sources` (≥ 2) sources into every destination, `items`
+/// chunks long. Thread 0 issues every source's chunk into a stage's slots and does nothing else; the
+/// other warps (every thread when the CTA is one warp) fold the slots in registers and write the
+/// result to every destination with 16-byte stores, so no combined chunk goes back through shared
+/// memory and no bulk store has to finish reading a stage. A stage is refilled right after the CTA
+/// barrier that ends its combine: every other stage of the ring has its loads in flight meanwhile.
+///
+/// # Safety
+/// As [`stream`]; one issuer (the walker refuses combining tasks on a shared ring).
+#[inline(always)]
+unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32, items: u32) {
+    let chunk = ctx.chunk_bytes as u64;
+    let stages = ctx.stages;
+    let at = |j: u32| j as u64 * chunk;
+    let len = |j: u32| (ops.bytes - at(j)).min(chunk) as u32;
+    // Warp 0 issues; the rest combine (a one-warp CTA combines with its issuer).
+    let first = if ctx.threads > 32 { 32 } else { 0 };
+    let combiner = ctx.tid >= first;
+    let mut producer = *state;
+    let mut consumer = *state;
+    // SAFETY (whole block): as in `stream`; a stage is reloaded only after the CTA barrier that
+    // follows the last reads of its previous item (bulk stores of earlier tasks finished reading the
+    // ring at the end of their `stream`).
+    unsafe {
+        // Every thread waits on the stage barriers below: all must enter with the ring drained.
+        bar_sync_all();
+        let load = |p: &PipelineState, j: u32| {
+            let n = len(j);
+            let bar = ctx.stage_barrier(p.index);
+            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
+            for (k, a) in ops.srcs.iter(ctx).enumerate() {
+                let src = Global::<u8>::from_addr(a + at(j));
+                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(p.index, k as u32), src, n, bar);
+            }
+        };
+        if ctx.issuer {
+            for j in 0..stages.min(items) {
+                load(&producer, j);
+                producer.advance(stages);
+            }
+        }
+        for j in 0..items {
+            if combiner && wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
+                combine_out::<C>(
+                    ctx,
+                    consumer.index,
+                    sources,
+                    len(j),
+                    ops,
+                    at(j),
+                    ctx.tid - first,
+                    ctx.threads - first,
+                );
+            }
+            if ctx.sync_aborted() {
+                break;
+            }
+            if ctx.issuer && j + stages < items {
+                load(&producer, j + stages);
+                producer.advance(stages);
+            }
+            consumer.advance(stages);
+        }
+        if ctx.issuer {
+            // After an abandoned wait, loads already issued may still be writing into the ring: let
+            // them land before the stages are reused or the CTA exits (as in `stream`).
+            while consumer.index != producer.index || consumer.phase != producer.phase {
+                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
+                    break;
+                }
+                consumer.advance(stages);
+            }
+        }
+        // Nobody may reload a stage (next task) before every combiner has read it.
+        bar_sync_all();
+    }
+    state.advance_by(items, stages);
+}
+
+/// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
+const COMBINE_ILP: usize = 4;
+
+/// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order and stores the result at
+/// `offset` into every destination of `ops`: thread `me` of `step` combining threads takes vectors
+/// `me, me + step, …`, [`COMBINE_ILP`] at a time. The fold order does not depend on the grouping.
+///
+/// # Safety
+/// The stage's phase has completed; `offset + len` lies inside every destination, 16-aligned.
+#[inline(always)]
+unsafe fn combine_out<C: Combine>(
+    ctx: &Ctx,
+    stage: u32,
+    sources: u32,
+    len: u32,
+    ops: &Operands,
+    offset: u64,
+    me: u32,
+    step: u32,
+) {
+    // SAFETY (both arms): forwarded contract; every address stays inside a destination.
+    unsafe {
+        if ops.dsts.count() == 1 {
+            // One destination (every collective's combine): its address once, not per vector.
+            let d = ops.dsts.head(ctx) + offset;
+            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
+                st_global_v4_u32(Global::<V4>::from_addr(d + 16 * v as u64), x)
+            });
+        } else {
+            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
+                for a in ops.dsts.iter(ctx) {
+                    st_global_v4_u32(Global::<V4>::from_addr(a + offset + 16 * v as u64), x);
+                }
+            });
+        }
+    }
+}
+
+/// The loops of [`combine_out`], with the store of vector `v` given.
+///
+/// # Safety
+/// As [`combine_out`]; `store` writes vector `v` of the chunk to every destination.
+#[inline(always)]
+unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u32, V4)) {
+    let n = len / 16;
+    let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
+    let mut v = me;
+    // SAFETY (both loops): every slot address is 16-aligned inside the stage (v < n).
+    unsafe {
+        while v + (COMBINE_ILP as u32 - 1) * step < n {
+            let mut acc = [[0u32; 4]; COMBINE_ILP];
+            for (u, x) in acc.iter_mut().enumerate() {
+                *x = ld_shared_v4_u32(slot(0, v + u as u32 * step));
+            }
+            for k in 1..sources {
+                let mut more = [[0u32; 4]; COMBINE_ILP];
+                for (u, x) in more.iter_mut().enumerate() {
+                    *x = ld_shared_v4_u32(slot(k, v + u as u32 * step));
+                }
+                for u in 0..COMBINE_ILP {
+                    acc[u] = C::vec(acc[u], more[u]);
+                }
+            }
+            for (u, x) in acc.iter().enumerate() {
+                store(v + u as u32 * step, *x);
+            }
+            v += COMBINE_ILP as u32 * step;
+        }
+        while v < n {
+            let mut acc = ld_shared_v4_u32(slot(0, v));
+            for k in 1..sources {
+                acc = C::vec(acc, ld_shared_v4_u32(slot(k, v)));
+            }
+            store(v, acc);
+            v += step;
+        }
+    }
 }
 
 /// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):
