@@ -123,9 +123,12 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     if items == 0 {
         return;
     }
-    if combine && matches!(write, Write::Store) {
+    if combine && matches!(write, Write::Store) && ops.dsts.count() == 1 {
+        // One destination (ReduceScatter, a compiled plan's reduce): registers straight to global
+        // memory. Several (AllReduce's combine-and-store-everywhere) keep the shared-memory result
+        // and its bulk stores below, one per destination from a single copy.
         // SAFETY: forwarded contract.
-        return unsafe { stream_combining::<C>(ctx, state, ops, sources, items) };
+        return unsafe { stream_combining::<C>(ctx, state, ops, sources, items, ops.dsts.head(ctx)) };
     }
     // The share of the items this thread's ring streams: all of them through the whole ring when the
     // CTA combines (the walker allows that only with one issuer), else items `first, first + stride,
@@ -230,17 +233,25 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     state.advance_by(mine, stages);
 }
 
-/// The pipeline of a task that combines `sources` (≥ 2) sources into every destination, `items`
-/// chunks long. Thread 0 issues every source's chunk into a stage's slots and does nothing else; the
+/// The pipeline of a task that combines `sources` (≥ 2) sources into its one destination `dst`,
+/// `items` chunks long. Thread 0 issues every source's chunk into a stage's slots and does nothing else; the
 /// other warps (every thread when the CTA is one warp) fold the slots in registers and write the
-/// result to every destination with 16-byte stores, so no combined chunk goes back through shared
+/// result to `dst` with 16-byte stores, so no combined chunk goes back through shared
 /// memory and no bulk store has to finish reading a stage. A stage is refilled right after the CTA
 /// barrier that ends its combine: every other stage of the ring has its loads in flight meanwhile.
 ///
 /// # Safety
-/// As [`stream`]; one issuer (the walker refuses combining tasks on a shared ring).
+/// As [`stream`]; one issuer (the walker refuses combining tasks on a shared ring); `dst` is the
+/// task's only destination.
 #[inline(always)]
-unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32, items: u32) {
+unsafe fn stream_combining<C: Combine>(
+    ctx: &Ctx,
+    state: &mut PipelineState,
+    ops: &Operands,
+    sources: u32,
+    items: u32,
+    dst: u64,
+) {
     let chunk = ctx.chunk_bytes as u64;
     let stages = ctx.stages;
     let at = |j: u32| j as u64 * chunk;
@@ -273,16 +284,8 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
         }
         for j in 0..items {
             if combiner && wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
-                combine_out::<C>(
-                    ctx,
-                    consumer.index,
-                    sources,
-                    len(j),
-                    ops,
-                    at(j),
-                    ctx.tid - first,
-                    ctx.threads - first,
-                );
+                let out = dst + at(j);
+                combine_out::<C>(ctx, consumer.index, sources, len(j), out, ctx.tid - first, ctx.threads - first);
             }
             if ctx.sync_aborted() {
                 break;
@@ -312,49 +315,21 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
 /// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
 const COMBINE_ILP: usize = 4;
 
-/// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order and stores the result at
-/// `offset` into every destination of `ops`: thread `me` of `step` combining threads takes vectors
-/// `me, me + step, …`, [`COMBINE_ILP`] at a time. The fold order does not depend on the grouping.
+/// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order into `out` (global): thread
+/// `me` of `step` combining threads takes vectors `me, me + step, …`, [`COMBINE_ILP`] at a time. The
+/// fold order does not depend on the grouping, so results are the same as the one-vector loop's.
 ///
 /// # Safety
-/// The stage's phase has completed; `offset + len` lies inside every destination, 16-aligned.
+/// The stage's phase has completed; `out .. out + len` is 16-aligned device memory of the task's
+/// destination.
 #[inline(always)]
-unsafe fn combine_out<C: Combine>(
-    ctx: &Ctx,
-    stage: u32,
-    sources: u32,
-    len: u32,
-    ops: &Operands,
-    offset: u64,
-    me: u32,
-    step: u32,
-) {
-    // SAFETY (both arms): forwarded contract; every address stays inside a destination.
-    unsafe {
-        if ops.dsts.count() == 1 {
-            // One destination (every collective's combine): its address once, not per vector.
-            let d = ops.dsts.head(ctx) + offset;
-            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
-                st_global_v4_u32(Global::<V4>::from_addr(d + 16 * v as u64), x)
-            });
-        } else {
-            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
-                for a in ops.dsts.iter(ctx) {
-                    st_global_v4_u32(Global::<V4>::from_addr(a + offset + 16 * v as u64), x);
-                }
-            });
-        }
-    }
-}
-
-/// The loops of [`combine_out`], with the store of vector `v` given.
-///
-/// # Safety
-/// As [`combine_out`]; `store` writes vector `v` of the chunk to every destination.
-#[inline(always)]
-unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u32, V4)) {
+unsafe fn combine_out<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, out: u64, me: u32, step: u32) {
     let n = len / 16;
     let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
+    let store = |v: u32, x: V4| {
+        // SAFETY: inside the destination range (caller's contract), 16-aligned.
+        unsafe { st_global_v4_u32(Global::<V4>::from_addr(out + 16 * v as u64), x) }
+    };
     let mut v = me;
     // SAFETY (both loops): every slot address is 16-aligned inside the stage (v < n).
     unsafe {
