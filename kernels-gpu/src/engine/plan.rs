@@ -310,6 +310,9 @@ unsafe fn step<const TMA: bool, C: Combine>(
                 }
             }
             if ready {
+                // Also what orders the previous step's results, which the combining threads may have
+                // written with plain stores (`tma::stream_combining`), before this step's bulk
+                // loads (the CTA barrier at the previous step's end, then this fence): keep it here.
                 fence_proxy_async_global();
             }
             clock.idle_since(since);

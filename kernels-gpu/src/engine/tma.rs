@@ -11,6 +11,12 @@
 //!    slots into slot 0 (`fence.proxy.async.shared::cta`, CTA barrier);
 //! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
 //!
+//! A task that combines several sources into one destination takes its own pipeline
+//! ([`stream_combining`]): thread 0 only issues loads, the other warps fold the slots in registers
+//! and write the result with 16-byte global stores, and a stage is refilled right after the CTA
+//! barrier that ends its combine (no bulk store reads it). Several destinations (AllReduce's
+//! combine-and-store-everywhere) keep the steps above: one shared copy, bulk-stored to each.
+//!
 //! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
 //! item stopped reading it: the refill lags `lag = stages / 2` items behind the consumer (at least
 //! one; with several issuers, `stages` is each issuer's share), so `stages - lag` items of loads and `lag - 1` groups of stores may be in flight at once
@@ -291,6 +297,9 @@ unsafe fn stream_combining<C: Combine>(
                 break;
             }
             if ctx.issuer && j + stages < items {
+                // The combiners' shared loads of this stage (generic proxy) come before the bulk
+                // load that overwrites it (async proxy): the barrier above, then this fence.
+                fence_proxy_async_shared_cta();
                 load(&producer, j + stages);
                 producer.advance(stages);
             }
