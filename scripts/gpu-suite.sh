@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
-# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -121,6 +121,17 @@ for step in "$@"; do
         log "overlap gemm --reduction tma --issuers $w --stages $st --chunk $ch"
         LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute gemm -e 256M --ctas ${SHAPE_CTAS:-1} --reduction tma --issuers $w --stages $st --chunk $ch -n 10 -w 3 --json >> "$OUT/issuer_shapes.log" 2>&1; echo "rc=$?"
         tail -10 "$OUT/issuer_shapes.log" | grep -E "^ +(tma|simt) " ; done ;;
+    combine-direct)
+      # Branch next/combine-out: combines into one destination store from registers; AllReduce's
+      # (every rank a destination) with --combine-direct too, against one shared copy bulk-stored.
+      for c in ${CD_CTAS:-1 2 4 8}; do for flag in "" "--combine-direct"; do
+        log "all_reduce --ranks 8 --ctas $c $flag"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c $flag > "$OUT/cd_ar_${c}${flag:+_direct}.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_ar_${c}${flag:+_direct}.log" ; done
+        log "reduce_scatter --ranks 8 --ctas $c"; timeout 60 $B/oxccl bench reduce_scatter --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c > "$OUT/cd_rs_$c.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_rs_$c.log" ; done
+      for th in 64 128 256; do
+        log "movers --threads $th"; timeout 60 $B/oxccl bench movers -e 256M -n 5 -w 2 --threads $th > "$OUT/cd_movers_$th.log" 2>&1; grep -E "^ +reduce-add" "$OUT/cd_movers_$th.log" | awk '$3==1||$3==32' ; done
+      libs="$(cublas_path)"
+      for load in gemm fma; do for c in 1 4; do
+        log "overlap --compute $load --ctas $c --reduction registers --combine-direct"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers --combine-direct -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

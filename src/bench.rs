@@ -319,6 +319,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     timeout_ns: 10_000_000_000,
                     wait_suspend_ns: 0,
                     issuers: 1,
+                    combine_direct: false,
                 };
                 let ms = time_ms(stream, cfg.warmup, cfg.iters, || {
                     // SAFETY: the three buffers hold `bytes` each and outlive the synchronised timing.
@@ -1347,6 +1348,7 @@ mod tests {
             stages: None,
             threads: None,
             issuers: None,
+            combine_direct: false,
             compute_threads: 256,
             compute_ctas_per_sm: 4,
             compute_ms: None,
@@ -1627,6 +1629,8 @@ pub struct OverlapBench {
     pub threads: Option<u32>,
     /// The TMA rows' issuing warps (`Config::issuers`).
     pub issuers: Option<u32>,
+    /// The TMA rows' `Config::combine_direct`.
+    pub combine_direct: bool,
     /// Threads per compute CTA, and compute CTAs per SM.
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
@@ -1894,6 +1898,7 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
         stages: b.stages.filter(|_| tma),
         threads: b.threads.filter(|_| tma),
         issuers: b.issuers.filter(|_| tma),
+        combine_direct: tma && b.combine_direct,
         ..Config::default()
     }
 }

@@ -58,6 +58,12 @@ pub struct Config {
     /// scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %. Calls that
     /// combine sources in registers always use one.
     pub issuers: Option<u32>,
+    /// How a call that combines sources into several destinations (AllReduce with
+    /// `Reduction::Registers`) writes the result: `false` (default) one copy in shared memory,
+    /// bulk-stored to every rank; `true` the combining threads store it from registers to every
+    /// rank, as combines into one destination (ReduceScatter) always do. Measured both ways in
+    /// docs/PERF.md.
+    pub combine_direct: bool,
 }
 
 impl Default for Config {
@@ -73,6 +79,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             wait_suspend_ns: 0,
             issuers: None,
+            combine_direct: false,
         }
     }
 }
@@ -402,6 +409,7 @@ impl Communicator {
             timeout_ns: c.timeout.as_nanos().min(u64::MAX as u128) as u64,
             wait_suspend_ns: c.wait_suspend_ns,
             issuers,
+            combine_direct: c.combine_direct,
         })
     }
 

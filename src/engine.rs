@@ -146,6 +146,8 @@ pub struct LaunchSpec {
     pub wait_suspend_ns: u32,
     /// Issuing warps of a TMA CTA (0 or 1: one; see `abi::LaunchArgs::issuers`).
     pub issuers: u32,
+    /// Combines into several destinations store from registers (`abi::LaunchArgs::combine_direct`).
+    pub combine_direct: bool,
 }
 
 /// Per-kernel facts read from the driver.
@@ -444,7 +446,8 @@ impl Engine {
             reduce_mode: spec.reduce_mode.raw() as u32,
             wait_suspend_ns: spec.wait_suspend_ns,
             issuers: spec.issuers,
-            reserved: [0; 2],
+            combine_direct: spec.combine_direct as u32,
+            reserved: 0,
             workspaces,
             buffers,
         });

@@ -75,6 +75,10 @@ fn issuers_are_refused_where_they_mean_nothing() {
         !ok && err.contains("--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not movers"),
         "{err}"
     );
+    for what in ["reduce_scatter", "movers"] {
+        let (ok, err) = oxccl(&["bench", what, "--combine-direct"]);
+        assert!(!ok && err.contains(&format!("--combine-direct is for all_reduce and overlap, not {what}")), "{err}");
+    }
     for what in ["overlap", "reshard"] {
         let (ok, err) = oxccl(&["bench", what, "--issuers", "5"]);
         assert!(!ok && err.contains("issuers: 5 is not in 1..=4"), "{what}: {err}");

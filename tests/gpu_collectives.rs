@@ -131,7 +131,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
 }
 
 /// The communicator configuration of a case: one, two or four issuing warps by CTA count (calls
-/// that combine sources keep one).
+/// that combine sources keep one), and AllReduce's combined result stored from registers to every
+/// rank in every other CTA count.
 fn config(spec: &PlanSpec, mover: Mover) -> Config {
     Config {
         max_ctas: Some(spec.ctas),
@@ -140,6 +141,7 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
         deterministic: spec.reduction == Reduction::Registers,
         timeout: std::time::Duration::from_secs(5),
         issuers: Some([1, 2, 4][spec.ctas as usize % 3]),
+        combine_direct: spec.ctas % 2 == 1,
         ..Config::default()
     }
 }

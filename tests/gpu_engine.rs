@@ -43,6 +43,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         timeout_ns,
         wait_suspend_ns: 0,
         issuers: c.issuers,
+        combine_direct: false,
     }
 }
 
@@ -426,6 +427,7 @@ fn launch_rank0_barrier_only(
         timeout_ns,
         wait_suspend_ns: 0,
         issuers: 1,
+        combine_direct: false,
     };
     // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
     // allocations of the workspace's size until `launch_status` has synchronised.

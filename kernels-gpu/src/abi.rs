@@ -315,8 +315,12 @@ pub struct LaunchArgs {
     /// `w < W` streams items `w, w + W, …` of every task through stages `w·S/W .. (w+1)·S/W`. A value
     /// that does not fit (the host refuses those) runs with one issuer.
     pub issuers: u32,
+    /// Non-zero: a task that combines sources into several destinations stores the result from the
+    /// combining threads' registers to each (as single-destination combines always do); zero: one
+    /// copy in shared memory, bulk-stored to each.
+    pub combine_direct: u32,
     /// Zero.
-    pub reserved: [u32; 2],
+    pub reserved: u32,
     /// Peer-visible workspace base of every rank ([`Workspace`] layout).
     pub workspaces: [u64; MAX_RANKS],
     /// `buffers[rank][slot]`: base device address of each rank's buffer in each slot (0 if unused).

@@ -103,6 +103,10 @@ pub struct Args {
     /// threads hold their warps; see `Config::issuers`).
     #[arg(long)]
     pub issuers: Option<u32>,
+    /// all_reduce, overlap (TMA rows): the combining threads store AllReduce's result from registers
+    /// to every rank instead of bulk-storing one shared copy (`Config::combine_direct`).
+    #[arg(long)]
+    pub combine_direct: bool,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
     #[arg(long, default_value = "fma")]
@@ -215,6 +219,9 @@ pub fn run(a: Args) -> CliResult {
         if a.piece.is_some() {
             return Err("--piece is for movers, not --algo/--xml".into());
         }
+        if a.combine_direct {
+            return Err("--combine-direct is for all_reduce and overlap, not --algo/--xml".into());
+        }
         if a.issuers.is_some() {
             return Err(
                 "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not --algo/--xml".into(),
@@ -240,6 +247,9 @@ pub fn run(a: Args) -> CliResult {
             .into());
         }
     };
+    if a.combine_direct && what != "all_reduce" && what != "overlap" {
+        return Err(format!("--combine-direct is for all_reduce and overlap, not {what}").into());
+    }
     if a.issuers.is_some() && collective.is_none() && what != "overlap" && what != "reshard" {
         return Err(format!(
             "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not {what}"
@@ -369,6 +379,7 @@ pub fn run(a: Args) -> CliResult {
         stages: a.stages,
         threads: a.threads,
         issuers: a.issuers,
+        combine_direct: a.combine_direct,
         ..Config::default()
     };
     let b = CollectiveBench {
@@ -750,6 +761,7 @@ fn overlap_args(a: &Args, ranks: usize) -> Result<bench::OverlapBench, Box<dyn s
         stages: a.stages,
         threads: a.threads,
         issuers: a.issuers,
+        combine_direct: a.combine_direct,
         compute_threads: 256,
         compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
         compute_ms: a.compute_ms,

@@ -71,6 +71,8 @@ pub struct Ctx {
     pub ring_stride: u32,
     pub ring_base: u32,
     pub ring_len: u32,
+    /// Combines into several destinations store from registers (`LaunchArgs::combine_direct`).
+    pub combine_direct: bool,
 }
 
 impl Ctx {
@@ -106,6 +108,7 @@ impl Ctx {
             ring_stride: issuers,
             ring_base: if warp < issuers { warp * ring_len } else { 0 },
             ring_len,
+            combine_direct: args.combine_direct != 0,
         }
     }
 
@@ -139,6 +142,7 @@ impl Ctx {
             ring_stride: 1,
             ring_base: 0,
             ring_len: PLAN_STAGES,
+            combine_direct: false,
         }
     }
 

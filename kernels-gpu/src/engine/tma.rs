@@ -15,7 +15,8 @@
 //! ([`stream_combining`]): thread 0 only issues loads, the other warps fold the slots in registers
 //! and write the result with 16-byte global stores, and a stage is refilled right after the CTA
 //! barrier that ends its combine (no bulk store reads it). Several destinations (AllReduce's
-//! combine-and-store-everywhere) keep the steps above: one shared copy, bulk-stored to each.
+//! combine-and-store-everywhere) keep the steps above, one shared copy bulk-stored to each, unless
+//! the launch sets `LaunchArgs::combine_direct`.
 //!
 //! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
 //! item stopped reading it: the refill lags `lag = stages / 2` items behind the consumer (at least
@@ -129,12 +130,13 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     if items == 0 {
         return;
     }
-    if combine && matches!(write, Write::Store) && ops.dsts.count() == 1 {
+    if combine && matches!(write, Write::Store) && (ops.dsts.count() == 1 || ctx.combine_direct) {
         // One destination (ReduceScatter, a compiled plan's reduce): registers straight to global
         // memory. Several (AllReduce's combine-and-store-everywhere) keep the shared-memory result
-        // and its bulk stores below, one per destination from a single copy.
+        // and its bulk stores below, one per destination from a single copy, unless the launch asks
+        // for plain stores to each (`LaunchArgs::combine_direct`).
         // SAFETY: forwarded contract.
-        return unsafe { stream_combining::<C>(ctx, state, ops, sources, items, ops.dsts.head(ctx)) };
+        return unsafe { stream_combining::<C>(ctx, state, ops, sources, items) };
     }
     // The share of the items this thread's ring streams: all of them through the whole ring when the
     // CTA combines (the walker allows that only with one issuer), else items `first, first + stride,
@@ -239,25 +241,17 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     state.advance_by(mine, stages);
 }
 
-/// The pipeline of a task that combines `sources` (≥ 2) sources into its one destination `dst`,
-/// `items` chunks long. Thread 0 issues every source's chunk into a stage's slots and does nothing else; the
+/// The pipeline of a task that combines `sources` (≥ 2) sources into its destinations, `items`
+/// chunks long. Thread 0 issues every source's chunk into a stage's slots and does nothing else; the
 /// other warps (every thread when the CTA is one warp) fold the slots in registers and write the
-/// result to `dst` with 16-byte stores, so no combined chunk goes back through shared
+/// result to every destination with 16-byte stores, so no combined chunk goes back through shared
 /// memory and no bulk store has to finish reading a stage. A stage is refilled right after the CTA
 /// barrier that ends its combine: every other stage of the ring has its loads in flight meanwhile.
 ///
 /// # Safety
-/// As [`stream`]; one issuer (the walker refuses combining tasks on a shared ring); `dst` is the
-/// task's only destination.
+/// As [`stream`]; one issuer (the walker refuses combining tasks on a shared ring).
 #[inline(always)]
-unsafe fn stream_combining<C: Combine>(
-    ctx: &Ctx,
-    state: &mut PipelineState,
-    ops: &Operands,
-    sources: u32,
-    items: u32,
-    dst: u64,
-) {
+unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operands, sources: u32, items: u32) {
     let chunk = ctx.chunk_bytes as u64;
     let stages = ctx.stages;
     let at = |j: u32| j as u64 * chunk;
@@ -290,8 +284,16 @@ unsafe fn stream_combining<C: Combine>(
         }
         for j in 0..items {
             if combiner && wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
-                let out = dst + at(j);
-                combine_out::<C>(ctx, consumer.index, sources, len(j), out, ctx.tid - first, ctx.threads - first);
+                combine_out::<C>(
+                    ctx,
+                    consumer.index,
+                    sources,
+                    len(j),
+                    ops,
+                    at(j),
+                    ctx.tid - first,
+                    ctx.threads - first,
+                );
             }
             if ctx.sync_aborted() {
                 break;
@@ -324,21 +326,50 @@ unsafe fn stream_combining<C: Combine>(
 /// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
 const COMBINE_ILP: usize = 4;
 
-/// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order into `out` (global): thread
-/// `me` of `step` combining threads takes vectors `me, me + step, …`, [`COMBINE_ILP`] at a time. The
-/// fold order does not depend on the grouping, so results are the same as the one-vector loop's.
+/// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order and stores the result at
+/// `offset` into every destination of `ops`: thread `me` of `step` combining threads takes vectors
+/// `me, me + step, …`, [`COMBINE_ILP`] at a time. The fold order does not depend on the grouping, so
+/// results are the same as the one-vector loop's.
 ///
 /// # Safety
-/// The stage's phase has completed; `out .. out + len` is 16-aligned device memory of the task's
-/// destination.
+/// The stage's phase has completed; `offset + len` lies inside every destination, 16-aligned.
 #[inline(always)]
-unsafe fn combine_out<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, out: u64, me: u32, step: u32) {
+unsafe fn combine_out<C: Combine>(
+    ctx: &Ctx,
+    stage: u32,
+    sources: u32,
+    len: u32,
+    ops: &Operands,
+    offset: u64,
+    me: u32,
+    step: u32,
+) {
+    // SAFETY (both arms): forwarded contract; every address stays inside a destination.
+    unsafe {
+        if ops.dsts.count() == 1 {
+            // One destination: its address once, not per vector.
+            let d = ops.dsts.head(ctx) + offset;
+            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
+                st_global_v4_u32(Global::<V4>::from_addr(d + 16 * v as u64), x)
+            });
+        } else {
+            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
+                for a in ops.dsts.iter(ctx) {
+                    st_global_v4_u32(Global::<V4>::from_addr(a + offset + 16 * v as u64), x);
+                }
+            });
+        }
+    }
+}
+
+/// The loops of [`combine_out`], with the store of vector `v` given.
+///
+/// # Safety
+/// As [`combine_out`]; `store` writes vector `v` of the chunk to every destination.
+#[inline(always)]
+unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u32, V4)) {
     let n = len / 16;
     let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
-    let store = |v: u32, x: V4| {
-        // SAFETY: inside the destination range (caller's contract), 16-aligned.
-        unsafe { st_global_v4_u32(Global::<V4>::from_addr(out + 16 * v as u64), x) }
-    };
     let mut v = me;
     // SAFETY (both loops): every slot address is 16-aligned inside the stage (v < n).
     unsafe {
