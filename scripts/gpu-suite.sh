@@ -122,16 +122,18 @@ for step in "$@"; do
         LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute gemm -e 256M --ctas ${SHAPE_CTAS:-1} --reduction tma --issuers $w --stages $st --chunk $ch -n 10 -w 3 --json >> "$OUT/issuer_shapes.log" 2>&1; echo "rc=$?"
         tail -10 "$OUT/issuer_shapes.log" | grep -E "^ +(tma|simt) " ; done ;;
     combine-direct)
-      # Branch next/combine-out: combines into one destination store from registers; AllReduce's
-      # (every rank a destination) with --combine-direct too, against one shared copy bulk-stored.
-      for c in ${CD_CTAS:-1 2 4 8}; do for flag in "" "--combine-direct"; do
-        log "all_reduce --ranks 8 --ctas $c $flag"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c $flag > "$OUT/cd_ar_${c}${flag:+_direct}.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_ar_${c}${flag:+_direct}.log" ; done
-        log "reduce_scatter --ranks 8 --ctas $c"; timeout 60 $B/oxccl bench reduce_scatter --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c > "$OUT/cd_rs_$c.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_rs_$c.log" ; done
+      # AllReduce's combine into every rank stored from registers (true) or as one shared copy
+      # bulk-stored (false), at CD_RC "ranks:ctas" pairs; ReduceScatter (always from registers);
+      # the movers' reduce-add at 64-256 threads; overlap at the default (Config::combine_direct).
+      for rc in ${CD_RC:-8:1 8:2 8:4 8:8 8:16 4:4 4:8 4:16 2:8 2:16 2:32}; do set -- ${rc/:/ }
+        for flag in false true; do
+          log "all_reduce --ranks $1 --ctas $2 --combine-direct $flag"; timeout 60 $B/oxccl bench all_reduce --ranks $1 -b 1G -e 1G -n 10 -w 3 --ctas $2 --combine-direct $flag > "$OUT/cd_ar_$1_$2_$flag.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_ar_$1_$2_$flag.log" ; done
+        log "reduce_scatter --ranks $1 --ctas $2"; timeout 60 $B/oxccl bench reduce_scatter --ranks $1 -b 1G -e 1G -n 10 -w 3 --ctas $2 > "$OUT/cd_rs_$1_$2.log" 2>&1; grep -E "^ +1073741824 " "$OUT/cd_rs_$1_$2.log" ; done
       for th in 64 128 256; do
         log "movers --threads $th"; timeout 60 $B/oxccl bench movers -e 256M -n 5 -w 2 --threads $th > "$OUT/cd_movers_$th.log" 2>&1; grep -E "^ +reduce-add" "$OUT/cd_movers_$th.log" | awk '$3==1||$3==32' ; done
       libs="$(cublas_path)"
       for load in gemm fma; do for c in 1 4; do
-        log "overlap --compute $load --ctas $c --reduction registers --combine-direct"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers --combine-direct -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
+        log "overlap --compute $load --ctas $c --reduction registers"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;

@@ -1348,7 +1348,7 @@ mod tests {
             stages: None,
             threads: None,
             issuers: None,
-            combine_direct: false,
+            combine_direct: None,
             compute_threads: 256,
             compute_ctas_per_sm: 4,
             compute_ms: None,
@@ -1630,7 +1630,7 @@ pub struct OverlapBench {
     /// The TMA rows' issuing warps (`Config::issuers`).
     pub issuers: Option<u32>,
     /// The TMA rows' `Config::combine_direct`.
-    pub combine_direct: bool,
+    pub combine_direct: Option<bool>,
     /// Threads per compute CTA, and compute CTAs per SM.
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
@@ -1898,7 +1898,7 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
         stages: b.stages.filter(|_| tma),
         threads: b.threads.filter(|_| tma),
         issuers: b.issuers.filter(|_| tma),
-        combine_direct: tma && b.combine_direct,
+        combine_direct: b.combine_direct.filter(|_| tma),
         ..Config::default()
     }
 }

@@ -59,11 +59,12 @@ pub struct Config {
     /// combine sources in registers always use one.
     pub issuers: Option<u32>,
     /// How a call that combines sources into several destinations (AllReduce with
-    /// `Reduction::Registers`) writes the result: `false` (default) one copy in shared memory,
-    /// bulk-stored to every rank; `true` the combining threads store it from registers to every
-    /// rank, as combines into one destination (ReduceScatter) always do. Measured both ways in
-    /// docs/PERF.md.
-    pub combine_direct: bool,
+    /// `Reduction::Registers`) writes the result: `Some(false)` one copy in shared memory,
+    /// bulk-stored to every rank; `Some(true)` the combining threads store it from registers to every
+    /// rank, as combines into one destination (ReduceScatter) always do. `None` (default): from
+    /// registers where the call puts at most [`COMBINE_DIRECT_MAX_CTAS`] CTAs on any one device (it
+    /// was 20-46 % faster there on one H200, and 11-14 % slower at 64; docs/PERF.md).
+    pub combine_direct: Option<bool>,
 }
 
 impl Default for Config {
@@ -79,7 +80,7 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             wait_suspend_ns: 0,
             issuers: None,
-            combine_direct: false,
+            combine_direct: None,
         }
     }
 }
@@ -383,7 +384,13 @@ impl Communicator {
 
     /// The plan and launch parameters a call would use (for inspection and benchmarks).
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
-        self.launch_spec_for(spec.dtype, spec.op, slots, combines)
+        let mut launch = self.launch_spec_for(spec.dtype, spec.op, slots, combines)?;
+        let per_device = (0..self.engines.len())
+            .map(|d| self.ranks.iter().filter(|r| r.device == d).count() as u64)
+            .max()
+            .unwrap_or(0);
+        launch.combine_direct = combine_direct(&self.config, per_device * spec.ctas as u64);
+        Ok(launch)
     }
 
     /// The launch parameters of a program of `dtype` tasks reducing with `op` (ignored by copies) that
@@ -409,7 +416,7 @@ impl Communicator {
             timeout_ns: c.timeout.as_nanos().min(u64::MAX as u128) as u64,
             wait_suspend_ns: c.wait_suspend_ns,
             issuers,
-            combine_direct: c.combine_direct,
+            combine_direct: c.combine_direct.unwrap_or(false),
         })
     }
 
@@ -796,6 +803,18 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
 /// one per SM scheduler.
 pub const DEFAULT_ISSUERS: u32 = 4;
 
+/// The most CTAs on one device at which a call whose combine has several destinations stores the
+/// result from registers by default (`Config::combine_direct`). Measured on one H200 with 2, 4 and
+/// 8 virtual ranks (docs/PERF.md): faster from registers up to 32 CTAs on the device (up to +46 %),
+/// slower at 64 (-11 % with 8 ranks, -14 % with 4), level at 128 (8 ranks).
+pub const COMBINE_DIRECT_MAX_CTAS: u64 = 32;
+
+/// Whether a launch of `ctas_on_device` CTAs on its busiest device stores combines with several
+/// destinations from registers (`Config::combine_direct`).
+pub(crate) fn combine_direct(c: &Config, ctas_on_device: u64) -> bool {
+    c.combine_direct.unwrap_or(ctas_on_device <= COMBINE_DIRECT_MAX_CTAS)
+}
+
 /// Threads, TMA pipeline and issuing warps of a launch (see [`launch_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -1038,5 +1057,16 @@ mod tests {
         assert!(check_issuers_fit(&Config { issuers: Some(4), ..tma }, &four, room, 1).is_ok());
         // Several slots per stage keep one issuer whatever the lowering says about combining.
         assert_eq!(launch_shape(&Config { issuers: Some(4), ..tma }, room, 2, false).issuers, 1);
+    }
+
+    #[test]
+    fn combine_direct_follows_the_device_cta_count_unless_given() {
+        let auto = Config::default();
+        assert!(combine_direct(&auto, 8));
+        assert!(combine_direct(&auto, COMBINE_DIRECT_MAX_CTAS));
+        assert!(!combine_direct(&auto, COMBINE_DIRECT_MAX_CTAS + 1));
+        assert!(!combine_direct(&auto, 64));
+        assert!(combine_direct(&Config { combine_direct: Some(true), ..auto.clone() }, 128));
+        assert!(!combine_direct(&Config { combine_direct: Some(false), ..auto }, 1));
     }
 }

@@ -141,7 +141,7 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
         deterministic: spec.reduction == Reduction::Registers,
         timeout: std::time::Duration::from_secs(5),
         issuers: Some([1, 2, 4][spec.ctas as usize % 3]),
-        combine_direct: spec.ctas % 2 == 1,
+        combine_direct: [None, Some(true), Some(false)][spec.ctas as usize % 3],
         ..Config::default()
     }
 }

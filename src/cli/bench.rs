@@ -103,10 +103,12 @@ pub struct Args {
     /// threads hold their warps; see `Config::issuers`).
     #[arg(long)]
     pub issuers: Option<u32>,
-    /// all_reduce, overlap (TMA rows): the combining threads store AllReduce's result from registers
-    /// to every rank instead of bulk-storing one shared copy (`Config::combine_direct`).
-    #[arg(long)]
-    pub combine_direct: bool,
+    /// all_reduce, overlap (TMA rows): `true` (or the bare flag): the combining threads store
+    /// AllReduce's result from registers to every rank; `false`: they bulk-store one shared copy;
+    /// default: from registers where the call puts at most 32 CTAs on a device
+    /// (`Config::combine_direct`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "true|false")]
+    pub combine_direct: Option<bool>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
     #[arg(long, default_value = "fma")]
@@ -219,7 +221,7 @@ pub fn run(a: Args) -> CliResult {
         if a.piece.is_some() {
             return Err("--piece is for movers, not --algo/--xml".into());
         }
-        if a.combine_direct {
+        if a.combine_direct.is_some() {
             return Err("--combine-direct is for all_reduce and overlap, not --algo/--xml".into());
         }
         if a.issuers.is_some() {
@@ -247,7 +249,7 @@ pub fn run(a: Args) -> CliResult {
             .into());
         }
     };
-    if a.combine_direct && what != "all_reduce" && what != "overlap" {
+    if a.combine_direct.is_some() && what != "all_reduce" && what != "overlap" {
         return Err(format!("--combine-direct is for all_reduce and overlap, not {what}").into());
     }
     if a.issuers.is_some() && collective.is_none() && what != "overlap" && what != "reshard" {
