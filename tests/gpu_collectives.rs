@@ -131,8 +131,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
 }
 
 /// The communicator configuration of a case: one, two or four issuing warps by CTA count (calls
-/// that combine sources keep one), and AllReduce's combined result stored from registers to every
-/// rank in every other CTA count.
+/// that combine sources keep one), AllReduce's combined result stored from registers to every rank
+/// or not or by the default rule by CTA count, and register combines on 64, 128 or 256 threads.
 fn config(spec: &PlanSpec, mover: Mover) -> Config {
     Config {
         max_ctas: Some(spec.ctas),
@@ -142,6 +142,14 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
         timeout: std::time::Duration::from_secs(5),
         issuers: Some([1, 2, 4][spec.ctas as usize % 3]),
         combine_direct: [None, Some(true), Some(false)][spec.ctas as usize % 3],
+        // Calls that combine in registers on 64, 128 or the default 256 threads (the issuing warp
+        // combines too at up to 128).
+        threads: match (spec.reduction, spec.collective) {
+            (Reduction::Registers, Collective::AllReduce | Collective::ReduceScatter) => {
+                [None, Some(64), Some(128)][(spec.count % 3) as usize]
+            }
+            _ => None,
+        },
         ..Config::default()
     }
 }

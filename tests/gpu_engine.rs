@@ -36,7 +36,13 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         mover: c.mover,
         dtype: c.dtype,
         op: c.op,
-        threads: if c.mover == Mover::Simt { 512 } else { 128 },
+        // TMA: 64, 128 or 256 threads by the case's sizes (the issuing warp combines too at up to
+        // 128), enough to hold its issuers.
+        threads: if c.mover == Mover::Simt {
+            512
+        } else {
+            [64, 128, 256][((c.bytes + c.src_off + c.dst_off) % 3) as usize].max(32 * c.issuers)
+        },
         chunk_bytes: c.chunk,
         stages: c.stages,
         reduce_mode: c.reduce_mode,
