@@ -132,24 +132,24 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
 
 /// The communicator configuration of a case: one, two or four issuing warps by CTA count (calls
 /// that combine sources keep one), AllReduce's combined result stored from registers to every rank
-/// or not or by the default rule by CTA count, and register combines on 64, 128 or 256 threads.
+/// or not or by the default rule by CTA count, and register combines on 64 (the issuing warp
+/// combines too), 128 or 256 threads.
 fn config(spec: &PlanSpec, mover: Mover) -> Config {
+    // Communicators are shared by cases of one (ranks, CTAs, mover, reduction): draw from those.
+    let threads = match spec.reduction {
+        Reduction::Registers => [None, Some(64), Some(128)][(spec.ctas / 3 % 3) as usize],
+        Reduction::Tma => None,
+    };
+    let issuers = [1, 2, 4][spec.ctas as usize % 3];
     Config {
         max_ctas: Some(spec.ctas),
         mover,
         reduction: spec.reduction,
         deterministic: spec.reduction == Reduction::Registers,
         timeout: std::time::Duration::from_secs(5),
-        issuers: Some([1, 2, 4][spec.ctas as usize % 3]),
+        issuers: Some(threads.map_or(issuers, |t| issuers.min(t / 32))),
         combine_direct: [None, Some(true), Some(false)][spec.ctas as usize % 3],
-        // Calls that combine in registers on 64, 128 or the default 256 threads (the issuing warp
-        // combines too at up to 128).
-        threads: match (spec.reduction, spec.collective) {
-            (Reduction::Registers, Collective::AllReduce | Collective::ReduceScatter) => {
-                [None, Some(64), Some(128)][(spec.count % 3) as usize]
-            }
-            _ => None,
-        },
+        threads,
         ..Config::default()
     }
 }

@@ -326,10 +326,10 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
 
 /// The most threads a CTA may have for its issuing warp to combine too (in [`stream_combining`]).
 /// Measured on an H200 (docs/PERF.md), reduce-add per CTA with the issuing warp combining against
-/// combining apart: 64 threads 66.8 against 48.4 GB/s, 128 76.9 against 74.7, 256 83.5 against
-/// 94.2: the issuer's lane holds its warp back while it issues, which costs less than a second
-/// combining warp brings where there are few.
-const ISSUER_COMBINES_MAX_THREADS: u32 = 128;
+/// combining apart: 64 threads 63.1-66.8 against 48.4 GB/s, 128 73.5-76.9 against 74.7, 256 83.5
+/// against 94.2: while its lane issues, the issuing warp's combining waits, which costs less than
+/// a second combining warp brings where there is only one, and about what it brings beside three.
+const ISSUER_COMBINES_MAX_THREADS: u32 = 64;
 
 /// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
 const COMBINE_ILP: usize = 4;
