@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
-# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -134,6 +134,12 @@ for step in "$@"; do
       libs="$(cublas_path)"
       for load in gemm fma; do for c in 1 4; do
         log "overlap --compute $load --ctas $c --reduction registers"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
+    combine-threads)
+      # Register combines by threads per CTA: the movers' reduce-add, AllReduce and ReduceScatter.
+      for th in 32 64 128 256; do
+        log "movers --threads $th"; timeout 60 $B/oxccl bench movers -e 256M -n 5 -w 2 --threads $th > "$OUT/ct_movers_$th.log" 2>&1; grep -E "^ +reduce-add" "$OUT/ct_movers_$th.log" | awk '$3==1||$3==32' ; done
+      for th in 64 128 256; do for c in 1 8; do for coll in all_reduce reduce_scatter; do
+        log "$coll --threads $th --ctas $c"; timeout 60 $B/oxccl bench $coll --ranks 8 -b 1G -e 1G -n 10 -w 3 --ctas $c --threads $th > "$OUT/ct_${coll}_${th}_$c.log" 2>&1; grep -E "^ +1073741824 " "$OUT/ct_${coll}_${th}_$c.log" ; done; done; done ;;
     reshard)
       log gpu_reshard; timeout 300 $B/gpu_reshard --test-threads=1 --nocapture > "$OUT/gpu_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked" "$OUT/gpu_reshard.log"
       log bench-reshard; timeout 200 $B/oxccl bench reshard --json > "$OUT/bench_reshard.log" 2>&1; grep -v "^{" "$OUT/bench_reshard.log" ;;
