@@ -1,14 +1,16 @@
-# Probe: does a small CTA (one warp, capped registers, some shared memory) run beside cuBLAS's GEMM
-# CTAs without displacing them? A spin kernel on a few SMs for as long as the GEMMs take alone; GEMM
-# time alone against beside it. Run on the GPU machine: `python3 scripts/coresident_probe.py`.
-import torch, cupy as cp
+# Probe: does a small CTA run beside cuBLAS's GEMM CTAs without displacing them? A kernel on a few
+# SMs (or all) for as long as the GEMMs take alone, launched just before them; GEMM time beside it
+# over alone (about 1: it co-resides; the share of SMs it holds, or 2 on every SM: the GEMM waited).
+# Run on the GPU machine: `python3 -W ignore scripts/coresident_probe.py` (a kernel that spins with
+# NREG live registers and shared-memory traffic) or `... --sleep` (one that only sleeps).
+import sys, torch, cupy as cp
 src = r'''
 extern "C" __global__ void spin(unsigned long long ns, unsigned int* out) {
   extern __shared__ unsigned int s[];
   unsigned long long t0, t; unsigned int smid;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  unsigned int r[NREG]; 
+  unsigned int r[NREG];
   #pragma unroll
   for (int i = 0; i < NREG; i++) r[i] = threadIdx.x * (i + 1);
   unsigned int acc = threadIdx.x;
@@ -20,7 +22,23 @@ extern "C" __global__ void spin(unsigned long long ns, unsigned int* out) {
   #pragma unroll
   for (int i = 0; i < NREG; i++) acc += r[i];
   if (threadIdx.x == 0) { out[2*blockIdx.x] = smid; out[2*blockIdx.x+1] = acc; }
+}
+extern "C" __global__ void nap(unsigned long long ns, unsigned int* out) {
+  extern __shared__ unsigned int s[];
+  unsigned long long t0, t; unsigned int smid;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  s[threadIdx.x] = smid;
+  do { __nanosleep(2000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+  if (threadIdx.x == 0) out[2*blockIdx.x] = s[0] + 1;
 }'''
+sleep = "--sleep" in sys.argv[1:]
+# (live registers in the spin loop, register cap, shared bytes, CTAs, threads, carveout % or -1)
+SPIN = [(1, 32, 16384, 8, 32, -1), (20, 32, 16384, 8, 32, -1), (28, 40, 16384, 8, 32, -1), (36, 48, 16384, 8, 32, -1),
+        (56, 72, 16384, 8, 32, -1), (20, 32, 16384, 8, 64, -1), (20, 32, 33792, 32, 32, -1), (20, 32, 38912, 8, 32, -1)]
+SLEEP = [(1, 32, 256, 132, 32, -1), (1, 16, 256, 132, 32, 100), (1, 32, 16384, 132, 32, -1), (1, 32, 16384, 132, 32, 100),
+         (1, 32, 33792, 132, 32, 100), (1, 32, 34816, 132, 32, 100), (1, 32, 36864, 132, 32, 100),
+         (1, 32, 33792, 132, 32, -1), (1, 40, 16384, 132, 32, 100), (1, 32, 16384, 132, 64, 100), (1, 32, 33792, 64, 32, 100)]
 M = 8192
 a = torch.randn(M, M, device='cuda', dtype=torch.bfloat16); b = torch.randn(M, M, device='cuda', dtype=torch.bfloat16)
 gs = torch.cuda.Stream(); ks = torch.cuda.Stream()
@@ -33,15 +51,17 @@ def timed(fn):
 gemms(3); torch.cuda.synchronize()
 n = 12; alone = min(timed(lambda: gemms(n)) for _ in range(3))
 print(f"gemm x{n} alone {alone:.3f} ms")
-out = cp.zeros(64, dtype=cp.uint32)
-for nreg, regs, smem, ctas, threads in [(1, 32, 16*1024, 8, 32), (20, 32, 16*1024, 8, 32), (28, 40, 16*1024, 8, 32), (36, 48, 16*1024, 8, 32), (56, 72, 16*1024, 8, 32), (20, 32, 16*1024, 8, 64), (20, 32, 33*1024, 32, 32), (20, 32, 38*1024, 8, 32)]:
-    k = cp.RawKernel(src, 'spin', options=(f'-maxrregcount={regs}', f'-DNREG={nreg}'))
+out = cp.zeros(1024, dtype=cp.uint32)
+for nreg, regs, smem, ctas, threads, carve in (SLEEP if sleep else SPIN):
+    smem = max(smem, 4 * threads)  # the nap kernel writes one word per thread
+    k = cp.RawKernel(src, 'nap' if sleep else 'spin', options=(f'-maxrregcount={regs}', f'-DNREG={nreg}'))
     k.max_dynamic_shared_size_bytes = smem
+    if carve >= 0: k.preferred_shared_memory_carveout = carve
     ns = int(alone * 1e6)
     def both():
         with cp.cuda.ExternalStream(ks.cuda_stream):
             k((ctas,), (threads,), (cp.uint64(ns), out), shared_mem=smem)
         gemms(n)
-    # the spin kernel first, then the GEMMs (gs waits for nothing; both streams run concurrently)
-    t = min(timed(both) for _ in range(3))
-    print(f"regs<={regs} (uses {k.num_regs}) smem {smem//1024} KiB ctas {ctas} threads {threads}: gemm x{n} beside {t:.3f} ms ({t/alone:.3f}x)")
+    # the probe kernel first, then the GEMMs (gs waits for nothing; both streams run concurrently)
+    t = min(timed(both) for _ in range(2 if sleep else 3))
+    print(f"{'nap' if sleep else 'spin'} regs<={regs} (uses {k.num_regs}) smem {smem} B ctas {ctas} threads {threads} carveout {carve}: gemm x{n} beside {t:.3f} ms ({t/alone:.3f}x)")
