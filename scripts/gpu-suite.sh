@@ -133,7 +133,7 @@ for step in "$@"; do
         log "movers --threads $th"; timeout 60 $B/oxccl bench movers -e 256M -n 5 -w 2 --threads $th > "$OUT/cd_movers_$th.log" 2>&1; grep -E "^ +reduce-add" "$OUT/cd_movers_$th.log" | awk '$3==1||$3==32' ; done
       libs="$(cublas_path)"
       for load in gemm fma; do for c in 1 4; do
-        log "overlap --compute $load --ctas $c --reduction registers"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -6 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
+        log "overlap --compute $load --ctas $c --reduction registers"; LD_LIBRARY_PATH="$libs" timeout 100 $B/oxccl bench overlap --ranks 8 --compute $load -e 256M --ctas $c --reduction registers -n 10 -w 3 --json >> "$OUT/cd_overlap.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/cd_overlap.log" | grep -E "^ +(tma|simt) " ; done; done ;;
     combine-threads)
       # Register combines by threads per CTA: the movers' reduce-add, AllReduce and ReduceScatter.
       for th in 32 64 128 256; do

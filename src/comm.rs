@@ -58,12 +58,14 @@ pub struct Config {
     /// scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %. Calls that
     /// combine sources in registers always use one.
     pub issuers: Option<u32>,
-    /// How a call that combines sources into several destinations (AllReduce with
+    /// How a TMA call that combines sources into several destinations (AllReduce with
     /// `Reduction::Registers`) writes the result: `Some(false)` one copy in shared memory,
     /// bulk-stored to every rank; `Some(true)` the combining threads store it from registers to every
     /// rank, as combines into one destination (ReduceScatter) always do. `None` (default): from
-    /// registers where the call puts at most [`COMBINE_DIRECT_MAX_CTAS`] CTAs on any one device (it
-    /// was 20-46 % faster there on one H200, and 11-14 % slower at 64; docs/PERF.md).
+    /// registers where the call puts at most [`COMBINE_DIRECT_MAX_CTAS`] CTAs on any one device
+    /// (docs/PERF.md: on one H200 +20-46 % there with 4 and 8 virtual ranks, +2-3 % with 2, and at 64
+    /// CTAs -11 % / -15 % with 8 / 4 ranks, +1 % with 2; on four H200s, one rank each, +24 % at 4 CTAs,
+    /// -2 % at 8, +4 % at 16). Ignored by the SIMT mover.
     pub combine_direct: Option<bool>,
 }
 
@@ -394,7 +396,9 @@ impl Communicator {
     }
 
     /// The launch parameters of a program of `dtype` tasks reducing with `op` (ignored by copies) that
-    /// needs `slots` shared-memory slots per stage and combines sources or not.
+    /// needs `slots` shared-memory slots per stage and combines sources or not. It knows no CTA
+    /// count, so `combine_direct` is `Config::combine_direct` or `false`; [`Self::launch_spec`]
+    /// applies the automatic rule.
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let c = &self.config;
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
@@ -805,8 +809,8 @@ pub const DEFAULT_ISSUERS: u32 = 4;
 
 /// The most CTAs on one device at which a call whose combine has several destinations stores the
 /// result from registers by default (`Config::combine_direct`). Measured on one H200 with 2, 4 and
-/// 8 virtual ranks (docs/PERF.md): faster from registers up to 32 CTAs on the device (up to +46 %),
-/// slower at 64 (-11 % with 8 ranks, -14 % with 4), level at 128 (8 ranks).
+/// 8 virtual ranks (docs/PERF.md): faster from registers up to 32 CTAs on the device (+2-46 %),
+/// slower at 64 with 8 and 4 ranks (-11 %, -15 %; +1 % with 2), level at 128 (8 ranks).
 pub const COMBINE_DIRECT_MAX_CTAS: u64 = 32;
 
 /// Whether a launch of `ctas_on_device` CTAs on its busiest device stores combines with several
@@ -912,7 +916,8 @@ pub(crate) fn check_issuers_fit(c: &Config, shape: &Shape, room: usize, slots: u
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallLaunch {
     /// The kernels' launch: mover, dtype and operator, threads per CTA, TMA pipeline (chunk bytes
-    /// per source, stages), reduction mode, timeout and wait hint.
+    /// per source, stages), reduction mode, timeout, wait hint, issuers and whether AllReduce's
+    /// combine stores from registers.
     pub spec: LaunchSpec,
     /// CTAs per rank.
     pub ctas_per_rank: u32,

@@ -69,16 +69,31 @@ fn a_bad_compute_time_is_named() {
 }
 
 #[test]
+fn combine_direct_is_refused_where_it_means_nothing() {
+    for what in ["reduce_scatter", "movers"] {
+        let (ok, err) = oxccl(&["bench", what, "--combine-direct", "true"]);
+        assert!(!ok && err.contains(&format!("--combine-direct is for all_reduce and overlap, not {what}")), "{err}");
+    }
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--topo", "1x2", "--combine-direct", "false"]);
+    assert!(!ok && err.contains("--combine-direct is for all_reduce and overlap, not --algo/--xml"), "{err}");
+    for args in
+        [["all_reduce", "--reduction", "tma"], ["all_reduce", "--mover", "simt"], ["overlap", "--reduction", "tma"]]
+    {
+        let (ok, err) = oxccl(&[&["bench"][..], &args[..], &["--combine-direct", "true"]].concat());
+        assert!(!ok && err.contains("--combine-direct is for the TMA mover's register combine"), "{args:?}: {err}");
+    }
+    // A value is required, so the flag cannot swallow the benchmark's name.
+    let (ok, err) = oxccl(&["bench", "all_reduce", "--combine-direct"]);
+    assert!(!ok && err.contains("--combine-direct"), "{err}");
+}
+
+#[test]
 fn issuers_are_refused_where_they_mean_nothing() {
     let (ok, err) = oxccl(&["bench", "movers", "--issuers", "2"]);
     assert!(
         !ok && err.contains("--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not movers"),
         "{err}"
     );
-    for what in ["reduce_scatter", "movers"] {
-        let (ok, err) = oxccl(&["bench", what, "--combine-direct"]);
-        assert!(!ok && err.contains(&format!("--combine-direct is for all_reduce and overlap, not {what}")), "{err}");
-    }
     for what in ["overlap", "reshard"] {
         let (ok, err) = oxccl(&["bench", what, "--issuers", "5"]);
         assert!(!ok && err.contains("issuers: 5 is not in 1..=4"), "{what}: {err}");

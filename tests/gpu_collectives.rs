@@ -136,9 +136,9 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
 /// combines too), 128 or 256 threads.
 fn config(spec: &PlanSpec, mover: Mover) -> Config {
     // Communicators are shared by cases of one (ranks, CTAs, mover, reduction): draw from those.
-    let threads = match spec.reduction {
-        Reduction::Registers => [None, Some(64), Some(128)][(spec.ctas / 3 % 3) as usize],
-        Reduction::Tma => None,
+    let threads = match (mover, spec.reduction) {
+        (Mover::Tma, Reduction::Registers) => [None, Some(64), Some(128)][(spec.ctas / 3 % 3) as usize],
+        _ => None,
     };
     let issuers = [1, 2, 4][spec.ctas as usize % 3];
     Config {
@@ -148,7 +148,7 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
         deterministic: spec.reduction == Reduction::Registers,
         timeout: std::time::Duration::from_secs(5),
         issuers: Some(threads.map_or(issuers, |t| issuers.min(t / 32))),
-        combine_direct: [None, Some(true), Some(false)][spec.ctas as usize % 3],
+        combine_direct: [None, Some(true), Some(false)][(spec.ctas as usize + spec.ranks) % 3],
         threads,
         ..Config::default()
     }

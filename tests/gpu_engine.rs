@@ -36,7 +36,8 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         mover: c.mover,
         dtype: c.dtype,
         op: c.op,
-        // TMA: 64, 128 or 256 threads by the case's sizes (the issuing warp combines too at 64), enough to hold its issuers.
+        // TMA: 64, 128 or 256 threads by the case's sizes (the issuing warp combines too at 64),
+        // enough to hold its issuers.
         threads: if c.mover == Mover::Simt {
             512
         } else {

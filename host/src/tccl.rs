@@ -7,7 +7,8 @@
 //!
 //! With [`Reduction::Registers`] (the default) the two are one task: the owner's CTA bulk-loads the
 //! piece of every rank into shared memory, its threads combine them in ascending rank order, and the
-//! result is bulk-stored to every rank: each input byte is read once and each output byte written
+//! result is stored to every rank (from registers, or as one shared copy bulk-stored: the
+//! communicator's `Config::combine_direct`): each input byte is read once and each output byte written
 //! once, and the result is bitwise reproducible. With [`Reduction::Tma`] the owner copies its own piece
 //! to its output, reduces every peer's piece into it with `cp.reduce.async.bulk` (order between peers
 //! not fixed), then loads the result and stores it to every peer.

@@ -39,7 +39,8 @@ abi::engine_kernels!(kernels);
 ///
 /// Launch with `LaunchArgs` by value, `abi::smem::bytes(stages, slots, chunk_bytes)` bytes of dynamic
 /// shared memory and any block size that is a multiple of 32 (the TMA mover needs one warp per
-/// issuer; combining several sources in registers and the SIMT mover use all threads).
+/// issuer; combining several sources in registers uses every warp but the issuing one above 64
+/// threads, and the SIMT mover all threads).
 ///
 /// # Safety
 /// `args` describes valid programs, tasks, buffers and workspaces (the host's lowering guarantees it);

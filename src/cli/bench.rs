@@ -103,11 +103,11 @@ pub struct Args {
     /// threads hold their warps; see `Config::issuers`).
     #[arg(long)]
     pub issuers: Option<u32>,
-    /// all_reduce, overlap (TMA rows): `true` (or the bare flag): the combining threads store
+    /// all_reduce, overlap (TMA mover, register reduction): `true`: the combining threads store
     /// AllReduce's result from registers to every rank; `false`: they bulk-store one shared copy;
-    /// default: from registers where the call puts at most 32 CTAs on a device
-    /// (`Config::combine_direct`).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "true|false")]
+    /// default: from registers where the call puts at most `COMBINE_DIRECT_MAX_CTAS` (32) CTAs on a
+    /// device (`Config::combine_direct`).
+    #[arg(long, value_name = "true|false")]
     pub combine_direct: Option<bool>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
@@ -251,6 +251,13 @@ pub fn run(a: Args) -> CliResult {
     };
     if a.combine_direct.is_some() && what != "all_reduce" && what != "overlap" {
         return Err(format!("--combine-direct is for all_reduce and overlap, not {what}").into());
+    }
+    if a.combine_direct.is_some()
+        && (a.reduction.as_deref() == Some("tma") || (what == "all_reduce" && a.mover == "simt"))
+    {
+        return Err(
+            "--combine-direct is for the TMA mover's register combine, not --reduction tma or --mover simt".into()
+        );
     }
     if a.issuers.is_some() && collective.is_none() && what != "overlap" && what != "reshard" {
         return Err(format!(

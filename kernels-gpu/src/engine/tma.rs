@@ -18,10 +18,11 @@
 //! combine-and-store-everywhere) keep the steps above, one shared copy bulk-stored to each, unless
 //! the launch sets `LaunchArgs::combine_direct`.
 //!
-//! A stage is refilled only after `cp.async.bulk.wait_group.read` says the stores of its previous
-//! item stopped reading it: the refill lags `lag = stages / 2` items behind the consumer (at least
-//! one; with several issuers, `stages` is each issuer's share), so `stages - lag` items of loads and `lag - 1` groups of stores may be in flight at once
-//! (`wait_group.read lag-1`). Measured on an H200 (docs/PERF.md, 2026-11-29), the depth beyond that
+//! In the steps above a stage is refilled only after `cp.async.bulk.wait_group.read` says the stores
+//! of its previous item stopped reading it: the refill lags `lag = stages / 2` items behind the
+//! consumer (at least one; with several issuers, `stages` is each issuer's share), so `stages - lag`
+//! items of loads and `lag - 1` groups of stores may be in flight at once (`wait_group.read
+//! lag-1`). Measured on an H200 (docs/PERF.md, 2026-11-29), the depth beyond that
 //! buys nothing: every bulk operation costs the SM's copy engine about a quarter of a microsecond
 //! whatever its size, so small chunks are bound by the operation count (16 KiB copies at 64–67 GB/s
 //! per CTA with 4, 8 or 12 stages) and only chunks of about 24 KiB and more reach the SM's ~100 GB/s.
@@ -325,10 +326,11 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
 }
 
 /// The most threads a CTA may have for its issuing warp to combine too (in [`stream_combining`]).
-/// Measured on an H200 (docs/PERF.md), reduce-add per CTA with the issuing warp combining against
-/// combining apart: 64 threads 63.1-66.8 against 48.4 GB/s, 128 73.5-76.9 against 74.7, 256 83.5
-/// against 94.2: while its lane issues, the issuing warp's combining waits, which costs less than
-/// a second combining warp brings where there is only one, and about what it brings beside three.
+/// Measured on an H200 (docs/PERF.md), the issuing warp combining against combining apart:
+/// reduce-add per CTA at 64 threads 63.1-66.8 against 48.4 GB/s; at 128 threads 73.5-76.9 against
+/// 74.7 but ReduceScatter at 1 CTA 45.34 against 58.86 busbw (-23 %), at 256 threads 83.5 against
+/// 94.2 and ReduceScatter 66.42 against 80.69 (-18 %). While its lane issues, the issuing warp's
+/// combining waits: that costs less than a second combining warp brings where there is one.
 const ISSUER_COMBINES_MAX_THREADS: u32 = 64;
 
 /// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
