@@ -1658,6 +1658,9 @@ pub struct OverlapRow {
     pub smem_bytes: u32,
     /// The collective's issuing warps per TMA CTA (1 for SIMT rows).
     pub issuers: u32,
+    /// Whether the TMA register combine stored AllReduce's result from registers to every rank
+    /// (`Config::combine_direct`, as the launch resolved it; `false` for other rows).
+    pub combine_direct: bool,
     pub suspend_ns: u32,
     pub compute_alone_ms: f64,
     pub collective_alone_ms: f64,
@@ -1857,6 +1860,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 threads: launch.spec.threads,
                 smem_bytes: launch.smem_bytes,
                 issuers: launch.spec.issuers.max(1),
+                combine_direct: mover == Mover::Tma && reduction == Reduction::Registers && launch.spec.combine_direct,
                 suspend_ns: suspend,
                 compute_alone_ms: comp_alone,
                 collective_alone_ms: coll_alone,

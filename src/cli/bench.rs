@@ -701,12 +701,13 @@ fn run_overlap(
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     println!(
-        "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
+        "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "mover",
         "reduction",
         "CTAs",
         "threads",
         "issuers",
+        "direct",
         "smem",
         "susp_ns",
         "reps",
@@ -719,12 +720,13 @@ fn run_overlap(
     );
     for r in &rows {
         println!(
-            "  {:>5} {:>9} {:>5} {:>7} {:>7} {:>7} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
+            "  {:>5} {:>9} {:>5} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>10.3} {:>8.3}",
             r.mover,
             r.reduction,
             r.ctas,
             r.threads,
             r.issuers,
+            if r.combine_direct { "yes" } else { "no" },
             r.smem_bytes,
             r.suspend_ns,
             r.compute_reps,
