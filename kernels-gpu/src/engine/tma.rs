@@ -170,15 +170,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     // after the stores reading them have finished reading; consumers wait on the phase the producer
     // armed (`PipelineState` pairs index and parity).
     unsafe {
-        let load = |p: &PipelineState, j: u32| {
-            let n = len(j);
-            let bar = ctx.stage_barrier(base + p.index);
-            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
-            for (k, a) in ops.srcs.iter(ctx).enumerate() {
-                let src = Global::<u8>::from_addr(a + at(j));
-                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(base + p.index, k as u32), src, n, bar);
-            }
-        };
+        let load = |p: &PipelineState, j: u32| load_item(ctx, ops, base + p.index, sources, at(j), len(j));
 
         // Items the refill lags behind the consumer: the stage item `i + stages - lag` uses was last
         // read by the stores of item `i - lag`, so `lag - 1` newer store groups may still be reading.
@@ -226,16 +218,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             consumer.advance(stages);
         }
         if issuer {
-            // After an abandoned wait, loads already issued may still be writing into the ring: let
-            // them land before the stages are reused or the CTA exits. A load that does not land
-            // within the drain's bound will not land later: stop there rather than wait again for
-            // each stage behind it.
-            while consumer.index != producer.index || consumer.phase != producer.phase {
-                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase) {
-                    break;
-                }
-                consumer.advance(stages);
-            }
+            drain(ctx, base, consumer, &producer, stages);
             cp_async_bulk_wait_group_read::<0>();
         }
     }
@@ -269,15 +252,7 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
     unsafe {
         // Every thread waits on the stage barriers below: all must enter with the ring drained.
         bar_sync_all();
-        let load = |p: &PipelineState, j: u32| {
-            let n = len(j);
-            let bar = ctx.stage_barrier(p.index);
-            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
-            for (k, a) in ops.srcs.iter(ctx).enumerate() {
-                let src = Global::<u8>::from_addr(a + at(j));
-                cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(p.index, k as u32), src, n, bar);
-            }
-        };
+        let load = |p: &PipelineState, j: u32| load_item(ctx, ops, p.index, sources, at(j), len(j));
         if ctx.issuer {
             for j in 0..stages.min(items) {
                 load(&producer, j);
@@ -310,14 +285,7 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
             consumer.advance(stages);
         }
         if ctx.issuer {
-            // After an abandoned wait, loads already issued may still be writing into the ring: let
-            // them land before the stages are reused or the CTA exits (as in `stream`).
-            while consumer.index != producer.index || consumer.phase != producer.phase {
-                if !wait::mbarrier_drain(ctx, ctx.stage_barrier(consumer.index), consumer.phase) {
-                    break;
-                }
-                consumer.advance(stages);
-            }
+            drain(ctx, 0, consumer, &producer, stages);
         }
         // Nobody may reload a stage (next task) before every combiner has read it.
         bar_sync_all();
@@ -332,6 +300,43 @@ unsafe fn stream_combining<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops
 /// 94.2 and ReduceScatter 66.42 against 80.69 (-18 %). While its lane issues, the issuing warp's
 /// combining waits: that costs less than a second combining warp brings where there is one.
 const ISSUER_COMBINES_MAX_THREADS: u32 = 64;
+
+/// Arms stage `stage`'s mbarrier for `n` bytes of each of `sources` sources and issues one bulk
+/// load per source, from `offset` into the source, into the stage's slots.
+///
+/// # Safety
+/// The issuing thread; the stage's previous item is no longer read; `offset + n` lies inside every
+/// source, 16-byte multiples; `sources <= ctx.slots`.
+#[inline(always)]
+unsafe fn load_item(ctx: &Ctx, ops: &Operands, stage: u32, sources: u32, offset: u64, n: u32) {
+    let bar = ctx.stage_barrier(stage);
+    // SAFETY: forwarded contract; the barrier is armed for exactly the bytes the loads bring.
+    unsafe {
+        let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n * sources);
+        for (k, a) in ops.srcs.iter(ctx).enumerate() {
+            let src = Global::<u8>::from_addr(a + offset);
+            cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(stage, k as u32), src, n, bar);
+        }
+    }
+}
+
+/// After an abandoned wait, loads already issued may still be writing into the ring: lets those of
+/// the stages from `consumer` up to `producer` (of the ring at `base`, `stages` long) land before the
+/// stages are reused or the CTA exits. A load that does not land within the drain's bound will not
+/// land later: stops there rather than wait again for each stage behind it.
+///
+/// # Safety
+/// The issuing thread of that ring.
+#[inline(always)]
+unsafe fn drain(ctx: &Ctx, base: u32, mut consumer: PipelineState, producer: &PipelineState, stages: u32) {
+    while consumer.index != producer.index || consumer.phase != producer.phase {
+        // SAFETY: forwarded contract; the barrier is this ring's.
+        if !unsafe { wait::mbarrier_drain(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase) } {
+            break;
+        }
+        consumer.advance(stages);
+    }
+}
 
 /// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
 const COMBINE_ILP: usize = 4;
