@@ -499,15 +499,18 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0xab0);
-    // (sources, stages, chunk, issuers): four issuing warps drain their own shares of the ring (with
-    // 16 stages each owns four and keeps two loads ahead).
-    for (sources, stages, chunk, issuers) in [
-        (1, 2, 48 << 10, 1),
-        (1, 8, 12 << 10, 1),
-        (1, 8, 12 << 10, 4),
-        (1, 16, 4 << 10, 4),
-        (3, 2, 24 << 10, 1),
-        (3, 6, 8 << 10, 1),
+    // (sources, stages, chunk, issuers, bytes past 8 MiB): four issuing warps drain their own shares
+    // of the ring (with 16 stages each owns four and keeps two loads ahead); the extra bytes pick the
+    // case's threads (`spec`): 8 MiB runs on 256, 8 MiB + 16 on 64, where the issuing warp combines.
+    for (sources, stages, chunk, issuers, extra) in [
+        (1, 2, 48 << 10, 1, 0),
+        (1, 8, 12 << 10, 1, 0),
+        (1, 8, 12 << 10, 4, 0),
+        (1, 16, 4 << 10, 4, 0),
+        (3, 2, 24 << 10, 1, 0),
+        (3, 2, 24 << 10, 1, 16),
+        (3, 6, 8 << 10, 1, 0),
+        (3, 6, 8 << 10, 1, 16),
     ] {
         let mut c = Case {
             mover: Mover::Tma,
@@ -516,7 +519,7 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             kind: abi::TaskKind::Move,
             reduce_mode: ReduceMode::Registers,
             sources,
-            bytes: 8 << 20,
+            bytes: (8 << 20) + extra,
             src_off: 0,
             dst_off: 0,
             ctas: 132,
@@ -524,8 +527,12 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
             chunk,
             issuers,
         };
+        let threads = spec(&c, 1).threads;
         let st = launch_from_host_memory(&engine, &stream, &c, 1);
-        assert!(st.errors > 0, "sources={sources} stages={stages} issuers={issuers}: no wait gave up");
+        assert!(
+            st.errors > 0,
+            "sources={sources} stages={stages} issuers={issuers} threads={threads}: no wait gave up"
+        );
         assert_eq!(
             WaitKind::from_raw(st.kind),
             Some(WaitKind::BulkLoad),
