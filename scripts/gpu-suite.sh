@@ -73,11 +73,12 @@ for step in "$@"; do
     overlap|multi-overlap)
       libs="$(cublas_path)"
       # CTA budgets of 8 and 32 in all: 8 virtual ranks x 1 or 4 CTAs, or per GPU with one rank each.
-      where="--ranks 8"; budgets="1 4"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="8 32"
+      # OV_BUDGETS: CTAs per rank (or per GPU); OV_ARGS: more flags (e.g. --compute-ms 10).
+      where="--ranks 8"; budgets="${OV_BUDGETS:-1 4}"; [ "$step" = multi-overlap ] && where="--gpus $GPUS" && budgets="${OV_BUDGETS:-8 32}"
       # The FMA load at FMA_PER_SM CTAs of 256 threads per SM (default 4: it fills the GPU).
       for load in gemm $(for n in ${FMA_PER_SM:-4}; do echo "fma:$n"; done); do for c in $budgets; do
         compute=${load%%:*}; per_sm=""; [ "$compute" = fma ] && per_sm="--fma-ctas-per-sm ${load#*:}"
-        log "overlap $where --compute $compute $per_sm --ctas $c"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute $per_sm -e 256M --ctas $c -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
+        log "overlap $where --compute $compute $per_sm --ctas $c ${OV_ARGS:-}"; LD_LIBRARY_PATH="$libs" timeout 200 $B/oxccl bench overlap $where --compute $compute $per_sm -e 256M --ctas $c ${OV_ARGS:-} -n 10 -w 3 --json >> "$OUT/$step.log" 2>&1; echo "rc=$?"; tail -15 "$OUT/$step.log" | grep -v "^{" ; done; done ;;
     overlap-shapes)
       # The collective's footprint against the compute beside it: the TMA rows with smaller pipelines
       # (chunk:stages) leave shared memory on their SMs to the compute's CTAs. OV_BIN (binary),
