@@ -220,8 +220,11 @@ pub struct SweepConfig {
     pub tma_threads_copy: u32,
     pub tma_threads_reduce: u32,
     pub simt_threads: u32,
-    pub chunk_bytes: u32,
-    pub stages: u32,
+    /// TMA chunk bytes per source per stage and stages; left open, the collectives' rule for the
+    /// program: [`auto_pipeline`](crate::auto_pipeline) for copies and reductions into one source,
+    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine.
+    pub chunk_bytes: Option<u32>,
+    pub stages: Option<u32>,
     /// How the range is split between the CTAs.
     pub split: Split,
     pub warmup: usize,
@@ -236,8 +239,8 @@ impl Default for SweepConfig {
             tma_threads_copy: 32,
             tma_threads_reduce: 256,
             simt_threads: 512,
-            chunk_bytes: 32 * 1024,
-            stages: 4,
+            chunk_bytes: None,
+            stages: None,
             split: Split::Auto,
             warmup: 2,
             iters: 5,
@@ -302,6 +305,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
         for &ctas in &cfg.ctas {
             let l = sweep_program(op, cfg.bytes, ctas, cfg.split.piece(cfg.bytes, ctas));
             let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
+            let (chunk, stages) = sweep_pipeline(&engine, cfg, op, l.slots);
             for mover in [Mover::Tma, Mover::Simt] {
                 let threads = match (mover, op) {
                     (Mover::Simt, _) => cfg.simt_threads,
@@ -313,8 +317,8 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     dtype: DType::F32,
                     op: ReduceOp::Sum,
                     threads,
-                    chunk_bytes: fitted_chunk(&engine, cfg, l.slots),
-                    stages: cfg.stages,
+                    chunk_bytes: chunk,
+                    stages,
                     reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
                     timeout_ns: 10_000_000_000,
                     wait_suspend_ns: 0,
@@ -356,13 +360,19 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
 /// Most pieces [`Split::Pieces`] may cut the range into (one task each).
 const MAX_SWEEP_PIECES: u64 = 1 << 20;
 
-/// The sweep's chunk for a program with `slots` sources per stage: the configured one, or, where
-/// `stages × slots` of it do not fit the device's shared memory, the largest 1 KiB multiple that does.
-fn fitted_chunk(engine: &Engine, cfg: &SweepConfig, slots: u32) -> u32 {
-    let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES)
-        / (cfg.stages.max(1) as usize * slots.max(1) as usize);
-    let fit = (room / 1024 * 1024).max(16) as u32;
-    cfg.chunk_bytes.min(fit)
+/// The sweep's TMA pipeline `(chunk, stages)` for `op`'s program with `slots` sources per stage: the
+/// collectives' rule for what the configuration leaves open (the reduce-add stores its combine from
+/// registers, as ReduceScatter does), and a configured chunk that `stages × slots` of would not fit
+/// the device's shared memory cut to the largest 1 KiB multiple that does.
+fn sweep_pipeline(engine: &Engine, cfg: &SweepConfig, op: SweepOp, slots: u32) -> (u32, u32) {
+    let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES);
+    let (chunk, stages) = if op == SweepOp::ReduceAdd {
+        crate::combining_pipeline(room, slots, cfg.chunk_bytes, cfg.stages)
+    } else {
+        crate::auto_pipeline(room, slots, cfg.chunk_bytes, cfg.stages)
+    };
+    let fit = room / (stages.max(1) as usize * slots.max(1) as usize);
+    (chunk.min((fit / 1024 * 1024).max(16) as u32), stages)
 }
 
 /// Parameters of a collective benchmark (nccl-tests flags).

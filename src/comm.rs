@@ -386,12 +386,20 @@ impl Communicator {
 
     /// The plan and launch parameters a call would use (for inspection and benchmarks).
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
-        let mut launch = self.launch_spec_for(spec.dtype, spec.op, slots, combines)?;
         let per_device = (0..self.engines.len())
             .map(|d| self.ranks.iter().filter(|r| r.device == d).count() as u64)
             .max()
             .unwrap_or(0);
-        launch.combine_direct = combine_direct(&self.config, per_device * spec.ctas as u64);
+        let direct = combine_direct(&self.config, per_device * spec.ctas as u64);
+        // Where every combine stores from registers, no bulk store reads the ring.
+        let from_registers = self.config.reduction == Reduction::Registers
+            && match spec.collective {
+                Collective::ReduceScatter => true,
+                Collective::AllReduce => direct,
+                Collective::AllGather => false,
+            };
+        let mut launch = self.shaped_launch_spec(spec.dtype, spec.op, slots, combines, from_registers)?;
+        launch.combine_direct = direct;
         Ok(launch)
     }
 
@@ -400,10 +408,23 @@ impl Communicator {
     /// count, so `combine_direct` is `Config::combine_direct` or `false`; [`Self::launch_spec`]
     /// applies the automatic rule.
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
+        self.shaped_launch_spec(dtype, op, slots, combines, false)
+    }
+
+    /// [`Self::launch_spec_for`], with [`combining_pipeline`]'s ring where `from_registers` says that
+    /// every combining task stores its result from registers.
+    fn shaped_launch_spec(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        slots: u32,
+        combines: bool,
+        from_registers: bool,
+    ) -> Result<LaunchSpec> {
         let c = &self.config;
         let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
         let room = max_smem.saturating_sub(abi::smem::STAGES);
-        let shape = launch_shape(c, room, slots, combines);
+        let shape = launch_shape(c, room, slots, combines, from_registers);
         check_issuers_fit(c, &shape, room, slots)?;
         let Shape { threads, chunk, stages, issuers } = shape;
         Ok(LaunchSpec {
@@ -839,8 +860,9 @@ pub(crate) struct Shape {
 ///   and the threads (if given) hold their warps; with neither stages nor chunk given, 8 stages of
 ///   one issuer's default shared memory for [`DEFAULT_ISSUERS`].
 ///
-/// A warp per issuer unless the threads are given.
-pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) -> Shape {
+/// A warp per issuer unless the threads are given. A launch whose combining tasks all store from
+/// registers (`from_registers`) takes [`combining_pipeline`]'s ring.
+pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool, from_registers: bool) -> Shape {
     let streams = c.mover == Mover::Tma && !combines && slots == 1;
     // One issuer's default pipeline: the shared memory several issuers share when nothing is given.
     let (one_chunk, one_stages) = auto_pipeline(room, slots, None, None);
@@ -891,7 +913,11 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool) 
         Mover::Tma => 32 * issuers,
         Mover::Simt => 512,
     });
-    let (chunk, stages) = auto_pipeline(room, slots, chunk, stages);
+    let (chunk, stages) = if from_registers && combines && c.mover == Mover::Tma {
+        combining_pipeline(room, slots, chunk, stages)
+    } else {
+        auto_pipeline(room, slots, chunk, stages)
+    };
     Shape { threads, chunk, stages, issuers }
 }
 
@@ -956,6 +982,26 @@ pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option
     }
 }
 
+/// The TMA pipeline, `(chunk bytes per source, stages)`, of a launch whose combining tasks all
+/// store their result from registers (ReduceScatter, and AllReduce where `Config::combine_direct`
+/// applies): there no bulk store reads a stage, so a stage is refilled as soon as it is combined and
+/// two stages keep one stage of loads in flight while the other is combined. What costs is the
+/// number of stages the threads go through (a barrier and a phase wait each) and of bulk loads, so
+/// left open the pipeline is two stages of the largest chunk that fits (no 32 KiB cap; at most
+/// 2^20 - 1 bytes per stage, the mbarrier's transaction count). Measured on an H200 (docs/PERF.md,
+/// 2026-11-29): reduce-add per CTA 96.0 -> 107.0 GB/s at 256 threads (56 KiB against 28 KiB x 4),
+/// 63.5 -> 78.7 at 64; ReduceScatter over 4 virtual ranks x 4 CTAs 211.9 -> 266.9 busbw. Given
+/// values as [`auto_pipeline`], except that given stages get the largest chunk without the cap.
+pub fn combining_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
+    let per_stage = room / stages.unwrap_or(2).max(1) as usize / slots.max(1) as usize;
+    let b = per_stage.min(((1usize << 20) - 1) / slots.max(1) as usize);
+    let fit = (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32;
+    match (chunk, stages) {
+        (None, st) => (fit, st.unwrap_or(2)),
+        (Some(_), _) => auto_pipeline(room, slots, chunk, stages),
+    }
+}
+
 /// Longest device-side wait a configuration may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
@@ -1017,33 +1063,38 @@ mod tests {
     fn launch_shapes_give_issuers_their_warps_and_stages() {
         let room = 227 * 1024;
         let tma = Config { mover: Mover::Tma, ..Config::default() };
-        let alone = launch_shape(&Config { issuers: Some(1), ..tma }, room, 1, false);
+        let alone = launch_shape(&Config { issuers: Some(1), ..tma }, room, 1, false, false);
         assert_eq!((alone.threads, alone.stages, alone.issuers, alone.chunk), (32, 4, 1, 32 * 1024));
-        let four = launch_shape(&Config { issuers: Some(4), ..tma }, room, 1, false);
+        let four = launch_shape(&Config { issuers: Some(4), ..tma }, room, 1, false, false);
         assert_eq!((four.threads, four.stages, four.issuers, four.chunk), (128, 8, 4, 16 * 1024));
         assert_eq!(four.stages * four.chunk, alone.stages * alone.chunk, "the same shared memory, split");
-        assert_eq!(launch_shape(&tma, room, 1, false), four, "four issuers by default");
-        let two = launch_shape(&Config { issuers: Some(2), ..tma }, room, 1, false);
+        assert_eq!(launch_shape(&tma, room, 1, false, false), four, "four issuers by default");
+        let two = launch_shape(&Config { issuers: Some(2), ..tma }, room, 1, false, false);
         assert_eq!((two.threads, two.stages, two.chunk), (64, 4, 32 * 1024));
         // Left open, the issuers split the ring one issuer would get, keeping two stages each at
         // least and a warp each in given threads: given stages or chunks keep their footprint.
-        let six = launch_shape(&Config { stages: Some(6), ..tma }, room, 1, false);
+        let six = launch_shape(&Config { stages: Some(6), ..tma }, room, 1, false, false);
         assert_eq!((six.issuers, six.stages, six.threads), (2, 6, 64));
-        assert_eq!(launch_shape(&Config { threads: Some(64), ..tma }, room, 1, false).issuers, 2);
-        assert_eq!(launch_shape(&Config { threads: Some(32), ..tma }, room, 1, false), alone);
-        let twelve = launch_shape(&Config { stages: Some(12), ..tma }, room, 1, false);
+        assert_eq!(launch_shape(&Config { threads: Some(64), ..tma }, room, 1, false, false).issuers, 2);
+        assert_eq!(launch_shape(&Config { threads: Some(32), ..tma }, room, 1, false, false), alone);
+        let twelve = launch_shape(&Config { stages: Some(12), ..tma }, room, 1, false, false);
         assert_eq!((twelve.issuers, twelve.stages, twelve.chunk), (4, 12, 18 * 1024));
-        let small = launch_shape(&Config { chunk_bytes: Some(16384), ..tma }, room, 1, false);
+        let small = launch_shape(&Config { chunk_bytes: Some(16384), ..tma }, room, 1, false, false);
         assert_eq!((small.issuers, small.stages, small.chunk), (2, 4, 16384), "one issuer's 4 stages, split");
-        let large = launch_shape(&Config { chunk_bytes: Some(65536), ..tma }, room, 1, false);
+        let large = launch_shape(&Config { chunk_bytes: Some(65536), ..tma }, room, 1, false, false);
         assert_eq!((large.issuers, large.stages), (1, 3), "three stages fit: one issuer, as before");
-        assert_eq!(launch_shape(&Config { stages: Some(3), ..tma }, room, 1, false).issuers, 1);
-        let combining = launch_shape(&Config { issuers: Some(4), ..tma }, room, 8, true);
+        assert_eq!(launch_shape(&Config { stages: Some(3), ..tma }, room, 1, false, false).issuers, 1);
+        let combining = launch_shape(&Config { issuers: Some(4), ..tma }, room, 8, true, false);
         assert_eq!((combining.threads, combining.issuers), (256, 1));
-        let given =
-            launch_shape(&Config { issuers: Some(2), stages: Some(6), threads: Some(96), ..tma }, room, 1, false);
+        let given = launch_shape(
+            &Config { issuers: Some(2), stages: Some(6), threads: Some(96), ..tma },
+            room,
+            1,
+            false,
+            false,
+        );
         assert_eq!((given.threads, given.stages, given.issuers), (96, 6, 2));
-        let simt = launch_shape(&Config { mover: Mover::Simt, issuers: Some(4), ..tma }, room, 1, false);
+        let simt = launch_shape(&Config { mover: Mover::Simt, issuers: Some(4), ..tma }, room, 1, false, false);
         assert_eq!((simt.threads, simt.issuers), (512, 1));
         assert!(validate_config(&Config { issuers: Some(5), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(0), ..tma }).is_err());
@@ -1051,17 +1102,36 @@ mod tests {
         assert!(validate_config(&Config { issuers: Some(4), stages: Some(6), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(4), threads: Some(96), ..tma }).is_err());
         // A given chunk gets the stages that fit, in multiples of the issuers.
-        let big = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(32768), ..tma }, room, 1, false);
+        let big = launch_shape(&Config { issuers: Some(4), chunk_bytes: Some(32768), ..tma }, room, 1, false, false);
         assert_eq!((big.stages, big.chunk, big.issuers), (4, 32768, 4));
         let huge_config = Config { issuers: Some(4), chunk_bytes: Some(200_000), ..tma };
-        let huge = launch_shape(&huge_config, room, 1, false);
+        let huge = launch_shape(&huge_config, room, 1, false, false);
         assert_eq!(huge.stages, 4, "at least one stage per issuer");
         let err = check_issuers_fit(&huge_config, &huge, room, 1).unwrap_err().to_string();
         assert!(err.contains("issuers") && err.contains("4 stages of 200000 B"), "{err}");
-        assert!(check_issuers_fit(&tma, &launch_shape(&tma, room, 1, false), room, 1).is_ok());
+        assert!(check_issuers_fit(&tma, &launch_shape(&tma, room, 1, false, false), room, 1).is_ok());
         assert!(check_issuers_fit(&Config { issuers: Some(4), ..tma }, &four, room, 1).is_ok());
         // Several slots per stage keep one issuer whatever the lowering says about combining.
-        assert_eq!(launch_shape(&Config { issuers: Some(4), ..tma }, room, 2, false).issuers, 1);
+        assert_eq!(launch_shape(&Config { issuers: Some(4), ..tma }, room, 2, false, false).issuers, 1);
+    }
+
+    /// Launches whose combines all store from registers take two stages of the largest chunk; the
+    /// rest, and what the configuration gives, keep `auto_pipeline`'s ring.
+    #[test]
+    fn register_stores_take_the_combining_pipeline() {
+        let room = 227 * 1024;
+        let tma = Config { mover: Mover::Tma, ..Config::default() };
+        let direct = launch_shape(&tma, room, 2, true, true);
+        assert_eq!((direct.chunk, direct.stages, direct.threads), (56 * 1024, 2, 256));
+        let shared = launch_shape(&tma, room, 2, true, false);
+        assert_eq!((shared.chunk, shared.stages), auto_pipeline(room, 2, None, None));
+        let given =
+            launch_shape(&Config { chunk_bytes: Some(16384), stages: Some(4), ..tma.clone() }, room, 2, true, true);
+        assert_eq!((given.chunk, given.stages), (16384, 4));
+        let copy = launch_shape(&tma, room, 1, false, true);
+        assert_eq!(copy, launch_shape(&tma, room, 1, false, false), "nothing combines: as before");
+        let simt = launch_shape(&Config { mover: Mover::Simt, ..tma }, room, 2, true, true);
+        assert_eq!(simt.threads, 512);
     }
 
     #[test]

@@ -32,7 +32,9 @@ mod error;
 pub mod ptx;
 pub mod reshard;
 
-pub use comm::{COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, auto_pipeline};
+pub use comm::{
+    COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, auto_pipeline, combining_pipeline,
+};
 pub use error::{Error, Result};
 pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};

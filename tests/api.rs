@@ -47,3 +47,26 @@ fn auto_pipeline_prefers_large_chunks() {
         assert!(chunk >= 1024 && chunk % 1024 == 0 && (2..=4).contains(&stages), "{slots} sources: {chunk} × {stages}");
     }
 }
+
+/// Where every combine stores from registers: two stages of the largest chunk that fits (no 32 KiB
+/// cap), at most 2^20 - 1 bytes per stage; a given chunk as `auto_pipeline`.
+#[test]
+fn combining_pipeline_takes_two_stages_of_the_largest_chunk() {
+    use oxccl::{auto_pipeline, combining_pipeline};
+    let room = 232_448 - oxccl_kernels::abi::smem::STAGES;
+    assert_eq!(combining_pipeline(room, 2, None, None), (56 * 1024, 2));
+    assert_eq!(combining_pipeline(room, 4, None, None), (28 * 1024, 2));
+    assert_eq!(combining_pipeline(room, 8, None, None), (14 * 1024, 2));
+    assert_eq!(combining_pipeline(room, 2, None, Some(4)), (28 * 1024, 4));
+    assert_eq!(combining_pipeline(room, 2, None, Some(1)), (113 * 1024, 1));
+    assert_eq!(combining_pipeline(room, 2, Some(16384), None), auto_pipeline(room, 2, Some(16384), None));
+    assert_eq!(combining_pipeline(room, 2, Some(8192), Some(3)), (8192, 3));
+    // The mbarrier counts at most 2^20 - 1 bytes per phase.
+    let (chunk, stages) = combining_pipeline(8 << 20, 2, None, None);
+    assert!(2 * chunk as usize <= (1 << 20) - 1 && stages == 2, "{chunk} × {stages}");
+    for slots in 1..=16 {
+        let (chunk, stages) = combining_pipeline(room, slots, None, None);
+        assert!(chunk as usize * slots as usize * stages as usize <= room, "{slots} sources: {chunk} × {stages}");
+        assert!(chunk >= auto_pipeline(room, slots, None, None).0, "{slots} sources: {chunk} not below the default");
+    }
+}

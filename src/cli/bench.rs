@@ -325,17 +325,21 @@ pub fn run(a: Args) -> CliResult {
         let d = SweepConfig::default();
         let cfg = SweepConfig {
             bytes: a.max_bytes,
-            chunk_bytes: a.chunk.unwrap_or(d.chunk_bytes),
-            stages: a.stages.unwrap_or(d.stages),
+            chunk_bytes: a.chunk,
+            stages: a.stages,
             tma_threads_reduce: a.threads.unwrap_or(d.tma_threads_reduce),
             split: a.piece.unwrap_or(d.split),
             ..d
         };
         println!("# oxccl mover sweep: {}", command.join(" "));
         println!("# device: {}", ctx.name().unwrap_or_default());
+        let given = |v: Option<u32>| v.map_or("default".to_string(), |v| v.to_string());
         println!(
-            "# TMA pipeline: {} B per source per stage, {} stages (smaller chunks where the sources' slots would not fit)",
-            cfg.chunk_bytes, cfg.stages
+            "# TMA pipeline: chunk {} B per source per stage, {} stages (default: the collectives' rule, two stages \
+             of the largest chunk where the reduce-add combines in registers; a given chunk cut where the sources' \
+             slots would not fit; each row shows its chunk × stages)",
+            given(cfg.chunk_bytes),
+            given(cfg.stages)
         );
         match cfg.split {
             Split::Pieces(p) => println!("# each CTA moves {p}-byte pieces dealt in turn"),
