@@ -391,13 +391,7 @@ impl Communicator {
             .max()
             .unwrap_or(0);
         let direct = combine_direct(&self.config, per_device * spec.ctas as u64);
-        // Where every combine stores from registers, no bulk store reads the ring.
-        let from_registers = self.config.reduction == Reduction::Registers
-            && match spec.collective {
-                Collective::ReduceScatter => true,
-                Collective::AllReduce => direct,
-                Collective::AllGather => false,
-            };
+        let from_registers = combining_ring(&self.config, spec.collective, direct, self.engines.len());
         let mut launch = self.shaped_launch_spec(spec.dtype, spec.op, slots, combines, from_registers)?;
         launch.combine_direct = direct;
         Ok(launch)
@@ -840,6 +834,21 @@ pub(crate) fn combine_direct(c: &Config, ctas_on_device: u64) -> bool {
     c.combine_direct.unwrap_or(ctas_on_device <= COMBINE_DIRECT_MAX_CTAS)
 }
 
+/// Whether a call of `collective` under `c` on `devices` devices takes [`combining_pipeline`]'s
+/// ring: every combine stores its result from registers (ReduceScatter; AllReduce where
+/// `combine_direct` holds), so no bulk store reads a stage, and every source is on one device. Over
+/// NVLink the deeper ring of [`auto_pipeline`] keeps more loads in flight and wins at 8 CTAs (2
+/// GPUs, docs/PERF.md: ReduceScatter 260.7 against 232.5 busbw, AllReduce 326.2 against 299.9).
+pub(crate) fn combining_ring(c: &Config, collective: Collective, direct: bool, devices: usize) -> bool {
+    c.reduction == Reduction::Registers
+        && devices == 1
+        && match collective {
+            Collective::ReduceScatter => true,
+            Collective::AllReduce => direct,
+            Collective::AllGather => false,
+        }
+}
+
 /// Threads, TMA pipeline and issuing warps of a launch (see [`launch_shape`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -990,8 +999,11 @@ pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option
 /// left open the pipeline is two stages of the largest chunk that fits (no 32 KiB cap; at most
 /// 2^20 - 1 bytes per stage, the mbarrier's transaction count). Measured on an H200 (docs/PERF.md,
 /// 2026-11-29): reduce-add per CTA 96.0 -> 107.0 GB/s at 256 threads (56 KiB against 28 KiB x 4),
-/// 63.5 -> 78.7 at 64; ReduceScatter over 4 virtual ranks x 4 CTAs 211.9 -> 266.9 busbw. Given
-/// values as [`auto_pipeline`], except that given stages get the largest chunk without the cap.
+/// 63.5 -> 78.7 at 64; ReduceScatter over 4 virtual ranks x 4 CTAs 211.9 -> 266.9 busbw. The
+/// communicator takes it where every source is on the calling rank's device (one GPU): with a peer's
+/// sources over NVLink the deeper ring of [`auto_pipeline`] keeps more loads in flight and wins at 8
+/// CTAs. Given values as [`auto_pipeline`], except that given stages get the largest chunk without
+/// the cap.
 pub fn combining_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
     let per_stage = room / stages.unwrap_or(2).max(1) as usize / slots.max(1) as usize;
     let b = per_stage.min(((1usize << 20) - 1) / slots.max(1) as usize);
@@ -1132,6 +1144,19 @@ mod tests {
         assert_eq!(copy, launch_shape(&tma, room, 1, false, false), "nothing combines: as before");
         let simt = launch_shape(&Config { mover: Mover::Simt, ..tma }, room, 2, true, true);
         assert_eq!(simt.threads, 512);
+    }
+
+    /// The combining ring only where every combine stores from registers and every source is local.
+    #[test]
+    fn the_combining_ring_needs_register_stores_on_one_device() {
+        let c = Config::default();
+        assert!(combining_ring(&c, Collective::ReduceScatter, false, 1));
+        assert!(combining_ring(&c, Collective::AllReduce, true, 1));
+        assert!(!combining_ring(&c, Collective::AllReduce, false, 1), "the shared copy's bulk stores read the ring");
+        assert!(!combining_ring(&c, Collective::AllGather, true, 1));
+        assert!(!combining_ring(&c, Collective::ReduceScatter, false, 2), "peers' sources over NVLink");
+        let bulk = Config { reduction: Reduction::Tma, ..c };
+        assert!(!combining_ring(&bulk, Collective::ReduceScatter, false, 1));
     }
 
     #[test]
