@@ -824,8 +824,9 @@ pub const DEFAULT_ISSUERS: u32 = 4;
 
 /// The most CTAs on one device at which a call whose combine has several destinations stores the
 /// result from registers by default (`Config::combine_direct`). Measured on one H200 with 2, 4 and
-/// 8 virtual ranks (docs/PERF.md): faster from registers up to 32 CTAs on the device (+2-46 %),
-/// slower at 64 with 8 and 4 ranks (-11 %, -15 %; +1 % with 2), level at 128 (8 ranks).
+/// 8 virtual ranks (docs/PERF.md), with [`combining_pipeline`]'s ring where it stores from
+/// registers: faster from registers up to 32 CTAs on the device (+15-52 %), slower at 64 with 8 and 4
+/// ranks (-10 %, -9 %; +3 % with 2), level at 128 (8 ranks).
 pub const COMBINE_DIRECT_MAX_CTAS: u64 = 32;
 
 /// Whether a launch of `ctas_on_device` CTAs on its busiest device stores combines with several
