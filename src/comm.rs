@@ -28,10 +28,11 @@ pub struct Config {
     pub deterministic: bool,
     /// Bytes per source per pipeline stage (TMA mover; `None`: see
     /// [`auto_pipeline`](crate::auto_pipeline), which also gives a fixed chunk as many stages, up to
-    /// four, as fit in shared memory; launches with several issuers: see `issuers`).
+    /// four, as fit in shared memory, or, where every combine stores from registers on one device,
+    /// [`combining_pipeline`](crate::combining_pipeline); launches with several issuers: see `issuers`).
     pub chunk_bytes: Option<u32>,
-    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline); launches with
-    /// several issuers: see `issuers`).
+    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline) and
+    /// [`combining_pipeline`](crate::combining_pipeline); launches with several issuers: see `issuers`).
     pub stages: Option<u32>,
     /// Threads per CTA (`None`: one warp per issuer for a TMA CTA that only copies and bulk-reduces
     /// (see `issuers`), 256 when it

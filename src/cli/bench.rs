@@ -94,8 +94,9 @@ pub struct Args {
     /// contiguous below 64 CTAs, 4 MiB pieces from there where every CTA gets one).
     #[arg(long, value_parser = parse_split)]
     pub piece: Option<Split>,
-    /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, and
-    /// 8 shared by 4 issuers where nothing combines; movers: 4).
+    /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, 2 of
+    /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
+    /// and 8 shared by 4 issuers where nothing combines; movers: the same rules).
     #[arg(long)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
