@@ -343,8 +343,8 @@ const COMBINE_ILP: usize = 4;
 
 /// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order and stores the result at
 /// `offset` into every destination of `ops`: thread `me` of `step` combining threads takes vectors
-/// `me, me + step, …`, [`COMBINE_ILP`] at a time. The fold order does not depend on the grouping, so
-/// results are the same as the one-vector loop's.
+/// `me, me + step, …`, several at a time ([`fold`]). The fold order does not depend on the grouping,
+/// so results are the same as the one-vector loop's.
 ///
 /// # Safety
 /// The stage's phase has completed; `offset + len` lies inside every destination, 16-aligned.
@@ -377,36 +377,23 @@ unsafe fn combine_out<C: Combine>(
     }
 }
 
-/// The loops of [`combine_out`], with the store of vector `v` given.
+/// The loops of [`combine_out`], with the store of vector `v` given: groups of twice
+/// [`COMBINE_ILP`] vectors where few threads combine, then groups of [`COMBINE_ILP`], then one
+/// vector at a time.
 ///
 /// # Safety
 /// As [`combine_out`]; `store` writes vector `v` of the chunk to every destination.
 #[inline(always)]
 unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u32, V4)) {
     let n = len / 16;
-    let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
     let mut v = me;
-    // SAFETY (both loops): every slot address is 16-aligned inside the stage (v < n).
+    // SAFETY (whole block): forwarded contract; every vector folded lies below `n`.
     unsafe {
-        while v + (COMBINE_ILP as u32 - 1) * step < n {
-            let mut acc = [[0u32; 4]; COMBINE_ILP];
-            for (u, x) in acc.iter_mut().enumerate() {
-                *x = ld_shared_v4_u32(slot(0, v + u as u32 * step));
-            }
-            for k in 1..sources {
-                let mut more = [[0u32; 4]; COMBINE_ILP];
-                for (u, x) in more.iter_mut().enumerate() {
-                    *x = ld_shared_v4_u32(slot(k, v + u as u32 * step));
-                }
-                for u in 0..COMBINE_ILP {
-                    acc[u] = C::vec(acc[u], more[u]);
-                }
-            }
-            for (u, x) in acc.iter().enumerate() {
-                store(v + u as u32 * step, *x);
-            }
-            v += COMBINE_ILP as u32 * step;
+        if step <= COMBINE_WIDE_MAX_THREADS {
+            v = fold_groups::<C, { 2 * COMBINE_ILP }>(ctx, stage, sources, n, v, step, &store);
         }
+        v = fold_groups::<C, COMBINE_ILP>(ctx, stage, sources, n, v, step, &store);
+        let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
         while v < n {
             let mut acc = ld_shared_v4_u32(slot(0, v));
             for k in 1..sources {
@@ -416,6 +403,53 @@ unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u3
             v += step;
         }
     }
+}
+
+/// Combining threads at most for [`fold`] to take twice [`COMBINE_ILP`] vectors at once first: with
+/// two warps or fewer no other warp hides a group's shared loads, and the wider group measured
+/// faster (docs/PERF.md: reduce-add per CTA at 64 threads 78.6 -> 87.9 GB/s, 32 threads 49.8 ->
+/// 56.6, with the combining ring's 56 KiB chunks).
+const COMBINE_WIDE_MAX_THREADS: u32 = 64;
+
+/// The loop of [`fold`] over whole groups of `ILP` vectors from vector `v` (`v, v + step, …`):
+/// returns the first vector of this thread not folded.
+///
+/// # Safety
+/// As [`fold`]; `n` is the stage's vector count.
+#[inline(always)]
+unsafe fn fold_groups<C: Combine, const ILP: usize>(
+    ctx: &Ctx,
+    stage: u32,
+    sources: u32,
+    n: u32,
+    mut v: u32,
+    step: u32,
+    store: &impl Fn(u32, V4),
+) -> u32 {
+    let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
+    // SAFETY: every slot address is 16-aligned inside the stage (each vector of a group is below n).
+    unsafe {
+        while v + (ILP as u32 - 1) * step < n {
+            let mut acc = [[0u32; 4]; ILP];
+            for (u, x) in acc.iter_mut().enumerate() {
+                *x = ld_shared_v4_u32(slot(0, v + u as u32 * step));
+            }
+            for k in 1..sources {
+                let mut more = [[0u32; 4]; ILP];
+                for (u, x) in more.iter_mut().enumerate() {
+                    *x = ld_shared_v4_u32(slot(k, v + u as u32 * step));
+                }
+                for u in 0..ILP {
+                    acc[u] = C::vec(acc[u], more[u]);
+                }
+            }
+            for (u, x) in acc.iter().enumerate() {
+                store(v + u as u32 * step, *x);
+            }
+            v += ILP as u32 * step;
+        }
+    }
+    v
 }
 
 /// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):
