@@ -33,6 +33,8 @@ pub struct Config {
     pub chunk_bytes: Option<u32>,
     /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline) and
     /// [`combining_pipeline`](crate::combining_pipeline); launches with several issuers: see `issuers`).
+    /// Given without `chunk_bytes` where the combining ring applies, the stages get the largest chunk
+    /// that fits (not capped at 32 KiB): to bound the shared memory a CTA takes, give `chunk_bytes`.
     pub stages: Option<u32>,
     /// Threads per CTA (`None`: one warp per issuer for a TMA CTA that only copies and bulk-reduces
     /// (see `issuers`), 256 when it
@@ -64,8 +66,8 @@ pub struct Config {
     /// bulk-stored to every rank; `Some(true)` the combining threads store it from registers to every
     /// rank, as combines into one destination (ReduceScatter) always do. `None` (default): from
     /// registers where the call puts at most [`COMBINE_DIRECT_MAX_CTAS`] CTAs on any one device
-    /// (docs/PERF.md: on one H200 +20-46 % there with 4 and 8 virtual ranks, +2-3 % with 2, and at 64
-    /// CTAs -11 % / -15 % with 8 / 4 ranks, +1 % with 2; on four H200s, one rank each, +24 % at 4 CTAs,
+    /// (docs/PERF.md: on one H200 +15-52 % there with 2, 4 and 8 virtual ranks, and at 64 CTAs
+    /// -10 % / -9 % with 8 / 4 ranks, +3 % with 2; on four H200s, one rank each, +24 % at 4 CTAs,
     /// -2 % at 8, +4 % at 16). Ignored by the SIMT mover.
     pub combine_direct: Option<bool>,
 }
@@ -400,8 +402,9 @@ impl Communicator {
 
     /// The launch parameters of a program of `dtype` tasks reducing with `op` (ignored by copies) that
     /// needs `slots` shared-memory slots per stage and combines sources or not. It knows no CTA
-    /// count, so `combine_direct` is `Config::combine_direct` or `false`; [`Self::launch_spec`]
-    /// applies the automatic rule.
+    /// count nor collective, so `combine_direct` is `Config::combine_direct` or `false` and the ring is
+    /// [`auto_pipeline`]'s; [`Self::launch_spec`] applies the automatic rules (and
+    /// [`combining_pipeline`]'s ring) as a collective call does.
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         self.shaped_launch_spec(dtype, op, slots, combines, false)
     }
@@ -1142,10 +1145,17 @@ mod tests {
         let given =
             launch_shape(&Config { chunk_bytes: Some(16384), stages: Some(4), ..tma.clone() }, room, 2, true, true);
         assert_eq!((given.chunk, given.stages), (16384, 4));
+        // Given stages get the largest chunk, uncapped; a given chunk the stages that fit, up to four.
+        let stages = launch_shape(&Config { stages: Some(2), ..tma.clone() }, room, 2, true, true);
+        assert_eq!((stages.chunk, stages.stages), (56 * 1024, 2));
+        let capped = launch_shape(&Config { stages: Some(2), ..tma.clone() }, room, 2, true, false);
+        assert_eq!((capped.chunk, capped.stages), (32 * 1024, 2), "the shared copy's ring keeps the cap");
+        let chunk = launch_shape(&Config { chunk_bytes: Some(16384), ..tma.clone() }, room, 2, true, true);
+        assert_eq!((chunk.chunk, chunk.stages), (16384, 4));
         let copy = launch_shape(&tma, room, 1, false, true);
         assert_eq!(copy, launch_shape(&tma, room, 1, false, false), "nothing combines: as before");
         let simt = launch_shape(&Config { mover: Mover::Simt, ..tma }, room, 2, true, true);
-        assert_eq!(simt.threads, 512);
+        assert_eq!((simt.threads, simt.chunk, simt.stages), (512, 28 * 1024, 4), "no combining ring for SIMT");
     }
 
     /// The combining ring only where every combine stores from registers and every source is local.

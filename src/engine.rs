@@ -378,12 +378,19 @@ impl Engine {
         let per_sm = self.ctas_per_sm(spec, smem)?;
         let max = per_sm * self.sms;
         if ctas > max {
+            // Not even one CTA: say what the kernel's registers allow, the usual reason.
+            let registers = if per_sm == 0 {
+                let regs = self.function(spec.mover, spec.dtype, spec.op)?.num_regs().unwrap_or(0).max(0) as u32;
+                format!(" (the kernel takes {regs} registers per thread: {})", threads_for_registers(regs))
+            } else {
+                String::new()
+            };
             return Err(Error::TooManyCtas {
                 requested: ctas,
                 max,
                 why: format!(
-                    "{per_sm} CTA(s) of {} threads and {smem} B shared memory fit per SM, {} SMs; all CTAs of a \
-                     launch must be resident at once",
+                    "{per_sm} CTA(s) of {} threads and {smem} B shared memory fit per SM{registers}, {} SMs; all \
+                     CTAs of a launch must be resident at once",
                     spec.threads, self.sms
                 ),
             });
@@ -471,6 +478,17 @@ struct Args(LaunchArgs);
 // SAFETY: `LaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
 unsafe impl DeviceRepr for Args {}
 
+/// Registers per SM on sm_90 (32-bit), allocated to a warp in units of 256.
+const SM_REGISTERS: u32 = 65536;
+
+/// The most threads per CTA that one SM's registers hold for a kernel of `regs` registers per thread
+/// (rounded up to a multiple of 8 per thread, as the hardware allocates), as a phrase for errors.
+fn threads_for_registers(regs: u32) -> String {
+    let per_warp = regs.div_ceil(8) * 8 * 32;
+    let threads = SM_REGISTERS.checked_div(per_warp).map_or(1024, |warps| (warps * 32).min(1024));
+    format!("at most {threads} threads per CTA fit in the SM's {SM_REGISTERS} registers")
+}
+
 /// The first CUDA device as a context, if a CUDA driver is installed and device 0 is a Hopper GPU;
 /// otherwise why not.
 pub fn probe_gpu() -> std::result::Result<Arc<CudaContext>, String> {
@@ -513,4 +531,19 @@ pub fn probe_gpus(n: usize) -> std::result::Result<Vec<Arc<CudaContext>>, String
 /// The error a device [`Status`] record describes (`None` when it records none).
 pub fn status_error(s: &Status) -> Option<Error> {
     Error::from_status(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_for_registers;
+
+    /// The register file's limit on a CTA's threads, as the driver allocates registers.
+    #[test]
+    fn registers_bound_the_threads_of_a_cta() {
+        assert!(threads_for_registers(176).contains("at most 352 threads"));
+        assert!(threads_for_registers(180).contains("at most 352 threads"), "180 registers round up to 184");
+        assert!(threads_for_registers(128).contains("at most 512 threads"));
+        assert!(threads_for_registers(32).contains("at most 1024 threads"), "capped at 1024");
+        assert!(threads_for_registers(0).contains("at most 1024 threads"));
+    }
 }

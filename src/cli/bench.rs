@@ -96,7 +96,8 @@ pub struct Args {
     pub piece: Option<Split>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, 2 of
     /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
-    /// and 8 shared by 4 issuers where nothing combines; movers: the same rules).
+    /// and 8 shared by 4 issuers where nothing combines; movers: one issuer, `auto_pipeline` for
+    /// copy and reduce-into, `combining_pipeline` for reduce-add).
     #[arg(long)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls

@@ -338,7 +338,8 @@ unsafe fn drain(ctx: &Ctx, base: u32, mut consumer: PipelineState, producer: &Pi
     }
 }
 
-/// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight).
+/// Vectors a combining thread folds at once in [`combine_out`] (independent shared loads in flight);
+/// twice as many first where few threads combine ([`COMBINE_WIDE_MAX_THREADS`]).
 const COMBINE_ILP: usize = 4;
 
 /// Folds slots `0..sources` of stage `stage` (`len` bytes) in source order and stores the result at
@@ -407,8 +408,10 @@ unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u3
 
 /// Combining threads at most for [`fold`] to take twice [`COMBINE_ILP`] vectors at once first: with
 /// two warps or fewer no other warp hides a group's shared loads, and the wider group measured
-/// faster (docs/PERF.md: reduce-add per CTA at 64 threads 78.6 -> 87.9 GB/s, 32 threads 49.8 ->
-/// 56.6, with the combining ring's 56 KiB chunks).
+/// faster (docs/PERF.md, with the combining ring's 56 KiB chunks: reduce-add per CTA at 64 threads
+/// 78.5 -> 83.3 GB/s, 32 threads 49.7 -> 55.5; ReduceScatter and AllReduce at 64 threads +2-7 %).
+/// It raises the kernels' register count (f16/bf16 TMA kernels 140 -> 180), which matters only to
+/// CTAs of more than 352 threads.
 const COMBINE_WIDE_MAX_THREADS: u32 = 64;
 
 /// The loop of [`fold`] over whole groups of `ILP` vectors from vector `v` (`v, v + step, …`):
