@@ -208,7 +208,8 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowe
             reserved: 0,
         });
     }
-    let combines = op != SweepOp::Copy;
+    // Only the reduce-add's warps combine; a copy and a bulk reduction are one issuing thread's work.
+    let combines = op == SweepOp::ReduceAdd;
     Lowered { programs, tasks, ranks: 2, slots: op.sources(), combines }
 }
 
@@ -217,8 +218,11 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowe
 pub struct SweepConfig {
     pub bytes: u64,
     pub ctas: Vec<u32>,
-    pub tma_threads_copy: u32,
-    pub tma_threads_reduce: u32,
+    /// Threads of a TMA CTA that copies or bulk-reduces (`cp.reduce.async.bulk`): one thread issues
+    /// every operation, nothing combines.
+    pub tma_threads_bulk: u32,
+    /// Threads of a TMA CTA whose warps combine the reduce-add's two sources in registers.
+    pub tma_threads_combine: u32,
     pub simt_threads: u32,
     /// TMA chunk bytes per source per stage and stages; left open, the collectives' rule for the
     /// program: [`auto_pipeline`](crate::auto_pipeline) for copies and reductions into one source,
@@ -236,8 +240,8 @@ impl Default for SweepConfig {
         SweepConfig {
             bytes: 1 << 30,
             ctas: vec![1, 2, 4, 8, 16, 32, 66, 132],
-            tma_threads_copy: 32,
-            tma_threads_reduce: 256,
+            tma_threads_bulk: 32,
+            tma_threads_combine: 256,
             simt_threads: 512,
             chunk_bytes: None,
             stages: None,
@@ -309,8 +313,8 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
             for mover in [Mover::Tma, Mover::Simt] {
                 let threads = match (mover, op) {
                     (Mover::Simt, _) => cfg.simt_threads,
-                    (Mover::Tma, SweepOp::Copy) => cfg.tma_threads_copy,
-                    (Mover::Tma, _) => cfg.tma_threads_reduce,
+                    (Mover::Tma, SweepOp::Copy | SweepOp::ReduceInto) => cfg.tma_threads_bulk,
+                    (Mover::Tma, SweepOp::ReduceAdd) => cfg.tma_threads_combine,
                 };
                 let spec = LaunchSpec {
                     mover,

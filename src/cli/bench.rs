@@ -82,8 +82,8 @@ pub struct Args {
     /// measures the TMA mover with both unless one is given.
     #[arg(long)]
     pub reduction: Option<String>,
-    /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine sources;
-    /// overlap: of the TMA rows only).
+    /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine the
+    /// reduce-add's sources, copies and bulk reductions run one warp; overlap: of the TMA rows only).
     #[arg(long)]
     pub threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
@@ -329,7 +329,7 @@ pub fn run(a: Args) -> CliResult {
             bytes: a.max_bytes,
             chunk_bytes: a.chunk,
             stages: a.stages,
-            tma_threads_reduce: a.threads.unwrap_or(d.tma_threads_reduce),
+            tma_threads_combine: a.threads.unwrap_or(d.tma_threads_combine),
             split: a.piece.unwrap_or(d.split),
             ..d
         };

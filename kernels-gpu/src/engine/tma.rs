@@ -394,15 +394,7 @@ unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u3
             v = fold_groups::<C, { 2 * COMBINE_ILP }>(ctx, stage, sources, n, v, step, &store);
         }
         v = fold_groups::<C, COMBINE_ILP>(ctx, stage, sources, n, v, step, &store);
-        let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
-        while v < n {
-            let mut acc = ld_shared_v4_u32(slot(0, v));
-            for k in 1..sources {
-                acc = C::vec(acc, ld_shared_v4_u32(slot(k, v)));
-            }
-            store(v, acc);
-            v += step;
-        }
+        fold_groups::<C, 1>(ctx, stage, sources, n, v, step, &store);
     }
 }
 
