@@ -365,36 +365,49 @@ unsafe fn combine_out<C: Combine>(
         if ops.dsts.count() == 1 {
             // One destination: its address once, not per vector.
             let d = ops.dsts.head(ctx) + offset;
-            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
-                st_global_v4_u32(Global::<V4>::from_addr(d + 16 * v as u64), x)
-            });
+            fold::<C>(ctx, stage, sources, len, me, step, |at, x| st_global_v4_u32(Global::<V4>::from_addr(d + at), x));
         } else {
-            fold::<C>(ctx, stage, sources, len, me, step, |v, x| {
+            fold::<C>(ctx, stage, sources, len, me, step, |at, x| {
                 for a in ops.dsts.iter(ctx) {
-                    st_global_v4_u32(Global::<V4>::from_addr(a + offset + 16 * v as u64), x);
+                    st_global_v4_u32(Global::<V4>::from_addr(a + offset + at), x);
                 }
             });
         }
     }
 }
 
-/// The loops of [`combine_out`], with the store of vector `v` given: groups of twice
+/// The loops of [`combine_out`], with the store of a vector given (by its byte offset into the chunk): groups of twice
 /// [`COMBINE_ILP`] vectors where few threads combine, then groups of [`COMBINE_ILP`], then one
 /// vector at a time.
 ///
 /// # Safety
-/// As [`combine_out`]; `store` writes vector `v` of the chunk to every destination.
+/// As [`combine_out`]; `store(at, x)` writes `x` at byte `at` of the chunk to every destination.
 #[inline(always)]
-unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u32, V4)) {
+unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u32, step: u32, store: impl Fn(u64, V4)) {
     let n = len / 16;
     let mut v = me;
     // SAFETY (whole block): forwarded contract; every vector folded lies below `n`.
     unsafe {
         if step <= COMBINE_WIDE_MAX_THREADS {
-            v = fold_groups::<C, { 2 * COMBINE_ILP }>(ctx, stage, sources, n, v, step, &store);
+            const W: usize = 2 * COMBINE_ILP;
+            // The launch shapes' two thread counts as constants: a group's addresses are then one
+            // register plus an immediate each, which spares two warps most of their integer work.
+            v = match step {
+                64 => fold_groups::<C, W>(ctx, stage, sources, n, v, 64, &store),
+                32 => fold_groups::<C, W>(ctx, stage, sources, n, v, 32, &store),
+                _ => fold_groups::<C, W>(ctx, stage, sources, n, v, step, &store),
+            };
         }
         v = fold_groups::<C, COMBINE_ILP>(ctx, stage, sources, n, v, step, &store);
-        fold_groups::<C, 1>(ctx, stage, sources, n, v, step, &store);
+        let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
+        while v < n {
+            let mut acc = ld_shared_v4_u32(slot(0, v));
+            for k in 1..sources {
+                acc = C::vec(acc, ld_shared_v4_u32(slot(k, v)));
+            }
+            store(16 * v as u64, acc);
+            v += step;
+        }
     }
 }
 
@@ -419,7 +432,7 @@ unsafe fn fold_groups<C: Combine, const ILP: usize>(
     n: u32,
     mut v: u32,
     step: u32,
-    store: &impl Fn(u32, V4),
+    store: &impl Fn(u64, V4),
 ) -> u32 {
     let slot = |k: u32, v: u32| ctx.stage_slot(stage, k).byte_add::<V4>(16 * v);
     // SAFETY: every slot address is 16-aligned inside the stage (each vector of a group is below n).
@@ -438,8 +451,10 @@ unsafe fn fold_groups<C: Combine, const ILP: usize>(
                     acc[u] = C::vec(acc[u], more[u]);
                 }
             }
+            // The group's byte offsets as one 64-bit base plus a constant each where `step` is one.
+            let at = 16 * v as u64;
             for (u, x) in acc.iter().enumerate() {
-                store(v + u as u32 * step, *x);
+                store(at + (16 * u as u32 * step) as u64, *x);
             }
             v += ILP as u32 * step;
         }
