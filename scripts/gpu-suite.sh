@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ar-stages allreduce
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce
 # allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -59,6 +59,16 @@ for step in "$@"; do
         [ "${AB_MOVERS:-1}" = 0 ] || { log "$b movers"; timeout 60 $B/$b bench movers -e 1G > "$OUT/ab_movers_$b.log" 2>&1; rows "1|8|132" < "$OUT/ab_movers_$b.log"; }
         for coll in all_reduce reduce_scatter; do for c in 1 8; do
           log "$b $coll --ranks 8 --ctas $c"; timeout 60 $B/$b bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c ${AB_ARGS:-} > "$OUT/ab_${b}_${coll}_$c.log" 2>&1; grep -E "^ +1073741824 |Avg" "$OUT/ab_${b}_${coll}_$c.log" ; done; done; done ;;
+    ab-threads)
+      # A/B of two builds' register combines at few threads (binaries as in `ab`): the movers'
+      # reduce-add at 32-256 threads, AllReduce and ReduceScatter at 64 threads.
+      ab="${AB:-oxccl-old oxccl}"; missing=""; for b in $ab; do [ -x $B/$b ] || missing="$missing $b"; done
+      [ -z "$missing" ] || { echo "ab-threads skipped: not staged:$missing"; continue; }
+      for b in $ab; do
+        for th in 32 64 128 256; do
+          log "$b movers --threads $th"; timeout 60 $B/$b bench movers -e 256M -n 5 -w 2 --threads $th > "$OUT/abt_movers_${b}_$th.log" 2>&1; grep -E "^ +reduce-add +tma" "$OUT/abt_movers_${b}_$th.log" | awk '$3==1||$3==8||$3==32' ; done
+        for rc in 8:1 8:8 2:8 4:4; do set -- ${rc/:/ }; for coll in all_reduce reduce_scatter; do
+          log "$b $coll --ranks $1 --ctas $2 --threads 64"; timeout 60 $B/$b bench $coll --ranks $1 -b 1G -e 1G -n 10 -w 3 --ctas $2 --threads 64 > "$OUT/abt_${b}_${coll}_$1_$2.log" 2>&1; grep -E "^ +1073741824 " "$OUT/abt_${b}_${coll}_$1_$2.log" ; done; done; done ;;
     sweep-old)
       # The previous commit's binary (staged as oxccl-old) at the same pipeline, same run.
       [ -x $B/oxccl-old ] || { echo "sweep-old skipped: no $B/oxccl-old staged"; continue; }
