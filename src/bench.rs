@@ -1422,7 +1422,7 @@ mod tests {
     }
 
     /// The sweep's programs cover the range exactly once, contiguous per CTA or in pieces dealt in
-    /// turn, whatever the remainder.
+    /// turn, whatever the remainder; only the reduce-add's CTAs need more than one warp.
     #[test]
     fn sweep_programs_cover_the_range_once() {
         for (bytes, ctas, piece) in
@@ -1431,6 +1431,9 @@ mod tests {
             for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
                 let l = sweep_program(op, bytes, ctas, piece);
                 assert_eq!(l.programs.len(), ctas as usize);
+                // Only the reduce-add combines in registers; the rest run on one issuing warp.
+                assert_eq!(l.combines, op == SweepOp::ReduceAdd, "{op:?}");
+                assert_eq!(l.slots, op.sources());
                 let mut covered = vec![0u8; bytes as usize];
                 for (c, p) in l.programs.iter().enumerate() {
                     let mine = &l.tasks[p.first_task as usize..][..p.task_count as usize];

@@ -376,9 +376,10 @@ unsafe fn combine_out<C: Combine>(
     }
 }
 
-/// The loops of [`combine_out`], with the store of a vector given (by its byte offset into the chunk): groups of twice
-/// [`COMBINE_ILP`] vectors where few threads combine, then groups of [`COMBINE_ILP`], then one
-/// vector at a time.
+/// The loops of [`combine_out`], with the store of a vector given (by its byte offset into the
+/// chunk): groups of twice [`COMBINE_ILP`] vectors where few threads combine, then groups of
+/// [`COMBINE_ILP`], then one vector at a time. (Written as `fold_groups::<C, 1>`, the last loop
+/// made the kernels 23 % slower at 64 threads: docs/PERF.md.)
 ///
 /// # Safety
 /// As [`combine_out`]; `store(at, x)` writes `x` at byte `at` of the chunk to every destination.
