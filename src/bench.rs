@@ -1366,6 +1366,7 @@ mod tests {
             compute_threads: 256,
             compute_ctas_per_sm: 4,
             compute_ms: None,
+            partition: false,
             iters: 1,
             warmup: 0,
         };
@@ -1403,6 +1404,16 @@ mod tests {
         b.compute_ms = None;
         b.bytes = MAX_OVERLAP_BYTES + 1;
         assert!(b.validate().is_err());
+        b.bytes = 1 << 20;
+
+        // The compute's SMs: all of them, or with partitioning those the collective's CTAs leave on
+        // that GPU (4 CTAs per rank here), refused where none are left.
+        assert_eq!(compute_sms(&b, 132, 8).unwrap(), 132);
+        b.partition = true;
+        assert_eq!(compute_sms(&b, 132, 8).unwrap(), 100);
+        assert_eq!(compute_sms(&b, 132, 1).unwrap(), 128);
+        assert_eq!(compute_sms(&b, 132, 32).unwrap(), 4);
+        assert!(compute_sms(&b, 132, 33).unwrap_err().to_string().contains("leave no SM"));
     }
 
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
@@ -1654,6 +1665,12 @@ pub struct OverlapBench {
     /// How long the compute work alone should take, in ms (`None`: as long as the first
     /// configuration's collective alone). Repetitions are calibrated once to it.
     pub compute_ms: Option<f64>,
+    /// Keeps the compute off the SMs the collective takes: on each GPU the compute gets the SMs
+    /// less the collective's CTAs there ([`OverlapBench::ctas`] times the ranks on that GPU), as
+    /// cuBLAS's SM count target (`cublasSetSmCountTarget`) or as the FMA grid. This is how GEMMs are
+    /// run beside communication when SMs are partitioned between the two (FlashOverlap, T-CCL's
+    /// overlap benchmark); `false`: the compute may use every SM.
+    pub partition: bool,
     pub iters: usize,
     pub warmup: usize,
 }
@@ -1666,6 +1683,8 @@ pub struct OverlapRow {
     /// alone takes about [`OverlapBench::compute_ms`], or as long as the first configuration's
     /// collective; at least one).
     pub compute_reps: u32,
+    /// SMs the compute may use on the first GPU (all unless [`OverlapBench::partition`]).
+    pub compute_sms: u32,
     pub mover: &'static str,
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
     pub reduction: &'static str,
@@ -1765,8 +1784,11 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     for l in &lanes {
         let ordinal = l.context().ordinal();
         if !ordinals.contains(&ordinal) {
+            let sms = Engine::new(l.context())?.sms;
+            let ranks_here = streams.iter().filter(|s| s.context().ordinal() == ordinal).count() as u32;
+            let compute_sms = compute_sms(b, sms, ranks_here)?;
             let cs = l.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
-            works.push(Compute::new(&cs, b)?);
+            works.push(Compute::new(&cs, b, compute_sms)?);
             compute_streams.push(cs);
             ordinals.push(ordinal);
         }
@@ -1775,6 +1797,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     let device_of: Vec<usize> =
         lanes.iter().map(|l| ordinals.iter().position(|&o| o == l.context().ordinal()).unwrap_or(0)).collect();
     let probe = works[0].probe_reps();
+    let compute_sms = works[0].sms;
     let mut launch_compute = |reps: u32| -> Result<()> {
         for w in works.iter_mut() {
             w.launch(reps)?;
@@ -1868,6 +1891,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             rows.push(OverlapRow {
                 compute: b.compute.name(),
                 compute_reps: reps,
+                compute_sms,
                 mover: if mover == Mover::Tma { "tma" } else { "simt" },
                 reduction: match reduction {
                     Reduction::Registers => "registers",
@@ -1904,6 +1928,25 @@ fn overlap_variants(b: &OverlapBench) -> Vec<(Mover, Reduction)> {
     v
 }
 
+/// The SMs the compute may use on a GPU of `sms` SMs holding `ranks_here` of the collective's ranks:
+/// all of them, or with [`OverlapBench::partition`] those the collective's CTAs leave.
+fn compute_sms(b: &OverlapBench, sms: u32, ranks_here: u32) -> Result<u32> {
+    if !b.partition {
+        return Ok(sms);
+    }
+    let taken = b.ctas as u64 * ranks_here as u64;
+    if taken >= sms as u64 {
+        return Err(Error::Config {
+            field: "partition",
+            why: format!(
+                "{} CTAs per rank x {ranks_here} ranks on a GPU of {sms} SMs leave no SM to the compute",
+                b.ctas
+            ),
+        });
+    }
+    Ok(sms - taken as u32)
+}
+
 /// The collective's configuration in one row of [`overlap_bench`]: deterministic where the
 /// reduction allows it (registers), not with the bulk reductions; the pipeline and threads asked
 /// for apply to the TMA rows.
@@ -1927,6 +1970,8 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
 /// The overlap benchmark's compute work on its own stream, launched `reps` times per call.
 struct Compute {
     stream: Arc<CudaStream>,
+    /// SMs the work may use.
+    sms: u32,
     kind: ComputeKind,
 }
 
@@ -1951,7 +1996,9 @@ enum ComputeKind {
 }
 
 impl Compute {
-    fn new(stream: &Arc<CudaStream>, b: &OverlapBench) -> Result<Compute> {
+    /// The compute work on `stream`, on `sms` SMs (the FMA grid, or cuBLAS's SM count target where
+    /// fewer than the GPU's).
+    fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32) -> Result<Compute> {
         let ctx = stream.context();
         let kind = match b.compute {
             ComputeLoad::Fma => {
@@ -1959,7 +2006,7 @@ impl Compute {
                     .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
                     .map_err(Error::driver("cuModuleLoadData"))?;
                 let function = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
-                let grid = Engine::new(ctx)?.sms * b.compute_ctas_per_sm;
+                let grid = sms * b.compute_ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
                 let out_ptr = out.device_ptr_mut(stream).0;
@@ -1970,13 +2017,17 @@ impl Compute {
                 };
                 ComputeKind::Fma { function, _out: out, out_ptr, config }
             }
-            ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k)?,
+            ComputeLoad::Gemm { m, n, k } => {
+                let all = Engine::new(ctx)?.sms;
+                Self::gemm(stream, m, n, k, (sms < all).then_some(sms))?
+            }
         };
-        Ok(Compute { stream: stream.clone(), kind })
+        Ok(Compute { stream: stream.clone(), sms, kind })
     }
 
+    /// cuBLAS and the GEMM's matrices; `sm_target`: the SMs cuBLAS should plan for.
     #[cfg(feature = "gemm")]
-    fn gemm(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32) -> Result<ComputeKind> {
+    fn gemm(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32, sm_target: Option<u32>) -> Result<ComputeKind> {
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         if m == 0 || n == 0 || k == 0 || [m64 * k64, k64 * n64, m64 * n64].iter().any(|&e| e > 1 << 30) {
             return Err(Error::Config {
@@ -1993,6 +2044,16 @@ impl Compute {
         }
         let blas = cudarc::cublas::CudaBlas::new(stream.clone())
             .map_err(|e| Error::Config { field: "compute", why: format!("cublasCreate: {e:?}") })?;
+        if let Some(target) = sm_target {
+            // SAFETY: the handle is live (owned by `blas`); the call only sets a planning hint.
+            let status = unsafe { cudarc::cublas::sys::cublasSetSmCountTarget(*blas.handle(), target as i32) };
+            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(Error::Config {
+                    field: "partition",
+                    why: format!("cublasSetSmCountTarget({target}): {status:?}"),
+                });
+            }
+        }
         // Small values so the products stay finite in bf16; the values do not matter for timing.
         let fill = |len: u64, step: u64| -> Result<CudaSlice<half::bf16>> {
             let host: Vec<half::bf16> =
@@ -2006,7 +2067,7 @@ impl Compute {
     }
 
     #[cfg(not(feature = "gemm"))]
-    fn gemm(_: &Arc<CudaStream>, _: u32, _: u32, _: u32) -> Result<ComputeKind> {
+    fn gemm(_: &Arc<CudaStream>, _: u32, _: u32, _: u32, _: Option<u32>) -> Result<ComputeKind> {
         Err(Error::Config {
             field: "compute",
             why: "this build has no cuBLAS bindings: build with `--features gemm` for the GEMM load".into(),

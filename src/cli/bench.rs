@@ -122,6 +122,11 @@ pub struct Args {
     /// configuration's collective alone).
     #[arg(long)]
     pub compute_ms: Option<f64>,
+    /// overlap: keep the compute off the SMs the collective's CTAs take (cuBLAS's SM count target,
+    /// or a smaller FMA grid: the GPU's SMs less `--ctas` times its ranks), as when SMs are
+    /// partitioned between a GEMM and communication.
+    #[arg(long)]
+    pub partition: bool,
     /// overlap, `--compute fma`: FMA CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
@@ -212,8 +217,11 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 
 pub fn run(a: Args) -> CliResult {
     let overlap = a.what.as_deref() == Some("overlap");
-    for (flag, given) in [("--compute-ms", a.compute_ms.is_some()), ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some())]
-    {
+    for (flag, given) in [
+        ("--compute-ms", a.compute_ms.is_some()),
+        ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some()),
+        ("--partition", a.partition),
+    ] {
         if given && !overlap {
             let what = a.what.as_deref().unwrap_or("--algo/--xml");
             return Err(format!("{flag} is for overlap, not {what}").into());
@@ -706,6 +714,13 @@ fn run_overlap(
         }
     );
     let rows = bench::overlap_bench(&streams, &b)?;
+    if let Some(r) = rows.first() {
+        println!(
+            "# compute on {} SMs per GPU{}",
+            r.compute_sms,
+            if b.partition { " (the SMs the collective's CTAs leave)" } else { " (all)" }
+        );
+    }
     println!(
         "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
         "mover",
@@ -782,6 +797,7 @@ fn overlap_args(a: &Args, ranks: usize) -> Result<bench::OverlapBench, Box<dyn s
         compute_threads: 256,
         compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
         compute_ms: a.compute_ms,
+        partition: a.partition,
         iters: a.iters,
         warmup: a.warmup,
     })
