@@ -1665,11 +1665,12 @@ pub struct OverlapBench {
     /// How long the compute work alone should take, in ms (`None`: as long as the first
     /// configuration's collective alone). Repetitions are calibrated once to it.
     pub compute_ms: Option<f64>,
-    /// Keeps the compute off the SMs the collective takes: on each GPU the compute gets the SMs
-    /// less the collective's CTAs there ([`OverlapBench::ctas`] times the ranks on that GPU), as
-    /// cuBLAS's SM count target (`cublasSetSmCountTarget`) or as the FMA grid. This is how GEMMs are
-    /// run beside communication when SMs are partitioned between the two (FlashOverlap, T-CCL's
-    /// overlap benchmark); `false`: the compute may use every SM.
+    /// Sizes the compute for the SMs the collective leaves: on each GPU the SMs less the
+    /// collective's CTAs there ([`OverlapBench::ctas`] times the ranks on that GPU), given to cuBLAS
+    /// as its SM count target (`cublasSetSmCountTarget`, which sizes its grid) or as the FMA grid
+    /// (that many SMs' worth of CTAs; the block scheduler still places them on any SM with room).
+    /// This is how GEMMs are sized beside communication when SMs are partitioned between the two
+    /// (FlashOverlap, T-CCL's overlap benchmark); `false`: the compute is sized for every SM.
     pub partition: bool,
     pub iters: usize,
     pub warmup: usize,
@@ -1683,7 +1684,7 @@ pub struct OverlapRow {
     /// alone takes about [`OverlapBench::compute_ms`], or as long as the first configuration's
     /// collective; at least one).
     pub compute_reps: u32,
-    /// SMs the compute may use on the first GPU (all unless [`OverlapBench::partition`]).
+    /// SMs the compute is sized for on the first GPU (all unless [`OverlapBench::partition`]).
     pub compute_sms: u32,
     pub mover: &'static str,
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
@@ -1784,7 +1785,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     for l in &lanes {
         let ordinal = l.context().ordinal();
         if !ordinals.contains(&ordinal) {
-            let sms = Engine::new(l.context())?.sms;
+            let sms = sm_count(l.context())?;
             let ranks_here = streams.iter().filter(|s| s.context().ordinal() == ordinal).count() as u32;
             let compute_sms = compute_sms(b, sms, ranks_here)?;
             let cs = l.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
@@ -1928,7 +1929,15 @@ fn overlap_variants(b: &OverlapBench) -> Vec<(Mover, Reduction)> {
     v
 }
 
-/// The SMs the compute may use on a GPU of `sms` SMs holding `ranks_here` of the collective's ranks:
+/// The SMs of `ctx`'s GPU.
+fn sm_count(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<u32> {
+    let n = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(Error::driver("cuDeviceGetAttribute"))?;
+    Ok(n.max(0) as u32)
+}
+
+/// The SMs the compute is sized for on a GPU of `sms` SMs holding `ranks_here` of the collective's ranks:
 /// all of them, or with [`OverlapBench::partition`] those the collective's CTAs leave.
 fn compute_sms(b: &OverlapBench, sms: u32, ranks_here: u32) -> Result<u32> {
     if !b.partition {
@@ -1970,7 +1979,7 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
 /// The overlap benchmark's compute work on its own stream, launched `reps` times per call.
 struct Compute {
     stream: Arc<CudaStream>,
-    /// SMs the work may use.
+    /// SMs the work is sized for.
     sms: u32,
     kind: ComputeKind,
 }
@@ -1996,8 +2005,8 @@ enum ComputeKind {
 }
 
 impl Compute {
-    /// The compute work on `stream`, on `sms` SMs (the FMA grid, or cuBLAS's SM count target where
-    /// fewer than the GPU's).
+    /// The compute work on `stream`, sized for `sms` SMs (the FMA grid, or cuBLAS's SM count target
+    /// where fewer than the GPU's).
     fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32) -> Result<Compute> {
         let ctx = stream.context();
         let kind = match b.compute {
@@ -2017,10 +2026,7 @@ impl Compute {
                 };
                 ComputeKind::Fma { function, _out: out, out_ptr, config }
             }
-            ComputeLoad::Gemm { m, n, k } => {
-                let all = Engine::new(ctx)?.sms;
-                Self::gemm(stream, m, n, k, (sms < all).then_some(sms))?
-            }
+            ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < sm_count(ctx)?).then_some(sms))?,
         };
         Ok(Compute { stream: stream.clone(), sms, kind })
     }

@@ -66,6 +66,8 @@ fn a_bad_compute_time_is_named() {
     assert!(!ok && err.contains("--compute-ms is for overlap, not all_reduce"), "{err}");
     let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--topo", "1x2", "--fma-ctas-per-sm", "2"]);
     assert!(!ok && err.contains("--fma-ctas-per-sm is for overlap, not --algo/--xml"), "{err}");
+    let (ok, err) = oxccl(&["bench", "reduce_scatter", "--partition"]);
+    assert!(!ok && err.contains("--partition is for overlap, not reduce_scatter"), "{err}");
 }
 
 #[test]

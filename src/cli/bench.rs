@@ -122,7 +122,7 @@ pub struct Args {
     /// configuration's collective alone).
     #[arg(long)]
     pub compute_ms: Option<f64>,
-    /// overlap: keep the compute off the SMs the collective's CTAs take (cuBLAS's SM count target,
+    /// overlap: size the compute for the SMs the collective's CTAs leave (cuBLAS's SM count target,
     /// or a smaller FMA grid: the GPU's SMs less `--ctas` times its ranks), as when SMs are
     /// partitioned between a GEMM and communication.
     #[arg(long)]
@@ -716,9 +716,9 @@ fn run_overlap(
     let rows = bench::overlap_bench(&streams, &b)?;
     if let Some(r) = rows.first() {
         println!(
-            "# compute on {} SMs per GPU{}",
+            "# compute sized for {} SMs on the first GPU{}",
             r.compute_sms,
-            if b.partition { " (the SMs the collective's CTAs leave)" } else { " (all)" }
+            if b.partition { " (the SMs the collective's CTAs leave there)" } else { " (all)" }
         );
     }
     println!(
