@@ -1789,7 +1789,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             let ranks_here = streams.iter().filter(|s| s.context().ordinal() == ordinal).count() as u32;
             let compute_sms = compute_sms(b, sms, ranks_here)?;
             let cs = l.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
-            works.push(Compute::new(&cs, b, compute_sms)?);
+            works.push(Compute::new(&cs, b, compute_sms, sms)?);
             compute_streams.push(cs);
             ordinals.push(ordinal);
         }
@@ -2005,9 +2005,9 @@ enum ComputeKind {
 }
 
 impl Compute {
-    /// The compute work on `stream`, sized for `sms` SMs (the FMA grid, or cuBLAS's SM count target
-    /// where fewer than the GPU's).
-    fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32) -> Result<Compute> {
+    /// The compute work on `stream`, sized for `sms` of the GPU's `all_sms` SMs (the FMA grid, or
+    /// cuBLAS's SM count target where fewer than all).
+    fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32, all_sms: u32) -> Result<Compute> {
         let ctx = stream.context();
         let kind = match b.compute {
             ComputeLoad::Fma => {
@@ -2026,7 +2026,7 @@ impl Compute {
                 };
                 ComputeKind::Fma { function, _out: out, out_ptr, config }
             }
-            ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < sm_count(ctx)?).then_some(sms))?,
+            ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < all_sms).then_some(sms))?,
         };
         Ok(Compute { stream: stream.clone(), sms, kind })
     }

@@ -882,7 +882,7 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool, 
     let (one_chunk, one_stages) = auto_pipeline(room, slots, None, None);
     let split = |stages: u32| -> u32 {
         let each = (one_chunk as usize * one_stages as usize) / stages.max(1) as usize;
-        (if each >= 1024 { each / 1024 * 1024 } else { each / 16 * 16 }).max(16) as u32
+        chunk_grain(each).max(16)
     };
     let (issuers, chunk, stages) = match c.issuers {
         Some(w) if streams && w > 1 => {
@@ -981,10 +981,8 @@ pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option
     const MAX_CHUNK: usize = 32 * 1024;
     const MIN_CHUNK: usize = 16 * 1024;
     let slots = slots.max(1) as usize;
-    let fit = |stages: usize| {
-        let b = (room / (stages.max(1) * slots)).min(MAX_CHUNK).min(((1usize << 20) - 1) / slots);
-        (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32
-    };
+    let fit =
+        |stages: usize| chunk_grain((room / (stages.max(1) * slots)).min(MAX_CHUNK).min(((1usize << 20) - 1) / slots));
     match (chunk, stages) {
         (Some(b), Some(st)) => (b, st),
         (None, Some(st)) => (fit(st as usize), st),
@@ -1012,11 +1010,15 @@ pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option
 pub fn combining_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
     let per_stage = room / stages.unwrap_or(2).max(1) as usize / slots.max(1) as usize;
     let b = per_stage.min(((1usize << 20) - 1) / slots.max(1) as usize);
-    let fit = (if b >= 1024 { b / 1024 * 1024 } else { b / 16 * 16 }) as u32;
     match (chunk, stages) {
-        (None, st) => (fit, st.unwrap_or(2)),
+        (None, st) => (chunk_grain(b), st.unwrap_or(2)),
         (Some(_), _) => auto_pipeline(room, slots, chunk, stages),
     }
+}
+
+/// The largest chunk of at most `bytes`: a multiple of 1 KiB from 1 KiB, of 16 bytes below.
+fn chunk_grain(bytes: usize) -> u32 {
+    (if bytes >= 1024 { bytes / 1024 * 1024 } else { bytes / 16 * 16 }) as u32
 }
 
 /// Longest device-side wait a configuration may ask for.

@@ -87,6 +87,8 @@ fn combine_direct_is_refused_where_it_means_nothing() {
     // A value is required, so the flag cannot swallow the benchmark's name.
     let (ok, err) = oxccl(&["bench", "all_reduce", "--combine-direct"]);
     assert!(!ok && err.contains("--combine-direct"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--combine-direct", "all_reduce"]);
+    assert!(!ok && err.contains("invalid value 'all_reduce' for '--combine-direct"), "{err}");
 }
 
 #[test]
