@@ -391,12 +391,13 @@ unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u3
     unsafe {
         if step <= COMBINE_WIDE_MAX_THREADS {
             const W: usize = 2 * COMBINE_ILP;
-            // The launch shapes' two thread counts as constants: a group's addresses are then one
-            // register plus an immediate each, which spares two warps most of their integer work.
+            // The two thread counts a combine of at most two warps has (threads are whole warps),
+            // as constants: a group's addresses are then one register plus an immediate each, which
+            // spares two warps most of their integer work.
             v = match step {
                 64 => fold_groups::<C, W>(ctx, stage, sources, n, v, 64, &store),
                 32 => fold_groups::<C, W>(ctx, stage, sources, n, v, 32, &store),
-                _ => fold_groups::<C, W>(ctx, stage, sources, n, v, step, &store),
+                _ => v,
             };
         }
         v = fold_groups::<C, COMBINE_ILP>(ctx, stage, sources, n, v, step, &store);
