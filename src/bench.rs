@@ -225,8 +225,10 @@ pub struct SweepConfig {
     pub tma_threads_combine: u32,
     pub simt_threads: u32,
     /// TMA chunk bytes per source per stage and stages; left open, the collectives' rule for the
-    /// program: [`auto_pipeline`](crate::auto_pipeline) for copies and reductions into one source,
-    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine.
+    /// program: [`auto_pipeline`](crate::auto_pipeline) for reductions into one source,
+    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine, and
+    /// for the copy, which has the SM to itself, 32 KiB chunks as deep as shared memory allows
+    /// (`lone_copy_pipeline`).
     pub chunk_bytes: Option<u32>,
     pub stages: Option<u32>,
     /// How the range is split between the CTAs.
@@ -366,17 +368,32 @@ const MAX_SWEEP_PIECES: u64 = 1 << 20;
 
 /// The sweep's TMA pipeline `(chunk, stages)` for `op`'s program with `slots` sources per stage: the
 /// collectives' rule for what the configuration leaves open (the reduce-add stores its combine from
-/// registers, as ReduceScatter does), and a configured chunk that `stages × slots` of would not fit
-/// the device's shared memory cut to the largest 1 KiB multiple that does.
+/// registers, as ReduceScatter does), except that a copy left wholly open takes
+/// [`lone_copy_pipeline`]; and a configured chunk that `stages × slots` of would not fit the
+/// device's shared memory cut to the largest 1 KiB multiple that does.
 fn sweep_pipeline(engine: &Engine, cfg: &SweepConfig, op: SweepOp, slots: u32) -> (u32, u32) {
     let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES);
-    let (chunk, stages) = if op == SweepOp::ReduceAdd {
-        crate::combining_pipeline(room, slots, cfg.chunk_bytes, cfg.stages)
-    } else {
-        crate::auto_pipeline(room, slots, cfg.chunk_bytes, cfg.stages)
+    let (chunk, stages) = match (op, cfg.chunk_bytes, cfg.stages) {
+        (SweepOp::ReduceAdd, ..) => crate::combining_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
+        (SweepOp::Copy, None, None) => lone_copy_pipeline(room),
+        _ => crate::auto_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
     };
     let fit = room / (stages.max(1) as usize * slots.max(1) as usize);
     (chunk.min((fit / 1024 * 1024).max(16) as u32), stages)
+}
+
+/// The ring of a copy that has the SM's shared memory to itself (the sweep's copy rows: one source,
+/// one issuing warp, no other kernel beside it): [`auto_pipeline`](crate::auto_pipeline)'s 32 KiB
+/// chunk, as many stages as fit (at most `MAX_STAGES`). The collectives keep 4 stages or fewer per
+/// issuer so that other kernels keep room on the SM. Measured on an H200 (docs/PERF.md, 2026-12-01,
+/// TMA copy GB/s per CTA at 1 / 16 / 32 CTAs): 32 KiB × 4 100.6 / 99.6 / 91.1 (SIMT 97.0 / 96.0 /
+/// 91.7), × 6 100.9 / 100.3 / 97.3, × 7 100.7 / 100.5 / 98.2; at 132 CTAs all 90.2-90.7 % of
+/// `cuMemcpyDtoD`. Deeper rings of bulk reductions lose at 32 CTAs (reduce-into 32 KiB × 7: 88.7
+/// against 109 with × 4), so reduce-into keeps the collectives' rule.
+fn lone_copy_pipeline(room: usize) -> (u32, u32) {
+    let (chunk, _) = crate::auto_pipeline(room, 1, None, None);
+    let stages = (room / chunk.max(1) as usize).clamp(1, abi::MAX_STAGES);
+    (chunk, stages as u32)
 }
 
 /// Parameters of a collective benchmark (nccl-tests flags).
@@ -1345,6 +1362,18 @@ fn reshard_call(
 mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
+
+    /// The sweep's copy ring: 32 KiB chunks, as many stages as the room holds (never none, never
+    /// more than the kernels' ring).
+    #[test]
+    fn lone_copy_pipeline_fills_the_room_with_32k_stages() {
+        let h200 = 227 * 1024 - abi::smem::STAGES;
+        assert_eq!(lone_copy_pipeline(h200), (32768, 7));
+        assert_eq!(lone_copy_pipeline(4 * 32768), (32768, 4));
+        let (chunk, stages) = lone_copy_pipeline(40 * 1024);
+        assert!(chunk as usize * stages as usize <= 40 * 1024 && stages >= 1, "{chunk} x {stages}");
+        assert_eq!(lone_copy_pipeline(1 << 30).1, abi::MAX_STAGES as u32);
+    }
 
     /// Every row the overlap benchmark measures has a configuration a communicator accepts (the
     /// bulk reductions are not deterministic, so those rows must not ask for it).
