@@ -20,6 +20,17 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device/bin/" + name)
         print("staged", name)
 '
+# The cargo benches (criterion's mover cases, `oxccl bench` as a bench), as bench-movers and
+# bench-collectives; run them with `--bench`.
+cargo bench --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        shutil.copy(m["executable"], ".device/bin/bench-" + m["target"]["name"])
+        print("staged bench-" + m["target"]["name"])
+'
 # MSCCL files for `gpu-suite.sh compiled-bench` (the GPU machine has no checkout).
 mkdir -p .device/host-msccl
 cp host/tests/data/msccl/*.xml .device/host-msccl/

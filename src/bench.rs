@@ -79,7 +79,11 @@ pub enum SweepOp {
 }
 
 impl SweepOp {
-    fn name(self) -> &'static str {
+    /// Every operation, in the sweep's order.
+    pub const ALL: [SweepOp; 3] = [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto];
+
+    /// The row's name in the sweep's table.
+    pub fn name(self) -> &'static str {
         match self {
             SweepOp::Copy => "copy",
             SweepOp::ReduceAdd => "reduce-add",
@@ -295,72 +299,152 @@ impl SweepConfig {
 /// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
 pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
     cfg.validate()?;
-    let engine = Engine::new(stream.context())?;
-    let n = (cfg.bytes / 4) as usize;
-    let a: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
-    let b: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
-    let dst: CudaSlice<f32> = stream.alloc_zeros(n).map_err(Error::driver("cuMemAlloc"))?;
+    let bench = MoverBench::new(stream, cfg.bytes)?;
     let memcpy_gbps = memcpy_rate(stream, cfg.bytes as usize, cfg.warmup, cfg.iters)?;
-    let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
-    buffers[0][slot::INPUT as usize] = a.device_ptr(stream).0;
-    buffers[1][slot::INPUT as usize] = b.device_ptr(stream).0;
-    buffers[0][slot::OUTPUT as usize] = dst.device_ptr(stream).0;
-    let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>())?;
     let mut rows = Vec::new();
-    for op in [SweepOp::Copy, SweepOp::ReduceAdd, SweepOp::ReduceInto] {
+    for op in SweepOp::ALL {
         for &ctas in &cfg.ctas {
-            let l = sweep_program(op, cfg.bytes, ctas, cfg.split.piece(cfg.bytes, ctas));
-            let prog: DeviceProgram = engine.upload(&l, 0..l.programs.len())?;
-            let (chunk, stages) = sweep_pipeline(&engine, cfg, op, l.slots);
             for mover in [Mover::Tma, Mover::Simt] {
-                let threads = match (mover, op) {
-                    (Mover::Simt, _) => cfg.simt_threads,
-                    (Mover::Tma, SweepOp::Copy | SweepOp::ReduceInto) => cfg.tma_threads_bulk,
-                    (Mover::Tma, SweepOp::ReduceAdd) => cfg.tma_threads_combine,
-                };
-                let spec = LaunchSpec {
-                    mover,
-                    dtype: DType::F32,
-                    op: ReduceOp::Sum,
-                    threads,
-                    chunk_bytes: chunk,
-                    stages,
-                    reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
-                    timeout_ns: 10_000_000_000,
-                    wait_suspend_ns: 0,
-                    issuers: 1,
-                    combine_direct: false,
-                };
-                let ms = time_ms(stream, cfg.warmup, cfg.iters, || {
-                    // SAFETY: the three buffers hold `bytes` each and outlive the synchronised timing.
-                    unsafe { engine.launch(stream, &prog, &spec, buffers, [0; MAX_RANKS], status.ptr()) }
-                })?;
-                let info = engine.kernel_info(mover, DType::F32, ReduceOp::Sum)?;
-                let gbps = op.traffic() as f64 * cfg.bytes as f64 / (ms * 1e-3) / 1e9;
+                let case = bench.case(cfg, op, mover, ctas)?;
+                let ms = bench.time_ms(&case, cfg.warmup, cfg.iters)?;
+                let gbps = case.traffic_bytes() as f64 / (ms * 1e-3) / 1e9;
                 rows.push(SweepRow {
                     op: op.name(),
                     mover: if mover == Mover::Tma { "tma" } else { "simt" },
                     ctas,
-                    threads,
-                    registers: info.registers,
+                    threads: case.spec.threads,
+                    registers: bench.registers(mover)?,
                     bytes: cfg.bytes,
-                    chunk_bytes: if mover == Mover::Tma { spec.chunk_bytes } else { 0 },
-                    stages: if mover == Mover::Tma { spec.stages } else { 0 },
+                    chunk_bytes: if mover == Mover::Tma { case.spec.chunk_bytes } else { 0 },
+                    stages: if mover == Mover::Tma { case.spec.stages } else { 0 },
                     ms,
                     gbps,
                     gbps_per_cta: gbps / ctas as f64,
                     of_memcpy: gbps / memcpy_gbps,
-                    piece_bytes: cfg.split.piece(cfg.bytes, ctas).unwrap_or(0),
+                    piece_bytes: case.piece_bytes,
                 });
             }
         }
     }
-    stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-    let st: Status = bytemuck::pod_read_unaligned(&status.read()?[..std::mem::size_of::<Status>()]);
-    if let Some(e) = Error::from_status(&st) {
-        return Err(e);
-    }
+    bench.finish()?;
     Ok((memcpy_gbps, rows))
+}
+
+/// The mover sweep's device side on one GPU: the engine and three `bytes`-long f32 buffers (rank 0's
+/// input `a` and output `dst`, rank 1's input `b`), so that each (operation, mover, CTA count) is
+/// prepared once ([`MoverBench::case`]) and timed by whichever harness measures it: the sweep's
+/// table ([`mover_sweep`]) or criterion (`benches/movers.rs`). The buffers hold zeros: the sweep
+/// measures bandwidth; `tests/gpu_engine.rs` checks the movers' results.
+pub struct MoverBench {
+    stream: Arc<CudaStream>,
+    engine: Engine,
+    bytes: u64,
+    buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+    status: DeviceAlloc,
+    // Owned so that the addresses in `buffers` stay valid for every launch.
+    _memory: [CudaSlice<f32>; 3],
+}
+
+/// One prepared measurement of the mover sweep: the program uploaded for its CTA count and the
+/// launch (mover, threads, TMA pipeline).
+pub struct MoverCase {
+    pub op: SweepOp,
+    pub ctas: u32,
+    pub spec: LaunchSpec,
+    /// Bytes per piece dealt to the CTAs in turn (0: one contiguous range per CTA).
+    pub piece_bytes: u64,
+    bytes: u64,
+    prog: DeviceProgram,
+}
+
+impl MoverCase {
+    /// Bytes read plus written by one launch (what the sweep's GB/s count).
+    pub fn traffic_bytes(&self) -> u64 {
+        self.op.traffic() * self.bytes
+    }
+}
+
+impl MoverBench {
+    /// Loads the kernels on `stream`'s GPU and allocates the buffers (3 × `bytes`, a multiple of 4).
+    pub fn new(stream: &Arc<CudaStream>, bytes: u64) -> Result<Self> {
+        if !bytes.is_multiple_of(4) {
+            return Err(Error::Config {
+                field: "bytes",
+                why: format!("{bytes} is not a whole number of f32 elements"),
+            });
+        }
+        let engine = Engine::new(stream.context())?;
+        let n = (bytes / 4) as usize;
+        let alloc = || stream.alloc_zeros::<f32>(n).map_err(Error::driver("cuMemAlloc"));
+        let memory = [alloc()?, alloc()?, alloc()?];
+        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        buffers[0][slot::INPUT as usize] = memory[0].device_ptr(stream).0;
+        buffers[1][slot::INPUT as usize] = memory[1].device_ptr(stream).0;
+        buffers[0][slot::OUTPUT as usize] = memory[2].device_ptr(stream).0;
+        let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>())?;
+        Ok(MoverBench { stream: stream.clone(), engine, bytes, buffers, status, _memory: memory })
+    }
+
+    /// Prepares `op` with `mover` on `ctas` CTAs as `cfg` shapes it (threads, pipeline, split).
+    pub fn case(&self, cfg: &SweepConfig, op: SweepOp, mover: Mover, ctas: u32) -> Result<MoverCase> {
+        let piece = cfg.split.piece(self.bytes, ctas);
+        let l = sweep_program(op, self.bytes, ctas, piece);
+        let prog = self.engine.upload(&l, 0..l.programs.len())?;
+        let (chunk, stages) = sweep_pipeline(&self.engine, cfg, op, l.slots);
+        let threads = match (mover, op) {
+            (Mover::Simt, _) => cfg.simt_threads,
+            (Mover::Tma, SweepOp::Copy | SweepOp::ReduceInto) => cfg.tma_threads_bulk,
+            (Mover::Tma, SweepOp::ReduceAdd) => cfg.tma_threads_combine,
+        };
+        let spec = LaunchSpec {
+            mover,
+            dtype: DType::F32,
+            op: ReduceOp::Sum,
+            threads,
+            chunk_bytes: chunk,
+            stages,
+            reduce_mode: if op == SweepOp::ReduceInto { ReduceMode::Tma } else { ReduceMode::Registers },
+            timeout_ns: 10_000_000_000,
+            wait_suspend_ns: 0,
+            issuers: 1,
+            combine_direct: false,
+        };
+        self.engine.check(&spec, prog.ctas, prog.slots)?;
+        Ok(MoverCase { op, ctas, spec, piece_bytes: piece.unwrap_or(0), bytes: self.bytes, prog })
+    }
+
+    /// Queues one launch of `case` on the stream (asynchronous; [`MoverBench::finish`] reports a
+    /// device-side error).
+    pub fn launch(&self, case: &MoverCase) -> Result<()> {
+        // SAFETY: the three buffers hold `bytes` each, every task lies inside them, and they live as
+        // long as `self` (every launch is synchronised before they are freed: `finish`, or the
+        // stream's own order before the allocations' drop); the program has no barriers; `status`
+        // is this bench's zeroed record.
+        unsafe {
+            self.engine.launch(&self.stream, &case.prog, &case.spec, self.buffers, [0; MAX_RANKS], self.status.ptr())
+        }
+    }
+
+    /// Milliseconds per launch of `case` over `iters` launches after `warmup`, by device events.
+    pub fn time_ms(&self, case: &MoverCase, warmup: usize, iters: usize) -> Result<f64> {
+        time_ms(&self.stream, warmup, iters, || self.launch(case))
+    }
+
+    /// Registers per thread of `mover`'s f32-sum kernel (the one every row runs).
+    pub fn registers(&self, mover: Mover) -> Result<u32> {
+        Ok(self.engine.kernel_info(mover, DType::F32, ReduceOp::Sum)?.registers)
+    }
+
+    /// Waits for every launch and turns a device-side error (a wait that gave up, a bad task) into
+    /// an `Err`.
+    pub fn finish(&self) -> Result<()> {
+        self.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        let st: Status = bytemuck::pod_read_unaligned(&self.status.read()?[..std::mem::size_of::<Status>()]);
+        match Error::from_status(&st) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Most pieces [`Split::Pieces`] may cut the range into (one task each).
