@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce
 # allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -39,6 +39,10 @@ for step in "$@"; do
       timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;
     sweep)
       log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
+    benches)
+      # The cargo benches (staged as bench-*): criterion's mover cases, and `oxccl bench` as a bench.
+      log bench-movers; timeout 400 $B/bench-movers --bench > "$OUT/bench_movers.log" 2>&1; grep -E "^(copy|reduce)|thrpt|skipped|panicked" "$OUT/bench_movers.log"
+      log bench-collectives; timeout 120 $B/bench-collectives --bench all_reduce --ranks 8 -b 64M -e 1G -f 4 --ctas 8 > "$OUT/bench_collectives.log" 2>&1; grep -v "^{" "$OUT/bench_collectives.log" ;;
     sweep-configs)
       # CONFIGS: chunk:stages pairs.
       for cs in ${CONFIGS:-16384:4 16384:8 24576:8 32768:6 16384:12 12288:16 8192:16}; do
