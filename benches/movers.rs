@@ -4,9 +4,9 @@
 //! and registers per CTA: `oxccl bench movers`.
 //!
 //! ```text
-//! cargo bench --bench movers                    # every case, 256 MiB per buffer
+//! cargo bench --bench movers                    # every case, 1 GiB per buffer (as `oxccl bench movers`)
 //! cargo bench --bench movers -- 'copy/tma'      # criterion's filter
-//! OXCCL_BENCH_BYTES=1073741824 cargo bench --bench movers
+//! OXCCL_BENCH_BYTES=268435456 cargo bench --bench movers   # 256 MiB (66 and 132 CTAs then get one range each)
 //! ```
 //!
 //! Without a GPU it prints `skipped: no GPU (...)` and measures nothing.
@@ -16,8 +16,9 @@ use oxccl::Mover;
 use oxccl::bench::{MoverBench, SweepConfig, SweepOp};
 use std::time::Duration;
 
-/// Bytes per buffer unless `OXCCL_BENCH_BYTES` says otherwise.
-const DEFAULT_BYTES: u64 = 256 << 20;
+/// Bytes per buffer unless `OXCCL_BENCH_BYTES` says otherwise: the sweep's, so that 66 and 132 CTAs
+/// get the sweep's 4 MiB pieces (the automatic split needs 4 MiB per CTA).
+const DEFAULT_BYTES: u64 = 1 << 30;
 
 fn movers(c: &mut Criterion) {
     let ctx = match oxccl::engine::probe_gpu() {
@@ -33,27 +34,27 @@ fn movers(c: &mut Criterion) {
     };
     let stream = ctx.default_stream();
     let cfg = SweepConfig { bytes, ..SweepConfig::default() };
-    cfg.validate().unwrap_or_else(|e| panic!("sweep configuration: {e}"));
-    let bench = MoverBench::new(&stream, bytes).unwrap_or_else(|e| panic!("mover bench setup: {e}"));
+    let bench = MoverBench::new(&stream, &cfg).unwrap_or_else(|e| panic!("mover bench setup: {e}"));
     for op in SweepOp::ALL {
         let mut group = c.benchmark_group(op.name());
         for mover in [Mover::Tma, Mover::Simt] {
             let name = if mover == Mover::Tma { "tma" } else { "simt" };
             for &ctas in &cfg.ctas {
-                let case =
-                    bench.case(&cfg, op, mover, ctas).unwrap_or_else(|e| panic!("{} {name} x{ctas}: {e}", op.name()));
+                let what = format!("{}/{name}/{ctas}", op.name());
+                let case = bench.case(op, mover, ctas).unwrap_or_else(|e| panic!("{what}: {e}"));
                 group.throughput(Throughput::BytesDecimal(case.traffic_bytes()));
                 group.bench_with_input(BenchmarkId::new(name, ctas), &case, |b, case| {
                     b.iter_custom(|n| {
-                        let ms = bench.time_ms(case, 0, n as usize).unwrap_or_else(|e| panic!("launch: {e}"));
+                        let ms = case.time_ms(0, n as usize).unwrap_or_else(|e| panic!("{what}: {e}"));
                         Duration::from_secs_f64(ms * n as f64 * 1e-3)
                     })
                 });
+                // A wait that gave up is reported here, not after the rest of the cases.
+                bench.finish().unwrap_or_else(|e| panic!("{what}: device-side error: {e}"));
             }
         }
         group.finish();
     }
-    bench.finish().unwrap_or_else(|e| panic!("device-side error: {e}"));
 }
 
 criterion_group! {

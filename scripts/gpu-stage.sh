@@ -3,12 +3,15 @@
 # them under .device/bin with stable names, ready to be carried to the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Stale binaries would count against the device machine limit of 64 MiB: clear all but the A/B
+# builds (`oxccl-*`, copied here by hand for gpu-suite.sh ab).
 mkdir -p .device/bin
+find .device/bin -maxdepth 1 -type f ! -name 'oxccl-*' -delete
 export OXCCL_PTX_BUILD=fresh
 # The CLI with the cuBLAS GEMM load for `bench overlap --compute gemm`.
 cargo build --release --features gemm --bin oxccl
 cp target/release/oxccl .device/bin/oxccl
-cargo test --release --no-run --message-format=json 2>/dev/null \
+cargo test --release --no-run --message-format=json-render-diagnostics \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
@@ -24,7 +27,7 @@ for line in sys.stdin:
 '
 # The cargo benches (criterion's mover cases, `oxccl bench` as a bench), as bench-movers and
 # bench-collectives; run them with `--bench`.
-cargo bench --no-run --message-format=json 2>/dev/null \
+cargo bench --no-run --bench movers --bench collectives --message-format=json-render-diagnostics \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:

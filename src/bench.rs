@@ -230,9 +230,9 @@ pub struct SweepConfig {
     pub simt_threads: u32,
     /// TMA chunk bytes per source per stage and stages; left open, the collectives' rule for the
     /// program: [`auto_pipeline`](crate::auto_pipeline) for reductions into one source,
-    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine, and
-    /// for the copy, which has the SM to itself, 32 KiB chunks as deep as shared memory allows
-    /// (`lone_copy_pipeline`).
+    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine, and,
+    /// where both are left open, for the copy, which has the SM to itself, 32 KiB chunks as deep as
+    /// shared memory allows (`lone_copy_pipeline`).
     pub chunk_bytes: Option<u32>,
     pub stages: Option<u32>,
     /// How the range is split between the CTAs.
@@ -259,10 +259,16 @@ impl Default for SweepConfig {
 }
 
 impl SweepConfig {
-    /// Checks what the sweep would refuse, without a GPU: CTA counts of at least 1, and explicit
-    /// pieces that are positive multiples of 16, at most 2^20 of them, and at least
-    /// one per CTA.
+    /// Checks what the sweep would refuse, without a GPU: a size of whole f32 elements, CTA counts
+    /// of at least 1, and explicit pieces that are positive multiples of 16, at most 2^20 of them,
+    /// and at least one per CTA.
     pub fn validate(&self) -> Result<()> {
+        if !self.bytes.is_multiple_of(4) {
+            return Err(Error::Config {
+                field: "bytes",
+                why: format!("{} is not a whole number of f32 elements", self.bytes),
+            });
+        }
         if self.ctas.contains(&0) {
             return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
         }
@@ -298,30 +304,30 @@ impl SweepConfig {
 /// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
 /// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
 pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
-    cfg.validate()?;
-    let bench = MoverBench::new(stream, cfg.bytes)?;
+    let bench = MoverBench::new(stream, cfg)?;
     let memcpy_gbps = memcpy_rate(stream, cfg.bytes as usize, cfg.warmup, cfg.iters)?;
     let mut rows = Vec::new();
     for op in SweepOp::ALL {
         for &ctas in &cfg.ctas {
             for mover in [Mover::Tma, Mover::Simt] {
-                let case = bench.case(cfg, op, mover, ctas)?;
-                let ms = bench.time_ms(&case, cfg.warmup, cfg.iters)?;
+                let case = bench.case(op, mover, ctas)?;
+                let ms = case.time_ms(cfg.warmup, cfg.iters)?;
                 let gbps = case.traffic_bytes() as f64 / (ms * 1e-3) / 1e9;
+                let spec = case.spec();
                 rows.push(SweepRow {
                     op: op.name(),
                     mover: if mover == Mover::Tma { "tma" } else { "simt" },
                     ctas,
-                    threads: case.spec.threads,
+                    threads: spec.threads,
                     registers: bench.registers(mover)?,
                     bytes: cfg.bytes,
-                    chunk_bytes: if mover == Mover::Tma { case.spec.chunk_bytes } else { 0 },
-                    stages: if mover == Mover::Tma { case.spec.stages } else { 0 },
+                    chunk_bytes: if mover == Mover::Tma { spec.chunk_bytes } else { 0 },
+                    stages: if mover == Mover::Tma { spec.stages } else { 0 },
                     ms,
                     gbps,
                     gbps_per_cta: gbps / ctas as f64,
                     of_memcpy: gbps / memcpy_gbps,
-                    piece_bytes: case.piece_bytes,
+                    piece_bytes: case.piece_bytes(),
                 });
             }
         }
@@ -330,51 +336,39 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
     Ok((memcpy_gbps, rows))
 }
 
-/// The mover sweep's device side on one GPU: the engine and three `bytes`-long f32 buffers (rank 0's
-/// input `a` and output `dst`, rank 1's input `b`), so that each (operation, mover, CTA count) is
-/// prepared once ([`MoverBench::case`]) and timed by whichever harness measures it: the sweep's
-/// table ([`mover_sweep`]) or criterion (`benches/movers.rs`). The buffers hold zeros: the sweep
-/// measures bandwidth; `tests/gpu_engine.rs` checks the movers' results.
+/// The mover sweep's device side on one GPU: the engine, a [`SweepConfig`] and three f32 buffers of
+/// its size (rank 0's input `a` and output `dst`, rank 1's input `b`), so that each (operation,
+/// mover, CTA count) is prepared once ([`MoverBench::case`]) and timed by whichever harness measures
+/// it: the sweep's table ([`mover_sweep`]) or criterion (`benches/movers.rs`). The buffers hold
+/// zeros: the sweep measures bandwidth; `tests/gpu_engine.rs` checks the movers' results. Dropping
+/// it waits for its launches.
 pub struct MoverBench {
     stream: Arc<CudaStream>,
     engine: Engine,
-    bytes: u64,
+    cfg: SweepConfig,
     buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     status: DeviceAlloc,
     // Owned so that the addresses in `buffers` stay valid for every launch.
     _memory: [CudaSlice<f32>; 3],
 }
 
-/// One prepared measurement of the mover sweep: the program uploaded for its CTA count and the
-/// launch (mover, threads, TMA pipeline).
-pub struct MoverCase {
-    pub op: SweepOp,
-    pub ctas: u32,
-    pub spec: LaunchSpec,
-    /// Bytes per piece dealt to the CTAs in turn (0: one contiguous range per CTA).
-    pub piece_bytes: u64,
-    bytes: u64,
+/// One prepared measurement of a [`MoverBench`]: the program uploaded for its CTA count and the
+/// launch (mover, threads, TMA pipeline). Dropping it waits for its launches.
+pub struct MoverCase<'a> {
+    bench: &'a MoverBench,
+    op: SweepOp,
+    spec: LaunchSpec,
+    piece_bytes: u64,
     prog: DeviceProgram,
 }
 
-impl MoverCase {
-    /// Bytes read plus written by one launch (what the sweep's GB/s count).
-    pub fn traffic_bytes(&self) -> u64 {
-        self.op.traffic() * self.bytes
-    }
-}
-
 impl MoverBench {
-    /// Loads the kernels on `stream`'s GPU and allocates the buffers (3 × `bytes`, a multiple of 4).
-    pub fn new(stream: &Arc<CudaStream>, bytes: u64) -> Result<Self> {
-        if !bytes.is_multiple_of(4) {
-            return Err(Error::Config {
-                field: "bytes",
-                why: format!("{bytes} is not a whole number of f32 elements"),
-            });
-        }
+    /// Loads the kernels on `stream`'s GPU and allocates the buffers (3 × `cfg.bytes`), after
+    /// [`SweepConfig::validate`].
+    pub fn new(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<Self> {
+        cfg.validate()?;
         let engine = Engine::new(stream.context())?;
-        let n = (bytes / 4) as usize;
+        let n = (cfg.bytes / 4) as usize;
         let alloc = || stream.alloc_zeros::<f32>(n).map_err(Error::driver("cuMemAlloc"));
         let memory = [alloc()?, alloc()?, alloc()?];
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
@@ -382,13 +376,15 @@ impl MoverBench {
         buffers[1][slot::INPUT as usize] = memory[1].device_ptr(stream).0;
         buffers[0][slot::OUTPUT as usize] = memory[2].device_ptr(stream).0;
         let status = DeviceAlloc::zeroed(engine.context(), std::mem::size_of::<Status>())?;
-        Ok(MoverBench { stream: stream.clone(), engine, bytes, buffers, status, _memory: memory })
+        Ok(MoverBench { stream: stream.clone(), engine, cfg: cfg.clone(), buffers, status, _memory: memory })
     }
 
-    /// Prepares `op` with `mover` on `ctas` CTAs as `cfg` shapes it (threads, pipeline, split).
-    pub fn case(&self, cfg: &SweepConfig, op: SweepOp, mover: Mover, ctas: u32) -> Result<MoverCase> {
-        let piece = cfg.split.piece(self.bytes, ctas);
-        let l = sweep_program(op, self.bytes, ctas, piece);
+    /// Prepares `op` with `mover` on `ctas` CTAs as the bench's configuration shapes it (threads,
+    /// pipeline, split).
+    pub fn case(&self, op: SweepOp, mover: Mover, ctas: u32) -> Result<MoverCase<'_>> {
+        let cfg = &self.cfg;
+        let piece = cfg.split.piece(cfg.bytes, ctas);
+        let l = sweep_program(op, cfg.bytes, ctas, piece);
         let prog = self.engine.upload(&l, 0..l.programs.len())?;
         let (chunk, stages) = sweep_pipeline(&self.engine, cfg, op, l.slots);
         let threads = match (mover, op) {
@@ -410,24 +406,7 @@ impl MoverBench {
             combine_direct: false,
         };
         self.engine.check(&spec, prog.ctas, prog.slots)?;
-        Ok(MoverCase { op, ctas, spec, piece_bytes: piece.unwrap_or(0), bytes: self.bytes, prog })
-    }
-
-    /// Queues one launch of `case` on the stream (asynchronous; [`MoverBench::finish`] reports a
-    /// device-side error).
-    pub fn launch(&self, case: &MoverCase) -> Result<()> {
-        // SAFETY: the three buffers hold `bytes` each, every task lies inside them, and they live as
-        // long as `self` (every launch is synchronised before they are freed: `finish`, or the
-        // stream's own order before the allocations' drop); the program has no barriers; `status`
-        // is this bench's zeroed record.
-        unsafe {
-            self.engine.launch(&self.stream, &case.prog, &case.spec, self.buffers, [0; MAX_RANKS], self.status.ptr())
-        }
-    }
-
-    /// Milliseconds per launch of `case` over `iters` launches after `warmup`, by device events.
-    pub fn time_ms(&self, case: &MoverCase, warmup: usize, iters: usize) -> Result<f64> {
-        time_ms(&self.stream, warmup, iters, || self.launch(case))
+        Ok(MoverCase { bench: self, op, spec, piece_bytes: piece.unwrap_or(0), prog })
     }
 
     /// Registers per thread of `mover`'s f32-sum kernel (the one every row runs).
@@ -444,6 +423,58 @@ impl MoverBench {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+impl Drop for MoverBench {
+    fn drop(&mut self) {
+        // The status record and the module are freed without stream order: let the launches end.
+        let _ = self.stream.synchronize();
+    }
+}
+
+impl MoverCase<'_> {
+    /// The operation it measures.
+    pub fn op(&self) -> SweepOp {
+        self.op
+    }
+
+    /// How it launches (mover, threads, TMA pipeline).
+    pub fn spec(&self) -> &LaunchSpec {
+        &self.spec
+    }
+
+    /// Bytes per piece dealt to the CTAs in turn (0: one contiguous range per CTA).
+    pub fn piece_bytes(&self) -> u64 {
+        self.piece_bytes
+    }
+
+    /// Bytes read plus written by one launch (what the sweep's GB/s count).
+    pub fn traffic_bytes(&self) -> u64 {
+        self.op.traffic() * self.bench.cfg.bytes
+    }
+
+    /// Queues one launch on the bench's stream (asynchronous; [`MoverBench::finish`] reports a
+    /// device-side error).
+    pub fn launch(&self) -> Result<()> {
+        let b = self.bench;
+        // SAFETY: the program was built by `b` for its own buffers, which hold `cfg.bytes` each (every
+        // task lies inside them); the buffers, the status record and the program outlive every launch
+        // (the slices are freed in stream order, and dropping the bench or this case first waits for
+        // the stream); the program has no barriers; `status` is the bench's zeroed record.
+        unsafe { b.engine.launch(&b.stream, &self.prog, &self.spec, b.buffers, [0; MAX_RANKS], b.status.ptr()) }
+    }
+
+    /// Milliseconds per launch over `iters` launches after `warmup` untimed ones, by device events.
+    pub fn time_ms(&self, warmup: usize, iters: usize) -> Result<f64> {
+        time_ms(&self.bench.stream, warmup, iters, || self.launch())
+    }
+}
+
+impl Drop for MoverCase<'_> {
+    fn drop(&mut self) {
+        // The program's tables are freed without stream order: let its launches end.
+        let _ = self.bench.stream.synchronize();
     }
 }
 
@@ -1543,6 +1574,24 @@ mod tests {
         assert_eq!(Split::Auto.piece(64 << 20, 132), None);
         assert_eq!(Split::Contiguous.piece(gib, 132), None);
         assert_eq!(Split::Pieces(4096).piece(gib, 1), Some(4096));
+    }
+
+    /// What the sweep refuses before it touches a GPU: a size of partial f32 elements, a CTA count
+    /// of 0, pieces that are no multiple of 16, too many of them, or fewer than the CTAs.
+    #[test]
+    fn sweep_configuration_refusals() {
+        let ok = SweepConfig::default();
+        ok.validate().unwrap();
+        let refused = |c: SweepConfig, field: &str| match c.validate() {
+            Err(Error::Config { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("expected a refusal of {field}, got {other:?}"),
+        };
+        refused(SweepConfig { bytes: (1 << 20) + 2, ..ok.clone() }, "bytes");
+        refused(SweepConfig { ctas: vec![1, 0], ..ok.clone() }, "ctas");
+        refused(SweepConfig { split: Split::Pieces(24), ..ok.clone() }, "split");
+        refused(SweepConfig { split: Split::Pieces(16), ..ok.clone() }, "split");
+        refused(SweepConfig { split: Split::Pieces(16 << 20), ..ok.clone() }, "split");
+        SweepConfig { split: Split::Pieces(4 << 20), ..ok }.validate().unwrap();
     }
 
     /// The sweep's programs cover the range exactly once, contiguous per CTA or in pieces dealt in

@@ -97,8 +97,8 @@ pub struct Args {
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, 2 of
     /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
     /// and 8 shared by 4 issuers where nothing combines; movers: one issuer, 32 KiB stages as deep
-    /// as shared memory allows for copy, `auto_pipeline` for reduce-into, `combining_pipeline` for
-    /// reduce-add).
+    /// as shared memory allows for copy (with --chunk too left open), `auto_pipeline` for
+    /// reduce-into, `combining_pipeline` for reduce-add).
     #[arg(long)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
@@ -348,7 +348,7 @@ pub fn run(a: Args) -> CliResult {
         println!(
             "# TMA pipeline: chunk {} B per source per stage, {} stages (default: the collectives' rule, two stages \
              of the largest chunk where the reduce-add combines in registers, 32 KiB stages as deep as shared \
-             memory allows for the copy; a given chunk cut where the sources' slots would not fit; each row \
+             memory allows for the copy where neither is given; a given chunk cut where the sources' slots would not fit; each row \
              shows its chunk × stages)",
             given(cfg.chunk_bytes),
             given(cfg.stages)
