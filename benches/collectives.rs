@@ -11,10 +11,8 @@
 //! itself fails there, with the same reason).
 
 use clap::Parser;
+use oxccl::cli::bench::BENCHMARKS;
 use std::process::ExitCode;
-
-/// What `oxccl bench` can run by name.
-const BENCHMARKS: [&str; 6] = ["all_reduce", "reduce_scatter", "all_gather", "movers", "overlap", "reshard"];
 
 #[derive(Parser)]
 #[command(name = "collectives", about = "oxccl bench as a cargo bench")]

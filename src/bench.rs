@@ -405,7 +405,6 @@ impl MoverBench {
             issuers: 1,
             combine_direct: false,
         };
-        self.engine.check(&spec, prog.ctas, prog.slots)?;
         Ok(MoverCase { bench: self, op, spec, piece_bytes: piece.unwrap_or(0), prog })
     }
 
@@ -434,11 +433,6 @@ impl Drop for MoverBench {
 }
 
 impl MoverCase<'_> {
-    /// The operation it measures.
-    pub fn op(&self) -> SweepOp {
-        self.op
-    }
-
     /// How it launches (mover, threads, TMA pipeline).
     pub fn spec(&self) -> &LaunchSpec {
         &self.spec

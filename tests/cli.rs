@@ -126,6 +126,20 @@ fn an_unknown_benchmark_is_named() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// Every name in `BENCHMARKS` (which the cargo bench `collectives` trusts) is one `oxccl bench` runs:
+/// here, without a GPU, each gets as far as looking for one.
+#[test]
+fn every_listed_benchmark_is_known() {
+    if oxccl::engine::probe_gpu().is_ok() {
+        eprintln!("skipped: a GPU is present (every_listed_benchmark_is_known: the benchmarks would run)");
+        return;
+    }
+    for what in oxccl::cli::bench::BENCHMARKS {
+        let (ok, err) = oxccl(&["bench", what]);
+        assert!(!ok && !err.contains("unknown benchmark") && err.contains("no GPU"), "{what}: {err}");
+    }
+}
+
 #[test]
 fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);

@@ -14,6 +14,9 @@ use crate::bench::{self, CollectiveBench, ReshardBench, Split, SweepConfig};
 use crate::reshard::{CtaOwner, PlanOptions, Route};
 use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
+/// The benchmarks `oxccl bench` runs by name (`Args::what`).
+pub const BENCHMARKS: [&str; 6] = ["all_reduce", "reduce_scatter", "all_gather", "movers", "overlap", "reshard"];
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// all_reduce | reduce_scatter | all_gather | movers | overlap | reshard (none with --algo or --xml)
@@ -243,22 +246,14 @@ pub fn run(a: Args) -> CliResult {
         return run_plan(&a);
     }
     let Some(what) = a.what.clone() else {
-        return Err(
-            "give a benchmark (all_reduce, reduce_scatter, all_gather, movers, overlap, reshard) or --algo/--xml"
-                .into(),
-        );
+        return Err(format!("give a benchmark ({}) or --algo/--xml", BENCHMARKS.join(", ")).into());
     };
     let collective = match what.as_str() {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
         "movers" | "reshard" | "overlap" => None,
-        other => {
-            return Err(format!(
-                "unknown benchmark {other:?}: all_reduce, reduce_scatter, all_gather, movers, overlap or reshard"
-            )
-            .into());
-        }
+        other => return Err(format!("unknown benchmark {other:?}: {}", BENCHMARKS.join(", ")).into()),
     };
     if a.combine_direct.is_some() && what != "all_reduce" && what != "overlap" {
         return Err(format!("--combine-direct is for all_reduce and overlap, not {what}").into());
