@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma
 # allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -106,6 +106,14 @@ for step in "$@"; do
           log "${OV_BIN:-oxccl} overlap --compute ${OV_COMPUTE:-fma} --ctas $c --reduction $red $args"
           LD_LIBRARY_PATH="$libs" timeout 100 $B/${OV_BIN:-oxccl} bench overlap --ranks 8 --compute ${OV_COMPUTE:-fma} -e 256M --ctas $c --reduction $red $args -n 10 -w 3 --json >> "$OUT/overlap_shapes.log" 2>&1; echo "rc=$?"
           tail -15 "$OUT/overlap_shapes.log" | grep -E "^ +(tma|simt) " ; done; done; done ;;
+    overlap-mma)
+      # Beside oxccl's own tensor-core GEMM (`--compute mma`, which leaves room on its SMs): the GEMM
+      # test, then overlap rows at fixed compute work (MMA_MS ms of MMA_GEMM GEMMs) over MMA_ROWS,
+      # ";"-separated flag sets (CTA budgets, TMA shapes that fit beside a GEMM CTA, SIMT threads).
+      log "gpu_intrinsics tensor_core_gemm"; timeout 60 $B/gpu_intrinsics --test-threads=1 --nocapture tensor_core > "$OUT/gpu_intrinsics_mma.log" 2>&1; grep -E "^test |test result|panicked" "$OUT/gpu_intrinsics_mma.log"
+      IFS=';' read -ra rows <<< "${MMA_ROWS:---ctas 1;--ctas 4;--ctas 8;--ctas 4 --threads 128 --chunk 8192 --stages 2 --simt-threads 256;--ctas 8 --threads 128 --chunk 8192 --stages 2 --simt-threads 256;--ctas 8 --mma-one-per-sm;--ctas 8 --threads 128 --chunk 8192 --stages 2 --simt-threads 256 --mma-one-per-sm}"
+      for r in "${rows[@]}"; do
+        log "overlap --compute mma $r"; timeout 120 $B/oxccl bench overlap --ranks 8 --compute mma --gemm ${MMA_GEMM:-8192,8192,2048} --compute-ms ${MMA_MS:-3} -e 256M $r -n 10 -w 3 --json >> "$OUT/overlap_mma.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/overlap_mma.log" | grep -vE "^\{|^# (oxccl|device)" ; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.

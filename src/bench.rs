@@ -1499,6 +1499,7 @@ mod tests {
             chunk_bytes: None,
             stages: None,
             threads: None,
+            simt_threads: None,
             issuers: None,
             combine_direct: None,
             compute_threads: 256,
@@ -1528,6 +1529,11 @@ mod tests {
                 crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
                 let want = if mover == Mover::Tma { (Some(8192), Some(2), Some(64)) } else { (None, None, None) };
                 assert_eq!((c.chunk_bytes, c.stages, c.threads), want);
+                // SIMT threads shape the SIMT rows only.
+                b.simt_threads = Some(256);
+                let c = overlap_config(&b, mover, reduction, suspend);
+                assert_eq!(c.threads, if mover == Mover::Tma { Some(64) } else { Some(256) });
+                b.simt_threads = None;
             }
         }
         // What validate refuses: a bad TMA pipeline, compute shape, compute length or size.
@@ -1552,6 +1558,25 @@ mod tests {
         assert_eq!(compute_sms(&b, 132, 1).unwrap(), 128);
         assert_eq!(compute_sms(&b, 132, 32).unwrap(), 4);
         assert!(compute_sms(&b, 132, 33).unwrap_err().to_string().contains("leave no SM"));
+
+        // The mma load: tile multiples only, matrices of at most 2^30 elements, and no partition
+        // (its grid is one CTA per tile).
+        b.partition = false;
+        for (m, n, k, ok) in [
+            (8192, 8192, 8192, true),
+            (128, 256, 32, true),
+            (100, 128, 32, false),
+            (128, 0, 32, false),
+            (128, 128, 48, false),
+            (65536, 32768, 128, false),
+        ] {
+            b.compute = ComputeLoad::Mma { m, n, k, one_per_sm: false };
+            assert_eq!(b.validate().is_ok(), ok, "{m}x{n}x{k}");
+        }
+        b.compute = ComputeLoad::Mma { m: 8192, n: 8192, k: 8192, one_per_sm: true };
+        assert_eq!(b.compute.flops(), Some(2.0 * 8192f64.powi(3)));
+        b.partition = true;
+        assert!(b.validate().unwrap_err().to_string().contains("no SM count to size it for"));
     }
 
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
@@ -1777,6 +1802,14 @@ pub enum ComputeLoad {
     /// cuBLAS bf16 GEMMs `C = A·B` of `m × k` by `k × n` (f32 accumulation, tensor cores): the
     /// realistic neighbour of a collective in training. Needs the `gemm` feature and libcublas.
     Gemm { m: u32, n: u32, k: u32 },
+    /// oxccl's own bf16 tensor-core GEMM `C = A·Bᵀ` (`bench_gemm_bf16` in the probe module:
+    /// `mma.sync`, f32 C): one 128 × 128 tile per CTA of 256 threads, 128 registers each and
+    /// 61440 B of shared memory, so that unlike cuBLAS's kernel (384 threads × 168 registers, the
+    /// whole register file) it leaves room on its SMs. `m`, `n` multiples of 128, `k` of 32.
+    /// Two CTAs fit on an SM (together they fill its registers); `one_per_sm` launches each with
+    /// half the SM's shared memory so that at most one does, leaving the other half of the SM's
+    /// registers and shared memory free.
+    Mma { m: u32, n: u32, k: u32, one_per_sm: bool },
 }
 
 impl ComputeLoad {
@@ -1784,6 +1817,41 @@ impl ComputeLoad {
         match self {
             ComputeLoad::Fma => "fma".into(),
             ComputeLoad::Gemm { m, n, k } => format!("gemm-bf16-{m}x{n}x{k}"),
+            ComputeLoad::Mma { m, n, k, one_per_sm } => {
+                format!("mma-bf16-{m}x{n}x{k}{}", if one_per_sm { "-one-per-sm" } else { "" })
+            }
+        }
+    }
+
+    /// Refuses a shape the load cannot run: for [`ComputeLoad::Mma`], `m` and `n` not multiples of
+    /// the tile (128), `k` not a multiple of 32, or a matrix over 2^30 elements.
+    pub fn validate(self) -> Result<()> {
+        if let ComputeLoad::Mma { m, n, k, .. } = self {
+            let (tile, tile_k) = (oxccl_ptx::gemm_shape::TILE_MN, oxccl_ptx::gemm_shape::TILE_K);
+            let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+            if m == 0 || n == 0 || k == 0 || m % tile != 0 || n % tile != 0 || k % tile_k != 0 {
+                return Err(Error::Config {
+                    field: "mma shape",
+                    why: format!("{m}x{n}x{k}: M and N must be positive multiples of {tile}, K of {tile_k}"),
+                });
+            }
+            if [m64 * k64, n64 * k64, m64 * n64].iter().any(|&e| e > 1 << 30) {
+                return Err(Error::Config {
+                    field: "mma shape",
+                    why: format!("{m}x{n}x{k}: every matrix at most 2^30 elements"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Floating-point operations of one unit of work (one GEMM), where the load counts them.
+    pub fn flops(self) -> Option<f64> {
+        match self {
+            ComputeLoad::Fma => None,
+            ComputeLoad::Gemm { m, n, k } | ComputeLoad::Mma { m, n, k, .. } => {
+                Some(2.0 * m as f64 * n as f64 * k as f64)
+            }
         }
     }
 }
@@ -1811,6 +1879,8 @@ pub struct OverlapBench {
     pub chunk_bytes: Option<u32>,
     pub stages: Option<u32>,
     pub threads: Option<u32>,
+    /// The SIMT rows' threads per CTA (`None`: the mover's 512).
+    pub simt_threads: Option<u32>,
     /// The TMA rows' issuing warps (`Config::issuers`).
     pub issuers: Option<u32>,
     /// The TMA rows' `Config::combine_direct`.
@@ -1879,6 +1949,15 @@ impl OverlapBench {
         let b = self;
         if b.ranks == 0 || b.ranks > MAX_RANKS {
             return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
+        }
+        b.compute.validate()?;
+        if b.partition && matches!(b.compute, ComputeLoad::Mma { .. }) {
+            return Err(Error::Config {
+                field: "partition",
+                why: "the mma load is a grid of one CTA per tile, placed by the hardware wherever there is room: \
+                      there is no SM count to size it for (fma and gemm take --partition)"
+                    .into(),
+            });
         }
         if b.compute_threads == 0 || b.compute_threads > 1024 || !(1..=64).contains(&b.compute_ctas_per_sm) {
             return Err(Error::Config {
@@ -2114,7 +2193,7 @@ fn compute_sms(b: &OverlapBench, sms: u32, ranks_here: u32) -> Result<u32> {
 
 /// The collective's configuration in one row of [`overlap_bench`]: deterministic where the
 /// reduction allows it (registers), not with the bulk reductions; the pipeline and threads asked
-/// for apply to the TMA rows.
+/// for apply to the TMA rows, the SIMT threads to the SIMT rows.
 fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_ns: u32) -> Config {
     let tma = mover == Mover::Tma;
     Config {
@@ -2125,7 +2204,7 @@ fn overlap_config(b: &OverlapBench, mover: Mover, reduction: Reduction, suspend_
         wait_suspend_ns: suspend_ns,
         chunk_bytes: b.chunk_bytes.filter(|_| tma),
         stages: b.stages.filter(|_| tma),
-        threads: b.threads.filter(|_| tma),
+        threads: if tma { b.threads } else { b.simt_threads },
         issuers: b.issuers.filter(|_| tma),
         combine_direct: b.combine_direct.filter(|_| tma),
         ..Config::default()
@@ -2148,6 +2227,16 @@ enum ComputeKind {
         out_ptr: u64,
         config: cudarc::driver::LaunchConfig,
     },
+    Mma {
+        function: cudarc::driver::CudaFunction,
+        /// The operands and C, kept alive for the launches; `ptrs` are their addresses.
+        _operands: [CudaSlice<half::bf16>; 2],
+        _c: CudaSlice<f32>,
+        ptrs: [u64; 3],
+        n: u32,
+        k: u32,
+        config: cudarc::driver::LaunchConfig,
+    },
     #[cfg(feature = "gemm")]
     Gemm {
         blas: cudarc::cublas::CudaBlas,
@@ -2158,6 +2247,13 @@ enum ComputeKind {
         n: u32,
         k: u32,
     },
+}
+
+/// A GEMM operand of `len` bf16 on `stream`: small values, so products stay finite; the values do
+/// not matter for timing.
+fn gemm_operand(stream: &Arc<CudaStream>, len: u64, step: u64) -> Result<CudaSlice<half::bf16>> {
+    let host: Vec<half::bf16> = (0..len).map(|i| half::bf16::from_f32(((i * step) % 7) as f32 / 64.0 - 0.05)).collect();
+    stream.clone_htod(&host).map_err(Error::driver("cuMemcpyHtoD"))
 }
 
 impl Compute {
@@ -2183,8 +2279,49 @@ impl Compute {
                 ComputeKind::Fma { function, _out: out, out_ptr, config }
             }
             ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < all_sms).then_some(sms))?,
+            ComputeLoad::Mma { m, n, k, one_per_sm } => Self::mma(stream, m, n, k, one_per_sm)?,
         };
         Ok(Compute { stream: stream.clone(), sms, kind })
+    }
+
+    /// The probe module's tensor-core GEMM and its matrices (shape checked by
+    /// [`ComputeLoad::validate`]).
+    fn mma(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32, one_per_sm: bool) -> Result<ComputeKind> {
+        use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN};
+        ComputeLoad::Mma { m, n, k, one_per_sm }.validate()?;
+        // Half the SM's shared memory (each CTA also holds 1 KiB the system reserves) keeps a
+        // second CTA off the SM.
+        let smem = if one_per_sm {
+            let per_sm = stream
+                .context()
+                .attribute(
+                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                )
+                .map_err(Error::driver("cuDeviceGetAttribute"))? as u32;
+            SMEM.max(per_sm / 2)
+        } else {
+            SMEM
+        };
+        let module = stream
+            .context()
+            .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
+            .map_err(Error::driver("cuModuleLoadData"))?;
+        let function = module.load_function("bench_gemm_bf16").map_err(Error::driver("cuModuleGetFunction"))?;
+        function
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        let (a, b) = (gemm_operand(stream, m as u64 * k as u64, 3)?, gemm_operand(stream, n as u64 * k as u64, 5)?);
+        let mut c: CudaSlice<f32> = stream.alloc_zeros(m as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
+        let ptrs = [a.device_ptr(stream).0, b.device_ptr(stream).0, c.device_ptr_mut(stream).0];
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: ((m / TILE_MN) * (n / TILE_MN), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        Ok(ComputeKind::Mma { function, _operands: [a, b], _c: c, ptrs, n, k, config })
     }
 
     /// cuBLAS and the GEMM's matrices; `sm_target`: the SMs cuBLAS should plan for.
@@ -2216,14 +2353,8 @@ impl Compute {
                 });
             }
         }
-        // Small values so the products stay finite in bf16; the values do not matter for timing.
-        let fill = |len: u64, step: u64| -> Result<CudaSlice<half::bf16>> {
-            let host: Vec<half::bf16> =
-                (0..len).map(|i| half::bf16::from_f32(((i * step) % 7) as f32 / 64.0 - 0.05)).collect();
-            stream.clone_htod(&host).map_err(Error::driver("cuMemcpyHtoD"))
-        };
-        let a = fill(m64 * k64, 3)?;
-        let b = fill(k64 * n64, 5)?;
+        let a = gemm_operand(stream, m64 * k64, 3)?;
+        let b = gemm_operand(stream, k64 * n64, 5)?;
         let c = stream.alloc_zeros(m64 as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
         Ok(ComputeKind::Gemm { blas, a, b, c, m, n, k })
     }
@@ -2240,6 +2371,7 @@ impl Compute {
     fn probe_reps(&self) -> u32 {
         match self.kind {
             ComputeKind::Fma { .. } => 1 << 14,
+            ComputeKind::Mma { .. } => 4,
             #[cfg(feature = "gemm")]
             ComputeKind::Gemm { .. } => 4,
         }
@@ -2255,6 +2387,16 @@ impl Compute {
                 l.arg(&*out_ptr).arg(&reps).arg(&seed);
                 // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
                 unsafe { l.launch(*config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
+            }
+            ComputeKind::Mma { function, ptrs, n, k, config, .. } => {
+                for _ in 0..reps {
+                    let mut l = self.stream.launch_builder(function);
+                    l.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&*n).arg(&*k);
+                    // SAFETY: A (m × k), B (n × k) and C (m × n) were allocated with the grid's shape,
+                    // which `ComputeLoad::validate` checked against the kernel's tile.
+                    unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
+                }
+                Ok(())
             }
             #[cfg(feature = "gemm")]
             ComputeKind::Gemm { blas, a, b, c, m, n, k } => {

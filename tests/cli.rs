@@ -40,6 +40,11 @@ fn a_bad_compute_load_is_named() {
     assert!(!ok && err.contains("--gemm [8, 8]"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm", "--gemm", "8,0,8"]);
     assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "8192,8192,100"]);
+    assert!(!ok && err.contains("8192x8192x100: M and N must be positive multiples of 128, K of 32"), "{err}");
+    let (ok, err) = oxccl(&["bench", "overlap", "--mma-one-per-sm"]);
+    assert!(!ok && err.contains("--mma-one-per-sm is for --compute mma, not fma"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -409,3 +409,32 @@ fn packed_half_arithmetic() {
         }
     }
 }
+
+#[test]
+fn tensor_core_gemm_matches_the_cpu() {
+    use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN};
+    let Some(p) = Probes::new("tensor_core_gemm_matches_the_cpu") else { return };
+    let f = p.f("bench_gemm_bf16");
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
+    // Small integers: every product and every sum is exact in bf16 inputs and f32 accumulation, so
+    // C must match bit for bit. K of 1, 3 (the ring's depth) and 8 stages' worth.
+    for (m, n, k) in [(128u32, 128u32, 32u32), (256, 384, 96), (384, 256, 256)] {
+        let av: Vec<i32> = (0..m * k).map(|i| ((i / k * 7 + i % k * 3) % 9) as i32 - 4).collect();
+        let bv: Vec<i32> = (0..n * k).map(|i| ((i / k * 5 + i % k * 11) % 7) as i32 - 3).collect();
+        let host = |v: &[i32]| v.iter().map(|&x| bf16::from_f32(x as f32)).collect::<Vec<_>>();
+        let a = p.stream.clone_htod(&host(&av)).unwrap();
+        let b = p.stream.clone_htod(&host(&bv)).unwrap();
+        let c = p.stream.clone_htod(&vec![f32::NAN; (m * n) as usize]).unwrap();
+        let (pa, pb, pc) = (p.addr(&a), p.addr(&b), p.addr(&c));
+        let cfg = Probes::cfg((m / TILE_MN) * (n / TILE_MN), THREADS, SMEM);
+        unsafe { p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(cfg) }.unwrap();
+        let got = p.stream.clone_dtoh(&c).unwrap();
+        let (ku, nu) = (k as usize, n as usize);
+        for i in 0..m as usize {
+            for j in 0..nu {
+                let want: i32 = (0..ku).map(|kk| av[i * ku + kk] * bv[j * ku + kk]).sum();
+                assert_eq!(got[i * nu + j], want as f32, "{m}x{n}x{k}: C[{i}][{j}]");
+            }
+        }
+    }
+}

@@ -180,6 +180,15 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("min_bf16x2", "probe_arith", "min.bf16x2 %r"),
     ("max_bf16x2", "probe_arith", "max.bf16x2 %r"),
     ("Shared::from_generic", "probe_sync", "cvta.to.shared.u64 s, %rd"),
+    ("cp_async_cg_shared_global_16", "bench_gemm_bf16", "cp.async.cg.shared.global [%r"),
+    ("cp_async_commit_group", "bench_gemm_bf16", "cp.async.commit_group;"),
+    ("cp_async_wait_group", "bench_gemm_bf16", "cp.async.wait_group 1;"),
+    ("ldmatrix_sync_aligned_m8n8_x4_shared_b16", "bench_gemm_bf16", "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r"),
+    (
+        "mma_sync_aligned_m16n8k16_row_col_f32_bf16_bf16_f32",
+        "bench_gemm_bf16",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r",
+    ),
 ];
 
 /// Every PTX module the crate embeds.

@@ -22,6 +22,7 @@
 //! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `elect.sync` |
 //! | [`sync`] | `bar.sync`, `nanosleep` |
 //! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
+//! | [`mma`] | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![cfg_attr(
@@ -36,10 +37,13 @@ pub mod arith;
 pub mod bulk;
 #[cfg(target_arch = "nvptx64")]
 pub mod fence;
+pub mod gemm_shape;
 #[cfg(target_arch = "nvptx64")]
 pub mod mbarrier;
 #[cfg(target_arch = "nvptx64")]
 pub mod memory;
+#[cfg(target_arch = "nvptx64")]
+pub mod mma;
 #[cfg(target_arch = "nvptx64")]
 mod space;
 #[cfg(target_arch = "nvptx64")]

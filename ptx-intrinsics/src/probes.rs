@@ -11,8 +11,13 @@
 use crate::arith::*;
 use crate::bulk::*;
 use crate::fence::*;
+use crate::gemm_shape::{
+    OPERAND as GEMM_OPERAND, ROW as GEMM_ROW, STAGE as GEMM_STAGE, STAGES as GEMM_STAGES, THREADS as GEMM_THREADS,
+    TILE_K as GEMM_TILE_K, TILE_MN as GEMM_TILE_MN,
+};
 use crate::mbarrier::*;
 use crate::memory::*;
+use crate::mma::*;
 use crate::sreg::*;
 use crate::sync::*;
 use crate::tensor::*;
@@ -367,3 +372,142 @@ pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
     // SAFETY: the host sizes `out` for every thread of the grid.
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = sum };
 }
+
+/// The tensor-core GEMM of the overlap benchmark (`oxccl bench overlap --compute mma`), and the
+/// probe of [`crate::mma`]: `C = A · Bᵀ` with A (`m × k`) and B (`n × k`) row-major bf16 (both
+/// K-contiguous, as a linear layer's input and weight), C (`m × n`) row-major f32, accumulated in
+/// f32 by `mma.sync` m16n8k16.
+///
+/// One CTA of 256 threads computes one 128 × 128 tile of C (a grid of `m / 128 · n / 128` CTAs,
+/// row by row of tiles): eight warps as 2 × 4, each a 64 × 32 block of 4 × 4 `mma` tiles. K
+/// advances 32 at a time through three shared-memory stages filled by `cp.async` (every thread
+/// copies 16-byte pieces), read with `ldmatrix` (shape in [`crate::gemm_shape`]). Needs `m` and `n`
+/// multiples of 128, `k` a multiple of 32 (the host checks), and `gemm_shape::SMEM` bytes of
+/// dynamic shared memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bench_gemm_bf16(a: u64, b: u64, c: u64, n: u32, k: u32) {
+    let (tid, lane, warp) = (tid_x(), tid_x() % 32, tid_x() / 32);
+    let tiles_n = n / GEMM_TILE_MN;
+    let (m0, n0) = (ctaid_x() / tiles_n * GEMM_TILE_MN, ctaid_x() % tiles_n * GEMM_TILE_MN);
+    let (wm, wn) = (warp / 4 * 64, warp % 4 * 32);
+    let base = smem();
+    let row_bytes = k as u64 * 2;
+    let a_tile = Global::<u8>::from_addr(a).byte_add::<u8>(m0 as u64 * row_bytes);
+    let b_tile = Global::<u8>::from_addr(b).byte_add::<u8>(n0 as u64 * row_bytes);
+    let k_tiles = k / GEMM_TILE_K;
+    // Every thread copies two 16-byte pieces of each 128 × 64-byte operand tile.
+    let load = |slot: u32, kt: u32| {
+        let stage = base.byte_add::<u8>(slot * GEMM_STAGE);
+        for j in 0..2 {
+            let piece = tid + j * GEMM_THREADS;
+            let (row, col) = (piece / 4, piece % 4 * 16);
+            let src = row as u64 * row_bytes + (kt * GEMM_TILE_K * 2 + col) as u64;
+            let dst = row * GEMM_ROW + col;
+            // SAFETY: both operands hold 128 rows of `k` bf16 from the tile's first row (the host
+            // checks the shapes); the pieces are 16-byte aligned (`k` is a multiple of 32, rows of
+            // shared memory 80 bytes apart) and read only after this thread's wait and a barrier.
+            unsafe {
+                cp_async_cg_shared_global_16(stage.byte_add(dst), a_tile.byte_add(src));
+                cp_async_cg_shared_global_16(stage.byte_add(GEMM_OPERAND + dst), b_tile.byte_add(src));
+            }
+        }
+    };
+    let mut acc = [[[0f32; 4]; 4]; 4];
+    for kt in 0..GEMM_STAGES - 1 {
+        if kt < k_tiles {
+            load(kt, kt);
+        }
+        // SAFETY: groups only count this thread's copies.
+        unsafe { cp_async_commit_group() };
+    }
+    let (mut read, mut write) = (0u32, GEMM_STAGES - 1);
+    for kt in 0..k_tiles {
+        // SAFETY: every thread of the CTA runs the same loop; after the wait and the barrier, stage
+        // `read` holds tile `kt` from every thread's copies, and every warp is done with stage
+        // `write` (read in the previous round).
+        unsafe {
+            cp_async_wait_group::<{ GEMM_STAGES - 2 }>();
+            bar_sync_all();
+        }
+        if kt + GEMM_STAGES - 1 < k_tiles {
+            load(write, kt + GEMM_STAGES - 1);
+        }
+        // SAFETY: as above.
+        unsafe { cp_async_commit_group() };
+        let stage = base.byte_add::<u8>(read * GEMM_STAGE);
+        for kk in 0..2 {
+            let k_byte = kk * 32;
+            let mut fa = [[0u32; 4]; 4];
+            for (mi, f) in fa.iter_mut().enumerate() {
+                let row = wm + mi as u32 * 16 + lane % 8 + (lane / 8 % 2) * 8;
+                // SAFETY: the warp is converged; the row lies in this stage's A tile, written
+                // before the barrier above.
+                *f = unsafe {
+                    ldmatrix_sync_aligned_m8n8_x4_shared_b16(stage.byte_add(row * GEMM_ROW + k_byte + lane / 16 * 16))
+                };
+            }
+            let mut fb = [[0u32; 2]; 4];
+            for nj in 0..2 {
+                let row = wn + nj * 16 + lane % 8 + lane / 16 * 8;
+                // SAFETY: as above, in the B tile.
+                let r = unsafe {
+                    ldmatrix_sync_aligned_m8n8_x4_shared_b16(
+                        stage.byte_add(GEMM_OPERAND + row * GEMM_ROW + k_byte + (lane / 8 % 2) * 16),
+                    )
+                };
+                fb[2 * nj as usize] = [r[0], r[1]];
+                fb[2 * nj as usize + 1] = [r[2], r[3]];
+            }
+            for (mi, row) in acc.iter_mut().enumerate() {
+                for (ni, t) in row.iter_mut().enumerate() {
+                    // SAFETY: the warp is converged.
+                    *t = unsafe { mma_sync_aligned_m16n8k16_row_col_f32_bf16_bf16_f32(fa[mi], fb[ni], *t) };
+                }
+            }
+        }
+        read = if read + 1 == GEMM_STAGES { 0 } else { read + 1 };
+        write = if write + 1 == GEMM_STAGES { 0 } else { write + 1 };
+    }
+    let out = Global::<f32>::from_addr(c);
+    let (g, t) = (lane / 4, lane % 4);
+    // Straight-line (constant indices) so the accumulators stay in registers.
+    unroll4!(MI, {
+        unroll4!(NI, {
+            let v = acc[MI][NI];
+            let r = (m0 + wm + MI as u32 * 16 + g) as u64;
+            let col = (n0 + wn + NI as u32 * 8 + 2 * t) as u64;
+            // SAFETY: C holds `m × n` f32 and the row and column lie inside this CTA's tile.
+            unsafe {
+                let p = out.add(r * n as u64 + col);
+                *p.ptr() = v[0];
+                *p.add(1).ptr() = v[1];
+                let q = out.add((r + 8) * n as u64 + col);
+                *q.ptr() = v[2];
+                *q.add(1).ptr() = v[3];
+            }
+        });
+    });
+}
+
+/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
+macro_rules! unroll4 {
+    ($i:ident, $body:block) => {{
+        {
+            const $i: usize = 0;
+            $body
+        }
+        {
+            const $i: usize = 1;
+            $body
+        }
+        {
+            const $i: usize = 2;
+            $body
+        }
+        {
+            const $i: usize = 3;
+            $body
+        }
+    }};
+}
+use unroll4;

@@ -89,6 +89,10 @@ pub struct Args {
     /// reduce-add's sources, copies and bulk reductions run one warp; overlap: of the TMA rows only).
     #[arg(long)]
     pub threads: Option<u32>,
+    /// overlap: threads per CTA of the SIMT rows (default 512): fewer let a SIMT CTA share its SM
+    /// with the compute's CTAs.
+    #[arg(long)]
+    pub simt_threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
     #[arg(long)]
     pub chunk: Option<u32>,
@@ -115,11 +119,12 @@ pub struct Args {
     /// device (`Config::combine_direct`).
     #[arg(long, value_name = "true|false")]
     pub combine_direct: Option<bool>,
-    /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel) or `gemm`
-    /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path).
+    /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel), `gemm`
+    /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path)
+    /// or `mma` (oxccl's own bf16 tensor-core GEMM, which leaves room on its SMs).
     #[arg(long, default_value = "fma")]
     pub compute: String,
-    /// overlap, `--compute gemm`: M,N,K of each GEMM.
+    /// overlap, `--compute gemm|mma`: M,N,K of each GEMM (mma: M, N multiples of 128, K of 32).
     #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
     pub gemm: Vec<u32>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
@@ -131,6 +136,10 @@ pub struct Args {
     /// partitioned between a GEMM and communication.
     #[arg(long)]
     pub partition: bool,
+    /// overlap, `--compute mma`: at most one GEMM CTA per SM (each takes half the SM's shared
+    /// memory), leaving half its registers and shared memory to what runs beside it.
+    #[arg(long)]
+    pub mma_one_per_sm: bool,
     /// overlap, `--compute fma`: FMA CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
@@ -225,6 +234,8 @@ pub fn run(a: Args) -> CliResult {
         ("--compute-ms", a.compute_ms.is_some()),
         ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some()),
         ("--partition", a.partition),
+        ("--simt-threads", a.simt_threads.is_some()),
+        ("--mma-one-per-sm", a.mma_one_per_sm),
     ] {
         if given && !overlap {
             let what = a.what.as_deref().unwrap_or("--algo/--xml");
@@ -708,15 +719,32 @@ fn run_overlap(
             bench::ComputeLoad::Fma =>
                 format!(", {} CTAs of {} threads per SM", b.compute_ctas_per_sm, b.compute_threads),
             bench::ComputeLoad::Gemm { .. } => String::new(),
+            bench::ComputeLoad::Mma { one_per_sm, .. } => format!(
+                ", one CTA of {} threads per 128 x 128 tile of C with {} B of shared memory{}",
+                oxccl_ptx::gemm_shape::THREADS,
+                oxccl_ptx::gemm_shape::SMEM,
+                if one_per_sm { ", launched with half an SM's so at most one per SM" } else { "" }
+            ),
         }
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     if let Some(r) = rows.first() {
-        println!(
-            "# compute sized for {} SMs on the first GPU{}",
-            r.compute_sms,
-            if b.partition { " (the SMs the collective's CTAs leave there)" } else { " (all)" }
-        );
+        match b.compute {
+            bench::ComputeLoad::Mma { .. } => println!("# compute: a grid of tiles, placed by the hardware"),
+            _ => println!(
+                "# compute sized for {} SMs on the first GPU{}",
+                r.compute_sms,
+                if b.partition { " (the SMs the collective's CTAs leave there)" } else { " (all)" }
+            ),
+        }
+        if let Some(flops) = b.compute.flops() {
+            println!(
+                "# compute alone (first row): {} GEMMs in {:.3} ms, {:.1} TFLOP/s",
+                r.compute_reps,
+                r.compute_alone_ms,
+                r.compute_reps as f64 * flops / (r.compute_alone_ms * 1e-3) / 1e12
+            );
+        }
     }
     println!(
         "# {:>5} {:>9} {:>5} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>8}",
@@ -789,6 +817,7 @@ fn overlap_args(a: &Args, ranks: usize) -> Result<bench::OverlapBench, Box<dyn s
         chunk_bytes: a.chunk,
         stages: a.stages,
         threads: a.threads,
+        simt_threads: a.simt_threads,
         issuers: a.issuers,
         combine_direct: a.combine_direct,
         compute_threads: 256,
@@ -811,13 +840,22 @@ fn parse_reduction(name: &str) -> Result<Reduction, Box<dyn std::error::Error>> 
 
 /// The overlap benchmark's compute load from `--compute` and `--gemm`.
 fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Error>> {
+    if a.mma_one_per_sm && a.compute != "mma" {
+        return Err(format!("--mma-one-per-sm is for --compute mma, not {}", a.compute).into());
+    }
     match (a.compute.as_str(), a.gemm.as_slice()) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
         ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
             Ok(bench::ComputeLoad::Gemm { m, n, k })
         }
         ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
-        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm)").into()),
+        ("mma", &[m, n, k]) => {
+            let load = bench::ComputeLoad::Mma { m, n, k, one_per_sm: a.mma_one_per_sm };
+            load.validate()?;
+            Ok(load)
+        }
+        ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),
+        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm, mma)").into()),
     }
 }
 

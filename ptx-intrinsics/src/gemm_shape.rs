@@ -1,0 +1,21 @@
+//! The shape of the probe module's tensor-core GEMM (`bench_gemm_bf16`), shared by the kernel and
+//! the host that launches it (this module exists on every target).
+
+/// Threads per CTA (eight warps as 2 × 4, each a 64 × 32 block of C).
+pub const THREADS: u32 = 256;
+/// Rows and columns of C per CTA: `m` and `n` must be multiples of it.
+pub const TILE_MN: u32 = 128;
+/// K per shared-memory stage: `k` must be a multiple of it.
+pub const TILE_K: u32 = 32;
+/// Bytes between rows of an operand tile in shared memory: `TILE_K` bf16 and 16 bytes of padding,
+/// so the eight rows one `ldmatrix` reads fall in distinct banks.
+pub const ROW: u32 = 80;
+/// Bytes of one operand tile, and of a stage (the A tile, then the B tile).
+pub const OPERAND: u32 = TILE_MN * ROW;
+pub const STAGE: u32 = 2 * OPERAND;
+/// Stages in flight.
+pub const STAGES: u32 = 3;
+/// Dynamic shared memory per CTA.
+pub const SMEM: u32 = STAGES * STAGE;
+
+const _: () = assert!(ROW % 16 == 0 && ROW >= TILE_K * 2 && STAGES >= 2);
