@@ -2077,10 +2077,10 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             let coll_alone = time_ms_on(streams, b.warmup, b.iters, &mut collective)?;
             if reps == 0 {
                 // Calibrate once: the compute work alone takes about as long as asked, or as the
-                // first collective.
+                // first collective (the nearest whole number of repetitions).
                 let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
                 let target = b.compute_ms.unwrap_or(coll_alone);
-                let want = (probe as f64 * target / t.max(1e-6)).max(1.0);
+                let want = (probe as f64 * target / t.max(1e-6)).round().max(1.0);
                 if want > u32::MAX as f64 {
                     return Err(Error::Config {
                         field: "compute_ms",
