@@ -219,28 +219,38 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
         if let Some(line) = ptx.lines().find(|l| l.trim_start().starts_with(".extern .func")) {
             return Err(format!("build failed: {} has an unresolved extern: {line}", m.file));
         }
-        fs::write(&dest, bound_simt_kernels(&ptx)).map_err(|e| format!("build failed: {e}"))?;
+        fs::write(&dest, launch_bounds(&ptx)).map_err(|e| format!("build failed: {e}"))?;
     }
     Ok(())
 }
 
-/// Most threads a SIMT-mover CTA runs with. rustc has no launch-bounds attribute for `ptx-kernel`
-/// functions, so the bound is written into the PTX: `.maxntid` after each SIMT kernel's parameter
-/// list tells ptxas to fit 512 threads' registers in one SM (at most 128 per thread).
-const SIMT_MAX_THREADS: u32 = 512;
+/// Launch bounds written into the PTX after an entry's parameter list (rustc has no launch-bounds
+/// attribute for `ptx-kernel` functions): (start of the entry's line, directives).
+/// - The SIMT movers: `.maxntid 512` tells ptxas to fit 512 threads' registers in one SM (at most
+///   128 per thread).
+/// - The overlap benchmark's GEMM (`bench_gemm_bf16`): exactly `gemm_shape::THREADS` (256) threads,
+///   a launch error otherwise, and two CTAs per SM, which caps it at 128 registers per thread: its
+///   documented footprint does not depend on what the driver's JIT decides.
+const LAUNCH_BOUNDS: &[(&str, &str)] = &[
+    (".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1"),
+    (".visible .entry oxccl_plan_simt_", ".maxntid 512, 1, 1"),
+    (".visible .entry bench_gemm_bf16(", ".reqntid 256, 1, 1\n.minnctapersm 2"),
+];
 
-/// Adds `.maxntid SIMT_MAX_THREADS, 1, 1` to every SIMT-mover entry (`oxccl_run_simt_*`, `oxccl_plan_simt_*`).
-fn bound_simt_kernels(ptx: &str) -> String {
+/// Adds each entry's [`LAUNCH_BOUNDS`] after its parameter list.
+fn launch_bounds(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 1024);
-    let mut in_simt_signature = false;
+    let mut pending: Option<&str> = None;
     for line in ptx.lines() {
         out.push_str(line);
         out.push('\n');
-        if line.starts_with(".visible .entry oxccl_run_simt_") || line.starts_with(".visible .entry oxccl_plan_simt_") {
-            in_simt_signature = true;
-        } else if in_simt_signature && line == ")" {
-            out.push_str(&format!(".maxntid {SIMT_MAX_THREADS}, 1, 1\n"));
-            in_simt_signature = false;
+        if let Some(&(_, bounds)) = LAUNCH_BOUNDS.iter().find(|(start, _)| line.starts_with(start)) {
+            pending = Some(bounds);
+        } else if line == ")"
+            && let Some(bounds) = pending.take()
+        {
+            out.push_str(bounds);
+            out.push('\n');
         }
     }
     out

@@ -116,24 +116,31 @@ for step in "$@"; do
         log "overlap --compute mma $r"; timeout 120 $B/oxccl bench overlap --ranks 8 --compute mma --gemm ${MMA_GEMM:-8192,8192,2048} --compute-ms ${MMA_MS:-3} -e 256M $r -n 10 -w 3 --json >> "$OUT/overlap_mma.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/overlap_mma.log" | grep -vE "^\{|^# (oxccl|device)" ; done ;;
     overlap-clocks)
       # The co-resident shapes beside the FMA probe (4 CTAs per SM) and one beside the mma GEMM, with
-      # the SM clock and power sampled every 200 ms (is a slowdown clock throttling?).
+      # the SM clock and power sampled every 200 ms and summarised per run (is a slowdown clock
+      # throttling?).
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 200 > "$OUT/clocks.csv" 2>&1 &
       sampler=$!
+      : > "$OUT/clock_runs.txt"
       small="--threads 128 --chunk 8192 --stages 2 --simt-threads 256"
       for r in "--compute fma --fma-ctas-per-sm 4 --ctas 8" "--compute fma --fma-ctas-per-sm 4 --ctas 8 $small" "--compute fma --fma-ctas-per-sm 4 --ctas 16 $small" "--compute fma --fma-ctas-per-sm 4 --ctas 4 $small" "--compute mma --gemm 8192,8192,2048 --ctas 16 $small"; do
-        log "overlap $r --compute-ms 3"; timeout 100 $B/oxccl bench overlap --ranks 8 -e 256M -n 10 -w 3 $r --compute-ms 3 2>&1 | grep -vE "^\{|^# (oxccl|device)"; done
+        log "overlap $r --compute-ms 3"; start=$(date -u +%H:%M:%S.%3N)
+        timeout 100 $B/oxccl bench overlap --ranks 8 -e 256M -n 10 -w 3 $r --compute-ms 3 2>&1 | grep -vE "^\{|^# (oxccl|device)"
+        echo "$start $(date -u +%H:%M:%S.%3N) $r" >> "$OUT/clock_runs.txt"; done
       kill $sampler
       python3 -c '
-import collections, sys
-w = collections.OrderedDict()
+import sys
+samples = []
 for line in open(sys.argv[1]):
     f = line.strip().split(", ")
-    try: w.setdefault(f[0].split()[1][:8], []).append((int(f[1].split()[0]), float(f[2].split()[0])))
+    try: samples.append((f[0].split()[1], int(f[1].split()[0]), float(f[2].split()[0])))
     except (IndexError, ValueError): pass
-for t, v in w.items():
+for run in open(sys.argv[2]):
+    start, end, flags = run.split(" ", 2)
+    v = [(c, w) for t, c, w in samples if start <= t <= end]
+    if not v: print("no samples during", flags.strip()); continue
     c = sorted(x for x, _ in v)
-    print(t, "sm MHz min/med/max", c[0], c[len(c) // 2], c[-1], "W max", max(y for _, y in v))
-' "$OUT/clocks.csv" ;;
+    print(f"{len(v)} samples, sm MHz min/median/max {c[0]}/{c[len(c) // 2]}/{c[-1]}, W max {max(w for _, w in v)}: {flags.strip()}")
+' "$OUT/clocks.csv" "$OUT/clock_runs.txt" ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.

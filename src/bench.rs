@@ -1569,6 +1569,8 @@ mod tests {
             (128, 0, 32, false),
             (128, 128, 48, false),
             (65536, 32768, 128, false),
+            (128, 8192, 262144, false),
+            (8192, 128, 262144, false),
         ] {
             b.compute = ComputeLoad::Mma { m, n, k, one_per_sm: false };
             assert_eq!(b.validate().is_ok(), ok, "{m}x{n}x{k}");
@@ -1824,21 +1826,24 @@ impl ComputeLoad {
     }
 
     /// Refuses a shape the load cannot run: for [`ComputeLoad::Mma`], `m` and `n` not multiples of
-    /// the tile (128), `k` not a multiple of 32, or a matrix over 2^30 elements.
+    /// the tile (128), `k` not a multiple of 32, or a matrix over 2^30 elements (the benchmark fills
+    /// the operands from the host; the kernel's offsets are 64-bit).
     pub fn validate(self) -> Result<()> {
         if let ComputeLoad::Mma { m, n, k, .. } = self {
             let (tile, tile_k) = (oxccl_ptx::gemm_shape::TILE_MN, oxccl_ptx::gemm_shape::TILE_K);
             let (m64, n64, k64) = (m as u64, n as u64, k as u64);
             if m == 0 || n == 0 || k == 0 || m % tile != 0 || n % tile != 0 || k % tile_k != 0 {
                 return Err(Error::Config {
-                    field: "mma shape",
-                    why: format!("{m}x{n}x{k}: M and N must be positive multiples of {tile}, K of {tile_k}"),
+                    field: "gemm",
+                    why: format!(
+                        "{m}x{n}x{k}: for the mma load M and N must be positive multiples of {tile}, K of {tile_k}"
+                    ),
                 });
             }
             if [m64 * k64, n64 * k64, m64 * n64].iter().any(|&e| e > 1 << 30) {
                 return Err(Error::Config {
-                    field: "mma shape",
-                    why: format!("{m}x{n}x{k}: every matrix at most 2^30 elements"),
+                    field: "gemm",
+                    why: format!("{m}x{n}x{k}: for the mma load every matrix at most 2^30 elements"),
                 });
             }
         }
@@ -1910,8 +1915,12 @@ pub struct OverlapRow {
     /// alone takes about [`OverlapBench::compute_ms`], or as long as the first configuration's
     /// collective; at least one).
     pub compute_reps: u32,
-    /// SMs the compute is sized for on the first GPU (all unless [`OverlapBench::partition`]).
+    /// SMs the compute is sized for on the first GPU (all unless [`OverlapBench::partition`]; the
+    /// mma load is a grid of tiles sized for no SM count, and reports all).
     pub compute_sms: u32,
+    /// Registers per thread of the compute kernel, where oxccl launches it (the mma load), as the
+    /// driver reports them.
+    pub compute_registers: Option<u32>,
     pub mover: &'static str,
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
     pub reduction: &'static str,
@@ -1951,6 +1960,14 @@ impl OverlapBench {
             return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
         }
         b.compute.validate()?;
+        if let Some(t) = b.simt_threads
+            && (t == 0 || !t.is_multiple_of(32) || t > 512)
+        {
+            return Err(Error::Config {
+                field: "simt_threads",
+                why: format!("{t} is not a multiple of 32 in 32..=512"),
+            });
+        }
         if b.partition && matches!(b.compute, ComputeLoad::Mma { .. }) {
             return Err(Error::Config {
                 field: "partition",
@@ -2034,6 +2051,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
         lanes.iter().map(|l| ordinals.iter().position(|&o| o == l.context().ordinal()).unwrap_or(0)).collect();
     let probe = works[0].probe_reps();
     let compute_sms = works[0].sms;
+    let compute_registers = works[0].registers();
     let mut launch_compute = |reps: u32| -> Result<()> {
         for w in works.iter_mut() {
             w.launch(reps)?;
@@ -2128,6 +2146,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 compute: b.compute.name(),
                 compute_reps: reps,
                 compute_sms,
+                compute_registers,
                 mover: if mover == Mover::Tma { "tma" } else { "simt" },
                 reduction: match reduction {
                     Reduction::Registers => "registers",
@@ -2236,6 +2255,8 @@ enum ComputeKind {
         n: u32,
         k: u32,
         config: cudarc::driver::LaunchConfig,
+        /// Registers per thread of the loaded kernel, as the driver reports them.
+        registers: u32,
     },
     #[cfg(feature = "gemm")]
     Gemm {
@@ -2313,6 +2334,17 @@ impl Compute {
                 smem as i32,
             )
             .map_err(Error::driver("cuFuncSetAttribute"))?;
+        // All of the SM's unified L1 / shared memory as shared memory, whatever one launch asks
+        // for, so that what the GEMM's CTAs leave is there for the CTAs beside them.
+        function
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        let registers = function
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .map_err(Error::driver("cuFuncGetAttribute"))? as u32;
         let (a, b) = (gemm_operand(stream, m as u64 * k as u64, 3)?, gemm_operand(stream, n as u64 * k as u64, 5)?);
         let mut c: CudaSlice<f32> = stream.alloc_zeros(m as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
         let ptrs = [a.device_ptr(stream).0, b.device_ptr(stream).0, c.device_ptr_mut(stream).0];
@@ -2321,7 +2353,7 @@ impl Compute {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem,
         };
-        Ok(ComputeKind::Mma { function, _operands: [a, b], _c: c, ptrs, n, k, config })
+        Ok(ComputeKind::Mma { function, _operands: [a, b], _c: c, ptrs, n, k, config, registers })
     }
 
     /// cuBLAS and the GEMM's matrices; `sm_target`: the SMs cuBLAS should plan for.
@@ -2367,6 +2399,14 @@ impl Compute {
         })
     }
 
+    /// Registers per thread of the kernel oxccl launches for this work (the mma load's).
+    fn registers(&self) -> Option<u32> {
+        match self.kind {
+            ComputeKind::Mma { registers, .. } => Some(registers),
+            _ => None,
+        }
+    }
+
     /// Repetitions for the calibration run.
     fn probe_reps(&self) -> u32 {
         match self.kind {
@@ -2392,8 +2432,11 @@ impl Compute {
                 for _ in 0..reps {
                     let mut l = self.stream.launch_builder(function);
                     l.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&*n).arg(&*k);
-                    // SAFETY: A (m × k), B (n × k) and C (m × n) were allocated with the grid's shape,
-                    // which `ComputeLoad::validate` checked against the kernel's tile.
+                    // SAFETY: A (m × k), B (n × k) and C (m × n) were allocated (16-byte aligned) with
+                    // the grid's shape, which `ComputeLoad::validate` checked against the kernel's
+                    // tile; the block is `gemm_shape::THREADS` and the dynamic shared memory at least
+                    // `gemm_shape::SMEM`, allowed by the function's attribute set in `Compute::mma`;
+                    // nothing else touches the three buffers.
                     unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
                 }
                 Ok(())

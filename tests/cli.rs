@@ -41,10 +41,28 @@ fn a_bad_compute_load_is_named() {
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm", "--gemm", "8,0,8"]);
     assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "8192,8192,100"]);
-    assert!(!ok && err.contains("8192x8192x100: M and N must be positive multiples of 128, K of 32"), "{err}");
+    assert!(
+        !ok && err.contains("--gemm 8192,8192,100")
+            && err.contains("M and N must be positive multiples of 128, K of 32"),
+        "{err}"
+    );
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "65536,32768,128"]);
+    assert!(!ok && err.contains("every matrix at most 2^30 elements"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--mma-one-per-sm"]);
     assert!(!ok && err.contains("--mma-one-per-sm is for --compute mma, not fma"), "{err}");
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--fma-ctas-per-sm", "2"]);
+    assert!(!ok && err.contains("--fma-ctas-per-sm is for --compute fma, not mma"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    for flag in ["--simt-threads=64", "--mma-one-per-sm"] {
+        let (ok, err) = oxccl(&["bench", "all_reduce", flag]);
+        assert!(!ok && err.contains("is for overlap, not all_reduce"), "{flag}: {err}");
+        assert!(!err.contains("panicked"), "{flag}: {err}");
+    }
+    for t in ["100", "0", "1024"] {
+        let (ok, err) = oxccl(&["bench", "overlap", "--simt-threads", t]);
+        assert!(!ok && err.contains("simt_threads") && err.contains("not a multiple of 32 in 32..=512"), "{t}: {err}");
+        assert!(!err.contains("panicked"), "{t}: {err}");
+    }
 }
 
 #[test]

@@ -416,25 +416,51 @@ fn tensor_core_gemm_matches_the_cpu() {
     let Some(p) = Probes::new("tensor_core_gemm_matches_the_cpu") else { return };
     let f = p.f("bench_gemm_bf16");
     f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
+    // Half an SM's shared memory, as `--mma-one-per-sm` launches it.
+    let per_sm = p
+        .stream
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+        .unwrap() as u32;
+    let half = SMEM.max(per_sm / 2);
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, half as i32).unwrap();
     // Small integers: every product and every sum is exact in bf16 inputs and f32 accumulation, so
-    // C must match bit for bit. K of 1, 3 (the ring's depth) and 8 stages' worth.
-    for (m, n, k) in [(128u32, 128u32, 32u32), (256, 384, 96), (384, 256, 256)] {
+    // C must match bit for bit. K of 1, 3 (the ring's depth), 8 and 64 stages' worth; each shape
+    // three times (a missing wait or barrier need not show in one launch), the last with half an
+    // SM's shared memory.
+    for (m, n, k) in [(128u32, 128u32, 32u32), (256, 384, 96), (384, 256, 256), (256, 256, 2048)] {
         let av: Vec<i32> = (0..m * k).map(|i| ((i / k * 7 + i % k * 3) % 9) as i32 - 4).collect();
         let bv: Vec<i32> = (0..n * k).map(|i| ((i / k * 5 + i % k * 11) % 7) as i32 - 3).collect();
         let host = |v: &[i32]| v.iter().map(|&x| bf16::from_f32(x as f32)).collect::<Vec<_>>();
         let a = p.stream.clone_htod(&host(&av)).unwrap();
         let b = p.stream.clone_htod(&host(&bv)).unwrap();
-        let c = p.stream.clone_htod(&vec![f32::NAN; (m * n) as usize]).unwrap();
-        let (pa, pb, pc) = (p.addr(&a), p.addr(&b), p.addr(&c));
-        let cfg = Probes::cfg((m / TILE_MN) * (n / TILE_MN), THREADS, SMEM);
-        unsafe { p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(cfg) }.unwrap();
-        let got = p.stream.clone_dtoh(&c).unwrap();
         let (ku, nu) = (k as usize, n as usize);
-        for i in 0..m as usize {
-            for j in 0..nu {
-                let want: i32 = (0..ku).map(|kk| av[i * ku + kk] * bv[j * ku + kk]).sum();
-                assert_eq!(got[i * nu + j], want as f32, "{m}x{n}x{k}: C[{i}][{j}]");
+        let want: Vec<f32> = (0..m as usize * nu)
+            .map(|e| (0..ku).map(|kk| av[e / nu * ku + kk] * bv[e % nu * ku + kk]).sum::<i32>() as f32)
+            .collect();
+        for (round, smem) in [SMEM, SMEM, half].into_iter().enumerate() {
+            let c = p.stream.clone_htod(&vec![f32::NAN; (m * n) as usize]).unwrap();
+            let (pa, pb, pc) = (p.addr(&a), p.addr(&b), p.addr(&c));
+            let cfg = Probes::cfg((m / TILE_MN) * (n / TILE_MN), THREADS, smem);
+            unsafe { p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(cfg) }.unwrap();
+            let got = p.stream.clone_dtoh(&c).unwrap();
+            if let Some(e) = (0..want.len()).find(|&e| got[e].to_bits() != want[e].to_bits()) {
+                panic!(
+                    "{m}x{n}x{k}, launch {round} ({smem} B): C[{}][{}] = {}, want {}",
+                    e / nu,
+                    e % nu,
+                    got[e],
+                    want[e]
+                );
             }
         }
     }
+    // The block size is part of the kernel: another fails to launch.
+    let (a, b) = (p.stream.alloc_zeros::<bf16>(128 * 32).unwrap(), p.stream.alloc_zeros::<bf16>(128 * 32).unwrap());
+    let c = p.stream.alloc_zeros::<f32>(128 * 128).unwrap();
+    let (pa, pb, pc, n, k) = (p.addr(&a), p.addr(&b), p.addr(&c), 128u32, 32u32);
+    let wrong = unsafe {
+        p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(Probes::cfg(1, 128, SMEM))
+    };
+    assert!(wrong.is_err(), "a 128-thread launch of the 256-thread GEMM was accepted");
 }

@@ -272,6 +272,16 @@ fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
 }
 
 #[test]
+fn the_gemm_probe_carries_its_launch_bounds() {
+    // Exactly its threads (another block size fails to launch) and two CTAs per SM, which caps it
+    // at 128 registers: the footprint the overlap benchmark documents.
+    let body = entry(oxccl::ptx::PROBES, "bench_gemm_bf16").expect("bench_gemm_bf16 missing");
+    let threads = oxccl_ptx::gemm_shape::THREADS;
+    assert!(body.contains(&format!(".reqntid {threads}, 1, 1\n.minnctapersm 2\n")), "launch bounds missing");
+    assert!(!body.contains(".local"), "the GEMM's accumulators spilled to local memory");
+}
+
+#[test]
 fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
     for &(dtype, op, tma, simt) in abi::PLAN_KERNELS {
         let t = entry(oxccl::ptx::PLANS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));

@@ -18,4 +18,7 @@ pub const STAGES: u32 = 3;
 /// Dynamic shared memory per CTA.
 pub const SMEM: u32 = STAGES * STAGE;
 
-const _: () = assert!(ROW % 16 == 0 && ROW >= TILE_K * 2 && STAGES >= 2);
+// Rows hold a K tile and start 16-byte aligned; the eight 16-byte row pieces one `ldmatrix`
+// phase reads, ROW bytes apart, fall in eight distinct groups of four banks (128 bytes) exactly
+// when ROW / 16 is odd.
+const _: () = assert!(ROW % 16 == 0 && ROW >= TILE_K * 2 && (ROW / 16) % 2 == 1 && STAGES >= 2);

@@ -23,6 +23,9 @@
 //! | [`sync`] | `bar.sync`, `nanosleep` |
 //! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
 //! | [`mma`] | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
+//!
+//! [`gemm_shape`] (on every target) holds the shape of the probe module's tensor-core GEMM, shared
+//! with the host that launches it.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![cfg_attr(

@@ -20,9 +20,11 @@ use core::arch::asm;
 /// `cp.async.cg.shared.global [dst], [src], 16;` · PTX ISA 7.0 · sm_80
 ///
 /// # Safety
-/// `dst` and `src` are 16-byte aligned and in bounds; `dst` may be read (by any thread) only after the
-/// executing thread's [`cp_async_wait_group`] covers the copy's group and a CTA barrier follows it,
-/// and must not be written by anyone before then.
+/// - `dst` and `src` are 16-byte aligned and in bounds; `src` is not written while the copy runs.
+/// - No thread still reads `dst` when the copy is issued (a CTA barrier after the last read of the
+///   previous contents), and nobody writes it until the copy completes.
+/// - `dst` may be read (by any thread) only after the executing thread's [`cp_async_wait_group`]
+///   covers the copy's group and a CTA barrier follows it.
 #[doc(alias = "cp.async")]
 #[inline(always)]
 pub unsafe fn cp_async_cg_shared_global_16(dst: Shared<u8>, src: Global<u8>) {
@@ -35,7 +37,7 @@ pub unsafe fn cp_async_cg_shared_global_16(dst: Shared<u8>, src: Global<u8>) {
 /// `cp.async.commit_group;` · PTX ISA 7.0 · sm_80
 ///
 /// # Safety
-/// Always sound to execute; it only groups earlier copies for [`cp_async_wait_group`].
+/// Always sound to execute; `unsafe` because the waits that follow rely on where it is placed.
 #[doc(alias = "cp.async.commit_group")]
 #[inline(always)]
 pub unsafe fn cp_async_commit_group() {
@@ -50,7 +52,7 @@ pub unsafe fn cp_async_commit_group() {
 /// `cp.async.wait_group N;` · PTX ISA 7.0 · sm_80
 ///
 /// # Safety
-/// Always sound to execute.
+/// Always sound to execute; `unsafe` because the reads that follow rely on where it is placed.
 #[doc(alias = "cp.async.wait_group")]
 #[inline(always)]
 pub unsafe fn cp_async_wait_group<const N: u32>() {

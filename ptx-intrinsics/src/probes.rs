@@ -373,6 +373,28 @@ pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = sum };
 }
 
+/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
+macro_rules! unroll4 {
+    ($i:ident, $body:block) => {{
+        {
+            const $i: usize = 0;
+            $body
+        }
+        {
+            const $i: usize = 1;
+            $body
+        }
+        {
+            const $i: usize = 2;
+            $body
+        }
+        {
+            const $i: usize = 3;
+            $body
+        }
+    }};
+}
+
 /// The tensor-core GEMM of the overlap benchmark (`oxccl bench overlap --compute mma`), and the
 /// probe of [`crate::mma`]: `C = A · Bᵀ` with A (`m × k`) and B (`n × k`) row-major bf16 (both
 /// K-contiguous, as a linear layer's input and weight), C (`m × n`) row-major f32, accumulated in
@@ -384,8 +406,18 @@ pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
 /// copies 16-byte pieces), read with `ldmatrix` (shape in [`crate::gemm_shape`]). Needs `m` and `n`
 /// multiples of 128, `k` a multiple of 32 (the host checks), and `gemm_shape::SMEM` bytes of
 /// dynamic shared memory.
+///
+/// # Safety
+/// - A launch of exactly `m / 128 · n / 128` CTAs of 256 threads (the PTX carries `.reqntid 256`:
+///   another block size fails to launch) with at least `gemm_shape::SMEM` bytes of dynamic shared
+///   memory, where A holds `m × k` and B `n × k` bf16 and C `m × n` f32 (the grid is the only bound
+///   on `m`), each 16-byte aligned.
+/// - Nothing else writes A or B, or touches C, while it runs.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_gemm_bf16(a: u64, b: u64, c: u64, n: u32, k: u32) {
+    // The loops below are written for this shape: two 16-byte pieces per thread and operand, four
+    // pieces per row, eight warps as 2 × 4 of 64 × 32, two k16 steps per stage.
+    const _: () = assert!(GEMM_THREADS == 256 && GEMM_TILE_MN == 128 && GEMM_TILE_K == 32);
     let (tid, lane, warp) = (tid_x(), tid_x() % 32, tid_x() / 32);
     let tiles_n = n / GEMM_TILE_MN;
     let (m0, n0) = (ctaid_x() / tiles_n * GEMM_TILE_MN, ctaid_x() % tiles_n * GEMM_TILE_MN);
@@ -488,26 +520,3 @@ pub unsafe extern "ptx-kernel" fn bench_gemm_bf16(a: u64, b: u64, c: u64, n: u32
         });
     });
 }
-
-/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
-macro_rules! unroll4 {
-    ($i:ident, $body:block) => {{
-        {
-            const $i: usize = 0;
-            $body
-        }
-        {
-            const $i: usize = 1;
-            $body
-        }
-        {
-            const $i: usize = 2;
-            $body
-        }
-        {
-            const $i: usize = 3;
-            $body
-        }
-    }};
-}
-use unroll4;

@@ -730,7 +730,10 @@ fn run_overlap(
     let rows = bench::overlap_bench(&streams, &b)?;
     if let Some(r) = rows.first() {
         match b.compute {
-            bench::ComputeLoad::Mma { .. } => println!("# compute: a grid of tiles, placed by the hardware"),
+            bench::ComputeLoad::Mma { .. } => println!(
+                "# compute: a grid of tiles, placed by the hardware; {} registers per thread",
+                r.compute_registers.map_or("?".into(), |n| n.to_string())
+            ),
             _ => println!(
                 "# compute sized for {} SMs on the first GPU{}",
                 r.compute_sms,
@@ -843,6 +846,9 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     if a.mma_one_per_sm && a.compute != "mma" {
         return Err(format!("--mma-one-per-sm is for --compute mma, not {}", a.compute).into());
     }
+    if a.fma_ctas_per_sm.is_some() && a.compute != "fma" {
+        return Err(format!("--fma-ctas-per-sm is for --compute fma, not {}", a.compute).into());
+    }
     match (a.compute.as_str(), a.gemm.as_slice()) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
         ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
@@ -851,7 +857,7 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
         ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
         ("mma", &[m, n, k]) => {
             let load = bench::ComputeLoad::Mma { m, n, k, one_per_sm: a.mma_one_per_sm };
-            load.validate()?;
+            load.validate().map_err(|e| format!("--gemm {m},{n},{k}: {e}"))?;
             Ok(load)
         }
         ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),
