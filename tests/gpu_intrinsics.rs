@@ -455,7 +455,15 @@ fn tensor_core_gemm_matches_the_cpu() {
             }
         }
     }
-    // The block size is part of the kernel: another fails to launch.
+}
+
+#[test]
+fn tensor_core_gemm_refuses_another_block_size() {
+    use oxccl_ptx::gemm_shape::SMEM;
+    let Some(p) = Probes::new("tensor_core_gemm_refuses_another_block_size") else { return };
+    let f = p.f("bench_gemm_bf16");
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
+    // The block size is part of the kernel (`.reqntid`): another fails to launch.
     let (a, b) = (p.stream.alloc_zeros::<bf16>(128 * 32).unwrap(), p.stream.alloc_zeros::<bf16>(128 * 32).unwrap());
     let c = p.stream.alloc_zeros::<f32>(128 * 128).unwrap();
     let (pa, pb, pc, n, k) = (p.addr(&a), p.addr(&b), p.addr(&c), 128u32, 32u32);
