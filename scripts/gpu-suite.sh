@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks
+# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -144,6 +144,13 @@ for run in open(sys.argv[2]):
     c = sorted(x for x, _ in v)
     print(f"{len(v)} samples, sm MHz min/median/max {c[0]}/{c[len(c) // 2]}/{c[-1]}, W max {max(w for _, w in v)}: {flags.strip()}")
 ' "$OUT/clocks.csv" "$OUT/clock_runs.txt" ;;
+    copy-beside-fma)
+      # The movers alone beside the FMA probe: one rank's AllReduce is a copy (send -> recv, 1 GiB,
+      # 8 CTAs), TMA with 4 issuers or one with 64 KiB chunks, SIMT with 512 or 256 threads, beside
+      # 1, 2 and 4 FMA CTAs per SM (0 ns rows).
+      for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
+        log "overlap --ranks 1 --fma-ctas-per-sm $fma --ctas 8 $extra"
+        timeout 60 $B/oxccl bench overlap --ranks 1 --compute fma --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.
