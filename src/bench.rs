@@ -1801,6 +1801,9 @@ mod reshard_tests {
 pub enum ComputeLoad {
     /// `bench_fma` (oxccl's probe module): FMA-bound, registers only, no memory traffic.
     Fma,
+    /// `bench_sleep` (the probe module): CTAs shaped as the FMA load's that only sleep, the control
+    /// for what sharing SMs costs without busy warps.
+    Sleep,
     /// cuBLAS bf16 GEMMs `C = A·B` of `m × k` by `k × n` (f32 accumulation, tensor cores): the
     /// realistic neighbour of a collective in training. Needs the `gemm` feature and libcublas.
     Gemm { m: u32, n: u32, k: u32 },
@@ -1818,6 +1821,7 @@ impl ComputeLoad {
     pub fn name(self) -> String {
         match self {
             ComputeLoad::Fma => "fma".into(),
+            ComputeLoad::Sleep => "sleep".into(),
             ComputeLoad::Gemm { m, n, k } => format!("gemm-bf16-{m}x{n}x{k}"),
             ComputeLoad::Mma { m, n, k, one_per_sm } => {
                 format!("mma-bf16-{m}x{n}x{k}{}", if one_per_sm { "-one-per-sm" } else { "" })
@@ -1853,7 +1857,7 @@ impl ComputeLoad {
     /// Floating-point operations of one unit of work (one GEMM), where the load counts them.
     pub fn flops(self) -> Option<f64> {
         match self {
-            ComputeLoad::Fma => None,
+            ComputeLoad::Fma | ComputeLoad::Sleep => None,
             ComputeLoad::Gemm { m, n, k } | ComputeLoad::Mma { m, n, k, .. } => {
                 Some(2.0 * m as f64 * n as f64 * k as f64)
             }
@@ -2283,11 +2287,12 @@ impl Compute {
     fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32, all_sms: u32) -> Result<Compute> {
         let ctx = stream.context();
         let kind = match b.compute {
-            ComputeLoad::Fma => {
+            ComputeLoad::Fma | ComputeLoad::Sleep => {
                 let module = ctx
                     .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
                     .map_err(Error::driver("cuModuleLoadData"))?;
-                let function = module.load_function("bench_fma").map_err(Error::driver("cuModuleGetFunction"))?;
+                let name = if b.compute == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" };
+                let function = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
                 let grid = sms * b.compute_ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;

@@ -373,6 +373,20 @@ pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = sum };
 }
 
+/// The control load of the overlap benchmark (`oxccl bench overlap --compute sleep`), not a probe:
+/// CTAs that occupy their SM slots but issue almost nothing: every thread sleeps about 1 µs `iters`
+/// times, then writes `iters` to `out[global thread id]`. Beside it a collective shows what
+/// co-residence alone costs, without busy warps.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) {
+    let i = ctaid_x() * ntid_x() + tid_x();
+    for _ in 0..iters {
+        nanosleep_u32(1000);
+    }
+    // SAFETY: the host sizes `out` for every thread of the grid.
+    unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = iters as f32 };
+}
+
 /// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
 macro_rules! unroll4 {
     ($i:ident, $body:block) => {{

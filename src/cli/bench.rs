@@ -120,8 +120,9 @@ pub struct Args {
     #[arg(long, value_name = "true|false")]
     pub combine_direct: Option<bool>,
     /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel), `gemm`
-    /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path)
-    /// or `mma` (oxccl's own bf16 tensor-core GEMM, which leaves room on its SMs).
+    /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path),
+    /// `mma` (oxccl's own bf16 tensor-core GEMM, which leaves room on its SMs) or `sleep` (CTAs
+    /// shaped as the FMA load's that only sleep: what sharing SMs costs without busy warps).
     #[arg(long, default_value = "fma")]
     pub compute: String,
     /// overlap, `--compute gemm|mma`: M,N,K of each GEMM (mma: M, N multiples of 128, K of 32).
@@ -140,7 +141,7 @@ pub struct Args {
     /// memory), leaving half its registers and shared memory to what runs beside it.
     #[arg(long)]
     pub mma_one_per_sm: bool,
-    /// overlap, `--compute fma`: FMA CTAs (256 threads each) per SM, 1..=8 (default 4).
+    /// overlap, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
     /// Print JSON lines after the table.
@@ -716,7 +717,7 @@ fn run_overlap(
         placement(gpus.len(), b.ranks),
         b.compute.name(),
         match b.compute {
-            bench::ComputeLoad::Fma =>
+            bench::ComputeLoad::Fma | bench::ComputeLoad::Sleep =>
                 format!(", {} CTAs of {} threads per SM", b.compute_ctas_per_sm, b.compute_threads),
             bench::ComputeLoad::Gemm { .. } => String::new(),
             bench::ComputeLoad::Mma { one_per_sm, .. } => format!(
@@ -846,11 +847,12 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     if a.mma_one_per_sm && a.compute != "mma" {
         return Err(format!("--mma-one-per-sm is for --compute mma, not {}", a.compute).into());
     }
-    if a.fma_ctas_per_sm.is_some() && a.compute != "fma" {
-        return Err(format!("--fma-ctas-per-sm is for --compute fma, not {}", a.compute).into());
+    if a.fma_ctas_per_sm.is_some() && a.compute != "fma" && a.compute != "sleep" {
+        return Err(format!("--fma-ctas-per-sm is for --compute fma or sleep, not {}", a.compute).into());
     }
     match (a.compute.as_str(), a.gemm.as_slice()) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
+        ("sleep", _) => Ok(bench::ComputeLoad::Sleep),
         ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
             Ok(bench::ComputeLoad::Gemm { m, n, k })
         }
@@ -861,7 +863,7 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
             Ok(load)
         }
         ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),
-        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm, mma)").into()),
+        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm, mma, sleep)").into()),
     }
 }
 
