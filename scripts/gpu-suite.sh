@@ -145,12 +145,12 @@ for run in open(sys.argv[2]):
     print(f"{len(v)} samples, sm MHz min/median/max {c[0]}/{c[len(c) // 2]}/{c[-1]}, W max {max(w for _, w in v)}: {flags.strip()}")
 ' "$OUT/clocks.csv" "$OUT/clock_runs.txt" ;;
     copy-beside-fma)
-      # The movers alone beside the FMA probe: one rank's AllReduce is a copy (send -> recv, 1 GiB,
-      # 8 CTAs), TMA with 4 issuers or one with 64 KiB chunks, SIMT with 512 or 256 threads, beside
-      # 1, 2 and 4 FMA CTAs per SM (0 ns rows).
-      for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
-        log "overlap --ranks 1 --fma-ctas-per-sm $fma --ctas 8 $extra"
-        timeout 60 $B/oxccl bench overlap --ranks 1 --compute fma --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done ;;
+      # The movers alone beside the FMA probe and beside CTAs of its shape that only sleep (the
+      # control): one rank's AllReduce is a copy (send -> recv, 1 GiB, 8 CTAs), TMA with 4 issuers or
+      # one with 64 KiB chunks, SIMT with 512 or 256 threads, beside 1, 2 and 4 CTAs per SM (0 ns rows).
+      for load in fma sleep; do for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
+        log "overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --ctas 8 $extra"
+        timeout 60 $B/oxccl bench overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.
