@@ -2243,7 +2243,8 @@ struct Compute {
 }
 
 enum ComputeKind {
-    Fma {
+    /// The probe module's FMA or sleep kernel, a fixed grid.
+    Probe {
         function: cudarc::driver::CudaFunction,
         /// One f32 per thread of the grid; `out_ptr` is its address.
         _out: CudaSlice<f32>,
@@ -2274,6 +2275,16 @@ enum ComputeKind {
     },
 }
 
+/// The kernel `name` of the probe module (the overlap benchmark's compute kernels), loaded on
+/// `stream`'s GPU.
+fn probe_function(stream: &Arc<CudaStream>, name: &str) -> Result<cudarc::driver::CudaFunction> {
+    let module = stream
+        .context()
+        .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
+        .map_err(Error::driver("cuModuleLoadData"))?;
+    module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))
+}
+
 /// A GEMM operand of `len` bf16 on `stream`: small values, so products stay finite; the values do
 /// not matter for timing.
 fn gemm_operand(stream: &Arc<CudaStream>, len: u64, step: u64) -> Result<CudaSlice<half::bf16>> {
@@ -2285,14 +2296,10 @@ impl Compute {
     /// The compute work on `stream`, sized for `sms` of the GPU's `all_sms` SMs (the FMA grid, or
     /// cuBLAS's SM count target where fewer than all).
     fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32, all_sms: u32) -> Result<Compute> {
-        let ctx = stream.context();
         let kind = match b.compute {
             ComputeLoad::Fma | ComputeLoad::Sleep => {
-                let module = ctx
-                    .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
-                    .map_err(Error::driver("cuModuleLoadData"))?;
-                let name = if b.compute == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" };
-                let function = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+                let function =
+                    probe_function(stream, if b.compute == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" })?;
                 let grid = sms * b.compute_ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
@@ -2302,7 +2309,7 @@ impl Compute {
                     block_dim: (b.compute_threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                ComputeKind::Fma { function, _out: out, out_ptr, config }
+                ComputeKind::Probe { function, _out: out, out_ptr, config }
             }
             ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < all_sms).then_some(sms))?,
             ComputeLoad::Mma { m, n, k, one_per_sm } => Self::mma(stream, m, n, k, one_per_sm)?,
@@ -2311,12 +2318,10 @@ impl Compute {
     }
 
     /// The probe module's tensor-core GEMM and its matrices (shape checked by
-    /// [`ComputeLoad::validate`]).
+    /// [`ComputeLoad::validate`], through [`OverlapBench::validate`] at the start of
+    /// [`overlap_bench`]).
     fn mma(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32, one_per_sm: bool) -> Result<ComputeKind> {
-        use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN};
-        ComputeLoad::Mma { m, n, k, one_per_sm }.validate()?;
-        // Half the SM's shared memory (each CTA also holds 1 KiB the system reserves) keeps a
-        // second CTA off the SM.
+        use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
         let smem = if one_per_sm {
             let per_sm = stream
                 .context()
@@ -2324,15 +2329,11 @@ impl Compute {
                     cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
                 )
                 .map_err(Error::driver("cuDeviceGetAttribute"))? as u32;
-            SMEM.max(per_sm / 2)
+            one_per_sm_smem(per_sm)
         } else {
             SMEM
         };
-        let module = stream
-            .context()
-            .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
-            .map_err(Error::driver("cuModuleLoadData"))?;
-        let function = module.load_function("bench_gemm_bf16").map_err(Error::driver("cuModuleGetFunction"))?;
+        let function = probe_function(stream, "bench_gemm_bf16")?;
         function
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -2415,7 +2416,7 @@ impl Compute {
     /// Repetitions for the calibration run.
     fn probe_reps(&self) -> u32 {
         match self.kind {
-            ComputeKind::Fma { .. } => 1 << 14,
+            ComputeKind::Probe { .. } => 1 << 14,
             ComputeKind::Mma { .. } => 4,
             #[cfg(feature = "gemm")]
             ComputeKind::Gemm { .. } => 4,
@@ -2426,7 +2427,7 @@ impl Compute {
     fn launch(&mut self, reps: u32) -> Result<()> {
         use cudarc::driver::PushKernelArg;
         match &mut self.kind {
-            ComputeKind::Fma { function, out_ptr, config, .. } => {
+            ComputeKind::Probe { function, out_ptr, config, .. } => {
                 let seed = 1.0f32;
                 let mut l = self.stream.launch_builder(function);
                 l.arg(&*out_ptr).arg(&reps).arg(&seed);

@@ -412,17 +412,16 @@ fn packed_half_arithmetic() {
 
 #[test]
 fn tensor_core_gemm_matches_the_cpu() {
-    use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN};
+    use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
     let Some(p) = Probes::new("tensor_core_gemm_matches_the_cpu") else { return };
     let f = p.f("bench_gemm_bf16");
-    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
-    // Half an SM's shared memory, as `--mma-one-per-sm` launches it.
+    // Up to half an SM's shared memory, as `--mma-one-per-sm` launches it.
     let per_sm = p
         .stream
         .context()
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
         .unwrap() as u32;
-    let half = SMEM.max(per_sm / 2);
+    let half = one_per_sm_smem(per_sm);
     f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, half as i32).unwrap();
     // Small integers: every product and every sum is exact in bf16 inputs and f32 accumulation, so
     // C must match bit for bit. K of 1, 3 (the ring's depth), 8 and 64 stages' worth; each shape
@@ -442,6 +441,8 @@ fn tensor_core_gemm_matches_the_cpu() {
             let c = p.stream.clone_htod(&vec![f32::NAN; (m * n) as usize]).unwrap();
             let (pa, pb, pc) = (p.addr(&a), p.addr(&b), p.addr(&c));
             let cfg = Probes::cfg((m / TILE_MN) * (n / TILE_MN), THREADS, smem);
+            // SAFETY: A (m × k), B (n × k) and C (m × n) hold the grid's shape; 256 threads and at
+            // least `SMEM` bytes, allowed by the attribute above.
             unsafe { p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(cfg) }.unwrap();
             let got = p.stream.clone_dtoh(&c).unwrap();
             if let Some(e) = (0..want.len()).find(|&e| got[e].to_bits() != want[e].to_bits()) {
@@ -467,6 +468,7 @@ fn tensor_core_gemm_refuses_another_block_size() {
     let (a, b) = (p.stream.alloc_zeros::<bf16>(128 * 32).unwrap(), p.stream.alloc_zeros::<bf16>(128 * 32).unwrap());
     let c = p.stream.alloc_zeros::<f32>(128 * 128).unwrap();
     let (pa, pb, pc, n, k) = (p.addr(&a), p.addr(&b), p.addr(&c), 128u32, 32u32);
+    // SAFETY: refused at launch (the block size); were it not, one 128 × 128 tile fits the buffers.
     let wrong = unsafe {
         p.stream.launch_builder(&f).arg(&pa).arg(&pb).arg(&pc).arg(&n).arg(&k).launch(Probes::cfg(1, 128, SMEM))
     };

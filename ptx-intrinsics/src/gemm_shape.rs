@@ -18,6 +18,12 @@ pub const STAGES: u32 = 3;
 /// Dynamic shared memory per CTA.
 pub const SMEM: u32 = STAGES * STAGE;
 
+/// Dynamic shared memory that keeps a second CTA off an SM of `per_sm` bytes of shared memory: half
+/// of it (each CTA also holds 1 KiB the system reserves), or [`SMEM`] where that is more.
+pub const fn one_per_sm_smem(per_sm: u32) -> u32 {
+    if per_sm / 2 > SMEM { per_sm / 2 } else { SMEM }
+}
+
 // Rows hold a K tile and start 16-byte aligned; the eight 16-byte row pieces one `ldmatrix`
 // phase reads, ROW bytes apart, fall in eight distinct groups of four banks (128 bytes) exactly
 // when ROW / 16 is odd.

@@ -721,10 +721,11 @@ fn run_overlap(
                 format!(", {} CTAs of {} threads per SM", b.compute_ctas_per_sm, b.compute_threads),
             bench::ComputeLoad::Gemm { .. } => String::new(),
             bench::ComputeLoad::Mma { one_per_sm, .. } => format!(
-                ", one CTA of {} threads per 128 x 128 tile of C with {} B of shared memory{}",
+                ", one CTA of {} threads per {tile} x {tile} tile of C with {} B of shared memory{}",
                 oxccl_ptx::gemm_shape::THREADS,
                 oxccl_ptx::gemm_shape::SMEM,
-                if one_per_sm { ", launched with half an SM's so at most one per SM" } else { "" }
+                if one_per_sm { ", launched with half an SM's so at most one per SM" } else { "" },
+                tile = oxccl_ptx::gemm_shape::TILE_MN
             ),
         }
     );
