@@ -151,6 +151,15 @@ for run in open(sys.argv[2]):
       for load in fma sleep; do for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
         log "overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --ctas 8 $extra"
         timeout 60 $B/oxccl bench overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done; done ;;
+    tma-trace)
+      # The TMA copy's issuing loop timed item by item (oxccl bench tma_trace), alone and beside the
+      # FMA probe (1 and 4 CTAs per SM), the sleep control and the mma GEMM: where the copy beside busy
+      # warps loses its time. TRACE_SHAPES: issuers:chunk:stages:lag.
+      for s in ${TRACE_SHAPES:-1:32768:4:2 1:32768:4:1 1:32768:6:1 1:16384:12:1 4:16384:2:1 4:16384:3:1 4:32768:1:1}; do
+        IFS=: read -r w ch st lg <<< "$s"
+        for load in "fma --fma-ctas-per-sm 1" "fma --fma-ctas-per-sm 4" "sleep --fma-ctas-per-sm 4" "mma --gemm 8192,8192,2048"; do
+          log "tma_trace --issuers $w --chunk $ch --stages $st --lag $lg --compute $load"
+          timeout 60 $B/oxccl bench tma_trace -e 1G --ctas 8 --issuers $w --chunk $ch --stages $st --lag $lg --compute $load 2>&1 | grep -vE "^# (oxccl|medians|issued|load)" ; done; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.

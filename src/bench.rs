@@ -17,6 +17,9 @@ use oxccl_host::tccl::{PlanSpec, split};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::sync::Arc;
 
+mod trace;
+pub use trace::{TmaTraceBench, TraceRow, tma_trace};
+
 /// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
 /// with device events on `stream`.
 pub fn time_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -2045,7 +2048,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             let ranks_here = streams.iter().filter(|s| s.context().ordinal() == ordinal).count() as u32;
             let compute_sms = compute_sms(b, sms, ranks_here)?;
             let cs = l.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
-            works.push(Compute::new(&cs, b, compute_sms, sms)?);
+            works.push(Compute::new(&cs, b.compute, (b.compute_threads, b.compute_ctas_per_sm), compute_sms, sms)?);
             compute_streams.push(cs);
             ordinals.push(ordinal);
         }
@@ -2293,20 +2296,27 @@ fn gemm_operand(stream: &Arc<CudaStream>, len: u64, step: u64) -> Result<CudaSli
 }
 
 impl Compute {
-    /// The compute work on `stream`, sized for `sms` of the GPU's `all_sms` SMs (the FMA grid, or
-    /// cuBLAS's SM count target where fewer than all).
-    fn new(stream: &Arc<CudaStream>, b: &OverlapBench, sms: u32, all_sms: u32) -> Result<Compute> {
-        let kind = match b.compute {
+    /// The compute work `load` on `stream`, sized for `sms` of the GPU's `all_sms` SMs (the FMA
+    /// grid of `ctas_per_sm` CTAs of `threads` per SM, or cuBLAS's SM count target where fewer
+    /// than all).
+    fn new(
+        stream: &Arc<CudaStream>,
+        load: ComputeLoad,
+        (threads, ctas_per_sm): (u32, u32),
+        sms: u32,
+        all_sms: u32,
+    ) -> Result<Compute> {
+        let kind = match load {
             ComputeLoad::Fma | ComputeLoad::Sleep => {
                 let function =
-                    probe_function(stream, if b.compute == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" })?;
-                let grid = sms * b.compute_ctas_per_sm;
+                    probe_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" })?;
+                let grid = sms * ctas_per_sm;
                 let mut out: CudaSlice<f32> =
-                    stream.alloc_zeros((grid * b.compute_threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
+                    stream.alloc_zeros((grid * threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
                 let out_ptr = out.device_ptr_mut(stream).0;
                 let config = cudarc::driver::LaunchConfig {
                     grid_dim: (grid, 1, 1),
-                    block_dim: (b.compute_threads, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 ComputeKind::Probe { function, _out: out, out_ptr, config }

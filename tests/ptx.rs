@@ -172,6 +172,8 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("dynamic_smem_size", "probe_smem_size", "%dynamic_smem_size;"),
     ("smid", "probe_sreg", "%smid;"),
     ("globaltimer", "probe_sreg", "mov.u64 %rd"),
+    ("clock64", "bench_tma_trace", "%clock64;"),
+    ("warpid", "bench_tma_trace", "%warpid;"),
     ("elect_sync", "probe_sreg", "elect.sync _|p, %r"),
     ("add_rn_f16x2", "probe_arith", "add.rn.f16x2 %r"),
     ("min_f16x2", "probe_arith", "min.f16x2 %r"),

@@ -28,6 +28,14 @@ pub const MAX_ISSUERS: u32 = 4;
 /// Most pipeline stages of the TMA mover (one mbarrier each).
 pub const MAX_STAGES: usize = 16;
 
+/// Items the TMA mover's refill of a stage lags behind its consumer in a ring of `stages`
+/// (1..=[`MAX_STAGES`]): half the ring, at least one.
+#[inline(always)]
+pub const fn refill_lag(stages: u32) -> u32 {
+    let lag = stages / 2;
+    if lag == 0 { 1 } else { lag }
+}
+
 /// Buffer slots of the per-call buffer table.
 pub mod slot {
     /// The collective's send buffer (input).

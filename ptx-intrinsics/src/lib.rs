@@ -19,7 +19,7 @@
 //! | [`tensor`] | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
 //! | [`fence`] | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
 //! | [`memory`] | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |
-//! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `elect.sync` |
+//! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%warpid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `%clock64`, `elect.sync` |
 //! | [`sync`] | `bar.sync`, `nanosleep` |
 //! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
 //! | [`mma`] | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |

@@ -387,6 +387,131 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = iters as f32 };
 }
 
+/// The TMA copy's issuing loop, timed: a diagnostic of what compute beside it costs the copy
+/// (`oxccl bench tma-trace`), not a probe. Lane 0 of every warp copies its own `bytes` of `src`
+/// to `dst` (warp `g` of the grid the `g`-th slice; `bytes` a multiple of `chunk`, both of 16)
+/// through its own ring of `stages` shared-memory stages, refilled as the engine's TMA mover
+/// refills: `lag` items behind the stores, after `cp.async.bulk.wait_group.read` leaves at most
+/// `lag - 1` groups reading (7 at most: a larger `lag` waits as for 8), `stages - lag` loads
+/// ahead. First it times `chain` steps of a dependent two-instruction ALU chain, which measures
+/// its share of the scheduler's issue slots.
+///
+/// `trace` holds, per warp `g`, 8 u32 — %warpid, %smid, cycles of the chain, items, cycles of the
+/// copy, the chain's value (which keeps it live), 0, 0 — followed by 4 u32 for each of its first `traced` items, in cycles from the copy's
+/// start: load issued, landing seen, store committed, and the `try_wait` polls that failed before
+/// the landing was seen. Shared memory: barriers from 0 (8 bytes per stage and warp, 1024 bytes
+/// at most), the rings from 1024, `stages × chunk` per warp.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bench_tma_trace(
+    dst: u64,
+    src: u64,
+    bytes: u32,
+    chunk: u32,
+    stages: u32,
+    lag: u32,
+    chain: u32,
+    trace: u64,
+    traced: u32,
+) {
+    if laneid() != 0 {
+        return;
+    }
+    let w = tid_x() / 32;
+    let g = ctaid_x() * (ntid_x() / 32) + w;
+    let bars = smem().cast::<Mbarrier>().add(w * stages);
+    let ring = smem().byte_add::<u8>(1024 + w * stages * chunk);
+    let src = Global::<u8>::from_addr(src).byte_add::<u8>(g as u64 * bytes as u64);
+    let dst = Global::<u8>::from_addr(dst).byte_add::<u8>(g as u64 * bytes as u64);
+    let out = Global::<u32>::from_addr(trace).add(g as u64 * (8 + 4 * traced as u64));
+    let items = bytes / chunk;
+    let ahead = stages - lag;
+
+    // The chain: x ← rotl(x ⊕ c, 1), `chain` times; ptxas cannot fold it.
+    let mut x = g;
+    let t0 = clock64();
+    for _ in 0..chain {
+        // SAFETY: register arithmetic only.
+        unsafe {
+            core::arch::asm!(
+                "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
+                x = inout(reg32) x,
+                c = in(reg32) items | 1,
+                options(pure, nomem, nostack)
+            )
+        };
+    }
+    let chain_cycles = (clock64() - t0) as u32;
+
+    // SAFETY (whole block): each warp's barriers and ring are its own (the host sizes shared memory
+    // for `warps × stages` of both); every stage is armed with exactly the bytes its load brings and
+    // refilled only after the store reading it finished reading (`lag` items behind, `wait_group.read
+    // lag - 1`); `src` and `dst` hold `bytes` for every warp of the grid, `trace` its records.
+    unsafe {
+        for s in 0..stages {
+            mbarrier_init_shared_b64(bars.add(s), 1);
+        }
+        fence_mbarrier_init_release_cluster();
+        let start = clock64();
+        let record = |j: u32, k: u32, v: u32| {
+            if j < traced {
+                *out.add(8 + 4 * j as u64 + k as u64).ptr() = v;
+            }
+        };
+        let load = |j: u32| {
+            let s = j % stages;
+            record(j, 0, (clock64() - start) as u32);
+            let _ = mbarrier_arrive_expect_tx_shared_b64(bars.add(s), chunk);
+            cp_async_bulk_shared_global_mbarrier(
+                ring.byte_add(s * chunk),
+                src.byte_add(j as u64 * chunk as u64),
+                chunk,
+                bars.add(s),
+            );
+        };
+        for j in 0..ahead.min(items) {
+            load(j);
+        }
+        for j in 0..items {
+            let next = j + ahead;
+            if next < items {
+                match lag - 1 {
+                    0 => cp_async_bulk_wait_group_read::<0>(),
+                    1 => cp_async_bulk_wait_group_read::<1>(),
+                    2 => cp_async_bulk_wait_group_read::<2>(),
+                    3 => cp_async_bulk_wait_group_read::<3>(),
+                    4 => cp_async_bulk_wait_group_read::<4>(),
+                    5 => cp_async_bulk_wait_group_read::<5>(),
+                    6 => cp_async_bulk_wait_group_read::<6>(),
+                    _ => cp_async_bulk_wait_group_read::<7>(),
+                }
+                load(next);
+            }
+            let s = j % stages;
+            let mut polls = 0u32;
+            while !mbarrier_try_wait_parity_shared_b64(bars.add(s), (j / stages) & 1) {
+                polls += 1;
+            }
+            record(j, 1, (clock64() - start) as u32);
+            record(j, 3, polls);
+            cp_async_bulk_global_shared_bulk_group(
+                dst.byte_add(j as u64 * chunk as u64),
+                ring.byte_add(s * chunk),
+                chunk,
+            );
+            cp_async_bulk_commit_group();
+            record(j, 2, (clock64() - start) as u32);
+        }
+        cp_async_bulk_wait_group::<0>();
+        let copy_cycles = (clock64() - start) as u32;
+        for s in 0..stages {
+            mbarrier_inval_shared_b64(bars.add(s));
+        }
+        for (k, v) in [warpid(), smid(), chain_cycles, items, copy_cycles, x, 0, 0].into_iter().enumerate() {
+            *out.add(k as u64).ptr() = v;
+        }
+    }
+}
+
 /// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
 macro_rules! unroll4 {
     ($i:ident, $body:block) => {{

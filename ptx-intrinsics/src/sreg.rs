@@ -50,6 +50,18 @@ pub fn smid() -> u32 {
     r
 }
 
+/// This thread's warp slot on its SM (may change under preemption; for diagnostics only).
+///
+/// `mov.u32 r, %warpid;` · PTX ISA 1.3 · sm_20
+#[doc(alias = "%warpid")]
+#[inline(always)]
+pub fn warpid() -> u32 {
+    let r: u32;
+    // SAFETY: reading a special register; not `pure` since it may differ between reads.
+    unsafe { asm!("mov.u32 {r}, %warpid;", r = out(reg32) r, options(nomem, nostack)) }
+    r
+}
+
 /// The global nanosecond timer (coarse: it ticks in steps of about a microsecond on current GPUs).
 ///
 /// `mov.u64 r, %globaltimer;` · PTX ISA 3.1 · sm_30
@@ -59,6 +71,18 @@ pub fn globaltimer() -> u64 {
     let r: u64;
     // SAFETY: reading a special register; volatile (no `pure`): every read is a new time.
     unsafe { asm!("mov.u64 {r}, %globaltimer;", r = out(reg64) r, options(nomem, nostack)) }
+    r
+}
+
+/// This SM's cycle counter (64 bits; per SM, so compare readings of one thread only).
+///
+/// `mov.u64 r, %clock64;` · PTX ISA 2.0 · sm_20
+#[doc(alias = "%clock64")]
+#[inline(always)]
+pub fn clock64() -> u64 {
+    let r: u64;
+    // SAFETY: reading a special register; volatile (no `pure`): every read is a new count.
+    unsafe { asm!("mov.u64 {r}, %clock64;", r = out(reg64) r, options(nomem, nostack)) }
     r
 }
 

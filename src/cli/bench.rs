@@ -15,11 +15,15 @@ use crate::reshard::{CtaOwner, PlanOptions, Route};
 use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
 /// The benchmarks `oxccl bench` runs by name (`Args::what`).
-pub const BENCHMARKS: [&str; 6] = ["all_reduce", "reduce_scatter", "all_gather", "movers", "overlap", "reshard"];
+pub const BENCHMARKS: [&str; 7] =
+    ["all_reduce", "reduce_scatter", "all_gather", "movers", "overlap", "reshard", "tma_trace"];
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// all_reduce | reduce_scatter | all_gather | movers | overlap | reshard (none with --algo or --xml)
+    /// all_reduce | reduce_scatter | all_gather | movers | overlap | reshard | tma_trace (none with
+    /// --algo or --xml). tma_trace: a diagnostic, the TMA copy's issuing loop timed item by item
+    /// alone and beside `--compute` (`-e` bytes over `--ctas` CTAs of `--issuers` warps, `--chunk`,
+    /// `--stages`, `--lag`).
     pub what: Option<String>,
     /// Compiled plan of a built-in algorithm: ring-allreduce, hm-allreduce, hm-allgather, ... (see
     /// `oxccl plan`).
@@ -144,6 +148,10 @@ pub struct Args {
     /// overlap, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
+    /// tma_trace: items the ring's refill lags behind the stores, 1..=stages (default half the
+    /// stages, at least one, as the engine's TMA mover).
+    #[arg(long)]
+    pub lag: Option<u32>,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -231,17 +239,23 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 
 pub fn run(a: Args) -> CliResult {
     let overlap = a.what.as_deref() == Some("overlap");
-    for (flag, given) in [
-        ("--compute-ms", a.compute_ms.is_some()),
-        ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some()),
-        ("--partition", a.partition),
-        ("--simt-threads", a.simt_threads.is_some()),
-        ("--mma-one-per-sm", a.mma_one_per_sm),
+    let trace = a.what.as_deref() == Some("tma_trace") && a.algo.is_none() && a.xml.is_none();
+    // (flag, given, also for tma_trace)
+    for (flag, given, traced) in [
+        ("--compute-ms", a.compute_ms.is_some(), true),
+        ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some(), true),
+        ("--partition", a.partition, false),
+        ("--simt-threads", a.simt_threads.is_some(), false),
+        ("--mma-one-per-sm", a.mma_one_per_sm, true),
     ] {
-        if given && !overlap {
+        if given && !overlap && !(traced && trace) {
             let what = a.what.as_deref().unwrap_or("--algo/--xml");
-            return Err(format!("{flag} is for overlap, not {what}").into());
+            let others = if traced { "overlap and tma_trace" } else { "overlap" };
+            return Err(format!("{flag} is for {others}, not {what}").into());
         }
+    }
+    if a.lag.is_some() && !trace {
+        return Err(format!("--lag is for tma_trace, not {}", a.what.as_deref().unwrap_or("--algo/--xml")).into());
     }
     if a.algo.is_some() || a.xml.is_some() {
         if a.piece.is_some() {
@@ -264,7 +278,7 @@ pub fn run(a: Args) -> CliResult {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
-        "movers" | "reshard" | "overlap" => None,
+        "movers" | "reshard" | "overlap" | "tma_trace" => None,
         other => return Err(format!("unknown benchmark {other:?}: {}", BENCHMARKS.join(", ")).into()),
     };
     if a.combine_direct.is_some() && what != "all_reduce" && what != "overlap" {
@@ -277,9 +291,9 @@ pub fn run(a: Args) -> CliResult {
             "--combine-direct is for the TMA mover's register combine, not --reduction tma or --mover simt".into()
         );
     }
-    if a.issuers.is_some() && collective.is_none() && what != "overlap" && what != "reshard" {
+    if a.issuers.is_some() && collective.is_none() && !matches!(what.as_str(), "overlap" | "reshard" | "tma_trace") {
         return Err(format!(
-            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not {what}"
+            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not {what}"
         )
         .into());
     }
@@ -290,7 +304,7 @@ pub fn run(a: Args) -> CliResult {
         return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
     }
     let reshard = (what == "reshard").then(|| reshard_bench(&a)).transpose()?;
-    if what == "overlap" {
+    if overlap || trace {
         compute_load(&a)?;
     }
     if let Some(n) = a.fma_ctas_per_sm
@@ -302,6 +316,9 @@ pub fn run(a: Args) -> CliResult {
         && !(ms > 0.0 && ms <= bench::MAX_COMPUTE_MS)
     {
         return Err(format!("--compute-ms {ms}: give a time in (0, {}] ms", bench::MAX_COMPUTE_MS).into());
+    }
+    if trace {
+        trace_args(&a)?.validate()?;
     }
     if overlap {
         // Every row's configuration, the compute shape and the size (the rank count is checked
@@ -338,6 +355,9 @@ pub fn run(a: Args) -> CliResult {
     }
     if what == "overlap" {
         return run_overlap(&gpus, &a, &command, &ctx.name().unwrap_or_default());
+    }
+    if trace {
+        return run_tma_trace(&stream, &a, &command, &ctx.name().unwrap_or_default());
     }
     let Some(collective) = collective else {
         let d = SweepConfig::default();
@@ -795,6 +815,101 @@ fn run_overlap(
         }
     }
     Ok(())
+}
+
+/// `oxccl bench tma_trace`: the TMA copy's issuing loop timed item by item, alone and beside
+/// `--compute` (see [`bench::tma_trace`]).
+fn run_tma_trace(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    a: &Args,
+    command: &[String],
+    device: &str,
+) -> CliResult {
+    let b = trace_args(a)?;
+    println!("# oxccl tma_trace: {}", command.join(" "));
+    println!(
+        "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
+         refill {} behind ({} loads ahead), {} B of shared memory per CTA; beside {}{}",
+        b.bytes_per_warp() * (b.ctas * b.warps) as u64,
+        b.ctas,
+        b.warps,
+        b.bytes_per_warp(),
+        b.chunk,
+        b.stages,
+        b.lag,
+        b.stages - b.lag,
+        b.smem_bytes(),
+        b.compute.name(),
+        match b.compute {
+            bench::ComputeLoad::Fma | bench::ComputeLoad::Sleep =>
+                format!(" ({} CTAs of {} threads per SM)", b.compute_ctas_per_sm, b.compute_threads),
+            _ => String::new(),
+        }
+    );
+    let rows = bench::tma_trace(stream, &b)?;
+    println!("# medians over the items of every warp, in SM cycles: period between store commits; latency from load");
+    println!("# issued to landing seen; store from landing seen to store committed; refill from a commit to the next");
+    println!(
+        "# load issued; landed1st: items whose data had landed at the first look; chain: cycles per dependent step"
+    );
+    println!(
+        "# {:>28} {:>9} {:>8} {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>7} {:>10} {:>11} {:>11}",
+        "beside",
+        "copy(ms)",
+        "GB/s",
+        "chain",
+        "period",
+        "latency",
+        "store",
+        "refill",
+        "landed1st",
+        "polls",
+        "slots%4",
+        "compute(ms)",
+        "compute||"
+    );
+    for r in &rows {
+        let s = r.warp_slots_mod4;
+        println!(
+            "  {:>28} {:>9.3} {:>8.1} {:>7.2} {:>8.0} {:>8.0} {:>7.0} {:>8.0} {:>9.3} {:>7.1} {:>10} {:>11.3} {:>11.3}",
+            r.beside,
+            r.copy_ms,
+            r.gbps,
+            r.chain_cycles_per_step,
+            r.period,
+            r.latency,
+            r.store,
+            r.refill,
+            r.landed_first,
+            r.polls,
+            format!("{}/{}/{}/{}", s[0], s[1], s[2], s[3]),
+            r.compute_alone_ms,
+            r.compute_beside_ms
+        );
+    }
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    }
+    Ok(())
+}
+
+/// The tma_trace diagnostic's parameters from the flags.
+fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Error>> {
+    let stages = a.stages.unwrap_or(4);
+    Ok(bench::TmaTraceBench {
+        compute: compute_load(a)?,
+        compute_threads: 256,
+        compute_ctas_per_sm: a.fma_ctas_per_sm.unwrap_or(4),
+        compute_ms: a.compute_ms,
+        ctas: a.ctas.unwrap_or(8),
+        warps: a.issuers.unwrap_or(1),
+        bytes: a.max_bytes,
+        chunk: a.chunk.unwrap_or(32768),
+        stages,
+        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages)),
+    })
 }
 
 /// How the ranks sit on the GPUs, for report headers.

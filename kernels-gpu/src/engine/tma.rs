@@ -37,7 +37,7 @@ use super::combine::Combine;
 use super::pipeline::PipelineState;
 use super::simt::{self, Operands};
 use super::{Ctx, wait};
-use crate::abi::{DType, RedOp};
+use crate::abi::{DType, RedOp, refill_lag};
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::*;
 use oxccl_ptx::fence::fence_proxy_async_shared_cta;
@@ -463,14 +463,6 @@ unsafe fn fold_groups<C: Combine, const ILP: usize>(
         }
     }
     v
-}
-
-/// Items the refill of a stage lags behind its consumer in a ring of `stages` (1..=`MAX_STAGES`):
-/// half the ring, at least one.
-#[inline(always)]
-pub const fn refill_lag(stages: u32) -> u32 {
-    let lag = stages / 2;
-    if lag == 0 { 1 } else { lag }
 }
 
 /// `cp.async.bulk.wait_group.read pending` for a run-time `pending` (the instruction takes an

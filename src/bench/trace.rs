@@ -1,0 +1,360 @@
+//! `oxccl bench tma_trace`: the TMA copy's issuing loop timed item by item, alone and beside a
+//! compute load, to show where a copy beside busy warps loses its time: in the loads' latency (the
+//! issuer waits for data), or in the issuer itself (the data has landed when it looks).
+//!
+//! The kernel is the probe module's `bench_tma_trace`: lane 0 of each warp streams its slice
+//! through its own ring of shared-memory stages as the engine's TMA mover does (same refill rule),
+//! reading `%clock64` at each step, and first times a dependent ALU chain (its share of its
+//! scheduler's issue slots).
+
+use super::{Compute, ComputeLoad, MAX_COMPUTE_MS, probe_function, sm_count, time_ms_on};
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use std::sync::Arc;
+
+/// Shared memory below the rings: the stages' barriers (8 bytes each).
+const BARRIER_BYTES: u32 = 1024;
+/// Items traced per warp at most (16 bytes of trace each).
+const MAX_TRACED: u32 = 1 << 14;
+/// Steps of the ALU chain (two dependent instructions each).
+const CHAIN: u32 = 1 << 14;
+
+/// The parameters of [`tma_trace`].
+#[derive(Clone, Debug)]
+pub struct TmaTraceBench {
+    /// What runs beside the copy in the second row (the first runs the copy alone).
+    pub compute: ComputeLoad,
+    /// The FMA and sleep loads' CTAs: threads, and CTAs per SM.
+    pub compute_threads: u32,
+    pub compute_ctas_per_sm: u32,
+    /// How long the compute alone should take (ms; `None`: three times the copy alone, so that
+    /// the whole copy runs beside it).
+    pub compute_ms: Option<f64>,
+    /// CTAs of the copy, issuing warps per CTA (each with its own ring and slice).
+    pub ctas: u32,
+    pub warps: u32,
+    /// Bytes copied in all (rounded down to whole chunks per warp).
+    pub bytes: u64,
+    /// Bytes per stage, stages per warp, and how many items the refill lags behind the stores
+    /// (the engine's `refill_lag`: half the stages, at least one).
+    pub chunk: u32,
+    pub stages: u32,
+    pub lag: u32,
+}
+
+/// One row of [`tma_trace`]: medians over every traced item of every warp, in SM cycles, past the
+/// first ring's worth of items.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TraceRow {
+    /// `alone`, or the compute load's name.
+    pub beside: String,
+    pub copy_ms: f64,
+    /// Bytes copied per second (GB/s).
+    pub gbps: f64,
+    /// Cycles per step of the dependent ALU chain before the copy (two instructions per step).
+    pub chain_cycles_per_step: f64,
+    /// Between the store commits of consecutive items.
+    pub period: f64,
+    /// From a load's issue to the issuer seeing it landed.
+    pub latency: f64,
+    /// From seeing an item landed to its store committed.
+    pub store: f64,
+    /// From an item's store commit to the next load issued (the `wait_group.read` and the refill).
+    pub refill: f64,
+    /// Share of items whose data had landed when the issuer first looked (no failed poll): near
+    /// 1 the issuer is the bottleneck, near 0 the loads are.
+    pub landed_first: f64,
+    /// Failed polls per item, mean.
+    pub polls: f64,
+    /// Warps whose `%warpid` mod 4 (the SM sub-partition on current GPUs) is 0, 1, 2, 3.
+    pub warp_slots_mod4: [u32; 4],
+    /// Compute alone and beside the copy (ms; 0 in the `alone` row).
+    pub compute_alone_ms: f64,
+    pub compute_beside_ms: f64,
+}
+
+impl TmaTraceBench {
+    /// Bytes each warp copies (whole chunks).
+    pub fn bytes_per_warp(&self) -> u64 {
+        let warps = self.ctas as u64 * self.warps as u64;
+        if warps == 0 || self.chunk == 0 { 0 } else { self.bytes / warps / self.chunk as u64 * self.chunk as u64 }
+    }
+
+    /// Dynamic shared memory per CTA.
+    pub fn smem_bytes(&self) -> u64 {
+        BARRIER_BYTES as u64 + self.warps as u64 * self.stages as u64 * self.chunk as u64
+    }
+
+    /// Refuses a shape the kernel cannot run: no CTAs, 0 or more than 4 warps, a chunk that is not a
+    /// positive multiple of 16, a lag outside `1..=stages`, more barriers than fit below the rings,
+    /// a slice of no whole chunk or over 4 GiB, or compute times out of range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, why: String| Err(Error::Config { field, why });
+        if !(1..=1024).contains(&self.ctas) {
+            return bad("ctas", format!("{}: give 1..=1024", self.ctas));
+        }
+        if !(1..=4).contains(&self.warps) {
+            return bad("issuers", format!("{}: give 1..=4 issuing warps per CTA", self.warps));
+        }
+        if self.chunk == 0 || !self.chunk.is_multiple_of(16) {
+            return bad("chunk", format!("{}: give a positive multiple of 16 bytes", self.chunk));
+        }
+        if self.stages == 0 || self.warps * self.stages > BARRIER_BYTES / 8 {
+            return bad(
+                "stages",
+                format!("{} stages x {} warps: give 1..={} stages in all", self.stages, self.warps, BARRIER_BYTES / 8),
+            );
+        }
+        if !(1..=self.stages).contains(&self.lag) {
+            return bad("lag", format!("{}: give 1..={} (the stages)", self.lag, self.stages));
+        }
+        let per_warp = self.bytes_per_warp();
+        if per_warp == 0 || per_warp > u32::MAX as u64 {
+            return bad(
+                "bytes",
+                format!(
+                    "{} B over {} warps of {} B chunks: each warp needs 1 chunk to 4 GiB",
+                    self.bytes,
+                    self.ctas * self.warps,
+                    self.chunk
+                ),
+            );
+        }
+        if self.bytes > super::MAX_OVERLAP_BYTES {
+            return bad("bytes", format!("{} B: at most {}", self.bytes, super::MAX_OVERLAP_BYTES));
+        }
+        self.compute.validate()?;
+        if self.compute_threads == 0 || self.compute_threads > 1024 || !(1..=64).contains(&self.compute_ctas_per_sm) {
+            return bad(
+                "compute shape",
+                format!(
+                    "{} CTAs of {} threads per SM: give 1..=64 CTAs of 1..=1024 threads",
+                    self.compute_ctas_per_sm, self.compute_threads
+                ),
+            );
+        }
+        if let Some(ms) = self.compute_ms
+            && !(ms > 0.0 && ms <= MAX_COMPUTE_MS)
+        {
+            return bad("compute_ms", format!("{ms} ms: give more than 0 and at most {MAX_COMPUTE_MS}"));
+        }
+        Ok(())
+    }
+}
+
+/// Median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Summarises one traced run: `trace` as `bench_tma_trace` writes it for `warps` warps of
+/// `traced` items, `skip` items at the start of each left out.
+fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usize) -> TraceRow {
+    let stride = 8 + 4 * traced;
+    let (mut chain, mut period, mut latency, mut store, mut refill) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut first, mut polls, mut counted) = (0u64, 0u64, 0u64);
+    let mut slots = [0u32; 4];
+    for w in 0..warps {
+        let h = &trace[w * stride..][..stride];
+        slots[(h[0] % 4) as usize] += 1;
+        chain.push(h[2] as f64 / CHAIN as f64);
+        let items = (h[3] as usize).min(traced);
+        let rec = |j: usize| &h[8 + 4 * j..][..4];
+        for j in skip.max(1)..items {
+            let (r, prev) = (rec(j), rec(j - 1));
+            period.push(r[2].wrapping_sub(prev[2]) as f64);
+            latency.push(r[1].wrapping_sub(r[0]) as f64);
+            store.push(r[2].wrapping_sub(r[1]) as f64);
+            if j + ahead < items {
+                refill.push(rec(j + ahead)[0].wrapping_sub(prev[2]) as f64);
+            }
+            first += (r[3] == 0) as u64;
+            polls += r[3] as u64;
+            counted += 1;
+        }
+    }
+    let per = |x: u64| if counted == 0 { 0.0 } else { x as f64 / counted as f64 };
+    TraceRow {
+        beside: String::new(),
+        copy_ms: 0.0,
+        gbps: 0.0,
+        chain_cycles_per_step: median(chain),
+        period: median(period),
+        latency: median(latency),
+        store: median(store),
+        refill: median(refill),
+        landed_first: per(first),
+        polls: per(polls),
+        warp_slots_mod4: slots,
+        compute_alone_ms: 0.0,
+        compute_beside_ms: 0.0,
+    }
+}
+
+/// Runs the traced copy on `stream`'s GPU alone, then beside `b.compute` on another stream (the
+/// copy launched first, as the overlap benchmark launches its collective), and returns the two rows.
+pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<TraceRow>> {
+    b.validate()?;
+    let ctx = stream.context();
+    let optin = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(Error::driver("cuDeviceGetAttribute"))? as u64;
+    if b.smem_bytes() > optin {
+        return Err(Error::Config {
+            field: "stages",
+            why: format!(
+                "{} warps x {} stages x {} B (+{BARRIER_BYTES}) = {} B of shared memory: this GPU allows {optin} per CTA",
+                b.warps,
+                b.stages,
+                b.chunk,
+                b.smem_bytes()
+            ),
+        });
+    }
+    let function = probe_function(stream, "bench_tma_trace")?;
+    function
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            b.smem_bytes() as i32,
+        )
+        .map_err(Error::driver("cuFuncSetAttribute"))?;
+    let per_warp = b.bytes_per_warp();
+    let warps = (b.ctas * b.warps) as usize;
+    let total = per_warp as usize * warps;
+    let items = (per_warp / b.chunk as u64) as u32;
+    let traced = items.min(MAX_TRACED);
+    let src: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
+    let mut dst: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
+    let mut trace: CudaSlice<u32> =
+        stream.alloc_zeros(warps * (8 + 4 * traced as usize)).map_err(Error::driver("cuMemAlloc"))?;
+    let (src_ptr, dst_ptr, trace_ptr) =
+        (src.device_ptr(stream).0, dst.device_ptr_mut(stream).0, trace.device_ptr_mut(stream).0);
+    let config = cudarc::driver::LaunchConfig {
+        grid_dim: (b.ctas, 1, 1),
+        block_dim: (32 * b.warps, 1, 1),
+        shared_mem_bytes: b.smem_bytes() as u32,
+    };
+    let (bytes, chunk, stages, lag, chain) = (per_warp as u32, b.chunk, b.stages, b.lag, CHAIN);
+    let copy = || -> Result<()> {
+        let mut l = stream.launch_builder(&function);
+        l.arg(&dst_ptr)
+            .arg(&src_ptr)
+            .arg(&bytes)
+            .arg(&chunk)
+            .arg(&stages)
+            .arg(&lag)
+            .arg(&chain)
+            .arg(&trace_ptr)
+            .arg(&traced);
+        // SAFETY: `src` and `dst` hold `bytes` for each of the grid's warps and `trace` its records
+        // (`8 + 4 × traced` u32 per warp); the shared memory holds the barriers and every warp's ring
+        // (`smem_bytes`, allowed by the attribute above); `validate` checked chunk, stages and lag.
+        unsafe { l.launch(config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
+    };
+    let read = |trace: &CudaSlice<u32>| -> Result<Vec<u32>> {
+        stream.clone_dtoh(trace).map_err(Error::driver("cuMemcpyDtoH"))
+    };
+    let skip = b.stages as usize;
+    let ahead = (b.stages - b.lag) as usize;
+    let row = |trace: &[u32], beside: String, ms: f64| TraceRow {
+        beside,
+        copy_ms: ms,
+        gbps: total as f64 / (ms * 1e-3) / 1e9,
+        ..summarize(trace, warps, traced as usize, skip, ahead)
+    };
+
+    let alone_ms = time_ms_on(std::slice::from_ref(stream), 1, 1, copy)?;
+    let alone = row(&read(&trace)?, "alone".into(), alone_ms);
+
+    let cs = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+    let sms = sm_count(&ctx)?;
+    let mut work = Compute::new(&cs, b.compute, (b.compute_threads, b.compute_ctas_per_sm), sms, sms)?;
+    let probe = work.probe_reps();
+    let t = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(probe))?;
+    let target = b.compute_ms.unwrap_or(3.0 * alone_ms);
+    let reps = (probe as f64 * target / t.max(1e-6)).round().clamp(1.0, u32::MAX as f64) as u32;
+    let compute_alone = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(reps))?;
+
+    let event = |s: &CudaStream| {
+        s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(Error::driver("cuEventRecord"))
+    };
+    stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+    cs.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+    let start = event(stream)?;
+    cs.wait(&start).map_err(Error::driver("cuStreamWaitEvent"))?;
+    copy()?;
+    work.launch(reps)?;
+    let (copy_end, compute_end) = (event(stream)?, event(&cs)?);
+    compute_end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+    copy_end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+    let ms =
+        |z: &cudarc::driver::CudaEvent| start.elapsed_ms(z).map(f64::from).map_err(Error::driver("cuEventElapsedTime"));
+    let beside = TraceRow {
+        compute_alone_ms: compute_alone,
+        compute_beside_ms: ms(&compute_end)?,
+        ..row(&read(&trace)?, b.compute.name(), ms(&copy_end)?)
+    };
+    Ok(vec![alone, beside])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace of one warp, three items: the header, then (issued, landed seen, committed, polls).
+    fn one_warp(records: &[[u32; 4]]) -> Vec<u32> {
+        let mut t = vec![5, 7, 2 * CHAIN, records.len() as u32, 999, 0, 0, 0];
+        for r in records {
+            t.extend_from_slice(r);
+        }
+        t
+    }
+
+    #[test]
+    fn summary_takes_medians_of_each_step() {
+        let t = one_warp(&[[0, 100, 110, 3], [10, 300, 320, 0], [20, 500, 530, 4], [320, 800, 840, 0]]);
+        let r = summarize(&t, 1, 4, 1, 2);
+        // Items 1..4: periods 210, 210, 310; latencies 290, 480, 480; stores 20, 30, 40.
+        assert_eq!((r.period, r.latency, r.store), (210.0, 480.0, 30.0));
+        // Item 1 refills item 3: issued at 320, 320 - 110 after item 0's commit.
+        assert_eq!(r.refill, 210.0);
+        assert_eq!((r.landed_first, r.polls), (2.0 / 3.0, 4.0 / 3.0));
+        assert_eq!((r.chain_cycles_per_step, r.warp_slots_mod4), (2.0, [0, 1, 0, 0]));
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_by_name() {
+        let ok = TmaTraceBench {
+            compute: ComputeLoad::Fma,
+            compute_threads: 256,
+            compute_ctas_per_sm: 4,
+            compute_ms: None,
+            ctas: 8,
+            warps: 1,
+            bytes: 1 << 30,
+            chunk: 32768,
+            stages: 4,
+            lag: 2,
+        };
+        ok.validate().unwrap();
+        assert_eq!(ok.bytes_per_warp(), 1 << 27);
+        let field = |b: TmaTraceBench| match b.validate() {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        assert_eq!(field(TmaTraceBench { warps: 5, ..ok.clone() }), "issuers");
+        assert_eq!(field(TmaTraceBench { chunk: 24, ..ok.clone() }), "chunk");
+        assert_eq!(field(TmaTraceBench { lag: 5, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
+        assert_eq!(field(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");
+        assert_eq!(field(TmaTraceBench { bytes: 1000, ..ok.clone() }), "bytes");
+        assert_eq!(field(TmaTraceBench { ctas: 0, ..ok.clone() }), "ctas");
+        assert_eq!(field(TmaTraceBench { compute_ms: Some(-1.0), ..ok }), "compute_ms");
+    }
+}
