@@ -159,7 +159,8 @@ for run in open(sys.argv[2]):
         IFS=: read -r w ch st lg <<< "$s"
         for load in "fma --fma-ctas-per-sm 1" "fma --fma-ctas-per-sm 4" "sleep --fma-ctas-per-sm 4" "mma --gemm 8192,8192,2048"; do
           log "tma_trace --issuers $w --chunk $ch --stages $st --lag $lg --compute $load"
-          timeout 60 $B/oxccl bench tma_trace -e 1G --ctas 8 --issuers $w --chunk $ch --stages $st --lag $lg --compute $load 2>&1 | grep -vE "^# (oxccl|medians|issued|load)" ; done; done ;;
+          timeout 60 $B/oxccl bench tma_trace -e 1G --ctas 8 --issuers $w --chunk $ch --stages $st --lag $lg --compute $load >> "$OUT/tma_trace.log" 2>&1; echo "rc=$?"
+          tail -2 "$OUT/tma_trace.log" ; done; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.
