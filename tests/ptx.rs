@@ -28,6 +28,17 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ),
     ("cp_async_bulk_global_shared_bulk_group", "probe_bulk_copy", "cp.async.bulk.global.shared::cta.bulk_group ["),
     ("cp_async_bulk_commit_group", "probe_bulk_copy", "cp.async.bulk.commit_group;"),
+    ("createpolicy_fractional_l2_evict_first", "bench_tma_trace", "createpolicy.fractional.L2::evict_first.b64 %rd"),
+    (
+        "cp_async_bulk_shared_global_mbarrier_hint",
+        "bench_tma_trace",
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [",
+    ),
+    (
+        "cp_async_bulk_global_shared_bulk_group_hint",
+        "bench_tma_trace",
+        "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [",
+    ),
     ("cp_async_bulk_wait_group", "probe_bulk_copy", "cp.async.bulk.wait_group 0;"),
     ("cp_async_bulk_wait_group_read", "probe_bulk_copy", "cp.async.bulk.wait_group.read 0;"),
     (

@@ -67,6 +67,72 @@ pub unsafe fn cp_async_bulk_global_shared_bulk_group(dst: Global<u8>, src: Share
     }
 }
 
+/// An L2 cache policy for the `.L2::cache_hint` forms of the bulk copies: the lines they touch
+/// are the first the L2 evicts, so a stream of copies leaves the lines of other work (a GEMM's
+/// operands beside a collective) in place.
+///
+/// `createpolicy.fractional.L2::evict_first.b64 policy, 1.0;` · PTX ISA 7.4 · sm_80
+#[doc(alias = "createpolicy")]
+#[inline(always)]
+pub fn createpolicy_fractional_l2_evict_first() -> u64 {
+    let p: u64;
+    // SAFETY: computes a policy value in a register; touches no memory.
+    unsafe {
+        asm!("createpolicy.fractional.L2::evict_first.b64 {p}, 1.0;", p = out(reg64) p, options(pure, nomem, nostack))
+    }
+    p
+}
+
+/// As [`cp_async_bulk_shared_global_mbarrier`], with an L2 cache policy (from
+/// [`createpolicy_fractional_l2_evict_first`]) for the lines it reads.
+///
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [dst], [src], size, [mbar], policy;` · PTX ISA 8.0 · sm_90
+///
+/// # Safety
+/// As [`cp_async_bulk_shared_global_mbarrier`]; `policy` was made by `createpolicy`.
+#[doc(alias = "cp.async.bulk")]
+#[inline(always)]
+pub unsafe fn cp_async_bulk_shared_global_mbarrier_hint(
+    dst: Shared<u8>,
+    src: Global<u8>,
+    bytes: u32,
+    bar: Shared<Mbarrier>,
+    policy: u64,
+) {
+    // SAFETY: the caller guarantees alignment, bounds, the barrier's expectation and the policy.
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [{d}], [{s}], {n}, [{b}], {p};",
+            d = in(reg32) dst.addr(),
+            s = in(reg64) src.addr(),
+            n = in(reg32) bytes,
+            b = in(reg32) bar.addr(),
+            p = in(reg64) policy
+        )
+    }
+}
+
+/// As [`cp_async_bulk_global_shared_bulk_group`], with an L2 cache policy for the lines it writes.
+///
+/// `cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [dst], [src], size, policy;` · PTX ISA 8.0 · sm_90
+///
+/// # Safety
+/// As [`cp_async_bulk_global_shared_bulk_group`]; `policy` was made by `createpolicy`.
+#[doc(alias = "cp.async.bulk")]
+#[inline(always)]
+pub unsafe fn cp_async_bulk_global_shared_bulk_group_hint(dst: Global<u8>, src: Shared<u8>, bytes: u32, policy: u64) {
+    // SAFETY: the caller guarantees alignment, bounds, completion handling and the policy.
+    unsafe {
+        asm!(
+            "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [{d}], [{s}], {n}, {p};",
+            d = in(reg64) dst.addr(),
+            s = in(reg32) src.addr(),
+            n = in(reg32) bytes,
+            p = in(reg64) policy
+        )
+    }
+}
+
 macro_rules! cp_reduce_async_bulk {
     ($(#[$doc:meta])* $name:ident, $op_ty:literal, $isa:literal) => {
         $(#[$doc])*

@@ -15,7 +15,7 @@
 //! | module | instructions |
 //! |---|---|
 //! | [`mbarrier`] | `mbarrier.init/inval/arrive/arrive.expect_tx/expect_tx/try_wait.parity`, `fence.mbarrier_init` |
-//! | [`bulk`] | `cp.async.bulk` (global→shared, shared→global), `cp.reduce.async.bulk`, `commit_group`, `wait_group[.read]` |
+//! | [`bulk`] | `cp.async.bulk` (global→shared, shared→global; with an L2 `createpolicy` hint), `cp.reduce.async.bulk`, `commit_group`, `wait_group[.read]` |
 //! | [`tensor`] | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
 //! | [`fence`] | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
 //! | [`memory`] | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |

@@ -399,7 +399,8 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// `trace` holds, per warp `g`, 8 u32 — %warpid, %smid, cycles of the chain, items, cycles of the
 /// copy, the chain's value (which keeps it live), 0, 0 — followed by 4 u32 for each of its first `traced` items, in cycles from the copy's
 /// start: load issued, landing seen, store committed, and the `try_wait` polls that failed before
-/// the landing was seen. Shared memory: barriers from 0 (8 bytes per stage and warp, 1024 bytes
+/// the landing was seen. With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// Shared memory: barriers from 0 (8 bytes per stage and warp, 1024 bytes
 /// at most), the rings from 1024, `stages × chunk` per warp.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_tma_trace(
@@ -412,6 +413,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     chain: u32,
     trace: u64,
     traced: u32,
+    evict_first: u32,
 ) {
     if laneid() != 0 {
         return;
@@ -451,6 +453,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
             mbarrier_init_shared_b64(bars.add(s), 1);
         }
         fence_mbarrier_init_release_cluster();
+        let policy = createpolicy_fractional_l2_evict_first();
         let start = clock64();
         let record = |j: u32, k: u32, v: u32| {
             if j < traced {
@@ -461,12 +464,12 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
             let s = j % stages;
             record(j, 0, (clock64() - start) as u32);
             let _ = mbarrier_arrive_expect_tx_shared_b64(bars.add(s), chunk);
-            cp_async_bulk_shared_global_mbarrier(
-                ring.byte_add(s * chunk),
-                src.byte_add(j as u64 * chunk as u64),
-                chunk,
-                bars.add(s),
-            );
+            let (to, from) = (ring.byte_add(s * chunk), src.byte_add(j as u64 * chunk as u64));
+            if evict_first != 0 {
+                cp_async_bulk_shared_global_mbarrier_hint(to, from, chunk, bars.add(s), policy);
+            } else {
+                cp_async_bulk_shared_global_mbarrier(to, from, chunk, bars.add(s));
+            }
         };
         for j in 0..ahead.min(items) {
             load(j);
@@ -493,11 +496,12 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
             }
             record(j, 1, (clock64() - start) as u32);
             record(j, 3, polls);
-            cp_async_bulk_global_shared_bulk_group(
-                dst.byte_add(j as u64 * chunk as u64),
-                ring.byte_add(s * chunk),
-                chunk,
-            );
+            let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
+            if evict_first != 0 {
+                cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
+            } else {
+                cp_async_bulk_global_shared_bulk_group(to, from, chunk);
+            }
             cp_async_bulk_commit_group();
             record(j, 2, (clock64() - start) as u32);
         }

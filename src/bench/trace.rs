@@ -40,6 +40,9 @@ pub struct TmaTraceBench {
     pub chunk: u32,
     pub stages: u32,
     pub lag: u32,
+    /// The copies carry an L2 evict-first policy (`createpolicy`), which leaves the compute's
+    /// lines in the L2.
+    pub evict_first: bool,
 }
 
 /// One row of [`tma_trace`]: medians over every traced item of every warp, in SM cycles, past the
@@ -247,6 +250,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         shared_mem_bytes: b.smem_bytes() as u32,
     };
     let (bytes, chunk, stages, lag, chain) = (per_warp as u32, b.chunk, b.stages, b.lag, CHAIN);
+    let evict_first = b.evict_first as u32;
     let copy = || -> Result<()> {
         let mut l = stream.launch_builder(&function);
         l.arg(&dst_ptr)
@@ -257,7 +261,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&lag)
             .arg(&chain)
             .arg(&trace_ptr)
-            .arg(&traced);
+            .arg(&traced)
+            .arg(&evict_first);
         // SAFETY: `src` and `dst` hold `bytes` for each of the grid's warps and `trace` its records
         // (`8 + 4 × traced` u32 per warp); the shared memory holds the barriers and every warp's ring
         // (`smem_bytes`, allowed by the attribute above); `validate` checked chunk, stages and lag.
@@ -348,6 +353,7 @@ mod tests {
             chunk: 32768,
             stages: 4,
             lag: 2,
+            evict_first: false,
         };
         ok.validate().unwrap();
         assert_eq!(ok.bytes_per_warp(), 1 << 27);

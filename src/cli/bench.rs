@@ -152,6 +152,9 @@ pub struct Args {
     /// stages, at least one, as the engine's TMA mover).
     #[arg(long)]
     pub lag: Option<u32>,
+    /// tma_trace: the copies carry an L2 evict-first cache policy.
+    #[arg(long)]
+    pub l2_evict_first: bool,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -254,8 +257,10 @@ pub fn run(a: Args) -> CliResult {
             return Err(format!("{flag} is for {others}, not {what}").into());
         }
     }
-    if a.lag.is_some() && !trace {
-        return Err(format!("--lag is for tma_trace, not {}", a.what.as_deref().unwrap_or("--algo/--xml")).into());
+    for (flag, given) in [("--lag", a.lag.is_some()), ("--l2-evict-first", a.l2_evict_first)] {
+        if given && !trace {
+            return Err(format!("{flag} is for tma_trace, not {}", a.what.as_deref().unwrap_or("--algo/--xml")).into());
+        }
     }
     if a.algo.is_some() || a.xml.is_some() {
         if a.piece.is_some() {
@@ -829,7 +834,7 @@ fn run_tma_trace(
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
-         refill {} behind ({} loads ahead), {} B of shared memory per CTA; beside {}{}",
+         refill {} behind ({} loads ahead), {} B of shared memory per CTA{}; beside {}{}",
         b.bytes_per_warp() * (b.ctas * b.warps) as u64,
         b.ctas,
         b.warps,
@@ -839,6 +844,7 @@ fn run_tma_trace(
         b.lag,
         b.stages - b.lag,
         b.smem_bytes(),
+        if b.evict_first { ", L2 evict-first" } else { "" },
         b.compute.name(),
         match b.compute {
             bench::ComputeLoad::Fma | bench::ComputeLoad::Sleep =>
@@ -909,6 +915,7 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
         chunk: a.chunk.unwrap_or(32768),
         stages,
         lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages)),
+        evict_first: a.l2_evict_first,
     })
 }
 
