@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best tma-trace allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -151,6 +151,18 @@ for run in open(sys.argv[2]):
       for load in fma sleep; do for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
         log "overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --ctas 8 $extra"
         timeout 60 $B/oxccl bench overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done; done ;;
+    overlap-best)
+      # The best configuration of each mover at one fixed compute load: 8 virtual ranks, AllReduce of
+      # 256 MiB per rank, the compute calibrated to BEST_MS ms alone, CTAs per rank 1..16, default and
+      # small (co-resident) shapes; the minimum makespan per mover over every row (both hints).
+      IFS=';' read -ra loads <<< "${BEST_LOADS:-fma --fma-ctas-per-sm 1;fma --fma-ctas-per-sm 4;mma --gemm 8192,8192,2048}"
+      for load in "${loads[@]}"; do
+        : > "$OUT/best.tmp"
+        for c in 1 2 4 8 16; do for shape in "" "--threads 128 --chunk 8192 --stages 2 --simt-threads 256"; do
+          log "overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c $shape"
+          timeout 120 $B/oxccl bench overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c -n 5 -w 2 $shape 2>&1 | tee -a "$OUT/overlap_best.log" | grep -E "^ +(tma|simt) " | tee -a "$OUT/best.tmp" ; done; done
+        echo "## best of $load: $(awk '{k=$1; if(!(k in m)||$14<m[k]){m[k]=$14; r[k]=$0}} END{for(k in m) printf "%s %.3f | ", k, m[k]}' "$OUT/best.tmp")"
+        awk '{k=$1; if(!(k in m)||$14<m[k]){m[k]=$14; r[k]=$0}} END{for(k in r) print "##   " r[k]}' "$OUT/best.tmp"; done ;;
     tma-trace)
       # The TMA copy's issuing loop timed item by item (oxccl bench tma_trace), alone and beside the
       # FMA probe (1 and 4 CTAs per SM), the sleep control and the mma GEMM: where the copy beside busy
