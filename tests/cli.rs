@@ -53,9 +53,9 @@ fn a_bad_compute_load_is_named() {
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--fma-ctas-per-sm", "2"]);
     assert!(!ok && err.contains("--fma-ctas-per-sm is for --compute fma or sleep, not mma"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
-    for flag in ["--simt-threads=64", "--mma-one-per-sm"] {
+    for (flag, owners) in [("--simt-threads=64", "overlap"), ("--mma-one-per-sm", "overlap and tma_trace")] {
         let (ok, err) = oxccl(&["bench", "all_reduce", flag]);
-        assert!(!ok && err.contains("is for overlap, not all_reduce"), "{flag}: {err}");
+        assert!(!ok && err.contains(&format!("is for {owners}, not all_reduce")), "{flag}: {err}");
         assert!(!err.contains("panicked"), "{flag}: {err}");
     }
     for t in ["100", "0", "1024"] {
@@ -86,9 +86,9 @@ fn a_bad_compute_time_is_named() {
         assert!(!ok && err.contains(&format!("--fma-ctas-per-sm {n}: give 1..=8")), "{n}: {err}");
     }
     let (ok, err) = oxccl(&["bench", "all_reduce", "--compute-ms", "5"]);
-    assert!(!ok && err.contains("--compute-ms is for overlap, not all_reduce"), "{err}");
+    assert!(!ok && err.contains("--compute-ms is for overlap and tma_trace, not all_reduce"), "{err}");
     let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--topo", "1x2", "--fma-ctas-per-sm", "2"]);
-    assert!(!ok && err.contains("--fma-ctas-per-sm is for overlap, not --algo/--xml"), "{err}");
+    assert!(!ok && err.contains("--fma-ctas-per-sm is for overlap and tma_trace, not --algo/--xml"), "{err}");
     let (ok, err) = oxccl(&["bench", "reduce_scatter", "--partition"]);
     assert!(!ok && err.contains("--partition is for overlap, not reduce_scatter"), "{err}");
 }
@@ -118,7 +118,9 @@ fn combine_direct_is_refused_where_it_means_nothing() {
 fn issuers_are_refused_where_they_mean_nothing() {
     let (ok, err) = oxccl(&["bench", "movers", "--issuers", "2"]);
     assert!(
-        !ok && err.contains("--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not movers"),
+        !ok && err.contains(
+            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not movers"
+        ),
         "{err}"
     );
     for what in ["overlap", "reshard"] {
@@ -209,4 +211,31 @@ fn edge_sizes_run_to_the_end() {
     // A simulation far into f64 time still finishes (time keeps moving).
     let (ok, out) = oxccl_out(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "16384G"]);
     assert!(ok && out.contains("TBs"), "{out}");
+}
+
+#[test]
+fn the_trace_diagnostic_names_its_bad_flags() {
+    for (args, want) in [
+        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the stages)"),
+        (&["--lag", "0"][..], "lag: 0: give 1..=4 (the stages)"),
+        (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
+        (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
+        (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
+        (&["-e", "1K"][..], "each warp needs 1 chunk to 4 GiB"),
+        (&["--simt-threads", "256"][..], "--simt-threads is for overlap, not tma_trace"),
+        (&["--compute", "sleep", "--mma-one-per-sm"][..], "--mma-one-per-sm is for --compute mma, not sleep"),
+    ] {
+        let mut all = vec!["bench", "tma_trace"];
+        all.extend_from_slice(args);
+        let (ok, err) = oxccl(&all);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    for what in ["all_reduce", "overlap"] {
+        for flag in ["--lag=2", "--l2-evict-first"] {
+            let (ok, err) = oxccl(&["bench", what, flag]);
+            let name = flag.split('=').next().unwrap_or(flag);
+            assert!(!ok && err.contains(&format!("{name} is for tma_trace, not {what}")), "{what} {flag}: {err}");
+        }
+    }
 }

@@ -7,7 +7,10 @@
 //! reading `%clock64` at each step, and first times a dependent ALU chain (its share of its
 //! scheduler's issue slots).
 
-use super::{Compute, ComputeLoad, MAX_COMPUTE_MS, probe_function, sm_count, time_ms_on};
+use super::{
+    Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count, time_ms_on,
+};
+use crate::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::sync::Arc;
@@ -74,6 +77,9 @@ pub struct TraceRow {
     /// Compute alone and beside the copy (ms; 0 in the `alone` row).
     pub compute_alone_ms: f64,
     pub compute_beside_ms: f64,
+    /// 4-byte words of the destination that differ from the source after the run (the destination
+    /// is zeroed before it): 0, or the copy is wrong.
+    pub wrong: u64,
 }
 
 impl TmaTraceBench {
@@ -195,7 +201,30 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         warp_slots_mod4: slots,
         compute_alone_ms: 0.0,
         compute_beside_ms: 0.0,
+        wrong: 0,
     }
+}
+
+/// Bytes per piece when the destination is read back for checking.
+const CHECK_PIECE: usize = 64 << 20;
+
+/// 4-byte words of `dst` that differ from the source pattern ([`pattern`] of rank 0 as u32, period
+/// 17 words), read back in pieces.
+fn count_wrong(stream: &Arc<CudaStream>, dst: &CudaSlice<u8>) -> Result<u64> {
+    let unit = encode_all(DType::U32, 17, |i| pattern(0, i));
+    let mut wrong = 0;
+    let mut at = 0;
+    while at < dst.len() {
+        let len = CHECK_PIECE.min(dst.len() - at);
+        let got = stream.clone_dtoh(&dst.slice(at..at + len)).map_err(Error::driver("cuMemcpyDtoH"))?;
+        // `at` is a multiple of the piece, itself a multiple of 4: word k of the piece is word
+        // at / 4 + k of the buffer.
+        let first = at / 4;
+        wrong +=
+            got.chunks_exact(4).enumerate().filter(|&(k, w)| w != &unit[(first + k) % 17 * 4..][..4]).count() as u64;
+        at += len;
+    }
+    Ok(wrong)
 }
 
 /// Runs the traced copy on `stream`'s GPU alone, then beside `b.compute` on another stream (the
@@ -238,7 +267,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let total = per_warp as usize * warps;
     let items = (per_warp / b.chunk as u64) as u32;
     let traced = items.min(MAX_TRACED);
-    let src: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
+    let mut src: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
+    fill_periodic(stream, &mut src, 0, DType::U32, total as u64 / 4, |i| pattern(0, i))?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
     let mut trace: CudaSlice<u32> =
         stream.alloc_zeros(warps * (8 + 4 * traced as usize)).map_err(Error::driver("cuMemAlloc"))?;
@@ -281,7 +311,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     };
 
     let alone_ms = time_ms_on(std::slice::from_ref(stream), 1, 1, copy)?;
-    let alone = row(&read(&trace)?, "alone".into(), alone_ms);
+    let alone = TraceRow { wrong: count_wrong(stream, &dst)?, ..row(&read(&trace)?, "alone".into(), alone_ms) };
 
     let cs = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
     let sms = sm_count(&ctx)?;
@@ -296,6 +326,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(Error::driver("cuEventRecord"))
     };
+    stream.memset_zeros(&mut dst).map_err(Error::driver("cuMemsetD8Async"))?;
     stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
     cs.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
     let start = event(stream)?;
@@ -310,6 +341,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let beside = TraceRow {
         compute_alone_ms: compute_alone,
         compute_beside_ms: ms(&compute_end)?,
+        wrong: count_wrong(stream, &dst)?,
         ..row(&read(&trace)?, b.compute.name(), ms(&copy_end)?)
     };
     Ok(vec![alone, beside])

@@ -271,7 +271,7 @@ pub fn run(a: Args) -> CliResult {
         }
         if a.issuers.is_some() {
             return Err(
-                "--issuers is for all_reduce, reduce_scatter, all_gather, overlap and reshard, not --algo/--xml".into(),
+                "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not --algo/--xml".into(),
             );
         }
         return run_plan(&a);
@@ -859,7 +859,7 @@ fn run_tma_trace(
         "# load issued; landed1st: items whose data had landed at the first look; chain: cycles per dependent step"
     );
     println!(
-        "# {:>28} {:>9} {:>8} {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>7} {:>10} {:>11} {:>11}",
+        "# {:>28} {:>9} {:>8} {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>7} {:>10} {:>11} {:>11} {:>7}",
         "beside",
         "copy(ms)",
         "GB/s",
@@ -872,12 +872,13 @@ fn run_tma_trace(
         "polls",
         "slots%4",
         "compute(ms)",
-        "compute||"
+        "compute||",
+        "#wrong"
     );
     for r in &rows {
         let s = r.warp_slots_mod4;
         println!(
-            "  {:>28} {:>9.3} {:>8.1} {:>7.2} {:>8.0} {:>8.0} {:>7.0} {:>8.0} {:>9.3} {:>7.1} {:>10} {:>11.3} {:>11.3}",
+            "  {:>28} {:>9.3} {:>8.1} {:>7.2} {:>8.0} {:>8.0} {:>7.0} {:>8.0} {:>9.3} {:>7.1} {:>10} {:>11.3} {:>11.3} {:>7}",
             r.beside,
             r.copy_ms,
             r.gbps,
@@ -890,13 +891,17 @@ fn run_tma_trace(
             r.polls,
             format!("{}/{}/{}/{}", s[0], s[1], s[2], s[3]),
             r.compute_alone_ms,
-            r.compute_beside_ms
+            r.compute_beside_ms,
+            r.wrong
         );
     }
     if a.json {
         for r in &rows {
             println!("{}", serde_json::to_string(r)?);
         }
+    }
+    if rows.iter().any(|r| r.wrong != 0) {
+        return Err("the traced copy is wrong (see #wrong)".into());
     }
     Ok(())
 }
