@@ -34,9 +34,10 @@ for step in "$@"; do
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"
       log racecheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/racecheck.log" 2>&1; tail -5 "$OUT/racecheck.log"
-      # The overlap benchmark's GEMM: its cp.async ring and barriers.
+      # The overlap benchmark's GEMM (its cp.async ring and barriers) and tma_trace's timed copy.
       for tool in memcheck racecheck; do
-        log "$tool tensor_core_gemm"; timeout 250 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 tensor_core_gemm_matches > "$OUT/${tool}_gemm.log" 2>&1; tail -4 "$OUT/${tool}_gemm.log"; done ;;
+        log "$tool tensor_core_gemm"; timeout 250 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 tensor_core_gemm_matches > "$OUT/${tool}_gemm.log" 2>&1; tail -4 "$OUT/${tool}_gemm.log"
+        log "$tool timed_bulk_copies"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 timed_bulk_copies > "$OUT/${tool}_trace.log" 2>&1; tail -4 "$OUT/${tool}_trace.log"; done ;;
     regression)
       log regression-memcheck
       timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;

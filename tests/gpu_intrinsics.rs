@@ -474,3 +474,59 @@ fn tensor_core_gemm_refuses_another_block_size() {
     };
     assert!(wrong.is_err(), "a 128-thread launch of the 256-thread GEMM was accepted");
 }
+
+#[test]
+fn timed_bulk_copies_with_and_without_an_l2_policy() {
+    let Some(p) = Probes::new("timed_bulk_copies_with_and_without_an_l2_policy") else { return };
+    // Two CTAs of two issuing warps, each copying 6 chunks of 4 KiB through 3 stages (lag 1):
+    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
+    let (ctas, warps, chunk, stages, lag, items, chain) = (2u32, 2u32, 4096u32, 3u32, 1u32, 6u32, 64u32);
+    let bytes = chunk * items;
+    let total = (ctas * warps * bytes) as usize;
+    let f = p.f("bench_tma_trace");
+    let smem = 1024 + warps * stages * chunk;
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).unwrap();
+    let sms =
+        p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u32;
+    let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let src = p.stream.clone_htod(&data).unwrap();
+    for evict_first in [0u32, 1] {
+        let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
+        let stride = 8 + 4 * items as usize;
+        let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
+        let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
+        let mut l = p.stream.launch_builder(&f);
+        l.arg(&d)
+            .arg(&s)
+            .arg(&bytes)
+            .arg(&chunk)
+            .arg(&stages)
+            .arg(&lag)
+            .arg(&chain)
+            .arg(&t)
+            .arg(&items)
+            .arg(&evict_first);
+        unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
+        assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
+        let v = p.stream.clone_dtoh(&trace).unwrap();
+        for w in 0..(ctas * warps) as usize {
+            let h = &v[w * stride..][..stride];
+            assert!(h[0] < 64 && h[1] < sms, "warp {w}: %warpid {} / %smid {}", h[0], h[1]);
+            assert_eq!(h[3], items, "warp {w}: items");
+            // 64 dependent steps of two instructions cannot take fewer than 128 cycles.
+            assert!(h[2] >= 2 * chain && h[4] > 0, "warp {w}: chain {} cycles, copy {} cycles", h[2], h[4]);
+            let rec = |j: usize| &h[8 + 4 * j..][..4];
+            for j in 0..items as usize {
+                let (issued, landed, committed) = (rec(j)[0], rec(j)[1], rec(j)[2]);
+                assert!(
+                    issued <= landed && landed <= committed && committed <= h[4],
+                    "warp {w} item {j}: {:?}",
+                    rec(j)
+                );
+                if j > 0 {
+                    assert!(committed > rec(j - 1)[2], "warp {w} item {j}: commits out of order");
+                }
+            }
+        }
+    }
+}
