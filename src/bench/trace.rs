@@ -49,7 +49,9 @@ pub struct TmaTraceBench {
 }
 
 /// One row of [`tma_trace`]: medians over every traced item of every warp, in SM cycles, past the
-/// first ring's worth of items.
+/// first ring's worth of items. Items copied after the compute beside ended count too: where the
+/// copy outlasts the compute, the chain (timed at the start, beside it) is the measure of what the
+/// compute costs the issuer.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TraceRow {
     /// `alone`, or the compute load's name.

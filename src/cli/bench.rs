@@ -858,6 +858,7 @@ fn run_tma_trace(
     println!(
         "# load issued; landed1st: items whose data had landed at the first look; chain: cycles per dependent step"
     );
+    println!("# (timed at the start, beside the compute; the medians include items copied after the compute ended)");
     println!(
         "# {:>28} {:>9} {:>8} {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>7} {:>10} {:>11} {:>11} {:>7}",
         "beside",
