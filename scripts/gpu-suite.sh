@@ -162,7 +162,7 @@ for run in open(sys.argv[2]):
         for c in 1 2 4 8 16; do for shape in "" "--threads 128 --chunk 8192 --stages 2 --simt-threads 256"; do
           log "overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c $shape"
           timeout 120 $B/oxccl bench overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c -n 5 -w 2 $shape 2>&1 | tee -a "$OUT/overlap_best.log" | grep -E "^ +(tma|simt) " | tee -a "$OUT/best.tmp" ; done; done
-        echo "## best of $load: $(awk '{k=$1; if(!(k in m)||$14<m[k]){m[k]=$14; r[k]=$0}} END{for(k in m) printf "%s %.3f | ", k, m[k]}' "$OUT/best.tmp")"
+        echo "## best of $load: $(awk '{k=$1; if(!(k in m)||$14<m[k]) m[k]=$14} END{for(k in m) printf "%s %.3f | ", k, m[k]}' "$OUT/best.tmp")"
         awk '{k=$1; if(!(k in m)||$14<m[k]){m[k]=$14; r[k]=$0}} END{for(k in r) print "##   " r[k]}' "$OUT/best.tmp"; done ;;
     tma-trace)
       # The TMA copy's issuing loop timed item by item (oxccl bench tma_trace), alone and beside the

@@ -216,12 +216,19 @@ fn edge_sizes_run_to_the_end() {
 #[test]
 fn the_trace_diagnostic_names_its_bad_flags() {
     for (args, want) in [
-        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the stages)"),
-        (&["--lag", "0"][..], "lag: 0: give 1..=4 (the stages)"),
+        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the stages, at most 8)"),
+        (&["--lag", "0"][..], "lag: 0: give 1..=4 (the stages, at most 8)"),
+        (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the stages, at most 8)"),
+        (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
+        (&["--threads", "256"][..], "--threads is not for tma_trace"),
+        (&["--ranks", "8"][..], "--ranks is not for tma_trace"),
+        (&["--mover", "simt"][..], "--mover is not for tma_trace"),
+        (&["-n", "0"][..], "iters: 0: give at least one timed run"),
         (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
         (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
         (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
-        (&["-e", "1K"][..], "each warp needs 1 chunk to 4 GiB"),
+        (&["-e", "1K"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
+        (&["-e", "1M"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
         (&["--simt-threads", "256"][..], "--simt-threads is for overlap, not tma_trace"),
         (&["--compute", "sleep", "--mma-one-per-sm"][..], "--mma-one-per-sm is for --compute mma, not sleep"),
     ] {
@@ -238,4 +245,6 @@ fn the_trace_diagnostic_names_its_bad_flags() {
             assert!(!ok && err.contains(&format!("{name} is for tma_trace, not {what}")), "{what} {flag}: {err}");
         }
     }
+    let (ok, err) = oxccl(&["bench", "tma_trace", "--algo", "ring-allreduce", "--lag", "2"]);
+    assert!(!ok && err.contains("--lag is for tma_trace, not --algo/--xml"), "{err}");
 }

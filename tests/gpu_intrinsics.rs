@@ -477,6 +477,7 @@ fn tensor_core_gemm_refuses_another_block_size() {
 
 #[test]
 fn timed_bulk_copies_with_and_without_an_l2_policy() {
+    use oxccl_ptx::trace_layout::*;
     let Some(p) = Probes::new("timed_bulk_copies_with_and_without_an_l2_policy") else { return };
     // Two CTAs of two issuing warps, each copying 6 chunks of 4 KiB through 3 stages (lag 1):
     // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
@@ -484,7 +485,7 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
     let bytes = chunk * items;
     let total = (ctas * warps * bytes) as usize;
     let f = p.f("bench_tma_trace");
-    let smem = 1024 + warps * stages * chunk;
+    let smem = BARRIER_BYTES + warps * stages * chunk;
     f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).unwrap();
     let sms =
         p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u32;
@@ -492,7 +493,7 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
     let src = p.stream.clone_htod(&data).unwrap();
     for evict_first in [0u32, 1] {
         let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
-        let stride = 8 + 4 * items as usize;
+        let stride = warp_words(items as usize);
         let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
         let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
         let mut l = p.stream.launch_builder(&f);
@@ -506,25 +507,29 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
             .arg(&t)
             .arg(&items)
             .arg(&evict_first);
+        // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3; the
+        // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
+        // every warp's slice and `trace` its words.
         unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
         assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
         let v = p.stream.clone_dtoh(&trace).unwrap();
         for w in 0..(ctas * warps) as usize {
             let h = &v[w * stride..][..stride];
-            assert!(h[0] < 64 && h[1] < sms, "warp {w}: %warpid {} / %smid {}", h[0], h[1]);
-            assert_eq!(h[3], items, "warp {w}: items");
+            assert!(h[H_WARPID] < 64 && h[H_SMID] < sms, "warp {w}: %warpid {} / %smid {}", h[H_WARPID], h[H_SMID]);
+            assert_eq!(h[H_ITEMS], items, "warp {w}: items");
             // 64 dependent steps of two instructions cannot take fewer than 128 cycles.
-            assert!(h[2] >= 2 * chain && h[4] > 0, "warp {w}: chain {} cycles, copy {} cycles", h[2], h[4]);
-            let rec = |j: usize| &h[8 + 4 * j..][..4];
+            let (chain_cycles, copy_cycles) = (h[H_CHAIN_CYCLES], h[H_COPY_CYCLES]);
+            assert!(chain_cycles >= 2 * chain && copy_cycles > 0, "warp {w}: chain {chain_cycles}, copy {copy_cycles}");
+            let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
             for j in 0..items as usize {
-                let (issued, landed, committed) = (rec(j)[0], rec(j)[1], rec(j)[2]);
+                let (issued, landed, committed) = (rec(j)[R_ISSUED], rec(j)[R_LANDED], rec(j)[R_COMMITTED]);
                 assert!(
-                    issued <= landed && landed <= committed && committed <= h[4],
+                    issued <= landed && landed <= committed && committed <= copy_cycles,
                     "warp {w} item {j}: {:?}",
                     rec(j)
                 );
                 if j > 0 {
-                    assert!(committed > rec(j - 1)[2], "warp {w} item {j}: commits out of order");
+                    assert!(committed > rec(j - 1)[R_COMMITTED], "warp {w} item {j}: commits out of order");
                 }
             }
         }

@@ -25,7 +25,8 @@
 //! | [`mma`] | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 //!
 //! [`gemm_shape`] (on every target) holds the shape of the probe module's tensor-core GEMM, shared
-//! with the host that launches it.
+//! with the host that launches it; [`trace_layout`] (on every target) the layout of its timed TMA
+//! copy's shared memory and trace.
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![cfg_attr(
@@ -55,6 +56,7 @@ pub mod sreg;
 pub mod sync;
 #[cfg(target_arch = "nvptx64")]
 pub mod tensor;
+pub mod trace_layout;
 
 #[cfg(target_arch = "nvptx64")]
 pub use space::{Global, Mbarrier, Shared, TensorMap};

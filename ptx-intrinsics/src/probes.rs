@@ -21,6 +21,7 @@ use crate::mma::*;
 use crate::sreg::*;
 use crate::sync::*;
 use crate::tensor::*;
+use crate::trace_layout;
 use crate::{Global, Mbarrier, Shared, TensorMap};
 
 /// Base of the dynamic shared memory, 128-byte aligned (tensor boxes need it).
@@ -387,21 +388,27 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = iters as f32 };
 }
 
-/// The TMA copy's issuing loop, timed: a diagnostic of what compute beside it costs the copy
-/// (`oxccl bench tma-trace`), not a probe. Lane 0 of every warp copies its own `bytes` of `src`
-/// to `dst` (warp `g` of the grid the `g`-th slice; `bytes` a multiple of `chunk`, both of 16)
-/// through its own ring of `stages` shared-memory stages, refilled as the engine's TMA mover
-/// refills: `lag` items behind the stores, after `cp.async.bulk.wait_group.read` leaves at most
-/// `lag - 1` groups reading (7 at most: a larger `lag` waits as for 8), `stages - lag` loads
-/// ahead. First it times `chain` steps of a dependent two-instruction ALU chain, which measures
-/// its share of the scheduler's issue slots.
+/// The TMA copy's issuing loop, timed: the kernel of the diagnostic `oxccl bench tma_trace`, which
+/// shows what compute beside it costs the copy (and the probe of [`clock64`], [`warpid`] and the
+/// cache-hinted bulk copies). Lane 0 of every warp copies its own `bytes` of `src` to `dst` (warp
+/// `g` of the grid the `g`-th slice) through its own ring of `stages` shared-memory stages,
+/// refilled as the engine's TMA mover refills: `lag` items behind the stores, after
+/// `cp.async.bulk.wait_group.read lag - 1`, so `stages - lag` loads run ahead. First it times
+/// `chain` steps of a dependent two-instruction ALU chain: its share of its scheduler's issue
+/// slots. With `evict_first` nonzero the copies carry an L2 evict-first policy.
 ///
-/// `trace` holds, per warp `g`, 8 u32 — %warpid, %smid, cycles of the chain, items, cycles of the
-/// copy, the chain's value (which keeps it live), 0, 0 — followed by 4 u32 for each of its first `traced` items, in cycles from the copy's
-/// start: load issued, landing seen, store committed, and the `try_wait` polls that failed before
-/// the landing was seen. With `evict_first` nonzero the copies carry an L2 evict-first policy.
-/// Shared memory: barriers from 0 (8 bytes per stage and warp, 1024 bytes
-/// at most), the rings from 1024, `stages × chunk` per warp.
+/// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
+/// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
+/// [`crate::trace_layout`]). Shared memory: the barriers from 0, the rings from
+/// [`trace_layout::BARRIER_BYTES`], `stages × chunk` per warp. Every wait is on the CTA's own bulk
+/// loads and stores, which complete unless the copy faults (then the launch fails).
+///
+/// # Safety
+/// The block is a whole number of warps; `chunk` is a positive multiple of 16 and `bytes` a
+/// multiple of `chunk`; `1 <= lag <= min(stages, MAX_LAG)` and warps × `stages` <= `MAX_BARRIERS`;
+/// the dynamic shared memory holds `BARRIER_BYTES + warps × stages × chunk`; `src` and `dst` hold
+/// `bytes` for every warp of the grid, 16-byte aligned, and do not overlap; `trace` holds
+/// `warp_words(traced)` u32 for every warp.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     dst: u64,
@@ -421,10 +428,10 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     let w = tid_x() / 32;
     let g = ctaid_x() * (ntid_x() / 32) + w;
     let bars = smem().cast::<Mbarrier>().add(w * stages);
-    let ring = smem().byte_add::<u8>(1024 + w * stages * chunk);
+    let ring = smem().byte_add::<u8>(trace_layout::BARRIER_BYTES + w * stages * chunk);
     let src = Global::<u8>::from_addr(src).byte_add::<u8>(g as u64 * bytes as u64);
     let dst = Global::<u8>::from_addr(dst).byte_add::<u8>(g as u64 * bytes as u64);
-    let out = Global::<u32>::from_addr(trace).add(g as u64 * (8 + 4 * traced as u64));
+    let out = Global::<u32>::from_addr(trace).add(g as u64 * trace_layout::warp_words(traced as usize) as u64);
     let items = bytes / chunk;
     let ahead = stages - lag;
 
@@ -438,7 +445,8 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
                 x = inout(reg32) x,
                 c = in(reg32) items | 1,
-                options(pure, nomem, nostack)
+                // Not `pure`: the chain stays between the two clock reads.
+                options(nomem, nostack)
             )
         };
     }
@@ -455,14 +463,15 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
         fence_mbarrier_init_release_cluster();
         let policy = createpolicy_fractional_l2_evict_first();
         let start = clock64();
-        let record = |j: u32, k: u32, v: u32| {
+        let record = |j: u32, field: usize, v: u32| {
             if j < traced {
-                *out.add(8 + 4 * j as u64 + k as u64).ptr() = v;
+                let at = trace_layout::HEADER_WORDS + trace_layout::RECORD_WORDS * j as usize + field;
+                *out.add(at as u64).ptr() = v;
             }
         };
         let load = |j: u32| {
             let s = j % stages;
-            record(j, 0, (clock64() - start) as u32);
+            record(j, trace_layout::R_ISSUED, (clock64() - start) as u32);
             let _ = mbarrier_arrive_expect_tx_shared_b64(bars.add(s), chunk);
             let (to, from) = (ring.byte_add(s * chunk), src.byte_add(j as u64 * chunk as u64));
             if evict_first != 0 {
@@ -494,8 +503,8 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
             while !mbarrier_try_wait_parity_shared_b64(bars.add(s), (j / stages) & 1) {
                 polls += 1;
             }
-            record(j, 1, (clock64() - start) as u32);
-            record(j, 3, polls);
+            record(j, trace_layout::R_LANDED, (clock64() - start) as u32);
+            record(j, trace_layout::R_POLLS, polls);
             let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
             if evict_first != 0 {
                 cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
@@ -503,14 +512,22 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 cp_async_bulk_global_shared_bulk_group(to, from, chunk);
             }
             cp_async_bulk_commit_group();
-            record(j, 2, (clock64() - start) as u32);
+            record(j, trace_layout::R_COMMITTED, (clock64() - start) as u32);
         }
         cp_async_bulk_wait_group::<0>();
         let copy_cycles = (clock64() - start) as u32;
         for s in 0..stages {
             mbarrier_inval_shared_b64(bars.add(s));
         }
-        for (k, v) in [warpid(), smid(), chain_cycles, items, copy_cycles, x, 0, 0].into_iter().enumerate() {
+        use trace_layout::*;
+        for (k, v) in [
+            (H_WARPID, warpid()),
+            (H_SMID, smid()),
+            (H_CHAIN_CYCLES, chain_cycles),
+            (H_ITEMS, items),
+            (H_COPY_CYCLES, copy_cycles),
+            (H_CHAIN_VALUE, x),
+        ] {
             *out.add(k as u64).ptr() = v;
         }
     }

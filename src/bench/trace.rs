@@ -8,15 +8,15 @@
 //! scheduler's issue slots).
 
 use super::{
-    Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count, time_ms_on,
+    CHECK_PIECE, Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count,
+    time_ms_on,
 };
 use crate::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::sync::Arc;
 
-/// Shared memory below the rings: the stages' barriers (8 bytes each).
-const BARRIER_BYTES: u32 = 1024;
+use oxccl_ptx::trace_layout::{self as layout, BARRIER_BYTES, MAX_BARRIERS, MAX_LAG};
 /// Items traced per warp at most (16 bytes of trace each).
 const MAX_TRACED: u32 = 1 << 14;
 /// Steps of the ALU chain (two dependent instructions each).
@@ -31,7 +31,7 @@ pub struct TmaTraceBench {
     pub compute_threads: u32,
     pub compute_ctas_per_sm: u32,
     /// How long the compute alone should take (ms; `None`: three times the copy alone, so that
-    /// the whole copy runs beside it).
+    /// the compute lasts the copy's time alone and more).
     pub compute_ms: Option<f64>,
     /// CTAs of the copy, issuing warps per CTA (each with its own ring and slice).
     pub ctas: u32,
@@ -46,6 +46,10 @@ pub struct TmaTraceBench {
     /// The copies carry an L2 evict-first policy (`createpolicy`), which leaves the compute's
     /// lines in the L2.
     pub evict_first: bool,
+    /// Untimed and timed runs of the copy alone (its time is the timed runs' mean; its trace is
+    /// one more run's); the copy beside the compute runs once.
+    pub warmup: usize,
+    pub iters: usize,
 }
 
 /// One row of [`tma_trace`]: medians over every traced item of every warp, in SM cycles, past the
@@ -56,6 +60,13 @@ pub struct TmaTraceBench {
 pub struct TraceRow {
     /// `alone`, or the compute load's name.
     pub beside: String,
+    /// The copy's shape (as [`TmaTraceBench`]).
+    pub ctas: u32,
+    pub warps: u32,
+    pub chunk: u32,
+    pub stages: u32,
+    pub lag: u32,
+    pub evict_first: bool,
     pub copy_ms: f64,
     /// Bytes copied per second (GB/s).
     pub gbps: f64,
@@ -97,8 +108,9 @@ impl TmaTraceBench {
     }
 
     /// Refuses a shape the kernel cannot run: no CTAs, 0 or more than 4 warps, a chunk that is not a
-    /// positive multiple of 16, a lag outside `1..=stages`, more barriers than fit below the rings,
-    /// a slice of no whole chunk or over 4 GiB, or compute times out of range.
+    /// positive multiple of 16, more stages than barriers fit below the rings, a lag outside
+    /// `1..=min(stages, MAX_LAG)`, a slice of fewer than two rings of chunks or over 4 GiB, no timed
+    /// run, or compute times out of range.
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &'static str, why: String| Err(Error::Config { field, why });
         if !(1..=1024).contains(&self.ctas) {
@@ -110,29 +122,36 @@ impl TmaTraceBench {
         if self.chunk == 0 || !self.chunk.is_multiple_of(16) {
             return bad("chunk", format!("{}: give a positive multiple of 16 bytes", self.chunk));
         }
-        if self.stages == 0 || self.warps * self.stages > BARRIER_BYTES / 8 {
+        if self.stages == 0 || self.warps as u64 * self.stages as u64 > MAX_BARRIERS as u64 {
             return bad(
                 "stages",
-                format!("{} stages x {} warps: give 1..={} stages in all", self.stages, self.warps, BARRIER_BYTES / 8),
+                format!("{} stages x {} warps: give 1..={MAX_BARRIERS} stages in all", self.stages, self.warps),
             );
         }
-        if !(1..=self.stages).contains(&self.lag) {
-            return bad("lag", format!("{}: give 1..={} (the stages)", self.lag, self.stages));
+        if !(1..=self.stages.min(MAX_LAG)).contains(&self.lag) {
+            return bad(
+                "lag",
+                format!("{}: give 1..={} (the stages, at most {MAX_LAG})", self.lag, self.stages.min(MAX_LAG)),
+            );
         }
         let per_warp = self.bytes_per_warp();
-        if per_warp == 0 || per_warp > u32::MAX as u64 {
+        if per_warp < 2 * self.stages as u64 * self.chunk as u64 || per_warp > u32::MAX as u64 {
             return bad(
                 "bytes",
                 format!(
-                    "{} B over {} warps of {} B chunks: each warp needs 1 chunk to 4 GiB",
+                    "{} B over {} warps of {} B chunks: each warp needs two rings of chunks ({} B) to 4 GiB",
                     self.bytes,
                     self.ctas * self.warps,
-                    self.chunk
+                    self.chunk,
+                    2 * self.stages as u64 * self.chunk as u64
                 ),
             );
         }
         if self.bytes > super::MAX_OVERLAP_BYTES {
             return bad("bytes", format!("{} B: at most {}", self.bytes, super::MAX_OVERLAP_BYTES));
+        }
+        if self.iters == 0 {
+            return bad("iters", "0: give at least one timed run".into());
         }
         self.compute.validate()?;
         if self.compute_threads == 0 || self.compute_threads > 1024 || !(1..=64).contains(&self.compute_ctas_per_sm) {
@@ -162,35 +181,45 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Summarises one traced run: `trace` as `bench_tma_trace` writes it for `warps` warps of
-/// `traced` items, `skip` items at the start of each left out.
+/// Summarises one traced run: `trace` as `bench_tma_trace` writes it (layout in
+/// `oxccl_ptx::trace_layout`) for `warps` warps of `traced` records, leaving out each warp's first
+/// `skip` items (at least its first, which has no predecessor); `ahead` is the loads the ring keeps
+/// ahead (`stages - lag`), which pairs a commit with the refill it allows. The shape fields are left
+/// for the caller.
 fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usize) -> TraceRow {
-    let stride = 8 + 4 * traced;
+    use layout::*;
+    let stride = warp_words(traced);
     let (mut chain, mut period, mut latency, mut store, mut refill) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut first, mut polls, mut counted) = (0u64, 0u64, 0u64);
     let mut slots = [0u32; 4];
     for w in 0..warps {
         let h = &trace[w * stride..][..stride];
-        slots[(h[0] % 4) as usize] += 1;
-        chain.push(h[2] as f64 / CHAIN as f64);
-        let items = (h[3] as usize).min(traced);
-        let rec = |j: usize| &h[8 + 4 * j..][..4];
+        slots[(h[H_WARPID] % 4) as usize] += 1;
+        chain.push(h[H_CHAIN_CYCLES] as f64 / CHAIN as f64);
+        let items = (h[H_ITEMS] as usize).min(traced);
+        let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
         for j in skip.max(1)..items {
             let (r, prev) = (rec(j), rec(j - 1));
-            period.push(r[2].wrapping_sub(prev[2]) as f64);
-            latency.push(r[1].wrapping_sub(r[0]) as f64);
-            store.push(r[2].wrapping_sub(r[1]) as f64);
+            period.push(r[R_COMMITTED].wrapping_sub(prev[R_COMMITTED]) as f64);
+            latency.push(r[R_LANDED].wrapping_sub(r[R_ISSUED]) as f64);
+            store.push(r[R_COMMITTED].wrapping_sub(r[R_LANDED]) as f64);
             if j + ahead < items {
-                refill.push(rec(j + ahead)[0].wrapping_sub(prev[2]) as f64);
+                refill.push(rec(j + ahead)[R_ISSUED].wrapping_sub(prev[R_COMMITTED]) as f64);
             }
-            first += (r[3] == 0) as u64;
-            polls += r[3] as u64;
+            first += (r[R_POLLS] == 0) as u64;
+            polls += r[R_POLLS] as u64;
             counted += 1;
         }
     }
     let per = |x: u64| if counted == 0 { 0.0 } else { x as f64 / counted as f64 };
     TraceRow {
         beside: String::new(),
+        ctas: 0,
+        warps: 0,
+        chunk: 0,
+        stages: 0,
+        lag: 0,
+        evict_first: false,
         copy_ms: 0.0,
         gbps: 0.0,
         chain_cycles_per_step: median(chain),
@@ -206,9 +235,6 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         wrong: 0,
     }
 }
-
-/// Bytes per piece when the destination is read back for checking.
-const CHECK_PIECE: usize = 64 << 20;
 
 /// 4-byte words of `dst` that differ from the source pattern ([`pattern`] of rank 0 as u32, period
 /// 17 words), read back in pieces.
@@ -273,7 +299,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     fill_periodic(stream, &mut src, 0, DType::U32, total as u64 / 4, |i| pattern(0, i))?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
     let mut trace: CudaSlice<u32> =
-        stream.alloc_zeros(warps * (8 + 4 * traced as usize)).map_err(Error::driver("cuMemAlloc"))?;
+        stream.alloc_zeros(warps * layout::warp_words(traced as usize)).map_err(Error::driver("cuMemAlloc"))?;
     let (src_ptr, dst_ptr, trace_ptr) =
         (src.device_ptr(stream).0, dst.device_ptr_mut(stream).0, trace.device_ptr_mut(stream).0);
     let config = cudarc::driver::LaunchConfig {
@@ -295,9 +321,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&trace_ptr)
             .arg(&traced)
             .arg(&evict_first);
-        // SAFETY: `src` and `dst` hold `bytes` for each of the grid's warps and `trace` its records
-        // (`8 + 4 × traced` u32 per warp); the shared memory holds the barriers and every warp's ring
-        // (`smem_bytes`, allowed by the attribute above); `validate` checked chunk, stages and lag.
+        // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages and
+        // lag (and `bytes` is whole chunks); `src` and `dst` (distinct allocations, 16-aligned) hold
+        // `bytes` for each of the grid's warps and `trace` `warp_words(traced)` u32 each; the shared
+        // memory holds the barriers and every warp's ring (`smem_bytes`, allowed by the attribute).
         unsafe { l.launch(config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
     };
     let read = |trace: &CudaSlice<u32>| -> Result<Vec<u32>> {
@@ -307,12 +334,21 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let ahead = (b.stages - b.lag) as usize;
     let row = |trace: &[u32], beside: String, ms: f64| TraceRow {
         beside,
+        ctas: b.ctas,
+        warps: b.warps,
+        chunk: b.chunk,
+        stages: b.stages,
+        lag: b.lag,
+        evict_first: b.evict_first,
         copy_ms: ms,
         gbps: total as f64 / (ms * 1e-3) / 1e9,
         ..summarize(trace, warps, traced as usize, skip, ahead)
     };
 
-    let alone_ms = time_ms_on(std::slice::from_ref(stream), 1, 1, copy)?;
+    let alone_ms = time_ms_on(std::slice::from_ref(stream), b.warmup, b.iters, copy)?;
+    // The alone row's trace and check: one more run into a zeroed destination.
+    stream.memset_zeros(&mut dst).map_err(Error::driver("cuMemsetD8Async"))?;
+    copy()?;
     let alone = TraceRow { wrong: count_wrong(stream, &dst)?, ..row(&read(&trace)?, "alone".into(), alone_ms) };
 
     let cs = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
@@ -353,9 +389,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
 mod tests {
     use super::*;
 
-    /// A trace of one warp, three items: the header, then (issued, landed seen, committed, polls).
+    /// A trace of one warp: the header, then (issued, landed seen, committed, polls) per item.
     fn one_warp(records: &[[u32; 4]]) -> Vec<u32> {
         let mut t = vec![5, 7, 2 * CHAIN, records.len() as u32, 999, 0, 0, 0];
+        assert_eq!((t.len(), layout::H_ITEMS, layout::RECORD_WORDS), (layout::HEADER_WORDS, 3, 4));
         for r in records {
             t.extend_from_slice(r);
         }
@@ -388,6 +425,8 @@ mod tests {
             stages: 4,
             lag: 2,
             evict_first: false,
+            warmup: 1,
+            iters: 1,
         };
         ok.validate().unwrap();
         assert_eq!(ok.bytes_per_warp(), 1 << 27);
@@ -398,6 +437,10 @@ mod tests {
         assert_eq!(field(TmaTraceBench { warps: 5, ..ok.clone() }), "issuers");
         assert_eq!(field(TmaTraceBench { chunk: 24, ..ok.clone() }), "chunk");
         assert_eq!(field(TmaTraceBench { lag: 5, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { stages: 16, lag: 9, bytes: 1 << 31, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { warps: 4, stages: 1 << 30, lag: 1, ..ok.clone() }), "stages");
+        assert_eq!(field(TmaTraceBench { bytes: 8 * 7 * 32768, ..ok.clone() }), "bytes");
+        assert_eq!(field(TmaTraceBench { iters: 0, ..ok.clone() }), "iters");
         assert_eq!(field(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
         assert_eq!(field(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");

@@ -56,7 +56,7 @@ pub struct Args {
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
     pub factor: u64,
-    /// Timed iterations per size.
+    /// Timed iterations per size (tma_trace: of the copy alone).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     pub iters: usize,
     /// Untimed warm-up iterations per size.
@@ -79,7 +79,7 @@ pub struct Args {
     /// virtual ranks on GPU 0.
     #[arg(long)]
     pub gpus: Option<usize>,
-    /// CTAs per rank (default: all SMs divided among the ranks, at most 16).
+    /// CTAs per rank (default: all SMs divided among the ranks, at most 16; overlap and tma_trace: 8).
     #[arg(long)]
     pub ctas: Option<u32>,
     /// Data mover: tma or simt.
@@ -97,7 +97,8 @@ pub struct Args {
     /// with the compute's CTAs.
     #[arg(long)]
     pub simt_threads: Option<u32>,
-    /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels).
+    /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels;
+    /// tma_trace: default 32768).
     #[arg(long)]
     pub chunk: Option<u32>,
     /// movers: how the range is split between the CTAs: `contiguous` (one range per CTA), a size
@@ -109,12 +110,13 @@ pub struct Args {
     /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
     /// and 8 shared by 4 issuers where nothing combines; movers: one issuer, 32 KiB stages as deep
     /// as shared memory allows for copy (with --chunk too left open), `auto_pipeline` for
-    /// reduce-into, `combining_pipeline` for reduce-add).
+    /// reduce-into, `combining_pipeline` for reduce-add; tma_trace: per issuing warp, default 4).
     #[arg(long)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
     /// that only copy and bulk-reduce, 1..=4 (default 4, or 2, where each keeps two stages and the
-    /// threads hold their warps; see `Config::issuers`).
+    /// threads hold their warps; see `Config::issuers`); tma_trace: issuing warps per CTA, each with
+    /// its own ring (default 1).
     #[arg(long)]
     pub issuers: Option<u32>,
     /// all_reduce, overlap (TMA mover, register reduction): `true`: the combining threads store
@@ -123,7 +125,7 @@ pub struct Args {
     /// device (`Config::combine_direct`).
     #[arg(long, value_name = "true|false")]
     pub combine_direct: Option<bool>,
-    /// overlap: the compute load beside the collective, `fma` (FMA-bound probe kernel), `gemm`
+    /// overlap, tma_trace: the compute load beside the collective, `fma` (FMA-bound probe kernel), `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path),
     /// `mma` (oxccl's own bf16 tensor-core GEMM, which leaves room on its SMs) or `sleep` (CTAs
     /// shaped as the FMA load's that only sleep: what sharing SMs costs without busy warps).
@@ -133,7 +135,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
     pub gemm: Vec<u32>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
-    /// configuration's collective alone).
+    /// configuration's collective alone); tma_trace: the same (default: three times the copy alone).
     #[arg(long)]
     pub compute_ms: Option<f64>,
     /// overlap: size the compute for the SMs the collective's CTAs leave (cuBLAS's SM count target,
@@ -141,15 +143,15 @@ pub struct Args {
     /// partitioned between a GEMM and communication.
     #[arg(long)]
     pub partition: bool,
-    /// overlap, `--compute mma`: at most one GEMM CTA per SM (each takes half the SM's shared
+    /// overlap, tma_trace, `--compute mma`: at most one GEMM CTA per SM (each takes half the SM's shared
     /// memory), leaving half its registers and shared memory to what runs beside it.
     #[arg(long)]
     pub mma_one_per_sm: bool,
-    /// overlap, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
+    /// overlap, tma_trace, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
-    /// tma_trace: items the ring's refill lags behind the stores, 1..=stages (default half the
-    /// stages, at least one, as the engine's TMA mover).
+    /// tma_trace: items the ring's refill lags behind the stores, 1..=min(stages, 8) (default half
+    /// the stages, at least one, as the engine's TMA mover).
     #[arg(long)]
     pub lag: Option<u32>,
     /// tma_trace: the copies carry an L2 evict-first cache policy.
@@ -257,9 +259,25 @@ pub fn run(a: Args) -> CliResult {
             return Err(format!("{flag} is for {others}, not {what}").into());
         }
     }
+    let what_or_plan =
+        if a.algo.is_some() || a.xml.is_some() { "--algo/--xml" } else { a.what.as_deref().unwrap_or("--algo/--xml") };
     for (flag, given) in [("--lag", a.lag.is_some()), ("--l2-evict-first", a.l2_evict_first)] {
         if given && !trace {
-            return Err(format!("{flag} is for tma_trace, not {}", a.what.as_deref().unwrap_or("--algo/--xml")).into());
+            return Err(format!("{flag} is for tma_trace, not {what_or_plan}").into());
+        }
+    }
+    if trace {
+        // The copy has one shape of its own: the collectives' flags would be ignored.
+        for (flag, given) in [
+            ("--threads", a.threads.is_some()),
+            ("--ranks", a.ranks.is_some()),
+            ("--reduction", a.reduction.is_some()),
+            ("--datatype", a.dtype.is_some()),
+            ("--mover", a.mover != "tma"),
+        ] {
+            if given {
+                return Err(format!("{flag} is not for tma_trace (one TMA copy of bytes; shape it with --ctas, --issuers, --chunk, --stages, --lag)").into());
+            }
         }
     }
     if a.algo.is_some() || a.xml.is_some() {
@@ -920,8 +938,10 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
         bytes: a.max_bytes,
         chunk: a.chunk.unwrap_or(32768),
         stages,
-        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages)),
+        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages).min(oxccl_ptx::trace_layout::MAX_LAG)),
         evict_first: a.l2_evict_first,
+        warmup: a.warmup,
+        iters: a.iters,
     })
 }
 

@@ -1,0 +1,39 @@
+//! The layout the probe module's timed TMA copy (`bench_tma_trace`) shares with its host side
+//! (`oxccl bench tma_trace`, `oxccl::bench::tma_trace`) and its GPU test (this module exists on
+//! every target).
+
+/// Dynamic shared memory below the rings: one 8-byte mbarrier per stage of every warp.
+pub const BARRIER_BYTES: u32 = 1024;
+/// Stages of all a CTA's warps together, at most (one barrier each).
+pub const MAX_BARRIERS: u32 = BARRIER_BYTES / 8;
+/// Items the refill may lag behind the stores, at most: the kernel waits with
+/// `cp.async.bulk.wait_group.read lag - 1`, an immediate it covers up to 7.
+pub const MAX_LAG: u32 = 8;
+
+/// u32 words of each warp's header, which the per-item records follow.
+pub const HEADER_WORDS: usize = 8;
+/// u32 words of one item's record.
+pub const RECORD_WORDS: usize = 4;
+
+/// Header words: `%warpid`, `%smid`, cycles of the ALU chain, items copied, cycles of the copy,
+/// the chain's value (which keeps it live); the other words are 0.
+pub const H_WARPID: usize = 0;
+pub const H_SMID: usize = 1;
+pub const H_CHAIN_CYCLES: usize = 2;
+pub const H_ITEMS: usize = 3;
+pub const H_COPY_CYCLES: usize = 4;
+pub const H_CHAIN_VALUE: usize = 5;
+
+/// Record words, cycles from the copy's start: load issued, landing seen, store committed; then the
+/// `try_wait` polls that failed before the landing was seen.
+pub const R_ISSUED: usize = 0;
+pub const R_LANDED: usize = 1;
+pub const R_COMMITTED: usize = 2;
+pub const R_POLLS: usize = 3;
+
+/// u32 words of one warp's part of the trace with `traced` records.
+pub const fn warp_words(traced: usize) -> usize {
+    HEADER_WORDS + RECORD_WORDS * traced
+}
+
+const _: () = assert!(H_CHAIN_VALUE < HEADER_WORDS && R_POLLS < RECORD_WORDS && MAX_LAG - 1 == 7);
