@@ -27,4 +27,4 @@ pub const fn one_per_sm_smem(per_sm: u32) -> u32 {
 // Rows hold a K tile and start 16-byte aligned; the eight 16-byte row pieces one `ldmatrix`
 // phase reads, ROW bytes apart, fall in eight distinct groups of four banks (128 bytes) exactly
 // when ROW / 16 is odd.
-const _: () = assert!(ROW % 16 == 0 && ROW >= TILE_K * 2 && (ROW / 16) % 2 == 1 && STAGES >= 2);
+const _: () = assert!(ROW.is_multiple_of(16) && ROW >= TILE_K * 2 && (ROW / 16) % 2 == 1 && STAGES >= 2);

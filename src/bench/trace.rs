@@ -352,7 +352,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let alone = TraceRow { wrong: count_wrong(stream, &dst)?, ..row(&read(&trace)?, "alone".into(), alone_ms) };
 
     let cs = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
-    let sms = sm_count(&ctx)?;
+    let sms = sm_count(ctx)?;
     let mut work = Compute::new(&cs, b.compute, (b.compute_threads, b.compute_ctas_per_sm), sms, sms)?;
     let probe = work.probe_reps();
     let t = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(probe))?;
