@@ -224,6 +224,7 @@ fn the_trace_diagnostic_names_its_bad_flags() {
         (&["--ranks", "8"][..], "--ranks is not for tma_trace"),
         (&["--mover", "simt"][..], "--mover is not for tma_trace"),
         (&["-n", "0"][..], "iters: 0: give at least one timed run"),
+        (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared)"),
         (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
         (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
         (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
@@ -239,7 +240,7 @@ fn the_trace_diagnostic_names_its_bad_flags() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
     for what in ["all_reduce", "overlap"] {
-        for flag in ["--lag=2", "--l2-evict-first"] {
+        for flag in ["--lag=2", "--l2-evict-first", "--chain=fma", "--compute-first"] {
             let (ok, err) = oxccl(&["bench", what, flag]);
             let name = flag.split('=').next().unwrap_or(flag);
             assert!(!ok && err.contains(&format!("{name} is for tma_trace, not {what}")), "{what} {flag}: {err}");

@@ -480,7 +480,8 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
     use oxccl_ptx::trace_layout::*;
     let Some(p) = Probes::new("timed_bulk_copies_with_and_without_an_l2_policy") else { return };
     // Two CTAs of two issuing warps, each copying 6 chunks of 4 KiB through 3 stages (lag 1):
-    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
+    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised, with
+    // each kind of timed chain.
     let (ctas, warps, chunk, stages, lag, items, chain) = (2u32, 2u32, 4096u32, 3u32, 1u32, 6u32, 64u32);
     let bytes = chunk * items;
     let total = (ctas * warps * bytes) as usize;
@@ -491,7 +492,7 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
         p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u32;
     let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4096) as u8).collect();
     let src = p.stream.clone_htod(&data).unwrap();
-    for evict_first in [0u32, 1] {
+    for (evict_first, chain_op) in [(0u32, 0u32), (1, 1), (0, 2)] {
         let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
         let stride = warp_words(items as usize);
         let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
@@ -506,7 +507,8 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
             .arg(&chain)
             .arg(&t)
             .arg(&items)
-            .arg(&evict_first);
+            .arg(&evict_first)
+            .arg(&chain_op);
         // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3; the
         // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
         // every warp's slice and `trace` its words.
@@ -517,7 +519,8 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
             let h = &v[w * stride..][..stride];
             assert!(h[H_WARPID] < 64 && h[H_SMID] < sms, "warp {w}: %warpid {} / %smid {}", h[H_WARPID], h[H_SMID]);
             assert_eq!(h[H_ITEMS], items, "warp {w}: items");
-            // 64 dependent steps of two instructions cannot take fewer than 128 cycles.
+            // 64 dependent steps of two instructions (or of a shared-memory load) cannot take fewer
+            // than 128 cycles.
             let (chain_cycles, copy_cycles) = (h[H_CHAIN_CYCLES], h[H_COPY_CYCLES]);
             assert!(chain_cycles >= 2 * chain && copy_cycles > 0, "warp {w}: chain {chain_cycles}, copy {copy_cycles}");
             let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];

@@ -394,8 +394,9 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// `g` of the grid the `g`-th slice) through its own ring of `stages` shared-memory stages,
 /// refilled as the engine's TMA mover refills: `lag` items behind the stores, after
 /// `cp.async.bulk.wait_group.read lag - 1`, so `stages - lag` loads run ahead. First it times
-/// `chain` steps of a dependent two-instruction ALU chain: its share of its scheduler's issue
-/// slots. With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// `chain` steps of a dependent chain, its share of its scheduler's issue slots: `chain_op` 0 two
+/// ALU instructions per step, 1 two `fma.rn.f32`, 2 one `ld.shared` (with its address
+/// arithmetic). With `evict_first` nonzero the copies carry an L2 evict-first policy.
 ///
 /// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
 /// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
@@ -421,6 +422,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     trace: u64,
     traced: u32,
     evict_first: u32,
+    chain_op: u32,
 ) {
     if laneid() != 0 {
         return;
@@ -435,19 +437,41 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     let items = bytes / chunk;
     let ahead = stages - lag;
 
-    // The chain: x ← rotl(x ⊕ c, 1), `chain` times; ptxas cannot fold it.
+    // The chain, `chain` steps of the kind `chain_op` names (ptxas cannot fold any): 0, ALU
+    // x ← rotl(x ⊕ c, 1); 1, two dependent `fma.rn.f32`; 2, a dependent `ld.shared` of a word in
+    // the first 256 bytes of shared memory (zeroed first; the barriers come after the chain).
     let mut x = g;
+    if chain_op == 2 {
+        for k in 0..64 {
+            // SAFETY: the first 256 bytes of the dynamic shared memory (at least 1024 bytes).
+            unsafe { st_shared_u32(smem().cast::<u32>().add(k), 0) };
+        }
+    }
+    let base = smem().addr();
     let t0 = clock64();
     for _ in 0..chain {
-        // SAFETY: register arithmetic only.
+        // SAFETY: register arithmetic, or a load of the first 256 bytes of this CTA's shared memory.
+        // Not `pure`: the chain stays between the two clock reads.
         unsafe {
-            core::arch::asm!(
-                "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
-                x = inout(reg32) x,
-                c = in(reg32) items | 1,
-                // Not `pure`: the chain stays between the two clock reads.
-                options(nomem, nostack)
-            )
+            match chain_op {
+                1 => core::arch::asm!(
+                    "{{ .reg .f32 f; mov.b32 f, {x}; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; mov.b32 {x}, f; }}",
+                    x = inout(reg32) x,
+                    options(nomem, nostack)
+                ),
+                2 => core::arch::asm!(
+                    "{{ .reg .b32 t; and.b32 t, {x}, 252; add.u32 t, t, {b}; ld.shared.u32 {x}, [t]; }}",
+                    x = inout(reg32) x,
+                    b = in(reg32) base,
+                    options(nostack)
+                ),
+                _ => core::arch::asm!(
+                    "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
+                    x = inout(reg32) x,
+                    c = in(reg32) items | 1,
+                    options(nomem, nostack)
+                ),
+            }
         };
     }
     let chain_cycles = (clock64() - t0) as u32;

@@ -22,6 +22,30 @@ const MAX_TRACED: u32 = 1 << 14;
 /// Steps of the ALU chain (two dependent instructions each).
 const CHAIN: u32 = 1 << 14;
 
+/// The instructions of the issuer's timed chain (`bench_tma_trace`'s `chain_op`): each step
+/// depends on the last, so the chain's cycles per step show how often the issuer gets a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainOp {
+    /// Two ALU instructions per step (`xor`, `shf`).
+    Alu = 0,
+    /// Two `fma.rn.f32`, the FMA load's own pipe.
+    Fma = 1,
+    /// One `ld.shared` and its address arithmetic (the memory pipe).
+    Shared = 2,
+}
+
+impl ChainOp {
+    pub const ALL: [ChainOp; 3] = [ChainOp::Alu, ChainOp::Fma, ChainOp::Shared];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainOp::Alu => "alu",
+            ChainOp::Fma => "fma",
+            ChainOp::Shared => "shared",
+        }
+    }
+}
+
 /// The parameters of [`tma_trace`].
 #[derive(Clone, Debug)]
 pub struct TmaTraceBench {
@@ -46,6 +70,11 @@ pub struct TmaTraceBench {
     /// The copies carry an L2 evict-first policy (`createpolicy`), which leaves the compute's
     /// lines in the L2.
     pub evict_first: bool,
+    /// The instructions of the issuer's timed chain.
+    pub chain_op: ChainOp,
+    /// Launch the compute before the copy (by default the copy goes first, as the overlap
+    /// benchmark launches its collective).
+    pub compute_first: bool,
     /// Untimed and timed runs of the copy alone (its time is the timed runs' mean; its trace is
     /// one more run's); the copy beside the compute runs once.
     pub warmup: usize,
@@ -67,6 +96,8 @@ pub struct TraceRow {
     pub stages: u32,
     pub lag: u32,
     pub evict_first: bool,
+    pub chain_op: &'static str,
+    pub compute_first: bool,
     pub copy_ms: f64,
     /// Bytes copied per second (GB/s).
     pub gbps: f64,
@@ -220,6 +251,8 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         stages: 0,
         lag: 0,
         evict_first: false,
+        chain_op: "",
+        compute_first: false,
         copy_ms: 0.0,
         gbps: 0.0,
         chain_cycles_per_step: median(chain),
@@ -309,6 +342,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     };
     let (bytes, chunk, stages, lag, chain) = (per_warp as u32, b.chunk, b.stages, b.lag, CHAIN);
     let evict_first = b.evict_first as u32;
+    let chain_op = b.chain_op as u32;
     let copy = || -> Result<()> {
         let mut l = stream.launch_builder(&function);
         l.arg(&dst_ptr)
@@ -320,7 +354,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&chain)
             .arg(&trace_ptr)
             .arg(&traced)
-            .arg(&evict_first);
+            .arg(&evict_first)
+            .arg(&chain_op);
         // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages and
         // lag (and `bytes` is whole chunks); `src` and `dst` (distinct allocations, 16-aligned) hold
         // `bytes` for each of the grid's warps and `trace` `warp_words(traced)` u32 each; the shared
@@ -340,6 +375,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         stages: b.stages,
         lag: b.lag,
         evict_first: b.evict_first,
+        chain_op: b.chain_op.name(),
+        compute_first: b.compute_first,
         copy_ms: ms,
         gbps: total as f64 / (ms * 1e-3) / 1e9,
         ..summarize(trace, warps, traced as usize, skip, ahead)
@@ -369,8 +406,13 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     cs.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
     let start = event(stream)?;
     cs.wait(&start).map_err(Error::driver("cuStreamWaitEvent"))?;
-    copy()?;
-    work.launch(reps)?;
+    if b.compute_first {
+        work.launch(reps)?;
+        copy()?;
+    } else {
+        copy()?;
+        work.launch(reps)?;
+    }
     let (copy_end, compute_end) = (event(stream)?, event(&cs)?);
     compute_end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
     copy_end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
@@ -425,6 +467,8 @@ mod tests {
             stages: 4,
             lag: 2,
             evict_first: false,
+            chain_op: ChainOp::Alu,
+            compute_first: false,
             warmup: 1,
             iters: 1,
         };

@@ -157,6 +157,12 @@ pub struct Args {
     /// tma_trace: the copies carry an L2 evict-first cache policy.
     #[arg(long)]
     pub l2_evict_first: bool,
+    /// tma_trace: the issuer's timed chain, alu (default), fma or shared (a dependent ld.shared).
+    #[arg(long)]
+    pub chain: Option<String>,
+    /// tma_trace: launch the compute before the copy (default: the copy first).
+    #[arg(long)]
+    pub compute_first: bool,
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
@@ -261,7 +267,12 @@ pub fn run(a: Args) -> CliResult {
     }
     let what_or_plan =
         if a.algo.is_some() || a.xml.is_some() { "--algo/--xml" } else { a.what.as_deref().unwrap_or("--algo/--xml") };
-    for (flag, given) in [("--lag", a.lag.is_some()), ("--l2-evict-first", a.l2_evict_first)] {
+    for (flag, given) in [
+        ("--lag", a.lag.is_some()),
+        ("--l2-evict-first", a.l2_evict_first),
+        ("--chain", a.chain.is_some()),
+        ("--compute-first", a.compute_first),
+    ] {
         if given && !trace {
             return Err(format!("{flag} is for tma_trace, not {what_or_plan}").into());
         }
@@ -852,7 +863,7 @@ fn run_tma_trace(
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
-         refill {} behind ({} loads ahead), {} B of shared memory per CTA{}; beside {}{}",
+         refill {} behind ({} loads ahead), {} B of shared memory per CTA{}, chain {}{}; beside {}{}",
         b.bytes_per_warp() * (b.ctas * b.warps) as u64,
         b.ctas,
         b.warps,
@@ -863,6 +874,8 @@ fn run_tma_trace(
         b.stages - b.lag,
         b.smem_bytes(),
         if b.evict_first { ", L2 evict-first" } else { "" },
+        b.chain_op.name(),
+        if b.compute_first { ", compute launched first" } else { "" },
         b.compute.name(),
         match b.compute {
             bench::ComputeLoad::Fma | bench::ComputeLoad::Sleep =>
@@ -940,6 +953,14 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
         stages,
         lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages).min(oxccl_ptx::trace_layout::MAX_LAG)),
         evict_first: a.l2_evict_first,
+        chain_op: match a.chain.as_deref() {
+            None => bench::ChainOp::Alu,
+            Some(name) => bench::ChainOp::ALL
+                .into_iter()
+                .find(|c| c.name() == name)
+                .ok_or_else(|| format!("unknown --chain {name:?} (alu, fma, shared)"))?,
+        },
+        compute_first: a.compute_first,
         warmup: a.warmup,
         iters: a.iters,
     })
