@@ -2310,6 +2310,16 @@ impl Compute {
             ComputeLoad::Fma | ComputeLoad::Sleep => {
                 let function =
                     probe_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" })?;
+                // The whole unified L1 / shared memory as shared memory, as the engine's kernels ask:
+                // an SM the driver configured for one kernel then fits the other's CTAs, whichever
+                // launched first (with the driver's choice, CTAs of a kernel launched after this one
+                // that need shared memory wait for its SMs to drain).
+                function
+                    .set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        100,
+                    )
+                    .map_err(Error::driver("cuFuncSetAttribute"))?;
                 let grid = sms * ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * threads) as usize).map_err(Error::driver("cuMemAlloc"))?;

@@ -449,30 +449,45 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     }
     let base = smem().addr();
     let t0 = clock64();
-    for _ in 0..chain {
-        // SAFETY: register arithmetic, or a load of the first 256 bytes of this CTA's shared memory.
-        // Not `pure`: the chain stays between the two clock reads.
-        unsafe {
-            match chain_op {
-                1 => core::arch::asm!(
-                    "{{ .reg .f32 f; mov.b32 f, {x}; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; mov.b32 {x}, f; }}",
-                    x = inout(reg32) x,
-                    options(nomem, nostack)
-                ),
-                2 => core::arch::asm!(
-                    "{{ .reg .b32 t; and.b32 t, {x}, 252; add.u32 t, t, {b}; ld.shared.u32 {x}, [t]; }}",
-                    x = inout(reg32) x,
-                    b = in(reg32) base,
-                    options(nostack)
-                ),
-                _ => core::arch::asm!(
-                    "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
-                    x = inout(reg32) x,
-                    c = in(reg32) items | 1,
-                    options(nomem, nostack)
-                ),
+    // SAFETY (each loop): register arithmetic, or a load of the first 256 bytes of this CTA's
+    // shared memory. Not `pure`: the chain stays between the two clock reads. One loop per kind,
+    // so no step branches on the kind.
+    match chain_op {
+        1 => {
+            for _ in 0..chain {
+                unsafe {
+                    core::arch::asm!(
+                        "{{ .reg .f32 f; mov.b32 f, {x}; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; fma.rn.f32 f, f, 0f3F7FFFFF, 0f33D6BF95; mov.b32 {x}, f; }}",
+                        x = inout(reg32) x,
+                        options(nomem, nostack)
+                    )
+                };
             }
-        };
+        }
+        2 => {
+            for _ in 0..chain {
+                unsafe {
+                    core::arch::asm!(
+                        "{{ .reg .b32 t; and.b32 t, {x}, 252; add.u32 t, t, {b}; ld.shared.u32 {x}, [t]; }}",
+                        x = inout(reg32) x,
+                        b = in(reg32) base,
+                        options(nostack)
+                    )
+                };
+            }
+        }
+        _ => {
+            for _ in 0..chain {
+                unsafe {
+                    core::arch::asm!(
+                        "xor.b32 {x}, {x}, {c}; shf.l.wrap.b32 {x}, {x}, {x}, 1;",
+                        x = inout(reg32) x,
+                        c = in(reg32) items | 1,
+                        options(nomem, nostack)
+                    )
+                };
+            }
+        }
     }
     let chain_cycles = (clock64() - t0) as u32;
 
