@@ -2278,14 +2278,31 @@ enum ComputeKind {
     },
 }
 
-/// The kernel `name` of the probe module (the overlap benchmark's compute kernels), loaded on
-/// `stream`'s GPU.
-fn probe_function(stream: &Arc<CudaStream>, name: &str) -> Result<cudarc::driver::CudaFunction> {
+/// The kernel `name` of the probe module (the overlap benchmark's compute kernels, the
+/// `tma_trace` copy), loaded on `stream`'s GPU, allowed `smem` bytes of dynamic shared memory per
+/// launch and asking, as the engine's kernels do, for the whole unified L1 / shared memory as
+/// shared memory: an SM the driver configured for one kernel then fits the other's CTAs, whichever
+/// launched first (with the driver's choice, CTAs of a kernel launched after this one that need
+/// shared memory wait for its SMs to drain), and what one kernel's CTAs leave is there for the
+/// CTAs beside them.
+fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cudarc::driver::CudaFunction> {
+    use cudarc::driver::sys::CUfunction_attribute::{
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+    };
     let module = stream
         .context()
         .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
         .map_err(Error::driver("cuModuleLoadData"))?;
-    module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))
+    let function = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+    let smem = i32::try_from(smem)
+        .map_err(|_| Error::Config { field: "shared memory", why: format!("{smem} B for {name}") })?;
+    function
+        .set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        .map_err(Error::driver("cuFuncSetAttribute"))?;
+    function
+        .set_attribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+        .map_err(Error::driver("cuFuncSetAttribute"))?;
+    Ok(function)
 }
 
 /// A GEMM operand of `len` bf16 on `stream`: small values, so products stay finite; the values do
@@ -2309,17 +2326,7 @@ impl Compute {
         let kind = match load {
             ComputeLoad::Fma | ComputeLoad::Sleep => {
                 let function =
-                    probe_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" })?;
-                // The whole unified L1 / shared memory as shared memory, as the engine's kernels ask:
-                // an SM the driver configured for one kernel then fits the other's CTAs, whichever
-                // launched first (with the driver's choice, CTAs of a kernel launched after this one
-                // that need shared memory wait for its SMs to drain).
-                function
-                    .set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                        100,
-                    )
-                    .map_err(Error::driver("cuFuncSetAttribute"))?;
+                    probe_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" }, 0)?;
                 let grid = sms * ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
@@ -2353,21 +2360,7 @@ impl Compute {
         } else {
             SMEM
         };
-        let function = probe_function(stream, "bench_gemm_bf16")?;
-        function
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(Error::driver("cuFuncSetAttribute"))?;
-        // All of the SM's unified L1 / shared memory as shared memory, whatever one launch asks
-        // for, so that what the GEMM's CTAs leave is there for the CTAs beside them.
-        function
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )
-            .map_err(Error::driver("cuFuncSetAttribute"))?;
+        let function = probe_function(stream, "bench_gemm_bf16", smem)?;
         let registers = function
             .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
             .map_err(Error::driver("cuFuncGetAttribute"))? as u32;

@@ -41,6 +41,7 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ),
     ("cp_async_bulk_wait_group", "probe_bulk_copy", "cp.async.bulk.wait_group 0;"),
     ("cp_async_bulk_wait_group_read", "probe_bulk_copy", "cp.async.bulk.wait_group.read 0;"),
+    ("cp_async_bulk_wait_group_read_at_most", "bench_tma_trace", "cp.async.bulk.wait_group.read 7;"),
     (
         "cp_reduce_async_bulk_global_shared_add_f32",
         "probe_reduce_add_f32",

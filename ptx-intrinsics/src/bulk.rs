@@ -261,3 +261,32 @@ pub unsafe fn cp_async_bulk_wait_group_read<const N: u32>() {
     // SAFETY: an immediate operand only.
     unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const N) }
 }
+
+/// Most pending groups [`cp_async_bulk_wait_group_read_at_most`] tells apart.
+pub const WAIT_GROUP_READ_MAX: u32 = 7;
+
+/// [`cp_async_bulk_wait_group_read`] for a run-time `pending`: the instruction takes an
+/// immediate, so this selects one of `N = 0..=WAIT_GROUP_READ_MAX`; a larger `pending` waits as
+/// for [`WAIT_GROUP_READ_MAX`] (fewer groups left reading: stricter, never less safe).
+///
+/// `cp.async.bulk.wait_group.read N;` · PTX ISA 8.0 · sm_90
+///
+/// # Safety
+/// As [`cp_async_bulk_wait_group_read`]: always sound to execute; it orders nothing in global memory.
+#[doc(alias = "cp.async.bulk.wait_group.read")]
+#[inline(always)]
+pub unsafe fn cp_async_bulk_wait_group_read_at_most(pending: u32) {
+    // SAFETY: immediate operands only.
+    unsafe {
+        match pending {
+            0 => cp_async_bulk_wait_group_read::<0>(),
+            1 => cp_async_bulk_wait_group_read::<1>(),
+            2 => cp_async_bulk_wait_group_read::<2>(),
+            3 => cp_async_bulk_wait_group_read::<3>(),
+            4 => cp_async_bulk_wait_group_read::<4>(),
+            5 => cp_async_bulk_wait_group_read::<5>(),
+            6 => cp_async_bulk_wait_group_read::<6>(),
+            _ => cp_async_bulk_wait_group_read::<WAIT_GROUP_READ_MAX>(),
+        }
+    }
+}

@@ -525,16 +525,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
         for j in 0..items {
             let next = j + ahead;
             if next < items {
-                match lag - 1 {
-                    0 => cp_async_bulk_wait_group_read::<0>(),
-                    1 => cp_async_bulk_wait_group_read::<1>(),
-                    2 => cp_async_bulk_wait_group_read::<2>(),
-                    3 => cp_async_bulk_wait_group_read::<3>(),
-                    4 => cp_async_bulk_wait_group_read::<4>(),
-                    5 => cp_async_bulk_wait_group_read::<5>(),
-                    6 => cp_async_bulk_wait_group_read::<6>(),
-                    _ => cp_async_bulk_wait_group_read::<7>(),
-                }
+                cp_async_bulk_wait_group_read_at_most(lag - 1);
                 load(next);
             }
             let s = j % stages;
@@ -571,6 +562,8 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
         }
     }
 }
+
+const _: () = assert!(trace_layout::MAX_LAG - 1 <= WAIT_GROUP_READ_MAX, "bench_tma_trace's waits tell every lag apart");
 
 /// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
 macro_rules! unroll4 {

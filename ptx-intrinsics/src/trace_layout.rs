@@ -7,7 +7,8 @@ pub const BARRIER_BYTES: u32 = 1024;
 /// Stages of all a CTA's warps together, at most (one barrier each).
 pub const MAX_BARRIERS: u32 = BARRIER_BYTES / 8;
 /// Items the refill may lag behind the stores, at most: the kernel waits with
-/// `cp.async.bulk.wait_group.read lag - 1`, an immediate it covers up to 7.
+/// `cp.async.bulk.wait_group.read lag - 1`, whose immediate `cp_async_bulk_wait_group_read_at_most`
+/// tells apart up to 7.
 pub const MAX_LAG: u32 = 8;
 
 /// u32 words of each warp's header, which the per-item records follow.

@@ -308,21 +308,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             ),
         });
     }
-    let function = probe_function(stream, "bench_tma_trace")?;
-    function
-        .set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            b.smem_bytes() as i32,
-        )
-        .map_err(Error::driver("cuFuncSetAttribute"))?;
-    // All of the unified L1 / shared memory as shared memory, as the engine's kernels ask: a CTA
-    // beside which the compute's CTAs can be placed, as beside the engine's.
-    function
-        .set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            100,
-        )
-        .map_err(Error::driver("cuFuncSetAttribute"))?;
+    // Within the GPU's per-CTA limit (checked above).
+    let function = probe_function(stream, "bench_tma_trace", b.smem_bytes() as u32)?;
     let per_warp = b.bytes_per_warp();
     let warps = (b.ctas * b.warps) as usize;
     let total = per_warp as usize * warps;

@@ -447,11 +447,7 @@ pub fn run(a: Args) -> CliResult {
                 if r.piece_bytes == 0 { "-".to_string() } else { r.piece_bytes.to_string() }
             );
         }
-        if a.json {
-            for r in &rows {
-                println!("{}", serde_json::to_string(r)?);
-            }
-        }
+        print_json(&rows, a.json)?;
         return Ok(());
     };
     let mover = parse_mover(&a.mover)?;
@@ -739,11 +735,7 @@ fn run_reshard(
     for r in &rows {
         println!("# {}: NVLink model's busiest link: {}", r.program, r.busiest_link);
     }
-    if a.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    }
+    print_json(&rows, a.json)?;
     if rows.iter().any(|r| r.wrong != 0 && r.wrong != u64::MAX) {
         return Err("wrong results (see #wrong)".into());
     }
@@ -843,11 +835,7 @@ fn run_overlap(
             r.makespan_over_serial
         );
     }
-    if a.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    }
+    print_json(&rows, a.json)?;
     Ok(())
 }
 
@@ -927,11 +915,7 @@ fn run_tma_trace(
             r.wrong
         );
     }
-    if a.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-    }
+    print_json(&rows, a.json)?;
     if rows.iter().any(|r| r.wrong != 0) {
         return Err("the traced copy is wrong (see #wrong)".into());
     }
@@ -1037,13 +1021,19 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     }
 }
 
-/// Prints the rows as JSON lines when asked, and fails if any checked row has wrong elements.
-fn finish_rows(rows: &[bench::CollectiveRow], json: bool) -> CliResult {
+/// Prints `rows` as JSON lines, one per row, when `json` is set.
+fn print_json<T: serde::Serialize>(rows: &[T], json: bool) -> CliResult {
     if json {
         for r in rows {
             println!("{}", serde_json::to_string(r)?);
         }
     }
+    Ok(())
+}
+
+/// Prints the rows as JSON lines when asked, and fails if any checked row has wrong elements.
+fn finish_rows(rows: &[bench::CollectiveRow], json: bool) -> CliResult {
+    print_json(rows, json)?;
     let wrong = |n: u64| n != 0 && n != u64::MAX;
     if rows.iter().any(|r| wrong(r.oop_wrong) || wrong(r.ip_wrong)) {
         return Err("wrong results (see #wrong)".into());

@@ -186,7 +186,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             if issuer {
                 let next = j + stages - lag;
                 if next < mine {
-                    wait_stores_reading(lag - 1);
+                    cp_async_bulk_wait_group_read_at_most(lag - 1);
                     load(&producer, next);
                     producer.advance(stages);
                 }
@@ -465,31 +465,9 @@ unsafe fn fold_groups<C: Combine, const ILP: usize>(
     v
 }
 
-/// `cp.async.bulk.wait_group.read pending` for a run-time `pending` (the instruction takes an
-/// immediate; `pending < MAX_STAGES / 2`).
-///
-/// # Safety
-/// As `cp_async_bulk_wait_group_read`.
-#[inline(always)]
-unsafe fn wait_stores_reading(pending: u32) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match pending {
-            0 => cp_async_bulk_wait_group_read::<0>(),
-            1 => cp_async_bulk_wait_group_read::<1>(),
-            2 => cp_async_bulk_wait_group_read::<2>(),
-            3 => cp_async_bulk_wait_group_read::<3>(),
-            4 => cp_async_bulk_wait_group_read::<4>(),
-            5 => cp_async_bulk_wait_group_read::<5>(),
-            6 => cp_async_bulk_wait_group_read::<6>(),
-            _ => cp_async_bulk_wait_group_read::<7>(),
-        }
-    }
-}
-
 const _: () = assert!(
-    refill_lag(crate::abi::MAX_STAGES as u32) - 1 <= 7 && refill_lag(1) == 1 && refill_lag(4) == 2,
-    "wait_stores_reading covers every lag"
+    refill_lag(crate::abi::MAX_STAGES as u32) - 1 <= WAIT_GROUP_READ_MAX && refill_lag(1) == 1 && refill_lag(4) == 2,
+    "cp_async_bulk_wait_group_read_at_most tells every lag apart"
 );
 
 /// Slot 0 ⊕= slots 1..sources of stage `stage`, `len` bytes, all threads.
