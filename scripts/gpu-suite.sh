@@ -16,6 +16,8 @@ GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)}
 SIZES=${SIZES:--b 1M -e 4G -f 4}
 CTAS=${CTAS:-4 8 16 132}
 log() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+# Steps that failed (test binaries' exit status), reported at the end and in the script's own.
+FAILED=""
 # LD_LIBRARY_PATH with libcublas for the GEMM load: the toolkit's, else the Python wheels'.
 cublas_path() {
   local dirs
@@ -27,8 +29,11 @@ for step in "$@"; do
     info)
       log info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv ;;
     tests)
+      # A GPU machine must run every GPU test: a missing or unusable GPU fails them (OXCCL_REQUIRE_GPU).
       for t in gpu_intrinsics gpu_engine gpu_collectives gpu_reshard; do
-        log "$t"; timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1; grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
+        log "$t"; OXCCL_REQUIRE_GPU=1 timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1
+        rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $t(rc=$rc)"
+        grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
     sanitizer)
       log memcheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"
@@ -269,3 +274,4 @@ for run in open(sys.argv[2]):
     *) echo "unknown step $step" ;;
   esac
 done
+if [ -n "$FAILED" ]; then echo "=== FAILED:$FAILED"; exit 1; fi

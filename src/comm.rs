@@ -117,9 +117,13 @@ pub(crate) struct Uploaded {
 /// `cudarc::nccl::Comm`s.
 ///
 /// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
-/// reports any device-side error (a bounded wait that gave up, a rejected descriptor). Plans are built
-/// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, for the
-/// communicator's lifetime; dropping the communicator waits for its streams first.
+/// reports any device-side error (a bounded wait that gave up, a rejected descriptor). Only it reads
+/// the device's error record: a stream or context synchronisation through cudarc (or a framework's
+/// device sync) waits for the calls but does not report a call that gave up, whose outputs are then
+/// partly written, and later calls are queued as usual until `synchronize` has seen the error. Call
+/// it wherever results must be trusted (once per training step costs one stream wait). Plans are built
+/// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, until
+/// [`Communicator::clear_plans`]; dropping the communicator waits for its streams first.
 pub struct Communicator {
     config: Config,
     engines: Vec<Arc<Engine>>,
@@ -132,13 +136,6 @@ pub struct Communicator {
     poisoned: AtomicBool,
 }
 
-/// A raw per-rank buffer: address, elements, device ordinal.
-pub(crate) struct Raw {
-    pub ptr: u64,
-    pub len: usize,
-    pub device: usize,
-}
-
 impl Communicator {
     /// `ranks` virtual ranks on the GPU of `stream`, all launched together on it.
     pub fn virtual_ranks(stream: &Arc<CudaStream>, ranks: usize, config: Config) -> Result<Self> {
@@ -149,6 +146,12 @@ impl Communicator {
     /// One rank per stream. Ranks whose streams are the same object are launched together in one
     /// kernel; ranks on different streams or devices in separate kernels that meet through barriers
     /// in their workspaces. Peer access is enabled between the devices involved.
+    ///
+    /// Separate launches on one device must run at the same time. The driver gives each device
+    /// `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues (8 by default) and shares them between streams
+    /// beyond that: with more ranks on separate streams of one device than queues, set it to at least
+    /// that count before the CUDA driver is initialised, or a launch may wait behind another rank's
+    /// work and the call report [`Error::Timeout`].
     pub fn from_streams(streams: &[Arc<CudaStream>], config: Config) -> Result<Self> {
         if streams.is_empty() || streams.len() > MAX_RANKS {
             return Err(Error::RankCount { ranks: streams.len(), max: MAX_RANKS });
@@ -583,9 +586,23 @@ impl Communicator {
         })
     }
 
-    /// Plans built and uploaded so far (each kept for the communicator's lifetime).
+    /// Collective plans built and uploaded so far (each kept until [`Communicator::clear_plans`] or
+    /// the communicator's end).
     pub fn cached_plans(&self) -> usize {
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Frees every cached plan (collectives and reshards) after waiting for the ranks' streams: a
+    /// caller whose counts change from call to call (dynamic shapes) bounds the device memory the
+    /// cache holds this way. Later calls build their plans again. Exclusive: no call can be queueing
+    /// launches meanwhile.
+    pub fn clear_plans(&mut self) -> Result<()> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        self.plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.reshard_plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
     }
 
     /// The plan key of a call.
@@ -619,31 +636,52 @@ impl Communicator {
         let e = std::mem::size_of::<T>();
         let (in_len, out_len) = ((in_bytes as usize) / e, (out_bytes as usize) / e);
 
-        // Check every buffer before touching anything.
+        // Count, device and length first: they need no address, and cudarc's ordering guards below
+        // are taken only on buffers of the rank's own device.
         if recv.len() != p {
             return Err(Error::BufferCount { what: "receive buffers", expected: p, got: recv.len() });
         }
-        let recv_raw: Vec<Raw> = recv.iter().map(raw_of).collect();
-        let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
-        let mut ranges = Vec::new();
-        for (r, b) in recv_raw.iter().enumerate() {
-            self.check_buffer(b, r, expected_recv, if in_place { "buffer" } else { "receive buffer" }, e)?;
-            ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device, true));
+        if let Some(s) = send
+            && s.len() != p
+        {
+            return Err(Error::BufferCount { what: "send buffers", expected: p, got: s.len() });
         }
-        let send_raw: Option<Vec<Raw>> = match send {
-            Some(s) => {
-                if s.len() != p {
-                    return Err(Error::BufferCount { what: "send buffers", expected: p, got: s.len() });
-                }
-                let raw: Vec<Raw> = s.iter().map(raw_of).collect();
-                for (r, b) in raw.iter().enumerate() {
-                    self.check_buffer(b, r, in_len, "send buffer", e)?;
-                    ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device, false));
-                }
-                Some(raw)
+        let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
+        let recv_what = if in_place { "buffer" } else { "receive buffer" };
+        for (r, b) in recv.iter().enumerate() {
+            self.check_placement(b.len(), ordinal_of(b), r, Some(expected_recv), recv_what)?;
+        }
+        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
+            self.check_placement(b.len(), ordinal_of(b), r, Some(in_len), "send buffer")?;
+        }
+
+        // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
+        // (and, for a buffer this call writes, its last read), and the guards record this call's use
+        // when they drop, after every launch is queued. Their addresses are the ones checked and used.
+        let mut guards = Vec::with_capacity(2 * p);
+        let mut recv_ptr = Vec::with_capacity(p);
+        for (r, b) in recv.iter_mut().enumerate() {
+            let (ptr, guard) = b.device_ptr_mut(&self.ranks[r].stream);
+            recv_ptr.push(ptr);
+            guards.push(guard);
+        }
+        let mut send_ptr = Vec::with_capacity(p);
+        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
+            let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
+            send_ptr.push(ptr);
+            guards.push(guard);
+        }
+        let mut ranges = Vec::with_capacity(2 * p);
+        for (ptrs, len, what, writes) in
+            [(&recv_ptr, expected_recv, recv_what, true), (&send_ptr, in_len, "send buffer", false)]
+        {
+            for (r, &ptr) in ptrs.iter().enumerate() {
+                check_aligned(ptr, r, what, e)?;
+                let start = ptr;
+                let end = ptr + (len * e) as u64;
+                ranges.push(Range { start, end, rank: r, device: self.ranks[r].device, writes, buffer: what });
             }
-            None => None,
-        };
+        }
         check_disjoint(&ranges, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
 
         let plan = self.plan(&spec)?;
@@ -655,25 +693,15 @@ impl Communicator {
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         let block = count as u64 * e as u64;
         for r in 0..p {
-            let out = recv_raw[r].ptr;
-            let (input, output) = match (&send_raw, collective) {
-                (Some(s), _) => (s[r].ptr, out),
+            let out = recv_ptr[r];
+            let (input, output) = match (send, collective) {
+                (Some(_), _) => (send_ptr[r], out),
                 (None, Collective::AllReduce) => (out, out),
                 (None, Collective::ReduceScatter) => (out, out + r as u64 * block),
                 (None, Collective::AllGather) => (out + r as u64 * block, out),
             };
             buffers[r][slot::INPUT as usize] = input;
             buffers[r][slot::OUTPUT as usize] = output;
-        }
-        // Keep cudarc's stream-ordering guards alive until every launch is queued.
-        let mut guards = Vec::with_capacity(2 * p);
-        for (r, b) in recv.iter_mut().enumerate() {
-            guards.push(b.device_ptr_mut(&self.ranks[r].stream).1);
-        }
-        if let Some(s) = send {
-            for (r, b) in s.iter().enumerate() {
-                guards.push(b.device_ptr(&self.ranks[r].stream).1);
-            }
         }
         // SAFETY: every address in the table was checked above (device, length, disjointness) and
         // belongs to buffers borrowed for this call; the plan addresses exactly these lengths.
@@ -682,26 +710,39 @@ impl Communicator {
         Ok(())
     }
 
-    pub(crate) fn check_buffer(
+    /// Checks that a buffer of rank `rank` (`len` elements, on the device of ordinal `ordinal`) is on
+    /// that rank's device and, where `expected` is given, holds that many elements.
+    pub(crate) fn check_placement(
         &self,
-        b: &Raw,
+        len: usize,
+        ordinal: usize,
         rank: usize,
-        expected: usize,
+        expected: Option<usize>,
         what: &'static str,
-        align: usize,
     ) -> Result<()> {
         let device = self.engines[self.ranks[rank].device].context().ordinal();
-        if b.device != device {
-            return Err(Error::WrongDevice { what, rank, expected: device, got: b.device });
+        if ordinal != device {
+            return Err(Error::WrongDevice { what, rank, expected: device, got: ordinal });
         }
-        if b.len != expected {
-            return Err(Error::Length { what, rank, expected, got: b.len });
+        match expected {
+            Some(expected) if len != expected => Err(Error::Length { what, rank, expected, got: len }),
+            _ => Ok(()),
         }
-        if !b.ptr.is_multiple_of(align as u64) {
-            return Err(Error::Misaligned { what, rank, address: b.ptr, align });
-        }
-        Ok(())
     }
+
+    /// The engine index of rank `rank`'s device.
+    pub(crate) fn rank_device(&self, rank: usize) -> usize {
+        self.ranks[rank].device
+    }
+}
+
+/// Errors with [`Error::Misaligned`] unless the buffer of rank `rank` at `address` is aligned to its
+/// elements' `align` bytes.
+pub(crate) fn check_aligned(address: u64, rank: usize, what: &'static str, align: usize) -> Result<()> {
+    if !address.is_multiple_of(align as u64) {
+        return Err(Error::Misaligned { what, rank, address, align });
+    }
+    Ok(())
 }
 
 impl Drop for Communicator {
@@ -719,40 +760,41 @@ fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize)
     bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: ranks, got: 0 })
 }
 
-pub(crate) fn raw_of<T, S: DevicePtr<T>>(s: &S) -> Raw {
-    Raw { ptr: s.address(), len: s.len(), device: s.stream().context().ordinal() }
+/// The ordinal of the device a cudarc buffer lives on.
+pub(crate) fn ordinal_of<T, S: DeviceSlice<T>>(s: &S) -> usize {
+    s.stream().context().ordinal()
 }
 
-/// The device address of a cudarc buffer, for the checks before a call (cudarc orders the buffer's
-/// stream after its last write event and records a read event when the guard drops; no work is
-/// queued in between).
-trait DevicePtrLike<T> {
-    fn address(&self) -> u64;
+/// A buffer range a call touches: bytes `start..end` of rank `rank`'s buffer `buffer` (what errors
+/// call it) on engine `device`, and whether the call writes it.
+#[derive(Clone, Copy)]
+pub(crate) struct Range {
+    pub start: u64,
+    pub end: u64,
+    pub rank: usize,
+    pub device: usize,
+    pub writes: bool,
+    pub buffer: &'static str,
 }
 
-impl<T, S: DevicePtr<T>> DevicePtrLike<T> for S {
-    fn address(&self) -> u64 {
-        let stream = self.stream().clone();
-        let (ptr, guard) = self.device_ptr(&stream);
-        // No work is queued between taking the address and dropping the guard.
-        drop(guard);
-        ptr
-    }
-}
-
-/// Every written range (`.4`) must be disjoint from every other range on its device; ranges that are
-/// only read may overlap each other.
-pub(crate) fn check_disjoint(ranges: &[(u64, u64, usize, usize, bool)], what: &'static str) -> Result<()> {
-    let mut v: Vec<_> = ranges.iter().filter(|r| r.0 < r.1).copied().collect();
-    v.sort_by_key(|r| (r.3, r.0));
-    for i in 0..v.len() {
+/// Every written range must be disjoint from every other range on its device; ranges that are only
+/// read may overlap each other.
+pub(crate) fn check_disjoint(ranges: &[Range], what: &'static str) -> Result<()> {
+    let mut v: Vec<Range> = ranges.iter().filter(|r| r.start < r.end).copied().collect();
+    v.sort_by_key(|r| (r.device, r.start));
+    for (i, a) in v.iter().enumerate() {
         for b in &v[i + 1..] {
-            let a = v[i];
-            if b.3 != a.3 || b.0 >= a.1 {
+            if b.device != a.device || b.start >= a.end {
                 break;
             }
-            if a.4 || b.4 {
-                return Err(Error::Aliasing { what, rank: a.2, other_rank: b.2 });
+            if a.writes || b.writes {
+                return Err(Error::Aliasing {
+                    what,
+                    rank: a.rank,
+                    buffer: a.buffer,
+                    other_rank: b.rank,
+                    other_buffer: b.buffer,
+                });
             }
         }
     }

@@ -35,8 +35,9 @@ pub enum Error {
     Length { what: &'static str, rank: usize, expected: usize, got: usize },
     /// A rank's buffer lives on another device than the rank.
     WrongDevice { what: &'static str, rank: usize, expected: usize, got: usize },
-    /// Two buffers overlap where the call needs them distinct.
-    Aliasing { what: &'static str, rank: usize, other_rank: usize },
+    /// Two buffers overlap where the call needs them distinct (`buffer` of `rank` and `other_buffer`
+    /// of `other_rank`, at least one of them written by the call).
+    Aliasing { what: &'static str, rank: usize, buffer: &'static str, other_rank: usize, other_buffer: &'static str },
     /// A buffer's address is not aligned to its element size.
     Misaligned { what: &'static str, rank: usize, address: u64, align: usize },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
@@ -125,8 +126,8 @@ impl fmt::Display for Error {
             Error::WrongDevice { what, rank, expected, got } => {
                 write!(f, "{what} of rank {rank} is on device {got}, the rank is on device {expected}")
             }
-            Error::Aliasing { what, rank, other_rank } => {
-                write!(f, "{what}: buffer of rank {rank} overlaps a buffer of rank {other_rank}")
+            Error::Aliasing { what, rank, buffer, other_rank, other_buffer } => {
+                write!(f, "{what}: the {buffer} of rank {rank} overlaps the {other_buffer} of rank {other_rank}")
             }
             Error::Misaligned { what, rank, address, align } => {
                 write!(f, "{what} of rank {rank} at {address:#x} is not {align}-byte aligned")

@@ -40,10 +40,21 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use reshard::ReshardOptions;
 
-/// Element types the collectives move and reduce.
-pub trait Element: cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static {
+/// Element types the collectives move and reduce: `f32`, `half::f16`, `half::bf16`, `i32` and `u32`.
+/// Sealed: the device kernels know these five and no others.
+pub trait Element: sealed::Sealed + cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static {
     /// The engine's name for the type.
     const DTYPE: DType;
+}
+
+mod sealed {
+    /// Implemented only for the types the kernels move.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for i32 {}
+    impl Sealed for u32 {}
 }
 
 impl Element for f32 {

@@ -9,7 +9,7 @@
 //! hierarchical route's forwarding inside domains) are launched on the ranks' streams. See
 //! `docs/RESHARD.md`.
 
-use crate::comm::{Communicator, Raw, Uploaded, check_disjoint, raw_of};
+use crate::comm::{Communicator, Range, Uploaded, check_aligned, check_disjoint, ordinal_of};
 use crate::error::{Error, Result};
 use crate::{Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -145,43 +145,52 @@ impl Communicator {
     ) -> Result<()> {
         self.check_usable()?;
         let e = std::mem::size_of::<T>();
-        let src_raw: Vec<Option<Raw>> = src.iter().map(|b| b.map(raw_of)).collect();
-        let dst_raw: Vec<Option<Raw>> = dst.iter().map(|b| b.as_deref().map(raw_of)).collect();
-        let lens =
-            |raw: &[Option<Raw>]| -> Vec<Option<usize>> { raw.iter().map(|b| b.as_ref().map(|b| b.len)).collect() };
-        let (src_lens, dst_lens) = (lens(&src_raw), lens(&dst_raw));
+        let src_lens: Vec<Option<usize>> = src.iter().map(|b| b.map(|b| b.len())).collect();
+        let dst_lens: Vec<Option<usize>> = dst.iter().map(|b| b.as_deref().map(|b| b.len())).collect();
         let side = |layout, buffers| Side { shape, elem_bytes: e as u64, layout, buffers };
         validate(self.ranks(), &side(src_layout, &src_lens), &side(dst_layout, &dst_lens))?;
+        // Devices first: cudarc's ordering guards below are taken only on buffers of the rank's own
+        // device.
+        for (r, b) in src.iter().enumerate() {
+            if let Some(b) = b {
+                self.check_placement(b.len(), ordinal_of(*b), r, None, "reshard source buffer")?;
+            }
+        }
+        for (r, b) in dst.iter().enumerate() {
+            if let Some(b) = b {
+                self.check_placement(b.len(), ordinal_of(&**b), r, None, "reshard destination buffer")?;
+            }
+        }
 
+        // cudarc's stream-ordering guards, on each rank's stream (see the collectives), kept until every
+        // launch is queued; their addresses are the ones checked and used.
+        let mut guards = Vec::new();
         let mut ranges = Vec::new();
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
-        for (raw, what, s, writes) in [
-            (&src_raw, "reshard source buffer", slot::INPUT, false),
-            (&dst_raw, "reshard destination buffer", slot::OUTPUT, true),
-        ] {
-            for (r, b) in raw.iter().enumerate() {
-                if let Some(b) = b {
-                    self.check_buffer(b, r, b.len, what, e)?;
-                    ranges.push((b.ptr, b.ptr + (b.len * e) as u64, r, b.device, writes));
-                    buffers[r][s as usize] = b.ptr;
-                }
+        for (r, b) in dst.iter_mut().enumerate() {
+            if let Some(b) = b {
+                let len = b.len();
+                let (ptr, guard) = b.device_ptr_mut(self.rank_stream(r));
+                guards.push(guard);
+                check_aligned(ptr, r, "reshard destination buffer", e)?;
+                let (start, end, device) = (ptr, ptr + (len * e) as u64, self.rank_device(r));
+                ranges.push(Range { start, end, rank: r, device, writes: true, buffer: "destination buffer" });
+                buffers[r][slot::OUTPUT as usize] = ptr;
+            }
+        }
+        for (r, b) in src.iter().enumerate() {
+            if let Some(b) = b {
+                let (ptr, guard) = b.device_ptr(self.rank_stream(r));
+                guards.push(guard);
+                check_aligned(ptr, r, "reshard source buffer", e)?;
+                let (start, end, device) = (ptr, ptr + (b.len() * e) as u64, self.rank_device(r));
+                ranges.push(Range { start, end, rank: r, device, writes: false, buffer: "source buffer" });
+                buffers[r][slot::INPUT as usize] = ptr;
             }
         }
         check_disjoint(&ranges, "reshard source and destination buffers")?;
 
         let prepared = self.reshard_program::<T>(shape, src_layout, dst_layout, options)?;
-        // Keep cudarc's stream-ordering guards alive until every launch is queued.
-        let mut guards = Vec::new();
-        for (r, b) in dst.iter_mut().enumerate() {
-            if let Some(b) = b {
-                guards.push(b.device_ptr_mut(self.rank_stream(r)).1);
-            }
-        }
-        for (r, b) in src.iter().enumerate() {
-            if let Some(b) = b {
-                guards.push(b.device_ptr(self.rank_stream(r)).1);
-            }
-        }
         // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and its
         // length is its shard's, which is what the lowered program was validated against; ranks without
         // a buffer have empty shards, which no task addresses; the buffers are borrowed for this call.

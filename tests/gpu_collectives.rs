@@ -25,13 +25,35 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
     }
 }
 
-fn data(dtype: DType, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<u8> {
-    let mut v = Vec::with_capacity(elems * dtype.size());
+/// Per-rank inputs of `elems` elements: integers in -10..=10 (exact in every order) or random floats.
+/// In-place Min and Max on integers get values distinct across ranks at every element, the extreme
+/// held by a random rank: the result then differs from every other rank's own input, so an element
+/// a rank fails to write shows although its buffer starts as its input.
+fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
+    let (dtype, p) = (spec.dtype, spec.ranks);
+    let mut v = vec![Vec::with_capacity(elems * dtype.size()); p];
+    let distinct = integers && spec.in_place && spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather;
+    let low = if dtype == DType::U32 { 0.0 } else { -8.0 };
     for _ in 0..elems {
-        let x = if integers { rng.below(21) as f64 - 10.0 } else { rng.below(2_000_001) as f64 / 1000.0 - 1000.0 };
-        v.extend(element(dtype, x));
+        let turn = rng.below(p as u64) as usize;
+        for (r, input) in v.iter_mut().enumerate() {
+            let x = if distinct {
+                ((r + turn) % p) as f64 + low
+            } else if integers {
+                rng.below(21) as f64 - 10.0
+            } else {
+                rng.below(2_000_001) as f64 / 1000.0 - 1000.0
+            };
+            input.extend(element(dtype, x));
+        }
     }
     v
+}
+
+/// The byte outputs start as before a call: NaN for floats (no tolerance accepts it), 0xA5 for
+/// integers.
+fn poison(dtype: DType) -> u8 {
+    if matches!(dtype, DType::I32 | DType::U32) { 0xA5 } else { 0xFF }
 }
 
 /// Typed views over byte buffers (exercises views as well as slices).
@@ -49,7 +71,7 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
 
 /// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
 /// GPU; returns each rank's result bytes (output buffer, or the one buffer in place). Outputs start
-/// poisoned with 0xA5.
+/// poisoned ([`poison`]).
 fn run_gpu(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
@@ -63,7 +85,7 @@ fn run_gpu(
     if spec.in_place {
         let len = in_bytes.max(out_bytes) as usize;
         for (r, input) in inputs.iter().enumerate() {
-            let mut b = vec![0xA5u8; len];
+            let mut b = vec![poison(spec.dtype); len];
             let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
             b[at..at + input.len()].copy_from_slice(input);
             outs.push(streams[r].clone_htod(&b).unwrap());
@@ -71,7 +93,7 @@ fn run_gpu(
     } else {
         for (input, stream) in inputs.iter().zip(streams) {
             ins.push(stream.clone_htod(input).unwrap());
-            outs.push(stream.clone_htod(&vec![0xA5u8; out_bytes as usize]).unwrap());
+            outs.push(stream.clone_htod(&vec![poison(spec.dtype); out_bytes as usize]).unwrap());
         }
     }
     // Across GPUs the uploads run on each rank's stream: finish them before any rank reads a peer's
@@ -117,8 +139,12 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
     let ranks = 1 + rng.below(16) as usize;
     let count = match rng.below(8) {
         0 => 0,
-        1..=4 => rng.below(3000),
+        // Lengths around 16-byte and chunk boundaries for every element size.
+        1 => [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 4095, 4096, 4097][rng.below(19) as usize],
+        2..=4 => rng.below(3000),
         5 | 6 => rng.below(200_000),
+        // Up to 10^6 elements per buffer (ReduceScatter and AllGather buffers hold ranks × count).
+        _ if collective == Collective::AllReduce => rng.below(1_000_000),
         _ => rng.below(1_000_000) / ranks as u64,
     };
     let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.below(5) as usize];
@@ -217,7 +243,7 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let integers = rng.below(4) != 0;
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
-        let inputs: Vec<Vec<u8>> = (0..spec.ranks).map(|_| data(spec.dtype, elems, &mut rng, integers)).collect();
+        let inputs = inputs(&spec, elems, &mut rng, integers);
         let got = run_gpu(comm, &same(&stream, spec.ranks), &spec, &inputs)
             .unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
         check(case, seed, &spec, mover, integers, &inputs, &got);
@@ -256,7 +282,7 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
         let integers = rng.below(4) != 0;
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
-        let inputs: Vec<Vec<u8>> = (0..spec.ranks).map(|_| data(spec.dtype, elems, &mut rng, integers)).collect();
+        let inputs = inputs(&spec, elems, &mut rng, integers);
         let got = run_gpu(comm, &streams[..spec.ranks], &spec, &inputs)
             .unwrap_or_else(|e| panic!("case {case} (seed {seed}) {spec:?} {mover:?}: {e}"));
         check(case, seed, &spec, mover, integers, &inputs, &got);
@@ -281,7 +307,7 @@ fn prepared_calls_replay_in_a_cuda_graph() {
     // Capture needs a stream other than the legacy one.
     let s = ctx.new_stream().unwrap();
     let (ranks, n) = (4usize, 100_003usize);
-    let comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
+    let mut comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
     comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
     let plans = comm.cached_plans();
     assert!(plans >= 1);
@@ -356,6 +382,18 @@ fn prepared_calls_replay_in_a_cuda_graph() {
     comm.prepare::<f32>(Collective::AllGather, 7, ReduceOp::Max, false).unwrap();
     comm.prepare::<f32>(Collective::AllGather, 7, ReduceOp::Sum, false).unwrap();
     assert_eq!(comm.cached_plans(), plans + 1, "AllGather plans depend on no operator");
+    // Cleared plans are built again by the next call, which still sums correctly.
+    drop(graph);
+    comm.clear_plans().unwrap();
+    assert_eq!(comm.cached_plans(), 0);
+    let mut fresh: Vec<CudaSlice<f32>> = (0..ranks).map(|r| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    comm.all_reduce_in_place(&mut fresh, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    assert_eq!(comm.cached_plans(), 1);
+    for (r, b) in fresh.iter().enumerate() {
+        let got = s.clone_dtoh(b).unwrap();
+        assert!(got.iter().all(|&x| x == first), "after clear_plans, rank {r}: {} (want {first})", got[0]);
+    }
 }
 
 /// `Communicator::from_devices` puts one rank on each listed device (every visible GPU, or GPU 0
@@ -391,38 +429,54 @@ fn from_devices_runs_one_rank_per_listed_device() {
     }
 }
 
+/// Deterministic mode: five runs of each case on fresh poisoned outputs are bitwise equal to each
+/// other and to the reference (random floats, where the order of combination shows): one launch for
+/// all ranks and ranks launched separately, in and out of place, 4 to 16 ranks, both movers, and the
+/// thread counts and direct stores `config` draws by CTA count.
 #[test]
 fn deterministic_mode_is_bitwise_stable() {
     let Some(stream) = common::gpu("deterministic_mode_is_bitwise_stable") else { return };
     let mut rng = common::Rng(42);
-    for (collective, dtype) in [
-        (Collective::AllReduce, DType::F32),
-        (Collective::AllReduce, DType::Bf16),
-        (Collective::ReduceScatter, DType::F16),
-    ] {
+    // (collective, dtype, ranks, CTAs per rank, in place, one stream per rank, count)
+    let cases = [
+        (Collective::AllReduce, DType::F32, 8, 8, false, false, 3_000_017),
+        (Collective::AllReduce, DType::Bf16, 8, 8, false, false, 3_000_017),
+        (Collective::ReduceScatter, DType::F16, 8, 8, false, false, 3_000_017),
+        (Collective::AllReduce, DType::F32, 16, 4, true, false, 1_000_003),
+        (Collective::AllReduce, DType::F16, 4, 3, false, true, 777_777),
+        (Collective::ReduceScatter, DType::Bf16, 16, 2, true, true, 65_537),
+        (Collective::AllReduce, DType::Bf16, 12, 5, true, true, 400_001),
+    ];
+    for (collective, dtype, ranks, ctas, in_place, per_rank, count) in cases {
         for mover in [Mover::Tma, Mover::Simt] {
             let spec = PlanSpec {
                 collective,
-                count: 3_000_017,
+                count,
                 dtype,
                 op: ReduceOp::Sum,
-                ranks: 8,
-                in_place: false,
-                ctas: 8,
+                ranks,
+                in_place,
+                ctas,
                 reduction: Reduction::Registers,
             };
-            let comm = Communicator::virtual_ranks(&stream, 8, config(&spec, mover)).unwrap();
-            let elems = spec.buffer_bytes().0 as usize / dtype.size();
-            let inputs: Vec<Vec<u8>> = (0..8).map(|_| data(dtype, elems, &mut rng, false)).collect();
-            let first = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs).unwrap();
-            for run in 1..5 {
-                let again = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs).unwrap();
-                assert!(again == first, "{collective:?} {dtype:?} {mover:?}: run {run} differs bitwise from run 0");
-            }
-            assert!(
-                first == tccl::reference(&spec, &inputs),
-                "{collective:?} {dtype:?} {mover:?}: differs from the reference"
+            let comm = if per_rank {
+                let streams: Vec<Arc<CudaStream>> =
+                    (0..ranks).map(|_| stream.context().new_stream().unwrap()).collect();
+                Communicator::from_streams(&streams, config(&spec, mover)).unwrap()
+            } else {
+                Communicator::virtual_ranks(&stream, ranks, config(&spec, mover)).unwrap()
+            };
+            let what = format!(
+                "{collective:?} {dtype:?} {ranks} ranks {ctas} CTAs in place {in_place} per-rank streams {per_rank} {mover:?}"
             );
+            let elems = spec.buffer_bytes().0 as usize / dtype.size();
+            let inputs = inputs(&spec, elems, &mut rng, false);
+            let first = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for run in 1..5 {
+                let again = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs).unwrap();
+                assert!(again == first, "{what}: run {run} differs bitwise from run 0");
+            }
+            assert!(first == tccl::reference(&spec, &inputs), "{what}: differs from the reference");
         }
     }
 }
@@ -519,7 +573,7 @@ fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
         };
         let comm = Communicator::virtual_ranks(&stream, 6, config(&spec, Mover::Tma)).unwrap();
         let elems = spec.buffer_bytes().0 as usize / dtype.size();
-        let inputs: Vec<Vec<u8>> = (0..6).map(|_| data(dtype, elems, &mut rng, true)).collect();
+        let inputs = inputs(&spec, elems, &mut rng, true);
         let got = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs)
             .unwrap_or_else(|e| panic!("{dtype:?} {op:?}: {e}"));
         assert!(got == tccl::reference(&spec, &inputs), "{dtype:?} {op:?}");

@@ -325,6 +325,13 @@ fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
     assert!(!oxccl::ptx::PLANS.contains(".entry oxccl_run_"));
 }
 
+/// The `.maxntid` bound of PTX entry `entry`, if it declares one.
+fn max_threads(ptx: &str, entry: &str) -> Option<u32> {
+    let at = ptx.find(&format!(".entry {entry}("))?;
+    let header = &ptx[at..at + ptx[at..].find('{')?];
+    header.split(".maxntid").nth(1)?.split(',').next()?.trim().parse().ok()
+}
+
 #[test]
 fn ptxas_assembles_every_module() {
     let Some(ptxas) = common::ptxas() else {
@@ -344,12 +351,24 @@ fn ptxas_assembles_every_module() {
             .expect("run ptxas");
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "ptxas rejected {name}:\n{log}");
-        // The SIMT kernels' launch bound must hold: 512 threads need at most 128 registers each.
-        for line in log.lines().filter(|l| l.contains("Used") && l.contains("registers")) {
-            let regs: u32 =
-                line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
-            assert!(regs <= 255, "{line}");
+        // Every entry with a launch bound (`.maxntid N`: the SIMT kernels' 512 threads) must fit a whole
+        // CTA in the SM's 65536 registers; `bounded` counts them so the check cannot pass vacuously.
+        let (mut entry, mut bounded) = (String::new(), 0);
+        for line in log.lines() {
+            if let Some(rest) = line.split("entry function '").nth(1) {
+                entry = rest.split('\'').next().unwrap().to_string();
+            }
+            if line.contains("Used") && line.contains("registers") {
+                let regs: u32 =
+                    line.split("Used ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+                if let Some(threads) = max_threads(ptx, &entry) {
+                    assert!(regs * threads <= 65536, "{name}: {entry} uses {regs} registers with .maxntid {threads}");
+                    bounded += 1;
+                }
+            }
         }
+        let declared = ptx.matches("\n.maxntid ").count();
+        assert_eq!(bounded, declared, "{name}: {declared} entries declare .maxntid, {bounded} checked");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -45,6 +45,8 @@ pub enum LoweredError {
     Unordered { program: usize, task: usize },
     /// Two CTAs access the same bytes and at least one writes them.
     Race { first: usize, second: usize, rank: usize, slot: u8, start: u64, end: u64 },
+    /// An alias names a rank without buffers or a slot out of range, or starts past its target's end.
+    BadAlias { alias: usize, why: &'static str },
 }
 
 impl fmt::Display for LoweredError {
@@ -63,6 +65,7 @@ impl fmt::Display for LoweredError {
             LoweredError::Race { first, second, rank, slot, start, end } => {
                 write!(f, "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}")
             }
+            LoweredError::BadAlias { alias, why } => write!(f, "alias {alias}: {why}"),
         }
     }
 }
@@ -129,6 +132,18 @@ pub fn validate_structure(l: &Lowered) -> Result<(), LoweredError> {
 /// measured inside their target).
 pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> Result<(), LoweredError> {
     validate_structure(l)?;
+    for (k, &(ar, as_, tr, ts, off)) in aliases.iter().enumerate() {
+        let bad = |why| LoweredError::BadAlias { alias: k, why };
+        if ar >= len.len() || tr >= len.len() {
+            return Err(bad("names a rank without buffers"));
+        }
+        if as_ as usize >= BUFFER_SLOTS || ts as usize >= BUFFER_SLOTS {
+            return Err(bad("slot out of range"));
+        }
+        if off > len[tr][ts as usize] {
+            return Err(bad("starts past the end of its target"));
+        }
+    }
     let len_of = |r: usize, s: u8| -> u64 {
         for &(ar, as_, tr, ts, off) in aliases {
             if ar == r && as_ == s {
@@ -140,6 +155,9 @@ pub fn validate(l: &Lowered, len: &[[u64; BUFFER_SLOTS]], aliases: &[Alias]) -> 
     for (i, t) in l.tasks.iter().enumerate() {
         let check = |mask: u32, slot: u8, off: u64| -> Result<(), LoweredError> {
             for r in ranks(mask) {
+                if r >= len.len() {
+                    return Err(LoweredError::BadTask { task: i, why: "names a rank without buffers" });
+                }
                 let have = len_of(r, slot);
                 // `validate_structure` proved the sum does not overflow.
                 if off + t.bytes > have {
@@ -229,7 +247,8 @@ pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
 
 /// `acc[i] = acc[i] ⊕ src[i]` over whole slices of little-endian elements, with the device's
 /// semantics: f16 and bf16 results rounded once to nearest even, float min/max return the non-NaN
-/// operand, integer sums wrap.
+/// operand, integer sums wrap. `acc` and `src` are meant to be equally long; only the whole elements
+/// both hold are combined.
 pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
     use half::{bf16, f16};
     macro_rules! each {
@@ -284,8 +303,11 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
         (r, s as usize, off)
     };
     for prog in &l.programs {
-        for t in &l.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize] {
-            let (kind, dtype, op) = decode(0, t)?;
+        let first = prog.first_task as usize;
+        for (task, t) in
+            l.tasks[first..first + prog.task_count as usize].iter().enumerate().map(|(k, t)| (first + k, t))
+        {
+            let (kind, dtype, op) = decode(task, t)?;
             let read = |bufs: &HostBuffers, r: usize, slot: u8, off: u64| -> Vec<u8> {
                 let (r, s, off) = resolve(r, slot, off);
                 bufs[r][s][off as usize..off as usize + t.bytes as usize].to_vec()

@@ -80,3 +80,96 @@ fn overflowing_ranges_and_bad_programs_are_errors_not_panics() {
     let l = lowered(vec![program(0, 0, 0, 2)], vec![ok]);
     assert_eq!(lowered::check_races(&l, &[]), Err(LoweredError::TaskRange { program: 0 }));
 }
+
+#[test]
+fn bad_aliases_and_missing_ranks_are_errors_not_panics() {
+    // One rank with a 64-byte input and output; a zero-byte task, so no length check catches it.
+    let bufs = || -> lowered::HostBuffers { vec![std::array::from_fn(|_| vec![0u8; 64])] };
+    let zero = task(TaskKind::Move, 0b01, slot::INPUT, 0b01, slot::OUTPUT, 0, 0, 0);
+    let l = lowered(vec![program(0, 0, 0, 1)], vec![zero]);
+    // The output aliased into the input from byte 128: past the input's end.
+    let past = [(0, slot::OUTPUT, 0, slot::INPUT, 128)];
+    let why = "starts past the end of its target";
+    assert_eq!(lowered::execute(&l, &mut bufs(), &past), Err(LoweredError::BadAlias { alias: 0, why }));
+    // At the end exactly is an empty buffer, not an error.
+    assert_eq!(lowered::execute(&l, &mut bufs(), &[(0, slot::OUTPUT, 0, slot::INPUT, 64)]), Ok(()));
+    let why = "names a rank without buffers";
+    assert_eq!(
+        lowered::execute(&l, &mut bufs(), &[(0, slot::OUTPUT, 3, slot::INPUT, 0)]),
+        Err(LoweredError::BadAlias { alias: 0, why })
+    );
+    let why = "slot out of range";
+    assert_eq!(
+        lowered::execute(&l, &mut bufs(), &[(0, 200, 0, slot::INPUT, 0)]),
+        Err(LoweredError::BadAlias { alias: 0, why })
+    );
+    // A zero-byte task from a rank that has no buffers.
+    let stray = task(TaskKind::Move, 0b10, slot::INPUT, 0b01, slot::OUTPUT, 0, 0, 0);
+    let l = lowered(vec![program(0, 0, 0, 1)], vec![stray]);
+    let why = "names a rank without buffers";
+    assert_eq!(lowered::execute(&l, &mut bufs(), &[]), Err(LoweredError::BadTask { task: 0, why }));
+}
+
+/// `combine_into` is what both the CPU executor and the tests' reference use, so its semantics are
+/// pinned here by hand: one rounding to nearest even for f16 and bf16, the non-NaN operand for float
+/// min and max, wrapping integer sums, unsigned comparisons for u32.
+#[test]
+fn combine_into_matches_hand_computed_values() {
+    use half::{bf16, f16};
+    fn run<T: Copy>(dtype: DType, op: RedOp, acc: &[T], src: &[T], bytes: fn(T) -> Vec<u8>) -> Vec<u8> {
+        let mut a: Vec<u8> = acc.iter().flat_map(|&x| bytes(x)).collect();
+        let s: Vec<u8> = src.iter().flat_map(|&x| bytes(x)).collect();
+        lowered::combine_into(dtype, op, &mut a, &s);
+        a
+    }
+    fn le<T: Copy>(v: &[T], bytes: fn(T) -> Vec<u8>) -> Vec<u8> {
+        v.iter().flat_map(|&x| bytes(x)).collect()
+    }
+    let f32b: fn(f32) -> Vec<u8> = |x| x.to_le_bytes().to_vec();
+    let f16b: fn(f16) -> Vec<u8> = |x| x.to_le_bytes().to_vec();
+    let bf16b: fn(bf16) -> Vec<u8> = |x| x.to_le_bytes().to_vec();
+    let i32b: fn(i32) -> Vec<u8> = |x| x.to_le_bytes().to_vec();
+    let u32b: fn(u32) -> Vec<u8> = |x| x.to_le_bytes().to_vec();
+    let nan = f32::NAN;
+
+    assert_eq!(run(DType::F32, RedOp::Sum, &[1.5f32, -2.0], &[2.25, 0.5], f32b), le(&[3.75f32, -1.5], f32b));
+    assert_eq!(run(DType::F32, RedOp::Min, &[nan, 1.0, -0.5], &[2.0, nan, 3.0], f32b), le(&[2.0f32, 1.0, -0.5], f32b));
+    assert_eq!(run(DType::F32, RedOp::Max, &[nan, 1.0, -0.5], &[2.0, nan, 3.0], f32b), le(&[2.0f32, 1.0, 3.0], f32b));
+
+    // f16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (even: 1); (1 + 2^-10) + 2^-11 halfway between
+    // 1 + 2^-10 and 1 + 2^-9 (even: 1 + 2^-9); 65504 + 8 rounds back to f16's largest finite value.
+    let h = |x: f32| f16::from_f32(x);
+    let tiny = h(2f32.powi(-11));
+    assert_eq!(
+        run(DType::F16, RedOp::Sum, &[h(1.0), h(1.0 + 2f32.powi(-10)), h(65504.0)], &[tiny, tiny, h(8.0)], f16b),
+        le(&[h(1.0), h(1.0 + 2f32.powi(-9)), h(65504.0)], f16b)
+    );
+    assert_eq!(
+        run(DType::F16, RedOp::Min, &[f16::NAN, h(-3.0)], &[h(2.0), h(1.0)], f16b),
+        le(&[h(2.0), h(-3.0)], f16b)
+    );
+    assert_eq!(run(DType::F16, RedOp::Max, &[h(0.5), f16::NAN], &[h(-1.0), h(7.0)], f16b), le(&[h(0.5), h(7.0)], f16b));
+
+    // bf16: 8 significant bits. 1 + 2^-8 is a tie (even: 1); (1 + 2^-7) + 2^-8 rounds to 1 + 2^-6.
+    let b = |x: f32| bf16::from_f32(x);
+    let half_ulp = b(2f32.powi(-8));
+    assert_eq!(
+        run(DType::Bf16, RedOp::Sum, &[b(1.0), b(1.0 + 2f32.powi(-7))], &[half_ulp, half_ulp], bf16b),
+        le(&[b(1.0), b(1.0 + 2f32.powi(-6))], bf16b)
+    );
+    assert_eq!(
+        run(DType::Bf16, RedOp::Min, &[bf16::NAN, b(4.0)], &[b(-2.0), b(8.0)], bf16b),
+        le(&[b(-2.0), b(4.0)], bf16b)
+    );
+    assert_eq!(
+        run(DType::Bf16, RedOp::Max, &[bf16::NAN, b(4.0)], &[b(-2.0), b(8.0)], bf16b),
+        le(&[b(-2.0), b(8.0)], bf16b)
+    );
+
+    assert_eq!(run(DType::I32, RedOp::Sum, &[i32::MAX, -7], &[1, 3], i32b), le(&[i32::MIN, -4], i32b));
+    assert_eq!(run(DType::I32, RedOp::Min, &[-5, 9], &[3, i32::MIN], i32b), le(&[-5, i32::MIN], i32b));
+    assert_eq!(run(DType::I32, RedOp::Max, &[-5, 9], &[3, i32::MIN], i32b), le(&[3, 9], i32b));
+    assert_eq!(run(DType::U32, RedOp::Sum, &[u32::MAX, 5], &[2, 6], u32b), le(&[1u32, 11], u32b));
+    assert_eq!(run(DType::U32, RedOp::Min, &[u32::MAX, 0], &[1, 7], u32b), le(&[1u32, 0], u32b));
+    assert_eq!(run(DType::U32, RedOp::Max, &[u32::MAX, 0], &[1, 7], u32b), le(&[u32::MAX, 7], u32b));
+}

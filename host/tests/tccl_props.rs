@@ -29,6 +29,11 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
     }
 }
 
+/// What outputs hold before a call: NaN for floats (no tolerance accepts it), 0xA5 for integers.
+fn poison(dtype: DType) -> u8 {
+    if matches!(dtype, DType::I32 | DType::U32) { 0xA5 } else { 0xFF }
+}
+
 /// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
 /// (the output, or for in-place calls the one buffer).
 fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
@@ -43,7 +48,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
                 Collective::AllGather => (slot::OUTPUT, out_bytes),
                 _ => (slot::INPUT, in_bytes),
             };
-            let mut b = vec![0xA5u8; len as usize];
+            let mut b = vec![poison(spec.dtype); len as usize];
             let at = match spec.collective {
                 Collective::AllGather => {
                     inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize
@@ -54,8 +59,8 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
             row[s as usize] = b;
         } else {
             row[slot::INPUT as usize] = input.clone();
-            // Poison: any element the plan fails to write stays 0xA5.
-            row[slot::OUTPUT as usize] = vec![0xA5u8; out_bytes as usize];
+            // Poison: any element the plan fails to write keeps it.
+            row[slot::OUTPUT as usize] = vec![poison(spec.dtype); out_bytes as usize];
         }
         bufs.push(row);
     }
@@ -71,7 +76,14 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
 fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
     (
         prop_oneof![Just(Collective::AllReduce), Just(Collective::ReduceScatter), Just(Collective::AllGather)],
-        prop_oneof![4 => 0u64..300, 2 => 0u64..20_000, 1 => 0u64..1_000_000],
+        prop_oneof![
+            1 => Just(0u64),
+            // Lengths around 16-byte and chunk boundaries for every element size.
+            1 => prop::sample::select(vec![1u64, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 4095, 4096, 4097]),
+            4 => 0u64..300,
+            2 => 0u64..20_000,
+            1 => 0u64..1_000_000
+        ],
         prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::Bf16), Just(DType::I32), Just(DType::U32)],
         prop_oneof![Just(RedOp::Sum), Just(RedOp::Min), Just(RedOp::Max)],
         1usize..=16,
@@ -96,17 +108,27 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
         state ^= state << 17;
         state
     };
-    (0..spec.ranks)
-        .map(|_| {
-            let mut v = Vec::with_capacity(in_bytes as usize);
-            for _ in 0..in_bytes as usize / e {
-                let x =
-                    if integers { (next() % 21) as f64 - 10.0 } else { (next() % 2_000_001) as f64 / 1000.0 - 1000.0 };
-                v.extend(element(spec.dtype, x));
-            }
-            v
-        })
-        .collect()
+    // In-place Min and Max on integers: values distinct across ranks at every element, the extreme held
+    // by a random rank, so the result differs from every other rank's own input and an element a rank
+    // fails to write shows although its buffer starts as its input.
+    let distinct = integers && spec.in_place && spec.op != RedOp::Sum && spec.collective != Collective::AllGather;
+    let low = if spec.dtype == DType::U32 { 0.0 } else { -8.0 };
+    let p = spec.ranks;
+    let mut v = vec![Vec::with_capacity(in_bytes as usize); p];
+    for _ in 0..in_bytes as usize / e {
+        let turn = next() as usize % p;
+        for (r, input) in v.iter_mut().enumerate() {
+            let x = if distinct {
+                ((r + turn) % p) as f64 + low
+            } else if integers {
+                (next() % 21) as f64 - 10.0
+            } else {
+                (next() % 2_000_001) as f64 / 1000.0 - 1000.0
+            };
+            input.extend(element(spec.dtype, x));
+        }
+    }
+    v
 }
 
 proptest! {
@@ -150,6 +172,29 @@ proptest! {
                     prop_assert!((a - b).abs() <= bound, "{} vs {}", a, b);
                 }
             }
+        }
+    }
+}
+
+/// The largest counts with the most ranks, which the random specs keep small to bound their time:
+/// 16 ranks, 999_999 f16 elements per AllReduce buffer and per ReduceScatter / AllGather block
+/// (an odd length: not a whole number of 16-byte vectors), every collective, in and out of place.
+#[test]
+fn sixteen_ranks_at_a_million_elements_are_exact() {
+    for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+        for in_place in [false, true] {
+            let spec = PlanSpec {
+                collective,
+                count: 999_999,
+                dtype: DType::F16,
+                op: RedOp::Sum,
+                ranks: 16,
+                in_place,
+                ctas: 32,
+                reduction: Reduction::Registers,
+            };
+            let ins = inputs(&spec, 0x5EED ^ in_place as u64, true);
+            assert!(execute(&spec, &ins) == tccl::reference(&spec, &ins), "{collective:?} in place {in_place}");
         }
     }
 }

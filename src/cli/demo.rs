@@ -59,8 +59,10 @@ pub fn run(a: Args) -> CliResult {
             let config = Config { max_ctas: Some(a.ctas), ..Config::default() };
             let comm = Communicator::virtual_ranks(&stream, a.ranks, config)?;
             let send = inputs.iter().map(|v| stream.clone_htod(v)).collect::<Result<Vec<_>, _>>()?;
-            let mut recv =
-                (0..a.ranks).map(|_| stream.alloc_zeros::<f32>(a.count as usize)).collect::<Result<Vec<_>, _>>()?;
+            // NaN: an element the collective does not write cannot match the reference.
+            let mut recv = (0..a.ranks)
+                .map(|_| stream.clone_htod(&vec![f32::NAN; a.count as usize]))
+                .collect::<Result<Vec<_>, _>>()?;
             comm.all_reduce(&send, &mut recv, crate::ReduceOp::Sum)?;
             comm.synchronize()?;
             let out = recv
@@ -75,7 +77,8 @@ pub fn run(a: Args) -> CliResult {
                 .map(|input| {
                     let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
                     row[slot::INPUT as usize] = input.clone();
-                    row[slot::OUTPUT as usize] = vec![0; input.len()];
+                    // NaN: an element the plan does not write cannot match the reference.
+                    row[slot::OUTPUT as usize] = vec![0xFF; input.len()];
                     row
                 })
                 .collect();

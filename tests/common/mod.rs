@@ -38,16 +38,25 @@ fn hold_gpus() {
 }
 
 /// The first CUDA device if it is a usable Hopper GPU, else `None` after printing why the caller's test
-/// is skipped. Holds the GPUs for the calling test (see `hold_gpus`).
+/// is skipped; with `OXCCL_REQUIRE_GPU=1` (the GPU machine's runs) a missing or unusable GPU fails the
+/// test instead. Holds the GPUs for the calling test (see `hold_gpus`).
 pub fn gpu(test: &str) -> Option<Arc<cudarc::driver::CudaStream>> {
     hold_gpus();
     match oxccl::engine::probe_gpu() {
         Ok(ctx) => Some(ctx.default_stream()),
         Err(why) => {
-            skip(&format!("skipped: no GPU ({test}: {why})"));
+            no_gpu(test, &why);
             None
         }
     }
+}
+
+/// Skips loudly, or panics where `OXCCL_REQUIRE_GPU=1` says a GPU must be there.
+fn no_gpu(test: &str, why: &str) {
+    if std::env::var_os("OXCCL_REQUIRE_GPU").is_some_and(|v| v == "1") {
+        panic!("{test}: OXCCL_REQUIRE_GPU=1 but no usable GPU: {why}");
+    }
+    skip(&format!("skipped: no GPU ({test}: {why})"));
 }
 
 /// Every visible CUDA device if there are at least two Hopper GPUs, else `None` after printing why
@@ -57,7 +66,7 @@ pub fn gpus(test: &str) -> Option<Vec<Arc<cudarc::driver::CudaContext>>> {
     let have = match oxccl::engine::probe_gpu() {
         Ok(_) => cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize,
         Err(why) => {
-            skip(&format!("skipped: no GPU ({test}: {why})"));
+            no_gpu(test, &why);
             return None;
         }
     };
