@@ -579,3 +579,45 @@ fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
         assert!(got == tccl::reference(&spec, &inputs), "{dtype:?} {op:?}");
     }
 }
+
+/// A call waits for reads of its buffers queued on other streams (cudarc's events): an in-place
+/// AllReduce queued after copies out of its buffers on another stream, which first spends tens of
+/// milliseconds on other copies, leaves those copies the inputs.
+#[test]
+fn a_call_waits_for_reads_of_its_buffers_on_other_streams() {
+    let Some(stream) = common::gpu("a_call_waits_for_reads_of_its_buffers_on_other_streams") else { return };
+    let ctx = stream.context().clone();
+    let (home, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let (ranks, n) = (4usize, 1usize << 20);
+    let comm = Communicator::virtual_ranks(&home, ranks, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    // Prepared: the call queues its launch and nothing else (no upload, no device synchronisation).
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
+    let mut bufs: Vec<CudaSlice<f32>> =
+        (0..ranks).map(|r| home.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    let mut copies: Vec<CudaSlice<f32>> = (0..ranks).map(|_| other.alloc_zeros::<f32>(n).unwrap()).collect();
+    let scratch = other.alloc_zeros::<u8>(1 << 30).unwrap();
+    let mut sink = other.alloc_zeros::<u8>(1 << 30).unwrap();
+    home.synchronize().unwrap();
+    other.synchronize().unwrap();
+    for _ in 0..40 {
+        other.memcpy_dtod(&scratch, &mut sink).unwrap();
+    }
+    for (b, c) in bufs.iter().zip(copies.iter_mut()) {
+        other.memcpy_dtod(b, c).unwrap();
+    }
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    other.synchronize().unwrap();
+    let sum: f32 = (1..=ranks).map(|r| r as f32).sum();
+    for r in 0..ranks {
+        let copy = other.clone_dtoh(&copies[r]).unwrap();
+        assert!(
+            copy.iter().all(|&x| x == r as f32 + 1.0),
+            "rank {r}: the copy read {} (the input was {})",
+            copy[0],
+            r + 1
+        );
+        let got = home.clone_dtoh(&bufs[r]).unwrap();
+        assert!(got.iter().all(|&x| x == sum), "rank {r}: {} (want {sum})", got[0]);
+    }
+}
