@@ -162,7 +162,7 @@ proptest! {
     fn any_program_any_configuration_matches_the_reference(
         seed in any::<u64>(),
         coll in 0usize..4,
-        ranks in 2u32..6,
+        ranks in 2u32..17,
         k in 1u32..3,
         ch in 1u32..3,
         per_node in 1u32..4,
@@ -172,6 +172,7 @@ proptest! {
         extra_slots in 0u32..3,
         len in 1usize..6,
         kind in 0usize..3,
+        op in 0usize..3,
     ) {
         let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
         let mut p = random_program(seed, c, ranks, k, ch);
@@ -179,10 +180,11 @@ proptest! {
         let opts = Options::new(Scheduler::ALL[sched], TbAlloc::ALL[alloc]);
         let plan = compile(&p, &opts).unwrap();
         let eo = ExecOptions { micro_batches: mbs, fifo_slots: plan.stats.fifo_slots_needed.max(1) + extra_slots };
+        let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][op];
         let r = match kind {
-            0 => verify::<f32>(&plan, ReduceOp::Sum, len, &eo),
-            1 => verify::<i32>(&plan, ReduceOp::Max, len, &eo),
-            _ => verify::<f64>(&plan, ReduceOp::Min, len, &eo),
+            0 => verify::<f32>(&plan, op, len, &eo),
+            1 => verify::<i32>(&plan, op, len, &eo),
+            _ => verify::<f64>(&plan, op, len, &eo),
         };
         prop_assert!(r.is_ok(), "{:?}", r);
         prop_assert_eq!(r.unwrap().wrong, 0);

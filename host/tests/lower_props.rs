@@ -32,7 +32,7 @@ proptest! {
     fn any_program_lowered_matches_the_reference(
         seed in any::<u64>(),
         coll in 0usize..4,
-        ranks in 2u32..6,
+        ranks in 2u32..17,
         k in 1u32..3,
         ch in 1u32..3,
         per_node in 1u32..4,
@@ -45,11 +45,13 @@ proptest! {
         quantum in 1u32..4,
         launches in 1u32..3,
         kind in 0usize..3,
+        op in 0usize..3,
     ) {
         let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
         let mut p = random_program(seed, c, ranks, k, ch);
         p.ranks_per_node = Some(per_node);
         let plan = compile(&p, &Options::new(Scheduler::ALL[sched], TbAlloc::ALL[alloc])).unwrap();
+        let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][op];
         let mode = if interpreted { PlanMode::Interpreted } else { PlanMode::Compiled };
         let lo = ReduceOp::Sum;
         let needed = lower(&plan, &opts::<f32>(mode, mbs, 4, 1, lo)).unwrap().slots_needed.max(1);
@@ -59,9 +61,9 @@ proptest! {
         let eo = LaunchOptions { quantum };
         // 16-byte micro-batches: 4 elements of 4 bytes per vector.
         let r = match kind {
-            0 => verify::<f32>(&lower(&plan, &opts::<f32>(mode, mbs, 4 * mb_vecs, slots, ReduceOp::Sum)).unwrap(), ReduceOp::Sum, launches, &eo),
-            1 => verify::<i32>(&lower(&plan, &opts::<i32>(mode, mbs, 4 * mb_vecs, slots, ReduceOp::Max)).unwrap(), ReduceOp::Max, launches, &eo),
-            _ => verify::<u32>(&lower(&plan, &opts::<u32>(mode, mbs, 4 * mb_vecs, slots, ReduceOp::Min)).unwrap(), ReduceOp::Min, launches, &eo),
+            0 => verify::<f32>(&lower(&plan, &opts::<f32>(mode, mbs, 4 * mb_vecs, slots, op)).unwrap(), op, launches, &eo),
+            1 => verify::<i32>(&lower(&plan, &opts::<i32>(mode, mbs, 4 * mb_vecs, slots, op)).unwrap(), op, launches, &eo),
+            _ => verify::<u32>(&lower(&plan, &opts::<u32>(mode, mbs, 4 * mb_vecs, slots, op)).unwrap(), op, launches, &eo),
         };
         prop_assert!(r.is_ok(), "{:?}", r);
         prop_assert_eq!(r.unwrap().wrong, 0);
