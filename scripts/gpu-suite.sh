@@ -161,7 +161,9 @@ for run in open(sys.argv[2]):
       # The best configuration of each mover at one fixed compute load: 8 virtual ranks, AllReduce of
       # 256 MiB per rank, the compute calibrated to BEST_MS ms alone, CTAs per rank 1..16, default and
       # small (co-resident) shapes; the minimum makespan per mover over every row (both hints).
+      # `gemm` is cuBLAS's GEMM (libcublas from the toolkit or the Python wheels).
       IFS=';' read -ra loads <<< "${BEST_LOADS:-fma --fma-ctas-per-sm 1;fma --fma-ctas-per-sm 4;mma --gemm 8192,8192,2048}"
+      export LD_LIBRARY_PATH="$(cublas_path)"
       for load in "${loads[@]}"; do
         : > "$OUT/best.tmp"
         for c in 1 2 4 8 16; do for shape in "" "--threads 128 --chunk 8192 --stages 2 --simt-threads 256"; do
