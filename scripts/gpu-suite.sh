@@ -18,6 +18,10 @@ CTAS=${CTAS:-4 8 16 132}
 log() { echo "=== $* ($(date -u +%H:%M:%S))"; }
 # Steps that failed (test binaries' exit status), reported at the end and in the script's own.
 FAILED=""
+# A compute-sanitizer log $1 passes with a clean summary and a passing test; else $2 joins FAILED.
+sanitized() {
+  grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors" "$1" && grep -q "test result: ok" "$1" || FAILED="$FAILED sanitizer:$2"
+}
 # LD_LIBRARY_PATH with libcublas for the GEMM load: the toolkit's, else the Python wheels'.
 cublas_path() {
   local dirs
@@ -30,6 +34,8 @@ for step in "$@"; do
       log info; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv ;;
     tests)
       # A GPU machine must run every GPU test: a missing or unusable GPU fails them (OXCCL_REQUIRE_GPU).
+      # Ranks on up to 16 streams of one GPU: as many hardware queues, as the API docs ask.
+      export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
       for t in gpu_intrinsics gpu_engine gpu_collectives gpu_reshard; do
         log "$t"; OXCCL_REQUIRE_GPU=1 timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1
         rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $t(rc=$rc)"
@@ -39,10 +45,12 @@ for step in "$@"; do
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"
       log racecheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool racecheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/racecheck.log" 2>&1; tail -5 "$OUT/racecheck.log"
+      sanitized "$OUT/memcheck.log" memcheck; sanitized "$OUT/racecheck.log" racecheck
       # The overlap benchmark's GEMM (its cp.async ring and barriers) and tma_trace's timed copy.
       for tool in memcheck racecheck; do
         log "$tool tensor_core_gemm"; timeout 250 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 tensor_core_gemm_matches > "$OUT/${tool}_gemm.log" 2>&1; tail -4 "$OUT/${tool}_gemm.log"
-        log "$tool timed_bulk_copies"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 timed_bulk_copies > "$OUT/${tool}_trace.log" 2>&1; tail -4 "$OUT/${tool}_trace.log"; done ;;
+        log "$tool timed_bulk_copies"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 timed_bulk_copies > "$OUT/${tool}_trace.log" 2>&1; tail -4 "$OUT/${tool}_trace.log"
+        sanitized "$OUT/${tool}_gemm.log" "$tool gemm"; sanitized "$OUT/${tool}_trace.log" "$tool trace"; done ;;
     regression)
       log regression-memcheck
       timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;
@@ -254,9 +262,13 @@ for run in open(sys.argv[2]):
         log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -20 "$OUT/cta_table.log" | grep -E "^#? +(268435456|1073741824) |Avg|roofline" ; done; done ;;
     multi-tests)
       export CUDA_DEVICE_MAX_CONNECTIONS=32
-      log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"
-      log "gpu_reshard one rank per GPU"; timeout 150 $B/gpu_reshard --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_reshard.log" 2>&1; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_reshard.log"
-      log "gpu_compiled across GPUs"; timeout 200 $B/gpu_compiled --test-threads=1 --nocapture across_gpus > "$OUT/multi_compiled.log" 2>&1; grep -E "^test |test result|cases|FAILED|panicked|skipped" "$OUT/multi_compiled.log" | head -20 ;;
+      export OXCCL_REQUIRE_GPU=1
+      log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_collectives(rc=$rc)"; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"
+      log "gpu_reshard one rank per GPU"; timeout 150 $B/gpu_reshard --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_reshard.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_reshard(rc=$rc)"; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_reshard.log"
+      log "gpu_compiled across GPUs"; timeout 200 $B/gpu_compiled --test-threads=1 --nocapture across_gpus > "$OUT/multi_compiled.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_compiled(rc=$rc)"; grep -E "^test |test result|cases|FAILED|panicked|skipped" "$OUT/multi_compiled.log" | head -20 ;;
     multi-bench)
       for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;

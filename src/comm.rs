@@ -147,6 +147,10 @@ impl Communicator {
     /// kernel; ranks on different streams or devices in separate kernels that meet through barriers
     /// in their workspaces. Peer access is enabled between the devices involved.
     ///
+    /// Give ranks on separate streams buffers from separate allocations: views of one allocation
+    /// share cudarc's one pair of ordering events, which each rank's use overwrites, so later work
+    /// would wait for one rank's stream only.
+    ///
     /// Separate launches on one device must run at the same time. The driver gives each device
     /// `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues (8 by default) and shares them between streams
     /// beyond that: with more ranks on separate streams of one device than queues, set it to at least
@@ -595,7 +599,9 @@ impl Communicator {
     /// Frees every cached plan (collectives and reshards) after waiting for the ranks' streams: a
     /// caller whose counts change from call to call (dynamic shapes) bounds the device memory the
     /// cache holds this way. Later calls build their plans again. Exclusive: no call can be queueing
-    /// launches meanwhile.
+    /// launches meanwhile. A CUDA graph captured from this communicator's calls holds its plans'
+    /// device addresses: destroy such graphs first (replaying one afterwards, or after the
+    /// communicator is dropped, reads freed memory).
     pub fn clear_plans(&mut self) -> Result<()> {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
@@ -655,6 +661,13 @@ impl Communicator {
             self.check_placement(b.len(), ordinal_of(b), r, Some(in_len), "send buffer")?;
         }
 
+        // The plan and its launch need no address either: anything that fails there fails before a
+        // guard is taken.
+        let plan = self.plan(&spec)?;
+        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
+        // Every launch on a device must be resident together with the others on it.
+        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
+
         // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
         // (and, for a buffer this call writes, its last read), and the guards record this call's use
         // when they drop, after every launch is queued. Their addresses are the ones checked and used.
@@ -684,11 +697,6 @@ impl Communicator {
         }
         check_disjoint(&ranges, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
 
-        let plan = self.plan(&spec)?;
-        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
-        // Every launch on a device must be resident together with the others on it.
-        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
-
         // The buffer table: every rank's input and output, and in-place aliases resolved.
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         let block = count as u64 * e as u64;
@@ -703,8 +711,9 @@ impl Communicator {
             buffers[r][slot::INPUT as usize] = input;
             buffers[r][slot::OUTPUT as usize] = output;
         }
-        // SAFETY: every address in the table was checked above (device, length, disjointness) and
-        // belongs to buffers borrowed for this call; the plan addresses exactly these lengths.
+        // SAFETY: every address in the table was checked above (device, length, alignment,
+        // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
+        // lengths.
         unsafe { self.launch_uploaded(&plan, &launch, buffers)? };
         drop(guards);
         Ok(())

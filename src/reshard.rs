@@ -162,6 +162,9 @@ impl Communicator {
             }
         }
 
+        // The program needs no address: it fails, if at all, before a guard is taken.
+        let prepared = self.reshard_program::<T>(shape, src_layout, dst_layout, options)?;
+
         // cudarc's stream-ordering guards, on each rank's stream (see the collectives), kept until every
         // launch is queued; their addresses are the ones checked and used.
         let mut guards = Vec::new();
@@ -190,7 +193,6 @@ impl Communicator {
         }
         check_disjoint(&ranges, "reshard source and destination buffers")?;
 
-        let prepared = self.reshard_program::<T>(shape, src_layout, dst_layout, options)?;
         // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and its
         // length is its shard's, which is what the lowered program was validated against; ranks without
         // a buffer have empty shards, which no task addresses; the buffers are borrowed for this call.

@@ -21,7 +21,8 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
         DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
         DType::I32 => (x as i32).to_le_bytes().to_vec(),
-        DType::U32 => (x.abs() as u32).to_le_bytes().to_vec(),
+        // At least 1: 0 is the Min poison.
+        DType::U32 => (x.abs() as u32 + 1).to_le_bytes().to_vec(),
     }
 }
 
@@ -31,7 +32,7 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
 /// a rank fails to write shows although its buffer starts as its input.
 fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
     let (dtype, p) = (spec.dtype, spec.ranks);
-    let mut v = vec![Vec::with_capacity(elems * dtype.size()); p];
+    let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(elems * dtype.size())).collect();
     let distinct = integers && spec.in_place && spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather;
     let low = if dtype == DType::U32 { 0.0 } else { -8.0 };
     for _ in 0..elems {
@@ -50,10 +51,30 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
     v
 }
 
-/// The byte outputs start as before a call: NaN for floats (no tolerance accepts it), 0xA5 for
-/// integers.
-fn poison(dtype: DType) -> u8 {
-    if matches!(dtype, DType::I32 | DType::U32) { 0xA5 } else { 0xFF }
+/// What outputs hold before a call, as bytes of `len`: a value no correct result has and that a
+/// wrong reduction into it keeps: NaN for float sums and copies, the operator's absorbing extreme
+/// for Min and Max (-inf, i32::MIN, 0 for Min; +inf, i32::MAX, u32::MAX for Max; u32 inputs are at
+/// least 1), 0xA5 bytes for integer sums.
+fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
+    use half::{bf16, f16};
+    let op = if spec.collective == Collective::AllGather { ReduceOp::Sum } else { spec.op };
+    let one: Vec<u8> = match (spec.dtype, op) {
+        (DType::F32, ReduceOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
+        (DType::F32, ReduceOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F32, ReduceOp::Max) => f32::INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, ReduceOp::Sum) => f16::NAN.to_le_bytes().to_vec(),
+        (DType::F16, ReduceOp::Min) => f16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, ReduceOp::Max) => f16::INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, ReduceOp::Sum) => bf16::NAN.to_le_bytes().to_vec(),
+        (DType::Bf16, ReduceOp::Min) => bf16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, ReduceOp::Max) => bf16::INFINITY.to_le_bytes().to_vec(),
+        (DType::I32, ReduceOp::Min) => i32::MIN.to_le_bytes().to_vec(),
+        (DType::I32, ReduceOp::Max) => i32::MAX.to_le_bytes().to_vec(),
+        (DType::U32, ReduceOp::Min) => 0u32.to_le_bytes().to_vec(),
+        (DType::U32, ReduceOp::Max) => u32::MAX.to_le_bytes().to_vec(),
+        (DType::I32 | DType::U32, ReduceOp::Sum) => vec![0xA5; 4],
+    };
+    one.iter().copied().cycle().take(len).collect()
 }
 
 /// Typed views over byte buffers (exercises views as well as slices).
@@ -85,7 +106,7 @@ fn run_gpu(
     if spec.in_place {
         let len = in_bytes.max(out_bytes) as usize;
         for (r, input) in inputs.iter().enumerate() {
-            let mut b = vec![poison(spec.dtype); len];
+            let mut b = poison(spec, len);
             let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
             b[at..at + input.len()].copy_from_slice(input);
             outs.push(streams[r].clone_htod(&b).unwrap());
@@ -93,7 +114,7 @@ fn run_gpu(
     } else {
         for (input, stream) in inputs.iter().zip(streams) {
             ins.push(stream.clone_htod(input).unwrap());
-            outs.push(stream.clone_htod(&vec![poison(spec.dtype); out_bytes as usize]).unwrap());
+            outs.push(stream.clone_htod(&poison(spec, out_bytes as usize)).unwrap());
         }
     }
     // Across GPUs the uploads run on each rank's stream: finish them before any rank reads a peer's
@@ -506,7 +527,11 @@ fn misuse_is_a_typed_error() {
         let alias: CudaSlice<f32> = unsafe { stream.upgrade_device_ptr(raw, 100) };
         let sends: Vec<CudaView<f32>> = vec![send[0].slice(..), alias.slice(..), send[2].slice(..), send[3].slice(..)];
         let e = comm.all_reduce(&sends, &mut recv, ReduceOp::Sum).unwrap_err();
-        assert!(matches!(e, Error::Aliasing { .. }), "{e}");
+        let named = matches!(
+            e,
+            Error::Aliasing { rank: 1, buffer: "receive buffer", other_rank: 1, other_buffer: "send buffer", .. }
+        );
+        assert!(named, "{e}");
         drop(sends);
         alias.leak();
     }

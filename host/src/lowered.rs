@@ -30,6 +30,7 @@ pub struct Lowered {
 
 /// Why a lowered program is malformed or racy.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LoweredError {
     /// A program's task range is outside the task array.
     TaskRange { program: usize },

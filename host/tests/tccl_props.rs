@@ -15,7 +15,8 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
         DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
         DType::I32 => (x as i32).to_le_bytes().to_vec(),
-        DType::U32 => (x.abs() as u32).to_le_bytes().to_vec(),
+        // At least 1: 0 is the Min poison.
+        DType::U32 => (x.abs() as u32 + 1).to_le_bytes().to_vec(),
     }
 }
 
@@ -29,9 +30,30 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
     }
 }
 
-/// What outputs hold before a call: NaN for floats (no tolerance accepts it), 0xA5 for integers.
-fn poison(dtype: DType) -> u8 {
-    if matches!(dtype, DType::I32 | DType::U32) { 0xA5 } else { 0xFF }
+/// What outputs hold before a call, as bytes of `len`: a value no correct result has and that a
+/// wrong reduction into it keeps: NaN for float sums and copies, the operator's absorbing extreme
+/// for Min and Max (-inf, i32::MIN, 0 for Min; +inf, i32::MAX, u32::MAX for Max; u32 inputs are at
+/// least 1), 0xA5 bytes for integer sums.
+fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
+    use half::{bf16, f16};
+    let op = if spec.collective == Collective::AllGather { RedOp::Sum } else { spec.op };
+    let one: Vec<u8> = match (spec.dtype, op) {
+        (DType::F32, RedOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
+        (DType::F32, RedOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F32, RedOp::Max) => f32::INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Sum) => f16::NAN.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Min) => f16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Max) => f16::INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Sum) => bf16::NAN.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Min) => bf16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Max) => bf16::INFINITY.to_le_bytes().to_vec(),
+        (DType::I32, RedOp::Min) => i32::MIN.to_le_bytes().to_vec(),
+        (DType::I32, RedOp::Max) => i32::MAX.to_le_bytes().to_vec(),
+        (DType::U32, RedOp::Min) => 0u32.to_le_bytes().to_vec(),
+        (DType::U32, RedOp::Max) => u32::MAX.to_le_bytes().to_vec(),
+        (DType::I32 | DType::U32, RedOp::Sum) => vec![0xA5; 4],
+    };
+    one.iter().copied().cycle().take(len).collect()
 }
 
 /// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
@@ -48,7 +70,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
                 Collective::AllGather => (slot::OUTPUT, out_bytes),
                 _ => (slot::INPUT, in_bytes),
             };
-            let mut b = vec![poison(spec.dtype); len as usize];
+            let mut b = poison(spec, len as usize);
             let at = match spec.collective {
                 Collective::AllGather => {
                     inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize
@@ -60,7 +82,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         } else {
             row[slot::INPUT as usize] = input.clone();
             // Poison: any element the plan fails to write keeps it.
-            row[slot::OUTPUT as usize] = vec![poison(spec.dtype); out_bytes as usize];
+            row[slot::OUTPUT as usize] = poison(spec, out_bytes as usize);
         }
         bufs.push(row);
     }
@@ -114,7 +136,7 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
     let distinct = integers && spec.in_place && spec.op != RedOp::Sum && spec.collective != Collective::AllGather;
     let low = if spec.dtype == DType::U32 { 0.0 } else { -8.0 };
     let p = spec.ranks;
-    let mut v = vec![Vec::with_capacity(in_bytes as usize); p];
+    let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(in_bytes as usize)).collect();
     for _ in 0..in_bytes as usize / e {
         let turn = next() as usize % p;
         for (r, input) in v.iter_mut().enumerate() {

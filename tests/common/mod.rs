@@ -78,7 +78,7 @@ pub fn gpus(test: &str) -> Option<Vec<Arc<cudarc::driver::CudaContext>>> {
     match oxccl::engine::probe_gpus(want) {
         Ok(g) => Some(g),
         Err(why) => {
-            skip(&format!("skipped: no usable GPUs ({test}: {why})"));
+            no_gpu(test, &why);
             None
         }
     }
