@@ -49,8 +49,10 @@ for step in "$@"; do
       # The overlap benchmark's GEMM (its cp.async ring and barriers) and tma_trace's timed copy.
       for tool in memcheck racecheck; do
         log "$tool tensor_core_gemm"; timeout 250 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 tensor_core_gemm_matches > "$OUT/${tool}_gemm.log" 2>&1; tail -4 "$OUT/${tool}_gemm.log"
-        log "$tool timed_bulk_copies"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 timed_bulk_copies > "$OUT/${tool}_trace.log" 2>&1; tail -4 "$OUT/${tool}_trace.log"
-        sanitized "$OUT/${tool}_gemm.log" "$tool gemm"; sanitized "$OUT/${tool}_trace.log" "$tool trace"; done ;;
+        sanitized "$OUT/${tool}_gemm.log" "$tool gemm"
+        for chain in alu_chain fma_chain shared_memory_chain; do
+          log "$tool timed_bulk_copies ($chain)"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 "$chain" > "$OUT/${tool}_trace_$chain.log" 2>&1; tail -4 "$OUT/${tool}_trace_$chain.log"
+          sanitized "$OUT/${tool}_trace_$chain.log" "$tool trace $chain"; done; done ;;
     regression)
       log regression-memcheck
       timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;

@@ -475,13 +475,29 @@ fn tensor_core_gemm_refuses_another_block_size() {
     assert!(wrong.is_err(), "a 128-thread launch of the 256-thread GEMM was accepted");
 }
 
+// The `tma_trace` kernel's timed copy, one test per kind of timed chain (so that each runs, and runs
+// under the sanitizers, on its own): ALU without an L2 policy, FMA with the evict-first policy,
+// shared-memory loads without.
 #[test]
-fn timed_bulk_copies_with_and_without_an_l2_policy() {
+fn timed_bulk_copies_with_an_alu_chain() {
+    timed_bulk_copies("timed_bulk_copies_with_an_alu_chain", 0, 0);
+}
+
+#[test]
+fn timed_bulk_copies_with_an_l2_policy_and_an_fma_chain() {
+    timed_bulk_copies("timed_bulk_copies_with_an_l2_policy_and_an_fma_chain", 1, 1);
+}
+
+#[test]
+fn timed_bulk_copies_with_a_shared_memory_chain() {
+    timed_bulk_copies("timed_bulk_copies_with_a_shared_memory_chain", 0, 2);
+}
+
+fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
     use oxccl_ptx::trace_layout::*;
-    let Some(p) = Probes::new("timed_bulk_copies_with_and_without_an_l2_policy") else { return };
+    let Some(p) = Probes::new(test) else { return };
     // Two CTAs of two issuing warps, each copying 6 chunks of 4 KiB through 3 stages (lag 1):
-    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised, with
-    // each kind of timed chain.
+    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
     let (ctas, warps, chunk, stages, lag, items, chain) = (2u32, 2u32, 4096u32, 3u32, 1u32, 6u32, 64u32);
     let bytes = chunk * items;
     let total = (ctas * warps * bytes) as usize;
@@ -492,48 +508,46 @@ fn timed_bulk_copies_with_and_without_an_l2_policy() {
         p.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as u32;
     let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4096) as u8).collect();
     let src = p.stream.clone_htod(&data).unwrap();
-    for (evict_first, chain_op) in [(0u32, 0u32), (1, 1), (0, 2)] {
-        let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
-        let stride = warp_words(items as usize);
-        let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
-        let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
-        let mut l = p.stream.launch_builder(&f);
-        l.arg(&d)
-            .arg(&s)
-            .arg(&bytes)
-            .arg(&chunk)
-            .arg(&stages)
-            .arg(&lag)
-            .arg(&chain)
-            .arg(&t)
-            .arg(&items)
-            .arg(&evict_first)
-            .arg(&chain_op);
-        // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3; the
-        // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
-        // every warp's slice and `trace` its words.
-        unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
-        assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
-        let v = p.stream.clone_dtoh(&trace).unwrap();
-        for w in 0..(ctas * warps) as usize {
-            let h = &v[w * stride..][..stride];
-            assert!(h[H_WARPID] < 64 && h[H_SMID] < sms, "warp {w}: %warpid {} / %smid {}", h[H_WARPID], h[H_SMID]);
-            assert_eq!(h[H_ITEMS], items, "warp {w}: items");
-            // 64 dependent steps of two instructions (or of a shared-memory load) cannot take fewer
-            // than 128 cycles.
-            let (chain_cycles, copy_cycles) = (h[H_CHAIN_CYCLES], h[H_COPY_CYCLES]);
-            assert!(chain_cycles >= 2 * chain && copy_cycles > 0, "warp {w}: chain {chain_cycles}, copy {copy_cycles}");
-            let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
-            for j in 0..items as usize {
-                let (issued, landed, committed) = (rec(j)[R_ISSUED], rec(j)[R_LANDED], rec(j)[R_COMMITTED]);
-                assert!(
-                    issued <= landed && landed <= committed && committed <= copy_cycles,
-                    "warp {w} item {j}: {:?}",
-                    rec(j)
-                );
-                if j > 0 {
-                    assert!(committed > rec(j - 1)[R_COMMITTED], "warp {w} item {j}: commits out of order");
-                }
+    let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
+    let stride = warp_words(items as usize);
+    let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
+    let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
+    let mut l = p.stream.launch_builder(&f);
+    l.arg(&d)
+        .arg(&s)
+        .arg(&bytes)
+        .arg(&chunk)
+        .arg(&stages)
+        .arg(&lag)
+        .arg(&chain)
+        .arg(&t)
+        .arg(&items)
+        .arg(&evict_first)
+        .arg(&chain_op);
+    // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3; the
+    // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
+    // every warp's slice and `trace` its words.
+    unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
+    assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
+    let v = p.stream.clone_dtoh(&trace).unwrap();
+    for w in 0..(ctas * warps) as usize {
+        let h = &v[w * stride..][..stride];
+        assert!(h[H_WARPID] < 64 && h[H_SMID] < sms, "warp {w}: %warpid {} / %smid {}", h[H_WARPID], h[H_SMID]);
+        assert_eq!(h[H_ITEMS], items, "warp {w}: items");
+        // 64 dependent steps of two instructions (or of a shared-memory load) cannot take fewer
+        // than 128 cycles.
+        let (chain_cycles, copy_cycles) = (h[H_CHAIN_CYCLES], h[H_COPY_CYCLES]);
+        assert!(chain_cycles >= 2 * chain && copy_cycles > 0, "warp {w}: chain {chain_cycles}, copy {copy_cycles}");
+        let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
+        for j in 0..items as usize {
+            let (issued, landed, committed) = (rec(j)[R_ISSUED], rec(j)[R_LANDED], rec(j)[R_COMMITTED]);
+            assert!(
+                issued <= landed && landed <= committed && committed <= copy_cycles,
+                "warp {w} item {j}: {:?}",
+                rec(j)
+            );
+            if j > 0 {
+                assert!(committed > rec(j - 1)[R_COMMITTED], "warp {w} item {j}: commits out of order");
             }
         }
     }

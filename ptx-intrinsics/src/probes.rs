@@ -439,13 +439,17 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
 
     // The chain, `chain` steps of the kind `chain_op` names (ptxas cannot fold any): 0, ALU
     // x ← rotl(x ⊕ c, 1); 1, two dependent `fma.rn.f32`; 2, a dependent `ld.shared` of a word in
-    // the first 256 bytes of shared memory (zeroed first; the barriers come after the chain).
+    // the first 256 bytes of shared memory, where the warps' barriers live later: every warp zeroes
+    // them and the CTA meets before any chain, so no warp's zeroing reaches a barrier another warp
+    // has initialised (the chain's loads of barrier words afterwards are harmless reads).
     let mut x = g;
     if chain_op == 2 {
         for k in 0..64 {
             // SAFETY: the first 256 bytes of the dynamic shared memory (at least 1024 bytes).
             unsafe { st_shared_u32(smem().cast::<u32>().add(k), 0) };
         }
+        // SAFETY: `chain_op` is the same for every thread of the CTA, so all of them arrive.
+        unsafe { bar_sync_all() };
     }
     let base = smem().addr();
     let t0 = clock64();
