@@ -294,3 +294,16 @@ fn other_malformed_files() {
     let e = import(&ag2(G0, G1, "").replace(r#" coll="allgather""#, "")).unwrap_err();
     assert!(matches!(e, ImportError::MissingAttribute { attribute: "coll", .. }), "{e}");
 }
+
+/// Inputs a few dozen bytes long that once panicked or asked for tens of gigabytes are typed errors.
+#[test]
+fn tiny_hostile_files_are_errors() {
+    // A pre-copy of zero chunks at the end of the input buffer.
+    let zero = r#"<algo coll="allreduce" ngpus="1" nchunksperloop="1" inplace="1"><gpu id="0" i_chunks="1"><copy i_off="1" o_off="0" cnt="0"/></gpu></algo>"#;
+    let e = import(zero).unwrap_err();
+    assert!(matches!(&e, ImportError::BadAttribute { attribute, .. } if attribute == "cnt"), "{e}");
+    // 2^31 - 1 chunks per loop on one GPU: refused by the layout's size limit, not allocated.
+    let huge = r#"<algo coll="allreduce" ngpus="1" nchunksperloop="2147483647"><gpu id="0"/></algo>"#;
+    let e = import(huge).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+}

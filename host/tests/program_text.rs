@@ -105,3 +105,9 @@ proptest! {
         prop_assert_eq!(text::parse(&t).unwrap(), p);
     }
 }
+
+#[test]
+fn a_rank_count_past_the_limit_is_refused_before_any_allocation() {
+    let e = text::parse("program p\ncollective allreduce ranks=4294967295 chunks=1 inplace\n").unwrap_err();
+    assert!(e.to_string().contains("more than the supported"), "{e}");
+}

@@ -165,3 +165,11 @@ proptest! {
         }
     }
 }
+
+/// Element counts whose sum passes u64 are too large to verify, not a capacity-overflow panic.
+#[test]
+fn verifying_a_plan_past_u64_elements_is_refused() {
+    let l = Layout::parse("2", "R").unwrap();
+    let p = plan(&[1 << 62], 1, &l, &l, PlanOptions::default()).unwrap();
+    assert!(matches!(verify(&p), Err(ExecError::TooLargeToVerify { bytes: u64::MAX, .. })));
+}

@@ -27,6 +27,13 @@ fn meshes_parse_and_print() {
         Mesh::new(vec![1 << 16, 1 << 16], 0),
         Err(LayoutError::MeshTooLarge { dims: vec![1 << 16, 1 << 16], start: 0 })
     );
+    // Within u32 but past the planner's limit (planning walks every rank): refused, not planned.
+    assert_eq!("65535x65535".parse::<Mesh>(), Err(LayoutError::MeshTooLarge { dims: vec![65535, 65535], start: 0 }));
+    assert!(Mesh::new(vec![1 << 10, 1 << 10], 0).is_ok());
+    assert_eq!(
+        Mesh::new(vec![1 << 10, (1 << 10) + 1], 0),
+        Err(LayoutError::MeshTooLarge { dims: vec![1 << 10, (1 << 10) + 1], start: 0 })
+    );
 }
 
 #[test]

@@ -221,8 +221,9 @@ pub struct Layout {
 impl Layout {
     /// The most ranks a layout may have.
     pub const MAX_RANKS: u32 = 1 << 20;
-    /// The most chunks (summed over ranks and buffers) a layout may have.
-    pub const MAX_CHUNKS: u64 = 1 << 34;
+    /// The most chunks (summed over ranks and buffers) a layout may have: the compiler keeps tens of
+    /// bytes per chunk location, so 2^24 of them stay under a gigabyte.
+    pub const MAX_CHUNKS: u64 = 1 << 24;
 
     /// A layout with no scratch.
     pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {

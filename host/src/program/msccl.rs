@@ -344,6 +344,14 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         let i = a.nonneg(&["i_off", "srcoff"], &ctx, None)?;
                         let o = a.nonneg(&["o_off", "dstoff"], &ctx, None)?;
                         let cnt = a.nonneg(&["cnt"], &ctx, Some(1))?;
+                        if cnt == 0 {
+                            return Err(ImportError::BadAttribute {
+                                element: "copy".into(),
+                                attribute: "cnt".into(),
+                                value: "0".into(),
+                                context: ctx,
+                            });
+                        }
                         g.copies.push((i, o, cnt));
                     }
                     "tb" => {

@@ -153,6 +153,10 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
                         return Err(err(ln, format!("expected inplace or outofplace, found `{o}`")));
                     }
                 };
+                // Checked before `Layout::new` allocates its per-rank scratch sizes.
+                if v[0] > Layout::MAX_RANKS {
+                    return Err(err(ln, format!("{} ranks is more than the supported {}", v[0], Layout::MAX_RANKS)));
+                }
                 layout = Some(Layout::new(c, v[0], v[1], in_place));
             }
             "scratch" => {
@@ -183,9 +187,6 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
     }
     let name = name.ok_or_else(|| err(1, "missing `program NAME`"))?;
     let mut layout = layout.ok_or_else(|| err(1, "missing `collective ...` line"))?;
-    if layout.ranks > Layout::MAX_RANKS {
-        return Err(err(1, format!("{} ranks is more than the supported {}", layout.ranks, Layout::MAX_RANKS)));
-    }
     if let Some((ln, v)) = scratch {
         layout.scratch = match v.len() {
             1 => vec![v[0]; layout.ranks as usize],

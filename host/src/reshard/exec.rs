@@ -366,9 +366,9 @@ pub fn verify(plan: &ReshardPlan) -> Result<VerifyReport, ExecError> {
 /// [`verify`] with a chosen tag-memory limit in bytes.
 pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport, ExecError> {
     let (src, dst) = (plan.src_sharding(), plan.dst_sharding());
-    let elements: u64 = src.mesh().ranks().map(|r| src.local_len(r)).sum::<u64>()
-        + dst.mesh().ranks().map(|r| dst.local_len(r)).sum::<u64>();
-    let bytes = elements.saturating_mul(8);
+    // Summed without wrapping: a sum past u64 is as much too large as any.
+    let mut lens = src.mesh().ranks().map(|r| src.local_len(r)).chain(dst.mesh().ranks().map(|r| dst.local_len(r)));
+    let bytes = lens.try_fold(0u64, |acc, n| acc.checked_add(n)).map_or(u64::MAX, |e| e.saturating_mul(8));
     if bytes > limit {
         return Err(ExecError::TooLargeToVerify { bytes, limit });
     }

@@ -32,7 +32,8 @@ pub enum LayoutError {
         /// The axis (outer first).
         axis: usize,
     },
-    /// The mesh's rank range does not fit in a `u32` (`start + product(dims)` overflows).
+    /// The mesh has more than [`Mesh::MAX_RANKS`] ranks, or its rank range does not fit in a `u32`
+    /// (`start + product(dims)` overflows).
     MeshTooLarge {
         /// The mesh axis sizes.
         dims: Vec<u32>,
@@ -99,7 +100,12 @@ impl fmt::Display for LayoutError {
             Self::EmptyMesh => write!(f, "the mesh has no axes"),
             Self::ZeroMeshAxis { axis } => write!(f, "mesh axis {axis} has size 0"),
             Self::MeshTooLarge { dims, start } => {
-                write!(f, "mesh {} starting at rank {start} does not fit in 32-bit ranks", dims_text(dims))
+                write!(
+                    f,
+                    "mesh {} starting at rank {start} has more than {} ranks or does not fit in 32-bit ranks",
+                    dims_text(dims),
+                    Mesh::MAX_RANKS
+                )
             }
             Self::PlacementCount { mesh_axes, placements } => write!(
                 f,
@@ -152,9 +158,13 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// The most ranks a mesh may have (planning and verifying walk every rank).
+    pub const MAX_RANKS: u32 = 1 << 20;
+
     /// A mesh with axis sizes `dims` (outer first) whose first rank is `start`.
     ///
-    /// Errors: no axes ([`LayoutError::EmptyMesh`]), an axis of size 0, or a rank range past `u32`.
+    /// Errors: no axes ([`LayoutError::EmptyMesh`]), an axis of size 0, more than
+    /// [`Mesh::MAX_RANKS`] ranks or a rank range past `u32` ([`LayoutError::MeshTooLarge`]).
     pub fn new(dims: Vec<u32>, start: Rank) -> Result<Self, LayoutError> {
         if dims.is_empty() {
             return Err(LayoutError::EmptyMesh);
@@ -165,7 +175,7 @@ impl Mesh {
         let size = dims
             .iter()
             .try_fold(1u32, |acc, &d| acc.checked_mul(d))
-            .filter(|&size| start.checked_add(size).is_some())
+            .filter(|&size| size <= Self::MAX_RANKS && start.checked_add(size).is_some())
             .ok_or_else(|| LayoutError::MeshTooLarge { dims: dims.clone(), start })?;
         Ok(Self { dims, start, size })
     }
