@@ -229,7 +229,7 @@ fn the_trace_diagnostic_names_its_bad_flags() {
         (&["--ranks", "8"][..], "--ranks is not for tma_trace"),
         (&["--mover", "simt"][..], "--mover is not for tma_trace"),
         (&["-n", "0"][..], "iters: 0: give at least one timed run"),
-        (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared)"),
+        (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared, ilp)"),
         (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
         (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
         (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),

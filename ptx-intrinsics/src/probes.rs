@@ -396,7 +396,8 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// `cp.async.bulk.wait_group.read lag - 1`, so `stages - lag` loads run ahead. First it times
 /// `chain` steps of a dependent chain, its share of its scheduler's issue slots: `chain_op` 0 two
 /// ALU instructions per step, 1 two `fma.rn.f32`, 2 one `ld.shared` (with its address
-/// arithmetic). With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// arithmetic), 3 eight independent two-instruction ALU streams (16 instructions that need not
+/// wait on each other). With `evict_first` nonzero the copies carry an L2 evict-first policy.
 ///
 /// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
 /// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
@@ -438,7 +439,8 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     let ahead = stages - lag;
 
     // The chain, `chain` steps of the kind `chain_op` names (ptxas cannot fold any): 0, ALU
-    // x ← rotl(x ⊕ c, 1); 1, two dependent `fma.rn.f32`; 2, a dependent `ld.shared` of a word in
+    // x ← rotl(x ⊕ c, 1); 3, eight independent streams of that step; 1, two dependent
+    // `fma.rn.f32`; 2, a dependent `ld.shared` of a word in
     // the first 256 bytes of shared memory, where the warps' barriers live later: every warp zeroes
     // them and the CTA meets before any chain, so no warp's zeroing reaches a barrier another warp
     // has initialised (the chain's loads of barrier words afterwards are harmless reads).
@@ -479,6 +481,33 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                     )
                 };
             }
+        }
+        3 => {
+            // Eight such streams per step, none waiting on another: 16 instructions a warp can
+            // issue back to back.
+            let c = items | 1;
+            let mut v = [x, x ^ 1, x ^ 2, x ^ 3, x ^ 4, x ^ 5, x ^ 6, x ^ 7];
+            for _ in 0..chain {
+                unsafe {
+                    core::arch::asm!(
+                        "xor.b32 {a}, {a}, {c}; xor.b32 {b}, {b}, {c}; xor.b32 {d}, {d}, {c}; xor.b32 {e}, {e}, {c};",
+                        "xor.b32 {f}, {f}, {c}; xor.b32 {g}, {g}, {c}; xor.b32 {h}, {h}, {c}; xor.b32 {i}, {i}, {c};",
+                        "shf.l.wrap.b32 {a}, {a}, {a}, 1; shf.l.wrap.b32 {b}, {b}, {b}, 1; shf.l.wrap.b32 {d}, {d}, {d}, 1; shf.l.wrap.b32 {e}, {e}, {e}, 1;",
+                        "shf.l.wrap.b32 {f}, {f}, {f}, 1; shf.l.wrap.b32 {g}, {g}, {g}, 1; shf.l.wrap.b32 {h}, {h}, {h}, 1; shf.l.wrap.b32 {i}, {i}, {i}, 1;",
+                        a = inout(reg32) v[0],
+                        b = inout(reg32) v[1],
+                        d = inout(reg32) v[2],
+                        e = inout(reg32) v[3],
+                        f = inout(reg32) v[4],
+                        g = inout(reg32) v[5],
+                        h = inout(reg32) v[6],
+                        i = inout(reg32) v[7],
+                        c = in(reg32) c,
+                        options(nomem, nostack)
+                    )
+                };
+            }
+            x = v.iter().fold(0, |acc, &y| acc ^ y);
         }
         _ => {
             for _ in 0..chain {

@@ -32,16 +32,20 @@ pub enum ChainOp {
     Fma = 1,
     /// One `ld.shared` and its address arithmetic (the memory pipe).
     Shared = 2,
+    /// Eight independent streams of the ALU step per step (16 instructions that need not wait on
+    /// each other): whether a warp that could issue back to back gets more slots per turn.
+    Ilp = 3,
 }
 
 impl ChainOp {
-    pub const ALL: [ChainOp; 3] = [ChainOp::Alu, ChainOp::Fma, ChainOp::Shared];
+    pub const ALL: [ChainOp; 4] = [ChainOp::Alu, ChainOp::Fma, ChainOp::Shared, ChainOp::Ilp];
 
     pub fn name(self) -> &'static str {
         match self {
             ChainOp::Alu => "alu",
             ChainOp::Fma => "fma",
             ChainOp::Shared => "shared",
+            ChainOp::Ilp => "ilp",
         }
     }
 }

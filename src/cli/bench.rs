@@ -157,7 +157,8 @@ pub struct Args {
     /// tma_trace: the copies carry an L2 evict-first cache policy.
     #[arg(long)]
     pub l2_evict_first: bool,
-    /// tma_trace: the issuer's timed chain, alu (default), fma or shared (a dependent ld.shared).
+    /// tma_trace: the issuer's timed chain, alu (default), fma, shared (a dependent ld.shared) or ilp
+    /// (eight independent ALU streams: 16 instructions per step that need not wait on each other).
     #[arg(long)]
     pub chain: Option<String>,
     /// tma_trace: launch the compute before the copy (default: the copy first).
@@ -942,7 +943,7 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
             Some(name) => bench::ChainOp::ALL
                 .into_iter()
                 .find(|c| c.name() == name)
-                .ok_or_else(|| format!("unknown --chain {name:?} (alu, fma, shared)"))?,
+                .ok_or_else(|| format!("unknown --chain {name:?} (alu, fma, shared, ilp)"))?,
         },
         compute_first: a.compute_first,
         warmup: a.warmup,
