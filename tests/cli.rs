@@ -222,7 +222,10 @@ fn edge_sizes_run_to_the_end() {
 fn the_trace_diagnostic_names_its_bad_flags() {
     for (args, want) in [
         (&["--lag", "9"][..], "lag: 9: give 1..=4 (the stages, at most 8)"),
-        (&["--lag", "0"][..], "lag: 0: give 1..=4 (the stages, at most 8)"),
+        (
+            &["--stages", "3", "--lag", "0"][..],
+            "lag: 0 (rounds of four items) needs --stages 4 and whole rounds per warp: 3 stages",
+        ),
         (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the stages, at most 8)"),
         (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
         (&["--threads", "256"][..], "--threads is not for tma_trace"),

@@ -498,12 +498,24 @@ fn timed_bulk_copies_with_independent_alu_streams() {
     timed_bulk_copies("timed_bulk_copies_with_independent_alu_streams", 0, 3);
 }
 
+#[test]
+fn timed_bulk_copies_in_rounds_of_four() {
+    for evict_first in [0, 1] {
+        timed_copies("timed_bulk_copies_in_rounds_of_four", evict_first, 0, (4, 0, 12));
+    }
+}
+
 fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
+    timed_copies(test, evict_first, chain_op, (3, 1, 6));
+}
+
+/// Two CTAs of two issuing warps, each copying `items` chunks of 4 KiB through `stages` stages
+/// refilled `lag` behind (0: in rounds of four): `%clock64` times, `%warpid`, `createpolicy` and the
+/// `.L2::cache_hint` copies exercised.
+fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items): (u32, u32, u32)) {
     use oxccl_ptx::trace_layout::*;
     let Some(p) = Probes::new(test) else { return };
-    // Two CTAs of two issuing warps, each copying 6 chunks of 4 KiB through 3 stages (lag 1):
-    // `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
-    let (ctas, warps, chunk, stages, lag, items, chain) = (2u32, 2u32, 4096u32, 3u32, 1u32, 6u32, 64u32);
+    let (ctas, warps, chunk, chain) = (2u32, 2u32, 4096u32, 64u32);
     let bytes = chunk * items;
     let total = (ctas * warps * bytes) as usize;
     let f = p.f("bench_tma_trace");
@@ -529,7 +541,8 @@ fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
         .arg(&items)
         .arg(&evict_first)
         .arg(&chain_op);
-    // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3; the
+    // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3, or lag 0
+    // with 4 stages and whole rounds of four items; the
     // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
     // every warp's slice and `trace` its words.
     unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
@@ -553,7 +566,8 @@ fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
                 "warp {w} item {j}: {:?}",
                 rec(j)
             );
-            if j > 0 {
+            // One item after another, or (in rounds) one round after another.
+            if j > 0 && (lag != 0 || j % 4 == 0) {
                 assert!(committed > rec(j - 1)[R_COMMITTED], "warp {w} item {j}: commits out of order");
             }
         }

@@ -388,6 +388,28 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = iters as f32 };
 }
 
+/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
+macro_rules! unroll4 {
+    ($i:ident, $body:block) => {{
+        {
+            const $i: usize = 0;
+            $body
+        }
+        {
+            const $i: usize = 1;
+            $body
+        }
+        {
+            const $i: usize = 2;
+            $body
+        }
+        {
+            const $i: usize = 3;
+            $body
+        }
+    }};
+}
+
 /// The TMA copy's issuing loop, timed: the kernel of the diagnostic `oxccl bench tma_trace`, which
 /// shows what compute beside it costs the copy (and the probe of [`clock64`], [`warpid`] and the
 /// cache-hinted bulk copies). Lane 0 of every warp copies its own `bytes` of `src` to `dst` (warp
@@ -397,7 +419,9 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// `chain` steps of a dependent chain, its share of its scheduler's issue slots: `chain_op` 0 two
 /// ALU instructions per step, 1 two `fma.rn.f32`, 2 one `ld.shared` (with its address
 /// arithmetic), 3 eight independent two-instruction ALU streams (16 instructions that need not
-/// wait on each other). With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// wait on each other). `lag` 0 copies in rounds of four items instead: all four stages polled,
+/// then four stores and one commit, then (after `wait_group.read 0`) four refills, each step as
+/// independent instructions. With `evict_first` nonzero the copies carry an L2 evict-first policy.
 ///
 /// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
 /// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
@@ -407,7 +431,8 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 ///
 /// # Safety
 /// The block is a whole number of warps; `chunk` is a positive multiple of 16 and `bytes` a
-/// multiple of `chunk`; `1 <= lag <= min(stages, MAX_LAG)` and warps × `stages` <= `MAX_BARRIERS`;
+/// multiple of `chunk`; `1 <= lag <= min(stages, MAX_LAG)`, or `lag` 0 (rounds of four: then
+/// `stages` is 4 and `bytes` a multiple of `4 × chunk`), and warps × `stages` <= `MAX_BARRIERS`;
 /// the dynamic shared memory holds `BARRIER_BYTES + warps × stages × chunk`; `src` and `dst` hold
 /// `bytes` for every warp of the grid, 16-byte aligned, and do not overlap; `trace` holds
 /// `warp_words(traced)` u32 for every warp.
@@ -552,30 +577,76 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 cp_async_bulk_shared_global_mbarrier(to, from, chunk, bars.add(s));
             }
         };
-        for j in 0..ahead.min(items) {
-            load(j);
-        }
-        for j in 0..items {
-            let next = j + ahead;
-            if next < items {
-                cp_async_bulk_wait_group_read_at_most(lag - 1);
-                load(next);
+        if lag == 0 {
+            // Rounds of four items through four stages, each step of a round as independent
+            // instructions (every stage polled, then every store, then every refill), so that one
+            // turn of the issuer moves a step of four items rather than of one.
+            for j in 0..4u32.min(items) {
+                load(j);
             }
-            let s = j % stages;
-            let mut polls = 0u32;
-            while !mbarrier_try_wait_parity_shared_b64(bars.add(s), (j / stages) & 1) {
-                polls += 1;
+            for r in 0..items / 4 {
+                let (first, parity) = (4 * r, r & 1);
+                let mut polls = 0u32;
+                loop {
+                    let a = mbarrier_try_wait_parity_shared_b64(bars, parity);
+                    let b = mbarrier_try_wait_parity_shared_b64(bars.add(1), parity);
+                    let c = mbarrier_try_wait_parity_shared_b64(bars.add(2), parity);
+                    let d = mbarrier_try_wait_parity_shared_b64(bars.add(3), parity);
+                    if a & b & c & d {
+                        break;
+                    }
+                    polls += 1;
+                }
+                let landed = (clock64() - start) as u32;
+                unroll4!(S, {
+                    let j = first + S as u32;
+                    record(j, trace_layout::R_LANDED, landed);
+                    record(j, trace_layout::R_POLLS, polls);
+                    let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(S as u32 * chunk));
+                    if evict_first != 0 {
+                        cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
+                    } else {
+                        cp_async_bulk_global_shared_bulk_group(to, from, chunk);
+                    }
+                });
+                cp_async_bulk_commit_group();
+                let committed = (clock64() - start) as u32;
+                unroll4!(S, {
+                    record(first + S as u32, trace_layout::R_COMMITTED, committed);
+                });
+                if first + 4 < items {
+                    cp_async_bulk_wait_group_read_at_most(0);
+                    unroll4!(S, {
+                        load(first + 4 + S as u32);
+                    });
+                }
             }
-            record(j, trace_layout::R_LANDED, (clock64() - start) as u32);
-            record(j, trace_layout::R_POLLS, polls);
-            let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
-            if evict_first != 0 {
-                cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
-            } else {
-                cp_async_bulk_global_shared_bulk_group(to, from, chunk);
+        } else {
+            for j in 0..ahead.min(items) {
+                load(j);
             }
-            cp_async_bulk_commit_group();
-            record(j, trace_layout::R_COMMITTED, (clock64() - start) as u32);
+            for j in 0..items {
+                let next = j + ahead;
+                if next < items {
+                    cp_async_bulk_wait_group_read_at_most(lag - 1);
+                    load(next);
+                }
+                let s = j % stages;
+                let mut polls = 0u32;
+                while !mbarrier_try_wait_parity_shared_b64(bars.add(s), (j / stages) & 1) {
+                    polls += 1;
+                }
+                record(j, trace_layout::R_LANDED, (clock64() - start) as u32);
+                record(j, trace_layout::R_POLLS, polls);
+                let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
+                if evict_first != 0 {
+                    cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
+                } else {
+                    cp_async_bulk_global_shared_bulk_group(to, from, chunk);
+                }
+                cp_async_bulk_commit_group();
+                record(j, trace_layout::R_COMMITTED, (clock64() - start) as u32);
+            }
         }
         cp_async_bulk_wait_group::<0>();
         let copy_cycles = (clock64() - start) as u32;
@@ -597,28 +668,6 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
 }
 
 const _: () = assert!(trace_layout::MAX_LAG - 1 <= WAIT_GROUP_READ_MAX, "bench_tma_trace's waits tell every lag apart");
-
-/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
-macro_rules! unroll4 {
-    ($i:ident, $body:block) => {{
-        {
-            const $i: usize = 0;
-            $body
-        }
-        {
-            const $i: usize = 1;
-            $body
-        }
-        {
-            const $i: usize = 2;
-            $body
-        }
-        {
-            const $i: usize = 3;
-            $body
-        }
-    }};
-}
 
 /// The tensor-core GEMM of the overlap benchmark (`oxccl bench overlap --compute mma`), and the
 /// probe of [`crate::mma`]: `C = A · Bᵀ` with A (`m × k`) and B (`n × k`) row-major bf16 (both

@@ -67,7 +67,8 @@ pub struct TmaTraceBench {
     /// Bytes copied in all (rounded down to whole chunks per warp).
     pub bytes: u64,
     /// Bytes per stage, stages per warp, and how many items the refill lags behind the stores
-    /// (the engine's `refill_lag`: half the stages, at least one).
+    /// (the engine's `refill_lag`: half the stages, at least one; 0: rounds of four items through
+    /// four stages, each step of a round as independent instructions).
     pub chunk: u32,
     pub stages: u32,
     pub lag: u32,
@@ -163,13 +164,28 @@ impl TmaTraceBench {
                 format!("{} stages x {} warps: give 1..={MAX_BARRIERS} stages in all", self.stages, self.warps),
             );
         }
-        if !(1..=self.stages.min(MAX_LAG)).contains(&self.lag) {
+        let per_warp = self.bytes_per_warp();
+        if self.lag == 0 {
+            if self.stages != 4 || !(per_warp / self.chunk as u64).is_multiple_of(4) {
+                return bad(
+                    "lag",
+                    format!(
+                        "0 (rounds of four items) needs --stages 4 and whole rounds per warp: {} stages, {} items",
+                        self.stages,
+                        per_warp / self.chunk as u64
+                    ),
+                );
+            }
+        } else if !(1..=self.stages.min(MAX_LAG)).contains(&self.lag) {
             return bad(
                 "lag",
-                format!("{}: give 1..={} (the stages, at most {MAX_LAG})", self.lag, self.stages.min(MAX_LAG)),
+                format!(
+                    "{}: give 1..={} (the stages, at most {MAX_LAG}), or 0 for rounds of four",
+                    self.lag,
+                    self.stages.min(MAX_LAG)
+                ),
             );
         }
-        let per_warp = self.bytes_per_warp();
         if per_warp < 2 * self.stages as u64 * self.chunk as u64 || per_warp > u32::MAX as u64 {
             return bad(
                 "bytes",

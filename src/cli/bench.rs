@@ -151,7 +151,8 @@ pub struct Args {
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
     /// tma_trace: items the ring's refill lags behind the stores, 1..=min(stages, 8) (default half
-    /// the stages, at least one, as the engine's TMA mover).
+    /// the stages, at least one, as the engine's TMA mover), or 0: rounds of four items through
+    /// `--stages 4`, each step of a round (poll, store, refill) as independent instructions.
     #[arg(long)]
     pub lag: Option<u32>,
     /// tma_trace: the copies carry an L2 evict-first cache policy.
@@ -852,15 +853,18 @@ fn run_tma_trace(
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
-         refill {} behind ({} loads ahead), {} B of shared memory per CTA{}, chain {}{}; beside {}{}",
+         {}, {} B of shared memory per CTA{}, chain {}{}; beside {}{}",
         b.bytes_per_warp() * (b.ctas * b.warps) as u64,
         b.ctas,
         b.warps,
         b.bytes_per_warp(),
         b.chunk,
         b.stages,
-        b.lag,
-        b.stages - b.lag,
+        if b.lag == 0 {
+            "in rounds of four (each step as independent instructions)".to_string()
+        } else {
+            format!("refill {} behind ({} loads ahead)", b.lag, b.stages - b.lag)
+        },
         b.smem_bytes(),
         if b.evict_first { ", L2 evict-first" } else { "" },
         b.chain_op.name(),
