@@ -492,7 +492,10 @@ mod tests {
         assert_eq!(field(TmaTraceBench { warps: 4, stages: 1 << 30, lag: 1, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { bytes: 8 * 7 * 32768, ..ok.clone() }), "bytes");
         assert_eq!(field(TmaTraceBench { iters: 0, ..ok.clone() }), "iters");
-        assert_eq!(field(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
+        // Lag 0: rounds of four, through four stages and whole rounds only.
+        TmaTraceBench { lag: 0, ..ok.clone() }.validate().unwrap();
+        assert_eq!(field(TmaTraceBench { lag: 0, stages: 3, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { lag: 0, bytes: 8 * 10 * 32768, ..ok.clone() }), "lag");
         assert_eq!(field(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { bytes: 1000, ..ok.clone() }), "bytes");
