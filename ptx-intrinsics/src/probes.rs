@@ -461,7 +461,6 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     let dst = Global::<u8>::from_addr(dst).byte_add::<u8>(g as u64 * bytes as u64);
     let out = Global::<u32>::from_addr(trace).add(g as u64 * trace_layout::warp_words(traced as usize) as u64);
     let items = bytes / chunk;
-    let ahead = stages - lag;
 
     // The chain, `chain` steps of the kind `chain_op` names (ptxas cannot fold any): 0, ALU
     // x ← rotl(x ⊕ c, 1); 3, eight independent streams of that step; 1, two dependent
@@ -552,7 +551,8 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     // SAFETY (whole block): each warp's barriers and ring are its own (the host sizes shared memory
     // for `warps × stages` of both); every stage is armed with exactly the bytes its load brings and
     // refilled only after the store reading it finished reading (`lag` items behind, `wait_group.read
-    // lag - 1`); `src` and `dst` hold `bytes` for every warp of the grid, `trace` its records.
+    // lag - 1`; in rounds, after `wait_group.read 0` for the round's four stores); `src` and `dst`
+    // hold `bytes` for every warp of the grid, `trace` its records.
     unsafe {
         for s in 0..stages {
             mbarrier_init_shared_b64(bars.add(s), 1);
@@ -575,6 +575,14 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 cp_async_bulk_shared_global_mbarrier_hint(to, from, chunk, bars.add(s), policy);
             } else {
                 cp_async_bulk_shared_global_mbarrier(to, from, chunk, bars.add(s));
+            }
+        };
+        let store = |j: u32, s: u32| {
+            let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
+            if evict_first != 0 {
+                cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
+            } else {
+                cp_async_bulk_global_shared_bulk_group(to, from, chunk);
             }
         };
         if lag == 0 {
@@ -602,12 +610,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                     let j = first + S as u32;
                     record(j, trace_layout::R_LANDED, landed);
                     record(j, trace_layout::R_POLLS, polls);
-                    let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(S as u32 * chunk));
-                    if evict_first != 0 {
-                        cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
-                    } else {
-                        cp_async_bulk_global_shared_bulk_group(to, from, chunk);
-                    }
+                    store(j, S as u32);
                 });
                 cp_async_bulk_commit_group();
                 let committed = (clock64() - start) as u32;
@@ -622,6 +625,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 }
             }
         } else {
+            let ahead = stages - lag;
             for j in 0..ahead.min(items) {
                 load(j);
             }
@@ -638,12 +642,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
                 }
                 record(j, trace_layout::R_LANDED, (clock64() - start) as u32);
                 record(j, trace_layout::R_POLLS, polls);
-                let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
-                if evict_first != 0 {
-                    cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
-                } else {
-                    cp_async_bulk_global_shared_bulk_group(to, from, chunk);
-                }
+                store(j, s);
                 cp_async_bulk_commit_group();
                 record(j, trace_layout::R_COMMITTED, (clock64() - start) as u32);
             }
