@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# overlap-best tma-trace allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -191,6 +191,18 @@ for run in open(sys.argv[2]):
           log "tma_trace --issuers $w --chunk $ch --stages $st --lag $lg --compute $load"
           timeout 60 $B/oxccl bench tma_trace -e 1G --ctas 8 --issuers $w --chunk $ch --stages $st --lag $lg --compute $load >> "$OUT/tma_trace.log" 2>&1; echo "rc=$?"
           tail -2 "$OUT/tma_trace.log" ; done; done ;;
+    trace-rounds)
+      # The copy in rounds of four items (each step of a round as independent instructions) against
+      # the engine's item-by-item ring, without per-item records (--untraced) unless the shape says
+      # traced, alone and beside the FMA probe at 4 and 1 CTAs per SM. ROUND_SHAPES:
+      # round:stages:chunk:lag[:traced].
+      for s in ${ROUND_SHAPES:-1:4:32768:2 1:4:32768:2:traced 4:4:32768:1 4:8:16384:1 4:8:24576:1 4:12:16384:1 4:8:24576:2}; do
+        IFS=: read -r rd st ch lg tr <<< "$s"
+        for load in "fma --fma-ctas-per-sm 4" "fma --fma-ctas-per-sm 1"; do
+          log "tma_trace --round $rd --stages $st --chunk $ch --lag $lg ${tr:-untraced} --compute $load"
+          timeout 60 $B/oxccl bench tma_trace -e 1G --ctas 8 --issuers 1 --round $rd --stages $st --chunk $ch --lag $lg $([ -z "$tr" ] && echo --untraced) --compute $load >> "$OUT/trace_rounds.log" 2>&1
+          rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED trace-rounds(rc=$rc)"
+          tail -2 "$OUT/trace_rounds.log" ; done; done ;;
     issuers)
       # Several issuing warps (branch next/multi-issuer): the bulk path beside FMA loads of 1 and 4 CTAs
       # per SM, and the collectives alone, with 1, 2 and 4 issuers.

@@ -221,12 +221,15 @@ fn edge_sizes_run_to_the_end() {
 #[test]
 fn the_trace_diagnostic_names_its_bad_flags() {
     for (args, want) in [
-        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the stages, at most 8)"),
+        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the rounds of stages, at most 8)"),
+        (&["--stages", "3", "--lag", "0"][..], "lag: 0: give 1..=3 (the rounds of stages, at most 8)"),
+        (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the rounds of stages, at most 8)"),
         (
-            &["--stages", "3", "--lag", "0"][..],
-            "lag: 0 (rounds of four items) needs --stages 4 and whole rounds per warp: 3 stages",
+            &["--round", "4", "--stages", "6"][..],
+            "round: 4: give 1, or 4 with a multiple of 4 stages and whole rounds per warp (6 stages",
         ),
-        (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the stages, at most 8)"),
+        (&["--round", "3"][..], "round: 3: give 1, or 4"),
+        (&["--round", "4", "--stages", "8", "--lag", "3"][..], "lag: 3: give 1..=2 (the rounds of stages"),
         (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
         (&["--threads", "256"][..], "--threads is not for tma_trace"),
         (&["--ranks", "8"][..], "--ranks is not for tma_trace"),
@@ -248,7 +251,7 @@ fn the_trace_diagnostic_names_its_bad_flags() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
     for what in ["all_reduce", "overlap"] {
-        for flag in ["--lag=2", "--l2-evict-first", "--chain=fma", "--compute-first"] {
+        for flag in ["--lag=2", "--round=4", "--untraced", "--l2-evict-first", "--chain=fma", "--compute-first"] {
             let (ok, err) = oxccl(&["bench", what, flag]);
             let name = flag.split('=').next().unwrap_or(flag);
             assert!(!ok && err.contains(&format!("{name} is for tma_trace, not {what}")), "{what} {flag}: {err}");

@@ -500,19 +500,35 @@ fn timed_bulk_copies_with_independent_alu_streams() {
 
 #[test]
 fn timed_bulk_copies_in_rounds_of_four() {
-    for evict_first in [0, 1] {
-        timed_copies("timed_bulk_copies_in_rounds_of_four", evict_first, 0, (4, 0, 12));
+    // One round of stages refilled after its own stores, then two rounds with one ahead, then three
+    // with one ahead and the refill two rounds behind.
+    for (evict_first, shape) in [(0, (4, 1, 12)), (1, (4, 1, 12)), (0, (8, 1, 16)), (1, (12, 2, 24))] {
+        timed_copies("timed_bulk_copies_in_rounds_of_four", evict_first, 0, 4, shape, true);
+    }
+}
+
+#[test]
+fn untraced_bulk_copies() {
+    for (round, shape) in [(1, (4, 2, 8)), (4, (8, 1, 16))] {
+        timed_copies("untraced_bulk_copies", 0, 0, round, shape, false);
     }
 }
 
 fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
-    timed_copies(test, evict_first, chain_op, (3, 1, 6));
+    timed_copies(test, evict_first, chain_op, 1, (3, 1, 6), true);
 }
 
-/// Two CTAs of two issuing warps, each copying `items` chunks of 4 KiB through `stages` stages
-/// refilled `lag` behind (0: in rounds of four): `%clock64` times, `%warpid`, `createpolicy` and the
-/// `.L2::cache_hint` copies exercised.
-fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items): (u32, u32, u32)) {
+/// Two CTAs of two issuing warps, each copying `items` chunks of 4 KiB through `stages` stages in
+/// rounds of `round` items, refilled `lag` rounds behind, with trace records or without:
+/// `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
+fn timed_copies(
+    test: &str,
+    evict_first: u32,
+    chain_op: u32,
+    round: u32,
+    (stages, lag, items): (u32, u32, u32),
+    traced: bool,
+) {
     use oxccl_ptx::trace_layout::*;
     let Some(p) = Probes::new(test) else { return };
     let (ctas, warps, chunk, chain) = (2u32, 2u32, 4096u32, 64u32);
@@ -526,7 +542,8 @@ fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items
     let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4096) as u8).collect();
     let src = p.stream.clone_htod(&data).unwrap();
     let dst = p.stream.alloc_zeros::<u8>(total).unwrap();
-    let stride = warp_words(items as usize);
+    let traced = if traced { items } else { 0 };
+    let stride = warp_words(traced as usize);
     let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
     let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
     let mut l = p.stream.launch_builder(&f);
@@ -538,13 +555,13 @@ fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items
         .arg(&lag)
         .arg(&chain)
         .arg(&t)
-        .arg(&items)
+        .arg(&traced)
         .arg(&evict_first)
-        .arg(&chain_op);
-    // SAFETY: whole warps; chunk a multiple of 16 and bytes whole chunks; lag 1 <= stages 3, or lag 0
-    // with 4 stages and whole rounds of four items; the
-    // shared memory holds the barriers and both warps' rings; `src` and `dst` (distinct) hold
-    // every warp's slice and `trace` its words.
+        .arg(&chain_op)
+        .arg(&round);
+    // SAFETY: whole warps; chunk a multiple of 16 and bytes whole rounds of chunks; `round` divides
+    // `stages`, 1 <= lag <= stages / round; the shared memory holds the barriers and both warps'
+    // rings; `src` and `dst` (distinct) hold every warp's slice and `trace` its words.
     unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
     assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
     let v = p.stream.clone_dtoh(&trace).unwrap();
@@ -559,7 +576,7 @@ fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items
         let least = if chain_op == 3 { 16 * chain } else { 2 * chain };
         assert!(chain_cycles >= least && copy_cycles > 0, "warp {w}: chain {chain_cycles}, copy {copy_cycles}");
         let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
-        for j in 0..items as usize {
+        for j in 0..traced as usize {
             let (issued, landed, committed) = (rec(j)[R_ISSUED], rec(j)[R_LANDED], rec(j)[R_COMMITTED]);
             assert!(
                 issued <= landed && landed <= committed && committed <= copy_cycles,
@@ -567,7 +584,7 @@ fn timed_copies(test: &str, evict_first: u32, chain_op: u32, (stages, lag, items
                 rec(j)
             );
             // One item after another, or (in rounds) one round after another.
-            if j > 0 && (lag != 0 || j % 4 == 0) {
+            if j > 0 && j % round as usize == 0 {
                 assert!(committed > rec(j - 1)[R_COMMITTED], "warp {w} item {j}: commits out of order");
             }
         }

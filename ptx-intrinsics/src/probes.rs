@@ -414,28 +414,29 @@ macro_rules! unroll4 {
 /// shows what compute beside it costs the copy (and the probe of [`clock64`], [`warpid`] and the
 /// cache-hinted bulk copies). Lane 0 of every warp copies its own `bytes` of `src` to `dst` (warp
 /// `g` of the grid the `g`-th slice) through its own ring of `stages` shared-memory stages,
-/// refilled as the engine's TMA mover refills: `lag` items behind the stores, after
-/// `cp.async.bulk.wait_group.read lag - 1`, so `stages - lag` loads run ahead. First it times
+/// refilled as the engine's TMA mover refills: `lag` behind the stores, after
+/// `cp.async.bulk.wait_group.read lag - 1`, so `stages - lag` loads run ahead. With `round` 4 it
+/// copies in rounds of four items instead, every step of a round (refill, poll, store) as four
+/// independent instructions, and `lag` counts rounds ([`TracedCopy::run`]). First it times
 /// `chain` steps of a dependent chain, its share of its scheduler's issue slots: `chain_op` 0 two
 /// ALU instructions per step, 1 two `fma.rn.f32`, 2 one `ld.shared` (with its address
 /// arithmetic), 3 eight independent two-instruction ALU streams (16 instructions that need not
-/// wait on each other). `lag` 0 copies in rounds of four items instead: all four stages polled,
-/// then four stores and one commit, then (after `wait_group.read 0`) four refills, each step as
-/// independent instructions. With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// wait on each other). With `evict_first` nonzero the copies carry an L2 evict-first policy.
 ///
 /// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
 /// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
-/// [`crate::trace_layout`]). Shared memory: the barriers from 0, the rings from
-/// [`trace_layout::BARRIER_BYTES`], `stages × chunk` per warp. Every wait is on the CTA's own bulk
-/// loads and stores, which complete unless the copy faults (then the launch fails).
+/// [`crate::trace_layout`]); with `traced` 0 the loop reads no clock and stores nothing between
+/// its steps. Shared memory: the barriers from 0, the rings from [`trace_layout::BARRIER_BYTES`],
+/// `stages × chunk` per warp. Every wait is on the CTA's own bulk loads and stores, which complete
+/// unless the copy faults (then the launch fails).
 ///
 /// # Safety
 /// The block is a whole number of warps; `chunk` is a positive multiple of 16 and `bytes` a
-/// multiple of `chunk`; `1 <= lag <= min(stages, MAX_LAG)`, or `lag` 0 (rounds of four: then
-/// `stages` is 4 and `bytes` a multiple of `4 × chunk`), and warps × `stages` <= `MAX_BARRIERS`;
-/// the dynamic shared memory holds `BARRIER_BYTES + warps × stages × chunk`; `src` and `dst` hold
-/// `bytes` for every warp of the grid, 16-byte aligned, and do not overlap; `trace` holds
-/// `warp_words(traced)` u32 for every warp.
+/// multiple of `round × chunk`; `round` is 1 or 4 and divides `stages`; `1 <= lag <=
+/// min(stages / round, MAX_LAG)`; warps × `stages` <= `MAX_BARRIERS`; the dynamic shared memory
+/// holds `BARRIER_BYTES + warps × stages × chunk`; `src` and `dst` hold `bytes` for every warp of
+/// the grid, 16-byte aligned, and do not overlap; `trace` holds `warp_words(traced)` u32 for every
+/// warp.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     dst: u64,
@@ -449,6 +450,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     traced: u32,
     evict_first: u32,
     chain_op: u32,
+    round: u32,
 ) {
     if laneid() != 0 {
         return;
@@ -548,104 +550,27 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     }
     let chain_cycles = (clock64() - t0) as u32;
 
+    let copy = TracedCopy { bars, ring, src, dst, out, chunk, stages, lag, traced };
     // SAFETY (whole block): each warp's barriers and ring are its own (the host sizes shared memory
-    // for `warps × stages` of both); every stage is armed with exactly the bytes its load brings and
-    // refilled only after the store reading it finished reading (`lag` items behind, `wait_group.read
-    // lag - 1`; in rounds, after `wait_group.read 0` for the round's four stores); `src` and `dst`
-    // hold `bytes` for every warp of the grid, `trace` its records.
+    // for `warps × stages` of both); `src` and `dst` hold `bytes` for every warp of the grid, `trace`
+    // its records; `round` divides `stages` and `items`, and `lag` is 1..=stages / round (the
+    // caller's contract, as `TracedCopy::run` needs).
     unsafe {
         for s in 0..stages {
             mbarrier_init_shared_b64(bars.add(s), 1);
         }
         fence_mbarrier_init_release_cluster();
-        let policy = createpolicy_fractional_l2_evict_first();
         let start = clock64();
-        let record = |j: u32, field: usize, v: u32| {
-            if j < traced {
-                let at = trace_layout::HEADER_WORDS + trace_layout::RECORD_WORDS * j as usize + field;
-                *out.add(at as u64).ptr() = v;
-            }
-        };
-        let load = |j: u32| {
-            let s = j % stages;
-            record(j, trace_layout::R_ISSUED, (clock64() - start) as u32);
-            let _ = mbarrier_arrive_expect_tx_shared_b64(bars.add(s), chunk);
-            let (to, from) = (ring.byte_add(s * chunk), src.byte_add(j as u64 * chunk as u64));
-            if evict_first != 0 {
-                cp_async_bulk_shared_global_mbarrier_hint(to, from, chunk, bars.add(s), policy);
-            } else {
-                cp_async_bulk_shared_global_mbarrier(to, from, chunk, bars.add(s));
-            }
-        };
-        let store = |j: u32, s: u32| {
-            let (to, from) = (dst.byte_add(j as u64 * chunk as u64), ring.byte_add(s * chunk));
-            if evict_first != 0 {
-                cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
-            } else {
-                cp_async_bulk_global_shared_bulk_group(to, from, chunk);
-            }
-        };
-        if lag == 0 {
-            // Rounds of four items through four stages, each step of a round as independent
-            // instructions (every stage polled, then every store, then every refill), so that one
-            // turn of the issuer moves a step of four items rather than of one.
-            for j in 0..4u32.min(items) {
-                load(j);
-            }
-            for r in 0..items / 4 {
-                let (first, parity) = (4 * r, r & 1);
-                let mut polls = 0u32;
-                loop {
-                    let a = mbarrier_try_wait_parity_shared_b64(bars, parity);
-                    let b = mbarrier_try_wait_parity_shared_b64(bars.add(1), parity);
-                    let c = mbarrier_try_wait_parity_shared_b64(bars.add(2), parity);
-                    let d = mbarrier_try_wait_parity_shared_b64(bars.add(3), parity);
-                    if a & b & c & d {
-                        break;
-                    }
-                    polls += 1;
-                }
-                let landed = (clock64() - start) as u32;
-                unroll4!(S, {
-                    let j = first + S as u32;
-                    record(j, trace_layout::R_LANDED, landed);
-                    record(j, trace_layout::R_POLLS, polls);
-                    store(j, S as u32);
-                });
-                cp_async_bulk_commit_group();
-                let committed = (clock64() - start) as u32;
-                unroll4!(S, {
-                    record(first + S as u32, trace_layout::R_COMMITTED, committed);
-                });
-                if first + 4 < items {
-                    cp_async_bulk_wait_group_read_at_most(0);
-                    unroll4!(S, {
-                        load(first + 4 + S as u32);
-                    });
-                }
-            }
-        } else {
-            let ahead = stages - lag;
-            for j in 0..ahead.min(items) {
-                load(j);
-            }
-            for j in 0..items {
-                let next = j + ahead;
-                if next < items {
-                    cp_async_bulk_wait_group_read_at_most(lag - 1);
-                    load(next);
-                }
-                let s = j % stages;
-                let mut polls = 0u32;
-                while !mbarrier_try_wait_parity_shared_b64(bars.add(s), (j / stages) & 1) {
-                    polls += 1;
-                }
-                record(j, trace_layout::R_LANDED, (clock64() - start) as u32);
-                record(j, trace_layout::R_POLLS, polls);
-                store(j, s);
-                cp_async_bulk_commit_group();
-                record(j, trace_layout::R_COMMITTED, (clock64() - start) as u32);
-            }
+        // Each choice a constant of its own loop, so that no step branches on it.
+        match (traced != 0, round, evict_first != 0) {
+            (true, 4, false) => copy.run::<true, 4, false>(items, start),
+            (true, 4, true) => copy.run::<true, 4, true>(items, start),
+            (false, 4, false) => copy.run::<false, 4, false>(items, start),
+            (false, 4, true) => copy.run::<false, 4, true>(items, start),
+            (true, _, false) => copy.run::<true, 1, false>(items, start),
+            (true, _, true) => copy.run::<true, 1, true>(items, start),
+            (false, _, false) => copy.run::<false, 1, false>(items, start),
+            (false, _, true) => copy.run::<false, 1, true>(items, start),
         }
         cp_async_bulk_wait_group::<0>();
         let copy_cycles = (clock64() - start) as u32;
@@ -662,6 +587,117 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
             (H_CHAIN_VALUE, x),
         ] {
             *out.add(k as u64).ptr() = v;
+        }
+    }
+}
+
+/// One warp's part of [`bench_tma_trace`]'s copy: its barriers and ring, its slices of the source
+/// and the destination, its trace records.
+struct TracedCopy {
+    bars: Shared<Mbarrier>,
+    ring: Shared<u8>,
+    src: Global<u8>,
+    dst: Global<u8>,
+    out: Global<u32>,
+    chunk: u32,
+    stages: u32,
+    lag: u32,
+    traced: u32,
+}
+
+impl TracedCopy {
+    /// Copies `items` chunks in rounds of `ROUND` items: `stages / ROUND` rounds of stages, each
+    /// round's stages refilled `lag` rounds behind its stores (after `cp.async.bulk.wait_group.read
+    /// lag - 1`, one group per round), so `stages / ROUND - lag` rounds of loads run ahead. Each step
+    /// of a round (refill, poll, store) is `ROUND` independent instructions; `ROUND` 1 is the
+    /// engine's item-by-item ring. With `TRACE` it records each item's times from `start` (a clock
+    /// read and a store per record); without, nothing between the steps. With `HINT` the copies
+    /// carry an L2 evict-first policy.
+    ///
+    /// # Safety
+    /// The warp's lane 0, once, after its barriers were initialised (one arrival each); `ROUND`
+    /// divides `stages` and `items`; `1 <= lag <= stages / ROUND`, `lag <= MAX_LAG`; the slices
+    /// hold `items × chunk` bytes, the trace `warp_words(traced)` words.
+    #[inline(always)]
+    unsafe fn run<const TRACE: bool, const ROUND: u32, const HINT: bool>(&self, items: u32, start: u64) {
+        let (chunk, stages) = (self.chunk, self.stages);
+        let rounds = items / ROUND;
+        let ahead = stages / ROUND - self.lag;
+        let policy = createpolicy_fractional_l2_evict_first();
+        let stamp = |j: u32, field: usize, v: u32| {
+            if TRACE && j < self.traced {
+                let at = trace_layout::HEADER_WORDS + trace_layout::RECORD_WORDS * j as usize + field;
+                // SAFETY: record `j < traced` of this warp's trace (the caller's contract).
+                unsafe { *self.out.add(at as u64).ptr() = v };
+            }
+        };
+        let now = || if TRACE { (clock64() - start) as u32 } else { 0 };
+        // SAFETY (whole block): stage `j % stages` of item `j` is armed with exactly the bytes its
+        // load brings and refilled only after the stores that read it finished reading (`lag`
+        // rounds behind); every address lies inside this warp's slices and ring.
+        unsafe {
+            // Stage indices and parities kept as running values (no division in the loop): the
+            // first stage of the next round to load, and of the round to store with its parity.
+            let next = |base: u32| if base + ROUND == stages { 0 } else { base + ROUND };
+            let load_round = |q: u32, base: u32| {
+                for s in 0..ROUND {
+                    let j = q * ROUND + s;
+                    let stage = base + s;
+                    stamp(j, trace_layout::R_ISSUED, now());
+                    let bar = self.bars.add(stage);
+                    let _ = mbarrier_arrive_expect_tx_shared_b64(bar, chunk);
+                    let (to, from) = (self.ring.byte_add(stage * chunk), self.src.byte_add(j as u64 * chunk as u64));
+                    if HINT {
+                        cp_async_bulk_shared_global_mbarrier_hint(to, from, chunk, bar, policy);
+                    } else {
+                        cp_async_bulk_shared_global_mbarrier(to, from, chunk, bar);
+                    }
+                }
+            };
+            let mut loading = 0u32;
+            for q in 0..ahead.min(rounds) {
+                load_round(q, loading);
+                loading = next(loading);
+            }
+            let (mut base, mut parity) = (0u32, 0u32);
+            for r in 0..rounds {
+                if r + ahead < rounds {
+                    cp_async_bulk_wait_group_read_at_most(self.lag - 1);
+                    load_round(r + ahead, loading);
+                    loading = next(loading);
+                }
+                let first = r * ROUND;
+                let mut polls = 0u32;
+                loop {
+                    let mut landed = true;
+                    for s in 0..ROUND {
+                        landed &= mbarrier_try_wait_parity_shared_b64(self.bars.add(base + s), parity);
+                    }
+                    if landed {
+                        break;
+                    }
+                    polls += 1;
+                }
+                let seen = now();
+                for s in 0..ROUND {
+                    let j = first + s;
+                    stamp(j, trace_layout::R_LANDED, seen);
+                    stamp(j, trace_layout::R_POLLS, polls);
+                    let (to, from) = (self.dst.byte_add(j as u64 * chunk as u64), self.ring.byte_add((base + s) * chunk));
+                    if HINT {
+                        cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
+                    } else {
+                        cp_async_bulk_global_shared_bulk_group(to, from, chunk);
+                    }
+                }
+                cp_async_bulk_commit_group();
+                let committed = now();
+                for s in 0..ROUND {
+                    stamp(first + s, trace_layout::R_COMMITTED, committed);
+                }
+                base = next(base);
+                parity ^= (base == 0) as u32;
+            }
         }
     }
 }

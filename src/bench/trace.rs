@@ -66,12 +66,17 @@ pub struct TmaTraceBench {
     pub warps: u32,
     /// Bytes copied in all (rounded down to whole chunks per warp).
     pub bytes: u64,
-    /// Bytes per stage, stages per warp, and how many items the refill lags behind the stores
-    /// (the engine's `refill_lag`: half the stages, at least one; 0: rounds of four items through
-    /// four stages, each step of a round as independent instructions).
+    /// Bytes per stage, stages per warp, items per round (1: the engine's item-by-item ring; 4:
+    /// rounds of four items, each step of a round as four independent instructions), and how many
+    /// rounds the refill lags behind the stores (the engine's `refill_lag`: half the rounds of
+    /// stages, at least one).
     pub chunk: u32,
     pub stages: u32,
+    pub round: u32,
     pub lag: u32,
+    /// Copy without trace records: no clock read or store between the loop's steps (the medians
+    /// are then 0; the copy's time, the chain and the check remain).
+    pub untraced: bool,
     /// The copies carry an L2 evict-first policy (`createpolicy`), which leaves the compute's
     /// lines in the L2.
     pub evict_first: bool,
@@ -99,7 +104,9 @@ pub struct TraceRow {
     pub warps: u32,
     pub chunk: u32,
     pub stages: u32,
+    pub round: u32,
     pub lag: u32,
+    pub untraced: bool,
     pub evict_first: bool,
     pub chain_op: &'static str,
     pub compute_first: bool,
@@ -144,9 +151,10 @@ impl TmaTraceBench {
     }
 
     /// Refuses a shape the kernel cannot run: no CTAs, 0 or more than 4 warps, a chunk that is not a
-    /// positive multiple of 16, more stages than barriers fit below the rings, a lag outside
-    /// `1..=min(stages, MAX_LAG)`, a slice of fewer than two rings of chunks or over 4 GiB, no timed
-    /// run, or compute times out of range.
+    /// positive multiple of 16, more stages than barriers fit below the rings, a round other than 1
+    /// or 4 or one that does not divide the stages or each warp's items, a lag outside `1..=min(stages
+    /// / round, MAX_LAG)`, a slice of fewer than two rings of chunks or over 4 GiB, no timed run, or
+    /// compute times out of range.
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &'static str, why: String| Err(Error::Config { field, why });
         if !(1..=1024).contains(&self.ctas) {
@@ -165,25 +173,22 @@ impl TmaTraceBench {
             );
         }
         let per_warp = self.bytes_per_warp();
-        if self.lag == 0 {
-            if self.stages != 4 || !(per_warp / self.chunk as u64).is_multiple_of(4) {
-                return bad(
-                    "lag",
-                    format!(
-                        "0 (rounds of four items) needs --stages 4 and whole rounds per warp: {} stages, {} items",
-                        self.stages,
-                        per_warp / self.chunk as u64
-                    ),
-                );
-            }
-        } else if !(1..=self.stages.min(MAX_LAG)).contains(&self.lag) {
+        let items = per_warp / self.chunk as u64;
+        if !matches!(self.round, 1 | 4) || !self.stages.is_multiple_of(self.round) || !items.is_multiple_of(self.round as u64)
+        {
+            return bad(
+                "round",
+                format!(
+                    "{}: give 1, or 4 with a multiple of 4 stages and whole rounds per warp ({} stages, {items} items)",
+                    self.round, self.stages
+                ),
+            );
+        }
+        let sets = self.stages / self.round;
+        if !(1..=sets.min(MAX_LAG)).contains(&self.lag) {
             return bad(
                 "lag",
-                format!(
-                    "{}: give 1..={} (the stages, at most {MAX_LAG}), or 0 for rounds of four",
-                    self.lag,
-                    self.stages.min(MAX_LAG)
-                ),
+                format!("{}: give 1..={} (the rounds of stages, at most {MAX_LAG})", self.lag, sets.min(MAX_LAG)),
             );
         }
         if per_warp < 2 * self.stages as u64 * self.chunk as u64 || per_warp > u32::MAX as u64 {
@@ -269,7 +274,9 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         warps: 0,
         chunk: 0,
         stages: 0,
+        round: 0,
         lag: 0,
+        untraced: false,
         evict_first: false,
         chain_op: "",
         compute_first: false,
@@ -334,7 +341,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let warps = (b.ctas * b.warps) as usize;
     let total = per_warp as usize * warps;
     let items = (per_warp / b.chunk as u64) as u32;
-    let traced = items.min(MAX_TRACED);
+    let traced = if b.untraced { 0 } else { items.min(MAX_TRACED) };
     let mut src: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
     fill_periodic(stream, &mut src, 0, DType::U32, total as u64 / 4, |i| pattern(0, i))?;
     let mut dst: CudaSlice<u8> = stream.alloc_zeros(total).map_err(Error::driver("cuMemAlloc"))?;
@@ -347,7 +354,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         block_dim: (32 * b.warps, 1, 1),
         shared_mem_bytes: b.smem_bytes() as u32,
     };
-    let (bytes, chunk, stages, lag, chain) = (per_warp as u32, b.chunk, b.stages, b.lag, CHAIN);
+    let (bytes, chunk, stages, round, lag, chain) = (per_warp as u32, b.chunk, b.stages, b.round, b.lag, CHAIN);
     let evict_first = b.evict_first as u32;
     let chain_op = b.chain_op as u32;
     let copy = || -> Result<()> {
@@ -362,9 +369,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&trace_ptr)
             .arg(&traced)
             .arg(&evict_first)
-            .arg(&chain_op);
-        // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages and
-        // lag (and `bytes` is whole chunks); `src` and `dst` (distinct allocations, 16-aligned) hold
+            .arg(&chain_op)
+            .arg(&round);
+        // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages,
+        // round and lag (and `bytes` is whole rounds of chunks); `src` and `dst` (distinct allocations, 16-aligned) hold
         // `bytes` for each of the grid's warps and `trace` `warp_words(traced)` u32 each; the shared
         // memory holds the barriers and every warp's ring (`smem_bytes`, allowed by the attribute).
         unsafe { l.launch(config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
@@ -373,14 +381,16 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         stream.clone_dtoh(trace).map_err(Error::driver("cuMemcpyDtoH"))
     };
     let skip = b.stages as usize;
-    let ahead = (b.stages - b.lag) as usize;
+    let ahead = ((b.stages / b.round - b.lag) * b.round) as usize;
     let row = |trace: &[u32], beside: String, ms: f64| TraceRow {
         beside,
         ctas: b.ctas,
         warps: b.warps,
         chunk: b.chunk,
         stages: b.stages,
+        round: b.round,
         lag: b.lag,
+        untraced: b.untraced,
         evict_first: b.evict_first,
         chain_op: b.chain_op.name(),
         compute_first: b.compute_first,
@@ -472,7 +482,9 @@ mod tests {
             bytes: 1 << 30,
             chunk: 32768,
             stages: 4,
+            round: 1,
             lag: 2,
+            untraced: false,
             evict_first: false,
             chain_op: ChainOp::Alu,
             compute_first: false,
@@ -492,10 +504,14 @@ mod tests {
         assert_eq!(field(TmaTraceBench { warps: 4, stages: 1 << 30, lag: 1, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { bytes: 8 * 7 * 32768, ..ok.clone() }), "bytes");
         assert_eq!(field(TmaTraceBench { iters: 0, ..ok.clone() }), "iters");
-        // Lag 0: rounds of four, through four stages and whole rounds only.
-        TmaTraceBench { lag: 0, ..ok.clone() }.validate().unwrap();
-        assert_eq!(field(TmaTraceBench { lag: 0, stages: 3, ..ok.clone() }), "lag");
-        assert_eq!(field(TmaTraceBench { lag: 0, bytes: 8 * 10 * 32768, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
+        // Rounds of four: a multiple of four stages, whole rounds, the lag counted in rounds.
+        TmaTraceBench { round: 4, lag: 1, ..ok.clone() }.validate().unwrap();
+        TmaTraceBench { round: 4, stages: 12, lag: 3, bytes: 1 << 31, ..ok.clone() }.validate().unwrap();
+        assert_eq!(field(TmaTraceBench { round: 4, lag: 2, ..ok.clone() }), "lag");
+        assert_eq!(field(TmaTraceBench { round: 4, stages: 6, lag: 1, ..ok.clone() }), "round");
+        assert_eq!(field(TmaTraceBench { round: 4, lag: 1, bytes: 8 * 10 * 32768, ..ok.clone() }), "round");
+        assert_eq!(field(TmaTraceBench { round: 2, ..ok.clone() }), "round");
         assert_eq!(field(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");
         assert_eq!(field(TmaTraceBench { bytes: 1000, ..ok.clone() }), "bytes");

@@ -150,11 +150,19 @@ pub struct Args {
     /// overlap, tma_trace, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
     #[arg(long)]
     pub fma_ctas_per_sm: Option<u32>,
-    /// tma_trace: items the ring's refill lags behind the stores, 1..=min(stages, 8) (default half
-    /// the stages, at least one, as the engine's TMA mover), or 0: rounds of four items through
-    /// `--stages 4`, each step of a round (poll, store, refill) as independent instructions.
+    /// tma_trace: rounds the ring's refill lags behind the stores, 1..=min(stages / round, 8)
+    /// (default half the rounds of stages, at least one, as the engine's TMA mover).
     #[arg(long)]
     pub lag: Option<u32>,
+    /// tma_trace: items per round, 1 (default: the engine's item-by-item ring) or 4 (rounds of four
+    /// items through a multiple of four stages, each step of a round, refill, poll and store, as
+    /// four independent instructions).
+    #[arg(long)]
+    pub round: Option<u32>,
+    /// tma_trace: copy without per-item trace records (no clock read or store between the loop's
+    /// steps; the medians print as 0).
+    #[arg(long)]
+    pub untraced: bool,
     /// tma_trace: the copies carry an L2 evict-first cache policy.
     #[arg(long)]
     pub l2_evict_first: bool,
@@ -271,6 +279,8 @@ pub fn run(a: Args) -> CliResult {
         if a.algo.is_some() || a.xml.is_some() { "--algo/--xml" } else { a.what.as_deref().unwrap_or("--algo/--xml") };
     for (flag, given) in [
         ("--lag", a.lag.is_some()),
+        ("--round", a.round.is_some()),
+        ("--untraced", a.untraced),
         ("--l2-evict-first", a.l2_evict_first),
         ("--chain", a.chain.is_some()),
         ("--compute-first", a.compute_first),
@@ -853,20 +863,27 @@ fn run_tma_trace(
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
-         {}, {} B of shared memory per CTA{}, chain {}{}; beside {}{}",
+         {}, {} B of shared memory per CTA{}{}, chain {}{}; beside {}{}",
         b.bytes_per_warp() * (b.ctas * b.warps) as u64,
         b.ctas,
         b.warps,
         b.bytes_per_warp(),
         b.chunk,
         b.stages,
-        if b.lag == 0 {
-            "in rounds of four (each step as independent instructions)".to_string()
-        } else {
+        if b.round == 1 {
             format!("refill {} behind ({} loads ahead)", b.lag, b.stages - b.lag)
+        } else {
+            format!(
+                "in rounds of {} items (each step of a round as independent instructions), refill {} rounds behind \
+                 ({} rounds of loads ahead)",
+                b.round,
+                b.lag,
+                b.stages / b.round - b.lag
+            )
         },
         b.smem_bytes(),
         if b.evict_first { ", L2 evict-first" } else { "" },
+        if b.untraced { ", untraced (no per-item records)" } else { "" },
         b.chain_op.name(),
         if b.compute_first { ", compute launched first" } else { "" },
         b.compute.name(),
@@ -930,6 +947,10 @@ fn run_tma_trace(
 /// The tma_trace diagnostic's parameters from the flags.
 fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Error>> {
     let stages = a.stages.unwrap_or(4);
+    let round = a.round.unwrap_or(1);
+    // The default lag as the engine's, over the rounds of stages (a shape `validate` refuses keeps
+    // a lag of 1 and is refused there by its round).
+    let sets = if round == 0 { 0 } else { stages / round };
     Ok(bench::TmaTraceBench {
         compute: compute_load(a)?,
         compute_threads: 256,
@@ -940,7 +961,9 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
         bytes: a.max_bytes,
         chunk: a.chunk.unwrap_or(32768),
         stages,
-        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(stages).min(oxccl_ptx::trace_layout::MAX_LAG)),
+        round,
+        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(sets.max(1)).min(oxccl_ptx::trace_layout::MAX_LAG)),
+        untraced: a.untraced,
         evict_first: a.l2_evict_first,
         chain_op: match a.chain.as_deref() {
             None => bench::ChainOp::Alu,
