@@ -196,7 +196,7 @@ for run in open(sys.argv[2]):
       # the engine's item-by-item ring, without per-item records (--untraced) unless the shape says
       # traced, alone and beside the FMA probe at 4 and 1 CTAs per SM. ROUND_SHAPES:
       # round:stages:chunk:lag[:traced].
-      for s in ${ROUND_SHAPES:-1:4:32768:2 1:4:32768:2:traced 4:4:32768:1 4:8:16384:1 4:8:24576:1 4:12:16384:1 4:8:24576:2}; do
+      for s in ${ROUND_SHAPES:-1:4:32768:2 1:4:32768:2:traced 4:4:32768:1 4:8:16384:1 4:12:16384:1}; do
         IFS=: read -r rd st ch lg tr <<< "$s"
         for load in "fma --fma-ctas-per-sm 4" "fma --fma-ctas-per-sm 1"; do
           log "tma_trace --round $rd --stages $st --chunk $ch --lag $lg ${tr:-untraced} --compute $load"
