@@ -139,28 +139,25 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         // SAFETY: forwarded contract.
         return unsafe { stream_combining::<C>(ctx, state, ops, sources, items) };
     }
-    // The share of the items this thread's ring streams: all of them through the whole ring when the
-    // CTA combines (the walker allows that only with one issuer), else items `first, first + stride,
-    // …` through this warp's stages (`ring_base ..`, `stages` of them).
-    let (first, stride, base, stages) =
-        if combine { (0, 1, 0, ctx.stages) } else { (ctx.ring_first, ctx.ring_stride, ctx.ring_base, ctx.ring_len) };
-    let mine = if items > first { (items - first - 1) / stride + 1 } else { 0 };
-    let issuer = if combine { ctx.issuer } else { ctx.ring_issuer };
-    if !combine && !issuer {
-        // The issuers run this range alone; keep this thread's view of its warp's ring in step.
-        state.advance_by(mine, stages);
-        return;
+    if !combine {
+        // One source (or none to combine): the issuers alone, each through its warp's ring.
+        // SAFETY: forwarded contract.
+        return unsafe {
+            if ops.dsts.count() == 1 {
+                stream_issued::<true>(ctx, state, ops, items, write)
+            } else {
+                stream_issued::<false>(ctx, state, ops, items, write)
+            }
+        };
     }
-    if mine == 0 {
-        return;
-    }
-    if combine {
-        // Every thread waits on the stage barriers below: all must enter with the ring drained.
-        // SAFETY: all threads of the CTA take this branch (same operands).
-        unsafe { bar_sync_all() };
-    }
-    // Item `j` of this share is item `first + j × stride` of the range.
-    let at = |j: u32| (first + j * stride) as u64 * chunk;
+    // The CTA combines in shared memory: every thread takes every item through the whole ring (the
+    // walker allows that only with one issuer), and thread 0 issues.
+    let stages = ctx.stages;
+    let issuer = ctx.issuer;
+    // Every thread waits on the stage barriers below: all must enter with the ring drained.
+    // SAFETY: all threads of the CTA take this branch (same operands).
+    unsafe { bar_sync_all() };
+    let at = |j: u32| j as u64 * chunk;
     let len = |j: u32| (ops.bytes - at(j)).min(chunk) as u32;
     let mut producer = *state;
     let mut consumer = *state;
@@ -170,42 +167,38 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
     // after the stores reading them have finished reading; consumers wait on the phase the producer
     // armed (`PipelineState` pairs index and parity).
     unsafe {
-        let load = |p: &PipelineState, j: u32| load_item(ctx, ops, base + p.index, sources, at(j), len(j));
+        let load = |p: &PipelineState, j: u32| load_item(ctx, ops, p.index, sources, at(j), len(j));
 
         // Items the refill lags behind the consumer: the stage item `i + stages - lag` uses was last
         // read by the stores of item `i - lag`, so `lag - 1` newer store groups may still be reading.
         let lag = refill_lag(stages);
         if issuer {
-            let ahead = (stages - lag).min(mine);
+            let ahead = (stages - lag).min(items);
             for j in 0..ahead {
                 load(&producer, j);
                 producer.advance(stages);
             }
         }
-        for j in 0..mine {
+        for j in 0..items {
             if issuer {
                 let next = j + stages - lag;
-                if next < mine {
+                if next < items {
                     cp_async_bulk_wait_group_read_at_most(lag - 1);
                     load(&producer, next);
                     producer.advance(stages);
                 }
             }
-            let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase);
-            if combine {
-                if landed {
-                    combine_slots::<C>(ctx, consumer.index, sources, len(j));
-                }
-                fence_proxy_async_shared_cta();
-                if ctx.sync_aborted() {
-                    break;
-                }
-            } else if !landed {
+            let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
+            if landed {
+                combine_slots::<C>(ctx, consumer.index, sources, len(j));
+            }
+            fence_proxy_async_shared_cta();
+            if ctx.sync_aborted() {
                 break;
             }
             if issuer {
                 let n = len(j);
-                let slot = ctx.stage_slot(base + consumer.index, 0);
+                let slot = ctx.stage_slot(consumer.index, 0);
                 for a in ops.dsts.iter(ctx) {
                     let dst = Global::<u8>::from_addr(a + at(j));
                     match write {
@@ -218,9 +211,95 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             consumer.advance(stages);
         }
         if issuer {
-            drain(ctx, base, consumer, &producer, stages);
+            drain(ctx, 0, consumer, &producer, stages);
             cp_async_bulk_wait_group_read::<0>();
         }
+    }
+    state.advance_by(items, stages);
+}
+
+/// The pipeline of a task that does not combine (one source, copied or bulk-reduced into every
+/// destination): lane 0 of each issuing warp streams its share, items `ring_first, ring_first +
+/// ring_stride, …`, through its warp's stages `ring_base ..` (`ring_len` of them) alone; the other
+/// threads only keep their view of the ring in step. Written for the issuer's instruction count,
+/// which is what a copy beside compute on the same SM loses time to (docs/PERF.md, "Rounds without
+/// trace records"): offsets advance by addition, the source's address is read once, and with
+/// `ONE_DST` the destination's too.
+///
+/// # Safety
+/// As [`stream`]; `ops.srcs` has one range and, with `ONE_DST`, `ops.dsts` one.
+#[inline(always)]
+unsafe fn stream_issued<const ONE_DST: bool>(
+    ctx: &Ctx,
+    state: &mut PipelineState,
+    ops: &Operands,
+    items: u32,
+    write: Write,
+) {
+    let (first, stride, base, stages) = (ctx.ring_first, ctx.ring_stride, ctx.ring_base, ctx.ring_len);
+    let mine = if items > first { (items - first - 1) / stride + 1 } else { 0 };
+    if !ctx.ring_issuer || mine == 0 {
+        // The issuers run this range alone; keep this thread's view of its warp's ring in step.
+        state.advance_by(mine, stages);
+        return;
+    }
+    let chunk = ctx.chunk_bytes as u64;
+    // Bytes between two items of this share, and the offsets of the next item to load and to store.
+    let step = stride as u64 * chunk;
+    let (mut load_at, mut store_at) = (first as u64 * chunk, first as u64 * chunk);
+    let len = |at: u64| (ops.bytes - at).min(chunk) as u32;
+    let src = ops.srcs.head(ctx);
+    let dst = ops.dsts.head(ctx);
+    let lag = refill_lag(stages);
+    let ahead = stages - lag;
+    let mut producer = *state;
+    let mut consumer = *state;
+    // SAFETY (whole block): as in `stream`: every offset below `ops.bytes` and 16-byte aligned, each
+    // stage armed for exactly its load's bytes and refilled only after `wait_group.read` says the
+    // stores of its previous item (`lag` items back) stopped reading it.
+    unsafe {
+        let load = |p: &PipelineState, at: u64| {
+            let (bar, n) = (ctx.stage_barrier(base + p.index), len(at));
+            let _ = mbarrier_arrive_expect_tx_shared_b64(bar, n);
+            let from = Global::<u8>::from_addr(src + at);
+            cp_async_bulk_shared_global_mbarrier(ctx.stage_slot(base + p.index, 0), from, n, bar);
+        };
+        for _ in 0..ahead.min(mine) {
+            load(&producer, load_at);
+            producer.advance(stages);
+            load_at += step;
+        }
+        for j in 0..mine {
+            if j + ahead < mine {
+                cp_async_bulk_wait_group_read_at_most(lag - 1);
+                load(&producer, load_at);
+                producer.advance(stages);
+                load_at += step;
+            }
+            if !wait::mbarrier_phase(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase) {
+                break;
+            }
+            let (slot, n) = (ctx.stage_slot(base + consumer.index, 0), len(store_at));
+            let put = |a: u64| {
+                let to = Global::<u8>::from_addr(a + store_at);
+                match write {
+                    Write::Store => cp_async_bulk_global_shared_bulk_group(to, slot, n),
+                    Write::Reduce(dtype, op) => bulk_reduce(to, slot, n, dtype, op),
+                }
+            };
+            if ONE_DST {
+                put(dst);
+            } else {
+                for a in ops.dsts.iter(ctx) {
+                    put(a);
+                }
+            }
+            cp_async_bulk_commit_group();
+            consumer.advance(stages);
+            store_at += step;
+        }
+        drain(ctx, base, consumer, &producer, stages);
+        cp_async_bulk_wait_group_read::<0>();
     }
     state.advance_by(mine, stages);
 }

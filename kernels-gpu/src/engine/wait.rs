@@ -138,17 +138,26 @@ pub unsafe fn mbarrier_drain(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32) -> b
 #[inline(always)]
 unsafe fn mbarrier_phase_within(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32, timeout_ns: u64) -> bool {
     use oxccl_ptx::mbarrier::{mbarrier_try_wait_parity_shared_b64, mbarrier_try_wait_parity_suspend_shared_b64};
+    // One loop per kind of poll, so that the common case (the phase already complete at the first
+    // look) costs the issuer one `try_wait` and one branch.
+    let suspend = ctx.wait_suspend_ns;
+    // SAFETY (both): forwarded contract.
+    if suspend == 0 {
+        poll_within(ctx, bar, parity, timeout_ns, || unsafe { mbarrier_try_wait_parity_shared_b64(bar, parity) })
+    } else {
+        poll_within(ctx, bar, parity, timeout_ns, || unsafe {
+            mbarrier_try_wait_parity_suspend_shared_b64(bar, parity, suspend)
+        })
+    }
+}
+
+/// Polls `done` until it says the phase of `bar` with `parity` completed, or records `BulkLoad`
+/// and returns `false` after `timeout_ns`.
+#[inline(always)]
+fn poll_within(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32, timeout_ns: u64, done: impl Fn() -> bool) -> bool {
     let mut deadline = 0u64;
     loop {
-        // SAFETY: forwarded contract.
-        let done = unsafe {
-            if ctx.wait_suspend_ns == 0 {
-                mbarrier_try_wait_parity_shared_b64(bar, parity)
-            } else {
-                mbarrier_try_wait_parity_suspend_shared_b64(bar, parity, ctx.wait_suspend_ns)
-            }
-        };
-        if done {
+        if done() {
             return true;
         }
         // try_wait already blocks for a hardware-defined interval, so the clock is read every round.
