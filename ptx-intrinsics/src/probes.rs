@@ -683,7 +683,8 @@ impl TracedCopy {
                     let j = first + s;
                     stamp(j, trace_layout::R_LANDED, seen);
                     stamp(j, trace_layout::R_POLLS, polls);
-                    let (to, from) = (self.dst.byte_add(j as u64 * chunk as u64), self.ring.byte_add((base + s) * chunk));
+                    let (to, from) =
+                        (self.dst.byte_add(j as u64 * chunk as u64), self.ring.byte_add((base + s) * chunk));
                     if HINT {
                         cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
                     } else {

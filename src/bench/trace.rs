@@ -174,7 +174,9 @@ impl TmaTraceBench {
         }
         let per_warp = self.bytes_per_warp();
         let items = per_warp / self.chunk as u64;
-        if !matches!(self.round, 1 | 4) || !self.stages.is_multiple_of(self.round) || !items.is_multiple_of(self.round as u64)
+        if !matches!(self.round, 1 | 4)
+            || !self.stages.is_multiple_of(self.round)
+            || !items.is_multiple_of(self.round as u64)
         {
             return bad(
                 "round",

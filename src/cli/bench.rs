@@ -950,7 +950,7 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
     let round = a.round.unwrap_or(1);
     // The default lag as the engine's, over the rounds of stages (a shape `validate` refuses keeps
     // a lag of 1 and is refused there by its round).
-    let sets = if round == 0 { 0 } else { stages / round };
+    let sets = stages.checked_div(round).unwrap_or(0);
     Ok(bench::TmaTraceBench {
         compute: compute_load(a)?,
         compute_threads: 256,

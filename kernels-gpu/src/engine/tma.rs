@@ -11,10 +11,12 @@
 //!    slots into slot 0 (`fence.proxy.async.shared::cta`, CTA barrier);
 //! 3. the issuer bulk-stores (or bulk-reduces) slot 0 to every destination and commits the group.
 //!
-//! A task that combines several sources into one destination takes its own pipeline
-//! ([`stream_combining`]): thread 0 issues the loads, the combining warps fold the slots in registers
-//! and write the result with 16-byte global stores, and a stage is refilled right after the CTA
-//! barrier that ends its combine (no bulk store reads it). Several destinations (AllReduce's
+//! A task that does not combine (one source, copied or bulk-reduced into every destination) is the
+//! issuers' alone ([`stream_issued`], a loop kept short for the issuing thread: beside compute on
+//! the same SM its instruction count is what it loses). A task that combines several sources into
+//! one destination takes its own pipeline ([`stream_combining`]): thread 0 issues the loads, the
+//! combining warps fold the slots in registers and write the result with 16-byte global stores, and
+//! a stage is refilled right after the CTA barrier that ends its combine (no bulk store reads it). Several destinations (AllReduce's
 //! combine-and-store-everywhere) keep the steps above, one shared copy bulk-stored to each, unless
 //! the launch sets `LaunchArgs::combine_direct`.
 //!
