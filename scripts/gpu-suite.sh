@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# overlap-best tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best copy-ab tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -167,6 +167,14 @@ for run in open(sys.argv[2]):
       for load in fma sleep; do for fma in 1 2 4; do for extra in "" "--issuers 4" "--chunk 65536 --stages 3 --issuers 1" "--simt-threads 256"; do
         log "overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --ctas 8 $extra"
         timeout 60 $B/oxccl bench overlap --ranks 1 --compute $load --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) " | awk '$8==0' ; done; done; done ;;
+    copy-ab)
+      # A/B of the engine's copy beside the FMA probe: one rank's AllReduce (a 1 GiB copy, 8 CTAs),
+      # the binary staged as $B/oxccl-old (by hand: the build before a change) against $B/oxccl, the
+      # one-issuer ring and the default four issuers, beside 1 and 4 FMA CTAs per SM (0 ns rows).
+      for bin in oxccl-old oxccl; do [ -x "$B/$bin" ] || continue; for fma in 1 4; do for extra in "--issuers 1 --chunk 32768 --stages 4" "--issuers 4"; do
+        log "$bin overlap --ranks 1 --fma-ctas-per-sm $fma $extra"
+        timeout 60 $B/$bin bench overlap --ranks 1 --compute fma --fma-ctas-per-sm $fma --compute-ms 3 -e 1G --ctas 8 -n 5 -w 2 $extra 2>&1 | grep -E "^ +(tma|simt) |^# mover" | awk '$1=="#" || $8==0'
+      done; done; done ;;
     overlap-best)
       # The best configuration of each mover at one fixed compute load: 8 virtual ranks, AllReduce of
       # 256 MiB per rank, the compute calibrated to BEST_MS ms alone, CTAs per rank 1..16, default and
