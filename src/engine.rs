@@ -478,15 +478,25 @@ struct Args(LaunchArgs);
 // SAFETY: `LaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
 unsafe impl DeviceRepr for Args {}
 
-/// Registers per SM on sm_90 (32-bit), allocated to a warp in units of 256.
+/// Registers per SM on sm_90 (32-bit), in four equal files, one per scheduler (SM sub-partition),
+/// allocated to a warp in units of 256.
 const SM_REGISTERS: u32 = 65536;
+const SUBPARTITIONS: u32 = 4;
 
-/// The most threads per CTA that one SM's registers hold for a kernel of `regs` registers per thread
-/// (rounded up to a multiple of 8 per thread, as the hardware allocates), as a phrase for errors.
+/// The most threads per CTA that one SM's registers hold for a kernel of `regs` registers per thread,
+/// as a phrase for errors. A CTA's warps are dealt to the four sub-partitions in turn and each warp's
+/// registers (`regs` rounded up to a multiple of 8, times 32) come from its sub-partition's file, so
+/// the bound is four times what one file holds: at 170 registers 2 warps per file, 256 threads, not
+/// the 352 the whole register file would suggest (the driver refuses 320 such threads: docs/PERF.md,
+/// 2026-12-02).
 fn threads_for_registers(regs: u32) -> String {
     let per_warp = regs.div_ceil(8) * 8 * 32;
-    let threads = SM_REGISTERS.checked_div(per_warp).map_or(1024, |warps| (warps * 32).min(1024));
-    format!("at most {threads} threads per CTA fit in the SM's {SM_REGISTERS} registers")
+    let per_file = SM_REGISTERS / SUBPARTITIONS;
+    let threads = per_file.checked_div(per_warp).map_or(1024, |warps| (SUBPARTITIONS * warps * 32).min(1024));
+    format!(
+        "at most {threads} threads per CTA fit in the SM's {SM_REGISTERS} registers ({SUBPARTITIONS} files of {per_file}, one \
+         per scheduler)"
+    )
 }
 
 /// The first CUDA device as a context, if a CUDA driver is installed and device 0 is a Hopper GPU;
@@ -540,9 +550,15 @@ mod tests {
     /// The register file's limit on a CTA's threads, as the driver allocates registers.
     #[test]
     fn registers_bound_the_threads_of_a_cta() {
-        assert!(threads_for_registers(176).contains("at most 352 threads"));
-        assert!(threads_for_registers(180).contains("at most 352 threads"), "180 registers round up to 184");
+        // 170 and 176 registers: 5632 per warp, two warps per 16384-register file (the driver
+        // refused 320 threads of a 170-register kernel on the H200).
+        assert!(threads_for_registers(170).contains("at most 256 threads"));
+        assert!(threads_for_registers(176).contains("at most 256 threads"));
+        assert!(threads_for_registers(180).contains("at most 256 threads"), "180 registers round up to 184");
+        // cuBLAS's 168-register kernels launch 384 threads: three warps of 5376 per file.
+        assert!(threads_for_registers(168).contains("at most 384 threads"));
         assert!(threads_for_registers(128).contains("at most 512 threads"));
+        assert!(threads_for_registers(122).contains("at most 512 threads"));
         assert!(threads_for_registers(32).contains("at most 1024 threads"), "capped at 1024");
         assert!(threads_for_registers(0).contains("at most 1024 threads"));
     }

@@ -500,7 +500,8 @@ unsafe fn fold<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, me: u3
 /// 78.5 -> 83.3 GB/s, 32 threads 49.7 -> 55.5; ReduceScatter and AllReduce at 64 threads +2-7 %;
 /// with the thread count as a constant in the group's addresses 88.2 and 58.7).
 /// It raises the kernels' register count (f16/bf16 TMA kernels 140 -> 180), which matters only to
-/// CTAs of more than 352 threads.
+/// CTAs of more than 256 threads (two warps of 184 registers per scheduler's register file, three
+/// of 144).
 const COMBINE_WIDE_MAX_THREADS: u32 = 64;
 
 /// The loop of [`fold`] over whole groups of `ILP` vectors from vector `v` (`v, v + step, …`):
