@@ -57,9 +57,9 @@ pub struct Config {
     /// [`auto_pipeline`](crate::auto_pipeline)'s) split among [`DEFAULT_ISSUERS`] or 2 where each
     /// keeps two stages and given threads hold their warps, else one; with neither stages nor chunk
     /// given, 8 stages of 16 KiB among 4. Beside one 256-thread compute CTA per SM four keep a copy
-    /// at its speed alone where a lone issuer loses a third; beside compute that keeps every
-    /// scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %. Calls that
-    /// combine sources in registers always use one.
+    /// at its speed alone where a lone issuer loses a quarter of its speed; beside compute that
+    /// keeps every scheduler busy both are starved (docs/PERF.md). Alone they cost at most 1.5 %.
+    /// Calls that combine sources in registers always use one.
     pub issuers: Option<u32>,
     /// How a TMA call that combines sources into several destinations (AllReduce with
     /// `Reduction::Registers`) writes the result: `Some(false)` one copy in shared memory,

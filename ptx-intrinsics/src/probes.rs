@@ -615,9 +615,10 @@ impl TracedCopy {
     /// carry an L2 evict-first policy.
     ///
     /// # Safety
-    /// The warp's lane 0, once, after its barriers were initialised (one arrival each); `ROUND`
-    /// divides `stages` and `items`; `1 <= lag <= stages / ROUND`, `lag <= MAX_LAG`; the slices
-    /// hold `items × chunk` bytes, the trace `warp_words(traced)` words.
+    /// The warp's lane 0, once, after its `stages` barriers were initialised (one arrival each);
+    /// its ring holds `stages × chunk` bytes; `ROUND` divides `stages` (else the running stage
+    /// index passes the ring's end) and `items`; `1 <= lag <= stages / ROUND`, `lag <= MAX_LAG`;
+    /// the slices hold `items × chunk` bytes, the trace `warp_words(traced)` words.
     #[inline(always)]
     unsafe fn run<const TRACE: bool, const ROUND: u32, const HINT: bool>(&self, items: u32, start: u64) {
         let (chunk, stages) = (self.chunk, self.stages);

@@ -115,13 +115,14 @@ pub struct TraceRow {
     pub gbps: f64,
     /// Cycles per step of the dependent ALU chain before the copy (two instructions per step).
     pub chain_cycles_per_step: f64,
-    /// Between the store commits of consecutive items.
+    /// Between the store commits of consecutive items (in rounds, of consecutive rounds).
     pub period: f64,
     /// From a load's issue to the issuer seeing it landed.
     pub latency: f64,
     /// From seeing an item landed to its store committed.
     pub store: f64,
-    /// From an item's store commit to the next load issued (the `wait_group.read` and the refill).
+    /// From an item's store commit (in rounds, a round's) to the next load issued (the
+    /// `wait_group.read` and the refill).
     pub refill: f64,
     /// Share of items whose data had landed when the issuer first looked (no failed poll): near
     /// 1 the issuer is the bottleneck, near 0 the loads are.
@@ -241,10 +242,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Summarises one traced run: `trace` as `bench_tma_trace` writes it (layout in
 /// `oxccl_ptx::trace_layout`) for `warps` warps of `traced` records, leaving out each warp's first
-/// `skip` items (at least its first, which has no predecessor); `ahead` is the loads the ring keeps
-/// ahead (`stages - lag`), which pairs a commit with the refill it allows. The shape fields are left
-/// for the caller.
-fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usize) -> TraceRow {
+/// `skip` items (at least its first, which has no predecessor; a multiple of `round`). Items go in
+/// rounds of `round` (1: one by one), which share one commit: the period and the refill are
+/// measured per round, from the last commit of the round before; `ahead` is the items whose loads
+/// the ring keeps ahead (`(stages / round - lag) × round`), which pairs that commit with the refill
+/// it allows. The shape fields are left for the caller.
+fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usize, round: usize) -> TraceRow {
     use layout::*;
     let stride = warp_words(traced);
     let (mut chain, mut period, mut latency, mut store, mut refill) = (vec![], vec![], vec![], vec![], vec![]);
@@ -258,12 +261,16 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         let rec = |j: usize| &h[HEADER_WORDS + RECORD_WORDS * j..][..RECORD_WORDS];
         for j in skip.max(1)..items {
             let (r, prev) = (rec(j), rec(j - 1));
-            period.push(r[R_COMMITTED].wrapping_sub(prev[R_COMMITTED]) as f64);
+            // The first item of a round: the round before it committed last at `prev`, and the
+            // refill that commit allows is the load of the item `ahead` on.
+            if j % round.max(1) == 0 {
+                period.push(r[R_COMMITTED].wrapping_sub(prev[R_COMMITTED]) as f64);
+                if j + ahead < items {
+                    refill.push(rec(j + ahead)[R_ISSUED].wrapping_sub(prev[R_COMMITTED]) as f64);
+                }
+            }
             latency.push(r[R_LANDED].wrapping_sub(r[R_ISSUED]) as f64);
             store.push(r[R_COMMITTED].wrapping_sub(r[R_LANDED]) as f64);
-            if j + ahead < items {
-                refill.push(rec(j + ahead)[R_ISSUED].wrapping_sub(prev[R_COMMITTED]) as f64);
-            }
             first += (r[R_POLLS] == 0) as u64;
             polls += r[R_POLLS] as u64;
             counted += 1;
@@ -398,7 +405,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         compute_first: b.compute_first,
         copy_ms: ms,
         gbps: total as f64 / (ms * 1e-3) / 1e9,
-        ..summarize(trace, warps, traced as usize, skip, ahead)
+        ..summarize(trace, warps, traced as usize, skip, ahead, b.round as usize)
     };
 
     let alone_ms = time_ms_on(std::slice::from_ref(stream), b.warmup, b.iters, copy)?;
@@ -463,13 +470,31 @@ mod tests {
     #[test]
     fn summary_takes_medians_of_each_step() {
         let t = one_warp(&[[0, 100, 110, 3], [10, 300, 320, 0], [20, 500, 530, 4], [320, 800, 840, 0]]);
-        let r = summarize(&t, 1, 4, 1, 2);
+        let r = summarize(&t, 1, 4, 1, 2, 1);
         // Items 1..4: periods 210, 210, 310; latencies 290, 480, 480; stores 20, 30, 40.
         assert_eq!((r.period, r.latency, r.store), (210.0, 480.0, 30.0));
         // Item 1 refills item 3: issued at 320, 320 - 110 after item 0's commit.
         assert_eq!(r.refill, 210.0);
         assert_eq!((r.landed_first, r.polls), (2.0 / 3.0, 4.0 / 3.0));
         assert_eq!((r.chain_cycles_per_step, r.warp_slots_mod4), (2.0, [0, 1, 0, 0]));
+    }
+
+    #[test]
+    fn rounds_are_summarised_per_round() {
+        // Rounds of four, two rounds of stages, one ahead: iteration r loads round r + 1 first,
+        // then sees round r landed and commits it (round 0 was loaded before the loop).
+        let round = |issued, landed, committed| [[issued, landed, committed, 0]; 4];
+        let recs = [round(0, 100, 110), round(10, 300, 320), round(200, 400, 430)].concat();
+        let t = one_warp(&recs);
+        let r = summarize(&t, 1, 12, 1, 4, 4);
+        // Periods between round commits: 320 - 110, 430 - 320.
+        assert_eq!(r.period, 210.0);
+        // Round 2's load (issued at 200) is the refill round 0's commit (at 110) allows; round 3
+        // does not exist. (Paired item by item, 3 of 4 items would pair a load issued before the
+        // commit.)
+        assert_eq!(r.refill, 90.0);
+        // Per item: latencies 100 (x3), 290 (x4), 200 (x4); stores 10 (x3), 20 (x4), 30 (x4).
+        assert_eq!((r.latency, r.store), (200.0, 20.0));
     }
 
     #[test]

@@ -860,6 +860,8 @@ fn run_tma_trace(
     device: &str,
 ) -> CliResult {
     let b = trace_args(a)?;
+    // The header below computes with the shape: refuse a bad one first.
+    b.validate()?;
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
@@ -894,7 +896,10 @@ fn run_tma_trace(
         }
     );
     let rows = bench::tma_trace(stream, &b)?;
-    println!("# medians over the items of every warp, in SM cycles: period between store commits; latency from load");
+    println!(
+        "# medians over the items of every warp, in SM cycles: period between store commits (of rounds, in rounds); \
+         latency from load"
+    );
     println!("# issued to landing seen; store from landing seen to store committed; refill from a commit to the next");
     println!(
         "# load issued; landed1st: items whose data had landed at the first look; chain: cycles per dependent step"

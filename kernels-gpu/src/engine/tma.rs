@@ -16,9 +16,9 @@
 //! the same SM its instruction count is what it loses). A task that combines several sources into
 //! one destination takes its own pipeline ([`stream_combining`]): thread 0 issues the loads, the
 //! combining warps fold the slots in registers and write the result with 16-byte global stores, and
-//! a stage is refilled right after the CTA barrier that ends its combine (no bulk store reads it). Several destinations (AllReduce's
-//! combine-and-store-everywhere) keep the steps above, one shared copy bulk-stored to each, unless
-//! the launch sets `LaunchArgs::combine_direct`.
+//! a stage is refilled right after the CTA barrier that ends its combine (no bulk store reads it).
+//! Several destinations (AllReduce's combine-and-store-everywhere) keep the steps above, one shared
+//! copy bulk-stored to each, unless the launch sets `LaunchArgs::combine_direct`.
 //!
 //! In the steps above a stage is refilled only after `cp.async.bulk.wait_group.read` says the stores
 //! of its previous item stopped reading it: the refill lags `lag = stages / 2` items behind the
@@ -142,8 +142,9 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         return unsafe { stream_combining::<C>(ctx, state, ops, sources, items) };
     }
     if !combine {
-        // One source (or none to combine): the issuers alone, each through its warp's ring.
-        // SAFETY: forwarded contract.
+        // One source: the issuers alone, each through its warp's ring.
+        // SAFETY: forwarded contract; `sources <= 1` here and the walker refuses tasks without a
+        // source (`src_ranks != 0`), so `ops.srcs` has one range; `ONE_DST` only with one.
         return unsafe {
             if ops.dsts.count() == 1 {
                 stream_issued::<true>(ctx, state, ops, items, write)
@@ -229,7 +230,8 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
 /// `ONE_DST` the destination's too.
 ///
 /// # Safety
-/// As [`stream`]; `ops.srcs` has one range and, with `ONE_DST`, `ops.dsts` one.
+/// As [`stream`]; `ops.srcs` has exactly one range (its address is read from the buffer table
+/// without a check) and, with `ONE_DST`, `ops.dsts` one.
 #[inline(always)]
 unsafe fn stream_issued<const ONE_DST: bool>(
     ctx: &Ctx,
@@ -251,7 +253,7 @@ unsafe fn stream_issued<const ONE_DST: bool>(
     let (mut load_at, mut store_at) = (first as u64 * chunk, first as u64 * chunk);
     let len = |at: u64| (ops.bytes - at).min(chunk) as u32;
     let src = ops.srcs.head(ctx);
-    let dst = ops.dsts.head(ctx);
+    let dst = if ONE_DST { ops.dsts.head(ctx) } else { 0 };
     let lag = refill_lag(stages);
     let ahead = stages - lag;
     let mut producer = *state;

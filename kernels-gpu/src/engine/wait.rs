@@ -141,12 +141,13 @@ unsafe fn mbarrier_phase_within(ctx: &Ctx, bar: Shared<Mbarrier>, parity: u32, t
     // One loop per kind of poll, so that the common case (the phase already complete at the first
     // look) costs the issuer one `try_wait` and one branch.
     let suspend = ctx.wait_suspend_ns;
-    // SAFETY (both): forwarded contract.
     if suspend == 0 {
+        // SAFETY: forwarded contract (`bar` live, `parity` its current or preceding phase).
         poll_within(ctx, bar, parity, timeout_ns, || unsafe { mbarrier_try_wait_parity_shared_b64(bar, parity) })
     } else {
-        poll_within(ctx, bar, parity, timeout_ns, || unsafe {
-            mbarrier_try_wait_parity_suspend_shared_b64(bar, parity, suspend)
+        poll_within(ctx, bar, parity, timeout_ns, || {
+            // SAFETY: as above; the hint only bounds how long one poll may suspend.
+            unsafe { mbarrier_try_wait_parity_suspend_shared_b64(bar, parity, suspend) }
         })
     }
 }
