@@ -50,7 +50,7 @@ for step in "$@"; do
       for tool in memcheck racecheck; do
         log "$tool tensor_core_gemm"; timeout 250 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 tensor_core_gemm_matches > "$OUT/${tool}_gemm.log" 2>&1; tail -4 "$OUT/${tool}_gemm.log"
         sanitized "$OUT/${tool}_gemm.log" "$tool gemm"
-        for chain in alu_chain fma_chain shared_memory_chain; do
+        for chain in alu_chain fma_chain shared_memory_chain independent_alu_streams rounds_of_four untraced_bulk_copies; do
           log "$tool timed_bulk_copies ($chain)"; timeout 100 compute-sanitizer --tool $tool --print-limit 20 $B/gpu_intrinsics --test-threads=1 "$chain" > "$OUT/${tool}_trace_$chain.log" 2>&1; tail -4 "$OUT/${tool}_trace_$chain.log"
           sanitized "$OUT/${tool}_trace_$chain.log" "$tool trace $chain"; done; done ;;
     regression)

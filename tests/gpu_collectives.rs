@@ -51,32 +51,6 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
     v
 }
 
-/// What outputs hold before a call, as bytes of `len`: a value no correct result has and that a
-/// wrong reduction into it keeps: NaN for float sums and copies, the operator's absorbing extreme
-/// for Min and Max (-inf, i32::MIN, 0 for Min; +inf, i32::MAX, u32::MAX for Max; u32 inputs are at
-/// least 1), 0xA5 bytes for integer sums.
-fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
-    use half::{bf16, f16};
-    let op = if spec.collective == Collective::AllGather { ReduceOp::Sum } else { spec.op };
-    let one: Vec<u8> = match (spec.dtype, op) {
-        (DType::F32, ReduceOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
-        (DType::F32, ReduceOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::F32, ReduceOp::Max) => f32::INFINITY.to_le_bytes().to_vec(),
-        (DType::F16, ReduceOp::Sum) => f16::NAN.to_le_bytes().to_vec(),
-        (DType::F16, ReduceOp::Min) => f16::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::F16, ReduceOp::Max) => f16::INFINITY.to_le_bytes().to_vec(),
-        (DType::Bf16, ReduceOp::Sum) => bf16::NAN.to_le_bytes().to_vec(),
-        (DType::Bf16, ReduceOp::Min) => bf16::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::Bf16, ReduceOp::Max) => bf16::INFINITY.to_le_bytes().to_vec(),
-        (DType::I32, ReduceOp::Min) => i32::MIN.to_le_bytes().to_vec(),
-        (DType::I32, ReduceOp::Max) => i32::MAX.to_le_bytes().to_vec(),
-        (DType::U32, ReduceOp::Min) => 0u32.to_le_bytes().to_vec(),
-        (DType::U32, ReduceOp::Max) => u32::MAX.to_le_bytes().to_vec(),
-        (DType::I32 | DType::U32, ReduceOp::Sum) => vec![0xA5; 4],
-    };
-    one.iter().copied().cycle().take(len).collect()
-}
-
 /// Typed views over byte buffers (exercises views as well as slices).
 unsafe fn views<T>(bufs: &[CudaSlice<u8>]) -> Vec<CudaView<'_, T>> {
     bufs.iter().map(|b| unsafe { b.transmute::<T>(b.len() / std::mem::size_of::<T>()) }.unwrap()).collect()
@@ -92,7 +66,7 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
 
 /// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
 /// GPU; returns each rank's result bytes (output buffer, or the one buffer in place). Outputs start
-/// poisoned ([`poison`]).
+/// poisoned ([`tccl::poison`]).
 fn run_gpu(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
@@ -106,7 +80,7 @@ fn run_gpu(
     if spec.in_place {
         let len = in_bytes.max(out_bytes) as usize;
         for (r, input) in inputs.iter().enumerate() {
-            let mut b = poison(spec, len);
+            let mut b = tccl::poison(spec, len);
             let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
             b[at..at + input.len()].copy_from_slice(input);
             outs.push(streams[r].clone_htod(&b).unwrap());
@@ -114,7 +88,7 @@ fn run_gpu(
     } else {
         for (input, stream) in inputs.iter().zip(streams) {
             ins.push(stream.clone_htod(input).unwrap());
-            outs.push(stream.clone_htod(&poison(spec, out_bytes as usize)).unwrap());
+            outs.push(stream.clone_htod(&tccl::poison(spec, out_bytes as usize)).unwrap());
         }
     }
     // Across GPUs the uploads run on each rank's stream: finish them before any rank reads a peer's

@@ -282,6 +282,33 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     Ok(Lowered { programs, tasks, ranks: p, slots, combines })
 }
 
+/// What a checked call's outputs hold before it, `len` bytes: a value no correct result has and
+/// that a wrong reduction into it keeps, so an element the call fails to write, or combines into
+/// instead of overwriting, differs from [`reference`]: NaN for float sums and copies (AllGather),
+/// the operator's absorbing extreme for Min and Max (-inf, `i32::MIN`, 0 for Min; +inf, `i32::MAX`,
+/// `u32::MAX` for Max; u32 inputs must then be at least 1), 0xA5 bytes for integer sums.
+pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
+    use half::{bf16, f16};
+    let op = if spec.collective == Collective::AllGather { RedOp::Sum } else { spec.op };
+    let one: Vec<u8> = match (spec.dtype, op) {
+        (DType::F32, RedOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
+        (DType::F32, RedOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F32, RedOp::Max) => f32::INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Sum) => f16::NAN.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Min) => f16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Max) => f16::INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Sum) => bf16::NAN.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Min) => bf16::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Max) => bf16::INFINITY.to_le_bytes().to_vec(),
+        (DType::I32, RedOp::Min) => i32::MIN.to_le_bytes().to_vec(),
+        (DType::I32, RedOp::Max) => i32::MAX.to_le_bytes().to_vec(),
+        (DType::U32, RedOp::Min) => 0u32.to_le_bytes().to_vec(),
+        (DType::U32, RedOp::Max) => u32::MAX.to_le_bytes().to_vec(),
+        (DType::I32 | DType::U32, RedOp::Sum) => vec![0xA5; 4],
+    };
+    one.iter().copied().cycle().take(len).collect()
+}
+
 /// The collective computed directly from its definition (no plan involved): the reference the plans'
 /// results are compared with. `inputs[r]` is rank `r`'s input buffer (bytes); returns every rank's
 /// output buffer. For in-place specs the inputs are given as they are before the call (for AllGather

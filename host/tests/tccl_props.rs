@@ -30,32 +30,6 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
     }
 }
 
-/// What outputs hold before a call, as bytes of `len`: a value no correct result has and that a
-/// wrong reduction into it keeps: NaN for float sums and copies, the operator's absorbing extreme
-/// for Min and Max (-inf, i32::MIN, 0 for Min; +inf, i32::MAX, u32::MAX for Max; u32 inputs are at
-/// least 1), 0xA5 bytes for integer sums.
-fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
-    use half::{bf16, f16};
-    let op = if spec.collective == Collective::AllGather { RedOp::Sum } else { spec.op };
-    let one: Vec<u8> = match (spec.dtype, op) {
-        (DType::F32, RedOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
-        (DType::F32, RedOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::F32, RedOp::Max) => f32::INFINITY.to_le_bytes().to_vec(),
-        (DType::F16, RedOp::Sum) => f16::NAN.to_le_bytes().to_vec(),
-        (DType::F16, RedOp::Min) => f16::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::F16, RedOp::Max) => f16::INFINITY.to_le_bytes().to_vec(),
-        (DType::Bf16, RedOp::Sum) => bf16::NAN.to_le_bytes().to_vec(),
-        (DType::Bf16, RedOp::Min) => bf16::NEG_INFINITY.to_le_bytes().to_vec(),
-        (DType::Bf16, RedOp::Max) => bf16::INFINITY.to_le_bytes().to_vec(),
-        (DType::I32, RedOp::Min) => i32::MIN.to_le_bytes().to_vec(),
-        (DType::I32, RedOp::Max) => i32::MAX.to_le_bytes().to_vec(),
-        (DType::U32, RedOp::Min) => 0u32.to_le_bytes().to_vec(),
-        (DType::U32, RedOp::Max) => u32::MAX.to_le_bytes().to_vec(),
-        (DType::I32 | DType::U32, RedOp::Sum) => vec![0xA5; 4],
-    };
-    one.iter().copied().cycle().take(len).collect()
-}
-
 /// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
 /// (the output, or for in-place calls the one buffer).
 fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
@@ -70,7 +44,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
                 Collective::AllGather => (slot::OUTPUT, out_bytes),
                 _ => (slot::INPUT, in_bytes),
             };
-            let mut b = poison(spec, len as usize);
+            let mut b = tccl::poison(spec, len as usize);
             let at = match spec.collective {
                 Collective::AllGather => {
                     inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize
@@ -82,7 +56,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         } else {
             row[slot::INPUT as usize] = input.clone();
             // Poison: any element the plan fails to write keeps it.
-            row[slot::OUTPUT as usize] = poison(spec, out_bytes as usize);
+            row[slot::OUTPUT as usize] = tccl::poison(spec, out_bytes as usize);
         }
         bufs.push(row);
     }
@@ -219,6 +193,32 @@ fn sixteen_ranks_at_a_million_elements_are_exact() {
             assert!(execute(&spec, &ins) == tccl::reference(&spec, &ins), "{collective:?} in place {in_place}");
         }
     }
+}
+
+/// The poison is the operator's absorbing value, or NaN, repeated to the byte: a combine into it
+/// keeps it, so an unwritten or combined-into output cannot pass as correct.
+#[test]
+fn poison_is_what_no_result_has() {
+    let spec = |collective, dtype, op| PlanSpec {
+        collective,
+        count: 1,
+        dtype,
+        op,
+        ranks: 2,
+        in_place: false,
+        ctas: 1,
+        reduction: Reduction::Registers,
+    };
+    let f32_of = |b: &[u8]| f32::from_le_bytes(b[..4].try_into().unwrap());
+    assert!(f32_of(&tccl::poison(&spec(Collective::AllReduce, DType::F32, RedOp::Sum), 8)).is_nan());
+    // AllGather copies whatever its operator: NaN too.
+    assert!(f32_of(&tccl::poison(&spec(Collective::AllGather, DType::F32, RedOp::Min), 4)).is_nan());
+    assert_eq!(f32_of(&tccl::poison(&spec(Collective::ReduceScatter, DType::F32, RedOp::Min), 4)), f32::NEG_INFINITY);
+    assert_eq!(tccl::poison(&spec(Collective::AllReduce, DType::U32, RedOp::Min), 4), 0u32.to_le_bytes());
+    assert_eq!(tccl::poison(&spec(Collective::AllReduce, DType::I32, RedOp::Max), 4), i32::MAX.to_le_bytes());
+    // Any length, the pattern cut where the buffer ends.
+    assert_eq!(tccl::poison(&spec(Collective::AllReduce, DType::I32, RedOp::Sum), 6), vec![0xA5; 6]);
+    assert_eq!(tccl::poison(&spec(Collective::AllReduce, DType::F16, RedOp::Max), 3), [0x00, 0x7C, 0x00]);
 }
 
 #[test]

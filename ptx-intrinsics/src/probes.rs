@@ -388,28 +388,6 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
     unsafe { *Global::<f32>::from_addr(out).add(i as u64).ptr() = iters as f32 };
 }
 
-/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
-macro_rules! unroll4 {
-    ($i:ident, $body:block) => {{
-        {
-            const $i: usize = 0;
-            $body
-        }
-        {
-            const $i: usize = 1;
-            $body
-        }
-        {
-            const $i: usize = 2;
-            $body
-        }
-        {
-            const $i: usize = 3;
-            $body
-        }
-    }};
-}
-
 /// The TMA copy's issuing loop, timed: the kernel of the diagnostic `oxccl bench tma_trace`, which
 /// shows what compute beside it costs the copy (and the probe of [`clock64`], [`warpid`] and the
 /// cache-hinted bulk copies). Lane 0 of every warp copies its own `bytes` of `src` to `dst` (warp
@@ -705,6 +683,28 @@ impl TracedCopy {
 }
 
 const _: () = assert!(trace_layout::MAX_LAG - 1 <= WAIT_GROUP_READ_MAX, "bench_tma_trace's waits tell every lag apart");
+
+/// Runs `$body` four times with the constant `$i` = 0, 1, 2, 3.
+macro_rules! unroll4 {
+    ($i:ident, $body:block) => {{
+        {
+            const $i: usize = 0;
+            $body
+        }
+        {
+            const $i: usize = 1;
+            $body
+        }
+        {
+            const $i: usize = 2;
+            $body
+        }
+        {
+            const $i: usize = 3;
+            $body
+        }
+    }};
+}
 
 /// The tensor-core GEMM of the overlap benchmark (`oxccl bench overlap --compute mma`), and the
 /// probe of [`crate::mma`]: `C = A · Bᵀ` with A (`m × k`) and B (`n × k`) row-major bf16 (both

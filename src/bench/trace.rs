@@ -381,9 +381,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&chain_op)
             .arg(&round);
         // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages,
-        // round and lag (and `bytes` is whole rounds of chunks); `src` and `dst` (distinct allocations, 16-aligned) hold
-        // `bytes` for each of the grid's warps and `trace` `warp_words(traced)` u32 each; the shared
-        // memory holds the barriers and every warp's ring (`smem_bytes`, allowed by the attribute).
+        // round and lag (and `bytes` is whole rounds of chunks); `src` and `dst` (distinct
+        // allocations, 16-aligned) hold `bytes` for each of the grid's warps and `trace`
+        // `warp_words(traced)` u32 each; the shared memory holds the barriers and every warp's ring
+        // (`smem_bytes`, allowed by the attribute).
         unsafe { l.launch(config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
     };
     let read = |trace: &CudaSlice<u32>| -> Result<Vec<u32>> {
