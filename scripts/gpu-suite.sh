@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# overlap-best copy-ab few-ctas tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best copy-ab few-ctas tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -278,6 +278,15 @@ for run in open(sys.argv[2]):
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml" "--xml .device/host-msccl/ndv4_ag-32m-1g.xml"; do
         for exec in compiled interpreted; do
           log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+    plan-shapes)
+      # Compiled plans by launch shape (threads, TMA stage bytes, FIFO slots, micro-batches) at
+      # 256 MiB, in place. PLAN_VARIANTS: flag sets separated by ';' (an empty one: the defaults).
+      export CUDA_DEVICE_MAX_CONNECTIONS=32
+      IFS=';' read -ra variants <<< "${PLAN_VARIANTS:-;--threads 256;--chunk 24576;--chunk 24576 --threads 256;--slots 4;--slots 8;--micro-batches 8;--micro-batches 16;--chunk 24576 --threads 256 --slots 4;--mover simt}"
+      for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8"; do
+        for v in "${variants[@]}"; do
+          log "bench $args $v"
+          timeout 60 $B/oxccl bench $args $v -b 256M -e 256M -n 5 -w 2 2>&1 | grep -E "^ +268435456 |TBs per rank|^oxccl|rror" ; done; done ;;
     few-ctas)
       # The TMA AllReduce at 1 and 2 CTAs per rank (8 virtual ranks, 256 MiB per rank), by combining
       # threads and by where the combined shard goes, against SIMT: what bounds the register combine

@@ -45,8 +45,8 @@ pub struct CompiledConfig {
     /// Threads per CTA (`None`: 128 for the TMA mover, 512 for the SIMT mover, halved down to 32
     /// until every CTA is co-resident).
     pub threads: Option<u32>,
-    /// Bytes per source per TMA pipeline stage (`None`: the largest power of two from 16 KiB down
-    /// to 256 B that keeps every CTA co-resident).
+    /// Bytes per source per TMA pipeline stage (`None`: the largest of 28 KiB, 26 KiB, … 2 KiB in
+    /// steps of 2 KiB, then 1024, 512 and 256 B, that keeps every CTA co-resident).
     pub stage_bytes: Option<u32>,
     /// Every device-side wait gives up after this long and the launch reports [`Error::Timeout`].
     pub timeout: Duration,
@@ -101,8 +101,20 @@ pub struct CompiledPlan {
     op: RedOp,
 }
 
-/// The stage sizes tried when the configuration does not fix one, largest first.
-const STAGE_BYTES: [u32; 7] = [16384, 8192, 4096, 2048, 1024, 512, 256];
+/// The stage sizes tried when the configuration does not fix one, largest first: 2 KiB steps from
+/// 28 KiB (the eight stage slots and the header in the 227 KiB one CTA may have: 230400 B), so
+/// each occupancy (one CTA per SM, two, ...) gets about the largest stage its share of shared
+/// memory holds (two per SM: 14 KiB, where powers of two gave 8), then halving down to 256 B.
+/// Measured on an H200 (docs/PERF.md, "Plan kernels: the stage size"), 8 virtual ranks, against
+/// the powers of two from 16 KiB: the ring and HM AllReduce +20 % and +17 % busbw at 1 GiB (28 KiB
+/// stages), an MSCCL AllReduce ring +7 % (6 KiB, four CTAs per SM); AllGathers within 3 %.
+const STAGE_BYTES: [u32; 17] =
+    [28672, 26624, 24576, 22528, 20480, 18432, 16384, 14336, 12288, 10240, 8192, 6144, 4096, 2048, 1024, 512, 256];
+
+const _: () = assert!(
+    abi::plan_smem_bytes(Mover::Tma, STAGE_BYTES[0]) <= 227 * 1024,
+    "the largest stage fits one CTA's shared memory"
+);
 
 impl CompiledPlan {
     /// Every rank of `lowered` on the GPU of `ctx`, each on a new stream of its own.
@@ -576,3 +588,23 @@ impl PlanBuffers {
 struct Args(PlanLaunchArgs);
 // SAFETY: `PlanLaunchArgs` is `#[repr(C)]`, `Pod`, 8-byte aligned: its bytes are the kernel parameter.
 unsafe impl DeviceRepr for Args {}
+
+#[cfg(test)]
+mod tests {
+    use super::STAGE_BYTES;
+    use oxccl_kernels::abi::{self, Mover};
+
+    /// The ladder runs largest first in whole vectors, and one SM's shared memory (228 KiB, 1 KiB of
+    /// it reserved per CTA) holds one CTA at its top rung and two at 14 KiB: the shapes the plans'
+    /// measurements ran at.
+    #[test]
+    fn stage_ladder_descends_and_fits_one_and_two_ctas_per_sm() {
+        assert!(STAGE_BYTES.windows(2).all(|w| w[0] > w[1]));
+        assert!(STAGE_BYTES.iter().all(|b| b.is_multiple_of(16)));
+        let per_sm = 228 * 1024;
+        let fits = |b: u32, ctas: usize| ctas * (abi::plan_smem_bytes(Mover::Tma, b) + 1024) <= per_sm;
+        assert!(fits(STAGE_BYTES[0], 1));
+        let two = *STAGE_BYTES.iter().find(|&&b| fits(b, 2)).unwrap();
+        assert_eq!(two, 14336);
+    }
+}
