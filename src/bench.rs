@@ -765,6 +765,23 @@ fn count_wrong(got: &[u8], want: &[u8], elem: usize) -> u64 {
     got.chunks_exact(elem).zip(want.chunks_exact(elem)).filter(|(a, b)| a != b).count() as u64
 }
 
+/// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, a factor of at least
+/// 2 (a smaller one would never reach `max`), at least one timed iteration. Every benchmark checks
+/// these before it allocates anything.
+pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize) -> Result<()> {
+    let bad = |field, why: String| Err(Error::Config { field, why });
+    if min_bytes > max_bytes {
+        return bad("min_bytes", format!("{min_bytes} B is above max_bytes ({max_bytes} B): no size to run"));
+    }
+    if factor < 2 {
+        return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
+    }
+    if iters == 0 {
+        return bad("iters", "at least one timed iteration".into());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
 /// together, or one stream per GPU), one row per size. Each rank's buffers live on its stream's GPU.
 pub fn collective_bench(
@@ -775,6 +792,7 @@ pub fn collective_bench(
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
     }
+    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
     let comm = Communicator::from_streams(streams, b.config.clone())?;
     let p = b.ranks;
     // Read-back staging for the check: one pinned buffer per device (each read waits for its copy,
@@ -931,7 +949,7 @@ pub fn collective_bench(
         };
         on_row(&row);
         rows.push(row);
-        size = size.saturating_mul(b.factor.max(2));
+        size = size.saturating_mul(b.factor);
     }
     Ok(rows)
 }
@@ -986,6 +1004,7 @@ pub fn plan_bench(
 ) -> Result<Vec<CollectiveRow>> {
     use oxccl_host::compile::lower::{LowerOptions, lower, place};
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
+    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
     let l = &b.plan.layout;
     let p = l.ranks as usize;
     if streams.len() != p {
@@ -1132,7 +1151,7 @@ pub fn plan_bench(
         };
         on_row(&row, &info);
         rows.push(row);
-        size = size.saturating_mul(b.factor.max(2));
+        size = size.saturating_mul(b.factor);
     }
     Ok(rows)
 }
@@ -1314,6 +1333,14 @@ fn busiest_link(loads: &Loads, nvlink_gbps: f64, cross_gbps: f64) -> (f64, Strin
 /// [`Communicator::reshard`], and the two workarounds (flat sends, gather + broadcast) lowered to the same
 /// engine, each checked once (untimed) and timed. Returns (memcpy GB/s read + written, rows).
 pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64, Vec<ReshardRow>)> {
+    for (field, gbps) in [("nvlink_gbps", b.nvlink_gbps), ("cross_gbps", b.cross_gbps)] {
+        if !(gbps.is_finite() && gbps > 0.0) {
+            return Err(Error::Config { field, why: format!("{gbps} GB/s is not a positive bandwidth") });
+        }
+    }
+    if b.iters == 0 {
+        return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
+    }
     let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
     let e = b.dtype.size();
     let plan = reshard::plan(&b.shape, e as u64, &b.src, &b.dst, b.options.plan)?;
@@ -1474,6 +1501,25 @@ fn reshard_call(
 mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
+
+    /// A sweep runs at least one size, grows, and times something; each refusal names its field.
+    #[test]
+    fn sweeps_that_cannot_run_are_refused() {
+        assert!(check_sweep(1 << 20, 1 << 30, 4, 20).is_ok());
+        assert!(check_sweep(8, 8, 2, 1).is_ok());
+        for (args, want) in [
+            ((2 << 20, 1 << 20, 4, 20), "min_bytes"),
+            ((8, 1 << 20, 1, 20), "factor"),
+            ((8, 8, 0, 20), "factor"),
+            ((8, 8, 2, 0), "iters"),
+        ] {
+            let (min, max, factor, iters) = args;
+            match check_sweep(min, max, factor, iters) {
+                Err(Error::Config { field, .. }) => assert_eq!(field, want, "{args:?}"),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+    }
 
     /// The sweep's copy ring: 32 KiB chunks, as many stages as the room holds (never none, never
     /// more than the kernels' ring).

@@ -21,9 +21,10 @@
 //!
 //! **State.** FIFO and progress counters only grow and live in the workspaces, so repeated
 //! launches (or a captured graph) need no reset. After a launch that reported an error, call
-//! [`CompiledPlan::reset`] (zeroes workspaces and status records).
+//! [`CompiledPlan::reset`] (zeroes workspaces and status records): until then further launches are
+//! refused with [`Error::Poisoned`].
 
-use crate::comm::enable_peer_access;
+use crate::comm::{MAX_TIMEOUT, enable_peer_access};
 use crate::engine::{DeviceAlloc, Engine};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
@@ -35,6 +36,7 @@ use oxccl_kernels::abi::{
     RedOp, Status, TbTiming,
 };
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// How a compiled plan is launched.
@@ -99,6 +101,9 @@ pub struct CompiledPlan {
     shape: LaunchShape,
     dtype: DType,
     op: RedOp,
+    /// A device error was reported and not yet reset: launches are refused until
+    /// [`CompiledPlan::reset`] (its FIFO and progress counters are out of step).
+    poisoned: AtomicBool,
 }
 
 /// The stage sizes tried when the configuration does not fix one, largest first: 2 KiB steps from
@@ -152,15 +157,26 @@ impl CompiledPlan {
             return Err(Error::BufferCount { what: "streams", expected: n, got: streams.len() });
         }
         for (i, a) in streams.iter().enumerate() {
-            if let Some(j) = streams[..i].iter().position(|b| Arc::ptr_eq(a, b) || a.cu_stream() == b.cu_stream()) {
+            // Every context's legacy stream has the same (null) handle: a handle names a stream only
+            // together with its device.
+            let same = |b: &Arc<CudaStream>| {
+                Arc::ptr_eq(a, b) || (a.cu_stream() == b.cu_stream() && a.context().ordinal() == b.context().ordinal())
+            };
+            if let Some(j) = streams[..i].iter().position(same) {
                 return Err(Error::Config {
                     field: "streams",
                     why: format!("ranks {j} and {i} share a stream: each rank is a launch that waits for the others"),
                 });
             }
         }
-        if config.timeout.is_zero() {
-            return Err(Error::Config { field: "timeout", why: "must be positive".into() });
+        if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
+            return Err(Error::Config {
+                field: "timeout",
+                why: format!(
+                    "{:?} is not in (0, {MAX_TIMEOUT:?}] (device waits add it to a 64-bit nanosecond clock)",
+                    config.timeout
+                ),
+            });
         }
         let h0 = lowered.ranks[0].header;
         let dtype = DType::from_raw(h0.dtype).expect("validated");
@@ -215,8 +231,10 @@ impl CompiledPlan {
             shape: LaunchShape { threads: 0, stage_bytes: 0, smem_bytes: 0, ctas_per_sm: 0, ctas_per_device: 0 },
             dtype,
             op,
+            poisoned: AtomicBool::new(false),
         };
         plan.shape = plan.choose_shape()?;
+        plan.check_items()?;
         Ok(plan)
     }
 
@@ -258,6 +276,8 @@ impl CompiledPlan {
             ctas_per_device = ctas_per_device.max(on);
         }
         let mut last = String::new();
+        // The most CTAs per device any shape tried admits (the error's `max`).
+        let mut admitted = 0u32;
         for &stage_bytes in &stages {
             let smem = abi::plan_smem_bytes(mover, stage_bytes);
             if self.engines.iter().any(|e| smem > e.max_smem as usize) {
@@ -267,6 +287,7 @@ impl CompiledPlan {
             for &t in &threads {
                 let mut fits = true;
                 let mut per_sm_min = u32::MAX;
+                let mut on_every = u32::MAX;
                 for (d, engine) in self.engines.iter().enumerate() {
                     let f = engine.plan_function(mover, self.dtype, self.op)?;
                     let per_sm = f
@@ -274,6 +295,7 @@ impl CompiledPlan {
                         .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
                     let on: u32 = self.ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum();
                     per_sm_min = per_sm_min.min(per_sm);
+                    on_every = on_every.min(per_sm.saturating_mul(engine.sms));
                     if per_sm * engine.sms < on {
                         fits = false;
                         last = format!(
@@ -282,6 +304,7 @@ impl CompiledPlan {
                         );
                     }
                 }
+                admitted = admitted.max(on_every);
                 if fits {
                     return Ok(LaunchShape {
                         threads: t,
@@ -293,12 +316,33 @@ impl CompiledPlan {
                 }
             }
         }
-        let max = self.engines.iter().map(|e| e.sms * 32).min().unwrap_or(0);
         Err(Error::TooManyCtas {
             requested: ctas_per_device,
-            max,
+            max: admitted,
             why: format!("the plan's thread blocks must all be resident at once; at the smallest shape tried: {last}"),
         })
+    }
+
+    /// The TMA mover counts a move's stages in 32 bits: refuses a plan whose largest move needs more
+    /// than 2^32 stages of the chosen size (a stage size given far below the moves' sizes).
+    fn check_items(&self) -> Result<()> {
+        if self.config.mover != Mover::Tma {
+            return Ok(());
+        }
+        let stage = self.shape.stage_bytes.max(1) as u64;
+        for r in &self.lowered.ranks {
+            let (cb, mb) = (r.header.chunk_bytes, r.header.mb_bytes);
+            // As the plan kernel: a message is one move where a micro-batch is the whole chunk,
+            // else one move per chunk of it.
+            let largest = r.tasks.iter().map(|t| if mb == cb { t.chunks as u64 * mb } else { mb }).max().unwrap_or(0);
+            if largest.div_ceil(stage) > u32::MAX as u64 {
+                return Err(Error::Config {
+                    field: "stage_bytes",
+                    why: format!("a move of {largest} B needs more than 2^32 stages of {stage} B"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Number of ranks.
@@ -353,6 +397,9 @@ impl CompiledPlan {
     /// size, alive and used by nothing else until the launches complete (in place, the larger user
     /// buffer holds both input and output, as the lowering placed them).
     pub unsafe fn launch(&self, buffers: &[[u64; BUFFER_SLOTS]], lead: Option<&CudaStream>) -> Result<()> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Poisoned);
+        }
         let n = self.ranks.len();
         if buffers.len() != n {
             return Err(Error::BufferCount { what: "buffer tables", expected: n, got: buffers.len() });
@@ -431,6 +478,7 @@ impl CompiledPlan {
         }
         for s in self.statuses()? {
             if let Some(e) = Error::from_status(&s) {
+                self.poisoned.store(true, Ordering::SeqCst);
                 return Err(e);
             }
         }
@@ -477,6 +525,7 @@ impl CompiledPlan {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
+        self.poisoned.store(false, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -500,8 +549,15 @@ pub struct PlanBuffers {
 }
 
 impl PlanBuffers {
-    /// Zeroed buffers for `plan`, on each rank's device (complete when this returns).
+    /// The largest offset into the allocations (enough for any misalignment).
+    pub const MAX_SHIFT: u64 = 4096;
+
+    /// Zeroed buffers for `plan`, on each rank's device (complete when this returns); `shift` is at
+    /// most [`PlanBuffers::MAX_SHIFT`].
     pub fn new(plan: &CompiledPlan, shift: u64) -> Result<Self> {
+        if shift > Self::MAX_SHIFT {
+            return Err(Error::Config { field: "shift", why: format!("{shift} B is above {} B", Self::MAX_SHIFT) });
+        }
         let mut allocs = Vec::with_capacity(plan.ranks());
         let mut sizes = Vec::with_capacity(plan.ranks());
         for r in 0..plan.ranks() {

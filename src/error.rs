@@ -69,7 +69,8 @@ pub enum Error {
     /// `peer_call` count that CTA's barriers since the communicator was built or last reset; after
     /// this error `reset` the communicator (it zeroes every rank's counters).
     OutOfStep { rank: u32, cta: u32, peer: u32, call: u64, peer_call: u64, errors: u32 },
-    /// The communicator is unusable after an earlier device error (call `reset` or build a new one).
+    /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
+    /// build a new one).
     Poisoned,
 }
 
@@ -172,7 +173,7 @@ impl fmt::Display for Error {
                 "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call \
                  {peer_call} ({errors} CTA(s) reported errors)"
             ),
-            Error::Poisoned => write!(f, "the communicator hit a device error earlier; reset it"),
+            Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {
                 write!(f, "no CUDA device {ordinal}: {devices} visible")

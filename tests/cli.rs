@@ -260,3 +260,21 @@ fn the_trace_diagnostic_names_its_bad_flags() {
     let (ok, err) = oxccl(&["bench", "tma_trace", "--algo", "ring-allreduce", "--lag", "2"]);
     assert!(!ok && err.contains("--lag is for tma_trace, not --algo/--xml"), "{err}");
 }
+
+#[test]
+fn a_sweep_that_cannot_run_is_refused() {
+    for (args, flag) in [
+        (&["bench", "all_reduce", "-b", "2M", "-e", "1M"][..], "-b: "),
+        (&["bench", "reduce_scatter", "-f", "1"][..], "-f: "),
+        (&["bench", "all_gather", "-f", "0"][..], "-f: "),
+        (&["bench", "all_reduce", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "--algo", "ring-allreduce", "-f", "1"][..], "-f: "),
+        (&["bench", "movers", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "reshard", "--nvlink-gbps", "0"][..], "--nvlink-gbps 0"),
+        (&["bench", "reshard", "--cross-gbps=-5"][..], "--cross-gbps -5"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(flag), "{args:?}: {err}");
+        assert!(!err.contains("no GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}

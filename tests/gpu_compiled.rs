@@ -433,6 +433,10 @@ fn a_dropped_send_times_out_with_a_typed_error() {
             "{mover:?}: r{receiver} recorded {kind:?} (peer {}): {statuses:?}",
             recv.peer
         );
+        // Until the reset its counters are out of step: a launch is refused.
+        // SAFETY: refused before any launch.
+        let again = unsafe { runner.launch(&bufs.table(), None) };
+        assert!(matches!(again, Err(Error::Poisoned)), "{mover:?}: a launch after the error: {again:?}");
         // After a reset the workspace is clean: the intact plan runs on the same device.
         runner.reset().unwrap();
     }
@@ -513,4 +517,16 @@ fn misuse_is_a_typed_error() {
     let bufs = PlanBuffers::new(&runner, 0).unwrap();
     assert!(matches!(bufs.read(4, 0), Err(Error::NoSuchRank { .. })));
     assert!(matches!(bufs.write(0, BUFFER_SLOTS, &[]), Err(Error::NoSuchSlot { .. })));
+    // An offset that would wrap the buffer addresses.
+    let e = PlanBuffers::new(&runner, u64::MAX - 15).err().unwrap();
+    assert!(matches!(e, Error::Config { field: "shift", .. }), "{e}");
+    // A timeout the device's 64-bit nanosecond deadline cannot hold (it would never expire).
+    let forever = CompiledConfig { timeout: Duration::MAX, ..CompiledConfig::default() };
+    assert!(matches!(dev.plan(&lp, forever), Err(Error::Config { field: "timeout", .. })));
+    // Too many CTAs: the error's bound is what a shape admitted, not a figure of its own.
+    if let Err(Error::TooManyCtas { requested, max, .. }) =
+        dev.plan(&lp, CompiledConfig { threads: Some(1024), stage_bytes: Some(28672), ..CompiledConfig::default() })
+    {
+        assert!(max < requested, "{max} >= {requested}");
+    }
 }

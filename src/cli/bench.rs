@@ -250,6 +250,21 @@ fn rank_streams(
     Ok(out)
 }
 
+/// The size sweep's flags (`-b`, `-e`, `-f`, `-n`), as `bench::check_sweep` takes them, named by flag.
+fn check_sweep(a: &Args) -> CliResult {
+    bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters).map_err(|e| match e {
+        crate::Error::Config { field, why } => {
+            let flag = match field {
+                "min_bytes" => "-b",
+                "factor" => "-f",
+                _ => "-n",
+            };
+            format!("{flag}: {why}").into()
+        }
+        other => other.into(),
+    })
+}
+
 /// GPU 0, or the first `--gpus` GPUs.
 fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>, Box<dyn std::error::Error>> {
     Ok(match a.gpus {
@@ -259,6 +274,9 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 }
 
 pub fn run(a: Args) -> CliResult {
+    if a.iters == 0 {
+        return Err("-n: iters: 0: give at least one timed run".into());
+    }
     let overlap = a.what.as_deref() == Some("overlap");
     let trace = a.what.as_deref() == Some("tma_trace") && a.algo.is_none() && a.xml.is_none();
     // (flag, given, also for tma_trace)
@@ -392,6 +410,9 @@ pub fn run(a: Args) -> CliResult {
             "--gpus is for all_reduce, reduce_scatter, all_gather, overlap and --algo/--xml, not {what}"
         )
         .into());
+    }
+    if collective.is_some() {
+        check_sweep(&a)?;
     }
     let gpus = contexts(&a)?;
     let ctx = gpus[0].clone();
@@ -586,6 +607,7 @@ fn run_plan(a: &Args) -> CliResult {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
     }
     let command: Vec<String> = std::env::args().collect();
+    check_sweep(a)?;
     let gpus = contexts(a)?;
     let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
@@ -665,6 +687,11 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
     };
     // The configuration's own checks too, before any GPU use.
     crate::comm::validate_config(&config)?;
+    for (flag, gbps) in [("--nvlink-gbps", a.nvlink_gbps), ("--cross-gbps", a.cross_gbps)] {
+        if !(gbps.is_finite() && gbps > 0.0) {
+            return Err(format!("{flag} {gbps}: give a positive bandwidth in GB/s").into());
+        }
+    }
     Ok(ReshardBench {
         shape: a.shape.clone(),
         dtype,
