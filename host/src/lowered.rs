@@ -9,7 +9,9 @@ use oxccl_kernels::abi::{
     BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
     tma_can_reduce,
 };
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::Bound::Excluded;
 
 /// A lowered program: CTA programs, their tasks, and what the launch needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,9 +186,55 @@ fn accesses(t: &Task) -> (Vec<Access>, Vec<Access>) {
     (reads, writes)
 }
 
+/// Byte ranges of one CTA's window, for overlap queries in `O(log n)`: `x` and `y` overlap when they
+/// are of the same (rank, slot) and `x.start < y.end && y.start < x.end`.
+///
+/// Non-empty ranges are kept as the union of those that overlap, as disjoint ranges keyed by
+/// (rank, slot, start) (touching ranges stay apart: they do not overlap). Empty ranges are kept as
+/// points: `[p, p)` overlaps exactly the ranges with `start < p < end`.
+#[derive(Default)]
+struct Window {
+    ranges: BTreeMap<(usize, u8, u64), u64>,
+    points: BTreeSet<(usize, u8, u64)>,
+}
+
+impl Window {
+    fn clear(&mut self) {
+        self.ranges.clear();
+        self.points.clear();
+    }
+
+    /// Whether `x` overlaps a range of the window.
+    fn overlaps(&self, &(r, s, a, b): &Access) -> bool {
+        // The kept range starting last before `b` ends last among them (they are disjoint).
+        let range =
+            self.ranges.range(..(r, s, b)).next_back().is_some_and(|(&(r2, s2, _), &e)| (r2, s2) == (r, s) && e > a);
+        let point = a < b && self.points.range((Excluded((r, s, a)), Excluded((r, s, b)))).next().is_some();
+        range || point
+    }
+
+    fn insert(&mut self, (r, s, mut a, mut b): Access) {
+        if a >= b {
+            self.points.insert((r, s, a));
+            return;
+        }
+        // The kept ranges `x` overlaps are consecutive, ending with the last one starting before `b`.
+        while let Some((&(r2, s2, a2), &b2)) = self.ranges.range(..(r, s, b)).next_back() {
+            if (r2, s2) != (r, s) || b2 <= a {
+                break;
+            }
+            self.ranges.remove(&(r2, s2, a2));
+            (a, b) = (a.min(a2), b.max(b2));
+        }
+        self.ranges.insert((r, s, a), b);
+    }
+}
+
 /// Checks that no two CTAs access overlapping bytes of the same (rank, slot) where at least one
 /// writes. Buffers of different slots are assumed distinct unless `aliases` maps a (rank, slot) onto
 /// another (rank, slot) at a byte offset (in-place collectives).
+///
+/// `O(n log n)` in the tasks.
 pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
     validate_structure(l)?;
     // (rank, slot, start, end, cta, is_write), in canonical (aliased) coordinates.
@@ -198,12 +246,13 @@ pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
         }
         (r, s, a, b)
     };
-    let overlaps = |x: &Access, y: &Access| x.0 == y.0 && x.1 == y.1 && x.2 < y.3 && y.2 < x.3;
     let mut all = Vec::new();
+    let (mut window_reads, mut window_writes) = (Window::default(), Window::default());
     for (c, prog) in l.programs.iter().enumerate() {
         // Inside one CTA, tasks since the last `TASK_AFTER_WRITES` may run concurrently (bulk writes
         // in flight, threads ahead of the issuer): none may touch bytes another one of them writes.
-        let (mut window_reads, mut window_writes): (Vec<Access>, Vec<Access>) = (Vec::new(), Vec::new());
+        window_reads.clear();
+        window_writes.clear();
         let first = prog.first_task as usize;
         for (k, t) in l.tasks[first..first + prog.task_count as usize].iter().enumerate() {
             let (reads, writes) = accesses(t);
@@ -213,14 +262,18 @@ pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
                 window_reads.clear();
                 window_writes.clear();
             } else {
-                let conflict = reads.iter().chain(&writes).any(|x| window_writes.iter().any(|w| overlaps(x, w)))
-                    || writes.iter().any(|x| window_reads.iter().any(|w| overlaps(x, w)));
+                let conflict = reads.iter().chain(&writes).any(|x| window_writes.overlaps(x))
+                    || writes.iter().any(|x| window_reads.overlaps(x));
                 if conflict {
                     return Err(LoweredError::Unordered { program: c, task: first + k });
                 }
             }
-            window_reads.extend_from_slice(&reads);
-            window_writes.extend_from_slice(&writes);
+            for &x in &reads {
+                window_reads.insert(x);
+            }
+            for &x in &writes {
+                window_writes.insert(x);
+            }
             for (r, s, a, b) in reads {
                 all.push((r, s, a, b, c, false));
             }
@@ -230,17 +283,41 @@ pub fn check_races(l: &Lowered, aliases: &[Alias]) -> Result<(), LoweredError> {
         }
     }
     all.retain(|x| x.2 < x.3);
+    // Stable: equal starts keep CTA order, a task's reads before its writes.
     all.sort_by_key(|x| (x.0, x.1, x.2));
-    // Sweep: for each access, compare with later ones that start before it ends.
-    for i in 0..all.len() {
+    // For access `i`, the accesses that start before it ends follow it in a run of its (rank, slot).
+    // The first of them that races with `i` is the first of another CTA (when `i` writes) or the
+    // first write of another CTA: both are found in O(1) from tables built right to left, so `i`
+    // races with something iff that candidate starts before `i` ends.
+    let n = all.len();
+    // `other[i]`: the first access after `i` of another CTA.
+    // `next_write[i]`: the first write after `i`.
+    // `other_write[i]` (for a write `i`): the first write after `i` of another CTA.
+    let (mut other, mut next_write, mut other_write) = (vec![n; n], vec![n; n], vec![n; n]);
+    for i in (0..n.saturating_sub(1)).rev() {
+        let (c, next) = (all[i].4, &all[i + 1]);
+        other[i] = if next.4 != c { i + 1 } else { other[i + 1] };
+        next_write[i] = if next.5 { i + 1 } else { next_write[i + 1] };
+        let w = next_write[i];
+        if all[i].5 && w < n {
+            other_write[i] = if all[w].4 != c { w } else { other_write[w] };
+        }
+    }
+    for i in 0..n {
         let (r, s, _, b, c, w) = all[i];
-        for &(r2, s2, a2, b2, c2, w2) in &all[i + 1..] {
-            if r2 != r || s2 != s || a2 >= b {
-                break;
+        let j = if w {
+            other[i]
+        } else {
+            match next_write[i] {
+                j if j < n && all[j].4 == c => other_write[j],
+                j => j,
             }
-            if c2 != c && (w || w2) {
-                return Err(LoweredError::Race { first: c, second: c2, rank: r, slot: s, start: a2, end: b.min(b2) });
-            }
+        };
+        if let Some(&(r2, s2, a2, b2, c2, _)) = all.get(j)
+            && (r2, s2) == (r, s)
+            && a2 < b
+        {
+            return Err(LoweredError::Race { first: c, second: c2, rank: r, slot: s, start: a2, end: b.min(b2) });
         }
     }
     Ok(())

@@ -118,17 +118,19 @@ impl PlanSpec {
 
     /// For in-place plans, where the input of each rank lives: (rank, slot, aliased rank, aliased
     /// slot, byte offset). In-place follows nccl: AllReduce input = output; ReduceScatter output =
-    /// input + rank × block; AllGather input = output + rank × block.
+    /// input + rank × block; AllGather input = output + rank × block. Like [`PlanSpec::buffer_bytes`],
+    /// an offset that does not fit in a `u64` is `u64::MAX` (past any buffer), never a wrapped one.
     pub fn aliases(&self) -> Vec<crate::lowered::Alias> {
         if !self.in_place {
             return Vec::new();
         }
-        let block = self.count * self.dtype.size() as u64;
+        let block = self.count.saturating_mul(self.dtype.size() as u64);
+        let at = |r: usize| (r as u64).saturating_mul(block);
         (0..self.ranks)
             .map(|r| match self.collective {
                 Collective::AllReduce => (r, slot::OUTPUT, r, slot::INPUT, 0),
-                Collective::ReduceScatter => (r, slot::OUTPUT, r, slot::INPUT, r as u64 * block),
-                Collective::AllGather => (r, slot::INPUT, r, slot::OUTPUT, r as u64 * block),
+                Collective::ReduceScatter => (r, slot::OUTPUT, r, slot::INPUT, at(r)),
+                Collective::AllGather => (r, slot::INPUT, r, slot::OUTPUT, at(r)),
             })
             .collect()
     }

@@ -283,6 +283,12 @@ pub fn lower(plan: &Plan, opts: &LowerOptions) -> Result<LoweredPlan, LowerError
     if n > MAX_RANKS {
         return Err(LowerError::TooManyRanks { ranks: l.ranks, max: MAX_RANKS });
     }
+    // Every buffer's size in bytes fits the 64-bit sizes executors and engines compute.
+    for r in 0..l.ranks {
+        if slot_chunks(l, Rank(r)).iter().any(|&k| (k as u64).checked_mul(opts.chunk_bytes).is_none()) {
+            return Err(LowerError::TooLarge { what: "a buffer (chunks × chunk_bytes)" });
+        }
+    }
     for (r, rp) in plan.ranks.iter().enumerate() {
         if rp.tbs.len() > MAX_PLAN_TBS {
             return Err(LowerError::TooManyTbs { rank: Rank(r as u32), tbs: rp.tbs.len(), max: MAX_PLAN_TBS });
@@ -631,8 +637,16 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
         if h.buffer_chunks != slot_chunks(l, Rank(r as u32)) {
             return err("buffer sizes differ from the layout's".into());
         }
+        for (s, &chunks) in h.buffer_chunks.iter().enumerate() {
+            if (chunks as u64).checked_mul(h.chunk_bytes).is_none() {
+                return err(format!("buffer slot {s}: {chunks} chunks of {} bytes overflow 64 bits", h.chunk_bytes));
+            }
+        }
         // Everything in the FIFO region: (start, end, what), checked for overlap below.
-        let region = FIFO_REGION_OFFSET as u64..FIFO_REGION_OFFSET as u64 + h.fifo_bytes;
+        let Some(region_end) = (FIFO_REGION_OFFSET as u64).checked_add(h.fifo_bytes) else {
+            return err(format!("a FIFO region of {} bytes overflows 64 bits", h.fifo_bytes));
+        };
+        let region = FIFO_REGION_OFFSET as u64..region_end;
         let mut used: Vec<(u64, u64, String)> = Vec::new();
         let counter = |at: u64, what: String| -> Result<(u64, u64, String), DescriptorError> {
             if !at.is_multiple_of(8) || at < region.start || at.saturating_add(8) > region.end {
@@ -650,9 +664,12 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
             if tb.first_task != next_task || tb.first_segment != next_segment {
                 return err(format!("tb{t}: tasks and segments must follow the previous TB's"));
             }
-            next_task =
-                tb.first_task.checked_add(tb.task_count).ok_or(DescriptorError { rank: r, what: "overflow".into() })?;
-            next_segment = tb.first_segment + tb.segment_count;
+            let (Some(end_task), Some(end_segment)) =
+                (tb.first_task.checked_add(tb.task_count), tb.first_segment.checked_add(tb.segment_count))
+            else {
+                return err(format!("tb{t}: task or segment range overflows 32 bits"));
+            };
+            (next_task, next_segment) = (end_task, end_segment);
             if next_task as usize > lr.tasks.len() || next_segment as usize > lr.segments.len() {
                 return err(format!("tb{t}: task or segment range outside the arrays"));
             }
@@ -668,7 +685,10 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
                 if s.progress_base as u64 != steps {
                     return err(format!("tb{t}: segment progress base {} (expected {steps})", s.progress_base));
                 }
-                at += s.task_count;
+                let Some(end) = at.checked_add(s.task_count) else {
+                    return err(format!("tb{t}: segment task counts overflow 32 bits"));
+                };
+                at = end;
                 steps += s.task_count as u64 * s.micro_batches as u64;
             }
             if at != next_task || tb.steps as u64 != steps {
@@ -767,7 +787,7 @@ pub fn validate(lp: &LoweredPlan) -> Result<(), DescriptorError> {
                     if side as usize != r {
                         return err(format!("{here}: this rank is not the connection's {} end", kind_name(kind)));
                     }
-                    if task.chunks as u64 * h.mb_bytes > c.slot_bytes as u64 {
+                    if (task.chunks as u64).checked_mul(h.mb_bytes).is_none_or(|b| b > c.slot_bytes as u64) {
                         return err(format!("{here}: message larger than a slot"));
                     }
                     let d = &mut drivers[task.conn as usize][(kind != FifoKind::Send) as usize];

@@ -320,13 +320,22 @@ impl Plan {
 
     /// Checks what the executors rely on, for plans that did not come from [`super::compile`] (built
     /// by hand or deserialized): every TB's tasks have the operands their primitive needs, slices fit
-    /// the layout, connections and sync points exist and join the right ranks.
+    /// the layout, connections join ranks of the plan, sync points exist, tasks join the right ranks,
+    /// and a receive takes as many chunks as the send of its op on its connection pushes.
     pub fn check_structure(&self) -> Result<(), String> {
         let l = &self.layout;
         l.validate().map_err(|e| e.to_string())?;
         if self.ranks.len() != l.ranks as usize {
             return Err(format!("{} rank plans for {} ranks", self.ranks.len(), l.ranks));
         }
+        for (i, c) in self.connections.iter().enumerate() {
+            if c.src.0 >= l.ranks || c.dst.0 >= l.ranks {
+                let c_id = ConnId::new(i);
+                return Err(format!("{c_id}: {} -> {} names a rank outside the {} ranks", c.src, c.dst, l.ranks));
+            }
+        }
+        // Chunks each (connection, op) sends, for the receives' size check below.
+        let mut sent: super::FastMap<(ConnId, OpId), u32> = Default::default();
         for (r, rp) in self.ranks.iter().enumerate() {
             let rank = Rank(r as u32);
             for (t, tb) in rp.tbs.iter().enumerate() {
@@ -360,6 +369,9 @@ impl Plan {
                         if me != rank || task.peer != Some(peer) {
                             return Err(format!("{}: connection does not join the rank and its peer", here()));
                         }
+                        if let (Prim::Send, Some(conn), Some(s)) = (task.prim, task.conn, task.src) {
+                            sent.insert((conn, task.op), s.count);
+                        }
                     }
                     let end = task.wait_start as usize + task.wait_count as usize;
                     if end > tb.syncs.len() {
@@ -369,6 +381,26 @@ impl Plan {
                         if rp.tbs.get(w.tb.index()).is_none_or(|x| w.task as usize >= x.tasks.len()) {
                             return Err(format!("{}: sync point {}.{} does not exist", here(), w.tb, w.task));
                         }
+                    }
+                }
+            }
+        }
+        // Every send is recorded above, so each receive can be matched in a second walk. A receive
+        // whose op sends nothing on its connection is left to the executors (it never completes).
+        for (r, rp) in self.ranks.iter().enumerate() {
+            for (t, tb) in rp.tbs.iter().enumerate() {
+                for (i, task) in tb.tasks.iter().enumerate() {
+                    if !matches!(task.prim, Prim::Recv | Prim::RecvReduceCopy) {
+                        continue;
+                    }
+                    let (Some(conn), Some(d)) = (task.conn, task.dst) else { continue };
+                    if let Some(&n) = sent.get(&(conn, task.op))
+                        && n != d.count
+                    {
+                        return Err(format!(
+                            "r{r} tb{t} task {i}: receives {} chunks of {} on {conn}, the send pushes {n}",
+                            d.count, task.op
+                        ));
                     }
                 }
             }

@@ -44,18 +44,49 @@ pub struct Memory {
     pub workspaces: Vec<Vec<u8>>,
 }
 
+/// Most bytes of host memory (buffers and FIFO regions, over all ranks) [`Memory::try_new`], and so
+/// [`verify`], allocates: the byte counterpart of [`super::MAX_VERIFY_ELEMENTS`] `f32` elements.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 30;
+
 impl Memory {
-    /// Zeroed memory of the sizes `lp` needs (a fresh communicator: every counter 0).
+    /// Zeroed memory of the sizes `lp` needs (a fresh communicator: every counter 0), however large.
+    ///
+    /// # Panics
+    ///
+    /// When a size does not fit `usize`; allocation aborts when the host runs out of memory.
+    /// [`Memory::try_new`] returns an error instead.
     pub fn new(lp: &LoweredPlan) -> Memory {
         let buffers = lp
             .ranks
             .iter()
             .map(|r| {
-                std::array::from_fn(|s| vec![0u8; r.header.buffer_chunks[s] as usize * r.header.chunk_bytes as usize])
+                std::array::from_fn(|s| {
+                    vec![0u8; (r.header.buffer_chunks[s] as usize).saturating_mul(r.header.chunk_bytes as usize)]
+                })
             })
             .collect();
         let workspaces = lp.ranks.iter().map(|r| vec![0u8; r.header.fifo_bytes as usize]).collect();
         Memory { buffers, workspaces }
+    }
+
+    /// Bytes [`Memory::new`] allocates for `lp` (saturating at `u64::MAX`).
+    pub fn bytes(lp: &LoweredPlan) -> u64 {
+        lp.ranks.iter().fold(0u64, |total, r| {
+            let h = &r.header;
+            let buffers =
+                h.buffer_chunks.iter().fold(0u64, |b, &k| b.saturating_add((k as u64).saturating_mul(h.chunk_bytes)));
+            total.saturating_add(buffers).saturating_add(h.fifo_bytes)
+        })
+    }
+
+    /// [`Memory::new`], or [`LoweredExecError::TooLarge`] when it would allocate more than
+    /// [`MAX_MEMORY_BYTES`].
+    pub fn try_new(lp: &LoweredPlan) -> Result<Memory, LoweredExecError> {
+        let bytes = Memory::bytes(lp);
+        if bytes > MAX_MEMORY_BYTES {
+            return Err(LoweredExecError::TooLarge { bytes, max: MAX_MEMORY_BYTES });
+        }
+        Ok(Memory::new(lp))
     }
 
     /// Writes each rank's input (`input_chunks × chunk_bytes` bytes of `T`) where the plan reads it.
@@ -106,6 +137,27 @@ fn bad_input(reason: String) -> LoweredExecError {
     LoweredExecError::BadInput { reason }
 }
 
+/// Checks that `mem` has the sizes the (validated) `lp` needs.
+fn check_memory(lp: &LoweredPlan, mem: &Memory) -> Result<(), LoweredExecError> {
+    let n = lp.ranks.len();
+    if mem.buffers.len() != n || mem.workspaces.len() != n {
+        return Err(bad_input(format!("memory for {} ranks, the plan has {n}", mem.buffers.len())));
+    }
+    for (r, lr) in lp.ranks.iter().enumerate() {
+        let h = &lr.header;
+        for s in 0..BUFFER_SLOTS {
+            // `validate` proved the product fits.
+            if mem.buffers[r][s].len() as u64 != h.buffer_chunks[s] as u64 * h.chunk_bytes {
+                return Err(bad_input(format!("rank {r} slot {s}: {} bytes", mem.buffers[r][s].len())));
+            }
+        }
+        if mem.workspaces[r].len() as u64 != h.fifo_bytes {
+            return Err(bad_input(format!("rank {r}: FIFO region of {} bytes", mem.workspaces[r].len())));
+        }
+    }
+    Ok(())
+}
+
 /// Executor options.
 #[derive(Copy, Clone, Debug)]
 pub struct LaunchOptions {
@@ -150,6 +202,8 @@ pub enum LoweredExecError {
     FifoOrder { conn: u32, receiver_op: OpId, message_op: OpId, receiver_chunks: u32, message_chunks: u32 },
     /// Messages are left in a FIFO after every TB finished.
     Unconsumed { conn: u32, messages: u64 },
+    /// The plan's memory ([`Memory::bytes`]) is more than a host run allocates.
+    TooLarge { bytes: u64, max: u64 },
 }
 
 impl fmt::Display for LoweredExecError {
@@ -181,6 +235,9 @@ impl fmt::Display for LoweredExecError {
                  ({message_chunks} chunks)"
             ),
             LoweredExecError::Unconsumed { conn, messages } => write!(f, "c{conn}: {messages} messages never received"),
+            LoweredExecError::TooLarge { bytes, max } => {
+                write!(f, "the plan needs {bytes} bytes of host memory, more than the {max} a host run allocates")
+            }
         }
     }
 }
@@ -250,18 +307,19 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
         return Err(bad_input("the quantum must be at least 1".into()));
     }
     let n = lp.ranks.len();
-    if mem.buffers.len() != n || mem.workspaces.len() != n {
-        return Err(bad_input(format!("memory for {} ranks, the plan has {n}", mem.buffers.len())));
-    }
+    check_memory(lp, mem)?;
+    // A launch leaves every FIFO drained: a message left over, or a head past its tail, is an
+    // earlier launch's that failed midway.
     for (r, lr) in lp.ranks.iter().enumerate() {
-        let h = &lr.header;
-        for s in 0..BUFFER_SLOTS {
-            if mem.buffers[r][s].len() as u64 != h.buffer_chunks[s] as u64 * h.chunk_bytes {
-                return Err(bad_input(format!("rank {r} slot {s}: {} bytes", mem.buffers[r][s].len())));
+        for c in lr.connections.iter().filter(|c| c.receiver as usize == r) {
+            let (head, tail) =
+                (read_u64(&mem.workspaces[r], c.head_offset), read_u64(&mem.workspaces[r], c.tail_offset));
+            if head != tail {
+                return Err(LoweredExecError::StaleWorkspace {
+                    rank: Rank(r as u32),
+                    what: format!("c{}'s head counter {head} is not its tail counter {tail}", c.id),
+                });
             }
-        }
-        if mem.workspaces[r].len() as u64 != h.fifo_bytes {
-            return Err(bad_input(format!("rank {r}: FIFO region of {} bytes", mem.workspaces[r].len())));
         }
     }
     // Message tags (op, chunks) per connection and slot: what the hardware cannot check.
@@ -304,11 +362,19 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                             report.tbs[r][t].finished_round = report.rounds;
                             break;
                         }
+                        let stale = |what| LoweredExecError::StaleWorkspace { rank: Rank(r as u32), what };
                         if !c.is_multiple_of(tb.steps as u64) {
-                            return Err(LoweredExecError::StaleWorkspace {
-                                rank: Rank(r as u32),
-                                what: format!("tb{t}'s progress counter {c} is not a multiple of {}", tb.steps),
-                            });
+                            return Err(stale(format!(
+                                "tb{t}'s progress counter {c} is not a multiple of {}",
+                                tb.steps
+                            )));
+                        }
+                        // The launch takes the counter to `c + steps`.
+                        if c.checked_add(tb.steps as u64).is_none() {
+                            return Err(stale(format!(
+                                "tb{t}'s progress counter {c} cannot advance {} steps",
+                                tb.steps
+                            )));
                         }
                         s.epoch = c / tb.steps as u64;
                         s.seg = 0;
@@ -327,7 +393,14 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                         for w in waits {
                             let target = &lr.tbs[w.tb as usize];
                             let have = read_u64(&mem.workspaces[r], target.progress_offset);
-                            let need = st.epoch * target.steps as u64 + w.base as u64 + m as u64 * w.per_mb as u64;
+                            let need = st
+                                .epoch
+                                .checked_mul(target.steps as u64)
+                                .and_then(|e| e.checked_add(w.base as u64 + m as u64 * w.per_mb as u64))
+                                .ok_or_else(|| LoweredExecError::StaleWorkspace {
+                                    rank: Rank(r as u32),
+                                    what: format!("tb{t} at launch {} waits for tb{} past 2^64 steps", st.epoch, w.tb),
+                                })?;
                             if have < need {
                                 break 'step Step::Blocked(format!(
                                     "waits for tb{}.{} (progress {have} < {need})",
@@ -352,8 +425,14 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                                     let to = at + j as usize * mb_bytes;
                                     ws[to..to + mb_bytes].copy_from_slice(&src[from..from + mb_bytes]);
                                 }
+                                let Some(next) = tail.checked_add(1) else {
+                                    return Err(LoweredExecError::StaleWorkspace {
+                                        rank: Rank(c.receiver),
+                                        what: format!("c{}'s tail counter {tail} cannot advance", c.id),
+                                    });
+                                };
                                 tags[c.id as usize][k] = Some((task.origin, task.chunks));
-                                write_u64(ws, c.tail_offset, tail + 1);
+                                write_u64(ws, c.tail_offset, next);
                             }
                             FifoKind::Recv | FifoKind::RecvReduceCopy => {
                                 let c = &lr.connections[task.conn as usize];
@@ -525,7 +604,7 @@ pub fn verify<T: AbiElement>(
     }
     let l = &lp.layout;
     let chunk_len = h.chunk_bytes as usize / std::mem::size_of::<T>();
-    let mut mem = Memory::new(lp);
+    let mut mem = Memory::try_new(lp)?;
     let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
     for k in 0..launches {
         let mut inputs = test_inputs::<T>(l.ranks as usize, l.input_chunks() as usize * chunk_len);

@@ -216,9 +216,19 @@ pub fn execute<T: Element>(
         });
     }
     let cl = len0 / ic;
-    // Storage per rank.
-    let mut mem: Vec<Vec<T>> =
-        (0..n).map(|r| vec![T::default(); l.storage_chunks(Rank(r as u32)) as usize * cl]).collect();
+    // Storage per rank, allocated fallibly: scratch can make it far larger than the inputs.
+    let mut mem: Vec<Vec<T>> = Vec::with_capacity(n);
+    for r in 0..n {
+        let chunks = l.storage_chunks(Rank(r as u32));
+        let cannot = || ExecError::BadInput {
+            reason: format!("r{r}: storage of {chunks} chunks of {cl} elements cannot be allocated"),
+        };
+        let len = (chunks as usize).checked_mul(cl).ok_or_else(cannot)?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| cannot())?;
+        v.resize(len, T::default());
+        mem.push(v);
+    }
     for (r, input) in inputs.iter().enumerate() {
         for j in 0..ic {
             let at = l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves") as usize;
@@ -264,9 +274,22 @@ pub fn execute<T: Element>(
                                 out.extend_from_slice(&mem[r][c + range.start..c + range.end]);
                             }
                         };
+                        // Fails when `data` is not exactly `s`'s micro-batch: a receive whose size
+                        // differs from the message's would otherwise read past it or drop a part.
                         let scatter = |mem: &mut Vec<Vec<T>>, s: Slice, data: &[T], reduce: bool| {
                             let base = l.resolve(rank, s).expect("verified plan") as usize;
                             let w = range.len();
+                            if data.len() != s.count as usize * w {
+                                return Err(ExecError::BadPlan {
+                                    reason: format!(
+                                        "{rank} {} task {i} ({}): writes {} elements to {s}, the data has {}",
+                                        TbId::new(t),
+                                        task.op,
+                                        s.count as usize * w,
+                                        data.len()
+                                    ),
+                                });
+                            }
                             for j in 0..s.count as usize {
                                 let c = (base + j) * cl;
                                 let dst = &mut mem[r][c + range.start..c + range.end];
@@ -279,6 +302,7 @@ pub fn execute<T: Element>(
                                     dst.copy_from_slice(src);
                                 }
                             }
+                            Ok(())
                         };
                         match task.prim {
                             Prim::Send => {
@@ -308,18 +332,19 @@ pub fn execute<T: Element>(
                                     task.dst.expect("receive has a destination"),
                                     &msg.data,
                                     task.prim == Prim::RecvReduceCopy,
-                                );
+                                )?;
                             }
                             Prim::Copy | Prim::Reduce => {
                                 gather(&mem, task.src.expect("local op has a source"), &mut scratch);
                                 let data = std::mem::take(&mut scratch);
-                                scatter(
+                                let written = scatter(
                                     &mut mem,
                                     task.dst.expect("local op has a destination"),
                                     &data,
                                     task.prim == Prim::Reduce,
                                 );
                                 scratch = data;
+                                written?;
                             }
                         }
                         Ok(Step::Done)
@@ -388,12 +413,13 @@ pub struct VerifyReport {
     pub first_wrong: Option<(usize, usize)>,
 }
 
-/// Most input elements, over all ranks, [`verify`] builds on the host.
+/// Most elements of storage (input, output and scratch), over all ranks, [`verify`] builds on the
+/// host.
 pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
 
 /// Executes `plan` on [`test_inputs`] with `chunk_len` elements per chunk and compares every output
-/// element with the collective's reference ([`ExecError::BadInput`] beyond
-/// [`MAX_VERIFY_ELEMENTS`]).
+/// element with the collective's reference ([`ExecError::BadInput`] for a `chunk_len` of 0, or when
+/// the ranks' storage is beyond [`MAX_VERIFY_ELEMENTS`]).
 pub fn verify<T: Element>(
     plan: &Plan,
     op: ReduceOp,
@@ -401,17 +427,22 @@ pub fn verify<T: Element>(
     opts: &ExecOptions,
 ) -> Result<VerifyReport, ExecError> {
     let l = &plan.layout;
-    let elements = (l.input_chunks() as usize)
-        .checked_mul(chunk_len)
-        .filter(|&n| n.saturating_mul(l.ranks as usize) <= MAX_VERIFY_ELEMENTS)
-        .ok_or_else(|| ExecError::BadInput {
+    l.validate().map_err(|e| ExecError::BadPlan { reason: e.to_string() })?;
+    if chunk_len == 0 {
+        return Err(ExecError::BadInput { reason: "a chunk needs at least one element (chunk_len is 0)".into() });
+    }
+    // `execute` allocates every rank's whole storage, scratch included, so that is what is bounded.
+    let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
+    if (storage as u128) * chunk_len as u128 > MAX_VERIFY_ELEMENTS as u128 {
+        return Err(ExecError::BadInput {
             reason: format!(
-                "{} input chunks of {chunk_len} elements on {} ranks: more than the {MAX_VERIFY_ELEMENTS} elements \
-                 a host verification holds",
-                l.input_chunks(),
+                "{storage} storage chunks of {chunk_len} elements over {} ranks: more than the \
+                 {MAX_VERIFY_ELEMENTS} elements a host verification holds",
                 l.ranks
             ),
-        })?;
+        });
+    }
+    let elements = l.input_chunks() as usize * chunk_len;
     let inputs = test_inputs::<T>(l.ranks as usize, elements);
     let got = execute(plan, &inputs, op, opts)?;
     let want = reference::reference(l.collective, &inputs, op)?;

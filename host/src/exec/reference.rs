@@ -45,6 +45,9 @@ pub fn reduce_scatter<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Result<Vec
     if len % n != 0 {
         return Err(ExecError::BadInput { reason: format!("{len} elements do not split into {n} blocks") });
     }
+    if len == 0 {
+        return Ok(vec![Vec::new(); n]);
+    }
     let r = reduce_all(inputs, op, len);
     Ok(r.chunks(len / n).map(<[T]>::to_vec).collect())
 }

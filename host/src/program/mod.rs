@@ -489,11 +489,16 @@ impl Program {
     /// `c*k .. c*k+k`, and every op is repeated once per instance (ops on several chunks are split
     /// into one op per chunk, since an instance's chunks are no longer adjacent). Scratch grows `k`
     /// times. The result computes the same collective; it gives the schedulers more independent work.
-    /// [`ProgramError::BadLayout`] when the `k`-times larger buffers are too large.
+    /// The program is verified first ([`Program::verify`]'s errors); [`ProgramError::BadLayout`] when
+    /// the `k`-times larger buffers are too large, [`ProgramError::ChunkLabelOverflow`] when an op's
+    /// chunk label times `k` does not fit a `u32`.
     pub fn instanced(&self, k: u32) -> Result<Program, ProgramError> {
         if k <= 1 {
             return Ok(self.clone());
         }
+        // After this, every slice fits its buffer and has equal counts on both sides, so the mapped
+        // offsets below stay under the validated `k`-times larger buffer sizes.
+        self.verify()?;
         let too_large = || ProgramError::BadLayout {
             reason: format!("{k} instances of {} chunks per buffer are too large", self.layout.chunks),
         };
@@ -516,8 +521,12 @@ impl Program {
             ops: Vec::with_capacity(self.ops.len() * k as usize),
         };
         let map = |s: Slice, x: u32, i: u32| Slice::new(s.buffer, (s.offset + x) * k + i, 1);
-        for op in &self.ops {
+        for (id, op) in self.ops.iter().enumerate() {
             let count = op.src().count;
+            // The largest label this op gets is `(chunk + count) * k - 1`.
+            if (op.chunk as u64 + count as u64) * k as u64 - 1 > u32::MAX as u64 {
+                return Err(ProgramError::ChunkLabelOverflow { op: OpId::new(id), chunk: op.chunk, instances: k });
+            }
             for x in 0..count {
                 for i in 0..k {
                     let kind = match op.kind {
@@ -572,6 +581,8 @@ pub enum ProgramError {
     },
     /// The text format could not be parsed.
     Parse { line: usize, message: String },
+    /// [`Program::instanced`] would give an op chunk labels beyond `u32::MAX`.
+    ChunkLabelOverflow { op: OpId, chunk: u32, instances: u32 },
 }
 
 impl fmt::Display for ProgramError {
@@ -601,6 +612,9 @@ impl fmt::Display for ProgramError {
                 }
             }
             ProgramError::Parse { line, message } => write!(f, "line {line}: {message}"),
+            ProgramError::ChunkLabelOverflow { op, chunk, instances } => {
+                write!(f, "{op}: chunk label {chunk} in {instances} instances does not fit 32 bits")
+            }
         }
     }
 }

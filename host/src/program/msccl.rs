@@ -11,7 +11,8 @@
 //! 1. **Read** the XML, tolerantly: `reducescatter` and `reduce_scatter`; missing `inplace`,
 //!    `outofplace`, `minBytes`, `maxBytes`, `nchunksperloop`; unknown attributes and elements are
 //!    ignored; TACCL's `<copy i_off= o_off=>` pre-copies and its `<op step= buf= off=>` spelling of
-//!    steps are understood.
+//!    steps are understood. Only structure that would lose data is refused: a second `<algo>`, or a
+//!    `<gpu>` or `<tb>` inside one of its own kind.
 //! 2. **Split** fused steps into primitives: `rcs` = recv + send, `rrc` = recv_reduce_copy, `rrs` and
 //!    `rrcs` = recv_reduce_copy + send of the result (MSCCL only emits `rrs` where the stored result is
 //!    dead, so storing it at the step's destination changes nothing), `cpy` = copy, `re` = reduce.
@@ -28,7 +29,7 @@
 use super::{BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 
 /// A step of the XML file: GPU, TB id and step index, as written there.
@@ -77,6 +78,9 @@ pub enum ImportError {
     BufferedCycle { step: StepRef },
     /// The imported program fails verification or its postcondition.
     Invalid { step: Option<StepRef>, error: ProgramError },
+    /// An element opened inside one of its own kind (`<tb>` in a `<tb>`, `<gpu>` in a `<gpu>`), or a
+    /// second `<algo>`: reading on would drop the first one's content. Lines count from 1.
+    RepeatedElement { element: &'static str, line: usize, first_line: usize },
 }
 
 impl fmt::Display for ImportError {
@@ -119,6 +123,15 @@ impl fmt::Display for ImportError {
             }
             ImportError::Invalid { step: Some(s), error } => write!(f, "{s}: {error}"),
             ImportError::Invalid { step: None, error } => write!(f, "{error}"),
+            ImportError::RepeatedElement { element: "algo", line, first_line } => {
+                write!(
+                    f,
+                    "line {line}: a second <algo> (the first is at line {first_line}); a file holds one algorithm"
+                )
+            }
+            ImportError::RepeatedElement { element, line, first_line } => {
+                write!(f, "line {line}: <{element}> inside the <{element}> of line {first_line}, which is not closed")
+            }
         }
     }
 }
@@ -278,12 +291,37 @@ impl Attrs {
     }
 }
 
+/// Line numbers (from 1) of byte positions, counted on from the last position asked: positions
+/// must not go back, so numbering a whole file stays linear.
+struct Lines<'a> {
+    text: &'a [u8],
+    pos: usize,
+    line: usize,
+}
+
+impl Lines<'_> {
+    /// The line of the tag that ends just before byte `end` (the reader's position after an event).
+    fn of_tag_ending_at(&mut self, end: u64) -> usize {
+        let end = usize::try_from(end).unwrap_or(usize::MAX).min(self.text.len());
+        let start = self.text[..end].iter().rposition(|&b| b == b'<').unwrap_or(end).max(self.pos);
+        self.line += self.text[self.pos..start].iter().filter(|&&b| b == b'\n').count();
+        self.pos = start;
+        self.line
+    }
+}
+
 fn read(xml: &str) -> Result<XDoc, ImportError> {
     let mut reader = Reader::from_str(xml);
     reader.config_mut().trim_text(true);
+    let mut lines = Lines { text: xml.as_bytes(), pos: 0, line: 1 };
+    // Each open element with the line it starts on: a second one of a kind would replace it and
+    // drop what was read into it.
     let mut doc: Option<XDoc> = None;
+    let mut algo_line = 0;
     let mut gpu: Option<XGpu> = None;
+    let mut gpu_line = 0;
     let mut tb: Option<XTb> = None;
+    let mut tb_line = 0;
     loop {
         let ev = reader
             .read_event()
@@ -292,8 +330,13 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
             Event::Start(ref e) | Event::Empty(ref e) => {
                 let empty = matches!(ev, Event::Empty(_));
                 let a = Attrs::of(e)?;
+                let line = lines.of_tag_ending_at(reader.buffer_position());
                 match a.element.as_str() {
                     "algo" => {
+                        if doc.is_some() {
+                            return Err(ImportError::RepeatedElement { element: "algo", line, first_line: algo_line });
+                        }
+                        algo_line = line;
                         let ctx = "in <algo>";
                         let coll_name = a.get(&["coll"]).ok_or_else(|| ImportError::MissingAttribute {
                             element: "algo".into(),
@@ -321,6 +364,9 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         });
                     }
                     "gpu" => {
+                        if gpu.is_some() {
+                            return Err(ImportError::RepeatedElement { element: "gpu", line, first_line: gpu_line });
+                        }
                         let ctx = "in <gpu>";
                         let g = XGpu {
                             id: a.nonneg(&["id"], ctx, None)?,
@@ -334,6 +380,7 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                             push_gpu(&mut doc, g)?;
                         } else {
                             gpu = Some(g);
+                            gpu_line = line;
                         }
                     }
                     "copy" => {
@@ -355,6 +402,9 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                         g.copies.push((i, o, cnt));
                     }
                     "tb" => {
+                        if tb.is_some() {
+                            return Err(ImportError::RepeatedElement { element: "tb", line, first_line: tb_line });
+                        }
                         let g =
                             gpu.as_ref().ok_or_else(|| ImportError::Xml { message: "<tb> outside a <gpu>".into() })?;
                         let ctx = format!("in gpu {}", g.id);
@@ -371,6 +421,7 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                             }
                         } else {
                             tb = Some(t);
+                            tb_line = line;
                         }
                     }
                     "step" | "op" => {
@@ -562,8 +613,20 @@ fn storage_bases(layout: &Layout) -> (Vec<usize>, usize) {
     (base, acc)
 }
 
+/// What the accesses so far left on a run of locations: the last writer (`usize::MAX`: none) and
+/// the readers since.
+#[derive(Clone, Debug)]
+struct RunState {
+    writer: usize,
+    readers: Vec<usize>,
+}
+
 /// Data-hazard successors of each op (read-after-write, write-after-write, write-after-read per
 /// chunk), walking the accesses in happens-before order.
+///
+/// The locations `0..total` are kept as runs in one state, keyed by their first location. An
+/// access splits at most the two runs at its ends, so the work grows with the number of accesses,
+/// not with their chunk counts: a small file of wide steps stays cheap.
 fn hazard_edges(
     layout: &Layout,
     base: &[usize],
@@ -571,8 +634,15 @@ fn hazard_edges(
     origin: &[StepRef],
     accesses: &mut [Access],
 ) -> Result<Vec<Vec<usize>>, ImportError> {
-    let mut last_writer = vec![usize::MAX; total];
-    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); total];
+    let mut runs: BTreeMap<usize, RunState> = BTreeMap::new();
+    runs.insert(0, RunState { writer: usize::MAX, readers: Vec::new() });
+    let split = |runs: &mut BTreeMap<usize, RunState>, at: usize| {
+        if at < total && !runs.contains_key(&at) {
+            let (_, run) = runs.range(..at).next_back().expect("runs tile 0..total");
+            let run = run.clone();
+            runs.insert(at, run);
+        }
+    };
     let mut op_succ: Vec<Vec<usize>> = vec![Vec::new(); origin.len()];
     accesses.sort_by_key(|a| (a.pos, a.sub));
     for a in accesses.iter() {
@@ -586,23 +656,33 @@ fn hazard_edges(
                 buffer_chunks: layout.buffer_chunks(rank, slice.buffer),
             },
         })?;
-        for c in 0..slice.count {
-            let loc = base[rank.index()] + (start + c) as usize;
-            let w = last_writer[loc];
-            if w != usize::MAX && w != id {
+        let lo = base[rank.index()] + start as usize;
+        let hi = lo + slice.count as usize;
+        split(&mut runs, lo);
+        split(&mut runs, hi);
+        // Every chunk of a run is in the same state, so it gives the same edges as the run.
+        for run in runs.range_mut(lo..hi).map(|(_, r)| r) {
+            let w = run.writer;
+            if w != usize::MAX && w != id && op_succ[w].last() != Some(&id) {
                 op_succ[w].push(id);
             }
             if a.write {
-                for &rd in &readers[loc] {
-                    if rd != id {
+                for &rd in &run.readers {
+                    if rd != id && op_succ[rd].last() != Some(&id) {
                         op_succ[rd].push(id);
                     }
                 }
-                readers[loc].clear();
-                last_writer[loc] = id;
             } else if a.read {
-                readers[loc].push(id);
+                run.readers.push(id);
             }
+        }
+        if a.write {
+            // The written locations are one run again: written by this op, not read since.
+            let inner: Vec<usize> = runs.range(lo + 1..hi).map(|(&k, _)| k).collect();
+            for k in inner {
+                runs.remove(&k);
+            }
+            runs.insert(lo, RunState { writer: id, readers: Vec::new() });
         }
     }
     for s in op_succ.iter_mut() {
@@ -857,6 +937,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
     // overwritten before the matching receive happens, on both sides): snapshot those sends'
     // sources into fresh scratch at the send position, which makes every transfer atomic, and retry.
+    // Each round's scratch is held to `Layout::validate`'s limits before the next round sizes its
+    // tables by it: a small file of wide exchanges would otherwise grow it without bound.
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {
         let (base, acc) = storage_bases(&layout);
@@ -892,11 +974,21 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             let at = (0..no).find(|&i| indeg[i] > 0).expect("an op is left");
             return Err(ImportError::BufferedCycle { step: ops[at].origin });
         }
+        let too_large = |at: StepRef, r: usize, scratch: u64, why: &str| ImportError::Invalid {
+            step: Some(at),
+            error: ProgramError::BadLayout {
+                reason: format!("snapshots of buffered exchanges need {scratch} scratch chunks on gpu {r}: {why}"),
+            },
+        };
+        let first = ops[stuck[0]].origin;
         for x in stuck {
             let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else { unreachable!() };
             let r = src_rank.0 as usize;
             let snap = Slice::new(BufferKind::Scratch, layout.scratch[r], src.count);
-            layout.scratch[r] += src.count;
+            layout.scratch[r] = layout.scratch[r].checked_add(src.count).ok_or_else(|| {
+                let need = layout.scratch[r] as u64 + src.count as u64;
+                too_large(ops[x].origin, r, need, "more than a rank's storage can count")
+            })?;
             let read = accesses
                 .iter_mut()
                 .find(|a| a.op == x && !a.write && a.rank == src_rank.0)
@@ -918,6 +1010,15 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             }
             snapshotted[x] = true;
             snapshotted.push(true);
+        }
+        if let Err(e) = layout.validate() {
+            let most = layout.scratch.iter().copied().max().unwrap_or(0);
+            let r = layout.scratch.iter().position(|&s| s == most).unwrap_or(0);
+            let why = match e {
+                ProgramError::BadLayout { reason } => reason,
+                other => other.to_string(),
+            };
+            return Err(too_large(first, r, most as u64, &why));
         }
     };
     let no = ops.len();

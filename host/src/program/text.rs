@@ -100,6 +100,15 @@ fn parse_slice(line: usize, s: &str) -> Result<Slice, ProgramError> {
     Ok(Slice::new(buffer, a, b - a))
 }
 
+/// Refuses a second header line of a kind (`slot` holds the first with its line): it would
+/// silently replace the first.
+fn once<T>(ln: usize, directive: &str, slot: &Option<(usize, T)>) -> Result<(), ProgramError> {
+    match slot {
+        Some((first, _)) => Err(err(ln, format!("repeated `{directive}` line (the first is line {first})"))),
+        None => Ok(()),
+    }
+}
+
 /// Reads `key=value` attributes; every key must be known and given once.
 fn parse_attrs(line: usize, toks: &[&str], keys: &[&str]) -> Result<Vec<u32>, ProgramError> {
     let mut vals: Vec<Option<u32>> = vec![None; keys.len()];
@@ -117,13 +126,14 @@ fn parse_attrs(line: usize, toks: &[&str], keys: &[&str]) -> Result<Vec<u32>, Pr
     keys.iter().zip(vals).map(|(k, v)| v.ok_or_else(|| err(line, format!("missing attribute `{k}`")))).collect()
 }
 
-/// Parses the text format. Errors name the line; the result is not verified (call
-/// [`Program::verify`]).
+/// Parses the text format. Each header (`program`, `collective`, `scratch`, `ranks-per-node`) is
+/// given at most once. Errors name the line; the result is not verified (call [`Program::verify`]).
 pub fn parse(text: &str) -> Result<Program, ProgramError> {
-    let mut name: Option<String> = None;
-    let mut layout: Option<Layout> = None;
+    // Each header with the line it is on.
+    let mut name: Option<(usize, String)> = None;
+    let mut layout: Option<(usize, Layout)> = None;
     let mut scratch: Option<(usize, Vec<u32>)> = None;
-    let mut per_node = None;
+    let mut per_node: Option<(usize, u32)> = None;
     let mut ops = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let ln = i + 1;
@@ -134,12 +144,14 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
         let toks: Vec<&str> = content.split_whitespace().collect();
         match toks[0] {
             "program" => {
+                once(ln, "program", &name)?;
                 if toks.len() != 2 {
                     return Err(err(ln, "expected `program NAME`"));
                 }
-                name = Some(toks[1].to_string());
+                name = Some((ln, toks[1].to_string()));
             }
             "collective" => {
+                once(ln, "collective", &layout)?;
                 if toks.len() != 5 {
                     return Err(err(ln, "expected `collective KIND ranks=N chunks=C inplace|outofplace`"));
                 }
@@ -157,9 +169,10 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
                 if v[0] > Layout::MAX_RANKS {
                     return Err(err(ln, format!("{} ranks is more than the supported {}", v[0], Layout::MAX_RANKS)));
                 }
-                layout = Some(Layout::new(c, v[0], v[1], in_place));
+                layout = Some((ln, Layout::new(c, v[0], v[1], in_place)));
             }
             "scratch" => {
+                once(ln, "scratch", &scratch)?;
                 let v = toks[1..].iter().map(|t| parse_u32(ln, "a scratch size", t)).collect::<Result<Vec<_>, _>>()?;
                 if v.is_empty() {
                     return Err(err(ln, "expected `scratch S` or one size per rank"));
@@ -167,10 +180,11 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
                 scratch = Some((ln, v));
             }
             "ranks-per-node" => {
+                once(ln, "ranks-per-node", &per_node)?;
                 if toks.len() != 2 {
                     return Err(err(ln, "expected `ranks-per-node G`"));
                 }
-                per_node = Some(parse_u32(ln, "ranks per node", toks[1])?);
+                per_node = Some((ln, parse_u32(ln, "ranks per node", toks[1])?));
             }
             t if t.starts_with("op") => {
                 let want = format!("op{}", ops.len());
@@ -185,8 +199,8 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             other => return Err(err(ln, format!("unknown directive `{other}`"))),
         }
     }
-    let name = name.ok_or_else(|| err(1, "missing `program NAME`"))?;
-    let mut layout = layout.ok_or_else(|| err(1, "missing `collective ...` line"))?;
+    let (_, name) = name.ok_or_else(|| err(1, "missing `program NAME`"))?;
+    let (_, mut layout) = layout.ok_or_else(|| err(1, "missing `collective ...` line"))?;
     if let Some((ln, v)) = scratch {
         layout.scratch = match v.len() {
             1 => vec![v[0]; layout.ranks as usize],
@@ -196,7 +210,7 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             }
         };
     }
-    Ok(Program { name, layout, ranks_per_node: per_node, ops })
+    Ok(Program { name, layout, ranks_per_node: per_node.map(|(_, g)| g), ops })
 }
 
 fn parse_op(ln: usize, t: &[&str]) -> Result<Op, ProgramError> {

@@ -3,8 +3,9 @@
 //!
 //! Buffers are per-rank local shards (dense row-major boxes, see [`super::layout`]), as vectors of any
 //! `Copy` unit standing for `unit_bytes` bytes: bytes (`u8`, unit 1), elements (`f32`, unit 4, …), or
-//! tags. Every transfer is checked (well-formed box, offsets and strides on unit boundaries, inside both
-//! buffers) before it runs: a bad plan is an [`ExecError`], never a panic or an out-of-bounds write.
+//! tags. Every transfer is checked (well-formed box writing no byte twice, offsets and strides on unit
+//! boundaries, inside both buffers) before it runs: a bad plan is an [`ExecError`], never a panic or an
+//! out-of-bounds write.
 //!
 //! Within a stage all reads happen before any write, so a plan whose stage reads what the same stage
 //! writes is caught by [`verify`] instead of working by luck of ordering.
@@ -188,6 +189,13 @@ pub fn execute<T: Copy + Default>(
                 t.dst,
                 "destination (write)",
             ))?;
+            // Writes that overlap (a zero stride, rows longer than their stride) are refused before the
+            // data is staged: a box that writes no byte twice stages at most its destination buffer.
+            if !walk.nested(&walk.dst_strides) {
+                let why =
+                    format!("its rows overlap on the write side (strides {:?}, shape {:?})", t.dst_strides, t.shape);
+                return Err(malformed(i, why));
+            }
             let mut data = Vec::with_capacity(walk.total_units() as usize);
             walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
                 data.extend_from_slice(&buf[at..at + walk.run as usize]);
@@ -276,6 +284,25 @@ impl Walk {
             Some(end) if end <= len => Ok(()),
             end => Err((end.map_or(u64::MAX, |e| e.saturating_mul(unit)), len * unit)),
         }
+    }
+
+    /// Whether the loops nest on a side with `strides`: taken by increasing stride, each loop (of
+    /// extent above 1) steps past everything the loops inside it cover, so no unit is visited twice.
+    /// Every box the planner makes nests on both sides (it is a sub-box of a dense row-major buffer).
+    /// Call after [`Walk::check`]: spans inside a buffer do not overflow.
+    fn nested(&self, strides: &[u64]) -> bool {
+        if self.run == 0 || self.outer.contains(&0) {
+            return true;
+        }
+        let mut loops: Vec<(u64, u64)> =
+            strides.iter().zip(&self.outer).filter(|&(_, &e)| e > 1).map(|(&s, &e)| (s, e)).collect();
+        loops.sort_unstable();
+        let mut span = self.run;
+        loops.into_iter().all(|(s, e)| {
+            let fits = s >= span;
+            span += (e - 1) * s;
+            fits
+        })
     }
 
     /// Calls `f` with the unit index of each run's start, in row-major loop order.

@@ -395,10 +395,15 @@ impl Layout {
                 return Err(LayoutError::ShardDimOutOfRange { axis, dim, tensor_rank: global_shape.len() });
             }
         }
-        let elements = global_shape
-            .iter()
-            .try_fold(1u64, |acc, &n| acc.checked_mul(n))
-            .ok_or_else(|| LayoutError::ShapeTooLarge { shape: global_shape.to_vec() })?;
+        // A 0 extent anywhere empties the tensor, however large the extents before it.
+        let elements = if global_shape.contains(&0) {
+            0
+        } else {
+            global_shape
+                .iter()
+                .try_fold(1u64, |acc, &n| acc.checked_mul(n))
+                .ok_or_else(|| LayoutError::ShapeTooLarge { shape: global_shape.to_vec() })?
+        };
         Ok(Sharding { layout: self.clone(), shape: global_shape.to_vec(), elements })
     }
 }
@@ -425,9 +430,13 @@ impl Region {
         Self { start: vec![0; shape.len()], extent: shape.to_vec() }
     }
 
-    /// Number of elements (a 0-dim region holds one: a scalar).
+    /// Number of elements (a 0-dim region holds one: a scalar); `u64::MAX` for a non-empty region of
+    /// more than that many (no [`Sharding`] hands one out), never a wrapped count.
     pub fn volume(&self) -> u64 {
-        self.extent.iter().product()
+        if self.is_empty() {
+            return 0;
+        }
+        self.extent.iter().try_fold(1u64, |acc, &e| acc.checked_mul(e)).unwrap_or(u64::MAX)
     }
 
     /// Whether the region holds no element.
@@ -435,13 +444,14 @@ impl Region {
         self.extent.contains(&0)
     }
 
-    /// The common part of two regions of one tensor (empty when they do not meet).
+    /// The common part of two regions of one tensor (empty when they do not meet). Ends past 2^64 are
+    /// taken as 2^64 - 1: no index reaches further.
     pub fn intersect(&self, other: &Region) -> Region {
         let mut start = Vec::with_capacity(self.start.len());
         let mut extent = Vec::with_capacity(self.start.len());
         for d in 0..self.start.len() {
             let lo = self.start[d].max(other.start[d]);
-            let hi = (self.start[d] + self.extent[d]).min(other.start[d] + other.extent[d]);
+            let hi = self.start[d].saturating_add(self.extent[d]).min(other.start[d].saturating_add(other.extent[d]));
             start.push(lo);
             extent.push(hi.saturating_sub(lo));
         }
@@ -462,16 +472,26 @@ impl Region {
 
 impl fmt::Display for Region {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> = self.start.iter().zip(&self.extent).map(|(s, e)| format!("{s}..{}", s + e)).collect();
+        // In u128: a hand-made region may end past 2^64.
+        let dims: Vec<String> = self
+            .start
+            .iter()
+            .zip(&self.extent)
+            .map(|(&s, &e)| format!("{s}..{}", u128::from(s) + u128::from(e)))
+            .collect();
         write!(f, "[{}]", dims.join(", "))
     }
 }
 
 /// Row-major strides (in elements) of a dense tensor of shape `extent`.
+///
+/// A stride that does not fit in a `u64` is `u64::MAX`. That happens only where no element is
+/// addressed through it: in a tensor with a 0 extent (`[0, 2^40, 2^40]` holds nothing), or in one of
+/// more than 2^64 elements, which [`Layout::on`] refuses.
 pub fn row_major_strides(extent: &[u64]) -> Vec<u64> {
-    let mut strides = vec![1; extent.len()];
+    let mut strides = vec![1u64; extent.len()];
     for d in (0..extent.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * extent[d + 1];
+        strides[d] = strides[d + 1].saturating_mul(extent[d + 1]);
     }
     strides
 }
@@ -566,6 +586,11 @@ impl Sharding {
 /// The elements of `region` out of a dense row-major tensor of shape `shape`, row-major.
 /// `region` must lie inside `shape` (it does for every region a [`Sharding`] hands out).
 pub(crate) fn extract<T: Copy>(global: &[T], shape: &[u64], region: &Region) -> Vec<T> {
+    // Before walking the rows: a box empty only in its last dim still has rows to walk, 2^80 of them
+    // in a [2^40, 2^40, 0] tensor.
+    if region.is_empty() {
+        return Vec::new();
+    }
     let mut out = Vec::with_capacity(region.volume() as usize);
     let strides = row_major_strides(shape);
     let Some((&run, outer)) = region.extent.split_last() else {

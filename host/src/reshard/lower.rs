@@ -500,8 +500,8 @@ pub(crate) fn lower_copies(
             return Err(LowerError::TooManyTasks { stage: s, tasks: count, max: opts.max_tasks });
         }
         let mut runs = Vec::with_capacity(count as usize);
-        for c in copies {
-            expand(c, &mut runs);
+        for (i, c) in copies.iter().enumerate() {
+            expand(c, &mut runs).map_err(|why| LowerError::MalformedTransfer { stage: s, index: i, why })?;
         }
         let runs = coalesce(runs);
         let l = distribute(&runs, opts, dtype);
@@ -514,24 +514,40 @@ pub(crate) fn lower_copies(
     Ok(LoweredReshard { stages: out, dtype, buffer_bytes })
 }
 
-/// Unrolls a box's loops into its contiguous runs, in row-major order.
-fn expand(c: &BoxCopy, out: &mut Vec<Run>) {
+/// Unrolls a box's loops into its contiguous runs, in row-major order. Errors when a run's offset or
+/// end does not fit in a `u64` (a wrapped offset could land back inside a buffer and pass validation).
+fn expand(c: &BoxCopy, out: &mut Vec<Run>) -> Result<(), &'static str> {
     let (&run, outer) = c.shape.split_last().expect("checked by the caller");
     if run == 0 {
-        return;
+        return Ok(());
     }
+    // The start of the run at loop index `idx`, checked to end inside 64 bits.
+    let at = |base: u64, strides: &[u64], idx: &[u64]| {
+        let start = idx.iter().zip(strides).try_fold(base, |acc, (&i, &s)| acc.checked_add(i.checked_mul(s)?))?;
+        start.checked_add(run).map(|_| start)
+    };
+    let mut wrapped = false;
     for_each_index(outer, |idx| {
-        let at = |base: u64, strides: &[u64]| base + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>();
+        let (Some(src_offset), Some(dst_offset)) =
+            (at(c.src_offset, &c.src_strides, idx), at(c.dst_offset, &c.dst_strides, idx))
+        else {
+            wrapped = true;
+            return;
+        };
         out.push(Run {
             reader: c.reader,
             read_slot: c.read_slot,
             writer: c.writer,
             write_slot: c.write_slot,
-            src_offset: at(c.src_offset, &c.src_strides),
-            dst_offset: at(c.dst_offset, &c.dst_strides),
+            src_offset,
+            dst_offset,
             bytes: run,
         });
     });
+    if wrapped {
+        return Err("a run's offset passes 2^64 bytes");
+    }
+    Ok(())
 }
 
 /// Merges runs of one (reader, slot, writer, slot) pair that continue each other on both sides.
@@ -569,7 +585,8 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
             CtaOwner::Balanced => r.reader,
         } as usize;
         per_rank[owner].push(r);
-        load[owner] += r.bytes;
+        // Saturating: a hand-made plan's runs may sum past 2^64 before validation refuses them.
+        load[owner] = load[owner].saturating_add(r.bytes);
     }
     let all: u32 = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
     let mut programs = Vec::with_capacity(n * c);
@@ -618,7 +635,7 @@ fn spans(runs: &[Run], total: u64, c: usize) -> Vec<Vec<Run>> {
         loop {
             if k + 1 >= c {
                 out[k].push(run);
-                pos += run.bytes;
+                pos = pos.saturating_add(run.bytes);
                 break;
             }
             let end = (u128::from(total) * (k as u128 + 1) / c as u128) as u64;
@@ -626,9 +643,9 @@ fn spans(runs: &[Run], total: u64, c: usize) -> Vec<Vec<Run>> {
                 k += 1;
                 continue;
             }
-            if pos + run.bytes <= end {
+            if pos.saturating_add(run.bytes) <= end {
                 out[k].push(run);
-                pos += run.bytes;
+                pos = pos.saturating_add(run.bytes);
                 break;
             }
             let cut = ((run.src_offset + (end - pos)) & !(GRAIN - 1)).saturating_sub(run.src_offset);

@@ -1,0 +1,190 @@
+//! Importers on hostile input: typed errors that name what is wrong, quickly and in little memory,
+//! instead of dropped data, unbounded growth or silent overrides.
+
+use oxccl_host::program::msccl::{ImportError, import, import_unchecked};
+use oxccl_host::program::{ProgramError, text};
+use std::time::{Duration, Instant};
+
+/// A 2-GPU in-place AllReduce of `chunks` chunks where, on each of `channels` channels, both GPUs
+/// send all their chunks and then reduce the peer's into them: a buffered exchange that needs a
+/// snapshot of `chunks` scratch chunks per channel on each GPU.
+fn wide_exchange(chunks: u32, channels: u32) -> String {
+    let mut x = format!(r#"<algo name="x" nchunksperloop="{chunks}" ngpus="2" coll="allreduce" inplace="1">"#);
+    x.push('\n');
+    for g in 0..2 {
+        let peer = 1 - g;
+        x += &format!(r#"  <gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="0">"#);
+        x.push('\n');
+        for c in 0..channels {
+            x += &format!(r#"    <tb id="{c}" send="{peer}" recv="{peer}" chan="{c}">"#);
+            x.push('\n');
+            for (s, ty) in ["s", "rrc"].iter().enumerate() {
+                x += &format!(
+                    r#"      <step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
+                );
+                x.push('\n');
+            }
+            x += "    </tb>\n";
+        }
+        x += "  </gpu>\n";
+    }
+    x += "</algo>\n";
+    x
+}
+
+/// The process's peak resident set, where Linux reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Asserts `e` is the snapshot-growth refusal.
+fn assert_snapshot_too_large(e: &ImportError) {
+    match e {
+        ImportError::Invalid { step: Some(_), error: ProgramError::BadLayout { reason } } => {
+            assert!(reason.contains("snapshots of buffered exchanges"), "{e}");
+        }
+        other => panic!("expected a snapshot-scratch BadLayout, got {other:?}"),
+    }
+}
+
+#[test]
+fn wide_exchange_within_limits_imports_quickly() {
+    let xml = wide_exchange(1 << 20, 1);
+    let t = Instant::now();
+    let imp = import(&xml).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.program.layout.scratch, vec![1 << 20, 1 << 20], "one snapshot of every chunk per GPU");
+    assert_eq!(imp.program.ops.len(), 4, "two snapshots and two transfers");
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn snapshot_growth_is_refused_early() {
+    // 32 channels of 2^20-chunk exchanges: under 20 KB of XML asking for 2^25 scratch chunks per
+    // GPU, more than `Layout::validate` allows. It used to grow to gigabytes before failing.
+    let xml = wide_exchange(1 << 20, 32);
+    assert!(xml.len() < 20_000, "{} bytes", xml.len());
+    let t = Instant::now();
+    let e = import_unchecked(&xml).expect_err("scratch beyond the layout limits");
+    assert_snapshot_too_large(&e);
+    assert_snapshot_too_large(&import(&xml).expect_err("scratch beyond the layout limits"));
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    match peak_rss_bytes() {
+        Some(b) => assert!(b < 256 << 20, "peak RSS {} MiB", b >> 20),
+        None => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped the memory check: no /proc/self/status");
+        }
+    }
+}
+
+#[test]
+fn snapshot_scratch_overflowing_u32_is_refused() {
+    // 1100 channels of 2^22-chunk exchanges: one snapshot round sums more than u32::MAX scratch
+    // chunks on a GPU before the layout can be checked.
+    let xml = wide_exchange(1 << 22, 1100);
+    let t = Instant::now();
+    let e = import_unchecked(&xml).expect_err("scratch beyond u32");
+    assert_snapshot_too_large(&e);
+    assert!(e.to_string().contains("more than a rank's storage can count"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10), "took {:?}", t.elapsed());
+}
+
+/// A valid 2-GPU AllGather; `extra_tb` goes inside GPU 0's second TB (line 7 opens that TB).
+fn allgather_with(extra_tb: &str) -> String {
+    format!(
+        r#"<algo name="t" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1">
+  <gpu id="0" i_chunks="0" o_chunks="2" s_chunks="0">
+    <tb id="0" send="1" recv="1" chan="0">
+      <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb>
+    <tb id="1" send="-1" recv="-1" chan="0">
+      <step s="0" type="cpy" srcbuf="o" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+{extra_tb}
+    </tb>
+  </gpu>
+  <gpu id="1" i_chunks="0" o_chunks="2" s_chunks="0">
+    <tb id="0" send="0" recv="0" chan="0">
+      <step s="0" type="s" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb>
+  </gpu>
+</algo>
+"#
+    )
+}
+
+#[test]
+fn control_file_imports() {
+    let imp = import(&allgather_with("")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.program.ops.len(), 3, "two transfers and the copy");
+}
+
+#[test]
+fn nested_tb_is_refused() {
+    // The inner TB used to replace the outer one, dropping its copy step.
+    for inner in [r#"      <tb id="2" send="-1" recv="-1" chan="1"></tb>"#, r#"      <tb id="2" chan="1"/>"#] {
+        let xml = allgather_with(inner);
+        let want = ImportError::RepeatedElement { element: "tb", line: 9, first_line: 7 };
+        assert_eq!(import_unchecked(&xml).unwrap_err(), want, "{inner}");
+        let e = import(&xml).unwrap_err();
+        assert_eq!(e, want);
+        assert_eq!(e.to_string(), "line 9: <tb> inside the <tb> of line 7, which is not closed");
+    }
+}
+
+#[test]
+fn nested_gpu_is_refused() {
+    let xml = allgather_with(r#"      <gpu id="1" i_chunks="0" o_chunks="2" s_chunks="0"></gpu>"#);
+    assert_eq!(import(&xml).unwrap_err(), ImportError::RepeatedElement { element: "gpu", line: 9, first_line: 2 });
+}
+
+#[test]
+fn second_algo_is_refused() {
+    // A first algorithm before the real one used to be dropped without a word.
+    let first = r#"<algo name="first" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1"></algo>"#;
+    let xml = format!("{first}\n{}", allgather_with(""));
+    let want = ImportError::RepeatedElement { element: "algo", line: 2, first_line: 1 };
+    assert_eq!(import_unchecked(&xml).unwrap_err(), want);
+    let e = import(&xml).unwrap_err();
+    assert_eq!(e, want);
+    assert!(e.to_string().contains("second <algo>"), "{e}");
+    // Nested in the first, too.
+    let nested = format!("<algo name=\"outer\" ngpus=\"2\" coll=\"allgather\">\n{}</algo>\n", allgather_with(""));
+    assert_eq!(import(&nested).unwrap_err(), want);
+}
+
+const TEXT: &str = "program x\n\
+collective allreduce ranks=2 chunks=2 inplace\n\
+scratch 0\n\
+ranks-per-node 2\n\
+op0 = xfer r0 in[0] -> r1 in[0] rrc ch=0 chunk=0 step=0 stage=0\n";
+
+#[test]
+fn text_control_parses() {
+    let p = text::parse(TEXT).unwrap();
+    assert_eq!((p.name.as_str(), p.ranks_per_node, p.ops.len()), ("x", Some(2), 1));
+}
+
+#[test]
+fn repeated_text_headers_are_refused() {
+    // Each header repeated after a comment (line 7) used to override the first silently.
+    for (header, line) in [
+        ("program", "program y"),
+        ("collective", "collective allreduce ranks=4 chunks=4 inplace"),
+        ("scratch", "scratch 8"),
+        ("ranks-per-node", "ranks-per-node 1"),
+    ] {
+        let first = TEXT.lines().position(|l| l.starts_with(header)).unwrap() + 1;
+        let t = format!("{TEXT}# a comment\n{line}\n");
+        match text::parse(&t) {
+            Err(ProgramError::Parse { line: 7, message }) => {
+                assert_eq!(message, format!("repeated `{header}` line (the first is line {first})"));
+            }
+            other => panic!("{header}: expected a parse error on line 7, got {other:?}"),
+        }
+    }
+}

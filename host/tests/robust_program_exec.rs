@@ -1,0 +1,153 @@
+//! Bad input to `Program::instanced`, `exec::verify`, `exec::execute` and `Plan::check_structure`
+//! gets a typed error, never a panic, an abort or silently dropped data.
+
+use oxccl_host::compile::lower::{LowerError, LowerOptions, lower};
+use oxccl_host::compile::{Options, Plan, Prim, compile};
+use oxccl_host::exec::reference::reduce_scatter;
+use oxccl_host::exec::{ExecError, ExecOptions, MAX_VERIFY_ELEMENTS, ReduceOp, execute, test_inputs, verify};
+use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::{BufferKind, Collective, Layout, OpId, Program, ProgramError, Rank, RecvOp, Slice, text};
+
+/// Parses and verifies a text program.
+fn program(t: &str) -> Program {
+    let p = text::parse(t).expect("parses");
+    p.verify().expect("verifies");
+    p
+}
+
+/// One transfer `r0 in[..] -> r1 in[..]` of an in-place two-rank AllReduce of two chunks.
+fn two_rank_xfer(slices: &str, op: &str, chunk: u64) -> Program {
+    program(&format!(
+        "program x\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 0\n\
+         op0 = xfer r0 in[{slices}] -> r1 in[{slices}] {op} ch=0 chunk={chunk} step=0 stage=0\n"
+    ))
+}
+
+/// Sets the destination of every receive of `plan` to `dst`.
+fn set_recv_dst(plan: &mut Plan, dst: Slice) {
+    for tb in plan.ranks.iter_mut().flat_map(|rp| rp.tbs.iter_mut()) {
+        for t in tb.tasks.iter_mut().filter(|t| t.prim == Prim::Recv) {
+            t.dst = Some(dst);
+        }
+    }
+}
+
+#[test]
+fn instanced_chunk_label_overflow_is_an_error() {
+    let p = two_rank_xfer("0", "rrc", 4_000_000_000);
+    assert_eq!(
+        p.instanced(2).unwrap_err(),
+        ProgramError::ChunkLabelOverflow { op: OpId(0), chunk: 4_000_000_000, instances: 2 }
+    );
+    // The largest label that still fits: (2^31 - 1) * 2 + 1 == u32::MAX.
+    let p = two_rank_xfer("0", "rrc", (1 << 31) - 1);
+    let q = p.instanced(2).unwrap();
+    assert_eq!(q.ops.iter().map(|o| o.chunk).collect::<Vec<_>>(), vec![u32::MAX - 1, u32::MAX]);
+}
+
+#[test]
+fn instanced_verifies_its_program_first() {
+    let mut p = Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true));
+    let bad = Slice::input(u32::MAX);
+    p.transfer(0, bad, 1, Slice::input(0), RecvOp::Recv, 0, 0, 0);
+    assert_eq!(
+        p.instanced(2).unwrap_err(),
+        ProgramError::SliceOutOfRange { op: OpId(0), rank: Rank(0), slice: bad, buffer_chunks: 2 }
+    );
+}
+
+#[test]
+fn verify_rejects_zero_chunk_len() {
+    let p = Algorithm::RingReduceScatter.generate(1, 2).unwrap();
+    let plan = compile(&p, &Options::default()).unwrap();
+    let e = verify::<f32>(&plan, ReduceOp::Sum, 0, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadInput { reason } if reason.contains("chunk_len is 0")), "{e}");
+    // The reference itself takes empty inputs.
+    assert_eq!(reduce_scatter::<f32>(&[vec![], vec![]], ReduceOp::Sum).unwrap(), vec![Vec::<f32>::new(); 2]);
+}
+
+#[test]
+fn verify_bounds_scratch_storage() {
+    for (scratch, chunk_len) in [(16_000_000u64, 1usize << 20), (4096, 1 << 20), (256, 1 << 20)] {
+        let p = program(&format!(
+            "program x\ncollective allreduce ranks=1 chunks=1 outofplace\nscratch {scratch}\n\
+             op0 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=0 stage=0\n"
+        ));
+        let plan = compile(&p, &Options::default()).unwrap();
+        // Input and output are two chunks; scratch makes the rest.
+        assert!((2 + scratch as usize) * chunk_len > MAX_VERIFY_ELEMENTS);
+        let e = verify::<f32>(&plan, ReduceOp::Sum, chunk_len, &ExecOptions::default()).unwrap_err();
+        assert!(matches!(&e, ExecError::BadInput { reason } if reason.contains("storage chunks")), "{e}");
+    }
+    // Four storage chunks: one element past the bound is refused, a small size runs.
+    let p = program(
+        "program x\ncollective allreduce ranks=1 chunks=1 outofplace\nscratch 2\n\
+         op0 = copy r0 in[0] -> out[0] ch=0 chunk=0 step=0 stage=0\n",
+    );
+    let plan = compile(&p, &Options::default()).unwrap();
+    let e = verify::<f32>(&plan, ReduceOp::Sum, MAX_VERIFY_ELEMENTS / 4 + 1, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadInput { reason } if reason.contains("4 storage chunks")), "{e}");
+    let r = verify::<f32>(&plan, ReduceOp::Sum, 64, &ExecOptions::default()).unwrap();
+    assert_eq!((r.elements, r.wrong), (64, 0));
+}
+
+#[test]
+fn receive_larger_than_its_message_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    set_recv_dst(&mut plan, Slice::new(BufferKind::Input, 0, 2));
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("receives 2 chunks") && e.contains("pushes 1"), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("receives 2 chunks")), "{e}");
+}
+
+#[test]
+fn receive_smaller_than_its_message_is_a_bad_plan() {
+    let p = two_rank_xfer("0..2", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    set_recv_dst(&mut plan, Slice::new(BufferKind::Input, 1, 1));
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("receives 1 chunks") && e.contains("pushes 2"), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("receives 1 chunks")), "{e}");
+}
+
+/// Two sends of one op on one connection, of 1 and 2 chunks, and two 2-chunk receives: the
+/// structure check keys sends by (connection, op), so the executor's own size check must catch it.
+#[test]
+fn executor_checks_each_message_size() {
+    let p = two_rank_xfer("0..2", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    for tb in plan.ranks.iter_mut().flat_map(|rp| rp.tbs.iter_mut()) {
+        if let Some(i) = tb.tasks.iter().position(|t| t.prim.is_comm()) {
+            let mut first = tb.tasks[i];
+            if first.prim == Prim::Send {
+                first.src = Some(Slice::new(BufferKind::Input, 0, 1));
+            }
+            tb.tasks.insert(i, first);
+        }
+    }
+    plan.check_structure().unwrap();
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("the data has")), "{e}");
+}
+
+#[test]
+fn connection_to_a_missing_rank_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    let mut c = plan.connections[0];
+    c.src = Rank(99);
+    plan.connections.push(c);
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("r99 -> r1") && e.contains("outside the 2 ranks"), "{e}");
+    let e = lower(&plan, &LowerOptions::default()).unwrap_err();
+    assert!(matches!(&e, LowerError::BadPlan { reason } if reason.contains("r99")), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("r99")), "{e}");
+}
