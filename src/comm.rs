@@ -825,15 +825,7 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
     {
         return Err(Error::Config { field: "stages", why: format!("{st} is not in 1..={}", abi::MAX_STAGES) });
     }
-    if c.timeout.is_zero() || c.timeout > MAX_TIMEOUT {
-        return Err(Error::Config {
-            field: "timeout",
-            why: format!(
-                "{:?} is not in (0, {MAX_TIMEOUT:?}] (device waits add it to a 64-bit nanosecond clock)",
-                c.timeout
-            ),
-        });
-    }
+    check_timeout(c.timeout)?;
     if let Some(m) = c.max_ctas
         && m as usize > abi::MAX_CTAS_PER_RANK
     {
@@ -1070,6 +1062,17 @@ pub fn combining_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: O
 /// The largest chunk of at most `bytes`: a multiple of 1 KiB from 1 KiB, of 16 bytes below.
 fn chunk_grain(bytes: usize) -> u32 {
     (if bytes >= 1024 { bytes / 1024 * 1024 } else { bytes / 16 * 16 }) as u32
+}
+
+/// A device-wait timeout in (0, [`MAX_TIMEOUT`]], or the `timeout` error (communicators and compiled plans).
+pub(crate) fn check_timeout(t: Duration) -> Result<()> {
+    if t.is_zero() || t > MAX_TIMEOUT {
+        return Err(Error::Config {
+            field: "timeout",
+            why: format!("{t:?} is not in (0, {MAX_TIMEOUT:?}] (device waits add it to a 64-bit nanosecond clock)"),
+        });
+    }
+    Ok(())
 }
 
 /// Longest device-side wait a configuration may ask for.

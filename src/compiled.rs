@@ -24,7 +24,7 @@
 //! [`CompiledPlan::reset`] (zeroes workspaces and status records): until then further launches are
 //! refused with [`Error::Poisoned`].
 
-use crate::comm::{MAX_TIMEOUT, enable_peer_access};
+use crate::comm::{check_timeout, enable_peer_access};
 use crate::engine::{DeviceAlloc, Engine};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
@@ -169,15 +169,7 @@ impl CompiledPlan {
                 });
             }
         }
-        if config.timeout.is_zero() || config.timeout > MAX_TIMEOUT {
-            return Err(Error::Config {
-                field: "timeout",
-                why: format!(
-                    "{:?} is not in (0, {MAX_TIMEOUT:?}] (device waits add it to a 64-bit nanosecond clock)",
-                    config.timeout
-                ),
-            });
-        }
+        check_timeout(config.timeout)?;
         let h0 = lowered.ranks[0].header;
         let dtype = DType::from_raw(h0.dtype).expect("validated");
         let op = RedOp::from_raw(h0.op).expect("validated");

@@ -2,7 +2,9 @@
 //! CTA, ranges that overflow, programs outside the engine's tables, and races between CTAs.
 
 use oxccl_host::lowered::{self, Lowered, LoweredError};
-use oxccl_kernels::abi::{DType, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{
+    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot,
+};
 
 /// A task descriptor with the test's fixed dtype and operator (the arguments are its fields).
 #[allow(clippy::too_many_arguments)]
@@ -172,4 +174,122 @@ fn combine_into_matches_hand_computed_values() {
     assert_eq!(run(DType::U32, RedOp::Sum, &[u32::MAX, 5], &[2, 6], u32b), le(&[1u32, 11], u32b));
     assert_eq!(run(DType::U32, RedOp::Min, &[u32::MAX, 0], &[1, 7], u32b), le(&[1u32, 0], u32b));
     assert_eq!(run(DType::U32, RedOp::Max, &[u32::MAX, 0], &[1, 7], u32b), le(&[u32::MAX, 7], u32b));
+}
+
+/// A copy task (the race tests' only kind).
+fn copy(src: u32, src_slot: u8, dst: u32, dst_slot: u8, offset: u64, bytes: u64, flags: u8) -> Task {
+    task(TaskKind::Move, src, src_slot, dst, dst_slot, offset, bytes, flags)
+}
+
+/// Programs of (rank, task count) in CTA order over consecutive tasks, two ranks, no combines.
+fn lowered_of(programs: &[(u32, u32)], tasks: Vec<Task>) -> Lowered {
+    let mut first = 0;
+    let programs = programs
+        .iter()
+        .enumerate()
+        .map(|(cta, &(rank, count))| {
+            first += count;
+            program(rank, cta as u32, first - count, count)
+        })
+        .collect();
+    Lowered { programs, tasks, ranks: 2, slots: 2, combines: false }
+}
+
+#[test]
+fn race_check_semantics_on_crafted_programs() {
+    let (i, o) = (slot::INPUT, slot::OUTPUT);
+    // One CTA: disjoint writes in one window are fine, touching bytes is not (half-open ranges).
+    let l = lowered_of(
+        &[(0, 3)],
+        vec![copy(1, i, 1, o, 0, 64, 0), copy(1, i, 1, o, 64, 64, 0), copy(1, i, 1, o, 128, 64, 0)],
+    );
+    assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+    // A later task reads what an earlier one of its window writes; the first conflicting one is named.
+    let l = lowered_of(
+        &[(0, 4)],
+        vec![
+            copy(1, i, 1, o, 0, 64, 0),
+            copy(1, i, 1, o, 64, 64, 0),
+            copy(1, o, 1, i, 192, 64, 0),
+            copy(1, o, 1, i, 32, 8, 0),
+        ],
+    );
+    assert_eq!(lowered::check_races(&l, &[]), Err(LoweredError::Unordered { program: 0, task: 3 }));
+    // A task writing what an earlier one reads; TASK_AFTER_WRITES opens a new window.
+    let s = slot::SCRATCH;
+    let l = lowered_of(&[(0, 2)], vec![copy(1, i, 1, o, 0, 64, 0), copy(1, s, 1, i, 0, 16, 0)]);
+    assert_eq!(lowered::check_races(&l, &[]), Err(LoweredError::Unordered { program: 0, task: 1 }));
+    let l = lowered_of(&[(0, 2)], vec![copy(1, i, 1, o, 0, 64, 0), copy(1, s, 1, i, 0, 16, TASK_AFTER_WRITES)]);
+    assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+    // Reads of the same bytes never conflict, in a window or across CTAs.
+    let l = lowered_of(
+        &[(0, 2), (1, 1)],
+        vec![copy(1, i, 1, o, 0, 64, 0), copy(1, i, 2, o, 0, 64, 0), copy(1, i, 2, i, 64, 64, 0)],
+    );
+    assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+    // Across CTAs: the same bytes of another rank are not shared; of the same rank they race.
+    let l = lowered_of(&[(0, 1), (1, 1)], vec![copy(1, i, 1, o, 0, 64, 0), copy(2, i, 2, o, 0, 64, 0)]);
+    assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+    let l = lowered_of(&[(0, 1), (1, 1)], vec![copy(1, i, 1, o, 0, 64, 0), copy(2, o, 1, i, 48, 64, 0)]);
+    assert_eq!(
+        lowered::check_races(&l, &[]),
+        Err(LoweredError::Race { first: 0, second: 1, rank: 0, slot: i, start: 48, end: 64 })
+    );
+    // A write far from the start of a long read of another CTA still races with it.
+    let l = lowered_of(
+        &[(0, 1), (0, 2)],
+        vec![copy(1, i, 2, s, 0, 4096, 0), copy(1, o, 1, s, 0, 16, 0), copy(1, o, 1, i, 3000, 16, 0)],
+    );
+    assert_eq!(
+        lowered::check_races(&l, &[]),
+        Err(LoweredError::Race { first: 0, second: 1, rank: 0, slot: i, start: 3000, end: 3016 })
+    );
+    // Aliased slots share bytes: the output from byte 256 of the input.
+    let l = lowered_of(&[(0, 1), (1, 1)], vec![copy(1, o, 1, s, 0, 64, 0), copy(1, s, 1, i, 256, 64, 0)]);
+    assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+    assert!(matches!(lowered::check_races(&l, &[(0, o, 0, i, 256)]), Err(LoweredError::Race { .. })));
+}
+
+/// `n` tasks copying rank 0's first 16 input bytes to 16-byte pieces of its output (a broadcast),
+/// `per_cta` to a CTA, in one window each (no `TASK_AFTER_WRITES`): race-free.
+fn pieces(n: u32, per_cta: u32) -> Lowered {
+    let tasks =
+        (0..n as u64).map(|k| Task { src_offset: 0, ..copy(1, slot::INPUT, 1, slot::OUTPUT, k * 16, 16, 0) }).collect();
+    let programs = (0..n.div_ceil(per_cta))
+        .map(|c| program(0, c % MAX_CTAS_PER_RANK as u32, c * per_cta, per_cta.min(n - c * per_cta)))
+        .collect();
+    Lowered { programs, tasks, ranks: 1, slots: 1, combines: false }
+}
+
+#[test]
+fn race_check_of_large_programs_is_fast_and_exact() {
+    // Was quadratic in a window's tasks: 100k tasks took seconds, 3M minutes.
+    let n = 100_000;
+    for per_cta in [n, 100] {
+        let mut l = pieces(n, per_cta);
+        let started = std::time::Instant::now();
+        assert_eq!(lowered::check_races(&l, &[]), Ok(()));
+        let took = started.elapsed();
+        if !cfg!(debug_assertions) {
+            assert!(took.as_secs_f64() < 5.0, "{n} tasks, {per_cta} per CTA: {took:?}");
+        }
+        // The last task of the last CTA also reads a piece the first CTA writes.
+        let last = l.tasks.len() - 1;
+        l.tasks[last].src_slot = slot::OUTPUT;
+        l.tasks[last].src_offset = 32;
+        l.tasks[last].dst_offset = n as u64 * 16;
+        let want = if per_cta == n {
+            LoweredError::Unordered { program: 0, task: last }
+        } else {
+            LoweredError::Race {
+                first: 0,
+                second: l.programs.len() - 1,
+                rank: 0,
+                slot: slot::OUTPUT,
+                start: 32,
+                end: 48,
+            }
+        };
+        assert_eq!(lowered::check_races(&l, &[]), Err(want));
+    }
 }
