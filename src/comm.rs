@@ -1,13 +1,13 @@
 //! The communicator: ranks, their streams and workspaces, the plan cache, and the collective calls.
 
-use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec};
+use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord};
 use crate::error::{Error, Result};
 use crate::{DType, Element, Mover, ReduceOp};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
-use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Status, Workspace, slot};
+use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, slot};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,7 +101,7 @@ struct Group {
     device: usize,
     stream: Arc<CudaStream>,
     ranks: Vec<usize>,
-    status: DeviceAlloc,
+    status: StatusRecord,
 }
 
 /// A lowered program uploaded for every launch group of a communicator (each group's slice of the
@@ -117,11 +117,13 @@ pub(crate) struct Uploaded {
 /// `cudarc::nccl::Comm`s.
 ///
 /// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
-/// reports any device-side error (a bounded wait that gave up, a rejected descriptor). Only it reads
-/// the device's error record: a stream or context synchronisation through cudarc (or a framework's
-/// device sync) waits for the calls but does not report a call that gave up, whose outputs are then
-/// partly written, and later calls are queued as usual until `synchronize` has seen the error. Call
-/// it wherever results must be trusted (once per training step costs one stream wait). Plans are built
+/// reports any device-side error (a bounded wait that gave up, a rejected descriptor). The error
+/// record lives in host memory the device maps, so the next call also sees an error an earlier
+/// call recorded, without waiting (it then waits for the streams and returns the error instead of
+/// launching), and [`Communicator::query`] polls without blocking. A stream or context
+/// synchronisation through cudarc (or a framework's device sync) waits for the calls but reports
+/// nothing, and a call that gave up has partly written outputs: call `synchronize` (or `query`)
+/// wherever results must be trusted (once per training step costs one stream wait). Plans are built
 /// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, until
 /// [`Communicator::clear_plans`]; dropping the communicator waits for its streams first.
 pub struct Communicator {
@@ -189,7 +191,7 @@ impl Communicator {
                     device: rank.device,
                     stream: rank.stream.clone(),
                     ranks: vec![r],
-                    status: DeviceAlloc::zeroed(&contexts[rank.device], std::mem::size_of::<Status>())?,
+                    status: StatusRecord::new(&contexts[rank.device])?,
                 }),
             }
         }
@@ -365,14 +367,40 @@ impl Communicator {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
         for g in &self.groups {
-            let bytes = g.status.read()?;
-            let s: Status = bytemuck::pod_read_unaligned(&bytes[..std::mem::size_of::<Status>()]);
-            if let Some(e) = Error::from_status(&s) {
+            if let Some(e) = Error::from_status(&g.status.read()) {
                 self.poisoned.store(true, Ordering::SeqCst);
                 return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// Polls without blocking: `Ok(true)` when every call queued so far has finished without a
+    /// device-side error, `Ok(false)` while some still run and none has recorded an error. When
+    /// one has, waits for the ranks' streams (the launch that recorded it ends within its timeout)
+    /// and returns the error, as [`Communicator::synchronize`] does.
+    pub fn query(&self) -> Result<bool> {
+        if self.groups.iter().any(|g| g.status.errors() != 0) {
+            return self.synchronize().map(|()| true);
+        }
+        for r in &self.ranks {
+            match r.stream.context().bind_to_thread().and_then(|()| {
+                // SAFETY: a status query of a live stream.
+                unsafe { sys::cuStreamQuery(r.stream.cu_stream()) }.result()
+            }) {
+                Ok(()) => {}
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                Err(e) => return Err(Error::Driver { call: "cuStreamQuery", source: e }),
+            }
+        }
+        // Every stream was idle: errors recorded before that are visible now.
+        match self.groups.iter().find_map(|g| Error::from_status(&g.status.read())) {
+            Some(e) => {
+                self.poisoned.store(true, Ordering::SeqCst);
+                Err(e)
+            }
+            None => Ok(true),
+        }
     }
 
     /// Clears device state after an error: waits for the streams, zeroes every workspace (barrier
@@ -384,11 +412,11 @@ impl Communicator {
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
         }
-        for g in &self.groups {
-            g.status.zero_async(&g.stream)?;
-        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        for g in &self.groups {
+            g.status.clear();
         }
         self.poisoned.store(false, Ordering::SeqCst);
         Ok(())
@@ -461,10 +489,14 @@ impl Communicator {
         Ok(plan)
     }
 
-    /// Errors with [`Error::Poisoned`] after an unreported or unreset device error.
+    /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
+    /// (after waiting for the streams) where a launch has recorded one that was not reported yet.
     pub(crate) fn check_usable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Poisoned);
+        }
+        if self.groups.iter().any(|g| g.status.errors() != 0) {
+            self.synchronize()?;
         }
         Ok(())
     }

@@ -22,10 +22,12 @@
 //! **State.** FIFO and progress counters only grow and live in the workspaces, so repeated
 //! launches (or a captured graph) need no reset. After a launch that reported an error, call
 //! [`CompiledPlan::reset`] (zeroes workspaces and status records): until then further launches are
-//! refused with [`Error::Poisoned`].
+//! refused with [`Error::Poisoned`]. The status records live in host memory the devices map, so a
+//! launch also sees an error an earlier launch recorded and [`CompiledPlan::synchronize`] has not
+//! reported yet: it waits for the ranks' streams and returns that error instead of launching.
 
 use crate::comm::{check_timeout, enable_peer_access};
-use crate::engine::{DeviceAlloc, Engine};
+use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -86,7 +88,7 @@ struct RankState {
     waits: DeviceAlloc,
     connections: DeviceAlloc,
     workspace: DeviceAlloc,
-    status: DeviceAlloc,
+    status: StatusRecord,
     timing: DeviceAlloc,
     /// Recorded after the rank's launch when a lead stream orders the call.
     done: CudaEvent,
@@ -201,7 +203,7 @@ impl CompiledPlan {
                 waits: upload(bytemuck::cast_slice(&lr.waits))?,
                 connections: upload(bytemuck::cast_slice(&lr.connections))?,
                 workspace: DeviceAlloc::zeroed(ctx, ws_bytes)?,
-                status: DeviceAlloc::zeroed(ctx, std::mem::size_of::<Status>())?,
+                status: StatusRecord::new(ctx)?,
                 timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
                 done: ctx
                     .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -392,6 +394,9 @@ impl CompiledPlan {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Poisoned);
         }
+        if self.ranks.iter().any(|r| r.status.errors() != 0) {
+            self.synchronize()?;
+        }
         let n = self.ranks.len();
         if buffers.len() != n {
             return Err(Error::BufferCount { what: "buffer tables", expected: n, got: buffers.len() });
@@ -468,7 +473,7 @@ impl CompiledPlan {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
-        for s in self.statuses()? {
+        for s in self.statuses() {
             if let Some(e) = Error::from_status(&s) {
                 self.poisoned.store(true, Ordering::SeqCst);
                 return Err(e);
@@ -477,12 +482,10 @@ impl CompiledPlan {
         Ok(())
     }
 
-    /// Every rank's status record (after [`CompiledPlan::synchronize`]).
-    pub fn statuses(&self) -> Result<Vec<Status>> {
-        self.ranks
-            .iter()
-            .map(|r| Ok(bytemuck::pod_read_unaligned(&r.status.read()?[..std::mem::size_of::<Status>()])))
-            .collect()
+    /// Every rank's status record (complete after [`CompiledPlan::synchronize`]; read while launches
+    /// run, the error counts are current and the first error's details may be partly written).
+    pub fn statuses(&self) -> Vec<Status> {
+        self.ranks.iter().map(|r| r.status.read()).collect()
     }
 
     /// Every rank's per-TB timing of the last launch (`%globaltimer` ns; zeros unless the plan was
@@ -511,11 +514,11 @@ impl CompiledPlan {
         }
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
-            r.status.zero_async(&r.stream)?;
             r.timing.zero_async(&r.stream)?;
         }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            r.status.clear();
         }
         self.poisoned.store(false, Ordering::SeqCst);
         Ok(())

@@ -13,6 +13,7 @@ use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
 pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
@@ -110,6 +111,79 @@ impl Drop for DeviceAlloc {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by `cuMemAlloc` and freed once; users synchronise before dropping.
             let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A launch's [`Status`] in page-locked host memory that the device maps: the kernels record errors
+/// in it as in device memory, and the host reads it at any time without waiting for them or copying.
+/// That lets a call notice an error an earlier call recorded without a stream synchronisation.
+pub struct StatusRecord {
+    ctx: Arc<CudaContext>,
+    host: *mut Status,
+    dev: u64,
+}
+
+// SAFETY: the record is plain memory owned by this value; the host only reads it (or zeroes it
+// when no launch that writes it is in flight, which callers order), so sharing it between threads
+// is sound.
+unsafe impl Send for StatusRecord {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for StatusRecord {}
+
+impl StatusRecord {
+    /// A zeroed record mapped into `ctx`'s device.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        let bytes = std::mem::size_of::<Status>();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a page-locked allocation of `bytes` bytes, zeroed before anything reads it.
+        let host =
+            unsafe { result::malloc_host(bytes, flags) }.map_err(Error::driver("cuMemHostAlloc"))? as *mut Status;
+        // SAFETY: `host` holds `bytes` bytes that nothing else refers to yet.
+        unsafe { std::ptr::write_volatile(host, bytemuck::Zeroable::zeroed()) };
+        // Freed on drop from here on, also if the device address cannot be had.
+        let mut record = StatusRecord { ctx: ctx.clone(), host, dev: 0 };
+        // SAFETY: `host` was allocated with `CU_MEMHOSTALLOC_DEVICEMAP` in the current context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut record.dev, host.cast(), 0) }
+            .result()
+            .map_err(Error::driver("cuMemHostGetDevicePointer"))?;
+        Ok(record)
+    }
+
+    /// The address kernels write the record at.
+    pub fn ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// How many errors launches have recorded so far (launches may still be running; the first
+    /// error's details are complete only once the launch that recorded it has ended).
+    pub fn errors(&self) -> u32 {
+        // SAFETY: the counter is the record's first, 4-byte aligned field; the device only adds to
+        // it atomically.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.cast::<u32>()) }.load(Ordering::Acquire)
+    }
+
+    /// The record (complete once the launches that write it have ended).
+    pub fn read(&self) -> Status {
+        // SAFETY: `host` holds one `Status`; a volatile read sees what the device wrote.
+        unsafe { std::ptr::read_volatile(self.host) }
+    }
+
+    /// Zeroes the record. Call it only when no launch that writes it is queued or running.
+    pub fn clear(&self) {
+        // SAFETY: as `read`; the caller orders this after the launches.
+        unsafe { std::ptr::write_volatile(self.host, bytemuck::Zeroable::zeroed()) };
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+impl Drop for StatusRecord {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop; a failing free leaks the allocation.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `cuMemHostAlloc` and freed once; users wait for the launches first.
+            let _ = unsafe { result::free_host(self.host.cast()) };
         }
     }
 }

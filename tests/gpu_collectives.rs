@@ -553,6 +553,68 @@ fn separate_launches_per_rank_meet_through_barriers() {
     }
 }
 
+/// Holds `stream` on the host for `ms` milliseconds (a host function that sleeps): work queued on
+/// it after this starts that much later.
+fn hold(stream: &CudaStream, ms: u64) {
+    unsafe extern "C" fn sleep(ms: *mut std::ffi::c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+    }
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: a host function on a live stream; its argument is the duration, not a pointer.
+    unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep), ms as *mut _) }.result().unwrap();
+}
+
+/// A device-side error reaches the host without `Communicator::synchronize`: after cudarc's own
+/// stream waits (which read no error record) the next call returns it and launches nothing, and
+/// `query` reports it without blocking; later calls are refused until `reset`, and calls after it
+/// are exact. The error: rank 1's stream is held on the host for 400 ms, so rank 0's launch gives
+/// up its 50 ms wait for rank 1 at the start barrier.
+#[test]
+fn a_device_error_reaches_the_next_call_and_query() {
+    let Some(stream) = common::gpu("a_device_error_reaches_the_next_call_and_query") else { return };
+    let ctx = stream.context().clone();
+    let streams: Vec<Arc<CudaStream>> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
+    let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
+    let comm = Communicator::from_streams(&streams, config).unwrap();
+    let n = 4096;
+    let send: Vec<CudaSlice<f32>> =
+        streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
+    let exact = |comm: &Communicator, recv: &mut [CudaSlice<f32>], what: &str| {
+        comm.all_reduce(&send, recv, ReduceOp::Sum).unwrap();
+        comm.synchronize().unwrap();
+        assert!(comm.query().unwrap(), "{what}: nothing left to run");
+        for (r, b) in recv.iter().enumerate() {
+            assert_eq!(streams[r].clone_dtoh(b).unwrap(), vec![3.0; n], "{what}: rank {r}");
+        }
+    };
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    exact(&comm, &mut recv, "before");
+    for round in ["the next call", "query"] {
+        hold(&streams[1], 400);
+        assert!(!comm.query().unwrap(), "{round}: rank 1's stream is held");
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        for s in &streams {
+            s.synchronize().unwrap();
+        }
+        let e = match round {
+            "query" => comm.query().expect_err("query must report the recorded error"),
+            _ => comm.all_reduce(&send, &mut recv, ReduceOp::Sum).expect_err("the next call must report the error"),
+        };
+        eprintln!("{round}: {e}");
+        assert!(
+            matches!(&e, Error::Timeout { wait: oxccl::engine::abi::WaitKind::StartBarrier, rank: 0, peer: 1, .. }),
+            "{round}: expected rank 0's start-barrier timeout, got {e}"
+        );
+        let refused = comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
+        assert!(matches!(refused, Err(Error::Poisoned)), "{round}: a call before the reset: {refused:?}");
+        comm.reset().unwrap();
+        exact(&comm, &mut recv, round);
+    }
+}
+
 #[test]
 fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
     // Found by the random cases: in-place ReduceScatter whose block (1474 B) leaves the outputs only

@@ -417,14 +417,21 @@ fn a_dropped_send_times_out_with_a_typed_error() {
         let started = Instant::now();
         // SAFETY: the plan's own buffers, alive until the synchronisation.
         unsafe { runner.launch(&bufs.table(), None) }.unwrap();
-        let e = runner.synchronize().expect_err("a dropped send must not complete");
+        // A framework's device synchronisation waits for the launch and reads no error record; the
+        // next launch finds the error there and returns it instead of launching.
+        stream.context().synchronize().unwrap();
         let took = started.elapsed();
+        // SAFETY: as above (refused before any launch).
+        let e = unsafe { runner.launch(&bufs.table(), None) }.expect_err("the next launch must report the timeout");
         eprintln!("{mover:?}: dropped send of r{r} tb{t} -> {e} after {took:?}");
         assert!(matches!(e, Error::Timeout { .. }), "{mover:?}: expected a timeout, got {e}");
         assert!(took < Duration::from_secs(30), "{mover:?}: {took:?} to give up");
+        // The record is kept until the reset: `synchronize` reports the same error.
+        let again = runner.synchronize().expect_err("the error is kept until the reset");
+        assert_eq!(again.to_string(), e.to_string(), "{mover:?}");
         // The receiver of the dropped message gave up waiting for it (or, first, for a thread block
         // of its own rank that waits on that receive).
-        let statuses = runner.statuses().unwrap();
+        let statuses = runner.statuses();
         let recv = &statuses[receiver as usize];
         assert!(recv.errors > 0 && recv.rank == receiver, "{mover:?}: r{receiver} recorded nothing: {statuses:?}");
         let kind = WaitKind::from_raw(recv.kind);
