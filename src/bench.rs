@@ -347,7 +347,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
 /// it waits for its launches.
 pub struct MoverBench {
     stream: Arc<CudaStream>,
-    engine: Engine,
+    engine: Arc<Engine>,
     cfg: SweepConfig,
     buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     status: DeviceAlloc,
@@ -366,11 +366,11 @@ pub struct MoverCase<'a> {
 }
 
 impl MoverBench {
-    /// Loads the kernels on `stream`'s GPU and allocates the buffers (3 × `cfg.bytes`), after
+    /// Loads the kernels on `stream`'s GPU (or shares them, [`Engine::shared`]) and allocates the buffers (3 × `cfg.bytes`), after
     /// [`SweepConfig::validate`].
     pub fn new(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<Self> {
         cfg.validate()?;
-        let engine = Engine::new(stream.context())?;
+        let engine = Engine::shared(stream.context())?;
         let n = (cfg.bytes / 4) as usize;
         let alloc = || stream.alloc_zeros::<f32>(n).map_err(Error::driver("cuMemAlloc"));
         let memory = [alloc()?, alloc()?, alloc()?];

@@ -233,10 +233,62 @@ pub struct KernelInfo {
     pub local_bytes: u32,
 }
 
+/// How a module's device code was loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleCode {
+    /// The shipped sm_90a machine code (`ptx/*.sm_90a.cubin`): nothing compiled at load.
+    Prebuilt,
+    /// The PTX, compiled by the driver at load (its cache keeps the result for later processes).
+    Ptx,
+}
+
+impl std::fmt::Display for ModuleCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModuleCode::Prebuilt => "prebuilt sm_90a code",
+            ModuleCode::Ptx => "PTX compiled by the driver",
+        })
+    }
+}
+
+/// Loads a module from its prebuilt code where the build has it, else (or where the driver refuses
+/// that code: a driver older than the `ptxas` that made it) from its PTX. `OXCCL_MODULE` chooses:
+/// `auto` (the default, as described), `ptx` (always the PTX) or `prebuilt` (the prebuilt code or an
+/// error).
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    ptx: &'static str,
+    prebuilt: &'static [u8],
+) -> Result<(Arc<CudaModule>, ModuleCode)> {
+    let choice = std::env::var("OXCCL_MODULE").unwrap_or_default();
+    let from_ptx =
+        || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
+    let from_prebuilt = || {
+        // A copy: the driver reads the image as an ELF file, which wants more than byte alignment.
+        ctx.load_module(Ptx::from_binary(prebuilt.to_vec()))
+            .map(|m| (m, ModuleCode::Prebuilt))
+            .map_err(Error::driver("cuModuleLoadData"))
+    };
+    match choice.as_str() {
+        "" | "auto" if prebuilt.is_empty() => from_ptx(),
+        "" | "auto" => from_prebuilt().or_else(|_| from_ptx()),
+        "ptx" => from_ptx(),
+        "prebuilt" if prebuilt.is_empty() => Err(Error::Config {
+            field: "OXCCL_MODULE",
+            why: "prebuilt: this build has no prebuilt code (its PTX differs from the PTX the shipped code was made from)"
+                .into(),
+        }),
+        "prebuilt" => from_prebuilt(),
+        other => Err(Error::Config { field: "OXCCL_MODULE", why: format!("{other:?}: give auto, ptx or prebuilt") }),
+    }
+}
+
 /// The engine on one CUDA context.
 pub struct Engine {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
+    /// How the engine module was loaded.
+    pub code: ModuleCode,
     /// The compiled-plan module (`ptx::PLANS`), loaded on first use.
     plans: OnceLock<Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
@@ -249,20 +301,21 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads the engine's PTX on `ctx` (the driver compiles it for the device; the result is cached by
-    /// the driver across processes).
+    /// Loads the engine module on `ctx`: its prebuilt sm_90a code, else its PTX (see [`ModuleCode`];
+    /// compiling the PTX takes the driver tens of seconds the first time, cached across processes).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability().map_err(Error::driver("cuDeviceGetAttribute"))?;
         if major != 9 {
             return Err(Error::UnsupportedDevice { ordinal: ctx.ordinal(), major, minor });
         }
-        let module = ctx.load_module(Ptx::from_src(crate::ptx::KERNELS)).map_err(Error::driver("cuModuleLoadData"))?;
+        let (module, code) = load_module(ctx, crate::ptx::KERNELS, crate::ptx::KERNELS_SM90A)?;
         let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         Ok(Engine {
             ctx: ctx.clone(),
             module,
+            code,
             plans: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
@@ -333,10 +386,7 @@ impl Engine {
         let module = match self.plans.get() {
             Some(m) => m.clone(),
             None => {
-                let m = self
-                    .ctx
-                    .load_module(Ptx::from_src(crate::ptx::PLANS))
-                    .map_err(Error::driver("cuModuleLoadData"))?;
+                let (m, _) = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
                 // The functions lock is held: no other thread sets it meanwhile.
                 let _ = self.plans.set(m.clone());
                 m

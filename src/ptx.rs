@@ -10,6 +10,15 @@ pub const PLANS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_plans.ptx"
 /// The probe module (`ptx-intrinsics` with its `probes` feature): one kernel per instruction family.
 pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.ptx"));
 
+/// [`KERNELS`] as sm_90a machine code (`ptx/oxccl_kernels.sm_90a.cubin`), loaded without
+/// compilation; empty where this build embeds PTX other than the code was made from.
+pub const KERNELS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.sm_90a.cubin"));
+
+/// [`PLANS`] as sm_90a machine code, as [`KERNELS_SM90A`].
+pub const PLANS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_plans.sm_90a.cubin"));
+
+include!("code_hash.rs");
+
 /// Where the embedded PTX came from: `"fresh"` (rebuilt from the workspace sources by this build) or
 /// `"shipped"` (the committed files under `ptx/`).
 pub const SOURCE: &str = env!("OXCCL_PTX_SOURCE");

@@ -397,3 +397,89 @@ fn shipped_ptx_equals_a_fresh_build() {
         }
     }
 }
+
+/// The prebuilt modules (`ptx/*.sm_90a.cubin`): `ptx/cubins.txt` records the hash of the PTX each
+/// was made from, which must be this build's PTX (so the build embedded the code); with
+/// `OXCCL_CUBIN_PTXAS` (the `ptxas` the manifest names; `.ci/run` installs it) each is remade from
+/// the PTX and must equal the shipped bytes. `OXCCL_BLESS=1` with that `ptxas` rewrites the code and
+/// the manifest.
+#[test]
+fn prebuilt_code_is_made_from_the_shipped_ptx() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
+    let modules = [
+        ("oxccl_kernels.ptx", "oxccl_kernels.sm_90a.cubin", oxccl::ptx::KERNELS, oxccl::ptx::KERNELS_SM90A),
+        ("oxccl_plans.ptx", "oxccl_plans.sm_90a.cubin", oxccl::ptx::PLANS, oxccl::ptx::PLANS_SM90A),
+    ];
+    let bless = std::env::var_os("OXCCL_BLESS").is_some();
+    let hint = "run `OXCCL_BLESS=1 OXCCL_CUBIN_PTXAS=PATH cargo test --release --test ptx` with the ptxas ptx/cubins.txt names, and commit ptx/";
+    let manifest_path = root.join("cubins.txt");
+    let manifest = std::fs::read_to_string(&manifest_path).unwrap_or_default();
+    let recorded = |ptx: &str| {
+        manifest.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+            let f: Vec<&str> = l.splitn(4, ' ').collect();
+            (f.len() == 4 && f[1] == ptx).then(|| (f[0].to_string(), f[2].to_string(), f[3].to_string()))
+        })
+    };
+    let Some(ptxas) = std::env::var_os("OXCCL_CUBIN_PTXAS").map(std::path::PathBuf::from) else {
+        for (ptx, code, text, embedded) in modules {
+            let (hash, file, _) =
+                recorded(ptx).unwrap_or_else(|| panic!("ptx/cubins.txt has no line for {ptx}: {hint}"));
+            assert_eq!(file, code, "{ptx}");
+            assert_eq!(
+                hash,
+                format!("{:016x}", oxccl::ptx::code_hash(text.as_bytes())),
+                "{code} was made from other PTX: {hint}"
+            );
+            let shipped = std::fs::read(root.join(code)).unwrap_or_default();
+            assert!(!embedded.is_empty() && embedded == shipped.as_slice(), "the build did not embed ptx/{code}");
+        }
+        common::skip(
+            "skipped: remaking the prebuilt code (set OXCCL_CUBIN_PTXAS to the ptxas ptx/cubins.txt names); the hashes match",
+        );
+        return;
+    };
+    let version = Command::new(&ptxas).arg("--version").output().expect("run ptxas --version");
+    let version = String::from_utf8_lossy(&version.stdout).lines().last().unwrap_or_default().trim().to_string();
+    let dir = std::env::temp_dir().join(format!("oxccl-prebuilt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // ptxas takes tens of seconds per module: both at once.
+    let made: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = modules
+            .iter()
+            .map(|&(ptx, code, text, _)| {
+                let (dir, ptxas) = (&dir, &ptxas);
+                s.spawn(move || {
+                    let (src, out) = (dir.join(ptx), dir.join(code));
+                    std::fs::write(&src, text).unwrap();
+                    let run = Command::new(ptxas).arg("-arch=sm_90a").arg("-o").arg(&out).arg(&src).output().unwrap();
+                    assert!(run.status.success(), "ptxas rejected {ptx}: {}", String::from_utf8_lossy(&run.stderr));
+                    std::fs::read(&out).unwrap()
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    std::fs::remove_dir_all(&dir).ok();
+    let mut lines = vec![
+        "# sm_90a machine code shipped beside the PTX: FNV-1a of the PTX it was made from, the PTX, the code, the ptxas that made it (`ptxas -arch=sm_90a`; build.rs, tests/ptx.rs)".to_string(),
+    ];
+    for ((ptx, code, text, _), bytes) in modules.iter().zip(&made) {
+        let hash = format!("{:016x}", oxccl::ptx::code_hash(text.as_bytes()));
+        lines.push(format!("{hash} {ptx} {code} {version}"));
+        if bless {
+            std::fs::write(root.join(code), bytes).unwrap();
+            eprintln!("blessed ptx/{code}");
+            continue;
+        }
+        let (want_hash, _, want_version) =
+            recorded(ptx).unwrap_or_else(|| panic!("ptx/cubins.txt has no line for {ptx}: {hint}"));
+        assert_eq!(want_version, version, "{ptx}: OXCCL_CUBIN_PTXAS is another ptxas than the manifest's");
+        assert_eq!(want_hash, hash, "{code} was made from other PTX: {hint}");
+        let shipped = std::fs::read(root.join(code)).unwrap_or_default();
+        assert!(&shipped == bytes, "ptx/{code} differs from ptxas's output for {ptx}: {hint}");
+    }
+    if bless {
+        std::fs::write(&manifest_path, lines.join("\n") + "\n").unwrap();
+        eprintln!("blessed {}", manifest_path.display());
+    }
+}

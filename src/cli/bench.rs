@@ -437,7 +437,9 @@ pub fn run(a: Args) -> CliResult {
             ..d
         };
         println!("# oxccl mover sweep: {}", command.join(" "));
-        println!("# device: {}", ctx.name().unwrap_or_default());
+        // Loaded here once and shared by the sweep's cases.
+        let engine = crate::engine::Engine::shared(&ctx)?;
+        println!("# device: {}, kernels from {}", ctx.name().unwrap_or_default(), engine.code);
         let given = |v: Option<u32>| v.map_or("default".to_string(), |v| v.to_string());
         println!(
             "# TMA pipeline: chunk {} B per source per stage, {} stages (default: the collectives' rule, two stages \
@@ -511,13 +513,16 @@ pub fn run(a: Args) -> CliResult {
         config,
     };
     println!("# oxccl {}: {}", collective.name(), command.join(" "));
+    // Loaded here once and shared by the benchmark's communicators on this device.
+    let engine = crate::engine::Engine::shared(&ctx)?;
     println!(
-        "# device: {}, {} {}, mover {}, reduction {}",
+        "# device: {}, {} {}, mover {}, reduction {}, kernels from {}",
         ctx.name().unwrap_or_default(),
         b.ranks,
         placement(gpus.len(), b.ranks),
         a.mover,
-        a.reduction.as_deref().unwrap_or("registers")
+        a.reduction.as_deref().unwrap_or("registers"),
+        engine.code
     );
     println!("{}", bench::NCCL_HEADER);
     let streams = rank_streams(&gpus, b.ranks, false)?;

@@ -69,7 +69,8 @@ pub fn run(a: Args) -> CliResult {
                 .iter()
                 .map(|b| stream.clone_dtoh(b).map(|v| bytemuck::cast_slice(&v).to_vec()))
                 .collect::<Result<Vec<Vec<u8>>, _>>()?;
-            (out, format!("on the GPU ({}), TMA mover", ctx.name().unwrap_or_default()))
+            let code = comm.engine(0)?.code;
+            (out, format!("on the GPU ({}), TMA mover, kernels from {code}", ctx.name().unwrap_or_default()))
         }
         Err(why) => {
             let mut bufs: HostBuffers = as_bytes
