@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# overlap-best copy-ab few-ctas tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=.device/bin
@@ -56,6 +56,18 @@ for step in "$@"; do
     regression)
       log regression-memcheck
       timeout 120 compute-sanitizer --tool memcheck --print-limit 5 $B/gpu_collectives --test-threads=1 regression_ > "$OUT/memcheck_regression.log" 2>&1; tail -4 "$OUT/memcheck_regression.log" ;;
+    module-load)
+      # Loading the kernels: the PTX compiled by the driver (with an empty compute cache, then with
+      # the one the first run filled) against the prebuilt sm_90a code; each run is a whole `oxccl
+      # demo` process. Then the acceptance AllReduce with each.
+      TIMEFORMAT="%R s"
+      for m in ptx prebuilt; do
+        export CUDA_CACHE_PATH="$OUT/cache-$m"; rm -rf "$CUDA_CACHE_PATH"
+        for run in "empty cache" "cache filled"; do
+          log "OXCCL_MODULE=$m oxccl demo ($run)"; { time OXCCL_MODULE=$m $B/oxccl demo > "$OUT/demo_$m.log" 2>&1; } 2>&1; grep -E "ran|correct" "$OUT/demo_$m.log"; done
+        log "OXCCL_MODULE=$m allreduce-tma"; OXCCL_MODULE=$m timeout 120 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json > "$OUT/ar_tma_8_$m.log" 2>&1; grep -v "^{" "$OUT/ar_tma_8_$m.log" | grep -vE "^#  +[0-9]+ +[0-9]+ +[0-9.]+%"
+      done
+      unset CUDA_CACHE_PATH ;;
     sweep)
       log sweep; timeout 90 $B/oxccl bench movers -e 1G --json > "$OUT/sweep.log" 2>&1; grep -v "^{" "$OUT/sweep.log" ;;
     benches)
