@@ -260,7 +260,7 @@ fn load_module(
     ptx: &'static str,
     prebuilt: &'static [u8],
 ) -> Result<(Arc<CudaModule>, ModuleCode)> {
-    let choice = std::env::var("OXCCL_MODULE").unwrap_or_default();
+    let choice = module_choice(&std::env::var("OXCCL_MODULE").unwrap_or_default())?;
     let from_ptx =
         || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
     let from_prebuilt = || {
@@ -269,16 +269,25 @@ fn load_module(
             .map(|m| (m, ModuleCode::Prebuilt))
             .map_err(Error::driver("cuModuleLoadData"))
     };
-    match choice.as_str() {
-        "" | "auto" if prebuilt.is_empty() => from_ptx(),
-        "" | "auto" => from_prebuilt().or_else(|_| from_ptx()),
-        "ptx" => from_ptx(),
-        "prebuilt" if prebuilt.is_empty() => Err(Error::Config {
+    match choice {
+        Some(ModuleCode::Ptx) => from_ptx(),
+        Some(ModuleCode::Prebuilt) if prebuilt.is_empty() => Err(Error::Config {
             field: "OXCCL_MODULE",
             why: "prebuilt: this build has no prebuilt code (its PTX differs from the PTX the shipped code was made from)"
                 .into(),
         }),
-        "prebuilt" => from_prebuilt(),
+        Some(ModuleCode::Prebuilt) => from_prebuilt(),
+        None if prebuilt.is_empty() => from_ptx(),
+        None => from_prebuilt().or_else(|_| from_ptx()),
+    }
+}
+
+/// `OXCCL_MODULE`'s value: `None` for `auto` (or unset), else the code it asks for.
+fn module_choice(value: &str) -> Result<Option<ModuleCode>> {
+    match value {
+        "" | "auto" => Ok(None),
+        "ptx" => Ok(Some(ModuleCode::Ptx)),
+        "prebuilt" => Ok(Some(ModuleCode::Prebuilt)),
         other => Err(Error::Config { field: "OXCCL_MODULE", why: format!("{other:?}: give auto, ptx or prebuilt") }),
     }
 }
@@ -669,7 +678,20 @@ pub fn status_error(s: &Status) -> Option<Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::threads_for_registers;
+    use super::{ModuleCode, module_choice, threads_for_registers};
+    use crate::error::Error;
+
+    /// `OXCCL_MODULE`: auto (or unset), ptx or prebuilt; anything else is a typed error naming it.
+    #[test]
+    fn module_choice_reads_its_three_values() {
+        assert_eq!(module_choice("").unwrap(), None);
+        assert_eq!(module_choice("auto").unwrap(), None);
+        assert_eq!(module_choice("ptx").unwrap(), Some(ModuleCode::Ptx));
+        assert_eq!(module_choice("prebuilt").unwrap(), Some(ModuleCode::Prebuilt));
+        let e = module_choice("cubin").unwrap_err();
+        assert!(matches!(&e, Error::Config { field: "OXCCL_MODULE", .. }), "{e}");
+        assert!(e.to_string().contains("\"cubin\""), "{e}");
+    }
 
     /// The register file's limit on a CTA's threads, as the driver allocates registers.
     #[test]
