@@ -404,8 +404,11 @@ impl Communicator {
     }
 
     /// Clears device state after an error: waits for the streams, zeroes every workspace (barrier
-    /// counters) and status record.
+    /// counters) and status record. Calls from other threads wait until it is done.
     pub fn reset(&self) -> Result<()> {
+        // No call queues launches meanwhile: one would run between the wait and the zeroing, and an
+        // error it recorded would be cleared unseen.
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
