@@ -481,7 +481,8 @@ impl Communicator {
         })
     }
 
-    /// The plan for `spec`, built and uploaded on first use.
+    /// The plan for `spec`, built and uploaded on first use (the upload queued on the groups'
+    /// streams, ahead of the call's launches).
     fn plan(&self, spec: &PlanSpec) -> Result<Arc<Uploaded>> {
         let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(spec) {
@@ -523,12 +524,18 @@ impl Communicator {
                 sub.programs.extend_from_slice(&lowered.programs[r * c..(r + 1) * c]);
             }
             let n = sub.programs.len();
-            per_group.push(engine.upload(&sub, 0..n)?);
+            // Ordered on the group's stream, where its launches run: no other stream is waited for.
+            match engine.upload_on(&sub, 0..n, &g.stream) {
+                Ok(p) => per_group.push(p),
+                Err(e) => {
+                    // Earlier groups' copies may still be in flight from what is freed here.
+                    for done in &self.groups[..per_group.len()] {
+                        let _ = done.stream.synchronize();
+                    }
+                    return Err(e);
+                }
+            }
         }
-        // The uploads ran on each context's legacy stream, which the ranks' non-blocking streams do not
-        // wait for (and a copy from pageable memory may return before it lands): finish them before
-        // any launch reads the program.
-        self.synchronize_devices()?;
         Ok(Uploaded { lowered, per_group })
     }
 
@@ -597,7 +604,9 @@ impl Communicator {
     /// synchronisation). Prepare every size this way before capturing calls in a CUDA graph, where
     /// a first call would upload its plan inside the capture. Every rank's stream must take part in
     /// the capture (ranks on other streams are launched separately and meet at barriers: capture one
-    /// stream alone and the others' launches run at once and wait for a partner that never comes). `count` is the call's count: AllReduce,
+    /// stream alone and the others' launches run at once and wait for a partner that never comes).
+    /// A plan it uploads is copied in order on the ranks' streams, and it waits for those streams
+    /// before returning, so the plan is in place for launches on any stream. `count` is the call's count: AllReduce,
     /// elements per buffer; ReduceScatter, elements each rank receives; AllGather, elements each rank
     /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather. Returns how
     /// the call launches (threads, pipeline, shared memory: what kernels beside it must leave room for).
@@ -610,7 +619,15 @@ impl Communicator {
     ) -> Result<CallLaunch> {
         self.check_usable()?;
         let spec = self.spec::<T>(collective, count, op, in_place);
+        let cached = self.plans.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&spec);
         let plan = self.plan(&spec)?;
+        if !cached {
+            // The upload was queued on the groups' streams; a graph captured later may be replayed
+            // on another stream.
+            for g in &self.groups {
+                g.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            }
+        }
         let slots = plan.lowered.slots;
         let launch = self.launch_spec(&spec, slots, plan.lowered.combines)?;
         self.check_resident(&launch, spec.ctas, slots)?;

@@ -615,6 +615,40 @@ fn a_device_error_reaches_the_next_call_and_query() {
     }
 }
 
+/// The first call of a size uploads its plan in order on the ranks' streams only: with another
+/// stream of the device held on the host for 2 s, the call is queued, and its result is exact,
+/// long before that stream is free (a device-wide wait, as plan uploads once did, takes the 2 s).
+#[test]
+fn a_first_call_waits_for_no_other_stream() {
+    use std::time::{Duration, Instant};
+    let Some(stream) = common::gpu("a_first_call_waits_for_no_other_stream") else { return };
+    let ctx = stream.context().clone();
+    let (home, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let ranks = 4;
+    let comm = Communicator::virtual_ranks(&home, ranks, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    let n = 300_001;
+    let send: Vec<CudaSlice<f32>> = (0..ranks).map(|r| home.clone_htod(&vec![r as f32; n]).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = (0..ranks).map(|_| home.alloc_zeros::<f32>(n).unwrap()).collect();
+    home.synchronize().unwrap();
+    assert_eq!(comm.cached_plans(), 0);
+    hold(&other, 2000);
+    let started = Instant::now();
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    let queued = started.elapsed();
+    comm.synchronize().unwrap();
+    let done = started.elapsed();
+    eprintln!("first call queued after {queued:?}, done after {done:?}, the other stream held for 2 s");
+    assert_eq!(comm.cached_plans(), 1, "the call built its plan");
+    assert!(
+        done < Duration::from_millis(1000),
+        "the first call waited for the held stream: queued {queued:?}, done {done:?}"
+    );
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(home.clone_dtoh(b).unwrap(), vec![6.0; n], "rank {r}");
+    }
+    other.synchronize().unwrap();
+}
+
 #[test]
 fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
     // Found by the random cases: in-place ReduceScatter whose block (1474 B) leaves the outputs only
