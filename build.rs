@@ -17,9 +17,10 @@
 //! `shipped` (never rebuild).
 //!
 //! The engine and plan modules also ship as sm_90a machine code (`ptx/*.sm_90a.cubin`, made by the
-//! `ptxas` that `ptx/cubins.txt` names from the PTX whose hash it records), so loading them needs no
-//! compilation by the driver. Each is embedded only beside the PTX it was made from: a build whose
-//! PTX differs (edited device sources) embeds none, and the driver compiles the PTX.
+//! `ptxas` that `ptx/cubins.txt` names from the PTX whose hash it records, with the code's own hash),
+//! so loading them needs no compilation by the driver. Each is embedded only where the manifest
+//! vouches for both: a build whose PTX differs (edited device sources) or whose code file does not
+//! match embeds none, with a warning, and the driver compiles the PTX.
 
 use std::env;
 use std::fs;
@@ -41,11 +42,12 @@ const DEVICE_RUSTFLAGS: &[&str] = &[
     "-Zcross-crate-inline-threshold=always",
 ];
 
-include!("src/code_hash.rs");
-
-/// The modules that ship prebuilt: (PTX file, machine-code file), both under `ptx/`.
-const PREBUILT: &[(&str, &str)] =
-    &[("oxccl_kernels.ptx", "oxccl_kernels.sm_90a.cubin"), ("oxccl_plans.ptx", "oxccl_plans.sm_90a.cubin")];
+// The manifest helpers the crate exports as `oxccl::ptx::prebuilt` (some unused here).
+#[allow(dead_code)]
+mod prebuilt {
+    include!("src/prebuilt.rs");
+}
+use prebuilt::{PREBUILT, vouched};
 
 struct Module {
     /// File name under `ptx/` and in `OUT_DIR`.
@@ -138,23 +140,24 @@ fn main() {
     embed_prebuilt(&root, &out);
 }
 
-/// Copies each prebuilt module into `OUT_DIR` if `ptx/cubins.txt` records the hash of the PTX this
-/// build embeds; otherwise writes an empty file there (no prebuilt code: the driver compiles the PTX).
+/// Copies each prebuilt module into `OUT_DIR` if `ptx/cubins.txt` records both the hash of the PTX
+/// this build embeds and the code's own; otherwise writes an empty file there (no prebuilt code: the
+/// driver compiles the PTX), with a warning where shipped code was refused.
 fn embed_prebuilt(root: &Path, out: &Path) {
     println!("cargo:rerun-if-changed=ptx/cubins.txt");
     let manifest = fs::read_to_string(root.join("ptx").join("cubins.txt")).unwrap_or_default();
     for (ptx, code) in PREBUILT {
         println!("cargo:rerun-if-changed=ptx/{code}");
         let embedded = fs::read(out.join(ptx)).unwrap_or_else(|e| panic!("no PTX {ptx} in OUT_DIR: {e}"));
-        let recorded = manifest.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-            let mut f = l.split_whitespace();
-            let (hash, file) = (f.next()?, f.next()?);
-            (file == *ptx).then(|| hash.to_string())
-        });
-        let bytes = match recorded {
-            Some(h) if h == format!("{:016x}", code_hash(&embedded)) => fs::read(root.join("ptx").join(code))
-                .unwrap_or_else(|e| panic!("ptx/cubins.txt names ptx/{code}, which cannot be read: {e}")),
-            _ => Vec::new(),
+        let shipped = fs::read(root.join("ptx").join(code)).unwrap_or_default();
+        let bytes = match vouched(&manifest, ptx, &embedded, &shipped) {
+            Ok(()) => shipped,
+            Err(why) => {
+                if !shipped.is_empty() {
+                    println!("cargo:warning=oxccl: no prebuilt {code} embedded (the driver compiles the PTX): {why}");
+                }
+                Vec::new()
+            }
         };
         fs::write(out.join(code), bytes).unwrap_or_else(|e| panic!("cannot write {code} to OUT_DIR: {e}"));
     }

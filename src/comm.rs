@@ -118,9 +118,10 @@ pub(crate) struct Uploaded {
 ///
 /// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
 /// reports any device-side error (a bounded wait that gave up, a rejected descriptor). The error
-/// record lives in host memory the device maps, so the next call also sees an error an earlier
-/// call recorded, without waiting (it then waits for the streams and returns the error instead of
-/// launching), and [`Communicator::query`] polls without blocking. A stream or context
+/// record lives in host memory the device maps, so a later call also sees an error an earlier call
+/// recorded once it has reached host memory (as it is written, at the latest when that launch
+/// ended: after any stream or device synchronisation), and then waits for the streams and returns
+/// the error instead of launching; [`Communicator::query`] polls without waiting. A stream or context
 /// synchronisation through cudarc (or a framework's device sync) waits for the calls but reports
 /// nothing, and a call that gave up has partly written outputs: call `synchronize` (or `query`)
 /// wherever results must be trusted (once per training step costs one stream wait). Plans are built
@@ -205,7 +206,7 @@ impl Communicator {
             launch_order: Mutex::new(()),
             poisoned: AtomicBool::new(false),
         };
-        // The workspaces and status records were zeroed on the legacy streams: finish before any launch.
+        // The workspaces were zeroed on the legacy streams: finish before any launch.
         comm.synchronize_devices()?;
         Ok(comm)
     }
@@ -375,11 +376,15 @@ impl Communicator {
         Ok(())
     }
 
-    /// Polls without blocking: `Ok(true)` when every call queued so far has finished without a
-    /// device-side error, `Ok(false)` while some still run and none has recorded an error. When
-    /// one has, waits for the ranks' streams (the launch that recorded it ends within its timeout)
-    /// and returns the error, as [`Communicator::synchronize`] does.
+    /// Polls: `Ok(true)` when every call queued so far has finished without a device-side error,
+    /// `Ok(false)` while some still run and no error has reached host memory. It waits only when
+    /// one has: for the ranks' streams (the launch that recorded it ends within its timeout), and
+    /// returns the error, as [`Communicator::synchronize`] does. Not while a rank's stream captures a
+    /// CUDA graph ([`Error::Capturing`]).
     pub fn query(&self) -> Result<bool> {
+        if self.capturing()? {
+            return Err(Error::Capturing { what: "query" });
+        }
         if self.groups.iter().any(|g| g.status.errors() != 0) {
             return self.synchronize().map(|()| true);
         }
@@ -494,20 +499,48 @@ impl Communicator {
     }
 
     /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
-    /// (after waiting for the streams) where a launch has recorded one that was not reported yet.
+    /// where a launch has recorded one that was not reported yet and has reached host memory (after
+    /// waiting for the streams; during a CUDA graph capture, which a wait would end, at once).
     pub(crate) fn check_usable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Poisoned);
         }
-        if self.groups.iter().any(|g| g.status.errors() != 0) {
+        if let Some(g) = self.groups.iter().find(|g| g.status.errors() != 0) {
+            if self.capturing()? {
+                self.poisoned.store(true, Ordering::SeqCst);
+                return Err(Error::from_status(&g.status.read()).unwrap_or(Error::Poisoned));
+            }
             self.synchronize()?;
         }
         Ok(())
     }
 
+    /// Waits for every group's stream, ignoring errors: before a failed upload frees programs whose
+    /// copies may still be in flight.
+    pub(crate) fn drain_streams(&self) {
+        for g in &self.groups {
+            let _ = g.stream.synchronize();
+        }
+    }
+
+    /// Whether any rank's stream is capturing a CUDA graph (or was, and the capture broke).
+    fn capturing(&self) -> Result<bool> {
+        for g in &self.groups {
+            let status = g.stream.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
+            if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Uploads a program of `ctas` CTAs per rank (rank-major, every rank of the communicator) for every
     /// launch group: each group gets its ranks' programs and all the tasks.
     pub(crate) fn upload(&self, mut lowered: Lowered, ctas: u32) -> Result<Uploaded> {
+        if self.capturing()? {
+            // The copies would be recorded into the graph, not run: the plan would stay unwritten.
+            return Err(Error::Capturing { what: "a call whose plan is not built yet" });
+        }
         if self.groups.len() == 1 {
             // One launch holds every rank: the stream orders it after the producers of every input and
             // before the consumers of every output, so no barrier is needed.
@@ -529,9 +562,7 @@ impl Communicator {
                 Ok(p) => per_group.push(p),
                 Err(e) => {
                     // Earlier groups' copies may still be in flight from what is freed here.
-                    for done in &self.groups[..per_group.len()] {
-                        let _ = done.stream.synchronize();
-                    }
+                    self.drain_streams();
                     return Err(e);
                 }
             }

@@ -24,7 +24,8 @@
 //! [`CompiledPlan::reset`] (zeroes workspaces and status records): until then further launches are
 //! refused with [`Error::Poisoned`]. The status records live in host memory the devices map, so a
 //! launch also sees an error an earlier launch recorded and [`CompiledPlan::synchronize`] has not
-//! reported yet: it waits for the ranks' streams and returns that error instead of launching.
+//! reported yet, once it has reached host memory (as it is written, at the latest when that launch
+//! ended): it waits for the ranks' streams and returns that error instead of launching.
 
 use crate::comm::{check_timeout, enable_peer_access};
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
@@ -394,7 +395,18 @@ impl CompiledPlan {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Poisoned);
         }
-        if self.ranks.iter().any(|r| r.status.errors() != 0) {
+        if let Some(r) = self.ranks.iter().find(|r| r.status.errors() != 0) {
+            let capturing = self.ranks.iter().try_fold(false, |any, r| {
+                let status = r.stream.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
+                Ok::<_, Error>(
+                    any || status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+                )
+            })?;
+            if capturing {
+                // A wait would end the capture: report the record as it stands.
+                self.poisoned.store(true, Ordering::SeqCst);
+                return Err(Error::from_status(&r.status.read()).unwrap_or(Error::Poisoned));
+            }
             self.synchronize()?;
         }
         let n = self.ranks.len();
@@ -483,7 +495,8 @@ impl CompiledPlan {
     }
 
     /// Every rank's status record (complete after [`CompiledPlan::synchronize`]; read while launches
-    /// run, the error counts are current and the first error's details may be partly written).
+    /// run, it holds what has reached host memory so far, and the first error's details may be
+    /// partly written).
     pub fn statuses(&self) -> Vec<Status> {
         self.ranks.iter().map(|r| r.status.read()).collect()
     }
@@ -508,6 +521,8 @@ impl CompiledPlan {
     }
 
     /// Waits for the streams and zeroes every workspace, status and timing record (after an error).
+    /// No launch of this plan may be queued meanwhile (from another thread): one queued between the
+    /// wait and the zeroing would run on cleared counters, and an error it recorded could be lost.
     pub fn reset(&self) -> Result<()> {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;

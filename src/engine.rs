@@ -129,9 +129,8 @@ pub struct StatusRecord {
     dev: u64,
 }
 
-// SAFETY: the record is plain memory owned by this value; the host only reads it (or zeroes it
-// when no launch that writes it is in flight, which callers order), so sharing it between threads
-// is sound.
+// SAFETY: the record is memory owned by this value, which the host reads and writes only through
+// atomic 32-bit accesses, so sharing it between threads is sound.
 unsafe impl Send for StatusRecord {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for StatusRecord {}
@@ -145,10 +144,9 @@ impl StatusRecord {
         // SAFETY: a page-locked allocation of `bytes` bytes, zeroed before anything reads it.
         let host =
             unsafe { result::malloc_host(bytes, flags) }.map_err(Error::driver("cuMemHostAlloc"))? as *mut Status;
-        // SAFETY: `host` holds `bytes` bytes that nothing else refers to yet.
-        unsafe { std::ptr::write_volatile(host, bytemuck::Zeroable::zeroed()) };
         // Freed on drop from here on, also if the device address cannot be had.
         let mut record = StatusRecord { ctx: ctx.clone(), host, dev: 0 };
+        record.clear();
         // SAFETY: `host` was allocated with `CU_MEMHOSTALLOC_DEVICEMAP` in the current context.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut record.dev, host.cast(), 0) }
             .result()
@@ -161,25 +159,36 @@ impl StatusRecord {
         self.dev
     }
 
-    /// How many errors launches have recorded so far (launches may still be running; the first
-    /// error's details are complete only once the launch that recorded it has ended).
+    /// The record's 32-bit words (a `Status` is ten of them, page-aligned).
+    fn words(&self) -> &[std::sync::atomic::AtomicU32] {
+        const WORDS: usize = std::mem::size_of::<Status>() / 4;
+        // SAFETY: `host` holds one `Status` (40 bytes, page-aligned) for as long as `self` lives, and
+        // the host touches it only through these atomics.
+        unsafe { std::slice::from_raw_parts(self.host.cast::<std::sync::atomic::AtomicU32>(), WORDS) }
+    }
+
+    /// How many errors launches have recorded that the host can see so far: a launch's record
+    /// reaches host memory as it is written, and at the latest when the launch ends (the first
+    /// error's details are complete from then on).
     pub fn errors(&self) -> u32 {
-        // SAFETY: the counter is the record's first, 4-byte aligned field; the device only adds to
-        // it atomically.
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.cast::<u32>()) }.load(Ordering::Acquire)
+        self.words()[0].load(Ordering::Acquire)
     }
 
     /// The record (complete once the launches that write it have ended).
     pub fn read(&self) -> Status {
-        // SAFETY: `host` holds one `Status`; a volatile read sees what the device wrote.
-        unsafe { std::ptr::read_volatile(self.host) }
+        let mut w = [0u32; std::mem::size_of::<Status>() / 4];
+        for (v, a) in w.iter_mut().zip(self.words()) {
+            *v = a.load(Ordering::Acquire);
+        }
+        bytemuck::cast(w)
     }
 
-    /// Zeroes the record. Call it only when no launch that writes it is queued or running.
+    /// Zeroes the record. An error a launch records meanwhile may be lost: callers clear it only
+    /// with no launch that writes it queued or running.
     pub fn clear(&self) {
-        // SAFETY: as `read`; the caller orders this after the launches.
-        unsafe { std::ptr::write_volatile(self.host, bytemuck::Zeroable::zeroed()) };
-        std::sync::atomic::fence(Ordering::SeqCst);
+        for a in self.words() {
+            a.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -311,7 +320,7 @@ impl std::fmt::Display for ModuleCode {
 }
 
 /// Loads a module from its prebuilt code where the build has it, else (or where the driver refuses
-/// that code: a driver older than the `ptxas` that made it) from its PTX. `OXCCL_MODULE` chooses:
+/// that code as not for it: a driver older than the `ptxas` that made it may) from its PTX. `OXCCL_MODULE` chooses:
 /// `auto` (the default, as described), `ptx` (always the PTX) or `prebuilt` (the prebuilt code or an
 /// error).
 fn load_module(
@@ -323,10 +332,20 @@ fn load_module(
     let from_ptx =
         || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
     let from_prebuilt = || {
-        // A copy: the driver reads the image as an ELF file, which wants more than byte alignment.
+        // A heap copy: the driver parses the image as an ELF file, so give it malloc's alignment
+        // rather than the byte alignment of `include_bytes!`.
         ctx.load_module(Ptx::from_binary(prebuilt.to_vec()))
             .map(|m| (m, ModuleCode::Prebuilt))
             .map_err(Error::driver("cuModuleLoadData"))
+    };
+    // What a driver answers for machine code it cannot use; anything else (out of memory, a lost
+    // device) is reported as it is.
+    let refused = |e: &Error| {
+        use sys::CUresult::{
+            CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+        };
+        matches!(e, Error::Driver { source, .. }
+            if matches!(source.0, CUDA_ERROR_INVALID_IMAGE | CUDA_ERROR_NO_BINARY_FOR_GPU | CUDA_ERROR_UNSUPPORTED_PTX_VERSION))
     };
     match choice {
         Some(ModuleCode::Ptx) => from_ptx(),
@@ -337,7 +356,10 @@ fn load_module(
         }),
         Some(ModuleCode::Prebuilt) => from_prebuilt(),
         None if prebuilt.is_empty() => from_ptx(),
-        None => from_prebuilt().or_else(|_| from_ptx()),
+        None => match from_prebuilt() {
+            Err(e) if refused(&e) => from_ptx(),
+            loaded => loaded,
+        },
     }
 }
 
@@ -357,8 +379,8 @@ pub struct Engine {
     module: Arc<CudaModule>,
     /// How the engine module was loaded.
     pub code: ModuleCode,
-    /// The compiled-plan module (`ptx::PLANS`), loaded on first use.
-    plans: OnceLock<Arc<CudaModule>>,
+    /// The compiled-plan module (`ptx::PLANS`) and how it was loaded, on first use.
+    plans: OnceLock<(Arc<CudaModule>, ModuleCode)>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     /// CTAs per SM by (kernel, threads, dynamic shared memory).
     occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
@@ -413,6 +435,11 @@ impl Engine {
         &self.ctx
     }
 
+    /// How the compiled-plan module was loaded (`None` before its first kernel was asked for).
+    pub fn plan_code(&self) -> Option<ModuleCode> {
+        self.plans.get().map(|(_, c)| *c)
+    }
+
     /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised.
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
         let name = abi::kernel_name(mover, dtype, op);
@@ -452,11 +479,12 @@ impl Engine {
             return Ok(f.clone());
         }
         let module = match self.plans.get() {
-            Some(m) => m.clone(),
+            Some((m, _)) => m.clone(),
             None => {
-                let (m, _) = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
+                let loaded = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
+                let m = loaded.0.clone();
                 // The functions lock is held: no other thread sets it meanwhile.
-                let _ = self.plans.set(m.clone());
+                let _ = self.plans.set(loaded);
                 m
             }
         };

@@ -72,6 +72,10 @@ pub enum Error {
     /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
     /// build a new one).
     Poisoned,
+    /// `what` cannot run while a rank's stream is capturing a CUDA graph: a call whose plan is not
+    /// built yet (its upload would become part of the graph; `prepare` it before the capture), or a
+    /// poll of the streams.
+    Capturing { what: &'static str },
 }
 
 impl Error {
@@ -174,6 +178,11 @@ impl fmt::Display for Error {
                  {peer_call} ({errors} CTA(s) reported errors)"
             ),
             Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
+            Error::Capturing { what } => write!(
+                f,
+                "{what} while a rank's stream captures a CUDA graph: prepare the call's plan before the capture \
+                 (Communicator::prepare), and poll outside it"
+            ),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {
                 write!(f, "no CUDA device {ordinal}: {devices} visible")

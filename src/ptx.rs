@@ -11,13 +11,17 @@ pub const PLANS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_plans.ptx"
 pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.ptx"));
 
 /// [`KERNELS`] as sm_90a machine code (`ptx/oxccl_kernels.sm_90a.cubin`), loaded without
-/// compilation; empty where this build embeds PTX other than the code was made from.
+/// compilation; empty where `ptx/cubins.txt` does not vouch for it beside this build's PTX (other PTX,
+/// or other code than it records).
 pub const KERNELS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.sm_90a.cubin"));
 
 /// [`PLANS`] as sm_90a machine code, as [`KERNELS_SM90A`].
 pub const PLANS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_plans.sm_90a.cubin"));
 
-include!("code_hash.rs");
+/// The prebuilt modules and their manifest (`ptx/cubins.txt`), as `build.rs` reads them.
+pub mod prebuilt {
+    include!("prebuilt.rs");
+}
 
 /// Where the embedded PTX came from: `"fresh"` (rebuilt from the workspace sources by this build) or
 /// `"shipped"` (the committed files under `ptx/`).

@@ -324,10 +324,17 @@ fn prepared_calls_replay_in_a_cuda_graph() {
     drop(restore);
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    // A size not prepared, and a poll, are refused inside the capture (the upload's copies would be
+    // recorded into the graph, not run), and the capture goes on.
+    let mut shorter: Vec<_> = bufs.iter_mut().map(|b| b.slice_mut(..n - 1)).collect();
+    let unprepared = comm.all_reduce_in_place(&mut shorter, ReduceOp::Sum);
+    assert!(matches!(unprepared, Err(Error::Capturing { .. })), "an unprepared call in a capture: {unprepared:?}");
+    drop(shorter);
+    assert!(matches!(comm.query(), Err(Error::Capturing { .. })), "a poll in a capture");
     let captured = comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum);
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("the capture holds the launch");
     captured.unwrap();
-    assert_eq!(comm.cached_plans(), plans, "the captured call built a plan");
+    assert_eq!(comm.cached_plans(), plans, "a call in the capture built a plan");
     // Nothing ran during the capture: the buffers still hold the inputs.
     assert_eq!(s.clone_dtoh(&bufs[1]).unwrap()[n - 1], 2.0);
     // Each replay sums in place: after k replays every element is (1 + 2 + ... + ranks) × ranks^(k-1).
@@ -556,6 +563,8 @@ fn separate_launches_per_rank_meet_through_barriers() {
 /// Holds `stream` on the host for `ms` milliseconds (a host function that sleeps): work queued on
 /// it after this starts that much later.
 fn hold(stream: &CudaStream, ms: u64) {
+    /// # Safety
+    /// None needed: the argument is a duration in milliseconds, never dereferenced.
     unsafe extern "C" fn sleep(ms: *mut std::ffi::c_void) {
         std::thread::sleep(std::time::Duration::from_millis(ms as u64));
     }
@@ -599,6 +608,11 @@ fn a_device_error_reaches_the_next_call_and_query() {
         for s in &streams {
             s.synchronize().unwrap();
         }
+        // Outputs marked, to show that the refused calls below launch nothing.
+        for (b, s) in recv.iter_mut().zip(&streams) {
+            s.memcpy_htod(&vec![-1.0f32; n], b).unwrap();
+            s.synchronize().unwrap();
+        }
         let e = match round {
             "query" => comm.query().expect_err("query must report the recorded error"),
             _ => comm.all_reduce(&send, &mut recv, ReduceOp::Sum).expect_err("the next call must report the error"),
@@ -610,6 +624,9 @@ fn a_device_error_reaches_the_next_call_and_query() {
         );
         let refused = comm.all_reduce(&send, &mut recv, ReduceOp::Sum);
         assert!(matches!(refused, Err(Error::Poisoned)), "{round}: a call before the reset: {refused:?}");
+        for (r, (b, s)) in recv.iter().zip(&streams).enumerate() {
+            assert_eq!(s.clone_dtoh(b).unwrap(), vec![-1.0; n], "{round}: a refused call wrote rank {r}'s output");
+        }
         comm.reset().unwrap();
         exact(&comm, &mut recv, round);
     }

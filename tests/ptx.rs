@@ -399,40 +399,34 @@ fn shipped_ptx_equals_a_fresh_build() {
 }
 
 /// The prebuilt modules (`ptx/*.sm_90a.cubin`): `ptx/cubins.txt` records the hash of the PTX each
-/// was made from, which must be this build's PTX (so the build embedded the code); with
-/// `OXCCL_CUBIN_PTXAS` (the `ptxas` the manifest names; `.ci/run` installs it) each is remade from
-/// the PTX and must equal the shipped bytes. `OXCCL_BLESS=1` with that `ptxas` rewrites the code and
-/// the manifest.
+/// was made from, which must be this build's PTX, and the code's own hash (so the build embedded
+/// the code); with `OXCCL_CUBIN_PTXAS` (the `ptxas` the manifest names; `.ci/run` installs it) each
+/// is remade from the PTX and must equal the shipped bytes. `OXCCL_BLESS=1` with that `ptxas`
+/// rewrites the code and the manifest.
 #[test]
 fn prebuilt_code_is_made_from_the_shipped_ptx() {
+    use oxccl::ptx::prebuilt::{ManifestEntry, PREBUILT, code_hash, manifest_entry, vouched};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
-    let modules = [
-        ("oxccl_kernels.ptx", "oxccl_kernels.sm_90a.cubin", oxccl::ptx::KERNELS, oxccl::ptx::KERNELS_SM90A),
-        ("oxccl_plans.ptx", "oxccl_plans.sm_90a.cubin", oxccl::ptx::PLANS, oxccl::ptx::PLANS_SM90A),
-    ];
+    // This build's PTX and embedded code, per `PREBUILT` entry.
+    let embedded = |ptx: &str| match ptx {
+        "oxccl_kernels.ptx" => (oxccl::ptx::KERNELS, oxccl::ptx::KERNELS_SM90A),
+        "oxccl_plans.ptx" => (oxccl::ptx::PLANS, oxccl::ptx::PLANS_SM90A),
+        other => panic!("{other}: a prebuilt module this test does not know"),
+    };
     let bless = std::env::var_os("OXCCL_BLESS").is_some();
     let hint = "run `OXCCL_BLESS=1 OXCCL_CUBIN_PTXAS=PATH cargo test --release --test ptx` with the ptxas ptx/cubins.txt names, and commit ptx/";
     let manifest_path = root.join("cubins.txt");
     let manifest = std::fs::read_to_string(&manifest_path).unwrap_or_default();
-    let recorded = |ptx: &str| {
-        manifest.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-            let f: Vec<&str> = l.splitn(4, ' ').collect();
-            (f.len() == 4 && f[1] == ptx).then(|| (f[0].to_string(), f[2].to_string(), f[3].to_string()))
-        })
-    };
-    let Some(ptxas) = std::env::var_os("OXCCL_CUBIN_PTXAS").map(std::path::PathBuf::from) else {
-        for (ptx, code, text, embedded) in modules {
-            let (hash, file, _) =
-                recorded(ptx).unwrap_or_else(|| panic!("ptx/cubins.txt has no line for {ptx}: {hint}"));
-            assert_eq!(file, code, "{ptx}");
-            assert_eq!(
-                hash,
-                format!("{:016x}", oxccl::ptx::code_hash(text.as_bytes())),
-                "{code} was made from other PTX: {hint}"
-            );
+    if !bless {
+        for &(ptx, code) in PREBUILT {
+            let (text, code_embedded) = embedded(ptx);
             let shipped = std::fs::read(root.join(code)).unwrap_or_default();
-            assert!(!embedded.is_empty() && embedded == shipped.as_slice(), "the build did not embed ptx/{code}");
+            vouched(&manifest, ptx, text.as_bytes(), &shipped).unwrap_or_else(|why| panic!("{why}: {hint}"));
+            assert!(code_embedded == shipped.as_slice(), "the build did not embed ptx/{code}");
         }
+    }
+    let Some(ptxas) = std::env::var_os("OXCCL_CUBIN_PTXAS").map(std::path::PathBuf::from) else {
+        assert!(!bless, "OXCCL_BLESS needs OXCCL_CUBIN_PTXAS to remake the code");
         common::skip(
             "skipped: remaking the prebuilt code (set OXCCL_CUBIN_PTXAS to the ptxas ptx/cubins.txt names); the hashes match",
         );
@@ -442,12 +436,12 @@ fn prebuilt_code_is_made_from_the_shipped_ptx() {
     let version = String::from_utf8_lossy(&version.stdout).lines().last().unwrap_or_default().trim().to_string();
     let dir = std::env::temp_dir().join(format!("oxccl-prebuilt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // ptxas takes tens of seconds per module: both at once.
+    // ptxas takes tens of seconds per module: all at once.
     let made: Vec<Vec<u8>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = modules
+        let jobs: Vec<_> = PREBUILT
             .iter()
-            .map(|&(ptx, code, text, _)| {
-                let (dir, ptxas) = (&dir, &ptxas);
+            .map(|&(ptx, code)| {
+                let (dir, ptxas, text) = (&dir, &ptxas, embedded(ptx).0);
                 s.spawn(move || {
                     let (src, out) = (dir.join(ptx), dir.join(code));
                     std::fs::write(&src, text).unwrap();
@@ -461,22 +455,26 @@ fn prebuilt_code_is_made_from_the_shipped_ptx() {
     });
     std::fs::remove_dir_all(&dir).ok();
     let mut lines = vec![
-        "# sm_90a machine code shipped beside the PTX: FNV-1a of the PTX it was made from, the PTX, the code, the ptxas that made it (`ptxas -arch=sm_90a`; build.rs, tests/ptx.rs)".to_string(),
+        "# sm_90a machine code shipped beside the PTX (`ptxas -arch=sm_90a`): FNV-1a of the PTX it was made from, the PTX, the code, FNV-1a of the code, the ptxas that made it (build.rs, src/prebuilt.rs, tests/ptx.rs)".to_string(),
     ];
-    for ((ptx, code, text, _), bytes) in modules.iter().zip(&made) {
-        let hash = format!("{:016x}", oxccl::ptx::code_hash(text.as_bytes()));
-        lines.push(format!("{hash} {ptx} {code} {version}"));
+    for (&(ptx, code), bytes) in PREBUILT.iter().zip(&made) {
+        let entry = ManifestEntry {
+            ptx_hash: code_hash(embedded(ptx).0.as_bytes()),
+            ptx: ptx.to_string(),
+            code: code.to_string(),
+            code_hash: code_hash(bytes),
+            ptxas: version.clone(),
+        };
+        lines.push(entry.line());
         if bless {
             std::fs::write(root.join(code), bytes).unwrap();
             eprintln!("blessed ptx/{code}");
             continue;
         }
-        let (want_hash, _, want_version) =
-            recorded(ptx).unwrap_or_else(|| panic!("ptx/cubins.txt has no line for {ptx}: {hint}"));
-        assert_eq!(want_version, version, "{ptx}: OXCCL_CUBIN_PTXAS is another ptxas than the manifest's");
-        assert_eq!(want_hash, hash, "{code} was made from other PTX: {hint}");
-        let shipped = std::fs::read(root.join(code)).unwrap_or_default();
-        assert!(&shipped == bytes, "ptx/{code} differs from ptxas's output for {ptx}: {hint}");
+        let recorded =
+            manifest_entry(&manifest, ptx).unwrap_or_else(|| panic!("ptx/cubins.txt has no line for {ptx}: {hint}"));
+        assert_eq!(recorded.ptxas, version, "{ptx}: OXCCL_CUBIN_PTXAS is another ptxas than the manifest's");
+        assert_eq!(recorded, entry, "ptx/{code} differs from ptxas's output for {ptx}: {hint}");
     }
     if bless {
         std::fs::write(&manifest_path, lines.join("\n") + "\n").unwrap();

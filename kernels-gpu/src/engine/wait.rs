@@ -27,8 +27,9 @@ pub fn record(ctx: &Ctx, kind: WaitKind, peer: u32, expected: u64, observed: u64
 /// The first error of a launch into its `Status`; later ones only count.
 #[inline(never)]
 fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u32, expected: u64, observed: u64) {
-    // SAFETY: `status` is the launch's Status in device memory; the counter is updated atomically and
-    // only the thread that moved it from 0 writes the details, which the host reads after the launch.
+    // SAFETY: `status` is the launch's Status (host memory the device maps, or device memory); the
+    // counter is updated atomically and only the thread that moved it from 0 writes the details,
+    // which the host trusts once the launch has ended.
     unsafe {
         let old = atom_relaxed_gpu_add_u32(Global::from_addr(s.addr()), 1);
         if old == 0 {
