@@ -515,14 +515,6 @@ impl Communicator {
         Ok(())
     }
 
-    /// Waits for every group's stream, ignoring errors: before a failed upload frees programs whose
-    /// copies may still be in flight.
-    pub(crate) fn drain_streams(&self) {
-        for g in &self.groups {
-            let _ = g.stream.synchronize();
-        }
-    }
-
     /// Whether any rank's stream is capturing a CUDA graph (or was, and the capture broke).
     fn capturing(&self) -> Result<bool> {
         for g in &self.groups {
@@ -557,15 +549,9 @@ impl Communicator {
                 sub.programs.extend_from_slice(&lowered.programs[r * c..(r + 1) * c]);
             }
             let n = sub.programs.len();
-            // Ordered on the group's stream, where its launches run: no other stream is waited for.
-            match engine.upload_on(&sub, 0..n, &g.stream) {
-                Ok(p) => per_group.push(p),
-                Err(e) => {
-                    // Earlier groups' copies may still be in flight from what is freed here.
-                    self.drain_streams();
-                    return Err(e);
-                }
-            }
+            // Ordered on the group's stream, where its launches run (and where the tables of a plan
+            // dropped after a failure here are freed, after their copies).
+            per_group.push(engine.upload_on(&sub, 0..n, &g.stream)?);
         }
         Ok(Uploaded { lowered, per_group })
     }

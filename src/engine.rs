@@ -202,64 +202,36 @@ impl Drop for StatusRecord {
     }
 }
 
-/// Page-locked host memory that stream-ordered copies read from: kept by their owner until the
-/// copies have run (the owner is freed only after its streams are waited for).
-struct Staged {
-    ctx: Arc<CudaContext>,
-    host: *mut u8,
-    bytes: usize,
+/// A program's table on its device: memory of its own (`cuMemAlloc`, [`Engine::upload`]), or a
+/// stream-ordered allocation of the stream it was uploaded on ([`Engine::upload_on`]), freed in that
+/// stream's order when dropped.
+enum Table {
+    Owned(DeviceAlloc),
+    Stream { ptr: u64, _slice: cudarc::driver::CudaSlice<u8> },
 }
 
-// SAFETY: plain memory owned by this value, written once before any copy reads it.
-unsafe impl Send for Staged {}
-// SAFETY: as for `Send`; nothing writes it after creation.
-unsafe impl Sync for Staged {}
-
-impl Staged {
-    /// `parts` one after another, each at a 16-byte offset; returns the offsets too.
-    fn new(ctx: &Arc<CudaContext>, parts: &[&[u8]]) -> Result<(Self, Vec<usize>)> {
-        let mut offsets = Vec::with_capacity(parts.len());
-        let mut bytes = 0usize;
-        for p in parts {
-            offsets.push(bytes);
-            bytes = (bytes + p.len()).next_multiple_of(16);
+impl Table {
+    fn ptr(&self) -> u64 {
+        match self {
+            Table::Owned(a) => a.ptr(),
+            Table::Stream { ptr, .. } => *ptr,
         }
-        ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
-        // SAFETY: a page-locked allocation of at least 16 bytes, filled below before any copy reads it.
-        let host = unsafe { result::malloc_host(bytes.max(16), sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .map_err(Error::driver("cuMemHostAlloc"))? as *mut u8;
-        let staged = Staged { ctx: ctx.clone(), host, bytes: bytes.max(16) };
-        for (p, &o) in parts.iter().zip(&offsets) {
-            // SAFETY: `o + p.len() <= bytes`, inside the allocation, which nothing else refers to yet.
-            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), host.add(o), p.len()) };
-        }
-        Ok((staged, offsets))
     }
 
-    /// `len` bytes from `offset`.
-    fn slice(&self, offset: usize, len: usize) -> &[u8] {
-        assert!(offset + len <= self.bytes, "staged range {offset}+{len} beyond {} bytes", self.bytes);
-        // SAFETY: inside the allocation (checked), written before this call.
-        unsafe { std::slice::from_raw_parts(self.host.add(offset), len) }
-    }
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing free leaks the allocation.
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `cuMemHostAlloc` and freed once, after the copies that read it.
-            let _ = unsafe { result::free_host(self.host.cast()) };
-        }
+    /// `bytes` (at least one byte) allocated and copied in order on `stream`.
+    fn on_stream(bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
+        use cudarc::driver::DevicePtr;
+        let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
+        let slice = stream.clone_htod(data).map_err(Error::driver("cuMemcpyHtoDAsync"))?;
+        let ptr = slice.device_ptr(stream).0;
+        Ok(Table::Stream { ptr, _slice: slice })
     }
 }
 
 /// A lowered program uploaded to one device.
 pub struct DeviceProgram {
-    programs: DeviceAlloc,
-    tasks: DeviceAlloc,
-    /// The host copy a stream-ordered upload reads ([`Engine::upload_on`]).
-    _staged: Option<Staged>,
+    programs: Table,
+    tasks: Table,
     /// CTAs of the launch (programs).
     pub ctas: u32,
     /// Shared-memory slots per stage the TMA mover needs.
@@ -523,9 +495,8 @@ impl Engine {
             why: format!("range {range:?} outside the {} programs", l.programs.len()),
         })?;
         Ok(DeviceProgram {
-            programs: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?,
-            tasks: DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?,
-            _staged: None,
+            programs: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?),
+            tasks: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?),
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,
@@ -533,39 +504,24 @@ impl Engine {
         })
     }
 
-    /// [`Engine::upload`], ordered on `stream` instead of on the whole device: the tables are copied
-    /// from page-locked host memory the program keeps, so launches queued on `stream` afterwards see
-    /// them and nothing waits for other streams (or for `stream`). Launch the program on `stream`
-    /// only (or wait for `stream` first), and free it only after `stream` has run its copies.
-    pub fn upload_on(&self, l: &Lowered, range: std::ops::Range<usize>, stream: &CudaStream) -> Result<DeviceProgram> {
+    /// [`Engine::upload`], ordered on `stream`: the tables are allocated from `stream`'s memory pool
+    /// and copied in its order, so the host waits for no stream and launches queued on `stream`
+    /// afterwards see them. Launch the program on `stream` only (or wait for `stream` first); its
+    /// tables are freed in `stream`'s order when it is dropped.
+    pub fn upload_on(
+        &self,
+        l: &Lowered,
+        range: std::ops::Range<usize>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceProgram> {
         oxccl_host::lowered::validate_structure(l)?;
         let programs = l.programs.get(range.clone()).ok_or(Error::Config {
             field: "programs",
             why: format!("range {range:?} outside the {} programs", l.programs.len()),
         })?;
-        let parts: [&[u8]; 2] = [bytemuck::cast_slice(programs), bytemuck::cast_slice(&l.tasks)];
-        let (staged, offsets) = Staged::new(&self.ctx, &parts)?;
-        let allocs = [DeviceAlloc::uninit(&self.ctx, parts[0].len())?, DeviceAlloc::uninit(&self.ctx, parts[1].len())?];
-        for (k, (alloc, part)) in allocs.iter().zip(parts).enumerate() {
-            if part.is_empty() {
-                continue;
-            }
-            // SAFETY: the allocation holds `part.len()` bytes; the staged source stays alive in the
-            // returned program, which the caller keeps until the stream has run the copy.
-            let queued = unsafe {
-                result::memcpy_htod_async(alloc.ptr(), staged.slice(offsets[k], part.len()), stream.cu_stream())
-            };
-            if let Err(e) = queued {
-                // An earlier copy may be in flight from `staged`: let it finish before both are freed.
-                let _ = stream.synchronize();
-                return Err(Error::Driver { call: "cuMemcpyHtoDAsync", source: e });
-            }
-        }
-        let [programs_alloc, tasks_alloc] = allocs;
         Ok(DeviceProgram {
-            programs: programs_alloc,
-            tasks: tasks_alloc,
-            _staged: Some(staged),
+            programs: Table::on_stream(bytemuck::cast_slice(programs), stream)?,
+            tasks: Table::on_stream(bytemuck::cast_slice(&l.tasks), stream)?,
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,

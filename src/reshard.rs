@@ -239,9 +239,7 @@ impl Communicator {
             .iter()
             .filter(|l| !l.tasks.is_empty())
             .map(|l| self.upload(l.clone(), ctas))
-            .collect::<Result<_>>()
-            // Earlier stages' copies may still be in flight from what is freed here.
-            .inspect_err(|_| self.drain_streams())?;
+            .collect::<Result<_>>()?;
         Ok(Prepared { lowered, ctas, stages })
     }
 
