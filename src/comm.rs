@@ -364,6 +364,9 @@ impl Communicator {
     /// communicator was built or last [`Communicator::reset`] (the record is kept: the same error is
     /// reported again until then). After an error the communicator refuses calls until `reset`.
     pub fn synchronize(&self) -> Result<()> {
+        if self.capturing()? {
+            return Err(Error::Capturing { what: "synchronize" });
+        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
@@ -414,6 +417,9 @@ impl Communicator {
         // No call queues launches meanwhile: one would run between the wait and the zeroing, and an
         // error it recorded would be cleared unseen.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
+        if self.capturing()? {
+            return Err(Error::Capturing { what: "reset" });
+        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
@@ -508,7 +514,7 @@ impl Communicator {
         if let Some(g) = self.groups.iter().find(|g| g.status.errors() != 0) {
             if self.capturing()? {
                 self.poisoned.store(true, Ordering::SeqCst);
-                return Err(Error::from_status(&g.status.read()).unwrap_or(Error::Poisoned));
+                return Err(recorded_while_running(&g.status.read()));
             }
             self.synchronize()?;
         }
@@ -517,13 +523,7 @@ impl Communicator {
 
     /// Whether any rank's stream is capturing a CUDA graph (or was, and the capture broke).
     fn capturing(&self) -> Result<bool> {
-        for g in &self.groups {
-            let status = g.stream.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
-            if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        any_capturing(self.groups.iter().map(|g| &*g.stream))
     }
 
     /// Uploads a program of `ctas` CTAs per rank (rank-major, every rank of the communicator) for every
@@ -672,6 +672,9 @@ impl Communicator {
     /// device addresses: destroy such graphs first (replaying one afterwards, or after the
     /// communicator is dropped, reads freed memory).
     pub fn clear_plans(&mut self) -> Result<()> {
+        if self.capturing()? {
+            return Err(Error::Capturing { what: "clear_plans" });
+        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
@@ -1133,6 +1136,24 @@ fn chunk_grain(bytes: usize) -> u32 {
     (if bytes >= 1024 { bytes / 1024 * 1024 } else { bytes / 16 * 16 }) as u32
 }
 
+/// Whether any of `streams` is capturing a CUDA graph (or was, and the capture broke): communicators
+/// and compiled plans then neither wait nor upload.
+pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream>) -> Result<bool> {
+    streams.try_fold(false, |any, s| {
+        let status = s.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
+        Ok(any || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    })
+}
+
+/// The error a record holds while the launch that wrote it may still run (a capture forbids the
+/// wait): its details, if they have reached host memory, else [`Error::Poisoned`].
+pub(crate) fn recorded_while_running(s: &abi::Status) -> Error {
+    match oxccl_kernels::abi::WaitKind::from_raw(s.kind) {
+        Some(_) => Error::from_status(s).unwrap_or(Error::Poisoned),
+        None => Error::Poisoned,
+    }
+}
+
 /// A device-wait timeout in (0, [`MAX_TIMEOUT`]], or the `timeout` error (communicators and compiled plans).
 pub(crate) fn check_timeout(t: Duration) -> Result<()> {
     if t.is_zero() || t > MAX_TIMEOUT {
@@ -1198,6 +1219,18 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record read while its launch may run: its error once the details are there, else
+    /// `Poisoned` (never a made-up kind).
+    #[test]
+    fn a_record_read_early_reports_only_what_it_holds() {
+        let mut s = abi::Status { errors: 1, ..bytemuck::Zeroable::zeroed() };
+        assert!(matches!(recorded_while_running(&s), Error::Poisoned), "details not written yet");
+        s.kind = abi::WaitKind::StartBarrier.raw();
+        s.peer = 3;
+        let e = recorded_while_running(&s);
+        assert!(matches!(e, Error::Timeout { wait: abi::WaitKind::StartBarrier, peer: 3, .. }), "{e}");
+    }
 
     /// Several issuers only where nothing combines (four by default), a warp and two stages each in
     /// one issuer's default shared memory; what the configuration gives is kept.

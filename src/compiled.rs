@@ -27,7 +27,7 @@
 //! reported yet, once it has reached host memory (as it is written, at the latest when that launch
 //! ended): it waits for the ranks' streams and returns that error instead of launching.
 
-use crate::comm::{check_timeout, enable_peer_access};
+use crate::comm::{any_capturing, check_timeout, enable_peer_access, recorded_while_running};
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
@@ -396,16 +396,10 @@ impl CompiledPlan {
             return Err(Error::Poisoned);
         }
         if let Some(r) = self.ranks.iter().find(|r| r.status.errors() != 0) {
-            let capturing = self.ranks.iter().try_fold(false, |any, r| {
-                let status = r.stream.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
-                Ok::<_, Error>(
-                    any || status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
-                )
-            })?;
-            if capturing {
+            if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
                 // A wait would end the capture: report the record as it stands.
                 self.poisoned.store(true, Ordering::SeqCst);
-                return Err(Error::from_status(&r.status.read()).unwrap_or(Error::Poisoned));
+                return Err(recorded_while_running(&r.status.read()));
             }
             self.synchronize()?;
         }
@@ -482,6 +476,9 @@ impl CompiledPlan {
     /// gave up, a rejected descriptor). After an error, [`CompiledPlan::reset`] before launching
     /// again.
     pub fn synchronize(&self) -> Result<()> {
+        if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
+            return Err(Error::Capturing { what: "synchronize" });
+        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
@@ -524,6 +521,9 @@ impl CompiledPlan {
     /// No launch of this plan may be queued meanwhile (from another thread): one queued between the
     /// wait and the zeroing would run on cleared counters, and an error it recorded could be lost.
     pub fn reset(&self) -> Result<()> {
+        if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
+            return Err(Error::Capturing { what: "reset" });
+        }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }

@@ -222,7 +222,7 @@ impl Table {
     fn on_stream(bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
         use cudarc::driver::DevicePtr;
         let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
-        let slice = stream.clone_htod(data).map_err(Error::driver("cuMemcpyHtoDAsync"))?;
+        let slice = stream.clone_htod(data).map_err(Error::driver("cuMemAllocAsync / cuMemcpyHtoDAsync"))?;
         let ptr = slice.device_ptr(stream).0;
         Ok(Table::Stream { ptr, _slice: slice })
     }
@@ -232,6 +232,8 @@ impl Table {
 pub struct DeviceProgram {
     programs: Table,
     tasks: Table,
+    /// The stream an [`Engine::upload_on`] ordered the tables on: the only one it launches on.
+    stream: Option<Arc<CudaStream>>,
     /// CTAs of the launch (programs).
     pub ctas: u32,
     /// Shared-memory slots per stage the TMA mover needs.
@@ -304,8 +306,8 @@ fn load_module(
     let from_ptx =
         || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
     let from_prebuilt = || {
-        // A heap copy: the driver parses the image as an ELF file, so give it malloc's alignment
-        // rather than the byte alignment of `include_bytes!`.
+        // A heap copy (cudarc takes the image as a `Vec<u8>`): the driver parses it as an ELF file,
+        // and the system allocator aligns a block this large further than `include_bytes!` does.
         ctx.load_module(Ptx::from_binary(prebuilt.to_vec()))
             .map(|m| (m, ModuleCode::Prebuilt))
             .map_err(Error::driver("cuModuleLoadData"))
@@ -497,6 +499,7 @@ impl Engine {
         Ok(DeviceProgram {
             programs: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?),
             tasks: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?),
+            stream: None,
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,
@@ -504,10 +507,10 @@ impl Engine {
         })
     }
 
-    /// [`Engine::upload`], ordered on `stream`: the tables are allocated from `stream`'s memory pool
-    /// and copied in its order, so the host waits for no stream and launches queued on `stream`
-    /// afterwards see them. Launch the program on `stream` only (or wait for `stream` first); its
-    /// tables are freed in `stream`'s order when it is dropped.
+    /// [`Engine::upload`], ordered on `stream` (of this engine's context): the tables are allocated
+    /// from `stream`'s memory pool and copied in its order, so the host waits for no stream and
+    /// launches queued on `stream` afterwards see them. [`Engine::launch`] launches the program on
+    /// `stream` only; its tables are freed in `stream`'s order when it is dropped.
     pub fn upload_on(
         &self,
         l: &Lowered,
@@ -515,6 +518,16 @@ impl Engine {
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceProgram> {
         oxccl_host::lowered::validate_structure(l)?;
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::Config {
+                field: "stream",
+                why: format!(
+                    "a stream of device {}, the engine is on device {}",
+                    stream.context().ordinal(),
+                    self.ctx.ordinal()
+                ),
+            });
+        }
         let programs = l.programs.get(range.clone()).ok_or(Error::Config {
             field: "programs",
             why: format!("range {range:?} outside the {} programs", l.programs.len()),
@@ -522,6 +535,7 @@ impl Engine {
         Ok(DeviceProgram {
             programs: Table::on_stream(bytemuck::cast_slice(programs), stream)?,
             tasks: Table::on_stream(bytemuck::cast_slice(&l.tasks), stream)?,
+            stream: Some(stream.clone()),
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,
@@ -630,12 +644,15 @@ impl Engine {
         Ok(n)
     }
 
-    /// Launches `prog` on `stream`.
+    /// Launches `prog` on `stream` (a program from [`Engine::upload_on`] only on the stream it was
+    /// uploaded on, else a `stream` configuration error).
     ///
     /// # Safety
     /// `buffers` and `workspaces` hold valid device addresses for everything the program's tasks
     /// touch, alive until the launch completes; `status` addresses a zeroed [`Status`]; the ranks the
-    /// program's barriers name are launched too (or their waits time out).
+    /// program's barriers name are launched too (or their waits time out); `prog` is dropped only
+    /// after the launch is queued (a program of [`Engine::upload`] only after it completes: its
+    /// tables are freed at once, those of `upload_on` in their stream's order).
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -646,6 +663,14 @@ impl Engine {
         status: u64,
     ) -> Result<()> {
         self.check(spec, prog.ctas, prog.slots)?;
+        if let Some(home) = &prog.stream
+            && home.cu_stream() != stream.cu_stream()
+        {
+            return Err(Error::Config {
+                field: "stream",
+                why: "the program's tables were uploaded in another stream's order (Engine::upload_on)".into(),
+            });
+        }
         if spec.mover == Mover::Tma && prog.max_task_bytes.div_ceil(spec.chunk_bytes.max(1) as u64) > u32::MAX as u64 {
             return Err(Error::Config {
                 field: "chunk_bytes",

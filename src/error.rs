@@ -73,8 +73,9 @@ pub enum Error {
     /// build a new one).
     Poisoned,
     /// `what` cannot run while a rank's stream is capturing a CUDA graph: a call whose plan is not
-    /// built yet (its upload would become part of the graph; `prepare` it before the capture), or a
-    /// poll of the streams.
+    /// built yet (its upload would become part of the graph: `prepare` it, or make a reshard's first
+    /// call, before the capture), or a wait for or poll of the streams (`synchronize`, `query`,
+    /// `reset`, `clear_plans`), which would end the capture.
     Capturing { what: &'static str },
 }
 
@@ -180,8 +181,8 @@ impl fmt::Display for Error {
             Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
             Error::Capturing { what } => write!(
                 f,
-                "{what} while a rank's stream captures a CUDA graph: prepare the call's plan before the capture \
-                 (Communicator::prepare), and poll outside it"
+                "{what} while a rank's stream captures a CUDA graph: build the call's plan before the capture \
+                 (Communicator::prepare, or a reshard's first call), and wait, poll or reset outside it"
             ),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {
