@@ -493,15 +493,15 @@ impl Communicator {
     }
 
     /// The plan for `spec`, built and uploaded on first use (the upload queued on the groups'
-    /// streams, ahead of the call's launches).
-    fn plan(&self, spec: &PlanSpec) -> Result<Arc<Uploaded>> {
+    /// streams, ahead of the call's launches), and whether this call built it.
+    fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, bool)> {
         let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(spec) {
-            return Ok(p.clone());
+            return Ok((p.clone(), false));
         }
         let plan = Arc::new(self.upload(tccl::plan(spec)?, spec.ctas)?);
         cache.insert(*spec, plan.clone());
-        Ok(plan)
+        Ok((plan, true))
     }
 
     /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
@@ -636,9 +636,8 @@ impl Communicator {
     ) -> Result<CallLaunch> {
         self.check_usable()?;
         let spec = self.spec::<T>(collective, count, op, in_place);
-        let cached = self.plans.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&spec);
-        let plan = self.plan(&spec)?;
-        if !cached {
+        let (plan, built) = self.plan(&spec)?;
+        if built {
             // The upload was queued on the groups' streams; a graph captured later may be replayed
             // on another stream.
             for g in &self.groups {
@@ -735,7 +734,7 @@ impl Communicator {
 
         // The plan and its launch need no address either: anything that fails there fails before a
         // guard is taken.
-        let plan = self.plan(&spec)?;
+        let (plan, _) = self.plan(&spec)?;
         let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
         // Every launch on a device must be resident together with the others on it.
         self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
@@ -1148,7 +1147,7 @@ pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream
 /// The error a record holds while the launch that wrote it may still run (a capture forbids the
 /// wait): its details, if they have reached host memory, else [`Error::Poisoned`].
 pub(crate) fn recorded_while_running(s: &abi::Status) -> Error {
-    match oxccl_kernels::abi::WaitKind::from_raw(s.kind) {
+    match abi::WaitKind::from_raw(s.kind) {
         Some(_) => Error::from_status(s).unwrap_or(Error::Poisoned),
         None => Error::Poisoned,
     }

@@ -396,7 +396,7 @@ impl CompiledPlan {
             return Err(Error::Poisoned);
         }
         if let Some(r) = self.ranks.iter().find(|r| r.status.errors() != 0) {
-            if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
+            if self.capturing()? {
                 // A wait would end the capture: report the record as it stands.
                 self.poisoned.store(true, Ordering::SeqCst);
                 return Err(recorded_while_running(&r.status.read()));
@@ -476,7 +476,7 @@ impl CompiledPlan {
     /// gave up, a rejected descriptor). After an error, [`CompiledPlan::reset`] before launching
     /// again.
     pub fn synchronize(&self) -> Result<()> {
-        if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
+        if self.capturing()? {
             return Err(Error::Capturing { what: "synchronize" });
         }
         for r in &self.ranks {
@@ -489,6 +489,11 @@ impl CompiledPlan {
             }
         }
         Ok(())
+    }
+
+    /// Whether any rank's stream is capturing a CUDA graph (or was, and the capture broke).
+    fn capturing(&self) -> Result<bool> {
+        any_capturing(self.ranks.iter().map(|r| &*r.stream))
     }
 
     /// Every rank's status record (complete after [`CompiledPlan::synchronize`]; read while launches
@@ -521,7 +526,7 @@ impl CompiledPlan {
     /// No launch of this plan may be queued meanwhile (from another thread): one queued between the
     /// wait and the zeroing would run on cleared counters, and an error it recorded could be lost.
     pub fn reset(&self) -> Result<()> {
-        if any_capturing(self.ranks.iter().map(|r| &*r.stream))? {
+        if self.capturing()? {
             return Err(Error::Capturing { what: "reset" });
         }
         for r in &self.ranks {

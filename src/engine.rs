@@ -27,18 +27,13 @@ pub struct DeviceAlloc {
 impl DeviceAlloc {
     /// Allocates `bytes` (at least 1) and fills them with zeros.
     pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        let alloc = Self::uninit(ctx, bytes)?;
-        // SAFETY: the allocation holds `alloc.bytes` bytes we own.
-        unsafe { result::memset_d8_sync(alloc.ptr, 0, alloc.bytes) }.map_err(Error::driver("cuMemsetD8"))?;
-        Ok(alloc)
-    }
-
-    /// Allocates `bytes` (at least 1), contents undefined.
-    fn uninit(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
-        // SAFETY: a plain allocation of at least one byte; callers write what they read.
+        // SAFETY: a plain allocation of at least one byte, zeroed before it is handed out.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
-        Ok(DeviceAlloc { ctx: ctx.clone(), ptr, bytes: bytes.max(1) })
+        let alloc = DeviceAlloc { ctx: ctx.clone(), ptr, bytes: bytes.max(1) };
+        // SAFETY: `ptr` holds `bytes` bytes we own.
+        unsafe { result::memset_d8_sync(ptr, 0, alloc.bytes) }.map_err(Error::driver("cuMemsetD8"))?;
+        Ok(alloc)
     }
 
     /// Allocates and fills with `data`.

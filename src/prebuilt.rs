@@ -46,7 +46,7 @@ pub fn manifest_entry(manifest: &str, ptx: &str) -> Option<ManifestEntry> {
     })
 }
 
-/// The machine code to embed beside `ptx_text` (the PTX a build embeds as `ptx`): `code` if the
+/// Whether `code` may be embedded beside `ptx_text` (the PTX a build embeds as `ptx`): `Ok` if the
 /// manifest records both that PTX's hash and the code's, else why not.
 pub fn vouched(manifest: &str, ptx: &str, ptx_text: &[u8], code: &[u8]) -> Result<(), String> {
     let e = manifest_entry(manifest, ptx).ok_or_else(|| format!("ptx/cubins.txt has no line for {ptx}"))?;
