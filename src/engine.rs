@@ -371,7 +371,7 @@ impl Engine {
         let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
-        Ok(Engine {
+        let engine = Engine {
             ctx: ctx.clone(),
             module,
             code,
@@ -380,7 +380,49 @@ impl Engine {
             occupancy: Mutex::new(HashMap::new()),
             sms,
             max_smem,
-        })
+        };
+        {
+            let mut map = engine.functions.lock().unwrap_or_else(|e| e.into_inner());
+            engine.load_all(&engine.module, abi::KERNELS, &mut map)?;
+        }
+        Ok(engine)
+    }
+
+    /// Loads every kernel of `table` from `module` now, so that no call loads one later. With the
+    /// driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, its default) a kernel is loaded at its first
+    /// `cuModuleGetFunction`, and a launch queued after that load waits on the device for the work
+    /// queued before it on every stream of the context (measured: an AllReduce whose kernel was loaded
+    /// by the call ended only after another stream's pending 1 s host function; with its kernel loaded
+    /// beforehand, after 0.1 ms: docs/PERF.md).
+    fn load_all(
+        &self,
+        module: &Arc<CudaModule>,
+        table: &[(DType, RedOp, &'static str, &'static str)],
+        map: &mut HashMap<&'static str, CudaFunction>,
+    ) -> Result<()> {
+        for &(_, _, tma, simt) in table {
+            self.function_in(module, map, tma, Mover::Tma)?;
+            self.function_in(module, map, simt, Mover::Simt)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel `name` of `module` from `map`, loaded (with its shared-memory limits raised) and
+    /// kept there if it is not yet.
+    fn function_in(
+        &self,
+        module: &Arc<CudaModule>,
+        map: &mut HashMap<&'static str, CudaFunction>,
+        name: &'static str,
+        mover: Mover,
+    ) -> Result<CudaFunction> {
+        if let Some(f) = map.get(name) {
+            return Ok(f.clone());
+        }
+        let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+        self.raise_smem(&f, mover)?;
+        map.insert(name, f.clone());
+        Ok(f)
     }
 
     /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:
@@ -409,17 +451,11 @@ impl Engine {
         self.plans.get().map(|(_, c)| *c)
     }
 
-    /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised.
+    /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised (loaded
+    /// by [`Engine::new`]).
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        let name = abi::kernel_name(mover, dtype, op);
         let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        self.raise_smem(&f, mover)?;
-        map.insert(name, f.clone());
-        Ok(f)
+        self.function_in(&self.module, &mut map, abi::kernel_name(mover, dtype, op), mover)
     }
 
     /// Raises a kernel's dynamic shared-memory limit to the device's; a TMA kernel also asks for the
@@ -440,27 +476,22 @@ impl Engine {
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
-    /// shared-memory limit raised. Loads the plan module on first use.
+    /// shared-memory limit raised. The first call loads the plan module and every kernel in it (see
+    /// [`Engine::load_all`]): building a plan does, not launching one.
     pub fn plan_function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        let name = abi::plan_kernel_name(mover, dtype, op);
         let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
-        }
         let module = match self.plans.get() {
             Some((m, _)) => m.clone(),
             None => {
                 let loaded = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
+                self.load_all(&loaded.0, abi::PLAN_KERNELS, &mut map)?;
                 let m = loaded.0.clone();
                 // The functions lock is held: no other thread sets it meanwhile.
                 let _ = self.plans.set(loaded);
                 m
             }
         };
-        let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        self.raise_smem(&f, mover)?;
-        map.insert(name, f.clone());
-        Ok(f)
+        self.function_in(&module, &mut map, abi::plan_kernel_name(mover, dtype, op), mover)
     }
 
     /// Registers and local memory of a compiled-plan kernel.

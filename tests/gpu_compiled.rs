@@ -537,3 +537,46 @@ fn misuse_is_a_typed_error() {
         assert!(max < requested, "{max} >= {requested}");
     }
 }
+
+/// A plan's launch waits for no other stream: the plan module's kernels are loaded when the plan is
+/// built, not by its first launch (a kernel loaded lazily by a launch made it wait on the device for
+/// every stream of the context, docs/PERF.md). With another stream held on the host for 1 s, the
+/// first launch ends long before that stream's host function, and equals the CPU executor.
+#[test]
+fn a_first_plan_launch_ends_before_a_held_stream() {
+    let Some(stream) = gpu("a_first_plan_launch_ends_before_a_held_stream") else { return };
+    let dev = Device::new(&stream);
+    let other = stream.context().new_stream().unwrap();
+    let plan = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
+    let lp = lower(&plan, &LowerOptions { micro_batches: 2, chunk_bytes: 2 << 16, ..LowerOptions::default() }).unwrap();
+    let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
+    let bufs = PlanBuffers::new(&runner, 0).unwrap();
+    let mut cpu = Memory::new(&lp);
+    let mut rng = common::Rng(7);
+    for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
+        let n = b.len();
+        *b = fill(DType::F32, n, &mut rng);
+    }
+    bufs.upload(&cpu).unwrap();
+    for s in &dev.streams {
+        s.synchronize().unwrap();
+    }
+    common::hold(&other, 1000);
+    let started = Instant::now();
+    // SAFETY: the plan's own buffers, alive until the synchronisation.
+    unsafe { runner.launch(&bufs.table(), None) }.unwrap();
+    runner.synchronize().unwrap();
+    let done = started.elapsed();
+    eprintln!("first plan launch done after {done:?}, the other stream held for 1 s");
+    launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+    let got = bufs.download().unwrap();
+    for (r, (g, c)) in got.iter().zip(&cpu.buffers).enumerate() {
+        for s in 0..BUFFER_SLOTS {
+            if let Some(d) = first_difference(&format!("rank {r} slot {s}"), &g[s], &c[s]) {
+                panic!("{d}");
+            }
+        }
+    }
+    other.synchronize().unwrap();
+    assert!(done < Duration::from_millis(500), "the first launch ended only after the held stream: {done:?}");
+}

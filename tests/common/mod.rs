@@ -110,3 +110,16 @@ pub fn skip(message: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{message}");
 }
+
+/// Holds `stream` on the host for `ms` milliseconds (a host function that sleeps): work queued on
+/// it after this starts that much later.
+pub fn hold(stream: &cudarc::driver::CudaStream, ms: u64) {
+    /// # Safety
+    /// None needed: the argument is a duration in milliseconds, never dereferenced.
+    unsafe extern "C" fn sleep(ms: *mut std::ffi::c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+    }
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: a host function on a live stream; its argument is the duration, not a pointer.
+    unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep), ms as *mut _) }.result().unwrap();
+}
