@@ -362,6 +362,8 @@ pub struct Engine {
 impl Engine {
     /// Loads the engine module on `ctx`: its prebuilt sm_90a code, else its PTX (see [`ModuleCode`];
     /// compiling the PTX takes the driver tens of seconds the first time, cached across processes).
+    /// Every kernel in it is loaded here, not at a call: loaded lazily by the driver at a call, a
+    /// kernel's first launch waited on the device for every stream of the context (docs/PERF.md).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability().map_err(Error::driver("cuDeviceGetAttribute"))?;
         if major != 9 {
@@ -476,8 +478,8 @@ impl Engine {
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
-    /// shared-memory limit raised. The first call loads the plan module and every kernel in it (see
-    /// [`Engine::load_all`]): building a plan does, not launching one.
+    /// shared-memory limit raised. The first call loads the plan module and every kernel in it, so
+    /// that building a plan loads them, not launching one (see [`Engine::new`] for why).
     pub fn plan_function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
         let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         let module = match self.plans.get() {
