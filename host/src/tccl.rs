@@ -1,4 +1,5 @@
-//! T-CCL plans: AllReduce, ReduceScatter and AllGather as shard-in / shard-out task lists.
+//! T-CCL plans: AllReduce, ReduceScatter, AllGather, Broadcast and Reduce as shard-in / shard-out
+//! task lists.
 //!
 //! Each rank owns a balanced, 16-byte-aligned slice (shard) of the data; its shard is cut into one
 //! piece per CTA. For the piece of CTA `c` of owner `r`:
@@ -13,8 +14,12 @@
 //! to its output, reduces every peer's piece into it with `cp.reduce.async.bulk` (order between peers
 //! not fixed), then loads the result and stores it to every peer.
 //!
-//! ReduceScatter is shard-in alone; AllGather is shard-out alone. Plans are pure data ([`Lowered`]),
-//! executed by the GPU engine and, in CI, by [`crate::lowered::execute`].
+//! ReduceScatter is shard-in alone; AllGather is shard-out alone. Broadcast is shard-out of the root's
+//! data: each owner loads its shard of the root's input once and stores it to every rank. Reduce is
+//! shard-in whose result goes to the root only: each owner combines its shard of every rank's input
+//! and stores it into the root's output (with [`Reduction::Tma`]: copies the root's piece there and
+//! bulk-reduces the other ranks' pieces into it). Plans are pure data ([`Lowered`]), executed by the
+//! GPU engine and, in CI, by [`crate::lowered::execute`].
 
 use crate::lowered::Lowered;
 use oxccl_kernels::abi::{
@@ -31,6 +36,11 @@ pub enum Collective {
     ReduceScatter,
     /// Every rank ends with all ranks' inputs, concatenated in rank order.
     AllGather,
+    /// Every rank ends with the root's input. Only the root has an input buffer (out of place).
+    Broadcast { root: u32 },
+    /// The root ends with the element-wise reduction of all ranks' inputs. Only the root has an output
+    /// buffer (out of place); in place, the other ranks' buffers are left as they are.
+    Reduce { root: u32 },
 }
 
 impl Collective {
@@ -40,6 +50,20 @@ impl Collective {
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
             Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+            Collective::Broadcast { .. } | Collective::Reduce { .. } => 1.0,
+        }
+    }
+
+    /// Whether the collective combines values (its operator matters).
+    pub fn reduces(self) -> bool {
+        !matches!(self, Collective::AllGather | Collective::Broadcast { .. })
+    }
+
+    /// The root rank of Broadcast and Reduce.
+    pub fn root(self) -> Option<usize> {
+        match self {
+            Collective::Broadcast { root } | Collective::Reduce { root } => Some(root as usize),
+            _ => None,
         }
     }
 
@@ -49,6 +73,8 @@ impl Collective {
             Collective::AllReduce => "all_reduce",
             Collective::ReduceScatter => "reduce_scatter",
             Collective::AllGather => "all_gather",
+            Collective::Broadcast { .. } => "broadcast",
+            Collective::Reduce { .. } => "reduce",
         }
     }
 }
@@ -68,8 +94,8 @@ pub enum Reduction {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanSpec {
     pub collective: Collective,
-    /// Elements per rank: of each buffer for AllReduce, of the output for ReduceScatter, of the input
-    /// for AllGather (nccl's `count`).
+    /// Elements per rank: of each buffer for AllReduce, Broadcast and Reduce, of the output for
+    /// ReduceScatter, of the input for AllGather (nccl's `count`).
     pub count: u64,
     pub dtype: DType,
     pub op: RedOp,
@@ -87,6 +113,8 @@ pub enum PlanError {
     Ranks { ranks: usize, max: usize },
     /// `ctas` is 0 or above the engine's limit.
     Ctas { ctas: u32, max: u32 },
+    /// The root of a Broadcast or Reduce is not one of the ranks.
+    Root { root: u32, ranks: usize },
     /// A buffer would exceed the address space.
     TooLarge { count: u64 },
 }
@@ -96,6 +124,7 @@ impl fmt::Display for PlanError {
         match self {
             PlanError::Ranks { ranks, max } => write!(f, "{ranks} ranks: must be 1..={max}"),
             PlanError::Ctas { ctas, max } => write!(f, "{ctas} CTAs per rank: must be 1..={max}"),
+            PlanError::Root { root, ranks } => write!(f, "root {root}: must be one of the {ranks} ranks"),
             PlanError::TooLarge { count } => write!(f, "count {count} overflows a buffer size"),
         }
     }
@@ -105,20 +134,34 @@ impl std::error::Error for PlanError {}
 
 impl PlanSpec {
     /// Bytes of each rank's (input, output) buffer; `u64::MAX` where that does not fit in a `u64`
-    /// (such a spec is [`PlanError::TooLarge`] for [`plan`]), so no size wraps to a small one.
+    /// (such a spec is [`PlanError::TooLarge`] for [`plan`]), so no size wraps to a small one. For
+    /// Broadcast and Reduce, the root's (out of place, only the root has an input, resp. an output:
+    /// [`PlanSpec::rank_bytes`]).
     pub fn buffer_bytes(&self) -> (u64, u64) {
         let b = self.count.saturating_mul(self.dtype.size() as u64);
         let p = self.ranks as u64;
         match self.collective {
-            Collective::AllReduce => (b, b),
+            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => (b, b),
             Collective::ReduceScatter => (b.saturating_mul(p), b),
             Collective::AllGather => (b, b.saturating_mul(p)),
         }
     }
 
+    /// Bytes of rank `r`'s (input, output) buffer: [`PlanSpec::buffer_bytes`], but 0 for a buffer the
+    /// rank does not have: out of place, a Broadcast's input off the root and a Reduce's output off
+    /// the root.
+    pub fn rank_bytes(&self, r: usize) -> (u64, u64) {
+        let (i, o) = self.buffer_bytes();
+        match (self.collective, self.in_place) {
+            (Collective::Broadcast { root }, false) if r != root as usize => (0, o),
+            (Collective::Reduce { root }, false) if r != root as usize => (i, 0),
+            _ => (i, o),
+        }
+    }
+
     /// For in-place plans, where the input of each rank lives: (rank, slot, aliased rank, aliased
-    /// slot, byte offset). In-place follows nccl: AllReduce input = output; ReduceScatter output =
-    /// input + rank × block; AllGather input = output + rank × block. Like [`PlanSpec::buffer_bytes`],
+    /// slot, byte offset). In-place follows nccl: AllReduce, Broadcast and Reduce input = output;
+    /// ReduceScatter output = input + rank × block; AllGather input = output + rank × block. Like [`PlanSpec::buffer_bytes`],
     /// an offset that does not fit in a `u64` is `u64::MAX` (past any buffer), never a wrapped one.
     pub fn aliases(&self) -> Vec<crate::lowered::Alias> {
         if !self.in_place {
@@ -128,7 +171,9 @@ impl PlanSpec {
         let at = |r: usize| (r as u64).saturating_mul(block);
         (0..self.ranks)
             .map(|r| match self.collective {
-                Collective::AllReduce => (r, slot::OUTPUT, r, slot::INPUT, 0),
+                Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
+                    (r, slot::OUTPUT, r, slot::INPUT, 0)
+                }
                 Collective::ReduceScatter => (r, slot::OUTPUT, r, slot::INPUT, at(r)),
                 Collective::AllGather => (r, slot::INPUT, r, slot::OUTPUT, at(r)),
             })
@@ -158,6 +203,11 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     }
     if spec.ctas == 0 || spec.ctas as usize > MAX_CTAS_PER_RANK {
         return Err(PlanError::Ctas { ctas: spec.ctas, max: MAX_CTAS_PER_RANK as u32 });
+    }
+    if let Some(root) = spec.collective.root()
+        && root >= p
+    {
+        return Err(PlanError::Root { root: root as u32, ranks: p });
     }
     let elem = spec.dtype.size() as u64;
     let block = spec.count.checked_mul(elem).filter(|b| b.checked_mul(p as u64).is_some());
@@ -205,7 +255,9 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
         // The bytes rank r owns: for AllReduce a 1/P shard of the buffer; for ReduceScatter and
         // AllGather its whole block (block r of the reduction, or its own input). Then this CTA's piece.
         let shard = match spec.collective {
-            Collective::AllReduce => split(block, p as u64, GRAIN, r as u64),
+            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
+                split(block, p as u64, GRAIN, r as u64)
+            }
             Collective::ReduceScatter | Collective::AllGather => (0, block),
         };
         for cta in 0..c {
@@ -269,6 +321,37 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                             tasks.push(task(Move, me, inp, a, dsts, out, dst_at, n, 0));
                         }
                     }
+                    Collective::Broadcast { root } => {
+                        // Piece a of the root's input → every rank's output (the root's own is its
+                        // input in place).
+                        let from = 1u32 << root;
+                        let dsts = if spec.in_place { all & !from } else { all };
+                        if dsts != 0 {
+                            tasks.push(task(Move, from, inp, a, dsts, out, a, n, 0));
+                        }
+                    }
+                    Collective::Reduce { root } => {
+                        // Piece a of every rank's input, reduced, → the root's output.
+                        let to = 1u32 << root;
+                        if p == 1 || !tma {
+                            if !(p == 1 && spec.in_place) {
+                                tasks.push(task(Move, all, inp, a, to, out, a, n, 0));
+                            }
+                            slots = slots.max(p as u32);
+                            combines |= p > 1;
+                        } else {
+                            // The root's piece first (in place it is there), then the others' reduced
+                            // into it.
+                            let mut flags = 0;
+                            if !spec.in_place {
+                                tasks.push(task(Move, to, inp, a, to, out, a, n, 0));
+                                flags = TASK_AFTER_WRITES;
+                            }
+                            tasks.push(task(ReduceInto, all & !to, inp, a, to, out, a, n, flags));
+                            slots = slots.max(reduce_into_slots);
+                            combines |= reduce_into_combines;
+                        }
+                    }
                 }
             }
             programs.push(TbProgram {
@@ -291,7 +374,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
 /// `u32::MAX` for Max; u32 inputs must then be at least 1), 0xA5 bytes for integer sums.
 pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
     use half::{bf16, f16};
-    let op = if spec.collective == Collective::AllGather { RedOp::Sum } else { spec.op };
+    let op = if spec.collective.reduces() { spec.op } else { RedOp::Sum };
     let one: Vec<u8> = match (spec.dtype, op) {
         (DType::F32, RedOp::Sum) => f32::NAN.to_le_bytes().to_vec(),
         (DType::F32, RedOp::Min) => f32::NEG_INFINITY.to_le_bytes().to_vec(),
@@ -314,7 +397,8 @@ pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
 /// The collective computed directly from its definition (no plan involved): the reference the plans'
 /// results are compared with. `inputs[r]` is rank `r`'s input buffer (bytes); returns every rank's
 /// output buffer. For in-place specs the inputs are given as they are before the call (for AllGather
-/// in place: rank r's own block) and outputs are the buffers after it.
+/// in place: rank r's own block) and outputs are the buffers after it. Out of place, a rank without an
+/// output (a Reduce's off the root) gets an empty one, and a Broadcast reads only the root's input.
 ///
 /// # Panics
 /// A test oracle: `inputs` must hold `spec.ranks ≥ 1` buffers of at least the spec's input size
@@ -349,6 +433,17 @@ pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         Collective::AllGather => {
             let cat: Vec<u8> = inputs.iter().flat_map(|v| v[..block].iter().copied()).collect();
             vec![cat; p]
+        }
+        Collective::Broadcast { root } => vec![inputs[root as usize][..block].to_vec(); p],
+        Collective::Reduce { root } => {
+            let res = reduce(inputs.iter().map(|v| &v[..block]).collect());
+            (0..p)
+                .map(|r| match (r == root as usize, spec.in_place) {
+                    (true, _) => res.clone(),
+                    (false, true) => inputs[r][..block].to_vec(),
+                    (false, false) => Vec::new(),
+                })
+                .collect()
         }
     }
 }

@@ -1,4 +1,5 @@
-//! T-CCL plans on the CPU executor against the collectives' definitions: random ranks (1..16), counts
+//! T-CCL plans on the CPU executor against the collectives' definitions: AllReduce, ReduceScatter,
+//! AllGather, Broadcast and Reduce (random roots), random ranks (1..16), counts
 //! (0..10^6, including lengths that are not multiples of 16 bytes), dtypes, operators, in-place and
 //! out-of-place, CTA counts 1..32, both reductions. Integer-valued inputs make every summation order
 //! exact (bitwise comparison); random floats are compared with a tolerance (and bitwise for the
@@ -31,12 +32,14 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
 }
 
 /// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
-/// (the output, or for in-place calls the one buffer).
+/// (the output, or for in-place calls the one buffer). A buffer a rank does not have
+/// ([`PlanSpec::rank_bytes`] 0) is empty: a task that touched it would fail the executor's bounds.
 fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let plan = tccl::plan(spec).expect("plan");
     let (in_bytes, out_bytes) = spec.buffer_bytes();
     let mut bufs: HostBuffers = Vec::new();
-    for input in inputs {
+    for (r, input) in inputs.iter().enumerate() {
+        let (has_in, has_out) = spec.rank_bytes(r);
         let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
         if spec.in_place {
             // One buffer per rank, in the slot the other aliases into.
@@ -46,17 +49,15 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
             };
             let mut b = tccl::poison(spec, len as usize);
             let at = match spec.collective {
-                Collective::AllGather => {
-                    inputs.iter().position(|i| std::ptr::eq(i, input)).unwrap() * in_bytes as usize
-                }
+                Collective::AllGather => r * in_bytes as usize,
                 _ => 0,
             };
             b[at..at + input.len()].copy_from_slice(input);
             row[s as usize] = b;
         } else {
-            row[slot::INPUT as usize] = input.clone();
+            row[slot::INPUT as usize] = if has_in > 0 { input.clone() } else { Vec::new() };
             // Poison: any element the plan fails to write keeps it.
-            row[slot::OUTPUT as usize] = tccl::poison(spec, out_bytes as usize);
+            row[slot::OUTPUT as usize] = tccl::poison(spec, has_out as usize);
         }
         bufs.push(row);
     }
@@ -71,7 +72,14 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
 
 fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
     (
-        prop_oneof![Just(Collective::AllReduce), Just(Collective::ReduceScatter), Just(Collective::AllGather)],
+        // The root of Broadcast and Reduce is drawn below 16, then taken modulo the ranks.
+        prop_oneof![
+            Just(Collective::AllReduce),
+            Just(Collective::ReduceScatter),
+            Just(Collective::AllGather),
+            (0u32..16).prop_map(|root| Collective::Broadcast { root }),
+            (0u32..16).prop_map(|root| Collective::Reduce { root })
+        ],
         prop_oneof![
             1 => Just(0u64),
             // Lengths around 16-byte and chunk boundaries for every element size.
@@ -90,6 +98,11 @@ fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
         .prop_map(|(collective, count, dtype, op, ranks, in_place, ctas, reduction)| {
             // Keep the total work of one case modest: large counts with few ranks.
             let count = if count > 100_000 { count / ranks as u64 } else { count };
+            let collective = match collective {
+                Collective::Broadcast { root } => Collective::Broadcast { root: root % ranks as u32 },
+                Collective::Reduce { root } => Collective::Reduce { root: root % ranks as u32 },
+                c => c,
+            };
             PlanSpec { collective, count, dtype, op, ranks, in_place, ctas, reduction }
         })
 }
@@ -107,7 +120,12 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
     // In-place Min and Max on integers: values distinct across ranks at every element, the extreme held
     // by a random rank, so the result differs from every other rank's own input and an element a rank
     // fails to write shows although its buffer starts as its input.
-    let distinct = integers && spec.in_place && spec.op != RedOp::Sum && spec.collective != Collective::AllGather;
+    // A Broadcast in place likewise whatever its operator: a rank's element left unwritten keeps its
+    // own value, which differs from the root's.
+    let distinct = integers
+        && spec.in_place
+        && (matches!(spec.collective, Collective::Broadcast { .. })
+            || (spec.op != RedOp::Sum && spec.collective != Collective::AllGather));
     let low = if spec.dtype == DType::U32 { 0.0 } else { -8.0 };
     let p = spec.ranks;
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(in_bytes as usize)).collect();
@@ -173,11 +191,18 @@ proptest! {
 }
 
 /// The largest counts with the most ranks, which the random specs keep small to bound their time:
-/// 16 ranks, 999_999 f16 elements per AllReduce buffer and per ReduceScatter / AllGather block
-/// (an odd length: not a whole number of 16-byte vectors), every collective, in and out of place.
+/// 16 ranks, 999_999 f16 elements per AllReduce / Broadcast / Reduce buffer and per ReduceScatter /
+/// AllGather block (an odd length: not a whole number of 16-byte vectors), every collective, in and
+/// out of place.
 #[test]
 fn sixteen_ranks_at_a_million_elements_are_exact() {
-    for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+    for collective in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast { root: 13 },
+        Collective::Reduce { root: 6 },
+    ] {
         for in_place in [false, true] {
             let spec = PlanSpec {
                 collective,
@@ -325,4 +350,22 @@ fn invalid_specs_are_typed_errors() {
     // Near the limit: the split's arithmetic must not overflow either (no panic, a plan or an error).
     let big = PlanSpec { collective: Collective::ReduceScatter, count: (1 << 58) - 1, ranks: 16, ctas: 256, ..base };
     assert!(matches!(tccl::plan(&big), Ok(_) | Err(tccl::PlanError::TooLarge { .. })));
+}
+
+/// A root that is not one of the ranks is refused, for both rooted collectives.
+#[test]
+fn a_root_outside_the_ranks_is_refused() {
+    for collective in [Collective::Broadcast { root: 4 }, Collective::Reduce { root: 4 }] {
+        let spec = PlanSpec {
+            collective,
+            count: 10,
+            dtype: DType::F32,
+            op: RedOp::Sum,
+            ranks: 4,
+            in_place: false,
+            ctas: 1,
+            reduction: Reduction::Registers,
+        };
+        assert_eq!(tccl::plan(&spec).err(), Some(tccl::PlanError::Root { root: 4, ranks: 4 }), "{collective:?}");
+    }
 }
