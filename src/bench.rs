@@ -528,6 +528,8 @@ pub struct CollectiveBench {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CollectiveRow {
     pub collective: &'static str,
+    /// The root of Broadcast and Reduce; -1 for the others (nccl-tests' column).
+    pub root: i64,
     pub ranks: usize,
     pub ctas: u32,
     pub mover: &'static str,
@@ -616,6 +618,14 @@ impl Expected {
                 let (q, j) = ((i / self.count.max(1)) as usize, i % self.count.max(1));
                 reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(q, j)))
             }
+            Collective::Broadcast { root } => {
+                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(root as usize, i)))
+            }
+            // Off the root only an in-place buffer exists, left as it was: the rank's input.
+            Collective::Reduce { root } if r != root as usize => {
+                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(r, i)))
+            }
+            Collective::Reduce { .. } => self.reduced[(i % 17) as usize],
         }
     }
 
@@ -815,7 +825,7 @@ pub fn collective_bench(
         // nccl-tests: size is the larger per-rank buffer; count per rank in the smaller one.
         let total_elems = size / e;
         let count = match b.collective {
-            Collective::AllReduce => total_elems,
+            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => total_elems,
             Collective::ReduceScatter | Collective::AllGather => total_elems / p as u64,
         };
         let spec = PlanSpec {
@@ -833,22 +843,33 @@ pub fn collective_bench(
         let mut times = [0f64; 2];
         let mut wrong = [0u64; 2];
         for (k, in_place) in [false, true].into_iter().enumerate() {
+            // Each rank's buffers; out of place only those it has (a Broadcast's input and a Reduce's
+            // output on the root alone). `recv_ranks[i]`: the rank of `recv[i]`.
+            let spec = PlanSpec { in_place, ..spec };
             let mut send: Vec<CudaSlice<u8>> = Vec::new();
             let mut recv: Vec<CudaSlice<u8>> = Vec::new();
+            let mut recv_ranks = Vec::new();
             let zeros =
                 |s: &Arc<CudaStream>, n: u64| s.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"));
             for (r, stream) in streams.iter().enumerate() {
                 let input = |i| pattern(r, i);
+                let (has_in, has_out) = spec.rank_bytes(r);
                 if in_place {
                     let mut buf = zeros(stream, in_bytes.max(out_bytes))?;
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
                     fill_periodic(stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
                     recv.push(buf);
+                    recv_ranks.push(r);
                 } else {
-                    let mut buf = zeros(stream, in_bytes)?;
-                    fill_periodic(stream, &mut buf, 0, b.dtype, in_bytes / e, input)?;
-                    send.push(buf);
-                    recv.push(zeros(stream, out_bytes)?);
+                    if has_in > 0 {
+                        let mut buf = zeros(stream, in_bytes)?;
+                        fill_periodic(stream, &mut buf, 0, b.dtype, in_bytes / e, input)?;
+                        send.push(buf);
+                    }
+                    if has_out > 0 {
+                        recv.push(zeros(stream, out_bytes)?);
+                        recv_ranks.push(r);
+                    }
                 }
             }
             // The uploads run on the ranks' streams; a rank's launch must not start before another
@@ -877,6 +898,12 @@ pub fn collective_bench(
                             (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut d, b.op),
                             (Collective::AllGather, false) => comm.all_gather(&s, &mut d),
                             (Collective::AllGather, true) => comm.all_gather_in_place(&mut d),
+                            // Out of place the root's buffer is the only send (Broadcast) or receive
+                            // (Reduce) buffer.
+                            (Collective::Broadcast { root }, false) => comm.broadcast(&s[0], &mut d, root as usize),
+                            (Collective::Broadcast { root }, true) => comm.broadcast_in_place(&mut d, root as usize),
+                            (Collective::Reduce { root }, false) => comm.reduce(&s, &mut d[0], b.op, root as usize),
+                            (Collective::Reduce { root }, true) => comm.reduce_in_place(&mut d, b.op, root as usize),
                         }
                     }};
                 }
@@ -894,6 +921,7 @@ pub fn collective_bench(
                 comm.synchronize()?;
                 // One thread per device (each with its staging buffer), its ranks one after another.
                 let recv = &recv;
+                let recv_ranks = &recv_ranks;
                 let expected = &expected;
                 let per_device = std::thread::scope(|scope| {
                     let workers: Vec<_> = staging
@@ -902,7 +930,7 @@ pub fn collective_bench(
                             let ordinal = *ordinal;
                             scope.spawn(move || -> Result<u64> {
                                 let mut wrong = 0;
-                                for (r, buf) in recv.iter().enumerate() {
+                                for (&r, buf) in recv_ranks.iter().zip(recv) {
                                     if streams[r].context().ordinal() != ordinal {
                                         continue;
                                     }
@@ -930,6 +958,7 @@ pub fn collective_bench(
         let factor = b.collective.bus_factor(p);
         let row = CollectiveRow {
             collective: b.collective.name(),
+            root: b.collective.root().map_or(-1, |r| r as i64),
             ranks: p,
             ctas: comm.ctas_per_rank(),
             mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
@@ -1132,6 +1161,7 @@ pub fn plan_bench(
         let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
         let row = CollectiveRow {
             collective: l.collective.name(),
+            root: -1,
             ranks: p,
             ctas: info.tbs_per_rank,
             mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
@@ -1185,7 +1215,7 @@ pub fn nccl_line(r: &CollectiveRow) -> String {
         r.count,
         r.dtype,
         r.redop,
-        -1,
+        r.root,
         r.oop_us,
         r.oop_algbw,
         r.oop_busbw,
@@ -1210,7 +1240,7 @@ pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
 }
 
 /// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
-/// least: every rank's input read once and every rank's output written once. `size` is nccl-tests'
+/// least: every input read once and every output written once (out of place). `size` is nccl-tests'
 /// size (the larger per-rank buffer).
 pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
     let p = ranks as u64;
@@ -1218,7 +1248,11 @@ pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
         // Input N and output N per rank.
         Collective::AllReduce => 2 * size * p,
         // ReduceScatter: input `size`, output size / P per rank; AllGather the other way round.
-        Collective::ReduceScatter | Collective::AllGather => size * p + size,
+        // Broadcast: the root's input and every rank's output; Reduce the other way round.
+        Collective::ReduceScatter
+        | Collective::AllGather
+        | Collective::Broadcast { .. }
+        | Collective::Reduce { .. } => size * p + size,
     }
 }
 
@@ -1697,17 +1731,28 @@ mod tests {
     /// inputs, for every collective, dtype and operator.
     #[test]
     fn expected_outputs_match_the_reference() {
-        for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+        let rooted = |root| [Collective::Broadcast { root }, Collective::Reduce { root }];
+        let collectives = [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather];
+        // (collective, in place): the rooted collectives in place too, where the ranks off the root
+        // keep their inputs (Reduce) or take the root's (Broadcast).
+        let cases = collectives
+            .map(|c| (c, false))
+            .into_iter()
+            .chain([0, 2].into_iter().flat_map(rooted).flat_map(|c| [(c, false), (c, true)]));
+        for (collective, in_place) in cases {
             for &dtype in DType::ALL {
                 for &op in ReduceOp::ALL {
                     for (ranks, count) in [(1, 5), (3, 40), (8, 37)] {
+                        if collective.root().is_some_and(|root| root >= ranks) {
+                            continue;
+                        }
                         let spec = PlanSpec {
                             collective,
                             count,
                             dtype,
                             op,
                             ranks,
-                            in_place: false,
+                            in_place,
                             ctas: 1,
                             reduction: Reduction::Registers,
                         };
@@ -1718,7 +1763,13 @@ mod tests {
                         let want = tccl::reference(&spec, &inputs);
                         let exp = Expected::new(collective, dtype, op, ranks, count);
                         for (r, w) in want.iter().enumerate() {
+                            if spec.rank_bytes(r).1 == 0 {
+                                // No output buffer on this rank (a Reduce's off the root).
+                                assert!(w.is_empty(), "{collective:?} rank {r}");
+                                continue;
+                            }
                             let got = encode_all(dtype, out_bytes / e, |i| exp.value(r, i));
+                            assert_eq!(got.len(), w.len(), "{collective:?} rank {r}");
                             assert_eq!(count_wrong(&got, w, e as usize), 0, "{collective:?} {dtype:?} {op:?} rank {r}");
                         }
                     }
@@ -1737,7 +1788,13 @@ mod tests {
                     assert_eq!(encode_periodic(dtype, n, |i| pattern(r, i)), encode_all(dtype, n, |i| pattern(r, i)));
                 }
             }
-            for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+            for collective in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::Broadcast { root: 0 },
+                Collective::Reduce { root: 0 },
+            ] {
                 for (ranks, count) in [(1, 0), (2, 5), (3, 40), (8, 37)] {
                     let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
                     let n = if collective == Collective::AllGather { ranks as u64 * count } else { count };
@@ -1763,7 +1820,13 @@ mod tests {
             (seed >> 33) % n.max(1)
         };
         for &dtype in DType::ALL {
-            for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather] {
+            for collective in [
+                Collective::AllReduce,
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::Broadcast { root: 1 },
+                Collective::Reduce { root: 1 },
+            ] {
                 for (ranks, count) in [(2, 5), (3, 17), (4, 70_000), (8, 150_001)] {
                     let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
                     let total = if collective == Collective::AllGather { ranks as u64 * count } else { count };

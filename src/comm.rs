@@ -290,7 +290,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = first_len(send, "send buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op)
+        self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op, Holders::All)
     }
 
     /// In-place AllReduce: every `buf[r]` becomes the reduction of all of them.
@@ -300,7 +300,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = first_len(bufs, "buffers", self.ranks())?;
-        self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op)
+        self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op, Holders::All)
     }
 
     /// `recv[r]` (count elements) = op over ranks q of block `r` of `send[q]` (ranks × count elements).
@@ -311,7 +311,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = first_len(recv, "receive buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op)
+        self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op, Holders::All)
     }
 
     /// In-place ReduceScatter: `buf[r]` holds ranks × count elements; block `r` of it becomes the
@@ -331,7 +331,7 @@ impl Communicator {
                 got: total,
             });
         }
-        self.collective::<T, R, R>(Collective::ReduceScatter, total / p, None, bufs, op)
+        self.collective::<T, R, R>(Collective::ReduceScatter, total / p, None, bufs, op, Holders::All)
     }
 
     /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
@@ -341,7 +341,7 @@ impl Communicator {
         recv: &mut [R],
     ) -> Result<()> {
         let count = first_len(send, "send buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum)
+        self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum, Holders::All)
     }
 
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
@@ -357,7 +357,68 @@ impl Communicator {
                 got: total,
             });
         }
-        self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum)
+        self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum, Holders::All)
+    }
+
+    /// Broadcast: every `recv[r]` becomes a copy of `send`, rank `root`'s buffer (on its device; all
+    /// buffers of one length). `send` must not overlap any receive buffer (use
+    /// [`Communicator::broadcast_in_place`]).
+    pub fn broadcast<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut [R],
+        root: usize,
+    ) -> Result<()> {
+        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        let send = std::slice::from_ref(send);
+        self.collective::<T, S, R>(collective, send[0].len(), Some(send), recv, ReduceOp::Sum, Holders::All)
+    }
+
+    /// In-place Broadcast: every `buf[r]` becomes a copy of `buf[root]`, which is left as it is.
+    pub fn broadcast_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        bufs: &mut [R],
+        root: usize,
+    ) -> Result<()> {
+        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        let count = first_len(bufs, "buffers", self.ranks())?;
+        self.collective::<T, R, R>(collective, count, None, bufs, ReduceOp::Sum, Holders::All)
+    }
+
+    /// Reduce: `recv`, rank `root`'s buffer (on its device), becomes op over all ranks q of `send[q]`,
+    /// element-wise (all buffers of one length; `recv` must not overlap a send buffer: use
+    /// [`Communicator::reduce_in_place`]).
+    pub fn reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut R,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        let count = first_len(send, "send buffers", self.ranks())?;
+        self.collective::<T, S, R>(collective, count, Some(send), std::slice::from_mut(recv), op, Holders::Root(root))
+    }
+
+    /// In-place Reduce: `buf[root]` becomes the reduction of every `buf[r]`; the other buffers are
+    /// left as they are.
+    pub fn reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        bufs: &mut [R],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        let count = first_len(bufs, "buffers", self.ranks())?;
+        self.collective::<T, R, R>(collective, count, None, bufs, op, Holders::All)
+    }
+
+    /// The rooted collective `make(root)`, or [`Error::NoSuchRank`] for a root outside the ranks.
+    fn rooted(&self, root: usize, make: impl Fn(u32) -> Collective) -> Result<Collective> {
+        if root >= self.ranks() {
+            return Err(Error::NoSuchRank { rank: root, ranks: self.ranks() });
+        }
+        Ok(make(root as u32))
     }
 
     /// Waits for every rank's stream and reports the first device-side error recorded since the
@@ -688,8 +749,8 @@ impl Communicator {
             collective,
             count: count as u64,
             dtype: T::DTYPE,
-            // AllGather reduces nothing: one plan whatever the operator.
-            op: if collective == Collective::AllGather { ReduceOp::Sum } else { op },
+            // AllGather and Broadcast reduce nothing: one plan whatever the operator.
+            op: if collective.reduces() { op } else { ReduceOp::Sum },
             ranks: self.ranks(),
             in_place,
             ctas: self.ctas_per_rank(),
@@ -697,6 +758,9 @@ impl Communicator {
         }
     }
 
+    /// Checks and launches one call. `send` (`None` in place) holds one buffer per rank; `recv` one per
+    /// rank, or the root's alone where `recv_holders` says so (an out-of-place Reduce). An
+    /// out-of-place Broadcast's `send` is the root's buffer alone.
     fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         collective: Collective,
@@ -704,32 +768,41 @@ impl Communicator {
         send: Option<&[S]>,
         recv: &mut [R],
         op: ReduceOp,
+        recv_holders: Holders,
     ) -> Result<()> {
         self.check_usable()?;
         let p = self.ranks();
         let in_place = send.is_none();
         let spec = self.spec::<T>(collective, count, op, in_place);
+        let send_holders = match collective {
+            Collective::Broadcast { root } => Holders::Root(root as usize),
+            _ => Holders::All,
+        };
         let (in_bytes, out_bytes) = spec.buffer_bytes();
         let e = std::mem::size_of::<T>();
         let (in_len, out_len) = ((in_bytes as usize) / e, (out_bytes as usize) / e);
 
         // Count, device and length first: they need no address, and cudarc's ordering guards below
         // are taken only on buffers of the rank's own device.
-        if recv.len() != p {
-            return Err(Error::BufferCount { what: "receive buffers", expected: p, got: recv.len() });
+        if recv.len() != recv_holders.count(p) {
+            return Err(Error::BufferCount {
+                what: "receive buffers",
+                expected: recv_holders.count(p),
+                got: recv.len(),
+            });
         }
         if let Some(s) = send
-            && s.len() != p
+            && s.len() != send_holders.count(p)
         {
-            return Err(Error::BufferCount { what: "send buffers", expected: p, got: s.len() });
+            return Err(Error::BufferCount { what: "send buffers", expected: send_holders.count(p), got: s.len() });
         }
         let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
         let recv_what = if in_place { "buffer" } else { "receive buffer" };
-        for (r, b) in recv.iter().enumerate() {
-            self.check_placement(b.len(), ordinal_of(b), r, Some(expected_recv), recv_what)?;
+        for (i, b) in recv.iter().enumerate() {
+            self.check_placement(b.len(), ordinal_of(b), recv_holders.rank(i), Some(expected_recv), recv_what)?;
         }
-        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
-            self.check_placement(b.len(), ordinal_of(b), r, Some(in_len), "send buffer")?;
+        for (i, b) in send.unwrap_or(&[]).iter().enumerate() {
+            self.check_placement(b.len(), ordinal_of(b), send_holders.rank(i), Some(in_len), "send buffer")?;
         }
 
         // The plan and its launch need no address either: anything that fails there fails before a
@@ -742,49 +815,68 @@ impl Communicator {
         // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
         // (and, for a buffer this call writes, its last read), and the guards record this call's use
         // when they drop, after every launch is queued. Their addresses are the ones checked and used.
+        // In place, a rooted collective leaves some buffers as they are: those are only read.
+        let written = |r: usize| match (collective, in_place) {
+            (Collective::Broadcast { root }, true) => r != root as usize,
+            (Collective::Reduce { root }, true) => r == root as usize,
+            _ => true,
+        };
         let mut guards = Vec::with_capacity(2 * p);
-        let mut recv_ptr = Vec::with_capacity(p);
-        for (r, b) in recv.iter_mut().enumerate() {
-            let (ptr, guard) = b.device_ptr_mut(&self.ranks[r].stream);
-            recv_ptr.push(ptr);
-            guards.push(guard);
+        let mut recv_ptr = Vec::with_capacity(recv.len());
+        for (i, b) in recv.iter_mut().enumerate() {
+            let r = recv_holders.rank(i);
+            if written(r) {
+                let (ptr, guard) = b.device_ptr_mut(&self.ranks[r].stream);
+                recv_ptr.push((r, ptr));
+                guards.push(GuardKind::Write(guard));
+            } else {
+                let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
+                recv_ptr.push((r, ptr));
+                guards.push(GuardKind::Read(guard));
+            }
         }
         let mut send_ptr = Vec::with_capacity(p);
-        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
+        for (i, b) in send.unwrap_or(&[]).iter().enumerate() {
+            let r = send_holders.rank(i);
             let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
-            send_ptr.push(ptr);
-            guards.push(guard);
+            send_ptr.push((r, ptr));
+            guards.push(GuardKind::Read(guard));
         }
         let mut ranges = Vec::with_capacity(2 * p);
         for (ptrs, len, what, writes) in
             [(&recv_ptr, expected_recv, recv_what, true), (&send_ptr, in_len, "send buffer", false)]
         {
-            for (r, &ptr) in ptrs.iter().enumerate() {
+            for &(r, ptr) in ptrs.iter() {
                 check_aligned(ptr, r, what, e)?;
                 let start = ptr;
                 let end = ptr + (len * e) as u64;
+                let writes = writes && written(r);
                 ranges.push(Range { start, end, rank: r, device: self.ranks[r].device, writes, buffer: what });
             }
         }
         check_disjoint(&ranges, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
 
-        // The buffer table: every rank's input and output, and in-place aliases resolved.
+        // The buffer table: every rank's input and output, and in-place aliases resolved. A buffer a
+        // rank does not have (a Broadcast's input, a Reduce's output, off the root) stays 0: its plan
+        // never addresses it.
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         let block = count as u64 * e as u64;
-        for r in 0..p {
-            let out = recv_ptr[r];
-            let (input, output) = match (send, collective) {
-                (Some(_), _) => (send_ptr[r], out),
-                (None, Collective::AllReduce) => (out, out),
-                (None, Collective::ReduceScatter) => (out, out + r as u64 * block),
-                (None, Collective::AllGather) => (out + r as u64 * block, out),
+        for &(r, out) in &recv_ptr {
+            let (input, output) = match collective {
+                Collective::ReduceScatter if in_place => (out, out + r as u64 * block),
+                Collective::AllGather if in_place => (out + r as u64 * block, out),
+                _ if in_place => (out, out),
+                _ => (0, out),
             };
             buffers[r][slot::INPUT as usize] = input;
             buffers[r][slot::OUTPUT as usize] = output;
         }
+        for &(r, input) in &send_ptr {
+            buffers[r][slot::INPUT as usize] = input;
+        }
         // SAFETY: every address in the table was checked above (device, length, alignment,
         // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
-        // lengths.
+        // lengths, and no slot left 0 (`PlanSpec::rank_bytes`).
         unsafe { self.launch_uploaded(&plan, &launch, buffers)? };
         drop(guards);
         Ok(())
@@ -833,6 +925,37 @@ impl Drop for Communicator {
             let _ = r.stream.synchronize();
         }
     }
+}
+
+/// Which ranks a call's list of buffers belongs to: every rank in order, or the root alone.
+#[derive(Clone, Copy)]
+enum Holders {
+    All,
+    Root(usize),
+}
+
+impl Holders {
+    /// The rank of the `i`-th buffer.
+    fn rank(self, i: usize) -> usize {
+        match self {
+            Holders::All => i,
+            Holders::Root(root) => root,
+        }
+    }
+
+    /// Buffers the list holds among `ranks` ranks.
+    fn count(self, ranks: usize) -> usize {
+        match self {
+            Holders::All => ranks,
+            Holders::Root(_) => 1,
+        }
+    }
+}
+
+/// A cudarc ordering guard of a buffer the call reads or writes; dropped after the launches.
+enum GuardKind<A, B> {
+    Read(A),
+    Write(B),
 }
 
 /// Length of the first buffer (the call's count); an empty slice is a buffer-count error.
@@ -962,9 +1085,9 @@ pub(crate) fn combining_ring(c: &Config, collective: Collective, direct: bool, d
     c.reduction == Reduction::Registers
         && devices == 1
         && match collective {
-            Collective::ReduceScatter => true,
+            Collective::ReduceScatter | Collective::Reduce { .. } => true,
             Collective::AllReduce => direct,
-            Collective::AllGather => false,
+            Collective::AllGather | Collective::Broadcast { .. } => false,
         }
 }
 

@@ -119,7 +119,7 @@ fn issuers_are_refused_where_they_mean_nothing() {
     let (ok, err) = oxccl(&["bench", "movers", "--issuers", "2"]);
     assert!(
         !ok && err.contains(
-            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not movers"
+            "--issuers is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap, reshard and tma_trace, not movers"
         ),
         "{err}"
     );
@@ -276,5 +276,18 @@ fn a_sweep_that_cannot_run_is_refused() {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(flag), "{args:?}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_root_is_for_the_rooted_collectives_and_below_the_ranks() {
+    let (ok, err) = oxccl(&["bench", "all_reduce", "--root", "1"]);
+    assert!(!ok && err.contains("--root is for broadcast and reduce, not all_reduce"), "{err}");
+    for what in ["broadcast", "reduce"] {
+        let (ok, err) = oxccl(&["bench", what, "--root", "8"]);
+        assert!(!ok && err.contains("--root 8: must be below the 8 ranks"), "{what}: {err}");
+        let (ok, err) = oxccl(&["bench", what, "--ranks", "4", "-r", "4"]);
+        assert!(!ok && err.contains("--root 4: must be below the 4 ranks"), "{what}: {err}");
+        assert!(!err.contains("no GPU") && !err.contains("panicked"), "{what}: {err}");
     }
 }

@@ -1,4 +1,5 @@
-//! The collectives on virtual ranks on one GPU, against the CPU reference: random ranks, counts,
+//! The collectives (AllReduce, ReduceScatter, AllGather, Broadcast and Reduce with random roots) on
+//! virtual ranks on one GPU, against the CPU reference: random ranks, counts,
 //! dtypes, operators, in-place and out-of-place, CTA counts, both movers and both reductions; outputs
 //! poisoned before each call so unwritten elements show; the deterministic mode bitwise stable over
 //! repeated runs; misuse reported as typed errors. Skips loudly without a Hopper GPU.
@@ -33,7 +34,11 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
 fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
     let (dtype, p) = (spec.dtype, spec.ranks);
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(elems * dtype.size())).collect();
-    let distinct = integers && spec.in_place && spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather;
+    // A Broadcast in place likewise whatever its operator (a rank's unwritten element keeps its own value).
+    let distinct = integers
+        && spec.in_place
+        && (matches!(spec.collective, Collective::Broadcast { .. })
+            || (spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather));
     let low = if dtype == DType::U32 { 0.0 } else { -8.0 };
     for _ in 0..elems {
         let turn = rng.below(p as u64) as usize;
@@ -65,8 +70,9 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
 }
 
 /// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
-/// GPU; returns each rank's result bytes (output buffer, or the one buffer in place). Outputs start
-/// poisoned ([`tccl::poison`]).
+/// GPU; returns each rank's result bytes (output buffer, or the one buffer in place; empty for a rank
+/// without an output, as [`tccl::reference`] has it). Outputs start poisoned ([`tccl::poison`]). Out
+/// of place, a rank gets only the buffers it has ([`PlanSpec::rank_bytes`]).
 fn run_gpu(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
@@ -86,9 +92,14 @@ fn run_gpu(
             outs.push(streams[r].clone_htod(&b).unwrap());
         }
     } else {
-        for (input, stream) in inputs.iter().zip(streams) {
-            ins.push(stream.clone_htod(input).unwrap());
-            outs.push(stream.clone_htod(&tccl::poison(spec, out_bytes as usize)).unwrap());
+        for (r, (input, stream)) in inputs.iter().zip(streams).enumerate() {
+            let (has_in, has_out) = spec.rank_bytes(r);
+            if has_in > 0 {
+                ins.push(stream.clone_htod(input).unwrap());
+            }
+            if has_out > 0 {
+                outs.push(stream.clone_htod(&tccl::poison(spec, out_bytes as usize)).unwrap());
+            }
         }
     }
     // Across GPUs the uploads run on each rank's stream: finish them before any rank reads a peer's
@@ -109,6 +120,10 @@ fn run_gpu(
                 (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut recv, spec.op),
                 (Collective::AllGather, false) => comm.all_gather(&send, &mut recv),
                 (Collective::AllGather, true) => comm.all_gather_in_place(&mut recv),
+                (Collective::Broadcast { root }, false) => comm.broadcast(&send[0], &mut recv, root as usize),
+                (Collective::Broadcast { root }, true) => comm.broadcast_in_place(&mut recv, root as usize),
+                (Collective::Reduce { root }, false) => comm.reduce(&send, &mut recv[0], spec.op, root as usize),
+                (Collective::Reduce { root }, true) => comm.reduce_in_place(&mut recv, spec.op, root as usize),
             }
         }};
     }
@@ -120,8 +135,16 @@ fn run_gpu(
         DType::U32 => call!(u32),
     }?;
     comm.synchronize()?;
-    assert_eq!(outs.len(), p);
-    Ok(outs.iter().zip(streams).map(|(o, s)| s.clone_dtoh(o).unwrap()).collect())
+    let mut outs = outs.iter();
+    Ok((0..p)
+        .map(|r| {
+            if spec.in_place || spec.rank_bytes(r).1 > 0 {
+                streams[r].clone_dtoh(outs.next().unwrap()).unwrap()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect())
 }
 
 /// `stream` for each of `ranks` virtual ranks.
@@ -130,8 +153,16 @@ fn same(stream: &Arc<CudaStream>, ranks: usize) -> Vec<Arc<CudaStream>> {
 }
 
 fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) {
-    let collective = [Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather][rng.below(3) as usize];
+    let kind = rng.below(5);
     let ranks = 1 + rng.below(16) as usize;
+    let root = rng.below(ranks as u64) as u32;
+    let collective = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast { root },
+        Collective::Reduce { root },
+    ][kind as usize];
     let count = match rng.below(8) {
         0 => 0,
         // Lengths around 16-byte and chunk boundaries for every element size.
@@ -139,8 +170,10 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
         2..=4 => rng.below(3000),
         5 | 6 => rng.below(200_000),
         // Up to 10^6 elements per buffer (ReduceScatter and AllGather buffers hold ranks × count).
-        _ if collective == Collective::AllReduce => rng.below(1_000_000),
-        _ => rng.below(1_000_000) / ranks as u64,
+        _ if matches!(collective, Collective::ReduceScatter | Collective::AllGather) => {
+            rng.below(1_000_000) / ranks as u64
+        }
+        _ => rng.below(1_000_000),
     };
     let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.below(5) as usize];
     let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.below(3) as usize];
@@ -529,6 +562,33 @@ fn misuse_is_a_typed_error() {
     let mut odd: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(10).unwrap()).collect();
     let e = comm.reduce_scatter_in_place(&mut odd, ReduceOp::Sum).unwrap_err();
     assert!(matches!(e, Error::Length { .. }), "{e}");
+    // Rooted collectives: a root outside the ranks, the root's buffer of the wrong length, a Reduce's
+    // receive buffer overlapping a send buffer; in place, the other ranks' buffers may overlap each
+    // other where they are only read (a Broadcast's root and a Reduce's other ranks).
+    let e = comm.broadcast(&send[0], &mut recv, 4).unwrap_err();
+    assert!(matches!(e, Error::NoSuchRank { rank: 4, ranks: 4 }), "{e}");
+    let e = comm.reduce(&send, &mut recv[0], ReduceOp::Sum, 9).unwrap_err();
+    assert!(matches!(e, Error::NoSuchRank { rank: 9, ranks: 4 }), "{e}");
+    let e = comm.broadcast(&short[2], &mut recv, 2).unwrap_err();
+    assert!(matches!(e, Error::Length { rank: 0, expected: 99, got: 100, .. }), "{e}");
+    let e = comm.reduce(&send[..3], &mut recv[0], ReduceOp::Max, 1).unwrap_err();
+    assert!(matches!(e, Error::BufferCount { what: "send buffers", expected: 4, got: 3 }), "{e}");
+    {
+        use cudarc::driver::DevicePtr;
+        let raw = send[3].device_ptr(&stream).0;
+        let mut alias: CudaSlice<f32> = unsafe { stream.upgrade_device_ptr(raw, 100) };
+        let e = comm.reduce(&send, &mut alias, ReduceOp::Sum, 1).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Aliasing { rank: 1, buffer: "receive buffer", other_rank: 3, other_buffer: "send buffer", .. }
+            ),
+            "{e}"
+        );
+        alias.leak();
+    }
+    comm.reduce(&send, &mut recv[2], ReduceOp::Sum, 2).unwrap();
+    comm.broadcast(&send[1], &mut recv, 1).unwrap();
     // A good call still works afterwards.
     comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
     comm.synchronize().unwrap();

@@ -15,12 +15,12 @@ use crate::reshard::{CtaOwner, PlanOptions, Route};
 use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
 /// The benchmarks `oxccl bench` runs by name (`Args::what`).
-pub const BENCHMARKS: [&str; 7] =
-    ["all_reduce", "reduce_scatter", "all_gather", "movers", "overlap", "reshard", "tma_trace"];
+pub const BENCHMARKS: [&str; 9] =
+    ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "movers", "overlap", "reshard", "tma_trace"];
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// all_reduce | reduce_scatter | all_gather | movers | overlap | reshard | tma_trace (none with
+    /// all_reduce | reduce_scatter | all_gather | broadcast | reduce | movers | overlap | reshard | tma_trace (none with
     /// --algo or --xml). tma_trace: a diagnostic, the TMA copy's issuing loop timed item by item
     /// alone and beside `--compute` (`-e` bytes over `--ctas` CTAs of `--issuers` warps, `--chunk`,
     /// `--stages`, `--lag`).
@@ -71,6 +71,9 @@ pub struct Args {
     /// Reduction: sum, min, max.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
+    /// broadcast, reduce: the root rank (default 0).
+    #[arg(short = 'r', long = "root")]
+    pub root: Option<usize>,
     /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
     #[arg(long)]
     pub ranks: Option<usize>,
@@ -329,9 +332,7 @@ pub fn run(a: Args) -> CliResult {
             return Err("--combine-direct is for all_reduce and overlap, not --algo/--xml".into());
         }
         if a.issuers.is_some() {
-            return Err(
-                "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not --algo/--xml".into(),
-            );
+            return Err("--issuers is for the collectives, overlap, reshard and tma_trace, not --algo/--xml".into());
         }
         return run_plan(&a);
     }
@@ -342,6 +343,8 @@ pub fn run(a: Args) -> CliResult {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
+        "broadcast" => Some(Collective::Broadcast { root: a.root.unwrap_or(0).min(u32::MAX as usize) as u32 }),
+        "reduce" => Some(Collective::Reduce { root: a.root.unwrap_or(0).min(u32::MAX as usize) as u32 }),
         "movers" | "reshard" | "overlap" | "tma_trace" => None,
         other => return Err(format!("unknown benchmark {other:?}: {}", BENCHMARKS.join(", ")).into()),
     };
@@ -357,7 +360,7 @@ pub fn run(a: Args) -> CliResult {
     }
     if a.issuers.is_some() && collective.is_none() && !matches!(what.as_str(), "overlap" | "reshard" | "tma_trace") {
         return Err(format!(
-            "--issuers is for all_reduce, reduce_scatter, all_gather, overlap, reshard and tma_trace, not {what}"
+            "--issuers is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap, reshard and tma_trace, not {what}"
         )
         .into());
     }
@@ -407,9 +410,18 @@ pub fn run(a: Args) -> CliResult {
     }
     if a.gpus.is_some() && collective.is_none() && what != "overlap" {
         return Err(format!(
-            "--gpus is for all_reduce, reduce_scatter, all_gather, overlap and --algo/--xml, not {what}"
+            "--gpus is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap and --algo/--xml, not {what}"
         )
         .into());
+    }
+    if a.root.is_some() && collective.and_then(|c| c.root()).is_none() {
+        return Err(format!("--root is for broadcast and reduce, not {what}").into());
+    }
+    if let Some(root) = a.root {
+        let ranks = a.ranks.or(a.gpus).unwrap_or(8);
+        if root >= ranks {
+            return Err(format!("--root {root}: must be below the {ranks} ranks").into());
+        }
     }
     if collective.is_some() {
         check_sweep(&a)?;
