@@ -853,7 +853,7 @@ pub fn collective_bench(
                 |s: &Arc<CudaStream>, n: u64| s.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"));
             for (r, stream) in streams.iter().enumerate() {
                 let input = |i| pattern(r, i);
-                let (has_in, has_out) = spec.rank_bytes(r);
+                let (has_in, has_out) = spec.rank_buffers(r);
                 if in_place {
                     let mut buf = zeros(stream, in_bytes.max(out_bytes))?;
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
@@ -861,12 +861,12 @@ pub fn collective_bench(
                     recv.push(buf);
                     recv_ranks.push(r);
                 } else {
-                    if has_in > 0 {
+                    if has_in {
                         let mut buf = zeros(stream, in_bytes)?;
                         fill_periodic(stream, &mut buf, 0, b.dtype, in_bytes / e, input)?;
                         send.push(buf);
                     }
-                    if has_out > 0 {
+                    if has_out {
                         recv.push(zeros(stream, out_bytes)?);
                         recv_ranks.push(r);
                     }
@@ -1763,7 +1763,7 @@ mod tests {
                         let want = tccl::reference(&spec, &inputs);
                         let exp = Expected::new(collective, dtype, op, ranks, count);
                         for (r, w) in want.iter().enumerate() {
-                            if spec.rank_bytes(r).1 == 0 {
+                            if !spec.rank_buffers(r).1 {
                                 // No output buffer on this rank (a Reduce's off the root).
                                 assert!(w.is_empty(), "{collective:?} rank {r}");
                                 continue;

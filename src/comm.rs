@@ -876,7 +876,7 @@ impl Communicator {
         }
         // SAFETY: every address in the table was checked above (device, length, alignment,
         // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
-        // lengths, and no slot left 0 (`PlanSpec::rank_bytes`).
+        // lengths, and never a slot left 0 (`PlanSpec::rank_buffers`).
         unsafe { self.launch_uploaded(&plan, &launch, buffers)? };
         drop(guards);
         Ok(())

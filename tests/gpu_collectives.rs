@@ -72,7 +72,7 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
 /// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
 /// GPU; returns each rank's result bytes (output buffer, or the one buffer in place; empty for a rank
 /// without an output, as [`tccl::reference`] has it). Outputs start poisoned ([`tccl::poison`]). Out
-/// of place, a rank gets only the buffers it has ([`PlanSpec::rank_bytes`]).
+/// of place, a rank gets only the buffers it has ([`PlanSpec::rank_buffers`]).
 fn run_gpu(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
@@ -93,11 +93,11 @@ fn run_gpu(
         }
     } else {
         for (r, (input, stream)) in inputs.iter().zip(streams).enumerate() {
-            let (has_in, has_out) = spec.rank_bytes(r);
-            if has_in > 0 {
+            let (has_in, has_out) = spec.rank_buffers(r);
+            if has_in {
                 ins.push(stream.clone_htod(input).unwrap());
             }
-            if has_out > 0 {
+            if has_out {
                 outs.push(stream.clone_htod(&tccl::poison(spec, out_bytes as usize)).unwrap());
             }
         }
@@ -137,13 +137,7 @@ fn run_gpu(
     comm.synchronize()?;
     let mut outs = outs.iter();
     Ok((0..p)
-        .map(|r| {
-            if spec.in_place || spec.rank_bytes(r).1 > 0 {
-                streams[r].clone_dtoh(outs.next().unwrap()).unwrap()
-            } else {
-                Vec::new()
-            }
-        })
+        .map(|r| if spec.rank_buffers(r).1 { streams[r].clone_dtoh(outs.next().unwrap()).unwrap() } else { Vec::new() })
         .collect())
 }
 

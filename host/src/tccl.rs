@@ -136,7 +136,7 @@ impl PlanSpec {
     /// Bytes of each rank's (input, output) buffer; `u64::MAX` where that does not fit in a `u64`
     /// (such a spec is [`PlanError::TooLarge`] for [`plan`]), so no size wraps to a small one. For
     /// Broadcast and Reduce, the root's (out of place, only the root has an input, resp. an output:
-    /// [`PlanSpec::rank_bytes`]).
+    /// [`PlanSpec::rank_buffers`]).
     pub fn buffer_bytes(&self) -> (u64, u64) {
         let b = self.count.saturating_mul(self.dtype.size() as u64);
         let p = self.ranks as u64;
@@ -147,15 +147,14 @@ impl PlanSpec {
         }
     }
 
-    /// Bytes of rank `r`'s (input, output) buffer: [`PlanSpec::buffer_bytes`], but 0 for a buffer the
-    /// rank does not have: out of place, a Broadcast's input off the root and a Reduce's output off
-    /// the root.
-    pub fn rank_bytes(&self, r: usize) -> (u64, u64) {
-        let (i, o) = self.buffer_bytes();
+    /// Whether rank `r` has an (input, output) buffer: every rank has both (in place, its one
+    /// buffer), except out of place a Broadcast's input and a Reduce's output off the root, which
+    /// the plan never addresses.
+    pub fn rank_buffers(&self, r: usize) -> (bool, bool) {
         match (self.collective, self.in_place) {
-            (Collective::Broadcast { root }, false) if r != root as usize => (0, o),
-            (Collective::Reduce { root }, false) if r != root as usize => (i, 0),
-            _ => (i, o),
+            (Collective::Broadcast { root }, false) => (r == root as usize, true),
+            (Collective::Reduce { root }, false) => (true, r == root as usize),
+            _ => (true, true),
         }
     }
 

@@ -33,13 +33,13 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
 
 /// Runs `spec` on the CPU executor with the given per-rank inputs; returns each rank's result buffer
 /// (the output, or for in-place calls the one buffer). A buffer a rank does not have
-/// ([`PlanSpec::rank_bytes`] 0) is empty: a task that touched it would fail the executor's bounds.
+/// ([`PlanSpec::rank_buffers`]) is empty: a task that touched it would fail the executor's bounds.
 fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let plan = tccl::plan(spec).expect("plan");
     let (in_bytes, out_bytes) = spec.buffer_bytes();
     let mut bufs: HostBuffers = Vec::new();
     for (r, input) in inputs.iter().enumerate() {
-        let (has_in, has_out) = spec.rank_bytes(r);
+        let (has_in, has_out) = spec.rank_buffers(r);
         let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
         if spec.in_place {
             // One buffer per rank, in the slot the other aliases into.
@@ -55,9 +55,9 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
             b[at..at + input.len()].copy_from_slice(input);
             row[s as usize] = b;
         } else {
-            row[slot::INPUT as usize] = if has_in > 0 { input.clone() } else { Vec::new() };
+            row[slot::INPUT as usize] = if has_in { input.clone() } else { Vec::new() };
             // Poison: any element the plan fails to write keeps it.
-            row[slot::OUTPUT as usize] = tccl::poison(spec, has_out as usize);
+            row[slot::OUTPUT as usize] = if has_out { tccl::poison(spec, out_bytes as usize) } else { Vec::new() };
         }
         bufs.push(row);
     }
