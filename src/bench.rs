@@ -966,7 +966,8 @@ pub fn collective_bench(
             size,
             count: total_elems,
             dtype: b.dtype.nccl_name(),
-            redop: b.op.nccl_name(),
+            // nccl-tests: "none" where nothing is reduced (AllGather, Broadcast).
+            redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
             oop_us: times[0],
             oop_algbw: bw(times[0]),
             oop_busbw: bw(times[0]) * factor,
@@ -1169,7 +1170,8 @@ pub fn plan_bench(
             size: real,
             count: real / e,
             dtype: b.dtype.nccl_name(),
-            redop: b.op.nccl_name(),
+            // nccl-tests: "none" where nothing is reduced.
+            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
             oop_us: oop.0,
             oop_algbw: oop.1,
             oop_busbw: oop.2,
