@@ -799,10 +799,16 @@ pub fn collective_bench(
     b: &CollectiveBench,
     mut on_row: impl FnMut(&CollectiveRow),
 ) -> Result<Vec<CollectiveRow>> {
+    // The parameters first: they need no stream.
+    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
+    if let Some(root) = b.collective.root()
+        && root >= b.ranks
+    {
+        return Err(Error::NoSuchRank { rank: root, ranks: b.ranks });
+    }
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
     }
-    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
     let comm = Communicator::from_streams(streams, b.config.clone())?;
     let p = b.ranks;
     // Read-back staging for the check: one pinned buffer per device (each read waits for its copy,
@@ -1726,6 +1732,29 @@ mod tests {
                 }
                 assert!(covered.iter().all(|&n| n == 1), "{bytes} B over {ctas} CTAs, pieces {piece:?}");
             }
+        }
+    }
+
+    /// A rooted benchmark whose root is not among its ranks is a typed error, before any stream or
+    /// device is used.
+    #[test]
+    fn a_root_outside_the_ranks_is_refused() {
+        for collective in [Collective::Broadcast { root: 2 }, Collective::Reduce { root: 2 }] {
+            let b = CollectiveBench {
+                collective,
+                dtype: DType::F32,
+                op: ReduceOp::Sum,
+                ranks: 2,
+                min_bytes: 1 << 20,
+                max_bytes: 1 << 20,
+                factor: 2,
+                iters: 1,
+                warmup: 0,
+                check: true,
+                config: Config::default(),
+            };
+            let e = collective_bench(&[], &b, |_| {}).unwrap_err();
+            assert!(matches!(e, Error::NoSuchRank { rank: 2, ranks: 2 }), "{collective:?}: {e}");
         }
     }
 

@@ -48,8 +48,9 @@ pub struct Config {
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.
     pub wait_suspend_ns: u32,
-    /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (AllGather, reshards, and
-    /// AllReduce / ReduceScatter with `Reduction::Tma`; at most 4, one per SM scheduler): each
+    /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (AllGather, Broadcast,
+    /// reshards, and AllReduce / ReduceScatter / Reduce with `Reduction::Tma`; at most 4, one per SM
+    /// scheduler): each
     /// streams every W-th chunk through its own `stages / W` stages. Given: with the stages given
     /// (a multiple of W), or as many multiples of W as a given chunk leaves room for (two each at
     /// most, one each at least), or two each in the shared memory one issuer's default pipeline
@@ -684,9 +685,10 @@ impl Communicator {
     /// the capture (ranks on other streams are launched separately and meet at barriers: capture one
     /// stream alone and the others' launches run at once and wait for a partner that never comes).
     /// A plan it uploads is copied in order on the ranks' streams, and it waits for those streams
-    /// before returning, so the plan is in place for launches on any stream. `count` is the call's count: AllReduce,
-    /// elements per buffer; ReduceScatter, elements each rank receives; AllGather, elements each rank
-    /// sends (in place, the buffers hold ranks × count). `op` is ignored for AllGather. Returns how
+    /// before returning, so the plan is in place for launches on any stream. `count` is the call's
+    /// count: AllReduce, Broadcast and Reduce, elements per buffer; ReduceScatter, elements each rank
+    /// receives; AllGather, elements each rank sends (in place, the buffers hold ranks × count). `op`
+    /// is ignored for AllGather and Broadcast. Returns how
     /// the call launches (threads, pipeline, shared memory: what kernels beside it must leave room for).
     pub fn prepare<T: Element>(
         &self,
@@ -1077,8 +1079,9 @@ pub(crate) fn combine_direct(c: &Config, ctas_on_device: u64) -> bool {
 }
 
 /// Whether a call of `collective` under `c` on `devices` devices takes [`combining_pipeline`]'s
-/// ring: every combine stores its result from registers (ReduceScatter; AllReduce where
-/// `combine_direct` holds), so no bulk store reads a stage, and every source is on one device. Over
+/// ring: every combine stores its result from registers (ReduceScatter and Reduce, whose combines
+/// have one destination; AllReduce where `combine_direct` holds), so no bulk store reads a stage,
+/// and every source is on one device. Over
 /// NVLink the deeper ring of [`auto_pipeline`] keeps more loads in flight and wins at 8 CTAs (2
 /// GPUs, docs/PERF.md: ReduceScatter 260.7 against 232.5 busbw, AllReduce 326.2 against 299.9).
 pub(crate) fn combining_ring(c: &Config, collective: Collective, direct: bool, devices: usize) -> bool {

@@ -283,6 +283,8 @@ fn a_sweep_that_cannot_run_is_refused() {
 fn a_root_is_for_the_rooted_collectives_and_below_the_ranks() {
     let (ok, err) = oxccl(&["bench", "all_reduce", "--root", "1"]);
     assert!(!ok && err.contains("--root is for broadcast and reduce, not all_reduce"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--root", "1"]);
+    assert!(!ok && err.contains("--root is for broadcast and reduce, not --algo/--xml"), "{err}");
     for what in ["broadcast", "reduce"] {
         let (ok, err) = oxccl(&["bench", what, "--root", "8"]);
         assert!(!ok && err.contains("--root 8: must be below the 8 ranks"), "{what}: {err}");

@@ -593,6 +593,24 @@ fn misuse_is_a_typed_error() {
     }
     comm.reduce(&send, &mut recv[2], ReduceOp::Sum, 2).unwrap();
     comm.broadcast(&send[1], &mut recv, 1).unwrap();
+    // In place: a Reduce's ranks off the root only read their buffers, so two of them may share one;
+    // the root's buffer, which the call writes, may not be another rank's, nor may two buffers a
+    // Broadcast writes.
+    {
+        use cudarc::driver::DevicePtr;
+        let raw = recv[0].device_ptr(&stream).0;
+        let alias = || -> CudaSlice<f32> { unsafe { stream.upgrade_device_ptr(raw, 100) } };
+        let mut bufs = vec![alias(), recv[1].clone(), alias(), recv[3].clone()];
+        comm.reduce_in_place(&mut bufs, ReduceOp::Max, 1).unwrap();
+        comm.synchronize().unwrap();
+        let e = comm.reduce_in_place(&mut bufs, ReduceOp::Max, 2).unwrap_err();
+        assert!(matches!(e, Error::Aliasing { rank: 0, buffer: "buffer", other_rank: 2, .. }), "{e}");
+        let e = comm.broadcast_in_place(&mut bufs, 1).unwrap_err();
+        assert!(matches!(e, Error::Aliasing { rank: 0, other_rank: 2, .. }), "{e}");
+        let [a, _, b, _] = <[CudaSlice<f32>; 4]>::try_from(bufs).unwrap();
+        a.leak();
+        b.leak();
+    }
     // A good call still works afterwards.
     comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
     comm.synchronize().unwrap();

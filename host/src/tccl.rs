@@ -368,7 +368,8 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
 
 /// What a checked call's outputs hold before it, `len` bytes: a value no correct result has and
 /// that a wrong reduction into it keeps, so an element the call fails to write, or combines into
-/// instead of overwriting, differs from [`reference`]: NaN for float sums and copies (AllGather),
+/// instead of overwriting, differs from [`reference`]: NaN for float sums and copies (AllGather,
+/// Broadcast),
 /// the operator's absorbing extreme for Min and Max (-inf, `i32::MIN`, 0 for Min; +inf, `i32::MAX`,
 /// `u32::MAX` for Max; u32 inputs must then be at least 1), 0xA5 bytes for integer sums.
 pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {

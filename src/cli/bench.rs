@@ -334,6 +334,9 @@ pub fn run(a: Args) -> CliResult {
         if a.issuers.is_some() {
             return Err("--issuers is for the collectives, overlap, reshard and tma_trace, not --algo/--xml".into());
         }
+        if a.root.is_some() {
+            return Err("--root is for broadcast and reduce, not --algo/--xml".into());
+        }
         return run_plan(&a);
     }
     let Some(what) = a.what.clone() else {
