@@ -61,7 +61,7 @@ def main():
     print("| collective | CTAs per rank | oxccl out of place | oxccl in place | NCCL same CTAs | NCCL default "
           "| oxccl / NCCL same | oxccl / NCCL default |")
     print("|---|---|---|---|---|---|---|---|")
-    for coll in ["all_reduce", "reduce_scatter", "all_gather"]:
+    for coll in ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]:
         nccl_default = mean(r["busbw"] for r in nc
                             if r["collective"] == coll and r["nccl_max_ctas"] == "default" and r["size"] >= big)
         for ctas in sorted({r["ctas"] for r in ox if r["collective"] == coll}):

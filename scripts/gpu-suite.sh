@@ -322,7 +322,7 @@ for run in open(sys.argv[2]):
       log "gpu_compiled across GPUs"; timeout 200 $B/gpu_compiled --test-threads=1 --nocapture across_gpus > "$OUT/multi_compiled.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_compiled(rc=$rc)"; grep -E "^test |test result|cases|FAILED|panicked|skipped" "$OUT/multi_compiled.log" | head -20 ;;
     multi-bench)
-      for coll in all_reduce reduce_scatter all_gather; do for c in $CTAS; do
+      for coll in ${MULTI_COLLECTIVES:-all_reduce reduce_scatter all_gather broadcast reduce}; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
     multi-tune)
       # Bytes in flight per CTA against NVLink at one size: the default, then deeper rings of

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""NCCL's AllReduce, ReduceScatter and AllGather through torch.distributed, one process per GPU, in the
-nccl-tests convention, for comparison with `oxccl bench ... --gpus N`.
+"""NCCL's AllReduce, ReduceScatter, AllGather, Broadcast and Reduce through torch.distributed, one
+process per GPU, in the nccl-tests convention, for comparison with `oxccl bench ... --gpus N`.
 
-size = the larger per-rank buffer in bytes (AllReduce: the tensor; ReduceScatter: the input;
-AllGather: the output); algbw = size / time; busbw = algbw x 2(n-1)/n (AllReduce) or (n-1)/n.
+size = the larger per-rank buffer in bytes (AllReduce, Broadcast, Reduce: the tensor; ReduceScatter:
+the input; AllGather: the output); algbw = size / time; busbw = algbw x 2(n-1)/n (AllReduce),
+(n-1)/n (ReduceScatter, AllGather) or 1 (Broadcast, Reduce; root 0, as `oxccl bench`'s default).
 time = the slowest rank's mean over the timed iterations (CUDA events), after warm-up.
-AllReduce runs in place (torch's only form); ReduceScatter and AllGather out of place.
+AllReduce, Broadcast and Reduce run in place (torch's only form); ReduceScatter and AllGather out
+of place.
 
 Each value of --ctas runs in fresh processes with NCCL_MAX_CTAS set to it ("default": unset).
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the others below), whatever the caller's
@@ -20,7 +22,7 @@ import os
 import sys
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather"]
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
 
 
 def parse_size(s):
@@ -55,6 +57,14 @@ def worker(rank, world, args, ctas, port, out_path):
                 inp = torch.ones(count * world, dtype=dtype, device="cuda")
                 out = torch.empty(count, dtype=dtype, device="cuda")
                 call = lambda: dist.reduce_scatter_tensor(out, inp)  # noqa: E731
+            elif coll == "broadcast":
+                # The root's value everywhere after a call (and after every later one).
+                t = torch.full((size // elem,), 7.0 if rank == 0 else 0.0, dtype=dtype, device="cuda")
+                call = lambda: dist.broadcast(t, src=0)  # noqa: E731
+            elif coll == "reduce":
+                # Ones on every rank; the root's tensor holds the sum after the first call.
+                t = torch.ones(size // elem, dtype=dtype, device="cuda")
+                call = lambda: dist.reduce(t, dst=0)  # noqa: E731
             else:
                 count = size // elem // world
                 inp = torch.full((count,), float(rank), dtype=dtype, device="cuda")
@@ -67,6 +77,10 @@ def worker(rank, world, args, ctas, port, out_path):
                 ok = bool((t == world).all())
             elif coll == "reduce_scatter":
                 ok = bool((out == world).all())
+            elif coll == "broadcast":
+                ok = bool((t == 7.0).all())
+            elif coll == "reduce":
+                ok = rank != 0 or bool((t == world).all())
             else:
                 ok = bool((out.view(world, -1) == torch.arange(world, dtype=dtype, device="cuda").view(world, 1)).all())
             for _ in range(args.warmup):
@@ -85,7 +99,7 @@ def worker(rank, world, args, ctas, port, out_path):
             dist.all_reduce(agg, op=dist.ReduceOp.MAX)
             us, wrong = agg[0].item(), int(agg[1].item())
             algbw = size / (us * 1e-6) / 1e9
-            factor = 2 * (world - 1) / world if coll == "all_reduce" else (world - 1) / world
+            factor = {"all_reduce": 2 * (world - 1) / world, "broadcast": 1.0, "reduce": 1.0}.get(coll, (world - 1) / world)
             rows.append({"library": "nccl", "collective": coll, "ranks": world, "nccl_max_ctas": ctas,
                          "size": size, "time_us": us, "algbw": algbw, "busbw": algbw * factor,
                          "wrong_ranks": wrong})
