@@ -244,6 +244,28 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
     // (f32 min/max) is combined in registers: every peer's piece and the destination's share a stage.
     let (reduce_into_slots, reduce_into_combines) =
         if tma_can_reduce(spec.dtype, spec.op) { (1, false) } else { (p as u32, true) };
+    // Shard-in of one piece into one rank's output (ReduceScatter's owner, Reduce's root): every
+    // rank's input at `src_at`, reduced, → rank mask `to`'s output at `a`, `n` bytes. In place, `to`'s
+    // own input is there already. Returns the slots and whether a warp combines.
+    let shard_in = |tasks: &mut Vec<Task>, src_at: u64, to: u32, a: u64, n: u64| -> (u32, bool) {
+        use TaskKind::{Move, ReduceInto};
+        let (inp, out) = (slot::INPUT, slot::OUTPUT);
+        if p == 1 || !tma {
+            if !(p == 1 && spec.in_place) {
+                tasks.push(task(Move, all, inp, src_at, to, out, a, n, 0));
+            }
+            (p as u32, p > 1)
+        } else {
+            // `to`'s piece first, then the others' reduced into it.
+            let mut flags = 0;
+            if !spec.in_place {
+                tasks.push(task(Move, to, inp, src_at, to, out, a, n, 0));
+                flags = TASK_AFTER_WRITES;
+            }
+            tasks.push(task(ReduceInto, all & !to, inp, src_at, to, out, a, n, flags));
+            (reduce_into_slots, reduce_into_combines)
+        }
+    };
     let mut programs = Vec::with_capacity(p * spec.ctas as usize);
     let mut tasks = Vec::new();
     let mut slots = 1;
@@ -291,26 +313,12 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                     }
                     Collective::ReduceScatter => {
                         // Block r of every rank's input → rank r's output.
-                        let src_at = r as u64 * block + a;
-                        if p == 1 || !tma {
-                            if !(p == 1 && spec.in_place) {
-                                tasks.push(task(Move, all, inp, src_at, me, out, a, n, 0));
-                            }
-                            slots = slots.max(p as u32);
-                            combines |= p > 1;
-                        } else {
-                            let mut flags = 0;
-                            if !spec.in_place {
-                                tasks.push(task(Move, me, inp, src_at, me, out, a, n, 0));
-                                flags = TASK_AFTER_WRITES;
-                            }
-                            tasks.push(task(ReduceInto, others, inp, src_at, me, out, a, n, flags));
-                            slots = slots.max(reduce_into_slots);
-                            // Blocks that are not 16-byte multiples put the sources and the
-                            // destination at different offsets modulo 16: the kernel then reduces
-                            // element by element with every thread, so keep the CTA's warps.
-                            combines |= reduce_into_combines || block % GRAIN != 0;
-                        }
+                        let (s, c) = shard_in(&mut tasks, r as u64 * block + a, me, a, n);
+                        slots = slots.max(s);
+                        // Bulk-reduced blocks that are not 16-byte multiples put the sources and the
+                        // destination at different offsets modulo 16: the kernel then reduces
+                        // element by element with every thread, so keep the CTA's warps.
+                        combines |= c || (tma && p > 1 && block % GRAIN != 0);
                     }
                     Collective::AllGather => {
                         // Rank r's input → block r of every rank's output.
@@ -331,25 +339,9 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                     }
                     Collective::Reduce { root } => {
                         // Piece a of every rank's input, reduced, → the root's output.
-                        let to = 1u32 << root;
-                        if p == 1 || !tma {
-                            if !(p == 1 && spec.in_place) {
-                                tasks.push(task(Move, all, inp, a, to, out, a, n, 0));
-                            }
-                            slots = slots.max(p as u32);
-                            combines |= p > 1;
-                        } else {
-                            // The root's piece first (in place it is there), then the others' reduced
-                            // into it.
-                            let mut flags = 0;
-                            if !spec.in_place {
-                                tasks.push(task(Move, to, inp, a, to, out, a, n, 0));
-                                flags = TASK_AFTER_WRITES;
-                            }
-                            tasks.push(task(ReduceInto, all & !to, inp, a, to, out, a, n, flags));
-                            slots = slots.max(reduce_into_slots);
-                            combines |= reduce_into_combines;
-                        }
+                        let (s, c) = shard_in(&mut tasks, a, 1u32 << root, a, n);
+                        slots = slots.max(s);
+                        combines |= c;
                     }
                 }
             }
