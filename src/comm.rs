@@ -50,8 +50,7 @@ pub struct Config {
     pub wait_suspend_ns: u32,
     /// Issuing warps per TMA CTA for calls that only copy and bulk-reduce (AllGather, Broadcast,
     /// reshards, and AllReduce / ReduceScatter / Reduce with `Reduction::Tma`; at most 4, one per SM
-    /// scheduler): each
-    /// streams every W-th chunk through its own `stages / W` stages. Given: with the stages given
+    /// scheduler): each streams every W-th chunk through its own `stages / W` stages. Given: with the stages given
     /// (a multiple of W), or as many multiples of W as a given chunk leaves room for (two each at
     /// most, one each at least), or two each in the shared memory one issuer's default pipeline
     /// takes. `None`: the ring one issuer would get (stages and chunk as given, else
@@ -688,8 +687,8 @@ impl Communicator {
     /// before returning, so the plan is in place for launches on any stream. `count` is the call's
     /// count: AllReduce, Broadcast and Reduce, elements per buffer; ReduceScatter, elements each rank
     /// receives; AllGather, elements each rank sends (in place, the buffers hold ranks × count). `op`
-    /// is ignored for AllGather and Broadcast. Returns how
-    /// the call launches (threads, pipeline, shared memory: what kernels beside it must leave room for).
+    /// is ignored for AllGather and Broadcast. Returns how the call launches (threads, pipeline,
+    /// shared memory: what kernels beside it must leave room for).
     pub fn prepare<T: Element>(
         &self,
         collective: Collective,
