@@ -1819,13 +1819,7 @@ mod tests {
                     assert_eq!(encode_periodic(dtype, n, |i| pattern(r, i)), encode_all(dtype, n, |i| pattern(r, i)));
                 }
             }
-            for collective in [
-                Collective::AllReduce,
-                Collective::ReduceScatter,
-                Collective::AllGather,
-                Collective::Broadcast { root: 0 },
-                Collective::Reduce { root: 0 },
-            ] {
+            for collective in Collective::every(0) {
                 for (ranks, count) in [(1, 0), (2, 5), (3, 40), (8, 37)] {
                     let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
                     let n = if collective == Collective::AllGather { ranks as u64 * count } else { count };
@@ -1851,13 +1845,7 @@ mod tests {
             (seed >> 33) % n.max(1)
         };
         for &dtype in DType::ALL {
-            for collective in [
-                Collective::AllReduce,
-                Collective::ReduceScatter,
-                Collective::AllGather,
-                Collective::Broadcast { root: 1 },
-                Collective::Reduce { root: 1 },
-            ] {
+            for collective in Collective::every(1) {
                 for (ranks, count) in [(2, 5), (3, 17), (4, 70_000), (8, 150_001)] {
                     let exp = Expected::new(collective, dtype, ReduceOp::Sum, ranks, count);
                     let total = if collective == Collective::AllGather { ranks as u64 * count } else { count };

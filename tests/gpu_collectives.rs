@@ -150,13 +150,7 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
     let kind = rng.below(5);
     let ranks = 1 + rng.below(16) as usize;
     let root = rng.below(ranks as u64) as u32;
-    let collective = [
-        Collective::AllReduce,
-        Collective::ReduceScatter,
-        Collective::AllGather,
-        Collective::Broadcast { root },
-        Collective::Reduce { root },
-    ][kind as usize];
+    let collective = Collective::every(root)[kind as usize];
     let count = match rng.below(8) {
         0 => 0,
         // Lengths around 16-byte and chunk boundaries for every element size.

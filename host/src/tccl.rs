@@ -54,6 +54,17 @@ impl Collective {
         }
     }
 
+    /// Every collective, the rooted ones with `root`: one list for whatever must cover them all.
+    pub fn every(root: u32) -> [Collective; 5] {
+        [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::Broadcast { root },
+            Collective::Reduce { root },
+        ]
+    }
+
     /// Whether the collective combines values (its operator matters).
     pub fn reduces(self) -> bool {
         !matches!(self, Collective::AllGather | Collective::Broadcast { .. })

@@ -73,13 +73,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
 fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
     (
         // The root of Broadcast and Reduce is drawn below 16, then taken modulo the ranks.
-        prop_oneof![
-            Just(Collective::AllReduce),
-            Just(Collective::ReduceScatter),
-            Just(Collective::AllGather),
-            (0u32..16).prop_map(|root| Collective::Broadcast { root }),
-            (0u32..16).prop_map(|root| Collective::Reduce { root })
-        ],
+        (0usize..5, 0u32..16).prop_map(|(k, root)| Collective::every(root)[k]),
         prop_oneof![
             1 => Just(0u64),
             // Lengths around 16-byte and chunk boundaries for every element size.
@@ -196,13 +190,7 @@ proptest! {
 /// out of place.
 #[test]
 fn sixteen_ranks_at_a_million_elements_are_exact() {
-    for collective in [
-        Collective::AllReduce,
-        Collective::ReduceScatter,
-        Collective::AllGather,
-        Collective::Broadcast { root: 13 },
-        Collective::Reduce { root: 6 },
-    ] {
+    for collective in Collective::every(13) {
         for in_place in [false, true] {
             let spec = PlanSpec {
                 collective,
