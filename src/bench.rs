@@ -1248,19 +1248,20 @@ pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
 }
 
 /// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
-/// least: every input read once and every output written once (out of place). `size` is nccl-tests'
-/// size (the larger per-rank buffer).
-pub fn min_traffic(collective: Collective, size: u64, ranks: usize) -> u64 {
+/// least: every input read once and every output element written once. `size` is nccl-tests' size
+/// (the larger per-rank buffer). In place, AllGather's shards and Broadcast's root buffer already
+/// hold their part of the output, so that part is neither read again nor written.
+pub fn min_traffic(collective: Collective, size: u64, ranks: usize, in_place: bool) -> u64 {
     let p = ranks as u64;
     match collective {
         // Input N and output N per rank.
         Collective::AllReduce => 2 * size * p,
-        // ReduceScatter: input `size`, output size / P per rank; AllGather the other way round.
-        // Broadcast: the root's input and every rank's output; Reduce the other way round.
-        Collective::ReduceScatter
-        | Collective::AllGather
-        | Collective::Broadcast { .. }
-        | Collective::Reduce { .. } => size * p + size,
+        // ReduceScatter: input `size`, output size / P per rank; Reduce: every rank's input and the
+        // root's output. In place the output overwrites input that was read anyway.
+        Collective::ReduceScatter | Collective::Reduce { .. } => size * p + size,
+        // AllGather: input size / P, output `size` per rank; Broadcast: the root's input and every
+        // rank's output. In place one output's worth (the shards, the root's) is already there.
+        Collective::AllGather | Collective::Broadcast { .. } => size * p + if in_place { 0 } else { size },
     }
 }
 
@@ -1560,6 +1561,21 @@ mod tests {
                 Err(Error::Config { field, .. }) => assert_eq!(field, want, "{args:?}"),
                 other => panic!("{args:?}: {other:?}"),
             }
+        }
+    }
+
+    /// The roofline's byte counts for 8 ranks of a 1 MiB buffer: in place, AllGather and Broadcast
+    /// find one buffer's worth of their output already there; the others read all they overwrite.
+    #[test]
+    fn minimum_traffic_counts_what_in_place_leaves_alone() {
+        let s = 1u64 << 20;
+        for c in Collective::every(3) {
+            let (oop, ip) = match c {
+                Collective::AllReduce => (16 * s, 16 * s),
+                Collective::ReduceScatter | Collective::Reduce { .. } => (9 * s, 9 * s),
+                Collective::AllGather | Collective::Broadcast { .. } => (9 * s, 8 * s),
+            };
+            assert_eq!((min_traffic(c, s, 8, false), min_traffic(c, s, 8, true)), (oop, ip), "{c:?}");
         }
     }
 

@@ -548,15 +548,24 @@ pub fn run(a: Args) -> CliResult {
         let bytes = a.max_bytes.clamp(1 << 20, 1 << 30) as usize;
         let memcpy = bench::memcpy_rate(&stream, bytes, 3, 10)?;
         println!(
-            "# roofline: every input read once and every output written once ({} ranks on this GPU), at \
+            "# roofline: every input read once and every output written once, less what an in-place call \
+             finds in place ({} ranks on this GPU), at \
              cuMemcpyDtoD's {memcpy:.1} GB/s ({bytes} B, read + written)",
             b.ranks
         );
-        println!("# {:>12} {:>14} {:>10} {:>10}", "size", "bytes moved", "oop %", "ip %");
+        println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", "size", "oop bytes", "oop %", "ip bytes", "ip %");
         for r in &rows {
-            let moved = bench::min_traffic(collective, r.size, b.ranks);
-            let pct = |us: f64| 100.0 * moved as f64 / (us * 1e-6) / 1e9 / memcpy;
-            println!("# {:>12} {:>14} {:>9.1}% {:>9.1}%", r.size, moved, pct(r.oop_us), pct(r.ip_us));
+            let moved = |in_place| bench::min_traffic(collective, r.size, b.ranks, in_place);
+            let pct = |bytes: u64, us: f64| 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy;
+            let (oop, ip) = (moved(false), moved(true));
+            println!(
+                "# {:>12} {:>14} {:>9.1}% {:>14} {:>9.1}%",
+                r.size,
+                oop,
+                pct(oop, r.oop_us),
+                ip,
+                pct(ip, r.ip_us)
+            );
         }
     }
     finish_rows(&rows, a.json)
