@@ -558,14 +558,7 @@ pub fn run(a: Args) -> CliResult {
             let moved = |in_place| bench::min_traffic(collective, r.size, b.ranks, in_place);
             let pct = |bytes: u64, us: f64| 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy;
             let (oop, ip) = (moved(false), moved(true));
-            println!(
-                "# {:>12} {:>14} {:>9.1}% {:>14} {:>9.1}%",
-                r.size,
-                oop,
-                pct(oop, r.oop_us),
-                ip,
-                pct(ip, r.ip_us)
-            );
+            println!("# {:>12} {:>14} {:>9.1}% {:>14} {:>9.1}%", r.size, oop, pct(oop, r.oop_us), ip, pct(ip, r.ip_us));
         }
     }
     finish_rows(&rows, a.json)
