@@ -297,7 +297,19 @@ fn load_module(
     ptx: &'static str,
     prebuilt: &'static [u8],
 ) -> Result<(Arc<CudaModule>, ModuleCode)> {
-    let choice = module_choice(&std::env::var("OXCCL_MODULE").unwrap_or_default())?;
+    load_module_as(ctx, ptx, prebuilt, module_choice(&std::env::var("OXCCL_MODULE").unwrap_or_default())?)
+}
+
+/// [`load_module`]'s rule with the choice given: `None` loads `prebuilt` (when not empty) and falls
+/// back to `ptx` where the driver refuses the code as not for it (`CUDA_ERROR_INVALID_IMAGE`,
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`); `Some` loads that code
+/// or fails.
+pub fn load_module_as(
+    ctx: &Arc<CudaContext>,
+    ptx: &str,
+    prebuilt: &[u8],
+    choice: Option<ModuleCode>,
+) -> Result<(Arc<CudaModule>, ModuleCode)> {
     let from_ptx =
         || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
     let from_prebuilt = || {

@@ -186,6 +186,23 @@ fn a_bad_piece_is_named() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before
+/// any GPU is looked for.
+#[test]
+fn instances_are_for_plans_and_checked_first() {
+    let (ok, err) = oxccl(&["bench", "all_reduce", "--instances", "2"]);
+    assert!(!ok && err.contains("--instances is for --algo/--xml, not all_reduce"), "{err}");
+    let (ok, err) = oxccl(&["bench", "movers", "--instance-channels", "separate"]);
+    assert!(!ok && err.contains("--instance-channels is for --algo/--xml, not movers"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--instances", "2", "--instance-channels", "diagonal"]);
+    assert!(!ok && err.contains("unknown instance channels \"diagonal\" (shared, separate)"), "{err}");
+    for (n, want) in [("0", "--instances must be at least 1"), ("4294967295", "too large")] {
+        let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--instances", n]);
+        assert!(!ok && err.contains(want), "{n}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("GPU"), "{n}: {err}");
+    }
+}
+
 #[test]
 fn out_of_range_sizes_and_counts_are_named_not_panics() {
     for (args, want) in [

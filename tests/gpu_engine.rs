@@ -566,3 +566,49 @@ fn a_peer_already_at_a_later_call_is_out_of_step_not_ignored() {
     assert!(text.contains("out of step") && text.contains("peer 1"), "{text}");
     eprintln!("{text}");
 }
+
+/// The module loader keeps the prebuilt code where the driver takes it and falls back to the PTX
+/// where the driver refuses it: code for another GPU (sm_80 on an H200), a cut-off image, and code
+/// from a newer `ptxas` than the shipped code's (which an older driver may refuse: either outcome is
+/// right, and the test says which). Each loaded module's kernel must then run.
+#[test]
+fn refused_machine_code_falls_back_to_the_ptx() {
+    use oxccl::engine::{ModuleCode, load_module_as};
+    let Some(stream) = common::gpu("refused_machine_code_falls_back_to_the_ptx") else { return };
+    let ctx = stream.context();
+    let ptx = include_str!("data/load_probe.ptx");
+    let sm90a: &[u8] = include_bytes!("data/load_probe.sm_90a.cubin");
+    let sm80: &[u8] = include_bytes!("data/load_probe.sm_80.cubin");
+    let newer: &[u8] = include_bytes!("data/load_probe.sm_90a.ptxas-13.5.cubin");
+    let cut = &sm90a[..sm90a.len() / 2];
+    let mut out = stream.alloc_zeros::<u32>(1).unwrap();
+    let mut runs = |module: &std::sync::Arc<cudarc::driver::CudaModule>, value: u32| {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        let f = module.load_function("oxccl_load_probe").unwrap();
+        let mut b = stream.launch_builder(&f);
+        b.arg(&mut out).arg(&value);
+        // SAFETY: the kernel stores one u32 through its first argument, a one-element buffer.
+        unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }.unwrap();
+        assert_eq!(stream.clone_dtoh(&out).unwrap(), vec![value]);
+    };
+    for (what, code, want) in [
+        ("sm_90a code", sm90a, Some(ModuleCode::Prebuilt)),
+        ("sm_80 code", sm80, Some(ModuleCode::Ptx)),
+        ("a cut-off image", cut, Some(ModuleCode::Ptx)),
+        ("sm_90a code of ptxas 13.5", newer, None),
+    ] {
+        let (module, got) = load_module_as(&ctx, ptx, code, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if let Some(want) = want {
+            assert_eq!(got, want, "{what}");
+        }
+        runs(&module, 7 + got as u32);
+        eprintln!("{what}: loaded from {got}");
+    }
+    // Asked for by name: the PTX always loads; refused machine code is an error, not the PTX.
+    let (module, got) = load_module_as(&ctx, ptx, sm80, Some(ModuleCode::Ptx)).unwrap();
+    assert_eq!(got, ModuleCode::Ptx);
+    runs(&module, 11);
+    let e = load_module_as(&ctx, ptx, sm80, Some(ModuleCode::Prebuilt)).map(|(_, c)| c).unwrap_err();
+    assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
+    eprintln!("sm_80 code asked for by name: {e}");
+}

@@ -97,6 +97,37 @@ fn hierarchical_mesh() {
     }
 }
 
+/// Instances on channels of their own compute the same collectives, each instance on thread blocks
+/// of its own (the ring's two per rank become 2k).
+#[test]
+fn instances_on_separate_channels() {
+    use oxccl_host::program::InstanceChannels;
+    let mut programs = vec![
+        (Algorithm::RingAllReduce.generate(1, 4).unwrap(), "ring-allreduce 1x4"),
+        (Algorithm::RingAllGather.generate(1, 3).unwrap(), "ring-allgather 1x3"),
+        (Algorithm::DirectReduceScatter.generate(1, 3).unwrap(), "direct-reducescatter 1x3"),
+    ];
+    let mut hm = Algorithm::HmAllReduce.generate(2, 2).unwrap();
+    hm.ranks_per_node = Some(2);
+    programs.push((hm, "hm-allreduce 2x2"));
+    let xml = std::fs::read_to_string(bundled_msccl().join("ndv4_r48ll.xml")).unwrap();
+    programs.push((import(&xml).unwrap().program, "ndv4_r48ll.xml"));
+    let opts = Options::new(Scheduler::Hpds, TbAlloc::State);
+    for (p, what) in &programs {
+        for k in [2, 3] {
+            let q = p.instanced_on(k, InstanceChannels::Separate).unwrap();
+            let tag = format!("{what} x{k} separate");
+            q.check().unwrap_or_else(|e| panic!("{tag}: {e}"));
+            check(&q, &tag);
+            if what.starts_with("ring-allreduce") {
+                let tbs = |p: &Program| compile(p, &opts).unwrap().ranks.iter().map(|r| r.tbs.len()).max().unwrap();
+                assert_eq!(tbs(&q), k as usize * tbs(p), "{tag}");
+                assert_eq!(tbs(&p.instanced(k).unwrap()), tbs(p), "{what} x{k} shared");
+            }
+        }
+    }
+}
+
 fn msccl_folder(dir: &std::path::Path) {
     let files = xml_files(dir);
     assert!(!files.is_empty(), "no MSCCL files in {}", dir.display());

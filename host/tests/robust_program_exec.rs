@@ -45,6 +45,27 @@ fn instanced_chunk_label_overflow_is_an_error() {
     assert_eq!(q.ops.iter().map(|o| o.chunk).collect::<Vec<_>>(), vec![u32::MAX - 1, u32::MAX]);
 }
 
+/// Instances on channels of their own: channel c of instance i is c + i × (channels), never wrapped.
+#[test]
+fn instanced_channel_overflow_is_an_error() {
+    use oxccl_host::program::InstanceChannels;
+    let on = |ch: u64| {
+        program(&format!(
+            "program x\ncollective allreduce ranks=2 chunks=2 inplace\nscratch 0\n\
+             op0 = xfer r0 in[0] -> r1 in[0] rrc ch={ch} chunk=0 step=0 stage=0\n"
+        ))
+    };
+    // One channel number per instance: (2^31 - 1) + 1 × 2^31 == u32::MAX fits; one more does not.
+    let q = on((1 << 31) - 1).instanced_on(2, InstanceChannels::Separate).unwrap();
+    assert_eq!(q.ops.iter().map(|o| o.channel()).collect::<Vec<_>>(), vec![(1 << 31) - 1, u32::MAX]);
+    match on(1 << 31).instanced_on(2, InstanceChannels::Separate) {
+        Err(ProgramError::BadLayout { reason }) => assert!(reason.contains("2^32 channels"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Shared channels never grow.
+    assert!(on(u32::MAX as u64).instanced_on(2, InstanceChannels::Shared).is_ok());
+}
+
 #[test]
 fn instanced_verifies_its_program_first() {
     let mut p = Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true));

@@ -44,6 +44,14 @@ pub struct Args {
     /// With --algo/--xml: micro-batches per chunk.
     #[arg(long, default_value_t = 4)]
     pub micro_batches: u32,
+    /// With --algo/--xml: replicate the program K times over K-times finer chunks, each instance on
+    /// thread blocks of its own (default 1).
+    #[arg(long)]
+    pub instances: Option<u32>,
+    /// With --instances: `shared` (every instance on the program's channels, the default) or
+    /// `separate` (each on channels of its own, as MSCCL's instances: more thread blocks).
+    #[arg(long = "instance-channels")]
+    pub instance_channels: Option<String>,
     /// With --algo/--xml: FIFO slots per connection (default: what the plan needs, at least 2).
     #[arg(long)]
     pub slots: Option<u32>,
@@ -339,6 +347,11 @@ pub fn run(a: Args) -> CliResult {
         }
         return run_plan(&a);
     }
+    for (flag, given) in [("--instances", a.instances.is_some()), ("--instance-channels", a.instance_channels.is_some())] {
+        if given {
+            return Err(format!("{flag} is for --algo/--xml, not {}", a.what.as_deref().unwrap_or("no benchmark")).into());
+        }
+    }
     let Some(what) = a.what.clone() else {
         return Err(format!("give a benchmark ({}) or --algo/--xml", BENCHMARKS.join(", ")).into());
     };
@@ -588,7 +601,8 @@ fn run_plan(a: &Args) -> CliResult {
         xml: a.xml.clone(),
         program: None,
         topo,
-        instances: 1,
+        instances: a.instances.unwrap_or(1),
+        instance_channels: a.instance_channels.clone().unwrap_or_else(|| "shared".into()),
         scheduler: scheduler.to_string(),
         tb_alloc: tb_alloc.to_string(),
     };
@@ -637,7 +651,7 @@ fn run_plan(a: &Args) -> CliResult {
     let l = &b.plan.layout;
     println!("# oxccl compiled plan {} ({}): {}", b.name, a.exec, command.join(" "));
     println!(
-        "# device: {}, {} {} ({}x{}), {}, {} chunks, mover {}, {} micro-batches, schedule {} / tb-alloc {}",
+        "# device: {}, {} {} ({}x{}), {}, {} chunks ({} instance{}, channels {}), mover {}, {} micro-batches, schedule {} / tb-alloc {}",
         ctx.name().unwrap_or_default(),
         ranks,
         placement(gpus.len(), ranks),
@@ -645,6 +659,9 @@ fn run_plan(a: &Args) -> CliResult {
         loaded.gpus_per_node,
         if l.in_place { "in place" } else { "out of place" },
         l.chunks,
+        a.instances.unwrap_or(1),
+        if a.instances.unwrap_or(1) == 1 { "" } else { "s" },
+        a.instance_channels.as_deref().unwrap_or("shared"),
         a.mover,
         a.micro_batches,
         b.plan.scheduler,

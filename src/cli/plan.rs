@@ -9,7 +9,7 @@
 use super::CliResult;
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{Program, msccl, text};
+use oxccl_host::program::{InstanceChannels, Program, msccl, text};
 use std::path::PathBuf;
 
 /// Where the program comes from and how to compile it (shared by `plan`, `simulate`, `verify`).
@@ -33,6 +33,10 @@ pub struct ProgramArgs {
     /// Replicate the program K times over K-times finer chunks (more independent work).
     #[arg(long, default_value_t = 1)]
     pub instances: u32,
+    /// With --instances: `shared` (every instance on the program's channels) or `separate` (each
+    /// on channels of its own, as MSCCL's instances: more links, FIFOs and thread blocks).
+    #[arg(long = "instance-channels", default_value = "shared")]
+    pub instance_channels: String,
     /// Scheduler: hpds, rr (round-robin), algo (algorithm level), stage (stage level).
     #[arg(long, default_value = "hpds")]
     pub scheduler: String,
@@ -97,8 +101,9 @@ impl ProgramArgs {
         if self.instances == 0 {
             return Err("--instances must be at least 1".into());
         }
+        let channels: InstanceChannels = self.instance_channels.parse()?;
         if self.instances > 1 {
-            program = program.instanced(self.instances)?;
+            program = program.instanced_on(self.instances, channels)?;
         }
         Ok(Loaded { program, nodes, gpus_per_node: gpus })
     }

@@ -489,10 +489,17 @@ impl Program {
     /// `c*k .. c*k+k`, and every op is repeated once per instance (ops on several chunks are split
     /// into one op per chunk, since an instance's chunks are no longer adjacent). Scratch grows `k`
     /// times. The result computes the same collective; it gives the schedulers more independent work.
-    /// The program is verified first ([`Program::verify`]'s errors); [`ProgramError::BadLayout`] when
-    /// the `k`-times larger buffers are too large, [`ProgramError::ChunkLabelOverflow`] when an op's
-    /// chunk label times `k` does not fit a `u32`.
+    /// Every instance stays on the program's channels: [`Program::instanced_on`] with
+    /// [`InstanceChannels::Shared`].
     pub fn instanced(&self, k: u32) -> Result<Program, ProgramError> {
+        self.instanced_on(k, InstanceChannels::Shared)
+    }
+
+    /// [`Program::instanced`], with each instance's channels as `channels` says. The program is
+    /// verified first ([`Program::verify`]'s errors); [`ProgramError::BadLayout`] when the `k`-times
+    /// larger buffers are too large or `k` instances' channels do not fit a `u32`,
+    /// [`ProgramError::ChunkLabelOverflow`] when an op's chunk label times `k` does not fit a `u32`.
+    pub fn instanced_on(&self, k: u32, channels: InstanceChannels) -> Result<Program, ProgramError> {
         if k <= 1 {
             return Ok(self.clone());
         }
@@ -514,8 +521,22 @@ impl Program {
                 reason: format!("{k} instances make {ops} ops, more than {}", Self::MAX_INSTANCED_OPS),
             });
         }
+        // Instance i's channel c is c + i × width; `width` is 0 where the instances share channels.
+        let width = match channels {
+            InstanceChannels::Shared => 0,
+            InstanceChannels::Separate => self.ops.iter().map(|op| op.channel() as u64 + 1).max().unwrap_or(1),
+        };
+        if width * k as u64 > u32::MAX as u64 + 1 {
+            return Err(ProgramError::BadLayout {
+                reason: format!("{k} instances of {width} channels each make more than 2^32 channels"),
+            });
+        }
+        let moved = |channel: u32, i: u32| (channel as u64 + i as u64 * width) as u32;
         let mut out = Program {
-            name: format!("{}_x{}", self.name, k),
+            name: match channels {
+                InstanceChannels::Shared => format!("{}_x{}", self.name, k),
+                InstanceChannels::Separate => format!("{}_x{}_channels", self.name, k),
+            },
             layout,
             ranks_per_node: self.ranks_per_node,
             ops: Vec::with_capacity(self.ops.len() * k as usize),
@@ -533,17 +554,23 @@ impl Program {
                         OpKind::Transfer { src_rank, dst_rank, channel, src, dst, op } => OpKind::Transfer {
                             src_rank,
                             dst_rank,
-                            channel,
+                            channel: moved(channel, i),
                             src: map(src, x, i),
                             dst: map(dst, x, i),
                             op,
                         },
-                        OpKind::Copy { rank, channel, src, dst } => {
-                            OpKind::Copy { rank, channel, src: map(src, x, i), dst: map(dst, x, i) }
-                        }
-                        OpKind::Reduce { rank, channel, src, dst } => {
-                            OpKind::Reduce { rank, channel, src: map(src, x, i), dst: map(dst, x, i) }
-                        }
+                        OpKind::Copy { rank, channel, src, dst } => OpKind::Copy {
+                            rank,
+                            channel: moved(channel, i),
+                            src: map(src, x, i),
+                            dst: map(dst, x, i),
+                        },
+                        OpKind::Reduce { rank, channel, src, dst } => OpKind::Reduce {
+                            rank,
+                            channel: moved(channel, i),
+                            src: map(src, x, i),
+                            dst: map(dst, x, i),
+                        },
                     };
                     out.ops.push(Op { kind, chunk: (op.chunk + x) * k + i, step: op.step, stage: op.stage });
                 }
@@ -554,6 +581,30 @@ impl Program {
 
     /// Most ops [`Program::instanced`] builds.
     pub const MAX_INSTANCED_OPS: u64 = 1 << 24;
+}
+
+/// Which channels [`Program::instanced_on`] gives each instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum InstanceChannels {
+    /// Every instance on the program's own channels: the same links (and FIFOs and thread blocks),
+    /// `k` times as many chunks on each.
+    #[default]
+    Shared,
+    /// Instance `i` on channels of its own (channel `c` becomes `c + i × C`, `C` the program's
+    /// channel count), as MSCCL's instances: `k` times the links, each with its own FIFO, so the
+    /// compiler gives the instances thread blocks of their own and they run side by side.
+    Separate,
+}
+
+impl std::str::FromStr for InstanceChannels {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shared" => Ok(InstanceChannels::Shared),
+            "separate" => Ok(InstanceChannels::Separate),
+            other => Err(format!("unknown instance channels {other:?} (shared, separate)")),
+        }
+    }
 }
 
 /// What is wrong with a program. Every variant names the op (or the line) at fault.
