@@ -194,7 +194,8 @@ fn instances_are_for_plans_and_checked_first() {
     assert!(!ok && err.contains("--instances is for --algo/--xml, not all_reduce"), "{err}");
     let (ok, err) = oxccl(&["bench", "movers", "--instance-channels", "separate"]);
     assert!(!ok && err.contains("--instance-channels is for --algo/--xml, not movers"), "{err}");
-    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--instances", "2", "--instance-channels", "diagonal"]);
+    let (ok, err) =
+        oxccl(&["bench", "--algo", "ring-allreduce", "--instances", "2", "--instance-channels", "diagonal"]);
     assert!(!ok && err.contains("unknown instance channels \"diagonal\" (shared, separate)"), "{err}");
     for (n, want) in [("0", "--instances must be at least 1"), ("4294967295", "too large")] {
         let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--instances", n]);

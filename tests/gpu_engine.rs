@@ -597,7 +597,7 @@ fn refused_machine_code_falls_back_to_the_ptx() {
         ("a cut-off image", cut, Some(ModuleCode::Ptx)),
         ("sm_90a code of ptxas 13.5", newer, None),
     ] {
-        let (module, got) = load_module_as(&ctx, ptx, code, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let (module, got) = load_module_as(ctx, ptx, code, None).unwrap_or_else(|e| panic!("{what}: {e}"));
         if let Some(want) = want {
             assert_eq!(got, want, "{what}");
         }
@@ -605,10 +605,10 @@ fn refused_machine_code_falls_back_to_the_ptx() {
         eprintln!("{what}: loaded from {got}");
     }
     // Asked for by name: the PTX always loads; refused machine code is an error, not the PTX.
-    let (module, got) = load_module_as(&ctx, ptx, sm80, Some(ModuleCode::Ptx)).unwrap();
+    let (module, got) = load_module_as(ctx, ptx, sm80, Some(ModuleCode::Ptx)).unwrap();
     assert_eq!(got, ModuleCode::Ptx);
     runs(&module, 11);
-    let e = load_module_as(&ctx, ptx, sm80, Some(ModuleCode::Prebuilt)).map(|(_, c)| c).unwrap_err();
+    let e = load_module_as(ctx, ptx, sm80, Some(ModuleCode::Prebuilt)).map(|(_, c)| c).unwrap_err();
     assert!(e.to_string().contains("cuModuleLoadData"), "{e}");
     eprintln!("sm_80 code asked for by name: {e}");
 }

@@ -347,9 +347,13 @@ pub fn run(a: Args) -> CliResult {
         }
         return run_plan(&a);
     }
-    for (flag, given) in [("--instances", a.instances.is_some()), ("--instance-channels", a.instance_channels.is_some())] {
+    for (flag, given) in
+        [("--instances", a.instances.is_some()), ("--instance-channels", a.instance_channels.is_some())]
+    {
         if given {
-            return Err(format!("{flag} is for --algo/--xml, not {}", a.what.as_deref().unwrap_or("no benchmark")).into());
+            return Err(
+                format!("{flag} is for --algo/--xml, not {}", a.what.as_deref().unwrap_or("no benchmark")).into()
+            );
         }
     }
     let Some(what) = a.what.clone() else {

@@ -559,12 +559,9 @@ impl Program {
                             dst: map(dst, x, i),
                             op,
                         },
-                        OpKind::Copy { rank, channel, src, dst } => OpKind::Copy {
-                            rank,
-                            channel: moved(channel, i),
-                            src: map(src, x, i),
-                            dst: map(dst, x, i),
-                        },
+                        OpKind::Copy { rank, channel, src, dst } => {
+                            OpKind::Copy { rank, channel: moved(channel, i), src: map(src, x, i), dst: map(dst, x, i) }
+                        }
                         OpKind::Reduce { rank, channel, src, dst } => OpKind::Reduce {
                             rank,
                             channel: moved(channel, i),
