@@ -297,14 +297,23 @@ fn load_module(
     ptx: &'static str,
     prebuilt: &'static [u8],
 ) -> Result<(Arc<CudaModule>, ModuleCode)> {
-    load_module_as(ctx, ptx, prebuilt, module_choice(&std::env::var("OXCCL_MODULE").unwrap_or_default())?)
+    let choice = module_choice(&std::env::var("OXCCL_MODULE").unwrap_or_default())?;
+    // SAFETY: `prebuilt` is empty or a whole image the build embedded after checking its hash
+    // against ptx/cubins.txt.
+    unsafe { load_module_as(ctx, ptx, prebuilt, choice) }
 }
 
 /// [`load_module`]'s rule with the choice given: `None` loads `prebuilt` (when not empty) and falls
 /// back to `ptx` where the driver refuses the code as not for it (`CUDA_ERROR_INVALID_IMAGE`,
 /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`); `Some` loads that code
 /// or fails.
-pub fn load_module_as(
+///
+/// # Safety
+///
+/// `prebuilt` must be empty or a whole module image: `cuModuleLoadData` takes no length and reads
+/// as far as the image's own headers say (a cut-off image made it read past the end and kill the
+/// process on an H200).
+pub unsafe fn load_module_as(
     ctx: &Arc<CudaContext>,
     ptx: &str,
     prebuilt: &[u8],
