@@ -60,6 +60,63 @@ pub fn time_ms_on(
     Ok(ms / iters.max(1) as f64)
 }
 
+/// As [`time_ms_on`], with the calls in a CUDA graph (nccl-tests' `-G`): `iters` calls of `f` are
+/// captured once (the first stream begins the capture, the others join it through events and are
+/// joined back), the graph is launched once untimed and then `launches` times between device events
+/// on the first stream; the result is milliseconds per call. `f` must only queue work (a
+/// communicator's call of a prepared plan). The streams' buffers must not carry cudarc's event
+/// tracking (its waits on events recorded outside the capture would end it).
+pub fn time_graph_ms_on(
+    streams: &[Arc<CudaStream>],
+    iters: usize,
+    launches: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(first) = streams.first() else {
+        return Err(Error::BufferCount { what: "rank streams", expected: 1, got: 0 });
+    };
+    let same = |a: &Arc<CudaStream>, b: &Arc<CudaStream>| {
+        a.context().ordinal() == b.context().ordinal() && a.cu_stream() == b.cu_stream()
+    };
+    let mut others: Vec<&Arc<CudaStream>> = Vec::new();
+    for s in &streams[1..] {
+        if !same(s, first) && !others.iter().any(|o| same(o, s)) {
+            others.push(s);
+        }
+    }
+    let event = |s: &Arc<CudaStream>| s.record_event(None).map_err(Error::driver("cuEventRecord"));
+    first
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(Error::driver("cuStreamBeginCapture"))?;
+    // Whatever fails inside, the capture is ended before returning.
+    let captured = (|| -> Result<()> {
+        let fork = event(first)?;
+        for s in &others {
+            s.wait(&fork).map_err(Error::driver("cuStreamWaitEvent"))?;
+        }
+        for _ in 0..iters.max(1) {
+            f()?;
+        }
+        for s in &others {
+            first.wait(&event(s)?).map_err(Error::driver("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    })();
+    let graph = first.end_capture(CUgraphInstantiate_flags(0)).map_err(Error::driver("cuStreamEndCapture"));
+    captured?;
+    let graph = graph?.ok_or(Error::Config { field: "graph", why: "the capture recorded no work".into() })?;
+    graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
+    let start = first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+    for _ in 0..launches.max(1) {
+        graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
+    }
+    let end = first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+    end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+    let ms = start.elapsed_ms(&end).map_err(Error::driver("cuEventElapsedTime"))? as f64;
+    Ok(ms / (iters.max(1) * launches.max(1)) as f64)
+}
+
 /// `cuMemcpyDtoD` of `bytes` on `stream`'s GPU in GB/s, counting bytes read and written (the
 /// one-GPU ceiling every roofline here is measured against).
 pub fn memcpy_rate(stream: &Arc<CudaStream>, bytes: usize, warmup: usize, iters: usize) -> Result<f64> {
@@ -521,6 +578,9 @@ pub struct CollectiveBench {
     pub iters: usize,
     pub warmup: usize,
     pub check: bool,
+    /// nccl-tests' `-G`: 0 launches the calls one by one; N > 0 captures the `iters` timed calls
+    /// in a CUDA graph and times N launches of it ([`time_graph_ms_on`]).
+    pub graph_launches: usize,
     pub config: Config,
 }
 
@@ -810,6 +870,10 @@ pub fn collective_bench(
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
     }
     let comm = Communicator::from_streams(streams, b.config.clone())?;
+    // In graph mode the buffers are made without cudarc's event tracking (a capture cannot wait on
+    // events recorded before it); each is written on its rank's stream and every stream is
+    // synchronised before the calls, which meet at device barriers.
+    let _untracked = (b.graph_launches > 0).then(|| Untracked::new(streams));
     let p = b.ranks;
     // Read-back staging for the check: one pinned buffer per device (each read waits for its copy,
     // so the ranks of a device share it).
@@ -957,7 +1021,16 @@ pub fn collective_bench(
                     wrong[k] += w?;
                 }
             }
-            times[k] = time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))? * 1e3;
+            times[k] = if b.graph_launches > 0 {
+                // The plan is built (and the warm-up run) outside the capture.
+                for _ in 0..b.warmup.max(1) {
+                    call(&mut recv, &send)?;
+                }
+                comm.synchronize()?;
+                time_graph_ms_on(streams, b.iters, b.graph_launches, || call(&mut recv, &send))?
+            } else {
+                time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))?
+            } * 1e3;
             comm.synchronize()?;
         }
         let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
@@ -988,6 +1061,34 @@ pub fn collective_bench(
         size = size.saturating_mul(b.factor);
     }
     Ok(rows)
+}
+
+/// Event tracking off on the contexts of some streams while it lives (graph-mode benchmarks), back
+/// on when dropped.
+struct Untracked(Vec<Arc<cudarc::driver::CudaContext>>);
+
+impl Untracked {
+    fn new(streams: &[Arc<CudaStream>]) -> Untracked {
+        let mut ctxs: Vec<Arc<cudarc::driver::CudaContext>> = Vec::new();
+        for s in streams {
+            if !ctxs.iter().any(|c| c.ordinal() == s.context().ordinal()) {
+                // SAFETY: the benchmark's buffers made meanwhile are each used on its rank's stream,
+                // after a synchronisation of every stream (see `collective_bench`).
+                unsafe { s.context().disable_event_tracking() };
+                ctxs.push(s.context().clone());
+            }
+        }
+        Untracked(ctxs)
+    }
+}
+
+impl Drop for Untracked {
+    fn drop(&mut self) {
+        for c in &self.0 {
+            // SAFETY: restores the contexts' default for slices made after the benchmark.
+            unsafe { c.enable_event_tracking() };
+        }
+    }
 }
 
 /// Parameters of a compiled-plan benchmark (`oxccl bench --algo ...|--xml ... --exec ...`).
@@ -1767,6 +1868,7 @@ mod tests {
                 iters: 1,
                 warmup: 0,
                 check: true,
+                graph_launches: 0,
                 config: Config::default(),
             };
             let e = collective_bench(&[], &b, |_| {}).unwrap_err();

@@ -186,6 +186,22 @@ fn a_bad_piece_is_named() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `-G` (CUDA-graph timing) is for the collectives' table only.
+#[test]
+fn graph_timing_is_for_the_collectives() {
+    for (args, what) in [
+        (&["bench", "movers", "-G", "2"][..], "movers"),
+        (&["bench", "overlap", "--cudagraph", "1"], "overlap"),
+        (&["bench", "--algo", "ring-allreduce", "-G", "1"], "--algo/--xml"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(
+            !ok && err.contains("-G/--cudagraph is for the collectives") && err.contains(&format!("not {what}")),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 /// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before
 /// any GPU is looked for.
 #[test]

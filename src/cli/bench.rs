@@ -70,6 +70,10 @@ pub struct Args {
     /// Untimed warm-up iterations per size.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     pub warmup: usize,
+    /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
+    /// (nccl-tests' -G; 0, the default, launches each call).
+    #[arg(short = 'G', long = "cudagraph")]
+    pub graph: Option<usize>,
     /// Check results in a separate untimed pass (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
@@ -332,6 +336,15 @@ pub fn run(a: Args) -> CliResult {
             }
         }
     }
+    let collective_named =
+        matches!(a.what.as_deref(), Some("all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce"));
+    if a.graph.is_some() && !collective_named {
+        return Err(format!(
+            "-G/--cudagraph is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), not {}",
+            a.what.as_deref().unwrap_or("--algo/--xml")
+        )
+        .into());
+    }
     if a.algo.is_some() || a.xml.is_some() {
         if a.piece.is_some() {
             return Err("--piece is for movers, not --algo/--xml".into());
@@ -542,6 +555,7 @@ pub fn run(a: Args) -> CliResult {
         iters: a.iters,
         warmup: a.warmup,
         check: a.check != 0,
+        graph_launches: a.graph.unwrap_or(0),
         config,
     };
     println!("# oxccl {}: {}", collective.name(), command.join(" "));
@@ -556,8 +570,20 @@ pub fn run(a: Args) -> CliResult {
         a.reduction.as_deref().unwrap_or("registers"),
         engine.code
     );
+    if b.graph_launches > 0 {
+        println!(
+            "# timed: the {} calls of each half captured in a CUDA graph, {} launches of it (nccl-tests' -G)",
+            b.iters, b.graph_launches
+        );
+    }
     println!("{}", bench::NCCL_HEADER);
-    let streams = rank_streams(&gpus, b.ranks, false)?;
+    let streams = if b.graph_launches > 0 && gpus.len() == 1 {
+        // The same one stream for every rank, as without -G, but not the legacy default stream,
+        // which cannot be captured.
+        vec![gpus[0].new_stream()?; b.ranks]
+    } else {
+        rank_streams(&gpus, b.ranks, false)?
+    };
     let rows = bench::collective_bench(&streams, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
     if gpus.len() == 1 && !rows.is_empty() {
