@@ -587,8 +587,9 @@ pub fn run(a: Args) -> CliResult {
     let rows = bench::collective_bench(&streams, &b, |r| println!("{}", bench::nccl_line(r)))?;
     println!("{}", bench::nccl_footer(&rows));
     if gpus.len() == 1 && !rows.is_empty() {
-        // On one GPU every rank's bytes go through the same memory: the HBM roofline.
-        let bytes = a.max_bytes.clamp(1 << 20, 1 << 30) as usize;
+        // On one GPU every rank's bytes go through the same memory: the HBM roofline, from a copy
+        // large enough to reach it whatever the sweep's sizes (a 2 MiB copy reads well under it).
+        let bytes = 1usize << 30;
         let memcpy = bench::memcpy_rate(&stream, bytes, 3, 10)?;
         println!(
             "# roofline: every input read once and every output written once, less what an in-place call \
