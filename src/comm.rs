@@ -370,8 +370,17 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
-        let send = std::slice::from_ref(send);
-        self.collective::<T, S, R>(collective, send[0].len(), Some(send), recv, ReduceOp::Sum, Holders::All)
+        // The count from the receive buffers, the many: a send buffer of another length is the one
+        // named wrong.
+        let count = first_len(recv, "receive buffers", self.ranks())?;
+        self.collective::<T, S, R>(
+            collective,
+            count,
+            Some(std::slice::from_ref(send)),
+            recv,
+            ReduceOp::Sum,
+            Holders::All,
+        )
     }
 
     /// In-place Broadcast: every `buf[r]` becomes a copy of `buf[root]`, which is left as it is.
@@ -697,6 +706,10 @@ impl Communicator {
         in_place: bool,
     ) -> Result<CallLaunch> {
         self.check_usable()?;
+        if let Some(root) = collective.root() {
+            // As the calls name it.
+            self.rooted(root, |_| collective)?;
+        }
         let spec = self.spec::<T>(collective, count, op, in_place);
         let (plan, built) = self.plan(&spec)?;
         if built {

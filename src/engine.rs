@@ -308,17 +308,23 @@ fn load_module(
 /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`); `Some` loads that code
 /// or fails.
 ///
+/// A `ptx` with a NUL byte is an [`Error::Config`] (cudarc would panic making it a C string).
+///
 /// # Safety
 ///
-/// `prebuilt` must be empty or a whole module image: `cuModuleLoadData` takes no length and reads
-/// as far as the image's own headers say (a cut-off image made it read past the end and kill the
-/// process on an H200).
+/// `prebuilt` must be empty or a whole module image, and `ptx` PTX text (the driver tells text
+/// from an image by its first bytes): `cuModuleLoadData` takes no length and reads as far as an
+/// image's own headers say (a cut-off image made it read past the end and kill the process on an
+/// H200).
 pub unsafe fn load_module_as(
     ctx: &Arc<CudaContext>,
     ptx: &str,
     prebuilt: &[u8],
     choice: Option<ModuleCode>,
 ) -> Result<(Arc<CudaModule>, ModuleCode)> {
+    if ptx.contains('\0') {
+        return Err(Error::Config { field: "ptx", why: "PTX text with a NUL byte".into() });
+    }
     let from_ptx =
         || ctx.load_module(Ptx::from_src(ptx)).map(|m| (m, ModuleCode::Ptx)).map_err(Error::driver("cuModuleLoadData"));
     let from_prebuilt = || {

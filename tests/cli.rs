@@ -210,6 +210,8 @@ fn instances_are_for_plans_and_checked_first() {
     assert!(!ok && err.contains("--instances is for --algo/--xml, not all_reduce"), "{err}");
     let (ok, err) = oxccl(&["bench", "movers", "--instance-channels", "separate"]);
     assert!(!ok && err.contains("--instance-channels is for --algo/--xml, not movers"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "--instance-channels", "separate"]);
+    assert!(!ok && err.contains("--instance-channels separate needs --instances 2 or more"), "{err}");
     let (ok, err) =
         oxccl(&["bench", "--algo", "ring-allreduce", "--instances", "2", "--instance-channels", "diagonal"]);
     assert!(!ok && err.contains("unknown instance channels \"diagonal\" (shared, separate)"), "{err}");

@@ -609,7 +609,9 @@ fn misuse_is_a_typed_error() {
     let e = comm.reduce(&send, &mut recv[0], ReduceOp::Sum, 9).unwrap_err();
     assert!(matches!(e, Error::NoSuchRank { rank: 9, ranks: 4 }), "{e}");
     let e = comm.broadcast(&short[2], &mut recv, 2).unwrap_err();
-    assert!(matches!(e, Error::Length { rank: 0, expected: 99, got: 100, .. }), "{e}");
+    assert!(matches!(e, Error::Length { what: "send buffer", rank: 2, expected: 100, got: 99 }), "{e}");
+    let e = comm.prepare::<f32>(Collective::Reduce { root: 5 }, 100, ReduceOp::Sum, false).unwrap_err();
+    assert!(matches!(e, Error::NoSuchRank { rank: 5, ranks: 4 }), "{e}");
     let e = comm.reduce(&send[..3], &mut recv[0], ReduceOp::Max, 1).unwrap_err();
     assert!(matches!(e, Error::BufferCount { what: "send buffers", expected: 4, got: 3 }), "{e}");
     {

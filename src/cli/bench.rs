@@ -44,8 +44,8 @@ pub struct Args {
     /// With --algo/--xml: micro-batches per chunk.
     #[arg(long, default_value_t = 4)]
     pub micro_batches: u32,
-    /// With --algo/--xml: replicate the program K times over K-times finer chunks, each instance on
-    /// thread blocks of its own (default 1).
+    /// With --algo/--xml: replicate the program K times over K-times finer chunks (default 1);
+    /// with --instance-channels separate, each instance on thread blocks of its own.
     #[arg(long)]
     pub instances: Option<u32>,
     /// With --instances: `shared` (every instance on the program's channels, the default) or

@@ -102,6 +102,9 @@ impl ProgramArgs {
             return Err("--instances must be at least 1".into());
         }
         let channels: InstanceChannels = self.instance_channels.parse()?;
+        if self.instances == 1 && channels != InstanceChannels::Shared {
+            return Err("--instance-channels separate needs --instances 2 or more".into());
+        }
         if self.instances > 1 {
             program = program.instanced_on(self.instances, channels)?;
         }

@@ -587,8 +587,8 @@ pub enum InstanceChannels {
     /// `k` times as many chunks on each.
     #[default]
     Shared,
-    /// Instance `i` on channels of its own (channel `c` becomes `c + i × C`, `C` the program's
-    /// channel count), as MSCCL's instances: `k` times the links, each with its own FIFO, so the
+    /// Instance `i` on channels of its own (channel `c` becomes `c + i × C`, `C` one more than the
+    /// program's highest channel), as MSCCL's instances: `k` times the links, each with its own FIFO, so the
     /// compiler gives the instances thread blocks of their own and they run side by side.
     Separate,
 }
