@@ -89,31 +89,41 @@ pub fn time_graph_ms_on(
     first
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(Error::driver("cuStreamBeginCapture"))?;
-    // Whatever fails inside, the capture is ended before returning.
-    let captured = (|| -> Result<()> {
-        let fork = event(first)?;
-        for s in &others {
-            s.wait(&fork).map_err(Error::driver("cuStreamWaitEvent"))?;
-        }
-        for _ in 0..iters.max(1) {
-            f()?;
-        }
-        for s in &others {
-            first.wait(&event(s)?).map_err(Error::driver("cuStreamWaitEvent"))?;
-        }
-        Ok(())
-    })();
-    let graph = first.end_capture(CUgraphInstantiate_flags(0)).map_err(Error::driver("cuStreamEndCapture"));
-    captured?;
-    let graph = graph?.ok_or(Error::Config { field: "graph", why: "the capture recorded no work".into() })?;
-    graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
-    let start = first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
-    for _ in 0..launches.max(1) {
-        graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
+    // Whatever fails inside, the forked streams are joined and the capture ended before returning.
+    let forked = event(first)
+        .and_then(|fork| others.iter().try_for_each(|s| s.wait(&fork).map_err(Error::driver("cuStreamWaitEvent"))));
+    let called = forked.and_then(|()| (0..iters.max(1)).try_for_each(|_| f()));
+    let joined = others.iter().try_for_each(|s| first.wait(&event(s)?).map_err(Error::driver("cuStreamWaitEvent")));
+    let end = || first.end_capture(CUgraphInstantiate_flags(0)).map_err(Error::driver("cuStreamEndCapture"));
+    let mut graph = end();
+    if graph.is_err()
+        && !matches!(
+            first.capture_status(),
+            Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        )
+    {
+        // cudarc reports an error recorded earlier on the context before it ends the capture; the
+        // second call ends it.
+        graph = end();
     }
-    let end = first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
-    end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
-    let ms = start.elapsed_ms(&end).map_err(Error::driver("cuEventElapsedTime"))? as f64;
+    called?;
+    joined?;
+    let graph = graph?.ok_or(Error::Config { field: "graph", why: "the capture recorded no work".into() })?;
+    // Once the graph runs, no return before it ends: the caller frees the buffers it uses.
+    let timed = (|| -> Result<f64> {
+        graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
+        let start =
+            first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+        for _ in 0..launches.max(1) {
+            graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
+        }
+        let end = first.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::driver("cuEventRecord"))?;
+        end.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
+        Ok(start.elapsed_ms(&end).map_err(Error::driver("cuEventElapsedTime"))? as f64)
+    })();
+    let synced = first.synchronize().map_err(Error::driver("cuStreamSynchronize"));
+    let ms = timed?;
+    synced?;
     Ok(ms / (iters.max(1) * launches.max(1)) as f64)
 }
 
@@ -985,12 +995,10 @@ pub fn collective_bench(
                     DType::U32 => go!(u32),
                 }
             };
-            // Correctness pass (untimed) on fresh data.
-            if b.check {
-                call(&mut recv, &send)?;
+            // The wrong elements of every rank's output, read back after the calls queued so far.
+            let check = |recv: &Vec<CudaSlice<u8>>, staging: &mut Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)>| {
                 comm.synchronize()?;
                 // One thread per device (each with its staging buffer), its ranks one after another.
-                let recv = &recv;
                 let recv_ranks = &recv_ranks;
                 let expected = &expected;
                 let per_device = std::thread::scope(|scope| {
@@ -1017,9 +1025,12 @@ pub fn collective_bench(
                         .collect();
                     workers.into_iter().map(|w| w.join().expect("check thread")).collect::<Vec<Result<u64>>>()
                 });
-                for w in per_device {
-                    wrong[k] += w?;
-                }
+                per_device.into_iter().sum::<Result<u64>>()
+            };
+            // Correctness pass (untimed) on fresh data.
+            if b.check {
+                call(&mut recv, &send)?;
+                wrong[k] += check(&recv, &mut staging)?;
             }
             times[k] = if b.graph_launches > 0 {
                 // The plan is built (and the warm-up run) outside the capture.
@@ -1027,7 +1038,23 @@ pub fn collective_bench(
                     call(&mut recv, &send)?;
                 }
                 comm.synchronize()?;
-                time_graph_ms_on(streams, b.iters, b.graph_launches, || call(&mut recv, &send))?
+                // Out of place the outputs are zeroed first and checked after the graph, so the
+                // row's `#wrong` also covers what the graph computed (in place each call changes
+                // its data: checked before only).
+                let recheck = b.check && !in_place;
+                if recheck {
+                    for (buf, &r) in recv.iter_mut().zip(&recv_ranks) {
+                        streams[r].memset_zeros(buf).map_err(Error::driver("cuMemsetD8Async"))?;
+                    }
+                    for s in streams {
+                        s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+                    }
+                }
+                let ms = time_graph_ms_on(streams, b.iters, b.graph_launches, || call(&mut recv, &send))?;
+                if recheck {
+                    wrong[k] += check(&recv, &mut staging)?;
+                }
+                ms
             } else {
                 time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))?
             } * 1e3;
@@ -1063,19 +1090,21 @@ pub fn collective_bench(
     Ok(rows)
 }
 
-/// Event tracking off on the contexts of some streams while it lives (graph-mode benchmarks), back
-/// on when dropped.
-struct Untracked(Vec<Arc<cudarc::driver::CudaContext>>);
+/// Event tracking off on the contexts of some streams while it lives (graph-mode benchmarks), as
+/// it was when dropped. Meanwhile cudarc orders no slice of those contexts across streams, also
+/// other threads' slices.
+struct Untracked(Vec<(Arc<cudarc::driver::CudaContext>, bool)>);
 
 impl Untracked {
     fn new(streams: &[Arc<CudaStream>]) -> Untracked {
-        let mut ctxs: Vec<Arc<cudarc::driver::CudaContext>> = Vec::new();
+        let mut ctxs: Vec<(Arc<cudarc::driver::CudaContext>, bool)> = Vec::new();
         for s in streams {
-            if !ctxs.iter().any(|c| c.ordinal() == s.context().ordinal()) {
+            if !ctxs.iter().any(|(c, _)| Arc::ptr_eq(c, s.context())) {
+                let was = s.context().is_event_tracking();
                 // SAFETY: the benchmark's buffers made meanwhile are each used on its rank's stream,
                 // after a synchronisation of every stream (see `collective_bench`).
                 unsafe { s.context().disable_event_tracking() };
-                ctxs.push(s.context().clone());
+                ctxs.push((s.context().clone(), was));
             }
         }
         Untracked(ctxs)
@@ -1084,9 +1113,11 @@ impl Untracked {
 
 impl Drop for Untracked {
     fn drop(&mut self) {
-        for c in &self.0 {
-            // SAFETY: restores the contexts' default for slices made after the benchmark.
-            unsafe { c.enable_event_tracking() };
+        for (c, was) in &self.0 {
+            if *was {
+                // SAFETY: puts back what the context had before the benchmark.
+                unsafe { c.enable_event_tracking() };
+            }
         }
     }
 }

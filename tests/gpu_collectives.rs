@@ -320,9 +320,10 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
     );
 }
 
-/// The benchmark's graph timing (`oxccl bench -G`) runs the calls it captured: outputs zeroed
-/// before the timed launches hold the AllReduce after them, for ranks on one stream and on two
-/// (the second joins the capture through events).
+/// The benchmark's graph timing (`oxccl bench -G`) runs every call it captured, once per launch
+/// plus the untimed first launch: an in-place sum over 4 ranks of ones, called once before and 3 × 3
+/// times in the graph, is 4^10 everywhere (exact in f32); ranks on one stream and on two (the
+/// second joins the capture through events).
 #[test]
 fn graph_timing_runs_the_captured_calls() {
     let Some(stream) = common::gpu("graph_timing_runs_the_captured_calls") else { return };
@@ -332,32 +333,31 @@ fn graph_timing_runs_the_captured_calls() {
     let two = [ctx.new_stream().unwrap(), ctx.new_stream().unwrap()];
     for streams in [vec![one.clone(); 4], vec![two[0].clone(), two[1].clone(), two[0].clone(), two[1].clone()]] {
         let comm = Communicator::from_streams(&streams, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+        let tracking = ctx.is_event_tracking();
         // SAFETY: each buffer below is used on its rank's stream, after every stream is synchronised.
         unsafe { ctx.disable_event_tracking() };
-        let send: Vec<CudaSlice<f32>> =
-            streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
-        let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
-        // SAFETY: restores the default for buffers made later.
-        unsafe { ctx.enable_event_tracking() };
-        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
-        comm.synchronize().unwrap();
-        for (b, s) in recv.iter_mut().zip(&streams) {
-            s.memset_zeros(b).unwrap();
+        let mut bufs: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.clone_htod(&vec![1.0f32; n]).unwrap()).collect();
+        if tracking {
+            // SAFETY: restores the default for buffers made later.
+            unsafe { ctx.enable_event_tracking() };
+        }
+        for s in &streams {
             s.synchronize().unwrap();
         }
-        let ms = oxccl::bench::time_graph_ms_on(&streams, 3, 2, || comm.all_reduce(&send, &mut recv, ReduceOp::Sum))
+        // The plan is built outside the capture.
+        comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+        comm.synchronize().unwrap();
+        let ms = oxccl::bench::time_graph_ms_on(&streams, 3, 2, || comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum))
             .unwrap();
         comm.synchronize().unwrap();
         assert!(ms > 0.0, "{ms} ms per call");
-        for (r, (b, s)) in recv.iter().zip(&streams).enumerate() {
+        let want = 4f32.powi(10);
+        for (r, (b, s)) in bufs.iter().zip(&streams).enumerate() {
             let got = s.clone_dtoh(b).unwrap();
-            assert!(got.iter().all(|&x| x == 10.0), "rank {r}: {} (want 10)", got[0]);
+            assert!(got.iter().all(|&x| x == want), "rank {r}: {} (want {want})", got[0]);
         }
-        eprintln!(
-            "{} distinct streams: {:.1} us per call in the graph",
-            if streams[0].cu_stream() == streams[1].cu_stream() { 1 } else { 2 },
-            ms * 1e3
-        );
+        let distinct = if streams[0].cu_stream() == streams[1].cu_stream() { 1 } else { 2 };
+        eprintln!("{distinct} distinct streams: {:.1} us per call in the graph", ms * 1e3);
     }
 }
 

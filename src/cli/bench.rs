@@ -338,7 +338,7 @@ pub fn run(a: Args) -> CliResult {
     }
     let collective_named =
         matches!(a.what.as_deref(), Some("all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce"));
-    if a.graph.is_some() && !collective_named {
+    if a.graph.is_some_and(|g| g > 0) && !collective_named {
         return Err(format!(
             "-G/--cudagraph is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), not {}",
             a.what.as_deref().unwrap_or("--algo/--xml")
