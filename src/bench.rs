@@ -35,12 +35,7 @@ pub fn time_ms_on(
     iters: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
-    let mut distinct: Vec<&Arc<CudaStream>> = Vec::new();
-    for s in streams {
-        if !distinct.iter().any(|d| d.context().ordinal() == s.context().ordinal() && d.cu_stream() == s.cu_stream()) {
-            distinct.push(s);
-        }
-    }
+    let distinct = distinct_streams(streams);
     for _ in 0..warmup {
         f()?;
     }
@@ -73,18 +68,10 @@ pub fn time_graph_ms_on(
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(first) = streams.first() else {
+    let distinct = distinct_streams(streams);
+    let Some((first, others)) = distinct.split_first() else {
         return Err(Error::BufferCount { what: "rank streams", expected: 1, got: 0 });
     };
-    let same = |a: &Arc<CudaStream>, b: &Arc<CudaStream>| {
-        a.context().ordinal() == b.context().ordinal() && a.cu_stream() == b.cu_stream()
-    };
-    let mut others: Vec<&Arc<CudaStream>> = Vec::new();
-    for s in &streams[1..] {
-        if !same(s, first) && !others.iter().any(|o| same(o, s)) {
-            others.push(s);
-        }
-    }
     let event = |s: &Arc<CudaStream>| s.record_event(None).map_err(Error::driver("cuEventRecord"));
     first
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -125,6 +112,17 @@ pub fn time_graph_ms_on(
     let ms = timed?;
     synced?;
     Ok(ms / (iters.max(1) * launches.max(1)) as f64)
+}
+
+/// `streams` without repeats (the same stream of the same device), in order.
+fn distinct_streams(streams: &[Arc<CudaStream>]) -> Vec<&Arc<CudaStream>> {
+    let mut distinct: Vec<&Arc<CudaStream>> = Vec::new();
+    for s in streams {
+        if !distinct.iter().any(|d| d.context().ordinal() == s.context().ordinal() && d.cu_stream() == s.cu_stream()) {
+            distinct.push(s);
+        }
+    }
+    distinct
 }
 
 /// `cuMemcpyDtoD` of `bytes` on `stream`'s GPU in GB/s, counting bytes read and written (the
