@@ -1709,6 +1709,43 @@ mod tests {
         }
     }
 
+    /// The roofline's count is what the default plans move: every task's sources read and
+    /// destinations written (an accumulating task also reads its destination) add up to
+    /// [`min_traffic`] for every collective, in and out of place, from 2 ranks (one rank in place
+    /// moves nothing), whatever the CTA count and count.
+    #[test]
+    fn the_default_plans_move_exactly_the_roofline_bytes() {
+        use oxccl_kernels::abi::TaskKind;
+        for collective in Collective::every(1) {
+            for (ranks, count, ctas) in [(2, 1000, 1), (3, 4097, 4), (8, 1 << 16, 16), (5, 77, 32)] {
+                for in_place in [false, true] {
+                    let spec = PlanSpec {
+                        collective,
+                        count,
+                        dtype: DType::F32,
+                        op: ReduceOp::Sum,
+                        ranks,
+                        in_place,
+                        ctas,
+                        reduction: Reduction::Registers,
+                    };
+                    let lowered = tccl::plan(&spec).unwrap();
+                    let moved: u64 = lowered
+                        .tasks
+                        .iter()
+                        .map(|t| {
+                            let into = TaskKind::from_raw(t.kind) == Some(TaskKind::ReduceInto);
+                            (t.src_ranks.count_ones() as u64 + t.dst_ranks.count_ones() as u64 + into as u64) * t.bytes
+                        })
+                        .sum();
+                    let (in_bytes, out_bytes) = spec.buffer_bytes();
+                    let size = in_bytes.max(out_bytes);
+                    assert_eq!(moved, min_traffic(collective, size, ranks, in_place), "{spec:?}");
+                }
+            }
+        }
+    }
+
     /// The sweep's copy ring: 32 KiB chunks, as many stages as the room holds (never none, never
     /// more than the kernels' ring).
     #[test]
