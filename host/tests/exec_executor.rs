@@ -6,8 +6,8 @@ use common::random_program;
 use oxccl_host::compile::{Options, Plan, Prim, Scheduler, TbAlloc, TbPlan, compile};
 use oxccl_host::exec::reference::{all_gather, all_reduce, all_to_all, reduce_scatter};
 use oxccl_host::exec::{ExecError, ExecOptions, ReduceOp, execute, micro_batch_range, test_inputs, verify};
-use oxccl_host::program::Collective;
 use oxccl_host::program::generators::Algorithm;
+use oxccl_host::program::{Collective, InstanceChannels};
 use proptest::prelude::*;
 
 #[test]
@@ -173,10 +173,15 @@ proptest! {
         len in 1usize..6,
         kind in 0usize..3,
         op in 0usize..3,
+        instances in 1u32..4,
+        separate in any::<bool>(),
     ) {
         let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
         let mut p = random_program(seed, c, ranks, k, ch);
         p.ranks_per_node = Some(per_node);
+        // Instances on the program's channels or on channels of their own compute the same.
+        let channels = if separate { InstanceChannels::Separate } else { InstanceChannels::Shared };
+        let p = p.instanced_on(instances, channels).unwrap();
         let opts = Options::new(Scheduler::ALL[sched], TbAlloc::ALL[alloc]);
         let plan = compile(&p, &opts).unwrap();
         let eo = ExecOptions { micro_batches: mbs, fifo_slots: plan.stats.fifo_slots_needed.max(1) + extra_slots };

@@ -9,7 +9,7 @@ use oxccl_host::compile::lower::{LowerOptions, PlanView, decode, lower};
 use oxccl_host::compile::{Options, Scheduler, TbAlloc, compile};
 use oxccl_host::exec::ReduceOp;
 use oxccl_host::exec::lowered::{AbiElement, LaunchOptions, red_op, verify};
-use oxccl_host::program::Collective;
+use oxccl_host::program::{Collective, InstanceChannels};
 use oxccl_kernels::abi::PlanMode;
 use proptest::prelude::*;
 
@@ -46,10 +46,14 @@ proptest! {
         launches in 1u32..3,
         kind in 0usize..3,
         op in 0usize..3,
+        instances in 1u32..4,
+        separate in any::<bool>(),
     ) {
         let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
         let mut p = random_program(seed, c, ranks, k, ch);
         p.ranks_per_node = Some(per_node);
+        let channels = if separate { InstanceChannels::Separate } else { InstanceChannels::Shared };
+        let p = p.instanced_on(instances, channels).unwrap();
         let plan = compile(&p, &Options::new(Scheduler::ALL[sched], TbAlloc::ALL[alloc])).unwrap();
         let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][op];
         let mode = if interpreted { PlanMode::Interpreted } else { PlanMode::Compiled };
