@@ -68,6 +68,10 @@ pub fn time_graph_ms_on(
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let calls = iters.max(1).checked_mul(launches.max(1)).ok_or_else(|| Error::Config {
+        field: "graph_launches",
+        why: format!("{launches} launches of {iters} calls are more calls than a usize counts"),
+    })?;
     let distinct = distinct_streams(streams);
     let Some((first, others)) = distinct.split_first() else {
         return Err(Error::BufferCount { what: "rank streams", expected: 1, got: 0 });
@@ -111,7 +115,7 @@ pub fn time_graph_ms_on(
     let synced = first.synchronize().map_err(Error::driver("cuStreamSynchronize"));
     let ms = timed?;
     synced?;
-    Ok(ms / (iters.max(1) * launches.max(1)) as f64)
+    Ok(ms / calls as f64)
 }
 
 /// `streams` without repeats (the same stream of the same device), in order.

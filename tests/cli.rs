@@ -200,6 +200,11 @@ fn graph_timing_is_for_the_collectives() {
             "{args:?}: {err}"
         );
     }
+    // Bounded before any GPU is looked for (a count that large would never end).
+    let (ok, err) = oxccl(&["bench", "all_reduce", "-G", "18446744073709551615"]);
+    assert!(!ok && err.contains("-G 18446744073709551615: give at most 1000000 launches"), "{err}");
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "-G", "0"]);
+    assert!(!ok && !err.contains("-G"), "-G 0 is no graph: {err}");
 }
 
 /// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before

@@ -288,6 +288,10 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
     })
 }
 
+/// Most launches `-G` takes (each of `-n` calls; a graph of a million launches of a 7 µs call
+/// already runs for seconds per size).
+const MAX_GRAPH_LAUNCHES: usize = 1_000_000;
+
 pub fn run(a: Args) -> CliResult {
     if a.iters == 0 {
         return Err("-n: iters: 0: give at least one timed run".into());
@@ -338,6 +342,11 @@ pub fn run(a: Args) -> CliResult {
     }
     let collective_named =
         matches!(a.what.as_deref(), Some("all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce"));
+    if let Some(g) = a.graph
+        && g > MAX_GRAPH_LAUNCHES
+    {
+        return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
+    }
     if a.graph.is_some_and(|g| g > 0) && !collective_named {
         return Err(format!(
             "-G/--cudagraph is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), not {}",
