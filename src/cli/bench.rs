@@ -288,6 +288,23 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
     })
 }
 
+/// The communicator configuration of a collective's benchmark, from the flags.
+fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
+    let reduction = parse_reduction(a.reduction.as_deref().unwrap_or("registers"))?;
+    Ok(Config {
+        max_ctas: a.ctas,
+        mover: parse_mover(&a.mover)?,
+        reduction,
+        deterministic: reduction == Reduction::Registers,
+        chunk_bytes: a.chunk,
+        stages: a.stages,
+        threads: a.threads,
+        issuers: a.issuers,
+        combine_direct: a.combine_direct,
+        ..Config::default()
+    })
+}
+
 /// Most launches `-G` takes (each of `-n` calls; a graph of a million launches of a 7 µs call
 /// already runs for seconds per size).
 const MAX_GRAPH_LAUNCHES: usize = 1_000_000;
@@ -467,6 +484,7 @@ pub fn run(a: Args) -> CliResult {
     }
     if collective.is_some() {
         check_sweep(&a)?;
+        crate::comm::validate_config(&collective_config(&a)?)?;
     }
     let gpus = contexts(&a)?;
     let ctx = gpus[0].clone();
@@ -539,20 +557,7 @@ pub fn run(a: Args) -> CliResult {
         print_json(&rows, a.json)?;
         return Ok(());
     };
-    let mover = parse_mover(&a.mover)?;
-    let reduction = parse_reduction(a.reduction.as_deref().unwrap_or("registers"))?;
-    let config = Config {
-        max_ctas: a.ctas,
-        mover,
-        reduction,
-        deterministic: reduction == Reduction::Registers,
-        chunk_bytes: a.chunk,
-        stages: a.stages,
-        threads: a.threads,
-        issuers: a.issuers,
-        combine_direct: a.combine_direct,
-        ..Config::default()
-    };
+    let config = collective_config(&a)?;
     let b = CollectiveBench {
         collective,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
