@@ -1714,7 +1714,8 @@ mod tests {
     }
 
     /// The roofline's count is what the default plans move: every task's sources read and
-    /// destinations written (an accumulating task also reads its destination) add up to
+    /// destinations written (an accumulating task, which only `Reduction::Tma` plans hold, would
+    /// also read its destination) add up to
     /// [`min_traffic`] for every collective, in and out of place, from 2 ranks (one rank in place
     /// moves nothing), whatever the CTA count and count.
     #[test]

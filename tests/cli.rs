@@ -203,8 +203,9 @@ fn graph_timing_is_for_the_collectives() {
     // Bounded before any GPU is looked for (a count that large would never end).
     let (ok, err) = oxccl(&["bench", "all_reduce", "-G", "18446744073709551615"]);
     assert!(!ok && err.contains("-G 18446744073709551615: give at most 1000000 launches"), "{err}");
-    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "-G", "0"]);
-    assert!(!ok && !err.contains("-G"), "-G 0 is no graph: {err}");
+    // -G 0 is no graph: the next check down speaks (with or without a GPU).
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "-G", "0", "--root", "1"]);
+    assert!(!ok && err.contains("--root is for broadcast and reduce, not --algo/--xml"), "{err}");
 }
 
 /// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before

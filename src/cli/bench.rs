@@ -71,7 +71,7 @@ pub struct Args {
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     pub warmup: usize,
     /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
-    /// (nccl-tests' -G; 0, the default, launches each call).
+    /// (nccl-tests' -G; at most 1000000; 0, the default, launches each call).
     #[arg(short = 'G', long = "cudagraph")]
     pub graph: Option<usize>,
     /// Check results in a separate untimed pass (1) or not (0).
@@ -359,17 +359,17 @@ pub fn run(a: Args) -> CliResult {
     }
     let collective_named =
         matches!(a.what.as_deref(), Some("all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce"));
-    if let Some(g) = a.graph
-        && g > MAX_GRAPH_LAUNCHES
-    {
-        return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
-    }
     if a.graph.is_some_and(|g| g > 0) && !collective_named {
         return Err(format!(
             "-G/--cudagraph is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), not {}",
             a.what.as_deref().unwrap_or("--algo/--xml")
         )
         .into());
+    }
+    if let Some(g) = a.graph
+        && g > MAX_GRAPH_LAUNCHES
+    {
+        return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
     }
     if a.algo.is_some() || a.xml.is_some() {
         if a.piece.is_some() {
