@@ -4,7 +4,7 @@
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
-B=.device/bin
+B=${B:-.device/bin}
 OUT=${OUT:-/tmp/oxccl-out}
 # Mover-sweep rows at CTA counts $1 (a regex alternation), matched on the CTAs column.
 rows() { grep -E "copy|reduce" | awk -v c="^($1)\$" '$3 ~ c'; }
