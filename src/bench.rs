@@ -606,8 +606,11 @@ pub struct CollectiveRow {
     pub ctas: u32,
     pub mover: &'static str,
     pub reduction: &'static str,
-    /// nccl-tests' size: bytes of the largest per-rank buffer.
+    /// nccl-tests' size: bytes of the largest per-rank buffer (the sweep's size rounded down to what
+    /// the call moves).
     pub size: u64,
+    /// nccl-tests' count: elements per rank in the smallest buffer (a ReduceScatter's output, an
+    /// AllGather's input).
     pub count: u64,
     pub dtype: &'static str,
     pub redop: &'static str,
@@ -850,10 +853,13 @@ fn count_wrong(got: &[u8], want: &[u8], elem: usize) -> u64 {
 /// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, a factor of at least
 /// 2 (a smaller one would never reach `max`), at least one timed iteration. Every benchmark checks
 /// these before it allocates anything.
-pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize) -> Result<()> {
+pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, elem_bytes: u64) -> Result<()> {
     let bad = |field, why: String| Err(Error::Config { field, why });
     if min_bytes > max_bytes {
         return bad("min_bytes", format!("{min_bytes} B is above max_bytes ({max_bytes} B): no size to run"));
+    }
+    if max_bytes < elem_bytes {
+        return bad("max_bytes", format!("{max_bytes} B holds no {elem_bytes}-byte element: no size to run"));
     }
     if factor < 2 {
         return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
@@ -872,7 +878,7 @@ pub fn collective_bench(
     mut on_row: impl FnMut(&CollectiveRow),
 ) -> Result<Vec<CollectiveRow>> {
     // The parameters first: they need no stream.
-    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
+    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters, b.dtype.size() as u64)?;
     if let Some(root) = b.collective.root()
         && root >= b.ranks
     {
@@ -921,6 +927,10 @@ pub fn collective_bench(
             reduction: b.config.reduction,
         };
         let (in_bytes, out_bytes) = spec.buffer_bytes();
+        // The row's size is what the call moves, as nccl-tests prints it: the larger buffer per rank,
+        // `size` rounded down to whole elements (and, for ReduceScatter and AllGather, to whole blocks
+        // per rank).
+        let moved = in_bytes.max(out_bytes);
         let expected = Expected::new(b.collective, b.dtype, b.op, p, count);
         let mut times = [0f64; 2];
         let mut wrong = [0u64; 2];
@@ -1062,7 +1072,7 @@ pub fn collective_bench(
             } * 1e3;
             comm.synchronize()?;
         }
-        let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
+        let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
         let factor = b.collective.bus_factor(p);
         let row = CollectiveRow {
             collective: b.collective.name(),
@@ -1071,8 +1081,9 @@ pub fn collective_bench(
             ctas: comm.ctas_per_rank(),
             mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
             reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
-            size,
-            count: total_elems,
+            size: moved,
+            // nccl-tests' count: elements per rank in the smaller buffer.
+            count,
             dtype: b.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced (AllGather, Broadcast).
             redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
@@ -1174,7 +1185,7 @@ pub fn plan_bench(
 ) -> Result<Vec<CollectiveRow>> {
     use oxccl_host::compile::lower::{LowerOptions, lower, place};
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
-    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters)?;
+    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters, b.dtype.size() as u64)?;
     let l = &b.plan.layout;
     let p = l.ranks as usize;
     if streams.len() != p {
@@ -1308,7 +1319,8 @@ pub fn plan_bench(
             mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
             reduction: "registers",
             size: real,
-            count: real / e,
+            // nccl-tests' count: elements per rank in the smaller buffer.
+            count: ic.min(oc) * chunk_bytes / e,
             dtype: b.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced.
             redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
@@ -1682,16 +1694,18 @@ mod tests {
     /// A sweep runs at least one size, grows, and times something; each refusal names its field.
     #[test]
     fn sweeps_that_cannot_run_are_refused() {
-        assert!(check_sweep(1 << 20, 1 << 30, 4, 20).is_ok());
-        assert!(check_sweep(8, 8, 2, 1).is_ok());
+        assert!(check_sweep(1 << 20, 1 << 30, 4, 20, 4).is_ok());
+        assert!(check_sweep(8, 8, 2, 1, 4).is_ok());
+        assert!(check_sweep(1, 2, 2, 1, 2).is_ok());
         for (args, want) in [
-            ((2 << 20, 1 << 20, 4, 20), "min_bytes"),
-            ((8, 1 << 20, 1, 20), "factor"),
-            ((8, 8, 0, 20), "factor"),
-            ((8, 8, 2, 0), "iters"),
+            ((2 << 20, 1 << 20, 4, 20, 4), "min_bytes"),
+            ((1, 3, 2, 20, 4), "max_bytes"),
+            ((8, 1 << 20, 1, 20, 4), "factor"),
+            ((8, 8, 0, 20, 4), "factor"),
+            ((8, 8, 2, 0, 4), "iters"),
         ] {
-            let (min, max, factor, iters) = args;
-            match check_sweep(min, max, factor, iters) {
+            let (min, max, factor, iters, elem) = args;
+            match check_sweep(min, max, factor, iters, elem) {
                 Err(Error::Config { field, .. }) => assert_eq!(field, want, "{args:?}"),
                 other => panic!("{args:?}: {other:?}"),
             }

@@ -113,7 +113,7 @@ pub(crate) struct Uploaded {
 }
 
 /// A set of ranks that run collectives together: P virtual ranks on one GPU, one rank per GPU, or a
-/// mix. Calls take one buffer per rank, like a `ncclGroupStart`/`ncclGroupEnd` block over
+/// mix, 1 to [`MAX_RANKS`](crate::MAX_RANKS) (16) ranks. Calls take one buffer per rank, like a `ncclGroupStart`/`ncclGroupEnd` block over
 /// `cudarc::nccl::Comm`s.
 ///
 /// Calls are asynchronous on the ranks' streams; [`Communicator::synchronize`] waits for them and
@@ -289,7 +289,7 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(send, "send buffers", self.ranks())?;
+        let count = common_len(send, "send buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op, Holders::All)
     }
 
@@ -299,7 +299,7 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(bufs, "buffers", self.ranks())?;
+        let count = common_len(bufs, "buffers", self.ranks())?;
         self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op, Holders::All)
     }
 
@@ -310,7 +310,7 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = first_len(recv, "receive buffers", self.ranks())?;
+        let count = common_len(recv, "receive buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op, Holders::All)
     }
 
@@ -321,7 +321,7 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let total = first_len(bufs, "buffers", self.ranks())?;
+        let total = common_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
@@ -340,14 +340,14 @@ impl Communicator {
         send: &[S],
         recv: &mut [R],
     ) -> Result<()> {
-        let count = first_len(send, "send buffers", self.ranks())?;
+        let count = common_len(send, "send buffers", self.ranks())?;
         self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum, Holders::All)
     }
 
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
-        let total = first_len(bufs, "buffers", self.ranks())?;
+        let total = common_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
@@ -372,7 +372,7 @@ impl Communicator {
         let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
         // The count from the receive buffers, the many: a send buffer of another length is the one
         // named wrong.
-        let count = first_len(recv, "receive buffers", self.ranks())?;
+        let count = common_len(recv, "receive buffers", self.ranks())?;
         self.collective::<T, S, R>(
             collective,
             count,
@@ -390,7 +390,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
-        let count = first_len(bufs, "buffers", self.ranks())?;
+        let count = common_len(bufs, "buffers", self.ranks())?;
         self.collective::<T, R, R>(collective, count, None, bufs, ReduceOp::Sum, Holders::All)
     }
 
@@ -405,7 +405,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Reduce { root })?;
-        let count = first_len(send, "send buffers", self.ranks())?;
+        let count = common_len(send, "send buffers", self.ranks())?;
         self.collective::<T, S, R>(collective, count, Some(send), std::slice::from_mut(recv), op, Holders::Root(root))
     }
 
@@ -418,7 +418,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Reduce { root })?;
-        let count = first_len(bufs, "buffers", self.ranks())?;
+        let count = common_len(bufs, "buffers", self.ranks())?;
         self.collective::<T, R, R>(collective, count, None, bufs, op, Holders::All)
     }
 
@@ -812,11 +812,25 @@ impl Communicator {
         }
         let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
         let recv_what = if in_place { "buffer" } else { "receive buffer" };
-        for (i, b) in recv.iter().enumerate() {
-            self.check_placement(b.len(), ordinal_of(b), recv_holders.rank(i), Some(expected_recv), recv_what)?;
-        }
-        for (i, b) in send.unwrap_or(&[]).iter().enumerate() {
-            self.check_placement(b.len(), ordinal_of(b), send_holders.rank(i), Some(in_len), "send buffer")?;
+        let check_recv = || {
+            recv.iter().enumerate().try_for_each(|(i, b)| {
+                self.check_placement(b.len(), ordinal_of(b), recv_holders.rank(i), Some(expected_recv), recv_what)
+            })
+        };
+        let check_send = || {
+            send.unwrap_or(&[]).iter().enumerate().try_for_each(|(i, b)| {
+                self.check_placement(b.len(), ordinal_of(b), send_holders.rank(i), Some(in_len), "send buffer")
+            })
+        };
+        // The public calls take the count from one list (`common_len`): the send buffers of an
+        // AllReduce, AllGather or Reduce, the receive buffers otherwise. That list is checked first,
+        // so a wrong buffer there is the one named, not a right one of the other list.
+        if matches!(collective, Collective::AllReduce | Collective::AllGather | Collective::Reduce { .. }) {
+            check_send()?;
+            check_recv()?;
+        } else {
+            check_recv()?;
+            check_send()?;
         }
 
         // The plan and its launch need no address either: anything that fails there fails before a
@@ -972,9 +986,13 @@ enum GuardKind<A, B> {
     Write(B),
 }
 
-/// Length of the first buffer (the call's count); an empty slice is a buffer-count error.
-fn first_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize) -> Result<usize> {
-    bufs.first().map(|b| b.len()).ok_or(Error::BufferCount { what, expected: ranks, got: 0 })
+/// The call's count: the length most of `bufs` share (the first buffer's on a tie), so that a length
+/// error names the odd buffer out; an empty slice is a buffer-count error.
+fn common_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize) -> Result<usize> {
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    let first = *lens.first().ok_or(Error::BufferCount { what, expected: ranks, got: 0 })?;
+    let votes = |n: usize| lens.iter().filter(|&&m| m == n).count();
+    Ok(lens.iter().copied().max_by_key(|&n| (votes(n), n == first)).unwrap_or(first))
 }
 
 /// The ordinal of the device a cudarc buffer lives on.

@@ -410,7 +410,11 @@ impl CompiledPlan {
         let elem = self.dtype.size() as u64;
         for (r, table) in buffers.iter().enumerate() {
             for (s, &addr) in table.iter().enumerate() {
-                if self.buffer_bytes(r, s)? != 0 && (addr == 0 || !addr.is_multiple_of(elem)) {
+                let bytes = self.buffer_bytes(r, s)?;
+                if bytes != 0 && addr == 0 {
+                    return Err(Error::MissingBuffer { what: "plan buffer", rank: r, elements: bytes / elem });
+                }
+                if bytes != 0 && !addr.is_multiple_of(elem) {
                     return Err(Error::Misaligned {
                         what: "plan buffer",
                         rank: r,

@@ -33,10 +33,13 @@ pub mod ptx;
 pub mod reshard;
 
 pub use comm::{
-    COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, auto_pipeline, combining_pipeline,
+    COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, MAX_TIMEOUT, auto_pipeline,
+    combining_pipeline,
 };
 pub use error::{Error, Result};
 pub use oxccl_host::tccl::{Collective, Reduction};
+/// The most ranks a communicator (or a compiled plan) has: one launch addresses every rank's buffers.
+pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use reshard::ReshardOptions;
 

@@ -1,6 +1,6 @@
 //! The `oxccl` command: benchmarks, plans, simulations, verification, reshard planning and a demo.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use oxccl::cli;
 use std::process::ExitCode;
 
@@ -28,7 +28,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `oxccl bench` refuses flags its benchmark does not read: it is told which were given.
+    if let Command::Bench(a) = &mut cli.command
+        && let Some(m) = matches.subcommand_matches("bench")
+    {
+        a.given = m
+            .ids()
+            .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+            .map(|id| id.to_string())
+            .collect();
+    }
     let result = match cli.command {
         Command::Demo(a) => cli::demo::run(a),
         Command::Bench(a) => cli::bench::run(*a),

@@ -203,9 +203,9 @@ fn graph_timing_is_for_the_collectives() {
     // Bounded before any GPU is looked for (a count that large would never end).
     let (ok, err) = oxccl(&["bench", "all_reduce", "-G", "18446744073709551615"]);
     assert!(!ok && err.contains("-G 18446744073709551615: give at most 1000000 launches"), "{err}");
-    // -G 0 is no graph: the next check down speaks (with or without a GPU).
-    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "-G", "0", "--root", "1"]);
-    assert!(!ok && err.contains("--root is for broadcast and reduce, not --algo/--xml"), "{err}");
+    // A flag a benchmark does not read is refused whatever its value, -G 0 too.
+    let (ok, err) = oxccl(&["bench", "--algo", "ring-allreduce", "-G", "0"]);
+    assert!(!ok && err.contains("-G/--cudagraph is for the collectives"), "{err}");
 }
 
 /// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before
@@ -277,9 +277,18 @@ fn the_trace_diagnostic_names_its_bad_flags() {
         (&["--round", "3"][..], "round: 3: give 1, or 4"),
         (&["--round", "4", "--stages", "8", "--lag", "3"][..], "lag: 3: give 1..=2 (the rounds of stages"),
         (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
-        (&["--threads", "256"][..], "--threads is not for tma_trace"),
-        (&["--ranks", "8"][..], "--ranks is not for tma_trace"),
-        (&["--mover", "simt"][..], "--mover is not for tma_trace"),
+        (
+            &["--threads", "256"][..],
+            "--threads is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), movers, overlap, reshard and --algo/--xml, not tma_trace (tma_trace times one TMA copy",
+        ),
+        (
+            &["--ranks", "8"][..],
+            "--ranks is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap and reshard, not tma_trace",
+        ),
+        (
+            &["--mover", "simt"][..],
+            "--mover is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), reshard and --algo/--xml, not tma_trace",
+        ),
         (&["-n", "0"][..], "iters: 0: give at least one timed run"),
         (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared, ilp)"),
         (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
@@ -337,5 +346,52 @@ fn a_root_is_for_the_rooted_collectives_and_below_the_ranks() {
         let (ok, err) = oxccl(&["bench", what, "--ranks", "4", "-r", "4"]);
         assert!(!ok && err.contains("--root 4: must be below the 4 ranks"), "{what}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{what}: {err}");
+    }
+}
+
+/// Every flag a benchmark does not read is refused, naming the benchmarks that do (none is silently
+/// ignored), before any GPU is looked for; flags with defaults count when given.
+#[test]
+fn flags_a_benchmark_does_not_read_are_refused() {
+    for (args, want) in [
+        (&["bench", "movers", "-b", "1M"][..], "-b/--minbytes is for the collectives"),
+        (&["bench", "movers", "--mover", "simt"], "--mover is for the collectives"),
+        (&["bench", "movers", "-d", "half"], "-d/--datatype is for the collectives"),
+        (&["bench", "movers", "--ranks", "4"], "--ranks is for the collectives"),
+        (&["bench", "--algo", "ring-allreduce", "--ctas", "3"], "--ctas is for the collectives"),
+        (&["bench", "--algo", "ring-allreduce", "--stages", "3"], "--stages is for the collectives"),
+        (&["bench", "--algo", "ring-allreduce", "--ranks", "4"], "--ranks is for the collectives"),
+        (&["bench", "--algo", "ring-allreduce", "--reduction", "tma"], "--reduction is for the collectives"),
+        (&["bench", "all_reduce", "--topo", "2x4"], "--topo is for --algo/--xml, not all_reduce"),
+        (&["bench", "all_reduce", "--exec", "compiled"], "--exec is for --algo/--xml, not all_reduce"),
+        (&["bench", "all_gather", "--slots", "4"], "--slots is for --algo/--xml, not all_gather"),
+        (&["bench", "reduce", "--micro-batches", "2"], "--micro-batches is for --algo/--xml, not reduce"),
+        (
+            &["bench", "overlap", "--mover", "tma"],
+            "--mover is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), reshard and --algo/--xml, not overlap",
+        ),
+        (&["bench", "reshard", "-e", "1G"], "-e/--maxbytes is for"),
+        (&["bench", "all_reduce", "--shape", "8,8"], "--shape is for reshard, not all_reduce"),
+        (&["bench", "movers", "--ctas", "0"], "every CTA count of the sweep must be at least 1"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The collectives' element type and operation, and a sweep too small for one element, are named
+/// before any GPU is looked for.
+#[test]
+fn a_collective_benchmark_checks_its_type_and_sizes_first() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "-d", "double"][..], "unknown datatype \"double\""),
+        (&["bench", "all_reduce", "-o", "prod"], "unknown op \"prod\""),
+        (&["bench", "all_reduce", "-b", "1", "-e", "3"], "-e: 3 B holds no 4-byte element"),
+        (&["bench", "--algo", "ring-allreduce", "-d", "half", "-b", "1", "-e", "1"], "-e: 1 B holds no 2-byte element"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
     }
 }

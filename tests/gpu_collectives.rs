@@ -569,6 +569,21 @@ fn misuse_is_a_typed_error() {
         (0..4).map(|i| stream.alloc_zeros::<f32>(if i == 2 { 99 } else { 100 }).unwrap()).collect();
     let e = comm.all_reduce(&send, &mut short, ReduceOp::Sum).unwrap_err();
     assert!(matches!(e, Error::Length { rank: 2, expected: 100, got: 99, .. }), "{e}");
+    // The count is the length most buffers of its list share, and that list is checked first: the
+    // odd buffer is the one named, not a right buffer of the other list (an AllReduce's count from
+    // its send buffers, a ReduceScatter's from its receive buffers).
+    let short_first: Vec<CudaSlice<f32>> =
+        (0..4).map(|i| stream.alloc_zeros::<f32>(if i == 0 { 99 } else { 100 }).unwrap()).collect();
+    let e = comm.all_reduce(&short_first, &mut recv, ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Length { what: "send buffer", rank: 0, expected: 100, got: 99 }), "{e}");
+    let mut recv_short_first: Vec<CudaSlice<f32>> =
+        (0..4).map(|i| stream.alloc_zeros::<f32>(if i == 0 { 24 } else { 25 }).unwrap()).collect();
+    let e = comm.reduce_scatter(&send, &mut recv_short_first, ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Length { what: "receive buffer", rank: 0, expected: 25, got: 24 }), "{e}");
+    // Two ranks whose send buffers disagree: the first one's length is the count, the other's named.
+    let pair = Communicator::virtual_ranks(&stream, 2, Config::default()).unwrap();
+    let e = pair.all_reduce(&short_first[..2], &mut recv[..2], ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::Length { what: "send buffer", rank: 1, expected: 99, got: 100 }), "{e}");
     // Overlapping send buffers are fine (they are only read): every rank sends the same buffer.
     let same: Vec<CudaView<f32>> = (0..4).map(|_| send[0].slice(..)).collect();
     comm.all_reduce(&same, &mut recv, ReduceOp::Sum).unwrap();

@@ -514,9 +514,16 @@ fn misuse_is_a_typed_error() {
     // A missing buffer.
     let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
     let mut table = PlanBuffers::new(&runner, 0).unwrap().table();
+    let good = table[2];
     table[2] = [0; BUFFER_SLOTS];
     // SAFETY: refused before any launch.
-    assert!(matches!(unsafe { runner.launch(&table, None) }, Err(Error::Misaligned { rank: 2, .. })));
+    let e = unsafe { runner.launch(&table, None) }.unwrap_err();
+    assert!(matches!(e, Error::MissingBuffer { what: "plan buffer", rank: 2, .. }), "{e}");
+    // A misaligned one.
+    table[2] = good.map(|a| if a == 0 { 0 } else { a + 1 });
+    // SAFETY: refused before any launch.
+    let e = unsafe { runner.launch(&table, None) }.unwrap_err();
+    assert!(matches!(e, Error::Misaligned { what: "plan buffer", rank: 2, .. }), "{e}");
     // Ranks and slots outside the plan.
     assert!(matches!(runner.stream(4), Err(Error::NoSuchRank { rank: 4, ranks: 4 })));
     assert!(matches!(runner.engine(7), Err(Error::NoSuchRank { rank: 7, ranks: 4 })));

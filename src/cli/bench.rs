@@ -224,6 +224,107 @@ pub struct Args {
     /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
     #[arg(long, default_value_t = 50.0)]
     pub cross_gbps: f64,
+    /// The flags given on the command line (clap's argument ids), filled by the `oxccl` binary: each
+    /// is checked against the benchmarks that read it ([`FLAG_USERS`]). Empty: nothing checked.
+    #[arg(skip)]
+    pub given: Vec<String>,
+}
+
+/// The kinds of `oxccl bench` run, as bits of [`FLAG_USERS`]' masks.
+mod kind {
+    pub const COLLECTIVE: u8 = 1;
+    pub const MOVERS: u8 = 2;
+    pub const OVERLAP: u8 = 4;
+    pub const RESHARD: u8 = 8;
+    pub const TRACE: u8 = 16;
+    pub const PLAN: u8 = 32;
+    /// How each kind is named in a refusal, in mask order.
+    pub const NAMES: [&str; 6] = [
+        "the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce)",
+        "movers",
+        "overlap",
+        "reshard",
+        "tma_trace",
+        "--algo/--xml",
+    ];
+    pub const ALL: u8 = 63;
+}
+
+/// Which benchmarks read each flag: (clap's id, the flag as a refusal names it, the kinds that read
+/// it, who they are where the mask would say too much). A flag given to a benchmark that does not read
+/// it is refused, not ignored. Finer rules (`--root` for the rooted collectives, `--combine-direct`
+/// for all_reduce, `--mma-one-per-sm` for `--compute mma`) are checked where those flags are read.
+pub const FLAG_USERS: &[(&str, &str, u8, Option<&str>)] = {
+    use kind::*;
+    &[
+        ("topo", "--topo", PLAN, None),
+        ("exec", "--exec", PLAN, None),
+        ("micro_batches", "--micro-batches", PLAN, None),
+        ("instances", "--instances", PLAN, None),
+        ("instance_channels", "--instance-channels", PLAN, None),
+        ("slots", "--slots", PLAN, None),
+        ("min_bytes", "-b/--minbytes", COLLECTIVE | PLAN, None),
+        ("max_bytes", "-e/--maxbytes", COLLECTIVE | MOVERS | OVERLAP | TRACE | PLAN, None),
+        ("factor", "-f/--stepfactor", COLLECTIVE | PLAN, None),
+        ("iters", "-n/--iters", ALL, None),
+        ("warmup", "-w/--warmup_iters", ALL, None),
+        ("graph", "-G/--cudagraph", COLLECTIVE, None),
+        ("check", "-c/--check", COLLECTIVE | RESHARD | PLAN, None),
+        ("dtype", "-d/--datatype", COLLECTIVE | RESHARD | PLAN, None),
+        ("op", "-o/--op", COLLECTIVE | PLAN, None),
+        ("root", "--root", COLLECTIVE, Some("broadcast and reduce")),
+        ("ranks", "--ranks", COLLECTIVE | OVERLAP | RESHARD, None),
+        ("gpus", "--gpus", COLLECTIVE | OVERLAP | PLAN, None),
+        ("ctas", "--ctas", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
+        ("mover", "--mover", COLLECTIVE | RESHARD | PLAN, None),
+        ("reduction", "--reduction", COLLECTIVE | OVERLAP, None),
+        ("threads", "--threads", COLLECTIVE | MOVERS | OVERLAP | RESHARD | PLAN, None),
+        ("simt_threads", "--simt-threads", OVERLAP, None),
+        ("chunk", "--chunk", ALL, None),
+        ("piece", "--piece", MOVERS, None),
+        ("stages", "--stages", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
+        ("issuers", "--issuers", COLLECTIVE | OVERLAP | RESHARD | TRACE, None),
+        ("combine_direct", "--combine-direct", COLLECTIVE | OVERLAP, Some("all_reduce and overlap")),
+        ("compute", "--compute", OVERLAP | TRACE, None),
+        ("gemm", "--gemm", OVERLAP | TRACE, None),
+        ("compute_ms", "--compute-ms", OVERLAP | TRACE, None),
+        ("partition", "--partition", OVERLAP, None),
+        ("mma_one_per_sm", "--mma-one-per-sm", OVERLAP | TRACE, None),
+        ("fma_ctas_per_sm", "--fma-ctas-per-sm", OVERLAP | TRACE, None),
+        ("lag", "--lag", TRACE, None),
+        ("round", "--round", TRACE, None),
+        ("untraced", "--untraced", TRACE, None),
+        ("l2_evict_first", "--l2-evict-first", TRACE, None),
+        ("chain", "--chain", TRACE, None),
+        ("compute_first", "--compute-first", TRACE, None),
+        ("json", "--json", ALL, None),
+        ("shape", "--shape", RESHARD, None),
+        ("src_mesh", "--src-mesh", RESHARD, None),
+        ("src", "--src", RESHARD, None),
+        ("dst_mesh", "--dst-mesh", RESHARD, None),
+        ("dst", "--dst", RESHARD, None),
+        ("route", "--route", RESHARD, None),
+        ("domain_size", "--domain-size", RESHARD, None),
+        ("min_split_bytes", "--min-split-bytes", RESHARD, None),
+        ("owner", "--owner", RESHARD, None),
+        ("nvlink_gbps", "--nvlink-gbps", RESHARD, None),
+        ("cross_gbps", "--cross-gbps", RESHARD, None),
+    ]
+};
+
+/// The first flag in `given` that the benchmark `what` (of kind `k`) does not read, as a refusal.
+fn unread_flag(given: &[String], k: u8, what: &str) -> Option<String> {
+    let (_, flag, users, named) =
+        FLAG_USERS.iter().find(|(id, _, users, _)| users & k == 0 && given.iter().any(|g| g == id))?;
+    let owners = named.map(str::to_string).unwrap_or_else(|| {
+        let names: Vec<&str> = (0..kind::NAMES.len()).filter(|b| users >> b & 1 == 1).map(|b| kind::NAMES[b]).collect();
+        match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => "nothing".to_string(),
+        }
+    });
+    Some(format!("{flag} is for {owners}, not {what}"))
 }
 
 fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -265,12 +366,32 @@ fn rank_streams(
     Ok(out)
 }
 
-/// The size sweep's flags (`-b`, `-e`, `-f`, `-n`), as `bench::check_sweep` takes them, named by flag.
-fn check_sweep(a: &Args) -> CliResult {
-    bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters).map_err(|e| match e {
+/// The mover sweep's configuration from the flags: `-e` bytes, `--ctas` (one count; default the
+/// sweep's list), `-n`/`-w` where given (default the sweep's own), the TMA shape and the split.
+fn movers_config(a: &Args) -> SweepConfig {
+    let d = SweepConfig::default();
+    let given = |id: &str| a.given.iter().any(|g| g == id);
+    SweepConfig {
+        bytes: a.max_bytes,
+        ctas: a.ctas.map_or(d.ctas.clone(), |c| vec![c]),
+        iters: if given("iters") { a.iters } else { d.iters },
+        warmup: if given("warmup") { a.warmup } else { d.warmup },
+        chunk_bytes: a.chunk,
+        stages: a.stages,
+        tma_threads_combine: a.threads.unwrap_or(d.tma_threads_combine),
+        split: a.piece.unwrap_or(d.split),
+        ..d
+    }
+}
+
+/// The size sweep's flags (`-b`, `-e`, `-f`, `-n`) for elements of `dtype`, as `bench::check_sweep`
+/// takes them, named by flag.
+fn check_sweep(a: &Args, dtype: DType) -> CliResult {
+    bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64).map_err(|e| match e {
         crate::Error::Config { field, why } => {
             let flag = match field {
                 "min_bytes" => "-b",
+                "max_bytes" => "-e",
                 "factor" => "-f",
                 _ => "-n",
             };
@@ -313,99 +434,49 @@ pub fn run(a: Args) -> CliResult {
     if a.iters == 0 {
         return Err("-n: iters: 0: give at least one timed run".into());
     }
-    let overlap = a.what.as_deref() == Some("overlap");
-    let trace = a.what.as_deref() == Some("tma_trace") && a.algo.is_none() && a.xml.is_none();
-    // (flag, given, also for tma_trace)
-    for (flag, given, traced) in [
-        ("--compute-ms", a.compute_ms.is_some(), true),
-        ("--fma-ctas-per-sm", a.fma_ctas_per_sm.is_some(), true),
-        ("--partition", a.partition, false),
-        ("--simt-threads", a.simt_threads.is_some(), false),
-        ("--mma-one-per-sm", a.mma_one_per_sm, true),
-    ] {
-        if given && !overlap && !(traced && trace) {
-            let what = a.what.as_deref().unwrap_or("--algo/--xml");
-            let others = if traced { "overlap and tma_trace" } else { "overlap" };
-            return Err(format!("{flag} is for {others}, not {what}").into());
+    let planned = a.algo.is_some() || a.xml.is_some();
+    let (k, what_named) = if planned {
+        (kind::PLAN, "--algo/--xml".to_string())
+    } else {
+        let Some(what) = a.what.clone() else {
+            return Err(format!("give a benchmark ({}) or --algo/--xml", BENCHMARKS.join(", ")).into());
+        };
+        let k = match what.as_str() {
+            "all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce" => kind::COLLECTIVE,
+            "movers" => kind::MOVERS,
+            "overlap" => kind::OVERLAP,
+            "reshard" => kind::RESHARD,
+            "tma_trace" => kind::TRACE,
+            other => return Err(format!("unknown benchmark {other:?}: {}", BENCHMARKS.join(", ")).into()),
+        };
+        (k, what)
+    };
+    if let Some(refusal) = unread_flag(&a.given, k, &what_named) {
+        return Err(if k == kind::TRACE {
+            format!("{refusal} (tma_trace times one TMA copy of -e bytes: shape it with --ctas, --issuers, --chunk, --stages, --lag)")
+        } else {
+            refusal
         }
-    }
-    let what_or_plan =
-        if a.algo.is_some() || a.xml.is_some() { "--algo/--xml" } else { a.what.as_deref().unwrap_or("--algo/--xml") };
-    for (flag, given) in [
-        ("--lag", a.lag.is_some()),
-        ("--round", a.round.is_some()),
-        ("--untraced", a.untraced),
-        ("--l2-evict-first", a.l2_evict_first),
-        ("--chain", a.chain.is_some()),
-        ("--compute-first", a.compute_first),
-    ] {
-        if given && !trace {
-            return Err(format!("{flag} is for tma_trace, not {what_or_plan}").into());
-        }
-    }
-    if trace {
-        // The copy has one shape of its own: the collectives' flags would be ignored.
-        for (flag, given) in [
-            ("--threads", a.threads.is_some()),
-            ("--ranks", a.ranks.is_some()),
-            ("--reduction", a.reduction.is_some()),
-            ("--datatype", a.dtype.is_some()),
-            ("--mover", a.mover != "tma"),
-        ] {
-            if given {
-                return Err(format!("{flag} is not for tma_trace (one TMA copy of bytes; shape it with --ctas, --issuers, --chunk, --stages, --lag)").into());
-            }
-        }
-    }
-    let collective_named =
-        matches!(a.what.as_deref(), Some("all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "reduce"));
-    if a.graph.is_some_and(|g| g > 0) && !collective_named {
-        return Err(format!(
-            "-G/--cudagraph is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), not {}",
-            a.what.as_deref().unwrap_or("--algo/--xml")
-        )
         .into());
     }
+    let overlap = k == kind::OVERLAP;
+    let trace = k == kind::TRACE;
     if let Some(g) = a.graph
         && g > MAX_GRAPH_LAUNCHES
     {
         return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
     }
-    if a.algo.is_some() || a.xml.is_some() {
-        if a.piece.is_some() {
-            return Err("--piece is for movers, not --algo/--xml".into());
-        }
-        if a.combine_direct.is_some() {
-            return Err("--combine-direct is for all_reduce and overlap, not --algo/--xml".into());
-        }
-        if a.issuers.is_some() {
-            return Err("--issuers is for the collectives, overlap, reshard and tma_trace, not --algo/--xml".into());
-        }
-        if a.root.is_some() {
-            return Err("--root is for broadcast and reduce, not --algo/--xml".into());
-        }
+    if planned {
         return run_plan(&a);
     }
-    for (flag, given) in
-        [("--instances", a.instances.is_some()), ("--instance-channels", a.instance_channels.is_some())]
-    {
-        if given {
-            return Err(
-                format!("{flag} is for --algo/--xml, not {}", a.what.as_deref().unwrap_or("no benchmark")).into()
-            );
-        }
-    }
-    let Some(what) = a.what.clone() else {
-        return Err(format!("give a benchmark ({}) or --algo/--xml", BENCHMARKS.join(", ")).into());
-    };
+    let what = what_named;
     let collective = match what.as_str() {
         "all_reduce" => Some(Collective::AllReduce),
         "reduce_scatter" => Some(Collective::ReduceScatter),
         "all_gather" => Some(Collective::AllGather),
         "broadcast" => Some(Collective::Broadcast { root: a.root.unwrap_or(0).min(u32::MAX as usize) as u32 }),
         "reduce" => Some(Collective::Reduce { root: a.root.unwrap_or(0).min(u32::MAX as usize) as u32 }),
-        "movers" | "reshard" | "overlap" | "tma_trace" => None,
-        other => return Err(format!("unknown benchmark {other:?}: {}", BENCHMARKS.join(", ")).into()),
+        _ => None,
     };
     if a.combine_direct.is_some() && what != "all_reduce" && what != "overlap" {
         return Err(format!("--combine-direct is for all_reduce and overlap, not {what}").into());
@@ -416,12 +487,6 @@ pub fn run(a: Args) -> CliResult {
         return Err(
             "--combine-direct is for the TMA mover's register combine, not --reduction tma or --mover simt".into()
         );
-    }
-    if a.issuers.is_some() && collective.is_none() && !matches!(what.as_str(), "overlap" | "reshard" | "tma_trace") {
-        return Err(format!(
-            "--issuers is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap, reshard and tma_trace, not {what}"
-        )
-        .into());
     }
     let command: Vec<String> = std::env::args().collect();
     if let Some(ranks) = a.ranks
@@ -454,24 +519,13 @@ pub fn run(a: Args) -> CliResult {
     if let Some(r) = a.reduction.as_deref() {
         parse_reduction(r)?;
     }
-    if let Some(split) = a.piece {
-        if what != "movers" {
-            return Err(format!("--piece is for movers, not {what}").into());
-        }
-        if let Split::Pieces(p) = split
-            && (p == 0 || !p.is_multiple_of(16))
-        {
-            return Err(format!("--piece {p}: give a positive multiple of 16 bytes").into());
-        }
-        SweepConfig { bytes: a.max_bytes, split, ..SweepConfig::default() }
-            .validate()
-            .map_err(|e| format!("--piece: {e}"))?;
+    if let Some(Split::Pieces(p)) = a.piece
+        && (p == 0 || !p.is_multiple_of(16))
+    {
+        return Err(format!("--piece {p}: give a positive multiple of 16 bytes").into());
     }
-    if a.gpus.is_some() && collective.is_none() && what != "overlap" {
-        return Err(format!(
-            "--gpus is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), overlap and --algo/--xml, not {what}"
-        )
-        .into());
+    if what == "movers" {
+        movers_config(&a).validate()?;
     }
     if a.root.is_some() && collective.and_then(|c| c.root()).is_none() {
         return Err(format!("--root is for broadcast and reduce, not {what}").into());
@@ -483,7 +537,9 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     if collective.is_some() {
-        check_sweep(&a)?;
+        let dtype = parse_dtype(a.dtype.as_deref().unwrap_or("float"))?;
+        parse_op(&a.op)?;
+        check_sweep(&a, dtype)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
     let gpus = contexts(&a)?;
@@ -499,15 +555,7 @@ pub fn run(a: Args) -> CliResult {
         return run_tma_trace(&stream, &a, &command, &ctx.name().unwrap_or_default());
     }
     let Some(collective) = collective else {
-        let d = SweepConfig::default();
-        let cfg = SweepConfig {
-            bytes: a.max_bytes,
-            chunk_bytes: a.chunk,
-            stages: a.stages,
-            tma_threads_combine: a.threads.unwrap_or(d.tma_threads_combine),
-            split: a.piece.unwrap_or(d.split),
-            ..d
-        };
+        let cfg = movers_config(&a);
         println!("# oxccl mover sweep: {}", command.join(" "));
         // Loaded here once and shared by the sweep's cases.
         let engine = crate::engine::Engine::shared(&ctx)?;
@@ -688,7 +736,7 @@ fn run_plan(a: &Args) -> CliResult {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
     }
     let command: Vec<String> = std::env::args().collect();
-    check_sweep(a)?;
+    check_sweep(a, b.dtype)?;
     let gpus = contexts(a)?;
     let ctx = gpus[0].clone();
     let stream = ctx.default_stream();

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! oxccl plan --algo hm-allgather --topo 2x8 --json
-//! oxccl plan --xml ../shared/msccl/ndv4_r48ll.xml --scheduler algo --tb-alloc per-conn
+//! oxccl plan --xml host/tests/data/msccl/ndv4_r48ll.xml --scheduler algo --tb-alloc per-conn
 //! oxccl plan --algo ring-allreduce --topo 1x4 --dump emit
 //! ```
 

@@ -2,7 +2,7 @@
 //! collective's CPU reference; exits non-zero on any mismatch, deadlock or FIFO disorder.
 //!
 //! ```text
-//! oxccl verify --xml ../shared/msccl/ndv4_ap-1pass.xml
+//! oxccl verify --xml host/tests/data/msccl/ndv4_ap-1pass.xml
 //! oxccl verify --algo hm-allreduce --topo 2x4 --all
 //! ```
 
