@@ -139,6 +139,21 @@ pub struct Communicator {
     poisoned: AtomicBool,
 }
 
+/// The ranks' devices, the launch groups (ranks launched together), the configuration and the
+/// number of cached plans.
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ordinals: Vec<usize> = self.engines.iter().map(|e| e.context().ordinal()).collect();
+        f.debug_struct("Communicator")
+            .field("ranks", &self.ranks.len())
+            .field("rank_devices", &self.ranks.iter().map(|r| ordinals[r.device]).collect::<Vec<_>>())
+            .field("launch_groups", &self.groups.iter().map(|g| &g.ranks).collect::<Vec<_>>())
+            .field("config", &self.config)
+            .field("cached_plans", &self.cached_plans())
+            .finish()
+    }
+}
+
 impl Communicator {
     /// `ranks` virtual ranks on the GPU of `stream`, all launched together on it.
     pub fn virtual_ranks(stream: &Arc<CudaStream>, ranks: usize, config: Config) -> Result<Self> {

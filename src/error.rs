@@ -192,19 +192,10 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Driver { source, .. } => Some(source),
-            Error::Plan(e) => Some(e),
-            Error::Lowered(e) => Some(e),
-            Error::Descriptors(e) => Some(e),
-            Error::Reshard(e) => Some(e),
-            Error::ReshardLower(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+/// Each message already says its cause (a driver error's text, a plan error's): `source` returns
+/// none, so a report that walks the chain (anyhow's `{:#}`) does not print the cause twice. The
+/// typed cause stays reachable by matching the variant.
+impl std::error::Error for Error {}
 
 impl From<PlanError> for Error {
     fn from(e: PlanError) -> Self {

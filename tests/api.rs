@@ -5,13 +5,13 @@ use oxccl::{Communicator, Config, Error};
 
 #[test]
 fn from_devices_names_what_is_missing() {
-    let e = Communicator::from_devices(&[], Config::default()).err().expect("no ranks");
+    let e = Communicator::from_devices(&[], Config::default()).expect_err("no ranks");
     assert!(matches!(e, Error::RankCount { ranks: 0, .. }), "{e}");
-    let e = Communicator::from_devices(&[0; 17], Config::default()).err().expect("too many ranks");
+    let e = Communicator::from_devices(&[0; 17], Config::default()).expect_err("too many ranks");
     assert!(matches!(e, Error::RankCount { ranks: 17, .. }), "{e}");
     // No machine has this many devices: without a driver that is what is reported, with one the
     // device number.
-    let e = Communicator::from_devices(&[1 << 20], Config::default()).err().expect("no such device");
+    let e = Communicator::from_devices(&[1 << 20], Config::default()).expect_err("no such device");
     match e {
         Error::NoDriver => assert_eq!(e.to_string(), "the CUDA driver library is not installed"),
         Error::NoSuchDevice { ordinal, devices } => assert!(ordinal == 1 << 20 && devices < ordinal, "{e}"),
@@ -69,4 +69,22 @@ fn combining_pipeline_takes_two_stages_of_the_largest_chunk() {
         assert!(chunk as usize * slots as usize * stages as usize <= room, "{slots} sources: {chunk} × {stages}");
         assert!(chunk >= auto_pipeline(room, slots, None, None).0, "{slots} sources: {chunk} not below the default");
     }
+}
+
+/// An error's message says its cause once: the cause's text is in the message and `source` returns
+/// none, so a report that walks the chain does not repeat it.
+#[test]
+fn an_error_says_its_cause_once() {
+    use std::error::Error as _;
+    let inner = oxccl_host::tccl::PlanError::Root { root: 9, ranks: 4 };
+    let e = Error::from(inner.clone());
+    assert!(e.to_string().contains(&inner.to_string()), "{e}");
+    assert!(e.source().is_none(), "{e}");
+    let mut chain = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        chain.push_str(&c.to_string());
+        cause = c.source();
+    }
+    assert_eq!(chain.matches(&inner.to_string()).count(), 1, "{chain}");
 }

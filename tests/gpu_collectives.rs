@@ -559,6 +559,8 @@ fn deterministic_mode_is_bitwise_stable() {
 fn misuse_is_a_typed_error() {
     let Some(stream) = common::gpu("misuse_is_a_typed_error") else { return };
     let comm = Communicator::virtual_ranks(&stream, 4, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    let shown = format!("{comm:?}");
+    assert!(shown.contains("ranks: 4") && shown.contains("launch_groups: [[0, 1, 2, 3]]"), "{shown}");
     let send: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(100).unwrap()).collect();
     let mut recv: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(100).unwrap()).collect();
     // Wrong number of buffers.
