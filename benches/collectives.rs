@@ -10,7 +10,7 @@
 //! Without a GPU it prints `skipped: no GPU (...)` and exits successfully (the `oxccl bench` command
 //! itself fails there, with the same reason).
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use oxccl::cli::bench::BENCHMARKS;
 use std::process::ExitCode;
 
@@ -24,7 +24,10 @@ struct Bench {
 fn main() -> ExitCode {
     // `cargo bench` appends `--bench`, which is the harness's flag, not a benchmark's.
     let argv: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
-    let mut args = *Bench::parse_from(&argv).args;
+    let matches = Bench::command().get_matches_from(&argv);
+    let mut args = *Bench::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()).args;
+    // Flags its benchmark does not read are refused, as by the `oxccl` command.
+    args.given = oxccl::cli::bench::given_ids(&matches);
     match args.what.as_deref() {
         // A filter meant for another bench (`cargo bench copy/tma` hands it to every bench target).
         Some(w) if !BENCHMARKS.contains(&w) => {

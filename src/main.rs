@@ -34,11 +34,7 @@ fn main() -> ExitCode {
     if let Command::Bench(a) = &mut cli.command
         && let Some(m) = matches.subcommand_matches("bench")
     {
-        a.given = m
-            .ids()
-            .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
-            .map(|id| id.to_string())
-            .collect();
+        a.given = cli::bench::given_ids(m);
     }
     let result = match cli.command {
         Command::Demo(a) => cli::demo::run(a),

@@ -230,6 +230,15 @@ pub struct Args {
     pub given: Vec<String>,
 }
 
+/// The ids of the arguments `m` holds from the command line itself (not defaults): what
+/// [`Args::given`] takes.
+pub fn given_ids(m: &clap::ArgMatches) -> Vec<String> {
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| id.to_string())
+        .collect()
+}
+
 /// The kinds of `oxccl bench` run, as bits of [`FLAG_USERS`]' masks.
 mod kind {
     pub const COLLECTIVE: u8 = 1;
