@@ -996,7 +996,7 @@ impl Holders {
 }
 
 /// A cudarc ordering guard of a buffer the call reads or writes; dropped after the launches.
-enum GuardKind<A, B> {
+pub(crate) enum GuardKind<A, B> {
     Read(A),
     Write(B),
 }

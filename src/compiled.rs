@@ -27,16 +27,22 @@
 //! reported yet, once it has reached host memory (as it is written, at the latest when that launch
 //! ended): it waits for the ranks' streams and returns that error instead of launching.
 
-use crate::comm::{any_capturing, check_timeout, enable_peer_access, recorded_while_running};
+use crate::Element;
+use crate::comm::{
+    GuardKind, Range, any_capturing, check_aligned, check_disjoint, check_timeout, enable_peer_access, ordinal_of,
+    recorded_while_running,
+};
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-use oxccl_host::compile::lower::{LoweredPlan, validate};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use oxccl_host::compile::lower::{LoweredPlan, main_slot, validate};
 use oxccl_host::exec::lowered::Memory;
 use oxccl_kernels::abi::{
     self, BUFFER_SLOTS, DType, FIFO_REGION_OFFSET, MAX_RANKS, Mover, PLAN_FLAG_TIMING, PlanHeader, PlanLaunchArgs,
-    RedOp, Status, TbTiming,
+    RedOp, Status, TbTiming, slot,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +113,8 @@ pub struct CompiledPlan {
     /// A device error was reported and not yet reset: launches are refused until
     /// [`CompiledPlan::reset`] (its FIFO and progress counters are out of step).
     poisoned: AtomicBool,
+    /// The scratch slots of every rank for [`CompiledPlan::run`], allocated on first use and kept.
+    scratch: std::sync::Mutex<Vec<[Option<DeviceAlloc>; BUFFER_SLOTS]>>,
 }
 
 /// The stage sizes tried when the configuration does not fix one, largest first: 2 KiB steps from
@@ -227,6 +235,7 @@ impl CompiledPlan {
             dtype,
             op,
             poisoned: AtomicBool::new(false),
+            scratch: std::sync::Mutex::new(Vec::new()),
         };
         plan.shape = plan.choose_shape()?;
         plan.check_items()?;
@@ -380,6 +389,130 @@ impl CompiledPlan {
 
     fn rank(&self, rank: usize) -> Result<&RankState> {
         self.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })
+    }
+
+    /// Runs the plan once on cudarc buffers, out of place: rank `r` reads `send[r]` (its input, as
+    /// many elements as [`CompiledPlan::buffer_bytes`] of `slot::INPUT` holds) and writes `recv[r]`
+    /// (its output, `slot::OUTPUT`), both on rank `r`'s device, of the element type the plan was
+    /// lowered for; the scratch slots are the plan's own (allocated on first use and kept). Each
+    /// rank's launch waits for the buffers' earlier cudarc work on any stream and later work waits for
+    /// it, as with the collectives. Asynchronous: [`CompiledPlan::synchronize`] waits and reports a
+    /// device-side error. Buffers may not overlap (send buffers may share memory: they are only read).
+    pub fn run<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+    ) -> Result<()> {
+        self.run_on(Some(send), recv)
+    }
+
+    /// As [`CompiledPlan::run`] for a plan lowered in place: `bufs[r]` holds rank `r`'s input and
+    /// output as the lowering placed them (nccl's convention: an AllGather's input is block `r` of
+    /// the buffer, a ReduceScatter's output block `r`).
+    pub fn run_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
+        self.run_on::<T, R, R>(None, bufs)
+    }
+
+    fn run_on<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: Option<&[S]>,
+        recv: &mut [R],
+    ) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::Config {
+                field: "element type",
+                why: format!("the plan was lowered for {:?} elements, the buffers hold {:?}", self.dtype, T::DTYPE),
+            });
+        }
+        let in_place = self.lowered.layout.in_place;
+        if in_place != send.is_none() {
+            let (was, call) = if in_place { ("in place", "run_in_place") } else { ("out of place", "run") };
+            return Err(Error::Config { field: "in_place", why: format!("the plan was lowered {was}: call {call}") });
+        }
+        let p = self.ranks.len();
+        let recv_what = if in_place { "buffer" } else { "receive buffer" };
+        if recv.len() != p {
+            return Err(Error::BufferCount { what: "receive buffers", expected: p, got: recv.len() });
+        }
+        if let Some(s) = send
+            && s.len() != p
+        {
+            return Err(Error::BufferCount { what: "send buffers", expected: p, got: s.len() });
+        }
+        let e = self.dtype.size();
+        // In place the larger user buffer holds both (`lower::place`); the other slot is unused.
+        let recv_slot = if in_place { main_slot(&self.lowered.layout) } else { slot::OUTPUT } as usize;
+        let check = |r: usize, len: usize, ordinal: usize, slot: usize, what: &'static str| -> Result<()> {
+            let device = self.engines[self.ranks[r].device].context().ordinal();
+            if ordinal != device {
+                return Err(Error::WrongDevice { what, rank: r, expected: device, got: ordinal });
+            }
+            let expected = (self.buffer_bytes(r, slot)? / e as u64) as usize;
+            if len != expected {
+                return Err(Error::Length { what, rank: r, expected, got: len });
+            }
+            Ok(())
+        };
+        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
+            check(r, b.len(), ordinal_of(b), slot::INPUT as usize, "send buffer")?;
+        }
+        for (r, b) in recv.iter().enumerate() {
+            check(r, b.len(), ordinal_of(b), recv_slot, recv_what)?;
+        }
+        // The plan's scratch, before any guard is taken (an allocation that fails leaves nothing
+        // ordered).
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if scratch.is_empty() {
+            let mut all = Vec::with_capacity(p);
+            for r in 0..p {
+                let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
+                for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
+                    let bytes = self.buffer_bytes(r, s)?;
+                    if bytes != 0 {
+                        a[s] = Some(DeviceAlloc::zeroed(self.engines[self.ranks[r].device].context(), bytes as usize)?);
+                    }
+                }
+                all.push(a);
+            }
+            *scratch = all;
+        }
+        // cudarc's ordering guards on each rank's stream (dropped once every launch is queued); their
+        // addresses are the ones checked and used.
+        let mut guards = Vec::with_capacity(2 * p);
+        let mut table = vec![[0u64; BUFFER_SLOTS]; p];
+        let mut ranges = Vec::with_capacity(2 * p);
+        for (r, b) in recv.iter_mut().enumerate() {
+            let len = b.len();
+            let (ptr, guard) = b.device_ptr_mut(&self.ranks[r].stream);
+            guards.push(GuardKind::Write(guard));
+            table[r][recv_slot] = ptr;
+            ranges.push((r, ptr, len, true, recv_what));
+        }
+        for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
+            let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
+            guards.push(GuardKind::Read(guard));
+            table[r][slot::INPUT as usize] = ptr;
+            ranges.push((r, ptr, b.len(), false, "send buffer"));
+        }
+        let mut spans = Vec::with_capacity(ranges.len());
+        for &(r, ptr, len, writes, what) in &ranges {
+            check_aligned(ptr, r, what, e)?;
+            let end = ptr + (len * e) as u64;
+            spans.push(Range { start: ptr, end, rank: r, device: self.ranks[r].device, writes, buffer: what });
+        }
+        check_disjoint(&spans, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
+        for (r, a) in scratch.iter().enumerate() {
+            for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
+                table[r][s] = a[s].as_ref().map_or(0, |b| b.ptr());
+            }
+        }
+        // SAFETY: every user address was checked above (device, length, alignment, disjointness) and
+        // belongs to a buffer borrowed for this call, ordered on the rank's stream by its guard; the
+        // scratch slots are the plan's own allocations of the plan's sizes, used only by its launches,
+        // which run one after another on each rank's stream; in place the slot left 0 has no bytes.
+        unsafe { self.launch(&table, None)? };
+        drop(guards);
+        Ok(())
     }
 
     /// Launches every rank once, each on its stream (asynchronous; see [`CompiledPlan::synchronize`]).

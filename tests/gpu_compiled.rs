@@ -587,3 +587,90 @@ fn a_first_plan_launch_ends_before_a_held_stream() {
     other.synchronize().unwrap();
     assert!(done < Duration::from_millis(500), "the first launch ended only after the held stream: {done:?}");
 }
+
+/// `CompiledPlan::run` / `run_in_place` on cudarc buffers: an in-place ring AllReduce (4 ranks) and
+/// the out-of-place MSCCL AllToAll (8 ranks), each against the CPU executor of the same plan on the
+/// same inputs, twice (the second run reuses the plan's scratch); then the misuse a user can make:
+/// the wrong element type, the wrong call for the layout, a short buffer, a buffer count, overlapping
+/// buffers.
+#[test]
+fn run_takes_cudarc_buffers() {
+    use cudarc::driver::{CudaSlice, CudaView, DevicePtr};
+    let Some(stream) = gpu("run_takes_cudarc_buffers") else { return };
+    let dev = Device::new(&stream);
+    let as_f32 =
+        |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let mut rng = common::Rng(7);
+    let ring = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
+    let xml = std::fs::read_to_string(msccl_dir().join("ndv4_a2a2ll.xml")).unwrap();
+    let a2a = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();
+    for (name, plan) in [("ring-allreduce 1x4", &ring), ("ndv4_a2a2ll", &a2a)] {
+        let lp =
+            lower(plan, &LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, ..LowerOptions::default() }).unwrap();
+        let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
+        let in_place = lp.layout.in_place;
+        let p = lp.ranks.len();
+        let mut cpu = Memory::new(&lp);
+        for _ in 0..2 {
+            for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
+                let n = b.len();
+                *b = fill(DType::F32, n, &mut rng);
+            }
+            let main = oxccl_host::compile::lower::main_slot(&lp.layout) as usize;
+            let (send_slot, recv_slot) = if in_place { (main, main) } else { (0, 1) };
+            let send: Vec<CudaSlice<f32>> =
+                (0..p).map(|r| dev.streams[r].clone_htod(&as_f32(&cpu.buffers[r][send_slot])).unwrap()).collect();
+            let mut recv: Vec<CudaSlice<f32>> =
+                (0..p).map(|r| dev.streams[r].clone_htod(&as_f32(&cpu.buffers[r][recv_slot])).unwrap()).collect();
+            if in_place {
+                runner.run_in_place(&mut recv).unwrap();
+            } else {
+                runner.run(&send, &mut recv).unwrap();
+            }
+            runner.synchronize().unwrap();
+            launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+            for (r, b) in recv.iter().enumerate() {
+                let got = dev.streams[r].clone_dtoh(b).unwrap();
+                assert_eq!(got, as_f32(&cpu.buffers[r][recv_slot]), "{name}: rank {r}");
+            }
+        }
+        println!(
+            "{name}: {} ranks, {} on cudarc buffers, as the CPU executor",
+            p,
+            if in_place { "in place" } else { "out of place" }
+        );
+    }
+    // Misuse, on the out-of-place AllToAll.
+    let lp = lower(&a2a, &LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, ..LowerOptions::default() }).unwrap();
+    let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
+    let n = (runner.buffer_bytes(0, 0).unwrap() / 4) as usize;
+    let send: Vec<CudaSlice<f32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<f32>(n).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<f32>(n).unwrap()).collect();
+    let ints: Vec<CudaSlice<i32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<i32>(n).unwrap()).collect();
+    let mut int_recv: Vec<CudaSlice<i32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<i32>(n).unwrap()).collect();
+    let e = runner.run(&ints, &mut int_recv).unwrap_err();
+    assert!(matches!(e, Error::Config { field: "element type", .. }), "{e}");
+    let e = runner.run_in_place(&mut recv).unwrap_err();
+    assert!(matches!(e, Error::Config { field: "in_place", .. }), "{e}");
+    let e = runner.run(&send[..7], &mut recv).unwrap_err();
+    assert!(matches!(e, Error::BufferCount { what: "send buffers", expected: 8, got: 7 }), "{e}");
+    let short: Vec<CudaView<f32>> =
+        (0..8).map(|r| if r == 3 { send[r].slice(1..) } else { send[r].slice(..) }).collect();
+    let e = runner.run(&short, &mut recv).unwrap_err();
+    assert!(matches!(e, Error::Length { what: "send buffer", rank: 3, .. }), "{e}");
+    {
+        // A send buffer that is another rank's receive buffer (built through a raw pointer, handed
+        // back without freeing it).
+        let raw = recv[5].device_ptr(&dev.streams[5]).0;
+        let alias: CudaSlice<f32> = unsafe { dev.streams[2].upgrade_device_ptr(raw, n) };
+        let sends: Vec<CudaView<f32>> =
+            (0..8).map(|r| if r == 2 { alias.slice(..) } else { send[r].slice(..) }).collect();
+        let e = runner.run(&sends, &mut recv).unwrap_err();
+        assert!(matches!(e, Error::Aliasing { .. }), "{e}");
+        drop(sends);
+        alias.leak();
+    }
+    // Nothing ran: the plan still works.
+    runner.run(&send, &mut recv).unwrap();
+    runner.synchronize().unwrap();
+}

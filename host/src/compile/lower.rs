@@ -163,7 +163,7 @@ impl std::error::Error for DescriptorError {}
 
 /// The buffer slot holding both user buffers of an in-place layout: the larger one (the output on
 /// a tie).
-fn main_slot(l: &Layout) -> u8 {
+pub fn main_slot(l: &Layout) -> u8 {
     if l.output_chunks() >= l.input_chunks() { slot::OUTPUT } else { slot::INPUT }
 }
 
