@@ -242,8 +242,11 @@ pub struct DeviceProgram {
 /// How to launch a program: mover, operator, CTA shape and pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LaunchSpec {
+    /// The data mover: TMA (bulk copies and reductions issued by one thread) or SIMT (all threads).
     pub mover: Mover,
+    /// The element type.
     pub dtype: DType,
+    /// The reduction operator (`Sum` where nothing is reduced).
     pub op: RedOp,
     /// Threads per CTA (multiple of 32).
     pub threads: u32,
@@ -251,7 +254,10 @@ pub struct LaunchSpec {
     pub chunk_bytes: u32,
     /// Pipeline stages (TMA mover).
     pub stages: u32,
+    /// How the TMA mover reduces: in registers, or with `cp.reduce.async.bulk` where the hardware
+    /// supports the type and operator.
     pub reduce_mode: ReduceMode,
+    /// Every device-side wait gives up after this many nanoseconds and reports a timeout.
     pub timeout_ns: u64,
     /// Suspend-time hint for waits (ns); 0 spins.
     pub wait_suspend_ns: u32,

@@ -11,39 +11,130 @@ use std::fmt;
 /// oxccl's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong.
+/// Everything that can go wrong. In the variants' fields, `what` names the buffer or list a call
+/// refused in the words of its API ("send buffer", "receive buffers", "plan buffer", ...), `rank`
+/// the rank it belongs to, and `expected` / `got` what the call needed and what it was given.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
     /// A CUDA driver call failed.
-    Driver { call: &'static str, source: DriverError },
+    Driver {
+        /// The driver function (`cuLaunchKernel`, ...).
+        call: &'static str,
+        /// The driver's error.
+        source: DriverError,
+    },
     /// The CUDA driver library is not installed (no GPU can be used).
     NoDriver,
     /// A device number at or above the number of CUDA devices.
-    NoSuchDevice { ordinal: usize, devices: usize },
+    NoSuchDevice {
+        /// The device asked for.
+        ordinal: usize,
+        /// How many devices the driver sees.
+        devices: usize,
+    },
     /// The device is not a Hopper (sm_90) GPU.
-    UnsupportedDevice { ordinal: usize, major: i32, minor: i32 },
+    UnsupportedDevice {
+        /// The device.
+        ordinal: usize,
+        /// Its compute capability's major number.
+        major: i32,
+        /// Its compute capability's minor number.
+        minor: i32,
+    },
     /// The communicator was built with no ranks, or more than one launch can address.
-    RankCount { ranks: usize, max: usize },
+    RankCount {
+        /// The ranks asked for.
+        ranks: usize,
+        /// The most a communicator has ([`crate::MAX_RANKS`]).
+        max: usize,
+    },
     /// A rank index at or above the communicator's rank count.
-    NoSuchRank { rank: usize, ranks: usize },
+    NoSuchRank {
+        /// The index given.
+        rank: usize,
+        /// The communicator's (or plan's) rank count.
+        ranks: usize,
+    },
     /// A buffer slot index outside the plan's slots.
-    NoSuchSlot { slot: usize, slots: usize },
+    NoSuchSlot {
+        /// The index given.
+        slot: usize,
+        /// The slots a plan has.
+        slots: usize,
+    },
     /// A call passed a different number of per-rank buffers than the communicator has ranks.
-    BufferCount { what: &'static str, expected: usize, got: usize },
+    BufferCount {
+        /// The list.
+        what: &'static str,
+        /// Buffers the call needs.
+        expected: usize,
+        /// Buffers given.
+        got: usize,
+    },
     /// A rank's buffer has the wrong number of elements.
-    Length { what: &'static str, rank: usize, expected: usize, got: usize },
+    Length {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+        /// Elements the call needs.
+        expected: usize,
+        /// Elements the buffer holds.
+        got: usize,
+    },
     /// A rank's buffer lives on another device than the rank.
-    WrongDevice { what: &'static str, rank: usize, expected: usize, got: usize },
+    WrongDevice {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+        /// The rank's device.
+        expected: usize,
+        /// The buffer's device.
+        got: usize,
+    },
     /// Two buffers overlap where the call needs them distinct (`buffer` of `rank` and `other_buffer`
     /// of `other_rank`, at least one of them written by the call).
-    Aliasing { what: &'static str, rank: usize, buffer: &'static str, other_rank: usize, other_buffer: &'static str },
+    Aliasing {
+        /// The set of buffers checked ("send and receive buffers", "in-place buffers", ...).
+        what: &'static str,
+        /// One buffer's rank.
+        rank: usize,
+        /// That buffer.
+        buffer: &'static str,
+        /// The other buffer's rank.
+        other_rank: usize,
+        /// The other buffer.
+        other_buffer: &'static str,
+    },
     /// A buffer's address is not aligned to its element size.
-    Misaligned { what: &'static str, rank: usize, address: u64, align: usize },
+    Misaligned {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+        /// Its device address.
+        address: u64,
+        /// The alignment needed, in bytes.
+        align: usize,
+    },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
-    TooManyCtas { requested: u32, max: u32, why: String },
+    TooManyCtas {
+        /// CTAs asked for.
+        requested: u32,
+        /// The most that can run.
+        max: u32,
+        /// What limits them (registers, shared memory, SMs).
+        why: String,
+    },
     /// A configuration value is out of range.
-    Config { field: &'static str, why: String },
+    Config {
+        /// The setting (a `Config` field, or what a call was given).
+        field: &'static str,
+        /// What is wrong with it and what would be accepted.
+        why: String,
+    },
     /// The planner rejected the call.
     Plan(PlanError),
     /// A lowered program failed validation.
@@ -55,20 +146,68 @@ pub enum Error {
     Reshard(ReshardError),
     /// A reshard plan cannot be lowered for the engine (too many tasks, no copy unit, ...).
     ReshardLower(LowerError),
-    /// A rank whose shard holds data passed no buffer for that side of a reshard.
-    MissingBuffer { what: &'static str, rank: usize, elements: u64 },
+    /// A rank whose shard holds data passed no buffer for that side of a reshard (or a compiled
+    /// plan's buffer table left a slot the plan uses at address 0).
+    MissingBuffer {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+        /// Elements it would hold.
+        elements: u64,
+    },
     /// A rank outside a side's mesh passed a buffer for that side of a reshard.
-    UnexpectedBuffer { what: &'static str, rank: usize },
+    UnexpectedBuffer {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+    },
     /// A bounded wait on the device gave up: a peer never arrived or never finished.
-    Timeout { wait: WaitKind, rank: u32, cta: u32, peer: u32, expected: u64, observed: u64, errors: u32 },
+    Timeout {
+        /// What the CTA was waiting for (a barrier, FIFO space or data, a peer's progress).
+        wait: WaitKind,
+        /// The waiting rank.
+        rank: u32,
+        /// The waiting CTA.
+        cta: u32,
+        /// The rank it waited for.
+        peer: u32,
+        /// The counter value it waited for.
+        expected: u64,
+        /// The last value it saw.
+        observed: u64,
+        /// How many CTAs reported an error in that launch.
+        errors: u32,
+    },
     /// The engine rejected a task descriptor.
-    BadTask { rank: u32, cta: u32, task: u32 },
+    BadTask {
+        /// The rank.
+        rank: u32,
+        /// The CTA.
+        cta: u32,
+        /// The task's index in the CTA's list.
+        task: u32,
+    },
     /// At a barrier a rank met a peer that is already at a later call: the ranks' calls are out of
     /// step (one rank skipped a call, or an earlier call failed on some ranks only). At the start
     /// barrier the CTA stops before its tasks; at the end barrier its tasks have run. `call` and
     /// `peer_call` count that CTA's barriers since the communicator was built or last reset; after
     /// this error `reset` the communicator (it zeroes every rank's counters).
-    OutOfStep { rank: u32, cta: u32, peer: u32, call: u64, peer_call: u64, errors: u32 },
+    OutOfStep {
+        /// The rank that noticed.
+        rank: u32,
+        /// Its CTA.
+        cta: u32,
+        /// The peer already further on.
+        peer: u32,
+        /// The CTA's barrier count.
+        call: u64,
+        /// The peer's.
+        peer_call: u64,
+        /// How many CTAs reported an error in that launch.
+        errors: u32,
+    },
     /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
     /// build a new one).
     Poisoned,
@@ -76,7 +215,10 @@ pub enum Error {
     /// built yet (its upload would become part of the graph: `prepare` it, or make a reshard's first
     /// call, before the capture), or a wait for or poll of the streams (`synchronize`, `query`,
     /// `reset`, `clear_plans`), which would end the capture.
-    Capturing { what: &'static str },
+    Capturing {
+        /// The call refused.
+        what: &'static str,
+    },
 }
 
 impl Error {
