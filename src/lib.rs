@@ -24,6 +24,7 @@
 //! `oxccl-host`, which also executes them on the CPU.
 
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 mod comm;
 pub mod compiled;
