@@ -38,6 +38,10 @@ pub use comm::{
     combining_pipeline,
 };
 pub use error::{Error, Result};
+/// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler and its lowering
+/// for [`compiled::CompiledPlan`], the simulator and the CPU executor; re-exported so one dependency
+/// serves.
+pub use oxccl_host as host;
 pub use oxccl_host::tccl::{Collective, Reduction};
 /// The most ranks a communicator (or a compiled plan) has: one launch addresses every rank's buffers.
 pub use oxccl_kernels::abi::MAX_RANKS;
