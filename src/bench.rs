@@ -647,6 +647,7 @@ fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
 
 /// As [`encode_all`] for an `f` of period 17 (`f(i + 17) == f(i)`, as [`pattern`] and [`Expected`]
 /// are): one period is encoded and the bytes repeated, so multi-GiB buffers take memory-copy time.
+#[cfg(test)]
 fn encode_periodic(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
     let period = encode_all(dtype, n.min(17), f);
     let total = n as usize * dtype.size();
@@ -706,6 +707,7 @@ impl Expected {
 
     /// Elements `start..start + n` of rank `r`'s result, encoded (period by period: see
     /// [`encode_periodic`]).
+    #[cfg(test)]
     fn encode_range(&self, r: usize, start: u64, n: u64) -> Vec<u8> {
         if self.collective != Collective::AllGather || self.count == 0 {
             return encode_periodic(self.dtype, n, |i| self.value(r, start + i));
@@ -788,25 +790,42 @@ fn fill_periodic(
         return Ok(());
     }
     assert!(at + total <= buf.len(), "fill past the buffer");
-    let unit = encode_all(dtype, n.min(17 << 16), f);
-    stream.memcpy_htod(&unit, &mut buf.slice_mut(at..at + unit.len())).map_err(Error::driver("cuMemcpyHtoD"))?;
     let (base, _record) = buf.device_ptr_mut(stream);
-    // The raw copies below run in the current context: make it the buffer's.
+    // SAFETY: the range lies inside `buf` (checked above), whose pending work `stream` waits for
+    // (the guard records this use when it drops, after the copies are queued).
+    unsafe { fill_periodic_at(stream, base + at as u64, dtype, n, f) }
+}
+
+/// [`fill_periodic`] at a device address.
+///
+/// # Safety
+/// `ptr..ptr + n × dtype.size()` is device memory of `stream`'s context that nothing else uses until
+/// the copies queued on `stream` complete.
+unsafe fn fill_periodic_at(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    dtype: DType,
+    n: u64,
+    f: impl Fn(u64) -> i32,
+) -> Result<()> {
+    let total = n as usize * dtype.size();
+    if total == 0 {
+        return Ok(());
+    }
+    let unit = encode_all(dtype, n.min(17 << 16), f);
+    // The raw copies below run in the current context: make it the stream's.
     stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    // SAFETY: `unit` is no longer than the range (the caller's); from pageable memory the copy has
+    // taken the bytes when it returns, so `unit` may be dropped after it.
+    unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &unit, stream.cu_stream()) }
+        .map_err(Error::driver("cuMemcpyHtoDAsync"))?;
     let mut filled = unit.len();
     while filled < total {
         let len = filled.min(total - filled);
-        // SAFETY: both ranges lie inside `buf` (checked above) and do not overlap; the copy is queued
-        // on `stream`, which owns the buffer's pending work, in the buffer's context (bound above).
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(
-                base + (at + filled) as u64,
-                base + at as u64,
-                len,
-                stream.cu_stream(),
-            )
-        }
-        .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
+        // SAFETY: both ranges lie inside the caller's range and do not overlap; the copy is queued
+        // on `stream` after the upload, in the range's context (bound above).
+        unsafe { cudarc::driver::result::memcpy_dtod_async(ptr + filled as u64, ptr, len, stream.cu_stream()) }
+            .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
         filled += len;
     }
     Ok(())
@@ -823,20 +842,45 @@ fn count_wrong_on_device(
     r: usize,
     staging: &mut cudarc::driver::PinnedHostSlice<u8>,
 ) -> Result<u64> {
+    let bytes = n as usize * expected.dtype.size();
+    let view = buf.slice(at..at + bytes);
+    let (ptr, _record) = view.device_ptr(stream);
+    // SAFETY: the range lies inside `buf` (the slice above checks it), whose pending writes `stream`
+    // waits for.
+    unsafe { count_wrong_at(stream, ptr, n, expected, r, 0, staging) }
+}
+
+/// Elements of the `n` at device address `ptr` that differ from elements `first..first + n` of rank
+/// `r`'s expected result, read back in pieces through `staging` (pinned).
+///
+/// # Safety
+/// `ptr..ptr + n × element size` is device memory of `stream`'s context whose writes are complete
+/// or queued on `stream`.
+unsafe fn count_wrong_at(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    n: u64,
+    expected: &Expected,
+    r: usize,
+    first: u64,
+    staging: &mut cudarc::driver::PinnedHostSlice<u8>,
+) -> Result<u64> {
     let e = expected.dtype.size();
     let piece = (staging.len() / e) as u64;
+    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
     let mut wrong = 0;
     let mut start = 0;
     while start < n {
         let len = piece.min(n - start);
         let bytes = len as usize * e;
-        let from = at + start as usize * e;
-        // A host slice of exactly the piece (cudarc copies the destination's length). Into pinned
-        // memory the copy is asynchronous: wait for the stream before reading.
+        // Into pinned memory the copy is asynchronous: wait for the stream before reading.
         let host = &mut staging.as_mut_slice().map_err(Error::driver("cuEventSynchronize"))?[..bytes];
-        stream.memcpy_dtoh(&buf.slice(from..from + bytes), host).map_err(Error::driver("cuMemcpyDtoH"))?;
+        // SAFETY: the piece lies inside the caller's range; `host` holds exactly its bytes and is read
+        // only after the stream is synchronised.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(host, ptr + start * e as u64, stream.cu_stream()) }
+            .map_err(Error::driver("cuMemcpyDtoHAsync"))?;
         stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-        wrong += expected.count_wrong_range(r, start, host);
+        wrong += expected.count_wrong_range(r, first + start, host);
         start += len;
     }
     Ok(wrong)
@@ -1208,6 +1252,17 @@ pub fn plan_bench(
         Coll::ReduceScatter => Some(Collective::ReduceScatter),
         Coll::AllToAll => None,
     };
+    // Read-back staging for the check: one pinned buffer per device.
+    let mut staging: Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)> = Vec::new();
+    for s in streams.iter().filter(|_| b.check) {
+        let ordinal = s.context().ordinal();
+        if !staging.iter().any(|(o, _)| *o == ordinal) {
+            // SAFETY: pinned host memory (flags 0), written by a device copy before every read.
+            let pinned = unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
+                .map_err(Error::driver("cuMemHostAlloc"))?;
+            staging.push((ordinal, pinned));
+        }
+    }
     let mut rows = Vec::new();
     let mut size = b.min_bytes.max(e);
     while size <= b.max_bytes {
@@ -1228,23 +1283,39 @@ pub fn plan_bench(
         let runner = CompiledPlan::on_engines(&engines, streams, &lp, b.config.clone())?;
         let bufs = PlanBuffers::new(&runner, 0)?;
         let table = bufs.table();
-        let cb = chunk_bytes as usize;
         let count_in = ic * chunk_bytes / e;
         let count_out = oc * chunk_bytes / e;
-        // Inputs where the plan reads them; every other byte zero.
-        for r in 0..p {
-            let input = encode_periodic(b.dtype, count_in, |i| pattern(r, i));
-            let mut slots_data: Vec<Vec<u8>> = (0..BUFFER_SLOTS)
-                .map(|s| runner.buffer_bytes(r, s).map(|b| vec![0u8; b as usize]))
-                .collect::<Result<_>>()?;
-            for j in 0..ic as usize {
-                let flat = l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves");
+        // Rank r's chunks `0..n` of one kind (`Slice::input` or `Slice::output`) as runs of
+        // consecutive chunks in one slot: (slot, first chunk in the slot, first chunk of the kind,
+        // chunks).
+        let runs = |r: usize, n: u64, slice: fn(u32) -> Slice| -> Vec<(usize, u64, u64, u64)> {
+            let mut v: Vec<(usize, u64, u64, u64)> = Vec::new();
+            for j in 0..n {
+                let flat = l.resolve(Rank(r as u32), slice(j as u32)).expect("a chunk of the layout resolves");
                 let (s, c) = place(l, flat);
-                slots_data[s as usize][c as usize * cb..][..cb].copy_from_slice(&input[j * cb..][..cb]);
+                match v.last_mut() {
+                    Some((ls, lc, _, len)) if *ls == s as usize && *lc + *len == c as u64 => *len += 1,
+                    _ => v.push((s as usize, c as u64, j, 1)),
+                }
             }
-            for (s, d) in slots_data.iter().enumerate() {
-                bufs.write(r, s, d)?;
+            v
+        };
+        let ce = chunk_bytes / e;
+        // Inputs where the plan reads them, filled on the device (the buffers start zeroed); every
+        // rank's before any launch, which reads its peers'.
+        for (r, rank_stream) in streams.iter().enumerate() {
+            for (s, c0, j0, len) in runs(r, ic, Slice::input) {
+                // SAFETY: the run lies inside rank r's slot s, of the plan's size, on the rank's
+                // device; nothing else uses the buffers until the synchronisation below.
+                unsafe {
+                    fill_periodic_at(rank_stream, table[r][s] + c0 * chunk_bytes, b.dtype, len * ce, |i| {
+                        pattern(r, j0 * ce + i)
+                    })?
+                };
             }
+        }
+        for s in streams {
+            s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
         let mut wrong = u64::MAX;
         if b.check
@@ -1256,14 +1327,23 @@ pub fn plan_bench(
             let count = if c == Collective::AllGather { count_in } else { count_out };
             let expected = Expected::new(c, b.dtype, b.op, p, count);
             wrong = 0;
-            for r in 0..p {
-                let data: Vec<Vec<u8>> = (0..BUFFER_SLOTS).map(|s| bufs.read(r, s)).collect::<Result<_>>()?;
-                let want = expected.encode_range(r, 0, count_out);
-                for j in 0..oc as usize {
-                    let flat = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves");
-                    let (s, c) = place(l, flat);
-                    let got = &data[s as usize][c as usize * cb..][..cb];
-                    wrong += count_wrong(got, &want[j * cb..][..cb], e as usize);
+            for (r, rank_stream) in streams.iter().enumerate() {
+                let ordinal = rank_stream.context().ordinal();
+                let stage = &mut staging.iter_mut().find(|(o, _)| *o == ordinal).expect("staging per device").1;
+                for (s, c0, j0, len) in runs(r, oc, Slice::output) {
+                    // SAFETY: the run lies inside rank r's slot s, written by the launch synchronised
+                    // above.
+                    wrong += unsafe {
+                        count_wrong_at(
+                            rank_stream,
+                            table[r][s] + c0 * chunk_bytes,
+                            len * ce,
+                            &expected,
+                            r,
+                            j0 * ce,
+                            stage,
+                        )?
+                    };
                 }
             }
         }
