@@ -41,6 +41,11 @@ fn main() -> ExitCode {
         None if args.algo.is_none() && args.xml.is_none() => args.what = Some("all_reduce".into()),
         _ => {}
     }
+    // A flag its benchmark would ignore is refused with or without a GPU.
+    if let Err(e) = oxccl::cli::bench::checked_kind(&args) {
+        eprintln!("collectives: {e}");
+        return ExitCode::FAILURE;
+    }
     if let Err(why) = oxccl::engine::probe_gpu() {
         eprintln!("skipped: no GPU ({why})");
         return ExitCode::SUCCESS;

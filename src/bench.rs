@@ -1400,7 +1400,7 @@ pub fn plan_bench(
             reduction: "registers",
             size: real,
             // nccl-tests' count: elements per rank in the smaller buffer.
-            count: ic.min(oc) * chunk_bytes / e,
+            count: count_in.min(count_out),
             dtype: b.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced.
             redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },

@@ -149,7 +149,8 @@ impl std::fmt::Debug for Communicator {
             .field("rank_devices", &self.ranks.iter().map(|r| ordinals[r.device]).collect::<Vec<_>>())
             .field("launch_groups", &self.groups.iter().map(|g| &g.ranks).collect::<Vec<_>>())
             .field("config", &self.config)
-            .field("cached_plans", &self.cached_plans())
+            // `try_lock`: formatting must not wait for (or deadlock on) a call building a plan.
+            .field("cached_plans", &self.plans.try_lock().map(|m| m.len()).ok())
             .finish()
     }
 }
@@ -304,8 +305,8 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = common_len(send, "send buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::AllReduce, count, Some(send), recv, op, Holders::All)
+        let (count, _) = common_len(send, "send buffers", self.ranks())?;
+        self.collective::<T, S, R>(Collective::AllReduce, Count::FromSend(count), Some(send), recv, op, Holders::All)
     }
 
     /// In-place AllReduce: every `buf[r]` becomes the reduction of all of them.
@@ -314,8 +315,8 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = common_len(bufs, "buffers", self.ranks())?;
-        self.collective::<T, R, R>(Collective::AllReduce, count, None, bufs, op, Holders::All)
+        let (count, _) = common_len(bufs, "buffers", self.ranks())?;
+        self.collective::<T, R, R>(Collective::AllReduce, Count::FromRecv(count), None, bufs, op, Holders::All)
     }
 
     /// `recv[r]` (count elements) = op over ranks q of block `r` of `send[q]` (ranks × count elements).
@@ -325,8 +326,15 @@ impl Communicator {
         recv: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = common_len(recv, "receive buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::ReduceScatter, count, Some(send), recv, op, Holders::All)
+        let (count, _) = common_len(recv, "receive buffers", self.ranks())?;
+        self.collective::<T, S, R>(
+            Collective::ReduceScatter,
+            Count::FromRecv(count),
+            Some(send),
+            recv,
+            op,
+            Holders::All,
+        )
     }
 
     /// In-place ReduceScatter: `buf[r]` holds ranks × count elements; block `r` of it becomes the
@@ -336,17 +344,17 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let total = common_len(bufs, "buffers", self.ranks())?;
+        let (total, holder) = common_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
                 what: "in-place reduce_scatter buffer",
-                rank: 0,
+                rank: holder,
                 expected: total.next_multiple_of(p),
                 got: total,
             });
         }
-        self.collective::<T, R, R>(Collective::ReduceScatter, total / p, None, bufs, op, Holders::All)
+        self.collective::<T, R, R>(Collective::ReduceScatter, Count::FromRecv(total / p), None, bufs, op, Holders::All)
     }
 
     /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
@@ -355,24 +363,38 @@ impl Communicator {
         send: &[S],
         recv: &mut [R],
     ) -> Result<()> {
-        let count = common_len(send, "send buffers", self.ranks())?;
-        self.collective::<T, S, R>(Collective::AllGather, count, Some(send), recv, ReduceOp::Sum, Holders::All)
+        let (count, _) = common_len(send, "send buffers", self.ranks())?;
+        self.collective::<T, S, R>(
+            Collective::AllGather,
+            Count::FromSend(count),
+            Some(send),
+            recv,
+            ReduceOp::Sum,
+            Holders::All,
+        )
     }
 
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
-        let total = common_len(bufs, "buffers", self.ranks())?;
+        let (total, holder) = common_len(bufs, "buffers", self.ranks())?;
         let p = self.ranks();
         if total % p != 0 {
             return Err(Error::Length {
                 what: "in-place all_gather buffer",
-                rank: 0,
+                rank: holder,
                 expected: total.next_multiple_of(p),
                 got: total,
             });
         }
-        self.collective::<T, R, R>(Collective::AllGather, total / p, None, bufs, ReduceOp::Sum, Holders::All)
+        self.collective::<T, R, R>(
+            Collective::AllGather,
+            Count::FromRecv(total / p),
+            None,
+            bufs,
+            ReduceOp::Sum,
+            Holders::All,
+        )
     }
 
     /// Broadcast: every `recv[r]` becomes a copy of `send`, rank `root`'s buffer (on its device; all
@@ -387,10 +409,10 @@ impl Communicator {
         let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
         // The count from the receive buffers, the many: a send buffer of another length is the one
         // named wrong.
-        let count = common_len(recv, "receive buffers", self.ranks())?;
+        let (count, _) = common_len(recv, "receive buffers", self.ranks())?;
         self.collective::<T, S, R>(
             collective,
-            count,
+            Count::FromRecv(count),
             Some(std::slice::from_ref(send)),
             recv,
             ReduceOp::Sum,
@@ -405,8 +427,8 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
-        let count = common_len(bufs, "buffers", self.ranks())?;
-        self.collective::<T, R, R>(collective, count, None, bufs, ReduceOp::Sum, Holders::All)
+        let (count, _) = common_len(bufs, "buffers", self.ranks())?;
+        self.collective::<T, R, R>(collective, Count::FromRecv(count), None, bufs, ReduceOp::Sum, Holders::All)
     }
 
     /// Reduce: `recv`, rank `root`'s buffer (on its device), becomes op over all ranks q of `send[q]`,
@@ -420,8 +442,15 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Reduce { root })?;
-        let count = common_len(send, "send buffers", self.ranks())?;
-        self.collective::<T, S, R>(collective, count, Some(send), std::slice::from_mut(recv), op, Holders::Root(root))
+        let (count, _) = common_len(send, "send buffers", self.ranks())?;
+        self.collective::<T, S, R>(
+            collective,
+            Count::FromSend(count),
+            Some(send),
+            std::slice::from_mut(recv),
+            op,
+            Holders::Root(root),
+        )
     }
 
     /// In-place Reduce: `buf[root]` becomes the reduction of every `buf[r]`; the other buffers are
@@ -433,8 +462,8 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let collective = self.rooted(root, |root| Collective::Reduce { root })?;
-        let count = common_len(bufs, "buffers", self.ranks())?;
-        self.collective::<T, R, R>(collective, count, None, bufs, op, Holders::All)
+        let (count, _) = common_len(bufs, "buffers", self.ranks())?;
+        self.collective::<T, R, R>(collective, Count::FromRecv(count), None, bufs, op, Holders::All)
     }
 
     /// The rooted collective `make(root)`, or [`Error::NoSuchRank`] for a root outside the ranks.
@@ -793,12 +822,16 @@ impl Communicator {
     fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         collective: Collective,
-        count: usize,
+        count: Count,
         send: Option<&[S]>,
         recv: &mut [R],
         op: ReduceOp,
         recv_holders: Holders,
     ) -> Result<()> {
+        let (count, send_first) = match count {
+            Count::FromSend(n) => (n, true),
+            Count::FromRecv(n) => (n, false),
+        };
         self.check_usable()?;
         let p = self.ranks();
         let in_place = send.is_none();
@@ -837,10 +870,9 @@ impl Communicator {
                 self.check_placement(b.len(), ordinal_of(b), send_holders.rank(i), Some(in_len), "send buffer")
             })
         };
-        // The public calls take the count from one list (`common_len`): the send buffers of an
-        // AllReduce, AllGather or Reduce, the receive buffers otherwise. That list is checked first,
-        // so a wrong buffer there is the one named, not a right one of the other list.
-        if matches!(collective, Collective::AllReduce | Collective::AllGather | Collective::Reduce { .. }) {
+        // The list the count came from (`common_len`) is checked first, so a wrong buffer there is
+        // the one named, not a right one of the other list.
+        if send_first {
             check_send()?;
             check_recv()?;
         } else {
@@ -936,18 +968,31 @@ impl Communicator {
         what: &'static str,
     ) -> Result<()> {
         let device = self.engines[self.ranks[rank].device].context().ordinal();
-        if ordinal != device {
-            return Err(Error::WrongDevice { what, rank, expected: device, got: ordinal });
-        }
-        match expected {
-            Some(expected) if len != expected => Err(Error::Length { what, rank, expected, got: len }),
-            _ => Ok(()),
-        }
+        check_placed(len, ordinal, device, rank, expected, what)
     }
 
     /// The engine index of rank `rank`'s device.
     pub(crate) fn rank_device(&self, rank: usize) -> usize {
         self.ranks[rank].device
+    }
+}
+
+/// Errors unless a buffer `what` of rank `rank` (`len` elements, on the device of ordinal `ordinal`)
+/// is on the rank's device (`device`) and, where `expected` is given, holds that many elements.
+pub(crate) fn check_placed(
+    len: usize,
+    ordinal: usize,
+    device: usize,
+    rank: usize,
+    expected: Option<usize>,
+    what: &'static str,
+) -> Result<()> {
+    if ordinal != device {
+        return Err(Error::WrongDevice { what, rank, expected: device, got: ordinal });
+    }
+    match expected {
+        Some(expected) if len != expected => Err(Error::Length { what, rank, expected, got: len }),
+        _ => Ok(()),
     }
 }
 
@@ -1001,13 +1046,27 @@ pub(crate) enum GuardKind<A, B> {
     Write(B),
 }
 
-/// The call's count: the length most of `bufs` share (the first buffer's on a tie), so that a length
-/// error names the odd buffer out; an empty slice is a buffer-count error.
-fn common_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize) -> Result<usize> {
-    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-    let first = *lens.first().ok_or(Error::BufferCount { what, expected: ranks, got: 0 })?;
-    let votes = |n: usize| lens.iter().filter(|&&m| m == n).count();
-    Ok(lens.iter().copied().max_by_key(|&n| (votes(n), n == first)).unwrap_or(first))
+/// A call's element count and the list it came from ([`common_len`]), which is checked first.
+#[derive(Clone, Copy)]
+enum Count {
+    FromSend(usize),
+    FromRecv(usize),
+}
+
+/// The call's count: the length most of `bufs` share (the first buffer's where it ties for most,
+/// else the earliest of those that tie), so that a length error names the odd buffer out; with the
+/// rank of the first buffer of that length. An empty slice is a buffer-count error.
+fn common_len<T, S: DeviceSlice<T>>(bufs: &[S], what: &'static str, ranks: usize) -> Result<(usize, usize)> {
+    let votes = |n: usize| bufs.iter().filter(|b| b.len() == n).count();
+    let first = bufs.first().ok_or(Error::BufferCount { what, expected: ranks, got: 0 })?.len();
+    let mut best = (votes(first), first, 0);
+    for (i, b) in bufs.iter().enumerate().skip(1) {
+        let v = votes(b.len());
+        if v > best.0 {
+            best = (v, b.len(), i);
+        }
+    }
+    Ok((best.1, best.2))
 }
 
 /// The ordinal of the device a cudarc buffer lives on.

@@ -29,8 +29,8 @@
 
 use crate::Element;
 use crate::comm::{
-    GuardKind, Range, any_capturing, check_aligned, check_disjoint, check_timeout, enable_peer_access, ordinal_of,
-    recorded_while_running,
+    GuardKind, Range, any_capturing, check_aligned, check_disjoint, check_placed, check_timeout, enable_peer_access,
+    ordinal_of, recorded_while_running,
 };
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
@@ -444,14 +444,8 @@ impl CompiledPlan {
         let recv_slot = if in_place { main_slot(&self.lowered.layout) } else { slot::OUTPUT } as usize;
         let check = |r: usize, len: usize, ordinal: usize, slot: usize, what: &'static str| -> Result<()> {
             let device = self.engines[self.ranks[r].device].context().ordinal();
-            if ordinal != device {
-                return Err(Error::WrongDevice { what, rank: r, expected: device, got: ordinal });
-            }
             let expected = (self.buffer_bytes(r, slot)? / e as u64) as usize;
-            if len != expected {
-                return Err(Error::Length { what, rank: r, expected, got: len });
-            }
-            Ok(())
+            check_placed(len, ordinal, device, r, Some(expected), what)
         };
         for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
             check(r, b.len(), ordinal_of(b), slot::INPUT as usize, "send buffer")?;
@@ -460,9 +454,14 @@ impl CompiledPlan {
             check(r, b.len(), ordinal_of(b), recv_slot, recv_what)?;
         }
         // The plan's scratch, before any guard is taken (an allocation that fails leaves nothing
-        // ordered).
+        // ordered); its zeroing is complete before any launch (the ranks' streams do not wait for
+        // the context's default stream). Not inside a graph capture: the allocation would be part
+        // of it.
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if scratch.is_empty() {
+            if self.capturing()? {
+                return Err(Error::Capturing { what: "CompiledPlan::run's first call (its scratch allocation)" });
+            }
             let mut all = Vec::with_capacity(p);
             for r in 0..p {
                 let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
@@ -473,6 +472,9 @@ impl CompiledPlan {
                     }
                 }
                 all.push(a);
+            }
+            for e in &self.engines {
+                e.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
             }
             *scratch = all;
         }

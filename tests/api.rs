@@ -80,11 +80,5 @@ fn an_error_says_its_cause_once() {
     let e = Error::from(inner.clone());
     assert!(e.to_string().contains(&inner.to_string()), "{e}");
     assert!(e.source().is_none(), "{e}");
-    let mut chain = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        chain.push_str(&c.to_string());
-        cause = c.source();
-    }
-    assert_eq!(chain.matches(&inner.to_string()).count(), 1, "{chain}");
+    assert_eq!(e.to_string().matches(&inner.to_string()).count(), 1, "{e}");
 }

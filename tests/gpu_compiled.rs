@@ -588,9 +588,10 @@ fn a_first_plan_launch_ends_before_a_held_stream() {
     assert!(done < Duration::from_millis(500), "the first launch ended only after the held stream: {done:?}");
 }
 
-/// `CompiledPlan::run` / `run_in_place` on cudarc buffers: an in-place ring AllReduce (4 ranks) and
-/// the out-of-place MSCCL AllToAll (8 ranks), each against the CPU executor of the same plan on the
-/// same inputs, twice (the second run reuses the plan's scratch); then the misuse a user can make:
+/// `CompiledPlan::run` / `run_in_place` on cudarc buffers: an in-place ring AllReduce (4 ranks), the
+/// out-of-place MSCCL AllToAll (8 ranks) and an in-place MSCCL AllReduce with scratch slots (8
+/// ranks), each against the CPU executor of the same plan on the same inputs, twice (the second run
+/// reuses the plan's scratch); then the misuse a user can make:
 /// the wrong element type, the wrong call for the layout, a short buffer, a buffer count, overlapping
 /// buffers.
 #[test]
@@ -604,7 +605,10 @@ fn run_takes_cudarc_buffers() {
     let ring = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
     let xml = std::fs::read_to_string(msccl_dir().join("ndv4_a2a2ll.xml")).unwrap();
     let a2a = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();
-    for (name, plan) in [("ring-allreduce 1x4", &ring), ("ndv4_a2a2ll", &a2a)] {
+    // In place with scratch slots: the plan's own, allocated by the first run and reused by the second.
+    let xml = std::fs::read_to_string(msccl_dir().join("ndv4_ap-1pass.xml")).unwrap();
+    let pairs = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();
+    for (name, plan) in [("ring-allreduce 1x4", &ring), ("ndv4_a2a2ll", &a2a), ("ndv4_ap-1pass", &pairs)] {
         let lp =
             lower(plan, &LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, ..LowerOptions::default() }).unwrap();
         let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
@@ -634,8 +638,11 @@ fn run_takes_cudarc_buffers() {
                 assert_eq!(got, as_f32(&cpu.buffers[r][recv_slot]), "{name}: rank {r}");
             }
         }
+        let scratch: u64 =
+            (0..p).map(|r| runner.buffer_bytes(r, 2).unwrap() + runner.buffer_bytes(r, 3).unwrap()).sum();
+        assert_eq!(scratch > 0, name == "ndv4_ap-1pass", "{name}: {scratch} scratch bytes");
         println!(
-            "{name}: {} ranks, {} on cudarc buffers, as the CPU executor",
+            "{name}: {} ranks, {} on cudarc buffers ({scratch} B of scratch), as the CPU executor",
             p,
             if in_place { "in place" } else { "out of place" }
         );

@@ -224,8 +224,10 @@ pub struct Args {
     /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
     #[arg(long, default_value_t = 50.0)]
     pub cross_gbps: f64,
-    /// The flags given on the command line (clap's argument ids), filled by the `oxccl` binary: each
-    /// is checked against the benchmarks that read it ([`FLAG_USERS`]). Empty: nothing checked.
+    /// The flags given on the command line (clap's argument ids, [`given_ids`]), filled by the `oxccl`
+    /// binary: each is checked against the benchmarks that read it ([`FLAG_USERS`]), and the mover
+    /// sweep takes `-n`/`-w` only where given (its own defaults are shorter). Empty: nothing checked,
+    /// and the sweep keeps its defaults.
     #[arg(skip)]
     pub given: Vec<String>,
 }
@@ -256,75 +258,89 @@ mod kind {
         "tma_trace",
         "--algo/--xml",
     ];
-    pub const ALL: u8 = 63;
+    pub const ALL: u8 = (1 << NAMES.len()) - 1;
 }
 
-/// Which benchmarks read each flag: (clap's id, the flag as a refusal names it, the kinds that read
-/// it, who they are where the mask would say too much). A flag given to a benchmark that does not read
+/// Which benchmarks read each flag: (clap's id, the kinds that read it, who they are where the mask
+/// would say too much). Every flag of [`Args`] is here (a test checks it). A flag given to a benchmark that does not read
 /// it is refused, not ignored. Finer rules (`--root` for the rooted collectives, `--combine-direct`
 /// for all_reduce, `--mma-one-per-sm` for `--compute mma`) are checked where those flags are read.
-pub const FLAG_USERS: &[(&str, &str, u8, Option<&str>)] = {
+pub const FLAG_USERS: &[(&str, u8, Option<&str>)] = {
     use kind::*;
     &[
-        ("topo", "--topo", PLAN, None),
-        ("exec", "--exec", PLAN, None),
-        ("micro_batches", "--micro-batches", PLAN, None),
-        ("instances", "--instances", PLAN, None),
-        ("instance_channels", "--instance-channels", PLAN, None),
-        ("slots", "--slots", PLAN, None),
-        ("min_bytes", "-b/--minbytes", COLLECTIVE | PLAN, None),
-        ("max_bytes", "-e/--maxbytes", COLLECTIVE | MOVERS | OVERLAP | TRACE | PLAN, None),
-        ("factor", "-f/--stepfactor", COLLECTIVE | PLAN, None),
-        ("iters", "-n/--iters", ALL, None),
-        ("warmup", "-w/--warmup_iters", ALL, None),
-        ("graph", "-G/--cudagraph", COLLECTIVE, None),
-        ("check", "-c/--check", COLLECTIVE | RESHARD | PLAN, None),
-        ("dtype", "-d/--datatype", COLLECTIVE | RESHARD | PLAN, None),
-        ("op", "-o/--op", COLLECTIVE | PLAN, None),
-        ("root", "--root", COLLECTIVE, Some("broadcast and reduce")),
-        ("ranks", "--ranks", COLLECTIVE | OVERLAP | RESHARD, None),
-        ("gpus", "--gpus", COLLECTIVE | OVERLAP | PLAN, None),
-        ("ctas", "--ctas", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
-        ("mover", "--mover", COLLECTIVE | RESHARD | PLAN, None),
-        ("reduction", "--reduction", COLLECTIVE | OVERLAP, None),
-        ("threads", "--threads", COLLECTIVE | MOVERS | OVERLAP | RESHARD | PLAN, None),
-        ("simt_threads", "--simt-threads", OVERLAP, None),
-        ("chunk", "--chunk", ALL, None),
-        ("piece", "--piece", MOVERS, None),
-        ("stages", "--stages", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
-        ("issuers", "--issuers", COLLECTIVE | OVERLAP | RESHARD | TRACE, None),
-        ("combine_direct", "--combine-direct", COLLECTIVE | OVERLAP, Some("all_reduce and overlap")),
-        ("compute", "--compute", OVERLAP | TRACE, None),
-        ("gemm", "--gemm", OVERLAP | TRACE, None),
-        ("compute_ms", "--compute-ms", OVERLAP | TRACE, None),
-        ("partition", "--partition", OVERLAP, None),
-        ("mma_one_per_sm", "--mma-one-per-sm", OVERLAP | TRACE, None),
-        ("fma_ctas_per_sm", "--fma-ctas-per-sm", OVERLAP | TRACE, None),
-        ("lag", "--lag", TRACE, None),
-        ("round", "--round", TRACE, None),
-        ("untraced", "--untraced", TRACE, None),
-        ("l2_evict_first", "--l2-evict-first", TRACE, None),
-        ("chain", "--chain", TRACE, None),
-        ("compute_first", "--compute-first", TRACE, None),
-        ("json", "--json", ALL, None),
-        ("shape", "--shape", RESHARD, None),
-        ("src_mesh", "--src-mesh", RESHARD, None),
-        ("src", "--src", RESHARD, None),
-        ("dst_mesh", "--dst-mesh", RESHARD, None),
-        ("dst", "--dst", RESHARD, None),
-        ("route", "--route", RESHARD, None),
-        ("domain_size", "--domain-size", RESHARD, None),
-        ("min_split_bytes", "--min-split-bytes", RESHARD, None),
-        ("owner", "--owner", RESHARD, None),
-        ("nvlink_gbps", "--nvlink-gbps", RESHARD, None),
-        ("cross_gbps", "--cross-gbps", RESHARD, None),
+        ("topo", PLAN, None),
+        ("exec", PLAN, None),
+        ("micro_batches", PLAN, None),
+        ("instances", PLAN, None),
+        ("instance_channels", PLAN, None),
+        ("slots", PLAN, None),
+        ("min_bytes", COLLECTIVE | PLAN, None),
+        ("max_bytes", COLLECTIVE | MOVERS | OVERLAP | TRACE | PLAN, None),
+        ("factor", COLLECTIVE | PLAN, None),
+        ("iters", ALL, None),
+        ("warmup", ALL, None),
+        ("graph", COLLECTIVE, None),
+        ("check", COLLECTIVE | RESHARD | PLAN, None),
+        ("dtype", COLLECTIVE | RESHARD | PLAN, None),
+        ("op", COLLECTIVE | PLAN, None),
+        ("root", COLLECTIVE, Some("broadcast and reduce")),
+        ("ranks", COLLECTIVE | OVERLAP | RESHARD, None),
+        ("gpus", COLLECTIVE | OVERLAP | PLAN, None),
+        ("ctas", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
+        ("mover", COLLECTIVE | RESHARD | PLAN, None),
+        ("reduction", COLLECTIVE | OVERLAP, None),
+        ("threads", COLLECTIVE | MOVERS | OVERLAP | RESHARD | PLAN, None),
+        ("simt_threads", OVERLAP, None),
+        ("chunk", ALL, None),
+        ("piece", MOVERS, None),
+        ("stages", COLLECTIVE | MOVERS | OVERLAP | RESHARD | TRACE, None),
+        ("issuers", COLLECTIVE | OVERLAP | RESHARD | TRACE, None),
+        ("combine_direct", COLLECTIVE | OVERLAP, Some("all_reduce and overlap")),
+        ("compute", OVERLAP | TRACE, None),
+        ("gemm", OVERLAP | TRACE, None),
+        ("compute_ms", OVERLAP | TRACE, None),
+        ("partition", OVERLAP, None),
+        ("mma_one_per_sm", OVERLAP | TRACE, None),
+        ("fma_ctas_per_sm", OVERLAP | TRACE, None),
+        ("lag", TRACE, None),
+        ("round", TRACE, None),
+        ("untraced", TRACE, None),
+        ("l2_evict_first", TRACE, None),
+        ("chain", TRACE, None),
+        ("compute_first", TRACE, None),
+        ("json", ALL, None),
+        ("shape", RESHARD, None),
+        ("src_mesh", RESHARD, None),
+        ("src", RESHARD, None),
+        ("dst_mesh", RESHARD, None),
+        ("dst", RESHARD, None),
+        ("route", RESHARD, None),
+        ("domain_size", RESHARD, None),
+        ("min_split_bytes", RESHARD, None),
+        ("owner", RESHARD, None),
+        ("nvlink_gbps", RESHARD, None),
+        ("cross_gbps", RESHARD, None),
     ]
 };
 
+/// A flag as the user writes it, from its clap id: `-n/--iters`, `--ctas`.
+fn flag_name(id: &str) -> String {
+    use clap::Args as _;
+    let cmd = Args::augment_args(clap::Command::new("bench"));
+    let arg = cmd.get_arguments().find(|a| a.get_id() == id);
+    match (arg.and_then(|a| a.get_short()), arg.and_then(|a| a.get_long())) {
+        (Some(short), Some(long)) => format!("-{short}/--{long}"),
+        (None, Some(long)) => format!("--{long}"),
+        (Some(short), None) => format!("-{short}"),
+        (None, None) => id.to_string(),
+    }
+}
+
 /// The first flag in `given` that the benchmark `what` (of kind `k`) does not read, as a refusal.
 fn unread_flag(given: &[String], k: u8, what: &str) -> Option<String> {
-    let (_, flag, users, named) =
-        FLAG_USERS.iter().find(|(id, _, users, _)| users & k == 0 && given.iter().any(|g| g == id))?;
+    let (id, users, named) =
+        FLAG_USERS.iter().find(|(id, users, _)| users & k == 0 && given.iter().any(|g| g == id))?;
+    let flag = flag_name(id);
     let owners = named.map(str::to_string).unwrap_or_else(|| {
         let names: Vec<&str> = (0..kind::NAMES.len()).filter(|b| users >> b & 1 == 1).map(|b| kind::NAMES[b]).collect();
         match names.split_last() {
@@ -439,12 +455,11 @@ fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
 /// already runs for seconds per size).
 const MAX_GRAPH_LAUNCHES: usize = 1_000_000;
 
-pub fn run(a: Args) -> CliResult {
-    if a.iters == 0 {
-        return Err("-n: iters: 0: give at least one timed run".into());
-    }
-    let planned = a.algo.is_some() || a.xml.is_some();
-    let (k, what_named) = if planned {
+/// The kind of benchmark `a` asks for and its name in refusals, once every flag it was given is
+/// one that benchmark reads (an unknown benchmark, or a flag it would ignore, is an error naming it).
+/// The `oxccl` command and the collectives bench call this before looking for a GPU.
+pub fn checked_kind(a: &Args) -> Result<(u8, String), Box<dyn std::error::Error>> {
+    let (k, what_named) = if a.algo.is_some() || a.xml.is_some() {
         (kind::PLAN, "--algo/--xml".to_string())
     } else {
         let Some(what) = a.what.clone() else {
@@ -468,6 +483,15 @@ pub fn run(a: Args) -> CliResult {
         }
         .into());
     }
+    Ok((k, what_named))
+}
+
+pub fn run(a: Args) -> CliResult {
+    if a.iters == 0 {
+        return Err("-n: iters: 0: give at least one timed run".into());
+    }
+    let planned = a.algo.is_some() || a.xml.is_some();
+    let (k, what_named) = checked_kind(&a)?;
     let overlap = k == kind::OVERLAP;
     let trace = k == kind::TRACE;
     if let Some(g) = a.graph
@@ -1248,5 +1272,33 @@ fn parse_split(s: &str) -> Result<Split, String> {
         "auto" => Ok(Split::Auto),
         "contiguous" => Ok(Split::Contiguous),
         size => parse_size(size).map(Split::Pieces).map_err(|e| format!("{e}, or auto, or contiguous")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every flag of `Args` has its row in `FLAG_USERS` (a flag without one would never be refused),
+    /// and every row names a flag; the positional benchmark and `--algo`/`--xml` choose the kind.
+    #[test]
+    fn every_flag_has_its_readers() {
+        use clap::Args as _;
+        let cmd = Args::augment_args(clap::Command::new("bench"));
+        let ids: Vec<String> = cmd.get_arguments().map(|a| a.get_id().to_string()).collect();
+        for id in &ids {
+            let kinds = ["what", "algo", "xml"];
+            assert!(
+                kinds.contains(&id.as_str()) || FLAG_USERS.iter().any(|(f, ..)| f == id),
+                "{id}: no row in FLAG_USERS"
+            );
+        }
+        for (id, users, _) in FLAG_USERS {
+            assert!(ids.iter().any(|a| a == id), "{id}: no such flag");
+            assert!(*users != 0 && users & !kind::ALL == 0, "{id}: kinds {users:#b}");
+        }
+        assert_eq!(flag_name("iters"), "-n/--iters");
+        assert_eq!(flag_name("root"), "-r/--root");
+        assert_eq!(flag_name("ctas"), "--ctas");
     }
 }
