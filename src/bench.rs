@@ -785,11 +785,7 @@ fn fill_periodic(
     n: u64,
     f: impl Fn(u64) -> i32,
 ) -> Result<()> {
-    let total = n as usize * dtype.size();
-    if total == 0 {
-        return Ok(());
-    }
-    assert!(at + total <= buf.len(), "fill past the buffer");
+    assert!(at + n as usize * dtype.size() <= buf.len(), "fill past the buffer");
     let (base, _record) = buf.device_ptr_mut(stream);
     // SAFETY: the range lies inside `buf` (checked above), whose pending work `stream` waits for
     // (the guard records this use when it drops, after the copies are queued).
