@@ -490,7 +490,6 @@ pub fn run(a: Args) -> CliResult {
     if a.iters == 0 {
         return Err("-n: iters: 0: give at least one timed run".into());
     }
-    let planned = a.algo.is_some() || a.xml.is_some();
     let (k, what_named) = checked_kind(&a)?;
     let overlap = k == kind::OVERLAP;
     let trace = k == kind::TRACE;
@@ -499,7 +498,7 @@ pub fn run(a: Args) -> CliResult {
     {
         return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
     }
-    if planned {
+    if k == kind::PLAN {
         return run_plan(&a);
     }
     let what = what_named;
