@@ -785,19 +785,37 @@ impl Communicator {
 
     /// Frees every cached plan (collectives and reshards) after waiting for the ranks' streams: a
     /// caller whose counts change from call to call (dynamic shapes) bounds the device memory the
-    /// cache holds this way. Later calls build their plans again. Exclusive: no call can be queueing
-    /// launches meanwhile. A CUDA graph captured from this communicator's calls holds its plans'
-    /// device addresses: destroy such graphs first (replaying one afterwards, or after the
-    /// communicator is dropped, reads freed memory).
-    pub fn clear_plans(&mut self) -> Result<()> {
+    /// cache holds this way. Later calls build their plans again. Callable while other threads make
+    /// calls: it waits for any call queueing its launches, and a call that took a plan from the
+    /// cache before it was cleared waits for its own launches before that plan is freed. A CUDA
+    /// graph captured from this communicator's calls holds its plans' device addresses: destroy such
+    /// graphs first (replaying one afterwards, or after the communicator is dropped, reads freed
+    /// memory).
+    pub fn clear_plans(&self) -> Result<()> {
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         if self.capturing()? {
             return Err(Error::Capturing { what: "clear_plans" });
         }
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
-        self.plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
-        self.reshard_plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.reshard_plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
+    }
+
+    /// Drops a call's reference to its plan once its launches are queued. Where
+    /// [`Communicator::clear_plans`] has taken the plan out of the cache meanwhile, this reference
+    /// is the last and the plan's device memory is freed with it: the ranks' streams are waited for
+    /// first, since the launches still read it. (The cache's own reference keeps it otherwise: no
+    /// other call can take it once it is out of the cache, so the count cannot rise again.)
+    pub(crate) fn release_plan<P>(&self, plan: Arc<P>) -> Result<()> {
+        if Arc::strong_count(&plan) == 1 {
+            for r in &self.ranks {
+                r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            }
+        }
+        drop(plan);
         Ok(())
     }
 
@@ -952,9 +970,11 @@ impl Communicator {
         // SAFETY: every address in the table was checked above (device, length, alignment,
         // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
         // lengths, and never a slot left 0 (`PlanSpec::rank_buffers`).
-        unsafe { self.launch_uploaded(&plan, &launch, buffers)? };
+        let launched = unsafe { self.launch_uploaded(&plan, &launch, buffers) };
         drop(guards);
-        Ok(())
+        // Also after a failed launch: another group's may be queued.
+        let released = self.release_plan(plan);
+        launched.and(released)
     }
 
     /// Checks that a buffer of rank `rank` (`len` elements, on the device of ordinal `ordinal`) is on

@@ -196,9 +196,11 @@ impl Communicator {
         // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and its
         // length is its shard's, which is what the lowered program was validated against; ranks without
         // a buffer have empty shards, which no task addresses; the buffers are borrowed for this call.
-        unsafe { self.launch_prepared(&prepared, buffers)? };
+        let launched = unsafe { self.launch_prepared(&prepared, buffers) };
         drop(guards);
-        Ok(())
+        // Also after a failed launch: an earlier stage's may be queued.
+        let released = self.release_plan(prepared);
+        launched.and(released)
     }
 
     /// The reshard program for a call, built on first use.

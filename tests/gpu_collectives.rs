@@ -372,7 +372,7 @@ fn prepared_calls_replay_in_a_cuda_graph() {
     // Capture needs a stream other than the legacy one.
     let s = ctx.new_stream().unwrap();
     let (ranks, n) = (4usize, 100_003usize);
-    let mut comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
+    let comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
     comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
     let plans = comm.cached_plans();
     assert!(plans >= 1);
@@ -859,4 +859,37 @@ fn calls_end_before_a_held_stream_on_the_device() {
     }
     other.synchronize().unwrap();
     assert!(late.is_empty(), "calls that ended only after the held stream: {late:?}");
+}
+
+/// `clear_plans` through a shared reference while another thread makes calls: every call's plan is
+/// either the cached one or one taken before a clear, which lives until its launches end; the last
+/// call's result is right.
+#[test]
+fn plans_clear_while_another_thread_calls() {
+    let Some(stream) = common::gpu("plans_clear_while_another_thread_calls") else { return };
+    let comm = Communicator::virtual_ranks(&stream, 4, Config::default()).unwrap();
+    let n = 1 << 16;
+    let send: Vec<CudaSlice<f32>> = (0..4).map(|r| stream.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(n).unwrap()).collect();
+    let calls = 200;
+    let mut clears = 0;
+    std::thread::scope(|scope| {
+        let caller = scope.spawn(|| {
+            for _ in 0..calls {
+                comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+            }
+        });
+        while !caller.is_finished() {
+            comm.clear_plans().unwrap();
+            clears += 1;
+        }
+        caller.join().unwrap();
+    });
+    comm.synchronize().unwrap();
+    assert!(clears > 0);
+    for (r, b) in recv.iter().enumerate() {
+        let got = stream.clone_dtoh(b).unwrap();
+        assert!(got.iter().all(|&x| x == 10.0), "rank {r}: {} (want 10)", got[0]);
+    }
+    println!("{calls} calls beside {clears} clears of the plan cache");
 }
