@@ -473,8 +473,8 @@ impl CompiledPlan {
                 }
                 all.push(a);
             }
-            for e in &self.engines {
-                e.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+            for engine in &self.engines {
+                engine.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
             }
             *scratch = all;
         }
