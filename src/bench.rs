@@ -774,6 +774,27 @@ impl Expected {
 /// Bytes per piece when results are read back for checking.
 const CHECK_PIECE: usize = 64 << 20;
 
+/// Read-back staging for a check (none where nothing is checked): one pinned buffer of
+/// [`CHECK_PIECE`] bytes per device of `streams`, keyed by ordinal (each read waits for its copy, so
+/// the ranks of a device share it).
+fn check_staging(
+    streams: &[Arc<CudaStream>],
+    check: bool,
+) -> Result<Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)>> {
+    let mut staging: Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)> = Vec::new();
+    for s in streams.iter().filter(|_| check) {
+        let ordinal = s.context().ordinal();
+        if !staging.iter().any(|(o, _)| *o == ordinal) {
+            // SAFETY: pinned host memory (flags 0: cached, readable by the host at full speed),
+            // written by a device copy before every read.
+            let pinned = unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
+                .map_err(Error::driver("cuMemHostAlloc"))?;
+            staging.push((ordinal, pinned));
+        }
+    }
+    Ok(staging)
+}
+
 /// Writes `n` elements `f(0), f(1), …` (period 17, as [`pattern`]) into `buf` from byte `at`: one
 /// period-aligned block is uploaded and doubled in place on the device, so multi-GiB buffers fill
 /// at device-copy speed.
@@ -933,19 +954,7 @@ pub fn collective_bench(
     // synchronised before the calls, which meet at device barriers.
     let _untracked = (b.graph_launches > 0).then(|| Untracked::new(streams));
     let p = b.ranks;
-    // Read-back staging for the check: one pinned buffer per device (each read waits for its copy,
-    // so the ranks of a device share it).
-    let mut staging: Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)> = Vec::new();
-    for s in streams.iter().filter(|_| b.check) {
-        let ordinal = s.context().ordinal();
-        if !staging.iter().any(|(o, _)| *o == ordinal) {
-            // SAFETY: pinned host memory (flags 0: cached, readable by the host at full speed),
-            // written by a device copy before every read.
-            let pinned = unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
-                .map_err(Error::driver("cuMemHostAlloc"))?;
-            staging.push((ordinal, pinned));
-        }
-    }
+    let mut staging = check_staging(streams, b.check)?;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
     let mut size = b.min_bytes.max(e);
@@ -1248,17 +1257,7 @@ pub fn plan_bench(
         Coll::ReduceScatter => Some(Collective::ReduceScatter),
         Coll::AllToAll => None,
     };
-    // Read-back staging for the check: one pinned buffer per device.
-    let mut staging: Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)> = Vec::new();
-    for s in streams.iter().filter(|_| b.check) {
-        let ordinal = s.context().ordinal();
-        if !staging.iter().any(|(o, _)| *o == ordinal) {
-            // SAFETY: pinned host memory (flags 0), written by a device copy before every read.
-            let pinned = unsafe { s.context().alloc_pinned_with_flags::<u8>(CHECK_PIECE, 0) }
-                .map_err(Error::driver("cuMemHostAlloc"))?;
-            staging.push((ordinal, pinned));
-        }
-    }
+    let mut staging = check_staging(streams, b.check)?;
     let mut rows = Vec::new();
     let mut size = b.min_bytes.max(e);
     while size <= b.max_bytes {

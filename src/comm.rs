@@ -319,6 +319,18 @@ impl Communicator {
         self.collective::<T, R, R>(Collective::AllReduce, Count::FromRecv(count), None, bufs, op, Holders::All)
     }
 
+    /// The block per rank of in-place buffers that hold one block per rank (an in-place ReduceScatter's
+    /// or AllGather's): their common length over the ranks, or a length error naming a buffer `what`
+    /// of a rank whose length does not divide.
+    fn block_of<T, R: DeviceSlice<T>>(&self, bufs: &[R], what: &'static str) -> Result<usize> {
+        let (total, holder) = common_len(bufs, "buffers", self.ranks())?;
+        let p = self.ranks();
+        if total % p != 0 {
+            return Err(Error::Length { what, rank: holder, expected: total.next_multiple_of(p), got: total });
+        }
+        Ok(total / p)
+    }
+
     /// `recv[r]` (count elements) = op over ranks q of block `r` of `send[q]` (ranks × count elements).
     pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
@@ -344,17 +356,8 @@ impl Communicator {
         bufs: &mut [R],
         op: ReduceOp,
     ) -> Result<()> {
-        let (total, holder) = common_len(bufs, "buffers", self.ranks())?;
-        let p = self.ranks();
-        if total % p != 0 {
-            return Err(Error::Length {
-                what: "in-place reduce_scatter buffer",
-                rank: holder,
-                expected: total.next_multiple_of(p),
-                got: total,
-            });
-        }
-        self.collective::<T, R, R>(Collective::ReduceScatter, Count::FromRecv(total / p), None, bufs, op, Holders::All)
+        let count = self.block_of(bufs, "in-place reduce_scatter buffer")?;
+        self.collective::<T, R, R>(Collective::ReduceScatter, Count::FromRecv(count), None, bufs, op, Holders::All)
     }
 
     /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
@@ -377,19 +380,10 @@ impl Communicator {
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
-        let (total, holder) = common_len(bufs, "buffers", self.ranks())?;
-        let p = self.ranks();
-        if total % p != 0 {
-            return Err(Error::Length {
-                what: "in-place all_gather buffer",
-                rank: holder,
-                expected: total.next_multiple_of(p),
-                got: total,
-            });
-        }
+        let count = self.block_of(bufs, "in-place all_gather buffer")?;
         self.collective::<T, R, R>(
             Collective::AllGather,
-            Count::FromRecv(total / p),
+            Count::FromRecv(count),
             None,
             bufs,
             ReduceOp::Sum,
