@@ -181,18 +181,27 @@ impl SweepOp {
 /// One row of the mover sweep.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SweepRow {
+    /// The operation, as [`SweepOp::name`] spells it.
     pub op: &'static str,
+    /// `tma` or `simt`.
     pub mover: &'static str,
+    /// CTAs the range is split between.
     pub ctas: u32,
+    /// Threads per CTA.
     pub threads: u32,
+    /// Registers per thread of the mover's f32-sum kernel.
     pub registers: u32,
+    /// Bytes of each buffer ([`SweepConfig::bytes`]); the row's traffic is 2 or 3 times this.
     pub bytes: u64,
-    /// The TMA pipeline the row ran (bytes per source per stage, stages; 0 for SIMT rows).
+    /// The TMA pipeline's bytes per source per stage (0 for SIMT rows).
     pub chunk_bytes: u32,
+    /// The TMA pipeline's stages (0 for SIMT rows).
     pub stages: u32,
+    /// Milliseconds per launch, the mean over the timed launches.
     pub ms: f64,
     /// Bytes read + written per second / 1e9.
     pub gbps: f64,
+    /// [`SweepRow::gbps`] divided by the CTA count.
     pub gbps_per_cta: f64,
     /// Against `cuMemcpyDtoD` of the same size in the same run.
     pub of_memcpy: f64,
@@ -292,24 +301,31 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowe
 /// Parameters of the mover sweep.
 #[derive(Clone, Debug)]
 pub struct SweepConfig {
+    /// Bytes of each buffer, the range every row moves (a whole number of f32 elements).
     pub bytes: u64,
+    /// The CTA counts swept, in order (each at least 1).
     pub ctas: Vec<u32>,
     /// Threads of a TMA CTA that copies or bulk-reduces (`cp.reduce.async.bulk`): one thread issues
     /// every operation, nothing combines.
     pub tma_threads_bulk: u32,
     /// Threads of a TMA CTA whose warps combine the reduce-add's two sources in registers.
     pub tma_threads_combine: u32,
+    /// Threads of a SIMT CTA.
     pub simt_threads: u32,
-    /// TMA chunk bytes per source per stage and stages; left open, the collectives' rule for the
-    /// program: [`auto_pipeline`](crate::auto_pipeline) for reductions into one source,
+    /// TMA chunk bytes per source per stage; left open (with [`SweepConfig::stages`]), the
+    /// collectives' rule for the program: [`auto_pipeline`](crate::auto_pipeline) for reductions into one source,
     /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine, and,
     /// where both are left open, for the copy, which has the SM to itself, 32 KiB chunks as deep as
-    /// shared memory allows (`lone_copy_pipeline`).
+    /// shared memory allows (`lone_copy_pipeline`). A chunk whose stages would not fit the
+    /// device's shared memory is cut to the largest 1 KiB multiple that does.
     pub chunk_bytes: Option<u32>,
+    /// TMA pipeline stages (`None`: chosen as [`SweepConfig::chunk_bytes`] says).
     pub stages: Option<u32>,
     /// How the range is split between the CTAs.
     pub split: Split,
+    /// Untimed launches before each row's timed ones.
     pub warmup: usize,
+    /// Timed launches per row (at least one is run); the row's time is their mean.
     pub iters: usize,
 }
 
@@ -580,31 +596,50 @@ fn lone_copy_pipeline(room: usize) -> (u32, u32) {
 /// Parameters of a collective benchmark (nccl-tests flags).
 #[derive(Clone, Debug)]
 pub struct CollectiveBench {
+    /// The collective, with its root for Broadcast and Reduce (below `ranks`).
     pub collective: Collective,
+    /// Element type.
     pub dtype: DType,
+    /// Reduction operator (unused by AllGather and Broadcast).
     pub op: ReduceOp,
+    /// Ranks: one per stream given to [`collective_bench`].
     pub ranks: usize,
+    /// Smallest size in bytes, nccl-tests' `-b`: the larger per-rank buffer (raised to one element
+    /// where smaller).
     pub min_bytes: u64,
+    /// Largest size in bytes, nccl-tests' `-e`: no size above it runs.
     pub max_bytes: u64,
+    /// Factor from one size to the next, nccl-tests' `-f` (at least 2).
     pub factor: u64,
+    /// Timed calls per size and side, nccl-tests' `-n` (at least 1; in a graph, the calls captured);
+    /// the time is their mean.
     pub iters: usize,
+    /// Untimed calls before the timed ones, nccl-tests' `-w`.
     pub warmup: usize,
+    /// Check every rank's result in a separate untimed call per size and side (nccl-tests' `-c`);
+    /// unchecked rows report `#wrong` as `N/A`.
     pub check: bool,
     /// nccl-tests' `-G`: 0 launches the calls one by one; N > 0 captures the `iters` timed calls
     /// in a CUDA graph and times N launches of it ([`time_graph_ms_on`]).
     pub graph_launches: usize,
+    /// The communicator's configuration (mover, reduction, CTAs, pipeline).
     pub config: Config,
 }
 
 /// One row of the nccl-tests table.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CollectiveRow {
+    /// The collective's name (`all_reduce`, `reduce_scatter`, ...).
     pub collective: &'static str,
     /// The root of Broadcast and Reduce; -1 for the others (nccl-tests' column).
     pub root: i64,
+    /// Ranks taking part.
     pub ranks: usize,
+    /// CTAs per rank (a compiled plan's row: the most thread blocks any rank has).
     pub ctas: u32,
+    /// `tma` or `simt`.
     pub mover: &'static str,
+    /// `registers` or `tma` (the reduction path; compiled plans reduce in registers).
     pub reduction: &'static str,
     /// nccl-tests' size: bytes of the largest per-rank buffer (the sweep's size rounded down to what
     /// the call moves).
@@ -612,15 +647,25 @@ pub struct CollectiveRow {
     /// nccl-tests' count: elements per rank in the smallest buffer (a ReduceScatter's output, an
     /// AllGather's input).
     pub count: u64,
+    /// nccl-tests' type: `float`, `half`, `bfloat16`, `int32`, `uint32`.
     pub dtype: &'static str,
+    /// nccl-tests' redop: `sum`, `min`, `max`, or `none` where nothing is reduced.
     pub redop: &'static str,
+    /// Out of place: microseconds per call (0 where that side did not run).
     pub oop_us: f64,
+    /// Out of place: algbw, `size` bytes per second / 1e9.
     pub oop_algbw: f64,
+    /// Out of place: busbw, algbw times the collective's bus factor.
     pub oop_busbw: f64,
+    /// Out of place: elements that differ from the expected result (`u64::MAX`: not checked).
     pub oop_wrong: u64,
+    /// In place: microseconds per call (0 where that side did not run).
     pub ip_us: f64,
+    /// In place: algbw, `size` bytes per second / 1e9.
     pub ip_algbw: f64,
+    /// In place: busbw, algbw times the collective's bus factor.
     pub ip_busbw: f64,
+    /// In place: elements that differ from the expected result (`u64::MAX`: not checked).
     pub ip_wrong: u64,
 }
 
@@ -1192,28 +1237,46 @@ pub struct PlanBench {
     pub plan: oxccl_host::compile::Plan,
     /// Compiled (segments are sub-pipelines) or interpreted (one segment per TB, re-walked).
     pub mode: PlanMode,
+    /// Element type.
     pub dtype: DType,
+    /// Reduction operator (unused where the plan's collective reduces nothing).
     pub op: ReduceOp,
+    /// Micro-batches every chunk is cut into; a chunk is a multiple of 16 bytes per micro-batch.
     pub micro_batches: u32,
     /// FIFO slots per connection (`None`: what the lowering needs, at least 2).
     pub slots: Option<u32>,
+    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank, before it is cut
+    /// into whole chunks.
     pub min_bytes: u64,
+    /// Largest size in bytes (nccl-tests' `-e`): no size above it runs.
     pub max_bytes: u64,
+    /// Factor from one size to the next (at least 2).
     pub factor: u64,
+    /// Timed launches per size (at least 1); the time is their mean.
     pub iters: usize,
+    /// Untimed launches before the timed ones.
     pub warmup: usize,
+    /// Check the result of a separate untimed launch per size (AllReduce, AllGather and
+    /// ReduceScatter plans; other rows report `N/A`).
     pub check: bool,
+    /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
 }
 
 /// What a compiled-plan benchmark ran with, for the report's header.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PlanBenchInfo {
+    /// Ranks of the plan.
     pub ranks: usize,
+    /// Thread blocks (CTAs) of the busiest rank.
     pub tbs_per_rank: u32,
+    /// FIFO slots per connection the plan was lowered with.
     pub slots: u32,
+    /// Threads per CTA of the launch.
     pub threads: u32,
+    /// Bytes per source per TMA stage (0 for the SIMT mover).
     pub stage_bytes: u32,
+    /// Registers per thread of the plan kernel for the row's mover, dtype and operator.
     pub registers: u32,
     /// Share of the TBs' time spent waiting (FIFO space or data, sync points), from the device's
     /// per-TB records of the second of two separate launches of the same plan lowered with timing:
@@ -1493,17 +1556,21 @@ pub struct ReshardBench {
     pub shape: Vec<u64>,
     /// Element type.
     pub dtype: DType,
-    /// Source and destination layouts.
+    /// Source layout.
     pub src: Layout,
+    /// Destination layout.
     pub dst: Layout,
     /// Virtual ranks on the GPU (every mesh must lie below).
     pub ranks: usize,
     /// Route, domain size, split threshold, CTA owner.
     pub options: ReshardOptions,
+    /// Timed calls per program (at least 1); the time is their mean.
     pub iters: usize,
+    /// Untimed calls before the timed ones (also before timing `cuMemcpyDtoD`).
     pub warmup: usize,
     /// Check every destination shard in a separate untimed pass.
     pub check: bool,
+    /// The communicator's configuration.
     pub config: Config,
     /// The NVLink model's bandwidth of one rank's NVLink port, per direction (GB/s).
     pub nvlink_gbps: f64,
@@ -1518,6 +1585,7 @@ pub struct ReshardRow {
     pub program: &'static str,
     /// Launches (stages with tasks).
     pub launches: usize,
+    /// Tasks over every stage.
     pub tasks: usize,
     /// Bytes copied from one rank's buffer into another's.
     pub bytes_between_ranks: u64,
@@ -2215,7 +2283,14 @@ pub enum ComputeLoad {
     Sleep,
     /// cuBLAS bf16 GEMMs `C = A·B` of `m × k` by `k × n` (f32 accumulation, tensor cores): the
     /// realistic neighbour of a collective in training. Needs the `gemm` feature and libcublas.
-    Gemm { m: u32, n: u32, k: u32 },
+    Gemm {
+        /// Rows of A and C.
+        m: u32,
+        /// Columns of B and C.
+        n: u32,
+        /// Columns of A and rows of B.
+        k: u32,
+    },
     /// oxccl's own bf16 tensor-core GEMM `C = A·Bᵀ` (`bench_gemm_bf16` in the probe module:
     /// `mma.sync`, f32 C): one 128 × 128 tile per CTA of 256 threads, 128 registers each and
     /// 61440 B of shared memory, so that unlike cuBLAS's kernel (384 threads × 168 registers, the
@@ -2223,10 +2298,21 @@ pub enum ComputeLoad {
     /// Two CTAs fit on an SM (together they fill its registers); `one_per_sm` launches each with
     /// half the SM's shared memory so that at most one does, leaving the other half of the SM's
     /// registers and shared memory free.
-    Mma { m: u32, n: u32, k: u32, one_per_sm: bool },
+    Mma {
+        /// Rows of A and C (a multiple of 128).
+        m: u32,
+        /// Rows of B and columns of C (a multiple of 128).
+        n: u32,
+        /// Columns of A and B (a multiple of 32).
+        k: u32,
+        /// Launch each CTA with half the SM's shared memory, so that at most one runs per SM.
+        one_per_sm: bool,
+    },
 }
 
 impl ComputeLoad {
+    /// The load's name in reports: `fma`, `sleep`, `gemm-bf16-MxNxK` or `mma-bf16-MxNxK` (with
+    /// `-one-per-sm` where it applies).
     pub fn name(self) -> String {
         match self {
             ComputeLoad::Fma => "fma".into(),
@@ -2280,11 +2366,14 @@ impl ComputeLoad {
 pub struct OverlapBench {
     /// What runs beside the collective.
     pub compute: ComputeLoad,
+    /// Ranks: one per stream given to [`overlap_bench`].
     pub ranks: usize,
     /// Bytes per rank of the AllReduce (f32 sum).
     pub bytes: u64,
     /// CTAs per rank for the collective.
     pub ctas: u32,
+    /// The movers measured: the TMA mover with each of [`OverlapBench::tma_reductions`], the SIMT
+    /// mover with registers; each with every [`OverlapBench::suspend_ns`].
     pub movers: Vec<Mover>,
     /// How the TMA mover's rows reduce, each measured: [`Reduction::Registers`] combines the sources
     /// with a CTA of threads, [`Reduction::Tma`] hands them to the bulk reductions, by default from
@@ -2292,10 +2381,12 @@ pub struct OverlapBench {
     pub tma_reductions: Vec<Reduction>,
     /// Suspend-time hints for the collective's waits (ns), each measured.
     pub suspend_ns: Vec<u32>,
-    /// The TMA rows' pipeline and threads (`None`: the communicator's defaults). A smaller pipeline
-    /// leaves shared memory on the collective's SMs to the compute kernel's CTAs.
+    /// The TMA rows' bytes per source per pipeline stage (`None`: the communicator's default). A
+    /// smaller pipeline leaves shared memory on the collective's SMs to the compute kernel's CTAs.
     pub chunk_bytes: Option<u32>,
+    /// The TMA rows' pipeline stages (`None`: the communicator's default).
     pub stages: Option<u32>,
+    /// The TMA rows' threads per CTA (`None`: the communicator's default).
     pub threads: Option<u32>,
     /// The SIMT rows' threads per CTA (`None`: the mover's 512).
     pub simt_threads: Option<u32>,
@@ -2303,8 +2394,10 @@ pub struct OverlapBench {
     pub issuers: Option<u32>,
     /// The TMA rows' `Config::combine_direct`.
     pub combine_direct: Option<bool>,
-    /// Threads per compute CTA, and compute CTAs per SM.
+    /// Threads per compute CTA of the FMA and sleep loads (1..=1024).
     pub compute_threads: u32,
+    /// Compute CTAs per SM of the FMA and sleep loads (1..=64): their grid is this many times the
+    /// SMs the compute is sized for.
     pub compute_ctas_per_sm: u32,
     /// How long the compute work alone should take, in ms (`None`: as long as the first
     /// configuration's collective alone). Repetitions are calibrated once to it.
@@ -2316,13 +2409,16 @@ pub struct OverlapBench {
     /// This is how GEMMs are sized beside communication when SMs are partitioned between the two
     /// (FlashOverlap, T-CCL's overlap benchmark); `false`: the compute is sized for every SM.
     pub partition: bool,
+    /// Timed runs of each measurement (alone and together); the times are their means.
     pub iters: usize,
+    /// Untimed runs before them.
     pub warmup: usize,
 }
 
 /// One row of the overlap benchmark (milliseconds, means over the iterations).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct OverlapRow {
+    /// The compute load's name ([`ComputeLoad::name`]).
     pub compute: String,
     /// FMA iterations per thread, or GEMMs, per compute call (calibrated once so that the compute
     /// alone takes about [`OverlapBench::compute_ms`], or as long as the first configuration's
@@ -2334,23 +2430,30 @@ pub struct OverlapRow {
     /// Registers per thread of the compute kernel, where oxccl launches it (the mma load), as the
     /// driver reports them.
     pub compute_registers: Option<u32>,
+    /// `tma` or `simt`.
     pub mover: &'static str,
     /// `registers` or `tma` (see [`OverlapBench::tma_reductions`]).
     pub reduction: &'static str,
+    /// The collective's CTAs per rank, as the launch resolved them.
     pub ctas: u32,
-    /// The collective's threads per CTA and dynamic shared memory per CTA (bytes).
+    /// The collective's threads per CTA.
     pub threads: u32,
+    /// The collective's dynamic shared memory per CTA, in bytes.
     pub smem_bytes: u32,
     /// The collective's issuing warps per TMA CTA (1 for SIMT rows).
     pub issuers: u32,
     /// Whether the TMA register combine stored AllReduce's result from registers to every rank
     /// (`Config::combine_direct`, as the launch resolved it; `false` for other rows).
     pub combine_direct: bool,
+    /// Suspend-time hint of the collective's waits (ns).
     pub suspend_ns: u32,
+    /// The compute work alone, per call.
     pub compute_alone_ms: f64,
+    /// The AllReduce alone, per call.
     pub collective_alone_ms: f64,
-    /// From the common start to the end of each, when both run at once.
+    /// From the common start to the compute's end, when both run at once.
     pub compute_together_ms: f64,
+    /// From the common start to the collective's end, when both run at once.
     pub collective_together_ms: f64,
     /// From the common start until both are done.
     pub makespan_ms: f64,
@@ -2366,7 +2469,8 @@ pub const MAX_OVERLAP_BYTES: u64 = 16 << 30;
 
 impl OverlapBench {
     /// Checks what [`overlap_bench`] would refuse, without a GPU: the rank count, the compute shape,
-    /// every row's communicator configuration, the compute length and the buffer size.
+    /// every row's communicator configuration, the compute length, the buffer size and the
+    /// iteration count.
     pub fn validate(&self) -> Result<()> {
         let b = self;
         if b.ranks == 0 || b.ranks > MAX_RANKS {
@@ -2410,6 +2514,15 @@ impl OverlapBench {
                 field: "compute_ms",
                 why: format!("{ms} ms: the compute work alone must take more than 0 and at most {MAX_COMPUTE_MS} ms"),
             });
+        }
+        if b.bytes == 0 || !b.bytes.is_multiple_of(4) {
+            return Err(Error::Config {
+                field: "bytes",
+                why: format!("{} B per rank: the AllReduce is of f32, give a positive multiple of 4 bytes", b.bytes),
+            });
+        }
+        if b.iters == 0 {
+            return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
         }
         if b.bytes > MAX_OVERLAP_BYTES {
             return Err(Error::Config {
@@ -2651,6 +2764,7 @@ struct Compute {
     kind: ComputeKind,
 }
 
+/// What [`Compute`] launches.
 enum ComputeKind {
     /// The probe module's FMA or sleep kernel, a fixed grid.
     Probe {
@@ -2660,6 +2774,7 @@ enum ComputeKind {
         out_ptr: u64,
         config: cudarc::driver::LaunchConfig,
     },
+    /// The probe module's tensor-core GEMM (`bench_gemm_bf16`), one CTA per tile of C.
     Mma {
         function: cudarc::driver::CudaFunction,
         /// The operands and C, kept alive for the launches; `ptrs` are their addresses.
@@ -2672,6 +2787,7 @@ enum ComputeKind {
         /// Registers per thread of the loaded kernel, as the driver reports them.
         registers: u32,
     },
+    /// cuBLAS bf16 GEMMs on column-major matrices, C (m × n) = A (m × k) · B (k × n).
     #[cfg(feature = "gemm")]
     Gemm {
         blas: cudarc::cublas::CudaBlas,
@@ -2816,6 +2932,7 @@ impl Compute {
         Ok(ComputeKind::Gemm { blas, a, b, c, m, n, k })
     }
 
+    /// Refuses the GEMM load: this build has no cuBLAS bindings.
     #[cfg(not(feature = "gemm"))]
     fn gemm(_: &Arc<CudaStream>, _: u32, _: u32, _: u32, _: Option<u32>) -> Result<ComputeKind> {
         Err(Error::Config {

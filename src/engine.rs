@@ -309,7 +309,7 @@ fn load_module(
     unsafe { load_module_as(ctx, ptx, prebuilt, choice) }
 }
 
-/// [`load_module`]'s rule with the choice given: `None` loads `prebuilt` (when not empty) and falls
+/// The engine's loading rule with the `OXCCL_MODULE` choice given: `None` loads `prebuilt` (when not empty) and falls
 /// back to `ptx` where the driver refuses the code as not for it (`CUDA_ERROR_INVALID_IMAGE`,
 /// `CUDA_ERROR_NO_BINARY_FOR_GPU`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`); `Some` loads that code
 /// or fails.

@@ -23,6 +23,8 @@
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
 //! `oxccl-host`, which also executes them on the CPU.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 #[cfg(feature = "cli")]
 pub mod cli;

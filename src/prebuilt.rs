@@ -17,7 +17,9 @@ pub fn code_hash(bytes: &[u8]) -> String {
 pub struct ManifestEntry {
     /// [`code_hash`] of the PTX the code was made from.
     pub ptx_hash: String,
+    /// File name of the PTX, under `ptx/` (as in [`PREBUILT`]).
     pub ptx: String,
+    /// File name of the machine code made from it, under `ptx/`.
     pub code: String,
     /// [`code_hash`] of the machine code.
     pub code_hash: String,

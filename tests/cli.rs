@@ -33,6 +33,18 @@ fn gpus_is_refused_where_it_means_nothing() {
 }
 
 #[test]
+fn an_overlap_size_of_no_whole_f32_is_named() {
+    for size in ["6", "0"] {
+        let (ok, err) = oxccl(&["bench", "overlap", "-e", size]);
+        assert!(
+            !ok && err
+                .contains(&format!("{size} B per rank: the AllReduce is of f32, give a positive multiple of 4 bytes")),
+            "-e {size}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_bad_compute_load_is_named() {
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "matmul"]);
     assert!(!ok && err.contains("unknown --compute \"matmul\""), "{err}");

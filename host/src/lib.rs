@@ -10,6 +10,8 @@
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
 
+#![warn(missing_docs)]
+
 pub mod compile;
 pub mod exec;
 pub mod lowered;

@@ -35,21 +35,69 @@ pub struct Lowered {
 #[non_exhaustive]
 pub enum LoweredError {
     /// A program's task range is outside the task array.
-    TaskRange { program: usize },
+    TaskRange {
+        /// Index of the program in [`Lowered::programs`].
+        program: usize,
+    },
     /// A task names an unknown kind, dtype or operator, an empty or out-of-range rank set, a bad slot,
     /// or lengths that are not whole elements.
-    BadTask { task: usize, why: &'static str },
+    BadTask {
+        /// Index of the task in [`Lowered::tasks`].
+        task: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A range is outside the buffer it addresses.
-    OutOfBounds { task: usize, rank: usize, slot: u8, end: u64, len: u64 },
+    OutOfBounds {
+        /// Index of the task in [`Lowered::tasks`].
+        task: usize,
+        /// The rank whose buffer the range overruns.
+        rank: usize,
+        /// The buffer slot.
+        slot: u8,
+        /// Byte offset just past the range, from the start of the slot.
+        end: u64,
+        /// The slot's length in bytes (for an aliased slot, what its target holds past the alias
+        /// offset).
+        len: u64,
+    },
     /// A program names a rank or CTA index the engine's tables cannot hold.
-    BadProgram { program: usize, why: &'static str },
+    BadProgram {
+        /// Index of the program in [`Lowered::programs`].
+        program: usize,
+        /// Which index is out of range.
+        why: &'static str,
+    },
     /// A task touches bytes an earlier task of the same CTA writes (or reads, where it writes) without
     /// `TASK_AFTER_WRITES`: on the GPU the two may overlap in time.
-    Unordered { program: usize, task: usize },
+    Unordered {
+        /// Index of the CTA's program in [`Lowered::programs`].
+        program: usize,
+        /// Index of the later task in [`Lowered::tasks`] (not within the program).
+        task: usize,
+    },
     /// Two CTAs access the same bytes and at least one writes them.
-    Race { first: usize, second: usize, rank: usize, slot: u8, start: u64, end: u64 },
+    Race {
+        /// One of the CTAs, by index in [`Lowered::programs`].
+        first: usize,
+        /// The other CTA.
+        second: usize,
+        /// The rank of the bytes (the alias target's rank, for an aliased slot).
+        rank: usize,
+        /// The buffer slot of the bytes (the alias target's slot, for an aliased slot).
+        slot: u8,
+        /// Start of the two racing accesses' overlap, in bytes from the start of that slot.
+        start: u64,
+        /// Byte offset just past that overlap.
+        end: u64,
+    },
     /// An alias names a rank without buffers or a slot out of range, or starts past its target's end.
-    BadAlias { alias: usize, why: &'static str },
+    BadAlias {
+        /// Index of the alias in the `aliases` argument.
+        alias: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for LoweredError {

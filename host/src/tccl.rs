@@ -37,10 +37,16 @@ pub enum Collective {
     /// Every rank ends with all ranks' inputs, concatenated in rank order.
     AllGather,
     /// Every rank ends with the root's input. Only the root has an input buffer (out of place).
-    Broadcast { root: u32 },
+    Broadcast {
+        /// The rank whose input every rank receives.
+        root: u32,
+    },
     /// The root ends with the element-wise reduction of all ranks' inputs. Only the root has an output
     /// buffer (out of place); in place, the other ranks' buffers are left as they are.
-    Reduce { root: u32 },
+    Reduce {
+        /// The rank that receives the reduction.
+        root: u32,
+    },
 }
 
 impl Collective {
@@ -104,16 +110,22 @@ pub enum Reduction {
 /// Everything a plan depends on (the plan-cache key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanSpec {
+    /// The collective, with its root where it has one.
     pub collective: Collective,
     /// Elements per rank: of each buffer for AllReduce, Broadcast and Reduce, of the output for
     /// ReduceScatter, of the input for AllGather (nccl's `count`).
     pub count: u64,
+    /// The element type; its size turns `count` into bytes.
     pub dtype: DType,
+    /// The reduction operator (written into every task; AllGather and Broadcast do not use it).
     pub op: RedOp,
+    /// Ranks of the communicator, 1..=[`MAX_RANKS`].
     pub ranks: usize,
+    /// Whether the output aliases the input, as in nccl ([`PlanSpec::aliases`]).
     pub in_place: bool,
     /// CTAs per rank.
     pub ctas: u32,
+    /// How shard-in combines the ranks' pieces.
     pub reduction: Reduction,
 }
 
@@ -121,13 +133,32 @@ pub struct PlanSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PlanError {
     /// `ranks` is 0 or above what one launch can address.
-    Ranks { ranks: usize, max: usize },
+    Ranks {
+        /// The requested ranks ([`PlanSpec::ranks`]).
+        ranks: usize,
+        /// The most one launch addresses ([`MAX_RANKS`]).
+        max: usize,
+    },
     /// `ctas` is 0 or above the engine's limit.
-    Ctas { ctas: u32, max: u32 },
+    Ctas {
+        /// The requested CTAs per rank ([`PlanSpec::ctas`]).
+        ctas: u32,
+        /// The engine's limit ([`MAX_CTAS_PER_RANK`]).
+        max: u32,
+    },
     /// The root of a Broadcast or Reduce is not one of the ranks.
-    Root { root: u32, ranks: usize },
+    Root {
+        /// The requested root.
+        root: u32,
+        /// The spec's ranks.
+        ranks: usize,
+    },
     /// A buffer would exceed the address space.
-    TooLarge { count: u64 },
+    TooLarge {
+        /// The requested elements per rank: `count` × element size × `ranks` does not fit in a
+        /// `u64` (checked for every collective).
+        count: u64,
+    },
 }
 
 impl fmt::Display for PlanError {
@@ -371,10 +402,10 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
 
 /// What a checked call's outputs hold before it, `len` bytes: a value no correct result has and
 /// that a wrong reduction into it keeps, so an element the call fails to write, or combines into
-/// instead of overwriting, differs from [`reference`]: NaN for float sums and copies (AllGather,
-/// Broadcast),
-/// the operator's absorbing extreme for Min and Max (-inf, `i32::MIN`, 0 for Min; +inf, `i32::MAX`,
-/// `u32::MAX` for Max; u32 inputs must then be at least 1), 0xA5 bytes for integer sums.
+/// instead of overwriting, differs from [`reference()`]: NaN for float sums and copies (AllGather,
+/// Broadcast), the operator's absorbing extreme for Min and Max (-inf, `i32::MIN`, 0 for Min;
+/// +inf, `i32::MAX`, `u32::MAX` for Max; u32 inputs must then be at least 1), 0xA5 bytes for integer
+/// sums.
 pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
     use half::{bf16, f16};
     let op = if spec.collective.reduces() { spec.op } else { RedOp::Sum };
@@ -418,7 +449,7 @@ pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     };
     match spec.collective {
         Collective::AllReduce => {
-            let sum = reduce(inputs.iter().map(|v| &v[..]).collect());
+            let sum = reduce(inputs.iter().map(|v| &v[..block]).collect());
             vec![sum; p]
         }
         Collective::ReduceScatter => (0..p)

@@ -124,3 +124,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_cursor_walks_every_segment_once_per_micro_batch() {
+    use oxccl_host::compile::TbCursor;
+    let plan = compile::compile(&Algorithm::HmAllReduce.generate(2, 2).unwrap(), &Options::default()).unwrap();
+    for tb in plan.ranks.iter().flat_map(|rp| rp.tbs.iter()) {
+        for (mbs, per_task) in [(0, 1), (1, 1), (3, 3)] {
+            let mut c = TbCursor::new(tb);
+            let mut steps = 0;
+            while !c.finished() {
+                assert!(c.segments[c.seg].contains(&c.pos), "{mbs} micro-batches: task {} outside its segment", c.pos);
+                c.advance(mbs);
+                steps += 1;
+            }
+            assert_eq!(steps, tb.tasks.len() * per_task, "{mbs} micro-batches");
+            c.advance(mbs); // past the end: nothing moves
+            assert!(c.finished());
+        }
+    }
+}

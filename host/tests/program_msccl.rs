@@ -293,6 +293,13 @@ fn other_malformed_files() {
     assert!(matches!(e, ImportError::BadAttribute { .. }), "{e}");
     let e = import(&ag2(G0, G1, "").replace(r#" coll="allgather""#, "")).unwrap_err();
     assert!(matches!(e, ImportError::MissingAttribute { attribute: "coll", .. }), "{e}");
+    // A send's missing source names the attribute that is missing, buffer or offset.
+    let send = r#"type="s" srcbuf="o" srcoff="0""#;
+    for (without, missing) in [(r#"type="s" srcbuf="o""#, "srcoff"), (r#"type="s" srcoff="0""#, "srcbuf")] {
+        let e = import(&ag2(&G0.replacen(send, without, 1), G1, "")).unwrap_err();
+        assert!(matches!(e, ImportError::MissingAttribute { attribute, .. } if attribute == missing), "{missing}: {e}");
+        assert!(e.to_string().contains("gpu 0 tb 0 step 0"), "{e}");
+    }
 }
 
 /// Inputs a few dozen bytes long that once panicked or asked for tens of gigabytes are typed errors.

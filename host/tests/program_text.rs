@@ -77,6 +77,10 @@ fn storage_past_u32_chunks_is_a_layout_error_not_a_wrap() {
     let e = p.instanced(u32::MAX).unwrap_err();
     assert!(matches!(&e, ProgramError::BadLayout { reason } if reason.contains("too large")), "{e}");
     assert_eq!(p.instanced(3).unwrap().layout.chunks, p.layout.chunks * 3);
+    // No instances is refused; one is the program itself.
+    let e = p.instanced(0).unwrap_err();
+    assert!(matches!(&e, ProgramError::BadLayout { reason } if reason.contains("0 instances")), "{e}");
+    assert_eq!(p.instanced(1).unwrap(), p);
 }
 
 #[test]

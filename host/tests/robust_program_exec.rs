@@ -71,10 +71,13 @@ fn instanced_verifies_its_program_first() {
     let mut p = Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true));
     let bad = Slice::input(u32::MAX);
     p.transfer(0, bad, 1, Slice::input(0), RecvOp::Recv, 0, 0, 0);
-    assert_eq!(
-        p.instanced(2).unwrap_err(),
-        ProgramError::SliceOutOfRange { op: OpId(0), rank: Rank(0), slice: bad, buffer_chunks: 2 }
-    );
+    for k in [1, 2] {
+        assert_eq!(
+            p.instanced(k).unwrap_err(),
+            ProgramError::SliceOutOfRange { op: OpId(0), rank: Rank(0), slice: bad, buffer_chunks: 2 },
+            "{k} instances"
+        );
+    }
 }
 
 #[test]
@@ -171,4 +174,17 @@ fn connection_to_a_missing_rank_is_a_bad_plan() {
     let inputs = test_inputs::<f32>(2, 8);
     let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
     assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("r99")), "{e}");
+}
+
+#[test]
+fn a_rank_plan_at_another_rank_s_index_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    plan.check_structure().unwrap();
+    plan.ranks.swap(0, 1);
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("the rank plan at index 0 says it is r1"), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("says it is r1")), "{e}");
 }

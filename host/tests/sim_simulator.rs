@@ -77,6 +77,20 @@ fn errors() {
     let e = simulate(&p, &Topology::a100_testbed(1, 2), &SimOptions::for_size(&p, 1 << 20, 1 << 20)).unwrap_err();
     assert!(matches!(e, SimError::BadInput { .. }), "{e}");
     assert!(Topology::preset("tpu", 1, 2).is_err());
+    // A link that moves nothing (or at an impossible rate) is bad input, not a deadlock.
+    let ok = plan(Algorithm::HmAllGather, 1, 2, Scheduler::Hpds);
+    let opts = SimOptions::for_size(&ok, 1 << 20, 1 << 20);
+    assert!(simulate(&ok, &Topology::h200(1, 2), &opts).is_ok());
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let mut t = Topology::h200(1, 2);
+        t.nvlink.bw_gbps = bad;
+        let e = simulate(&ok, &t, &opts).unwrap_err();
+        assert!(matches!(&e, SimError::BadInput { reason } if reason.contains("nvlink")), "bw {bad}: {e}");
+    }
+    let mut t = Topology::h200(1, 2);
+    t.hbm.concurrency = 0;
+    let e = simulate(&ok, &t, &opts).unwrap_err();
+    assert!(matches!(&e, SimError::BadInput { reason } if reason.contains("hbm")), "{e}");
     // A plan whose TBs receive before they send never finishes.
     let mut dl = compile(&Algorithm::DirectAllGather.generate(1, 2).unwrap(), &Options::default()).unwrap();
     for rp in &mut dl.ranks {

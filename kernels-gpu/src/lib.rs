@@ -4,6 +4,7 @@
 //! entry points in `entry`) or, with the `plans` feature, `oxccl_plans.ptx` (compiled ResCCL plans,
 //! entry points in `plan_entry`). Compiled for the host it is only [`abi`]: the `#[repr(C)]`
 //! descriptors the host lowers plans into, defined once for both sides.
+#![warn(missing_docs)]
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics))]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]

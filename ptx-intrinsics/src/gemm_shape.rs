@@ -10,12 +10,13 @@ pub const TILE_K: u32 = 32;
 /// Bytes between rows of an operand tile in shared memory: `TILE_K` bf16 and 16 bytes of padding,
 /// so the eight rows one `ldmatrix` reads fall in distinct banks.
 pub const ROW: u32 = 80;
-/// Bytes of one operand tile, and of a stage (the A tile, then the B tile).
+/// Bytes of one operand tile in shared memory: `TILE_MN` rows of [`ROW`] bytes.
 pub const OPERAND: u32 = TILE_MN * ROW;
+/// Bytes of one shared-memory stage: the A tile, then the B tile.
 pub const STAGE: u32 = 2 * OPERAND;
 /// Stages in flight.
 pub const STAGES: u32 = 3;
-/// Dynamic shared memory per CTA.
+/// Dynamic shared memory per CTA, in bytes: every stage's A and B tiles.
 pub const SMEM: u32 = STAGES * STAGE;
 
 /// Dynamic shared memory that keeps a second CTA off an SM of `per_sm` bytes of shared memory: half

@@ -5,8 +5,8 @@
 //! waits are separate wrappers: they are composed one layer up, in the engine (`oxccl-kernels`), where a
 //! reader can see them.
 //!
-//! Address spaces are types: [`Shared<T>`] is a 32-bit address in the executing CTA's shared window,
-//! [`Global<T>`] a pointer into global memory, and an [`Mbarrier`] can only be named through a
+//! Address spaces are types: `Shared<T>` is a 32-bit address in the executing CTA's shared window,
+//! `Global<T>` a pointer into global memory, and an `Mbarrier` can only be named through a
 //! `Shared<Mbarrier>`.
 //!
 //! The wrappers exist only when compiling for `nvptx64`; on the host this crate is empty, so calling one
@@ -14,19 +14,20 @@
 //!
 //! | module | instructions |
 //! |---|---|
-//! | [`mbarrier`] | `mbarrier.init/inval/arrive/arrive.expect_tx/expect_tx/try_wait.parity`, `fence.mbarrier_init` |
-//! | [`bulk`] | `cp.async.bulk` (global→shared, shared→global; with an L2 `createpolicy` hint), `cp.reduce.async.bulk`, `commit_group`, `wait_group[.read]` |
-//! | [`tensor`] | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
-//! | [`fence`] | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
-//! | [`memory`] | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |
-//! | [`sreg`] | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%warpid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `%clock64`, `elect.sync` |
-//! | [`sync`] | `bar.sync`, `nanosleep` |
-//! | [`arith`] | packed `f16x2` / `bf16x2` add, min, max |
-//! | [`mma`] | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
+//! | `mbarrier` | `mbarrier.init/inval/arrive/arrive.expect_tx/expect_tx/try_wait.parity`, `fence.mbarrier_init` |
+//! | `bulk` | `cp.async.bulk` (global→shared, shared→global; with an L2 `createpolicy` hint), `cp.reduce.async.bulk`, `commit_group`, `wait_group[.read]` |
+//! | `tensor` | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
+//! | `fence` | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
+//! | `memory` | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |
+//! | `sreg` | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%warpid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `%clock64`, `elect.sync` |
+//! | `sync` | `bar.sync`, `nanosleep` |
+//! | `arith` | packed `f16x2` / `bf16x2` add, min, max |
+//! | `mma` | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 //!
 //! [`gemm_shape`] (on every target) holds the shape of the probe module's tensor-core GEMM, shared
 //! with the host that launches it; [`trace_layout`] (on every target) the layout of its timed TMA
 //! copy's shared memory and trace.
+#![warn(missing_docs)]
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![cfg_attr(

@@ -4,8 +4,8 @@
 //!
 //! The kernel is the probe module's `bench_tma_trace`: lane 0 of each warp streams its slice
 //! through its own ring of shared-memory stages as the engine's TMA mover does (same refill rule),
-//! reading `%clock64` at each step, and first times a dependent ALU chain (its share of its
-//! scheduler's issue slots).
+//! reading `%clock64` at each step, and first times a dependent instruction chain of the
+//! [`ChainOp`] kind (ALU by default; its share of its scheduler's issue slots).
 
 use super::{
     CHECK_PIECE, Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count,
@@ -38,8 +38,10 @@ pub enum ChainOp {
 }
 
 impl ChainOp {
+    /// Every chain, in the order of the codes the kernel takes.
     pub const ALL: [ChainOp; 4] = [ChainOp::Alu, ChainOp::Fma, ChainOp::Shared, ChainOp::Ilp];
 
+    /// The name `--chain` takes and the rows report.
     pub fn name(self) -> &'static str {
         match self {
             ChainOp::Alu => "alu",
@@ -55,24 +57,29 @@ impl ChainOp {
 pub struct TmaTraceBench {
     /// What runs beside the copy in the second row (the first runs the copy alone).
     pub compute: ComputeLoad,
-    /// The FMA and sleep loads' CTAs: threads, and CTAs per SM.
+    /// Threads per CTA of the FMA and sleep loads (1..=1024).
     pub compute_threads: u32,
+    /// CTAs per SM of the FMA and sleep loads (1..=64).
     pub compute_ctas_per_sm: u32,
     /// How long the compute alone should take (ms; `None`: three times the copy alone, so that
     /// the compute lasts the copy's time alone and more).
     pub compute_ms: Option<f64>,
-    /// CTAs of the copy, issuing warps per CTA (each with its own ring and slice).
+    /// CTAs of the copy (1..=1024).
     pub ctas: u32,
+    /// Issuing warps per CTA (1..=4), each with its own ring and slice.
     pub warps: u32,
     /// Bytes copied in all (rounded down to whole chunks per warp).
     pub bytes: u64,
-    /// Bytes per stage, stages per warp, items per round (1: the engine's item-by-item ring; 4:
-    /// rounds of four items, each step of a round as four independent instructions), and how many
-    /// rounds the refill lags behind the stores (the engine's `refill_lag`: half the rounds of
-    /// stages, at least one).
+    /// Bytes per stage, one item (a positive multiple of 16).
     pub chunk: u32,
+    /// Stages of each warp's ring (every warp's together at most [`MAX_BARRIERS`]).
     pub stages: u32,
+    /// Items per round: 1, the engine's item-by-item ring, or 4, rounds of four items, each step
+    /// of a round as four independent instructions (then `stages` and each warp's items are
+    /// multiples of 4).
     pub round: u32,
+    /// Rounds the refill lags behind the stores, `1..=min(stages / round, MAX_LAG)` (the engine's
+    /// `refill_lag`: half the rounds of stages, at least one).
     pub lag: u32,
     /// Copy without trace records: no clock read or store between the loop's steps (the medians
     /// are then 0; the copy's time, the chain and the check remain).
@@ -88,6 +95,7 @@ pub struct TmaTraceBench {
     /// Untimed and timed runs of the copy alone (its time is the timed runs' mean; its trace is
     /// one more run's); the copy beside the compute runs once.
     pub warmup: usize,
+    /// Timed runs of the copy alone (at least 1).
     pub iters: usize,
 }
 
@@ -99,21 +107,33 @@ pub struct TmaTraceBench {
 pub struct TraceRow {
     /// `alone`, or the compute load's name.
     pub beside: String,
-    /// The copy's shape (as [`TmaTraceBench`]).
+    /// [`TmaTraceBench::ctas`].
     pub ctas: u32,
+    /// [`TmaTraceBench::warps`].
     pub warps: u32,
+    /// [`TmaTraceBench::chunk`].
     pub chunk: u32,
+    /// [`TmaTraceBench::stages`].
     pub stages: u32,
+    /// [`TmaTraceBench::round`].
     pub round: u32,
+    /// [`TmaTraceBench::lag`].
     pub lag: u32,
+    /// [`TmaTraceBench::untraced`].
     pub untraced: bool,
+    /// [`TmaTraceBench::evict_first`].
     pub evict_first: bool,
+    /// [`TmaTraceBench::chain_op`], by [`ChainOp::name`].
     pub chain_op: &'static str,
+    /// [`TmaTraceBench::compute_first`].
     pub compute_first: bool,
+    /// The copy's time: alone, the mean of the timed runs; beside the compute, from the common
+    /// start to the copy's end.
     pub copy_ms: f64,
-    /// Bytes copied per second (GB/s).
+    /// Bytes copied per second / 1e9 (each byte counted once, not read + written).
     pub gbps: f64,
-    /// Cycles per step of the dependent ALU chain before the copy (two instructions per step).
+    /// Cycles per step of the issuer's dependent chain, timed before the copy ([`ChainOp`] says what
+    /// a step is).
     pub chain_cycles_per_step: f64,
     /// Between the store commits of consecutive items (in rounds, of consecutive rounds).
     pub period: f64,
@@ -131,8 +151,9 @@ pub struct TraceRow {
     pub polls: f64,
     /// Warps whose `%warpid` mod 4 (the SM sub-partition on current GPUs) is 0, 1, 2, 3.
     pub warp_slots_mod4: [u32; 4],
-    /// Compute alone and beside the copy (ms; 0 in the `alone` row).
+    /// The compute alone, one call (ms; 0 in the `alone` row).
     pub compute_alone_ms: f64,
+    /// The compute beside the copy, from the common start to its end (ms; 0 in the `alone` row).
     pub compute_beside_ms: f64,
     /// 4-byte words of the destination that differ from the source after the run (the destination
     /// is zeroed before it): 0, or the copy is wrong.

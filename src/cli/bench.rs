@@ -18,6 +18,8 @@ use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOption
 pub const BENCHMARKS: [&str; 9] =
     ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "movers", "overlap", "reshard", "tma_trace"];
 
+/// Flags of `oxccl bench`: nccl-tests' short flags where nccl-tests has one, each refused where the
+/// benchmark asked for does not read it ([`FLAG_USERS`]).
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// all_reduce | reduce_scatter | all_gather | broadcast | reduce | movers | overlap | reshard | tma_trace (none with
@@ -486,6 +488,9 @@ pub fn checked_kind(a: &Args) -> Result<(u8, String), Box<dyn std::error::Error>
     Ok((k, what_named))
 }
 
+/// Runs the benchmark `a` names (or the compiled plan of `--algo`/`--xml`) and prints its table,
+/// headed by the reproducing command, then JSON lines with `--json`. An `Err` is a refused flag or
+/// configuration, a device error, or a checked result with wrong elements.
 pub fn run(a: Args) -> CliResult {
     if a.iters == 0 {
         return Err("-n: iters: 0: give at least one timed run".into());

@@ -7,6 +7,7 @@ use oxccl_host::lowered::{self, HostBuffers};
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
 
+/// Flags of `oxccl demo`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Virtual ranks.
@@ -26,6 +27,9 @@ pub struct Args {
 /// Most elements per rank the demo takes: it holds every rank's input and output on the host.
 const MAX_DEMO_COUNT: u64 = 1 << 28;
 
+/// Runs the demo: plans the AllReduce, runs it on the GPU (or, with `--cpu` or without a GPU, on
+/// the CPU executor), prints where it ran, and fails if any rank's result differs from the
+/// reference.
 pub fn run(a: Args) -> CliResult {
     if a.count > MAX_DEMO_COUNT {
         return Err(format!(

@@ -47,8 +47,11 @@ pub struct ProgramArgs {
 
 /// A loaded program and the machine shape it runs on.
 pub struct Loaded {
+    /// The program, its `ranks_per_node` set to `gpus_per_node`.
     pub program: Program,
+    /// Nodes of the machine.
     pub nodes: u32,
+    /// GPUs (ranks) per node.
     pub gpus_per_node: u32,
 }
 
@@ -126,8 +129,10 @@ impl ProgramArgs {
     }
 }
 
+/// Flags of `oxccl plan`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The program and how to compile it.
     #[command(flatten)]
     pub program: ProgramArgs,
     /// Print the summary as JSON (ranks, tbs_per_rank, max_tbs_per_rank, tasks, subpipelines,
@@ -139,6 +144,8 @@ pub struct Args {
     pub dump: Option<String>,
 }
 
+/// Compiles the program and prints its summary (as text or JSON), or with `--dump` the program or
+/// one pass's result as text.
 pub fn run(args: Args) -> CliResult {
     let loaded = args.program.load()?;
     let opts = args.program.options()?;

@@ -11,21 +11,33 @@ use oxccl_host::reshard::{self, Layout, Mesh, PlanOptions, PlanReport, Route, Ve
 /// Element types the command knows, by name.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
+    /// 64-bit float.
     F64,
+    /// 32-bit float.
     F32,
+    /// 16-bit float (IEEE half).
     F16,
+    /// bfloat16.
     Bf16,
     /// FP8 E4M3.
     F8e4m3,
     /// FP8 E5M2.
     F8e5m2,
+    /// 64-bit signed integer.
     I64,
+    /// 32-bit signed integer.
     I32,
+    /// 16-bit signed integer.
     I16,
+    /// 8-bit signed integer.
     I8,
+    /// 64-bit unsigned integer.
     U64,
+    /// 32-bit unsigned integer.
     U32,
+    /// 16-bit unsigned integer.
     U16,
+    /// 8-bit unsigned integer.
     U8,
 }
 
@@ -55,6 +67,7 @@ pub enum RouteArg {
     Hierarchical,
 }
 
+/// Flags of `oxccl reshard`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Global tensor shape, comma separated (`4,8`); any number of dims.
@@ -115,6 +128,9 @@ pub(crate) fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Re
     Layout::new(mesh, placements).map_err(|e| format!("{side} layout: {e}"))
 }
 
+/// Plans the reshard and prints its stages, transfers and traffic (or the JSON report); with
+/// `--verify` checks the plan on the CPU executor and with `--lower` lowers it for the engine. An
+/// `Err` is a bad flag, a plan that cannot be made, or a verification that found a mismatch.
 pub fn run(args: Args) -> CliResult {
     let src = layout(&args.src_mesh, &args.src, "src", "source")?;
     let dst = layout(&args.dst_mesh, &args.dst, "dst", "destination")?;

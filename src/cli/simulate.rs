@@ -8,8 +8,10 @@ use super::CliResult;
 use super::plan::ProgramArgs;
 use oxccl_host::sim::{self, SimOptions, Topology};
 
+/// Flags of `oxccl simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The program and how to compile it.
     #[command(flatten)]
     pub program: ProgramArgs,
     /// Topology preset: a100 (ResCCL's testbed) or h200.
@@ -54,6 +56,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("bad size `{s}` (e.g. 4096, 64K, 256M, 1G)"))
 }
 
+/// Compiles the program, simulates the plan on the preset's topology and prints the report (time,
+/// algbw and busbw in GB/s of 1e9 bytes, link and TB utilisation) or its JSON; with `--svg` also
+/// writes the timeline.
 pub fn run(args: Args) -> CliResult {
     let (loaded, plan) = args.program.compile()?;
     let topo = Topology::preset(&args.preset, loaded.nodes, loaded.gpus_per_node)?;

@@ -11,8 +11,10 @@ use super::plan::ProgramArgs;
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
 
+/// Flags of `oxccl verify`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// The program and how to compile it.
     #[command(flatten)]
     pub program: ProgramArgs,
     /// Micro-batches per chunk.
@@ -44,6 +46,8 @@ fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result
     }
 }
 
+/// Verifies the plan of each configuration asked for (one, or with `--all` every scheduler × TB
+/// allocator) on the CPU executor, one line each; an `Err` if any configuration failed.
 pub fn run(args: Args) -> CliResult {
     if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
         return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());

@@ -59,8 +59,11 @@ impl Prim {
 /// One rank's half of an op.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub struct Task {
+    /// The op the task belongs to: one of a transfer's two tasks, or a local op's only task.
     pub op: OpId,
+    /// The rank that runs it: a transfer's source for the send, its destination for the receive.
     pub rank: Rank,
+    /// What it runs.
     pub prim: Prim,
 }
 
@@ -93,8 +96,11 @@ impl Task {
 /// local ops of one rank and channel share a (local) link.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Link {
+    /// The sending rank; for a local link, the rank itself.
     pub src: Rank,
+    /// The receiving rank; equal to `src` for a local link.
     pub dst: Rank,
+    /// The program channel of the link's ops.
     pub channel: u32,
     /// A local lane (copies and reductions), not a transfer link.
     pub local: bool,
@@ -123,6 +129,7 @@ pub struct Graph {
     pub pred_sides: Vec<u8>,
     /// The transpose of `op_preds` (for the schedulers; the compiler drops it after `schedule`).
     pub op_succs: Csr,
+    /// Every link, indexed by [`LinkId`], in the order ops first use them.
     pub links: Vec<Link>,
     /// The link of each op.
     pub link_of_op: Vec<LinkId>,

@@ -78,11 +78,16 @@ impl Default for LowerOptions {
 /// One rank's descriptors: what one launch uploads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoweredRank {
+    /// The rank, the counts of every array below, and the chunk geometry, dtype and operator.
     pub header: PlanHeader,
     /// Indexed by TB (`blockIdx.x`).
     pub tbs: Vec<PlanTb>,
+    /// Every TB's segments, concatenated in TB order ([`PlanTb::first_segment`]).
     pub segments: Vec<PlanSegment>,
+    /// Every TB's tasks, concatenated in TB order, each TB's in plan order
+    /// ([`PlanTb::first_task`]).
     pub tasks: Vec<FifoTask>,
+    /// Every task's waits, concatenated in task order ([`FifoTask::wait_start`]).
     pub waits: Vec<PlanWait>,
     /// The connections this rank sends or receives on, by plan connection index.
     pub connections: Vec<FifoConn>,
@@ -106,21 +111,65 @@ pub struct LoweredPlan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LowerError {
     /// The plan is malformed ([`Plan::check_structure`]).
-    BadPlan { reason: String },
+    BadPlan {
+        /// What [`Plan::check_structure`] found.
+        reason: String,
+    },
     /// An option is out of range (zero micro-batches or slots, a chunk not cut into 16-byte multiples).
-    BadOptions { reason: String },
+    BadOptions {
+        /// Which option, and why it is out of range.
+        reason: String,
+    },
     /// More ranks than a launch addresses.
-    TooManyRanks { ranks: u32, max: usize },
+    TooManyRanks {
+        /// Ranks of the plan's layout.
+        ranks: u32,
+        /// [`MAX_RANKS`].
+        max: usize,
+    },
     /// More thread blocks on one rank than a plan may have.
-    TooManyTbs { rank: Rank, tbs: usize, max: usize },
+    TooManyTbs {
+        /// The rank.
+        rank: Rank,
+        /// Its thread blocks.
+        tbs: usize,
+        /// [`MAX_PLAN_TBS`].
+        max: usize,
+    },
     /// More connections on one rank than its table indexes.
-    TooManyConnections { rank: Rank, connections: usize, max: usize },
+    TooManyConnections {
+        /// The rank.
+        rank: Rank,
+        /// Connections it sends or receives on.
+        connections: usize,
+        /// [`MAX_PLAN_CONNECTIONS`].
+        max: usize,
+    },
     /// More waits on one task than its descriptor counts.
-    TooManyWaits { rank: Rank, tb: TbId, task: usize, waits: usize },
+    TooManyWaits {
+        /// The task's rank.
+        rank: Rank,
+        /// The task's TB.
+        tb: TbId,
+        /// The task's index in [`TbPlan::tasks`].
+        task: usize,
+        /// Its sync points (at most `u16::MAX` fit).
+        waits: usize,
+    },
     /// A progress count (a TB's steps per launch) or a descriptor index does not fit 32 bits.
-    CounterOverflow { rank: Rank, tb: TbId, what: &'static str },
+    CounterOverflow {
+        /// The rank being lowered.
+        rank: Rank,
+        /// The TB being lowered when the count overflowed.
+        tb: TbId,
+        /// Which count or index.
+        what: &'static str,
+    },
     /// A size does not fit its field (slot bytes in 32 bits, the FIFO region in 64).
-    TooLarge { what: &'static str },
+    TooLarge {
+        /// Which size.
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for LowerError {
@@ -134,7 +183,7 @@ impl fmt::Display for LowerError {
                 write!(f, "{rank} uses {connections} connections, at most {max}")
             }
             LowerError::TooManyWaits { rank, tb, task, waits } => {
-                write!(f, "{rank} {tb} task {task} waits on {waits} thread blocks, at most {}", u16::MAX)
+                write!(f, "{rank} {tb} task {task} has {waits} sync points to wait on, at most {}", u16::MAX)
             }
             LowerError::CounterOverflow { rank, tb, what } => write!(f, "{rank} {tb}: {what} overflows 32 bits"),
             LowerError::TooLarge { what } => write!(f, "{what} is too large for its descriptor field"),
@@ -501,6 +550,7 @@ pub fn lower(plan: &Plan, opts: &LowerOptions) -> Result<LoweredPlan, LowerError
 /// indices, sync points instead of progress thresholds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewTask {
+    /// The primitive.
     pub prim: Prim,
     /// The connection of a send or receive.
     pub conn: Option<Connection>,
@@ -511,8 +561,12 @@ pub struct ViewTask {
     pub src: Option<(u32, u32)>,
     /// (first storage chunk, chunks) written.
     pub dst: Option<(u32, u32)>,
+    /// The tasks of other TBs of this rank it waits on, per micro-batch.
     pub waits: Vec<SyncPoint>,
+    /// Whether it publishes its progress: the plan marks it
+    /// ([`TbTask::signal`](super::TbTask::signal)) or some task waits on it.
     pub signal: bool,
+    /// The program op it came from ([`TbTask::op`](super::TbTask::op)).
     pub origin: OpId,
 }
 
@@ -521,13 +575,16 @@ pub struct ViewTask {
 pub struct ViewTb {
     /// Task index ranges and their micro-batch counts.
     pub segments: Vec<(Range<usize>, u32)>,
+    /// The TB's tasks, in execution order.
     pub tasks: Vec<ViewTask>,
 }
 
 /// A plan's TB programs in a form both a [`Plan`] (with a mode) and lowered descriptors give.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanView {
+    /// The shape the segments follow (compiled: one per sub-pipeline run; interpreted: one per TB).
     pub mode: PlanMode,
+    /// Micro-batches every chunk is cut into.
     pub micro_batches: u32,
     /// `ranks[r][tb]`.
     pub ranks: Vec<Vec<ViewTb>>,

@@ -68,7 +68,10 @@ entity!(
 /// One compiler pass: its name and a one-line description.
 #[derive(Copy, Clone, Debug)]
 pub struct PassInfo {
+    /// The pass's name, as [`Compilation::dump`], [`CompileError::Verify`] and
+    /// [`PlanStats::pass_ms`] spell it.
     pub name: &'static str,
+    /// What the pass does, in one line.
     pub description: &'static str,
 }
 
@@ -186,7 +189,9 @@ impl fmt::Display for TbAlloc {
 /// Compiler options.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The scheduler the `schedule` pass runs (default [`Scheduler::Hpds`]).
     pub scheduler: Scheduler,
+    /// The allocator the `tb-alloc` pass runs (default [`TbAlloc::State`]).
     pub tb_alloc: TbAlloc,
     /// Ranks per node, for the intra/inter-node distinction; `None` takes the program's hint, and
     /// without one every rank is on one node.
@@ -215,7 +220,12 @@ pub enum CompileError {
     Program(ProgramError),
     /// A verifier found a broken invariant after a pass (a compiler bug, reported rather than
     /// panicking).
-    Verify { pass: &'static str, message: String },
+    Verify {
+        /// The pass whose result broke the invariant (a name from [`PASSES`]).
+        pass: &'static str,
+        /// Which invariant broke, and where.
+        message: String,
+    },
 }
 
 impl fmt::Display for CompileError {
@@ -240,9 +250,14 @@ impl From<ProgramError> for CompileError {
 /// Every intermediate result of a compilation, for dumps and tests.
 #[derive(Clone, Debug)]
 pub struct Compilation {
+    /// The result of `deps`, whole: it keeps [`Graph::op_succs`] and [`Graph::link_of_op`], which
+    /// [`compile`] frees as soon as no later pass needs them.
     pub graph: Graph,
+    /// The result of `schedule`.
     pub schedule: Schedule,
+    /// The result of `tb-alloc`.
     pub alloc: Allocation,
+    /// The result of `emit`, with every rank plan, as [`compile`] returns it.
     pub plan: Plan,
 }
 
@@ -389,7 +404,10 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::Build
 /// A compressed sparse row adjacency: `items[start[i]..start[i+1]]` belong to `i`.
 #[derive(Clone, Debug, Default)]
 pub struct Csr {
+    /// Row boundaries: one entry per row plus the total item count, non-decreasing (empty for a
+    /// default, row-less `Csr`).
     pub start: Vec<u32>,
+    /// Every row's items, concatenated in row order (dense indices such as op ids).
     pub items: Vec<u32>,
 }
 

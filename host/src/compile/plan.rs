@@ -54,7 +54,9 @@ pub struct Plan {
     pub name: String,
     /// Collective, ranks, chunk counts and in-place aliasing of the user buffers.
     pub layout: Layout,
+    /// The scheduler the plan was compiled with.
     pub scheduler: super::Scheduler,
+    /// The TB allocator the plan was compiled with.
     pub tb_alloc: TbAlloc,
     /// Ranks per node the plan was compiled for (`None`: one node).
     pub ranks_per_node: Option<u32>,
@@ -64,6 +66,7 @@ pub struct Plan {
     pub connections: Vec<Connection>,
     /// One entry per rank, indexed by rank.
     pub ranks: Vec<RankPlan>,
+    /// Counts and compile times ([`Plan::summary_json`] reports them).
     pub stats: PlanStats,
 }
 
@@ -85,6 +88,8 @@ pub struct Connection {
 /// The thread blocks of one rank.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RankPlan {
+    /// The rank these TBs run on; it is this entry's index in [`Plan::ranks`]
+    /// ([`Plan::check_structure`] refuses a plan where it is not).
     pub rank: Rank,
     /// Indexed by [`TbId`].
     pub tbs: Vec<TbPlan>,
@@ -104,9 +109,15 @@ pub struct TbPlan {
 /// each segment for every micro-batch before the next segment (see [`TbPlan::segments`]).
 #[derive(Clone, Debug)]
 pub struct TbCursor {
+    /// The TB's segments ([`TbPlan::segments`]): index ranges into [`TbPlan::tasks`].
     pub segments: Vec<std::ops::Range<usize>>,
+    /// Index into `segments` of the running segment; `segments.len()` once the TB has finished.
     pub seg: usize,
+    /// The micro-batch the running segment is on, from 0 up to (excluding) the count given to
+    /// [`TbCursor::advance`].
     pub mb: u32,
+    /// Index into [`TbPlan::tasks`] of the next task to run, inside `segments[seg]` (0 once
+    /// finished).
     pub pos: usize,
 }
 
@@ -123,14 +134,15 @@ impl TbCursor {
         self.seg >= self.segments.len()
     }
 
-    /// Moves past the current task, with `mbs` micro-batches per segment.
+    /// Moves past the current task, with `mbs` micro-batches per segment (0 runs each segment once,
+    /// as 1 does). Once [`TbCursor::finished`], nothing moves.
     pub fn advance(&mut self, mbs: u32) {
+        let Some(seg) = self.segments.get(self.seg).cloned() else { return };
         self.pos += 1;
-        let seg = self.segments[self.seg].clone();
         if self.pos == seg.end {
             self.mb += 1;
             self.pos = seg.start;
-            if self.mb == mbs {
+            if self.mb >= mbs {
                 self.mb = 0;
                 self.seg += 1;
                 self.pos = self.segments.get(self.seg).map(|s| s.start).unwrap_or(0);
@@ -193,6 +205,7 @@ pub struct TbTask {
 /// "Wait until task `task` of thread block `tb` (same rank) has finished the current micro-batch."
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct SyncPoint {
+    /// The producer's TB, on the waiting task's rank.
     pub tb: TbId,
     /// Index into that TB's [`TbPlan::tasks`].
     pub task: u32,
@@ -201,15 +214,19 @@ pub struct SyncPoint {
 /// Plan statistics.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PlanStats {
+    /// Number of ranks.
     pub ranks: u32,
     /// Thread blocks of each rank.
     pub tbs_per_rank: Vec<u32>,
+    /// The largest entry of `tbs_per_rank` (0 without ranks).
     pub max_tbs_per_rank: u32,
     /// Program ops.
     pub ops: usize,
     /// Tasks (over all ranks).
     pub tasks: usize,
+    /// Number of sub-pipelines, as [`Plan::subpipelines`].
     pub subpipelines: u32,
+    /// Number of FIFO connections ([`Plan::connections`]).
     pub connections: usize,
     /// Sync points (over all TBs).
     pub sync_points: usize,
@@ -338,6 +355,9 @@ impl Plan {
         let mut sent: super::FastMap<(ConnId, OpId), u32> = Default::default();
         for (r, rp) in self.ranks.iter().enumerate() {
             let rank = Rank(r as u32);
+            if rp.rank != rank {
+                return Err(format!("the rank plan at index {r} says it is {}", rp.rank));
+            }
             for (t, tb) in rp.tbs.iter().enumerate() {
                 for (i, task) in tb.tasks.iter().enumerate() {
                     let here = || format!("{rank} tb{t} task {i}");

@@ -28,6 +28,7 @@ use std::fmt::Write;
 /// The result of the pass.
 #[derive(Clone, Debug)]
 pub struct Schedule {
+    /// The scheduler that produced it.
     pub scheduler: Scheduler,
     /// The sub-pipeline of each op.
     pub subpipeline: Vec<u32>,

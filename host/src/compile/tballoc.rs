@@ -27,27 +27,43 @@ pub enum EndpointKind {
     /// The receive side of a connection.
     Recv(ConnId),
     /// Local copies and reductions of one channel (and stage, per connection).
-    Local { channel: u32, stage: Option<u32> },
+    Local {
+        /// The program channel of the ops.
+        channel: u32,
+        /// The ops' stage under [`TbAlloc::PerConn`]; `None` under [`TbAlloc::State`].
+        stage: Option<u32>,
+    },
 }
 
 /// One endpoint and the TB that drives it.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub struct Endpoint {
+    /// The rank it is on: the connection's sender for a send side, its receiver for a receive side,
+    /// the ops' rank for a local lane.
     pub rank: Rank,
+    /// The connection side or local lane.
     pub kind: EndpointKind,
-    /// First and last sub-pipeline with a task of this endpoint.
+    /// First sub-pipeline with a task of this endpoint.
     pub first: u32,
+    /// Last sub-pipeline with a task of this endpoint (inclusive): the endpoint is active over
+    /// `first..=last`.
     pub last: u32,
+    /// The TB of `rank` that drives it: an index into that rank's
+    /// [`RankPlan::tbs`](super::RankPlan::tbs).
     pub tb: TbId,
 }
 
 /// The result of the pass.
 #[derive(Clone, Debug)]
 pub struct Allocation {
+    /// The allocator that produced it.
     pub policy: TbAlloc,
+    /// The FIFO connections, indexed by [`ConnId`], in the order ops first use them; they become
+    /// [`Plan::connections`](super::Plan::connections).
     pub connections: Vec<Connection>,
     /// The connection of each op, [`NO_CONN`] for local ops (see [`Allocation::conn_of`]).
     conn_of_op: Vec<u32>,
+    /// Every endpoint of every rank, in the order tasks first use them.
     pub endpoints: Vec<Endpoint>,
     /// The endpoint (index into `endpoints`) of each task.
     pub endpoint_of_task: Vec<u32>,

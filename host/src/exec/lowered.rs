@@ -175,13 +175,20 @@ impl Default for LaunchOptions {
 /// Where a TB is stuck, for deadlock reports.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Blocked {
+    /// The rank the TB belongs to.
     pub rank: Rank,
+    /// The TB (`blockIdx.x`), indexed within its rank.
     pub tb: TbId,
     /// The task's index in its TB.
     pub task: u32,
+    /// The primitive of the task's descriptor kind.
     pub prim: Prim,
+    /// The program op the task was lowered from ([`FifoTask::origin`]).
     pub origin: OpId,
+    /// The micro-batch the TB is at (from 0).
     pub micro_batch: u32,
+    /// What it waits for: `FIFO c3 full`, `FIFO c3 empty`, or another TB's progress counter below
+    /// the threshold (`waits for tb1.4 (progress 7 < 9)`).
     pub reason: String,
 }
 
@@ -191,19 +198,52 @@ pub enum LoweredExecError {
     /// The descriptors are malformed ([`validate`]).
     Descriptor(DescriptorError),
     /// Memory or inputs do not fit the plan.
-    BadInput { reason: String },
+    BadInput {
+        /// What does not fit.
+        reason: String,
+    },
     /// A counter in a workspace is not where a launch leaves it (an earlier launch failed midway;
     /// the workspace must be zeroed).
-    StaleWorkspace { rank: Rank, what: String },
+    StaleWorkspace {
+        /// The rank whose workspace holds the counter.
+        rank: Rank,
+        /// Which counter, and what is wrong with its value.
+        what: String,
+    },
     /// No thread block can make progress and work is left.
-    Deadlock { blocked: Vec<Blocked> },
+    Deadlock {
+        /// Every unfinished TB, where it stopped and why, in (rank, TB) order.
+        blocked: Vec<Blocked>,
+    },
     /// A receive found a message of another op, or of another size: the two ends disagree on the
     /// FIFO order.
-    FifoOrder { conn: u32, receiver_op: OpId, message_op: OpId, receiver_chunks: u32, message_chunks: u32 },
+    FifoOrder {
+        /// The plan's connection index ([`FifoConn::id`](oxccl_kernels::abi::FifoConn::id)).
+        conn: u32,
+        /// The program op of the receiving task.
+        receiver_op: OpId,
+        /// The program op the message in the slot was sent for; `OpId(u32::MAX)` (with
+        /// `message_chunks` 0) when no send of this launch filled the slot.
+        message_op: OpId,
+        /// Chunks the receive takes per micro-batch.
+        receiver_chunks: u32,
+        /// Chunks the message carries.
+        message_chunks: u32,
+    },
     /// Messages are left in a FIFO after every TB finished.
-    Unconsumed { conn: u32, messages: u64 },
+    Unconsumed {
+        /// The plan's connection index ([`FifoConn::id`](oxccl_kernels::abi::FifoConn::id)).
+        conn: u32,
+        /// Messages left: its tail counter minus its head counter.
+        messages: u64,
+    },
     /// The plan's memory ([`Memory::bytes`]) is more than a host run allocates.
-    TooLarge { bytes: u64, max: u64 },
+    TooLarge {
+        /// Bytes of host memory the plan needs ([`Memory::bytes`]).
+        bytes: u64,
+        /// The limit, [`MAX_MEMORY_BYTES`].
+        max: u64,
+    },
 }
 
 impl fmt::Display for LoweredExecError {

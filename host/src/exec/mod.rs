@@ -25,8 +25,11 @@ use std::str::FromStr;
 /// The reduction operator.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub enum ReduceOp {
+    /// `a + b`; wrapping for the integer types.
     Sum,
+    /// The smaller of `a` and `b`.
     Min,
+    /// The larger of `a` and `b`.
     Max,
 }
 
@@ -107,13 +110,20 @@ impl Default for ExecOptions {
 /// Where a TB is stuck, for deadlock reports.
 #[derive(Clone, PartialEq, Debug)]
 pub struct Blocked {
+    /// The rank the TB belongs to.
     pub rank: Rank,
+    /// The TB, indexed within its rank.
     pub tb: TbId,
     /// Index of the task in the TB's list.
     pub task: u32,
+    /// The blocked task's primitive.
     pub prim: Prim,
+    /// The program op the task is part of.
     pub op: OpId,
+    /// The micro-batch the TB is at (from 0).
     pub micro_batch: u32,
+    /// What it waits for: `FIFO c3 full`, `FIFO c3 empty` or `waits for tb1.4` (a sync point on
+    /// task 4 of TB 1).
     pub reason: String,
 }
 
@@ -121,15 +131,36 @@ pub struct Blocked {
 #[derive(Clone, PartialEq, Debug)]
 pub enum ExecError {
     /// Inputs do not fit the plan (rank count, lengths) or options are out of range.
-    BadInput { reason: String },
+    BadInput {
+        /// What does not fit.
+        reason: String,
+    },
     /// The plan is malformed (see [`Plan::check_structure`]).
-    BadPlan { reason: String },
+    BadPlan {
+        /// What is malformed.
+        reason: String,
+    },
     /// No thread block can make progress and work is left.
-    Deadlock { blocked: Vec<Blocked> },
+    Deadlock {
+        /// Every unfinished TB, where it stopped and why, in (rank, TB) order.
+        blocked: Vec<Blocked>,
+    },
     /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
-    FifoOrder { conn: ConnId, receiver_op: OpId, message_op: OpId },
+    FifoOrder {
+        /// The connection.
+        conn: ConnId,
+        /// The op of the receiving task.
+        receiver_op: OpId,
+        /// The op the message at the head of the FIFO was sent for.
+        message_op: OpId,
+    },
     /// Messages are left in a FIFO after every TB finished.
-    Unconsumed { conn: ConnId, messages: usize },
+    Unconsumed {
+        /// The lowest-numbered connection with messages left.
+        conn: ConnId,
+        /// Messages left in it.
+        messages: usize,
+    },
 }
 
 impl fmt::Display for ExecError {
@@ -407,7 +438,11 @@ pub fn test_inputs<T: Element>(ranks: usize, len: usize) -> Vec<Vec<T>> {
 /// The outcome of [`verify`]: how many elements differ from the reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VerifyReport {
+    /// Output elements compared, summed over all ranks (and, for [`lowered::verify`], all launches).
     pub elements: usize,
+    /// Elements that differ from the reference. A rank whose output has the wrong length adds to
+    /// it: [`verify`] counts that rank's whole reference output, [`lowered::verify`] the length
+    /// difference besides the mismatches of the compared part.
     pub wrong: usize,
     /// The first wrong element: (rank, index).
     pub first_wrong: Option<(usize, usize)>,

@@ -3,6 +3,7 @@
 //! Ranks are numbered node-major: rank `s*g + l` is GPU `l` of node `s` (`n` nodes of `g` GPUs).
 //! Every generated program is in place, uses channel 0, and lists its ops step by step, so the
 //! sequential order is the algorithm's own.
+//! [`Algorithm::generate`] is the way in: it checks the topology before building the program.
 
 use super::{Collective, Layout, Program, ProgramError, RecvOp, Slice};
 use std::fmt;
@@ -11,15 +12,33 @@ use std::str::FromStr;
 /// The built-in algorithms, by CLI name.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub enum Algorithm {
+    /// `ring-allreduce`: over `n` ranks and `n` chunks, a ring ReduceScatter (stage 0) then a ring
+    /// AllGather (stage 1), `2(n-1)` steps.
     RingAllReduce,
+    /// `ring-allgather`: one chunk per rank, each forwarded around the ring, `n-1` steps on `n` ranks.
     RingAllGather,
+    /// `ring-reducescatter`: one chunk per rank, each reduced on its way around the ring to its
+    /// owner, `n-1` steps on `n` ranks.
     RingReduceScatter,
+    /// `direct-allreduce`: a direct ReduceScatter (step 0, stage 0) then a direct AllGather (step 1,
+    /// stage 1).
     DirectAllReduce,
+    /// `direct-allgather`: every rank sends its chunk to every other rank, 1 step.
     DirectAllGather,
+    /// `direct-reducescatter`: every rank sends chunk `q` to rank `q`, which reduces it, 1 step.
     DirectReduceScatter,
+    /// `direct-alltoall`, out of place: block `q` of rank `r`'s input goes to block `r` of rank
+    /// `q`'s output (the rank's own block is a local copy), 1 step.
     DirectAllToAll,
+    /// `hm-allgather`: hierarchical mesh, one chunk per rank: chunks cross the NICs node to node
+    /// (stage 0) and are forwarded to the node's other GPUs (stage 1), one step per node.
     HmAllGather,
+    /// `hm-reducescatter`: hierarchical mesh, one chunk per rank: each node reduces its GPUs'
+    /// contributions onto one GPU, which passes the partial sum over the NIC to the next node, one
+    /// step per node.
     HmReduceScatter,
+    /// `hm-allreduce`: the HM ReduceScatter then the HM AllGather, in place, two steps per node
+    /// (stage 0 the phases that use the NIC, stage 1 the local ones).
     HmAllReduce,
 }
 
@@ -129,7 +148,7 @@ fn ring_ag_steps(p: &mut Program, n: u32, first_step: u32, stage: u32, out: bool
 }
 
 /// Ring AllReduce over `n` ranks and `n` chunks: ReduceScatter (stage 0) then AllGather (stage 1).
-pub fn ring_allreduce(n: u32) -> Program {
+fn ring_allreduce(n: u32) -> Program {
     let mut p = Program::new("ring_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     ring_rs_steps(&mut p, n, 0);
     ring_ag_steps(&mut p, n, n.saturating_sub(1), 1, false);
@@ -137,21 +156,21 @@ pub fn ring_allreduce(n: u32) -> Program {
 }
 
 /// Ring AllGather over `n` ranks, one chunk per rank.
-pub fn ring_allgather(n: u32) -> Program {
+fn ring_allgather(n: u32) -> Program {
     let mut p = Program::new("ring_allgather", Layout::new(Collective::AllGather, n, n, true));
     ring_ag_steps(&mut p, n, 0, 0, true);
     p
 }
 
 /// Ring ReduceScatter over `n` ranks, one chunk per rank.
-pub fn ring_reducescatter(n: u32) -> Program {
+fn ring_reducescatter(n: u32) -> Program {
     let mut p = Program::new("ring_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     ring_rs_steps(&mut p, n, 0);
     p
 }
 
 /// Direct AllGather: every rank sends its chunk to every other rank in one step.
-pub fn direct_allgather(n: u32) -> Program {
+fn direct_allgather(n: u32) -> Program {
     let mut p = Program::new("direct_allgather", Layout::new(Collective::AllGather, n, n, true));
     for r in 0..n {
         for d in 1..n {
@@ -172,14 +191,14 @@ fn direct_rs_step(p: &mut Program, n: u32) {
 }
 
 /// Direct ReduceScatter: every rank sends chunk `q` to rank `q`, which reduces it.
-pub fn direct_reducescatter(n: u32) -> Program {
+fn direct_reducescatter(n: u32) -> Program {
     let mut p = Program::new("direct_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     direct_rs_step(&mut p, n);
     p
 }
 
 /// Direct AllReduce: direct ReduceScatter (step 0, stage 0) then direct AllGather (step 1, stage 1).
-pub fn direct_allreduce(n: u32) -> Program {
+fn direct_allreduce(n: u32) -> Program {
     let mut p = Program::new("direct_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     direct_rs_step(&mut p, n);
     for r in 0..n {
@@ -193,7 +212,7 @@ pub fn direct_allreduce(n: u32) -> Program {
 
 /// Direct AllToAll (out of place): block `q` of rank `r`'s input goes to block `r` of rank `q`'s
 /// output; the rank's own block is a local copy.
-pub fn direct_alltoall(n: u32) -> Program {
+fn direct_alltoall(n: u32) -> Program {
     let mut p = Program::new("direct_alltoall", Layout::new(Collective::AllToAll, n, n, false));
     for r in 0..n {
         p.push(super::Op {
@@ -287,7 +306,7 @@ fn hm_rs_ops(p: &mut Program, nodes: u32, g: u32) {
 }
 
 /// HM AllGather for `nodes` × `g` GPUs, one chunk per rank (see `hm_ag_ops`).
-pub fn hm_allgather(nodes: u32, g: u32) -> Program {
+fn hm_allgather(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
     let mut p = Program::new("hm_allgather", Layout::new(Collective::AllGather, n, n, true));
     hm_ag_ops(&mut p, nodes, g, 0, Slice::output);
@@ -295,7 +314,7 @@ pub fn hm_allgather(nodes: u32, g: u32) -> Program {
 }
 
 /// HM ReduceScatter for `nodes` × `g` GPUs, one chunk per rank.
-pub fn hm_reducescatter(nodes: u32, g: u32) -> Program {
+fn hm_reducescatter(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
     let mut p = Program::new("hm_reducescatter", Layout::new(Collective::ReduceScatter, n, n, true));
     hm_rs_ops(&mut p, nodes, g);
@@ -304,7 +323,7 @@ pub fn hm_reducescatter(nodes: u32, g: u32) -> Program {
 
 /// HM AllReduce: HM ReduceScatter (steps `0..n`) then HM AllGather (steps `n..2n`), in place.
 /// Stage 0 holds the phases that use the NIC, stage 1 the purely local ones.
-pub fn hm_allreduce(nodes: u32, g: u32) -> Program {
+fn hm_allreduce(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
     let mut p = Program::new("hm_allreduce", Layout::new(Collective::AllReduce, n, n, true));
     hm_rs_ops(&mut p, nodes, g);

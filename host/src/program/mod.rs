@@ -104,8 +104,11 @@ impl BufferKind {
 /// (half open).
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct Slice {
+    /// Which buffer of the rank (the rank comes from the op that holds the slice).
     pub buffer: BufferKind,
+    /// The first chunk, counted in chunks from the start of `buffer`.
     pub offset: u32,
+    /// The number of chunks; at least 1 in a verified program.
     pub count: u32,
 }
 
@@ -209,10 +212,13 @@ impl Collective {
 /// `[main | scratch]` where `main` is the larger of input and output.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Layout {
+    /// The collective; with `chunks` and `ranks` it fixes the input and output sizes.
     pub collective: Collective,
+    /// The number of ranks, `1..=`[`Layout::MAX_RANKS`] in a valid layout.
     pub ranks: u32,
     /// The size, in chunks, of the larger user buffer (MSCCL's `nchunksperloop`).
     pub chunks: u32,
+    /// Whether input and output alias as the table above says; otherwise they are disjoint.
     pub in_place: bool,
     /// Scratch chunks per rank (`scratch.len() == ranks`).
     pub scratch: Vec<u32>,
@@ -346,17 +352,50 @@ pub enum RecvOp {
 pub enum OpKind {
     /// Send `src` of `src_rank` over channel `channel` to `dst_rank`, which stores or reduces it into
     /// `dst`. The two slices have the same count.
-    Transfer { src_rank: Rank, dst_rank: Rank, channel: u32, src: Slice, dst: Slice, op: RecvOp },
+    Transfer {
+        /// The sending rank, which reads `src`.
+        src_rank: Rank,
+        /// The receiving rank, which writes `dst`; never `src_rank` in a verified program.
+        dst_rank: Rank,
+        /// Tells apart connections between the same two ranks: transfers of one
+        /// `(src_rank, dst_rank, channel)` share a link.
+        channel: u32,
+        /// The slice read on `src_rank`.
+        src: Slice,
+        /// The slice written on `dst_rank`, of the same count as `src`.
+        dst: Slice,
+        /// Whether `dst_rank` stores the data or reduces it into `dst`.
+        op: RecvOp,
+    },
     /// Copy `src` to `dst` on one rank (non-overlapping slices of the same count). `channel` is the
     /// local lane: local ops of one lane conflict like transfers on one link.
-    Copy { rank: Rank, channel: u32, src: Slice, dst: Slice },
+    Copy {
+        /// The rank that copies.
+        rank: Rank,
+        /// The local lane.
+        channel: u32,
+        /// The slice read.
+        src: Slice,
+        /// The slice overwritten, of the same count as `src` and not overlapping it.
+        dst: Slice,
+    },
     /// `dst = dst ⊕ src` on one rank, on local lane `channel`.
-    Reduce { rank: Rank, channel: u32, src: Slice, dst: Slice },
+    Reduce {
+        /// The rank that reduces.
+        rank: Rank,
+        /// The local lane.
+        channel: u32,
+        /// The operand read.
+        src: Slice,
+        /// The accumulator, read and written; same count as `src`, not overlapping it.
+        dst: Slice,
+    },
 }
 
 /// One op of a [`Program`].
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 pub struct Op {
+    /// What the op does and on which ranks and slices.
     pub kind: OpKind,
     /// The logical chunk (data item) the op moves: the unit the schedulers balance. Generators give
     /// the chunk's index in the collective; the importer gives the index of the user-buffer location
@@ -417,10 +456,13 @@ impl Op {
 pub struct Program {
     /// A name for reports (no whitespace in the text format).
     pub name: String,
+    /// Buffer sizes and aliasing, which every slice of `ops` must fit.
     pub layout: Layout,
     /// How many consecutive ranks share a node, when the program was made for a known shape
     /// (generators set it; MSCCL files do not say, so `None`: one node).
     pub ranks_per_node: Option<u32>,
+    /// The ops in sequential-semantics order (see the module documentation); an [`OpId`] is an index
+    /// into it.
     pub ops: Vec<Op>,
 }
 
@@ -496,16 +538,19 @@ impl Program {
     }
 
     /// [`Program::instanced`], with each instance's channels as `channels` says. The program is
-    /// verified first ([`Program::verify`]'s errors); [`ProgramError::BadLayout`] when the `k`-times
+    /// verified first ([`Program::verify`]'s errors); [`ProgramError::BadLayout`] when `k` is 0, the `k`-times
     /// larger buffers are too large or `k` instances' channels do not fit a `u32`,
     /// [`ProgramError::ChunkLabelOverflow`] when an op's chunk label times `k` does not fit a `u32`.
     pub fn instanced_on(&self, k: u32, channels: InstanceChannels) -> Result<Program, ProgramError> {
-        if k <= 1 {
-            return Ok(self.clone());
+        if k == 0 {
+            return Err(ProgramError::BadLayout { reason: "0 instances: a program needs at least one".into() });
         }
         // After this, every slice fits its buffer and has equal counts on both sides, so the mapped
         // offsets below stay under the validated `k`-times larger buffer sizes.
         self.verify()?;
+        if k == 1 {
+            return Ok(self.clone());
+        }
         let too_large = || ProgramError::BadLayout {
             reason: format!("{k} instances of {} chunks per buffer are too large", self.layout.chunks),
         };
@@ -608,29 +653,80 @@ impl std::str::FromStr for InstanceChannels {
 #[derive(Clone, PartialEq, Debug)]
 pub enum ProgramError {
     /// The buffer sizes are inconsistent.
-    BadLayout { reason: String },
+    BadLayout {
+        /// What is inconsistent, in words.
+        reason: String,
+    },
     /// An op names a rank the program does not have.
-    RankOutOfRange { op: OpId, rank: u32, ranks: u32 },
+    RankOutOfRange {
+        /// The op at fault.
+        op: OpId,
+        /// The rank it names (the source or destination rank).
+        rank: u32,
+        /// How many ranks the program has.
+        ranks: u32,
+    },
     /// An op's slice does not fit its buffer.
-    SliceOutOfRange { op: OpId, rank: Rank, slice: Slice, buffer_chunks: u32 },
+    SliceOutOfRange {
+        /// The op at fault.
+        op: OpId,
+        /// The rank the slice is on.
+        rank: Rank,
+        /// The slice that does not fit.
+        slice: Slice,
+        /// The size of the slice's buffer on `rank`, in chunks.
+        buffer_chunks: u32,
+    },
     /// Source and destination slices of an op have different counts (or a count of zero).
-    CountMismatch { op: OpId, src: Slice, dst: Slice },
+    CountMismatch {
+        /// The op at fault.
+        op: OpId,
+        /// Its source slice.
+        src: Slice,
+        /// Its destination slice.
+        dst: Slice,
+    },
     /// A transfer from a rank to itself (use a copy).
-    SelfTransfer { op: OpId, rank: Rank },
+    SelfTransfer {
+        /// The op at fault.
+        op: OpId,
+        /// The rank that is both source and destination.
+        rank: Rank,
+    },
     /// A local copy or reduce whose source and destination overlap.
-    OverlappingLocal { op: OpId, rank: Rank },
+    OverlappingLocal {
+        /// The op at fault.
+        op: OpId,
+        /// The rank the op runs on.
+        rank: Rank,
+    },
     /// A location of a user buffer does not hold what the collective requires at the end.
     Postcondition {
+        /// The rank whose output is wrong.
         rank: Rank,
+        /// The first wrong location: one chunk of the output buffer.
         slice: Slice,
         /// The op that wrote the location last, if any.
         last_writer: Option<OpId>,
+        /// What the location holds instead, in words.
         detail: String,
     },
     /// The text format could not be parsed.
-    Parse { line: usize, message: String },
+    Parse {
+        /// The line at fault, counted from 1.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
     /// [`Program::instanced`] would give an op chunk labels beyond `u32::MAX`.
-    ChunkLabelOverflow { op: OpId, chunk: u32, instances: u32 },
+    ChunkLabelOverflow {
+        /// The op of the original program.
+        op: OpId,
+        /// Its chunk label ([`Op::chunk`]).
+        chunk: u32,
+        /// The number of instances asked for.
+        instances: u32,
+    },
 }
 
 impl fmt::Display for ProgramError {

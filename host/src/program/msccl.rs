@@ -20,8 +20,11 @@
 //!    primitive by happens-before (TB order, `depid`, send before its receive). A cycle is an error.
 //! 4. **Linearize** into atomic ops: a transfer's send and receive become one op, placed by the data
 //!    hazards alone (read-after-write, write-after-read, write-after-write per chunk, in
-//!    happens-before order). Buffered exchanges whose send and receive cannot be made adjacent are
-//!    reported, not silently reordered.
+//!    happens-before order). A buffered exchange (a send whose source is overwritten, on both sides,
+//!    before the matching receive) leaves a cycle: the sources of the stuck sends are copied into
+//!    fresh scratch at the send's position, which makes every transfer atomic, and the ordering is
+//!    retried. A cycle that remains after that is reported ([`ImportError::BufferedCycle`]), never
+//!    broken by reordering.
 //!
 //! [`import`] then verifies the program and checks the collective's postcondition; every error names
 //! the XML step it comes from.
@@ -35,8 +38,11 @@ use std::fmt;
 /// A step of the XML file: GPU, TB id and step index, as written there.
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
 pub struct StepRef {
+    /// The `<gpu id=>`, which is the rank.
     pub gpu: u32,
+    /// The `<tb id=>` on that GPU (`u32::MAX` for a TACCL `<copy>`).
     pub tb: u32,
+    /// The step's `s=` (TACCL: `step=`), its index within the TB (`u32::MAX` for a TACCL `<copy>`).
     pub step: u32,
 }
 
@@ -50,37 +56,132 @@ impl fmt::Display for StepRef {
 #[derive(Clone, PartialEq, Debug)]
 pub enum ImportError {
     /// The XML itself is malformed.
-    Xml { message: String },
+    Xml {
+        /// The parser's message, or what is misplaced or missing.
+        message: String,
+    },
     /// A required attribute is absent.
-    MissingAttribute { element: String, attribute: &'static str, context: String },
+    MissingAttribute {
+        /// The element's name, without brackets.
+        element: String,
+        /// The attribute's name (the first spelling where several are accepted).
+        attribute: &'static str,
+        /// Where the element is: `in <algo>`, `in gpu 1`, `gpu 1 tb 0 step 3`, ...
+        context: String,
+    },
     /// An attribute has a value that cannot be used.
-    BadAttribute { element: String, attribute: String, value: String, context: String },
+    BadAttribute {
+        /// The element's name, without brackets.
+        element: String,
+        /// The attribute's name (the first spelling where several are accepted).
+        attribute: String,
+        /// The value found.
+        value: String,
+        /// Where the element is, or what the value should have been.
+        context: String,
+    },
     /// The `coll` attribute names a collective oxccl does not know.
-    UnknownCollective { name: String },
+    UnknownCollective {
+        /// The `coll` value as written.
+        name: String,
+    },
     /// A step `type` that is not one of MSCCL's.
-    UnknownStepType { step: StepRef, ty: String },
+    UnknownStepType {
+        /// The step at fault.
+        step: StepRef,
+        /// Its `type` as written.
+        ty: String,
+    },
     /// A step sends (or receives) in a TB without a send (or receive) peer, or the peer is not a GPU.
-    BadPeer { step: StepRef, direction: &'static str, peer: i64 },
+    BadPeer {
+        /// The step at fault.
+        step: StepRef,
+        /// `"send"` or `"recv"`.
+        direction: &'static str,
+        /// The TB's `send=` or `recv=` value: `-1` when absent, else out of range or the GPU itself.
+        peer: i64,
+    },
     /// Two TBs of one GPU use the same connection in the same direction.
-    DuplicateConnection { gpu: u32, peer: u32, channel: u32, direction: &'static str, tbs: (u32, u32) },
+    DuplicateConnection {
+        /// The GPU with the two TBs.
+        gpu: u32,
+        /// The GPU at the other end of the connection.
+        peer: u32,
+        /// The connection's channel (`chan=`).
+        channel: u32,
+        /// `"send"` or `"recv"`.
+        direction: &'static str,
+        /// The two TB ids, smaller first.
+        tbs: (u32, u32),
+    },
     /// A send with no receive left to match it on its connection.
-    UnmatchedSend { step: StepRef, dst: u32, channel: u32 },
+    UnmatchedSend {
+        /// The first send left over on the connection.
+        step: StepRef,
+        /// The receiving GPU.
+        dst: u32,
+        /// The connection's channel.
+        channel: u32,
+    },
     /// A receive with no send left to match it on its connection.
-    UnmatchedRecv { step: StepRef, src: u32, channel: u32 },
+    UnmatchedRecv {
+        /// The first receive left over on the connection.
+        step: StepRef,
+        /// The sending GPU.
+        src: u32,
+        /// The connection's channel.
+        channel: u32,
+    },
     /// A matched send and receive move different numbers of chunks.
-    CountMismatch { send: StepRef, recv: StepRef, send_count: u32, recv_count: u32 },
+    CountMismatch {
+        /// The sending step.
+        send: StepRef,
+        /// The receiving step it was matched with.
+        recv: StepRef,
+        /// Chunks sent (`cnt=` of the send).
+        send_count: u32,
+        /// Chunks received (`cnt=` of the receive).
+        recv_count: u32,
+    },
     /// `depid`/`deps` name a step that does not exist.
-    BadDependency { step: StepRef, depid: i64, deps: i64 },
+    BadDependency {
+        /// The waiting step.
+        step: StepRef,
+        /// The TB id waited on, as written (`-1` when absent).
+        depid: i64,
+        /// The step index waited on, as written (`-1` when absent).
+        deps: i64,
+    },
     /// The steps wait on each other in a cycle (this step is on it).
-    Cycle { step: StepRef },
-    /// A buffered exchange: transfers whose sends must precede each other's receives through the
-    /// same locations, which atomic transfers cannot express (this step is on the cycle).
-    BufferedCycle { step: StepRef },
+    Cycle {
+        /// A step on the cycle.
+        step: StepRef,
+    },
+    /// Steps left in a cycle of data hazards after the sources of every stuck send were copied
+    /// into scratch (how the importer makes buffered exchanges atomic); this step is on it.
+    BufferedCycle {
+        /// A step on the cycle.
+        step: StepRef,
+    },
     /// The imported program fails verification or its postcondition.
-    Invalid { step: Option<StepRef>, error: ProgramError },
+    Invalid {
+        /// The step the failing op came from, when the error names an op.
+        step: Option<StepRef>,
+        /// The program's error. Its op ids index [`Imported::program`]'s ops, except in a
+        /// [`ProgramError::SliceOutOfRange`] found while linearizing, which has the importer's own
+        /// numbering; `step` locates both.
+        error: ProgramError,
+    },
     /// An element opened inside one of its own kind (`<tb>` in a `<tb>`, `<gpu>` in a `<gpu>`), or a
     /// second `<algo>`: reading on would drop the first one's content. Lines count from 1.
-    RepeatedElement { element: &'static str, line: usize, first_line: usize },
+    RepeatedElement {
+        /// `"algo"`, `"gpu"` or `"tb"`.
+        element: &'static str,
+        /// The line of the second opening tag.
+        line: usize,
+        /// The line of the first one (still open, except for `<algo>`).
+        first_line: usize,
+    },
 }
 
 impl fmt::Display for ImportError {
@@ -141,6 +242,10 @@ impl std::error::Error for ImportError {}
 /// An imported program and, for each op, the XML step it came from.
 #[derive(Clone, Debug)]
 pub struct Imported {
+    /// The program, its ops in an order that respects every data hazard. Each op's `step` is its
+    /// depth in the hazard graph, `stage` is 0 and `channel` is its (sending) TB's `chan=`;
+    /// `ranks_per_node` is `None`. Scratch may exceed the file's `s_chunks` where buffered exchanges
+    /// were snapshotted.
     pub program: Program,
     /// `origin[op]`: the step of the op's send (transfers) or the local step (copies, reductions;
     /// TACCL pre-copies name step `u32::MAX` of tb `u32::MAX`).
@@ -184,8 +289,10 @@ pub fn import_unchecked(xml: &str) -> Result<Imported, ImportError> {
 struct XStep {
     s: u32,
     ty: String,
-    src: Option<(BufferKind, i64)>,
-    dst: Option<(BufferKind, i64)>,
+    /// The source location, or the name of the attribute that is missing for it.
+    src: Result<(BufferKind, i64), &'static str>,
+    /// The destination location, or the name of the attribute that is missing for it.
+    dst: Result<(BufferKind, i64), &'static str>,
     cnt: u32,
     depid: i64,
     deps: i64,
@@ -438,17 +545,20 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                             attribute: "type",
                             context: ctx.clone(),
                         })?;
+                        // A location, or the name of its missing attribute (a buffer without an
+                        // offset names the offset); TACCL's shared `buf`/`off` stand in for both.
                         let loc = |bk: &[&'static str],
                                    ok: &[&'static str]|
-                         -> Result<Option<(BufferKind, i64)>, ImportError> {
-                            match (a.buffer(bk, &ctx)?, a.int(ok, &ctx)?) {
-                                (Some(b), Some(o)) => Ok(Some((b, o))),
-                                _ => Ok(None),
-                            }
+                         -> Result<Result<(BufferKind, i64), &'static str>, ImportError> {
+                            Ok(match (a.buffer(bk, &ctx)?, a.int(ok, &ctx)?) {
+                                (Some(b), Some(o)) => Ok((b, o)),
+                                (Some(_), None) => Err(ok[0]),
+                                (None, _) => Err(bk[0]),
+                            })
                         };
                         let shared = loc(&["buf"], &["off"])?;
-                        let src = loc(&["srcbuf"], &["srcoff"])?.or(shared);
-                        let dst = loc(&["dstbuf"], &["dstoff"])?.or(shared);
+                        let src = loc(&["srcbuf"], &["srcoff"])?.or_else(|missing| shared.map_err(|_| missing));
+                        let dst = loc(&["dstbuf"], &["dstoff"])?.or_else(|missing| shared.map_err(|_| missing));
                         t.steps.push(XStep {
                             s,
                             ty: ty.to_string(),
@@ -527,10 +637,15 @@ struct FlatStep {
     parts: Vec<Part>,
 }
 
-fn slice_of(at: StepRef, loc: Option<(BufferKind, i64)>, cnt: u32, which: &'static str) -> Result<Slice, ImportError> {
-    let (b, off) = loc.ok_or_else(|| ImportError::MissingAttribute {
+fn slice_of(
+    at: StepRef,
+    loc: Result<(BufferKind, i64), &'static str>,
+    cnt: u32,
+    which: &'static str,
+) -> Result<Slice, ImportError> {
+    let (b, off) = loc.map_err(|attribute| ImportError::MissingAttribute {
         element: "step".into(),
-        attribute: if which == "src" { "srcbuf" } else { "dstbuf" },
+        attribute,
         context: at.to_string(),
     })?;
     let off = u32::try_from(off).map_err(|_| ImportError::BadAttribute {
@@ -702,7 +817,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
 
     // Flatten steps: index steps per GPU per TB.
     let mut steps: Vec<FlatStep> = Vec::new();
-    // (gpu, tb id) -> (tb index in gpu, first flat index, sorted step numbers)
+    // (gpu, tb id) -> (tb index in gpu, flat index of its first step, its step count)
     let mut tb_first: HashMap<(u32, u32), (usize, usize, usize)> = HashMap::new();
     let mut tb_info: Vec<Vec<&XTb>> = Vec::new();
     for g in &doc.gpus {
@@ -768,7 +883,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     type ConnKey = (u32, u32, u32);
     let mut send_tb: HashMap<ConnKey, u32> = HashMap::new();
     let mut recv_tb: HashMap<ConnKey, u32> = HashMap::new();
-    // (step flat index, part index, count)
+    // Per connection, its sends and its receives in FIFO order: (step flat index, part index).
     let mut sends: HashMap<ConnKey, Vec<(usize, usize)>> = HashMap::new();
     let mut recvs: HashMap<ConnKey, Vec<(usize, usize)>> = HashMap::new();
     for (i, st) in steps.iter().enumerate() {
@@ -862,7 +977,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     struct Pending {
         op: Op,
         origin: StepRef,
-        /// Position of each access part in the happens-before order (send and receive for transfers).
+        /// Position in the happens-before order of the op's first part (a transfer's send): the
+        /// tie-break among ops the hazards leave unordered.
         first_pos: usize,
     }
     let mut ops: Vec<Pending> = Vec::new();

@@ -129,9 +129,19 @@ impl LowerOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LowerError {
     /// `ranks` is 0 or above what one launch can address.
-    Ranks { ranks: usize, max: usize },
+    Ranks {
+        /// The requested ranks ([`LowerOptions::ranks`]).
+        ranks: usize,
+        /// The most one launch addresses ([`MAX_RANKS`]).
+        max: usize,
+    },
     /// `ctas` is 0 or above the engine's limit.
-    Ctas { ctas: u32, max: u32 },
+    Ctas {
+        /// The requested CTAs per rank ([`LowerOptions::ctas`]).
+        ctas: u32,
+        /// The engine's limit ([`MAX_CTAS_PER_RANK`]).
+        max: u32,
+    },
     /// A mesh reaches past the communicator's last rank.
     MeshOutOfRange {
         /// `"source"` or `"destination"`.
@@ -142,9 +152,23 @@ pub enum LowerError {
         ranks: usize,
     },
     /// A transfer names a rank past the communicator's last rank.
-    RankOutOfRange { stage: usize, index: usize, rank: Rank, ranks: usize },
+    RankOutOfRange {
+        /// The stage's index in the plan.
+        stage: usize,
+        /// The transfer's index in its stage.
+        index: usize,
+        /// The rank it names (reader or writer).
+        rank: Rank,
+        /// The communicator's ranks.
+        ranks: usize,
+    },
     /// The requested copy unit's size does not divide the element size.
-    DTypeSize { dtype: DType, elem_bytes: u64 },
+    DTypeSize {
+        /// The requested unit ([`LowerOptions::dtype`]).
+        dtype: DType,
+        /// Bytes per element.
+        elem_bytes: u64,
+    },
     /// Odd-sized elements with an odd offset, stride or run: no 2- or 4-byte unit copies them.
     NoCopyUnit {
         /// Bytes per element.
@@ -157,11 +181,32 @@ pub enum LowerError {
         value: u64,
     },
     /// A transfer is not something the engine can run.
-    MalformedTransfer { stage: usize, index: usize, why: &'static str },
+    MalformedTransfer {
+        /// The stage's index in the plan.
+        stage: usize,
+        /// The transfer's index in its stage.
+        index: usize,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A stage would have more tasks than allowed.
-    TooManyTasks { stage: usize, tasks: u64, max: u64 },
+    TooManyTasks {
+        /// The stage's index in the plan.
+        stage: usize,
+        /// Tasks the stage needs: its rows before merging (saturating at `u64::MAX`), or its tasks
+        /// after merging and splitting.
+        tasks: u64,
+        /// The limit ([`LowerOptions::max_tasks`]).
+        max: u64,
+    },
     /// The lowered program failed validation against the buffer sizes.
-    Invalid { stage: usize, error: LoweredError },
+    Invalid {
+        /// The stage's index in the plan.
+        stage: usize,
+        /// What validation found (also from [`LoweredReshard::check_races`] and
+        /// [`LoweredReshard::execute`]).
+        error: LoweredError,
+    },
 }
 
 impl fmt::Display for LowerError {

@@ -46,8 +46,11 @@ pub struct LinkParams {
 /// A machine: `nodes` × `gpus_per_node` GPUs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Topology {
+    /// Label for reports (`h200-1x8`), copied to [`SimReport::topology`].
     pub name: String,
+    /// Nodes (servers).
     pub nodes: u32,
+    /// GPUs per node; ranks are numbered node by node (rank `r` is on node `r / gpus_per_node`).
     pub gpus_per_node: u32,
     /// Each GPU's NVLink/NVSwitch port, per direction.
     pub nvlink: LinkParams,
@@ -146,14 +149,21 @@ impl SimOptions {
 /// Why a simulation could not run.
 #[derive(Clone, PartialEq, Debug)]
 pub enum SimError {
+    /// The plan is malformed, its rank count is not the topology's, an option is out of range, or a
+    /// preset name is unknown.
     BadInput {
+        /// What is wrong.
         reason: String,
     },
     /// No thread block can progress and no event is pending.
     Deadlock {
+        /// The rank of the first unfinished TB, in (rank, TB) order; others may be stuck too.
         rank: Rank,
+        /// That TB's index within its rank.
         tb: u32,
+        /// The index of its current task in the TB's task list.
         task: u32,
+        /// The task's primitive, op and micro-batch.
         reason: String,
     },
 }
@@ -174,7 +184,9 @@ impl std::error::Error for SimError {}
 /// Use of one resource.
 #[derive(Clone, Debug, Serialize)]
 pub struct LinkUse {
+    /// The resource: `r0 nvlink out`, `r0 nvlink in`, `r0 hbm`, `nic1 out`, `nic1 in`.
     pub name: String,
+    /// Bytes moved through it (fluid, so fractional; HBM counts a reduction's 1.5× the message).
     pub bytes: f64,
     /// Time with at least one flow.
     pub busy_us: f64,
@@ -185,48 +197,68 @@ pub struct LinkUse {
 /// Use of one thread block.
 #[derive(Clone, Debug, Serialize)]
 pub struct TbUse {
+    /// The TB's rank.
     pub rank: u32,
+    /// The TB's index within its rank.
     pub tb: u32,
     /// Time spent running tasks (latency, transfer, copy), not waiting.
     pub busy_us: f64,
+    /// Share of the whole run not busy, in `0.0..=1.0`.
     pub idle_share: f64,
 }
 
 /// One bar of the timeline.
 #[derive(Clone, Debug, Serialize)]
 pub struct Span {
+    /// Index into [`SimReport::lanes`].
     pub lane: u32,
+    /// Start, in µs from the start of the run.
     pub start_us: f64,
+    /// End, in µs from the start of the run.
     pub end_us: f64,
+    /// What the bar shows.
     pub kind: SpanKind,
 }
 
 /// What a timeline bar shows.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum SpanKind {
+    /// A TB running one micro-batch of a task of this primitive, its α included (on a TB lane).
     Task(Prim),
+    /// An intra-node transfer over NVLink (on the sender's `nvlink out` lane).
     IntraFlow,
+    /// An inter-node transfer between NICs (on the sending NIC's `out` lane).
     InterFlow,
 }
 
 /// The result of a simulation.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimReport {
+    /// The topology's [`Topology::name`].
     pub topology: String,
+    /// The simulated size, [`SimOptions::bytes`].
     pub bytes: u64,
+    /// Micro-batches per chunk.
     pub micro_batches: u32,
+    /// Completion time of the whole plan, in µs.
     pub time_us: f64,
+    /// Algorithm bandwidth, `bytes / time`, in GB/s (10⁹ bytes per second).
     pub algbw_gbps: f64,
+    /// Bus bandwidth: `algbw_gbps` × the collective's bus factor (nccl-tests), in GB/s.
     pub busbw_gbps: f64,
     /// Resources that carried traffic.
     pub links: Vec<LinkUse>,
+    /// Every TB, in (rank, TB) order.
     pub tbs: Vec<TbUse>,
+    /// Mean [`TbUse::idle_share`] over all TBs.
     pub mean_tb_idle_share: f64,
-    /// Mean utilisation of the NVLink egress ports and of the NIC egress sides that carried traffic.
+    /// Mean utilisation of the NVLink egress ports that carried traffic (0 when none did).
     pub mean_nvlink_utilisation: f64,
+    /// Mean utilisation of the NIC egress sides that carried traffic (0 when none did).
     pub mean_nic_utilisation: f64,
     /// Lane names (links first, then TBs) and bars, when the timeline was asked for.
     pub lanes: Vec<String>,
+    /// The bars, when [`SimOptions::timeline`] is set (empty otherwise).
     pub timeline: Vec<Span>,
 }
 
@@ -297,6 +329,24 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         return Err(SimError::BadInput {
             reason: format!("the plan has {n} ranks, the topology {} GPUs", topo.ranks()),
         });
+    }
+    for (what, p) in [("nvlink", topo.nvlink), ("nic", topo.nic), ("hbm", topo.hbm)] {
+        let ok = p.alpha_us.is_finite()
+            && p.alpha_us >= 0.0
+            && p.bw_gbps.is_finite()
+            && p.bw_gbps > 0.0
+            && p.concurrency >= 1
+            && p.contention_penalty.is_finite()
+            && p.contention_penalty >= 0.0;
+        if !ok {
+            return Err(SimError::BadInput {
+                reason: format!(
+                    "topology `{}` {what}: {p:?}: give a finite alpha_us >= 0, bw_gbps > 0, concurrency >= 1 and \
+                     contention_penalty >= 0",
+                    topo.name
+                ),
+            });
+        }
     }
     if opts.micro_batches == 0 || opts.fifo_slots == 0 {
         return Err(SimError::BadInput { reason: "micro-batches and FIFO slots must be at least 1".into() });

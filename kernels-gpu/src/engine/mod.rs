@@ -42,25 +42,35 @@ pub struct SmemBase([u8; 1024]);
 
 /// What every thread of a CTA knows about its launch. Built once at kernel entry.
 pub struct Ctx {
-    /// This thread's index and the CTA's size.
+    /// This thread's index in the CTA (`%tid.x`).
     pub tid: u32,
+    /// Threads in the CTA (`%ntid.x`).
     pub threads: u32,
     /// The thread that does the cross-rank signalling and issues the bulk copies of combining tasks
     /// (and of all tasks when the CTA has one issuer; see `ring_issuer`).
     pub issuer: bool,
-    /// The rank this CTA works for and its index among that rank's CTAs.
+    /// The rank this CTA works for.
     pub rank: u32,
+    /// This CTA's index among its rank's CTAs (a compiled plan's: its thread block).
     pub cta: u32,
     /// Generic pointer to the dynamic shared memory (header tables are read through it).
     pub smem: *mut u8,
     /// The same memory as a shared-window address (bulk copies and mbarriers use it).
     pub smem_shared: Shared<u8>,
+    /// The launch's status record in host-mapped memory: the first error any CTA hits is written
+    /// here for the host to report.
     pub status: Global<Status>,
+    /// Every bounded wait gives up after this many nanoseconds (`LaunchArgs::timeout_ns`).
     pub timeout_ns: u64,
+    /// Bytes per source slot per pipeline stage (TMA mover; a multiple of 16).
     pub chunk_bytes: u32,
+    /// Stages of the shared-memory ring (TMA mover).
     pub stages: u32,
+    /// Source slots per stage: the most sources any task of the launch combines in registers.
     pub slots: u32,
+    /// How combining tasks reduce: in registers or with the TMA's bulk reduction.
     pub reduce_mode: ReduceMode,
+    /// Suspend-time hint of mbarrier waits, in nanoseconds (0: plain spin).
     pub wait_suspend_ns: u32,
     /// This thread issues the bulk copies of its warp's share of a task that does not combine
     /// sources (lane 0 of warps `0..ring_stride`; with one issuer, the same thread as `issuer`).
@@ -68,8 +78,11 @@ pub struct Ctx {
     /// Its share: items `ring_first, ring_first + ring_stride, …` of each such task, through stages
     /// `ring_base .. ring_base + ring_len` of the ring.
     pub ring_first: u32,
+    /// Issuing warps sharing the ring (the step between one issuer's items).
     pub ring_stride: u32,
+    /// The first ring stage this issuer uses.
     pub ring_base: u32,
+    /// Ring stages this issuer uses (`stages / ring_stride`).
     pub ring_len: u32,
     /// Combines into several destinations store from registers (`LaunchArgs::combine_direct`).
     pub combine_direct: bool,

@@ -18,8 +18,11 @@ const UNROLL: u32 = 8;
 pub struct AddrSet {
     /// A leading range (0: none).
     pub first: u64,
+    /// The ranks whose buffers are ranges, one bit per rank.
     pub mask: u32,
+    /// The buffer slot of those ranks' ranges.
     pub slot: u8,
+    /// Byte offset of every rank's range within its buffer.
     pub offset: u64,
 }
 
@@ -77,8 +80,11 @@ impl Iterator for AddrIter {
 /// combined in order.
 #[derive(Clone, Copy)]
 pub struct Operands {
+    /// The ranges read and combined, in combining order.
     pub srcs: AddrSet,
+    /// The ranges written, each with the combined sources.
     pub dsts: AddrSet,
+    /// Length of every range, in bytes.
     pub bytes: u64,
 }
 
