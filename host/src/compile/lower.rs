@@ -129,7 +129,7 @@ pub enum LowerError {
     },
     /// More thread blocks on one rank than a plan may have.
     TooManyTbs {
-        /// The rank.
+        /// The rank whose plan has too many thread blocks.
         rank: Rank,
         /// Its thread blocks.
         tbs: usize,
@@ -138,7 +138,7 @@ pub enum LowerError {
     },
     /// More connections on one rank than its table indexes.
     TooManyConnections {
-        /// The rank.
+        /// The rank with too many connections.
         rank: Rank,
         /// Connections it sends or receives on.
         connections: usize,
@@ -550,7 +550,7 @@ pub fn lower(plan: &Plan, opts: &LowerOptions) -> Result<LoweredPlan, LowerError
 /// indices, sync points instead of progress thresholds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewTask {
-    /// The primitive.
+    /// The task's primitive (from its descriptor's kind).
     pub prim: Prim,
     /// The connection of a send or receive.
     pub conn: Option<Connection>,

@@ -147,7 +147,7 @@ pub enum ExecError {
     },
     /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
     FifoOrder {
-        /// The connection.
+        /// The connection whose oldest message belongs to another op.
         conn: ConnId,
         /// The op of the receiving task.
         receiver_op: OpId,

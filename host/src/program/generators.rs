@@ -30,15 +30,16 @@ pub enum Algorithm {
     /// `direct-alltoall`, out of place: block `q` of rank `r`'s input goes to block `r` of rank
     /// `q`'s output (the rank's own block is a local copy), 1 step.
     DirectAllToAll,
-    /// `hm-allgather`: hierarchical mesh, one chunk per rank: chunks cross the NICs node to node
-    /// (stage 0) and are forwarded to the node's other GPUs (stage 1), one step per node.
+    /// `hm-allgather`: hierarchical mesh, one chunk per rank: step 0 sends each chunk to its node's
+    /// other GPUs and over the NIC to the next node (stage 0); at each later step the chunk that came
+    /// over the NIC goes on to the next node (stage 0) and to the node's other GPUs (stage 1); one
+    /// step per node.
     HmAllGather,
     /// `hm-reducescatter`: hierarchical mesh, one chunk per rank: each node reduces its GPUs'
     /// contributions onto one GPU, which passes the partial sum over the NIC to the next node, one
     /// step per node.
     HmReduceScatter,
-    /// `hm-allreduce`: the HM ReduceScatter then the HM AllGather, in place, two steps per node
-    /// (stage 0 the phases that use the NIC, stage 1 the local ones).
+    /// `hm-allreduce`: the HM ReduceScatter then the HM AllGather, in place, two steps per node.
     HmAllReduce,
 }
 
@@ -322,7 +323,7 @@ fn hm_reducescatter(nodes: u32, g: u32) -> Program {
 }
 
 /// HM AllReduce: HM ReduceScatter (steps `0..n`) then HM AllGather (steps `n..2n`), in place.
-/// Stage 0 holds the phases that use the NIC, stage 1 the purely local ones.
+/// Each half keeps its own stages (`hm_rs_ops`, `hm_ag_ops`).
 fn hm_allreduce(nodes: u32, g: u32) -> Program {
     let n = nodes * g;
     let mut p = Program::new("hm_allreduce", Layout::new(Collective::AllReduce, n, n, true));

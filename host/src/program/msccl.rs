@@ -243,7 +243,8 @@ impl std::error::Error for ImportError {}
 #[derive(Clone, Debug)]
 pub struct Imported {
     /// The program, its ops in an order that respects every data hazard. Each op's `step` is its
-    /// depth in the hazard graph, `stage` is 0 and `channel` is its (sending) TB's `chan=`;
+    /// depth in the hazard graph, `stage` is 0 and `channel` is its (sending) TB's `chan=` (0 for
+    /// TACCL `<copy>` pre-copies);
     /// `ranks_per_node` is `None`. Scratch may exceed the file's `s_chunks` where buffered exchanges
     /// were snapshotted.
     pub program: Program,

@@ -149,7 +149,8 @@ impl SimOptions {
 /// Why a simulation could not run.
 #[derive(Clone, PartialEq, Debug)]
 pub enum SimError {
-    /// The plan is malformed, its rank count is not the topology's, an option is out of range, or a
+    /// The plan is malformed, its rank count is not the topology's, a link's parameters are invalid
+    /// (`alpha_us`, `bw_gbps`, `concurrency`, `contention_penalty`), an option is out of range, or a
     /// preset name is unknown.
     BadInput {
         /// What is wrong.

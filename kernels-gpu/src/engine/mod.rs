@@ -57,10 +57,11 @@ pub struct Ctx {
     pub smem: *mut u8,
     /// The same memory as a shared-window address (bulk copies and mbarriers use it).
     pub smem_shared: Shared<u8>,
-    /// The launch's status record in host-mapped memory: the first error any CTA hits is written
-    /// here for the host to report.
+    /// The launch's status record (host memory the device maps, or device memory): the first error
+    /// any CTA hits is written here; later ones only count.
     pub status: Global<Status>,
-    /// Every bounded wait gives up after this many nanoseconds (`LaunchArgs::timeout_ns`).
+    /// Every bounded wait gives up after this many nanoseconds (`LaunchArgs::timeout_ns`; the drain
+    /// of issued loads waits at least one second).
     pub timeout_ns: u64,
     /// Bytes per source slot per pipeline stage (TMA mover; a multiple of 16).
     pub chunk_bytes: u32,
@@ -70,7 +71,8 @@ pub struct Ctx {
     pub slots: u32,
     /// How combining tasks reduce: in registers or with the TMA's bulk reduction.
     pub reduce_mode: ReduceMode,
-    /// Suspend-time hint of mbarrier waits, in nanoseconds (0: plain spin).
+    /// Suspend time of the engine's waits, in nanoseconds: the hint of mbarrier try-waits and the
+    /// sleep between cross-rank flag polls (0: plain spin).
     pub wait_suspend_ns: u32,
     /// This thread issues the bulk copies of its warp's share of a task that does not combine
     /// sources (lane 0 of warps `0..ring_stride`; with one issuer, the same thread as `issuer`).
