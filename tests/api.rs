@@ -82,3 +82,15 @@ fn an_error_says_its_cause_once() {
     assert!(e.source().is_none(), "{e}");
     assert_eq!(e.to_string().matches(&inner.to_string()).count(), 1, "{e}");
 }
+
+/// What a training loop needs: a communicator and a compiled plan can move to and be shared between
+/// threads, and errors convert into `anyhow`-style `Box<dyn Error + Send + Sync>`.
+#[test]
+fn handles_and_errors_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Communicator>();
+    send_sync::<oxccl::compiled::CompiledPlan>();
+    send_sync::<Error>();
+    let e: Box<dyn std::error::Error + Send + Sync + 'static> = Box::new(Error::NoDriver);
+    assert_eq!(e.to_string(), "the CUDA driver library is not installed");
+}
