@@ -668,17 +668,7 @@ pub fn verify<T: AbiElement>(
         let got = mem.outputs::<T>(lp);
         let want = reference::reference(l.collective, &inputs, op).map_err(|e| bad_input(e.to_string()))?;
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-            report.elements += w.len();
-            for (i, (a, b)) in g.iter().zip(w).enumerate() {
-                if a != b {
-                    report.wrong += 1;
-                    report.first_wrong.get_or_insert((r, i));
-                }
-            }
-            if g.len() != w.len() {
-                report.wrong += g.len().abs_diff(w.len());
-                report.first_wrong.get_or_insert((r, 0));
-            }
+            report.tally(r, g, w);
         }
     }
     Ok(report)

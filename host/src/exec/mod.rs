@@ -440,12 +440,29 @@ pub fn test_inputs<T: Element>(ranks: usize, len: usize) -> Vec<Vec<T>> {
 pub struct VerifyReport {
     /// Output elements compared, summed over all ranks (and, for [`lowered::verify`], all launches).
     pub elements: usize,
-    /// Elements that differ from the reference. A rank whose output has the wrong length adds to
-    /// it: [`verify`] counts that rank's whole reference output, [`lowered::verify`] the length
-    /// difference besides the mismatches of the compared part.
+    /// Elements that differ from the reference. A rank whose output has the wrong length counts
+    /// its whole reference output as wrong.
     pub wrong: usize,
-    /// The first wrong element: (rank, index).
+    /// The first wrong element: (rank, index); index 0 for an output of the wrong length.
     pub first_wrong: Option<(usize, usize)>,
+}
+
+impl VerifyReport {
+    /// Adds rank `rank`'s output `got`, compared element by element with its reference `want`.
+    pub(crate) fn tally<T: PartialEq>(&mut self, rank: usize, got: &[T], want: &[T]) {
+        self.elements += want.len();
+        if got.len() != want.len() {
+            self.wrong += want.len();
+            self.first_wrong.get_or_insert((rank, 0));
+            return;
+        }
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            if a != b {
+                self.wrong += 1;
+                self.first_wrong.get_or_insert((rank, i));
+            }
+        }
+    }
 }
 
 /// Most elements of storage (input, output and scratch), over all ranks, [`verify`] builds on the
@@ -483,18 +500,26 @@ pub fn verify<T: Element>(
     let want = reference::reference(l.collective, &inputs, op)?;
     let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
     for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-        report.elements += w.len();
-        if g.len() != w.len() {
-            report.wrong += w.len();
-            report.first_wrong.get_or_insert((r, 0));
-            continue;
-        }
-        for (i, (a, b)) in g.iter().zip(w).enumerate() {
-            if a != b {
-                report.wrong += 1;
-                report.first_wrong.get_or_insert((r, i));
-            }
-        }
+        report.tally(r, g, w);
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VerifyReport;
+
+    #[test]
+    fn a_report_counts_mismatches_and_whole_outputs_of_the_wrong_length() {
+        let mut r = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
+        r.tally(0, &[1, 2, 3], &[1, 2, 3]);
+        assert_eq!((r.elements, r.wrong, r.first_wrong), (3, 0, None));
+        r.tally(1, &[1, 9, 3, 9], &[1, 2, 3, 4]);
+        assert_eq!((r.elements, r.wrong, r.first_wrong), (7, 2, Some((1, 1))));
+        r.tally(2, &[1, 2], &[1, 2, 3]);
+        assert_eq!((r.elements, r.wrong, r.first_wrong), (10, 5, Some((1, 1))));
+        let mut short = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
+        short.tally(3, &[5, 6, 7, 8], &[5, 6]);
+        assert_eq!((short.elements, short.wrong, short.first_wrong), (2, 2, Some((3, 0))));
+    }
 }
