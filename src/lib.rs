@@ -22,6 +22,11 @@
 //! Layers: [`Communicator`] (ranks, plan cache, calls) → [`engine`] (PTX module, launches, owned device
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
 //! `oxccl-host`, which also executes them on the CPU.
+//!
+//! Every misuse (buffer counts and lengths, devices, overlapping buffers, configurations) is a typed
+//! [`Error`] naming it, and every device-side wait is bounded ([`Error::Timeout`], never a hang).
+//! [`bench`](mod@bench) (and `cli`, with the default `cli` feature) is the machinery of the `oxccl` command and
+//! the cargo benches: nccl-tests tables, mover sweeps, the overlap and trace benchmarks.
 
 #![warn(missing_docs)]
 
