@@ -347,15 +347,18 @@ impl Default for SweepConfig {
 }
 
 impl SweepConfig {
-    /// Checks what the sweep would refuse, without a GPU: a size of whole f32 elements, CTA counts
-    /// of at least 1, and explicit pieces that are positive multiples of 16, at most 2^20 of them,
+    /// Checks what the sweep would refuse, without a GPU: a size of at least one whole f32 element,
+    /// at least one timed iteration, CTA counts of at least 1, and explicit pieces that are positive multiples of 16, at most 2^20 of them,
     /// and at least one per CTA.
     pub fn validate(&self) -> Result<()> {
-        if !self.bytes.is_multiple_of(4) {
+        if self.bytes == 0 || !self.bytes.is_multiple_of(4) {
             return Err(Error::Config {
                 field: "bytes",
-                why: format!("{} is not a whole number of f32 elements", self.bytes),
+                why: format!("{} is not a positive whole number of f32 elements", self.bytes),
             });
+        }
+        if self.iters == 0 {
+            return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
         }
         if self.ctas.contains(&0) {
             return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
@@ -1984,7 +1987,15 @@ mod tests {
         b.compute_ms = None;
         b.bytes = MAX_OVERLAP_BYTES + 1;
         assert!(b.validate().is_err());
+        for bytes in [0, (1 << 20) + 2] {
+            b.bytes = bytes;
+            assert!(matches!(b.validate(), Err(Error::Config { field: "bytes", .. })), "{bytes} B");
+        }
         b.bytes = 1 << 20;
+        b.iters = 0;
+        assert!(matches!(b.validate(), Err(Error::Config { field: "iters", .. })));
+        b.iters = 1;
+        b.validate().unwrap();
 
         // The compute's SMs: all of them, or with partitioning those the collective's CTAs leave on
         // that GPU (4 CTAs per rank here), refused where none are left.
@@ -2033,8 +2044,9 @@ mod tests {
         assert_eq!(Split::Pieces(4096).piece(gib, 1), Some(4096));
     }
 
-    /// What the sweep refuses before it touches a GPU: a size of partial f32 elements, a CTA count
-    /// of 0, pieces that are no multiple of 16, too many of them, or fewer than the CTAs.
+    /// What the sweep refuses before it touches a GPU: a size of no or partial f32 elements, a CTA count
+    /// of 0, no timed iteration, pieces that are no multiple of 16, too many of them, or fewer than
+    /// the CTAs.
     #[test]
     fn sweep_configuration_refusals() {
         let ok = SweepConfig::default();
@@ -2044,6 +2056,8 @@ mod tests {
             other => panic!("expected a refusal of {field}, got {other:?}"),
         };
         refused(SweepConfig { bytes: (1 << 20) + 2, ..ok.clone() }, "bytes");
+        refused(SweepConfig { bytes: 0, ..ok.clone() }, "bytes");
+        refused(SweepConfig { iters: 0, ..ok.clone() }, "iters");
         refused(SweepConfig { ctas: vec![1, 0], ..ok.clone() }, "ctas");
         refused(SweepConfig { split: Split::Pieces(24), ..ok.clone() }, "split");
         refused(SweepConfig { split: Split::Pieces(16), ..ok.clone() }, "split");

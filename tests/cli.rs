@@ -33,6 +33,17 @@ fn gpus_is_refused_where_it_means_nothing() {
 }
 
 #[test]
+fn a_mover_sweep_size_of_no_whole_f32_is_named() {
+    for size in ["6", "0"] {
+        let (ok, err) = oxccl(&["bench", "movers", "-e", size]);
+        assert!(
+            !ok && err.contains(&format!("{size} is not a positive whole number of f32 elements")),
+            "-e {size}: {err}"
+        );
+    }
+}
+
+#[test]
 fn an_overlap_size_of_no_whole_f32_is_named() {
     for size in ["6", "0"] {
         let (ok, err) = oxccl(&["bench", "overlap", "-e", size]);
