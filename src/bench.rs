@@ -20,8 +20,8 @@ use std::sync::Arc;
 mod trace;
 pub use trace::{ChainOp, TmaTraceBench, TraceRow, tma_trace};
 
-/// Average milliseconds per call of `f` over `iters` calls after `warmup` untimed ones, measured
-/// with device events on `stream`.
+/// Average milliseconds per call of `f` over `iters` calls (at least one: 0 times one call) after
+/// `warmup` untimed ones, measured with device events on `stream`.
 pub fn time_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<f64> {
     time_ms_on(std::slice::from_ref(stream), warmup, iters, f)
 }
