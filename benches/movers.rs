@@ -20,7 +20,21 @@ use std::time::Duration;
 /// get the sweep's 4 MiB pieces (the automatic split needs 4 MiB per CTA).
 const DEFAULT_BYTES: u64 = 1 << 30;
 
+/// Stops the bench with `why` (bad input, named before any GPU is looked for).
+fn refuse(why: String) -> ! {
+    eprintln!("{why}");
+    std::process::exit(2)
+}
+
 fn movers(c: &mut Criterion) {
+    let bytes = match std::env::var("OXCCL_BENCH_BYTES") {
+        Ok(v) => v.parse().unwrap_or_else(|_| refuse(format!("OXCCL_BENCH_BYTES={v}: give a byte count"))),
+        Err(_) => DEFAULT_BYTES,
+    };
+    let cfg = SweepConfig { bytes, ..SweepConfig::default() };
+    if let Err(e) = cfg.validate() {
+        refuse(format!("OXCCL_BENCH_BYTES={bytes}: {e}"));
+    }
     let ctx = match oxccl::engine::probe_gpu() {
         Ok(ctx) => ctx,
         Err(why) => {
@@ -28,12 +42,7 @@ fn movers(c: &mut Criterion) {
             return;
         }
     };
-    let bytes = match std::env::var("OXCCL_BENCH_BYTES") {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("OXCCL_BENCH_BYTES={v}: give a byte count")),
-        Err(_) => DEFAULT_BYTES,
-    };
     let stream = ctx.default_stream();
-    let cfg = SweepConfig { bytes, ..SweepConfig::default() };
     let bench = MoverBench::new(&stream, &cfg).unwrap_or_else(|e| panic!("mover bench setup: {e}"));
     for op in SweepOp::ALL {
         let mut group = c.benchmark_group(op.name());
