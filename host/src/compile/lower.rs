@@ -165,9 +165,10 @@ pub enum LowerError {
         /// Which count or index.
         what: &'static str,
     },
-    /// A size does not fit its field (slot bytes in 32 bits, the FIFO region in 64).
+    /// A size or one of a rank's descriptor counts does not fit its field: a FIFO slot's bytes and
+    /// the segment, task and wait counts in 32 bits, a buffer's and the FIFO region's bytes in 64.
     TooLarge {
-        /// Which size.
+        /// Which size or count.
         what: &'static str,
     },
 }
