@@ -348,18 +348,11 @@ impl Default for SweepConfig {
 
 impl SweepConfig {
     /// Checks what the sweep would refuse, without a GPU: a size of at least one whole f32 element,
-    /// at least one timed iteration, CTA counts of at least 1, and explicit pieces that are positive multiples of 16, at most 2^20 of them,
-    /// and at least one per CTA.
+    /// at least one timed iteration, CTA counts of at least 1, and explicit pieces that are positive
+    /// multiples of 16, at most 2^20 of them, and at least one per CTA.
     pub fn validate(&self) -> Result<()> {
-        if self.bytes == 0 || !self.bytes.is_multiple_of(4) {
-            return Err(Error::Config {
-                field: "bytes",
-                why: format!("{} is not a positive whole number of f32 elements", self.bytes),
-            });
-        }
-        if self.iters == 0 {
-            return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
-        }
+        check_f32_bytes(self.bytes, " per buffer")?;
+        check_iters(self.iters)?;
         if self.ctas.contains(&0) {
             return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
         }
@@ -959,6 +952,26 @@ fn count_wrong(got: &[u8], want: &[u8], elem: usize) -> u64 {
     got.chunks_exact(elem).zip(want.chunks_exact(elem)).filter(|(a, b)| a != b).count() as u64
 }
 
+/// Refuses a measurement of no timed iteration.
+fn check_iters(iters: usize) -> Result<()> {
+    if iters == 0 {
+        return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
+    }
+    Ok(())
+}
+
+/// Refuses a size of f32 buffers (`per`: what it is the size of, e.g. " per rank") that holds no
+/// element or a partial one.
+fn check_f32_bytes(bytes: u64, per: &str) -> Result<()> {
+    if bytes == 0 || !bytes.is_multiple_of(4) {
+        return Err(Error::Config {
+            field: "bytes",
+            why: format!("{bytes} B{per}: the buffers are of f32, give a positive multiple of 4 bytes"),
+        });
+    }
+    Ok(())
+}
+
 /// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, a factor of at least
 /// 2 (a smaller one would never reach `max`), at least one timed iteration. Every benchmark checks
 /// these before it allocates anything.
@@ -973,10 +986,7 @@ pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, el
     if factor < 2 {
         return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
     }
-    if iters == 0 {
-        return bad("iters", "at least one timed iteration".into());
-    }
-    Ok(())
+    check_iters(iters)
 }
 
 /// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
@@ -1673,9 +1683,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
             return Err(Error::Config { field, why: format!("{gbps} GB/s is not a positive bandwidth") });
         }
     }
-    if b.iters == 0 {
-        return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
-    }
+    check_iters(b.iters)?;
     let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
     let e = b.dtype.size();
     let plan = reshard::plan(&b.shape, e as u64, &b.src, &b.dst, b.options.plan)?;
@@ -2529,15 +2537,8 @@ impl OverlapBench {
                 why: format!("{ms} ms: the compute work alone must take more than 0 and at most {MAX_COMPUTE_MS} ms"),
             });
         }
-        if b.bytes == 0 || !b.bytes.is_multiple_of(4) {
-            return Err(Error::Config {
-                field: "bytes",
-                why: format!("{} B per rank: the AllReduce is of f32, give a positive multiple of 4 bytes", b.bytes),
-            });
-        }
-        if b.iters == 0 {
-            return Err(Error::Config { field: "iters", why: "at least one timed iteration".into() });
-        }
+        check_f32_bytes(b.bytes, " per rank")?;
+        check_iters(b.iters)?;
         if b.bytes > MAX_OVERLAP_BYTES {
             return Err(Error::Config {
                 field: "bytes",

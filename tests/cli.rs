@@ -37,7 +37,8 @@ fn a_mover_sweep_size_of_no_whole_f32_is_named() {
     for size in ["6", "0"] {
         let (ok, err) = oxccl(&["bench", "movers", "-e", size]);
         assert!(
-            !ok && err.contains(&format!("{size} is not a positive whole number of f32 elements")),
+            !ok && err
+                .contains(&format!("{size} B per buffer: the buffers are of f32, give a positive multiple of 4 bytes")),
             "-e {size}: {err}"
         );
     }
@@ -49,7 +50,7 @@ fn an_overlap_size_of_no_whole_f32_is_named() {
         let (ok, err) = oxccl(&["bench", "overlap", "-e", size]);
         assert!(
             !ok && err
-                .contains(&format!("{size} B per rank: the AllReduce is of f32, give a positive multiple of 4 bytes")),
+                .contains(&format!("{size} B per rank: the buffers are of f32, give a positive multiple of 4 bytes")),
             "-e {size}: {err}"
         );
     }
