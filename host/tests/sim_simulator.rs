@@ -99,5 +99,12 @@ fn errors() {
         rp.tbs = vec![TbPlan { tasks, syncs: Vec::new() }];
     }
     let e = simulate(&dl, &Topology::h200(1, 2), &SimOptions::for_size(&dl, 1 << 20, 1 << 20)).unwrap_err();
-    assert!(matches!(e, SimError::Deadlock { .. }), "{e}");
+    // Both ranks' one TB waits at its first receive for a message no one sends.
+    let SimError::Deadlock { blocked } = &e else { panic!("{e}") };
+    assert_eq!(blocked.len(), 2, "{e}");
+    for (r, b) in blocked.iter().enumerate() {
+        assert_eq!((b.rank.0 as usize, b.tb.index(), b.task, b.micro_batch), (r, 0, 0, 0), "{e}");
+        assert!(b.prim == Prim::Recv && b.reason.starts_with("FIFO c") && b.reason.ends_with(" empty"), "{e}");
+    }
+    assert!(e.to_string().starts_with("deadlock: 2 thread blocks cannot progress; r0 tb0 task 0 (recv "), "{e}");
 }

@@ -22,7 +22,8 @@
 
 pub mod svg;
 
-use crate::compile::{Plan, Prim, TbCursor};
+use crate::compile::{Plan, Prim, TbCursor, TbId};
+use crate::exec::Blocked;
 use crate::program::Rank;
 use serde::Serialize;
 use std::cmp::Ordering;
@@ -158,14 +159,9 @@ pub enum SimError {
     },
     /// No thread block can progress and no event is pending.
     Deadlock {
-        /// The rank of the first unfinished TB, in (rank, TB) order; others may be stuck too.
-        rank: Rank,
-        /// That TB's index within its rank.
-        tb: u32,
-        /// The index of its current task in the TB's task list.
-        task: u32,
-        /// The task's primitive, op and micro-batch.
-        reason: String,
+        /// Every unfinished TB, in (rank, TB) order, with its task and what that task waits for
+        /// (as the CPU executor reports them).
+        blocked: Vec<Blocked>,
     },
 }
 
@@ -173,8 +169,16 @@ impl fmt::Display for SimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SimError::BadInput { reason } => write!(f, "bad simulation input: {reason}"),
-            SimError::Deadlock { rank, tb, task, reason } => {
-                write!(f, "deadlock: {rank} tb{tb} task {task} {reason} (and nothing else can progress)")
+            SimError::Deadlock { blocked } => {
+                write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
+                for b in blocked.iter().take(8) {
+                    let (prim, op, mb) = (b.prim.name(), b.op, b.micro_batch);
+                    write!(f, "; {} {} task {} ({prim} {op}, micro-batch {mb}): {}", b.rank, b.tb, b.task, b.reason)?;
+                }
+                if blocked.len() > 8 {
+                    write!(f, "; ...")?;
+                }
+                Ok(())
             }
         }
     }
@@ -502,24 +506,41 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         let next_timer = timers.peek().map(|x| (x.0).0.0).unwrap_or(f64::INFINITY);
         let next = next_flow.min(next_timer);
         if !next.is_finite() {
-            // Nothing pending: finished or deadlocked.
+            // Nothing pending: finished or deadlocked. Every unfinished TB is idle at a task that
+            // could not start; say why, as the start step above decided.
+            let mut blocked = Vec::new();
             for (r, rank_tbs) in tbs.iter().enumerate() {
                 for (t, tb) in rank_tbs.iter().enumerate() {
-                    if !tb.finished() {
-                        let task = &plan.ranks[r].tbs[t].tasks[tb.cursor.pos];
-                        return Err(SimError::Deadlock {
-                            rank: Rank(r as u32),
-                            tb: t as u32,
-                            task: tb.cursor.pos as u32,
-                            reason: format!(
-                                "({} {}, micro-batch {}) is blocked",
-                                task.prim.name(),
-                                task.op,
-                                tb.cursor.mb
-                            ),
-                        });
+                    if tb.finished() {
+                        continue;
                     }
+                    let (i, mb) = (tb.cursor.pos, tb.cursor.mb);
+                    let tbp = &plan.ranks[r].tbs[t];
+                    let task = &tbp.tasks[i];
+                    let waits_on = tbp.waits(i).iter().find(|w| done[r][w.tb.index()][w.task as usize] <= mb);
+                    let reason = if opts.subpipeline_barrier && task.subpipeline > open_sp {
+                        format!("sub-pipeline {} not yet open", task.subpipeline)
+                    } else if let Some(w) = waits_on {
+                        format!("waits for {}.{}", w.tb, w.task)
+                    } else if let Some(c) = task.conn {
+                        let state = if task.prim == Prim::Send { "full" } else { "empty" };
+                        format!("FIFO {c} {state}")
+                    } else {
+                        "cannot start".to_string()
+                    };
+                    blocked.push(Blocked {
+                        rank: Rank(r as u32),
+                        tb: TbId::new(t),
+                        task: i as u32,
+                        prim: task.prim,
+                        op: task.op,
+                        micro_batch: mb,
+                        reason,
+                    });
                 }
+            }
+            if !blocked.is_empty() {
+                return Err(SimError::Deadlock { blocked });
             }
             break;
         }
