@@ -16,7 +16,7 @@
 pub mod lowered;
 pub mod reference;
 
-use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId};
+use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
 use crate::program::{OpId, Rank, Slice};
 use std::collections::VecDeque;
 use std::fmt;
@@ -125,6 +125,21 @@ pub struct Blocked {
     /// What it waits for: `FIFO c3 full`, `FIFO c3 empty` or `waits for tb1.4` (a sync point on
     /// task 4 of TB 1).
     pub reason: String,
+}
+
+impl Blocked {
+    /// Task `task` (index `i`) of rank `r`'s TB `t`, blocked at micro-batch `mb` on `reason`.
+    pub(crate) fn at(r: usize, t: usize, i: usize, task: &TbTask, mb: u32, reason: String) -> Blocked {
+        Blocked {
+            rank: Rank(r as u32),
+            tb: TbId::new(t),
+            task: i as u32,
+            prim: task.prim,
+            op: task.op,
+            micro_batch: mb,
+            reason,
+        }
+    }
 }
 
 /// Why a plan could not be executed.
@@ -382,15 +397,7 @@ pub fn execute<T: Element>(
                     })()?;
                     match outcome {
                         Step::Blocked(reason) => {
-                            blocked.push(Blocked {
-                                rank: Rank(r as u32),
-                                tb: TbId::new(t),
-                                task: i as u32,
-                                prim: task.prim,
-                                op: task.op,
-                                micro_batch: mb,
-                                reason,
-                            });
+                            blocked.push(Blocked::at(r, t, i, task, mb, reason));
                             break;
                         }
                         Step::Done => {

@@ -22,9 +22,8 @@
 
 pub mod svg;
 
-use crate::compile::{Plan, Prim, TbCursor, TbId};
+use crate::compile::{Plan, Prim, TbCursor};
 use crate::exec::Blocked;
-use crate::program::Rank;
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -528,15 +527,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
                     } else {
                         "cannot start".to_string()
                     };
-                    blocked.push(Blocked {
-                        rank: Rank(r as u32),
-                        tb: TbId::new(t),
-                        task: i as u32,
-                        prim: task.prim,
-                        op: task.op,
-                        micro_batch: mb,
-                        reason,
-                    });
+                    blocked.push(Blocked::at(r, t, i, task, mb, reason));
                 }
             }
             if !blocked.is_empty() {
