@@ -33,26 +33,13 @@ fn gpus_is_refused_where_it_means_nothing() {
 }
 
 #[test]
-fn a_mover_sweep_size_of_no_whole_f32_is_named() {
-    for size in ["6", "0"] {
-        let (ok, err) = oxccl(&["bench", "movers", "-e", size]);
-        assert!(
-            !ok && err
-                .contains(&format!("{size} B per buffer: the buffers are of f32, give a positive multiple of 4 bytes")),
-            "-e {size}: {err}"
-        );
-    }
-}
-
-#[test]
-fn an_overlap_size_of_no_whole_f32_is_named() {
-    for size in ["6", "0"] {
-        let (ok, err) = oxccl(&["bench", "overlap", "-e", size]);
-        assert!(
-            !ok && err
-                .contains(&format!("{size} B per rank: the buffers are of f32, give a positive multiple of 4 bytes")),
-            "-e {size}: {err}"
-        );
+fn a_size_of_no_whole_f32_is_named() {
+    for (what, per) in [("movers", "per buffer"), ("overlap", "per rank")] {
+        for size in ["6", "0"] {
+            let (ok, err) = oxccl(&["bench", what, "-e", size]);
+            let want = format!("{size} B {per}: the buffers are of f32, give a positive multiple of 4 bytes");
+            assert!(!ok && err.contains(&want), "{what} -e {size}: {err}");
+        }
     }
 }
 
