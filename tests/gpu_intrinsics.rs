@@ -514,6 +514,14 @@ fn untraced_bulk_copies() {
     }
 }
 
+#[test]
+fn timed_tensor_copies() {
+    // Each item one box of four 1 KiB rows through the two maps, traced and untraced.
+    for traced in [true, false] {
+        timed_copies_in("timed_tensor_copies", 0, 0, 1, (4, 2, 8), traced, true);
+    }
+}
+
 fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
     timed_copies(test, evict_first, chain_op, 1, (3, 1, 6), true);
 }
@@ -528,6 +536,20 @@ fn timed_copies(
     round: u32,
     (stages, lag, items): (u32, u32, u32),
     traced: bool,
+) {
+    timed_copies_in(test, evict_first, chain_op, round, (stages, lag, items), traced, false);
+}
+
+/// [`timed_copies`], with `tensor` through 2-D tensor maps of both buffers (rows of
+/// `TENSOR_ROW` bytes, one box of `chunk / TENSOR_ROW` rows per item).
+fn timed_copies_in(
+    test: &str,
+    evict_first: u32,
+    chain_op: u32,
+    round: u32,
+    (stages, lag, items): (u32, u32, u32),
+    traced: bool,
+    tensor: bool,
 ) {
     use oxccl_ptx::trace_layout::*;
     let Some(p) = Probes::new(test) else { return };
@@ -546,6 +568,17 @@ fn timed_copies(
     let stride = warp_words(traced as usize);
     let trace = p.stream.alloc_zeros::<u32>((ctas * warps) as usize * stride).unwrap();
     let (d, s, t) = (p.addr(&dst), p.addr(&src), p.addr(&trace));
+    // Both buffers as rows of TENSOR_ROW bytes (u32 elements), boxes of one chunk.
+    let row_words = (TENSOR_ROW / 4) as u64;
+    let rows = total as u64 / TENSOR_ROW as u64;
+    let box_rows = [row_words as u32, chunk / TENSOR_ROW];
+    let maps = p
+        .stream
+        .clone_htod(
+            &[tensor_map(&[row_words, rows], &box_rows, s), tensor_map(&[row_words, rows], &box_rows, d)].concat(),
+        )
+        .unwrap();
+    let m = if tensor { p.addr(&maps) } else { 0u64 };
     let mut l = p.stream.launch_builder(&f);
     l.arg(&d)
         .arg(&s)
@@ -558,12 +591,14 @@ fn timed_copies(
         .arg(&traced)
         .arg(&evict_first)
         .arg(&chain_op)
-        .arg(&round);
+        .arg(&round)
+        .arg(&m);
     // SAFETY: whole warps; chunk a multiple of 16 and bytes whole rounds of chunks; `round` divides
     // `stages`, 1 <= lag <= stages / round; the shared memory holds the barriers and both warps'
-    // rings; `src` and `dst` (distinct) hold every warp's slice and `trace` its words.
+    // rings; `src` and `dst` (distinct) hold every warp's slice and `trace` its words; with `tensor`,
+    // `maps` holds both buffers' maps (whole rows, boxes of one 4 KiB chunk), round 1, no hint.
     unsafe { l.launch(Probes::cfg(ctas, 32 * warps, smem)) }.unwrap();
-    assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}: the copy differs");
+    assert!(p.stream.clone_dtoh(&dst).unwrap() == data, "evict_first {evict_first}, tensor {tensor}: the copy differs");
     let v = p.stream.clone_dtoh(&trace).unwrap();
     for w in 0..(ctas * warps) as usize {
         let h = &v[w * stride..][..stride];

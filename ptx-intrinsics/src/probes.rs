@@ -399,7 +399,10 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// `chain` steps of a dependent chain, its share of its scheduler's issue slots: `chain_op` 0 two
 /// ALU instructions per step, 1 two `fma.rn.f32`, 2 one `ld.shared` (with its address
 /// arithmetic), 3 eight independent two-instruction ALU streams (16 instructions that need not
-/// wait on each other). With `evict_first` nonzero the copies carry an L2 evict-first policy.
+/// wait on each other). With `evict_first` nonzero the copies carry an L2 evict-first policy. With
+/// `maps` nonzero (the address of two tensor maps in global memory, the source's then the
+/// destination's) every load and store is a 2-D box through them (`cp.async.bulk.tensor`) instead
+/// of a plain bulk copy.
 ///
 /// `trace` holds, per warp `g`, [`trace_layout::HEADER_WORDS`] u32 of header, then
 /// [`trace_layout::RECORD_WORDS`] for each of its first `traced` items (fields in
@@ -414,7 +417,10 @@ pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) 
 /// min(stages / round, MAX_LAG)`; warps × `stages` <= `MAX_BARRIERS`; the dynamic shared memory
 /// holds `BARRIER_BYTES + warps × stages × chunk`; `src` and `dst` hold `bytes` for every warp of
 /// the grid, 16-byte aligned, and do not overlap; `trace` holds `warp_words(traced)` u32 for every
-/// warp.
+/// warp. With `maps` nonzero: `round` 1 and `evict_first` 0; `maps` addresses two 64-byte aligned
+/// `CUtensorMap`s written before the launch, each describing its buffer as rows of
+/// [`trace_layout::TENSOR_ROW`] bytes (u32 elements) with boxes of `chunk / TENSOR_ROW` rows,
+/// `chunk` and `bytes` being multiples of `TENSOR_ROW`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     dst: u64,
@@ -429,6 +435,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     evict_first: u32,
     chain_op: u32,
     round: u32,
+    maps: u64,
 ) {
     if laneid() != 0 {
         return;
@@ -528,7 +535,24 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     }
     let chain_cycles = (clock64() - t0) as u32;
 
-    let copy = TracedCopy { bars, ring, src, dst, out, chunk, stages, lag, traced };
+    // Tensor mode: the source's and the destination's maps, rows of `TENSOR_ROW` bytes, this
+    // warp's slice from row `g × bytes / TENSOR_ROW`, one box of `chunk / TENSOR_ROW` rows per item.
+    let src_map = Global::<TensorMap>::from_addr(maps);
+    let copy = TracedCopy {
+        bars,
+        ring,
+        src,
+        dst,
+        out,
+        chunk,
+        stages,
+        lag,
+        traced,
+        src_map,
+        dst_map: src_map.add(1),
+        row0: g * (bytes / trace_layout::TENSOR_ROW),
+        rows: chunk / trace_layout::TENSOR_ROW,
+    };
     // SAFETY (whole block): each warp's barriers and ring are its own (the host sizes shared memory
     // for `warps × stages` of both); `src` and `dst` hold `bytes` for every warp of the grid, `trace`
     // its records; `round` divides `stages` and `items`, and `lag` is 1..=stages / round (the
@@ -540,15 +564,17 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
         fence_mbarrier_init_release_cluster();
         let start = clock64();
         // Each choice a constant of its own loop, so that no step branches on it.
-        match (traced != 0, round, evict_first != 0) {
-            (true, 4, false) => copy.run::<true, 4, false>(items, start),
-            (true, 4, true) => copy.run::<true, 4, true>(items, start),
-            (false, 4, false) => copy.run::<false, 4, false>(items, start),
-            (false, 4, true) => copy.run::<false, 4, true>(items, start),
-            (true, _, false) => copy.run::<true, 1, false>(items, start),
-            (true, _, true) => copy.run::<true, 1, true>(items, start),
-            (false, _, false) => copy.run::<false, 1, false>(items, start),
-            (false, _, true) => copy.run::<false, 1, true>(items, start),
+        match (traced != 0, round, evict_first != 0, maps != 0) {
+            (true, _, _, true) => copy.run::<true, 1, false, true>(items, start),
+            (false, _, _, true) => copy.run::<false, 1, false, true>(items, start),
+            (true, 4, false, _) => copy.run::<true, 4, false, false>(items, start),
+            (true, 4, true, _) => copy.run::<true, 4, true, false>(items, start),
+            (false, 4, false, _) => copy.run::<false, 4, false, false>(items, start),
+            (false, 4, true, _) => copy.run::<false, 4, true, false>(items, start),
+            (true, _, false, _) => copy.run::<true, 1, false, false>(items, start),
+            (true, _, true, _) => copy.run::<true, 1, true, false>(items, start),
+            (false, _, false, _) => copy.run::<false, 1, false, false>(items, start),
+            (false, _, true, _) => copy.run::<false, 1, true, false>(items, start),
         }
         cp_async_bulk_wait_group::<0>();
         let copy_cycles = (clock64() - start) as u32;
@@ -581,6 +607,12 @@ struct TracedCopy {
     stages: u32,
     lag: u32,
     traced: u32,
+    /// Tensor mode: the maps of the source and the destination (2-D, rows of
+    /// [`trace_layout::TENSOR_ROW`] bytes), this warp's first row and the rows of one item.
+    src_map: Global<TensorMap>,
+    dst_map: Global<TensorMap>,
+    row0: u32,
+    rows: u32,
 }
 
 impl TracedCopy {
@@ -590,15 +622,23 @@ impl TracedCopy {
     /// of a round (refill, poll, store) is `ROUND` independent instructions; `ROUND` 1 is the
     /// engine's item-by-item ring. With `TRACE` it records each item's times from `start` (a clock
     /// read and a store per record); without, nothing between the steps. With `HINT` the copies
-    /// carry an L2 evict-first policy.
+    /// carry an L2 evict-first policy. With `TENSOR` (and `ROUND` 1, no `HINT`) every load and store
+    /// is one box of `rows` rows through the tensor maps (`cp.async.bulk.tensor.2d`) instead of a
+    /// plain bulk copy.
     ///
     /// # Safety
     /// The warp's lane 0, once, after its `stages` barriers were initialised (one arrival each);
     /// its ring holds `stages × chunk` bytes; `ROUND` divides `stages` (else the running stage
     /// index passes the ring's end) and `items`; `1 <= lag <= stages / ROUND`, `lag <= MAX_LAG`;
-    /// the slices hold `items × chunk` bytes, the trace `warp_words(traced)` words.
+    /// the slices hold `items × chunk` bytes, the trace `warp_words(traced)` words; with `TENSOR`
+    /// the maps describe both buffers as rows of `TENSOR_ROW` bytes with boxes of `rows` rows, and
+    /// `chunk` is `rows × TENSOR_ROW`.
     #[inline(always)]
-    unsafe fn run<const TRACE: bool, const ROUND: u32, const HINT: bool>(&self, items: u32, start: u64) {
+    unsafe fn run<const TRACE: bool, const ROUND: u32, const HINT: bool, const TENSOR: bool>(
+        &self,
+        items: u32,
+        start: u64,
+    ) {
         let (chunk, stages) = (self.chunk, self.stages);
         let rounds = items / ROUND;
         let ahead = stages / ROUND - self.lag;
@@ -626,7 +666,10 @@ impl TracedCopy {
                     let bar = self.bars.add(stage);
                     let _ = mbarrier_arrive_expect_tx_shared_b64(bar, chunk);
                     let (to, from) = (self.ring.byte_add(stage * chunk), self.src.byte_add(j as u64 * chunk as u64));
-                    if HINT {
+                    if TENSOR {
+                        let row = (self.row0 + j * self.rows) as i32;
+                        cp_async_bulk_tensor_2d_shared_global_tile_mbarrier(to, self.src_map, 0, row, bar);
+                    } else if HINT {
                         cp_async_bulk_shared_global_mbarrier_hint(to, from, chunk, bar, policy);
                     } else {
                         cp_async_bulk_shared_global_mbarrier(to, from, chunk, bar);
@@ -664,7 +707,10 @@ impl TracedCopy {
                     stamp(j, trace_layout::R_POLLS, polls);
                     let (to, from) =
                         (self.dst.byte_add(j as u64 * chunk as u64), self.ring.byte_add((base + s) * chunk));
-                    if HINT {
+                    if TENSOR {
+                        let row = (self.row0 + j * self.rows) as i32;
+                        cp_async_bulk_tensor_2d_global_shared_tile_bulk_group(self.dst_map, 0, row, from);
+                    } else if HINT {
                         cp_async_bulk_global_shared_bulk_group_hint(to, from, chunk, policy);
                     } else {
                         cp_async_bulk_global_shared_bulk_group(to, from, chunk);

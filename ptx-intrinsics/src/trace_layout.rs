@@ -11,6 +11,10 @@ pub const MAX_BARRIERS: u32 = BARRIER_BYTES / 8;
 /// `cp_async_bulk_wait_group_read_at_most` tells apart up to 7.
 pub const MAX_LAG: u32 = 8;
 
+/// Tensor mode: bytes of one row of the 2-D tensor maps (256 u32 elements, a box's widest row);
+/// an item is a box of `chunk / TENSOR_ROW` rows (at most 256).
+pub const TENSOR_ROW: u32 = 1024;
+
 /// u32 words of each warp's header, which the per-item records follow.
 pub const HEADER_WORDS: usize = 8;
 /// u32 words of one item's record.

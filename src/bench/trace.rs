@@ -87,6 +87,10 @@ pub struct TmaTraceBench {
     /// The copies carry an L2 evict-first policy (`createpolicy`), which leaves the compute's
     /// lines in the L2.
     pub evict_first: bool,
+    /// Copy through 2-D tensor maps (`cp.async.bulk.tensor`, rows of
+    /// [`TENSOR_ROW`](oxccl_ptx::trace_layout::TENSOR_ROW) bytes, one box per item) instead of plain
+    /// bulk copies; needs `round` 1, no `evict_first`, and a chunk of whole rows, at most 256.
+    pub tensor: bool,
     /// The instructions of the issuer's timed chain.
     pub chain_op: ChainOp,
     /// Launch the compute before the copy (by default the copy goes first, as the overlap
@@ -123,6 +127,8 @@ pub struct TraceRow {
     pub untraced: bool,
     /// [`TmaTraceBench::evict_first`].
     pub evict_first: bool,
+    /// [`TmaTraceBench::tensor`].
+    pub tensor: bool,
     /// [`TmaTraceBench::chain_op`], by [`ChainOp::name`].
     pub chain_op: &'static str,
     /// [`TmaTraceBench::compute_first`].
@@ -233,6 +239,23 @@ impl TmaTraceBench {
         if self.iters == 0 {
             return bad("iters", "0: give at least one timed run".into());
         }
+        if self.tensor
+            && (self.round != 1
+                || self.evict_first
+                || !self.chunk.is_multiple_of(layout::TENSOR_ROW)
+                || self.chunk / layout::TENSOR_ROW > 256)
+        {
+            return bad(
+                "tensor",
+                format!(
+                    "round {}, chunk {} B{}: tensor copies take round 1, no L2 hint, and a chunk of 1..=256 rows of {} B",
+                    self.round,
+                    self.chunk,
+                    if self.evict_first { ", L2 evict-first" } else { "" },
+                    layout::TENSOR_ROW
+                ),
+            );
+        }
         self.compute.validate()?;
         if self.compute_threads == 0 || self.compute_threads > 1024 || !(1..=64).contains(&self.compute_ctas_per_sm) {
             return bad(
@@ -308,6 +331,7 @@ fn summarize(trace: &[u32], warps: usize, traced: usize, skip: usize, ahead: usi
         lag: 0,
         untraced: false,
         evict_first: false,
+        tensor: false,
         chain_op: "",
         compute_first: false,
         copy_ms: 0.0,
@@ -345,6 +369,40 @@ fn count_wrong(stream: &Arc<CudaStream>, dst: &CudaSlice<u8>) -> Result<u64> {
     Ok(wrong)
 }
 
+/// A 2-D tensor map of the u32 buffer at `addr` as `rows` rows of
+/// [`TENSOR_ROW`](layout::TENSOR_ROW) bytes, boxes of `box_rows` rows (`cuTensorMapEncodeTiled`).
+fn row_map(addr: u64, rows: u64, box_rows: u32) -> Result<[u64; 16]> {
+    use cudarc::driver::sys;
+    let row_words = (layout::TENSOR_ROW / 4) as u64;
+    let dims = [row_words, rows];
+    let strides = [layout::TENSOR_ROW as u64];
+    let boxd = [row_words as u32, box_rows];
+    let elem_strides = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+    // SAFETY: every array has the length the rank (2) asks for (strides one less); `addr` is a
+    // 16-byte aligned device allocation holding `rows` rows; `map` is written by the call, read only
+    // after it reports success.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            2,
+            addr as *mut _,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(Error::driver("cuTensorMapEncodeTiled"))?;
+    // SAFETY: written by the successful call above.
+    Ok(unsafe { map.assume_init() }.opaque)
+}
+
 /// Runs the traced copy on `stream`'s GPU alone, then beside `b.compute` on another stream (the
 /// copy launched first, as the overlap benchmark launches its collective), and returns the two rows.
 pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<TraceRow>> {
@@ -379,6 +437,21 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         stream.alloc_zeros(warps * layout::warp_words(traced as usize)).map_err(Error::driver("cuMemAlloc"))?;
     let (src_ptr, dst_ptr, trace_ptr) =
         (src.device_ptr(stream).0, dst.device_ptr_mut(stream).0, trace.device_ptr_mut(stream).0);
+    // Tensor mode: both buffers as rows of TENSOR_ROW bytes, one box of chunk / TENSOR_ROW rows per
+    // item; the two maps in global memory (the allocation's start is 256-byte aligned, the second
+    // map 128 bytes on).
+    let maps: Option<CudaSlice<u64>> = if b.tensor {
+        let rows = total as u64 / layout::TENSOR_ROW as u64;
+        let words: Vec<u64> = [src_ptr, dst_ptr]
+            .into_iter()
+            .map(|addr| row_map(addr, rows, b.chunk / layout::TENSOR_ROW))
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        Some(stream.clone_htod(&words).map_err(Error::driver("cuMemcpyHtoD"))?)
+    } else {
+        None
+    };
+    let maps_ptr = maps.as_ref().map_or(0, |m| m.device_ptr(stream).0);
     let config = cudarc::driver::LaunchConfig {
         grid_dim: (b.ctas, 1, 1),
         block_dim: (32 * b.warps, 1, 1),
@@ -400,9 +473,11 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&traced)
             .arg(&evict_first)
             .arg(&chain_op)
-            .arg(&round);
+            .arg(&round)
+            .arg(&maps_ptr);
         // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages,
-        // round and lag (and `bytes` is whole rounds of chunks); `src` and `dst` (distinct
+        // round and lag (and `bytes` is whole rounds of chunks), and for tensor copies round 1, no
+        // hint and whole rows per chunk (`maps` then holds both buffers' maps, written above); `src` and `dst` (distinct
         // allocations, 16-aligned) hold `bytes` for each of the grid's warps and `trace`
         // `warp_words(traced)` u32 each; the shared memory holds the barriers and every warp's ring
         // (`smem_bytes`, allowed by the attribute).
@@ -423,6 +498,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         lag: b.lag,
         untraced: b.untraced,
         evict_first: b.evict_first,
+        tensor: b.tensor,
         chain_op: b.chain_op.name(),
         compute_first: b.compute_first,
         copy_ms: ms,
@@ -519,6 +595,14 @@ mod tests {
         assert_eq!((r.latency, r.store), (200.0, 20.0));
     }
 
+    /// The field a refused shape's error names.
+    fn field_of(b: TmaTraceBench) -> &'static str {
+        match b.validate() {
+            Err(Error::Config { field, .. }) => field,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
     #[test]
     fn bad_shapes_are_refused_by_name() {
         let ok = TmaTraceBench {
@@ -535,17 +619,25 @@ mod tests {
             lag: 2,
             untraced: false,
             evict_first: false,
+            tensor: false,
             chain_op: ChainOp::Alu,
             compute_first: false,
             warmup: 1,
             iters: 1,
         };
         ok.validate().unwrap();
+        // Tensor copies: whole 1 KiB rows per chunk, at most 256, item by item, no L2 hint.
+        TmaTraceBench { tensor: true, ..ok.clone() }.validate().unwrap();
+        TmaTraceBench { tensor: true, chunk: 1 << 18, stages: 2, lag: 1, ..ok.clone() }.validate().unwrap();
+        assert_eq!(field_of(TmaTraceBench { tensor: true, chunk: 32784, ..ok.clone() }), "tensor");
+        assert_eq!(
+            field_of(TmaTraceBench { tensor: true, chunk: (1 << 18) + 1024, stages: 2, lag: 1, ..ok.clone() }),
+            "tensor"
+        );
+        assert_eq!(field_of(TmaTraceBench { tensor: true, round: 4, lag: 1, ..ok.clone() }), "tensor");
+        assert_eq!(field_of(TmaTraceBench { tensor: true, evict_first: true, ..ok.clone() }), "tensor");
         assert_eq!(ok.bytes_per_warp(), 1 << 27);
-        let field = |b: TmaTraceBench| match b.validate() {
-            Err(Error::Config { field, .. }) => field,
-            other => panic!("expected a config error, got {other:?}"),
-        };
+        let field = field_of;
         assert_eq!(field(TmaTraceBench { warps: 5, ..ok.clone() }), "issuers");
         assert_eq!(field(TmaTraceBench { chunk: 24, ..ok.clone() }), "chunk");
         assert_eq!(field(TmaTraceBench { lag: 5, ..ok.clone() }), "lag");

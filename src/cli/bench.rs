@@ -183,6 +183,10 @@ pub struct Args {
     /// tma_trace: the copies carry an L2 evict-first cache policy.
     #[arg(long)]
     pub l2_evict_first: bool,
+    /// tma_trace: copy through 2-D tensor maps (`cp.async.bulk.tensor`, 1 KiB rows, one box per
+    /// item; the chunk whole rows, at most 256) instead of plain bulk copies.
+    #[arg(long)]
+    pub tensor: bool,
     /// tma_trace: the issuer's timed chain, alu (default), fma, shared (a dependent ld.shared) or ilp
     /// (eight independent ALU streams: 16 instructions per step that need not wait on each other).
     #[arg(long)]
@@ -308,6 +312,7 @@ pub const FLAG_USERS: &[(&str, u8, Option<&str>)] = {
         ("round", TRACE, None),
         ("untraced", TRACE, None),
         ("l2_evict_first", TRACE, None),
+        ("tensor", TRACE, None),
         ("chain", TRACE, None),
         ("compute_first", TRACE, None),
         ("json", ALL, None),
@@ -1061,7 +1066,7 @@ fn run_tma_trace(
     println!("# oxccl tma_trace: {}", command.join(" "));
     println!(
         "# device: {device}; {} B copied by {} CTAs x {} issuing warps ({} B each), {} B chunks, {} stages per warp, \
-         {}, {} B of shared memory per CTA{}{}, chain {}{}; beside {}{}",
+         {}, {} B of shared memory per CTA{}{}{}, chain {}{}; beside {}{}",
         b.bytes_per_warp() * (b.ctas * b.warps) as u64,
         b.ctas,
         b.warps,
@@ -1081,6 +1086,7 @@ fn run_tma_trace(
         },
         b.smem_bytes(),
         if b.evict_first { ", L2 evict-first" } else { "" },
+        if b.tensor { ", tensor copies (2-D maps, 1 KiB rows)" } else { "" },
         if b.untraced { ", untraced (no per-item records)" } else { "" },
         b.chain_op.name(),
         if b.compute_first { ", compute launched first" } else { "" },
@@ -1166,6 +1172,7 @@ fn trace_args(a: &Args) -> Result<bench::TmaTraceBench, Box<dyn std::error::Erro
         lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(sets.max(1)).min(oxccl_ptx::trace_layout::MAX_LAG)),
         untraced: a.untraced,
         evict_first: a.l2_evict_first,
+        tensor: a.tensor,
         chain_op: match a.chain.as_deref() {
             None => bench::ChainOp::Alu,
             Some(name) => bench::ChainOp::ALL
