@@ -18,7 +18,7 @@ use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Ta
 use std::sync::Arc;
 
 mod trace;
-pub use trace::{ChainOp, TmaTraceBench, TraceRow, tma_trace};
+pub use trace::{ChainOp, TmaTraceBench, TraceRow, tma_trace, u32_tensor_map};
 
 /// Average milliseconds per call of `f` over `iters` calls (at least one: 0 times one call) after
 /// `warmup` untimed ones, measured with device events on `stream`.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use cudarc::driver::sys::{self, CUtensorMapDataType};
+use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
@@ -219,33 +219,9 @@ fn bulk_reductions_every_type_and_operator() {
     }
 }
 
+/// The tensor map of a packed u32 tensor, as the library's benches build it.
 fn tensor_map(dims: &[u64], boxd: &[u32], addr: u64) -> [u64; 16] {
-    let mut strides = Vec::new();
-    let mut s = 4u64;
-    for d in &dims[..dims.len() - 1] {
-        s *= d;
-        strides.push(s);
-    }
-    let estr = vec![1u32; dims.len()];
-    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-            dims.len() as u32,
-            addr as *mut _,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxd.as_ptr(),
-            estr.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuTensorMapEncodeTiled {dims:?} {boxd:?}");
-    unsafe { map.assume_init() }.opaque
+    oxccl::bench::u32_tensor_map(addr, dims, boxd).unwrap_or_else(|e| panic!("tensor map {dims:?} {boxd:?}: {e}"))
 }
 
 #[test]
@@ -503,14 +479,14 @@ fn timed_bulk_copies_in_rounds_of_four() {
     // One round of stages refilled after its own stores, then two rounds with one ahead, then three
     // with one ahead and the refill two rounds behind.
     for (evict_first, shape) in [(0, (4, 1, 12)), (1, (4, 1, 12)), (0, (8, 1, 16)), (1, (12, 2, 24))] {
-        timed_copies("timed_bulk_copies_in_rounds_of_four", evict_first, 0, 4, shape, true);
+        timed_copies("timed_bulk_copies_in_rounds_of_four", evict_first, 0, 4, shape, true, false);
     }
 }
 
 #[test]
 fn untraced_bulk_copies() {
     for (round, shape) in [(1, (4, 2, 8)), (4, (8, 1, 16))] {
-        timed_copies("untraced_bulk_copies", 0, 0, round, shape, false);
+        timed_copies("untraced_bulk_copies", 0, 0, round, shape, false, false);
     }
 }
 
@@ -518,31 +494,20 @@ fn untraced_bulk_copies() {
 fn timed_tensor_copies() {
     // Each item one box of four 1 KiB rows through the two maps, traced and untraced.
     for traced in [true, false] {
-        timed_copies_in("timed_tensor_copies", 0, 0, 1, (4, 2, 8), traced, true);
+        timed_copies("timed_tensor_copies", 0, 0, 1, (4, 2, 8), traced, true);
     }
 }
 
 fn timed_bulk_copies(test: &str, evict_first: u32, chain_op: u32) {
-    timed_copies(test, evict_first, chain_op, 1, (3, 1, 6), true);
+    timed_copies(test, evict_first, chain_op, 1, (3, 1, 6), true, false);
 }
 
 /// Two CTAs of two issuing warps, each copying `items` chunks of 4 KiB through `stages` stages in
 /// rounds of `round` items, refilled `lag` rounds behind, with trace records or without:
-/// `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised.
+/// `%clock64` times, `%warpid`, `createpolicy` and the `.L2::cache_hint` copies exercised; with
+/// `tensor` through 2-D tensor maps of both buffers (rows of `TENSOR_ROW` bytes, one box of
+/// `chunk / TENSOR_ROW` rows per item).
 fn timed_copies(
-    test: &str,
-    evict_first: u32,
-    chain_op: u32,
-    round: u32,
-    (stages, lag, items): (u32, u32, u32),
-    traced: bool,
-) {
-    timed_copies_in(test, evict_first, chain_op, round, (stages, lag, items), traced, false);
-}
-
-/// [`timed_copies`], with `tensor` through 2-D tensor maps of both buffers (rows of
-/// `TENSOR_ROW` bytes, one box of `chunk / TENSOR_ROW` rows per item).
-fn timed_copies_in(
     test: &str,
     evict_first: u32,
     chain_op: u32,

@@ -369,24 +369,40 @@ fn count_wrong(stream: &Arc<CudaStream>, dst: &CudaSlice<u8>) -> Result<u64> {
     Ok(wrong)
 }
 
-/// A 2-D tensor map of the u32 buffer at `addr` as `rows` rows of
-/// [`TENSOR_ROW`](layout::TENSOR_ROW) bytes, boxes of `box_rows` rows (`cuTensorMapEncodeTiled`).
-fn row_map(addr: u64, rows: u64, box_rows: u32) -> Result<[u64; 16]> {
+/// A tile-mode tensor map (`cuTensorMapEncodeTiled`) of the packed u32 tensor at the device
+/// address `addr`: `dims` innermost first (1 to 5 of them), boxes of `boxd` elements per dimension,
+/// no interleave, swizzle, L2 promotion or out-of-bounds fill. The 128-byte map, as the kernels read
+/// it from global memory.
+///
+/// # Errors
+/// [`Error::Config`] naming `tensor map` when `dims` and `boxd` differ in length or are not 1 to
+/// 5 long; the driver's error when it refuses the map (an unaligned address or row, a box over 256
+/// elements).
+pub fn u32_tensor_map(addr: u64, dims: &[u64], boxd: &[u32]) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
-    let row_words = (layout::TENSOR_ROW / 4) as u64;
-    let dims = [row_words, rows];
-    let strides = [layout::TENSOR_ROW as u64];
-    let boxd = [row_words as u32, box_rows];
-    let elem_strides = [1u32, 1];
+    if dims.len() != boxd.len() || !(1..=5).contains(&dims.len()) {
+        return Err(Error::Config {
+            field: "tensor map",
+            why: format!("dims {dims:?}, box {boxd:?}: give 1 to 5 of each, as many boxes as dimensions"),
+        });
+    }
+    // Packed: each dimension's stride (bytes) is the product of those inside it.
+    let mut strides = Vec::with_capacity(dims.len());
+    let mut stride = 4u64;
+    for d in dims {
+        stride *= d;
+        strides.push(stride);
+    }
+    let elem_strides = vec![1u32; dims.len()];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
-    // SAFETY: every array has the length the rank (2) asks for (strides one less); `addr` is a
-    // 16-byte aligned device allocation holding `rows` rows; `map` is written by the call, read only
-    // after it reports success.
+    // SAFETY: `dims`, `boxd` and the element strides have the rank's length and `strides` at least
+    // one less (the driver reads rank - 1); `map` is written by the call and read only after it
+    // reports success. The driver checks the address, strides and box and refuses what it cannot map.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-            2,
+            dims.len() as u32,
             addr as *mut _,
             dims.as_ptr(),
             strides.as_ptr(),
@@ -442,9 +458,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     // map 128 bytes on).
     let maps: Option<CudaSlice<u64>> = if b.tensor {
         let rows = total as u64 / layout::TENSOR_ROW as u64;
+        let row_words = (layout::TENSOR_ROW / 4) as u64;
         let words: Vec<u64> = [src_ptr, dst_ptr]
             .into_iter()
-            .map(|addr| row_map(addr, rows, b.chunk / layout::TENSOR_ROW))
+            .map(|addr| u32_tensor_map(addr, &[row_words, rows], &[row_words as u32, b.chunk / layout::TENSOR_ROW]))
             .collect::<Result<Vec<_>>>()?
             .concat();
         Some(stream.clone_htod(&words).map_err(Error::driver("cuMemcpyHtoD"))?)
@@ -593,6 +610,17 @@ mod tests {
         assert_eq!(r.refill, 90.0);
         // Per item: latencies 100 (x3), 290 (x4), 200 (x4); stores 10 (x3), 20 (x4), 30 (x4).
         assert_eq!((r.latency, r.store), (200.0, 20.0));
+    }
+
+    #[test]
+    fn tensor_maps_need_one_box_per_dimension_and_one_to_five() {
+        // Refused before the driver is asked (no GPU needed).
+        for (dims, boxd) in [(&[256u64, 4][..], &[256u32][..]), (&[], &[]), (&[1; 6], &[1; 6])] {
+            match u32_tensor_map(0, dims, boxd) {
+                Err(Error::Config { field: "tensor map", .. }) => {}
+                other => panic!("dims {dims:?}, box {boxd:?}: expected a tensor-map error, got {other:?}"),
+            }
+        }
     }
 
     /// The field a refused shape's error names.
