@@ -376,7 +376,7 @@ fn count_wrong(stream: &Arc<CudaStream>, dst: &CudaSlice<u8>) -> Result<u64> {
 ///
 /// # Errors
 /// [`Error::Config`] naming `tensor map` when `dims` and `boxd` differ in length or are not 1 to
-/// 5 long; the driver's error when it refuses the map (an unaligned address or row, a box over 256
+/// 5 long, or the tensor's bytes overflow a u64; the driver's error when it refuses the map (an unaligned address or row, a box over 256
 /// elements).
 pub fn u32_tensor_map(addr: u64, dims: &[u64], boxd: &[u32]) -> Result<[u64; 16]> {
     use cudarc::driver::sys;
@@ -390,7 +390,10 @@ pub fn u32_tensor_map(addr: u64, dims: &[u64], boxd: &[u32]) -> Result<[u64; 16]
     let mut strides = Vec::with_capacity(dims.len());
     let mut stride = 4u64;
     for d in dims {
-        stride *= d;
+        stride = stride.checked_mul(*d).ok_or_else(|| Error::Config {
+            field: "tensor map",
+            why: format!("dims {dims:?}: more than 2^64 bytes"),
+        })?;
         strides.push(stride);
     }
     let elem_strides = vec![1u32; dims.len()];
@@ -494,10 +497,10 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
             .arg(&maps_ptr);
         // SAFETY: the kernel's contract: blocks of whole warps; `validate` checked chunk, stages,
         // round and lag (and `bytes` is whole rounds of chunks), and for tensor copies round 1, no
-        // hint and whole rows per chunk (`maps` then holds both buffers' maps, written above); `src` and `dst` (distinct
-        // allocations, 16-aligned) hold `bytes` for each of the grid's warps and `trace`
-        // `warp_words(traced)` u32 each; the shared memory holds the barriers and every warp's ring
-        // (`smem_bytes`, allowed by the attribute).
+        // hint and whole rows per chunk (`maps` then holds both buffers' maps, written above);
+        // `src` and `dst` (distinct allocations, 16-aligned) hold `bytes` for each of the grid's
+        // warps and `trace` `warp_words(traced)` u32 each; the shared memory holds the barriers and
+        // every warp's ring (`smem_bytes`, allowed by the attribute).
         unsafe { l.launch(config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
     };
     let read = |trace: &CudaSlice<u32>| -> Result<Vec<u32>> {
@@ -615,7 +618,9 @@ mod tests {
     #[test]
     fn tensor_maps_need_one_box_per_dimension_and_one_to_five() {
         // Refused before the driver is asked (no GPU needed).
-        for (dims, boxd) in [(&[256u64, 4][..], &[256u32][..]), (&[], &[]), (&[1; 6], &[1; 6])] {
+        for (dims, boxd) in
+            [(&[256u64, 4][..], &[256u32][..]), (&[], &[]), (&[1; 6], &[1; 6]), (&[1 << 40, 1 << 30], &[1, 1])]
+        {
             match u32_tensor_map(0, dims, boxd) {
                 Err(Error::Config { field: "tensor map", .. }) => {}
                 other => panic!("dims {dims:?}, box {boxd:?}: expected a tensor-map error, got {other:?}"),
@@ -665,26 +670,25 @@ mod tests {
         assert_eq!(field_of(TmaTraceBench { tensor: true, round: 4, lag: 1, ..ok.clone() }), "tensor");
         assert_eq!(field_of(TmaTraceBench { tensor: true, evict_first: true, ..ok.clone() }), "tensor");
         assert_eq!(ok.bytes_per_warp(), 1 << 27);
-        let field = field_of;
-        assert_eq!(field(TmaTraceBench { warps: 5, ..ok.clone() }), "issuers");
-        assert_eq!(field(TmaTraceBench { chunk: 24, ..ok.clone() }), "chunk");
-        assert_eq!(field(TmaTraceBench { lag: 5, ..ok.clone() }), "lag");
-        assert_eq!(field(TmaTraceBench { stages: 16, lag: 9, bytes: 1 << 31, ..ok.clone() }), "lag");
-        assert_eq!(field(TmaTraceBench { warps: 4, stages: 1 << 30, lag: 1, ..ok.clone() }), "stages");
-        assert_eq!(field(TmaTraceBench { bytes: 8 * 7 * 32768, ..ok.clone() }), "bytes");
-        assert_eq!(field(TmaTraceBench { iters: 0, ..ok.clone() }), "iters");
-        assert_eq!(field(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
+        assert_eq!(field_of(TmaTraceBench { warps: 5, ..ok.clone() }), "issuers");
+        assert_eq!(field_of(TmaTraceBench { chunk: 24, ..ok.clone() }), "chunk");
+        assert_eq!(field_of(TmaTraceBench { lag: 5, ..ok.clone() }), "lag");
+        assert_eq!(field_of(TmaTraceBench { stages: 16, lag: 9, bytes: 1 << 31, ..ok.clone() }), "lag");
+        assert_eq!(field_of(TmaTraceBench { warps: 4, stages: 1 << 30, lag: 1, ..ok.clone() }), "stages");
+        assert_eq!(field_of(TmaTraceBench { bytes: 8 * 7 * 32768, ..ok.clone() }), "bytes");
+        assert_eq!(field_of(TmaTraceBench { iters: 0, ..ok.clone() }), "iters");
+        assert_eq!(field_of(TmaTraceBench { lag: 0, ..ok.clone() }), "lag");
         // Rounds of four: a multiple of four stages, whole rounds, the lag counted in rounds.
         TmaTraceBench { round: 4, lag: 1, ..ok.clone() }.validate().unwrap();
         TmaTraceBench { round: 4, stages: 12, lag: 3, bytes: 1 << 31, ..ok.clone() }.validate().unwrap();
-        assert_eq!(field(TmaTraceBench { round: 4, lag: 2, ..ok.clone() }), "lag");
-        assert_eq!(field(TmaTraceBench { round: 4, stages: 6, lag: 1, ..ok.clone() }), "round");
-        assert_eq!(field(TmaTraceBench { round: 4, lag: 1, bytes: 8 * 10 * 32768, ..ok.clone() }), "round");
-        assert_eq!(field(TmaTraceBench { round: 2, ..ok.clone() }), "round");
-        assert_eq!(field(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
-        assert_eq!(field(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");
-        assert_eq!(field(TmaTraceBench { bytes: 1000, ..ok.clone() }), "bytes");
-        assert_eq!(field(TmaTraceBench { ctas: 0, ..ok.clone() }), "ctas");
-        assert_eq!(field(TmaTraceBench { compute_ms: Some(-1.0), ..ok }), "compute_ms");
+        assert_eq!(field_of(TmaTraceBench { round: 4, lag: 2, ..ok.clone() }), "lag");
+        assert_eq!(field_of(TmaTraceBench { round: 4, stages: 6, lag: 1, ..ok.clone() }), "round");
+        assert_eq!(field_of(TmaTraceBench { round: 4, lag: 1, bytes: 8 * 10 * 32768, ..ok.clone() }), "round");
+        assert_eq!(field_of(TmaTraceBench { round: 2, ..ok.clone() }), "round");
+        assert_eq!(field_of(TmaTraceBench { stages: 0, ..ok.clone() }), "stages");
+        assert_eq!(field_of(TmaTraceBench { warps: 4, stages: 33, lag: 1, ..ok.clone() }), "stages");
+        assert_eq!(field_of(TmaTraceBench { bytes: 1000, ..ok.clone() }), "bytes");
+        assert_eq!(field_of(TmaTraceBench { ctas: 0, ..ok.clone() }), "ctas");
+        assert_eq!(field_of(TmaTraceBench { compute_ms: Some(-1.0), ..ok }), "compute_ms");
     }
 }
