@@ -158,12 +158,16 @@ impl std::fmt::Debug for Communicator {
 impl Communicator {
     /// `ranks` virtual ranks on the GPU of `stream`, all launched together on it.
     pub fn virtual_ranks(stream: &Arc<CudaStream>, ranks: usize, config: Config) -> Result<Self> {
+        // Refused before the list is built: a huge count must be an error, not an allocation failure.
+        if ranks == 0 || ranks > MAX_RANKS {
+            return Err(Error::RankCount { ranks, max: MAX_RANKS });
+        }
         let streams = vec![stream.clone(); ranks];
         Self::from_streams(&streams, config)
     }
 
-    /// One rank per stream. Ranks whose streams are the same object are launched together in one
-    /// kernel; ranks on different streams or devices in separate kernels that meet through barriers
+    /// One rank per stream. Ranks on the same CUDA stream (the same handle, whichever `Arc` holds it)
+    /// are launched together in one kernel; ranks on different streams or devices in separate kernels that meet through barriers
     /// in their workspaces. Peer access is enabled between the devices involved.
     ///
     /// Give ranks on separate streams buffers from separate allocations: views of one allocation
@@ -544,7 +548,9 @@ impl Communicator {
         Ok(())
     }
 
-    /// The plan and launch parameters a call would use (for inspection and benchmarks).
+    /// The launch parameters a call of `spec` would use with `slots` shared-memory slots per stage
+    /// and (where `combines`) threads combining sources (for inspection and benchmarks; it builds no
+    /// plan).
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let per_device = (0..self.engines.len())
             .map(|d| self.ranks.iter().filter(|r| r.device == d).count() as u64)
@@ -607,7 +613,12 @@ impl Communicator {
         if let Some(p) = cache.get(spec) {
             return Ok((p.clone(), false));
         }
-        let plan = Arc::new(self.upload(tccl::plan(spec)?, spec.ctas)?);
+        let lowered = tccl::plan(spec)?;
+        // A plan whose launch cannot run is refused before it is uploaded and cached (the callers
+        // check the launch of a cached plan themselves).
+        let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
+        self.check_resident(&launch, spec.ctas, lowered.slots)?;
+        let plan = Arc::new(self.upload(lowered, spec.ctas)?);
         cache.insert(*spec, plan.clone());
         Ok((plan, true))
     }
@@ -676,9 +687,17 @@ impl Communicator {
     /// resident together with the others on it.
     pub(crate) fn check_resident(&self, launch: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         for (d, engine) in self.engines.iter().enumerate() {
-            let on_device: u32 =
-                self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32 * ctas).sum();
-            engine.check(launch, on_device, slots)?;
+            let ranks: u32 = self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32).sum();
+            // The engine counts the device's CTAs; say how they come about, since the caller set
+            // CTAs per rank.
+            engine.check(launch, ranks * ctas, slots).map_err(|e| match e {
+                Error::TooManyCtas { requested, max, why } if ranks > 1 => Error::TooManyCtas {
+                    requested,
+                    max,
+                    why: format!("{ranks} ranks on GPU {} × {ctas} CTAs each; {why}", engine.context().ordinal()),
+                },
+                e => e,
+            })?;
         }
         Ok(())
     }
@@ -1297,7 +1316,9 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool, 
 /// not fit in `room`: an `issuers` error rather than the engine's later one about the chunk.
 pub(crate) fn check_issuers_fit(c: &Config, shape: &Shape, room: usize, slots: u32) -> Result<()> {
     let Shape { chunk, stages, issuers, .. } = *shape;
-    let need = stages as usize * slots.max(1) as usize * chunk as usize;
+    // Saturating: `slots` comes from the caller of `launch_spec_for`, and a product past usize is
+    // as much "does not fit" as any other.
+    let need = (stages as usize).saturating_mul(slots.max(1) as usize).saturating_mul(chunk as usize);
     if issuers > 1 && c.issuers.is_some() && c.stages.is_none() && need > room {
         return Err(Error::Config {
             field: "issuers",
@@ -1333,8 +1354,9 @@ pub struct CallLaunch {
 /// of the ring beyond two loads in flight buys nothing (docs/PERF.md, 2026-11-29). So chunks come
 /// first: up to 32 KiB per source, with four stages while each source still gets at least 16 KiB,
 /// and fewer (down to two) when many sources share a stage. A given chunk gets as many stages (up
-/// to four) as fit; given stages get the largest chunk that fits. Zero stages count as one; what
-/// does not fit `room` is left for the engine's launch check to report.
+/// to four) as fit; given stages get the largest chunk that fits. Zero stages size the chunk as one
+/// and are returned as given: they, and what does not fit `room`, are left for the engine's launch
+/// check to report.
 pub fn auto_pipeline(room: usize, slots: u32, chunk: Option<u32>, stages: Option<u32>) -> (u32, u32) {
     const MAX_CHUNK: usize = 32 * 1024;
     const MIN_CHUNK: usize = 16 * 1024;

@@ -96,10 +96,20 @@ impl DeviceAlloc {
         Ok(out)
     }
 
-    /// Zeroes the contents, ordered on `stream`.
+    /// Zeroes the contents, ordered on `stream`, which must belong to the allocation's context.
     pub fn zero_async(&self, stream: &CudaStream) -> Result<()> {
-        // SAFETY: the allocation holds `bytes` bytes and outlives the queued memset (the caller keeps
-        // it alive until the stream is synchronised).
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::Config {
+                field: "stream",
+                why: format!(
+                    "a stream of GPU {} cannot zero memory of GPU {}",
+                    stream.context().ordinal(),
+                    self.ctx.ordinal()
+                ),
+            });
+        }
+        // SAFETY: the allocation holds `bytes` bytes, in the stream's context (checked above), and
+        // outlives the queued memset: dropping it waits for the context's queued work first.
         unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
             .map_err(Error::driver("cuMemsetD8Async"))
     }
@@ -109,7 +119,11 @@ impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; a failing free leaks the allocation.
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `cuMemAlloc` and freed once; users synchronise before dropping.
+            // Work queued on the memory (a launch, a `zero_async`) must end before it is freed, and
+            // `cuMemFree` only may synchronise: wait for the context. A failed wait (an earlier
+            // launch's error) still frees, as the device then runs nothing of ours.
+            let _ = self.ctx.synchronize();
+            // SAFETY: allocated by `cuMemAlloc` and freed once, here, after the context's work ended.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
     }
@@ -604,7 +618,8 @@ impl Engine {
         })
     }
 
-    /// Dynamic shared memory a launch needs.
+    /// Dynamic shared memory a launch needs (`usize::MAX` where the product overflows, which no
+    /// device allows).
     pub fn smem_bytes(spec: &LaunchSpec, slots: u32) -> usize {
         match spec.mover {
             Mover::Tma => abi::smem::bytes(spec.stages as usize, slots as usize, spec.chunk_bytes as usize),

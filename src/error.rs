@@ -121,14 +121,14 @@ pub enum Error {
     },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
     TooManyCtas {
-        /// CTAs asked for.
+        /// CTAs asked for on one device: every rank's there (`why` says how many ranks).
         requested: u32,
         /// The most that can run.
         max: u32,
         /// What limits them (registers, shared memory, SMs).
         why: String,
     },
-    /// A configuration value is out of range.
+    /// A setting or an argument is out of range (shown as `field: why`).
     Config {
         /// The setting (a `Config` field, or what a call was given).
         field: &'static str,
@@ -283,7 +283,7 @@ impl fmt::Display for Error {
             Error::TooManyCtas { requested, max, why } => {
                 write!(f, "{requested} CTAs requested, at most {max} can run: {why}")
             }
-            Error::Config { field, why } => write!(f, "config.{field}: {why}"),
+            Error::Config { field, why } => write!(f, "{field}: {why}"),
             Error::Plan(e) => write!(f, "plan: {e}"),
             Error::Lowered(e) => write!(f, "lowered program: {e}"),
             Error::Descriptors(e) => write!(f, "compiled plan descriptors: {e}"),

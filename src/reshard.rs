@@ -229,6 +229,9 @@ impl Communicator {
             LowerOptions { owner: options.owner, dtype: Some(T::DTYPE), ..LowerOptions::new(self.ranks(), ctas) };
         let lowered = lower(&plan, &opts)?;
         lowered.check_races()?;
+        // A launch that cannot run is refused before the stages are uploaded and cached.
+        let launch = self.launch_spec_for(lowered.dtype, ReduceOp::Sum, 1, false)?;
+        self.check_resident(&launch, ctas, 1)?;
         let prepared = Arc::new(self.prepare_reshard(lowered, ctas)?);
         cache.insert(key, prepared.clone());
         Ok(prepared)

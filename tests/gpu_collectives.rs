@@ -608,7 +608,19 @@ fn misuse_is_a_typed_error() {
     // Too many CTAs for the device.
     let greedy = Communicator::virtual_ranks(&stream, 4, Config { max_ctas: Some(200), ..Config::default() }).unwrap();
     let e = greedy.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap_err();
-    assert!(matches!(e, Error::TooManyCtas { .. } | Error::Plan(_)), "{e}");
+    match &e {
+        // The device's count, and how the ranks make it up.
+        Error::TooManyCtas { requested, why, .. } => {
+            assert!(requested % 4 == 0 && why.contains("4 ranks on GPU"), "{e}")
+        }
+        Error::Plan(_) => {}
+        _ => panic!("not a CTA error: {e}"),
+    }
+    // A refused launch leaves no plan behind.
+    assert_eq!(greedy.cached_plans(), 0, "a plan that cannot launch is not cached");
+    // A rank count past the limit is refused before anything is built for it.
+    let e = Communicator::virtual_ranks(&stream, usize::MAX, Config::default()).err().unwrap();
+    assert!(matches!(e, Error::RankCount { ranks: usize::MAX, .. }), "{e}");
     // Deterministic with the hardware reduction is refused up front.
     let e = Communicator::virtual_ranks(&stream, 4, Config { reduction: Reduction::Tma, ..Config::default() })
         .err()

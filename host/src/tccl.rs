@@ -1,8 +1,9 @@
 //! T-CCL plans: AllReduce, ReduceScatter, AllGather, Broadcast and Reduce as shard-in / shard-out
 //! task lists.
 //!
-//! Each rank owns a balanced, 16-byte-aligned slice (shard) of the data; its shard is cut into one
-//! piece per CTA. For the piece of CTA `c` of owner `r`:
+//! Each rank owns a balanced slice (shard) of the data, cut on 16-byte boundaries for AllReduce,
+//! Broadcast and Reduce (ReduceScatter's and AllGather's shard is the rank's block, wherever the
+//! block size puts it); its shard is cut into one piece per CTA. For the piece of CTA `c` of owner `r`:
 //! - **shard-in** pulls the piece from every rank and reduces it;
 //! - **shard-out** stores the reduced piece to every rank.
 //!
@@ -228,6 +229,9 @@ impl PlanSpec {
 pub fn split(total: u64, parts: u64, grain: u64, i: u64) -> (u64, u64) {
     let (parts, grain) = (parts.max(1), grain.max(1));
     // In u128: grains × (i + 1) overflows u64 for buffers near the address-space limit.
+    // `i` past `parts` is the empty range at the end; clamped first so the product stays below
+    // 2^64 × 2^64.
+    let i = i.min(parts);
     let (grains, parts, grain, i) = (total.div_ceil(grain) as u128, parts as u128, grain as u128, i as u128);
     let at = |k: u128| ((grains * k / parts * grain).min(total as u128)) as u64;
     (at(i), at(i + 1))

@@ -357,3 +357,34 @@ fn a_root_outside_the_ranks_is_refused() {
         assert_eq!(tccl::plan(&spec).err(), Some(tccl::PlanError::Root { root: 4, ranks: 4 }), "{collective:?}");
     }
 }
+
+/// `split` covers `0..total` in order with boundaries on the grain, and stays in range at the
+/// extremes of its arguments (an index far past `parts`, the largest grain and total).
+#[test]
+fn split_covers_the_range_at_any_arguments() {
+    for &(total, parts, grain) in &[
+        (1000u64, 7u64, 16u64),
+        (0, 3, 16),
+        (17, 0, 0),
+        (u64::MAX, u64::MAX, u64::MAX),
+        (u64::MAX, 3, 1),
+        (u64::MAX, 1, (1 << 63) + 1),
+    ] {
+        // A `parts` of 0 counts as 1.
+        let parts = parts.max(1);
+        let mut at = 0;
+        for i in 0..parts.min(64) {
+            let (lo, hi) = tccl::split(total, parts, grain, i);
+            assert_eq!(lo, at, "split({total}, {parts}, {grain}, {i}) starts where the last ended");
+            assert!(hi >= lo && hi <= total, "split({total}, {parts}, {grain}, {i}) = {lo}..{hi}");
+            assert!(hi == total || hi % grain.max(1) == 0, "boundary {hi} on the grain {grain}");
+            at = hi;
+        }
+        if parts <= 64 {
+            assert_eq!(at, total, "split({total}, {parts}, {grain}, ..) covers the whole range");
+        }
+        for i in [parts, parts.saturating_add(1), u64::MAX] {
+            assert_eq!(tccl::split(total, parts, grain, i), (total, total), "index {i} past {parts} parts");
+        }
+    }
+}

@@ -433,9 +433,10 @@ pub mod smem {
 
     const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8));
 
-    /// Dynamic shared memory a launch needs.
+    /// Dynamic shared memory a launch needs; `usize::MAX` (which no device allows) where the
+    /// product overflows.
     pub const fn bytes(stages: usize, slots: usize, chunk_bytes: usize) -> usize {
-        STAGES + stages * slots * chunk_bytes
+        STAGES.saturating_add(stages.saturating_mul(slots).saturating_mul(chunk_bytes))
     }
 }
 
