@@ -723,7 +723,10 @@ impl PlanBuffers {
             let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
             for s in 0..BUFFER_SLOTS {
                 if size[s] != 0 {
-                    a[s] = Some(DeviceAlloc::zeroed(ctx, (size[s] + shift) as usize)?);
+                    let bytes = size[s].checked_add(shift).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| {
+                        Error::Config { field: "buffer", why: format!("{} B plus a {shift} B shift", size[s]) }
+                    })?;
+                    a[s] = Some(DeviceAlloc::zeroed(ctx, bytes)?);
                 }
             }
             allocs.push(a);

@@ -125,11 +125,12 @@ impl Communicator {
     /// device-side errors. The plan is built, lowered, race-checked and uploaded on the first call with
     /// a given (shape, `T`, layouts, options) and reused after.
     ///
-    /// Errors (nothing is launched): see [`validate`]; [`Error::WrongDevice`], [`Error::Misaligned`],
+    /// Errors, found before anything is launched: see [`validate`]; [`Error::WrongDevice`], [`Error::Misaligned`],
     /// [`Error::Aliasing`]; [`Error::Reshard`] from the planner (for example a zero domain size);
     /// [`Error::ReshardLower`] when the plan needs more tasks than allowed; [`Error::Config`] and
     /// [`Error::TooManyCtas`] from the launch configuration; [`Error::Poisoned`] after an unreset
-    /// device error.
+    /// device error. A driver error while queueing the second stage (a hierarchical route's
+    /// forwarding) is returned after the first stage was queued.
     ///
     /// (`src` takes shared references and `dst` mutable ones so that one call can borrow some ranks'
     /// buffers and leave others out; `R: DevicePtr` too because a destination buffer is also read when

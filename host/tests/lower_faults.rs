@@ -251,3 +251,25 @@ fn recv_reduce_copy_out_of_place() {
     // r1's input is untouched.
     assert_eq!(mem.buffers[1][slot::INPUT as usize], bytemuck::cast_slice::<f32, u8>(&inputs[1]));
 }
+
+/// A sync point no task waits on must still name a task that exists: the lowering marks its task
+/// as signalling, and a deserialized plan may hold any entry.
+#[test]
+fn a_sync_point_on_no_task_is_a_bad_plan() {
+    let mut plan = compile(&Algorithm::RingAllGather.generate(1, 3).unwrap(), &Options::default()).unwrap();
+    let bogus = oxccl_host::compile::SyncPoint { tb: TbId::new(99), task: 0 };
+    plan.ranks[0].tbs[0].syncs.push(bogus);
+    assert!(plan.check_structure().is_err());
+    let opts = LowerOptions { micro_batches: 1, chunk_bytes: 32, ..LowerOptions::default() };
+    let e = lower(&plan, &opts).unwrap_err();
+    assert!(e.to_string().contains("sync point"), "{e}");
+}
+
+/// A FIFO slot whose size passes u64 when rounded up is a typed error, not a wrapped 0-byte slot.
+#[test]
+fn a_fifo_slot_past_u64_is_too_large() {
+    let plan = compile(&Algorithm::RingAllGather.generate(1, 3).unwrap(), &Options::default()).unwrap();
+    let opts = LowerOptions { micro_batches: 1, chunk_bytes: u64::MAX - 15, ..LowerOptions::default() };
+    let e = lower(&plan, &opts).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+}

@@ -115,3 +115,39 @@ fn a_rank_count_past_the_limit_is_refused_before_any_allocation() {
     let e = text::parse("program p\ncollective allreduce ranks=4294967295 chunks=1 inplace\n").unwrap_err();
     assert!(e.to_string().contains("more than the supported"), "{e}");
 }
+
+/// A small file whose ops touch more chunks than a program may is refused by `verify` (and so by
+/// every pass after it) before the dependency pass sizes anything by them.
+#[test]
+fn a_program_touching_too_many_chunks_is_refused() {
+    let mut t = String::from("program wide\ncollective allreduce ranks=1 chunks=4194304 outofplace\nscratch 0\n");
+    for i in 0..300 {
+        t.push_str(&format!("op{i} = copy r0 in[0..4194304] -> out[0..4194304] ch=0 chunk=0 step={i} stage=0\n"));
+    }
+    assert!(t.len() < 40_000, "{} bytes", t.len());
+    let p = text::parse(&t).unwrap_or_else(|e| panic!("{e}"));
+    match p.verify() {
+        Err(ProgramError::BadLayout { reason }) => assert!(reason.contains("touch 2516582400 chunks"), "{reason}"),
+        other => panic!("expected the chunk-access refusal, got {other:?}"),
+    }
+}
+
+/// Generated layouts reach `Layout::MAX_CHUNKS` at the generators' rank limit; a file may describe
+/// only `Layout::MAX_IMPORTED_CHUNKS` chunk locations.
+#[test]
+fn generator_layouts_fit_and_files_are_held_to_less() {
+    use oxccl_host::program::Layout;
+    let n = Algorithm::MAX_RANKS;
+    let largest = Layout::new(Collective::AllReduce, n, n, true);
+    largest.validate().unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(largest.validate_imported(), Err(ProgramError::BadLayout { .. })));
+    let t = format!("program big\ncollective allreduce ranks={n} chunks={n} inplace\nscratch 0\n");
+    match text::parse(&t) {
+        Err(ProgramError::BadLayout { reason }) => assert!(reason.contains("a file may describe"), "{reason}"),
+        other => panic!("expected the file-size refusal, got {other:?}"),
+    }
+    assert!(matches!(
+        Layout::new(Collective::AllReduce, n + 1, n + 1, true).validate(),
+        Err(ProgramError::BadLayout { .. })
+    ));
+}

@@ -155,3 +155,29 @@ fn lowering_runs_summing_past_2_to_the_64_bytes_is_an_invalid_program() {
         assert!(matches!(e, LowerError::Invalid { stage: 0, .. }), "{e}");
     }
 }
+
+/// Layouts that cut the tensor into more copies than a plan may hold are refused by name, with the
+/// plan's memory bounded (2048 × 2048 pieces: four million copies asked for).
+#[test]
+fn a_reshard_of_too_many_copies_is_refused() {
+    let (src, dst) = (layout("2048", "S0"), layout("2048@2048", "S1"));
+    let e = plan(&[2048, 2048], 4, &src, &dst, PlanOptions::default()).unwrap_err();
+    assert_eq!(e, ReshardError::TooManyTransfers { max: oxccl_host::reshard::MAX_TRANSFERS });
+    assert!(e.to_string().contains("more than 1048576 copies"), "{e}");
+}
+
+/// A destination replicated over half a million ranks asks the CPU executor (and `local_shards`) for a
+/// copy of the tensor per rank, 8 TiB here: a typed refusal, not an allocation abort.
+#[test]
+fn host_buffers_past_memory_are_refused() {
+    let (src, dst) = (layout("1", "R"), layout("524288", "R"));
+    // One copy per destination rank (the hierarchical route forwards within domains: more copies).
+    let options = PlanOptions { route: oxccl_host::reshard::Route::Direct, ..PlanOptions::default() };
+    let p = plan(&[1 << 24], 1, &src, &dst, options).unwrap();
+    let global = vec![7u8; 1 << 24];
+    let shards = p.src_sharding().local_shards(&global).unwrap();
+    let e = execute_bytes(&p, &shards).unwrap_err();
+    assert_eq!(e, ExecError::DestinationTooLarge { bytes: 1 << 43 });
+    let e = p.dst_sharding().local_shards(&global).unwrap_err();
+    assert_eq!(e, LayoutError::ShardsTooLarge { bytes: 1 << 43 });
+}

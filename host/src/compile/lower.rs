@@ -51,7 +51,8 @@ pub struct LowerOptions {
     /// Bytes per chunk: `micro_batches` times a multiple of 16.
     pub chunk_bytes: u64,
     /// Slots of every FIFO ring (at least 1; [`LoweredPlan::slots_needed`] makes the plan
-    /// deadlock-free).
+    /// deadlock-free). Fewer are accepted, to study that limit: such a plan can stall, which the
+    /// executors report (the CPU executor as a deadlock, the GPU as a FIFO wait's timeout).
     pub fifo_slots: u32,
     /// Element type.
     pub dtype: DType,
@@ -359,7 +360,7 @@ pub fn lower(plan: &Plan, opts: &LowerOptions) -> Result<LoweredPlan, LowerError
     let slot_bytes: Vec<u32> = max_chunks
         .iter()
         .map(|&k| {
-            let b = (k.max(1) as u64).checked_mul(mb_bytes).map(|b| b.next_multiple_of(FIFO_ALIGN as u64));
+            let b = (k.max(1) as u64).checked_mul(mb_bytes).and_then(|b| b.checked_next_multiple_of(FIFO_ALIGN as u64));
             b.and_then(|b| u32::try_from(b).ok()).ok_or(LowerError::TooLarge { what: "a FIFO slot" })
         })
         .collect::<Result<_, _>>()?;
@@ -949,8 +950,12 @@ pub fn decode(lp: &LoweredPlan) -> Result<PlanView, DescriptorError> {
 }
 
 impl LoweredPlan {
-    /// The stable text dump of every descriptor (golden tests).
+    /// The stable text dump of every descriptor (golden tests); of a plan that fails [`validate`],
+    /// the reason alone (its offsets and ranges would not be meaningful).
     pub fn dump(&self) -> String {
+        if let Err(e) = validate(self) {
+            return format!("invalid lowered plan: {e}\n");
+        }
         let mut s = String::new();
         let h0 = self.ranks.first().map(|r| r.header).unwrap_or_else(PlanHeader::zeroed);
         let mode = match PlanMode::from_raw(h0.mode) {

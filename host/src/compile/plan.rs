@@ -405,6 +405,16 @@ impl Plan {
                 }
             }
         }
+        // Every sync point, waited on or not: the lowering marks each one's task as signalling.
+        for (r, rp) in self.ranks.iter().enumerate() {
+            for (t, tb) in rp.tbs.iter().enumerate() {
+                if let Some(w) =
+                    tb.syncs.iter().find(|w| rp.tbs.get(w.tb.index()).is_none_or(|x| w.task as usize >= x.tasks.len()))
+                {
+                    return Err(format!("rank {r} tb {t}: sync point {}.{} does not exist", w.tb, w.task));
+                }
+            }
+        }
         // Every send is recorded above, so each receive can be matched in a second walk. A receive
         // whose op sends nothing on its connection is left to the executors (it never completes).
         for (r, rp) in self.ranks.iter().enumerate() {

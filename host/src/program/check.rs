@@ -17,6 +17,25 @@ use super::{BufferKind, Collective, Layout, OpId, OpKind, Program, ProgramError,
 pub fn verify(p: &Program) -> Result<(), ProgramError> {
     p.layout.validate()?;
     let l = &p.layout;
+    // Each op reads its source and writes its destination; a reduction reads the destination too.
+    let accesses: u64 = p
+        .ops
+        .iter()
+        .map(|op| {
+            let reads_dst =
+                matches!(op.kind, OpKind::Reduce { .. } | OpKind::Transfer { op: super::RecvOp::RecvReduceCopy, .. });
+            op.src().count as u64 * if reads_dst { 3 } else { 2 }
+        })
+        .sum();
+    if accesses > Program::MAX_CHUNK_ACCESSES {
+        return Err(ProgramError::BadLayout {
+            reason: format!(
+                "{} ops touch {accesses} chunks, more than the supported {}",
+                p.ops.len(),
+                Program::MAX_CHUNK_ACCESSES
+            ),
+        });
+    }
     for (i, op) in p.ops.iter().enumerate() {
         let id = OpId::new(i);
         let (sr, dr) = (op.src_rank(), op.dst_rank());

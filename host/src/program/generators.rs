@@ -59,7 +59,8 @@ impl Algorithm {
     ];
 
     /// The most ranks a generator accepts: the programs grow as the square of the rank count (an
-    /// 8192-rank HM AllReduce has 134 M ops).
+    /// 8192-rank HM AllReduce has 134 M ops), and their layouts (as many chunks as ranks, in and
+    /// out) stay within [`Layout::MAX_CHUNKS`].
     pub const MAX_RANKS: u32 = 8192;
 
     /// The CLI name (`ring-allreduce`, `hm-allgather`, ...).
@@ -103,6 +104,9 @@ impl Algorithm {
         Ok(p)
     }
 }
+
+// Every generator's layout at the rank limit is a valid one.
+const _: () = assert!(2 * (Algorithm::MAX_RANKS as u64) * (Algorithm::MAX_RANKS as u64) <= Layout::MAX_CHUNKS);
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

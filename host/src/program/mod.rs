@@ -227,9 +227,13 @@ pub struct Layout {
 impl Layout {
     /// The most ranks a layout may have.
     pub const MAX_RANKS: u32 = 1 << 20;
-    /// The most chunks (summed over ranks and buffers) a layout may have: the compiler keeps tens of
-    /// bytes per chunk location, so 2^24 of them stay under a gigabyte.
-    pub const MAX_CHUNKS: u64 = 1 << 24;
+    /// The most chunks (summed over ranks and buffers) a layout may have: the 2 × 8192² of the
+    /// generators' largest programs (`Algorithm::MAX_RANKS` ranks, as many chunks, in and out). The
+    /// checks keep about 20 bytes per chunk location, about 2.7 GB at the limit.
+    pub const MAX_CHUNKS: u64 = 1 << 27;
+    /// The most chunks a layout read from a file (MSCCL XML, the text form) may have: a few bytes
+    /// of text must not ask for gigabytes ([`Layout::validate_imported`]).
+    pub const MAX_IMPORTED_CHUNKS: u64 = 1 << 24;
 
     /// A layout with no scratch.
     pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {
@@ -252,6 +256,29 @@ impl Layout {
         }
     }
 
+    /// A bound on one rank's storage in chunks: input and output, and the most scratch any rank has.
+    fn per_rank_bound(&self) -> u64 {
+        self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0)
+    }
+
+    /// [`Layout::validate`], and at most [`Layout::MAX_IMPORTED_CHUNKS`] chunk locations: the check
+    /// the importers run on a layout a file describes.
+    pub fn validate_imported(&self) -> Result<(), ProgramError> {
+        self.validate()?;
+        let total = self.per_rank_bound() * self.ranks as u64;
+        if total > Self::MAX_IMPORTED_CHUNKS {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "buffers of {} chunks per rank on {} ranks are more than the {} chunks a file may describe",
+                    self.per_rank_bound(),
+                    self.ranks,
+                    Self::MAX_IMPORTED_CHUNKS
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks the sizes are consistent (chunks divisible by ranks where the collective needs it).
     pub fn validate(&self) -> Result<(), ProgramError> {
         if self.ranks == 0 {
@@ -265,7 +292,7 @@ impl Layout {
                 reason: format!("{} ranks is more than the supported {}", self.ranks, Self::MAX_RANKS),
             });
         }
-        let per_rank = self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0);
+        let per_rank = self.per_rank_bound();
         // A rank's storage is counted in u32 chunks (`storage_chunks`).
         if per_rank * self.ranks as u64 > Self::MAX_CHUNKS || per_rank > u32::MAX as u64 {
             return Err(ProgramError::BadLayout {
@@ -623,6 +650,12 @@ impl Program {
 
     /// Most ops [`Program::instanced`] builds.
     pub const MAX_INSTANCED_OPS: u64 = 1 << 24;
+
+    /// Most chunk accesses (each op's read and written chunks, summed over its slices) a program may
+    /// make: the dependency pass and the importers keep a record per access not yet overwritten,
+    /// indexed by `u32`. The largest generated program, the 8192-rank HM AllReduce, makes about
+    /// 4 × 10^8.
+    pub const MAX_CHUNK_ACCESSES: u64 = 1 << 30;
 }
 
 /// Which channels [`Program::instanced_on`] gives each instance.

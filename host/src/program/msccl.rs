@@ -741,8 +741,9 @@ struct RunState {
 /// chunk), walking the accesses in happens-before order.
 ///
 /// The locations `0..total` are kept as runs in one state, keyed by their first location. An
-/// access splits at most the two runs at its ends, so the work grows with the number of accesses,
-/// not with their chunk counts: a small file of wide steps stays cheap.
+/// access splits at most the two runs at its ends and visits the runs it spans: the work grows with
+/// the number of accesses times the runs each spans, at most their chunk counts, which are held to
+/// [`Program::MAX_CHUNK_ACCESSES`] (a small file of wide steps over few runs stays cheap).
 fn hazard_edges(
     layout: &Layout,
     base: &[usize],
@@ -750,6 +751,18 @@ fn hazard_edges(
     origin: &[StepRef],
     accesses: &mut [Access],
 ) -> Result<Vec<Vec<usize>>, ImportError> {
+    let chunks: u64 = accesses.iter().map(|a| a.slice.count as u64).sum();
+    if chunks > Program::MAX_CHUNK_ACCESSES {
+        return Err(ImportError::Invalid {
+            step: None,
+            error: ProgramError::BadLayout {
+                reason: format!(
+                    "the steps touch {chunks} chunks, more than the supported {}",
+                    Program::MAX_CHUNK_ACCESSES
+                ),
+            },
+        });
+    }
     let mut runs: BTreeMap<usize, RunState> = BTreeMap::new();
     runs.insert(0, RunState { writer: usize::MAX, readers: Vec::new() });
     let split = |runs: &mut BTreeMap<usize, RunState>, at: usize| {
@@ -814,7 +827,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     let in_place = doc.inplace.unwrap_or_else(|| doc.gpus.iter().all(|g| g.i_chunks == 0 || g.o_chunks == 0));
     let mut layout = Layout::new(doc.coll, n, chunks, in_place);
     layout.scratch = doc.gpus.iter().map(|g| g.s_chunks).collect();
-    layout.validate().map_err(|e| ImportError::Invalid { step: None, error: e })?;
+    layout.validate_imported().map_err(|e| ImportError::Invalid { step: None, error: e })?;
 
     // Flatten steps: index steps per GPU per TB.
     let mut steps: Vec<FlatStep> = Vec::new();
@@ -1128,7 +1141,7 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             snapshotted[x] = true;
             snapshotted.push(true);
         }
-        if let Err(e) = layout.validate() {
+        if let Err(e) = layout.validate_imported() {
             let most = layout.scratch.iter().copied().max().unwrap_or(0);
             let r = layout.scratch.iter().position(|&s| s == most).unwrap_or(0);
             let why = match e {

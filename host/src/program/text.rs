@@ -210,6 +210,8 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             }
         };
     }
+    // A file's layout is held to the importers' bound before anything is sized by it.
+    layout.validate_imported()?;
     Ok(Program { name, layout, ranks_per_node: per_node.map(|(_, g)| g), ops })
 }
 

@@ -71,6 +71,11 @@ pub enum ExecError {
         /// Bytes the buffer has.
         len: u64,
     },
+    /// The destination buffers together need more host memory than can be allocated.
+    DestinationTooLarge {
+        /// Bytes they need (`u64::MAX` past that).
+        bytes: u64,
+    },
     /// Verification would need more tag memory than allowed.
     TooLargeToVerify {
         /// Bytes of tags needed (8 per element of every source and destination buffer).
@@ -102,6 +107,9 @@ impl fmt::Display for ExecError {
                 f,
                 "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
             ),
+            Self::DestinationTooLarge { bytes } => {
+                write!(f, "the destination buffers need {bytes} bytes, more than can be allocated")
+            }
             Self::TooLargeToVerify { bytes, limit } => write!(
                 f,
                 "verification needs {bytes} bytes of tags, over the {limit}-byte limit; verify a smaller shape"
@@ -154,6 +162,12 @@ pub fn execute<T: Copy + Default>(
         }
     }
     let dst_sharding = plan.dst_sharding();
+    // Replicas hold the tensor once per rank: refused, not aborted, where that is past memory.
+    let units = dst_sharding
+        .mesh()
+        .ranks()
+        .try_fold(0u64, |acc, r| acc.checked_add(dst_sharding.local_len(r).checked_mul(units_per_elem)?));
+    super::layout::reserve_host::<T>(units).map_err(|bytes| ExecError::DestinationTooLarge { bytes })?;
     let mut dst: Buffers<T> = dst_sharding
         .mesh()
         .ranks()

@@ -92,6 +92,11 @@ pub enum LayoutError {
         /// Elements given.
         got: u64,
     },
+    /// Every rank's local shard together needs more host memory than can be allocated.
+    ShardsTooLarge {
+        /// Bytes the shards need (`u64::MAX` past that).
+        bytes: u64,
+    },
 }
 
 impl fmt::Display for LayoutError {
@@ -134,6 +139,9 @@ impl fmt::Display for LayoutError {
             }
             Self::BufferLength { rank, expected, got } => {
                 write!(f, "rank {rank}'s buffer has {got} elements but its shard has {expected}")
+            }
+            Self::ShardsTooLarge { bytes } => {
+                write!(f, "every rank's local shard together needs {bytes} bytes, more than can be allocated")
             }
         }
     }
@@ -572,6 +580,9 @@ impl Sharding {
                 got: global.len() as u64,
             });
         }
+        // Replicas copy the tensor once per rank: refused, not aborted, where that is past memory.
+        let elements = self.mesh().ranks().try_fold(0u64, |acc, r| acc.checked_add(self.local_len(r)));
+        reserve_host::<T>(elements).map_err(|bytes| LayoutError::ShardsTooLarge { bytes })?;
         Ok(self
             .mesh()
             .ranks()
@@ -581,6 +592,17 @@ impl Sharding {
             })
             .collect())
     }
+}
+
+/// Checks that `elements` (`None`: past `u64`) values of `T` can be allocated on the host, by
+/// reserving them once; `Err` with the bytes asked for (`u64::MAX` past that).
+pub(crate) fn reserve_host<T>(elements: Option<u64>) -> Result<(), u64> {
+    let bytes = elements.and_then(|n| n.checked_mul(size_of::<T>() as u64));
+    let Some(n) = elements.and_then(|n| usize::try_from(n).ok()) else {
+        return Err(bytes.unwrap_or(u64::MAX));
+    };
+    let mut probe: Vec<T> = Vec::new();
+    probe.try_reserve_exact(n).map_err(|_| bytes.unwrap_or(u64::MAX))
 }
 
 /// The elements of `region` out of a dense row-major tensor of shape `shape`, row-major.

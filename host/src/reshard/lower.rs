@@ -320,19 +320,24 @@ impl LoweredReshard {
             received_cross_domain: vec![0; n],
             ..Loads::default()
         };
+        // The stages are public fields: a task naming no source rank, or ranks past the buffers,
+        // is left out rather than indexed, and the sums saturate.
         for t in self.stages.iter().flat_map(|l| &l.tasks) {
             let s = t.src_ranks.trailing_zeros() as usize;
-            for d in (0..32).filter(|d| t.dst_ranks & (1 << d) != 0) {
+            if s >= n {
+                continue;
+            }
+            for d in (0..n.min(32)).filter(|d| t.dst_ranks & (1 << d) != 0) {
                 if d == s {
-                    loads.local += t.bytes;
+                    loads.local = loads.local.saturating_add(t.bytes);
                     continue;
                 }
-                loads.between_ranks += t.bytes;
-                loads.sent[s] += t.bytes;
-                loads.received[d] += t.bytes;
+                loads.between_ranks = loads.between_ranks.saturating_add(t.bytes);
+                loads.sent[s] = loads.sent[s].saturating_add(t.bytes);
+                loads.received[d] = loads.received[d].saturating_add(t.bytes);
                 if s / ds != d / ds {
-                    loads.sent_cross_domain[s] += t.bytes;
-                    loads.received_cross_domain[d] += t.bytes;
+                    loads.sent_cross_domain[s] = loads.sent_cross_domain[s].saturating_add(t.bytes);
+                    loads.received_cross_domain[d] = loads.received_cross_domain[d].saturating_add(t.bytes);
                 }
             }
         }

@@ -39,6 +39,8 @@ pub use exec::{
 };
 pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
 pub use lower::{CtaOwner, Loads, LowerError, LowerOptions, LoweredReshard, lower};
-pub use plan::{PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan};
+pub use plan::{
+    MAX_TRANSFERS, PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan,
+};
 pub use report::{PlanReport, TransferRow, VerifySummary, Workarounds};
 pub use traffic::{Traffic, Workaround};

@@ -68,7 +68,17 @@ pub enum ReshardError {
         /// The destination side's bytes per element.
         dst: u64,
     },
+    /// The layouts cut the tensor into more copies than a plan may hold ([`MAX_TRANSFERS`]).
+    TooManyTransfers {
+        /// The most a plan may hold.
+        max: usize,
+    },
 }
+
+/// The most copies (over both stages) a reshard plan may hold: each is a record of its region and
+/// strides (a few hundred bytes), so a plan stays within a few hundred megabytes. Two meshes of a
+/// thousand ranks, each sharding the tensor along another dimension, need about a million.
+pub const MAX_TRANSFERS: usize = 1 << 20;
 
 impl fmt::Display for ReshardError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -88,6 +98,9 @@ impl fmt::Display for ReshardError {
             }
             Self::ElementSizeMismatch { src, dst } => {
                 write!(f, "the source has {src}-byte elements but the destination {dst}-byte elements")
+            }
+            Self::TooManyTransfers { max } => {
+                write!(f, "the two layouts cut the tensor into more than {max} copies (shard it more coarsely)")
             }
         }
     }
@@ -380,7 +393,7 @@ pub fn plan(
         .ok_or_else(|| ReshardError::TensorTooLarge { shape: shape.to_vec(), elem_bytes })?;
 
     let geometry = Geometry::new(src_sharding, dst_sharding);
-    let stages = route(&geometry, elem_bytes, options);
+    let stages = route(&geometry, elem_bytes, options)?;
     let traffic = Traffic::account(&geometry, elem_bytes, options.domain_size, &stages);
     Ok(ReshardPlan { src: geometry.src, dst: geometry.dst, elem_bytes, options, stages, traffic })
 }
@@ -403,7 +416,7 @@ fn next<K: std::hash::Hash + Eq>(cursors: &mut HashMap<K, usize>, key: K, pool: 
     r
 }
 
-fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
+fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, ReshardError> {
     let ds = options.domain_size;
     let mut stage0 = Vec::new();
     let mut stage1 = Vec::new();
@@ -434,6 +447,10 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
             };
             // Destination replicas are ascending, so each domain's members are one run.
             for members in dshard.replicas.chunk_by(|x, y| x / ds == y / ds) {
+                // Counted as they grow (below, per forwarded part too: a run of k members can add k²).
+                if stage0.len() + stage1.len() > MAX_TRANSFERS {
+                    return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
+                }
                 let domain = members[0] / ds;
                 let mut others = Vec::with_capacity(members.len());
                 for &r in members {
@@ -462,6 +479,9 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
                     // (consecutive on the domain's rotation), each forwarding its part to the others.
                     let parts = split(&piece.region, others.len(), options.min_split_bytes, elem);
                     for part in &parts {
+                        if stage0.len() + stage1.len() > MAX_TRANSFERS {
+                            return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
+                        }
                         let leader = next(&mut cursors.leader, (di, domain), &others);
                         let s = next(&mut cursors.all, piece.src_key, &sshard.replicas);
                         stage0.push(copy(s, leader, ReadFrom::Src, part));
@@ -476,11 +496,14 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Vec<Stage> {
     let order = |t: &Transfer| (t.dst, t.dst_offset, t.src);
     stage0.sort_by_key(order);
     stage1.sort_by_key(order);
+    if stage0.len() + stage1.len() > MAX_TRANSFERS {
+        return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
+    }
     let mut stages = vec![Stage { transfers: stage0 }];
     if options.route == Route::Hierarchical {
         stages.push(Stage { transfers: stage1 });
     }
-    stages
+    Ok(stages)
 }
 
 /// Splits a piece into at most `ways` parts along its outermost dim longer than one, with lengths
