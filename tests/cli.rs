@@ -406,3 +406,23 @@ fn a_collective_benchmark_checks_its_type_and_sizes_first() {
         assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A reader that closes the pipe early (`oxccl verify ... | head -1`) ends the command quietly, by
+/// SIGPIPE as any Unix filter: no panic on the broken pipe, nothing on stderr.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    // The read end is closed before the command starts: its first line meets a broken pipe.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl"))
+        .args(["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all"])
+        .stdout(writer)
+        .output()
+        .expect("run oxccl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    const SIGPIPE: i32 = 13;
+    assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}: {err}", out.status);
+    assert!(err.is_empty(), "{err}");
+}
