@@ -269,7 +269,7 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
 fn edge_sizes_run_to_the_end() {
     // No elements at all: the demo checks nothing wrong, on the CPU executor.
     let (ok, out) = oxccl_out(&["demo", "--count", "0", "--ranks", "3", "--cpu"]);
-    assert!(ok && out.contains("correct"), "{out}");
+    assert!(ok && out.contains("correct (no elements to compare)"), "{out}");
     // A simulation far into f64 time still finishes (time keeps moving).
     let (ok, out) = oxccl_out(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "16384G"]);
     assert!(ok && out.contains("TBs"), "{out}");
@@ -425,4 +425,20 @@ fn a_closed_stdout_ends_the_command_quietly() {
     const SIGPIPE: i32 = 13;
     assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}: {err}", out.status);
     assert!(err.is_empty(), "{err}");
+}
+
+/// The demo's host buffers (every rank's, several copies) are bounded in all, not per rank: a size
+/// that would exhaust the host is refused before anything is allocated; the default runs.
+#[test]
+fn the_demo_bounds_its_host_memory_over_every_rank() {
+    let (ok, err) = oxccl(&["demo", "--ranks", "16", "--count", "268435456", "--cpu"]);
+    assert!(
+        !ok && err.contains("--count 268435456 over --ranks 16: the demo holds 5 copies")
+            && err.contains("at most 4294967296 B (4 GiB) in all, so --count at most 13421772 for 16 ranks"),
+        "{err}"
+    );
+    let (ok, err) = oxccl(&["demo", "--ranks", "18446744073709551615", "--count", "2", "--cpu"]);
+    assert!(!ok && err.contains("more than 2^64 B") && !err.contains("panicked"), "{err}");
+    let (ok, out) = oxccl_out(&["demo", "--cpu"]);
+    assert!(ok && out.contains("1048576 elements over 8 virtual ranks") && out.contains(": correct"), "{out}");
 }
