@@ -442,3 +442,41 @@ fn the_demo_bounds_its_host_memory_over_every_rank() {
     let (ok, out) = oxccl_out(&["demo", "--cpu"]);
     assert!(ok && out.contains("1048576 elements over 8 virtual ranks") && out.contains(": correct"), "{out}");
 }
+
+/// A value the command would not read is refused, before anything is printed: `reshard`'s --owner
+/// and --ctas (for --lower only, checked before the plan is printed), `--gemm` beside a load
+/// without GEMMs, `-o` for a collective or plan that reduces nothing, `-c` other than 0 or 1.
+#[test]
+fn values_a_command_would_ignore_are_refused() {
+    let reshard = ["reshard", "--shape", "4,8", "--src-mesh", "1x4@0", "--src", "R,S0", "--dst-mesh", "2x2@4"];
+    let reshard = [&reshard[..], &["--dst", "R,S0"]].concat();
+    for (extra, want) in [
+        (&["--owner", "foo"][..], "invalid value 'foo' for '--owner <OWNER>': unknown CTA owner \"foo\""),
+        (&["--lower", "--owner", "foo"], "unknown CTA owner \"foo\" (reader, writer, balanced)"),
+        (&["--owner", "writer"], "--lower"),
+        (&["--ctas", "3"], "--lower"),
+        (&["--lower", "--ctas", "0"], "--ctas: 0 CTAs per rank: must be 1..=256"),
+        (&["--lower", "--ctas", "300", "--verify"], "--ctas: 300 CTAs per rank: must be 1..=256"),
+    ] {
+        let args = [&reshard[..], extra].concat();
+        let (ok, out, err) = run(&args);
+        assert!(!ok && err.contains(want) && out.is_empty(), "{extra:?}: {out}\n{err}");
+    }
+    let (ok, out) = oxccl_out(&[&reshard[..], &["--lower", "--ctas", "2", "--owner", "balanced", "--verify"]].concat());
+    assert!(ok && out.contains("lowered program verified on the CPU"), "{out}");
+    for (args, want) in [
+        (&["bench", "overlap", "--gemm", "1,2,3"][..], "--gemm is for --compute gemm or mma, not fma"),
+        (
+            &["bench", "tma_trace", "--compute", "sleep", "--gemm", "128,128,32"],
+            "--gemm is for --compute gemm or mma, not sleep",
+        ),
+        (&["bench", "all_gather", "-o", "max"], "-o/--op is for the collectives that reduce, not all_gather"),
+        (&["bench", "broadcast", "--op", "sum"], "-o/--op is for the collectives that reduce, not broadcast"),
+        (&["bench", "--algo", "hm-allgather", "-o", "min"], "-o/--op is for plans that reduce, not hm_allgather_2x4"),
+        (&["bench", "all_reduce", "-c", "2"], "invalid value '2' for '--check <CHECK>': 2 is not in 0..=1"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -77,14 +77,15 @@ pub struct Args {
     #[arg(short = 'G', long = "cudagraph")]
     pub graph: Option<usize>,
     /// Check results in a separate untimed pass (1) or not (0).
-    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    #[arg(short = 'c', long = "check", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub check: u8,
     /// Element type: float, half, bfloat16, int32, uint32 (default float; bfloat16 for reshard).
     #[arg(short = 'd', long = "datatype")]
     pub dtype: Option<String>,
-    /// Reduction: sum, min, max.
-    #[arg(short = 'o', long = "op", default_value = "sum")]
-    pub op: String,
+    /// Reduction: sum (the default), min, max; for the collectives and plans that reduce (not
+    /// all_gather, broadcast, or a plan that only moves data).
+    #[arg(short = 'o', long = "op")]
+    pub op: Option<String>,
     /// broadcast, reduce: the root rank (default 0).
     #[arg(short = 'r', long = "root")]
     pub root: Option<usize>,
@@ -148,9 +149,10 @@ pub struct Args {
     /// shaped as the FMA load's that only sleep: what sharing SMs costs without busy warps).
     #[arg(long, default_value = "fma")]
     pub compute: String,
-    /// overlap, `--compute gemm|mma`: M,N,K of each GEMM (mma: M, N multiples of 128, K of 32).
-    #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
-    pub gemm: Vec<u32>,
+    /// overlap, tma_trace, `--compute gemm|mma`: M,N,K of each GEMM (default 8192,8192,8192; mma: M,
+    /// N multiples of 128, K of 32).
+    #[arg(long, value_delimiter = ',')]
+    pub gemm: Option<Vec<u32>>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
     /// configuration's collective alone); tma_trace: the same (default: three times the copy alone).
     #[arg(long)]
@@ -578,9 +580,12 @@ pub fn run(a: Args) -> CliResult {
             return Err(format!("--root {root}: must be below the {ranks} ranks").into());
         }
     }
-    if collective.is_some() {
+    if let Some(c) = collective {
         let dtype = parse_dtype(a.dtype.as_deref().unwrap_or("float"))?;
-        parse_op(&a.op)?;
+        if a.op.is_some() && !c.reduces() {
+            return Err(format!("-o/--op is for the collectives that reduce, not {what} (it reduces nothing)").into());
+        }
+        parse_op(a.op.as_deref().unwrap_or("sum"))?;
         check_sweep(&a, dtype)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
@@ -651,7 +656,7 @@ pub fn run(a: Args) -> CliResult {
     let b = CollectiveBench {
         collective,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
-        op: parse_op(&a.op)?,
+        op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         ranks: a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 }),
         min_bytes: a.min_bytes,
         max_bytes: a.max_bytes,
@@ -742,6 +747,14 @@ fn run_plan(a: &Args) -> CliResult {
         tb_alloc: tb_alloc.to_string(),
     };
     let (loaded, plan) = program.compile()?;
+    if a.op.is_some() && !plan.layout.collective.reduces() {
+        return Err(format!(
+            "-o/--op is for plans that reduce, not {} (its {} reduces nothing)",
+            plan.name,
+            plan.layout.collective.name()
+        )
+        .into());
+    }
     let ranks = plan.layout.ranks as usize;
     if ranks > oxccl_kernels::abi::MAX_RANKS {
         return Err(format!("{ranks} ranks: a launch addresses at most {}", oxccl_kernels::abi::MAX_RANKS).into());
@@ -760,7 +773,7 @@ fn run_plan(a: &Args) -> CliResult {
         plan,
         mode,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
-        op: parse_op(&a.op)?,
+        op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         micro_batches: a.micro_batches,
         slots: a.slots,
         min_bytes: a.min_bytes,
@@ -1232,7 +1245,11 @@ fn parse_reduction(name: &str) -> Result<Reduction, Box<dyn std::error::Error>> 
     }
 }
 
-/// The overlap benchmark's compute load from `--compute` and `--gemm`.
+/// M,N,K of the GEMM loads when `--gemm` is not given.
+const DEFAULT_GEMM: [u32; 3] = [8192, 8192, 8192];
+
+/// The overlap benchmark's compute load from `--compute` and `--gemm` (each refused where it means
+/// nothing: `--gemm` beside a load without GEMMs, `gemm` in a build without cuBLAS).
 fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Error>> {
     if a.mma_one_per_sm && a.compute != "mma" {
         return Err(format!("--mma-one-per-sm is for --compute mma, not {}", a.compute).into());
@@ -1240,10 +1257,18 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     if a.fma_ctas_per_sm.is_some() && a.compute != "fma" && a.compute != "sleep" {
         return Err(format!("--fma-ctas-per-sm is for --compute fma or sleep, not {}", a.compute).into());
     }
-    match (a.compute.as_str(), a.gemm.as_slice()) {
+    if a.gemm.is_some() && a.compute != "gemm" && a.compute != "mma" {
+        return Err(format!("--gemm is for --compute gemm or mma, not {}", a.compute).into());
+    }
+    match (a.compute.as_str(), a.gemm.as_deref().unwrap_or(&DEFAULT_GEMM)) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
         ("sleep", _) => Ok(bench::ComputeLoad::Sleep),
         ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
+            if !cfg!(feature = "gemm") {
+                return Err("--compute gemm: this build has no cuBLAS bindings; build with `--features gemm` \
+                            (or use --compute mma, oxccl's own tensor-core GEMM)"
+                    .into());
+            }
             Ok(bench::ComputeLoad::Gemm { m, n, k })
         }
         ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
