@@ -978,7 +978,7 @@ fn check_f32_bytes(bytes: u64, per: &str) -> Result<()> {
 pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, elem_bytes: u64) -> Result<()> {
     let bad = |field, why: String| Err(Error::Config { field, why });
     if min_bytes > max_bytes {
-        return bad("min_bytes", format!("{min_bytes} B is above max_bytes ({max_bytes} B): no size to run"));
+        return bad("min_bytes", format!("{min_bytes} B is above the largest size ({max_bytes} B): no size to run"));
     }
     if max_bytes < elem_bytes {
         return bad("max_bytes", format!("{max_bytes} B holds no {elem_bytes}-byte element: no size to run"));

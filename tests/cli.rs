@@ -37,7 +37,7 @@ fn a_size_of_no_whole_f32_is_named() {
     for (what, per) in [("movers", "per buffer"), ("overlap", "per rank")] {
         for size in ["6", "0"] {
             let (ok, err) = oxccl(&["bench", what, "-e", size]);
-            let want = format!("{size} B {per}: the buffers are of f32, give a positive multiple of 4 bytes");
+            let want = format!("-e: {size} B {per}: the buffers are of f32, give a positive multiple of 4 bytes");
             assert!(!ok && err.contains(&want), "{what} -e {size}: {err}");
         }
     }
@@ -53,12 +53,15 @@ fn a_bad_compute_load_is_named() {
     assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "8192,8192,100"]);
     assert!(
-        !ok && err.contains("--gemm 8192,8192,100")
-            && err.contains("M and N must be positive multiples of 128, K of 32"),
+        !ok && err
+            .contains("--gemm: 8192x8192x100: for the mma load M and N must be positive multiples of 128, K of 32"),
         "{err}"
     );
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "65536,32768,128"]);
-    assert!(!ok && err.contains("every matrix at most 2^30 elements"), "{err}");
+    assert!(
+        !ok && err.contains("--gemm: 65536x32768x128: for the mma load every matrix at most 2^30 elements"),
+        "{err}"
+    );
     let (ok, err) = oxccl(&["bench", "overlap", "--mma-one-per-sm"]);
     assert!(!ok && err.contains("--mma-one-per-sm is for --compute mma, not fma"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--fma-ctas-per-sm", "2"]);
@@ -71,7 +74,7 @@ fn a_bad_compute_load_is_named() {
     }
     for t in ["100", "0", "1024"] {
         let (ok, err) = oxccl(&["bench", "overlap", "--simt-threads", t]);
-        assert!(!ok && err.contains("simt_threads") && err.contains("not a multiple of 32 in 32..=512"), "{t}: {err}");
+        assert!(!ok && err.contains(&format!("--simt-threads: {t} is not a multiple of 32 in 32..=512")), "{t}: {err}");
         assert!(!err.contains("panicked"), "{t}: {err}");
     }
 }
@@ -136,21 +139,21 @@ fn issuers_are_refused_where_they_mean_nothing() {
     );
     for what in ["overlap", "reshard"] {
         let (ok, err) = oxccl(&["bench", what, "--issuers", "5"]);
-        assert!(!ok && err.contains("issuers: 5 is not in 1..=4"), "{what}: {err}");
+        assert!(!ok && err.contains("--issuers: 5 is not in 1..=4"), "{what}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{what}: {err}");
     }
 }
 
 #[test]
 fn a_bad_overlap_pipeline_is_named() {
-    for (flag, value, field) in [
-        ("--chunk", "17", "chunk_bytes"),
-        ("--stages", "0", "stages"),
-        ("--threads", "48", "threads"),
-        ("--ctas", "0", "max_ctas"),
+    for (flag, value, want) in [
+        ("--chunk", "17", "--chunk: 17 is not a positive multiple of 16"),
+        ("--stages", "0", "--stages: 0 is not in 1..=16"),
+        ("--threads", "48", "--threads: 48 is not a multiple of 32"),
+        ("--ctas", "0", "--ctas: must be at least 1"),
     ] {
         let (ok, err) = oxccl(&["bench", "overlap", flag, value]);
-        assert!(!ok && err.contains(field), "{flag} {value}: {err}");
+        assert!(!ok && err.contains(want), "{flag} {value}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{flag} {value}: {err}");
     }
 }
@@ -186,7 +189,11 @@ fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
     assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
     let (ok, err) = oxccl(&["bench", "movers", "-e", "64M", "--piece", "4M"]);
-    assert!(!ok && err.contains("cut 67108864 B into 16 pieces, fewer than the sweep's 132 CTAs"), "{err}");
+    assert!(
+        !ok && err
+            .contains("--piece: 4194304-byte pieces cut 67108864 B into 16 pieces, fewer than the sweep's 132 CTAs"),
+        "{err}"
+    );
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "halves"]);
     assert!(!ok && err.contains("bad size `halves`") && err.contains("or auto, or contiguous"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -246,10 +253,10 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         (&["bench", "overlap", "--ranks", "0"], "--ranks 0: must be 1..=16"),
         (&["bench", "reshard", "--ranks", "100000000000"], "--ranks 100000000000: must be 1..=16"),
         (&["demo", "--ranks", "0", "--cpu"], "0 ranks"),
-        (&["bench", "all_reduce", "--ctas", "0"], "max_ctas: must be at least 1"),
-        (&["bench", "reduce_scatter", "--chunk", "8"], "chunk_bytes: 8 is not a positive multiple of 16"),
-        (&["bench", "broadcast", "--stages", "0"], "stages: 0 is not in 1..=16"),
-        (&["bench", "all_gather", "--issuers", "9"], "issuers: 9 is not in 1..=4"),
+        (&["bench", "all_reduce", "--ctas", "0"], "--ctas: must be at least 1"),
+        (&["bench", "reduce_scatter", "--chunk", "8"], "--chunk: 8 is not a positive multiple of 16"),
+        (&["bench", "broadcast", "--stages", "0"], "--stages: 0 is not in 1..=16"),
+        (&["bench", "all_gather", "--issuers", "9"], "--issuers: 9 is not in 1..=4"),
         (&["demo", "--count", "100000000000", "--cpu"], "--count 100000000000"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "4x1073741826"], "more than 1048576 GPUs"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "4294967295"], "too large"),
@@ -278,16 +285,19 @@ fn edge_sizes_run_to_the_end() {
 #[test]
 fn the_trace_diagnostic_names_its_bad_flags() {
     for (args, want) in [
-        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the rounds of stages, at most 8)"),
-        (&["--stages", "3", "--lag", "0"][..], "lag: 0: give 1..=3 (the rounds of stages, at most 8)"),
-        (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the rounds of stages, at most 8)"),
+        (&["--lag", "9"][..], "--lag: 9: give 1..=4 (the rounds of stages, at most 8)"),
+        (&["--stages", "3", "--lag", "0"][..], "--lag: 0: give 1..=3 (the rounds of stages, at most 8)"),
+        (&["--stages", "16", "--lag", "9"][..], "--lag: 9: give 1..=8 (the rounds of stages, at most 8)"),
         (
             &["--round", "4", "--stages", "6"][..],
-            "round: 4: give 1, or 4 with a multiple of 4 stages and whole rounds per warp (6 stages",
+            "--round: 4: give 1, or 4 with a multiple of 4 stages and whole rounds per warp (6 stages",
         ),
-        (&["--round", "3"][..], "round: 3: give 1, or 4"),
-        (&["--round", "4", "--stages", "8", "--lag", "3"][..], "lag: 3: give 1..=2 (the rounds of stages"),
-        (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
+        (&["--round", "3"][..], "--round: 3: give 1, or 4"),
+        (&["--round", "4", "--stages", "8", "--lag", "3"][..], "--lag: 3: give 1..=2 (the rounds of stages"),
+        (
+            &["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..],
+            "--stages: 1073741824 stages x 4 warps: give 1..=128 stages in all",
+        ),
         (
             &["--threads", "256"][..],
             "--threads is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), movers, overlap, reshard and --algo/--xml, not tma_trace (tma_trace times one TMA copy",
@@ -300,12 +310,15 @@ fn the_trace_diagnostic_names_its_bad_flags() {
             &["--mover", "simt"][..],
             "--mover is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), reshard and --algo/--xml, not tma_trace",
         ),
-        (&["-n", "0"][..], "iters: 0: give at least one timed run"),
+        (&["-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared, ilp)"),
-        (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
-        (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
+        (&["--issuers", "5"][..], "--issuers: 5: give 1..=4 issuing warps per CTA"),
+        (&["--chunk", "100"][..], "--chunk: 100: give a positive multiple of 16 bytes"),
         (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
-        (&["-e", "1K"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
+        (
+            &["-e", "1K"][..],
+            "-e: 1024 B over 8 warps of 32768 B chunks: each warp needs two rings of chunks (262144 B) to 4 GiB",
+        ),
         (&["-e", "1M"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
         (&["--simt-threads", "256"][..], "--simt-threads is for overlap, not tma_trace"),
         (&["--compute", "sleep", "--mma-one-per-sm"][..], "--mma-one-per-sm is for --compute mma, not sleep"),
@@ -333,9 +346,9 @@ fn a_sweep_that_cannot_run_is_refused() {
         (&["bench", "all_reduce", "-b", "2M", "-e", "1M"][..], "-b: "),
         (&["bench", "reduce_scatter", "-f", "1"][..], "-f: "),
         (&["bench", "all_gather", "-f", "0"][..], "-f: "),
-        (&["bench", "all_reduce", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "all_reduce", "-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["bench", "--algo", "ring-allreduce", "-f", "1"][..], "-f: "),
-        (&["bench", "movers", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "movers", "-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["bench", "reshard", "--nvlink-gbps", "0"][..], "--nvlink-gbps 0"),
         (&["bench", "reshard", "--cross-gbps=-5"][..], "--cross-gbps -5"),
     ] {
@@ -383,7 +396,7 @@ fn flags_a_benchmark_does_not_read_are_refused() {
         ),
         (&["bench", "reshard", "-e", "1G"], "-e/--maxbytes is for"),
         (&["bench", "all_reduce", "--shape", "8,8"], "--shape is for reshard, not all_reduce"),
-        (&["bench", "movers", "--ctas", "0"], "every CTA count of the sweep must be at least 1"),
+        (&["bench", "movers", "--ctas", "0"], "--ctas: every CTA count of the sweep must be at least 1"),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
@@ -478,5 +491,26 @@ fn values_a_command_would_ignore_are_refused() {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The library's configuration refusals reach the user named by the flag they typed, not by the
+/// field it sets (`--ctas`, not `max_ctas`).
+#[test]
+fn configuration_refusals_name_the_flag() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "--threads", "2000"][..], "--threads: 2000 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "all_reduce", "--stages", "4", "--issuers", "3"], "--issuers: 3: the 4 stages must be a multiple"),
+        (&["bench", "reshard", "--threads", "48"], "--threads: 48 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "reshard", "--ctas", "0"], "--ctas: must be at least 1"),
+        (&["bench", "overlap", "--ctas", "300"], "--ctas: 300 is above 256"),
+        (&["bench", "tma_trace", "--ctas", "2000"], "--ctas: 2000: give 1..=1024"),
+        (&["bench", "reduce", "-b", "2G", "-e", "1G"], "-b: 2147483648 B is above the largest size (1073741824 B)"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        for field in ["max_ctas", "chunk_bytes", "min_bytes", "max_bytes", "config."] {
+            assert!(!err.contains(field), "{args:?}: {err}");
+        }
     }
 }

@@ -419,20 +419,58 @@ fn movers_config(a: &Args) -> SweepConfig {
 }
 
 /// The size sweep's flags (`-b`, `-e`, `-f`, `-n`) for elements of `dtype`, as `bench::check_sweep`
-/// takes them, named by flag.
+/// takes them (its refusals are named by flag in [`run`]).
 fn check_sweep(a: &Args, dtype: DType) -> CliResult {
-    bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64).map_err(|e| match e {
-        crate::Error::Config { field, why } => {
-            let flag = match field {
-                "min_bytes" => "-b",
-                "max_bytes" => "-e",
-                "factor" => "-f",
-                _ => "-n",
-            };
-            format!("{flag}: {why}").into()
-        }
-        other => other.into(),
+    Ok(bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64)?)
+}
+
+/// The flag that sets the field an [`Error::Config`](crate::Error::Config) of the library names
+/// (a `Config` field, a field of the benchmarks' parameters), where one does: `max_ctas` is
+/// `--ctas`, `chunk_bytes` `--chunk`, `bytes` (the size of every buffer of movers, overlap and
+/// tma_trace) `-e`, ...
+fn flag_of_field(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "max_ctas" | "ctas" => "--ctas",
+        "chunk_bytes" | "chunk" | "stage_bytes" => "--chunk",
+        "stages" => "--stages",
+        "issuers" => "--issuers",
+        "threads" | "tma_threads_combine" => "--threads",
+        "simt_threads" => "--simt-threads",
+        "deterministic" => "--reduction",
+        "split" => "--piece",
+        "min_bytes" => "-b",
+        "max_bytes" | "bytes" => "-e",
+        "factor" => "-f",
+        "iters" => "-n",
+        "warmup" => "-w",
+        "graph_launches" => "-G",
+        "lag" => "--lag",
+        "round" => "--round",
+        "tensor" => "--tensor",
+        "compute" => "--compute",
+        "compute_ms" => "--compute-ms",
+        "compute shape" => "--fma-ctas-per-sm",
+        "gemm" | "gemm shape" => "--gemm",
+        "partition" => "--partition",
+        "shape" => "--shape",
+        _ => return None,
     })
+}
+
+/// `e` with the field of a library [`Error::Config`](crate::Error::Config) shown as the flag that
+/// sets it ([`flag_of_field`]): `--ctas: must be at least 1`, not `max_ctas: ...`. Other errors
+/// are returned as they are.
+fn named_by_flag(e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
+    match e.downcast::<crate::Error>() {
+        Ok(e) => match *e {
+            crate::Error::Config { field, why } => match flag_of_field(field) {
+                Some(flag) => format!("{flag}: {why}").into(),
+                None => Box::new(crate::Error::Config { field, why }),
+            },
+            other => Box::new(other),
+        },
+        Err(e) => e,
+    }
 }
 
 /// GPU 0, or the first `--gpus` GPUs.
@@ -497,10 +535,15 @@ pub fn checked_kind(a: &Args) -> Result<(u8, String), Box<dyn std::error::Error>
 
 /// Runs the benchmark `a` names (or the compiled plan of `--algo`/`--xml`) and prints its table,
 /// headed by the reproducing command, then JSON lines with `--json`. An `Err` is a refused flag or
-/// configuration, a device error, or a checked result with wrong elements.
+/// configuration (named by its flag), a device error, or a checked result with wrong elements.
 pub fn run(a: Args) -> CliResult {
+    run_named(a).map_err(named_by_flag)
+}
+
+/// [`run`], its library errors naming fields rather than flags.
+fn run_named(a: Args) -> CliResult {
     if a.iters == 0 {
-        return Err("-n: iters: 0: give at least one timed run".into());
+        return Err("-n: 0: give at least one timed run".into());
     }
     let (k, what_named) = checked_kind(&a)?;
     let overlap = k == kind::OVERLAP;
@@ -1274,7 +1317,7 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
         ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
         ("mma", &[m, n, k]) => {
             let load = bench::ComputeLoad::Mma { m, n, k, one_per_sm: a.mma_one_per_sm };
-            load.validate().map_err(|e| format!("--gemm {m},{n},{k}: {e}"))?;
+            load.validate()?;
             Ok(load)
         }
         ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),
