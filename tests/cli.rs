@@ -266,10 +266,15 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
     }
     let (ok, err) = oxccl(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--micro-batches", "4294967295"]);
     assert!(!ok && err.contains("micro-batches: at most 65536"), "{err}");
-    // verify reports the refusal as a failed configuration, naming the size.
-    let (ok, out) =
-        oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
-    assert!(!ok && out.contains("a host verification holds"), "{out}");
+    // verify refuses the size once, before any configuration runs.
+    let (ok, out, err) =
+        run(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
+    assert!(
+        !ok && out.is_empty()
+            && err.contains("--count 4611686018427387904: ")
+            && err.contains("a host verification holds"),
+        "{out}\n{err}"
+    );
 }
 
 #[test]
@@ -513,4 +518,22 @@ fn configuration_refusals_name_the_flag() {
             assert!(!err.contains(field), "{args:?}: {err}");
         }
     }
+}
+
+/// `oxccl verify` checks --count, --micro-batches and --slots once, before the first configuration:
+/// one clear refusal, not one FAILED line per scheduler and TB allocator.
+#[test]
+fn verify_checks_its_sizes_once() {
+    for (flag, value, want) in [
+        ("--count", "0", "--count 0: a chunk needs at least one element"),
+        ("--micro-batches", "0", "--micro-batches 0: give 1..=65536"),
+        ("--micro-batches", "65537", "--micro-batches 65537: give 1..=65536"),
+        ("--slots", "0", "--slots 0: a FIFO needs at least one slot"),
+    ] {
+        let (ok, out, err) = run(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", flag, value]);
+        assert!(!ok && out.is_empty() && err.contains(want), "{flag} {value}: {out}\n{err}");
+        assert_eq!(err.lines().count(), 1, "{flag} {value}: {err}");
+    }
+    let (ok, out) = oxccl_out(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", "--slots", "8"]);
+    assert!(ok && out.lines().count() == 8 && out.lines().all(|l| l.contains(": OK (")), "{out}");
 }
