@@ -537,3 +537,61 @@ fn verify_checks_its_sizes_once() {
     let (ok, out) = oxccl_out(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", "--slots", "8"]);
     assert!(ok && out.lines().count() == 8 && out.lines().all(|l| l.contains(": OK (")), "{out}");
 }
+
+/// `oxccl bench` checks every flag before looking for a GPU: each of these is refused by the
+/// flag's own message, with or without one, never with "no GPU".
+#[test]
+fn every_flag_is_checked_before_the_gpu_probe() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "--gpus", "0"][..], "--gpus 0: give 1..=16"),
+        (&["bench", "overlap", "--gpus", "17"], "--gpus 17: give 1..=16"),
+        (&["bench", "--algo", "hm-allreduce", "--gpus", "0"], "--gpus 0: give 1..=16"),
+        (&["bench", "movers", "--threads", "0"], "--threads: 0 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "movers", "--chunk", "0"], "--chunk: 0 is not a positive multiple of 16"),
+        (&["bench", "movers", "--stages", "999"], "--stages: 999 is not in 1..=16"),
+        (&["bench", "movers", "--ctas", "99999"], "--ctas: 99999 is above 256"),
+        (&["bench", "--algo", "hm-allreduce", "--slots", "0"], "--slots: 0: a FIFO needs at least one slot"),
+        (&["bench", "--algo", "hm-allreduce", "--threads", "0"], "--threads: 0 is not a multiple of 32 in 32..=1024"),
+        (
+            &["bench", "--algo", "hm-allreduce", "--mover", "simt", "--threads", "1024"],
+            "--threads: 1024 is not a multiple of 32 in 32..=512 (the SIMT plan kernels",
+        ),
+        (&["bench", "--algo", "hm-allreduce", "--chunk", "0"], "--chunk: 0 is not a multiple of 16 of at least 16"),
+        (
+            &["bench", "--algo", "hm-allreduce", "--micro-batches", "4294967295"],
+            "--micro-batches: 4294967295: give 1..=65536",
+        ),
+        (&["bench", "--algo", "hm-allreduce", "--micro-batches", "0"], "--micro-batches: 0: give 1..=65536"),
+        (&["bench", "--algo", "hm-allreduce", "-e", "17179869183G"], "plan: a FIFO slot is too large"),
+        (&["bench", "reshard", "--domain-size", "0"], "--domain-size 0: give at least one rank per NVLink domain"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU to benchmark") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    if !cfg!(feature = "gemm") {
+        let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm"]);
+        assert!(!ok && err.contains("--compute gemm: this build has no cuBLAS bindings"), "{err}");
+    }
+}
+
+/// A smallest size below one element is refused, naming the smallest size, not quietly raised to
+/// one element.
+#[test]
+fn a_smallest_size_of_no_element_is_refused() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "-b", "0"][..], "-b: 0 B holds no 4-byte element: the smallest size is 4 B"),
+        (
+            &["bench", "reduce_scatter", "-d", "half", "-b", "1"],
+            "-b: 1 B holds no 2-byte element: the smallest size is 2 B",
+        ),
+        (
+            &["bench", "--algo", "ring-allreduce", "-b", "3"],
+            "-b: 3 B holds no 4-byte element: the smallest size is 4 B",
+        ),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -43,7 +43,7 @@ pub struct Args {
     /// and stage, the whole list re-walked per micro-batch). Same kernels, same mover.
     #[arg(long, default_value = "compiled")]
     pub exec: String,
-    /// With --algo/--xml: micro-batches per chunk.
+    /// With --algo/--xml: micro-batches per chunk, 1..=65536.
     #[arg(long, default_value_t = 4)]
     pub micro_batches: u32,
     /// With --algo/--xml: replicate the program K times over K-times finer chunks (default 1);
@@ -54,10 +54,11 @@ pub struct Args {
     /// `separate` (each on channels of its own, as MSCCL's instances: more thread blocks).
     #[arg(long = "instance-channels")]
     pub instance_channels: Option<String>,
-    /// With --algo/--xml: FIFO slots per connection (default: what the plan needs, at least 2).
+    /// With --algo/--xml: FIFO slots per connection, at least 1 (default: what the plan needs, at
+    /// least 2).
     #[arg(long)]
     pub slots: Option<u32>,
-    /// Smallest size (bytes; K, M, G suffixes are powers of 1024).
+    /// Smallest size (bytes; K, M, G suffixes are powers of 1024), at least one element.
     #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size)]
     pub min_bytes: u64,
     /// Largest size.
@@ -92,7 +93,7 @@ pub struct Args {
     /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
     #[arg(long)]
     pub ranks: Option<usize>,
-    /// One rank per GPU on the first N GPUs (rank r on GPU r mod N when --ranks or the plan has more),
+    /// One rank per GPU on the first N GPUs, 1..=16 (rank r on GPU r mod N when --ranks or the plan has more),
     /// each on a stream of its own, buffers on its GPU, peer access between the GPUs. Without it:
     /// virtual ranks on GPU 0.
     #[arg(long)]
@@ -418,12 +419,6 @@ fn movers_config(a: &Args) -> SweepConfig {
     }
 }
 
-/// The size sweep's flags (`-b`, `-e`, `-f`, `-n`) for elements of `dtype`, as `bench::check_sweep`
-/// takes them (its refusals are named by flag in [`run`]).
-fn check_sweep(a: &Args, dtype: DType) -> CliResult {
-    Ok(bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64)?)
-}
-
 /// The flag that sets the field an [`Error::Config`](crate::Error::Config) of the library names
 /// (a `Config` field, a field of the benchmarks' parameters), where one does: `max_ctas` is
 /// `--ctas`, `chunk_bytes` `--chunk`, `bytes` (the size of every buffer of movers, overlap and
@@ -453,6 +448,8 @@ fn flag_of_field(field: &str) -> Option<&'static str> {
         "gemm" | "gemm shape" => "--gemm",
         "partition" => "--partition",
         "shape" => "--shape",
+        "micro_batches" => "--micro-batches",
+        "slots" => "--slots",
         _ => return None,
     })
 }
@@ -553,6 +550,16 @@ fn run_named(a: Args) -> CliResult {
     {
         return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
     }
+    if let Some(n) = a.gpus
+        && !(1..=oxccl_kernels::abi::MAX_RANKS).contains(&n)
+    {
+        return Err(format!(
+            "--gpus {n}: give 1..={} (one rank per GPU, at most {} ranks)",
+            oxccl_kernels::abi::MAX_RANKS,
+            oxccl_kernels::abi::MAX_RANKS
+        )
+        .into());
+    }
     if k == kind::PLAN {
         return run_plan(&a);
     }
@@ -629,7 +636,7 @@ fn run_named(a: Args) -> CliResult {
             return Err(format!("-o/--op is for the collectives that reduce, not {what} (it reduces nothing)").into());
         }
         parse_op(a.op.as_deref().unwrap_or("sum"))?;
-        check_sweep(&a, dtype)?;
+        bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
     let gpus = contexts(&a)?;
@@ -802,9 +809,6 @@ fn run_plan(a: &Args) -> CliResult {
     if ranks > oxccl_kernels::abi::MAX_RANKS {
         return Err(format!("{ranks} ranks: a launch addresses at most {}", oxccl_kernels::abi::MAX_RANKS).into());
     }
-    if a.micro_batches == 0 {
-        return Err("--micro-batches must be at least 1".into());
-    }
     let config = CompiledConfig {
         mover: parse_mover(&a.mover)?,
         threads: a.threads,
@@ -834,7 +838,8 @@ fn run_plan(a: &Args) -> CliResult {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
     }
     let command: Vec<String> = std::env::args().collect();
-    check_sweep(a, b.dtype)?;
+    // The sweep, the launch configuration and the plan lowered at every size, before any GPU.
+    b.validate()?;
     let gpus = contexts(a)?;
     let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
@@ -897,7 +902,12 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
     if ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS {
         return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
     }
-    // Validate the layouts against the shape and the ranks here, so a bad command fails without a GPU.
+    if a.domain_size == 0 {
+        return Err("--domain-size 0: give at least one rank per NVLink domain".into());
+    }
+    // The plan itself (its options, the tensor's size), then the layouts against the shape and the
+    // ranks, here, so that a bad command fails without a GPU.
+    oxccl_host::reshard::plan(&a.shape, dtype.size() as u64, &src, &dst, options.plan)?;
     let buffers = vec![None; ranks];
     let side =
         |layout| crate::reshard::Side { shape: &a.shape, elem_bytes: dtype.size() as u64, layout, buffers: &buffers };
