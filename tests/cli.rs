@@ -265,7 +265,7 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         assert!(!ok && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
     }
     let (ok, err) = oxccl(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--micro-batches", "4294967295"]);
-    assert!(!ok && err.contains("micro-batches: at most 65536"), "{err}");
+    assert!(!ok && err.contains("--micro-batches 4294967295: give 1..=65536"), "{err}");
     // verify refuses the size once, before any configuration runs.
     let (ok, out, err) =
         run(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
@@ -589,6 +589,41 @@ fn a_smallest_size_of_no_element_is_refused() {
             &["bench", "--algo", "ring-allreduce", "-b", "3"],
             "-b: 3 B holds no 4-byte element: the smallest size is 4 B",
         ),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Sizes and counts that would be silently adjusted or never end are refused by flag: simulate's
+/// size of 0, one past 2^53 B or past 2^64 B, a micro-batch size of 0 (or one beside
+/// --micro-batches, which it would not shape), 0 micro-batches or slots; bench's -n and -w
+/// above a million.
+#[test]
+fn nonsense_sizes_and_counts_are_refused() {
+    let sim = ["simulate", "--algo", "ring-allreduce", "--topo", "1x4"];
+    for (extra, want) in [
+        (&["--size", "0"][..], "--size 0: give 1 B to 2^53 B"),
+        (&["--size", "16000000000G"], "--size 16000000000G: give 1 B to 2^53 B"),
+        (&["--size", "17179869184G"], "--size: size `17179869184G` is more than 2^64 - 1 bytes"),
+        (&["--size", "99999999999999999999"], "--size: size `99999999999999999999` is more than 2^64 - 1 bytes"),
+        (&["--mb-size", "0"], "--mb-size 0: give a micro-batch of at least 1 byte"),
+        (&["--micro-batches", "4", "--mb-size", "2M"], "cannot be used with"),
+        (&["--micro-batches", "0"], "--micro-batches 0: give 1..=65536"),
+        (&["--slots", "0"], "--slots 0: a FIFO needs at least one slot"),
+    ] {
+        let args = [&sim[..], extra].concat();
+        let (ok, out, err) = run(&args);
+        assert!(!ok && out.is_empty() && err.contains(want), "{extra:?}: {out}\n{err}");
+    }
+    let (ok, out) = oxccl_out(&[&sim[..], &["--size", "8192G", "--mb-size", "1"]].concat());
+    assert!(ok && out.contains("512 micro-batches per chunk"), "{out}");
+    for (args, want) in [
+        (&["bench", "all_reduce", "-n", "100000000000"][..], "-n 100000000000: give at most 1000000 timed iterations"),
+        (&["bench", "movers", "-n", "1000001"], "-n 1000001: give at most 1000000 timed iterations"),
+        (&["bench", "reshard", "-w", "2000000"], "-w 2000000: give at most 1000000 warm-up iterations"),
+        (&["bench", "--algo", "ring-allreduce", "-w", "1000001"], "-w 1000001: give at most 1000000"),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");

@@ -67,10 +67,10 @@ pub struct Args {
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
     pub factor: u64,
-    /// Timed iterations per size (tma_trace: of the copy alone).
+    /// Timed iterations per size, 1..=1000000 (tma_trace: of the copy alone).
     #[arg(short = 'n', long = "iters", default_value_t = 20)]
     pub iters: usize,
-    /// Untimed warm-up iterations per size.
+    /// Untimed warm-up iterations per size, at most 1000000.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     pub warmup: usize,
     /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
@@ -495,6 +495,10 @@ fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
     })
 }
 
+/// Most timed (`-n`) or warm-up (`-w`) iterations per size: a million calls of even a 7 µs
+/// collective already take seconds per size.
+const MAX_ITERS: usize = 1_000_000;
+
 /// Most launches `-G` takes (each of `-n` calls; a graph of a million launches of a 7 µs call
 /// already runs for seconds per size).
 const MAX_GRAPH_LAUNCHES: usize = 1_000_000;
@@ -541,6 +545,12 @@ pub fn run(a: Args) -> CliResult {
 fn run_named(a: Args) -> CliResult {
     if a.iters == 0 {
         return Err("-n: 0: give at least one timed run".into());
+    }
+    if a.iters > MAX_ITERS {
+        return Err(format!("-n {}: give at most {MAX_ITERS} timed iterations per size", a.iters).into());
+    }
+    if a.warmup > MAX_ITERS {
+        return Err(format!("-w {}: give at most {MAX_ITERS} warm-up iterations per size", a.warmup).into());
     }
     let (k, what_named) = checked_kind(&a)?;
     let overlap = k == kind::OVERLAP;
