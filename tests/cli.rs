@@ -630,3 +630,31 @@ fn nonsense_sizes_and_counts_are_refused() {
         assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A negative number given to a numeric flag reaches that flag's value parser, which names the
+/// value and the flag, rather than clap's advice to pass it after `--`.
+#[test]
+fn a_negative_number_is_refused_by_its_flag() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "-b", "-5"][..], "invalid value '-5' for '--minbytes <MIN_BYTES>': bad size `-5`"),
+        (&["bench", "all_reduce", "-e", "-5K"], "invalid value '-5K' for '--maxbytes <MAX_BYTES>': bad size `-5K`"),
+        (&["bench", "all_reduce", "--ctas", "-1"], "invalid value '-1' for '--ctas <CTAS>'"),
+        (&["bench", "all_reduce", "-n", "-3"], "invalid value '-3' for '--iters <ITERS>'"),
+        (&["bench", "overlap", "--compute-ms", "-3"], "--compute-ms -3: give a time in (0, 60000] ms"),
+        (&["bench", "movers", "--piece", "-16"], "invalid value '-16' for '--piece <PIECE>'"),
+        (&["bench", "overlap", "--compute", "mma", "--gemm", "-1,2,3"], "invalid value '-1' for '--gemm <GEMM>'"),
+        (&["bench", "reshard", "--shape", "-4,8"], "invalid value '-4' for '--shape <SHAPE>'"),
+        (&["bench", "reshard", "--nvlink-gbps", "-1"], "--nvlink-gbps -1: give a positive bandwidth"),
+        (&["demo", "--ranks", "-2"], "invalid value '-2' for '--ranks <RANKS>'"),
+        (
+            &["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "-1"],
+            "invalid value '-1' for '--instances",
+        ),
+        (&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--slots", "-1"], "invalid value '-1' for '--slots"),
+        (&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "-1M"], "--size: bad size `-1M`"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("unexpected argument") && !err.contains("use '--"), "{args:?}: {err}");
+    }
+}

@@ -44,11 +44,11 @@ pub struct Args {
     #[arg(long, default_value = "compiled")]
     pub exec: String,
     /// With --algo/--xml: micro-batches per chunk, 1..=65536.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub micro_batches: u32,
     /// With --algo/--xml: replicate the program K times over K-times finer chunks (default 1);
     /// with --instance-channels separate, each instance on thread blocks of its own.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub instances: Option<u32>,
     /// With --instances: `shared` (every instance on the program's channels, the default) or
     /// `separate` (each on channels of its own, as MSCCL's instances: more thread blocks).
@@ -56,29 +56,29 @@ pub struct Args {
     pub instance_channels: Option<String>,
     /// With --algo/--xml: FIFO slots per connection, at least 1 (default: what the plan needs, at
     /// least 2).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub slots: Option<u32>,
     /// Smallest size (bytes; K, M, G suffixes are powers of 1024), at least one element.
-    #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size)]
+    #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size, allow_hyphen_values = true)]
     pub min_bytes: u64,
     /// Largest size.
-    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size, allow_hyphen_values = true)]
     pub max_bytes: u64,
     /// Multiplication factor between sizes.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4, allow_negative_numbers = true)]
     pub factor: u64,
     /// Timed iterations per size, 1..=1000000 (tma_trace: of the copy alone).
-    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    #[arg(short = 'n', long = "iters", default_value_t = 20, allow_negative_numbers = true)]
     pub iters: usize,
     /// Untimed warm-up iterations per size, at most 1000000.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5, allow_negative_numbers = true)]
     pub warmup: usize,
     /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
     /// (nccl-tests' -G; at most 1000000; 0, the default, launches each call).
-    #[arg(short = 'G', long = "cudagraph")]
+    #[arg(short = 'G', long = "cudagraph", allow_negative_numbers = true)]
     pub graph: Option<usize>,
     /// Check results in a separate untimed pass (1) or not (0).
-    #[arg(short = 'c', long = "check", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    #[arg(short = 'c', long = "check", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1), allow_negative_numbers = true)]
     pub check: u8,
     /// Element type: float, half, bfloat16, int32, uint32 (default float; bfloat16 for reshard).
     #[arg(short = 'd', long = "datatype")]
@@ -88,18 +88,18 @@ pub struct Args {
     #[arg(short = 'o', long = "op")]
     pub op: Option<String>,
     /// broadcast, reduce: the root rank (default 0).
-    #[arg(short = 'r', long = "root")]
+    #[arg(short = 'r', long = "root", allow_negative_numbers = true)]
     pub root: Option<usize>,
     /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ranks: Option<usize>,
     /// One rank per GPU on the first N GPUs, 1..=16 (rank r on GPU r mod N when --ranks or the plan has more),
     /// each on a stream of its own, buffers on its GPU, peer access between the GPUs. Without it:
     /// virtual ranks on GPU 0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<usize>,
     /// CTAs per rank (default: all SMs divided among the ranks, at most 16; overlap and tma_trace: 8).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ctas: Option<u32>,
     /// Data mover: tma or simt.
     #[arg(long, default_value = "tma")]
@@ -110,33 +110,33 @@ pub struct Args {
     pub reduction: Option<String>,
     /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine the
     /// reduce-add's sources, copies and bulk reductions run one warp; overlap: of the TMA rows only).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub threads: Option<u32>,
     /// overlap: threads per CTA of the SIMT rows (default 512): fewer let a SIMT CTA share its SM
     /// with the compute's CTAs.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub simt_threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels;
     /// tma_trace: default 32768).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub chunk: Option<u32>,
     /// movers: how the range is split between the CTAs: `contiguous` (one range per CTA), a size
     /// (pieces of that size dealt to the CTAs in turn; at least one per CTA), or `auto` (default:
     /// contiguous below 64 CTAs, 4 MiB pieces from there where every CTA gets one).
-    #[arg(long, value_parser = parse_split)]
+    #[arg(long, value_parser = parse_split, allow_hyphen_values = true)]
     pub piece: Option<Split>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, 2 of
     /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
     /// and 8 shared by 4 issuers where nothing combines; movers: one issuer, 32 KiB stages as deep
     /// as shared memory allows for copy (with --chunk too left open), `auto_pipeline` for
     /// reduce-into, `combining_pipeline` for reduce-add; tma_trace: per issuing warp, default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
     /// that only copy and bulk-reduce, 1..=4 (default 4, or 2, where each keeps two stages and the
     /// threads hold their warps; see `Config::issuers`); tma_trace: issuing warps per CTA, each with
     /// its own ring (default 1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub issuers: Option<u32>,
     /// all_reduce, overlap (TMA mover, register reduction): `true`: the combining threads store
     /// AllReduce's result from registers to every rank; `false`: they bulk-store one shared copy;
@@ -152,11 +152,11 @@ pub struct Args {
     pub compute: String,
     /// overlap, tma_trace, `--compute gemm|mma`: M,N,K of each GEMM (default 8192,8192,8192; mma: M,
     /// N multiples of 128, K of 32).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub gemm: Option<Vec<u32>>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
     /// configuration's collective alone); tma_trace: the same (default: three times the copy alone).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub compute_ms: Option<f64>,
     /// overlap: size the compute for the SMs the collective's CTAs leave (cuBLAS's SM count target,
     /// or a smaller FMA grid: the GPU's SMs less `--ctas` times its ranks), as when SMs are
@@ -168,16 +168,16 @@ pub struct Args {
     #[arg(long)]
     pub mma_one_per_sm: bool,
     /// overlap, tma_trace, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub fma_ctas_per_sm: Option<u32>,
     /// tma_trace: rounds the ring's refill lags behind the stores, 1..=min(stages / round, 8)
     /// (default half the rounds of stages, at least one, as the engine's TMA mover).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lag: Option<u32>,
     /// tma_trace: items per round, 1 (default: the engine's item-by-item ring) or 4 (rounds of four
     /// items through a multiple of four stages, each step of a round, refill, poll and store, as
     /// four independent instructions).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub round: Option<u32>,
     /// tma_trace: copy without per-item trace records (no clock read or store between the loop's
     /// steps; the medians print as 0).
@@ -201,7 +201,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// reshard: global shape, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "7168,18432")]
+    #[arg(long, value_delimiter = ',', default_value = "7168,18432", allow_hyphen_values = true)]
     pub shape: Vec<u64>,
     /// reshard: source mesh (`DIMSxDIMS@START`).
     #[arg(long, default_value = "8@0")]
@@ -219,19 +219,19 @@ pub struct Args {
     #[arg(long, default_value = "hierarchical")]
     pub route: String,
     /// reshard: ranks per NVLink domain.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub domain_size: u32,
     /// reshard: hierarchical split threshold in bytes.
-    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES, allow_negative_numbers = true)]
     pub min_split_bytes: u64,
     /// reshard: which rank's CTAs run a copy: reader, writer or balanced.
     #[arg(long, default_value = "reader")]
     pub owner: String,
     /// reshard, NVLink model: one rank's NVLink bandwidth per direction (GB/s; H200: 450).
-    #[arg(long, default_value_t = 450.0)]
+    #[arg(long, default_value_t = 450.0, allow_negative_numbers = true)]
     pub nvlink_gbps: f64,
     /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 50.0, allow_negative_numbers = true)]
     pub cross_gbps: f64,
     /// The flags given on the command line (clap's argument ids, [`given_ids`]), filled by the `oxccl`
     /// binary: each is checked against the benchmarks that read it ([`FLAG_USERS`]), and the mover

@@ -11,13 +11,13 @@ use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Virtual ranks.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub ranks: usize,
     /// f32 elements per rank.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, allow_negative_numbers = true)]
     pub count: u64,
     /// CTAs per rank.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub ctas: u32,
     /// Use the CPU executor even when a GPU is present.
     #[arg(long)]

@@ -73,7 +73,7 @@ pub enum RouteArg {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Global tensor shape, comma separated (`4,8`); any number of dims.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, allow_hyphen_values = true)]
     pub shape: Vec<u64>,
     /// Element type.
     #[arg(long, value_enum, default_value = "f32")]
@@ -94,11 +94,11 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "hierarchical")]
     pub route: RouteArg,
     /// Ranks per NVLink domain (rank r is in domain r / size).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub domain_size: u32,
     /// Hierarchical route: split a piece entering a domain over up to that many of the domain's ranks
     /// needing it, keeping parts at least this many bytes (0: down to single rows).
-    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES, allow_negative_numbers = true)]
     pub min_split_bytes: u64,
     /// Run the plan on the CPU executor and check every destination element against the global tensor;
     /// exit non-zero on any mismatch.
@@ -108,7 +108,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Transfers listed in the text output (the JSON report lists all).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_listed: usize,
     /// Also lower the plan for the engine (ranks: enough for both meshes) and print its task counts
     /// (and its text form when it has at most --max-listed tasks); with --verify, run the lowered
