@@ -348,13 +348,42 @@ impl Default for SweepConfig {
 
 impl SweepConfig {
     /// Checks what the sweep would refuse, without a GPU: a size of at least one whole f32 element,
-    /// at least one timed iteration, CTA counts of at least 1, and explicit pieces that are positive
-    /// multiples of 16, at most 2^20 of them, and at least one per CTA.
+    /// at least one timed iteration, CTA counts in `1..=MAX_CTAS_PER_RANK`, threads that are
+    /// multiples of 32 in `32..=1024` (`32..=512` for SIMT), a given chunk that is a positive
+    /// multiple of 16, given stages in `1..=MAX_STAGES`, and explicit pieces that are positive
+    /// multiples of 16, at most 2^20 of them, and at least one per CTA. (What the device's shared
+    /// memory holds is left to the launch: a chunk too large for it is cut, see
+    /// [`SweepConfig::chunk_bytes`].)
     pub fn validate(&self) -> Result<()> {
         check_f32_bytes(self.bytes, " per buffer")?;
         check_iters(self.iters)?;
         if self.ctas.contains(&0) {
             return Err(Error::Config { field: "ctas", why: "every CTA count of the sweep must be at least 1".into() });
+        }
+        if let Some(&c) = self.ctas.iter().find(|&&c| c as usize > abi::MAX_CTAS_PER_RANK) {
+            return Err(Error::Config {
+                field: "ctas",
+                why: format!("{c} is above {} (the CTAs one launch of a rank may use)", abi::MAX_CTAS_PER_RANK),
+            });
+        }
+        for (field, t, most) in [
+            ("tma_threads_bulk", self.tma_threads_bulk, 1024),
+            ("tma_threads_combine", self.tma_threads_combine, 1024),
+            ("simt_threads", self.simt_threads, 512),
+        ] {
+            if t == 0 || !t.is_multiple_of(32) || t > most {
+                return Err(Error::Config { field, why: format!("{t} is not a multiple of 32 in 32..={most}") });
+            }
+        }
+        if let Some(b) = self.chunk_bytes
+            && (b == 0 || !b.is_multiple_of(16))
+        {
+            return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
+        }
+        if let Some(st) = self.stages
+            && (st == 0 || st as usize > abi::MAX_STAGES)
+        {
+            return Err(Error::Config { field: "stages", why: format!("{st} is not in 1..={}", abi::MAX_STAGES) });
         }
         if let Split::Pieces(p) = self.split
             && p > 0
@@ -600,8 +629,7 @@ pub struct CollectiveBench {
     pub op: ReduceOp,
     /// Ranks: one per stream given to [`collective_bench`].
     pub ranks: usize,
-    /// Smallest size in bytes, nccl-tests' `-b`: the larger per-rank buffer (raised to one element
-    /// where smaller).
+    /// Smallest size in bytes, nccl-tests' `-b`: the larger per-rank buffer (at least one element).
     pub min_bytes: u64,
     /// Largest size in bytes, nccl-tests' `-e`: no size above it runs.
     pub max_bytes: u64,
@@ -972,21 +1000,34 @@ fn check_f32_bytes(bytes: u64, per: &str) -> Result<()> {
     Ok(())
 }
 
-/// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, a factor of at least
-/// 2 (a smaller one would never reach `max`), at least one timed iteration. Every benchmark checks
-/// these before it allocates anything.
+/// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, both at least one
+/// element (a smaller size would run as one element, not as asked), a factor of at least 2 (a
+/// smaller one would never reach `max`), at least one timed iteration. Every benchmark checks these
+/// before it allocates anything.
 pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, elem_bytes: u64) -> Result<()> {
     let bad = |field, why: String| Err(Error::Config { field, why });
     if min_bytes > max_bytes {
-        return bad("min_bytes", format!("{min_bytes} B is above max_bytes ({max_bytes} B): no size to run"));
+        return bad("min_bytes", format!("{min_bytes} B is above the largest size ({max_bytes} B): no size to run"));
     }
     if max_bytes < elem_bytes {
         return bad("max_bytes", format!("{max_bytes} B holds no {elem_bytes}-byte element: no size to run"));
+    }
+    if min_bytes < elem_bytes {
+        return bad(
+            "min_bytes",
+            format!("{min_bytes} B holds no {elem_bytes}-byte element: the smallest size is {elem_bytes} B"),
+        );
     }
     if factor < 2 {
         return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
     }
     check_iters(iters)
+}
+
+/// The sizes of a sweep [`check_sweep`] accepted: `min_bytes`, then each `factor` times the last,
+/// up to `max_bytes` (ending early where the next would overflow).
+fn sweep_sizes(min_bytes: u64, max_bytes: u64, factor: u64) -> impl Iterator<Item = u64> {
+    std::iter::successors(Some(min_bytes), move |&s| s.checked_mul(factor)).take_while(move |&s| s <= max_bytes)
 }
 
 /// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
@@ -1015,8 +1056,7 @@ pub fn collective_bench(
     let mut staging = check_staging(streams, b.check)?;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
-    let mut size = b.min_bytes.max(e);
-    while size <= b.max_bytes {
+    for size in sweep_sizes(b.min_bytes, b.max_bytes, b.factor) {
         // nccl-tests: size is the larger per-rank buffer; count per rank in the smaller one.
         let total_elems = size / e;
         let count = match b.collective {
@@ -1205,7 +1245,6 @@ pub fn collective_bench(
         };
         on_row(&row);
         rows.push(row);
-        size = size.saturating_mul(b.factor);
     }
     Ok(rows)
 }
@@ -1254,12 +1293,13 @@ pub struct PlanBench {
     pub dtype: DType,
     /// Reduction operator (unused where the plan's collective reduces nothing).
     pub op: ReduceOp,
-    /// Micro-batches every chunk is cut into; a chunk is a multiple of 16 bytes per micro-batch.
+    /// Micro-batches every chunk is cut into, `1..=MAX_MICRO_BATCHES` (65536); a chunk is a
+    /// multiple of 16 bytes per micro-batch.
     pub micro_batches: u32,
-    /// FIFO slots per connection (`None`: what the lowering needs, at least 2).
+    /// FIFO slots per connection, at least 1 (`None`: what the lowering needs, at least 2).
     pub slots: Option<u32>,
-    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank, before it is cut
-    /// into whole chunks.
+    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank (at least one
+    /// element), before it is cut into whole chunks.
     pub min_bytes: u64,
     /// Largest size in bytes (nccl-tests' `-e`): no size above it runs.
     pub max_bytes: u64,
@@ -1274,6 +1314,59 @@ pub struct PlanBench {
     pub check: bool,
     /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
+}
+
+impl PlanBench {
+    /// Checks what [`plan_bench`] would refuse, without a GPU: the sweep ([`check_sweep`]),
+    /// micro-batches in `1..=MAX_MICRO_BATCHES` (the executors' bound), at least one FIFO slot where
+    /// they are given, the launch configuration ([`CompiledConfig::validate`]) and the plan's
+    /// lowering at every size of the sweep.
+    pub fn validate(&self) -> Result<()> {
+        check_sweep(self.min_bytes, self.max_bytes, self.factor, self.iters, self.dtype.size() as u64)?;
+        let most = oxccl_host::sim::MAX_MICRO_BATCHES;
+        if !(1..=most).contains(&self.micro_batches) {
+            return Err(Error::Config {
+                field: "micro_batches",
+                why: format!("{}: give 1..={most}", self.micro_batches),
+            });
+        }
+        if self.slots == Some(0) {
+            return Err(Error::Config { field: "slots", why: "0: a FIFO needs at least one slot".into() });
+        }
+        self.config.validate()?;
+        for size in sweep_sizes(self.min_bytes, self.max_bytes, self.factor) {
+            self.lowered(size)?;
+        }
+        Ok(())
+    }
+
+    /// The plan lowered for the sweep's `size`: its options (the larger user buffer per rank cut
+    /// into the plan's chunks, each a positive multiple of 16 bytes per micro-batch), its FIFO slots
+    /// (those given, else what the lowering needs, at least 2) and the lowering.
+    fn lowered(
+        &self,
+        size: u64,
+    ) -> Result<(oxccl_host::compile::lower::LowerOptions, u32, oxccl_host::compile::lower::LoweredPlan)> {
+        use oxccl_host::compile::lower::{LowerOptions, lower};
+        let l = &self.plan.layout;
+        let user_chunks = (l.input_chunks() as u64).max(l.output_chunks() as u64);
+        let grain = 16 * self.micro_batches as u64;
+        let opts = LowerOptions {
+            mode: self.mode,
+            micro_batches: self.micro_batches,
+            chunk_bytes: (size / user_chunks.max(1) / grain).max(1) * grain,
+            fifo_slots: 1,
+            dtype: self.dtype,
+            op: self.op,
+            timing: false,
+        };
+        let plan_error =
+            |e: oxccl_host::compile::lower::LowerError| Error::Config { field: "plan", why: e.to_string() };
+        let probe = lower(&self.plan, &opts).map_err(plan_error)?;
+        let slots = self.slots.unwrap_or(probe.slots_needed.max(2));
+        let lowered = lower(&self.plan, &LowerOptions { fifo_slots: slots, ..opts }).map_err(plan_error)?;
+        Ok((opts, slots, lowered))
+    }
 }
 
 /// What a compiled-plan benchmark ran with, for the report's header.
@@ -1310,7 +1403,7 @@ pub fn plan_bench(
 ) -> Result<Vec<CollectiveRow>> {
     use oxccl_host::compile::lower::{LowerOptions, lower, place};
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
-    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters, b.dtype.size() as u64)?;
+    b.validate()?;
     let l = &b.plan.layout;
     let p = l.ranks as usize;
     if streams.len() != p {
@@ -1326,7 +1419,6 @@ pub fn plan_bench(
     let e = b.dtype.size() as u64;
     let (ic, oc) = (l.input_chunks() as u64, l.output_chunks() as u64);
     let user_chunks = ic.max(oc);
-    let grain = 16 * b.micro_batches as u64;
     let collective = match l.collective {
         Coll::AllReduce => Some(Collective::AllReduce),
         Coll::AllGather => Some(Collective::AllGather),
@@ -1335,22 +1427,9 @@ pub fn plan_bench(
     };
     let mut staging = check_staging(streams, b.check)?;
     let mut rows = Vec::new();
-    let mut size = b.min_bytes.max(e);
-    while size <= b.max_bytes {
-        let chunk_bytes = (size / user_chunks.max(1) / grain).max(1) * grain;
-        let opts = LowerOptions {
-            mode: b.mode,
-            micro_batches: b.micro_batches,
-            chunk_bytes,
-            fifo_slots: 1,
-            dtype: b.dtype,
-            op: b.op,
-            timing: false,
-        };
-        let probe = lower(&b.plan, &opts).map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
-        let slots = b.slots.unwrap_or(probe.slots_needed.max(2));
-        let lp = lower(&b.plan, &LowerOptions { fifo_slots: slots, ..opts })
-            .map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
+    for size in sweep_sizes(b.min_bytes, b.max_bytes, b.factor) {
+        let (opts, slots, lp) = b.lowered(size)?;
+        let chunk_bytes = opts.chunk_bytes;
         let runner = CompiledPlan::on_engines(&engines, streams, &lp, b.config.clone())?;
         let bufs = PlanBuffers::new(&runner, 0)?;
         let table = bufs.table();
@@ -1486,7 +1565,6 @@ pub fn plan_bench(
         };
         on_row(&row, &info);
         rows.push(row);
-        size = size.saturating_mul(b.factor);
     }
     Ok(rows)
 }
@@ -1845,14 +1923,17 @@ mod tests {
     use super::*;
     use oxccl_host::tccl::{self, PlanSpec};
 
-    /// A sweep runs at least one size, grows, and times something; each refusal names its field.
+    /// A sweep runs at least one size of at least one element, grows, and times something; each
+    /// refusal names its field.
     #[test]
     fn sweeps_that_cannot_run_are_refused() {
         assert!(check_sweep(1 << 20, 1 << 30, 4, 20, 4).is_ok());
         assert!(check_sweep(8, 8, 2, 1, 4).is_ok());
-        assert!(check_sweep(1, 2, 2, 1, 2).is_ok());
+        assert!(check_sweep(2, 2, 2, 1, 2).is_ok());
         for (args, want) in [
             ((2 << 20, 1 << 20, 4, 20, 4), "min_bytes"),
+            ((1, 2, 2, 1, 2), "min_bytes"),
+            ((0, 1 << 20, 4, 20, 4), "min_bytes"),
             ((1, 3, 2, 20, 4), "max_bytes"),
             ((8, 1 << 20, 1, 20, 4), "factor"),
             ((8, 8, 0, 20, 4), "factor"),
@@ -1864,6 +1945,16 @@ mod tests {
                 other => panic!("{args:?}: {other:?}"),
             }
         }
+    }
+
+    /// A sweep's sizes grow by the factor up to the largest, and end where the next would overflow
+    /// (a largest size of 2^64 - 1 B does not run forever).
+    #[test]
+    fn sweep_sizes_end() {
+        assert_eq!(sweep_sizes(4, 100, 4).collect::<Vec<_>>(), [4, 16, 64]);
+        assert_eq!(sweep_sizes(8, 8, 2).collect::<Vec<_>>(), [8]);
+        let all: Vec<u64> = sweep_sizes(1, u64::MAX, 2).collect();
+        assert_eq!((all.len(), all.last()), (64, Some(&(1u64 << 63))));
     }
 
     /// The roofline's byte counts for 8 ranks of a 1 MiB buffer: in place, AllGather and Broadcast
@@ -2053,8 +2144,9 @@ mod tests {
     }
 
     /// What the sweep refuses before it touches a GPU: a size of no or partial f32 elements, a CTA count
-    /// of 0, no timed iteration, pieces that are no multiple of 16, too many of them, or fewer than
-    /// the CTAs.
+    /// of 0 or above the engine's CTAs per rank, threads out of range, a chunk of 0, too many stages,
+    /// no timed iteration, pieces that are no multiple of 16, too many of them, or fewer than the
+    /// CTAs.
     #[test]
     fn sweep_configuration_refusals() {
         let ok = SweepConfig::default();
@@ -2067,6 +2159,21 @@ mod tests {
         refused(SweepConfig { bytes: 0, ..ok.clone() }, "bytes");
         refused(SweepConfig { iters: 0, ..ok.clone() }, "iters");
         refused(SweepConfig { ctas: vec![1, 0], ..ok.clone() }, "ctas");
+        refused(SweepConfig { ctas: vec![257], ..ok.clone() }, "ctas");
+        refused(SweepConfig { tma_threads_combine: 0, ..ok.clone() }, "tma_threads_combine");
+        refused(SweepConfig { tma_threads_combine: 48, ..ok.clone() }, "tma_threads_combine");
+        refused(SweepConfig { simt_threads: 1024, ..ok.clone() }, "simt_threads");
+        refused(SweepConfig { chunk_bytes: Some(0), ..ok.clone() }, "chunk_bytes");
+        refused(SweepConfig { stages: Some(17), ..ok.clone() }, "stages");
+        SweepConfig {
+            ctas: vec![256],
+            tma_threads_combine: 1024,
+            chunk_bytes: Some(16),
+            stages: Some(16),
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap();
         refused(SweepConfig { split: Split::Pieces(24), ..ok.clone() }, "split");
         refused(SweepConfig { split: Split::Pieces(16), ..ok.clone() }, "split");
         refused(SweepConfig { split: Split::Pieces(16 << 20), ..ok.clone() }, "split");

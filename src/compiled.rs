@@ -69,6 +69,38 @@ impl Default for CompiledConfig {
     }
 }
 
+impl CompiledConfig {
+    /// Checks, without a GPU, what any launch with this configuration would refuse: given threads
+    /// that are not a multiple of 32 in `32..=1024` (`32..=512` for the SIMT mover), a given TMA
+    /// stage size that is not a multiple of 16 of at least 16, or a timeout out of range. Whether a
+    /// shape fits the device is checked when a plan is loaded ([`CompiledPlan::on_engines`]).
+    pub fn validate(&self) -> Result<()> {
+        if let Some(t) = self.threads {
+            let (max, why) = if self.mover == Mover::Simt {
+                (512, " (the SIMT plan kernels are compiled for at most 512)")
+            } else {
+                (1024, "")
+            };
+            if t == 0 || !t.is_multiple_of(32) || t > max {
+                return Err(Error::Config {
+                    field: "threads",
+                    why: format!("{t} is not a multiple of 32 in 32..={max}{why}"),
+                });
+            }
+        }
+        if self.mover == Mover::Tma
+            && let Some(b) = self.stage_bytes
+            && (b < 16 || !b.is_multiple_of(16))
+        {
+            return Err(Error::Config {
+                field: "stage_bytes",
+                why: format!("{b} is not a multiple of 16 of at least 16"),
+            });
+        }
+        check_timeout(self.timeout)
+    }
+}
+
 /// The launch shape chosen for a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchShape {
@@ -248,30 +280,14 @@ impl CompiledPlan {
         let c = &self.config;
         let mover = c.mover;
         let default_threads = if mover == Mover::Tma { 128 } else { 512 };
+        c.validate()?;
         let threads: Vec<u32> = match c.threads {
-            Some(t) => {
-                let max = if mover == Mover::Simt { 512 } else { 1024 };
-                if t == 0 || !t.is_multiple_of(32) || t > max {
-                    return Err(Error::Config {
-                        field: "threads",
-                        why: format!("{t} is not a multiple of 32 in 32..={max} (SIMT kernels are bounded to 512)"),
-                    });
-                }
-                vec![t]
-            }
+            Some(t) => vec![t],
             None => std::iter::successors(Some(default_threads), |&t| (t > 32).then_some(t / 2)).collect(),
         };
         let stages: Vec<u32> = match (mover, c.stage_bytes) {
             (Mover::Simt, _) => vec![0],
-            (Mover::Tma, Some(b)) => {
-                if b < 16 || !b.is_multiple_of(16) {
-                    return Err(Error::Config {
-                        field: "stage_bytes",
-                        why: format!("{b} is not a multiple of 16 of at least 16"),
-                    });
-                }
-                vec![b]
-            }
+            (Mover::Tma, Some(b)) => vec![b],
             (Mover::Tma, None) => STAGE_BYTES.to_vec(),
         };
         let mut ctas_per_device = 0u32;

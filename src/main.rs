@@ -28,6 +28,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let matches = Cli::command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // `oxccl bench` refuses flags its benchmark does not read: it is told which were given.
@@ -50,5 +51,17 @@ fn main() -> ExitCode {
             eprintln!("oxccl: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Puts back the default action of SIGPIPE, which the Rust runtime ignores: a reader that closes
+/// the pipe early (`oxccl verify ... | head -1`) then ends the command quietly, as any Unix filter,
+/// where `println!` would panic on the broken pipe.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in `main`, before any other thread exists or any handler is
+    // installed; SIG_DFL is a valid disposition for SIGPIPE and the previous one is not needed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -37,7 +37,7 @@ fn a_size_of_no_whole_f32_is_named() {
     for (what, per) in [("movers", "per buffer"), ("overlap", "per rank")] {
         for size in ["6", "0"] {
             let (ok, err) = oxccl(&["bench", what, "-e", size]);
-            let want = format!("{size} B {per}: the buffers are of f32, give a positive multiple of 4 bytes");
+            let want = format!("-e: {size} B {per}: the buffers are of f32, give a positive multiple of 4 bytes");
             assert!(!ok && err.contains(&want), "{what} -e {size}: {err}");
         }
     }
@@ -53,12 +53,15 @@ fn a_bad_compute_load_is_named() {
     assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "8192,8192,100"]);
     assert!(
-        !ok && err.contains("--gemm 8192,8192,100")
-            && err.contains("M and N must be positive multiples of 128, K of 32"),
+        !ok && err
+            .contains("--gemm: 8192x8192x100: for the mma load M and N must be positive multiples of 128, K of 32"),
         "{err}"
     );
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "65536,32768,128"]);
-    assert!(!ok && err.contains("every matrix at most 2^30 elements"), "{err}");
+    assert!(
+        !ok && err.contains("--gemm: 65536x32768x128: for the mma load every matrix at most 2^30 elements"),
+        "{err}"
+    );
     let (ok, err) = oxccl(&["bench", "overlap", "--mma-one-per-sm"]);
     assert!(!ok && err.contains("--mma-one-per-sm is for --compute mma, not fma"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--fma-ctas-per-sm", "2"]);
@@ -71,7 +74,7 @@ fn a_bad_compute_load_is_named() {
     }
     for t in ["100", "0", "1024"] {
         let (ok, err) = oxccl(&["bench", "overlap", "--simt-threads", t]);
-        assert!(!ok && err.contains("simt_threads") && err.contains("not a multiple of 32 in 32..=512"), "{t}: {err}");
+        assert!(!ok && err.contains(&format!("--simt-threads: {t} is not a multiple of 32 in 32..=512")), "{t}: {err}");
         assert!(!err.contains("panicked"), "{t}: {err}");
     }
 }
@@ -136,21 +139,21 @@ fn issuers_are_refused_where_they_mean_nothing() {
     );
     for what in ["overlap", "reshard"] {
         let (ok, err) = oxccl(&["bench", what, "--issuers", "5"]);
-        assert!(!ok && err.contains("issuers: 5 is not in 1..=4"), "{what}: {err}");
+        assert!(!ok && err.contains("--issuers: 5 is not in 1..=4"), "{what}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{what}: {err}");
     }
 }
 
 #[test]
 fn a_bad_overlap_pipeline_is_named() {
-    for (flag, value, field) in [
-        ("--chunk", "17", "chunk_bytes"),
-        ("--stages", "0", "stages"),
-        ("--threads", "48", "threads"),
-        ("--ctas", "0", "max_ctas"),
+    for (flag, value, want) in [
+        ("--chunk", "17", "--chunk: 17 is not a positive multiple of 16"),
+        ("--stages", "0", "--stages: 0 is not in 1..=16"),
+        ("--threads", "48", "--threads: 48 is not a multiple of 32"),
+        ("--ctas", "0", "--ctas: must be at least 1"),
     ] {
         let (ok, err) = oxccl(&["bench", "overlap", flag, value]);
-        assert!(!ok && err.contains(field), "{flag} {value}: {err}");
+        assert!(!ok && err.contains(want), "{flag} {value}: {err}");
         assert!(!err.contains("no GPU") && !err.contains("panicked"), "{flag} {value}: {err}");
     }
 }
@@ -186,7 +189,11 @@ fn a_bad_piece_is_named() {
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "17"]);
     assert!(!ok && err.contains("--piece 17: give a positive multiple of 16"), "{err}");
     let (ok, err) = oxccl(&["bench", "movers", "-e", "64M", "--piece", "4M"]);
-    assert!(!ok && err.contains("cut 67108864 B into 16 pieces, fewer than the sweep's 132 CTAs"), "{err}");
+    assert!(
+        !ok && err
+            .contains("--piece: 4194304-byte pieces cut 67108864 B into 16 pieces, fewer than the sweep's 132 CTAs"),
+        "{err}"
+    );
     let (ok, err) = oxccl(&["bench", "movers", "--piece", "halves"]);
     assert!(!ok && err.contains("bad size `halves`") && err.contains("or auto, or contiguous"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -246,10 +253,10 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         (&["bench", "overlap", "--ranks", "0"], "--ranks 0: must be 1..=16"),
         (&["bench", "reshard", "--ranks", "100000000000"], "--ranks 100000000000: must be 1..=16"),
         (&["demo", "--ranks", "0", "--cpu"], "0 ranks"),
-        (&["bench", "all_reduce", "--ctas", "0"], "max_ctas: must be at least 1"),
-        (&["bench", "reduce_scatter", "--chunk", "8"], "chunk_bytes: 8 is not a positive multiple of 16"),
-        (&["bench", "broadcast", "--stages", "0"], "stages: 0 is not in 1..=16"),
-        (&["bench", "all_gather", "--issuers", "9"], "issuers: 9 is not in 1..=4"),
+        (&["bench", "all_reduce", "--ctas", "0"], "--ctas: must be at least 1"),
+        (&["bench", "reduce_scatter", "--chunk", "8"], "--chunk: 8 is not a positive multiple of 16"),
+        (&["bench", "broadcast", "--stages", "0"], "--stages: 0 is not in 1..=16"),
+        (&["bench", "all_gather", "--issuers", "9"], "--issuers: 9 is not in 1..=4"),
         (&["demo", "--count", "100000000000", "--cpu"], "--count 100000000000"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "4x1073741826"], "more than 1048576 GPUs"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "4294967295"], "too large"),
@@ -258,18 +265,23 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         assert!(!ok && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
     }
     let (ok, err) = oxccl(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--micro-batches", "4294967295"]);
-    assert!(!ok && err.contains("micro-batches: at most 65536"), "{err}");
-    // verify reports the refusal as a failed configuration, naming the size.
-    let (ok, out) =
-        oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
-    assert!(!ok && out.contains("a host verification holds"), "{out}");
+    assert!(!ok && err.contains("--micro-batches 4294967295: give 1..=65536"), "{err}");
+    // verify refuses the size once, before any configuration runs.
+    let (ok, out, err) =
+        run(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "4611686018427387904"]);
+    assert!(
+        !ok && out.is_empty()
+            && err.contains("--count 4611686018427387904: ")
+            && err.contains("a host verification holds"),
+        "{out}\n{err}"
+    );
 }
 
 #[test]
 fn edge_sizes_run_to_the_end() {
     // No elements at all: the demo checks nothing wrong, on the CPU executor.
     let (ok, out) = oxccl_out(&["demo", "--count", "0", "--ranks", "3", "--cpu"]);
-    assert!(ok && out.contains("correct"), "{out}");
+    assert!(ok && out.contains("correct (no elements to compare)"), "{out}");
     // A simulation far into f64 time still finishes (time keeps moving).
     let (ok, out) = oxccl_out(&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "16384G"]);
     assert!(ok && out.contains("TBs"), "{out}");
@@ -278,16 +290,19 @@ fn edge_sizes_run_to_the_end() {
 #[test]
 fn the_trace_diagnostic_names_its_bad_flags() {
     for (args, want) in [
-        (&["--lag", "9"][..], "lag: 9: give 1..=4 (the rounds of stages, at most 8)"),
-        (&["--stages", "3", "--lag", "0"][..], "lag: 0: give 1..=3 (the rounds of stages, at most 8)"),
-        (&["--stages", "16", "--lag", "9"][..], "lag: 9: give 1..=8 (the rounds of stages, at most 8)"),
+        (&["--lag", "9"][..], "--lag: 9: give 1..=4 (the rounds of stages, at most 8)"),
+        (&["--stages", "3", "--lag", "0"][..], "--lag: 0: give 1..=3 (the rounds of stages, at most 8)"),
+        (&["--stages", "16", "--lag", "9"][..], "--lag: 9: give 1..=8 (the rounds of stages, at most 8)"),
         (
             &["--round", "4", "--stages", "6"][..],
-            "round: 4: give 1, or 4 with a multiple of 4 stages and whole rounds per warp (6 stages",
+            "--round: 4: give 1, or 4 with a multiple of 4 stages and whole rounds per warp (6 stages",
         ),
-        (&["--round", "3"][..], "round: 3: give 1, or 4"),
-        (&["--round", "4", "--stages", "8", "--lag", "3"][..], "lag: 3: give 1..=2 (the rounds of stages"),
-        (&["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
+        (&["--round", "3"][..], "--round: 3: give 1, or 4"),
+        (&["--round", "4", "--stages", "8", "--lag", "3"][..], "--lag: 3: give 1..=2 (the rounds of stages"),
+        (
+            &["--stages", "1073741824", "--issuers", "4", "--lag", "1"][..],
+            "--stages: 1073741824 stages x 4 warps: give 1..=128 stages in all",
+        ),
         (
             &["--threads", "256"][..],
             "--threads is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), movers, overlap, reshard and --algo/--xml, not tma_trace (tma_trace times one TMA copy",
@@ -300,12 +315,15 @@ fn the_trace_diagnostic_names_its_bad_flags() {
             &["--mover", "simt"][..],
             "--mover is for the collectives (all_reduce, reduce_scatter, all_gather, broadcast, reduce), reshard and --algo/--xml, not tma_trace",
         ),
-        (&["-n", "0"][..], "iters: 0: give at least one timed run"),
+        (&["-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["--chain", "imad"][..], "unknown --chain \"imad\" (alu, fma, shared, ilp)"),
-        (&["--issuers", "5"][..], "issuers: 5: give 1..=4 issuing warps per CTA"),
-        (&["--chunk", "100"][..], "chunk: 100: give a positive multiple of 16 bytes"),
+        (&["--issuers", "5"][..], "--issuers: 5: give 1..=4 issuing warps per CTA"),
+        (&["--chunk", "100"][..], "--chunk: 100: give a positive multiple of 16 bytes"),
         (&["--stages", "40", "--issuers", "4", "--lag", "1"][..], "give 1..=128 stages in all"),
-        (&["-e", "1K"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
+        (
+            &["-e", "1K"][..],
+            "-e: 1024 B over 8 warps of 32768 B chunks: each warp needs two rings of chunks (262144 B) to 4 GiB",
+        ),
         (&["-e", "1M"][..], "each warp needs two rings of chunks (262144 B) to 4 GiB"),
         (&["--simt-threads", "256"][..], "--simt-threads is for overlap, not tma_trace"),
         (&["--compute", "sleep", "--mma-one-per-sm"][..], "--mma-one-per-sm is for --compute mma, not sleep"),
@@ -333,9 +351,9 @@ fn a_sweep_that_cannot_run_is_refused() {
         (&["bench", "all_reduce", "-b", "2M", "-e", "1M"][..], "-b: "),
         (&["bench", "reduce_scatter", "-f", "1"][..], "-f: "),
         (&["bench", "all_gather", "-f", "0"][..], "-f: "),
-        (&["bench", "all_reduce", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "all_reduce", "-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["bench", "--algo", "ring-allreduce", "-f", "1"][..], "-f: "),
-        (&["bench", "movers", "-n", "0"][..], "-n: iters: 0"),
+        (&["bench", "movers", "-n", "0"][..], "-n: 0: give at least one timed run"),
         (&["bench", "reshard", "--nvlink-gbps", "0"][..], "--nvlink-gbps 0"),
         (&["bench", "reshard", "--cross-gbps=-5"][..], "--cross-gbps -5"),
     ] {
@@ -383,7 +401,7 @@ fn flags_a_benchmark_does_not_read_are_refused() {
         ),
         (&["bench", "reshard", "-e", "1G"], "-e/--maxbytes is for"),
         (&["bench", "all_reduce", "--shape", "8,8"], "--shape is for reshard, not all_reduce"),
-        (&["bench", "movers", "--ctas", "0"], "every CTA count of the sweep must be at least 1"),
+        (&["bench", "movers", "--ctas", "0"], "--ctas: every CTA count of the sweep must be at least 1"),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
@@ -404,5 +422,239 @@ fn a_collective_benchmark_checks_its_type_and_sizes_first() {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A reader that closes the pipe early (`oxccl verify ... | head -1`) ends the command quietly, by
+/// SIGPIPE as any Unix filter: no panic on the broken pipe, nothing on stderr.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    // The read end is closed before the command starts: its first line meets a broken pipe.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl"))
+        .args(["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all"])
+        .stdout(writer)
+        .output()
+        .expect("run oxccl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    const SIGPIPE: i32 = 13;
+    assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}: {err}", out.status);
+    assert!(err.is_empty(), "{err}");
+}
+
+/// The demo's host buffers (every rank's, several copies) are bounded in all, not per rank: a size
+/// that would exhaust the host is refused before anything is allocated; the default runs.
+#[test]
+fn the_demo_bounds_its_host_memory_over_every_rank() {
+    let (ok, err) = oxccl(&["demo", "--ranks", "16", "--count", "268435456", "--cpu"]);
+    assert!(
+        !ok && err.contains("--count 268435456 over --ranks 16: the demo holds 5 copies")
+            && err.contains("at most 4294967296 B (4 GiB) in all, so --count at most 13421772 for 16 ranks"),
+        "{err}"
+    );
+    let (ok, err) = oxccl(&["demo", "--ranks", "18446744073709551615", "--count", "2", "--cpu"]);
+    assert!(!ok && err.contains("more than 2^64 B") && !err.contains("panicked"), "{err}");
+    let (ok, out) = oxccl_out(&["demo", "--cpu"]);
+    assert!(ok && out.contains("1048576 elements over 8 virtual ranks") && out.contains(": correct"), "{out}");
+}
+
+/// A value the command would not read is refused, before anything is printed: `reshard`'s --owner
+/// and --ctas (for --lower only, checked before the plan is printed), `--gemm` beside a load
+/// without GEMMs, `-o` for a collective or plan that reduces nothing, `-c` other than 0 or 1.
+#[test]
+fn values_a_command_would_ignore_are_refused() {
+    let reshard = ["reshard", "--shape", "4,8", "--src-mesh", "1x4@0", "--src", "R,S0", "--dst-mesh", "2x2@4"];
+    let reshard = [&reshard[..], &["--dst", "R,S0"]].concat();
+    for (extra, want) in [
+        (&["--owner", "foo"][..], "invalid value 'foo' for '--owner <OWNER>': unknown CTA owner \"foo\""),
+        (&["--lower", "--owner", "foo"], "unknown CTA owner \"foo\" (reader, writer, balanced)"),
+        (&["--owner", "writer"], "--lower"),
+        (&["--ctas", "3"], "--lower"),
+        (&["--lower", "--ctas", "0"], "--ctas: 0 CTAs per rank: must be 1..=256"),
+        (&["--lower", "--ctas", "300", "--verify"], "--ctas: 300 CTAs per rank: must be 1..=256"),
+    ] {
+        let args = [&reshard[..], extra].concat();
+        let (ok, out, err) = run(&args);
+        assert!(!ok && err.contains(want) && out.is_empty(), "{extra:?}: {out}\n{err}");
+    }
+    let (ok, out) = oxccl_out(&[&reshard[..], &["--lower", "--ctas", "2", "--owner", "balanced", "--verify"]].concat());
+    assert!(ok && out.contains("lowered program verified on the CPU"), "{out}");
+    for (args, want) in [
+        (&["bench", "overlap", "--gemm", "1,2,3"][..], "--gemm is for --compute gemm or mma, not fma"),
+        (
+            &["bench", "tma_trace", "--compute", "sleep", "--gemm", "128,128,32"],
+            "--gemm is for --compute gemm or mma, not sleep",
+        ),
+        (&["bench", "all_gather", "-o", "max"], "-o/--op is for the collectives that reduce, not all_gather"),
+        (&["bench", "broadcast", "--op", "sum"], "-o/--op is for the collectives that reduce, not broadcast"),
+        (&["bench", "--algo", "hm-allgather", "-o", "min"], "-o/--op is for plans that reduce, not hm_allgather_2x4"),
+        (&["bench", "all_reduce", "-c", "2"], "invalid value '2' for '--check <CHECK>': 2 is not in 0..=1"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The library's configuration refusals reach the user named by the flag they typed, not by the
+/// field it sets (`--ctas`, not `max_ctas`).
+#[test]
+fn configuration_refusals_name_the_flag() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "--threads", "2000"][..], "--threads: 2000 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "all_reduce", "--stages", "4", "--issuers", "3"], "--issuers: 3: the 4 stages must be a multiple"),
+        (&["bench", "reshard", "--threads", "48"], "--threads: 48 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "reshard", "--ctas", "0"], "--ctas: must be at least 1"),
+        (&["bench", "overlap", "--ctas", "300"], "--ctas: 300 is above 256"),
+        (&["bench", "tma_trace", "--ctas", "2000"], "--ctas: 2000: give 1..=1024"),
+        (&["bench", "reduce", "-b", "2G", "-e", "1G"], "-b: 2147483648 B is above the largest size (1073741824 B)"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        for field in ["max_ctas", "chunk_bytes", "min_bytes", "max_bytes", "config."] {
+            assert!(!err.contains(field), "{args:?}: {err}");
+        }
+    }
+}
+
+/// `oxccl verify` checks --count, --micro-batches and --slots once, before the first configuration:
+/// one clear refusal, not one FAILED line per scheduler and TB allocator.
+#[test]
+fn verify_checks_its_sizes_once() {
+    for (flag, value, want) in [
+        ("--count", "0", "--count 0: a chunk needs at least one element"),
+        ("--micro-batches", "0", "--micro-batches 0: give 1..=65536"),
+        ("--micro-batches", "65537", "--micro-batches 65537: give 1..=65536"),
+        ("--slots", "0", "--slots 0: a FIFO needs at least one slot"),
+    ] {
+        let (ok, out, err) = run(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", flag, value]);
+        assert!(!ok && out.is_empty() && err.contains(want), "{flag} {value}: {out}\n{err}");
+        assert_eq!(err.lines().count(), 1, "{flag} {value}: {err}");
+    }
+    let (ok, out) = oxccl_out(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", "--slots", "8"]);
+    assert!(ok && out.lines().count() == 8 && out.lines().all(|l| l.contains(": OK (")), "{out}");
+}
+
+/// `oxccl bench` checks every flag before looking for a GPU: each of these is refused by the
+/// flag's own message, with or without one, never with "no GPU".
+#[test]
+fn every_flag_is_checked_before_the_gpu_probe() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "--gpus", "0"][..], "--gpus 0: give 1..=16"),
+        (&["bench", "overlap", "--gpus", "17"], "--gpus 17: give 1..=16"),
+        (&["bench", "--algo", "hm-allreduce", "--gpus", "0"], "--gpus 0: give 1..=16"),
+        (&["bench", "movers", "--threads", "0"], "--threads: 0 is not a multiple of 32 in 32..=1024"),
+        (&["bench", "movers", "--chunk", "0"], "--chunk: 0 is not a positive multiple of 16"),
+        (&["bench", "movers", "--stages", "999"], "--stages: 999 is not in 1..=16"),
+        (&["bench", "movers", "--ctas", "99999"], "--ctas: 99999 is above 256"),
+        (&["bench", "--algo", "hm-allreduce", "--slots", "0"], "--slots: 0: a FIFO needs at least one slot"),
+        (&["bench", "--algo", "hm-allreduce", "--threads", "0"], "--threads: 0 is not a multiple of 32 in 32..=1024"),
+        (
+            &["bench", "--algo", "hm-allreduce", "--mover", "simt", "--threads", "1024"],
+            "--threads: 1024 is not a multiple of 32 in 32..=512 (the SIMT plan kernels",
+        ),
+        (&["bench", "--algo", "hm-allreduce", "--chunk", "0"], "--chunk: 0 is not a multiple of 16 of at least 16"),
+        (
+            &["bench", "--algo", "hm-allreduce", "--micro-batches", "4294967295"],
+            "--micro-batches: 4294967295: give 1..=65536",
+        ),
+        (&["bench", "--algo", "hm-allreduce", "--micro-batches", "0"], "--micro-batches: 0: give 1..=65536"),
+        (&["bench", "--algo", "hm-allreduce", "-e", "17179869183G"], "plan: a FIFO slot is too large"),
+        (&["bench", "reshard", "--domain-size", "0"], "--domain-size 0: give at least one rank per NVLink domain"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU to benchmark") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    if !cfg!(feature = "gemm") {
+        let (ok, err) = oxccl(&["bench", "overlap", "--compute", "gemm"]);
+        assert!(!ok && err.contains("--compute gemm: this build has no cuBLAS bindings"), "{err}");
+    }
+}
+
+/// A smallest size below one element is refused, naming the smallest size, not quietly raised to
+/// one element.
+#[test]
+fn a_smallest_size_of_no_element_is_refused() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "-b", "0"][..], "-b: 0 B holds no 4-byte element: the smallest size is 4 B"),
+        (
+            &["bench", "reduce_scatter", "-d", "half", "-b", "1"],
+            "-b: 1 B holds no 2-byte element: the smallest size is 2 B",
+        ),
+        (
+            &["bench", "--algo", "ring-allreduce", "-b", "3"],
+            "-b: 3 B holds no 4-byte element: the smallest size is 4 B",
+        ),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Sizes and counts that would be silently adjusted or never end are refused by flag: simulate's
+/// size of 0, one past 2^53 B or past 2^64 B, a micro-batch size of 0 (or one beside
+/// --micro-batches, which it would not shape), 0 micro-batches or slots; bench's -n and -w
+/// above a million.
+#[test]
+fn nonsense_sizes_and_counts_are_refused() {
+    let sim = ["simulate", "--algo", "ring-allreduce", "--topo", "1x4"];
+    for (extra, want) in [
+        (&["--size", "0"][..], "--size 0: give 1 B to 2^53 B"),
+        (&["--size", "16000000000G"], "--size 16000000000G: give 1 B to 2^53 B"),
+        (&["--size", "17179869184G"], "--size: size `17179869184G` is more than 2^64 - 1 bytes"),
+        (&["--size", "99999999999999999999"], "--size: size `99999999999999999999` is more than 2^64 - 1 bytes"),
+        (&["--mb-size", "0"], "--mb-size 0: give a micro-batch of at least 1 byte"),
+        (&["--micro-batches", "4", "--mb-size", "2M"], "cannot be used with"),
+        (&["--micro-batches", "0"], "--micro-batches 0: give 1..=65536"),
+        (&["--slots", "0"], "--slots 0: a FIFO needs at least one slot"),
+    ] {
+        let args = [&sim[..], extra].concat();
+        let (ok, out, err) = run(&args);
+        assert!(!ok && out.is_empty() && err.contains(want), "{extra:?}: {out}\n{err}");
+    }
+    let (ok, out) = oxccl_out(&[&sim[..], &["--size", "8192G", "--mb-size", "1"]].concat());
+    assert!(ok && out.contains("512 micro-batches per chunk"), "{out}");
+    for (args, want) in [
+        (&["bench", "all_reduce", "-n", "100000000000"][..], "-n 100000000000: give at most 1000000 timed iterations"),
+        (&["bench", "movers", "-n", "1000001"], "-n 1000001: give at most 1000000 timed iterations"),
+        (&["bench", "reshard", "-w", "2000000"], "-w 2000000: give at most 1000000 warm-up iterations"),
+        (&["bench", "--algo", "ring-allreduce", "-w", "1000001"], "-w 1000001: give at most 1000000"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// A negative number given to a numeric flag reaches that flag's value parser, which names the
+/// value and the flag, rather than clap's advice to pass it after `--`.
+#[test]
+fn a_negative_number_is_refused_by_its_flag() {
+    for (args, want) in [
+        (&["bench", "all_reduce", "-b", "-5"][..], "invalid value '-5' for '--minbytes <MIN_BYTES>': bad size `-5`"),
+        (&["bench", "all_reduce", "-e", "-5K"], "invalid value '-5K' for '--maxbytes <MAX_BYTES>': bad size `-5K`"),
+        (&["bench", "all_reduce", "--ctas", "-1"], "invalid value '-1' for '--ctas <CTAS>'"),
+        (&["bench", "all_reduce", "-n", "-3"], "invalid value '-3' for '--iters <ITERS>'"),
+        (&["bench", "overlap", "--compute-ms", "-3"], "--compute-ms -3: give a time in (0, 60000] ms"),
+        (&["bench", "movers", "--piece", "-16"], "invalid value '-16' for '--piece <PIECE>'"),
+        (&["bench", "overlap", "--compute", "mma", "--gemm", "-1,2,3"], "invalid value '-1' for '--gemm <GEMM>'"),
+        (&["bench", "reshard", "--shape", "-4,8"], "invalid value '-4' for '--shape <SHAPE>'"),
+        (&["bench", "reshard", "--nvlink-gbps", "-1"], "--nvlink-gbps -1: give a positive bandwidth"),
+        (&["demo", "--ranks", "-2"], "invalid value '-2' for '--ranks <RANKS>'"),
+        (
+            &["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "-1"],
+            "invalid value '-1' for '--instances",
+        ),
+        (&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--slots", "-1"], "invalid value '-1' for '--slots"),
+        (&["simulate", "--algo", "ring-allreduce", "--topo", "1x4", "--size", "-1M"], "--size: bad size `-1M`"),
+    ] {
+        let (ok, err) = oxccl(args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("unexpected argument") && !err.contains("use '--"), "{args:?}: {err}");
     }
 }

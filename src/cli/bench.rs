@@ -43,61 +43,63 @@ pub struct Args {
     /// and stage, the whole list re-walked per micro-batch). Same kernels, same mover.
     #[arg(long, default_value = "compiled")]
     pub exec: String,
-    /// With --algo/--xml: micro-batches per chunk.
-    #[arg(long, default_value_t = 4)]
+    /// With --algo/--xml: micro-batches per chunk, 1..=65536.
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub micro_batches: u32,
     /// With --algo/--xml: replicate the program K times over K-times finer chunks (default 1);
     /// with --instance-channels separate, each instance on thread blocks of its own.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub instances: Option<u32>,
     /// With --instances: `shared` (every instance on the program's channels, the default) or
     /// `separate` (each on channels of its own, as MSCCL's instances: more thread blocks).
     #[arg(long = "instance-channels")]
     pub instance_channels: Option<String>,
-    /// With --algo/--xml: FIFO slots per connection (default: what the plan needs, at least 2).
-    #[arg(long)]
+    /// With --algo/--xml: FIFO slots per connection, at least 1 (default: what the plan needs, at
+    /// least 2).
+    #[arg(long, allow_negative_numbers = true)]
     pub slots: Option<u32>,
-    /// Smallest size (bytes; K, M, G suffixes are powers of 1024).
-    #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size)]
+    /// Smallest size (bytes; K, M, G suffixes are powers of 1024), at least one element.
+    #[arg(short = 'b', long = "minbytes", default_value = "1M", value_parser = parse_size, allow_hyphen_values = true)]
     pub min_bytes: u64,
     /// Largest size.
-    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "1G", value_parser = parse_size, allow_hyphen_values = true)]
     pub max_bytes: u64,
     /// Multiplication factor between sizes.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 4)]
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 4, allow_negative_numbers = true)]
     pub factor: u64,
-    /// Timed iterations per size (tma_trace: of the copy alone).
-    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    /// Timed iterations per size, 1..=1000000 (tma_trace: of the copy alone).
+    #[arg(short = 'n', long = "iters", default_value_t = 20, allow_negative_numbers = true)]
     pub iters: usize,
-    /// Untimed warm-up iterations per size.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    /// Untimed warm-up iterations per size, at most 1000000.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5, allow_negative_numbers = true)]
     pub warmup: usize,
     /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
     /// (nccl-tests' -G; at most 1000000; 0, the default, launches each call).
-    #[arg(short = 'G', long = "cudagraph")]
+    #[arg(short = 'G', long = "cudagraph", allow_negative_numbers = true)]
     pub graph: Option<usize>,
     /// Check results in a separate untimed pass (1) or not (0).
-    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    #[arg(short = 'c', long = "check", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1), allow_negative_numbers = true)]
     pub check: u8,
     /// Element type: float, half, bfloat16, int32, uint32 (default float; bfloat16 for reshard).
     #[arg(short = 'd', long = "datatype")]
     pub dtype: Option<String>,
-    /// Reduction: sum, min, max.
-    #[arg(short = 'o', long = "op", default_value = "sum")]
-    pub op: String,
+    /// Reduction: sum (the default), min, max; for the collectives and plans that reduce (not
+    /// all_gather, broadcast, or a plan that only moves data).
+    #[arg(short = 'o', long = "op")]
+    pub op: Option<String>,
     /// broadcast, reduce: the root rank (default 0).
-    #[arg(short = 'r', long = "root")]
+    #[arg(short = 'r', long = "root", allow_negative_numbers = true)]
     pub root: Option<usize>,
     /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ranks: Option<usize>,
-    /// One rank per GPU on the first N GPUs (rank r on GPU r mod N when --ranks or the plan has more),
+    /// One rank per GPU on the first N GPUs, 1..=16 (rank r on GPU r mod N when --ranks or the plan has more),
     /// each on a stream of its own, buffers on its GPU, peer access between the GPUs. Without it:
     /// virtual ranks on GPU 0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<usize>,
     /// CTAs per rank (default: all SMs divided among the ranks, at most 16; overlap and tma_trace: 8).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ctas: Option<u32>,
     /// Data mover: tma or simt.
     #[arg(long, default_value = "tma")]
@@ -108,33 +110,33 @@ pub struct Args {
     pub reduction: Option<String>,
     /// Threads per CTA (default: chosen by the mover; movers: of the TMA CTAs that combine the
     /// reduce-add's sources, copies and bulk reductions run one warp; overlap: of the TMA rows only).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub threads: Option<u32>,
     /// overlap: threads per CTA of the SIMT rows (default 512): fewer let a SIMT CTA share its SM
     /// with the compute's CTAs.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub simt_threads: Option<u32>,
     /// Bytes per source per pipeline stage (TMA; with --algo/--xml: per TMA stage of the plan kernels;
     /// tma_trace: default 32768).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub chunk: Option<u32>,
     /// movers: how the range is split between the CTAs: `contiguous` (one range per CTA), a size
     /// (pieces of that size dealt to the CTAs in turn; at least one per CTA), or `auto` (default:
     /// contiguous below 64 CTAs, 4 MiB pieces from there where every CTA gets one).
-    #[arg(long, value_parser = parse_split)]
+    #[arg(long, value_parser = parse_split, allow_hyphen_values = true)]
     pub piece: Option<Split>,
     /// Pipeline stages (TMA; default: chosen from the sources per stage, see `auto_pipeline`, 2 of
     /// the largest chunk where every combine stores from registers on one GPU (`combining_pipeline`),
     /// and 8 shared by 4 issuers where nothing combines; movers: one issuer, 32 KiB stages as deep
     /// as shared memory allows for copy (with --chunk too left open), `auto_pipeline` for
     /// reduce-into, `combining_pipeline` for reduce-add; tma_trace: per issuing warp, default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub stages: Option<u32>,
     /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
     /// that only copy and bulk-reduce, 1..=4 (default 4, or 2, where each keeps two stages and the
     /// threads hold their warps; see `Config::issuers`); tma_trace: issuing warps per CTA, each with
     /// its own ring (default 1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub issuers: Option<u32>,
     /// all_reduce, overlap (TMA mover, register reduction): `true`: the combining threads store
     /// AllReduce's result from registers to every rank; `false`: they bulk-store one shared copy;
@@ -148,12 +150,13 @@ pub struct Args {
     /// shaped as the FMA load's that only sleep: what sharing SMs costs without busy warps).
     #[arg(long, default_value = "fma")]
     pub compute: String,
-    /// overlap, `--compute gemm|mma`: M,N,K of each GEMM (mma: M, N multiples of 128, K of 32).
-    #[arg(long, value_delimiter = ',', default_value = "8192,8192,8192")]
-    pub gemm: Vec<u32>,
+    /// overlap, tma_trace, `--compute gemm|mma`: M,N,K of each GEMM (default 8192,8192,8192; mma: M,
+    /// N multiples of 128, K of 32).
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    pub gemm: Option<Vec<u32>>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
     /// configuration's collective alone); tma_trace: the same (default: three times the copy alone).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub compute_ms: Option<f64>,
     /// overlap: size the compute for the SMs the collective's CTAs leave (cuBLAS's SM count target,
     /// or a smaller FMA grid: the GPU's SMs less `--ctas` times its ranks), as when SMs are
@@ -165,16 +168,16 @@ pub struct Args {
     #[arg(long)]
     pub mma_one_per_sm: bool,
     /// overlap, tma_trace, `--compute fma` or `sleep`: its CTAs (256 threads each) per SM, 1..=8 (default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub fma_ctas_per_sm: Option<u32>,
     /// tma_trace: rounds the ring's refill lags behind the stores, 1..=min(stages / round, 8)
     /// (default half the rounds of stages, at least one, as the engine's TMA mover).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lag: Option<u32>,
     /// tma_trace: items per round, 1 (default: the engine's item-by-item ring) or 4 (rounds of four
     /// items through a multiple of four stages, each step of a round, refill, poll and store, as
     /// four independent instructions).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub round: Option<u32>,
     /// tma_trace: copy without per-item trace records (no clock read or store between the loop's
     /// steps; the medians print as 0).
@@ -198,7 +201,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// reshard: global shape, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "7168,18432")]
+    #[arg(long, value_delimiter = ',', default_value = "7168,18432", allow_hyphen_values = true)]
     pub shape: Vec<u64>,
     /// reshard: source mesh (`DIMSxDIMS@START`).
     #[arg(long, default_value = "8@0")]
@@ -216,19 +219,19 @@ pub struct Args {
     #[arg(long, default_value = "hierarchical")]
     pub route: String,
     /// reshard: ranks per NVLink domain.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub domain_size: u32,
     /// reshard: hierarchical split threshold in bytes.
-    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES, allow_negative_numbers = true)]
     pub min_split_bytes: u64,
     /// reshard: which rank's CTAs run a copy: reader, writer or balanced.
     #[arg(long, default_value = "reader")]
     pub owner: String,
     /// reshard, NVLink model: one rank's NVLink bandwidth per direction (GB/s; H200: 450).
-    #[arg(long, default_value_t = 450.0)]
+    #[arg(long, default_value_t = 450.0, allow_negative_numbers = true)]
     pub nvlink_gbps: f64,
     /// reshard, NVLink model: one rank's bandwidth out of its domain per direction (GB/s; 400 Gb/s: 50).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 50.0, allow_negative_numbers = true)]
     pub cross_gbps: f64,
     /// The flags given on the command line (clap's argument ids, [`given_ids`]), filled by the `oxccl`
     /// binary: each is checked against the benchmarks that read it ([`FLAG_USERS`]), and the mover
@@ -416,21 +419,55 @@ fn movers_config(a: &Args) -> SweepConfig {
     }
 }
 
-/// The size sweep's flags (`-b`, `-e`, `-f`, `-n`) for elements of `dtype`, as `bench::check_sweep`
-/// takes them, named by flag.
-fn check_sweep(a: &Args, dtype: DType) -> CliResult {
-    bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64).map_err(|e| match e {
-        crate::Error::Config { field, why } => {
-            let flag = match field {
-                "min_bytes" => "-b",
-                "max_bytes" => "-e",
-                "factor" => "-f",
-                _ => "-n",
-            };
-            format!("{flag}: {why}").into()
-        }
-        other => other.into(),
+/// The flag that sets the field an [`Error::Config`](crate::Error::Config) of the library names
+/// (a `Config` field, a field of the benchmarks' parameters), where one does: `max_ctas` is
+/// `--ctas`, `chunk_bytes` `--chunk`, `bytes` (the size of every buffer of movers, overlap and
+/// tma_trace) `-e`, ...
+fn flag_of_field(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "max_ctas" | "ctas" => "--ctas",
+        "chunk_bytes" | "chunk" | "stage_bytes" => "--chunk",
+        "stages" => "--stages",
+        "issuers" => "--issuers",
+        "threads" | "tma_threads_combine" => "--threads",
+        "simt_threads" => "--simt-threads",
+        "deterministic" => "--reduction",
+        "split" => "--piece",
+        "min_bytes" => "-b",
+        "max_bytes" | "bytes" => "-e",
+        "factor" => "-f",
+        "iters" => "-n",
+        "warmup" => "-w",
+        "graph_launches" => "-G",
+        "lag" => "--lag",
+        "round" => "--round",
+        "tensor" => "--tensor",
+        "compute" => "--compute",
+        "compute_ms" => "--compute-ms",
+        "compute shape" => "--fma-ctas-per-sm",
+        "gemm" | "gemm shape" => "--gemm",
+        "partition" => "--partition",
+        "shape" => "--shape",
+        "micro_batches" => "--micro-batches",
+        "slots" => "--slots",
+        _ => return None,
     })
+}
+
+/// `e` with the field of a library [`Error::Config`](crate::Error::Config) shown as the flag that
+/// sets it ([`flag_of_field`]): `--ctas: must be at least 1`, not `max_ctas: ...`. Other errors
+/// are returned as they are.
+fn named_by_flag(e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
+    match e.downcast::<crate::Error>() {
+        Ok(e) => match *e {
+            crate::Error::Config { field, why } => match flag_of_field(field) {
+                Some(flag) => format!("{flag}: {why}").into(),
+                None => Box::new(crate::Error::Config { field, why }),
+            },
+            other => Box::new(other),
+        },
+        Err(e) => e,
+    }
 }
 
 /// GPU 0, or the first `--gpus` GPUs.
@@ -457,6 +494,10 @@ fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
         ..Config::default()
     })
 }
+
+/// Most timed (`-n`) or warm-up (`-w`) iterations per size: a million calls of even a 7 µs
+/// collective already take seconds per size.
+const MAX_ITERS: usize = 1_000_000;
 
 /// Most launches `-G` takes (each of `-n` calls; a graph of a million launches of a 7 µs call
 /// already runs for seconds per size).
@@ -495,10 +536,21 @@ pub fn checked_kind(a: &Args) -> Result<(u8, String), Box<dyn std::error::Error>
 
 /// Runs the benchmark `a` names (or the compiled plan of `--algo`/`--xml`) and prints its table,
 /// headed by the reproducing command, then JSON lines with `--json`. An `Err` is a refused flag or
-/// configuration, a device error, or a checked result with wrong elements.
+/// configuration (named by its flag), a device error, or a checked result with wrong elements.
 pub fn run(a: Args) -> CliResult {
+    run_named(a).map_err(named_by_flag)
+}
+
+/// [`run`], its library errors naming fields rather than flags.
+fn run_named(a: Args) -> CliResult {
     if a.iters == 0 {
-        return Err("-n: iters: 0: give at least one timed run".into());
+        return Err("-n: 0: give at least one timed run".into());
+    }
+    if a.iters > MAX_ITERS {
+        return Err(format!("-n {}: give at most {MAX_ITERS} timed iterations per size", a.iters).into());
+    }
+    if a.warmup > MAX_ITERS {
+        return Err(format!("-w {}: give at most {MAX_ITERS} warm-up iterations per size", a.warmup).into());
     }
     let (k, what_named) = checked_kind(&a)?;
     let overlap = k == kind::OVERLAP;
@@ -507,6 +559,16 @@ pub fn run(a: Args) -> CliResult {
         && g > MAX_GRAPH_LAUNCHES
     {
         return Err(format!("-G {g}: give at most {MAX_GRAPH_LAUNCHES} launches").into());
+    }
+    if let Some(n) = a.gpus
+        && !(1..=oxccl_kernels::abi::MAX_RANKS).contains(&n)
+    {
+        return Err(format!(
+            "--gpus {n}: give 1..={} (one rank per GPU, at most {} ranks)",
+            oxccl_kernels::abi::MAX_RANKS,
+            oxccl_kernels::abi::MAX_RANKS
+        )
+        .into());
     }
     if k == kind::PLAN {
         return run_plan(&a);
@@ -578,10 +640,13 @@ pub fn run(a: Args) -> CliResult {
             return Err(format!("--root {root}: must be below the {ranks} ranks").into());
         }
     }
-    if collective.is_some() {
+    if let Some(c) = collective {
         let dtype = parse_dtype(a.dtype.as_deref().unwrap_or("float"))?;
-        parse_op(&a.op)?;
-        check_sweep(&a, dtype)?;
+        if a.op.is_some() && !c.reduces() {
+            return Err(format!("-o/--op is for the collectives that reduce, not {what} (it reduces nothing)").into());
+        }
+        parse_op(a.op.as_deref().unwrap_or("sum"))?;
+        bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
     let gpus = contexts(&a)?;
@@ -651,7 +716,7 @@ pub fn run(a: Args) -> CliResult {
     let b = CollectiveBench {
         collective,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
-        op: parse_op(&a.op)?,
+        op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         ranks: a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 }),
         min_bytes: a.min_bytes,
         max_bytes: a.max_bytes,
@@ -742,12 +807,17 @@ fn run_plan(a: &Args) -> CliResult {
         tb_alloc: tb_alloc.to_string(),
     };
     let (loaded, plan) = program.compile()?;
+    if a.op.is_some() && !plan.layout.collective.reduces() {
+        return Err(format!(
+            "-o/--op is for plans that reduce, not {} (its {} reduces nothing)",
+            plan.name,
+            plan.layout.collective.name()
+        )
+        .into());
+    }
     let ranks = plan.layout.ranks as usize;
     if ranks > oxccl_kernels::abi::MAX_RANKS {
         return Err(format!("{ranks} ranks: a launch addresses at most {}", oxccl_kernels::abi::MAX_RANKS).into());
-    }
-    if a.micro_batches == 0 {
-        return Err("--micro-batches must be at least 1".into());
     }
     let config = CompiledConfig {
         mover: parse_mover(&a.mover)?,
@@ -760,7 +830,7 @@ fn run_plan(a: &Args) -> CliResult {
         plan,
         mode,
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
-        op: parse_op(&a.op)?,
+        op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         micro_batches: a.micro_batches,
         slots: a.slots,
         min_bytes: a.min_bytes,
@@ -778,7 +848,8 @@ fn run_plan(a: &Args) -> CliResult {
         unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
     }
     let command: Vec<String> = std::env::args().collect();
-    check_sweep(a, b.dtype)?;
+    // The sweep, the launch configuration and the plan lowered at every size, before any GPU.
+    b.validate()?;
     let gpus = contexts(a)?;
     let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
@@ -841,7 +912,12 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
     if ranks == 0 || ranks > oxccl_kernels::abi::MAX_RANKS {
         return Err(format!("--ranks {ranks}: must be 1..={}", oxccl_kernels::abi::MAX_RANKS).into());
     }
-    // Validate the layouts against the shape and the ranks here, so a bad command fails without a GPU.
+    if a.domain_size == 0 {
+        return Err("--domain-size 0: give at least one rank per NVLink domain".into());
+    }
+    // The plan itself (its options, the tensor's size), then the layouts against the shape and the
+    // ranks, here, so that a bad command fails without a GPU.
+    oxccl_host::reshard::plan(&a.shape, dtype.size() as u64, &src, &dst, options.plan)?;
     let buffers = vec![None; ranks];
     let side =
         |layout| crate::reshard::Side { shape: &a.shape, elem_bytes: dtype.size() as u64, layout, buffers: &buffers };
@@ -1232,7 +1308,11 @@ fn parse_reduction(name: &str) -> Result<Reduction, Box<dyn std::error::Error>> 
     }
 }
 
-/// The overlap benchmark's compute load from `--compute` and `--gemm`.
+/// M,N,K of the GEMM loads when `--gemm` is not given.
+const DEFAULT_GEMM: [u32; 3] = [8192, 8192, 8192];
+
+/// The overlap benchmark's compute load from `--compute` and `--gemm` (each refused where it means
+/// nothing: `--gemm` beside a load without GEMMs, `gemm` in a build without cuBLAS).
 fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Error>> {
     if a.mma_one_per_sm && a.compute != "mma" {
         return Err(format!("--mma-one-per-sm is for --compute mma, not {}", a.compute).into());
@@ -1240,16 +1320,24 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     if a.fma_ctas_per_sm.is_some() && a.compute != "fma" && a.compute != "sleep" {
         return Err(format!("--fma-ctas-per-sm is for --compute fma or sleep, not {}", a.compute).into());
     }
-    match (a.compute.as_str(), a.gemm.as_slice()) {
+    if a.gemm.is_some() && a.compute != "gemm" && a.compute != "mma" {
+        return Err(format!("--gemm is for --compute gemm or mma, not {}", a.compute).into());
+    }
+    match (a.compute.as_str(), a.gemm.as_deref().unwrap_or(&DEFAULT_GEMM)) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
         ("sleep", _) => Ok(bench::ComputeLoad::Sleep),
         ("gemm", &[m, n, k]) if m > 0 && n > 0 && k > 0 && m.max(n).max(k) <= i32::MAX as u32 => {
+            if !cfg!(feature = "gemm") {
+                return Err("--compute gemm: this build has no cuBLAS bindings; build with `--features gemm` \
+                            (or use --compute mma, oxccl's own tensor-core GEMM)"
+                    .into());
+            }
             Ok(bench::ComputeLoad::Gemm { m, n, k })
         }
         ("gemm", other) => Err(format!("--gemm {other:?}: give M,N,K, each in 1..2^31").into()),
         ("mma", &[m, n, k]) => {
             let load = bench::ComputeLoad::Mma { m, n, k, one_per_sm: a.mma_one_per_sm };
-            load.validate().map_err(|e| format!("--gemm {m},{n},{k}: {e}"))?;
+            load.validate()?;
             Ok(load)
         }
         ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),

@@ -11,33 +11,50 @@ use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Virtual ranks.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub ranks: usize,
     /// f32 elements per rank.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, allow_negative_numbers = true)]
     pub count: u64,
     /// CTAs per rank.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub ctas: u32,
     /// Use the CPU executor even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
 }
 
-/// Most elements per rank the demo takes: it holds every rank's input and output on the host.
-const MAX_DEMO_COUNT: u64 = 1 << 28;
+/// Copies of every rank's f32 buffer the demo holds on the host at once: the inputs as f32 and as
+/// bytes, the reference, and the results (on the CPU executor, its input and output buffers, the
+/// results taken from the latter).
+const DEMO_HOST_COPIES: u64 = 5;
 
-/// Runs the demo: plans the AllReduce, runs it on the GPU (or, with `--cpu` or without a GPU, on
-/// the CPU executor), prints where it ran, and fails if any rank's result differs from the
-/// reference.
-pub fn run(a: Args) -> CliResult {
-    if a.count > MAX_DEMO_COUNT {
+/// Most host memory the demo's buffers may take, all ranks and copies together (4 GiB).
+const MAX_DEMO_HOST_BYTES: u64 = 4 << 30;
+
+/// Refuses, before anything is allocated, `ranks` ranks of `count` f32 elements whose
+/// [`DEMO_HOST_COPIES`] host copies would take more than [`MAX_DEMO_HOST_BYTES`].
+fn check_host_memory(ranks: usize, count: u64) -> CliResult {
+    let per_copy = (ranks as u64).checked_mul(count).and_then(|n| n.checked_mul(4));
+    let bytes = per_copy.and_then(|b| b.checked_mul(DEMO_HOST_COPIES));
+    if bytes.is_none_or(|b| b > MAX_DEMO_HOST_BYTES) {
+        let most = MAX_DEMO_HOST_BYTES / (4 * DEMO_HOST_COPIES * ranks.max(1) as u64);
+        let total = bytes.map_or("more than 2^64 B".to_string(), |b| format!("{b} B"));
         return Err(format!(
-            "--count {}: the demo holds every rank's buffers on the host; at most {MAX_DEMO_COUNT}",
-            a.count
+            "--count {count} over --ranks {ranks}: the demo holds {DEMO_HOST_COPIES} copies of every rank's f32 \
+             buffer on the host, {total}; at most {MAX_DEMO_HOST_BYTES} B (4 GiB) in all, so --count at most {most} \
+             for {ranks} ranks"
         )
         .into());
     }
+    Ok(())
+}
+
+/// Runs the demo: plans the AllReduce, runs it on the GPU (or, with `--cpu` or without a GPU, on
+/// the CPU executor), prints where it ran, and fails if any rank's result differs from the
+/// reference. Sizes whose host buffers would exceed 4 GiB are refused first.
+pub fn run(a: Args) -> CliResult {
+    check_host_memory(a.ranks, a.count)?;
     let spec = PlanSpec {
         collective: Collective::AllReduce,
         count: a.count,
@@ -103,6 +120,10 @@ pub fn run(a: Args) -> CliResult {
     if wrong != 0 {
         return Err(format!("{wrong} of {} ranks hold a wrong result", a.ranks).into());
     }
-    println!("result checked against the reference on every rank: correct");
+    if a.count == 0 {
+        println!("result checked against the reference on every rank: correct (no elements to compare)");
+    } else {
+        println!("result checked against the reference on every rank: correct");
+    }
     Ok(())
 }

@@ -31,7 +31,7 @@ pub struct ProgramArgs {
     #[arg(long)]
     pub topo: Option<String>,
     /// Replicate the program K times over K-times finer chunks (more independent work).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub instances: u32,
     /// With --instances: `shared` (every instance on the program's channels) or `separate` (each
     /// on channels of its own, as MSCCL's instances: more links, FIFOs and thread blocks).

@@ -6,7 +6,9 @@
 //! ```
 
 use super::CliResult;
-use oxccl_host::reshard::{self, Layout, Mesh, PlanOptions, PlanReport, Route, VerifySummary};
+use oxccl_host::reshard::{
+    self, CtaOwner, Layout, LoweredReshard, Mesh, PlanOptions, PlanReport, Route, VerifySummary,
+};
 
 /// Element types the command knows, by name.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +73,7 @@ pub enum RouteArg {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Global tensor shape, comma separated (`4,8`); any number of dims.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required = true, allow_hyphen_values = true)]
     pub shape: Vec<u64>,
     /// Element type.
     #[arg(long, value_enum, default_value = "f32")]
@@ -92,11 +94,11 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "hierarchical")]
     pub route: RouteArg,
     /// Ranks per NVLink domain (rank r is in domain r / size).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
     pub domain_size: u32,
     /// Hierarchical route: split a piece entering a domain over up to that many of the domain's ranks
     /// needing it, keeping parts at least this many bytes (0: down to single rows).
-    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES)]
+    #[arg(long, default_value_t = PlanOptions::MIN_SPLIT_BYTES, allow_negative_numbers = true)]
     pub min_split_bytes: u64,
     /// Run the plan on the CPU executor and check every destination element against the global tensor;
     /// exit non-zero on any mismatch.
@@ -106,20 +108,28 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Transfers listed in the text output (the JSON report lists all).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_listed: usize,
     /// Also lower the plan for the engine (ranks: enough for both meshes) and print its task counts
     /// (and its text form when it has at most --max-listed tasks); with --verify, run the lowered
     /// program on the CPU with the engine's semantics too.
     #[arg(long)]
     pub lower: bool,
-    /// With --lower: CTAs per rank.
-    #[arg(long, default_value_t = 8)]
-    pub ctas: u32,
-    /// With --lower: which rank's CTAs run a copy (reader, writer, balanced).
-    #[arg(long, default_value = "reader")]
-    pub owner: String,
+    /// With --lower: CTAs per rank, 1..=256 (default 8).
+    #[arg(long, requires = "lower", allow_negative_numbers = true)]
+    pub ctas: Option<u32>,
+    /// With --lower: which rank's CTAs run a copy, reader (the default), writer or balanced.
+    #[arg(long, requires = "lower", value_parser = parse_owner)]
+    pub owner: Option<CtaOwner>,
 }
+
+/// `--owner`: reader, writer or balanced.
+fn parse_owner(s: &str) -> Result<CtaOwner, String> {
+    s.parse()
+}
+
+/// CTAs per rank of `--lower` when `--ctas` is not given.
+const DEFAULT_LOWER_CTAS: u32 = 8;
 
 /// Parses one side's layout; errors name the flag or the side at fault.
 pub(crate) fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Result<Layout, String> {
@@ -130,7 +140,8 @@ pub(crate) fn layout(mesh: &str, placements: &str, flag: &str, side: &str) -> Re
 
 /// Plans the reshard and prints its stages, transfers and traffic (or the JSON report); with
 /// `--verify` checks the plan on the CPU executor and with `--lower` lowers it for the engine. An
-/// `Err` is a bad flag, a plan that cannot be made, or a verification that found a mismatch.
+/// `Err` is a bad flag, a plan that cannot be made or lowered (both found before anything is
+/// printed), or a verification that found a mismatch.
 pub fn run(args: Args) -> CliResult {
     let src = layout(&args.src_mesh, &args.src, "src", "source")?;
     let dst = layout(&args.dst_mesh, &args.dst, "dst", "destination")?;
@@ -140,6 +151,9 @@ pub fn run(args: Args) -> CliResult {
     };
     let options = PlanOptions { route, domain_size: args.domain_size, min_split_bytes: args.min_split_bytes };
     let plan = reshard::plan(&args.shape, args.dtype.bytes(), &src, &dst, options)?;
+    // Lowered here, so that a bad --ctas (or a plan the engine cannot take) is reported before the
+    // plan is printed.
+    let lowered = args.lower.then(|| lower(&plan, &args)).transpose()?;
     let report = args.verify.then(|| reshard::verify(&plan)).transpose()?;
 
     if args.json {
@@ -158,26 +172,49 @@ pub fn run(args: Args) -> CliResult {
     {
         return Err(format!("verification failed: {} elements differ", r.mismatches).into());
     }
-    if args.lower {
-        lowered(&plan, &args)?;
+    if let Some(l) = &lowered {
+        print_lowered(&plan, l, &args)?;
     }
     Ok(())
 }
 
-/// `--lower`: the plan as engine programs, and with `--verify` run on the CPU against the global tensor.
-fn lowered(plan: &reshard::ReshardPlan, args: &Args) -> CliResult {
+/// `--lower`: the plan as engine programs on enough ranks for both meshes, `--ctas` per rank, its
+/// copies run by `--owner`'s CTAs; checked for races between its CTAs.
+fn lower(plan: &reshard::ReshardPlan, args: &Args) -> Result<Lowering, Box<dyn std::error::Error>> {
     let last = |s: &reshard::Sharding| (s.mesh().start() + s.mesh().size()) as usize;
     let ranks = last(plan.src_sharding()).max(last(plan.dst_sharding()));
-    let opts = reshard::LowerOptions { owner: args.owner.parse()?, ..reshard::LowerOptions::new(ranks, args.ctas) };
-    let l = reshard::lower(plan, &opts)?;
+    let ctas = args.ctas.unwrap_or(DEFAULT_LOWER_CTAS);
+    let opts = reshard::LowerOptions {
+        owner: args.owner.unwrap_or(CtaOwner::Reader),
+        ..reshard::LowerOptions::new(ranks, ctas)
+    };
+    let l = reshard::lower(plan, &opts).map_err(|e| match e {
+        reshard::LowerError::Ctas { .. } => format!("--ctas: {e}"),
+        other => format!("--lower: {other}"),
+    })?;
     l.check_races()?;
+    Ok(Lowering { programs: l, ranks, ctas })
+}
+
+/// What `--lower` made: the programs, and the ranks and CTAs per rank they were lowered for.
+struct Lowering {
+    programs: LoweredReshard,
+    ranks: usize,
+    ctas: u32,
+}
+
+/// Prints the lowered programs of `plan` (or their task counts), and with `--verify` runs them
+/// on the CPU against the global tensor.
+fn print_lowered(plan: &reshard::ReshardPlan, lowering: &Lowering, args: &Args) -> CliResult {
+    let l = &lowering.programs;
     if l.task_count() <= args.max_listed {
         print!("{l}");
     } else {
         println!(
-            "lowered: unit {:?}, {ranks} ranks, {} CTAs per rank, tasks per stage {:?} (text form over --max-listed)",
+            "lowered: unit {:?}, {} ranks, {} CTAs per rank, tasks per stage {:?} (text form over --max-listed)",
             l.dtype,
-            args.ctas,
+            lowering.ranks,
+            lowering.ctas,
             l.tasks_per_stage()
         );
     }

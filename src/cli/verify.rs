@@ -9,7 +9,9 @@
 use super::CliResult;
 use super::plan::ProgramArgs;
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
-use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
+use oxccl_host::exec::{self, ExecOptions, MAX_VERIFY_ELEMENTS, ReduceOp, VerifyReport};
+use oxccl_host::program::{Layout, Rank};
+use oxccl_host::sim::MAX_MICRO_BATCHES;
 
 /// Flags of `oxccl verify`.
 #[derive(clap::Args, Debug)]
@@ -17,14 +19,15 @@ pub struct Args {
     /// The program and how to compile it.
     #[command(flatten)]
     pub program: ProgramArgs,
-    /// Micro-batches per chunk.
-    #[arg(long, default_value_t = 4)]
+    /// Micro-batches per chunk, 1..=65536.
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub micro_batches: u32,
-    /// FIFO slots per connection (default: 8, or what the plan needs if more).
-    #[arg(long)]
+    /// FIFO slots per connection, at least 1 (default: 8, or what the plan needs if more; fewer
+    /// than it needs may deadlock, which the verification reports).
+    #[arg(long, allow_negative_numbers = true)]
     pub slots: Option<u32>,
-    /// Elements per chunk.
-    #[arg(long, default_value_t = 16)]
+    /// Elements per chunk, at least 1 (every rank's storage at most 2^28 elements in all).
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
     pub count: usize,
     /// Element type: f32, f64, i32, i64.
     #[arg(long, default_value = "f32")]
@@ -46,14 +49,40 @@ fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result
     }
 }
 
+/// Refuses, once for every configuration, `--count`, `--micro-batches` and `--slots` that no
+/// verification of `layout`'s program could run with.
+fn check_sizes(args: &Args, layout: &Layout) -> CliResult {
+    if args.count == 0 {
+        return Err("--count 0: a chunk needs at least one element".into());
+    }
+    if !(1..=MAX_MICRO_BATCHES).contains(&args.micro_batches) {
+        return Err(format!("--micro-batches {}: give 1..={MAX_MICRO_BATCHES}", args.micro_batches).into());
+    }
+    if args.slots == Some(0) {
+        return Err("--slots 0: a FIFO needs at least one slot".into());
+    }
+    let storage: u64 = (0..layout.ranks).map(|r| layout.storage_chunks(Rank(r)) as u64).sum();
+    if storage as u128 * args.count as u128 > MAX_VERIFY_ELEMENTS as u128 {
+        return Err(format!(
+            "--count {}: {storage} storage chunks of {} elements over {} ranks, more than the {MAX_VERIFY_ELEMENTS} \
+             elements a host verification holds",
+            args.count, args.count, layout.ranks
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Verifies the plan of each configuration asked for (one, or with `--all` every scheduler × TB
-/// allocator) on the CPU executor, one line each; an `Err` if any configuration failed.
+/// allocator) on the CPU executor, one line each; an `Err` if any configuration failed, or, before
+/// any is run, if a flag is out of range for all of them.
 pub fn run(args: Args) -> CliResult {
     if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
         return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());
     }
     let op: ReduceOp = args.redop.parse()?;
     let loaded = args.program.load()?;
+    check_sizes(&args, &loaded.program.layout)?;
     let configs: Vec<Options> = if args.all {
         Scheduler::ALL.iter().flat_map(|&s| TbAlloc::ALL.iter().map(move |&a| Options::new(s, a))).collect()
     } else {

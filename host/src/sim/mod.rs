@@ -138,7 +138,9 @@ pub struct SimOptions {
 }
 
 impl SimOptions {
-    /// Options for `bytes` with micro-batches of about `mb_bytes` per chunk (clamped to 1..=512).
+    /// Options for `bytes` with micro-batches of about `mb_bytes` per chunk (clamped to 1..=512; an
+    /// `mb_bytes` of 0 is taken as 1, which gives the most, 512, wherever a chunk holds that many
+    /// bytes).
     pub fn for_size(plan: &Plan, bytes: u64, mb_bytes: u64) -> SimOptions {
         let chunk = bytes / plan.layout.chunks.max(1) as u64;
         let m = chunk.div_ceil(mb_bytes.max(1)).clamp(1, 512) as u32;
