@@ -712,6 +712,9 @@ impl Engine {
         if let Some(&n) = self.occupancy.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
+        // The loading and the query run in the calling thread's current context: a thread's first
+        // call may come before anything else bound this GPU's.
+        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
         let f = self.function(spec.mover, spec.dtype, spec.op)?;
         let n = f
             .occupancy_max_active_blocks_per_multiprocessor(spec.threads, smem, None)
