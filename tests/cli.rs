@@ -475,6 +475,7 @@ fn values_a_command_would_ignore_are_refused() {
         (&["--ctas", "3"], "--lower"),
         (&["--lower", "--ctas", "0"], "--ctas: 0 CTAs per rank: must be 1..=256"),
         (&["--lower", "--ctas", "300", "--verify"], "--ctas: 300 CTAs per rank: must be 1..=256"),
+        (&["--lower", "--json"], "the argument '--lower' cannot be used with '--json'"),
     ] {
         let args = [&reshard[..], extra].concat();
         let (ok, out, err) = run(&args);
@@ -492,6 +493,9 @@ fn values_a_command_would_ignore_are_refused() {
         (&["bench", "broadcast", "--op", "sum"], "-o/--op is for the collectives that reduce, not broadcast"),
         (&["bench", "--algo", "hm-allgather", "-o", "min"], "-o/--op is for plans that reduce, not hm_allgather_2x4"),
         (&["bench", "all_reduce", "-c", "2"], "invalid value '2' for '--check <CHECK>': 2 is not in 0..=1"),
+        (&["bench", "all_reduce", "--mover", "simt", "--chunk", "8192"], "--chunk shapes the TMA mover's pipeline"),
+        (&["bench", "reshard", "--mover", "simt", "--stages", "2"], "--stages shapes the TMA mover's pipeline"),
+        (&["bench", "--algo", "hm-allreduce", "--mover", "simt", "--chunk", "4096"], "--chunk shapes the TMA"),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");

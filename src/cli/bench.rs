@@ -570,6 +570,15 @@ fn run_named(a: Args) -> CliResult {
         )
         .into());
     }
+    // The TMA pipeline's shape: where `--mover` picks the one mover, the SIMT mover has none to shape
+    // (the overlap and trace benchmarks run TMA rows whatever `--mover` says, or none).
+    if !overlap && !trace && a.mover == "simt" {
+        for id in ["chunk", "stages", "issuers"] {
+            if a.given.iter().any(|g| g == id) {
+                return Err(format!("{} shapes the TMA mover's pipeline; --mover simt has none", flag_name(id)).into());
+            }
+        }
+    }
     if k == kind::PLAN {
         return run_plan(&a);
     }

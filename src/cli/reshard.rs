@@ -112,8 +112,8 @@ pub struct Args {
     pub max_listed: usize,
     /// Also lower the plan for the engine (ranks: enough for both meshes) and print its task counts
     /// (and its text form when it has at most --max-listed tasks); with --verify, run the lowered
-    /// program on the CPU with the engine's semantics too.
-    #[arg(long)]
+    /// program on the CPU with the engine's semantics too. Text only: not with --json.
+    #[arg(long, conflicts_with = "json")]
     pub lower: bool,
     /// With --lower: CTAs per rank, 1..=256 (default 8).
     #[arg(long, requires = "lower", allow_negative_numbers = true)]
