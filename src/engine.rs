@@ -98,21 +98,28 @@ impl DeviceAlloc {
 
     /// Zeroes the contents, ordered on `stream`, which must belong to the allocation's context.
     pub fn zero_async(&self, stream: &CudaStream) -> Result<()> {
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::Config {
-                field: "stream",
-                why: format!(
-                    "a stream of GPU {} cannot zero memory of GPU {}",
-                    stream.context().ordinal(),
-                    self.ctx.ordinal()
-                ),
-            });
-        }
+        stream_on(stream, &self.ctx)?;
         // SAFETY: the allocation holds `bytes` bytes, in the stream's context (checked above), and
         // outlives the queued memset: dropping it waits for the context's queued work first.
         unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
             .map_err(Error::driver("cuMemsetD8Async"))
     }
+}
+
+/// A `stream` configuration error unless `stream` belongs to `ctx`, the context of the memory or
+/// engine it is to be used with.
+fn stream_on(stream: &CudaStream, ctx: &CudaContext) -> Result<()> {
+    if stream.context().cu_ctx() == ctx.cu_ctx() {
+        return Ok(());
+    }
+    Err(Error::Config {
+        field: "stream",
+        why: format!(
+            "a stream of GPU {}, used with memory or kernels of GPU {}",
+            stream.context().ordinal(),
+            ctx.ordinal()
+        ),
+    })
 }
 
 impl Drop for DeviceAlloc {
@@ -593,16 +600,7 @@ impl Engine {
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceProgram> {
         oxccl_host::lowered::validate_structure(l)?;
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            return Err(Error::Config {
-                field: "stream",
-                why: format!(
-                    "a stream of device {}, the engine is on device {}",
-                    stream.context().ordinal(),
-                    self.ctx.ordinal()
-                ),
-            });
-        }
+        stream_on(stream, &self.ctx)?;
         let programs = l.programs.get(range.clone()).ok_or(Error::Config {
             field: "programs",
             why: format!("range {range:?} outside the {} programs", l.programs.len()),

@@ -16,6 +16,14 @@ fn oxccl(args: &[&str]) -> (bool, String) {
     (ok, err)
 }
 
+/// Asserts `oxccl ARGS` fails with a message containing `want`, found before any GPU is looked for
+/// (the message mentions none) and without a panic.
+fn refused_before_any_gpu(args: &[&str], want: &str) {
+    let (ok, err) = oxccl(args);
+    assert!(!ok && err.contains(want), "{args:?}: {err}");
+    assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+}
+
 /// Runs `oxccl ARGS`; returns (success, stdout).
 fn oxccl_out(args: &[&str]) -> (bool, String) {
     let (ok, out, _) = run(args);
@@ -403,9 +411,7 @@ fn flags_a_benchmark_does_not_read_are_refused() {
         (&["bench", "all_reduce", "--shape", "8,8"], "--shape is for reshard, not all_reduce"),
         (&["bench", "movers", "--ctas", "0"], "--ctas: every CTA count of the sweep must be at least 1"),
     ] {
-        let (ok, err) = oxccl(args);
-        assert!(!ok && err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+        refused_before_any_gpu(args, want);
     }
 }
 
@@ -419,9 +425,7 @@ fn a_collective_benchmark_checks_its_type_and_sizes_first() {
         (&["bench", "all_reduce", "-b", "1", "-e", "3"], "-e: 3 B holds no 4-byte element"),
         (&["bench", "--algo", "ring-allreduce", "-d", "half", "-b", "1", "-e", "1"], "-e: 1 B holds no 2-byte element"),
     ] {
-        let (ok, err) = oxccl(args);
-        assert!(!ok && err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+        refused_before_any_gpu(args, want);
     }
 }
 
@@ -497,9 +501,7 @@ fn values_a_command_would_ignore_are_refused() {
         (&["bench", "reshard", "--mover", "simt", "--stages", "2"], "--stages shapes the TMA mover's pipeline"),
         (&["bench", "--algo", "hm-allreduce", "--mover", "simt", "--chunk", "4096"], "--chunk shapes the TMA"),
     ] {
-        let (ok, err) = oxccl(args);
-        assert!(!ok && err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+        refused_before_any_gpu(args, want);
     }
 }
 
@@ -594,9 +596,7 @@ fn a_smallest_size_of_no_element_is_refused() {
             "-b: 3 B holds no 4-byte element: the smallest size is 4 B",
         ),
     ] {
-        let (ok, err) = oxccl(args);
-        assert!(!ok && err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+        refused_before_any_gpu(args, want);
     }
 }
 
@@ -629,9 +629,7 @@ fn nonsense_sizes_and_counts_are_refused() {
         (&["bench", "reshard", "-w", "2000000"], "-w 2000000: give at most 1000000 warm-up iterations"),
         (&["bench", "--algo", "ring-allreduce", "-w", "1000001"], "-w 1000001: give at most 1000000"),
     ] {
-        let (ok, err) = oxccl(args);
-        assert!(!ok && err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("GPU") && !err.contains("panicked"), "{args:?}: {err}");
+        refused_before_any_gpu(args, want);
     }
 }
 
