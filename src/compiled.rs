@@ -212,7 +212,8 @@ impl CompiledPlan {
                 });
             }
         }
-        check_timeout(config.timeout)?;
+        // Every setting, before anything is uploaded for the plan.
+        config.validate()?;
         let h0 = lowered.ranks[0].header;
         let dtype = DType::from_raw(h0.dtype).expect("validated");
         let op = RedOp::from_raw(h0.op).expect("validated");
@@ -280,7 +281,6 @@ impl CompiledPlan {
         let c = &self.config;
         let mover = c.mover;
         let default_threads = if mover == Mover::Tma { 128 } else { 512 };
-        c.validate()?;
         let threads: Vec<u32> = match c.threads {
             Some(t) => vec![t],
             None => std::iter::successors(Some(default_threads), |&t| (t > 32).then_some(t / 2)).collect(),

@@ -728,8 +728,8 @@ impl Engine {
     /// `buffers` and `workspaces` hold valid device addresses for everything the program's tasks
     /// touch, alive until the launch completes; `status` addresses a zeroed [`Status`]; the ranks the
     /// program's barriers name are launched too (or their waits time out); `prog` is dropped only
-    /// after the launch is queued (a program of [`Engine::upload`] only after it completes: its
-    /// tables are freed at once, those of `upload_on` in their stream's order).
+    /// after the launch is queued (the tables of [`Engine::upload`] wait for the context's work
+    /// when dropped, those of `upload_on` are freed in their stream's order).
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,

@@ -121,7 +121,8 @@ pub enum Error {
     },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
     TooManyCtas {
-        /// CTAs asked for on one device: every rank's there (`why` says how many ranks).
+        /// CTAs asked for at once on one device: every rank's there where a communicator checks a
+        /// call (`why` then says how many ranks), one launch's where a launch is checked.
         requested: u32,
         /// The most that can run.
         max: u32,

@@ -265,11 +265,17 @@ fn a_sync_point_on_no_task_is_a_bad_plan() {
     assert!(e.to_string().contains("sync point"), "{e}");
 }
 
-/// A FIFO slot whose size passes u64 when rounded up is a typed error, not a wrapped 0-byte slot.
+/// A FIFO slot whose size passes u64 when rounded up to its alignment is a typed error, not a
+/// wrapped 0-byte slot: an AllReduce of one chunk per buffer, so the buffers themselves fit.
 #[test]
 fn a_fifo_slot_past_u64_is_too_large() {
-    let plan = compile(&Algorithm::RingAllGather.generate(1, 3).unwrap(), &Options::default()).unwrap();
+    let text = "program one_chunk\ncollective allreduce ranks=2 chunks=1 inplace\nscratch 0\n\
+                op0 = xfer r0 in[0] -> r1 in[0] rrc ch=0 chunk=0 step=0 stage=0\n\
+                op1 = xfer r1 in[0] -> r0 in[0] recv ch=0 chunk=0 step=1 stage=0\n";
+    let program = oxccl_host::program::text::parse(text).unwrap_or_else(|e| panic!("{e}"));
+    program.check().unwrap_or_else(|e| panic!("{e}"));
+    let plan = compile(&program, &Options::default()).unwrap();
     let opts = LowerOptions { micro_batches: 1, chunk_bytes: u64::MAX - 15, ..LowerOptions::default() };
     let e = lower(&plan, &opts).unwrap_err();
-    assert!(e.to_string().contains("too large"), "{e}");
+    assert!(e.to_string().contains("a FIFO slot is too large"), "{e}");
 }

@@ -81,7 +81,7 @@ fn snapshot_growth_is_refused_early() {
 }
 
 #[test]
-fn snapshot_scratch_overflowing_u32_is_refused() {
+fn exchanges_whose_snapshots_would_pass_u32_are_refused_by_the_access_limit() {
     // 1100 channels of 2^22-chunk exchanges: one snapshot round would sum more than u32::MAX scratch
     // chunks on a GPU. Their steps touch more chunks than a program may (`MAX_CHUNK_ACCESSES`),
     // which is refused before any snapshot is sized.

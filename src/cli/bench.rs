@@ -273,7 +273,9 @@ mod kind {
 /// Which benchmarks read each flag: (clap's id, the kinds that read it, who they are where the mask
 /// would say too much). Every flag of [`Args`] is here (a test checks it). A flag given to a benchmark that does not read
 /// it is refused, not ignored. Finer rules (`--root` for the rooted collectives, `--combine-direct`
-/// for all_reduce, `--mma-one-per-sm` for `--compute mma`) are checked where those flags are read.
+/// for all_reduce, `--mma-one-per-sm` for `--compute mma`, `--gemm` for `--compute gemm|mma`, `-o`
+/// for what reduces, `--chunk`/`--stages`/`--issuers` not with `--mover simt`) are checked where
+/// those flags are read.
 pub const FLAG_USERS: &[(&str, u8, Option<&str>)] = {
     use kind::*;
     &[

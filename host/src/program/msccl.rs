@@ -1067,8 +1067,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
     // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
     // overwritten before the matching receive happens, on both sides): snapshot those sends'
     // sources into fresh scratch at the send position, which makes every transfer atomic, and retry.
-    // Each round's scratch is held to `Layout::validate`'s limits before the next round sizes its
-    // tables by it: a small file of wide exchanges would otherwise grow it without bound.
+    // Each round's scratch is held to `Layout::validate_imported`'s limits before the next round
+    // sizes its tables by it: a small file of wide exchanges would otherwise grow it without bound.
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {
         let (base, acc) = storage_bases(&layout);
@@ -1115,6 +1115,8 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             let OpKind::Transfer { src_rank, src, .. } = ops[x].op.kind else { unreachable!() };
             let r = src_rank.0 as usize;
             let snap = Slice::new(BufferKind::Scratch, layout.scratch[r], src.count);
+            // Defensive: the file's layout (at most 2^24 chunks) and the chunk-access limit (2^30)
+            // keep a round's scratch far below u32 before this sum.
             layout.scratch[r] = layout.scratch[r].checked_add(src.count).ok_or_else(|| {
                 let need = layout.scratch[r] as u64 + src.count as u64;
                 too_large(ops[x].origin, r, need, "more than a rank's storage can count")

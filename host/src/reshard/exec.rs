@@ -71,7 +71,8 @@ pub enum ExecError {
         /// Bytes the buffer has.
         len: u64,
     },
-    /// The destination buffers together need more host memory than can be allocated.
+    /// The destination buffers together need more host memory than can be allocated, or than
+    /// [`HOST_BUFFERS_LIMIT_BYTES`](super::layout::HOST_BUFFERS_LIMIT_BYTES).
     DestinationTooLarge {
         /// Bytes they need (`u64::MAX` past that).
         bytes: u64,
@@ -108,7 +109,11 @@ impl fmt::Display for ExecError {
                 "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
             ),
             Self::DestinationTooLarge { bytes } => {
-                write!(f, "the destination buffers need {bytes} bytes, more than can be allocated")
+                write!(
+                    f,
+                    "the destination buffers need {bytes} bytes, more than can be allocated (at most {})",
+                    super::layout::HOST_BUFFERS_LIMIT_BYTES
+                )
             }
             Self::TooLargeToVerify { bytes, limit } => write!(
                 f,

@@ -92,7 +92,8 @@ pub enum LayoutError {
         /// Elements given.
         got: u64,
     },
-    /// Every rank's local shard together needs more host memory than can be allocated.
+    /// Every rank's local shard together needs more host memory than can be allocated, or than
+    /// [`HOST_BUFFERS_LIMIT_BYTES`].
     ShardsTooLarge {
         /// Bytes the shards need (`u64::MAX` past that).
         bytes: u64,
@@ -141,7 +142,10 @@ impl fmt::Display for LayoutError {
                 write!(f, "rank {rank}'s buffer has {got} elements but its shard has {expected}")
             }
             Self::ShardsTooLarge { bytes } => {
-                write!(f, "every rank's local shard together needs {bytes} bytes, more than can be allocated")
+                write!(
+                    f,
+                    "every rank's local shard together needs {bytes} bytes, more than can be allocated (at most {HOST_BUFFERS_LIMIT_BYTES})"
+                )
             }
         }
     }
@@ -594,15 +598,20 @@ impl Sharding {
     }
 }
 
-/// Checks that `elements` (`None`: past `u64`) values of `T` can be allocated on the host, by
-/// reserving them once; `Err` with the bytes asked for (`u64::MAX` past that).
+/// The most host memory the CPU side of a reshard allocates for buffers it makes (every rank's local
+/// shards, the executor's destination buffers): a fixed bound, the same on every machine.
+pub const HOST_BUFFERS_LIMIT_BYTES: u64 = 1 << 34;
+
+/// Checks that `elements` (`None`: past `u64`) values of `T` are within
+/// [`HOST_BUFFERS_LIMIT_BYTES`] and can be allocated (reserving them once); `Err` with the bytes
+/// asked for (`u64::MAX` past that).
 pub(crate) fn reserve_host<T>(elements: Option<u64>) -> Result<(), u64> {
-    let bytes = elements.and_then(|n| n.checked_mul(size_of::<T>() as u64));
-    let Some(n) = elements.and_then(|n| usize::try_from(n).ok()) else {
-        return Err(bytes.unwrap_or(u64::MAX));
-    };
+    let bytes = elements.and_then(|n| n.checked_mul(size_of::<T>() as u64)).unwrap_or(u64::MAX);
+    if bytes > HOST_BUFFERS_LIMIT_BYTES {
+        return Err(bytes);
+    }
     let mut probe: Vec<T> = Vec::new();
-    probe.try_reserve_exact(n).map_err(|_| bytes.unwrap_or(u64::MAX))
+    probe.try_reserve_exact(bytes as usize / size_of::<T>().max(1)).map_err(|_| bytes)
 }
 
 /// The elements of `region` out of a dense row-major tensor of shape `shape`, row-major.
