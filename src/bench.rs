@@ -371,19 +371,13 @@ impl SweepConfig {
             ("tma_threads_combine", self.tma_threads_combine, 1024),
             ("simt_threads", self.simt_threads, 512),
         ] {
-            if t == 0 || !t.is_multiple_of(32) || t > most {
-                return Err(Error::Config { field, why: format!("{t} is not a multiple of 32 in 32..={most}") });
-            }
+            crate::comm::check_threads(field, t, most)?;
         }
-        if let Some(b) = self.chunk_bytes
-            && (b == 0 || !b.is_multiple_of(16))
-        {
-            return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
+        if let Some(b) = self.chunk_bytes {
+            crate::comm::check_chunk_bytes("chunk_bytes", b)?;
         }
-        if let Some(st) = self.stages
-            && (st == 0 || st as usize > abi::MAX_STAGES)
-        {
-            return Err(Error::Config { field: "stages", why: format!("{st} is not in 1..={}", abi::MAX_STAGES) });
+        if let Some(st) = self.stages {
+            crate::comm::check_stages("stages", st)?;
         }
         if let Split::Pieces(p) = self.split
             && p > 0
@@ -2606,13 +2600,8 @@ impl OverlapBench {
             return Err(Error::RankCount { ranks: b.ranks, max: MAX_RANKS });
         }
         b.compute.validate()?;
-        if let Some(t) = b.simt_threads
-            && (t == 0 || !t.is_multiple_of(32) || t > 512)
-        {
-            return Err(Error::Config {
-                field: "simt_threads",
-                why: format!("{t} is not a multiple of 32 in 32..=512"),
-            });
+        if let Some(t) = b.simt_threads {
+            crate::comm::check_threads("simt_threads", t, 512)?;
         }
         if b.partition && matches!(b.compute, ComputeLoad::Mma { .. }) {
             return Err(Error::Config {

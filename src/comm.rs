@@ -1143,6 +1143,31 @@ pub(crate) fn check_disjoint(ranges: &[Range], what: &'static str) -> Result<()>
     Ok(())
 }
 
+/// A `field` error unless `threads` is a multiple of 32 in `32..=most` (a CTA of whole warps the
+/// kernels are compiled for).
+pub(crate) fn check_threads(field: &'static str, threads: u32, most: u32) -> Result<()> {
+    if threads == 0 || !threads.is_multiple_of(32) || threads > most {
+        return Err(Error::Config { field, why: format!("{threads} is not a multiple of 32 in 32..={most}") });
+    }
+    Ok(())
+}
+
+/// A `field` error unless `bytes` is a positive multiple of 16 (a bulk copy's size and alignment).
+pub(crate) fn check_chunk_bytes(field: &'static str, bytes: u32) -> Result<()> {
+    if bytes == 0 || !bytes.is_multiple_of(16) {
+        return Err(Error::Config { field, why: format!("{bytes} is not a positive multiple of 16") });
+    }
+    Ok(())
+}
+
+/// A `field` error unless `stages` is in `1..=MAX_STAGES` (the mbarriers shared memory holds).
+pub(crate) fn check_stages(field: &'static str, stages: u32) -> Result<()> {
+    if stages == 0 || stages as usize > abi::MAX_STAGES {
+        return Err(Error::Config { field, why: format!("{stages} is not in 1..={}", abi::MAX_STAGES) });
+    }
+    Ok(())
+}
+
 pub(crate) fn validate_config(c: &Config) -> Result<()> {
     if c.deterministic && c.reduction == Reduction::Tma {
         return Err(Error::Config {
@@ -1153,10 +1178,8 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
     if let Some(0) = c.max_ctas {
         return Err(Error::Config { field: "max_ctas", why: "must be at least 1".into() });
     }
-    if let Some(st) = c.stages
-        && (st == 0 || st as usize > abi::MAX_STAGES)
-    {
-        return Err(Error::Config { field: "stages", why: format!("{st} is not in 1..={}", abi::MAX_STAGES) });
+    if let Some(st) = c.stages {
+        check_stages("stages", st)?;
     }
     check_timeout(c.timeout)?;
     if let Some(m) = c.max_ctas
@@ -1165,10 +1188,7 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::Config { field: "max_ctas", why: format!("{m} is above {}", abi::MAX_CTAS_PER_RANK) });
     }
     if let Some(t) = c.threads {
-        let most = if c.mover == Mover::Simt { 512 } else { 1024 };
-        if t == 0 || !t.is_multiple_of(32) || t > most {
-            return Err(Error::Config { field: "threads", why: format!("{t} is not a multiple of 32 in 32..={most}") });
-        }
+        check_threads("threads", t, if c.mover == Mover::Simt { 512 } else { 1024 })?;
     }
     if let Some(w) = c.issuers {
         if !(1..=abi::MAX_ISSUERS).contains(&w) {
@@ -1190,10 +1210,8 @@ pub(crate) fn validate_config(c: &Config) -> Result<()> {
             return Err(Error::Config { field: "issuers", why: format!("{w}: {t} threads hold fewer warps") });
         }
     }
-    if let Some(b) = c.chunk_bytes
-        && (b == 0 || !b.is_multiple_of(16))
-    {
-        return Err(Error::Config { field: "chunk_bytes", why: format!("{b} is not a positive multiple of 16") });
+    if let Some(b) = c.chunk_bytes {
+        check_chunk_bytes("chunk_bytes", b)?;
     }
     Ok(())
 }

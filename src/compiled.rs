@@ -76,17 +76,8 @@ impl CompiledConfig {
     /// shape fits the device is checked when a plan is loaded ([`CompiledPlan::on_engines`]).
     pub fn validate(&self) -> Result<()> {
         if let Some(t) = self.threads {
-            let (max, why) = if self.mover == Mover::Simt {
-                (512, " (the SIMT plan kernels are compiled for at most 512)")
-            } else {
-                (1024, "")
-            };
-            if t == 0 || !t.is_multiple_of(32) || t > max {
-                return Err(Error::Config {
-                    field: "threads",
-                    why: format!("{t} is not a multiple of 32 in 32..={max}{why}"),
-                });
-            }
+            // The SIMT plan kernels are compiled for at most 512 threads.
+            crate::comm::check_threads("threads", t, if self.mover == Mover::Simt { 512 } else { 1024 })?;
         }
         if self.mover == Mover::Tma
             && let Some(b) = self.stage_bytes

@@ -628,19 +628,13 @@ impl Engine {
     /// Checks that `spec` can launch `ctas` co-resident CTAs of a program needing `slots` slots.
     pub fn check(&self, spec: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         let cfg = |field, why: String| Err(Error::Config { field, why });
-        if spec.threads == 0 || !spec.threads.is_multiple_of(32) || spec.threads > 1024 {
-            return cfg("threads", format!("{} is not a multiple of 32 in 32..=1024", spec.threads));
-        }
+        crate::comm::check_threads("threads", spec.threads, 1024)?;
         if spec.mover == Mover::Simt && spec.threads > 512 {
             return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));
         }
         if spec.mover == Mover::Tma {
-            if spec.chunk_bytes == 0 || !spec.chunk_bytes.is_multiple_of(16) {
-                return cfg("chunk_bytes", format!("{} is not a positive multiple of 16", spec.chunk_bytes));
-            }
-            if spec.stages == 0 || spec.stages as usize > abi::MAX_STAGES {
-                return cfg("stages", format!("{} is not in 1..={}", spec.stages, abi::MAX_STAGES));
-            }
+            crate::comm::check_chunk_bytes("chunk_bytes", spec.chunk_bytes)?;
+            crate::comm::check_stages("stages", spec.stages)?;
             if spec.issuers > 1 {
                 let why = if spec.issuers > abi::MAX_ISSUERS {
                     Some(format!("{} is above {}", spec.issuers, abi::MAX_ISSUERS))

@@ -560,7 +560,7 @@ fn every_flag_is_checked_before_the_gpu_probe() {
         (&["bench", "--algo", "hm-allreduce", "--threads", "0"], "--threads: 0 is not a multiple of 32 in 32..=1024"),
         (
             &["bench", "--algo", "hm-allreduce", "--mover", "simt", "--threads", "1024"],
-            "--threads: 1024 is not a multiple of 32 in 32..=512 (the SIMT plan kernels",
+            "--threads: 1024 is not a multiple of 32 in 32..=512",
         ),
         (&["bench", "--algo", "hm-allreduce", "--chunk", "0"], "--chunk: 0 is not a multiple of 16 of at least 16"),
         (

@@ -9,8 +9,8 @@
 use super::CliResult;
 use super::plan::ProgramArgs;
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
-use oxccl_host::exec::{self, ExecOptions, MAX_VERIFY_ELEMENTS, ReduceOp, VerifyReport};
-use oxccl_host::program::{Layout, Rank};
+use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
+use oxccl_host::program::Layout;
 use oxccl_host::sim::MAX_MICRO_BATCHES;
 
 /// Flags of `oxccl verify`.
@@ -61,15 +61,7 @@ fn check_sizes(args: &Args, layout: &Layout) -> CliResult {
     if args.slots == Some(0) {
         return Err("--slots 0: a FIFO needs at least one slot".into());
     }
-    let storage: u64 = (0..layout.ranks).map(|r| layout.storage_chunks(Rank(r)) as u64).sum();
-    if storage as u128 * args.count as u128 > MAX_VERIFY_ELEMENTS as u128 {
-        return Err(format!(
-            "--count {}: {storage} storage chunks of {} elements over {} ranks, more than the {MAX_VERIFY_ELEMENTS} \
-             elements a host verification holds",
-            args.count, args.count, layout.ranks
-        )
-        .into());
-    }
+    exec::check_verify_size(layout, args.count).map_err(|why| format!("--count {}: {why}", args.count))?;
     Ok(())
 }
 

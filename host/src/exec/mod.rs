@@ -17,7 +17,7 @@ pub mod lowered;
 pub mod reference;
 
 use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
-use crate::program::{OpId, Rank, Slice};
+use crate::program::{Layout, OpId, Rank, Slice};
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
@@ -476,6 +476,21 @@ impl VerifyReport {
 /// host.
 pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
 
+/// Whether a host verification of `l`'s program with `chunk_len` elements per chunk stays within
+/// [`MAX_VERIFY_ELEMENTS`]: `execute` allocates every rank's whole storage, scratch included, so
+/// that is what is bounded. `Err` says by how much, in words.
+pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
+    let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
+    if (storage as u128) * chunk_len as u128 > MAX_VERIFY_ELEMENTS as u128 {
+        return Err(format!(
+            "{storage} storage chunks of {chunk_len} elements over {} ranks: more than the \
+             {MAX_VERIFY_ELEMENTS} elements a host verification holds",
+            l.ranks
+        ));
+    }
+    Ok(())
+}
+
 /// Executes `plan` on [`test_inputs`] with `chunk_len` elements per chunk and compares every output
 /// element with the collective's reference ([`ExecError::BadInput`] for a `chunk_len` of 0, or when
 /// the ranks' storage is beyond [`MAX_VERIFY_ELEMENTS`]).
@@ -490,17 +505,7 @@ pub fn verify<T: Element>(
     if chunk_len == 0 {
         return Err(ExecError::BadInput { reason: "a chunk needs at least one element (chunk_len is 0)".into() });
     }
-    // `execute` allocates every rank's whole storage, scratch included, so that is what is bounded.
-    let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
-    if (storage as u128) * chunk_len as u128 > MAX_VERIFY_ELEMENTS as u128 {
-        return Err(ExecError::BadInput {
-            reason: format!(
-                "{storage} storage chunks of {chunk_len} elements over {} ranks: more than the \
-                 {MAX_VERIFY_ELEMENTS} elements a host verification holds",
-                l.ranks
-            ),
-        });
-    }
+    check_verify_size(l, chunk_len).map_err(|reason| ExecError::BadInput { reason })?;
     let elements = l.input_chunks() as usize * chunk_len;
     let inputs = test_inputs::<T>(l.ranks as usize, elements);
     let got = execute(plan, &inputs, op, opts)?;
