@@ -132,7 +132,9 @@ pub struct Communicator {
     engines: Vec<Arc<Engine>>,
     ranks: Vec<Rank>,
     groups: Vec<Group>,
-    plans: Mutex<HashMap<PlanSpec, Arc<Uploaded>>>,
+    /// Each call's plan with its launch, checked to run once when the plan was built (the checks
+    /// depend only on the plan, the configuration and the devices, none of which change).
+    plans: Mutex<HashMap<PlanSpec, (Arc<Uploaded>, LaunchSpec)>>,
     pub(crate) reshard_plans: Mutex<HashMap<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>>,
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
@@ -606,21 +608,20 @@ impl Communicator {
         })
     }
 
-    /// The plan for `spec`, built and uploaded on first use (the upload queued on the groups'
-    /// streams, ahead of the call's launches), and whether this call built it.
-    fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, bool)> {
+    /// The plan for `spec` and its launch, built, checked and uploaded on first use (the upload
+    /// queued on the groups' streams, ahead of the call's launches), and whether this call built it.
+    fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec, bool)> {
         let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = cache.get(spec) {
-            return Ok((p.clone(), false));
+        if let Some((p, launch)) = cache.get(spec) {
+            return Ok((p.clone(), *launch, false));
         }
         let lowered = tccl::plan(spec)?;
-        // A plan whose launch cannot run is refused before it is uploaded and cached (the callers
-        // check the launch of a cached plan themselves).
+        // A plan whose launch cannot run is refused before it is uploaded and cached.
         let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
         self.check_resident(&launch, spec.ctas, lowered.slots)?;
         let plan = Arc::new(self.upload(lowered, spec.ctas)?);
-        cache.insert(*spec, plan.clone());
-        Ok((plan, true))
+        cache.insert(*spec, (plan.clone(), launch));
+        Ok((plan, launch, true))
     }
 
     /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
@@ -768,7 +769,7 @@ impl Communicator {
             self.rooted(root, |_| collective)?;
         }
         let spec = self.spec::<T>(collective, count, op, in_place);
-        let (plan, built) = self.plan(&spec)?;
+        let (plan, launch, built) = self.plan(&spec)?;
         if built {
             // The upload was queued on the groups' streams; a graph captured later may be replayed
             // on another stream.
@@ -777,8 +778,6 @@ impl Communicator {
             }
         }
         let slots = plan.lowered.slots;
-        let launch = self.launch_spec(&spec, slots, plan.lowered.combines)?;
-        self.check_resident(&launch, spec.ctas, slots)?;
         for g in &self.groups {
             self.engines[g.device].function(launch.mover, launch.dtype, launch.op)?;
         }
@@ -913,10 +912,9 @@ impl Communicator {
 
         // The plan and its launch need no address either: anything that fails there fails before a
         // guard is taken.
-        let (plan, _) = self.plan(&spec)?;
-        let launch = self.launch_spec(&spec, plan.lowered.slots, plan.lowered.combines)?;
-        // Every launch on a device must be resident together with the others on it.
-        self.check_resident(&launch, spec.ctas, plan.lowered.slots)?;
+        // Every launch on a device was checked to be resident with the others on it when the plan was
+        // built.
+        let (plan, launch, _) = self.plan(&spec)?;
 
         // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
         // (and, for a buffer this call writes, its last read), and the guards record this call's use
