@@ -166,6 +166,10 @@ pub fn validate_structure(l: &Lowered) -> Result<(), LoweredError> {
         if prog.rank as usize >= MAX_RANKS {
             return Err(LoweredError::BadProgram { program: p, why: "rank at or above MAX_RANKS" });
         }
+        // The engine reads a workspace address per barrier rank from a table of MAX_RANKS.
+        if (prog.barrier_ranks as u64) >> MAX_RANKS != 0 {
+            return Err(LoweredError::BadProgram { program: p, why: "a barrier rank at or above MAX_RANKS" });
+        }
         if prog.cta as usize >= MAX_CTAS_PER_RANK {
             return Err(LoweredError::BadProgram { program: p, why: "CTA index at or above MAX_CTAS_PER_RANK" });
         }

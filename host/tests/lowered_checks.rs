@@ -81,6 +81,11 @@ fn overflowing_ranges_and_bad_programs_are_errors_not_panics() {
     assert!(matches!(lowered::check_races(&l, &[]), Err(LoweredError::BadProgram { program: 0, .. })));
     let l = lowered(vec![program(0, 0, 0, 2)], vec![ok]);
     assert_eq!(lowered::check_races(&l, &[]), Err(LoweredError::TaskRange { program: 0 }));
+    // A barrier rank past the engine's table of MAX_RANKS workspaces.
+    let mut far = lowered(vec![program(0, 0, 0, 1)], vec![ok]);
+    far.programs[0].barrier_ranks = 1 << MAX_RANKS;
+    let e = lowered::validate_structure(&far).unwrap_err();
+    assert_eq!(e, LoweredError::BadProgram { program: 0, why: "a barrier rank at or above MAX_RANKS" });
 }
 
 #[test]

@@ -520,10 +520,10 @@ pub const PLAN_FLAG_TIMING: u16 = 1;
 /// so it lives in the header. A message is the `chunks` pieces of one micro-batch, packed: piece `j`
 /// at byte `j * mb_bytes` of the slot.
 ///
-/// Not executed by the engine yet: it has no kernel for compiled plans, and a `FifoTask` handed to
-/// the T-CCL kernels in place of a [`Task`] is rejected (`WaitKind::BadTask`: its kind is no
-/// [`TaskKind`]), never run wrongly. The host's CPU executor (`oxccl_host::exec::lowered`) defines the
-/// semantics the engine will implement.
+/// Run by the plan kernels (`plan_entry.rs`, `engine/plan.rs`); a `FifoTask` handed to the T-CCL
+/// kernels in place of a [`Task`] is rejected (`WaitKind::BadTask`: its kind is no [`TaskKind`]),
+/// never run wrongly. The host's CPU executor (`oxccl_host::exec::lowered`) defines the semantics
+/// both follow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct FifoTask {

@@ -44,7 +44,9 @@ abi::engine_kernels!(kernels);
 ///
 /// # Safety
 /// `args` describes valid programs, tasks, buffers and workspaces (the host's lowering guarantees it);
-/// all CTAs of the ranks that barrier with each other are co-resident.
+/// `args.stages` is in `1..=MAX_STAGES` and `args.chunk_bytes` a positive multiple of 16 (TMA mover),
+/// the dynamic shared memory and block size are as above (the host's `Engine::check` refuses any
+/// other launch); all CTAs of the ranks that barrier with each other are co-resident.
 #[inline(always)]
 unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, op: RedOp) {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemBase>().cast::<u8>();

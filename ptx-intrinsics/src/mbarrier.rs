@@ -15,8 +15,9 @@ use core::arch::asm;
 ///   concurrently, and `1 <= count < 2^20`.
 /// - The barrier is not live: never initialise a barrier another thread may still wait on or arrive at
 ///   (invalidate it with [`mbarrier_inval_shared_b64`] first, after every user is done).
-/// - Before another thread or the async proxy uses it, make the initialisation visible with
-///   [`fence_mbarrier_init_release_cluster`] and a CTA barrier.
+/// - Before the async proxy uses it, make the initialisation visible with
+///   [`fence_mbarrier_init_release_cluster`]; before another thread uses it, with that fence and a CTA
+///   barrier (the initialising thread's own bulk copies, issued after the fence, need no barrier).
 #[doc(alias = "mbarrier.init")]
 #[inline(always)]
 pub unsafe fn mbarrier_init_shared_b64(bar: Shared<Mbarrier>, count: u32) {

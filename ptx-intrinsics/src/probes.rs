@@ -40,6 +40,10 @@ const DATA: u32 = 128;
 
 /// One thread initialises the barrier at the start of shared memory for one arrival and makes the
 /// initialisation visible.
+///
+/// # Safety
+/// `bar` is an 8-byte-aligned shared-memory word no barrier is live in; every thread of the CTA
+/// calls this (it ends with a CTA barrier).
 #[inline(always)]
 unsafe fn init_barrier(bar: Shared<Mbarrier>) {
     // SAFETY: called by thread 0 only, before any other use of the barrier; followed by a CTA barrier.
@@ -53,6 +57,10 @@ unsafe fn init_barrier(bar: Shared<Mbarrier>) {
 }
 
 /// Spins until the phase with `parity` completes.
+///
+/// # Safety
+/// `bar` is a live barrier (initialised and made visible, see [`init_barrier`]) whose phase
+/// `parity` completes, or the thread spins for ever.
 #[inline(always)]
 unsafe fn wait(bar: Shared<Mbarrier>, parity: u32) {
     // SAFETY: forwarded contract: `bar` is live.
@@ -60,6 +68,10 @@ unsafe fn wait(bar: Shared<Mbarrier>, parity: u32) {
 }
 
 /// Special registers: `out[8 * tid + k]` = tid, ntid, ctaid, nctaid, laneid, smid, globaltimer, elected.
+///
+/// # Safety
+/// The block is a whole number of warps (every lane runs `elect.sync` with the full mask); `out`
+/// holds 8 u64 per thread of the grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_sreg(out: u64) {
     let out = Global::<u64>::from_addr(out);
@@ -84,6 +96,9 @@ pub unsafe extern "ptx-kernel" fn probe_sreg(out: u64) {
 }
 
 /// Shared-memory size: thread 0 of each CTA writes `%dynamic_smem_size` to `out[ctaid]`.
+///
+/// # Safety
+/// `out` holds one u32 per CTA of the grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_smem_size(out: u64) {
     if tid_x() == 0 {
@@ -97,6 +112,10 @@ pub unsafe extern "ptx-kernel" fn probe_smem_size(out: u64) {
 /// `expect_tx` plus `arrive.expect_tx` and completed by a second copy; then a plain `arrive` phase.
 /// `out` = [phase 0 done before its copy, phase 0 done after, phase 1 done before its copy, phase 1
 /// done after, first 8 bytes copied, phase 2 done after its arrive, arrive state != 0].
+///
+/// # Safety
+/// One CTA of one thread with at least `DATA + 64` bytes of dynamic shared memory; `src` holds 64 bytes,
+/// 16-byte aligned; `out` holds 7 u64.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_mbarrier(out: u64, src: u64) {
     let out = Global::<u64>::from_addr(out);
@@ -138,6 +157,10 @@ pub unsafe extern "ptx-kernel" fn probe_mbarrier(out: u64, src: u64) {
 }
 
 /// Bulk copy global→shared→global of `bytes` (≤ 48 KiB - 128, multiple of 16), one thread.
+///
+/// # Safety
+/// One CTA of one thread, with `DATA + bytes` bytes of dynamic shared memory; `bytes` is a multiple
+/// of 16; `src` and `dst` hold `bytes`, 16-byte aligned, and do not overlap.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_bulk_copy(dst: u64, src: u64, bytes: u32) {
     let bar = smem().cast::<Mbarrier>();
@@ -159,6 +182,10 @@ pub unsafe extern "ptx-kernel" fn probe_bulk_copy(dst: u64, src: u64, bytes: u32
 macro_rules! probe_reduce {
     ($($kernel:ident => $wrapper:ident),+ $(,)?) => {$(
         /// Loads `bytes` of `src` into shared memory and reduces them into `dst` with one bulk reduction.
+        ///
+        /// # Safety
+        /// One CTA of one thread, with `DATA + bytes` bytes of dynamic shared memory; `src` and `dst` hold `bytes` (a multiple of 16) of the kernel's type, 16-byte
+        /// aligned, and do not overlap.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $kernel(dst: u64, src: u64, bytes: u32) {
             let bar = smem().cast::<Mbarrier>();
@@ -204,6 +231,12 @@ macro_rules! probe_tensor {
         /// Loads the box at the given coordinates from `src_map`, then stores it into `dst_map` at the
         /// same coordinates and reduces it into `red_map` (op 0 add, 1 min, 2 max). `box_bytes` is the
         /// map's box size in bytes. One thread.
+        ///
+        /// # Safety
+        /// One CTA of one thread with `DATA + box_bytes` bytes of dynamic shared memory (its data
+        /// 128-byte aligned); the three maps are valid `CUtensorMap`s in global memory, 64-byte
+        /// aligned, of the kernel's rank and one element type, each describing a buffer it may
+        /// read or write, with `box_bytes` their box size.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $kernel(src_map: u64, dst_map: u64, red_map: u64, op: u32, box_bytes: u32, $($c: i32),+) {
             let bar = smem().cast::<Mbarrier>();
@@ -250,6 +283,10 @@ probe_tensor! {
 /// Scoped loads, stores, reductions and atomics. `flags` holds 8 u64 words, zeroed by the host.
 /// Thread 0 writes `out[0..6]`; every thread adds to `flags[4]`, `flags[5]` and takes a ticket from
 /// `flags[6]`, written to `out[8 + tid]`.
+///
+/// # Safety
+/// `flags` holds 8 u64, zeroed, and `out` `8 + threads` u64 of device memory (system-scope accesses reach
+/// them); one CTA.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
     let f = Global::<u64>::from_addr(flags);
@@ -288,6 +325,10 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
 /// Fences and barriers: each thread writes its id to shared memory, fences, meets the others, reads its
 /// neighbour's id and writes it to `out[tid]`, with bit 32 set when a barrier-OR of "I am the last
 /// thread" was true and bit 33 when a barrier-OR of `false` was.
+///
+/// # Safety
+/// One CTA of a whole number of warps with `DATA + 4 × threads` bytes of dynamic shared memory;
+/// `out` holds one u64 per thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_sync(out: u64) {
     let t = tid_x();
@@ -313,6 +354,10 @@ pub unsafe extern "ptx-kernel" fn probe_sync(out: u64) {
 }
 
 /// 16-byte vector moves: each thread copies one 16-byte vector of `src` to `dst` through shared memory.
+///
+/// # Safety
+/// One CTA with `DATA + 16 × threads` bytes of dynamic shared memory; `src` and `dst` hold 16
+/// bytes per thread, 16-byte aligned.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_vector(dst: u64, src: u64) {
     let t = tid_x() as u64;
@@ -328,6 +373,9 @@ pub unsafe extern "ptx-kernel" fn probe_vector(dst: u64, src: u64) {
 
 /// Packed half arithmetic: for each i, `out[6 i .. 6 i + 6]` = add/min/max of `a[i]`, `b[i]` as f16x2,
 /// then as bf16x2.
+///
+/// # Safety
+/// `a` and `b` hold `n` u32 (f16x2 / bf16x2 pairs) and `out` `6 n` u32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) {
     let i = ctaid_x() * ntid_x() + tid_x();
@@ -356,6 +404,9 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
 /// An FMA-bound compute kernel for the overlap benchmark (`oxccl bench overlap`), not a probe: every
 /// thread runs `iters` rounds of 8 independent `fma.rn.f32` on registers (no memory traffic), then
 /// writes one value to `out[global thread id]` so the work cannot be optimised away.
+///
+/// # Safety
+/// `out` holds one f32 per thread of the grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
     let i = ctaid_x() * ntid_x() + tid_x();
@@ -378,6 +429,9 @@ pub unsafe extern "ptx-kernel" fn bench_fma(out: u64, iters: u32, seed: f32) {
 /// CTAs that occupy their SM slots but issue almost nothing: every thread sleeps about 1 µs `iters`
 /// times, then writes `iters` to `out[global thread id]`. Beside it a collective shows what
 /// co-residence alone costs, without busy warps.
+///
+/// # Safety
+/// `out` holds one u32 per thread of the grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn bench_sleep(out: u64, iters: u32, _seed: f32) {
     let i = ctaid_x() * ntid_x() + tid_x();
@@ -437,6 +491,22 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
     round: u32,
     maps: u64,
 ) {
+    // The chain of kind 2 (below) loads words of the first 256 bytes of shared memory, where the
+    // warps' barriers live later: lane 0 of every warp zeroes them and every thread of the CTA meets
+    // before any warp initialises its barriers, so no zeroing reaches an initialised barrier (the
+    // chain's loads of barrier words afterwards are harmless reads). Only then do lanes other than
+    // 0 leave.
+    if chain_op == 2 {
+        if laneid() == 0 {
+            for k in 0..64 {
+                // SAFETY: the first 256 bytes of the dynamic shared memory (at least 1024 bytes).
+                unsafe { st_shared_u32(smem().cast::<u32>().add(k), 0) };
+            }
+        }
+        // SAFETY: `chain_op` is the same for every thread of the CTA and no thread has left yet, so
+        // all of them arrive.
+        unsafe { bar_sync_all() };
+    }
     if laneid() != 0 {
         return;
     }
@@ -451,19 +521,9 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
 
     // The chain, `chain` steps of the kind `chain_op` names (ptxas cannot fold any): 0, ALU
     // x ← rotl(x ⊕ c, 1); 3, eight independent streams of that step; 1, two dependent
-    // `fma.rn.f32`; 2, a dependent `ld.shared` of a word in
-    // the first 256 bytes of shared memory, where the warps' barriers live later: every warp zeroes
-    // them and the CTA meets before any chain, so no warp's zeroing reaches a barrier another warp
-    // has initialised (the chain's loads of barrier words afterwards are harmless reads).
+    // `fma.rn.f32`; 2, a dependent `ld.shared` of a word in the first 256 bytes of shared memory
+    // (zeroed above).
     let mut x = g;
-    if chain_op == 2 {
-        for k in 0..64 {
-            // SAFETY: the first 256 bytes of the dynamic shared memory (at least 1024 bytes).
-            unsafe { st_shared_u32(smem().cast::<u32>().add(k), 0) };
-        }
-        // SAFETY: `chain_op` is the same for every thread of the CTA, so all of them arrive.
-        unsafe { bar_sync_all() };
-    }
     let base = smem().addr();
     let t0 = clock64();
     // SAFETY (each loop): register arithmetic, or a load of the first 256 bytes of this CTA's
@@ -554,7 +614,7 @@ pub unsafe extern "ptx-kernel" fn bench_tma_trace(
         rows: chunk / trace_layout::TENSOR_ROW,
     };
     // SAFETY (whole block): each warp's barriers and ring are its own (the host sizes shared memory
-    // for `warps × stages` of both); `src` and `dst` hold `bytes` for every warp of the grid, `trace`
+    // for `warps × stages` of both), initialised and used by its lane 0 alone, after the fence; `src` and `dst` hold `bytes` for every warp of the grid, `trace`
     // its records; `round` divides `stages` and `items`, and `lag` is 1..=stages / round (the
     // caller's contract, as `TracedCopy::run` needs).
     unsafe {

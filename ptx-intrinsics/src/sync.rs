@@ -19,7 +19,7 @@ pub unsafe fn bar_sync(id: u32, threads: u32) {
 
 /// Waits until all threads of this CTA reach barrier 0.
 ///
-/// `bar.sync 0;` · PTX ISA 1.0 · sm_20
+/// `bar.sync 0;` · PTX ISA 1.0 · sm_10
 ///
 /// # Safety
 /// Every thread of the CTA executes it (it must not sit in a branch some threads skip).

@@ -166,7 +166,8 @@ impl Ctx {
     pub fn buffer(&self, rank: u32, slot: u8) -> u64 {
         let i = rank as usize * BUFFER_SLOTS + slot as usize;
         // SAFETY: the table was written at entry (before the CTA barrier) and is only read afterwards;
-        // rank < MAX_RANKS and slot < BUFFER_SLOTS are checked by the walker before tasks run.
+        // rank < MAX_RANKS and slot < BUFFER_SLOTS: the walker checks a task's before it runs, and the
+        // host's `validate_structure` refuses programs whose own rank or barrier ranks are not.
         unsafe { *self.buffer_table().add(i) }
     }
 
@@ -180,7 +181,8 @@ impl Ctx {
     /// Base address of `rank`'s workspace.
     #[inline(always)]
     pub fn workspace(&self, rank: u32) -> u64 {
-        // SAFETY: as for `buffer`.
+        // SAFETY: as for `buffer` (the ranks passed here are a program's own, its barrier ranks, or a
+        // task's, all below MAX_RANKS as said there).
         unsafe { *(self.smem.add(abi::smem::WORKSPACES) as *const u64).add(rank as usize) }
     }
 
@@ -207,8 +209,11 @@ impl Ctx {
     /// Marks the CTA as aborting.
     #[inline(always)]
     pub fn set_abort(&self) {
-        // SAFETY: see `abort_flag`; a racy store of the same value by several threads is benign and is
-        // read only after a CTA barrier.
+        // SAFETY: see `abort_flag`. Several threads may store the same value; the others read the
+        // word with volatile loads, as `sync_aborted` after a CTA barrier does, and also (the mover
+        // loops after `stream_issued`) while the issuer may be storing it: a 32-bit volatile access
+        // is not torn on the GPU, and a thread that reads it too early sees it at the next
+        // `sync_aborted`, which every thread reaches.
         unsafe { core::ptr::write_volatile(self.abort_flag(), 1) }
     }
 

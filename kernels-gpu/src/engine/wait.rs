@@ -48,8 +48,8 @@ fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u3
 /// `kind` and returns `false`.
 ///
 /// # Safety
-/// `flag` is an 8-byte-aligned address of device memory (this rank's workspace) that peers update with
-/// release semantics.
+/// `flag` is an 8-byte-aligned address of device memory (a workspace word, this rank's or a peer's)
+/// that the other side updates with release semantics.
 #[inline(always)]
 pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
     // SAFETY: forwarded contract.
