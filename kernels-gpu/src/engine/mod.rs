@@ -201,20 +201,21 @@ impl Ctx {
     /// The CTA-wide abort flag in shared memory: set by any thread whose bounded wait gave up, read by
     /// all after each CTA barrier so the whole CTA leaves together.
     #[inline(always)]
-    fn abort_flag(&self) -> *mut u32 {
-        // SAFETY: the word after the barriers is reserved for the flag (smem::ABORT < smem::STAGES).
-        unsafe { self.smem.add(abi::smem::ABORT) as *mut u32 }
+    fn abort_flag(&self) -> &core::sync::atomic::AtomicU32 {
+        // SAFETY: the word after the barriers is reserved for the flag (smem::ABORT < smem::STAGES),
+        // 4-byte aligned, lives as long as the CTA, and is only ever accessed through this atomic.
+        unsafe { core::sync::atomic::AtomicU32::from_ptr(self.smem.add(abi::smem::ABORT) as *mut u32) }
     }
 
     /// Marks the CTA as aborting.
     #[inline(always)]
     pub fn set_abort(&self) {
-        // SAFETY: see `abort_flag`. Several threads may store the same value; the others read the
-        // word with volatile loads, as `sync_aborted` after a CTA barrier does, and also (the mover
-        // loops after `stream_issued`) while the issuer may be storing it: a 32-bit volatile access
-        // is not torn on the GPU, and a thread that reads it too early sees it at the next
-        // `sync_aborted`, which every thread reaches.
-        unsafe { core::ptr::write_volatile(self.abort_flag(), 1) }
+        // Several threads may store the same value while others read it (the mover loops after
+        // `stream_issued` read it while the issuer may be storing it): every access is a relaxed
+        // atomic one (`ld`/`st.relaxed.sys.shared`), so none races. A thread that reads it before
+        // the store lands learns of it at the next `sync_aborted`: the storing thread reads its own
+        // store and brings it to the barrier's OR, whose verdict every thread gets.
+        self.abort_flag().store(1, core::sync::atomic::Ordering::Relaxed)
     }
 
     /// CTA barrier, then whether any thread had set the abort flag when it arrived: one verdict for
@@ -231,14 +232,14 @@ impl Ctx {
     /// Whether any thread set the abort flag (meaningful after a CTA barrier).
     #[inline(always)]
     pub fn aborted(&self) -> bool {
-        // SAFETY: see `abort_flag`.
-        unsafe { core::ptr::read_volatile(self.abort_flag()) != 0 }
+        // See `set_abort`.
+        self.abort_flag().load(core::sync::atomic::Ordering::Relaxed) != 0
     }
 
     /// Clears the abort flag (entry, before the first CTA barrier).
     #[inline(always)]
     pub fn clear_abort(&self) {
-        // SAFETY: see `abort_flag`.
-        unsafe { core::ptr::write_volatile(self.abort_flag(), 0) }
+        // See `set_abort`.
+        self.abort_flag().store(0, core::sync::atomic::Ordering::Relaxed)
     }
 }
