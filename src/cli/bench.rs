@@ -67,10 +67,10 @@ pub struct Args {
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 4, allow_negative_numbers = true)]
     pub factor: u64,
-    /// Timed iterations per size, 1..=1000000 (tma_trace: of the copy alone).
+    /// Timed iterations per size, 1..=1000000 (tma_trace: of the copy alone; movers: 5 unless given).
     #[arg(short = 'n', long = "iters", default_value_t = 20, allow_negative_numbers = true)]
     pub iters: usize,
-    /// Untimed warm-up iterations per size, at most 1000000.
+    /// Untimed warm-up iterations per size, at most 1000000 (movers: 2 unless given).
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5, allow_negative_numbers = true)]
     pub warmup: usize,
     /// The collectives: capture the -n timed calls in a CUDA graph and time N launches of it
@@ -90,7 +90,8 @@ pub struct Args {
     /// broadcast, reduce: the root rank (default 0).
     #[arg(short = 'r', long = "root", allow_negative_numbers = true)]
     pub root: Option<usize>,
-    /// Virtual ranks on the GPU (default 8; for reshard, enough for both meshes).
+    /// Ranks (default 8 virtual ranks on GPU 0; with --gpus N, N; for reshard, enough for both
+    /// meshes).
     #[arg(long, allow_negative_numbers = true)]
     pub ranks: Option<usize>,
     /// One rank per GPU on the first N GPUs, 1..=16 (rank r on GPU r mod N when --ranks or the plan has more),
@@ -98,7 +99,8 @@ pub struct Args {
     /// virtual ranks on GPU 0.
     #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<usize>,
-    /// CTAs per rank (default: all SMs divided among the ranks, at most 16; overlap and tma_trace: 8).
+    /// CTAs per rank (default: all SMs divided among the ranks, at most 16; overlap and tma_trace: 8;
+    /// movers: the sweep's list, 1, 2, 4, 8, 16, 32, 66 and 132).
     #[arg(long, allow_negative_numbers = true)]
     pub ctas: Option<u32>,
     /// Data mover: tma or simt.
@@ -132,7 +134,7 @@ pub struct Args {
     /// reduce-into, `combining_pipeline` for reduce-add; tma_trace: per issuing warp, default 4).
     #[arg(long, allow_negative_numbers = true)]
     pub stages: Option<u32>,
-    /// all_reduce, reduce_scatter, all_gather, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
+    /// The collectives, reshard, overlap (TMA rows): issuing warps per TMA CTA for calls
     /// that only copy and bulk-reduce, 1..=4 (default 4, or 2, where each keeps two stages and the
     /// threads hold their warps; see `Config::issuers`); tma_trace: issuing warps per CTA, each with
     /// its own ring (default 1).

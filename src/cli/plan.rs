@@ -27,7 +27,7 @@ pub struct ProgramArgs {
     #[arg(long)]
     pub program: Option<PathBuf>,
     /// Machine shape NODESxGPUS (e.g. 2x8): required with --algo; with --xml or --program it sets
-    /// which ranks share a node (default: all on one node).
+    /// which ranks share a node (default: the program's `ranks-per-node`, else all on one node).
     #[arg(long)]
     pub topo: Option<String>,
     /// Replicate the program K times over K-times finer chunks (more independent work).
