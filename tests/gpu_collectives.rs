@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 /// Case count: `OXCCL_GPU_CASES` or 520.
 fn cases() -> usize {
-    std::env::var("OXCCL_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(520)
+    common::count_from_env("OXCCL_GPU_CASES", 520)
 }
 
 fn element(dtype: DType, x: f64) -> Vec<u8> {
@@ -197,14 +197,24 @@ fn config(spec: &PlanSpec, mover: Mover) -> Config {
 }
 
 /// Compares one case's results with the CPU reference: bitwise where the order of combination is
-/// fixed or the values are integers, within a rounding bound for the hardware bulk reduction of
-/// random floats.
-fn check(case: usize, seed: u64, spec: &PlanSpec, mover: Mover, integers: bool, inputs: &[Vec<u8>], got: &[Vec<u8>]) {
+/// fixed, nothing is combined or the values are integers; within the rounding bound of two summation
+/// orders for the hardware bulk reduction of random floats (see `rounding_bound`). Returns whether
+/// the case took the bound.
+fn check(
+    case: usize,
+    seed: u64,
+    spec: &PlanSpec,
+    mover: Mover,
+    integers: bool,
+    inputs: &[Vec<u8>],
+    got: &[Vec<u8>],
+) -> bool {
     let want = tccl::reference(spec, inputs);
     // Register reduction combines in ascending rank order like the reference: bitwise equal even on
     // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
     let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32);
-    if integers || integer_dtype || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
+    let sums = matches!(spec.collective, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. });
+    if integers || integer_dtype || !sums || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
         if got != want {
             let (r, at) = got
                 .iter()
@@ -214,25 +224,62 @@ fn check(case: usize, seed: u64, spec: &PlanSpec, mover: Mover, integers: bool, 
                 .unwrap();
             panic!("case {case} (seed {seed}) {spec:?} {mover:?}: rank {r} first wrong byte {at}");
         }
-    } else {
-        for (g, w) in got.iter().zip(&want) {
-            for (a, b) in g.chunks(spec.dtype.size()).zip(w.chunks(spec.dtype.size())) {
-                let f = |x: &[u8]| match spec.dtype {
-                    DType::F32 => f32::from_le_bytes(x.try_into().unwrap()) as f64,
-                    DType::F16 => half::f16::from_le_bytes(x.try_into().unwrap()).to_f64(),
-                    DType::Bf16 => half::bf16::from_le_bytes(x.try_into().unwrap()).to_f64(),
-                    _ => unreachable!("integer dtypes take the exact branch"),
-                };
-                let rel = match spec.dtype {
-                    DType::F32 => 1e-6,
-                    DType::F16 => 4e-3,
-                    _ => 3e-2,
-                };
-                let tol = rel * 1000.0 * (spec.ranks as f64);
-                assert!((f(a) - f(b)).abs() <= tol, "case {case} {spec:?}: {} vs {}", f(a), f(b));
-            }
+        return false;
+    }
+    let bound = rounding_bound(spec, inputs);
+    let size = spec.dtype.size();
+    for (r, ((g, w), b)) in got.iter().zip(&want).zip(&bound).enumerate() {
+        assert_eq!(g.len(), w.len(), "case {case} {spec:?}: rank {r}'s output length");
+        for (i, ((a, x), t)) in g.chunks(size).zip(w.chunks(size)).zip(b).enumerate() {
+            let (a, x) = (float(spec.dtype, a), float(spec.dtype, x));
+            // NaN (a poisoned, unwritten element) fails the comparison.
+            assert!(
+                (a - x).abs() <= *t,
+                "case {case} (seed {seed}) {spec:?}: rank {r} element {i}: {a} vs {x} (bound {t})"
+            );
         }
     }
+    true
+}
+
+/// A float element's value.
+fn float(dtype: DType, x: &[u8]) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(x.try_into().unwrap()) as f64,
+        DType::F16 => half::f16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+        DType::Bf16 => half::bf16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+        _ => unreachable!("integer dtypes are compared exactly"),
+    }
+}
+
+/// Per output element, how far two sums of the same `ranks` terms in different orders may lie apart
+/// when every partial sum is rounded to the element type: each order is within (n − 1)·u·Σ|x| of the
+/// exact sum (u the type's unit roundoff), so the two within twice that. Σ|x| is the reference run
+/// on the inputs' magnitudes (clearing the sign bit is exact); its own rounding is covered by 1 %
+/// more.
+fn rounding_bound(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<f64>> {
+    let size = spec.dtype.size();
+    let magnitudes: Vec<Vec<u8>> = inputs
+        .iter()
+        .map(|b| {
+            let mut m = b.clone();
+            // Little-endian: the sign bit is the top bit of an element's last byte.
+            for e in m.chunks_mut(size) {
+                e[size - 1] &= 0x7f;
+            }
+            m
+        })
+        .collect();
+    let u = match spec.dtype {
+        DType::F32 => f64::powi(2.0, -24),
+        DType::F16 => f64::powi(2.0, -11),
+        _ => f64::powi(2.0, -8),
+    };
+    let scale = 2.0 * (spec.ranks as f64 - 1.0) * u * 1.01;
+    tccl::reference(spec, &magnitudes)
+        .iter()
+        .map(|b| b.chunks(size).map(|e| scale * float(spec.dtype, e)).collect())
+        .collect()
 }
 
 #[test]
@@ -241,7 +288,7 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let seed = std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC011_EC71);
     let mut rng = common::Rng(seed);
     let sms = oxccl::engine::Engine::new(stream.context()).unwrap().sms;
-    let mut done = 0;
+    let (mut done, mut bounded) = (0, 0);
     let mut by_collective = std::collections::BTreeMap::new();
     let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction, bool), Communicator> = Default::default();
     let rank_streams: Vec<Arc<CudaStream>> = (0..16).map(|_| stream.context().new_stream().unwrap()).collect();
@@ -263,16 +310,49 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let inputs = inputs(&spec, elems, &mut rng, integers);
         let got = run_gpu(comm, &same(&stream, spec.ranks), &spec, &inputs)
             .unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
-        check(case, seed, &spec, mover, integers, &inputs, &got);
+        bounded += usize::from(check(case, seed, &spec, mover, integers, &inputs, &got));
         done += 1;
         *by_collective.entry(spec.collective.name()).or_insert(0usize) += 1;
     }
-    eprintln!("{done} collective cases matched the CPU reference (seed {seed}): {by_collective:?}");
+    eprintln!(
+        "{done} collective cases matched the CPU reference (seed {seed}), {bounded} of them within the rounding \
+         bound of the bulk reduction, the others bitwise: {by_collective:?}"
+    );
+}
+
+/// The hardware bulk reduction of random floats, which may add the ranks' contributions in any order,
+/// within the rounding bound of two summation orders (`check`) for every collective that sums, every
+/// float type, in place and out of place, on 2, 5 and 16 ranks: the random matrix above meets this
+/// case about once in a hundred.
+#[test]
+fn bulk_reduction_of_random_floats_is_within_the_rounding_bound() {
+    let Some(stream) = common::gpu("bulk_reduction_of_random_floats_is_within_the_rounding_bound") else { return };
+    let mut rng = common::Rng(0xB0_0D);
+    let mut case = 0;
+    for ranks in [2, 5, 16] {
+        let root = ranks as u32 - 1;
+        for collective in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce { root }] {
+            for dtype in [DType::F32, DType::F16, DType::Bf16] {
+                for in_place in [false, true] {
+                    let (op, reduction) = (ReduceOp::Sum, Reduction::Tma);
+                    let spec = PlanSpec { collective, count: 40_001, dtype, op, ranks, in_place, ctas: 4, reduction };
+                    let comm = Communicator::virtual_ranks(&stream, ranks, config(&spec, Mover::Tma)).unwrap();
+                    let (in_bytes, _) = spec.buffer_bytes();
+                    let inputs = inputs(&spec, in_bytes as usize / dtype.size(), &mut rng, false);
+                    let got = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs)
+                        .unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+                    assert!(check(case, 0xB00D, &spec, Mover::Tma, false, &inputs, &got), "{spec:?} compared bitwise");
+                    case += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{case} bulk reductions of random floats within the rounding bound");
 }
 
 /// Multi-GPU case count: `OXCCL_MULTI_GPU_CASES` or 300.
 fn multi_gpu_cases() -> usize {
-    std::env::var("OXCCL_MULTI_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
+    common::count_from_env("OXCCL_MULTI_GPU_CASES", 300)
 }
 
 #[test]
@@ -610,10 +690,9 @@ fn misuse_is_a_typed_error() {
     let e = greedy.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap_err();
     match &e {
         // The device's count, and how the ranks make it up.
-        Error::TooManyCtas { requested, why, .. } => {
-            assert!(requested % 4 == 0 && why.contains("4 ranks on GPU"), "{e}")
+        Error::TooManyCtas { requested, max, why } => {
+            assert!(requested % 4 == 0 && max < requested && why.contains("4 ranks on GPU"), "{e}")
         }
-        Error::Plan(_) => {}
         _ => panic!("not a CTA error: {e}"),
     }
     // A refused launch leaves no plan behind.
@@ -711,8 +790,8 @@ fn separate_launches_per_rank_meet_through_barriers() {
 /// A device-side error reaches the host without `Communicator::synchronize`: after cudarc's own
 /// stream waits (which read no error record) the next call returns it and launches nothing, and
 /// `query` reports it without blocking; later calls are refused until `reset`, and calls after it
-/// are exact. The error: rank 1's stream is held on the host for 400 ms, so rank 0's launch gives
-/// up its 50 ms wait for rank 1 at the start barrier.
+/// are exact. The error: rank 1's stream is held on the host until rank 0's launch has given up its
+/// 50 ms wait for rank 1 at the start barrier.
 #[test]
 fn a_device_error_reaches_the_next_call_and_query() {
     let Some(stream) = common::gpu("a_device_error_reaches_the_next_call_and_query") else { return };
@@ -737,9 +816,13 @@ fn a_device_error_reaches_the_next_call_and_query() {
     }
     exact(&comm, &mut recv, "before");
     for round in ["the next call", "query"] {
-        common::hold(&streams[1], 400);
+        let gate = common::Gate::hold(&streams[1], std::time::Duration::from_secs(60));
         assert!(!comm.query().unwrap(), "{round}: rank 1's stream is held");
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        // Rank 0's launch can end only by giving up on rank 1; then rank 1 may go on.
+        let gave_up = common::ends_within(std::time::Duration::from_secs(30), || common::idle(&streams[0]));
+        assert!(gave_up && !gate.forced(), "{round}: rank 0's launch did not end while rank 1 was held");
+        gate.release();
         for s in &streams {
             s.synchronize().unwrap();
         }
@@ -836,14 +919,15 @@ fn a_call_waits_for_reads_of_its_buffers_on_other_streams() {
 }
 
 /// A call waits for no other stream: three calls, each queued while another stream of the device is
-/// held on the host for 1 s, must each end on the device long before that stream's host function.
+/// held on the host (a host function that blocks until the test lets it go), must each end while
+/// that stream is still held.
 /// The first call of the communicator (its kernel loaded by the engine beforehand, not by the call:
 /// a kernel loaded lazily by the call made its launch wait for the held stream, docs/PERF.md), a
 /// call of a new size (its plan uploaded in order on the ranks' streams, not with a device-wide
 /// wait) and a repeated call.
 #[test]
 fn calls_end_before_a_held_stream_on_the_device() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let Some(stream) = common::gpu("calls_end_before_a_held_stream_on_the_device") else { return };
     let ctx = stream.context().clone();
     let (home, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
@@ -855,22 +939,20 @@ fn calls_end_before_a_held_stream_on_the_device() {
         let mut recv: Vec<CudaSlice<f32>> = (0..ranks).map(|_| home.alloc_zeros::<f32>(n).unwrap()).collect();
         home.synchronize().unwrap();
         other.synchronize().unwrap();
-        common::hold(&other, 1000);
-        let started = Instant::now();
+        let gate = common::Gate::hold(&other, Duration::from_secs(60));
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
-        let queued = started.elapsed();
-        comm.synchronize().unwrap();
-        let done = started.elapsed();
-        eprintln!("{what}: queued after {queued:?}, done after {done:?}, the other stream held for 1 s");
-        if done > Duration::from_millis(500) {
-            late.push(format!("{what} ({done:?})"));
+        let ended = common::ends_within(Duration::from_secs(30), || comm.query().unwrap());
+        if !ended || gate.forced() {
+            late.push(what);
         }
+        gate.release();
+        comm.synchronize().unwrap();
         for (r, b) in recv.iter().enumerate() {
             assert_eq!(home.clone_dtoh(b).unwrap(), vec![6.0; n], "{what}: rank {r}");
         }
     }
     other.synchronize().unwrap();
-    assert!(late.is_empty(), "calls that ended only after the held stream: {late:?}");
+    assert!(late.is_empty(), "calls that did not end while the other stream was held: {late:?}");
 }
 
 /// `clear_plans` through a shared reference while another thread makes calls: every call's plan is

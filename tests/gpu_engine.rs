@@ -181,7 +181,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let mut rng = common::Rng(0x5eed);
     let fixed = [0u64, 4, 16, 17 * 16 + 4, 4096, 1 << 20];
     let mut cases = 0;
-    let rounds = std::env::var("OXCCL_MOVER_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
             let dtype = dtypes()[rng.below(5) as usize];
@@ -451,6 +451,8 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
     assert_eq!(st.errors, 1);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::StartBarrier));
     assert_eq!((st.rank, st.cta, st.peer, st.expected), (0, 0, 1, 1));
+    // The device honours its 50 ms deadline: not a speed check (it allows 100 times the deadline),
+    // it catches a deadline misread by orders of magnitude.
     assert!(waited.as_secs_f64() < 5.0, "the wait took {waited:?}");
     let err = oxccl::engine::status_error(&st).expect("an error");
     let text = err.to_string();
@@ -556,12 +558,11 @@ fn a_peer_already_at_a_later_call_is_out_of_step_not_ignored() {
     let Some(stream) = common::gpu("a_peer_already_at_a_later_call_is_out_of_step_not_ignored") else { return };
     let engine = Engine::new(stream.context()).unwrap();
     let at = abi::Workspace::arrive_offset(1, 0);
-    let t0 = std::time::Instant::now();
+    // A 5 s timeout: had rank 0 waited instead, the error would be a start-barrier timeout.
     let st =
         launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[(at, 2)], 5_000_000_000);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::OutOfStep), "{st:?}");
     assert_eq!((st.rank, st.cta, st.peer, st.expected, st.observed), (0, 0, 1, 1, 2));
-    assert!(t0.elapsed().as_secs_f64() < 2.0, "reported after {:?}, not at once", t0.elapsed());
     let text = oxccl::engine::status_error(&st).expect("an error").to_string();
     assert!(text.contains("out of step") && text.contains("peer 1"), "{text}");
     eprintln!("{text}");

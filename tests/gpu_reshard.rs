@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// Case count: `OXCCL_RESHARD_CASES` or 200.
 fn cases() -> usize {
-    std::env::var("OXCCL_RESHARD_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(200)
+    common::count_from_env("OXCCL_RESHARD_CASES", 200)
 }
 
 /// A random layout for a tensor of `rank` dims on a mesh inside ranks `0..world`.

@@ -111,15 +111,113 @@ pub fn skip(message: &str) {
     let _ = writeln!(std::io::stderr(), "{message}");
 }
 
-/// Holds `stream` on the host for `ms` milliseconds (a host function that sleeps): work queued on
-/// it after this starts that much later.
-pub fn hold(stream: &cudarc::driver::CudaStream, ms: u64) {
-    /// # Safety
-    /// None needed: the argument is a duration in milliseconds, never dereferenced.
-    unsafe extern "C" fn sleep(ms: *mut std::ffi::c_void) {
-        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
+/// A stream held by a host function that blocks until the gate is released (or dropped): work
+/// queued on the stream after it waits, and a test can check that other work ends meanwhile without
+/// timing anything. A watchdog opens it after `guard` (so a test whose check would wait on the held
+/// stream fails instead of hanging) and says so ([`Gate::forced`]).
+pub struct Gate {
+    state: Arc<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// (open, opened by the watchdog)
+    open: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl GateState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+impl Gate {
+    /// Holds `stream` after the work queued on it so far until [`Gate::release`], or for `guard`.
+    pub fn hold(stream: &cudarc::driver::CudaStream, guard: std::time::Duration) -> Gate {
+        /// # Safety
+        /// `arg` is an `Arc` of the gate's state, turned into a raw pointer for this one call.
+        unsafe extern "C" fn wait(arg: *mut std::ffi::c_void) {
+            // SAFETY: made by `Arc::into_raw` below, taken back once, here.
+            let state = unsafe { Arc::from_raw(arg as *const GateState) };
+            let mut open = state.lock();
+            while !open.0 {
+                open = state.changed.wait(open).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        let state = Arc::new(GateState::default());
+        let watchdog = state.clone();
+        std::thread::spawn(move || {
+            let open = watchdog.lock();
+            let (mut open, _) =
+                watchdog.changed.wait_timeout_while(open, guard, |o| !o.0).unwrap_or_else(|e| e.into_inner());
+            if !open.0 {
+                *open = (true, true);
+                watchdog.changed.notify_all();
+            }
+        });
+        let arg = Arc::into_raw(state.clone()) as *mut std::ffi::c_void;
+        stream.context().bind_to_thread().unwrap();
+        // SAFETY: a host function on a live stream; its argument is a counted reference to the gate's
+        // state, which the function releases.
+        unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait), arg) }.result().unwrap();
+        Gate { state }
+    }
+
+    /// Lets the held stream go on.
+    pub fn release(&self) {
+        self.state.lock().0 = true;
+        self.state.changed.notify_all();
+    }
+
+    /// Whether the watchdog had to open the gate.
+    pub fn forced(&self) -> bool {
+        self.state.lock().1
+    }
+}
+
+impl Drop for Gate {
+    /// A test that fails while holding a stream must not leave it blocked.
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Polls `done` until it says true, for at most `guard` (a guard against a hang, long enough never
+/// to decide a result): whether it did.
+pub fn ends_within(guard: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if start.elapsed() > guard {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Whether everything queued on `stream` has ended.
+pub fn idle(stream: &cudarc::driver::CudaStream) -> bool {
     stream.context().bind_to_thread().unwrap();
-    // SAFETY: a host function on a live stream; its argument is the duration, not a pointer.
-    unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep), ms as *mut _) }.result().unwrap();
+    // SAFETY: a status query of a live stream.
+    match unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) } {
+        cudarc::driver::sys::CUresult::CUDA_SUCCESS => true,
+        cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => false,
+        e => panic!("cuStreamQuery: {e:?}"),
+    }
+}
+
+/// A count of cases or rounds from the environment variable `name`, else `default`. A value that
+/// does not parse, or 0, fails the test: a run of no cases would pass having checked nothing.
+pub fn count_from_env(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => default,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("{name}={v}: give a positive count"),
+        },
+        Err(e) => panic!("{name}: {e}"),
+    }
 }
