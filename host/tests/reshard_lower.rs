@@ -15,7 +15,6 @@ use oxccl_kernels::abi::{DType, MAX_RANKS, TaskKind, slot};
 use proptest::prelude::*;
 use reshard_common::{Problem, problem_in};
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 fn layout(mesh: &str, placements: &str) -> Layout {
     Layout::parse(mesh, placements).unwrap()
@@ -362,16 +361,15 @@ fn errors_are_typed() {
 }
 
 /// The layer-sized case of the GPU benchmark: a 7168 × 18432 bf16 weight, TP8 on ranks 0..8 → TP2 × DP4
-/// on ranks 8..16, 8 CTAs per rank. Task counts are what docs/RESHARD.md quotes.
+/// on ranks 8..16, 8 CTAs per rank. Task counts are what docs/RESHARD.md quotes; the time to lower and
+/// race-check the column-sharded case is checked by `cargo bench -p oxccl-host --bench planners`.
 #[test]
 fn layer_sized_task_counts() {
     let shape = [7168, 18432];
     let dst = layout("4x2@8", "R,S0");
     let opts = LowerOptions { dtype: Some(DType::Bf16), ..LowerOptions::new(16, 8) };
     let rows = plan(&shape, 2, &layout("8@0", "S0"), &dst, PlanOptions::default()).unwrap();
-    let started = Instant::now();
     let l = lower(&rows, &opts).unwrap();
-    let lower_time = started.elapsed();
     l.check_races().unwrap();
     assert_eq!(l.tasks_per_stage(), vec![64, 128]);
     let loads = l.loads(8);
@@ -386,16 +384,7 @@ fn layer_sized_task_counts() {
     // task per row; forwarding merges the eight column blocks of a leader's rows back into one range per
     // (leader, peer).
     let cols = plan(&shape, 2, &layout("8@0", "S1"), &dst, PlanOptions::default()).unwrap();
-    let started = Instant::now();
     let l = lower(&cols, &opts).unwrap();
-    let cols_time = started.elapsed();
     assert_eq!(l.tasks_per_stage(), vec![57_344, 80]);
-    let started = Instant::now();
     l.check_races().unwrap();
-    let race_time = started.elapsed();
-    eprintln!(
-        "layer-sized lowering: rows {lower_time:?}, columns {cols_time:?} ({} tasks), race check {race_time:?}",
-        l.task_count()
-    );
-    assert!(cols_time.as_secs_f64() < 2.0 && race_time.as_secs_f64() < 5.0);
 }
