@@ -267,17 +267,13 @@ fn pieces(n: u32, per_cta: u32) -> Lowered {
 }
 
 #[test]
-fn race_check_of_large_programs_is_fast_and_exact() {
-    // Was quadratic in a window's tasks: 100k tasks took seconds, 3M minutes.
+fn race_check_of_large_programs_is_exact() {
+    // Its speed on these programs (it was quadratic in a window's tasks) is checked by
+    // `cargo bench -p oxccl-host --bench planners`.
     let n = 100_000;
     for per_cta in [n, 100] {
         let mut l = pieces(n, per_cta);
-        let started = std::time::Instant::now();
         assert_eq!(lowered::check_races(&l, &[]), Ok(()));
-        let took = started.elapsed();
-        if !cfg!(debug_assertions) {
-            assert!(took.as_secs_f64() < 5.0, "{n} tasks, {per_cta} per CTA: {took:?}");
-        }
         // The last task of the last CTA also reads a piece the first CTA writes.
         let last = l.tasks.len() - 1;
         l.tasks[last].src_slot = slot::OUTPUT;

@@ -15,7 +15,6 @@ use oxccl_kernels::abi::{DType, MAX_RANKS, TaskKind, slot};
 use proptest::prelude::*;
 use reshard_common::{Problem, problem_in};
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 fn layout(mesh: &str, placements: &str) -> Layout {
     Layout::parse(mesh, placements).unwrap()
@@ -222,11 +221,40 @@ stage 1: 4 tasks
 lowered reshard: unit F32, 8 ranks, 2 CTAs per rank, 2 stages, 16 tasks
 stage 0: 8 tasks
   cta 4.0
-    move 0:in@0 -> 4:out@0 32B
+    move 0:in@0 -> 4:out@0 16B
   cta 4.1
-    move 1:in@0 -> 6:out@32 32B
+    move 0:in@16 -> 4:out@16 16B
+  cta 5.0
+    move 2:in@0 -> 5:out@0 16B
+  cta 5.1
+    move 2:in@16 -> 5:out@16 16B
+  cta 6.0
+    move 1:in@0 -> 6:out@32 16B
+  cta 6.1
+    move 1:in@16 -> 6:out@48 16B
+  cta 7.0
+    move 3:in@0 -> 7:out@32 16B
+  cta 7.1
+    move 3:in@16 -> 7:out@48 16B
+stage 1: 8 tasks
+  cta 4.0
+    move 6:out@32 -> 4:out@32 16B
+  cta 4.1
+    move 6:out@48 -> 4:out@48 16B
+  cta 5.0
+    move 7:out@32 -> 5:out@32 16B
+  cta 5.1
+    move 7:out@48 -> 5:out@48 16B
+  cta 6.0
+    move 4:out@0 -> 6:out@0 16B
+  cta 6.1
+    move 4:out@16 -> 6:out@16 16B
+  cta 7.0
+    move 5:out@0 -> 7:out@0 16B
+  cta 7.1
+    move 5:out@16 -> 7:out@16 16B
 ";
-    assert!(l.to_string().starts_with(want.lines().next().unwrap()), "{l}");
+    assert_eq!(l.to_string(), want);
     let s0 = &l.stages[0];
     let rank4: Vec<_> = s0.programs.iter().filter(|p| p.rank == 4).collect();
     assert_eq!(rank4.iter().map(|p| p.task_count).collect::<Vec<_>>(), vec![1, 1]);
@@ -333,16 +361,15 @@ fn errors_are_typed() {
 }
 
 /// The layer-sized case of the GPU benchmark: a 7168 × 18432 bf16 weight, TP8 on ranks 0..8 → TP2 × DP4
-/// on ranks 8..16, 8 CTAs per rank. Task counts are what docs/RESHARD.md quotes.
+/// on ranks 8..16, 8 CTAs per rank. Task counts are what docs/RESHARD.md quotes; the time to lower and
+/// race-check the column-sharded case is checked by `cargo bench -p oxccl-host --bench planners`.
 #[test]
 fn layer_sized_task_counts() {
     let shape = [7168, 18432];
     let dst = layout("4x2@8", "R,S0");
     let opts = LowerOptions { dtype: Some(DType::Bf16), ..LowerOptions::new(16, 8) };
     let rows = plan(&shape, 2, &layout("8@0", "S0"), &dst, PlanOptions::default()).unwrap();
-    let started = Instant::now();
     let l = lower(&rows, &opts).unwrap();
-    let lower_time = started.elapsed();
     l.check_races().unwrap();
     assert_eq!(l.tasks_per_stage(), vec![64, 128]);
     let loads = l.loads(8);
@@ -357,16 +384,7 @@ fn layer_sized_task_counts() {
     // task per row; forwarding merges the eight column blocks of a leader's rows back into one range per
     // (leader, peer).
     let cols = plan(&shape, 2, &layout("8@0", "S1"), &dst, PlanOptions::default()).unwrap();
-    let started = Instant::now();
     let l = lower(&cols, &opts).unwrap();
-    let cols_time = started.elapsed();
     assert_eq!(l.tasks_per_stage(), vec![57_344, 80]);
-    let started = Instant::now();
     l.check_races().unwrap();
-    let race_time = started.elapsed();
-    eprintln!(
-        "layer-sized lowering: rows {lower_time:?}, columns {cols_time:?} ({} tasks), race check {race_time:?}",
-        l.task_count()
-    );
-    assert!(cols_time.as_secs_f64() < 2.0 && race_time.as_secs_f64() < 5.0);
 }

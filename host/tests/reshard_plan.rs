@@ -1,5 +1,6 @@
 //! Tests of `reshard::plan` and `reshard::traffic`: errors, box coalescing, routes, leaders, the traffic
-//! figures against an element-level oracle, and planner speed.
+//! figures against an element-level oracle, and plans of hundreds of ranks (their speed: the
+//! `planners` bench).
 
 mod reshard_common;
 
@@ -10,7 +11,6 @@ use oxccl_host::reshard::{
 use proptest::prelude::*;
 use reshard_common::{Problem, oracle_elements, problem, region_elements, written_elements};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
 
 fn layout(mesh: &str, placements: &str) -> Layout {
     Layout::parse(mesh, placements).unwrap()
@@ -376,20 +376,14 @@ proptest! {
     }
 }
 
-fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let start = Instant::now();
-    let out = f();
-    (out, start.elapsed())
-}
+// The planner's speed on the two tests below is checked by `cargo bench -p oxccl-host --bench planners`.
 
 #[test]
-fn a_big_weight_plans_instantly() {
+fn a_big_weight_lands_once_per_domain_and_is_too_large_to_verify() {
     // A 7168 × 18432 bf16 weight, TP8 on ranks 0..8 → TP2 × DP4 on ranks 8..16.
     let src = layout("8@0", "S0");
     let dst = layout("4x2@8", "R,S0");
-    let (p, took) = timed(|| plan(&[7168, 18432], 2, &src, &dst, PlanOptions::default()).unwrap());
-    println!("7168x18432 bf16 TP8 -> TP2xDP4: {} transfers in {took:?}", p.transfers().count());
-    assert!(took < Duration::from_millis(200), "took {took:?}");
+    let p = plan(&[7168, 18432], 2, &src, &dst, PlanOptions::default()).unwrap();
     let tensor = 7168 * 18432 * 2;
     assert_eq!(p.traffic().bytes_needed, 4 * tensor);
     // Domain 1 (ranks 8..16) receives the tensor once, then forwards it to its other three replicas.
@@ -400,20 +394,19 @@ fn a_big_weight_plans_instantly() {
 }
 
 #[test]
-fn hundreds_of_ranks_plan_well_under_a_second() {
+fn hundreds_of_ranks_plan_every_piece() {
     // 256 row shards → 256 column shards: every destination meets every source (65 536 pieces).
     let src = layout("256@0", "S0");
     let dst = layout("256@256", "S1");
-    let (p, took) = timed(|| plan(&[8192, 8192], 2, &src, &dst, PlanOptions::default()).unwrap());
-    println!("256 x 256 all-to-all pieces: {} transfers in {took:?}", p.transfers().count());
+    let p = plan(&[8192, 8192], 2, &src, &dst, PlanOptions::default()).unwrap();
     assert_eq!(p.transfers().count(), 256 * 256);
-    assert!(took < Duration::from_secs(1), "took {took:?}");
-    // 2-D meshes on both sides, several axes sharding one dim, replicas, uneven sizes.
+    assert_eq!(p.traffic().bytes_needed, 8192 * 8192 * 2);
+    // 2-D meshes on both sides, several axes sharding one dim, replicas, uneven sizes; no destination
+    // replicas and disjoint ranks, so every destination element is needed once.
     let src = layout("8x8x4@0", "S0,S1,R");
     let dst = layout("4x16x4@256", "S1,S0,S0");
-    let (p, took) = timed(|| plan(&[10007, 4099], 4, &src, &dst, PlanOptions::default()).unwrap());
-    println!("256 -> 256 ranks, 3-D meshes: {} transfers in {took:?}", p.transfers().count());
-    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let p = plan(&[10007, 4099], 4, &src, &dst, PlanOptions::default()).unwrap();
+    assert_eq!(p.traffic().bytes_needed, 10007 * 4099 * 4);
 }
 
 #[test]

@@ -1,0 +1,132 @@
+//! The host planners' speed on the large inputs the tests check for correctness (`lowered_checks`,
+//! `reshard_plan`, `reshard_lower`, `robust_import`): each workload's best of three runs against its
+//! budget, which guards against a regression in complexity (linear back to quadratic). Exits with
+//! status 1 naming any workload over its budget.
+//!
+//! `cargo bench -p oxccl-host --bench planners`
+
+use oxccl_host::lowered::{self, Lowered};
+use oxccl_host::program::msccl::{import, import_unchecked};
+use oxccl_host::reshard::{Layout, LowerOptions, PlanOptions, lower, plan};
+use oxccl_kernels::abi::{DType, MAX_CTAS_PER_RANK, RedOp, Task, TaskKind, TbProgram, slot};
+use std::time::{Duration, Instant};
+
+/// Runs `f` three times; the shortest run.
+fn best_of_3(mut f: impl FnMut()) -> Duration {
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+/// `n` tasks copying rank 0's first 16 input bytes to 16-byte pieces of its output, `per_cta` to a
+/// CTA: race-free (as in `tests/lowered_checks.rs`).
+fn pieces(n: u32, per_cta: u32) -> Lowered {
+    let tasks = (0..n as u64)
+        .map(|k| Task {
+            kind: TaskKind::Move.raw(),
+            dtype: DType::F32.raw(),
+            op: RedOp::Sum.raw(),
+            src_slot: slot::INPUT,
+            dst_slot: slot::OUTPUT,
+            flags: 0,
+            reserved: 0,
+            src_ranks: 1,
+            dst_ranks: 1,
+            src_offset: 0,
+            dst_offset: k * 16,
+            bytes: 16,
+        })
+        .collect();
+    let programs = (0..n.div_ceil(per_cta))
+        .map(|c| TbProgram {
+            rank: 0,
+            cta: c % MAX_CTAS_PER_RANK as u32,
+            first_task: c * per_cta,
+            task_count: per_cta.min(n - c * per_cta),
+            barrier_ranks: 0,
+            reserved: 0,
+        })
+        .collect();
+    Lowered { programs, tasks, ranks: 1, slots: 1, combines: false }
+}
+
+/// A 2-GPU in-place AllReduce of `chunks` chunks exchanged whole on each of `channels` channels (as
+/// in `tests/robust_import.rs`).
+fn wide_exchange(chunks: u32, channels: u32) -> String {
+    let mut x = format!(r#"<algo name="x" nchunksperloop="{chunks}" ngpus="2" coll="allreduce" inplace="1">"#);
+    for g in 0..2 {
+        let peer = 1 - g;
+        x += &format!(r#"<gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="0">"#);
+        for c in 0..channels {
+            x += &format!(r#"<tb id="{c}" send="{peer}" recv="{peer}" chan="{c}">"#);
+            for (s, ty) in ["s", "rrc"].iter().enumerate() {
+                x += &format!(
+                    r#"<step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
+                );
+            }
+            x += "</tb>";
+        }
+        x += "</gpu>";
+    }
+    x + "</algo>"
+}
+
+fn layout(mesh: &str, placements: &str) -> Layout {
+    Layout::parse(mesh, placements).unwrap()
+}
+
+fn main() {
+    let ms = Duration::from_millis;
+    let s = Duration::from_secs;
+    let mut rows: Vec<(&str, Duration, Duration)> = Vec::new();
+
+    let race_cases = [("race check, 100k tasks in 1 CTA", 100_000), ("race check, 100k tasks, 100 per CTA", 100)];
+    for (name, per_cta) in race_cases {
+        let l = pieces(100_000, per_cta);
+        rows.push((name, best_of_3(|| lowered::check_races(&l, &[]).unwrap()), s(5)));
+    }
+
+    let weight = [7168, 18432];
+    let (tp8, tp2_dp4) = (layout("8@0", "S0"), layout("4x2@8", "R,S0"));
+    let took = best_of_3(|| drop(plan(&weight, 2, &tp8, &tp2_dp4, PlanOptions::default()).unwrap()));
+    rows.push(("plan 7168x18432 bf16 TP8 -> TP2xDP4", took, ms(200)));
+    let (rows256, cols256) = (layout("256@0", "S0"), layout("256@256", "S1"));
+    let took = best_of_3(|| drop(plan(&[8192, 8192], 2, &rows256, &cols256, PlanOptions::default()).unwrap()));
+    rows.push(("plan 256 rows -> 256 columns", took, s(1)));
+    let (src3, dst3) = (layout("8x8x4@0", "S0,S1,R"), layout("4x16x4@256", "S1,S0,S0"));
+    let took = best_of_3(|| drop(plan(&[10007, 4099], 4, &src3, &dst3, PlanOptions::default()).unwrap()));
+    rows.push(("plan 256 -> 256 ranks, 3-D meshes", took, s(1)));
+
+    let opts = LowerOptions { dtype: Some(DType::Bf16), ..LowerOptions::new(16, 8) };
+    let cols = plan(&weight, 2, &layout("8@0", "S1"), &tp2_dp4, PlanOptions::default()).unwrap();
+    rows.push(("lower layer-sized, TP8 columns", best_of_3(|| drop(lower(&cols, &opts).unwrap())), s(2)));
+    let l = lower(&cols, &opts).unwrap();
+    rows.push(("race check of it, 57k tasks", best_of_3(|| l.check_races().unwrap()), s(5)));
+
+    let xml = wide_exchange(1 << 20, 1);
+    rows.push(("import 2^20-chunk exchange", best_of_3(|| drop(import(&xml).unwrap())), s(2)));
+    let xml = wide_exchange(1 << 20, 32);
+    let took = best_of_3(|| {
+        import_unchecked(&xml).unwrap_err();
+        import(&xml).unwrap_err();
+    });
+    rows.push(("refuse snapshot growth, 32 channels", took, s(2)));
+    let xml = wide_exchange(1 << 22, 1100);
+    rows.push(("refuse past the access limit", best_of_3(|| drop(import_unchecked(&xml).unwrap_err())), s(10)));
+
+    println!("# cargo bench -p oxccl-host --bench planners: best of 3");
+    println!("{:<40} {:>12} {:>10}", "workload", "measured", "budget");
+    for (name, took, budget) in &rows {
+        println!("{name:<40} {:>10.1}ms {:>8}ms", took.as_secs_f64() * 1e3, budget.as_millis());
+    }
+    let over: Vec<&str> = rows.iter().filter(|(_, took, budget)| took > budget).map(|(name, ..)| *name).collect();
+    if !over.is_empty() {
+        eprintln!("over budget: {}", over.join("; "));
+        std::process::exit(1);
+    }
+}
