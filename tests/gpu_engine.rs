@@ -110,6 +110,24 @@ fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     v
 }
 
+/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type): where the
+/// combination's order is fixed (one source, or sources combined in registers), the GPU must match the
+/// CPU executor bitwise on them too, roundings included.
+fn random_floats(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(bytes + 4);
+    while v.len() < bytes {
+        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
+        match dtype {
+            DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
+            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            DType::I32 | DType::U32 => unreachable!("random floats are for the float types"),
+        }
+    }
+    v.truncate(bytes);
+    v
+}
+
 fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {
     s.device_ptr(stream).0
 }
@@ -134,13 +152,25 @@ unsafe fn launch_status(
     bytemuck::pod_read_unaligned(&status.read().unwrap()[..std::mem::size_of::<Status>()])
 }
 
-/// Runs `c` on the GPU and on the CPU executor; returns (gpu, cpu) destination buffers.
+/// Runs `c` on the GPU and on the CPU executor with small integers; returns (gpu, cpu) destination
+/// buffers.
 fn run(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, rng: &mut common::Rng) -> (Vec<u8>, Vec<u8>) {
+    run_on(engine, stream, c, rng, exact_data)
+}
+
+/// [`run`] with the data `data` makes.
+fn run_on(
+    engine: &Engine,
+    stream: &Arc<CudaStream>,
+    c: &Case,
+    rng: &mut common::Rng,
+    data: fn(DType, &mut common::Rng, usize) -> Vec<u8>,
+) -> (Vec<u8>, Vec<u8>) {
     let e = c.dtype.size() as u64;
     let src_len = (c.src_off * e + c.bytes) as usize;
     let dst_len = (c.dst_off * e + c.bytes + 2 * e) as usize;
-    let srcs: Vec<Vec<u8>> = (0..c.sources).map(|_| exact_data(c.dtype, rng, src_len)).collect();
-    let dst0 = exact_data(c.dtype, rng, dst_len);
+    let srcs: Vec<Vec<u8>> = (0..c.sources).map(|_| data(c.dtype, rng, src_len)).collect();
+    let dst0 = data(c.dtype, rng, dst_len);
     let d_srcs: Vec<CudaSlice<u8>> = srcs.iter().map(|s| stream.clone_htod(s).unwrap()).collect();
     let d_dst = stream.clone_htod(&dst0).unwrap();
 
@@ -180,7 +210,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let engine = Engine::new(stream.context()).unwrap();
     let mut rng = common::Rng(0x5eed);
     let fixed = [0u64, 4, 16, 17 * 16 + 4, 4096, 1 << 20];
-    let mut cases = 0;
+    let (mut cases, mut float_cases) = (0, 0);
     let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
@@ -238,10 +268,19 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
             } else {
                 c
             };
-            let (gpu, cpu) = run(&engine, &stream, &c, &mut rng);
+            // Random floats in one float case in two where the result does not depend on the order
+            // of combination: the hardware bulk reduction adds several sources in an order of its own.
+            let fixed_order = sources == 1
+                || op != RedOp::Sum
+                || reduce_mode == ReduceMode::Registers
+                || !abi::tma_can_reduce(dtype, op);
+            let floats = matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) && fixed_order && rng.below(2) == 0;
+            let data = if floats { random_floats } else { exact_data };
+            let (gpu, cpu) = run_on(&engine, &stream, &c, &mut rng, data);
+            float_cases += usize::from(floats);
             assert!(
                 gpu == cpu,
-                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={} stages={} issuers={}: first difference at byte {:?}",
+                "{mover:?} {kind:?} {dtype:?} {op:?} {reduce_mode:?} sources={sources} bytes={bytes} src_off={} dst_off={} ctas={} stages={} issuers={} floats={floats}: first difference at byte {:?}",
                 c.src_off,
                 c.dst_off,
                 c.ctas,
@@ -252,7 +291,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
             cases += 1;
         }
     }
-    eprintln!("{cases} mover cases exact");
+    eprintln!("{cases} mover cases exact ({float_cases} of them on random floats)");
 }
 
 #[test]
