@@ -7,18 +7,24 @@ mod common;
 use oxccl::engine::abi;
 use std::process::Command;
 
-/// (wrapper, probe kernel, exact instruction text the wrapper emits).
+/// (wrapper, probe kernel, exact instruction text the wrapper emits). In the text `#` stands for
+/// one or more decimal digits (a register number), so a row can name every operand of its form.
 const GOLDEN: &[(&str, &str, &str)] = &[
     ("mbarrier_init_shared_b64", "probe_mbarrier", "mbarrier.init.shared::cta.b64 ["),
     ("mbarrier_inval_shared_b64", "probe_mbarrier", "mbarrier.inval.shared::cta.b64 ["),
     ("mbarrier_arrive_shared_b64", "probe_mbarrier", "mbarrier.arrive.shared::cta.b64 %rd"),
     ("mbarrier_arrive_expect_tx_shared_b64", "probe_mbarrier", "mbarrier.arrive.expect_tx.shared::cta.b64 %rd"),
     ("mbarrier_expect_tx_relaxed_cta_shared_b64", "probe_mbarrier", "mbarrier.expect_tx.relaxed.cta.shared::cta.b64 ["),
-    ("mbarrier_try_wait_parity_shared_b64", "probe_mbarrier", "mbarrier.try_wait.parity.shared::cta.b64 p, [%r"),
+    // The plain form ends after the parity operand; the suspend form has the time hint after it.
+    (
+        "mbarrier_try_wait_parity_shared_b64",
+        "probe_mbarrier",
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%r#], %r#;",
+    ),
     (
         "mbarrier_try_wait_parity_suspend_shared_b64",
         "probe_mbarrier",
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%r",
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%r#], %r#, %r#;",
     ),
     ("fence_mbarrier_init_release_cluster", "probe_mbarrier", "fence.mbarrier_init.release.cluster;"),
     (
@@ -176,16 +182,16 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("st_shared_v4_u32", "probe_vector", "st.shared.v4.u32 [%r"),
     ("ld_shared_u32", "probe_sync", "ld.shared.u32 %r"),
     ("st_shared_u32", "probe_sync", "st.shared.u32 [%r"),
-    ("tid_x", "probe_sreg", "mov.u32 %r"),
-    ("ntid_x", "probe_sreg", "%ntid.x;"),
-    ("ctaid_x", "probe_sreg", "%ctaid.x;"),
-    ("nctaid_x", "probe_sreg", "%nctaid.x;"),
-    ("laneid", "probe_sreg", "%laneid;"),
-    ("dynamic_smem_size", "probe_smem_size", "%dynamic_smem_size;"),
-    ("smid", "probe_sreg", "%smid;"),
-    ("globaltimer", "probe_sreg", "mov.u64 %rd"),
-    ("clock64", "bench_tma_trace", "%clock64;"),
-    ("warpid", "bench_tma_trace", "%warpid;"),
+    ("tid_x", "probe_sreg", "mov.u32 %r#, %tid.x;"),
+    ("ntid_x", "probe_sreg", "mov.u32 %r#, %ntid.x;"),
+    ("ctaid_x", "probe_sreg", "mov.u32 %r#, %ctaid.x;"),
+    ("nctaid_x", "probe_sreg", "mov.u32 %r#, %nctaid.x;"),
+    ("laneid", "probe_sreg", "mov.u32 %r#, %laneid;"),
+    ("dynamic_smem_size", "probe_smem_size", "mov.u32 %r#, %dynamic_smem_size;"),
+    ("smid", "probe_sreg", "mov.u32 %r#, %smid;"),
+    ("globaltimer", "probe_sreg", "mov.u64 %rd#, %globaltimer;"),
+    ("clock64", "bench_tma_trace", "mov.u64 %rd#, %clock64;"),
+    ("warpid", "bench_tma_trace", "mov.u32 %r#, %warpid;"),
     ("elect_sync", "probe_sreg", "elect.sync _|p, %r"),
     ("add_rn_f16x2", "probe_arith", "add.rn.f16x2 %r"),
     ("min_f16x2", "probe_arith", "min.f16x2 %r"),
@@ -222,13 +228,56 @@ fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
     Some(&ptx[start..start + 1 + end])
 }
 
-#[test]
-fn every_wrapper_appears_in_its_probe() {
+/// Whether `text` contains `pattern`, where `#` in the pattern matches one or more digits.
+fn contains_pattern(text: &str, pattern: &str) -> bool {
+    let pieces: Vec<&str> = pattern.split('#').collect();
+    assert!(pieces[1..].iter().all(|p| !p.starts_with(|c: char| c.is_ascii_digit())), "ambiguous pattern `{pattern}`");
+    text.match_indices(pieces[0]).any(|(start, first)| {
+        let mut rest = &text[start + first.len()..];
+        pieces[1..].iter().all(|piece| {
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            let ok = digits > 0 && rest[digits..].starts_with(piece);
+            if ok {
+                rest = &rest[digits + piece.len()..];
+            }
+            ok
+        })
+    })
+}
+
+/// The tensor wrappers' rows, in `GOLDEN`'s form: five per dimension count, one probe per count.
+fn tensor_rows() -> Vec<(String, String, String)> {
+    let mut rows = Vec::new();
+    for d in 1..=5 {
+        let kernel = format!("probe_tensor_{d}d");
+        rows.push((
+            format!("cp_async_bulk_tensor_{d}d_shared_global_tile_mbarrier"),
+            kernel.clone(),
+            format!("cp.async.bulk.tensor.{d}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes ["),
+        ));
+        rows.push((
+            format!("cp_async_bulk_tensor_{d}d_global_shared_tile_bulk_group"),
+            kernel.clone(),
+            format!("cp.async.bulk.tensor.{d}d.global.shared::cta.tile.bulk_group ["),
+        ));
+        for op in ["add", "min", "max"] {
+            rows.push((
+                format!("cp_reduce_async_bulk_tensor_{d}d_global_shared_{op}_tile_bulk_group"),
+                kernel.clone(),
+                format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.{op}.tile.bulk_group ["),
+            ));
+        }
+    }
+    rows
+}
+
+/// Checks each (wrapper, probe kernel, pattern) row against the probe module.
+fn check_rows<'a>(rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) {
     let mut missing = Vec::new();
-    for (wrapper, kernel, text) in GOLDEN {
+    for (wrapper, kernel, text) in rows {
         match entry(oxccl::ptx::PROBES, kernel) {
             None => missing.push(format!("{wrapper}: probe kernel {kernel} missing")),
-            Some(body) if !body.contains(text) => missing.push(format!("{wrapper}: `{text}` not in {kernel}")),
+            Some(body) if !contains_pattern(body, text) => missing.push(format!("{wrapper}: `{text}` not in {kernel}")),
             Some(_) => {}
         }
     }
@@ -236,28 +285,161 @@ fn every_wrapper_appears_in_its_probe() {
 }
 
 #[test]
+fn patterns_tell_apart_what_their_rows_name() {
+    let wait = "mbarrier.try_wait.parity.shared::cta.b64 p, [%r#], %r#;";
+    let suspend = "mbarrier.try_wait.parity.shared::cta.b64 p, [%r#], %r#, %r#;";
+    let plain_line =
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r24], %r5; selp.u32 %r4, 1, 0, p; }";
+    let suspend_line =
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%r24], %r11, %r14; selp.u32 %r13, 1, 0, p; }";
+    assert!(contains_pattern(plain_line, wait) && !contains_pattern(plain_line, suspend));
+    assert!(contains_pattern(suspend_line, suspend) && !contains_pattern(suspend_line, wait));
+    assert!(contains_pattern("\tmov.u32 %r1, %tid.x;", "mov.u32 %r#, %tid.x;"));
+    assert!(!contains_pattern("\tmov.u32 %r1, %ntid.x;", "mov.u32 %r#, %tid.x;"));
+    assert!(!contains_pattern("\tmov.u64 %rd7, %clock64;", "mov.u64 %rd#, %globaltimer;"));
+    assert!(!contains_pattern("mov.u32 %r, %tid.x;", "mov.u32 %r#, %tid.x;"), "# needs a digit");
+}
+
+#[test]
+fn every_wrapper_appears_in_its_probe() {
+    check_rows(GOLDEN.iter().copied());
+}
+
+#[test]
 fn tensor_wrappers_appear_in_their_probes() {
-    let mut missing = Vec::new();
-    for d in 1..=5 {
-        let kernel = format!("probe_tensor_{d}d");
-        let Some(body) = entry(oxccl::ptx::PROBES, &kernel) else {
-            missing.push(format!("{kernel} missing"));
-            continue;
-        };
-        let texts = [
-            format!("cp.async.bulk.tensor.{d}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes ["),
-            format!("cp.async.bulk.tensor.{d}d.global.shared::cta.tile.bulk_group ["),
-            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.add.tile.bulk_group ["),
-            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.min.tile.bulk_group ["),
-            format!("cp.reduce.async.bulk.tensor.{d}d.global.shared::cta.max.tile.bulk_group ["),
-        ];
-        for t in texts {
-            if !body.contains(&t) {
-                missing.push(format!("`{t}` not in {kernel}"));
+    let rows = tensor_rows();
+    check_rows(rows.iter().map(|(w, k, t)| (w.as_str(), k.as_str(), t.as_str())));
+}
+
+/// Files of `ptx-intrinsics/src` that hold no instruction wrappers, and why. Every other file is
+/// scanned for wrappers.
+const NOT_WRAPPER_FILES: &[(&str, &str)] = &[
+    ("lib.rs", "the crate root: module list, re-exports and the probe module's panic handler"),
+    ("probes.rs", "the probe kernels themselves"),
+    ("space.rs", "address-space types; their one instruction (`Shared::from_generic`) has a row by hand"),
+    ("trace_layout.rs", "the timed TMA probe's layout, shared with the host: no instructions"),
+    ("gemm_shape.rs", "the GEMM probe's shape, shared with the host: no instructions"),
+];
+
+/// The macros that define wrappers in the scanned files: (macro, which arguments of an invocation
+/// name a wrapper, counted after its doc comments). A macro not listed here fails the scan.
+const WRAPPER_MACROS: &[(&str, &[usize])] = &[
+    ("packed", &[0]),
+    ("fence", &[0]),
+    ("sreg32", &[0]),
+    ("load", &[0]),
+    ("store", &[0]),
+    ("red", &[0]),
+    ("atom", &[0]),
+    ("cp_reduce_async_bulk", &[0]),
+    // (dims, load, store, add, min, max, coordinates, ..)
+    ("tensor_family", &[1, 2, 3, 4, 5]),
+];
+
+/// Wrappers with no probe kernel, and why.
+const UNPROBED: &[(&str, &str)] = &[(
+    "trap",
+    "a probe kernel would only abort; the probe module's panic handler calls it (checked in \
+     `every_wrapper_has_a_golden_row`)",
+)];
+
+/// The top-level comma-separated arguments of the invocation starting at `text` (just after its
+/// opening parenthesis), doc comments dropped.
+fn macro_args(text: &str) -> Vec<String> {
+    let (mut args, mut cur, mut depth, mut in_str) = (Vec::new(), String::new(), 0, false);
+    for c in text.chars() {
+        match c {
+            '"' => in_str = !in_str,
+            '(' | '[' | '{' if !in_str => depth += 1,
+            ')' | ']' | '}' if !in_str && depth == 0 => break,
+            ')' | ']' | '}' if !in_str => depth -= 1,
+            ',' if !in_str && depth == 0 => {
+                args.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    args.push(cur);
+    args.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect()
+}
+
+/// Every public wrapper `ptx-intrinsics/src/<file>` defines: `pub [unsafe] fn NAME`, and the names
+/// the invocations of the file's wrapper macros give.
+fn wrappers_in(file: &str, src: &str) -> Vec<String> {
+    // Doc and line comments dropped: they quote instruction texts and wrapper names.
+    let code: String =
+        src.lines().filter(|l| !l.trim_start().starts_with("//")).map(|l| format!("{l}\n")).collect::<String>();
+    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
+    let mut names = Vec::new();
+    for decl in ["pub fn ", "pub unsafe fn "] {
+        for (at, _) in code.match_indices(decl) {
+            let name = ident(&code[at + decl.len()..]);
+            if !name.is_empty() {
+                names.push(name); // `$name` (inside a macro) gives "" and is read from the invocations
             }
         }
     }
-    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    for (at, _) in code.match_indices("macro_rules! ") {
+        let m = ident(&code[at + 13..]);
+        assert!(WRAPPER_MACROS.iter().any(|w| w.0 == m), "{file}: macro `{m}` is not in WRAPPER_MACROS");
+    }
+    for &(m, positions) in WRAPPER_MACROS {
+        for line_start in code.match_indices('\n').map(|(i, _)| i + 1) {
+            let Some(rest) = code[line_start..].strip_prefix(&format!("{m}!(")) else { continue };
+            let args = macro_args(rest);
+            for &p in positions {
+                let name = args.get(p).unwrap_or_else(|| panic!("{file}: {m}! has no argument {p}"));
+                assert!(ident(name) == *name, "{file}: {m}! argument {p} is `{name}`, not a wrapper name");
+                names.push(name.clone());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_wrapper_has_a_golden_row() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx-intrinsics/src");
+    let mut wrappers = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("ptx-intrinsics/src").map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "rs")) {
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        if NOT_WRAPPER_FILES.iter().any(|n| n.0 == file) {
+            continue;
+        }
+        wrappers.extend(wrappers_in(&file, &std::fs::read_to_string(path).unwrap()));
+    }
+    // The scan must find the wrappers it is meant to find (a broken parser finds none).
+    for known in ["mbarrier_init_shared_b64", "fence_acq_rel_sys", "ld_acquire_sys_u64", "tid_x", "trap"] {
+        assert!(wrappers.iter().any(|w| w == known), "the scan missed `{known}`");
+    }
+    let tensor = tensor_rows();
+    let rows: Vec<&str> = GOLDEN.iter().map(|r| r.0).chain(tensor.iter().map(|r| r.0.as_str())).collect();
+    let unrowed: Vec<&String> =
+        wrappers.iter().filter(|w| !rows.contains(&w.as_str()) && !UNPROBED.iter().any(|u| u.0 == *w)).collect();
+    assert!(unrowed.is_empty(), "wrappers without a golden row (add a probe and a row): {unrowed:?}");
+    // Rows and exceptions name real wrappers (`Type::method` rows are outside the scanned files).
+    let stale: Vec<&str> = rows
+        .iter()
+        .copied()
+        .chain(UNPROBED.iter().map(|u| u.0))
+        .filter(|r| !r.contains("::") && !wrappers.iter().any(|w| w == r))
+        .collect();
+    assert!(stale.is_empty(), "rows for no wrapper: {stale:?}");
+    for (u, _) in UNPROBED {
+        assert!(!rows.contains(u), "{u} has a row: drop it from UNPROBED");
+    }
+    // `trap`: the probe module's panic handler is its call, one inline `trap;`.
+    let handler = oxccl::ptx::PROBES.find("rust_begin_unwind(").expect("the probe module's panic handler");
+    let body = &oxccl::ptx::PROBES[handler..];
+    let body = &body[..body.find("\n}").unwrap_or(body.len())];
+    assert!(
+        body.contains("// begin inline asm\n\ttrap;\n\t// end inline asm"),
+        "the panic handler does not call trap:\n{body}"
+    );
 }
 
 #[test]

@@ -79,7 +79,9 @@ fn generators_round_trip() {
 
 #[test]
 fn msccl_files_round_trip() {
-    for f in xml_files(&bundled_msccl()) {
+    let files = xml_files(&bundled_msccl());
+    assert!(files.len() >= 5, "bundled MSCCL files missing: {} found", files.len());
+    for f in files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let imp = import(&std::fs::read_to_string(&f).unwrap()).unwrap();
         round_trips(&imp.program, &name);
@@ -252,11 +254,10 @@ fn corrupt_descriptors_are_rejected() {
     let mut x = lp.clone();
     x.ranks[0].header = bytemuck::Zeroable::zeroed();
     cases.push(("version", x));
-    if let Some((r, w)) = lp.ranks.iter().enumerate().find_map(|(r, lr)| lr.waits.first().map(|_| (r, 0))) {
-        let mut x = lp.clone();
-        x.ranks[r].waits[w].base += 1;
-        cases.push(("threshold", x));
-    }
+    let r = lp.ranks.iter().position(|lr| !lr.waits.is_empty()).expect("the small plan lowers to at least one wait");
+    let mut x = lp.clone();
+    x.ranks[r].waits[0].base += 1;
+    cases.push(("threshold", x));
     for (want, x) in cases {
         let e = decode(&x).unwrap_err();
         assert!(e.to_string().contains(want), "expected `{want}`, got: {e}");

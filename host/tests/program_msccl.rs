@@ -21,12 +21,14 @@ const EXPECTED: [(&str, Collective, u32, u32, bool, usize); 5] = [
 fn check_folder(dir: &Path) {
     let files = xml_files(dir);
     assert!(!files.is_empty(), "no XML files in {}", dir.display());
+    let mut seen = Vec::new();
     for f in files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let xml = std::fs::read_to_string(&f).unwrap();
         let imp = import(&xml).unwrap_or_else(|e| panic!("{name}: {e}"));
         let p = &imp.program;
-        if let Some(&(_, coll, ranks, chunks, in_place, ops)) = EXPECTED.iter().find(|e| e.0 == name) {
+        if let Some(&(file, coll, ranks, chunks, in_place, ops)) = EXPECTED.iter().find(|e| e.0 == name) {
+            seen.push(file);
             assert_eq!(
                 (p.layout.collective, p.layout.ranks, p.layout.chunks, p.layout.in_place, p.ops.len()),
                 (coll, ranks, chunks, in_place, ops),
@@ -46,6 +48,9 @@ fn check_folder(dir: &Path) {
         // The imported program survives the text format.
         assert_eq!(&text::parse(&text::print(p)).unwrap(), p, "{name}");
     }
+    // Each expected shape was checked: a missing or renamed file fails here, not silently.
+    let missing: Vec<&str> = EXPECTED.iter().map(|e| e.0).filter(|f| !seen.contains(f)).collect();
+    assert!(missing.is_empty(), "{}: expected MSCCL files not found: {missing:?}", dir.display());
 }
 
 #[test]

@@ -854,22 +854,49 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::collections::BTreeSet;
+    use std::format;
+    use std::string::String;
+
+    /// The kernel naming rule, written out independently of [`KERNELS`] and [`PLAN_KERNELS`]:
+    /// `oxccl_{run|plan}_{mover}_{dtype}_{op}`, the names the entry points in `entry.rs` and
+    /// `plan_entry.rs` export (and `tests/ptx.rs` finds as `.entry` lines in the shipped PTX).
+    fn expected_name(kind: &str, mover: Mover, dtype: DType, op: RedOp) -> String {
+        let mover = match mover {
+            Mover::Tma => "tma",
+            Mover::Simt => "simt",
+        };
+        let dtype = match dtype {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+        };
+        let op = match op {
+            RedOp::Sum => "sum",
+            RedOp::Min => "min",
+            RedOp::Max => "max",
+        };
+        format!("oxccl_{kind}_{mover}_{dtype}_{op}")
+    }
 
     #[test]
     fn every_dtype_and_operator_has_its_own_kernels() {
+        let mut names = BTreeSet::new();
         for &d in DType::ALL {
             for &o in RedOp::ALL {
-                for (table, name) in [
-                    (KERNELS, kernel_name as fn(Mover, DType, RedOp) -> &'static str),
-                    (PLAN_KERNELS, plan_kernel_name),
-                ] {
-                    let row = table.iter().find(|r| r.0 == d && r.1 == o).expect("listed");
-                    assert_eq!(name(Mover::Tma, d, o), row.2);
-                    assert_eq!(name(Mover::Simt, d, o), row.3);
+                for &m in Mover::ALL {
+                    for (kind, got) in [("run", kernel_name(m, d, o)), ("plan", plan_kernel_name(m, d, o))] {
+                        assert_eq!(got, expected_name(kind, m, d, o), "{m:?} {d:?} {o:?}");
+                        assert!(names.insert(got), "{got} names two kernels");
+                    }
                 }
             }
         }
+        assert_eq!(names.len(), 2 * Mover::ALL.len() * DType::ALL.len() * RedOp::ALL.len());
         assert_eq!(KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
         assert_eq!(PLAN_KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
     }

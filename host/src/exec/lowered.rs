@@ -619,6 +619,12 @@ impl AbiElement for i32 {
 impl AbiElement for u32 {
     const DTYPE: DType = DType::U32;
 }
+impl AbiElement for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl AbiElement for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
 
 /// The ABI operator of a reference operator.
 pub fn red_op(op: ReduceOp) -> RedOp {

@@ -49,7 +49,8 @@ impl FromStr for ReduceOp {
 pub trait Element: Copy + PartialEq + fmt::Debug + Default + 'static {
     /// `self ⊕ other`.
     fn reduce(self, other: Self, op: ReduceOp) -> Self;
-    /// A small integer in this type (exact in every type here).
+    /// A small integer in this type (exact for |v| ≤ 256 in every type here: bf16 holds 8
+    /// significant bits).
     fn from_small(v: i32) -> Self;
 }
 
@@ -87,6 +88,29 @@ macro_rules! element_int {
 }
 element_float!(f32);
 element_float!(f64);
+
+/// The half-precision types reduce as the device does (`crate::lowered::combine_into`): the exact
+/// result (f64 holds any sum of two halves) rounded once to nearest even; min/max return the
+/// non-NaN operand.
+macro_rules! element_half {
+    ($t:ty) => {
+        impl Element for $t {
+            fn reduce(self, o: Self, op: ReduceOp) -> Self {
+                let (a, b) = (self.to_f64(), o.to_f64());
+                <$t>::from_f64(match op {
+                    ReduceOp::Sum => a + b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                })
+            }
+            fn from_small(v: i32) -> Self {
+                <$t>::from_f64(v as f64)
+            }
+        }
+    };
+}
+element_half!(half::f16);
+element_half!(half::bf16);
 element_int!(i32);
 element_int!(i64);
 element_int!(u32);
