@@ -396,8 +396,9 @@ pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
         (DType::F32, RedOp::Sum) => each!(f32, |x: f32, y: f32| x + y),
         (DType::F32, RedOp::Min) => each!(f32, |x: f32, y: f32| x.min(y)),
         (DType::F32, RedOp::Max) => each!(f32, |x: f32, y: f32| x.max(y)),
-        // f32 holds the exact sum of two f16, so one rounding gives the correctly rounded f16 sum; f64
-        // does the same for bf16.
+        // The sum of two f16 rounded to f32 and then to f16 is the correctly rounded f16 sum (f32's 24
+        // bits are at least 2 × 11 + 2, so the double rounding is innocuous); f64 does the same for
+        // bf16 (8 bits).
         (DType::F16, RedOp::Sum) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32() + y.to_f32())),
         (DType::F16, RedOp::Min) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32().min(y.to_f32()))),
         (DType::F16, RedOp::Max) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32().max(y.to_f32()))),

@@ -90,7 +90,8 @@ element_float!(f32);
 element_float!(f64);
 
 /// The half-precision types reduce as the device does (`crate::lowered::combine_into`): the exact
-/// result (f64 holds any sum of two halves) rounded once to nearest even; min/max return the
+/// result rounded once to nearest even (a sum of two halves computed in f64 rounds to the same
+/// half as the exact sum: 53 bits are at least twice a half's 11 or 8, plus 2); min/max return the
 /// non-NaN operand.
 macro_rules! element_half {
     ($t:ty) => {
