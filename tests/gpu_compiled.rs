@@ -84,6 +84,25 @@ fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
 }
 
 /// The first byte where two memories differ, named.
+/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type) where `dtype` is a float
+/// type, else [`fill`]'s integers: a plan combines every chunk in an order the plan fixes, which the
+/// CPU executor follows, so the GPU must match it bitwise on these too, roundings included.
+fn fill_random(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
+    while out.len() < bytes {
+        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
+        match dtype {
+            DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            DType::I32 | DType::U32 => return fill(dtype, bytes, rng),
+        }
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// The first byte where two memories differ, named.
 fn first_difference(what: &str, a: &[u8], b: &[u8]) -> Option<String> {
     if a == b {
         return None;
@@ -112,8 +131,9 @@ struct Case {
     launches: u32,
 }
 
-/// Runs `case` of `plan`: `launches` launches on one workspace (a replay), each on fresh inputs,
-/// comparing every buffer and FIFO region with the CPU executor's after each.
+/// Runs `case` of `plan`: `launches` launches on one workspace (a replay), each on fresh inputs (small
+/// integers, or random floats for every other seed), comparing every buffer and FIFO region with
+/// the CPU executor's after each.
 fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), String> {
     let probe = lower(plan, &LowerOptions { mode: case.mode, ..LowerOptions::default() }).map_err(|e| e.to_string())?;
     let opts = LowerOptions {
@@ -131,10 +151,11 @@ fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), Str
     let bufs = PlanBuffers::new(&runner, case.shift).map_err(|e| format!("buffers: {e}"))?;
     let mut cpu = Memory::new(&lp);
     let mut rng = common::Rng(seed);
+    let data = if seed % 4 >= 2 { fill_random } else { fill };
     for k in 0..case.launches {
         for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
             let n = b.len();
-            *b = fill(case.dtype, n, &mut rng);
+            *b = data(case.dtype, n, &mut rng);
         }
         bufs.upload(&cpu).map_err(|e| format!("upload buffers: {e}"))?;
         // SAFETY: the buffers are this plan's, sized by it, alive until the synchronisation below.
