@@ -74,7 +74,9 @@ def main():
                         if r["collective"] == coll and r["nccl_max_ctas"] == str(ctas) and r["size"] >= big)
             print(f"| {coll} | {ctas} | {fmt(oop)} | {fmt(ip)} | {fmt(same)} | {fmt(nccl_default)} "
                   f"| {ratio(oop, same)} | {ratio(oop, nccl_default)} |")
-    wrong = [r for r in ox if r["oop_wrong"] not in (0, 2**64 - 1) or r["ip_wrong"] not in (0, 2**64 - 1)]
+    # `null`: not checked (older logs wrote 2**64 - 1 for that).
+    unchecked = (0, None, 2**64 - 1)
+    wrong = [r for r in ox if r["oop_wrong"] not in unchecked or r["ip_wrong"] not in unchecked]
     wrong += [r for r in nc if r.get("wrong_ranks")]
     if wrong:
         print(f"\n{len(wrong)} rows reported wrong results: the bandwidths above do not count.")

@@ -675,22 +675,41 @@ pub struct CollectiveRow {
     pub oop_algbw: f64,
     /// Out of place: busbw, algbw times the collective's bus factor.
     pub oop_busbw: f64,
-    /// Out of place: elements that differ from the expected result (`u64::MAX`: not checked).
-    pub oop_wrong: u64,
+    /// Out of place: elements that differ from the expected result (`None`: not checked; `null` in
+    /// JSON).
+    pub oop_wrong: Option<u64>,
     /// In place: microseconds per call (0 where that side did not run).
     pub ip_us: f64,
     /// In place: algbw, `size` bytes per second / 1e9.
     pub ip_algbw: f64,
     /// In place: busbw, algbw times the collective's bus factor.
     pub ip_busbw: f64,
-    /// In place: elements that differ from the expected result (`u64::MAX`: not checked).
-    pub ip_wrong: u64,
+    /// In place: elements that differ from the expected result (`None`: not checked; `null` in JSON).
+    pub ip_wrong: Option<u64>,
 }
 
-/// A value every rank can compute for element `i` of rank `r`: small integers, exact in every dtype
-/// and under any summation order.
+/// A value every rank can compute for element `i` of rank `r`: small integers (1 to 9), exact in every
+/// dtype and under any summation order (sums over 16 ranks stay within bf16's exact 256). Positive, so
+/// a sum over two or more ranks differs from each rank's input: an element an in-place call leaves
+/// unwritten shows (under min and max it shows unless its rank holds the extreme).
 fn pattern(r: usize, i: u64) -> i32 {
-    ((r as u64 * 7 + i * 13) % 17) as i32 - 8
+    ((r as u64 * 7 + i * 13) % 17) as i32 / 2 + 1
+}
+
+/// The byte every output starts as before a check: 0x7F in every byte is NaN in f16, about 3.4e38 in
+/// f32 and bf16 and 2139062143 in i32 and u32, none of which [`pattern`]'s results reach, so an
+/// element a call leaves unwritten counts as wrong.
+const POISON: u8 = 0x7F;
+
+/// Fills `buf` with [`POISON`] on `stream`.
+fn poison(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u8>) -> Result<()> {
+    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    let n = buf.len();
+    let (ptr, _record) = buf.device_ptr_mut(stream);
+    // SAFETY: `ptr` is `buf`'s live allocation of `n` bytes, written on `stream`, which cudarc's event
+    // records order after the buffer's earlier uses.
+    unsafe { cudarc::driver::result::memset_d8_async(ptr, POISON, n, stream.cu_stream()) }
+        .map_err(Error::driver("cuMemsetD8Async"))
 }
 
 /// `n` elements `f(0), f(1), …` encoded as `dtype` (little-endian bytes).
@@ -1088,7 +1107,9 @@ pub fn collective_bench(
                 let input = |i| pattern(r, i);
                 let (has_in, has_out) = spec.rank_buffers(r);
                 if in_place {
+                    // Poisoned where the input does not reach (the other ranks' blocks of an AllGather).
                     let mut buf = zeros(stream, in_bytes.max(out_bytes))?;
+                    poison(stream, &mut buf)?;
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
                     fill_periodic(stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
                     recv.push(buf);
@@ -1100,7 +1121,9 @@ pub fn collective_bench(
                         send.push(buf);
                     }
                     if has_out {
-                        recv.push(zeros(stream, out_bytes)?);
+                        let mut buf = zeros(stream, out_bytes)?;
+                        poison(stream, &mut buf)?;
+                        recv.push(buf);
                         recv_ranks.push(r);
                     }
                 }
@@ -1180,6 +1203,18 @@ pub fn collective_bench(
                 });
                 per_device.into_iter().sum::<Result<u64>>()
             };
+            // The plan is built and uploaded before anything is timed, whatever the warm-up (`-w 0`).
+            let count = usize::try_from(count).map_err(|_| Error::Config {
+                field: "size",
+                why: format!("{count} elements per rank do not fit this host's usize"),
+            })?;
+            match b.dtype {
+                DType::F32 => comm.prepare::<f32>(b.collective, count, b.op, in_place)?,
+                DType::F16 => comm.prepare::<half::f16>(b.collective, count, b.op, in_place)?,
+                DType::Bf16 => comm.prepare::<half::bf16>(b.collective, count, b.op, in_place)?,
+                DType::I32 => comm.prepare::<i32>(b.collective, count, b.op, in_place)?,
+                DType::U32 => comm.prepare::<u32>(b.collective, count, b.op, in_place)?,
+            };
             // Correctness pass (untimed) on fresh data.
             if b.check {
                 call(&mut recv, &send)?;
@@ -1191,13 +1226,13 @@ pub fn collective_bench(
                     call(&mut recv, &send)?;
                 }
                 comm.synchronize()?;
-                // Out of place the outputs are zeroed first and checked after the graph, so the
+                // Out of place the outputs are poisoned first and checked after the graph, so the
                 // row's `#wrong` also covers what the graph computed (in place each call changes
                 // its data: checked before only).
                 let recheck = b.check && !in_place;
                 if recheck {
                     for (buf, &r) in recv.iter_mut().zip(&recv_ranks) {
-                        streams[r].memset_zeros(buf).map_err(Error::driver("cuMemsetD8Async"))?;
+                        poison(&streams[r], buf)?;
                     }
                     for s in streams {
                         s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
@@ -1231,11 +1266,11 @@ pub fn collective_bench(
             oop_us: times[0],
             oop_algbw: bw(times[0]),
             oop_busbw: bw(times[0]) * factor,
-            oop_wrong: if b.check { wrong[0] } else { u64::MAX },
+            oop_wrong: b.check.then_some(wrong[0]),
             ip_us: times[1],
             ip_algbw: bw(times[1]),
             ip_busbw: bw(times[1]) * factor,
-            ip_wrong: if b.check { wrong[1] } else { u64::MAX },
+            ip_wrong: b.check.then_some(wrong[1]),
         };
         on_row(&row);
         rows.push(row);
@@ -1461,7 +1496,7 @@ pub fn plan_bench(
         for s in streams {
             s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
-        let mut wrong = u64::MAX;
+        let mut wrong = None;
         if b.check
             && let Some(c) = collective
         {
@@ -1470,14 +1505,14 @@ pub fn plan_bench(
             runner.synchronize()?;
             let count = if c == Collective::AllGather { count_in } else { count_out };
             let expected = Expected::new(c, b.dtype, b.op, p, count);
-            wrong = 0;
+            let mut n = 0;
             for (r, rank_stream) in streams.iter().enumerate() {
                 let ordinal = rank_stream.context().ordinal();
                 let stage = &mut staging.iter_mut().find(|(o, _)| *o == ordinal).expect("staging per device").1;
                 for (s, c0, j0, len) in runs(r, oc, Slice::output) {
                     // SAFETY: the run lies inside rank r's slot s, written by the launch synchronised
                     // above.
-                    wrong += unsafe {
+                    n += unsafe {
                         count_wrong_at(
                             rank_stream,
                             table[r][s] + c0 * chunk_bytes,
@@ -1490,6 +1525,7 @@ pub fn plan_bench(
                     };
                 }
             }
+            wrong = Some(n);
         }
         let us = time_ms(stream, b.warmup, b.iters, || {
             // SAFETY: as above; `stream` orders every launch after the previous one.
@@ -1533,7 +1569,7 @@ pub fn plan_bench(
         let real = user_chunks * chunk_bytes;
         let bw = real as f64 / (us * 1e-6) / 1e9;
         let factor = l.collective.bus_factor(p as u32);
-        let (measured, none) = ((us, bw, bw * factor, wrong), (0.0, 0.0, 0.0, u64::MAX));
+        let (measured, none) = ((us, bw, bw * factor, wrong), (0.0, 0.0, 0.0, None));
         let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
         let row = CollectiveRow {
             collective: l.collective.name(),
@@ -1543,8 +1579,9 @@ pub fn plan_bench(
             mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
             reduction: "registers",
             size: real,
-            // nccl-tests' count: elements per rank in the smaller buffer.
-            count: count_in.min(count_out),
+            // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
+            // a rank sends to each peer.
+            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
             dtype: b.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced.
             redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
@@ -1566,16 +1603,10 @@ pub fn plan_bench(
 /// nccl-tests' closing lines for rows that measured only one side (`in_place` or out of place):
 /// the average bus bandwidth is over that side.
 pub fn nccl_footer_one_side(rows: &[CollectiveRow], in_place: bool) -> String {
-    let wrong: u64 =
-        rows.iter().map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).filter(|&w| w != u64::MAX).sum();
+    let wrong: u64 = rows.iter().filter_map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).sum();
     let avg =
         rows.iter().map(|r| if in_place { r.ip_busbw } else { r.oop_busbw }).sum::<f64>() / rows.len().max(1) as f64;
-    format!(
-        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#",
-        wrong,
-        if wrong == 0 { "OK" } else { "FAILED" },
-        avg
-    )
+    nccl_closing(wrong, avg)
 }
 
 /// The nccl-tests table header.
@@ -1583,37 +1614,78 @@ pub const NCCL_HEADER: &str = "#                                                
 #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
 #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ";
 
-/// One table line as nccl-tests prints it (`#wrong` is `N/A` when unchecked).
+/// One table line as nccl-tests prints it: the time as `%7.2f` below 100 µs, `%7.1f` below 10 ms and
+/// `%7.0f` from there, `#wrong` as `%5g` (`N/A` when unchecked).
 pub fn nccl_line(r: &CollectiveRow) -> String {
-    let w = |n: u64| if n == u64::MAX { "N/A".to_string() } else { n.to_string() };
+    let w = |n: Option<u64>| n.map_or("N/A".to_string(), |n| c_g(n as f64));
     format!(
-        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6.2}  {:>6.2}  {:>5}  {:>7}  {:>6.2}  {:>6.2}  {:>5}",
         r.size,
         r.count,
         r.dtype,
         r.redop,
         r.root,
-        r.oop_us,
+        nccl_time(r.oop_us),
         r.oop_algbw,
         r.oop_busbw,
         w(r.oop_wrong),
-        r.ip_us,
+        nccl_time(r.ip_us),
         r.ip_algbw,
         r.ip_busbw,
         w(r.ip_wrong)
     )
 }
 
-/// nccl-tests' closing lines for a set of rows.
-pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
-    let wrong: u64 = rows.iter().map(|r| r.oop_wrong.saturating_add(r.ip_wrong)).filter(|&w| w < u64::MAX / 2).sum();
-    let avg = rows.iter().map(|r| (r.oop_busbw + r.ip_busbw) / 2.0).sum::<f64>() / rows.len().max(1) as f64;
+/// nccl-tests' time column: fewer decimals as the time grows, so the column keeps its width.
+fn nccl_time(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{us:.0}")
+    } else if us >= 100.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+/// C's `%g`: six significant digits, trailing zeros dropped, scientific notation below 1e-4 and from
+/// 1e6 (as nccl-tests prints the average bus bandwidth and `#wrong`).
+pub fn c_g(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return if x.is_nan() {
+            "nan".into()
+        } else if x.is_infinite() {
+            format!("{}inf", if x < 0.0 { "-" } else { "" })
+        } else {
+            "0".into()
+        };
+    }
+    let trim = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
+    // The exponent after rounding to six significant digits.
+    let sci = format!("{x:.5e}");
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` has an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` has an integer exponent");
+    if !(-4..6).contains(&exp) {
+        format!("{}e{}{:02}", trim(mantissa.to_string()), if exp < 0 { '-' } else { '+' }, exp.unsigned_abs())
+    } else {
+        trim(format!("{x:.*}", (5 - exp) as usize))
+    }
+}
+
+/// nccl-tests' closing lines, for `wrong` elements in all and an average bus bandwidth `avg`.
+fn nccl_closing(wrong: u64, avg: f64) -> String {
     format!(
-        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {:.4} \n#",
+        "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {} \n#",
         wrong,
         if wrong == 0 { "OK" } else { "FAILED" },
-        avg
+        c_g(avg)
     )
+}
+
+/// nccl-tests' closing lines for a set of rows.
+pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
+    let wrong: u64 = rows.iter().flat_map(|r| [r.oop_wrong, r.ip_wrong]).flatten().sum();
+    let avg = rows.iter().map(|r| (r.oop_busbw + r.ip_busbw) / 2.0).sum::<f64>() / rows.len().max(1) as f64;
+    nccl_closing(wrong, avg)
 }
 
 /// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
@@ -1689,8 +1761,8 @@ pub struct ReshardRow {
     pub sol_nvlink_ms: f64,
     /// Which link is busiest in the NVLink model (`nvlink out of rank 3`, ...).
     pub busiest_link: String,
-    /// Elements that differed in the check pass (`u64::MAX`: not checked).
-    pub wrong: u64,
+    /// Elements that differed in the check pass (`None`: not checked; `null` in JSON).
+    pub wrong: Option<u64>,
 }
 
 /// A pseudo-random non-zero element pattern (so zero-initialised destinations show unwritten elements).
@@ -1849,9 +1921,9 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
                 let got = stream.clone_dtoh(out).map_err(Error::driver("cuMemcpyDtoH"))?;
                 wrong += got[..want.len()].chunks(e).zip(want.chunks(e)).filter(|(a, b)| a != b).count() as u64;
             }
-            wrong
+            Some(wrong)
         } else {
-            u64::MAX
+            None
         };
         let ms = time_ms(stream, b.warmup, b.iters, || run(&mut bufs))?;
         comm.synchronize()?;
@@ -1915,6 +1987,79 @@ fn reshard_call(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_print_as_nccl_tests_prints_them() {
+        // `%g`: six significant digits, no trailing zeros, exponent below 1e-4 and from 1e6.
+        let g = [
+            (0.0, "0"),
+            (332.21594, "332.216"),
+            (403.0, "403"),
+            (1e6, "1e+06"),
+            (1234567.0, "1.23457e+06"),
+            (999999.6, "1e+06"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (12.5, "12.5"),
+            (-2.5, "-2.5"),
+        ];
+        for (x, want) in g {
+            assert_eq!(c_g(x), want, "{x}");
+        }
+        // The time column: two decimals below 100 us, one below 10 ms, none from there.
+        for (us, want) in
+            [(11.3249, "11.32"), (99.994, "99.99"), (100.0, "100.0"), (4629.14, "4629.1"), (10000.4, "10000")]
+        {
+            assert_eq!(nccl_time(us), want, "{us}");
+        }
+        let row = CollectiveRow {
+            collective: "all_reduce",
+            root: -1,
+            ranks: 8,
+            ctas: 8,
+            mover: "tma",
+            reduction: "registers",
+            size: 1 << 30,
+            count: 1 << 28,
+            dtype: "float",
+            redop: "sum",
+            oop_us: 12345.6,
+            oop_algbw: 86.97,
+            oop_busbw: 152.2,
+            oop_wrong: Some(0),
+            ip_us: 45.678,
+            ip_algbw: 1.0,
+            ip_busbw: 1.75,
+            ip_wrong: None,
+        };
+        assert_eq!(
+            nccl_line(&row),
+            "  1073741824     268435456     float     sum      -1    12346   86.97  152.20      0    45.68    1.00    \
+             1.75    N/A"
+        );
+        // Unchecked halves count no errors and hide none.
+        let footer = nccl_footer(&[CollectiveRow { ip_wrong: Some(3), oop_wrong: None, ..row }]);
+        assert!(footer.starts_with("# Out of bounds values : 3 FAILED"), "{footer}");
+    }
+
+    #[test]
+    fn every_expected_result_differs_from_the_poison_and_sums_from_their_inputs() {
+        let poison = |dtype: DType| vec![POISON; dtype.size()];
+        for dtype in [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32] {
+            for ranks in 2..=16 {
+                for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                    let e = Expected::new(Collective::AllReduce, dtype, op, ranks, 17);
+                    for i in 0..17 {
+                        let v = e.value(0, i);
+                        assert_ne!(encode_all(dtype, 1, |_| v), poison(dtype), "{dtype:?} {op:?} {ranks} ranks");
+                        if op == ReduceOp::Sum {
+                            assert!((0..ranks).all(|r| pattern(r, i) != v), "{dtype:?} {ranks} ranks, element {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
     use oxccl_host::tccl::{self, PlanSpec};
 
     /// A sweep runs at least one size of at least one element, grows, and times something; each
@@ -2648,10 +2793,93 @@ impl OverlapBench {
     }
 }
 
+/// Streams held on the host (a host function each that blocks until [`HostGate::release`]), so the
+/// work queued behind them starts on the device when released, not while the host queues it. A
+/// watchdog opens the gate after `guard` ([`HostGate::forced`]) should queuing ever wait on a held
+/// stream.
+struct HostGate {
+    state: Arc<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// (open, opened by the watchdog)
+    open: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl GateState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl HostGate {
+    fn new(guard: std::time::Duration) -> HostGate {
+        let state = Arc::new(GateState::default());
+        let watchdog = state.clone();
+        std::thread::spawn(move || {
+            let open = watchdog.lock();
+            let (mut open, _) =
+                watchdog.changed.wait_timeout_while(open, guard, |o| !o.0).unwrap_or_else(|e| e.into_inner());
+            if !open.0 {
+                *open = (true, true);
+                watchdog.changed.notify_all();
+            }
+        });
+        HostGate { state }
+    }
+
+    /// Holds `stream`, after the work queued on it so far, until the gate opens.
+    fn hold(&self, stream: &CudaStream) -> Result<()> {
+        /// # Safety
+        /// `arg` is an `Arc` of a gate's state turned into a raw pointer for this one call.
+        unsafe extern "C" fn wait(arg: *mut std::ffi::c_void) {
+            // SAFETY: made by `Arc::into_raw` below, taken back once, here.
+            let state = unsafe { Arc::from_raw(arg as *const GateState) };
+            let mut open = state.lock();
+            while !open.0 {
+                open = state.changed.wait(open).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        let arg = Arc::into_raw(self.state.clone()) as *mut std::ffi::c_void;
+        // SAFETY: a host function on a live stream; its argument is a counted reference to the gate's
+        // state, which the function releases (or, if the launch fails, is released here).
+        let queued = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait), arg) }.result();
+        if queued.is_err() {
+            // SAFETY: not queued, so not taken back by `wait`.
+            drop(unsafe { Arc::from_raw(arg as *const GateState) });
+        }
+        queued.map_err(Error::driver("cuLaunchHostFunc"))
+    }
+
+    /// Opens the gate: the held streams go on.
+    fn release(&self) {
+        self.state.lock().0 = true;
+        self.state.changed.notify_all();
+    }
+
+    /// Whether the watchdog opened the gate.
+    fn forced(&self) -> bool {
+        self.state.lock().1
+    }
+}
+
+impl Drop for HostGate {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// Runs the overlap benchmark with rank `r` on `streams[r]` (virtual ranks on one stream, or one
 /// rank per GPU): the compute work runs on a stream of its own on every GPU involved. The compute
 /// repetitions are chosen once so that the compute alone takes about `compute_ms`, or as long as
-/// the first configuration's collective. Every configuration is checked before anything is
+/// the first configuration's collective: every row runs the same compute, so their makespans
+/// compare, and a row whose collective alone is longer or shorter than the compute has less to hide
+/// (its `/serial` cannot go below max(compute, collective) / (compute + collective)). Together, the
+/// collective and the compute are queued behind a start gate and start when it opens, the
+/// collective first. Every configuration is checked before anything is
 /// allocated. With several GPUs each time is the longest over the GPUs, every span
 /// measured between events of one GPU from a common start (the collective's barriers align them).
 pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
@@ -2751,6 +2979,13 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
             for it in 0..b.warmup + b.iters {
                 sync_all()?;
+                // Everything is queued behind a gate and starts when it opens: the times do not
+                // include the host's queuing. The collective is queued first, and the compute waits
+                // for the collective's start (as T-CCL runs its AllReduce on a high-priority stream).
+                let gate = HostGate::new(std::time::Duration::from_secs(60));
+                for l in &lanes {
+                    gate.hold(l)?;
+                }
                 let starts = lanes.iter().map(|l| event(l)).collect::<Result<Vec<_>>>()?;
                 for (i, start) in starts.iter().enumerate() {
                     compute_streams[device_of[i]].wait(start).map_err(Error::driver("cuStreamWaitEvent"))?;
@@ -2763,6 +2998,14 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 for (i, l) in lanes.iter().enumerate() {
                     l.wait(&comp_ends[device_of[i]]).map_err(Error::driver("cuStreamWaitEvent"))?;
                     all_ends.push(event(l)?);
+                }
+                let forced = gate.forced();
+                gate.release();
+                if forced {
+                    return Err(Error::Config {
+                        field: "overlap",
+                        why: "queuing the collective and the compute took over 60 s behind the start gate".into(),
+                    });
                 }
                 if it >= b.warmup {
                     let (mut c, mut k, mut m) = (0f64, 0f64, 0f64);
