@@ -21,11 +21,12 @@ fn lowered(plan: &Plan, mode: PlanMode, micro_batches: u32, slots: u32) -> Lower
     lower(plan, &opts).unwrap()
 }
 
+/// Loads test inputs and launches once; corrupt descriptors are refused by the load already.
 fn run(lp: &LoweredPlan) -> Result<Memory, LoweredExecError> {
     let mut mem = Memory::new(lp);
     let ic = lp.layout.input_chunks() as usize;
     let chunk = lp.ranks[0].header.chunk_bytes as usize / 4;
-    mem.load_inputs(lp, &test_inputs::<f32>(lp.ranks.len(), ic * chunk)).unwrap();
+    mem.load_inputs(lp, &test_inputs::<f32>(lp.ranks.len(), ic * chunk))?;
     launch(lp, &mut mem, &LaunchOptions::default())?;
     Ok(mem)
 }
@@ -247,7 +248,7 @@ fn recv_reduce_copy_out_of_place() {
     mem.load_inputs(&lp, &inputs).unwrap();
     launch(&lp, &mut mem, &LaunchOptions::default()).unwrap();
     let want = oxccl_host::exec::reference::all_reduce(&inputs, ReduceOp::Sum).unwrap();
-    assert_eq!(mem.outputs::<f32>(&lp), want);
+    assert_eq!(mem.outputs::<f32>(&lp).unwrap(), want);
     // r1's input is untouched.
     assert_eq!(mem.buffers[1][slot::INPUT as usize], bytemuck::cast_slice::<f32, u8>(&inputs[1]));
 }

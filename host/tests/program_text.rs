@@ -151,3 +151,44 @@ fn generator_layouts_fit_and_files_are_held_to_less() {
         Err(ProgramError::BadLayout { .. })
     ));
 }
+
+/// Names that are not one token of a `program NAME` line (or hold control characters) would read
+/// back as another name or as more lines: `verify` and `parse` refuse them, and `print` writes a
+/// `program` line without a name, which `parse` refuses, instead of text it would read differently.
+#[test]
+fn a_name_that_is_not_one_token_is_refused_and_never_printed_as_one() {
+    use oxccl_host::program::Program;
+    let mut p = Algorithm::RingAllReduce.generate(1, 2).unwrap();
+    for (name, reason) in [
+        ("", "it is empty"),
+        ("my ring", "it holds whitespace"),
+        ("ring\nop0", "it holds whitespace"),
+        ("ring\u{2028}2", "it holds whitespace"),
+        ("ring#2", "it holds `#`, which starts a comment in the text format"),
+        ("ring\u{1}", "it holds a control character"),
+    ] {
+        let want = ProgramError::BadName { name: name.to_string(), reason };
+        assert_eq!(Program::check_name(name), Err(want.clone()));
+        p.name = name.to_string();
+        assert_eq!(p.verify(), Err(want.clone()));
+        let t = text::print(&p);
+        let first = t.lines().next().unwrap();
+        assert_eq!(first, format!("program # not a name of this format: {want}"));
+        // program, collective, scratch, ranks-per-node, the ops: nothing more.
+        assert_eq!(t.lines().count(), 4 + p.ops.len(), "{t}");
+        match text::parse(&t) {
+            Err(ProgramError::Parse { line: 1, message }) => assert_eq!(message, "expected `program NAME`"),
+            other => panic!("{name:?}: {other:?}"),
+        }
+    }
+    // A control character in a one-token name is refused by `parse` too.
+    let e = text::parse("program a\u{7f}b\ncollective allreduce ranks=1 chunks=1 inplace\n").unwrap_err();
+    assert_eq!(
+        e,
+        ProgramError::Parse { line: 1, message: "bad program name \"a\\u{7f}b\": it holds a control character".into() }
+    );
+    // Any other name round trips.
+    p.name = "ring-2.x_é".into();
+    p.verify().unwrap();
+    assert_eq!(text::parse(&text::print(&p)).unwrap(), p);
+}

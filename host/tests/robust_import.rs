@@ -270,3 +270,31 @@ fn repeated_text_headers_are_refused() {
         }
     }
 }
+
+/// An `<algo name=>` that is not a program name (the text format could not hold it) is refused,
+/// naming the attribute, never cut or rewritten: `ring#2` used to become `ring` on a round trip.
+#[test]
+fn a_bad_algo_name_is_refused() {
+    let good = allgather_with("");
+    assert_eq!(import(&good).unwrap().program.name, "t");
+    for (name, value, reason) in [
+        ("ring#2", "ring#2", "it holds `#`, which starts a comment in the text format"),
+        ("my ring", "my ring", "it holds whitespace"),
+        ("a&#10;op0", "a\nop0", "it holds whitespace"),
+        ("", "", "it is empty"),
+    ] {
+        let xml = good.replacen(r#"name="t""#, &format!(r#"name="{name}""#), 1);
+        let e = import_unchecked(&xml).unwrap_err();
+        assert_eq!(
+            e,
+            ImportError::BadAttribute {
+                element: "algo".into(),
+                attribute: "name".into(),
+                value: value.into(),
+                context: format!("in <algo> (a program name is one token: {reason})"),
+            },
+            "{name}"
+        );
+        assert_eq!(import(&xml).unwrap_err(), e);
+    }
+}

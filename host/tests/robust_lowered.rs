@@ -194,3 +194,57 @@ fn progress_counters_near_the_wrap_are_stale_workspaces() {
         launch(&lp, &mut mem, &LaunchOptions::default()).unwrap();
     }
 }
+
+/// `verify`, `load_inputs` and `outputs` place chunks by `lp.layout` in buffers the headers size:
+/// a layout the headers disagree with is a descriptor error before any buffer is touched.
+#[test]
+fn a_layout_the_headers_disagree_with_is_a_descriptor_error() {
+    let lp = two_rank_plan();
+    let mut mem = Memory::new(&lp);
+    let mut bad = lp.clone();
+    bad.layout.chunks = 8;
+    let e = validate(&bad).unwrap_err();
+    assert_eq!((e.rank, e.what.as_str()), (0, "buffer sizes differ from the layout's"));
+    let want = LoweredExecError::Descriptor(e);
+    assert_eq!(verify::<f32>(&bad, ReduceOp::Sum, 1, &LaunchOptions::default()).unwrap_err(), want);
+    let inputs = vec![vec![0f32; 8 * 2 * 4]; 2];
+    assert_eq!(mem.load_inputs(&bad, &inputs).unwrap_err(), want);
+    assert_eq!(mem.outputs::<f32>(&bad).unwrap_err(), want);
+}
+
+/// Memory made for another plan is refused by `load_inputs` and `outputs` as it is by `launch`.
+#[test]
+fn memory_of_another_plan_is_bad_input() {
+    let lp = two_rank_plan();
+    let other = waiting_plan();
+    let mut mem = Memory::new(&other);
+    let chunk = lp.ranks[0].header.chunk_bytes as usize / 4;
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| (0..2 * chunk).map(|i| (r * 1000 + i) as f32).collect()).collect();
+    let e = mem.load_inputs(&lp, &inputs).unwrap_err();
+    assert_eq!(e, LoweredExecError::BadInput { reason: "memory for 1 ranks, the plan has 2".into() });
+    assert_eq!(mem.outputs::<f32>(&lp).unwrap_err(), e);
+    // Its own memory loads and reads back (in place, the output is the input buffer).
+    let mut mem = Memory::new(&lp);
+    mem.load_inputs(&lp, &inputs).unwrap();
+    assert_eq!(mem.outputs::<f32>(&lp).unwrap(), inputs);
+}
+
+/// Elements whose size does not divide a chunk would leave its tail out of `outputs`.
+#[test]
+fn outputs_of_elements_that_do_not_divide_a_chunk_are_bad_input() {
+    let lp = two_rank_plan();
+    let cb = lp.ranks[0].header.chunk_bytes;
+    assert!(cb.is_multiple_of(16), "{cb}");
+    let mem = Memory::new(&lp);
+    let e = mem.outputs::<[u8; 3]>(&lp).unwrap_err();
+    assert_eq!(
+        e,
+        LoweredExecError::BadInput { reason: format!("3-byte elements do not divide a chunk of {cb} bytes") }
+    );
+    let e = mem.outputs::<()>(&lp).unwrap_err();
+    assert_eq!(
+        e,
+        LoweredExecError::BadInput { reason: format!("0-byte elements do not divide a chunk of {cb} bytes") }
+    );
+    assert_eq!(mem.outputs::<[u8; 16]>(&lp).unwrap()[0].len() as u64, 2 * cb / 16);
+}

@@ -1,5 +1,5 @@
-//! Bad input to `Program::instanced`, `exec::verify`, `exec::execute` and `Plan::check_structure`
-//! gets a typed error, never a panic, an abort or silently dropped data.
+//! Bad input to `Program::instanced`, `exec::verify`, `exec::execute`, `sim::simulate` and
+//! `Plan::check_structure` gets a typed error, never a panic, an abort or silently dropped data.
 
 use oxccl_host::compile::lower::{LowerError, LowerOptions, lower};
 use oxccl_host::compile::{Options, Plan, Prim, compile};
@@ -7,6 +7,7 @@ use oxccl_host::exec::reference::reduce_scatter;
 use oxccl_host::exec::{ExecError, ExecOptions, MAX_VERIFY_ELEMENTS, ReduceOp, execute, test_inputs, verify};
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::{BufferKind, Collective, Layout, OpId, Program, ProgramError, Rank, RecvOp, Slice, text};
+use oxccl_host::sim::{SimError, SimOptions, Topology, simulate};
 
 /// Parses and verifies a text program.
 fn program(t: &str) -> Program {
@@ -187,4 +188,82 @@ fn a_rank_plan_at_another_rank_s_index_is_a_bad_plan() {
     let inputs = test_inputs::<f32>(2, 8);
     let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
     assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("says it is r1")), "{e}");
+}
+
+/// `simulate` on one node of two GPUs, the report dropped.
+fn simulate_two(plan: &Plan) -> Result<(), SimError> {
+    let opts =
+        SimOptions { bytes: 1 << 20, micro_batches: 2, fifo_slots: 8, timeline: false, subpipeline_barrier: false };
+    simulate(plan, &Topology::h200(1, 2), &opts).map(|_| ())
+}
+
+fn bad_sim_plan(e: &SimError, says: &str) -> bool {
+    matches!(e, SimError::BadInput { reason } if reason.contains("malformed plan") && reason.contains(says))
+}
+
+/// The simulator sizes a table by `subpipelines` and indexes it by each task's sub-pipeline.
+#[test]
+fn a_task_past_the_plan_s_subpipelines_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    assert_eq!(plan.subpipelines, 1);
+    simulate_two(&plan).unwrap();
+    plan.subpipelines = 0;
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("sub-pipeline 0 is not below the plan's 0 sub-pipelines"), "{e}");
+    let e = simulate_two(&plan).unwrap_err();
+    assert!(bad_sim_plan(&e, "sub-pipeline 0 is not below"), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("sub-pipeline 0")), "{e}");
+
+    // A task in a sub-pipeline past the count, the count unchanged.
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    plan.ranks[1].tbs[0].tasks[0].subpipeline = 7;
+    let e = simulate_two(&plan).unwrap_err();
+    assert!(bad_sim_plan(&e, "sub-pipeline 7 is not below the plan's 1 sub-pipelines"), "{e}");
+}
+
+/// A count of sub-pipelines past the tasks would size the simulator's table by it (32 GiB at
+/// `u32::MAX`) before anything ran.
+#[test]
+fn more_subpipelines_than_tasks_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "recv", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    plan.subpipelines = 2;
+    plan.check_structure().unwrap();
+    for n in [3, u32::MAX] {
+        plan.subpipelines = n;
+        let e = plan.check_structure().unwrap_err();
+        assert_eq!(e, format!("{n} sub-pipelines for 2 tasks: an empty sub-pipeline is not a plan's"));
+        let e = simulate_two(&plan).unwrap_err();
+        assert!(bad_sim_plan(&e, &format!("{n} sub-pipelines for 2 tasks")), "{e}");
+    }
+    // Without tasks, one sub-pipeline is still a plan's; two are not.
+    let mut plan =
+        compile(&Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true)), &Options::default()).unwrap();
+    for (n, ok) in [(0, true), (1, true), (2, false)] {
+        plan.subpipelines = n;
+        assert_eq!(plan.check_structure().is_ok(), ok, "{n} sub-pipelines");
+    }
+}
+
+/// The executors reduce a `recv_reduce_copy`'s message into `dst`, the lowering into `src`: a plan
+/// where the two differ would give two answers, so it is refused.
+#[test]
+fn a_recv_reduce_copy_whose_source_is_not_its_destination_is_a_bad_plan() {
+    let p = two_rank_xfer("0", "rrc", 0);
+    let mut plan = compile(&p, &Options::default()).unwrap();
+    let task = plan.ranks[1].tbs[0].tasks.iter_mut().find(|t| t.prim == Prim::RecvReduceCopy).unwrap();
+    assert_eq!(task.src, task.dst);
+    task.src = Some(Slice::input(1));
+    let e = plan.check_structure().unwrap_err();
+    assert!(e.contains("recv_reduce_copy reads in[1] but reduces into in[0]"), "{e}");
+    let inputs = test_inputs::<f32>(2, 8);
+    let e = execute(&plan, &inputs, ReduceOp::Sum, &ExecOptions::default()).unwrap_err();
+    assert!(matches!(&e, ExecError::BadPlan { reason } if reason.contains("reads in[1]")), "{e}");
+    let e = lower(&plan, &LowerOptions::default()).unwrap_err();
+    assert!(matches!(&e, LowerError::BadPlan { reason } if reason.contains("reads in[1]")), "{e}");
+    let e = simulate_two(&plan).unwrap_err();
+    assert!(bad_sim_plan(&e, "reads in[1]"), "{e}");
 }

@@ -5,7 +5,7 @@
 use oxccl_host::reshard::layout::row_major_strides;
 use oxccl_host::reshard::{
     Buffers, ExecError, Layout, LayoutError, LowerError, LowerOptions, PlanOptions, Region, ReshardError, ReshardPlan,
-    Stage, Transfer, execute_bytes, lower, plan, verify,
+    Stage, Transfer, execute_bytes, lower, plan, verify, verify_with_limit,
 };
 use oxccl_host::tccl::{self, Collective, PlanError, PlanSpec, Reduction};
 use oxccl_kernels::abi::{DType, RedOp, slot};
@@ -180,4 +180,35 @@ fn host_buffers_past_memory_are_refused() {
     assert_eq!(e, ExecError::DestinationTooLarge { bytes: 1 << 43 });
     let e = p.dst_sharding().local_shards(&global).unwrap_err();
     assert_eq!(e, LayoutError::ShardsTooLarge { bytes: 1 << 43 });
+}
+
+/// A caller's tag limit past what the host allocates is held to the host bound: a tensor of 2^61
+/// elements is refused, not a capacity overflow.
+#[test]
+fn verify_holds_any_limit_to_the_host_bound() {
+    use oxccl_host::reshard::layout::HOST_BUFFERS_LIMIT_BYTES;
+    let l = layout("1@0", "R");
+    let p = plan(&[1 << 61], 1, &l, &l, PlanOptions::default()).unwrap();
+    for limit in [u64::MAX, HOST_BUFFERS_LIMIT_BYTES + 1] {
+        let e = verify_with_limit(&p, limit).unwrap_err();
+        assert_eq!(e, ExecError::TooLargeToVerify { bytes: u64::MAX, limit: HOST_BUFFERS_LIMIT_BYTES });
+    }
+    // Within the bound, a large limit verifies as the default does.
+    let p = plan(&[64], 1, &l, &l, PlanOptions::default()).unwrap();
+    assert_eq!(verify_with_limit(&p, u64::MAX).unwrap().mismatches, 0);
+}
+
+/// Descriptors index a stage's tasks with `u32`: a task limit past that would let the count wrap.
+#[test]
+fn a_task_limit_past_32_bits_is_refused() {
+    let l = layout("2@0", "S0");
+    let p = plan(&[64], 4, &l, &layout("2@0", "R"), PlanOptions::default()).unwrap();
+    let max = LowerOptions::MAX_TASKS_LIMIT;
+    assert_eq!(max, u32::MAX as u64);
+    for max_tasks in [max + 1, u64::MAX] {
+        let e = lower(&p, &LowerOptions { max_tasks, ..LowerOptions::new(2, 1) }).unwrap_err();
+        assert_eq!(e, LowerError::MaxTasks { max_tasks, max });
+        assert!(e.to_string().contains(&format!("at most {max} tasks")), "{e}");
+    }
+    lower(&p, &LowerOptions { max_tasks: max, ..LowerOptions::new(2, 1) }).unwrap();
 }

@@ -338,7 +338,10 @@ impl Plan {
     /// Checks what the executors rely on, for plans that did not come from [`super::compile`] (built
     /// by hand or deserialized): every TB's tasks have the operands their primitive needs, slices fit
     /// the layout, connections join ranks of the plan, sync points exist, tasks join the right ranks,
-    /// and a receive takes as many chunks as the send of its op on its connection pushes.
+    /// and a receive takes as many chunks as the send of its op on its connection pushes. Every
+    /// task's sub-pipeline is below [`Plan::subpipelines`], which is at most the task count (at most 1
+    /// without tasks: the compiler never makes an empty sub-pipeline, and executors size tables by
+    /// it), and a `recv_reduce_copy` reduces into its local operand (`src == dst`).
     pub fn check_structure(&self) -> Result<(), String> {
         let l = &self.layout;
         l.validate().map_err(|e| e.to_string())?;
@@ -353,6 +356,7 @@ impl Plan {
         }
         // Chunks each (connection, op) sends, for the receives' size check below.
         let mut sent: super::FastMap<(ConnId, OpId), u32> = Default::default();
+        let mut tasks = 0u64;
         for (r, rp) in self.ranks.iter().enumerate() {
             let rank = Rank(r as u32);
             if rp.rank != rank {
@@ -361,6 +365,15 @@ impl Plan {
             for (t, tb) in rp.tbs.iter().enumerate() {
                 for (i, task) in tb.tasks.iter().enumerate() {
                     let here = || format!("{rank} tb{t} task {i}");
+                    tasks += 1;
+                    if task.subpipeline >= self.subpipelines {
+                        return Err(format!(
+                            "{}: sub-pipeline {} is not below the plan's {} sub-pipelines",
+                            here(),
+                            task.subpipeline,
+                            self.subpipelines
+                        ));
+                    }
                     let (need_src, need_dst) = match task.prim {
                         Prim::Send => (true, false),
                         Prim::Recv => (false, true),
@@ -379,6 +392,17 @@ impl Plan {
                         && a.count != b.count
                     {
                         return Err(format!("{}: operands differ in size", here()));
+                    }
+                    // Both executors read the local operand of a `recv_reduce_copy` at its
+                    // destination; the lowering reads it at `src`. They agree only when the two are one.
+                    if let (Prim::RecvReduceCopy, Some(a), Some(b)) = (task.prim, task.src, task.dst)
+                        && a != b
+                    {
+                        return Err(format!(
+                            "{}: recv_reduce_copy reads {a} but reduces into {b}: its local operand is its \
+                             destination (src == dst)",
+                            here()
+                        ));
                     }
                     if task.prim.is_comm() {
                         let c = task
@@ -404,6 +428,12 @@ impl Plan {
                     }
                 }
             }
+        }
+        if self.subpipelines as u64 > tasks.max(1) {
+            return Err(format!(
+                "{} sub-pipelines for {tasks} tasks: an empty sub-pipeline is not a plan's",
+                self.subpipelines
+            ));
         }
         // Every sync point, waited on or not: the lowering marks each one's task as signalling.
         for (r, rp) in self.ranks.iter().enumerate() {

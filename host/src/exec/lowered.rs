@@ -90,7 +90,10 @@ impl Memory {
     }
 
     /// Writes each rank's input (`input_chunks × chunk_bytes` bytes of `T`) where the plan reads it.
+    /// Refuses descriptors that fail [`validate`] and memory of other sizes than `lp`'s.
     pub fn load_inputs<T: Pod>(&mut self, lp: &LoweredPlan, inputs: &[Vec<T>]) -> Result<(), LoweredExecError> {
+        validate(lp)?;
+        check_memory(lp, self)?;
         let l = &lp.layout;
         let cb = chunk_bytes(lp);
         let ic = l.input_chunks() as usize;
@@ -103,6 +106,7 @@ impl Memory {
                 return Err(bad_input(format!("rank {r}: {} input bytes, the plan needs {}", bytes.len(), ic * cb)));
             }
             for j in 0..ic {
+                // `validate` proved every input chunk lies in a buffer the header sizes.
                 let (s, c) = place(l, l.resolve(Rank(r as u32), Slice::input(j as u32)).expect("input resolves"));
                 let at = c as usize * cb;
                 self.buffers[r][s as usize][at..at + cb].copy_from_slice(&bytes[j * cb..(j + 1) * cb]);
@@ -111,21 +115,30 @@ impl Memory {
         Ok(())
     }
 
-    /// Each rank's output buffer, read where the plan leaves it.
-    pub fn outputs<T: Pod>(&self, lp: &LoweredPlan) -> Vec<Vec<T>> {
+    /// Each rank's output buffer, read where the plan leaves it. Refuses descriptors that fail
+    /// [`validate`], memory of other sizes than `lp`'s, and a `T` whose size does not divide a chunk
+    /// (the tail would be dropped).
+    pub fn outputs<T: Pod>(&self, lp: &LoweredPlan) -> Result<Vec<Vec<T>>, LoweredExecError> {
+        validate(lp)?;
+        check_memory(lp, self)?;
         let l = &lp.layout;
         let cb = chunk_bytes(lp);
-        (0..lp.ranks.len())
+        let size = std::mem::size_of::<T>();
+        if size == 0 || !cb.is_multiple_of(size) {
+            return Err(bad_input(format!("{size}-byte elements do not divide a chunk of {cb} bytes")));
+        }
+        Ok((0..lp.ranks.len())
             .map(|r| {
                 let mut out = Vec::with_capacity(l.output_chunks() as usize * cb);
                 for j in 0..l.output_chunks() {
+                    // `validate` proved every output chunk lies in a buffer the header sizes.
                     let (s, c) = place(l, l.resolve(Rank(r as u32), Slice::output(j)).expect("output resolves"));
                     let at = c as usize * cb;
                     out.extend_from_slice(&self.buffers[r][s as usize][at..at + cb]);
                 }
-                out.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+                out.chunks_exact(size).map(bytemuck::pod_read_unaligned).collect()
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -637,13 +650,15 @@ pub fn red_op(op: ReduceOp) -> RedOp {
 
 /// Runs `lp` `launches` times on one [`Memory`] (a graph replayed: counters carry over), each time
 /// on fresh [`test_inputs`], and compares every output element with the collective's reference. The
-/// plan must have been lowered for `T` and `op`.
+/// plan must have been lowered for `T` and `op`; descriptors that fail [`validate`] are refused
+/// before anything is sized by them.
 pub fn verify<T: AbiElement>(
     lp: &LoweredPlan,
     op: ReduceOp,
     launches: u32,
     opts: &LaunchOptions,
 ) -> Result<VerifyReport, LoweredExecError> {
+    validate(lp)?;
     let h = lp.ranks.first().map(|r| r.header).ok_or_else(|| bad_input("no ranks".into()))?;
     if h.dtype != T::DTYPE.raw() || h.op != red_op(op).raw() {
         return Err(bad_input("the plan was lowered for another dtype or operator".into()));
@@ -671,7 +686,7 @@ pub fn verify<T: AbiElement>(
         }
         mem.load_inputs(lp, &inputs)?;
         launch(lp, &mut mem, opts)?;
-        let got = mem.outputs::<T>(lp);
+        let got = mem.outputs::<T>(lp)?;
         let want = reference::reference(l.collective, &inputs, op).map_err(|e| bad_input(e.to_string()))?;
         for (r, (g, w)) in got.iter().zip(&want).enumerate() {
             report.tally(r, g, w);

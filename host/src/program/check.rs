@@ -12,9 +12,10 @@
 
 use super::{BufferKind, Collective, Layout, OpId, OpKind, Program, ProgramError, Rank, Slice};
 
-/// Structural checks: layout, ranks in range, slices inside their buffers, equal non-zero counts,
-/// no transfer to self, no overlapping local copy or reduce.
+/// Structural checks: the name ([`Program::check_name`]), layout, ranks in range, slices inside
+/// their buffers, equal non-zero counts, no transfer to self, no overlapping local copy or reduce.
 pub fn verify(p: &Program) -> Result<(), ProgramError> {
+    Program::check_name(&p.name)?;
     p.layout.validate()?;
     let l = &p.layout;
     // Each op reads its source and writes its destination; a reduction reads the destination too.

@@ -481,7 +481,8 @@ impl Op {
 /// A transfer program: an algorithm for one collective on a fixed number of ranks.
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
 pub struct Program {
-    /// A name for reports (no whitespace in the text format).
+    /// A name for reports and the text format: one token, as [`Program::check_name`] requires
+    /// ([`Program::verify`] checks it).
     pub name: String,
     /// Buffer sizes and aliasing, which every slice of `ops` must fit.
     pub layout: Layout,
@@ -544,7 +545,27 @@ impl Program {
         }
     }
 
-    /// Structural checks (ranks, slices, counts); see [`check::verify`].
+    /// Checks `name` is a program name: not empty, without whitespace, `#` or control characters, so
+    /// that it is one token of the text format's `program NAME` line (`#` starts a comment there).
+    /// Every producer of programs holds names to this one rule: [`text::parse`] and the MSCCL
+    /// importer refuse other names, [`Program::verify`] checks it, and [`text::print`] never writes
+    /// another name where `parse` would read it.
+    pub fn check_name(name: &str) -> Result<(), ProgramError> {
+        let reason = if name.is_empty() {
+            "it is empty"
+        } else if name.chars().any(char::is_whitespace) {
+            "it holds whitespace"
+        } else if name.contains('#') {
+            "it holds `#`, which starts a comment in the text format"
+        } else if name.chars().any(char::is_control) {
+            "it holds a control character"
+        } else {
+            return Ok(());
+        };
+        Err(ProgramError::BadName { name: name.to_string(), reason })
+    }
+
+    /// Structural checks (name, ranks, slices, counts); see [`check::verify`].
     pub fn verify(&self) -> Result<(), ProgramError> {
         check::verify(self)
     }
@@ -744,6 +765,13 @@ pub enum ProgramError {
         /// What the location holds instead, in words.
         detail: String,
     },
+    /// The program's name is not one token of the text format ([`Program::check_name`]).
+    BadName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The text format could not be parsed.
     Parse {
         /// The line at fault, counted from 1.
@@ -788,6 +816,7 @@ impl fmt::Display for ProgramError {
                     None => write!(f, " (never written)"),
                 }
             }
+            ProgramError::BadName { name, reason } => write!(f, "bad program name {name:?}: {reason}"),
             ProgramError::Parse { line, message } => write!(f, "line {line}: {message}"),
             ProgramError::ChunkLabelOverflow { op, chunk, instances } => {
                 write!(f, "{op}: chunk label {chunk} in {instances} instances does not fit 32 bits")

@@ -12,7 +12,8 @@
 //!    `outofplace`, `minBytes`, `maxBytes`, `nchunksperloop`; unknown attributes and elements are
 //!    ignored; TACCL's `<copy i_off= o_off=>` pre-copies and its `<op step= buf= off=>` spelling of
 //!    steps are understood. Only structure that would lose data is refused: a second `<algo>`, or a
-//!    `<gpu>` or `<tb>` inside one of its own kind.
+//!    `<gpu>` or `<tb>` inside one of its own kind; and a `name` that is not a program name
+//!    ([`Program::check_name`]: the text format could not hold it), never rewritten into one.
 //! 2. **Split** fused steps into primitives: `rcs` = recv + send, `rrc` = recv_reduce_copy, `rrs` and
 //!    `rrcs` = recv_reduce_copy + send of the result (MSCCL only emits `rrs` where the stored result is
 //!    dead, so storing it at the step's destination changes nothing), `cpy` = copy, `re` = reduce.
@@ -458,8 +459,21 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                             (None, Some(o)) => Some(!o),
                             (None, None) => None,
                         };
+                        let name = a.get(&["name"]).unwrap_or("msccl");
+                        if let Err(e) = Program::check_name(name) {
+                            let why = match e {
+                                ProgramError::BadName { reason, .. } => reason.to_string(),
+                                other => other.to_string(),
+                            };
+                            return Err(ImportError::BadAttribute {
+                                element: "algo".into(),
+                                attribute: "name".into(),
+                                value: name.to_string(),
+                                context: format!("{ctx} (a program name is one token: {why})"),
+                            });
+                        }
                         doc = Some(XDoc {
-                            name: a.get(&["name"]).unwrap_or("msccl").to_string(),
+                            name: name.to_string(),
                             proto: a.get(&["proto"]).map(str::to_string),
                             coll,
                             ngpus: a.nonneg(&["ngpus"], ctx, None)?,

@@ -13,16 +13,30 @@
 //! ```
 //!
 //! Slices are `in`, `out` or `scr` with one chunk `[i]` or a half-open range `[a..b]`. Ops are
-//! numbered from 0 in order. [`print()`] writes exactly this form, so `parse(print(p)) == p`.
+//! numbered from 0 in order. [`print()`] writes exactly this form, so `parse(print(p)) == p` for a
+//! program whose name passes [`Program::check_name`] (one token without `#`; [`Program::verify`]
+//! checks it). Another name is never written where `parse` would read it: see [`print()`].
 
 use super::{BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use std::fmt::Write;
 
-/// Prints `p` in the text format.
+/// Prints `p` in the text format. A name that [`Program::check_name`] refuses (empty, or with
+/// whitespace, `#` or a control character) would be read back as another name or as more lines, so
+/// it is not written as the name: the `program` line is left without one, which [`parse`] refuses,
+/// and a comment on it gives the name, escaped, and why.
 pub fn print(p: &Program) -> String {
     let mut s = String::new();
     let l = &p.layout;
-    let _ = writeln!(s, "program {}", p.name);
+    match Program::check_name(&p.name) {
+        Ok(()) => {
+            let _ = writeln!(s, "program {}", p.name);
+        }
+        Err(e) => {
+            // The error shows the name escaped (`{:?}`): no line break or control character in it
+            // reaches the text, so the comment stays on this line.
+            let _ = writeln!(s, "program # not a name of this format: {e}");
+        }
+    }
     let _ = writeln!(
         s,
         "collective {} ranks={} chunks={} {}",
@@ -148,6 +162,7 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
                 if toks.len() != 2 {
                     return Err(err(ln, "expected `program NAME`"));
                 }
+                Program::check_name(toks[1]).map_err(|e| err(ln, e.to_string()))?;
                 name = Some((ln, toks[1].to_string()));
             }
             "collective" => {

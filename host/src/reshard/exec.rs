@@ -409,15 +409,21 @@ pub fn verify(plan: &ReshardPlan) -> Result<VerifyReport, ExecError> {
     verify_with_limit(plan, VERIFY_TAG_LIMIT_BYTES)
 }
 
-/// [`verify`] with a chosen tag-memory limit in bytes.
+/// [`verify`] with a chosen tag-memory limit in bytes. A limit above
+/// [`HOST_BUFFERS_LIMIT_BYTES`](super::layout::HOST_BUFFERS_LIMIT_BYTES) is taken as that bound
+/// (the one every host buffer of a reshard is held to), and tags that cannot be allocated are
+/// refused too: both with [`ExecError::TooLargeToVerify`], naming the limit that applied.
 pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport, ExecError> {
+    let limit = limit.min(super::layout::HOST_BUFFERS_LIMIT_BYTES);
     let (src, dst) = (plan.src_sharding(), plan.dst_sharding());
     // Summed without wrapping: a sum past u64 is as much too large as any.
     let mut lens = src.mesh().ranks().map(|r| src.local_len(r)).chain(dst.mesh().ranks().map(|r| dst.local_len(r)));
-    let bytes = lens.try_fold(0u64, |acc, n| acc.checked_add(n)).map_or(u64::MAX, |e| e.saturating_mul(8));
+    let elements = lens.try_fold(0u64, |acc, n| acc.checked_add(n));
+    let bytes = elements.map_or(u64::MAX, |e| e.saturating_mul(8));
     if bytes > limit {
         return Err(ExecError::TooLargeToVerify { bytes, limit });
     }
+    super::layout::reserve_host::<u64>(elements).map_err(|bytes| ExecError::TooLargeToVerify { bytes, limit })?;
     let shape = plan.shape();
     let tags: Buffers<u64> = src
         .mesh()

@@ -111,13 +111,18 @@ pub struct LowerOptions {
     pub owner: CtaOwner,
     /// The copy unit (see the module documentation); `None` picks one from the element size.
     pub dtype: Option<DType>,
-    /// Most tasks one stage may have.
+    /// Most tasks one stage may have: at most [`LowerOptions::MAX_TASKS_LIMIT`], what the
+    /// descriptors' 32-bit task indices reach.
     pub max_tasks: u64,
 }
 
 impl LowerOptions {
     /// The default task limit per stage: 4 Mi tasks, 160 MiB of descriptors.
     pub const MAX_TASKS: u64 = 1 << 22;
+
+    /// The largest [`LowerOptions::max_tasks`]: a program's tasks are indexed by `u32`
+    /// ([`TbProgram::first_task`], [`TbProgram::task_count`]).
+    pub const MAX_TASKS_LIMIT: u64 = u32::MAX as u64;
 
     /// `ranks` ranks, `ctas` CTAs per rank, reader-owned copies, the unit from the element size.
     pub fn new(ranks: usize, ctas: u32) -> Self {
@@ -189,6 +194,13 @@ pub enum LowerError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// [`LowerOptions::max_tasks`] is above what the descriptors can index.
+    MaxTasks {
+        /// The requested limit ([`LowerOptions::max_tasks`]).
+        max_tasks: u64,
+        /// The largest limit allowed ([`LowerOptions::MAX_TASKS_LIMIT`]).
+        max: u64,
+    },
     /// A stage would have more tasks than allowed.
     TooManyTasks {
         /// The stage's index in the plan.
@@ -229,6 +241,10 @@ impl fmt::Display for LowerError {
                  ({value} bytes), and the engine copies whole 2- or 4-byte units"
             ),
             Self::MalformedTransfer { stage, index, why } => write!(f, "stage {stage} transfer {index}: {why}"),
+            Self::MaxTasks { max_tasks, max } => write!(
+                f,
+                "a task limit of {max_tasks} per stage: the descriptors index at most {max} tasks (32-bit indices)"
+            ),
             Self::TooManyTasks { stage, tasks, max } => write!(
                 f,
                 "stage {stage} needs {tasks} tasks (one per contiguous run), over the limit of {max}; \
@@ -473,6 +489,9 @@ pub(crate) fn check_options(opts: &LowerOptions) -> Result<(), LowerError> {
     }
     if opts.ctas == 0 || opts.ctas as usize > MAX_CTAS_PER_RANK {
         return Err(LowerError::Ctas { ctas: opts.ctas, max: MAX_CTAS_PER_RANK as u32 });
+    }
+    if opts.max_tasks > LowerOptions::MAX_TASKS_LIMIT {
+        return Err(LowerError::MaxTasks { max_tasks: opts.max_tasks, max: LowerOptions::MAX_TASKS_LIMIT });
     }
     Ok(())
 }
