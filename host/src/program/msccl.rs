@@ -12,8 +12,9 @@
 //!    `outofplace`, `minBytes`, `maxBytes`, `nchunksperloop`; unknown attributes and elements are
 //!    ignored; TACCL's `<copy i_off= o_off=>` pre-copies and its `<op step= buf= off=>` spelling of
 //!    steps are understood. Only structure that would lose data is refused: a second `<algo>`, or a
-//!    `<gpu>` or `<tb>` inside one of its own kind; and a `name` that is not a program name
-//!    ([`Program::check_name`]: the text format could not hold it), never rewritten into one.
+//!    `<gpu>` or `<tb>` inside one of its own kind. A `name` that is not a program name
+//!    ([`Program::check_name`]: the text format could not hold it) is made one (each offending
+//!    character `_`), the file's spelling kept in [`Imported::file_name`].
 //! 2. **Split** fused steps into primitives: `rcs` = recv + send, `rrc` = recv_reduce_copy, `rrs` and
 //!    `rrcs` = recv_reduce_copy + send of the result (MSCCL only emits `rrs` where the stored result is
 //!    dead, so storing it at the step's destination changes nothing), `cpy` = copy, `re` = reduce.
@@ -254,6 +255,11 @@ pub struct Imported {
     pub origin: Vec<StepRef>,
     /// The file's protocol attribute (`Simple`, `LL`, `LL128`), informational.
     pub proto: Option<String>,
+    /// The `<algo name=...>` attribute as the file spells it, where it is not a program name
+    /// ([`Program::check_name`]: empty, or with whitespace, `#` or control characters): the
+    /// program's name is then this one with each such character made `_` (`msccl` for an empty
+    /// one), and the original is kept here. `None` where the program's name is the file's.
+    pub file_name: Option<String>,
 }
 
 /// Imports an MSCCL XML algorithm, verifies it and checks its postcondition.
@@ -460,18 +466,6 @@ fn read(xml: &str) -> Result<XDoc, ImportError> {
                             (None, None) => None,
                         };
                         let name = a.get(&["name"]).unwrap_or("msccl");
-                        if let Err(e) = Program::check_name(name) {
-                            let why = match e {
-                                ProgramError::BadName { reason, .. } => reason.to_string(),
-                                other => other.to_string(),
-                            };
-                            return Err(ImportError::BadAttribute {
-                                element: "algo".into(),
-                                attribute: "name".into(),
-                                value: name.to_string(),
-                                context: format!("{ctx} (a program name is one token: {why})"),
-                            });
-                        }
                         doc = Some(XDoc {
                             name: name.to_string(),
                             proto: a.get(&["proto"]).map(str::to_string),
@@ -1182,7 +1176,20 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
             }
         }
     }
-    let mut program = Program::new(doc.name.clone(), layout.clone());
+    // A name the text format could not hold becomes one token; the file's spelling is kept.
+    let (name, file_name) = match Program::check_name(&doc.name) {
+        Ok(()) => (doc.name.clone(), None),
+        Err(_) if doc.name.is_empty() => ("msccl".to_string(), Some(doc.name.clone())),
+        Err(_) => {
+            let token = doc
+                .name
+                .chars()
+                .map(|c| if c.is_whitespace() || c.is_control() || c == '#' { '_' } else { c })
+                .collect();
+            (token, Some(doc.name.clone()))
+        }
+    };
+    let mut program = Program::new(name, layout.clone());
     let mut origin = Vec::with_capacity(no);
     for &i in &op_order {
         let mut op = ops[i].op;
@@ -1199,5 +1206,5 @@ fn lower(doc: &XDoc) -> Result<Imported, ImportError> {
         program.ops.push(op);
         origin.push(ops[i].origin);
     }
-    Ok(Imported { program, origin, proto: doc.proto.clone() })
+    Ok(Imported { program, origin, proto: doc.proto.clone(), file_name })
 }
