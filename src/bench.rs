@@ -2793,11 +2793,12 @@ impl OverlapBench {
     }
 }
 
-/// Streams held on the host (a host function each that blocks until [`HostGate::release`]), so the
-/// work queued behind them starts on the device when released, not while the host queues it. A
-/// watchdog opens the gate after `guard` ([`HostGate::forced`]) should queuing ever wait on a held
-/// stream.
-struct HostGate {
+/// Streams held on the host (a host function each that blocks until [`HostGate::release`] or the
+/// gate's drop), so the work queued behind them starts on the device when released, not while the
+/// host queues it; or, in a test, so that other work can be seen to end while they are held. A
+/// watchdog opens the gate after the `guard` given to [`HostGate::new`] ([`HostGate::forced`]
+/// says so), should anything wait on a held stream.
+pub struct HostGate {
     state: Arc<GateState>,
 }
 
@@ -2815,7 +2816,8 @@ impl GateState {
 }
 
 impl HostGate {
-    fn new(guard: std::time::Duration) -> HostGate {
+    /// A closed gate whose watchdog opens it after `guard`.
+    pub fn new(guard: std::time::Duration) -> HostGate {
         let state = Arc::new(GateState::default());
         let watchdog = state.clone();
         std::thread::spawn(move || {
@@ -2831,7 +2833,7 @@ impl HostGate {
     }
 
     /// Holds `stream`, after the work queued on it so far, until the gate opens.
-    fn hold(&self, stream: &CudaStream) -> Result<()> {
+    pub fn hold(&self, stream: &CudaStream) -> Result<()> {
         /// # Safety
         /// `arg` is an `Arc` of a gate's state turned into a raw pointer for this one call.
         unsafe extern "C" fn wait(arg: *mut std::ffi::c_void) {
@@ -2855,13 +2857,13 @@ impl HostGate {
     }
 
     /// Opens the gate: the held streams go on.
-    fn release(&self) {
+    pub fn release(&self) {
         self.state.lock().0 = true;
         self.state.changed.notify_all();
     }
 
     /// Whether the watchdog opened the gate.
-    fn forced(&self) -> bool {
+    pub fn forced(&self) -> bool {
         self.state.lock().1
     }
 }

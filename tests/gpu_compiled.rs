@@ -83,23 +83,14 @@ fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
     out
 }
 
-/// The first byte where two memories differ, named.
-/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type) where `dtype` is a float
-/// type, else [`fill`]'s integers: a plan combines every chunk in an order the plan fixes, which the
-/// CPU executor follows, so the GPU must match it bitwise on these too, roundings included.
+/// Random floats (`common::random_floats`) where `dtype` is a float type, else [`fill`]'s integers: a
+/// plan combines every chunk in an order the plan fixes, which the CPU executor follows, so the GPU
+/// must match it bitwise on these too, roundings included.
 fn fill_random(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes);
-    while out.len() < bytes {
-        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
-        match dtype {
-            DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
-            DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-            DType::I32 | DType::U32 => return fill(dtype, bytes, rng),
-        }
+    match common::random_floats(dtype, rng, bytes) {
+        Some(v) => v,
+        None => fill(dtype, bytes, rng),
     }
-    out.truncate(bytes);
-    out
 }
 
 /// The first byte where two memories differ, named.

@@ -110,22 +110,11 @@ fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     v
 }
 
-/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type): where the
-/// combination's order is fixed (one source, or sources combined in registers), the GPU must match the
-/// CPU executor bitwise on them too, roundings included.
+/// Random floats (`common::random_floats`): where the combination's order is fixed (one source, or
+/// sources combined in registers), the GPU must match the CPU executor bitwise on them too,
+/// roundings included.
 fn random_floats(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(bytes + 4);
-    while v.len() < bytes {
-        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
-        match dtype {
-            DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
-            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-            DType::I32 | DType::U32 => unreachable!("random floats are for the float types"),
-        }
-    }
-    v.truncate(bytes);
-    v
+    common::random_floats(dtype, rng, bytes).expect("random floats are for the float types")
 }
 
 fn addr(stream: &Arc<CudaStream>, s: &CudaSlice<u8>) -> u64 {

@@ -111,75 +111,27 @@ pub fn skip(message: &str) {
     let _ = writeln!(std::io::stderr(), "{message}");
 }
 
-/// A stream held by a host function that blocks until the gate is released (or dropped): work
-/// queued on the stream after it waits, and a test can check that other work ends meanwhile without
-/// timing anything. A watchdog opens it after `guard` (so a test whose check would wait on the held
-/// stream fails instead of hanging) and says so ([`Gate::forced`]).
-pub struct Gate {
-    state: Arc<GateState>,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// (open, opened by the watchdog)
-    open: std::sync::Mutex<(bool, bool)>,
-    changed: std::sync::Condvar,
-}
-
-impl GateState {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+/// A stream held on the host until the test releases it (or the watchdog, after `guard`): work
+/// queued on it afterwards waits, and a test can check that other work ends meanwhile without timing
+/// anything.
+pub struct Gate(oxccl::bench::HostGate);
 
 impl Gate {
     /// Holds `stream` after the work queued on it so far until [`Gate::release`], or for `guard`.
     pub fn hold(stream: &cudarc::driver::CudaStream, guard: std::time::Duration) -> Gate {
-        /// # Safety
-        /// `arg` is an `Arc` of the gate's state, turned into a raw pointer for this one call.
-        unsafe extern "C" fn wait(arg: *mut std::ffi::c_void) {
-            // SAFETY: made by `Arc::into_raw` below, taken back once, here.
-            let state = unsafe { Arc::from_raw(arg as *const GateState) };
-            let mut open = state.lock();
-            while !open.0 {
-                open = state.changed.wait(open).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        let state = Arc::new(GateState::default());
-        let watchdog = state.clone();
-        std::thread::spawn(move || {
-            let open = watchdog.lock();
-            let (mut open, _) =
-                watchdog.changed.wait_timeout_while(open, guard, |o| !o.0).unwrap_or_else(|e| e.into_inner());
-            if !open.0 {
-                *open = (true, true);
-                watchdog.changed.notify_all();
-            }
-        });
-        let arg = Arc::into_raw(state.clone()) as *mut std::ffi::c_void;
-        stream.context().bind_to_thread().unwrap();
-        // SAFETY: a host function on a live stream; its argument is a counted reference to the gate's
-        // state, which the function releases.
-        unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait), arg) }.result().unwrap();
-        Gate { state }
+        let gate = oxccl::bench::HostGate::new(guard);
+        gate.hold(stream).unwrap();
+        Gate(gate)
     }
 
     /// Lets the held stream go on.
     pub fn release(&self) {
-        self.state.lock().0 = true;
-        self.state.changed.notify_all();
+        self.0.release()
     }
 
     /// Whether the watchdog had to open the gate.
     pub fn forced(&self) -> bool {
-        self.state.lock().1
-    }
-}
-
-impl Drop for Gate {
-    /// A test that fails while holding a stream must not leave it blocked.
-    fn drop(&mut self) {
-        self.release();
+        self.0.forced()
     }
 }
 
@@ -220,4 +172,22 @@ pub fn count_from_env(name: &str, default: usize) -> usize {
         },
         Err(e) => panic!("{name}: {e}"),
     }
+}
+
+/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type), `bytes` of them
+/// encoded; `None` for the integer types.
+pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option<Vec<u8>> {
+    use oxccl::DType;
+    let mut v = Vec::with_capacity(bytes + 4);
+    while v.len() < bytes {
+        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
+        match dtype {
+            DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
+            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            DType::I32 | DType::U32 => return None,
+        }
+    }
+    v.truncate(bytes);
+    Some(v)
 }
