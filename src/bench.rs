@@ -647,7 +647,8 @@ pub struct CollectiveBench {
 /// One row of the nccl-tests table.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CollectiveRow {
-    /// The collective's name (`all_reduce`, `reduce_scatter`, ...).
+    /// The collective's name (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`, `reduce`,
+    /// and for compiled plans `all_to_all`).
     pub collective: &'static str,
     /// The root of Broadcast and Reduce; -1 for the others (nccl-tests' column).
     pub root: i64,
@@ -1037,6 +1038,21 @@ pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, el
     check_iters(iters)
 }
 
+/// nccl-tests' element count per rank for a row of `size` bytes (the larger per-rank buffer) of
+/// `elem_bytes`-byte elements over `ranks` ranks: the count in the smaller buffer, for ReduceScatter
+/// and AllGather rounded down to whole 16-byte blocks as nccl-tests rounds it (`(count / nranks) &
+/// -(16 / eltSize)`), so both tools run the same calls at any rank count.
+pub fn nccl_count(collective: Collective, size: u64, elem_bytes: u64, ranks: usize) -> u64 {
+    let total = size / elem_bytes;
+    match collective {
+        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => total,
+        Collective::ReduceScatter | Collective::AllGather => {
+            let block = (16 / elem_bytes).max(1);
+            total / ranks.max(1) as u64 / block * block
+        }
+    }
+}
+
 /// The sizes of a sweep [`check_sweep`] accepted: `min_bytes`, then each `factor` times the last,
 /// up to `max_bytes` (ending early where the next would overflow).
 fn sweep_sizes(min_bytes: u64, max_bytes: u64, factor: u64) -> impl Iterator<Item = u64> {
@@ -1070,12 +1086,7 @@ pub fn collective_bench(
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
     for size in sweep_sizes(b.min_bytes, b.max_bytes, b.factor) {
-        // nccl-tests: size is the larger per-rank buffer; count per rank in the smaller one.
-        let total_elems = size / e;
-        let count = match b.collective {
-            Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => total_elems,
-            Collective::ReduceScatter | Collective::AllGather => total_elems / p as u64,
-        };
+        let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
             collective: b.collective,
             count,
@@ -1088,8 +1099,8 @@ pub fn collective_bench(
         };
         let (in_bytes, out_bytes) = spec.buffer_bytes();
         // The row's size is what the call moves, as nccl-tests prints it: the larger buffer per rank,
-        // `size` rounded down to whole elements (and, for ReduceScatter and AllGather, to whole blocks
-        // per rank).
+        // `size` rounded down to whole elements (and, for ReduceScatter and AllGather, to whole
+        // 16-byte blocks per rank).
         let moved = in_bytes.max(out_bytes);
         let expected = Expected::new(b.collective, b.dtype, b.op, p, count);
         let mut times = [0f64; 2];
@@ -1107,11 +1118,15 @@ pub fn collective_bench(
                 let input = |i| pattern(r, i);
                 let (has_in, has_out) = spec.rank_buffers(r);
                 if in_place {
-                    // Poisoned where the input does not reach (the other ranks' blocks of an AllGather).
+                    // Poisoned where the input does not reach (the other ranks' blocks of an AllGather,
+                    // the whole buffer of a Broadcast's other ranks, whose input nothing reads: nccl-tests
+                    // zeroes those), so an element the call leaves unwritten counts as wrong.
                     let mut buf = zeros(stream, in_bytes.max(out_bytes))?;
                     poison(stream, &mut buf)?;
                     let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
-                    fill_periodic(stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
+                    if !matches!(b.collective, Collective::Broadcast { root } if root as usize != r) {
+                        fill_periodic(stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
+                    }
                     recv.push(buf);
                     recv_ranks.push(r);
                 } else {
@@ -1327,8 +1342,8 @@ pub struct PlanBench {
     pub micro_batches: u32,
     /// FIFO slots per connection, at least 1 (`None`: what the lowering needs, at least 2).
     pub slots: Option<u32>,
-    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank (at least one
-    /// element), before it is cut into whole chunks.
+    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank, before it is cut
+    /// into whole chunks; at least [`PlanBench::smallest_size`].
     pub min_bytes: u64,
     /// Largest size in bytes (nccl-tests' `-e`): no size above it runs.
     pub max_bytes: u64,
@@ -1363,10 +1378,40 @@ impl PlanBench {
             return Err(Error::Config { field: "slots", why: "0: a FIFO needs at least one slot".into() });
         }
         self.config.validate()?;
+        // Below one 16-byte grain per chunk and micro-batch the plan cannot run `-b` as asked; it
+        // would run a larger size instead, so such a sweep is refused.
+        let smallest = self.smallest_size();
+        if self.min_bytes < smallest {
+            return Err(Error::Config {
+                field: "min_bytes",
+                why: format!(
+                    "{} B is below the plan's smallest size, {smallest} B ({} chunks x 16 B x {} micro-batches)",
+                    self.min_bytes,
+                    self.user_chunks(),
+                    self.micro_batches
+                ),
+            });
+        }
         for size in sweep_sizes(self.min_bytes, self.max_bytes, self.factor) {
-            self.lowered(size)?;
+            self.lowered(size).map_err(|e| match e {
+                Error::Config { field: "plan", why } => {
+                    Error::Config { field: "plan", why: format!("at {size} B: {why}") }
+                }
+                e => e,
+            })?;
         }
         Ok(())
+    }
+
+    /// Chunks of the plan's larger user buffer per rank.
+    fn user_chunks(&self) -> u64 {
+        let l = &self.plan.layout;
+        (l.input_chunks() as u64).max(l.output_chunks() as u64).max(1)
+    }
+
+    /// The smallest size the plan runs as asked: one 16-byte grain per chunk and micro-batch.
+    pub fn smallest_size(&self) -> u64 {
+        self.user_chunks() * 16 * self.micro_batches as u64
     }
 
     /// The plan lowered for the sweep's `size`: its options (the larger user buffer per rank cut
@@ -1377,13 +1422,11 @@ impl PlanBench {
         size: u64,
     ) -> Result<(oxccl_host::compile::lower::LowerOptions, u32, oxccl_host::compile::lower::LoweredPlan)> {
         use oxccl_host::compile::lower::{LowerOptions, lower};
-        let l = &self.plan.layout;
-        let user_chunks = (l.input_chunks() as u64).max(l.output_chunks() as u64);
         let grain = 16 * self.micro_batches as u64;
         let opts = LowerOptions {
             mode: self.mode,
             micro_batches: self.micro_batches,
-            chunk_bytes: (size / user_chunks.max(1) / grain).max(1) * grain,
+            chunk_bytes: (size / self.user_chunks() / grain).max(1) * grain,
             fifo_slots: 1,
             dtype: self.dtype,
             op: self.op,
@@ -1572,7 +1615,13 @@ pub fn plan_bench(
         let (measured, none) = ((us, bw, bw * factor, wrong), (0.0, 0.0, 0.0, None));
         let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
         let row = CollectiveRow {
-            collective: l.collective.name(),
+            // The spelling of the T-CCL rows (`all_reduce`), not the MSCCL one (`allreduce`).
+            collective: match l.collective {
+                Coll::AllReduce => "all_reduce",
+                Coll::AllGather => "all_gather",
+                Coll::ReduceScatter => "reduce_scatter",
+                Coll::AllToAll => "all_to_all",
+            },
             root: -1,
             ranks: p,
             ctas: info.tbs_per_rank,
@@ -1603,10 +1652,11 @@ pub fn plan_bench(
 /// nccl-tests' closing lines for rows that measured only one side (`in_place` or out of place):
 /// the average bus bandwidth is over that side.
 pub fn nccl_footer_one_side(rows: &[CollectiveRow], in_place: bool) -> String {
-    let wrong: u64 = rows.iter().filter_map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).sum();
+    let failed =
+        rows.iter().filter_map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).filter(|&w| w > 0).count() as u64;
     let avg =
         rows.iter().map(|r| if in_place { r.ip_busbw } else { r.oop_busbw }).sum::<f64>() / rows.len().max(1) as f64;
-    nccl_closing(wrong, avg)
+    nccl_closing(failed, avg)
 }
 
 /// The nccl-tests table header.
@@ -1671,21 +1721,22 @@ pub fn c_g(x: f64) -> String {
     }
 }
 
-/// nccl-tests' closing lines, for `wrong` elements in all and an average bus bandwidth `avg`.
-fn nccl_closing(wrong: u64, avg: f64) -> String {
+/// nccl-tests' closing lines, for `failed` checks (a size's out-of-place or in-place side with a
+/// wrong element counts one, as nccl-tests counts its errors) and an average bus bandwidth `avg`.
+fn nccl_closing(failed: u64, avg: f64) -> String {
     format!(
         "# Out of bounds values : {} {}\n# Avg bus bandwidth    : {} \n#",
-        wrong,
-        if wrong == 0 { "OK" } else { "FAILED" },
+        failed,
+        if failed == 0 { "OK" } else { "FAILED" },
         c_g(avg)
     )
 }
 
 /// nccl-tests' closing lines for a set of rows.
 pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
-    let wrong: u64 = rows.iter().flat_map(|r| [r.oop_wrong, r.ip_wrong]).flatten().sum();
+    let failed = rows.iter().flat_map(|r| [r.oop_wrong, r.ip_wrong]).flatten().filter(|&w| w > 0).count() as u64;
     let avg = rows.iter().map(|r| (r.oop_busbw + r.ip_busbw) / 2.0).sum::<f64>() / rows.len().max(1) as f64;
-    nccl_closing(wrong, avg)
+    nccl_closing(failed, avg)
 }
 
 /// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
@@ -1754,8 +1805,9 @@ pub struct ReshardRow {
     pub ms: f64,
     /// Bytes copied (between ranks + local) per second / 1e9.
     pub gbps: f64,
-    /// The one-GPU model: every byte copied is read and written once through this GPU's memory at the
-    /// measured `cuMemcpyDtoD` rate.
+    /// The one-GPU floor, the same for every program of a run: every destination byte written once
+    /// and every element of the tensor read once through this GPU's memory, at the measured
+    /// `cuMemcpyDtoD` rate (which counts bytes read and written).
     pub sol_hbm_ms: f64,
     /// The NVLink model, as if each rank were a GPU: the busiest link's bytes over its bandwidth.
     pub sol_nvlink_ms: f64,
@@ -1890,6 +1942,11 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
     let tensor_bytes = (plan.src_sharding().elements() * e as u64).max(1 << 20) as usize;
     let memcpy_gbps = memcpy_rate(stream, tensor_bytes, b.warmup, b.iters)?;
 
+    // The one-GPU floor of any program: every destination byte written once and every element of
+    // the tensor read at least once (a replicated destination's copies of one element may all be
+    // served by one read; the L2 keeps the rest), at the memcpy rate, which counts both.
+    let dst_bytes: u64 = dst_sh.mesh().ranks().map(|r| dst_sh.local_len(r) * e as u64).sum();
+    let sol_hbm_bytes = src_sh.elements() * e as u64 + dst_bytes;
     let mut rows = Vec::new();
     for (name, lowered) in programs {
         let loads = lowered.loads(b.options.plan.domain_size);
@@ -1925,6 +1982,11 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
         } else {
             None
         };
+        if !b.check {
+            // The plan's first call plans, lowers and uploads it (the checked call above did): not
+            // in the timed calls, whatever `-w`.
+            run(&mut bufs)?;
+        }
         let ms = time_ms(stream, b.warmup, b.iters, || run(&mut bufs))?;
         comm.synchronize()?;
         let copied = loads.between_ranks + loads.local;
@@ -1938,7 +2000,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
             bytes_cross_domain: cross,
             ms,
             gbps: copied as f64 / (ms * 1e-3) / 1e9,
-            sol_hbm_ms: 2.0 * copied as f64 / (memcpy_gbps * 1e9) * 1e3,
+            sol_hbm_ms: sol_hbm_bytes as f64 / (memcpy_gbps * 1e9) * 1e3,
             sol_nvlink_ms: nvlink_s * 1e3,
             busiest_link: link,
             wrong,
@@ -2037,9 +2099,33 @@ mod tests {
             "  1073741824     268435456     float     sum      -1    12346   86.97  152.20      0    45.68    1.00    \
              1.75    N/A"
         );
-        // Unchecked halves count no errors and hide none.
-        let footer = nccl_footer(&[CollectiveRow { ip_wrong: Some(3), oop_wrong: None, ..row }]);
-        assert!(footer.starts_with("# Out of bounds values : 3 FAILED"), "{footer}");
+        // Unchecked halves count no errors and hide none; as in nccl-tests, the count is of failed
+        // checks (a size's side with wrong elements), not of wrong elements.
+        let footer = nccl_footer(&[CollectiveRow { ip_wrong: Some(3), oop_wrong: None, ..row.clone() }]);
+        assert!(footer.starts_with("# Out of bounds values : 1 FAILED"), "{footer}");
+        let two = [
+            CollectiveRow { oop_wrong: Some(5), ip_wrong: Some(7), ..row.clone() },
+            CollectiveRow { oop_wrong: Some(0), ip_wrong: Some(0), ..row.clone() },
+        ];
+        assert!(nccl_footer(&two).starts_with("# Out of bounds values : 2 FAILED"), "{}", nccl_footer(&two));
+        assert!(nccl_footer_one_side(&two, true).starts_with("# Out of bounds values : 1 FAILED"));
+        assert!(nccl_footer(&two[1..]).starts_with("# Out of bounds values : 0 OK"));
+    }
+
+    #[test]
+    fn counts_are_nccl_tests_counts() {
+        // 1 MiB of floats over 6 ranks: nccl-tests runs 43688 per rank (16-byte blocks), not 43690.
+        assert_eq!(nccl_count(Collective::AllGather, 1 << 20, 4, 6), 43688);
+        assert_eq!(nccl_count(Collective::ReduceScatter, 1 << 20, 4, 6), 43688);
+        // Halves: blocks of 8 elements.
+        assert_eq!(nccl_count(Collective::AllGather, 1 << 20, 2, 6), 87376);
+        // Powers of two are whole already; too small a size runs no element, as in nccl-tests.
+        assert_eq!(nccl_count(Collective::ReduceScatter, 1 << 20, 4, 8), 32768);
+        assert_eq!(nccl_count(Collective::AllGather, 64, 4, 8), 0);
+        // The others take the whole size.
+        assert_eq!(nccl_count(Collective::AllReduce, 1 << 20, 4, 6), 262144);
+        assert_eq!(nccl_count(Collective::Broadcast { root: 1 }, 10, 2, 3), 5);
+        assert_eq!(nccl_count(Collective::Reduce { root: 0 }, 12, 4, 5), 3);
     }
 
     #[test]

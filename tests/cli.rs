@@ -517,6 +517,14 @@ fn configuration_refusals_name_the_flag() {
         (&["bench", "overlap", "--ctas", "300"], "--ctas: 300 is above 256"),
         (&["bench", "tma_trace", "--ctas", "2000"], "--ctas: 2000: give 1..=1024"),
         (&["bench", "reduce", "-b", "2G", "-e", "1G"], "-b: 2147483648 B is above the largest size (1073741824 B)"),
+        // `-b` left at its default above `-e`: the message says the value is the default.
+        (&["bench", "all_reduce", "-e", "64K"], "-b: 1048576 B, its default, is above -e's 65536 B"),
+        (&["bench", "--algo", "ring-allreduce", "-e", "4K"], "-b: 1048576 B, its default, is above -e's 4096 B"),
+        // A plan cannot run below one 16-byte grain per chunk and micro-batch: refused, not run larger.
+        (
+            &["bench", "--algo", "ring-allreduce", "--topo", "1x8", "-b", "4", "-e", "64"],
+            "-b: 4 B is below the plan's smallest size",
+        ),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want), "{args:?}: {err}");
@@ -568,7 +576,10 @@ fn every_flag_is_checked_before_the_gpu_probe() {
             "--micro-batches: 4294967295: give 1..=65536",
         ),
         (&["bench", "--algo", "hm-allreduce", "--micro-batches", "0"], "--micro-batches: 0: give 1..=65536"),
-        (&["bench", "--algo", "hm-allreduce", "-e", "17179869183G"], "plan: a FIFO slot is too large"),
+        (
+            &["bench", "--algo", "hm-allreduce", "-e", "17179869183G"],
+            "plan: at 274877906944 B: a FIFO slot is too large",
+        ),
         (&["bench", "reshard", "--domain-size", "0"], "--domain-size 0: give at least one rank per NVLink domain"),
     ] {
         let (ok, err) = oxccl(args);

@@ -557,6 +557,16 @@ fn run_named(a: Args) -> CliResult {
         return Err(format!("-w {}: give at most {MAX_ITERS} warm-up iterations per size", a.warmup).into());
     }
     let (k, what_named) = checked_kind(&a)?;
+    if (k == kind::COLLECTIVE || k == kind::PLAN)
+        && a.min_bytes > a.max_bytes
+        && !a.given.iter().any(|g| g == "min_bytes")
+    {
+        return Err(format!(
+            "-b: {} B, its default, is above -e's {} B: no size to run; give a -b of at most -e",
+            a.min_bytes, a.max_bytes
+        )
+        .into());
+    }
     let overlap = k == kind::OVERLAP;
     let trace = k == kind::TRACE;
     if let Some(g) = a.graph
@@ -1005,7 +1015,8 @@ fn run_reshard(
     let (memcpy, rows) = bench::reshard_bench(stream, b)?;
     println!("# cuMemcpyDtoD of the tensor's size: {memcpy:.1} GB/s (read + written)");
     println!(
-        "# SOL models: hbm = 2 x bytes copied / the memcpy rate (every rank shares this GPU's memory); nvlink = \
+        "# SOL models: hbm = (the tensor's bytes read once + every destination byte written once) / the memcpy \
+         rate (every rank shares this GPU's memory); nvlink = \
          busiest link's bytes / its bandwidth as if each rank were a GPU ({} GB/s NVLink, {} GB/s out of a domain)",
         b.nvlink_gbps, b.cross_gbps
     );
