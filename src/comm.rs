@@ -43,7 +43,8 @@ pub struct Config {
     /// competes with their warps and slows (docs/PERF.md); more threads keep it from sharing the SM.
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`] (the
-    /// drain of bulk loads already issued when a wait gave up is bounded by at least a second).
+    /// drain of bulk loads already issued when a wait gave up is bounded by at least a second, and a
+    /// load that never lands traps the launch rather than write into shared memory later).
     pub timeout: Duration,
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.
@@ -124,7 +125,10 @@ pub(crate) struct Uploaded {
 /// the error instead of launching; [`Communicator::query`] polls without waiting. A stream or context
 /// synchronisation through cudarc (or a framework's device sync) waits for the calls but reports
 /// nothing, and a call that gave up has partly written outputs: call `synchronize` (or `query`)
-/// wherever results must be trusted (once per training step costs one stream wait). Plans are built
+/// wherever results must be trusted (once per training step costs one stream wait). A rank whose
+/// launch gave up is free of the call once that launch has ended: a peer that starts the call later
+/// finds the rank withdrawn and touches none of its buffers, and one already running it is waited
+/// for (up to twice the timeout, at least a second) before the launch ends. Plans are built
 /// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, until
 /// [`Communicator::clear_plans`]; dropping the communicator waits for its streams first.
 pub struct Communicator {
@@ -484,13 +488,19 @@ impl Communicator {
         for r in &self.ranks {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
-        for g in &self.groups {
-            if let Some(e) = Error::from_status(&g.status.read()) {
-                self.poisoned.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
+        if let Some(e) = self.recorded_error() {
+            self.poisoned.store(true, Ordering::SeqCst);
+            return Err(e);
         }
         Ok(())
+    }
+
+    /// The error the launch groups' status records hold, the cause first: a record that only says a
+    /// CTA stopped because a peer gave up ([`Error::PeerAborted`]) where no group holds another.
+    fn recorded_error(&self) -> Option<Error> {
+        let errors: Vec<Error> = self.groups.iter().filter_map(|g| Error::from_status(&g.status.read())).collect();
+        let cause = errors.iter().position(|e| !matches!(e, Error::PeerAborted { .. })).unwrap_or(0);
+        errors.into_iter().nth(cause)
     }
 
     /// Polls: `Ok(true)` when every call queued so far has finished without a device-side error,
@@ -516,7 +526,7 @@ impl Communicator {
             }
         }
         // Every stream was idle: errors recorded before that are visible now.
-        match self.groups.iter().find_map(|g| Error::from_status(&g.status.read())) {
+        match self.recorded_error() {
             Some(e) => {
                 self.poisoned.store(true, Ordering::SeqCst);
                 Err(e)

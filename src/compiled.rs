@@ -752,7 +752,10 @@ impl PlanBuffers {
     pub fn write(&self, rank: usize, slot: usize, data: &[u8]) -> Result<()> {
         let size = self.size(rank, slot)?;
         if data.len() as u64 != size {
-            return Err(Error::Length { what: "plan buffer", rank, expected: size as usize, got: data.len() });
+            return Err(Error::Config {
+                field: "data",
+                why: format!("{} bytes for rank {rank}'s slot {slot}, which holds {size}", data.len()),
+            });
         }
         match &self.allocs[rank][slot] {
             None => Ok(()),

@@ -25,24 +25,32 @@ pub struct DeviceAlloc {
 }
 
 impl DeviceAlloc {
-    /// Allocates `bytes` (at least 1) and fills them with zeros.
+    /// Allocates `bytes` (at least 1) and fills them with zeros; the zeros have landed when it
+    /// returns (work on any stream sees them).
     pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        Self::filled(ctx, bytes, &[])
+    }
+
+    /// Allocates and fills with `data`, which has landed when it returns.
+    pub fn from_bytes(ctx: &Arc<CudaContext>, data: &[u8]) -> Result<Self> {
+        Self::filled(ctx, data.len(), data)
+    }
+
+    /// `bytes` (at least 1) of zeros, `data` at the start, then a wait for the context: `cuMemsetD8`
+    /// and `cuMemcpyHtoD` may return before the device has written, and work queued on
+    /// non-blocking streams does not wait for them.
+    fn filled(ctx: &Arc<CudaContext>, bytes: usize, data: &[u8]) -> Result<Self> {
         ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
         // SAFETY: a plain allocation of at least one byte, zeroed before it is handed out.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
         let alloc = DeviceAlloc { ctx: ctx.clone(), ptr, bytes: bytes.max(1) };
         // SAFETY: `ptr` holds `bytes` bytes we own.
         unsafe { result::memset_d8_sync(ptr, 0, alloc.bytes) }.map_err(Error::driver("cuMemsetD8"))?;
-        Ok(alloc)
-    }
-
-    /// Allocates and fills with `data`.
-    pub fn from_bytes(ctx: &Arc<CudaContext>, data: &[u8]) -> Result<Self> {
-        let alloc = Self::zeroed(ctx, data.len())?;
         if !data.is_empty() {
-            // SAFETY: the allocation holds `data.len()` bytes.
+            // SAFETY: the allocation holds `bytes >= data.len()` bytes.
             unsafe { result::memcpy_htod_sync(alloc.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
         }
+        ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
         Ok(alloc)
     }
 

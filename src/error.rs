@@ -5,7 +5,7 @@ use oxccl_host::compile::lower::DescriptorError;
 use oxccl_host::lowered::LoweredError;
 use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
-use oxccl_kernels::abi::{Status, WaitKind};
+use oxccl_kernels::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, Status, WaitKind};
 use std::fmt;
 
 /// oxccl's result type.
@@ -63,13 +63,13 @@ pub enum Error {
         /// The slots a plan has.
         slots: usize,
     },
-    /// A call passed a different number of per-rank buffers than the communicator has ranks.
+    /// A list passed one entry per rank (buffers, streams, buffer tables) with another length than the ranks.
     BufferCount {
         /// The list.
         what: &'static str,
-        /// Buffers the call needs.
+        /// Entries needed: the ranks.
         expected: usize,
-        /// Buffers given.
+        /// Entries given.
         got: usize,
     },
     /// A rank's buffer has the wrong number of elements.
@@ -209,6 +209,22 @@ pub enum Error {
         /// How many CTAs reported an error in that launch.
         errors: u32,
     },
+    /// A CTA stopped because the matching CTA of a peer gave up the same call (that peer's own error
+    /// is counted in `errors`, and is the one reported when the two reach the host together). The
+    /// call's outputs are partly written; no rank touches another's buffers once its kernel has
+    /// ended. `reset` the communicator before the next call.
+    PeerAborted {
+        /// The rank that stopped.
+        rank: u32,
+        /// Its CTA.
+        cta: u32,
+        /// The peer that gave up.
+        peer: u32,
+        /// The CTA's barrier count (the call).
+        call: u64,
+        /// How many CTAs reported an error in that launch.
+        errors: u32,
+    },
     /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
     /// build a new one).
     Poisoned,
@@ -239,9 +255,12 @@ impl Error {
                 cta: s.cta,
                 peer: s.peer,
                 call: s.expected,
-                peer_call: s.observed,
+                peer_call: s.observed & BARRIER_SEQ,
                 errors: s.errors,
             },
+            Some(WaitKind::PeerAborted) => {
+                Error::PeerAborted { rank: s.rank, cta: s.cta, peer: s.peer, call: s.expected, errors: s.errors }
+            }
             Some(wait) => Error::Timeout {
                 wait,
                 rank: s.rank,
@@ -256,6 +275,24 @@ impl Error {
     }
 }
 
+/// The value a wait saw, as a barrier flag where it is one: the call count, and what the bits above
+/// it say (`arrive` flags: taken by this rank, revoked by the peer; `done` flags: aborted).
+fn barrier_flag_text(wait: WaitKind, v: u64) -> String {
+    let (high, taken) = match wait {
+        WaitKind::StartBarrier => ("revoked", v & BARRIER_TAKEN != 0),
+        WaitKind::EndBarrier => ("aborted", false),
+        _ => return v.to_string(),
+    };
+    let tags: Vec<&str> = [(v & (BARRIER_REVOKED | BARRIER_ABORTED) != 0, high), (taken, "taken")]
+        .into_iter()
+        .filter_map(|(on, tag)| on.then_some(tag))
+        .collect();
+    match tags.is_empty() {
+        true => (v & BARRIER_SEQ).to_string(),
+        false => format!("{} ({})", v & BARRIER_SEQ, tags.join(", ")),
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -267,7 +304,7 @@ impl fmt::Display for Error {
             Error::NoSuchRank { rank, ranks } => write!(f, "rank {rank}: the communicator has ranks 0..{ranks}"),
             Error::NoSuchSlot { slot, slots } => write!(f, "buffer slot {slot}: a plan has slots 0..{slots}"),
             Error::BufferCount { what, expected, got } => {
-                write!(f, "{what}: {got} buffers for a communicator of {expected} ranks")
+                write!(f, "{what}: {got} given, one per rank of {expected} ranks")
             }
             Error::Length { what, rank, expected, got } => {
                 write!(f, "{what} of rank {rank}: {got} elements, the call needs {expected}")
@@ -306,10 +343,12 @@ impl fmt::Display for Error {
                     WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
                     WaitKind::Progress => "waiting for another CTA's progress (sync point)",
                     WaitKind::OutOfStep => "at a barrier (calls out of step)",
+                    WaitKind::PeerAborted => "at a barrier (the peer gave up)",
                 };
+                let saw = barrier_flag_text(*wait, *observed);
                 write!(
                     f,
-                    "timed out {what}: rank {rank} CTA {cta}, peer {peer}, expected {expected}, saw {observed} \
+                    "timed out {what}: rank {rank} CTA {cta}, peer {peer}, expected {expected}, saw {saw} \
                      ({errors} CTA(s) reported errors)"
                 )
             }
@@ -321,11 +360,17 @@ impl fmt::Display for Error {
                 "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call \
                  {peer_call} ({errors} CTA(s) reported errors)"
             ),
+            Error::PeerAborted { rank, cta, peer, call, errors } => write!(
+                f,
+                "rank {rank} CTA {cta} stopped call {call}: peer {peer} gave up that call ({errors} CTA(s) reported \
+                 errors)"
+            ),
             Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
             Error::Capturing { what } => write!(
                 f,
-                "{what} while a rank's stream captures a CUDA graph: build the call's plan before the capture \
-                 (Communicator::prepare, or a reshard's first call), and wait, poll or reset outside it"
+                "{what} while a rank's stream captures a CUDA graph: make the first call of a kind before the \
+                 capture (Communicator::prepare builds a collective's plan; a reshard's or CompiledPlan::run's \
+                 first call allocates what later calls reuse), and wait, poll or reset outside it"
             ),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {

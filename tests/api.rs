@@ -94,3 +94,35 @@ fn handles_and_errors_cross_threads() {
     let e: Box<dyn std::error::Error + Send + Sync + 'static> = Box::new(Error::NoDriver);
     assert_eq!(e.to_string(), "the CUDA driver library is not installed");
 }
+
+/// A device status record becomes the error that names it; barrier flags print as call counts with
+/// what their high bits say, not as raw 64-bit words.
+#[test]
+fn device_records_read_as_errors() {
+    use oxccl::engine::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_TAKEN, Status, WaitKind};
+    let st = |kind: WaitKind, expected: u64, observed: u64| Status {
+        errors: 2,
+        kind: kind as u32,
+        rank: 3,
+        cta: 1,
+        peer: 5,
+        reserved: 0,
+        expected,
+        observed,
+    };
+    let text = |s: &Status| oxccl::engine::status_error(s).expect("an error").to_string();
+    assert_eq!(
+        text(&st(WaitKind::StartBarrier, 2, 1 | BARRIER_TAKEN)),
+        "timed out waiting for peer to reach the collective (start barrier): rank 3 CTA 1, peer 5, expected 2, \
+         saw 1 (taken) (2 CTA(s) reported errors)"
+    );
+    assert!(text(&st(WaitKind::StartBarrier, 2, 0)).contains("expected 2, saw 0 ("));
+    assert!(text(&st(WaitKind::EndBarrier, 4, 3 | BARRIER_ABORTED)).contains("expected 4, saw 3 (aborted)"));
+    assert!(text(&st(WaitKind::FifoData, 6, 5)).contains("expected 6, saw 5 ("));
+    let e = oxccl::engine::status_error(&st(WaitKind::PeerAborted, 7, 7 | BARRIER_REVOKED)).expect("an error");
+    assert!(matches!(e, Error::PeerAborted { rank: 3, cta: 1, peer: 5, call: 7, errors: 2 }), "{e}");
+    assert_eq!(e.to_string(), "rank 3 CTA 1 stopped call 7: peer 5 gave up that call (2 CTA(s) reported errors)");
+    let e = oxccl::engine::status_error(&st(WaitKind::OutOfStep, 1, 2 | BARRIER_TAKEN)).expect("an error");
+    assert!(matches!(e, Error::OutOfStep { call: 1, peer_call: 2, .. }), "{e}");
+    assert!(oxccl::engine::status_error(&Status { errors: 0, ..st(WaitKind::BulkLoad, 0, 0) }).is_none());
+}

@@ -850,6 +850,57 @@ fn a_device_error_reaches_the_next_call_and_query() {
     }
 }
 
+/// A rank that gave up a call is free of it once its launch has ended: a peer that starts the call
+/// later finds the rank's arrival revoked and touches none of its buffers (before, it ran its tasks
+/// and wrote its shard into the rank's output after the rank's stream had moved on). Rank 1's
+/// stream is held on the host until rank 0's launch has given up its 50 ms wait at the start
+/// barrier; then rank 0's stream overwrites its output, and only then is rank 1 released.
+#[test]
+fn a_late_peer_leaves_the_buffers_of_a_rank_that_gave_up_alone() {
+    let Some(stream) = common::gpu("a_late_peer_leaves_the_buffers_of_a_rank_that_gave_up_alone") else { return };
+    let ctx = stream.context().clone();
+    let streams: Vec<Arc<CudaStream>> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
+    let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
+    let comm = Communicator::from_streams(&streams, config).unwrap();
+    let n = 1 << 16;
+    let send: Vec<CudaSlice<f32>> =
+        streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
+    // Rank 1's output marked before its stream is held: a task of rank 1 would overwrite it.
+    streams[1].memcpy_htod(&vec![-2.0f32; n], &mut recv[1]).unwrap();
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let gate = common::Gate::hold(&streams[1], std::time::Duration::from_secs(60));
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    let gave_up = common::ends_within(std::time::Duration::from_secs(30), || common::idle(&streams[0]));
+    assert!(gave_up && !gate.forced(), "rank 0's launch did not end while rank 1 was held");
+    // Rank 0's stream moves on: its output is its own again.
+    streams[0].memcpy_htod(&vec![-1.0f32; n], &mut recv[0]).unwrap();
+    streams[0].synchronize().unwrap();
+    gate.release();
+    streams[1].synchronize().unwrap();
+    let late = streams[0].clone_dtoh(&recv[0]).unwrap();
+    let written = late.iter().filter(|&&v| v != -1.0).count();
+    assert_eq!(written, 0, "rank 1 wrote {written} elements of rank 0's output after rank 0's launch ended");
+    let own = streams[1].clone_dtoh(&recv[1]).unwrap();
+    assert!(own.iter().all(|&v| v == -2.0), "rank 1 ran tasks of a call rank 0 had withdrawn from");
+    // Rank 1's launch records its stop (`PeerAborted`) in its own status record; the communicator
+    // reports the cause.
+    let e = comm.synchronize().expect_err("the call gave up");
+    eprintln!("{e}");
+    assert!(
+        matches!(&e, Error::Timeout { wait: oxccl::engine::abi::WaitKind::StartBarrier, rank: 0, peer: 1, .. }),
+        "expected rank 0's start-barrier timeout (the cause), got {e}"
+    );
+    comm.reset().unwrap();
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(streams[r].clone_dtoh(b).unwrap(), vec![3.0; n], "after the reset: rank {r}");
+    }
+}
+
 #[test]
 fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
     // Found by the random cases: in-place ReduceScatter whose block (1474 B) leaves the outputs only

@@ -432,7 +432,7 @@ fn launch_rank0_barrier_only(
     workspace_bytes: usize,
     writes: &[(usize, u64)],
     timeout_ns: u64,
-) -> Status {
+) -> (Status, Vec<u8>) {
     let ctx = engine.context();
     let l = Lowered {
         programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
@@ -465,7 +465,13 @@ fn launch_rank0_barrier_only(
     };
     // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
     // allocations of the workspace's size until `launch_status` has synchronised.
-    unsafe { launch_status(engine, stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces) }
+    let st = unsafe { launch_status(engine, stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces) };
+    (st, ws[1].read().unwrap())
+}
+
+/// The flag word at byte `at` of a workspace's bytes.
+fn word(ws: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(ws[at..][..8].try_into().unwrap())
 }
 
 #[test]
@@ -474,11 +480,16 @@ fn a_rank_that_never_arrives_is_a_timeout_not_a_hang() {
     let engine = Engine::new(stream.context()).unwrap();
     // Rank 0 expects rank 1 at its start barrier; rank 1 is never launched.
     let t0 = std::time::Instant::now();
-    let st = launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[], 50_000_000);
+    let (st, peer_ws) =
+        launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[], 50_000_000);
     let waited = t0.elapsed();
     assert_eq!(st.errors, 1);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::StartBarrier));
     assert_eq!((st.rank, st.cta, st.peer, st.expected), (0, 0, 1, 1));
+    // Rank 0 withdrew from call 1 in rank 1's workspace: its arrival revoked (rank 1, should it
+    // start late, stops without touching rank 0's buffers) and its done flag marked aborted.
+    assert_eq!(word(&peer_ws, abi::Workspace::arrive_offset(0, 0)), 1 | abi::BARRIER_REVOKED);
+    assert_eq!(word(&peer_ws, abi::Workspace::done_offset(0, 0)), 1 | abi::BARRIER_ABORTED);
     // The device honours its 50 ms deadline: not a speed check (it allows 100 times the deadline),
     // it catches a deadline misread by orders of magnitude.
     assert!(waited.as_secs_f64() < 5.0, "the wait took {waited:?}");
@@ -587,13 +598,38 @@ fn a_peer_already_at_a_later_call_is_out_of_step_not_ignored() {
     let engine = Engine::new(stream.context()).unwrap();
     let at = abi::Workspace::arrive_offset(1, 0);
     // A 5 s timeout: had rank 0 waited instead, the error would be a start-barrier timeout.
-    let st =
+    let (st, _) =
         launch_rank0_barrier_only(&engine, &stream, std::mem::size_of::<abi::Workspace>(), &[(at, 2)], 5_000_000_000);
     assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::OutOfStep), "{st:?}");
     assert_eq!((st.rank, st.cta, st.peer, st.expected, st.observed), (0, 0, 1, 1, 2));
-    let text = oxccl::engine::status_error(&st).expect("an error").to_string();
-    assert!(text.contains("out of step") && text.contains("peer 1"), "{text}");
+    let text = oxccl::engine::status_error(&st).expect("an error");
+    assert!(text.to_string().contains("out of step") && text.to_string().contains("peer 1"), "{text}");
     eprintln!("{text}");
+}
+
+#[test]
+fn a_revoked_arrival_stops_the_peer_before_its_tasks() {
+    // Rank 1 arrived at call 1 and withdrew (it gave up): rank 0 must not start the call, whose
+    // tasks would touch rank 1's buffers after rank 1's kernel may have ended. With a 5 s timeout,
+    // waiting instead would show as a start-barrier timeout.
+    let Some(stream) = common::gpu("a_revoked_arrival_stops_the_peer_before_its_tasks") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let at = abi::Workspace::arrive_offset(1, 0);
+    let (st, peer_ws) = launch_rank0_barrier_only(
+        &engine,
+        &stream,
+        std::mem::size_of::<abi::Workspace>(),
+        &[(at, 1 | abi::BARRIER_REVOKED)],
+        5_000_000_000,
+    );
+    assert_eq!(WaitKind::from_raw(st.kind), Some(WaitKind::PeerAborted), "{st:?}");
+    assert_eq!((st.rank, st.cta, st.peer, st.expected, st.observed), (0, 0, 1, 1, 1 | abi::BARRIER_REVOKED));
+    let e = oxccl::engine::status_error(&st).expect("an error");
+    assert!(matches!(e, oxccl::Error::PeerAborted { rank: 0, cta: 0, peer: 1, call: 1, .. }), "{e}");
+    // And rank 0 withdrew in turn.
+    assert_eq!(word(&peer_ws, abi::Workspace::arrive_offset(0, 0)), 1 | abi::BARRIER_REVOKED);
+    assert_eq!(word(&peer_ws, abi::Workspace::done_offset(0, 0)), 1 | abi::BARRIER_ABORTED);
+    eprintln!("{e}");
 }
 
 /// The module loader keeps the prebuilt code where the driver takes it and falls back to the PTX

@@ -284,7 +284,8 @@ fn tensor_tiles_load_store_reduce_1d_to_5d() {
 #[test]
 fn scoped_memory_operations() {
     let Some(p) = Probes::new("scoped_memory_operations") else { return };
-    let threads = 64u32;
+    // 96 threads: bits 0..32 are ORed by two threads each, so only one of each pair may see it new.
+    let threads = 96u32;
     let flags = p.stream.alloc_zeros::<u64>(8).unwrap();
     let out = p.stream.alloc_zeros::<u64>(8 + threads as usize).unwrap();
     let (f, o) = (p.addr(&flags), p.addr(&out));
@@ -292,6 +293,9 @@ fn scoped_memory_operations() {
         .unwrap();
     let v = p.stream.clone_dtoh(&out).unwrap();
     assert_eq!(&v[..6], &[11, 12, 13, 14, 17, 34]);
+    let bits = if threads >= 64 { u64::MAX } else { (1u64 << threads) - 1 };
+    assert_eq!(v[6], bits, "atom.acq_rel.sys.or.b64 sets every thread's bit");
+    assert_eq!(v[7], u64::from(threads.min(64)), "atom.or returns the previous value: one first setter per bit");
     let fl = p.stream.clone_dtoh(&flags).unwrap();
     let t = threads as u64;
     assert_eq!(fl[4], t | (2 * t) << 32, "red.release.{{gpu,sys}}.add.u32");

@@ -356,8 +356,26 @@ abi_enum!(
         /// rank skipped a call, or an earlier call was abandoned on some ranks only). `expected` is
         /// this CTA's barrier count (`seq`), `observed` the peer's.
         OutOfStep = 8,
+        /// A peer's CTA gave up this call (its own error is counted too) and withdrew from it: this
+        /// CTA stopped rather than touch the buffers of a rank that may have moved on. `expected` is
+        /// this CTA's `seq`, `observed` the peer's flag with its [`BARRIER_REVOKED`] or
+        /// [`BARRIER_ABORTED`] bit.
+        PeerAborted = 9,
     }
 );
+
+/// The call count (`seq`) in a barrier flag; the bits above it say how the call ended.
+pub const BARRIER_SEQ: u64 = (1 << 62) - 1;
+/// In `arrive[src][cta]`: CTA `cta` of rank `src` gave up the call before this rank's CTA took its
+/// arrival; it no longer waits, and this CTA must not start the call's tasks (they would touch
+/// `src`'s buffers after its kernel may have ended).
+pub const BARRIER_REVOKED: u64 = 1 << 63;
+/// In `arrive[src][cta]`: this rank's CTA passed the start barrier with that arrival and will touch
+/// `src`'s buffers, so `src`'s CTA, should it give up, waits for this CTA's `done` before it exits.
+pub const BARRIER_TAKEN: u64 = 1 << 62;
+/// In `done[src][cta]`: CTA `cta` of rank `src` gave up the call. It touches none of this rank's
+/// buffers any more, but its part of the call is missing.
+pub const BARRIER_ABORTED: u64 = 1 << 63;
 
 /// What the engine reports back. The first error wins; `errors` counts all of them. 40 bytes.
 #[repr(C)]
@@ -387,9 +405,13 @@ pub struct Status {
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub struct Workspace {
-    /// `arrive[src][cta]`: written by CTA `cta` of rank `src` when it reaches a collective.
+    /// `arrive[src][cta]`: written by CTA `cta` of rank `src` when it reaches a collective (its
+    /// `seq`), then marked [`BARRIER_TAKEN`] by this rank's CTA `cta` as it passes the start
+    /// barrier, or [`BARRIER_REVOKED`] by `src` if it gives up first (an atomic OR settles which).
     pub arrive: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
-    /// `done[src][cta]`: written by CTA `cta` of rank `src` when its writes into this rank are complete.
+    /// `done[src][cta]`: written by CTA `cta` of rank `src` when it touches this rank's buffers no
+    /// more: its writes into this rank are complete (`seq`), or it gave up (`seq` with
+    /// [`BARRIER_ABORTED`]).
     pub done: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
     /// `seq[cta]`: how many collectives CTA `cta` of this rank has started (private to that CTA).
     pub seq: [u64; MAX_CTAS_PER_RANK],

@@ -152,6 +152,11 @@ atom!(
 atom!(
     /// Acquire-release atomic add at system scope; returns the previous value.
     atom_acq_rel_sys_add_u32, u32, reg32, "atom.acq_rel.sys.global.add.u32");
+atom!(
+    /// Acquire-release atomic bitwise OR at system scope; returns the previous value. Two threads
+    /// that each OR their own bit into one word settle who came first: the second sees the first's
+    /// bit in the value it gets back.
+    atom_acq_rel_sys_or_b64, u64, reg64, "atom.acq_rel.sys.global.or.b64");
 
 /// Four 32-bit words, the unit of the SIMT mover's 16-byte accesses.
 pub type V4 = [u32; 4];

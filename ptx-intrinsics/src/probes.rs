@@ -281,8 +281,9 @@ probe_tensor! {
 }
 
 /// Scoped loads, stores, reductions and atomics. `flags` holds 8 u64 words, zeroed by the host.
-/// Thread 0 writes `out[0..6]`; every thread adds to `flags[4]`, `flags[5]` and takes a ticket from
-/// `flags[6]`, written to `out[8 + tid]`.
+/// Thread 0 writes `out[0..6]`; every thread adds to `flags[4]`, `flags[5]`, takes a ticket from
+/// `flags[6]`, written to `out[8 + tid]`, and ORs bit `tid % 64` into `out[6]`, adding 1 to
+/// `out[7]` where the value it got back lacked that bit (so `out[7]` ends at min(threads, 64)).
 ///
 /// # Safety
 /// `flags` holds 8 u64, zeroed, and `out` `8 + threads` u64 of device memory (system-scope accesses reach
@@ -319,6 +320,10 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
         let _ = atom_relaxed_gpu_add_u64(f.add(7), 0);
         let _ = atom_acq_rel_sys_add_u32(f.add(6).cast::<u32>().add(1), 1);
         *out.add(8 + t as u64).ptr() = ticket;
+        let bit = 1u64 << (t % 64);
+        if atom_acq_rel_sys_or_b64(out.add(6), bit) & bit == 0 {
+            red_release_gpu_add_u64(out.add(7), 1);
+        }
     }
 }
 

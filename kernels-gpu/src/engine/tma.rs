@@ -31,7 +31,8 @@
 //! The host therefore sizes chunks before depth (`oxccl::auto_pipeline`). Completion of writes
 //! (`wait_group 0`) is left to the walker, before it signals anyone. When a wait gives up (timeout),
 //! the issuer still lets every load it issued land (`wait::mbarrier_drain`) before the stages are
-//! reused or the CTA exits, so no bulk copy writes into shared memory the CTA no longer owns.
+//! reused or the CTA exits, so no bulk copy writes into shared memory the CTA no longer owns (a load
+//! that never lands traps the launch).
 //! Unaligned heads and tails, and ranges whose buffers disagree in alignment modulo 16, go through
 //! the SIMT path.
 
@@ -405,8 +406,10 @@ unsafe fn load_item(ctx: &Ctx, ops: &Operands, stage: u32, sources: u32, offset:
 
 /// After an abandoned wait, loads already issued may still be writing into the ring: lets those of
 /// the stages from `consumer` up to `producer` (of the ring at `base`, `stages` long) land before the
-/// stages are reused or the CTA exits. A load that does not land within the drain's bound will not
-/// land later: stops there rather than wait again for each stage behind it.
+/// stages are reused or the CTA exits. A load that does not land within the drain's bound (at least
+/// a second) could still write into this shared memory after the CTA has ended and the SM has given
+/// it to another kernel: the launch traps instead (its error recorded first), so the context fails
+/// loudly rather than let a late copy corrupt whatever runs next.
 ///
 /// # Safety
 /// The issuing thread of that ring.
@@ -415,7 +418,7 @@ unsafe fn drain(ctx: &Ctx, base: u32, mut consumer: PipelineState, producer: &Pi
     while consumer.index != producer.index || consumer.phase != producer.phase {
         // SAFETY: forwarded contract; the barrier is this ring's.
         if !unsafe { wait::mbarrier_drain(ctx, ctx.stage_barrier(base + consumer.index), consumer.phase) } {
-            break;
+            oxccl_ptx::sync::trap();
         }
         consumer.advance(stages);
     }

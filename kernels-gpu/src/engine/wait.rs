@@ -5,7 +5,7 @@
 //! naming the wait. Nothing spins forever.
 
 use super::Ctx;
-use crate::abi::{Status, WaitKind};
+use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, Status, WaitKind};
 use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_acquire_sys_u64};
 use oxccl_ptx::sreg::globaltimer;
 use oxccl_ptx::sync::nanosleep_u32;
@@ -53,37 +53,78 @@ fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u3
 #[inline(always)]
 pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
     // SAFETY: forwarded contract.
-    unsafe { flag_wait(ctx, flag, expected, kind, peer, false) }
+    unsafe { flag_wait(ctx, flag, expected, kind, peer, Until::AtLeast, ctx.timeout_ns) }
 }
 
-/// Waits until the system-scope flag at `flag` equals `expected` (acquire): a barrier flag, which a
-/// peer in step with this rank can never move past `expected` before this rank has passed the
-/// barrier. A larger value records [`WaitKind::OutOfStep`]; a timeout records `kind`; both return
-/// `false`.
+/// Waits until the call count of the system-scope barrier flag at `flag` ([`BARRIER_SEQ`] of it)
+/// equals `expected` (acquire), with no end-of-call bit: a barrier flag, which a peer in step with
+/// this rank can never move past `expected` before this rank has passed the barrier. A larger count
+/// records [`WaitKind::OutOfStep`]; the count with [`BARRIER_REVOKED`] or [`BARRIER_ABORTED`]
+/// (the peer gave up this call) records [`WaitKind::PeerAborted`]; a timeout records `kind`; all
+/// three return `false`.
 ///
 /// # Safety
 /// As [`flag_at_least`].
 #[inline(always)]
 pub unsafe fn flag_reaches(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
     // SAFETY: forwarded contract.
-    unsafe { flag_wait(ctx, flag, expected, kind, peer, true) }
+    unsafe { flag_wait(ctx, flag, expected, kind, peer, Until::Clean, ctx.timeout_ns) }
 }
 
-/// [`flag_at_least`], and with `exact` a value past `expected` is an error.
+/// Waits until the call count of the barrier flag at `flag` reaches `expected`, however the peer's
+/// call ended (a `done` flag, clean or [`BARRIER_ABORTED`]): the peer touches this rank's buffers
+/// no more. Bounded by `timeout_ns`; on timeout records [`WaitKind::EndBarrier`] and returns
+/// `false`.
 ///
 /// # Safety
 /// As [`flag_at_least`].
 #[inline(always)]
-unsafe fn flag_wait(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32, exact: bool) -> bool {
+pub unsafe fn flag_settles(ctx: &Ctx, flag: Global<u64>, expected: u64, peer: u32, timeout_ns: u64) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe { flag_wait(ctx, flag, expected, WaitKind::EndBarrier, peer, Until::Settled, timeout_ns) }
+}
+
+/// What a flag wait waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// The whole value at least `expected` (counters).
+    AtLeast,
+    /// The call count exactly `expected` with no end-of-call bit (barrier flags).
+    Clean,
+    /// The call count at least `expected`, any bits.
+    Settled,
+}
+
+/// The waits above: polls `flag` until `until` holds, giving up after `timeout_ns`.
+///
+/// # Safety
+/// As [`flag_at_least`].
+#[inline(always)]
+unsafe fn flag_wait(
+    ctx: &Ctx,
+    flag: Global<u64>,
+    expected: u64,
+    kind: WaitKind,
+    peer: u32,
+    until: Until,
+    timeout_ns: u64,
+) -> bool {
     let mut deadline = 0u64;
     let mut polls = 0u32;
     loop {
         // SAFETY: the caller guarantees the address.
         let seen = unsafe { ld_acquire_sys_u64(flag) };
-        if seen >= expected {
-            if exact && seen != expected {
-                record(ctx, WaitKind::OutOfStep, peer, expected, seen);
-                return false;
+        let count = if until == Until::AtLeast { seen } else { seen & BARRIER_SEQ };
+        if count >= expected {
+            if until == Until::Clean {
+                if count != expected {
+                    record(ctx, WaitKind::OutOfStep, peer, expected, seen);
+                    return false;
+                }
+                if seen & (BARRIER_REVOKED | BARRIER_ABORTED) != 0 {
+                    record(ctx, WaitKind::PeerAborted, peer, expected, seen);
+                    return false;
+                }
             }
             return true;
         }
@@ -91,7 +132,7 @@ unsafe fn flag_wait(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind,
         if polls % POLLS_PER_CLOCK_READ == 0 {
             let now = globaltimer();
             if deadline == 0 {
-                deadline = now.saturating_add(ctx.timeout_ns);
+                deadline = now.saturating_add(timeout_ns);
             } else if now > deadline {
                 record(ctx, kind, peer, expected, seen);
                 return false;

@@ -4,13 +4,24 @@
 //! through flags in each rank's workspace:
 //! - start: `seq[c] += 1` (this CTA's private counter, in device memory so graph replays count on);
 //!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
-//!   `arrive[peer][c]` in our workspace equals it. Peers' buffers are then ready to read and write.
+//!   `arrive[peer][c]` in our workspace equals it; then take each of them (an atomic OR of
+//!   [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)). Peers' buffers are then ready to read and write.
 //! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
 //!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
 //!   `done[peer][c]` to equal it. Nobody writes into this rank's buffers after its kernel ends.
-//! A peer in step cannot move a flag past `seq` before this CTA has passed the barrier (it would
-//! first need this CTA's flag of the next barrier), so a larger value means the ranks' calls are out
-//! of step: the wait records `WaitKind::OutOfStep` instead of passing.
+//! - giving up (any wait or task failed, here or at a peer): after the same completion of its own
+//!   writes the CTA stores `seq | BARRIER_ABORTED` into every peer's `done[rank][c]` (it touches
+//!   their buffers no more), then revokes its arrival at every peer (an atomic OR of
+//!   [`BARRIER_REVOKED`](abi::BARRIER_REVOKED) into the peer's `arrive[rank][c]`). The OR settles
+//!   the race with the peer's take: a peer that has not taken the arrival never will (it sees the
+//!   revocation and gives up without touching this rank's buffers, however late it starts); one that
+//!   has took it first, and this CTA waits for that peer's `done` (any end) before its kernel ends.
+//!   So a rank's buffers are free for its stream's next work once its kernel has ended, whichever
+//!   rank gave up; only a peer that holds on past that last wait's bound (twice the timeout, at least
+//!   a second) could still touch them, and that wait's timeout is recorded as well.
+//! A peer in step cannot move a flag's count past `seq` before this CTA has passed the barrier (it
+//! would first need this CTA's flag of the next barrier), so a larger count means the ranks' calls
+//! are out of step: the wait records `WaitKind::OutOfStep` instead of passing.
 //! Only the issuing thread signals and waits; the others meet it at CTA barriers.
 
 use super::combine::{Combine, Copy};
@@ -18,13 +29,13 @@ use super::pipeline::PipelineState;
 use super::simt::{self, AddrSet, Operands};
 use super::{Ctx, tma, wait};
 use crate::abi::{
-    self, BUFFER_SLOTS, DType, MAX_RANKS, Mover, RedOp, ReduceMode, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
-    WaitKind, Workspace,
+    self, BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, BUFFER_SLOTS, DType, MAX_RANKS, Mover, RedOp,
+    ReduceMode, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, WaitKind, Workspace,
 };
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
-use oxccl_ptx::memory::st_release_sys_u64;
+use oxccl_ptx::memory::{atom_acq_rel_sys_or_b64, st_release_sys_u64};
 use oxccl_ptx::sync::bar_sync_all;
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
@@ -73,8 +84,14 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
         }
         fence_acq_rel_sys();
         bar_sync_all();
-        if peers != 0 && ctx.issuer && !ctx.aborted() {
-            end_barrier(ctx, peers, seq);
+        if peers != 0 && ctx.issuer {
+            if !ctx.aborted() {
+                end_barrier(ctx, peers, seq);
+            }
+            // Here or at the end barrier, this CTA may have given up: withdraw from the call.
+            if ctx.aborted() {
+                withdraw(ctx, peers, seq);
+            }
         }
         bar_sync_all();
     }
@@ -207,7 +224,21 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
             m &= m - 1;
             let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
             if !wait::flag_reaches(ctx, Global::from_addr(flag), seq, WaitKind::StartBarrier, q) {
-                break;
+                return seq;
+            }
+        }
+        // Every peer is here: take their arrivals. A peer that revoked its arrival meanwhile has
+        // given up and may have ended; none of the call's tasks may run (those taken so far make
+        // their peers wait for this CTA's `done`, which `withdraw` writes).
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
+            let seen = atom_acq_rel_sys_or_b64(Global::from_addr(flag), BARRIER_TAKEN);
+            if seen & BARRIER_REVOKED != 0 {
+                wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
+                return seq;
             }
         }
         // Later bulk loads of peer buffers (async proxy) come after the acquires above.
@@ -215,6 +246,45 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
         seq
     }
 }
+
+/// Withdraws this CTA from call `seq`, which it gave up (issuer only, after every write of the CTA
+/// is complete and fenced): tells every peer it touches their buffers no more, revokes its
+/// arrivals, and waits for the peers that took one before it did to be done with this rank's
+/// buffers.
+///
+/// # Safety
+/// As [`start_barrier`]; `seq` is what it returned.
+unsafe fn withdraw(ctx: &Ctx, peers: u32, seq: u64) {
+    let own = ctx.workspace(ctx.rank);
+    // A peer that took the arrival is running the call's tasks: its waits are bounded by the
+    // timeout, after which it withdraws too.
+    let bound = ctx.timeout_ns.saturating_mul(2).max(WITHDRAW_TIMEOUT_NS);
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let flag = ctx.workspace(q) + Workspace::done_offset(ctx.rank as usize, ctx.cta as usize) as u64;
+            st_release_sys_u64(Global::from_addr(flag), seq | BARRIER_ABORTED);
+        }
+        let mut m = peers & !(1 << ctx.rank);
+        while m != 0 {
+            let q = m.trailing_zeros();
+            m &= m - 1;
+            let arrival = ctx.workspace(q) + Workspace::arrive_offset(ctx.rank as usize, ctx.cta as usize) as u64;
+            let seen = atom_acq_rel_sys_or_b64(Global::from_addr(arrival), BARRIER_REVOKED);
+            if seen & BARRIER_TAKEN != 0 && seen & BARRIER_SEQ == seq {
+                let done = own + Workspace::done_offset(q as usize, ctx.cta as usize) as u64;
+                // On timeout the wait is recorded; nothing more can be done without hanging.
+                let _ = wait::flag_settles(ctx, Global::from_addr(done), seq, q, bound);
+            }
+        }
+    }
+}
+
+/// Shortest bound on [`withdraw`]'s wait for a peer that is running the call.
+const WITHDRAW_TIMEOUT_NS: u64 = 1_000_000_000;
 
 /// The end barrier (issuer only, after every write of the CTA is complete and fenced).
 ///
