@@ -44,7 +44,9 @@ pub struct Config {
     pub threads: Option<u32>,
     /// Every device-side wait gives up after this long and the call reports [`Error::Timeout`] (the
     /// drain of bulk loads already issued when a wait gave up is bounded by at least a second, and a
-    /// load that never lands traps the launch rather than write into shared memory later).
+    /// load that never lands traps the launch rather than write into shared memory later). A launch
+    /// that gave up can take a few timeouts to end: each wait is bounded, and a rank that gives up
+    /// waits up to twice the timeout (at least a second) for each peer already running the call.
     pub timeout: Duration,
     /// Suspend-time hint for device waits, in nanoseconds (0: spin). Non-zero values take fewer issue
     /// slots from kernels running beside the collective.
@@ -505,7 +507,8 @@ impl Communicator {
 
     /// Polls: `Ok(true)` when every call queued so far has finished without a device-side error,
     /// `Ok(false)` while some still run and no error has reached host memory. It waits only when
-    /// one has: for the ranks' streams (the launch that recorded it ends within its timeout), and
+    /// one has: for the ranks' streams (the launch that recorded it ends within its bounded waits: a
+    /// few timeouts, see [`Config::timeout`]), and
     /// returns the error, as [`Communicator::synchronize`] does. Not while a rank's stream captures a
     /// CUDA graph ([`Error::Capturing`]).
     pub fn query(&self) -> Result<bool> {
@@ -1481,6 +1484,23 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
         for b in contexts {
             if a.ordinal() == b.ordinal() {
                 continue;
+            }
+            // The barriers settle a rank's withdrawal from a call against a peer's take with atomics
+            // on each other's memory: they must be native between the two devices (NVLink).
+            let mut native = 0;
+            // SAFETY: an out-pointer and two valid device handles.
+            unsafe {
+                sys::cuDeviceGetP2PAttribute(
+                    &mut native,
+                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                    a.cu_device(),
+                    b.cu_device(),
+                )
+            }
+            .result()
+            .map_err(Error::driver("cuDeviceGetP2PAttribute"))?;
+            if native == 0 {
+                return Err(Error::NoPeerAtomics { device: a.ordinal(), peer: b.ordinal() });
             }
             a.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
             // SAFETY: both contexts are alive; enabling twice reports PEER_ACCESS_ALREADY_ENABLED.

@@ -225,6 +225,14 @@ pub enum Error {
         /// How many CTAs reported an error in that launch.
         errors: u32,
     },
+    /// Two of the listed devices have no native atomics on each other's memory (PCIe without
+    /// them): the collectives' barriers need them to settle a rank's withdrawal from a call.
+    NoPeerAtomics {
+        /// The device that would access.
+        device: usize,
+        /// The device whose memory it would access.
+        peer: usize,
+    },
     /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
     /// build a new one).
     Poisoned,
@@ -364,6 +372,11 @@ impl fmt::Display for Error {
                 f,
                 "rank {rank} CTA {cta} stopped call {call}: peer {peer} gave up that call ({errors} CTA(s) reported \
                  errors)"
+            ),
+            Error::NoPeerAtomics { device, peer } => write!(
+                f,
+                "device {device} has no native atomics on device {peer}'s memory \
+                 (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED is 0): the collectives need NVLink between their GPUs"
             ),
             Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
             Error::Capturing { what } => write!(

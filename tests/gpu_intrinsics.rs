@@ -286,7 +286,7 @@ fn scoped_memory_operations() {
     let Some(p) = Probes::new("scoped_memory_operations") else { return };
     // 96 threads: bits 0..32 are ORed by two threads each, so only one of each pair may see it new.
     let threads = 96u32;
-    let flags = p.stream.alloc_zeros::<u64>(8).unwrap();
+    let flags = p.stream.alloc_zeros::<u64>(10).unwrap();
     let out = p.stream.alloc_zeros::<u64>(8 + threads as usize).unwrap();
     let (f, o) = (p.addr(&flags), p.addr(&out));
     unsafe { p.stream.launch_builder(&p.f("probe_memory")).arg(&f).arg(&o).launch(Probes::cfg(1, threads, 0)) }
@@ -301,6 +301,8 @@ fn scoped_memory_operations() {
     assert_eq!(fl[4], t | (2 * t) << 32, "red.release.{{gpu,sys}}.add.u32");
     assert_eq!(fl[5], 7 * t, "red.release.{{gpu,sys}}.add.u64");
     assert_eq!(fl[6], t | t << 32, "atom.add tickets");
+    assert_eq!(fl[8], t, "atom.cas.b64: every thread's increment by compare-and-swap, none lost");
+    assert_eq!((fl[9], fl[2]), (13, 13), "atom.cas.b64 that must fail returns the word and leaves it");
     let mut tickets: Vec<u64> = v[8..].to_vec();
     tickets.sort();
     assert_eq!(tickets, (0..t).collect::<Vec<_>>(), "atom.relaxed.gpu.add.u32 returns distinct old values");

@@ -177,6 +177,7 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("atom_relaxed_gpu_add_u64", "probe_memory", "atom.relaxed.gpu.global.add.u64 %rd"),
     ("atom_acq_rel_sys_add_u32", "probe_memory", "atom.acq_rel.sys.global.add.u32 %r"),
     ("atom_acq_rel_sys_or_b64", "probe_memory", "atom.acq_rel.sys.global.or.b64 %rd"),
+    ("atom_acq_rel_sys_cas_b64", "probe_memory", "atom.acq_rel.sys.global.cas.b64 %rd"),
     ("ld_global_v4_u32", "probe_vector", "ld.global.v4.u32 {%r"),
     ("st_global_v4_u32", "probe_vector", "st.global.v4.u32 [%rd"),
     ("ld_shared_v4_u32", "probe_vector", "ld.shared.v4.u32 {%r"),

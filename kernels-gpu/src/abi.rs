@@ -358,8 +358,8 @@ abi_enum!(
         OutOfStep = 8,
         /// A peer's CTA gave up this call (its own error is counted too) and withdrew from it: this
         /// CTA stopped rather than touch the buffers of a rank that may have moved on. `expected` is
-        /// this CTA's `seq`, `observed` the peer's flag with its [`BARRIER_REVOKED`] or
-        /// [`BARRIER_ABORTED`] bit.
+        /// this CTA's `seq`, `observed` the peer's flag: with its [`BARRIER_REVOKED`] or
+        /// [`BARRIER_ABORTED`] bit, or already the count of the peer's next call.
         PeerAborted = 9,
     }
 );
@@ -368,7 +368,8 @@ abi_enum!(
 pub const BARRIER_SEQ: u64 = (1 << 62) - 1;
 /// In `arrive[src][cta]`: CTA `cta` of rank `src` gave up the call before this rank's CTA took its
 /// arrival; it no longer waits, and this CTA must not start the call's tasks (they would touch
-/// `src`'s buffers after its kernel may have ended).
+/// `src`'s buffers after its kernel may have ended). A take finds the word revoked, or already
+/// holding `src`'s next call, and stops.
 pub const BARRIER_REVOKED: u64 = 1 << 63;
 /// In `arrive[src][cta]`: this rank's CTA passed the start barrier with that arrival and will touch
 /// `src`'s buffers, so `src`'s CTA, should it give up, waits for this CTA's `done` before it exits.
@@ -407,7 +408,8 @@ pub struct Status {
 pub struct Workspace {
     /// `arrive[src][cta]`: written by CTA `cta` of rank `src` when it reaches a collective (its
     /// `seq`), then marked [`BARRIER_TAKEN`] by this rank's CTA `cta` as it passes the start
-    /// barrier, or [`BARRIER_REVOKED`] by `src` if it gives up first (an atomic OR settles which).
+    /// barrier (a compare-and-swap from the clean `seq`), or [`BARRIER_REVOKED`] by `src` if it
+    /// gives up (an atomic OR, which sees a take that came first).
     pub arrive: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
     /// `done[src][cta]`: written by CTA `cta` of rank `src` when it touches this rank's buffers no
     /// more: its writes into this rank are complete (`seq`), or it gave up (`seq` with

@@ -158,6 +158,30 @@ atom!(
     /// bit in the value it gets back.
     atom_acq_rel_sys_or_b64, u64, reg64, "atom.acq_rel.sys.global.or.b64");
 
+/// Acquire-release compare-and-swap at system scope: writes `value` where the word equals `compare`;
+/// returns the previous value either way (equal to `compare` exactly when it wrote).
+///
+/// `atom.acq_rel.sys.global.cas.b64 old, [addr], compare, value;` · PTX ISA 6.0 · sm_70
+///
+/// # Safety
+/// `addr` is a naturally aligned, writable global address.
+#[doc(alias = "atom.acq_rel.sys.global.cas.b64")]
+#[inline(always)]
+pub unsafe fn atom_acq_rel_sys_cas_b64(addr: Global<u64>, compare: u64, value: u64) -> u64 {
+    let old: u64;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!(
+            "atom.acq_rel.sys.global.cas.b64 {o}, [{a}], {c}, {v};",
+            o = out(reg64) old,
+            a = in(reg64) addr.addr(),
+            c = in(reg64) compare,
+            v = in(reg64) value
+        )
+    }
+    old
+}
+
 /// Four 32-bit words, the unit of the SIMT mover's 16-byte accesses.
 pub type V4 = [u32; 4];
 

@@ -280,21 +280,23 @@ probe_tensor! {
         cp_reduce_async_bulk_tensor_5d_global_shared_max_tile_bulk_group, (c0, c1, c2, c3, c4);
 }
 
-/// Scoped loads, stores, reductions and atomics. `flags` holds 8 u64 words, zeroed by the host.
-/// Thread 0 writes `out[0..6]`; every thread adds to `flags[4]`, `flags[5]`, takes a ticket from
-/// `flags[6]`, written to `out[8 + tid]`, and ORs bit `tid % 64` into `out[6]`, adding 1 to
-/// `out[7]` where the value it got back lacked that bit (so `out[7]` ends at min(threads, 64)).
+/// Scoped loads, stores, reductions and atomics. `flags` holds 10 u64 words, zeroed by the host.
+/// Thread 0 writes `out[0..6]` and into `flags[9]` what a compare-and-swap that must fail (on
+/// `flags[2]`, 13, expecting 999) returned; every thread adds to `flags[4]`, `flags[5]`, takes a
+/// ticket from `flags[6]`, written to `out[8 + tid]`, adds 1 to `flags[8]` by compare-and-swap
+/// until one succeeds, and ORs bit `tid % 64` into `out[6]`, adding 1 to `out[7]` where the value
+/// it got back lacked that bit (so `out[7]` ends at min(threads, 64)).
 ///
 /// # Safety
-/// `flags` holds 8 u64, zeroed, and `out` `8 + threads` u64 of device memory (system-scope accesses reach
-/// them); one CTA.
+/// `flags` holds 10 u64, zeroed, and `out` `8 + threads` u64 of device memory (system-scope accesses
+/// reach them); one CTA.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
     let f = Global::<u64>::from_addr(flags);
     let out = Global::<u64>::from_addr(out);
     let t = tid_x();
-    // SAFETY: the host zeroes 8 flag words and sizes `out` for 8 + ntid words; words 0..4 are touched by
-    // thread 0 alone, 4..7 only through atomics.
+    // SAFETY: the host zeroes 10 flag words and sizes `out` for 8 + ntid words; words 0..4 and 9 are
+    // touched by thread 0 alone, 4..9 only through atomics.
     unsafe {
         if t == 0 {
             st_relaxed_gpu_u32(f.cast(), 11);
@@ -311,6 +313,7 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
             *out.add(4).ptr() = ld_acquire_gpu_u64(f.add(7));
             st_release_sys_u32(f.add(7).cast(), 17);
             *out.add(5).ptr() = ld_relaxed_sys_u32(f.add(7).cast()) as u64 + ld_acquire_sys_u32(f.add(7).cast()) as u64;
+            *f.add(9).ptr() = atom_acq_rel_sys_cas_b64(f.add(2), 999, 1);
         }
         red_release_gpu_add_u32(f.add(4).cast(), 1);
         red_release_sys_add_u32(f.add(4).cast::<u32>().add(1), 2);
@@ -320,6 +323,14 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
         let _ = atom_relaxed_gpu_add_u64(f.add(7), 0);
         let _ = atom_acq_rel_sys_add_u32(f.add(6).cast::<u32>().add(1), 1);
         *out.add(8 + t as u64).ptr() = ticket;
+        let mut seen = ld_relaxed_sys_u64(f.add(8));
+        loop {
+            let old = atom_acq_rel_sys_cas_b64(f.add(8), seen, seen + 1);
+            if old == seen {
+                break;
+            }
+            seen = old;
+        }
         let bit = 1u64 << (t % 64);
         if atom_acq_rel_sys_or_b64(out.add(6), bit) & bit == 0 {
             red_release_gpu_add_u64(out.add(7), 1);

@@ -4,18 +4,20 @@
 //! through flags in each rank's workspace:
 //! - start: `seq[c] += 1` (this CTA's private counter, in device memory so graph replays count on);
 //!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
-//!   `arrive[peer][c]` in our workspace equals it; then take each of them (an atomic OR of
-//!   [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)). Peers' buffers are then ready to read and write.
+//!   `arrive[peer][c]` in our workspace equals it; then take each of them (a compare-and-swap from
+//!   `seq` to `seq | BARRIER_TAKEN`, [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)). Peers' buffers are then
+//!   ready to read and write.
 //! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
 //!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
 //!   `done[peer][c]` to equal it. Nobody writes into this rank's buffers after its kernel ends.
 //! - giving up (any wait or task failed, here or at a peer): after the same completion of its own
 //!   writes the CTA stores `seq | BARRIER_ABORTED` into every peer's `done[rank][c]` (it touches
 //!   their buffers no more), then revokes its arrival at every peer (an atomic OR of
-//!   [`BARRIER_REVOKED`](abi::BARRIER_REVOKED) into the peer's `arrive[rank][c]`). The OR settles
-//!   the race with the peer's take: a peer that has not taken the arrival never will (it sees the
-//!   revocation and gives up without touching this rank's buffers, however late it starts); one that
-//!   has took it first, and this CTA waits for that peer's `done` (any end) before its kernel ends.
+//!   [`BARRIER_REVOKED`](abi::BARRIER_REVOKED) into the peer's `arrive[rank][c]`). The word's order
+//!   settles the race with the peer's take: the take succeeds only on the clean count, so a take
+//!   ordered before the OR is seen by it (this CTA then waits for that peer's `done`, any end,
+//!   before its kernel ends), and one after it finds the word revoked, or overwritten by this rank's
+//!   next call, and gives up without touching this rank's buffers, however late it starts.
 //!   So a rank's buffers are free for its stream's next work once its kernel has ended, whichever
 //!   rank gave up; only a peer that holds on past that last wait's bound (twice the timeout, at least
 //!   a second) could still touch them, and that wait's timeout is recorded as well.
@@ -35,7 +37,7 @@ use crate::abi::{
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
-use oxccl_ptx::memory::{atom_acq_rel_sys_or_b64, st_release_sys_u64};
+use oxccl_ptx::memory::{atom_acq_rel_sys_cas_b64, atom_acq_rel_sys_or_b64, st_release_sys_u64};
 use oxccl_ptx::sync::bar_sync_all;
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
@@ -227,16 +229,18 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
                 return seq;
             }
         }
-        // Every peer is here: take their arrivals. A peer that revoked its arrival meanwhile has
-        // given up and may have ended; none of the call's tasks may run (those taken so far make
-        // their peers wait for this CTA's `done`, which `withdraw` writes).
+        // Every peer is here: take their arrivals, each by a compare-and-swap from the clean count.
+        // A word that no longer holds it was revoked (the peer gave up this call and may have
+        // ended) or already overwritten by the peer's next call (which it can only reach by giving
+        // this one up): none of the call's tasks may run (the arrivals taken so far make their
+        // peers wait for this CTA's `done`, which `withdraw` writes).
         let mut m = peers & !(1 << ctx.rank);
         while m != 0 {
             let q = m.trailing_zeros();
             m &= m - 1;
             let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
-            let seen = atom_acq_rel_sys_or_b64(Global::from_addr(flag), BARRIER_TAKEN);
-            if seen & BARRIER_REVOKED != 0 {
+            let seen = atom_acq_rel_sys_cas_b64(Global::from_addr(flag), seq, seq | BARRIER_TAKEN);
+            if seen != seq {
                 wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
                 return seq;
             }
