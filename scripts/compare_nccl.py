@@ -28,7 +28,8 @@ def json_rows(path):
 
 
 def mean(values):
-    values = list(values)
+    # `null`: a side that did not run (a compiled plan's row runs one side).
+    values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
 

@@ -670,21 +670,22 @@ pub struct CollectiveRow {
     pub dtype: &'static str,
     /// nccl-tests' redop: `sum`, `min`, `max`, or `none` where nothing is reduced.
     pub redop: &'static str,
-    /// Out of place: microseconds per call (0 where that side did not run).
-    pub oop_us: f64,
+    /// Out of place: microseconds per call (`None` where that side did not run, as a compiled plan
+    /// runs one side: `N/A` in the table, `null` in JSON, as are its bandwidths).
+    pub oop_us: Option<f64>,
     /// Out of place: algbw, `size` bytes per second / 1e9.
-    pub oop_algbw: f64,
+    pub oop_algbw: Option<f64>,
     /// Out of place: busbw, algbw times the collective's bus factor.
-    pub oop_busbw: f64,
+    pub oop_busbw: Option<f64>,
     /// Out of place: elements that differ from the expected result (`None`: not checked; `null` in
     /// JSON).
     pub oop_wrong: Option<u64>,
-    /// In place: microseconds per call (0 where that side did not run).
-    pub ip_us: f64,
+    /// In place: microseconds per call (`None` where that side did not run).
+    pub ip_us: Option<f64>,
     /// In place: algbw, `size` bytes per second / 1e9.
-    pub ip_algbw: f64,
+    pub ip_algbw: Option<f64>,
     /// In place: busbw, algbw times the collective's bus factor.
-    pub ip_busbw: f64,
+    pub ip_busbw: Option<f64>,
     /// In place: elements that differ from the expected result (`None`: not checked; `null` in JSON).
     pub ip_wrong: Option<u64>,
 }
@@ -1278,13 +1279,13 @@ pub fn collective_bench(
             dtype: b.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced (AllGather, Broadcast).
             redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
-            oop_us: times[0],
-            oop_algbw: bw(times[0]),
-            oop_busbw: bw(times[0]) * factor,
+            oop_us: Some(times[0]),
+            oop_algbw: Some(bw(times[0])),
+            oop_busbw: Some(bw(times[0]) * factor),
             oop_wrong: b.check.then_some(wrong[0]),
-            ip_us: times[1],
-            ip_algbw: bw(times[1]),
-            ip_busbw: bw(times[1]) * factor,
+            ip_us: Some(times[1]),
+            ip_algbw: Some(bw(times[1])),
+            ip_busbw: Some(bw(times[1]) * factor),
             ip_wrong: b.check.then_some(wrong[1]),
         };
         on_row(&row);
@@ -1612,7 +1613,7 @@ pub fn plan_bench(
         let real = user_chunks * chunk_bytes;
         let bw = real as f64 / (us * 1e-6) / 1e9;
         let factor = l.collective.bus_factor(p as u32);
-        let (measured, none) = ((us, bw, bw * factor, wrong), (0.0, 0.0, 0.0, None));
+        let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
         let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
         let row = CollectiveRow {
             // The spelling of the T-CCL rows (`all_reduce`), not the MSCCL one (`allreduce`).
@@ -1649,39 +1650,32 @@ pub fn plan_bench(
     Ok(rows)
 }
 
-/// nccl-tests' closing lines for rows that measured only one side (`in_place` or out of place):
-/// the average bus bandwidth is over that side.
-pub fn nccl_footer_one_side(rows: &[CollectiveRow], in_place: bool) -> String {
-    let failed =
-        rows.iter().filter_map(|r| if in_place { r.ip_wrong } else { r.oop_wrong }).filter(|&w| w > 0).count() as u64;
-    let avg =
-        rows.iter().map(|r| if in_place { r.ip_busbw } else { r.oop_busbw }).sum::<f64>() / rows.len().max(1) as f64;
-    nccl_closing(failed, avg)
-}
-
 /// The nccl-tests table header.
 pub const NCCL_HEADER: &str = "#                                                              out-of-place                       in-place          \n\
 #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
 #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ";
 
 /// One table line as nccl-tests prints it: the time as `%7.2f` below 100 µs, `%7.1f` below 10 ms and
-/// `%7.0f` from there, `#wrong` as `%5g` (`N/A` when unchecked).
+/// `%7.0f` from there, `#wrong` as `%5g` (`N/A` when unchecked); a side that did not run shows `N/A`
+/// for its time and bandwidths.
 pub fn nccl_line(r: &CollectiveRow) -> String {
     let w = |n: Option<u64>| n.map_or("N/A".to_string(), |n| c_g(n as f64));
+    let bw = |x: Option<f64>| x.map_or("N/A".to_string(), |x| format!("{x:.2}"));
+    let time = |us: Option<f64>| us.map_or("N/A".to_string(), nccl_time);
     format!(
-        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6.2}  {:>6.2}  {:>5}  {:>7}  {:>6.2}  {:>6.2}  {:>5}",
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}",
         r.size,
         r.count,
         r.dtype,
         r.redop,
         r.root,
-        nccl_time(r.oop_us),
-        r.oop_algbw,
-        r.oop_busbw,
+        time(r.oop_us),
+        bw(r.oop_algbw),
+        bw(r.oop_busbw),
         w(r.oop_wrong),
-        nccl_time(r.ip_us),
-        r.ip_algbw,
-        r.ip_busbw,
+        time(r.ip_us),
+        bw(r.ip_algbw),
+        bw(r.ip_busbw),
         w(r.ip_wrong)
     )
 }
@@ -1732,11 +1726,12 @@ fn nccl_closing(failed: u64, avg: f64) -> String {
     )
 }
 
-/// nccl-tests' closing lines for a set of rows.
+/// nccl-tests' closing lines for a set of rows: the average bus bandwidth is over the sides that
+/// ran (both, as nccl-tests runs them, or a compiled plan's one).
 pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
     let failed = rows.iter().flat_map(|r| [r.oop_wrong, r.ip_wrong]).flatten().filter(|&w| w > 0).count() as u64;
-    let avg = rows.iter().map(|r| (r.oop_busbw + r.ip_busbw) / 2.0).sum::<f64>() / rows.len().max(1) as f64;
-    nccl_closing(failed, avg)
+    let ran: Vec<f64> = rows.iter().flat_map(|r| [r.oop_busbw, r.ip_busbw]).flatten().collect();
+    nccl_closing(failed, ran.iter().sum::<f64>() / ran.len().max(1) as f64)
 }
 
 /// The bytes a collective over `ranks` virtual ranks on one GPU must move through device memory at
@@ -2085,13 +2080,13 @@ mod tests {
             count: 1 << 28,
             dtype: "float",
             redop: "sum",
-            oop_us: 12345.6,
-            oop_algbw: 86.97,
-            oop_busbw: 152.2,
+            oop_us: Some(12345.6),
+            oop_algbw: Some(86.97),
+            oop_busbw: Some(152.2),
             oop_wrong: Some(0),
-            ip_us: 45.678,
-            ip_algbw: 1.0,
-            ip_busbw: 1.75,
+            ip_us: Some(45.678),
+            ip_algbw: Some(1.0),
+            ip_busbw: Some(1.75),
             ip_wrong: None,
         };
         assert_eq!(
@@ -2108,8 +2103,24 @@ mod tests {
             CollectiveRow { oop_wrong: Some(0), ip_wrong: Some(0), ..row.clone() },
         ];
         assert!(nccl_footer(&two).starts_with("# Out of bounds values : 2 FAILED"), "{}", nccl_footer(&two));
-        assert!(nccl_footer_one_side(&two, true).starts_with("# Out of bounds values : 1 FAILED"));
         assert!(nccl_footer(&two[1..]).starts_with("# Out of bounds values : 0 OK"));
+        // The average is over both sides: (152.2 + 1.75) / 2.
+        assert!(nccl_footer(&two[1..]).contains("# Avg bus bandwidth    : 76.975 \n"), "{}", nccl_footer(&two[1..]));
+        // A compiled plan's row runs one side: the other shows `N/A` (not a time of 0), and the
+        // average is over the side that ran, not halved by the one that did not.
+        let in_place_only =
+            CollectiveRow { oop_us: None, oop_algbw: None, oop_busbw: None, oop_wrong: None, ..row.clone() };
+        assert_eq!(
+            nccl_line(&in_place_only),
+            "  1073741824     268435456     float     sum      -1      N/A     N/A     N/A    N/A    45.68    1.00    \
+             1.75    N/A"
+        );
+        let one_side = [CollectiveRow { ip_wrong: Some(2), ..in_place_only.clone() }, in_place_only];
+        let footer = nccl_footer(&one_side);
+        assert!(footer.starts_with("# Out of bounds values : 1 FAILED"), "{footer}");
+        assert!(footer.contains("# Avg bus bandwidth    : 1.75 \n"), "{footer}");
+        let json = serde_json::to_string(&one_side[1]).unwrap();
+        assert!(json.contains("\"oop_us\":null") && json.contains("\"oop_busbw\":null"), "{json}");
     }
 
     #[test]

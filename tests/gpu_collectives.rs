@@ -787,6 +787,45 @@ fn separate_launches_per_rank_meet_through_barriers() {
     }
 }
 
+/// Two ranks on streams of their own on `stream`'s device (one CTA each, a 50 ms timeout); rank
+/// `r`'s input is `n` elements of `r + 1`, its output `n` zeros.
+struct TwoRanks {
+    streams: Vec<Arc<CudaStream>>,
+    comm: Communicator,
+    send: Vec<CudaSlice<f32>>,
+    recv: Vec<CudaSlice<f32>>,
+}
+
+impl TwoRanks {
+    fn new(stream: &Arc<CudaStream>, n: usize) -> Self {
+        let ctx = stream.context().clone();
+        let streams: Vec<Arc<CudaStream>> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
+        let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
+        let comm = Communicator::from_streams(&streams, config).unwrap();
+        let send = streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+        let recv = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
+        TwoRanks { streams, comm, send, recv }
+    }
+}
+
+/// Holds rank 1's stream on the host, calls AllReduce, and waits until rank 0's launch has ended,
+/// which it can only do by giving up its wait for rank 1 at the start barrier; returns the gate,
+/// still holding rank 1.
+fn call_while_rank_1_is_held(
+    streams: &[Arc<CudaStream>],
+    comm: &Communicator,
+    send: &[CudaSlice<f32>],
+    recv: &mut [CudaSlice<f32>],
+    what: &str,
+) -> common::Gate {
+    let gate = common::Gate::hold(&streams[1], std::time::Duration::from_secs(60));
+    assert!(!comm.query().unwrap(), "{what}: rank 1's stream is held");
+    comm.all_reduce(send, recv, ReduceOp::Sum).unwrap();
+    let gave_up = common::ends_within(std::time::Duration::from_secs(30), || common::idle(&streams[0]));
+    assert!(gave_up && !gate.forced(), "{what}: rank 0's launch did not end while rank 1 was held");
+    gate
+}
+
 /// A device-side error reaches the host without `Communicator::synchronize`: after cudarc's own
 /// stream waits (which read no error record) the next call returns it and launches nothing, and
 /// `query` reports it without blocking; later calls are refused until `reset`, and calls after it
@@ -795,14 +834,8 @@ fn separate_launches_per_rank_meet_through_barriers() {
 #[test]
 fn a_device_error_reaches_the_next_call_and_query() {
     let Some(stream) = common::gpu("a_device_error_reaches_the_next_call_and_query") else { return };
-    let ctx = stream.context().clone();
-    let streams: Vec<Arc<CudaStream>> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
-    let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
-    let comm = Communicator::from_streams(&streams, config).unwrap();
     let n = 4096;
-    let send: Vec<CudaSlice<f32>> =
-        streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
-    let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
+    let TwoRanks { streams, comm, send, mut recv } = TwoRanks::new(&stream, n);
     let exact = |comm: &Communicator, recv: &mut [CudaSlice<f32>], what: &str| {
         comm.all_reduce(&send, recv, ReduceOp::Sum).unwrap();
         comm.synchronize().unwrap();
@@ -816,12 +849,7 @@ fn a_device_error_reaches_the_next_call_and_query() {
     }
     exact(&comm, &mut recv, "before");
     for round in ["the next call", "query"] {
-        let gate = common::Gate::hold(&streams[1], std::time::Duration::from_secs(60));
-        assert!(!comm.query().unwrap(), "{round}: rank 1's stream is held");
-        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
-        // Rank 0's launch can end only by giving up on rank 1; then rank 1 may go on.
-        let gave_up = common::ends_within(std::time::Duration::from_secs(30), || common::idle(&streams[0]));
-        assert!(gave_up && !gate.forced(), "{round}: rank 0's launch did not end while rank 1 was held");
+        let gate = call_while_rank_1_is_held(&streams, &comm, &send, &mut recv, round);
         gate.release();
         for s in &streams {
             s.synchronize().unwrap();
@@ -858,23 +886,14 @@ fn a_device_error_reaches_the_next_call_and_query() {
 #[test]
 fn a_late_peer_leaves_the_buffers_of_a_rank_that_gave_up_alone() {
     let Some(stream) = common::gpu("a_late_peer_leaves_the_buffers_of_a_rank_that_gave_up_alone") else { return };
-    let ctx = stream.context().clone();
-    let streams: Vec<Arc<CudaStream>> = (0..2).map(|_| ctx.new_stream().unwrap()).collect();
-    let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
-    let comm = Communicator::from_streams(&streams, config).unwrap();
     let n = 1 << 16;
-    let send: Vec<CudaSlice<f32>> =
-        streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
-    let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
+    let TwoRanks { streams, comm, send, mut recv } = TwoRanks::new(&stream, n);
     // Rank 1's output marked before its stream is held: a task of rank 1 would overwrite it.
     streams[1].memcpy_htod(&vec![-2.0f32; n], &mut recv[1]).unwrap();
     for s in &streams {
         s.synchronize().unwrap();
     }
-    let gate = common::Gate::hold(&streams[1], std::time::Duration::from_secs(60));
-    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
-    let gave_up = common::ends_within(std::time::Duration::from_secs(30), || common::idle(&streams[0]));
-    assert!(gave_up && !gate.forced(), "rank 0's launch did not end while rank 1 was held");
+    let gate = call_while_rank_1_is_held(&streams, &comm, &send, &mut recv, "the call");
     // Rank 0's stream moves on: its output is its own again.
     streams[0].memcpy_htod(&vec![-1.0f32; n], &mut recv[0]).unwrap();
     streams[0].synchronize().unwrap();

@@ -800,9 +800,12 @@ fn run_named(a: Args) -> CliResult {
         println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", "size", "oop bytes", "oop %", "ip bytes", "ip %");
         for r in &rows {
             let moved = |in_place| bench::min_traffic(collective, r.size, b.ranks, in_place);
-            let pct = |bytes: u64, us: f64| 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy;
+            // Both sides ran (`collective_bench` times each).
+            let pct = |bytes: u64, us: Option<f64>| {
+                us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy))
+            };
             let (oop, ip) = (moved(false), moved(true));
-            println!("# {:>12} {:>14} {:>9.1}% {:>14} {:>9.1}%", r.size, oop, pct(oop, r.oop_us), ip, pct(ip, r.ip_us));
+            println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", r.size, oop, pct(oop, r.oop_us), ip, pct(ip, r.ip_us));
         }
     }
     finish_rows(&rows, a.json)
@@ -920,7 +923,7 @@ fn run_plan(a: &Args) -> CliResult {
             100.0 * info.idle_share
         );
     })?;
-    println!("{}", bench::nccl_footer_one_side(&rows, l.in_place));
+    println!("{}", bench::nccl_footer(&rows));
     finish_rows(&rows, a.json)
 }
 

@@ -201,31 +201,59 @@ pub(crate) fn bad_task(ctx: &Ctx, index: u32) -> bool {
     false
 }
 
+/// The ranks in `peers` other than this CTA's, lowest first.
+#[inline(always)]
+fn others(ctx: &Ctx, peers: u32) -> impl Iterator<Item = u32> {
+    let mut m = peers & !(1 << ctx.rank);
+    core::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let q = m.trailing_zeros();
+        m &= m - 1;
+        Some(q)
+    })
+}
+
+/// The address of this CTA's flag (`offset(rank, cta)`) in rank `q`'s workspace.
+#[inline(always)]
+fn flag_at_peer(ctx: &Ctx, q: u32, offset: fn(usize, usize) -> usize) -> Global<u64> {
+    Global::from_addr(ctx.workspace(q) + offset(ctx.rank as usize, ctx.cta as usize) as u64)
+}
+
+/// The address of rank `q`'s flag (`offset(q, cta)`) in this rank's workspace.
+#[inline(always)]
+fn flag_of_peer(ctx: &Ctx, q: u32, offset: fn(usize, usize) -> usize) -> Global<u64> {
+    Global::from_addr(ctx.workspace(ctx.rank) + offset(q as usize, ctx.cta as usize) as u64)
+}
+
+/// Release-stores `value` into this CTA's flag (`offset`) in every peer's workspace.
+///
+/// # Safety
+/// The workspace table holds every rank in `peers`.
+#[inline(always)]
+unsafe fn publish(ctx: &Ctx, peers: u32, offset: fn(usize, usize) -> usize, value: u64) {
+    for q in others(ctx, peers) {
+        // SAFETY: the caller's contract: the flag lies in peer `q`'s workspace.
+        unsafe { st_release_sys_u64(flag_at_peer(ctx, q, offset), value) };
+    }
+}
+
 /// The start barrier (issuer only); returns this collective's sequence number.
 ///
 /// # Safety
 /// The workspace table holds every rank in `peers`; this CTA alone uses its `seq` slot.
 unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
-    let own = ctx.workspace(ctx.rank);
-    let seq_at = (own + Workspace::seq_offset(ctx.cta as usize) as u64) as *mut u64;
+    let seq_at = (ctx.workspace(ctx.rank) + Workspace::seq_offset(ctx.cta as usize) as u64) as *mut u64;
     // SAFETY: the caller's contract; plain accesses to `seq` are private to this CTA across launches
     // (stream order separates launches).
     unsafe {
         let seq = *seq_at + 1;
         *seq_at = seq;
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = ctx.workspace(q) + Workspace::arrive_offset(ctx.rank as usize, ctx.cta as usize) as u64;
-            st_release_sys_u64(Global::from_addr(flag), seq);
-        }
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
-            if !wait::flag_reaches(ctx, Global::from_addr(flag), seq, WaitKind::StartBarrier, q) {
+        publish(ctx, peers, Workspace::arrive_offset, seq);
+        for q in others(ctx, peers) {
+            let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
+            if !wait::flag_reaches(ctx, flag, seq, WaitKind::StartBarrier, q) {
                 return seq;
             }
         }
@@ -234,12 +262,9 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
         // ended) or already overwritten by the peer's next call (which it can only reach by giving
         // this one up): none of the call's tasks may run (the arrivals taken so far make their
         // peers wait for this CTA's `done`, which `withdraw` writes).
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = own + Workspace::arrive_offset(q as usize, ctx.cta as usize) as u64;
-            let seen = atom_acq_rel_sys_cas_b64(Global::from_addr(flag), seq, seq | BARRIER_TAKEN);
+        for q in others(ctx, peers) {
+            let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
+            let seen = atom_acq_rel_sys_cas_b64(flag, seq, seq | BARRIER_TAKEN);
             if seen != seq {
                 wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
                 return seq;
@@ -259,29 +284,17 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
 /// # Safety
 /// As [`start_barrier`]; `seq` is what it returned.
 unsafe fn withdraw(ctx: &Ctx, peers: u32, seq: u64) {
-    let own = ctx.workspace(ctx.rank);
     // A peer that took the arrival is running the call's tasks: its waits are bounded by the
     // timeout, after which it withdraws too.
     let bound = ctx.timeout_ns.saturating_mul(2).max(WITHDRAW_TIMEOUT_NS);
     // SAFETY: the caller's contract.
     unsafe {
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = ctx.workspace(q) + Workspace::done_offset(ctx.rank as usize, ctx.cta as usize) as u64;
-            st_release_sys_u64(Global::from_addr(flag), seq | BARRIER_ABORTED);
-        }
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let arrival = ctx.workspace(q) + Workspace::arrive_offset(ctx.rank as usize, ctx.cta as usize) as u64;
-            let seen = atom_acq_rel_sys_or_b64(Global::from_addr(arrival), BARRIER_REVOKED);
+        publish(ctx, peers, Workspace::done_offset, seq | BARRIER_ABORTED);
+        for q in others(ctx, peers) {
+            let seen = atom_acq_rel_sys_or_b64(flag_at_peer(ctx, q, Workspace::arrive_offset), BARRIER_REVOKED);
             if seen & BARRIER_TAKEN != 0 && seen & BARRIER_SEQ == seq {
-                let done = own + Workspace::done_offset(q as usize, ctx.cta as usize) as u64;
                 // On timeout the wait is recorded; nothing more can be done without hanging.
-                let _ = wait::flag_settles(ctx, Global::from_addr(done), seq, q, bound);
+                let _ = wait::flag_settles(ctx, flag_of_peer(ctx, q, Workspace::done_offset), seq, q, bound);
             }
         }
     }
@@ -295,22 +308,12 @@ const WITHDRAW_TIMEOUT_NS: u64 = 1_000_000_000;
 /// # Safety
 /// As [`start_barrier`]; `seq` is what it returned.
 unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
-    let own = ctx.workspace(ctx.rank);
     // SAFETY: the caller's contract.
     unsafe {
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = ctx.workspace(q) + Workspace::done_offset(ctx.rank as usize, ctx.cta as usize) as u64;
-            st_release_sys_u64(Global::from_addr(flag), seq);
-        }
-        let mut m = peers & !(1 << ctx.rank);
-        while m != 0 {
-            let q = m.trailing_zeros();
-            m &= m - 1;
-            let flag = own + Workspace::done_offset(q as usize, ctx.cta as usize) as u64;
-            if !wait::flag_reaches(ctx, Global::from_addr(flag), seq, WaitKind::EndBarrier, q) {
+        publish(ctx, peers, Workspace::done_offset, seq);
+        for q in others(ctx, peers) {
+            let flag = flag_of_peer(ctx, q, Workspace::done_offset);
+            if !wait::flag_reaches(ctx, flag, seq, WaitKind::EndBarrier, q) {
                 break;
             }
         }
