@@ -1752,6 +1752,20 @@ pub fn min_traffic(collective: Collective, size: u64, ranks: usize, in_place: bo
     }
 }
 
+/// Repetitions of a compute load whose `probe` repetitions took `probe_ms` that last about
+/// `target_ms` (the nearest whole number, at least 1), or the `compute_ms` error where that count
+/// does not fit the kernels' `u32`.
+pub(crate) fn compute_reps(probe: u32, probe_ms: f64, target_ms: f64) -> Result<u32> {
+    let want = (probe as f64 * target_ms / probe_ms.max(1e-6)).round().max(1.0);
+    if want > u32::MAX as f64 {
+        return Err(Error::Config {
+            field: "compute_ms",
+            why: format!("{target_ms} ms of compute needs {want:.0} repetitions per call, more than {}", u32::MAX),
+        });
+    }
+    Ok(want as u32)
+}
+
 /// Parameters of the reshard benchmark (`oxccl bench reshard`).
 #[derive(Clone, Debug)]
 pub struct ReshardBench {
@@ -1823,12 +1837,13 @@ fn reshard_pattern(i: u64, elem: usize) -> u64 {
 /// Rank `rank`'s shard of the pattern tensor under `sharding`, as bytes.
 fn reshard_shard(sharding: &oxccl_host::reshard::Sharding, rank: u32, elem: usize) -> Vec<u8> {
     let Some(region) = sharding.local_region(rank) else { return Vec::new() };
+    if region.is_empty() {
+        return Vec::new();
+    }
+    // A non-empty region: no extent is 0, so the strides are at most the element count.
     let shape = sharding.shape();
     let strides: Vec<u64> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
     let mut out = Vec::with_capacity(region.volume() as usize * elem);
-    if region.is_empty() {
-        return out;
-    }
     let k = region.start.len().saturating_sub(1);
     let run = region.extent.last().copied().unwrap_or(1);
     let rows: u64 = region.extent[..k].iter().product();
@@ -1877,6 +1892,10 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
     check_iters(b.iters)?;
     let comm = Communicator::virtual_ranks(stream, b.ranks, b.config.clone())?;
     let e = b.dtype.size();
+    // The meshes within the ranks before planning (a mesh of a million ranks plans slowly).
+    let world = u32::try_from(b.ranks).unwrap_or(u32::MAX);
+    b.src.mesh().check_world(world).map_err(oxccl_host::reshard::ReshardError::Src)?;
+    b.dst.mesh().check_world(world).map_err(oxccl_host::reshard::ReshardError::Dst)?;
     let plan = reshard::plan(&b.shape, e as u64, &b.src, &b.dst, b.options.plan)?;
     let ctas = comm.ctas_per_rank();
     let opts = LowerOptions { owner: b.options.owner, dtype: Some(b.dtype), ..LowerOptions::new(b.ranks, ctas) };
@@ -1895,10 +1914,16 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
             }
         }
     }
-    let total: u64 = need.iter().flatten().sum::<u64>() + 2 * plan.src_sharding().elements() * e as u64;
+    // Checked: a shape whose buffers add up past 2^64 bytes must not wrap into a small total.
+    let total = need
+        .iter()
+        .flatten()
+        .try_fold(0u64, |t, &b| t.checked_add(b))
+        .and_then(|t| t.checked_add(plan.src_sharding().elements().checked_mul(2 * e as u64)?));
     stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
     let (free, _) = cudarc::driver::result::mem_get_info().map_err(Error::driver("cuMemGetInfo"))?;
-    if total as f64 > 0.9 * free as f64 {
+    if total.is_none_or(|total| total as f64 > 0.9 * free as f64) {
+        let total = total.map_or("more than 2^64".into(), |t| t.to_string());
         return Err(Error::Config {
             field: "shape",
             why: format!("the benchmark needs {total} bytes of device memory, {free} are free; use a smaller shape"),
@@ -2044,6 +2069,16 @@ fn reshard_call(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compute_repetitions_scale_to_the_time_asked_or_are_refused() {
+        // 1000 repetitions took 2 ms: 5 ms takes 2500; anything shorter than one repetition, 1.
+        assert_eq!(compute_reps(1000, 2.0, 5.0).unwrap(), 2500);
+        assert_eq!(compute_reps(1000, 2.0, 1e-9).unwrap(), 1);
+        // A count past the kernels' u32 is an error naming the flag, not a silent cut.
+        let e = compute_reps(16384, 0.01, 60_000.0).unwrap_err();
+        assert!(matches!(e, Error::Config { field: "compute_ms", .. }), "{e}");
+    }
 
     #[test]
     fn numbers_print_as_nccl_tests_prints_them() {
@@ -3061,18 +3096,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 // Calibrate once: the compute work alone takes about as long as asked, or as the
                 // first collective (the nearest whole number of repetitions).
                 let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
-                let target = b.compute_ms.unwrap_or(coll_alone);
-                let want = (probe as f64 * target / t.max(1e-6)).round().max(1.0);
-                if want > u32::MAX as f64 {
-                    return Err(Error::Config {
-                        field: "compute_ms",
-                        why: format!(
-                            "{target} ms of compute needs {want:.0} repetitions per call, more than {}",
-                            u32::MAX
-                        ),
-                    });
-                }
-                reps = want as u32;
+                reps = compute_reps(probe, t, b.compute_ms.unwrap_or(coll_alone))?;
             }
             let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);

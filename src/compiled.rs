@@ -158,6 +158,8 @@ const _: () = assert!(
 impl CompiledPlan {
     /// Every rank of `lowered` on the GPU of `ctx`, each on a new stream of its own.
     pub fn virtual_ranks(ctx: &Arc<CudaContext>, lowered: &LoweredPlan, config: CompiledConfig) -> Result<Self> {
+        // Before a stream per rank: a plan of too many ranks is refused, not given streams.
+        validate(lowered)?;
         let streams = (0..lowered.ranks.len())
             .map(|_| ctx.new_stream().map_err(Error::driver("cuStreamCreate")))
             .collect::<Result<Vec<_>>>()?;

@@ -286,7 +286,8 @@ pub struct LaunchSpec {
     /// How the TMA mover reduces: in registers, or with `cp.reduce.async.bulk` where the hardware
     /// supports the type and operator.
     pub reduce_mode: ReduceMode,
-    /// Every device-side wait gives up after this many nanoseconds and reports a timeout.
+    /// Every device-side wait gives up after this many nanoseconds and reports a timeout: at least
+    /// 1 and at most [`MAX_TIMEOUT`](crate::MAX_TIMEOUT) ([`Engine::check`] refuses others).
     pub timeout_ns: u64,
     /// Suspend-time hint for waits (ns); 0 spins.
     pub wait_suspend_ns: u32,
@@ -636,6 +637,7 @@ impl Engine {
     /// Checks that `spec` can launch `ctas` co-resident CTAs of a program needing `slots` slots.
     pub fn check(&self, spec: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         let cfg = |field, why: String| Err(Error::Config { field, why });
+        crate::comm::check_timeout(std::time::Duration::from_nanos(spec.timeout_ns))?;
         crate::comm::check_threads("threads", spec.threads, 1024)?;
         if spec.mover == Mover::Simt && spec.threads > 512 {
             return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));

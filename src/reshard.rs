@@ -60,7 +60,8 @@ pub fn validate(world: usize, src: &Side<'_>, dst: &Side<'_>) -> Result<()> {
             return Err(Error::BufferCount { what, expected: world, got: side.buffers.len() });
         }
     }
-    let w = world as u32;
+    // Every mesh rank is a u32: a world past u32::MAX holds them all.
+    let w = u32::try_from(world).unwrap_or(u32::MAX);
     let src_sharding = src
         .layout
         .validate_in_world(src.shape, w)

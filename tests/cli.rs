@@ -268,6 +268,11 @@ fn out_of_range_sizes_and_counts_are_named_not_panics() {
         (&["demo", "--count", "100000000000", "--cpu"], "--count 100000000000"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "4x1073741826"], "more than 1048576 GPUs"),
         (&["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--instances", "4294967295"], "too large"),
+        // Refused before the 8192-rank program is generated and compiled (which takes long).
+        (
+            &["bench", "--algo", "direct-alltoall", "--topo", "1x8192"],
+            "--topo 1x8192: 8192 ranks: a launch addresses at most 16",
+        ),
     ] {
         let (ok, err) = oxccl(args);
         assert!(!ok && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");

@@ -426,6 +426,39 @@ fn reduce_after_writes_orders_dependent_tasks() {
 
 /// Launches one CTA of rank 0 with no tasks and barriers with rank 1, which is never launched;
 /// rank 0's workspace holds the u64 `writes` (byte offset, value) first. Returns the status.
+/// A launch of one TMA warp with a small pipeline.
+fn one_warp_spec(timeout_ns: u64) -> LaunchSpec {
+    LaunchSpec {
+        mover: Mover::Tma,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        threads: 32,
+        chunk_bytes: 1024,
+        stages: 2,
+        reduce_mode: ReduceMode::Registers,
+        timeout_ns,
+        wait_suspend_ns: 0,
+        issuers: 1,
+        combine_direct: false,
+    }
+}
+
+/// A hand-built launch whose timeout is 0 (every wait not already met would fail at once) or past
+/// `MAX_TIMEOUT` (the device's deadline saturates, so a missing peer would hang it) is refused.
+#[test]
+fn launches_with_a_zero_or_unbounded_timeout_are_refused() {
+    let Some(stream) = common::gpu("launches_with_a_zero_or_unbounded_timeout_are_refused") else { return };
+    let engine = Engine::new(stream.context()).unwrap();
+    let max = oxccl::MAX_TIMEOUT.as_nanos() as u64;
+    for t in [0, max + 1, u64::MAX] {
+        let e = engine.check(&one_warp_spec(t), 1, 1).expect_err("refused");
+        assert!(matches!(e, oxccl::Error::Config { field: "timeout", .. }), "{t} ns: {e}");
+    }
+    for t in [1, max] {
+        engine.check(&one_warp_spec(t), 1, 1).unwrap_or_else(|e| panic!("{t} ns: {e}"));
+    }
+}
+
 fn launch_rank0_barrier_only(
     engine: &Engine,
     stream: &Arc<CudaStream>,
@@ -450,19 +483,7 @@ fn launch_rank0_barrier_only(
     let mut workspaces = [0u64; MAX_RANKS];
     workspaces[0] = ws[0].ptr();
     workspaces[1] = ws[1].ptr();
-    let spec = LaunchSpec {
-        mover: Mover::Tma,
-        dtype: DType::F32,
-        op: RedOp::Sum,
-        threads: 32,
-        chunk_bytes: 1024,
-        stages: 2,
-        reduce_mode: ReduceMode::Registers,
-        timeout_ns,
-        wait_suspend_ns: 0,
-        issuers: 1,
-        combine_direct: false,
-    };
+    let spec = one_warp_spec(timeout_ns);
     // SAFETY: the program has no tasks (no buffer is touched); both workspaces are live device
     // allocations of the workspace's size until `launch_status` has synchronised.
     let st = unsafe { launch_status(engine, stream, &prog, &spec, [[0; BUFFER_SLOTS]; MAX_RANKS], workspaces) };

@@ -538,7 +538,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let probe = work.probe_reps();
     let t = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(probe))?;
     let target = b.compute_ms.unwrap_or(3.0 * alone_ms);
-    let reps = (probe as f64 * target / t.max(1e-6)).round().clamp(1.0, u32::MAX as f64) as u32;
+    let reps = super::compute_reps(probe, t, target)?;
     let compute_alone = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(reps))?;
 
     let event = |s: &CudaStream| {

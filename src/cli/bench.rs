@@ -840,7 +840,20 @@ fn run_plan(a: &Args) -> CliResult {
         scheduler: scheduler.to_string(),
         tb_alloc: tb_alloc.to_string(),
     };
-    let (loaded, plan) = program.compile()?;
+    // The launch limit first: a program of thousands of ranks takes long to generate and compile.
+    let max_ranks = oxccl_kernels::abi::MAX_RANKS;
+    let too_many = |ranks: u64| format!("{ranks} ranks: a launch addresses at most {max_ranks}");
+    if let Some(topo) = &program.topo {
+        let (n, g) = super::plan::parse_topo(topo)?;
+        if u64::from(n) * u64::from(g) > max_ranks as u64 {
+            return Err(format!("--topo {topo}: {}", too_many(u64::from(n) * u64::from(g))).into());
+        }
+    }
+    let loaded = program.load()?;
+    if loaded.program.ranks() as usize > max_ranks {
+        return Err(too_many(loaded.program.ranks().into()).into());
+    }
+    let plan = oxccl_host::compile::compile(&loaded.program, &program.options()?)?;
     if a.op.is_some() && !plan.layout.collective.reduces() {
         return Err(format!(
             "-o/--op is for plans that reduce, not {} (its {} reduces nothing)",
@@ -850,9 +863,6 @@ fn run_plan(a: &Args) -> CliResult {
         .into());
     }
     let ranks = plan.layout.ranks as usize;
-    if ranks > oxccl_kernels::abi::MAX_RANKS {
-        return Err(format!("{ranks} ranks: a launch addresses at most {}", oxccl_kernels::abi::MAX_RANKS).into());
-    }
     let config = CompiledConfig {
         mover: parse_mover(&a.mover)?,
         threads: a.threads,
@@ -999,7 +1009,9 @@ fn run_reshard(
     command: &[String],
     device: &str,
 ) -> CliResult {
-    let bytes = b.shape.iter().product::<u64>() * b.dtype.size() as u64;
+    // An extent of 0 makes the tensor empty, however large the others' product.
+    let bytes =
+        if b.shape.contains(&0) { 0 } else { b.shape.iter().fold(b.dtype.size() as u64, |t, &x| t.saturating_mul(x)) };
     println!("# oxccl reshard: {}", command.join(" "));
     println!(
         "# device: {device}, {} virtual ranks, mover {}, owner {}, {} iterations after {} warm-up",

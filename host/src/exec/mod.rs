@@ -503,8 +503,9 @@ pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
 
 /// Whether a host verification of `l`'s program with `chunk_len` elements per chunk stays within
 /// [`MAX_VERIFY_ELEMENTS`]: `execute` allocates every rank's whole storage, scratch included, so
-/// that is what is bounded. `Err` says by how much, in words.
+/// that is what is bounded. `Err` says by how much, in words, or what is wrong with `l`.
 pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
+    l.validate().map_err(|e| e.to_string())?;
     let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
     if (storage as u128) * chunk_len as u128 > MAX_VERIFY_ELEMENTS as u128 {
         return Err(format!(
