@@ -424,8 +424,6 @@ fn reduce_after_writes_orders_dependent_tasks() {
     }
 }
 
-/// Launches one CTA of rank 0 with no tasks and barriers with rank 1, which is never launched;
-/// rank 0's workspace holds the u64 `writes` (byte offset, value) first. Returns the status.
 /// A launch of one TMA warp with a small pipeline.
 fn one_warp_spec(timeout_ns: u64) -> LaunchSpec {
     LaunchSpec {
@@ -459,6 +457,8 @@ fn launches_with_a_zero_or_unbounded_timeout_are_refused() {
     }
 }
 
+/// Launches one CTA of rank 0 with no tasks and barriers with rank 1, which is never launched;
+/// rank 0's workspace holds the u64 `writes` (byte offset, value) first. Returns the status.
 fn launch_rank0_barrier_only(
     engine: &Engine,
     stream: &Arc<CudaStream>,

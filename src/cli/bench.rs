@@ -800,7 +800,7 @@ fn run_named(a: Args) -> CliResult {
         println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", "size", "oop bytes", "oop %", "ip bytes", "ip %");
         for r in &rows {
             let moved = |in_place| bench::min_traffic(collective, r.size, b.ranks, in_place);
-            // Both sides ran (`collective_bench` times each).
+            // `collective_bench` times both sides; `N/A` would mark one that did not run.
             let pct = |bytes: u64, us: Option<f64>| {
                 us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy))
             };
@@ -845,8 +845,9 @@ fn run_plan(a: &Args) -> CliResult {
     let too_many = |ranks: u64| format!("{ranks} ranks: a launch addresses at most {max_ranks}");
     if let Some(topo) = &program.topo {
         let (n, g) = super::plan::parse_topo(topo)?;
-        if u64::from(n) * u64::from(g) > max_ranks as u64 {
-            return Err(format!("--topo {topo}: {}", too_many(u64::from(n) * u64::from(g))).into());
+        let ranks = u64::from(n) * u64::from(g);
+        if ranks > max_ranks as u64 {
+            return Err(format!("--topo {topo}: {}", too_many(ranks)).into());
         }
     }
     let loaded = program.load()?;
