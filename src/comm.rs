@@ -641,17 +641,12 @@ impl Communicator {
     /// where a launch has recorded one that was not reported yet and has reached host memory (after
     /// waiting for the streams; during a CUDA graph capture, which a wait would end, at once).
     pub(crate) fn check_usable(&self) -> Result<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Poisoned);
-        }
-        if let Some(g) = self.groups.iter().find(|g| g.status.errors() != 0) {
-            if self.capturing()? {
-                self.poisoned.store(true, Ordering::SeqCst);
-                return Err(recorded_while_running(&g.status.read()));
-            }
-            self.synchronize()?;
-        }
-        Ok(())
+        refuse_after_device_error(
+            &self.poisoned,
+            self.groups.iter().map(|g| &g.status),
+            || self.capturing(),
+            || self.synchronize(),
+        )
     }
 
     /// Whether any rank's stream is capturing a CUDA graph (or was, and the capture broke).
@@ -1439,9 +1434,33 @@ pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream
     })
 }
 
+/// What a launch checks first (communicators and compiled plans): [`Error::Poisoned`] after a
+/// reported, unreset device error (`poisoned`); where one of the launches' `records` holds an error
+/// not reported yet, that error: from `synchronize`, which waits for the launches and reports it,
+/// or, while a stream captures a graph (`capturing`; a wait would end the capture), at once as
+/// [`recorded_while_running`] reads it, poisoning.
+pub(crate) fn refuse_after_device_error<'a>(
+    poisoned: &AtomicBool,
+    mut records: impl Iterator<Item = &'a StatusRecord>,
+    capturing: impl FnOnce() -> Result<bool>,
+    synchronize: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if poisoned.load(Ordering::SeqCst) {
+        return Err(Error::Poisoned);
+    }
+    if let Some(record) = records.find(|r| r.errors() != 0) {
+        if capturing()? {
+            poisoned.store(true, Ordering::SeqCst);
+            return Err(recorded_while_running(&record.read()));
+        }
+        synchronize()?;
+    }
+    Ok(())
+}
+
 /// The error a record holds while the launch that wrote it may still run (a capture forbids the
 /// wait): its details, if they have reached host memory, else [`Error::Poisoned`].
-pub(crate) fn recorded_while_running(s: &abi::Status) -> Error {
+fn recorded_while_running(s: &abi::Status) -> Error {
     match abi::WaitKind::from_raw(s.kind) {
         Some(_) => Error::from_status(s).unwrap_or(Error::Poisoned),
         None => Error::Poisoned,

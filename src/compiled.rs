@@ -30,7 +30,7 @@
 use crate::Element;
 use crate::comm::{
     GuardKind, Range, any_capturing, check_aligned, check_disjoint, check_placed, check_timeout, enable_peer_access,
-    ordinal_of, recorded_while_running,
+    ordinal_of, refuse_after_device_error,
 };
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
@@ -536,17 +536,12 @@ impl CompiledPlan {
     /// size, alive and used by nothing else until the launches complete (in place, the larger user
     /// buffer holds both input and output, as the lowering placed them).
     pub unsafe fn launch(&self, buffers: &[[u64; BUFFER_SLOTS]], lead: Option<&CudaStream>) -> Result<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(Error::Poisoned);
-        }
-        if let Some(r) = self.ranks.iter().find(|r| r.status.errors() != 0) {
-            if self.capturing()? {
-                // A wait would end the capture: report the record as it stands.
-                self.poisoned.store(true, Ordering::SeqCst);
-                return Err(recorded_while_running(&r.status.read()));
-            }
-            self.synchronize()?;
-        }
+        refuse_after_device_error(
+            &self.poisoned,
+            self.ranks.iter().map(|r| &r.status),
+            || self.capturing(),
+            || self.synchronize(),
+        )?;
         let n = self.ranks.len();
         if buffers.len() != n {
             return Err(Error::BufferCount { what: "buffer tables", expected: n, got: buffers.len() });
