@@ -16,30 +16,36 @@ fn cases() -> usize {
     common::count_from_env("OXCCL_GPU_CASES", 520)
 }
 
+/// `x` in the element type; the integer types spread small integers over their whole range
+/// (`common::spread_i32`, `common::spread_u32`: wrapping sums, u32 values on both sides of 2^31,
+/// no Min or Max poison).
 fn element(dtype: DType, x: f64) -> Vec<u8> {
     match dtype {
         DType::F32 => (x as f32).to_le_bytes().to_vec(),
         DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
         DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-        DType::I32 => (x as i32).to_le_bytes().to_vec(),
-        // At least 1: 0 is the Min poison.
-        DType::U32 => (x.abs() as u32 + 1).to_le_bytes().to_vec(),
+        DType::I32 => common::spread_i32(x as i32).to_le_bytes().to_vec(),
+        DType::U32 => common::spread_u32(x as i32).to_le_bytes().to_vec(),
     }
 }
 
-/// Per-rank inputs of `elems` elements: integers in -10..=10 (exact in every order) or random floats.
+/// Per-rank inputs of `elems` elements: integers in -10..=10 (exact in every order; spread over the
+/// integer types' range, see [`element`]) or, for the float types where `integers` is false, random
+/// floats.
 /// In-place Min and Max on integers get values distinct across ranks at every element, the extreme
 /// held by a random rank: the result then differs from every other rank's own input, so an element
 /// a rank fails to write shows although its buffer starts as its input.
 fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
     let (dtype, p) = (spec.dtype, spec.ranks);
+    // Random floats are for the float types.
+    let integers = integers || matches!(dtype, DType::I32 | DType::U32);
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(elems * dtype.size())).collect();
     // A Broadcast in place likewise whatever its operator (a rank's unwritten element keeps its own value).
     let distinct = integers
         && spec.in_place
         && (matches!(spec.collective, Collective::Broadcast { .. })
             || (spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather));
-    let low = if dtype == DType::U32 { 0.0 } else { -8.0 };
+    let low = -8.0;
     for _ in 0..elems {
         let turn = rng.below(p as u64) as usize;
         for (r, input) in v.iter_mut().enumerate() {
@@ -285,7 +291,7 @@ fn rounding_bound(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<f64>> {
 #[test]
 fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let Some(stream) = common::gpu("collectives_match_the_cpu_reference_on_virtual_ranks") else { return };
-    let seed = std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xC011_EC71);
+    let seed = common::seed_from_env(0xC011_EC71);
     let mut rng = common::Rng(seed);
     let sms = oxccl::engine::Engine::new(stream.context()).unwrap().sms;
     let (mut done, mut bounded) = (0, 0);
@@ -358,7 +364,7 @@ fn multi_gpu_cases() -> usize {
 #[test]
 fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
     let Some(gpus) = common::gpus("collectives_match_the_cpu_reference_with_one_rank_per_gpu") else { return };
-    let seed = std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6B0_0C11);
+    let seed = common::seed_from_env(0x6B0_0C11);
     let mut rng = common::Rng(seed);
     let sms = oxccl::engine::Engine::new(&gpus[0]).unwrap().sms;
     let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();
@@ -1026,21 +1032,40 @@ fn calls_end_before_a_held_stream_on_the_device() {
 }
 
 /// `clear_plans` through a shared reference while another thread makes calls: every call's plan is
-/// either the cached one or one taken before a clear, which lives until its launches end; the last
-/// call's result is right.
+/// either the cached one or one taken before a clear, which lives until its launches end. Every
+/// call's result is checked: the calls rotate over four sets of buffers, each with inputs of its own
+/// and outputs zeroed before its call, and each batch of four is checked before the next.
 #[test]
 fn plans_clear_while_another_thread_calls() {
     let Some(stream) = common::gpu("plans_clear_while_another_thread_calls") else { return };
     let comm = Communicator::virtual_ranks(&stream, 4, Config::default()).unwrap();
     let n = 1 << 16;
-    let send: Vec<CudaSlice<f32>> = (0..4).map(|r| stream.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
-    let mut recv: Vec<CudaSlice<f32>> = (0..4).map(|_| stream.alloc_zeros::<f32>(n).unwrap()).collect();
+    // Set s: rank r's input is r + 1 + s, so the sum is 10 + 4s.
+    let sets = 4;
+    let send: Vec<Vec<CudaSlice<f32>>> =
+        (0..sets).map(|s| (0..4).map(|r| stream.clone_htod(&vec![(r + 1 + s) as f32; n]).unwrap()).collect()).collect();
+    let mut recv: Vec<Vec<CudaSlice<f32>>> =
+        (0..sets).map(|_| (0..4).map(|_| stream.alloc_zeros::<f32>(n).unwrap()).collect()).collect();
     let calls = 200;
     let mut clears = 0;
     std::thread::scope(|scope| {
         let caller = scope.spawn(|| {
-            for _ in 0..calls {
-                comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+            for batch in 0..calls / sets {
+                for (s, (send, recv)) in send.iter().zip(recv.iter_mut()).enumerate() {
+                    for b in recv.iter_mut() {
+                        stream.memset_zeros(b).unwrap();
+                    }
+                    comm.all_reduce(send, recv, ReduceOp::Sum).unwrap_or_else(|e| panic!("batch {batch} set {s}: {e}"));
+                }
+                comm.synchronize().unwrap();
+                for (s, recv) in recv.iter().enumerate() {
+                    let want = (10 + 4 * s) as f32;
+                    for (r, b) in recv.iter().enumerate() {
+                        let got = stream.clone_dtoh(b).unwrap();
+                        let wrong = got.iter().filter(|&&x| x != want).count();
+                        assert_eq!(wrong, 0, "batch {batch} set {s} rank {r}: {wrong} elements not {want}");
+                    }
+                }
             }
         });
         while !caller.is_finished() {
@@ -1049,11 +1074,6 @@ fn plans_clear_while_another_thread_calls() {
         }
         caller.join().unwrap();
     });
-    comm.synchronize().unwrap();
     assert!(clears > 0);
-    for (r, b) in recv.iter().enumerate() {
-        let got = stream.clone_dtoh(b).unwrap();
-        assert!(got.iter().all(|&x| x == 10.0), "rank {r}: {} (want 10)", got[0]);
-    }
     println!("{calls} calls beside {clears} clears of the plan cache");
 }

@@ -67,7 +67,9 @@ impl Device {
     }
 }
 
-/// Small integers encoded as `dtype`: exact under any summation order for up to 16 ranks.
+/// Small integers encoded as `dtype`: exact under any summation order for up to 16 ranks (the
+/// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
+/// sums wrap, and u32 values lie on both sides of 2^31).
 fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes);
     while out.len() < bytes {
@@ -76,8 +78,8 @@ fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
             DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
             DType::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
             DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
-            DType::I32 => out.extend_from_slice(&v.to_le_bytes()),
-            DType::U32 => out.extend_from_slice(&(v + 8).to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&common::spread_i32(v).to_le_bytes()),
+            DType::U32 => out.extend_from_slice(&common::spread_u32(v).to_le_bytes()),
         }
     }
     out
@@ -678,8 +680,16 @@ fn run_takes_cudarc_buffers() {
     let lp = lower(&a2a, &LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, ..LowerOptions::default() }).unwrap();
     let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
     let n = (runner.buffer_bytes(0, 0).unwrap() / 4) as usize;
-    let send: Vec<CudaSlice<f32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<f32>(n).unwrap()).collect();
-    let mut recv: Vec<CudaSlice<f32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<f32>(n).unwrap()).collect();
+    // Inputs of the CPU executor's run below; outputs marked, so that a refused call that wrote shows.
+    let mut cpu = Memory::new(&lp);
+    for r in 0..8 {
+        cpu.buffers[r][0] = fill(DType::F32, n * 4, &mut rng);
+        cpu.buffers[r][1] = (0..n).flat_map(|_| (-1234.5f32).to_le_bytes()).collect();
+    }
+    let send: Vec<CudaSlice<f32>> =
+        (0..8).map(|r| dev.streams[r].clone_htod(&as_f32(&cpu.buffers[r][0])).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> =
+        (0..8).map(|r| dev.streams[r].clone_htod(&as_f32(&cpu.buffers[r][1])).unwrap()).collect();
     let ints: Vec<CudaSlice<i32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<i32>(n).unwrap()).collect();
     let mut int_recv: Vec<CudaSlice<i32>> = (0..8).map(|r| dev.streams[r].alloc_zeros::<i32>(n).unwrap()).collect();
     let e = runner.run(&ints, &mut int_recv).unwrap_err();
@@ -704,7 +714,14 @@ fn run_takes_cudarc_buffers() {
         drop(sends);
         alias.leak();
     }
-    // Nothing ran: the plan still works.
+    // Nothing ran: the outputs hold their mark, and the plan still works.
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(dev.streams[r].clone_dtoh(b).unwrap(), vec![-1234.5; n], "a refused call wrote rank {r}'s output");
+    }
     runner.run(&send, &mut recv).unwrap();
     runner.synchronize().unwrap();
+    launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(dev.streams[r].clone_dtoh(b).unwrap(), as_f32(&cpu.buffers[r][1]), "after the refusals: rank {r}");
+    }
 }

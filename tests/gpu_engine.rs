@@ -93,17 +93,19 @@ fn lowered(c: &Case) -> Lowered {
     Lowered { programs, tasks, ranks: c.sources, slots, combines }
 }
 
-/// Small integers in the element type: every summation order gives the same exact result.
+/// Small integers in the element type: every summation order gives the same exact result (the
+/// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
+/// sums wrap, and u32 values lie on both sides of 2^31).
 fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(bytes + 4);
     while v.len() < bytes {
-        let x = rng.below(61) as i32 - 30;
+        let x = rng.below(31) as i32 - 15;
         match dtype {
             DType::F32 => v.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F16 => v.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
             DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
-            DType::I32 => v.extend_from_slice(&x.to_le_bytes()),
-            DType::U32 => v.extend_from_slice(&(x.unsigned_abs()).to_le_bytes()),
+            DType::I32 => v.extend_from_slice(&common::spread_i32(x).to_le_bytes()),
+            DType::U32 => v.extend_from_slice(&common::spread_u32(x).to_le_bytes()),
         }
     }
     v.truncate(bytes);

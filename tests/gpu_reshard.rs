@@ -250,7 +250,7 @@ fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &s
 }
 
 fn seed() -> u64 {
-    std::env::var("OXCCL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5E5A_4D00)
+    common::seed_from_env(0x5E5A_4D00)
 }
 
 #[test]
@@ -287,7 +287,7 @@ fn random_reshards_match_the_global_tensor() {
 #[test]
 fn random_reshards_match_the_global_tensor_with_one_rank_per_gpu() {
     let Some(gpus) = common::gpus("random_reshards_match_the_global_tensor_with_one_rank_per_gpu") else { return };
-    let cases: usize = std::env::var("OXCCL_MULTI_GPU_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let cases = common::count_from_env("OXCCL_MULTI_GPU_CASES", 100);
     let seed = seed() ^ 0x6B0;
     let mut rng = common::Rng(seed);
     let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();

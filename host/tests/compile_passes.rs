@@ -15,6 +15,10 @@ fn pass_table_is_complete() {
     assert!(PASSES.iter().all(|p| !p.description.is_empty()));
 }
 
+/// A change detector for the passes' dumps: the files are the blessed output (`OXCCL_BLESS=1`,
+/// read when blessed), not an independent truth. That these plans compute their collectives is
+/// checked by running them: `exec_executor.rs` (`every_generator_every_configuration`, every
+/// generator, scheduler and allocator against the reference).
 #[test]
 fn golden_dumps_after_every_pass() {
     let cases = [
@@ -100,6 +104,32 @@ fn invalid_programs_are_compile_errors() {
     assert!(e.to_string().contains("op0"), "{e}");
 }
 
+/// Each rank's endpoints, counted from the program's ops: a transfer's send side on its source
+/// rank and receive side on its destination, one per (peer, channel) and, `per_conn`, per stage;
+/// local ops one per (rank, channel) and, `per_conn`, per stage.
+fn endpoints_per_rank(p: &oxccl_host::program::Program, per_conn: bool) -> Vec<u32> {
+    use oxccl_host::program::OpKind;
+    use std::collections::HashSet;
+    let mut seen = HashSet::new();
+    let mut count = vec![0u32; p.ranks() as usize];
+    for op in &p.ops {
+        let stage = if per_conn { op.stage } else { 0 };
+        let sides = match op.kind {
+            OpKind::Transfer { src_rank, dst_rank, channel, .. } => {
+                let conn = (src_rank.0, dst_rank.0, channel, stage);
+                vec![(src_rank.0, 0, conn), (dst_rank.0, 1, conn)]
+            }
+            _ => vec![(op.src_rank().0, 2, (0, 0, op.channel(), stage))],
+        };
+        for (rank, side, key) in sides {
+            if seen.insert((rank, side, key)) {
+                count[rank as usize] += 1;
+            }
+        }
+    }
+    count
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
 
@@ -117,6 +147,11 @@ proptest! {
             prop_assert!(per.is_ok(), "{s} per-conn: {:?}", per.err());
             let (state, per) = (state.unwrap(), per.unwrap());
             prop_assert!(state.stats.max_tbs_per_rank <= per.stats.max_tbs_per_rank);
+            // Per connection: one TB per endpoint; state-based: at most one per endpoint.
+            prop_assert_eq!(&per.stats.tbs_per_rank, &endpoints_per_rank(&p, true));
+            for (r, (&tbs, eps)) in state.stats.tbs_per_rank.iter().zip(endpoints_per_rank(&p, false)).enumerate() {
+                prop_assert!(tbs <= eps, "{} state: rank {} has {} TBs for {} endpoints", s, r, tbs, eps);
+            }
             prop_assert_eq!(state.stats.tasks, p.ops.iter().map(|o| if o.is_transfer() { 2 } else { 1 }).sum::<usize>());
             if matches!(s, Scheduler::Hpds | Scheduler::RoundRobin) {
                 prop_assert!(state.stats.fifo_slots_needed <= 1);

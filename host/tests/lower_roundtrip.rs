@@ -116,6 +116,9 @@ fn storage_placement_inverts() {
     }
 }
 
+/// A change detector for the lowered descriptors' dump: the files are the blessed output
+/// (`OXCCL_BLESS=1`, read when blessed). The same lowerings are run against the reference in
+/// `lower_exec.rs` (`ring`).
 #[test]
 fn golden_ring_allreduce() {
     let p = Algorithm::RingAllReduce.generate(1, 4).unwrap();

@@ -7,6 +7,10 @@ use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::{Collective, ProgramError, text};
 use proptest::prelude::*;
 
+/// A change detector for the generators' text form: the files are the blessed output
+/// (`OXCCL_BLESS=1`, read when blessed). The programs' correctness is checked by running them
+/// (`exec_executor.rs`, `every_generator_every_configuration`), and the text form by the round
+/// trips below.
 #[test]
 fn golden_generated_programs() {
     for (algo, n, g) in [

@@ -353,9 +353,26 @@ fn invalid_specs_are_typed_errors() {
     assert!(matches!(tccl::plan(&PlanSpec { ranks: 17, ..base }), Err(tccl::PlanError::Ranks { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { ctas: 0, ..base }), Err(tccl::PlanError::Ctas { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { count: u64::MAX / 2, ..base }), Err(tccl::PlanError::TooLarge { .. })));
-    // Near the limit: the split's arithmetic must not overflow either (no panic, a plan or an error).
+    // Near the limit the split's arithmetic must not overflow either: the plan covers every rank's
+    // output exactly once (checked as intervals: the range is too large to count bytes).
     let big = PlanSpec { collective: Collective::ReduceScatter, count: (1 << 58) - 1, ranks: 16, ctas: 256, ..base };
-    assert!(matches!(tccl::plan(&big), Ok(_) | Err(tccl::PlanError::TooLarge { .. })));
+    let plan = tccl::plan(&big).expect("2^58 - 1 f32 per rank plans");
+    let out = big.buffer_bytes().1;
+    for r in 0..16 {
+        let mut ranges: Vec<(u64, u64)> = plan
+            .tasks
+            .iter()
+            .filter(|t| t.dst_slot == slot::OUTPUT && t.dst_ranks & (1 << r) != 0)
+            .map(|t| (t.dst_offset, t.bytes))
+            .collect();
+        ranges.sort();
+        let mut at = 0;
+        for (offset, bytes) in ranges {
+            assert_eq!(offset, at, "rank {r}: a gap or an overlap at byte {at}");
+            at += bytes;
+        }
+        assert_eq!(at, out, "rank {r}: {at} of {out} output bytes written");
+    }
 }
 
 /// A root that is not one of the ranks is refused, for both rooted collectives.

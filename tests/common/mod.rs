@@ -174,6 +174,31 @@ pub fn count_from_env(name: &str, default: usize) -> usize {
     }
 }
 
+/// The random seed from `OXCCL_SEED`, else `default`. A value that does not parse fails the test:
+/// a mistyped seed would otherwise rerun the default and seem to reproduce nothing.
+pub fn seed_from_env(default: u64) -> u64 {
+    match std::env::var("OXCCL_SEED") {
+        Err(std::env::VarError::NotPresent) => default,
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("OXCCL_SEED={v}: give a decimal u64")),
+        Err(e) => panic!("OXCCL_SEED: {e}"),
+    }
+}
+
+/// A small integer `x` (|x| ≤ 15) spread over the whole i32 range: `x · (2^27 + 1)`, monotonic in
+/// `x`, never `i32::MIN` or `i32::MAX` (the Min and Max poisons), and large enough that sums of a few
+/// wrap, so integer tests exercise wrapping adds.
+pub fn spread_i32(x: i32) -> i32 {
+    assert!(x.abs() <= 15, "{x}: spread_i32 takes |x| <= 15");
+    x * ((1 << 27) + 1)
+}
+
+/// [`spread_i32`] as u32, plus 1: never 0 or `u32::MAX` (the Min and Max poisons); a negative `x`
+/// gives a value from 2^31 up, which a signed comparison would order below the others, so Min and
+/// Max on u32 must compare unsigned to match the reference.
+pub fn spread_u32(x: i32) -> u32 {
+    (spread_i32(x) as u32).wrapping_add(1)
+}
+
 /// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type), `bytes` of them
 /// encoded; `None` for the integer types.
 pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option<Vec<u8>> {
