@@ -623,20 +623,8 @@ pub struct CollectiveBench {
     pub op: ReduceOp,
     /// Ranks: one per stream given to [`collective_bench`].
     pub ranks: usize,
-    /// Smallest size in bytes, nccl-tests' `-b`: the larger per-rank buffer (at least one element).
-    pub min_bytes: u64,
-    /// Largest size in bytes, nccl-tests' `-e`: no size above it runs.
-    pub max_bytes: u64,
-    /// Factor from one size to the next, nccl-tests' `-f` (at least 2).
-    pub factor: u64,
-    /// Timed calls per size and side, nccl-tests' `-n` (at least 1; in a graph, the calls captured);
-    /// the time is their mean.
-    pub iters: usize,
-    /// Untimed calls before the timed ones, nccl-tests' `-w`.
-    pub warmup: usize,
-    /// Check every rank's result in a separate untimed call per size and side (nccl-tests' `-c`);
-    /// unchecked rows report `#wrong` as `N/A`.
-    pub check: bool,
+    /// Sizes, repetitions and checks (every rank's result, each side).
+    pub sweep: Sweep,
     /// nccl-tests' `-G`: 0 launches the calls one by one; N > 0 captures the `iters` timed calls
     /// in a CUDA graph and times N launches of it ([`time_graph_ms_on`]).
     pub graph_launches: usize,
@@ -1015,28 +1003,60 @@ fn check_f32_bytes(bytes: u64, per: &str) -> Result<()> {
     Ok(())
 }
 
-/// The sweep's sizes and repetitions as nccl-tests takes them: `min <= max`, both at least one
-/// element (a smaller size would run as one element, not as asked), a factor of at least 2 (a
-/// smaller one would never reach `max`), at least one timed iteration. Every benchmark checks these
-/// before it allocates anything.
-pub fn check_sweep(min_bytes: u64, max_bytes: u64, factor: u64, iters: usize, elem_bytes: u64) -> Result<()> {
-    let bad = |field, why: String| Err(Error::Config { field, why });
-    if min_bytes > max_bytes {
-        return bad("min_bytes", format!("{min_bytes} B is above the largest size ({max_bytes} B): no size to run"));
+/// The sizes and repetitions of a benchmark's sweep, nccl-tests' `-b -e -f -n -w -c`.
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep {
+    /// Smallest size in bytes, `-b`: the larger per-rank buffer (at least one element).
+    pub min_bytes: u64,
+    /// Largest size in bytes, `-e`: no size above it runs.
+    pub max_bytes: u64,
+    /// Factor from one size to the next, `-f` (at least 2).
+    pub factor: u64,
+    /// Timed calls per size (and side), `-n` (at least 1; in a graph, the calls captured); the time
+    /// is their mean.
+    pub iters: usize,
+    /// Untimed calls before the timed ones, `-w`.
+    pub warmup: usize,
+    /// Check the results of a separate untimed call per size (and side), `-c`; unchecked rows
+    /// report `#wrong` as `N/A`.
+    pub check: bool,
+}
+
+impl Sweep {
+    /// The sweep as nccl-tests takes it, for elements of `elem_bytes` bytes: `min <= max`, both at
+    /// least one element (a smaller size would run as one element, not as asked), a factor of at
+    /// least 2 (a smaller one would never reach `max`), at least one timed iteration. Every
+    /// benchmark checks these before it allocates anything.
+    pub fn validate(&self, elem_bytes: u64) -> Result<()> {
+        let Sweep { min_bytes, max_bytes, factor, .. } = *self;
+        let bad = |field, why: String| Err(Error::Config { field, why });
+        if min_bytes > max_bytes {
+            return bad(
+                "min_bytes",
+                format!("{min_bytes} B is above the largest size ({max_bytes} B): no size to run"),
+            );
+        }
+        if max_bytes < elem_bytes {
+            return bad("max_bytes", format!("{max_bytes} B holds no {elem_bytes}-byte element: no size to run"));
+        }
+        if min_bytes < elem_bytes {
+            return bad(
+                "min_bytes",
+                format!("{min_bytes} B holds no {elem_bytes}-byte element: the smallest size is {elem_bytes} B"),
+            );
+        }
+        if factor < 2 {
+            return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
+        }
+        check_iters(self.iters)
     }
-    if max_bytes < elem_bytes {
-        return bad("max_bytes", format!("{max_bytes} B holds no {elem_bytes}-byte element: no size to run"));
+
+    /// The sizes of a sweep [`Sweep::validate`] accepted: `min_bytes`, then each `factor` times the
+    /// last, up to `max_bytes` (ending early where the next would overflow).
+    pub fn sizes(&self) -> impl Iterator<Item = u64> + use<> {
+        let Sweep { min_bytes, max_bytes, factor, .. } = *self;
+        std::iter::successors(Some(min_bytes), move |&s| s.checked_mul(factor)).take_while(move |&s| s <= max_bytes)
     }
-    if min_bytes < elem_bytes {
-        return bad(
-            "min_bytes",
-            format!("{min_bytes} B holds no {elem_bytes}-byte element: the smallest size is {elem_bytes} B"),
-        );
-    }
-    if factor < 2 {
-        return bad("factor", format!("{factor}: sizes grow by a factor of at least 2"));
-    }
-    check_iters(iters)
 }
 
 /// nccl-tests' element count per rank for a row of `size` bytes (the larger per-rank buffer) of
@@ -1054,12 +1074,6 @@ pub fn nccl_count(collective: Collective, size: u64, elem_bytes: u64, ranks: usi
     }
 }
 
-/// The sizes of a sweep [`check_sweep`] accepted: `min_bytes`, then each `factor` times the last,
-/// up to `max_bytes` (ending early where the next would overflow).
-fn sweep_sizes(min_bytes: u64, max_bytes: u64, factor: u64) -> impl Iterator<Item = u64> {
-    std::iter::successors(Some(min_bytes), move |&s| s.checked_mul(factor)).take_while(move |&s| s <= max_bytes)
-}
-
 /// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
 /// together, or one stream per GPU), one row per size. Each rank's buffers live on its stream's GPU.
 pub fn collective_bench(
@@ -1068,7 +1082,7 @@ pub fn collective_bench(
     mut on_row: impl FnMut(&CollectiveRow),
 ) -> Result<Vec<CollectiveRow>> {
     // The parameters first: they need no stream.
-    check_sweep(b.min_bytes, b.max_bytes, b.factor, b.iters, b.dtype.size() as u64)?;
+    b.sweep.validate(b.dtype.size() as u64)?;
     if let Some(root) = b.collective.root()
         && root >= b.ranks
     {
@@ -1083,10 +1097,10 @@ pub fn collective_bench(
     // synchronised before the calls, which meet at device barriers.
     let _untracked = (b.graph_launches > 0).then(|| Untracked::new(streams));
     let p = b.ranks;
-    let mut staging = check_staging(streams, b.check)?;
+    let mut staging = check_staging(streams, b.sweep.check)?;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
-    for size in sweep_sizes(b.min_bytes, b.max_bytes, b.factor) {
+    for size in b.sweep.sizes() {
         let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
             collective: b.collective,
@@ -1232,20 +1246,20 @@ pub fn collective_bench(
                 DType::U32 => comm.prepare::<u32>(b.collective, count, b.op, in_place)?,
             };
             // Correctness pass (untimed) on fresh data.
-            if b.check {
+            if b.sweep.check {
                 call(&mut recv, &send)?;
                 wrong[k] += check(&recv, &mut staging)?;
             }
             times[k] = if b.graph_launches > 0 {
                 // The plan is built (and the warm-up run) outside the capture.
-                for _ in 0..b.warmup.max(1) {
+                for _ in 0..b.sweep.warmup.max(1) {
                     call(&mut recv, &send)?;
                 }
                 comm.synchronize()?;
                 // Out of place the outputs are poisoned first and checked after the graph, so the
                 // row's `#wrong` also covers what the graph computed (in place each call changes
                 // its data: checked before only).
-                let recheck = b.check && !in_place;
+                let recheck = b.sweep.check && !in_place;
                 if recheck {
                     for (buf, &r) in recv.iter_mut().zip(&recv_ranks) {
                         poison(&streams[r], buf)?;
@@ -1254,13 +1268,13 @@ pub fn collective_bench(
                         s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
                     }
                 }
-                let ms = time_graph_ms_on(streams, b.iters, b.graph_launches, || call(&mut recv, &send))?;
+                let ms = time_graph_ms_on(streams, b.sweep.iters, b.graph_launches, || call(&mut recv, &send))?;
                 if recheck {
                     wrong[k] += check(&recv, &mut staging)?;
                 }
                 ms
             } else {
-                time_ms_on(streams, b.warmup, b.iters, || call(&mut recv, &send))?
+                time_ms_on(streams, b.sweep.warmup, b.sweep.iters, || call(&mut recv, &send))?
             } * 1e3;
             comm.synchronize()?;
         }
@@ -1282,11 +1296,11 @@ pub fn collective_bench(
             oop_us: Some(times[0]),
             oop_algbw: Some(bw(times[0])),
             oop_busbw: Some(bw(times[0]) * factor),
-            oop_wrong: b.check.then_some(wrong[0]),
+            oop_wrong: b.sweep.check.then_some(wrong[0]),
             ip_us: Some(times[1]),
             ip_algbw: Some(bw(times[1])),
             ip_busbw: Some(bw(times[1]) * factor),
-            ip_wrong: b.check.then_some(wrong[1]),
+            ip_wrong: b.sweep.check.then_some(wrong[1]),
         };
         on_row(&row);
         rows.push(row);
@@ -1343,31 +1357,21 @@ pub struct PlanBench {
     pub micro_batches: u32,
     /// FIFO slots per connection, at least 1 (`None`: what the lowering needs, at least 2).
     pub slots: Option<u32>,
-    /// Smallest size in bytes (nccl-tests' `-b`): the larger user buffer per rank, before it is cut
-    /// into whole chunks; at least [`PlanBench::smallest_size`].
-    pub min_bytes: u64,
-    /// Largest size in bytes (nccl-tests' `-e`): no size above it runs.
-    pub max_bytes: u64,
-    /// Factor from one size to the next (at least 2).
-    pub factor: u64,
-    /// Timed launches per size (at least 1); the time is their mean.
-    pub iters: usize,
-    /// Untimed launches before the timed ones.
-    pub warmup: usize,
-    /// Check the result of a separate untimed launch per size (AllReduce, AllGather and
+    /// Sizes (the larger user buffer per rank, before it is cut into whole chunks; at least
+    /// [`PlanBench::smallest_size`]), launches per size, and checks (AllReduce, AllGather and
     /// ReduceScatter plans; other rows report `N/A`).
-    pub check: bool,
+    pub sweep: Sweep,
     /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
 }
 
 impl PlanBench {
-    /// Checks what [`plan_bench`] would refuse, without a GPU: the sweep ([`check_sweep`]),
+    /// Checks what [`plan_bench`] would refuse, without a GPU: the sweep ([`Sweep::validate`]),
     /// micro-batches in `1..=MAX_MICRO_BATCHES` (the executors' bound), at least one FIFO slot where
     /// they are given, the launch configuration ([`CompiledConfig::validate`]) and the plan's
     /// lowering at every size of the sweep.
     pub fn validate(&self) -> Result<()> {
-        check_sweep(self.min_bytes, self.max_bytes, self.factor, self.iters, self.dtype.size() as u64)?;
+        self.sweep.validate(self.dtype.size() as u64)?;
         let most = oxccl_host::sim::MAX_MICRO_BATCHES;
         if !(1..=most).contains(&self.micro_batches) {
             return Err(Error::Config {
@@ -1382,18 +1386,18 @@ impl PlanBench {
         // Below one 16-byte grain per chunk and micro-batch the plan cannot run `-b` as asked; it
         // would run a larger size instead, so such a sweep is refused.
         let smallest = self.smallest_size();
-        if self.min_bytes < smallest {
+        if self.sweep.min_bytes < smallest {
             return Err(Error::Config {
                 field: "min_bytes",
                 why: format!(
                     "{} B is below the plan's smallest size, {smallest} B ({} chunks x 16 B x {} micro-batches)",
-                    self.min_bytes,
+                    self.sweep.min_bytes,
                     self.user_chunks(),
                     self.micro_batches
                 ),
             });
         }
-        for size in sweep_sizes(self.min_bytes, self.max_bytes, self.factor) {
+        for size in self.sweep.sizes() {
             self.lowered(size).map_err(|e| match e {
                 Error::Config { field: "plan", why } => {
                     Error::Config { field: "plan", why: format!("at {size} B: {why}") }
@@ -1498,9 +1502,9 @@ pub fn plan_bench(
         Coll::ReduceScatter => Some(Collective::ReduceScatter),
         Coll::AllToAll => None,
     };
-    let mut staging = check_staging(streams, b.check)?;
+    let mut staging = check_staging(streams, b.sweep.check)?;
     let mut rows = Vec::new();
-    for size in sweep_sizes(b.min_bytes, b.max_bytes, b.factor) {
+    for size in b.sweep.sizes() {
         let (opts, slots, lp) = b.lowered(size)?;
         let chunk_bytes = opts.chunk_bytes;
         let runner = CompiledPlan::on_engines(&engines, streams, &lp, b.config.clone())?;
@@ -1541,7 +1545,7 @@ pub fn plan_bench(
             s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
         let mut wrong = None;
-        if b.check
+        if b.sweep.check
             && let Some(c) = collective
         {
             // SAFETY: the buffers are the plan's own, alive until the synchronisation.
@@ -1571,7 +1575,7 @@ pub fn plan_bench(
             }
             wrong = Some(n);
         }
-        let us = time_ms(stream, b.warmup, b.iters, || {
+        let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, || {
             // SAFETY: as above; `stream` orders every launch after the previous one.
             unsafe { runner.launch(&table, Some(stream)) }
         })? * 1e3;
@@ -2198,6 +2202,9 @@ mod tests {
     /// refusal names its field.
     #[test]
     fn sweeps_that_cannot_run_are_refused() {
+        let check_sweep = |min_bytes, max_bytes, factor, iters, elem| {
+            Sweep { min_bytes, max_bytes, factor, iters, warmup: 0, check: true }.validate(elem)
+        };
         assert!(check_sweep(1 << 20, 1 << 30, 4, 20, 4).is_ok());
         assert!(check_sweep(8, 8, 2, 1, 4).is_ok());
         assert!(check_sweep(2, 2, 2, 1, 2).is_ok());
@@ -2222,9 +2229,12 @@ mod tests {
     /// (a largest size of 2^64 - 1 B does not run forever).
     #[test]
     fn sweep_sizes_end() {
-        assert_eq!(sweep_sizes(4, 100, 4).collect::<Vec<_>>(), [4, 16, 64]);
-        assert_eq!(sweep_sizes(8, 8, 2).collect::<Vec<_>>(), [8]);
-        let all: Vec<u64> = sweep_sizes(1, u64::MAX, 2).collect();
+        let sweep_sizes = |min_bytes, max_bytes, factor| {
+            Sweep { min_bytes, max_bytes, factor, iters: 1, warmup: 0, check: true }.sizes().collect::<Vec<_>>()
+        };
+        assert_eq!(sweep_sizes(4, 100, 4), [4, 16, 64]);
+        assert_eq!(sweep_sizes(8, 8, 2), [8]);
+        let all: Vec<u64> = sweep_sizes(1, u64::MAX, 2);
         assert_eq!((all.len(), all.last()), (64, Some(&(1u64 << 63))));
     }
 
@@ -2490,12 +2500,7 @@ mod tests {
                 dtype: DType::F32,
                 op: ReduceOp::Sum,
                 ranks: 2,
-                min_bytes: 1 << 20,
-                max_bytes: 1 << 20,
-                factor: 2,
-                iters: 1,
-                warmup: 0,
-                check: true,
+                sweep: Sweep { min_bytes: 1 << 20, max_bytes: 1 << 20, factor: 2, iters: 1, warmup: 0, check: true },
                 graph_launches: 0,
                 config: Config::default(),
             };

@@ -483,6 +483,18 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
 }
 
 /// The communicator configuration of a collective's benchmark, from the flags.
+/// The sweep of `-b -e -f -n -w -c`.
+fn sweep(a: &Args) -> bench::Sweep {
+    bench::Sweep {
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        factor: a.factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        check: a.check != 0,
+    }
+}
+
 fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
     let reduction = parse_reduction(a.reduction.as_deref().unwrap_or("registers"))?;
     Ok(Config {
@@ -669,7 +681,7 @@ fn run_named(a: Args) -> CliResult {
             return Err(format!("-o/--op is for the collectives that reduce, not {what} (it reduces nothing)").into());
         }
         parse_op(a.op.as_deref().unwrap_or("sum"))?;
-        bench::check_sweep(a.min_bytes, a.max_bytes, a.factor, a.iters, dtype.size() as u64)?;
+        sweep(&a).validate(dtype.size() as u64)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
     let gpus = contexts(&a)?;
@@ -741,12 +753,7 @@ fn run_named(a: Args) -> CliResult {
         dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
         op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         ranks: a.ranks.unwrap_or(if a.gpus.is_some() { gpus.len() } else { 8 }),
-        min_bytes: a.min_bytes,
-        max_bytes: a.max_bytes,
-        factor: a.factor,
-        iters: a.iters,
-        warmup: a.warmup,
-        check: a.check != 0,
+        sweep: sweep(&a),
         graph_launches: a.graph.unwrap_or(0),
         config,
     };
@@ -765,7 +772,7 @@ fn run_named(a: Args) -> CliResult {
     if b.graph_launches > 0 {
         println!(
             "# timed: the {} calls of each half captured in a CUDA graph, {} launches of it (nccl-tests' -G)",
-            b.iters, b.graph_launches
+            b.sweep.iters, b.graph_launches
         );
     }
     println!("{}", bench::NCCL_HEADER);
@@ -878,12 +885,7 @@ fn run_plan(a: &Args) -> CliResult {
         op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
         micro_batches: a.micro_batches,
         slots: a.slots,
-        min_bytes: a.min_bytes,
-        max_bytes: a.max_bytes,
-        factor: a.factor,
-        iters: a.iters,
-        warmup: a.warmup,
-        check: a.check != 0,
+        sweep: sweep(a),
         config,
     };
     // One stream per virtual rank: more than the driver's default eight hardware queues must be
