@@ -85,6 +85,14 @@ pub struct Connection {
     pub inter_node: bool,
 }
 
+/// `r0 -> r1 ch=0 intra`, as the dumps print a connection.
+impl std::fmt::Display for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let link = if self.inter_node { "inter" } else { "intra" };
+        write!(f, "{} -> {} ch={} {link}", self.src, self.dst, self.channel)
+    }
+}
+
 /// The thread blocks of one rank.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RankPlan {
@@ -282,14 +290,7 @@ impl Plan {
             self.stats.tasks
         );
         for (i, c) in self.connections.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "c{i} = {} -> {} ch={} {}",
-                c.src,
-                c.dst,
-                c.channel,
-                if c.inter_node { "inter" } else { "intra" }
-            );
+            let _ = writeln!(s, "c{i} = {c}");
         }
         for rp in &self.ranks {
             let _ = writeln!(s, "{}:", rp.rank);

@@ -91,14 +91,7 @@ impl Allocation {
     pub fn dump(&self) -> String {
         let mut s = String::new();
         for (i, c) in self.connections.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "c{i} = {} -> {} ch={} {}",
-                c.src,
-                c.dst,
-                c.channel,
-                if c.inter_node { "inter" } else { "intra" }
-            );
+            let _ = writeln!(s, "c{i} = {c}");
         }
         let mut by_tb: Vec<Vec<Vec<&Endpoint>>> =
             self.tbs_per_rank.iter().map(|&n| vec![Vec::new(); n as usize]).collect();
