@@ -88,8 +88,7 @@ fn a_dropped_send_deadlocks() {
             match run(&lowered(&plan, mode, mbs, 4)) {
                 Err(LoweredExecError::Deadlock { blocked }) => {
                     assert!(!blocked.is_empty());
-                    let recv =
-                        blocked.iter().find(|b| b.origin == op).expect("the receive of the dropped send is blocked");
+                    let recv = blocked.iter().find(|b| b.op == op).expect("the receive of the dropped send is blocked");
                     assert!(recv.reason.contains("empty"), "{recv:?}");
                 }
                 other => panic!("{mode:?}: expected a deadlock, got {other:?}"),

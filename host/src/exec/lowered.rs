@@ -23,9 +23,10 @@
 //! It also keeps per-TB busy/idle accounts in executor turns ([`TbAccount`]), the counterpart of
 //! the device's `%globaltimer` records ([`oxccl_kernels::abi::TbTiming`]).
 
+pub use super::Blocked;
 use super::{Element, ReduceOp, VerifyReport, reference, test_inputs};
+use crate::compile::TbId;
 use crate::compile::lower::{DescriptorError, LoweredPlan, place, validate};
-use crate::compile::{Prim, TbId};
 use crate::lowered::combine_into;
 use crate::program::{OpId, Rank, Slice};
 use bytemuck::Pod;
@@ -185,26 +186,6 @@ impl Default for LaunchOptions {
     }
 }
 
-/// Where a TB is stuck, for deadlock reports.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct Blocked {
-    /// The rank the TB belongs to.
-    pub rank: Rank,
-    /// The TB (`blockIdx.x`), indexed within its rank.
-    pub tb: TbId,
-    /// The task's index in its TB.
-    pub task: u32,
-    /// The primitive of the task's descriptor kind.
-    pub prim: Prim,
-    /// The program op the task was lowered from ([`FifoTask::origin`]).
-    pub origin: OpId,
-    /// The micro-batch the TB is at (from 0).
-    pub micro_batch: u32,
-    /// What it waits for: `FIFO c3 full`, `FIFO c3 empty`, or another TB's progress counter below
-    /// the threshold (`waits for tb1.4 (progress 7 < 9)`).
-    pub reason: String,
-}
-
 /// Why a launch of a lowered plan failed.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum LoweredExecError {
@@ -265,23 +246,7 @@ impl fmt::Display for LoweredExecError {
             LoweredExecError::Descriptor(e) => write!(f, "malformed descriptors: {e}"),
             LoweredExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
             LoweredExecError::StaleWorkspace { rank, what } => write!(f, "{rank}: stale workspace: {what}"),
-            LoweredExecError::Deadlock { blocked } => {
-                write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
-                for b in blocked.iter().take(8) {
-                    write!(
-                        f,
-                        "; {} {} task {} ({} {}, micro-batch {}): {}",
-                        b.rank,
-                        b.tb,
-                        b.task,
-                        b.prim.name(),
-                        b.origin,
-                        b.micro_batch,
-                        b.reason
-                    )?;
-                }
-                Ok(())
-            }
+            LoweredExecError::Deadlock { blocked } => super::write_deadlock(f, blocked),
             LoweredExecError::FifoOrder { conn, receiver_op, message_op, receiver_chunks, message_chunks } => write!(
                 f,
                 "c{conn}: the receive of {receiver_op} ({receiver_chunks} chunks) found the message of {message_op} \
@@ -556,7 +521,7 @@ pub fn launch(lp: &LoweredPlan, mem: &mut Memory, opts: &LaunchOptions) -> Resul
                                 tb: TbId::new(t),
                                 task: i - tb.first_task,
                                 prim: crate::compile::lower::prim_of(kind),
-                                origin: OpId(task.origin),
+                                op: OpId(task.origin),
                                 micro_batch: m,
                                 reason,
                             });

@@ -132,8 +132,8 @@ impl Default for ExecOptions {
     }
 }
 
-/// Where a TB is stuck, for deadlock reports.
-#[derive(Clone, PartialEq, Debug)]
+/// Where a TB is stuck, for deadlock reports (of plans and of lowered plans).
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Blocked {
     /// The rank the TB belongs to.
     pub rank: Rank,
@@ -143,13 +143,28 @@ pub struct Blocked {
     pub task: u32,
     /// The blocked task's primitive.
     pub prim: Prim,
-    /// The program op the task is part of.
+    /// The program op the task is part of (a lowered task: the op it was lowered from).
     pub op: OpId,
     /// The micro-batch the TB is at (from 0).
     pub micro_batch: u32,
-    /// What it waits for: `FIFO c3 full`, `FIFO c3 empty` or `waits for tb1.4` (a sync point on
-    /// task 4 of TB 1).
+    /// What it waits for: `FIFO c3 full`, `FIFO c3 empty`, `waits for tb1.4` (a sync point on task
+    /// 4 of TB 1), or in a lowered plan another TB's progress counter below the threshold (`waits
+    /// for tb1.4 (progress 7 < 9)`).
     pub reason: String,
+}
+
+/// `r0 tb1 task 4 (recv op7, micro-batch 2): FIFO c3 empty`.
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Blocked { rank, tb, task, prim, op, micro_batch, reason } = self;
+        write!(f, "{rank} {tb} task {task} ({} {op}, micro-batch {micro_batch}): {reason}", prim.name())
+    }
+}
+
+/// A deadlock report: how many TBs are stuck, and where the first eight are.
+pub(crate) fn write_deadlock(f: &mut fmt::Formatter<'_>, blocked: &[Blocked]) -> fmt::Result {
+    write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
+    blocked.iter().take(8).try_for_each(|b| write!(f, "; {b}"))
 }
 
 impl Blocked {
@@ -208,23 +223,7 @@ impl fmt::Display for ExecError {
         match self {
             ExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
             ExecError::BadPlan { reason } => write!(f, "malformed plan: {reason}"),
-            ExecError::Deadlock { blocked } => {
-                write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
-                for b in blocked.iter().take(8) {
-                    write!(
-                        f,
-                        "; {} {} task {} ({} {}, micro-batch {}): {}",
-                        b.rank,
-                        b.tb,
-                        b.task,
-                        b.prim.name(),
-                        b.op,
-                        b.micro_batch,
-                        b.reason
-                    )?;
-                }
-                Ok(())
-            }
+            ExecError::Deadlock { blocked } => write_deadlock(f, blocked),
             ExecError::FifoOrder { conn, receiver_op, message_op } => write!(
                 f,
                 "{conn}: the receive of {receiver_op} found the message of {message_op} (FIFO order mismatch)"
