@@ -562,7 +562,7 @@ impl MoverCase<'_> {
         // SAFETY: the program was built by `b` for its own buffers, which hold `cfg.bytes` each (every
         // task lies inside them); the buffers, the status record and the program outlive every launch
         // (the slices are freed in stream order, and dropping the bench or this case first waits for
-        // the stream); the program has no barriers; `status` is the bench's zeroed record.
+        // the stream); the program has no barriers; `status` is the bench's own record (device memory).
         unsafe { b.engine.launch(&b.stream, &self.prog, &self.spec, b.buffers, [0; MAX_RANKS], b.status.ptr()) }
     }
 
@@ -965,7 +965,9 @@ unsafe fn count_wrong_at(
         // Into pinned memory the copy is asynchronous: wait for the stream before reading.
         let host = &mut staging.as_mut_slice().map_err(Error::driver("cuEventSynchronize"))?[..bytes];
         // SAFETY: the piece lies inside the caller's range; `host` holds exactly its bytes and is read
-        // only after the stream is synchronised.
+        // only after the stream is synchronised. Where that synchronisation fails, the stream holds
+        // an error that stops its queued work (a trap or fault is sticky), so the copy does not
+        // land in `staging` after an early return frees it.
         unsafe { cudarc::driver::result::memcpy_dtoh_async(host, ptr + start * e as u64, stream.cu_stream()) }
             .map_err(Error::driver("cuMemcpyDtoHAsync"))?;
         stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
@@ -1158,6 +1160,10 @@ pub fn collective_bench(
                     }
                 }
             }
+            // Dropped before the buffers (declared after them): on any return from here, every
+            // stream's work ends before they are freed, also the calls of peers on other GPUs,
+            // which cudarc's per-stream ordering does not see.
+            let _drained = Drained(streams);
             // The uploads run on the ranks' streams; a rank's launch must not start before another
             // rank's buffers are written.
             for s in streams {
@@ -1174,6 +1180,7 @@ pub fn collective_bench(
                             .iter_mut()
                             .map(|x| {
                                 let n = x.len() / e as usize;
+                                // SAFETY: as for the send views above.
                                 unsafe { x.transmute_mut::<$t>(n) }.unwrap()
                             })
                             .collect();
@@ -1308,6 +1315,18 @@ pub fn collective_bench(
     Ok(rows)
 }
 
+/// Waits for every one of its streams when dropped (errors ignored: a failed wait means the stream
+/// runs nothing more).
+struct Drained<'a>(&'a [Arc<CudaStream>]);
+
+impl Drop for Drained<'_> {
+    fn drop(&mut self) {
+        for s in self.0 {
+            let _ = s.synchronize();
+        }
+    }
+}
+
 /// Event tracking off on the contexts of some streams while it lives (graph-mode benchmarks), as
 /// it was when dropped. Meanwhile cudarc orders no slice of those contexts across streams, also
 /// other threads' slices.
@@ -1319,8 +1338,9 @@ impl Untracked {
         for s in streams {
             if !ctxs.iter().any(|(c, _)| Arc::ptr_eq(c, s.context())) {
                 let was = s.context().is_event_tracking();
-                // SAFETY: the benchmark's buffers made meanwhile are each used on its rank's stream,
-                // after a synchronisation of every stream (see `collective_bench`).
+                // SAFETY: the benchmark's buffers made meanwhile are used by the calls of one size
+                // and side, and every stream's work ends before they drop (`Drained` in
+                // `collective_bench`, on every return).
                 unsafe { s.context().disable_event_tracking() };
                 ctxs.push((s.context().clone(), was));
             }
@@ -1548,7 +1568,9 @@ pub fn plan_bench(
         if b.sweep.check
             && let Some(c) = collective
         {
-            // SAFETY: the buffers are the plan's own, alive until the synchronisation.
+            // SAFETY: the buffers are the plan's own (`PlanBuffers`), alive until this size's end; freed
+            // on an early return, each waits for its device's work first (`DeviceAlloc`), and a plan
+            // kernel touches only its own rank's buffers.
             unsafe { runner.launch(&table, Some(stream))? };
             runner.synchronize()?;
             let count = if c == Collective::AllGather { count_in } else { count_out };
@@ -1981,8 +2003,9 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
         let run = |bufs: &mut Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]>| -> Result<()> {
             match &prepared {
                 // SAFETY: `table` holds buffers of at least `buffer_bytes` for every (rank, slot) of every
-                // program (allocated above from their maximum), alive until the end of this function,
-                // which synchronises before returning.
+                // program (allocated above from their maximum), alive until the end of this function;
+                // every rank's buffers and launches are on the one `stream`, so buffers freed on an
+                // early return are freed in its order, after the launches queued before.
                 Some(p) => unsafe { comm.launch_prepared(p, table) },
                 None => reshard_call(&comm, bufs, b, &plan),
             }
@@ -2054,6 +2077,7 @@ fn reshard_call(
                 // allocations are 256-byte aligned).
                 src.push(a[0].as_ref().map(|x| unsafe { x.transmute::<$t>(n_src) }.expect("sized above")));
                 let out = rest[0].as_mut().filter(|_| plan.dst().mesh().contains(r as u32));
+                // SAFETY: as for the source views.
                 dst.push(out.map(|x| unsafe { x.transmute_mut::<$t>(n_dst) }.expect("sized above")));
             }
             let src: Vec<Option<&CudaView<$t>>> = src.iter().map(Option::as_ref).collect();
@@ -2982,6 +3006,11 @@ impl HostGate {
             }
         }
         stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        // In a capture the function would become a graph node, run once per launch of the graph
+        // (or never), while its argument is one counted reference taken back once.
+        if crate::comm::any_capturing(std::iter::once(stream))? {
+            return Err(Error::Capturing { what: "holding a stream at a host gate" });
+        }
         let arg = Arc::into_raw(self.state.clone()) as *mut std::ffi::c_void;
         // SAFETY: a host function on a live stream; its argument is a counted reference to the gate's
         // state, which the function releases (or, if the launch fails, is released here).

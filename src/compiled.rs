@@ -36,7 +36,7 @@ use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use oxccl_host::compile::lower::{LoweredPlan, main_slot, validate};
 use oxccl_host::exec::lowered::Memory;
@@ -567,7 +567,6 @@ impl CompiledPlan {
         for (r, rank) in self.ranks.iter().enumerate() {
             workspaces[r] = rank.workspace.ptr();
         }
-        let s = &self.shape;
         let ready = match lead {
             Some(lead) => Some(
                 lead.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -575,42 +574,77 @@ impl CompiledPlan {
             ),
             None => None,
         };
+        // Each device's kernel before anything is queued: a failure then leaves no rank launched.
+        let functions = self
+            .engines
+            .iter()
+            .map(|e| e.plan_function(self.config.mover, self.dtype, self.op))
+            .collect::<Result<Vec<_>>>()?;
+        let mut queued = false;
         for (r, rank) in self.ranks.iter().enumerate() {
-            if let Some(ready) = &ready {
-                rank.stream.wait(ready).map_err(Error::driver("cuStreamWaitEvent"))?;
+            // SAFETY: the caller's contract, for each rank in turn.
+            let launched = unsafe {
+                self.launch_rank(r, rank, &functions[rank.device], buffers, workspaces, ready.as_ref(), lead)
+            };
+            if launched.is_err() && queued {
+                // Earlier ranks are queued and will wait for this one's messages: their FIFO
+                // counters and this rank's now disagree until `reset`.
+                self.poisoned.store(true, Ordering::SeqCst);
             }
-            let h = &rank.header;
-            if h.tbs != 0 {
-                let f = self.engines[rank.device].plan_function(self.config.mover, self.dtype, self.op)?;
-                let args = Args(PlanLaunchArgs {
-                    header: *h,
-                    programs: rank.programs.ptr(),
-                    segments: rank.segments.ptr(),
-                    tasks: rank.tasks.ptr(),
-                    waits: rank.waits.ptr(),
-                    connections: rank.connections.ptr(),
-                    status: rank.status.ptr(),
-                    timing: if h.flags & PLAN_FLAG_TIMING != 0 { rank.timing.ptr() } else { 0 },
-                    timeout_ns: self.config.timeout.as_nanos().min(u64::MAX as u128) as u64,
-                    workspaces,
-                    buffers: buffers[r],
-                });
-                let cfg = LaunchConfig {
-                    grid_dim: (h.tbs, 1, 1),
-                    block_dim: (s.threads, 1, 1),
-                    shared_mem_bytes: s.smem_bytes,
-                };
-                let mut b = rank.stream.launch_builder(&f);
-                b.arg(&args);
-                // SAFETY: the argument is the kernel's single by-value `PlanLaunchArgs`; the descriptors,
-                // workspaces, status and timing records are this plan's own allocations; the caller
-                // vouches for the buffers; every rank is launched here.
-                unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
-            }
-            if let Some(lead) = lead {
-                rank.done.record(&rank.stream).map_err(Error::driver("cuEventRecord"))?;
-                lead.wait(&rank.done).map_err(Error::driver("cuStreamWaitEvent"))?;
-            }
+            launched?;
+            queued |= rank.header.tbs != 0;
+        }
+        Ok(())
+    }
+
+    /// Queues rank `r`'s launch (after `ready` where given) and, with a `lead` stream, makes it wait
+    /// for the launch.
+    ///
+    /// # Safety
+    /// As [`CompiledPlan::launch`], for rank `r`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_rank(
+        &self,
+        r: usize,
+        rank: &RankState,
+        f: &CudaFunction,
+        buffers: &[[u64; BUFFER_SLOTS]],
+        workspaces: [u64; MAX_RANKS],
+        ready: Option<&CudaEvent>,
+        lead: Option<&CudaStream>,
+    ) -> Result<()> {
+        let s = &self.shape;
+        if let Some(ready) = ready {
+            rank.stream.wait(ready).map_err(Error::driver("cuStreamWaitEvent"))?;
+        }
+        let h = &rank.header;
+        if h.tbs != 0 {
+            let args = Args(PlanLaunchArgs {
+                header: *h,
+                programs: rank.programs.ptr(),
+                segments: rank.segments.ptr(),
+                tasks: rank.tasks.ptr(),
+                waits: rank.waits.ptr(),
+                connections: rank.connections.ptr(),
+                status: rank.status.ptr(),
+                timing: if h.flags & PLAN_FLAG_TIMING != 0 { rank.timing.ptr() } else { 0 },
+                timeout_ns: self.config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                workspaces,
+                buffers: buffers[r],
+            });
+            let cfg =
+                LaunchConfig { grid_dim: (h.tbs, 1, 1), block_dim: (s.threads, 1, 1), shared_mem_bytes: s.smem_bytes };
+            let mut b = rank.stream.launch_builder(f);
+            b.arg(&args);
+            // SAFETY: the argument is the kernel's single by-value `PlanLaunchArgs`; the descriptors,
+            // workspaces, status and timing records are this plan's own allocations; the caller
+            // vouches for the buffers; `launch` queues every rank (or poisons the plan where one
+            // fails after others were queued).
+            unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
+        }
+        if let Some(lead) = lead {
+            rank.done.record(&rank.stream).map_err(Error::driver("cuEventRecord"))?;
+            lead.wait(&rank.done).map_err(Error::driver("cuStreamWaitEvent"))?;
         }
         Ok(())
     }

@@ -165,12 +165,13 @@ impl StatusRecord {
         ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
         let bytes = std::mem::size_of::<Status>();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: a page-locked allocation of `bytes` bytes, zeroed before anything reads it.
+        // SAFETY: a page-locked allocation of `bytes` bytes.
         let host =
             unsafe { result::malloc_host(bytes, flags) }.map_err(Error::driver("cuMemHostAlloc"))? as *mut Status;
+        // SAFETY: `host` holds `bytes` writable bytes; zeroed before any reference to them exists.
+        unsafe { std::ptr::write_bytes(host, 0, 1) };
         // Freed on drop from here on, also if the device address cannot be had.
         let mut record = StatusRecord { ctx: ctx.clone(), host, dev: 0 };
-        record.clear();
         // SAFETY: `host` was allocated with `CU_MEMHOSTALLOC_DEVICEMAP` in the current context.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut record.dev, host.cast(), 0) }
             .result()
@@ -220,7 +221,10 @@ impl Drop for StatusRecord {
     fn drop(&mut self) {
         // Errors cannot be reported from drop; a failing free leaks the allocation.
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `cuMemHostAlloc` and freed once; users wait for the launches first.
+            // A launch may still record an error in it: wait for the context's work first (as
+            // `DeviceAlloc` does). A failed wait still frees, as the device then runs nothing of ours.
+            let _ = self.ctx.synchronize();
+            // SAFETY: allocated by `cuMemHostAlloc` and freed once, here, after the context's work ended.
             let _ = unsafe { result::free_host(self.host.cast()) };
         }
     }
@@ -730,7 +734,8 @@ impl Engine {
     ///
     /// # Safety
     /// `buffers` and `workspaces` hold valid device addresses for everything the program's tasks
-    /// touch, alive until the launch completes; `status` addresses a zeroed [`Status`]; the ranks the
+    /// touch, alive until the launch completes; `status` addresses a writable [`Status`] (a
+    /// [`StatusRecord`]'s, or device memory) that stays valid until the launch completes; the ranks the
     /// program's barriers name are launched too (or their waits time out); `prog` is dropped only
     /// after the launch is queued (the tables of [`Engine::upload`] wait for the context's work
     /// when dropped, those of `upload_on` are freed in their stream's order).
