@@ -584,7 +584,7 @@ impl CompiledPlan {
         for (r, rank) in self.ranks.iter().enumerate() {
             // SAFETY: the caller's contract, for each rank in turn.
             let launched = unsafe {
-                self.launch_rank(r, rank, &functions[rank.device], buffers, workspaces, ready.as_ref(), lead)
+                self.launch_rank(rank, &functions[rank.device], buffers[r], workspaces, ready.as_ref(), lead)
             };
             if launched.is_err() && queued {
                 // Earlier ranks are queued and will wait for this one's messages: their FIFO
@@ -597,18 +597,16 @@ impl CompiledPlan {
         Ok(())
     }
 
-    /// Queues rank `r`'s launch (after `ready` where given) and, with a `lead` stream, makes it wait
-    /// for the launch.
+    /// Queues `rank`'s launch on its `buffers` (after `ready` where given) and, with a `lead`
+    /// stream, makes it wait for the launch.
     ///
     /// # Safety
-    /// As [`CompiledPlan::launch`], for rank `r`.
-    #[allow(clippy::too_many_arguments)]
+    /// As [`CompiledPlan::launch`], for this rank.
     unsafe fn launch_rank(
         &self,
-        r: usize,
         rank: &RankState,
         f: &CudaFunction,
-        buffers: &[[u64; BUFFER_SLOTS]],
+        buffers: [u64; BUFFER_SLOTS],
         workspaces: [u64; MAX_RANKS],
         ready: Option<&CudaEvent>,
         lead: Option<&CudaStream>,
@@ -630,7 +628,7 @@ impl CompiledPlan {
                 timing: if h.flags & PLAN_FLAG_TIMING != 0 { rank.timing.ptr() } else { 0 },
                 timeout_ns: self.config.timeout.as_nanos().min(u64::MAX as u128) as u64,
                 workspaces,
-                buffers: buffers[r],
+                buffers,
             });
             let cfg =
                 LaunchConfig { grid_dim: (h.tbs, 1, 1), block_dim: (s.threads, 1, 1), shared_mem_bytes: s.smem_bytes };
