@@ -482,7 +482,6 @@ fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>
     })
 }
 
-/// The communicator configuration of a collective's benchmark, from the flags.
 /// The sweep of `-b -e -f -n -w -c`.
 fn sweep(a: &Args) -> bench::Sweep {
     bench::Sweep {
@@ -495,6 +494,7 @@ fn sweep(a: &Args) -> bench::Sweep {
     }
 }
 
+/// The communicator configuration of a collective's benchmark, from the flags.
 fn collective_config(a: &Args) -> Result<Config, Box<dyn std::error::Error>> {
     let reduction = parse_reduction(a.reduction.as_deref().unwrap_or("registers"))?;
     Ok(Config {
