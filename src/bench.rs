@@ -1490,7 +1490,7 @@ pub struct PlanBenchInfo {
 /// Runs a lowered plan with rank `r` on `streams[r]` (distinct streams, on one GPU or several),
 /// launched and timed through `stream`, one nccl-tests row per size: nccl-tests' size is the larger user buffer per
 /// rank, cut into the plan's chunks (each a multiple of 16 bytes per micro-batch). The plan's layout
-/// is either in place or out of place: the other half of the row is 0 and `N/A`. Correctness is
+/// is either in place or out of place: the other half of the row is `None` (`N/A`). Correctness is
 /// checked in a separate untimed launch (AllReduce, AllGather, ReduceScatter; `N/A` otherwise).
 pub fn plan_bench(
     stream: &Arc<CudaStream>,

@@ -2,7 +2,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, their CPU executor |
+//! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, Broadcast and Reduce, and their CPU reference (`tccl::reference`) |
 //! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
 //! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, its lowering to `abi` descriptors |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |

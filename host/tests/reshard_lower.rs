@@ -379,6 +379,9 @@ fn layer_sized_task_counts() {
     assert_eq!(flat.tasks_per_stage(), vec![64]);
     let gb = gather_broadcast(&rows, &opts).unwrap();
     assert_eq!(gb.tasks_per_stage(), vec![64, 8, 64]);
+    let direct = PlanOptions::new(Route::Direct, 8);
+    let rows_direct = plan(&shape, 2, &layout("8@0", "S0"), &dst, direct).unwrap();
+    assert_eq!(lower(&rows_direct, &opts).unwrap().tasks_per_stage(), vec![64]);
 
     // Column-sharded source (TP8 on dim 1): every piece landed in stage 0 is 896 rows of 4608 bytes, one
     // task per row; forwarding merges the eight column blocks of a leader's rows back into one range per
@@ -387,4 +390,6 @@ fn layer_sized_task_counts() {
     let l = lower(&cols, &opts).unwrap();
     assert_eq!(l.tasks_per_stage(), vec![57_344, 80]);
     l.check_races().unwrap();
+    let cols_direct = plan(&shape, 2, &layout("8@0", "S1"), &dst, direct).unwrap();
+    assert_eq!(lower(&cols_direct, &opts).unwrap().tasks_per_stage(), vec![229_376]);
 }

@@ -6,8 +6,9 @@
 //! reader can see them.
 //!
 //! Address spaces are types: `Shared<T>` is a 32-bit address in the executing CTA's shared window,
-//! `Global<T>` a pointer into global memory, and an `Mbarrier` can only be named through a
-//! `Shared<Mbarrier>`.
+//! `Global<T>` a pointer into global memory, an `Mbarrier` can only be named through a
+//! `Shared<Mbarrier>`, and a `TensorMap` (a `cp.async.bulk.tensor` descriptor) through a
+//! `Global<TensorMap>`.
 //!
 //! The wrappers exist only when compiling for `nvptx64`; on the host this crate is empty, so calling one
 //! from host code is a compile error rather than a silent no-op.
@@ -18,9 +19,9 @@
 //! | `bulk` | `cp.async.bulk` (global→shared, shared→global; with an L2 `createpolicy` hint), `cp.reduce.async.bulk`, `commit_group`, `wait_group[.read]` |
 //! | `tensor` | `cp.async.bulk.tensor.{1..5}d` tile load / store, `cp.reduce.async.bulk.tensor.{1..5}d` add/min/max |
 //! | `fence` | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
-//! | `memory` | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, vector loads/stores |
+//! | `memory` | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, `atom.acq_rel.sys.or.b64`, `atom.acq_rel.sys.cas.b64`, vector loads/stores |
 //! | `sreg` | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%warpid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `%clock64`, `elect.sync` |
-//! | `sync` | `bar.sync`, `nanosleep` |
+//! | `sync` | `bar.sync`, `bar.red.or`, `nanosleep`, `trap` |
 //! | `arith` | packed `f16x2` / `bf16x2` add, min, max |
 //! | `mma` | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 //!
