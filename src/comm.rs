@@ -711,15 +711,16 @@ impl Communicator {
         Ok(())
     }
 
-    /// Launches `program` once per group, on the groups' streams, with the buffer table `buffers`.
+    /// Launches each of `programs` in turn once per group, on the groups' streams, with the buffer
+    /// table `buffers`, under one hold of the launch order (no other call's launches between them).
     ///
     /// # Safety
-    /// `buffers` holds, for every (rank, slot) the program's tasks touch, the address of a buffer on
+    /// `buffers` holds, for every (rank, slot) the programs' tasks touch, the address of a buffer on
     /// that rank's device large enough for every range the tasks address, alive (and not used by other
     /// work) until the launches complete.
     pub(crate) unsafe fn launch_uploaded(
         &self,
-        program: &Uploaded,
+        programs: &[&Uploaded],
         launch: &LaunchSpec,
         buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     ) -> Result<()> {
@@ -730,18 +731,24 @@ impl Communicator {
         // Every group must see calls in the same order (barriers pair CTAs by a per-CTA call count):
         // calls from several threads queue their groups' launches one call at a time.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
-            let engine = &self.engines[g.device];
-            // SAFETY: the caller vouches for the buffer table; the status record is the group's own;
-            // every group of the communicator is launched here, so barriers meet.
-            let launched = unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr()) };
-            if let Err(e) = launched {
-                if k > 0 {
-                    // Earlier groups are queued and will wait for this one at their barriers: the call
-                    // counts of the groups now disagree until `reset`.
-                    self.poisoned.store(true, Ordering::SeqCst);
+        // Again under the lock: another thread's call may have failed halfway since this call's check.
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Poisoned);
+        }
+        for (i, program) in programs.iter().enumerate() {
+            for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
+                let engine = &self.engines[g.device];
+                // SAFETY: the caller vouches for the buffer table; the status record is the group's
+                // own; every group of the communicator is launched here, so barriers meet.
+                let launched = unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr()) };
+                if let Err(e) = launched {
+                    if i > 0 || k > 0 {
+                        // Earlier launches are queued and will wait for this one at their barriers:
+                        // the call counts of the groups now disagree until `reset`.
+                        self.poisoned.store(true, Ordering::SeqCst);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
         Ok(())
@@ -989,7 +996,7 @@ impl Communicator {
         // SAFETY: every address in the table was checked above (device, length, alignment,
         // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
         // lengths, and never a slot left 0 (`PlanSpec::rank_buffers`).
-        let launched = unsafe { self.launch_uploaded(&plan, &launch, buffers) };
+        let launched = unsafe { self.launch_uploaded(&[&plan], &launch, buffers) };
         drop(guards);
         // Also after a failed launch: another group's may be queued.
         let released = self.release_plan(plan);

@@ -138,6 +138,9 @@ pub struct CompiledPlan {
     poisoned: AtomicBool,
     /// The scratch slots of every rank for [`CompiledPlan::run`], allocated on first use and kept.
     scratch: std::sync::Mutex<Vec<[Option<DeviceAlloc>; BUFFER_SLOTS]>>,
+    /// Held while a launch queues its ranks and while [`CompiledPlan::reset`] runs: every rank's
+    /// stream sees launches in one order (their FIFO and progress counters pair them by count).
+    launch_order: std::sync::Mutex<()>,
 }
 
 /// The stage sizes tried when the configuration does not fix one, largest first: 2 KiB steps from
@@ -262,6 +265,7 @@ impl CompiledPlan {
             op,
             poisoned: AtomicBool::new(false),
             scratch: std::sync::Mutex::new(Vec::new()),
+            launch_order: std::sync::Mutex::new(()),
         };
         plan.shape = plan.choose_shape()?;
         plan.check_items()?;
@@ -536,6 +540,7 @@ impl CompiledPlan {
     /// size, alive and used by nothing else until the launches complete (in place, the larger user
     /// buffer holds both input and output, as the lowering placed them).
     pub unsafe fn launch(&self, buffers: &[[u64; BUFFER_SLOTS]], lead: Option<&CudaStream>) -> Result<()> {
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         refuse_after_device_error(
             &self.poisoned,
             self.ranks.iter().map(|r| &r.status),
@@ -698,9 +703,10 @@ impl CompiledPlan {
     }
 
     /// Waits for the streams and zeroes every workspace, status and timing record (after an error).
-    /// No launch of this plan may be queued meanwhile (from another thread): one queued between the
-    /// wait and the zeroing would run on cleared counters, and an error it recorded could be lost.
+    /// Launches from other threads wait until it is done.
     pub fn reset(&self) -> Result<()> {
+        // No launch is queued meanwhile: one would run between the wait and the zeroing.
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         if self.capturing()? {
             return Err(Error::Capturing { what: "reset" });
         }
