@@ -718,9 +718,9 @@ impl Communicator {
     /// `buffers` holds, for every (rank, slot) the programs' tasks touch, the address of a buffer on
     /// that rank's device large enough for every range the tasks address, alive (and not used by other
     /// work) until the launches complete.
-    pub(crate) unsafe fn launch_uploaded(
+    pub(crate) unsafe fn launch_uploaded<'a>(
         &self,
-        programs: &[&Uploaded],
+        programs: impl IntoIterator<Item = &'a Uploaded>,
         launch: &LaunchSpec,
         buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     ) -> Result<()> {
@@ -735,7 +735,7 @@ impl Communicator {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Poisoned);
         }
-        for (i, program) in programs.iter().enumerate() {
+        for (i, program) in programs.into_iter().enumerate() {
             for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
                 let engine = &self.engines[g.device];
                 // SAFETY: the caller vouches for the buffer table; the status record is the group's
@@ -996,7 +996,7 @@ impl Communicator {
         // SAFETY: every address in the table was checked above (device, length, alignment,
         // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
         // lengths, and never a slot left 0 (`PlanSpec::rank_buffers`).
-        let launched = unsafe { self.launch_uploaded(&[&plan], &launch, buffers) };
+        let launched = unsafe { self.launch_uploaded([&*plan], &launch, buffers) };
         drop(guards);
         // Also after a failed launch: another group's may be queued.
         let released = self.release_plan(plan);

@@ -263,12 +263,11 @@ impl Communicator {
     ) -> Result<()> {
         let launch = self.launch_spec_for(prepared.lowered.dtype, ReduceOp::Sum, 1, false)?;
         self.check_resident(&launch, prepared.ctas, 1)?;
-        let stages: Vec<&Uploaded> = prepared.stages.iter().collect();
         // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
         // Stream order runs a group's stages one after the other; across groups, a stage's start
         // barrier waits for every rank to have finished the previous stage. All stages are queued
         // under one lock: no other call's launch, nor a reset, comes between them.
-        unsafe { self.launch_uploaded(&stages, &launch, buffers) }
+        unsafe { self.launch_uploaded(&prepared.stages, &launch, buffers) }
     }
 }
 
