@@ -9,7 +9,7 @@ use oxccl_host::lowered::Lowered;
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, slot};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -144,7 +144,7 @@ pub struct Communicator {
     pub(crate) reshard_plans: Mutex<HashMap<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>>,
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
-    poisoned: AtomicBool,
+    poison: Poison,
 }
 
 /// The ranks' devices, the launch groups (ranks launched together), the configuration and the
@@ -232,7 +232,7 @@ impl Communicator {
             plans: Mutex::new(HashMap::new()),
             reshard_plans: Mutex::new(HashMap::new()),
             launch_order: Mutex::new(()),
-            poisoned: AtomicBool::new(false),
+            poison: Poison::default(),
         };
         // The workspaces were zeroed on the legacy streams: finish before any launch.
         comm.synchronize_devices()?;
@@ -484,6 +484,9 @@ impl Communicator {
     /// communicator was built or last [`Communicator::reset`] (the record is kept: the same error is
     /// reported again until then). After an error the communicator refuses calls until `reset`.
     pub fn synchronize(&self) -> Result<()> {
+        // Before the records are read: a reset meanwhile clears them, and then the error read here
+        // must not poison the communicator the reset made usable.
+        let epoch = self.poison.epoch();
         if self.capturing()? {
             return Err(Error::Capturing { what: "synchronize" });
         }
@@ -491,7 +494,7 @@ impl Communicator {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
         }
         if let Some(e) = self.recorded_error() {
-            self.poisoned.store(true, Ordering::SeqCst);
+            self.poison.set_since(epoch);
             return Err(e);
         }
         Ok(())
@@ -512,6 +515,7 @@ impl Communicator {
     /// returns the error, as [`Communicator::synchronize`] does. Not while a rank's stream captures a
     /// CUDA graph ([`Error::Capturing`]).
     pub fn query(&self) -> Result<bool> {
+        let epoch = self.poison.epoch();
         if self.capturing()? {
             return Err(Error::Capturing { what: "query" });
         }
@@ -531,7 +535,7 @@ impl Communicator {
         // Every stream was idle: errors recorded before that are visible now.
         match self.recorded_error() {
             Some(e) => {
-                self.poisoned.store(true, Ordering::SeqCst);
+                self.poison.set_since(epoch);
                 Err(e)
             }
             None => Ok(true),
@@ -559,7 +563,7 @@ impl Communicator {
         for g in &self.groups {
             g.status.clear();
         }
-        self.poisoned.store(false, Ordering::SeqCst);
+        self.poison.clear();
         Ok(())
     }
 
@@ -624,17 +628,14 @@ impl Communicator {
     /// The plan for `spec` and its launch, built, checked and uploaded on first use (the upload
     /// queued on the groups' streams, ahead of the call's launches), and whether this call built it.
     fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec, bool)> {
-        let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((p, launch)) = cache.get(spec) {
-            return Ok((p.clone(), *launch, false));
-        }
-        let lowered = tccl::plan(spec)?;
-        // A plan whose launch cannot run is refused before it is uploaded and cached.
-        let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
-        self.check_resident(&launch, spec.ctas, lowered.slots)?;
-        let plan = Arc::new(self.upload(lowered, spec.ctas)?);
-        cache.insert(*spec, (plan.clone(), launch));
-        Ok((plan, launch, true))
+        let ((plan, launch), built) = cached(&self.plans, *spec, || {
+            let lowered = tccl::plan(spec)?;
+            // A plan whose launch cannot run is refused before it is uploaded and cached.
+            let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
+            self.check_resident(&launch, spec.ctas, lowered.slots)?;
+            Ok((Arc::new(self.upload(lowered, spec.ctas)?), launch))
+        })?;
+        Ok((plan, launch, built))
     }
 
     /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
@@ -642,7 +643,7 @@ impl Communicator {
     /// waiting for the streams; during a CUDA graph capture, which a wait would end, at once).
     pub(crate) fn check_usable(&self) -> Result<()> {
         refuse_after_device_error(
-            &self.poisoned,
+            &self.poison,
             self.groups.iter().map(|g| &g.status),
             || self.capturing(),
             || self.synchronize(),
@@ -732,9 +733,12 @@ impl Communicator {
         // calls from several threads queue their groups' launches one call at a time.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         // Again under the lock: another thread's call may have failed halfway since this call's check.
-        if self.poisoned.load(Ordering::SeqCst) {
+        if self.poison.is_set() {
             return Err(Error::Poisoned);
         }
+        // An error cudarc kept for a context (from a buffer guard taken above, or another thread's
+        // drop) would fail some group's launch: report it before any group is queued.
+        check_contexts(self.engines.iter().map(|e| e.context()))?;
         for (i, program) in programs.into_iter().enumerate() {
             for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
                 let engine = &self.engines[g.device];
@@ -744,8 +748,9 @@ impl Communicator {
                 if let Err(e) = launched {
                     if i > 0 || k > 0 {
                         // Earlier launches are queued and will wait for this one at their barriers:
-                        // the call counts of the groups now disagree until `reset`.
-                        self.poisoned.store(true, Ordering::SeqCst);
+                        // the call counts of the groups now disagree until `reset` (which waits for
+                        // the lock held here: the epoch is current).
+                        self.poison.set_since(self.poison.epoch());
                     }
                     return Err(e);
                 }
@@ -934,7 +939,10 @@ impl Communicator {
         // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
         // (and, for a buffer this call writes, its last read), and the guards record this call's use
         // when they drop, after every launch is queued. Their addresses are the ones checked and used.
-        // In place, a rooted collective leaves some buffers as they are: those are only read.
+        // In place, a rooted collective leaves some buffers as they are: those are only read. They are
+        // taken and dropped outside the launch lock: another thread's launch queued between a guard's
+        // wait and this call's launch, or between this launch and the guard's event, only adds
+        // ordering (the wait still precedes this launch, the event still follows it).
         let written = |r: usize| match (collective, in_place) {
             (Collective::Broadcast { root }, true) => r != root as usize,
             (Collective::Reduce { root }, true) => r == root as usize,
@@ -1447,22 +1455,86 @@ pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream
 /// or, while a stream captures a graph (`capturing`; a wait would end the capture), at once as
 /// [`recorded_while_running`] reads it, poisoning.
 pub(crate) fn refuse_after_device_error<'a>(
-    poisoned: &AtomicBool,
+    poison: &Poison,
     mut records: impl Iterator<Item = &'a StatusRecord>,
     capturing: impl FnOnce() -> Result<bool>,
     synchronize: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    if poisoned.load(Ordering::SeqCst) {
+    let epoch = poison.epoch();
+    if poison.is_set() {
         return Err(Error::Poisoned);
     }
     if let Some(record) = records.find(|r| r.errors() != 0) {
         if capturing()? {
-            poisoned.store(true, Ordering::SeqCst);
+            poison.set_since(epoch);
             return Err(recorded_while_running(&record.read()));
         }
         synchronize()?;
     }
     Ok(())
+}
+
+/// Whether a communicator or compiled plan refuses launches after a device error, and how many
+/// `reset`s it has seen: an error read before a reset poisons only if no reset came since (a reset
+/// clears the records it was read from, and a thread that read one before must not poison the
+/// state the reset made usable).
+#[derive(Debug, Default)]
+pub(crate) struct Poison {
+    /// The resets so far, shifted left by one; the low bit set while poisoned.
+    state: AtomicU64,
+}
+
+impl Poison {
+    /// The resets so far: take it before reading the status records whose error may poison.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.state.load(Ordering::SeqCst) >> 1
+    }
+
+    /// Whether launches are refused.
+    pub(crate) fn is_set(&self) -> bool {
+        self.state.load(Ordering::SeqCst) & 1 != 0
+    }
+
+    /// Poisons, unless a reset came after `epoch` was taken.
+    pub(crate) fn set_since(&self, epoch: u64) {
+        let _ = self.state.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| (s >> 1 == epoch).then_some(s | 1));
+    }
+
+    /// Clears, starting a new epoch (a reset, once the records are cleared).
+    pub(crate) fn clear(&self) {
+        let _ = self.state.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| Some(((s >> 1) + 1) << 1));
+    }
+}
+
+/// Reports an error cudarc kept for any of `contexts` (`CudaContext::check_err`, which also clears
+/// it): a failure in a cudarc call that could not return one (a buffer guard's stream wait or event
+/// record, a drop's free). A launch reports such an error too, so a call checks first, before it
+/// queues any launch, rather than find it at a later group's launch, after earlier ones were queued.
+pub(crate) fn check_contexts<'a>(contexts: impl IntoIterator<Item = &'a Arc<CudaContext>>) -> Result<()> {
+    for c in contexts {
+        c.check_err().map_err(|source| Error::KeptDriverError { ordinal: c.ordinal(), source })?;
+    }
+    Ok(())
+}
+
+/// The value `map` holds for `key`, or the one `build` makes, inserted (and whether this call's was):
+/// the map's lock is not held while `build` runs, so calls whose value is there do not wait for
+/// another's build. Two calls that both miss both build; the first insert is kept and the other's
+/// value dropped.
+pub(crate) fn cached<K: std::hash::Hash + Eq, V: Clone>(
+    map: &Mutex<HashMap<K, V>>,
+    key: K,
+    build: impl FnOnce() -> Result<V>,
+) -> Result<(V, bool)> {
+    if let Some(v) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok((v.clone(), false));
+    }
+    let built = build()?;
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    match map.entry(key) {
+        std::collections::hash_map::Entry::Occupied(o) => Ok((o.get().clone(), false)),
+        std::collections::hash_map::Entry::Vacant(v) => Ok((v.insert(built).clone(), true)),
+    }
 }
 
 /// The error a record holds while the launch that wrote it may still run (a capture forbids the
@@ -1556,6 +1628,55 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error read before a reset does not poison after it; one read since does; a reset clears.
+    #[test]
+    fn poison_follows_the_resets() {
+        let p = Poison::default();
+        assert!(!p.is_set());
+        let before = p.epoch();
+        p.clear();
+        p.set_since(before);
+        assert!(!p.is_set(), "an error read before the reset poisoned the state it cleared");
+        p.set_since(p.epoch());
+        assert!(p.is_set());
+        p.set_since(p.epoch());
+        assert!(p.is_set(), "poisoning twice stays poisoned");
+        p.clear();
+        assert!(!p.is_set());
+        assert_eq!(p.epoch(), before + 2);
+    }
+
+    /// A cached value is returned without building; a failed build caches nothing; a lookup does not
+    /// wait for another key's build in progress; two builds of one key keep the first insert.
+    #[test]
+    fn the_cache_builds_outside_its_lock() {
+        use std::sync::mpsc;
+        let map: Mutex<HashMap<u32, u32>> = Mutex::new(HashMap::new());
+        assert_eq!(cached(&map, 1, || Ok(10)).unwrap(), (10, true));
+        assert_eq!(cached(&map, 1, || panic!("built again")).unwrap(), (10, false));
+        assert!(matches!(cached(&map, 2, || Err(Error::Poisoned)), Err(Error::Poisoned)));
+        assert!(!map.lock().unwrap().contains_key(&2), "a failed build was cached");
+        let (started, wait_started) = mpsc::channel();
+        let (finish, wait_finish) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let map = &map;
+            let slow = scope.spawn(move || {
+                cached(map, 3, || {
+                    started.send(()).unwrap();
+                    wait_finish.recv().unwrap();
+                    Ok(30)
+                })
+            });
+            wait_started.recv().unwrap();
+            // The slow build of key 3 is in progress: key 1 comes from the cache meanwhile, and key 3
+            // is built here too and inserted first.
+            assert_eq!(cached(map, 1, || panic!("built again")).unwrap(), (10, false));
+            assert_eq!(cached(map, 3, || Ok(31)).unwrap(), (31, true));
+            finish.send(()).unwrap();
+            assert_eq!(slow.join().unwrap().unwrap(), (31, false), "the second insert replaced the first");
+        });
+    }
 
     /// A record read while its launch may run: its error once the details are there, else
     /// `Poisoned` (never a made-up kind).

@@ -29,8 +29,8 @@
 
 use crate::Element;
 use crate::comm::{
-    GuardKind, Range, any_capturing, check_aligned, check_disjoint, check_placed, check_timeout, enable_peer_access,
-    ordinal_of, refuse_after_device_error,
+    GuardKind, Poison, Range, any_capturing, check_aligned, check_contexts, check_disjoint, check_placed,
+    check_timeout, enable_peer_access, ordinal_of, refuse_after_device_error,
 };
 use crate::engine::{DeviceAlloc, Engine, StatusRecord};
 use crate::error::{Error, Result};
@@ -45,7 +45,6 @@ use oxccl_kernels::abi::{
     RedOp, Status, TbTiming, slot,
 };
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// How a compiled plan is launched.
@@ -135,7 +134,7 @@ pub struct CompiledPlan {
     op: RedOp,
     /// A device error was reported and not yet reset: launches are refused until
     /// [`CompiledPlan::reset`] (its FIFO and progress counters are out of step).
-    poisoned: AtomicBool,
+    poison: Poison,
     /// The scratch slots of every rank for [`CompiledPlan::run`], allocated on first use and kept.
     scratch: std::sync::Mutex<Vec<[Option<DeviceAlloc>; BUFFER_SLOTS]>>,
     /// Held while a launch queues its ranks and while [`CompiledPlan::reset`] runs: every rank's
@@ -263,7 +262,7 @@ impl CompiledPlan {
             shape: LaunchShape { threads: 0, stage_bytes: 0, smem_bytes: 0, ctas_per_sm: 0, ctas_per_device: 0 },
             dtype,
             op,
-            poisoned: AtomicBool::new(false),
+            poison: Poison::default(),
             scratch: std::sync::Mutex::new(Vec::new()),
             launch_order: std::sync::Mutex::new(()),
         };
@@ -542,7 +541,7 @@ impl CompiledPlan {
     pub unsafe fn launch(&self, buffers: &[[u64; BUFFER_SLOTS]], lead: Option<&CudaStream>) -> Result<()> {
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         refuse_after_device_error(
-            &self.poisoned,
+            &self.poison,
             self.ranks.iter().map(|r| &r.status),
             || self.capturing(),
             || self.synchronize(),
@@ -572,6 +571,14 @@ impl CompiledPlan {
         for (r, rank) in self.ranks.iter().enumerate() {
             workspaces[r] = rank.workspace.ptr();
         }
+        // Each device's kernel, and any error cudarc kept for a context (from a buffer guard, or
+        // another thread's drop), before anything is queued: a failure then leaves no rank launched.
+        let functions = self
+            .engines
+            .iter()
+            .map(|e| e.plan_function(self.config.mover, self.dtype, self.op))
+            .collect::<Result<Vec<_>>>()?;
+        check_contexts(self.engines.iter().map(|e| e.context()))?;
         let ready = match lead {
             Some(lead) => Some(
                 lead.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -579,12 +586,6 @@ impl CompiledPlan {
             ),
             None => None,
         };
-        // Each device's kernel before anything is queued: a failure then leaves no rank launched.
-        let functions = self
-            .engines
-            .iter()
-            .map(|e| e.plan_function(self.config.mover, self.dtype, self.op))
-            .collect::<Result<Vec<_>>>()?;
         let mut queued = false;
         for (r, rank) in self.ranks.iter().enumerate() {
             // SAFETY: the caller's contract, for each rank in turn.
@@ -593,8 +594,9 @@ impl CompiledPlan {
             };
             if launched.is_err() && queued {
                 // Earlier ranks are queued and will wait for this one's messages: their FIFO
-                // counters and this rank's now disagree until `reset`.
-                self.poisoned.store(true, Ordering::SeqCst);
+                // counters and this rank's now disagree until `reset` (which waits for the lock held
+                // here: the epoch is current).
+                self.poison.set_since(self.poison.epoch());
             }
             launched?;
             queued |= rank.header.tbs != 0;
@@ -656,6 +658,9 @@ impl CompiledPlan {
     /// gave up, a rejected descriptor). After an error, [`CompiledPlan::reset`] before launching
     /// again.
     pub fn synchronize(&self) -> Result<()> {
+        // Before the records are read: an error read before a concurrent reset must not poison the
+        // plan the reset made usable.
+        let epoch = self.poison.epoch();
         if self.capturing()? {
             return Err(Error::Capturing { what: "synchronize" });
         }
@@ -664,7 +669,7 @@ impl CompiledPlan {
         }
         for s in self.statuses() {
             if let Some(e) = Error::from_status(&s) {
-                self.poisoned.store(true, Ordering::SeqCst);
+                self.poison.set_since(epoch);
                 return Err(e);
             }
         }
@@ -721,7 +726,7 @@ impl CompiledPlan {
             r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
             r.status.clear();
         }
-        self.poisoned.store(false, Ordering::SeqCst);
+        self.poison.clear();
         Ok(())
     }
 }

@@ -409,15 +409,26 @@ fn module_choice(value: &str) -> Result<Option<ModuleCode>> {
     }
 }
 
+/// The compiled-plan module of an engine and its kernels.
+struct PlanModule {
+    module: Arc<CudaModule>,
+    code: ModuleCode,
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
 /// The engine on one CUDA context.
 pub struct Engine {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
     /// How the engine module was loaded.
     pub code: ModuleCode,
-    /// The compiled-plan module (`ptx::PLANS`) and how it was loaded, on first use.
-    plans: OnceLock<(Arc<CudaModule>, ModuleCode)>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Every kernel of the engine module (`abi::KERNELS`), loaded by [`Engine::new`].
+    functions: HashMap<&'static str, CudaFunction>,
+    /// The compiled-plan module (`ptx::PLANS`), how it was loaded and its kernels, on first use.
+    plans: OnceLock<PlanModule>,
+    /// Held while the plan module loads, so that it loads once; never by a launch (a slow first
+    /// compilation of the plan PTX must not hold up another thread's collective between its groups).
+    plans_loading: Mutex<()>,
     /// CTAs per SM by (kernel, threads, dynamic shared memory).
     occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
     /// Multiprocessors of the device.
@@ -440,58 +451,18 @@ impl Engine {
         let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
-        let engine = Engine {
+        let functions = load_all(&module, abi::KERNELS, max_smem)?;
+        Ok(Engine {
             ctx: ctx.clone(),
             module,
             code,
+            functions,
             plans: OnceLock::new(),
-            functions: Mutex::new(HashMap::new()),
+            plans_loading: Mutex::new(()),
             occupancy: Mutex::new(HashMap::new()),
             sms,
             max_smem,
-        };
-        {
-            let mut map = engine.functions.lock().unwrap_or_else(|e| e.into_inner());
-            engine.load_all(&engine.module, abi::KERNELS, &mut map)?;
-        }
-        Ok(engine)
-    }
-
-    /// Loads every kernel of `table` from `module` now, so that no call loads one later. With the
-    /// driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, its default) a kernel is loaded at its first
-    /// `cuModuleGetFunction`, and a launch queued after that load waits on the device for the work
-    /// queued before it on every stream of the context (measured: an AllReduce whose kernel was loaded
-    /// by the call ended only after another stream's pending 1 s host function; with its kernel loaded
-    /// beforehand, after 0.1 ms: docs/PERF.md).
-    fn load_all(
-        &self,
-        module: &Arc<CudaModule>,
-        table: &[(DType, RedOp, &'static str, &'static str)],
-        map: &mut HashMap<&'static str, CudaFunction>,
-    ) -> Result<()> {
-        for &(_, _, tma, simt) in table {
-            self.function_in(module, map, tma, Mover::Tma)?;
-            self.function_in(module, map, simt, Mover::Simt)?;
-        }
-        Ok(())
-    }
-
-    /// The kernel `name` of `module` from `map`, loaded (with its shared-memory limits raised) and
-    /// kept there if it is not yet.
-    fn function_in(
-        &self,
-        module: &Arc<CudaModule>,
-        map: &mut HashMap<&'static str, CudaFunction>,
-        name: &'static str,
-        mover: Mover,
-    ) -> Result<CudaFunction> {
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
-        }
-        let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
-        self.raise_smem(&f, mover)?;
-        map.insert(name, f.clone());
-        Ok(f)
+        })
     }
 
     /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:
@@ -517,50 +488,36 @@ impl Engine {
 
     /// How the compiled-plan module was loaded (`None` before its first kernel was asked for).
     pub fn plan_code(&self) -> Option<ModuleCode> {
-        self.plans.get().map(|(_, c)| *c)
+        self.plans.get().map(|p| p.code)
     }
 
     /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised (loaded
     /// by [`Engine::new`]).
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        self.function_in(&self.module, &mut map, abi::kernel_name(mover, dtype, op), mover)
-    }
-
-    /// Raises a kernel's dynamic shared-memory limit to the device's; a TMA kernel also asks for the
-    /// largest shared-memory carveout, so that the SMs it runs on keep the shared memory it leaves
-    /// free (and every CTA's reserved kilobyte) for kernels running beside it, rather than a carveout
-    /// cut just above its own stages. (Beside the FMA probe, whose CTAs need only that kilobyte, it
-    /// measured the same as the driver's choice: docs/PERF.md.) The SIMT kernels keep the driver's
-    /// choice (they read through L1).
-    fn raise_smem(&self, f: &CudaFunction, mover: Mover) -> Result<()> {
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_smem as i32)
-            .map_err(Error::driver("cuFuncSetAttribute"))?;
-        if mover == Mover::Tma {
-            // CU_SHAREDMEM_CARVEOUT_MAX_SHARED: 100 % of the unified L1/shared memory as shared.
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-                .map_err(Error::driver("cuFuncSetAttribute"))?;
-        }
-        Ok(())
+        kernel(&self.module, &self.functions, abi::kernel_name(mover, dtype, op), mover, self.max_smem)
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
     /// shared-memory limit raised. The first call loads the plan module and every kernel in it, so
     /// that building a plan loads them, not launching one (see [`Engine::new`] for why).
     pub fn plan_function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        let module = match self.plans.get() {
-            Some((m, _)) => m.clone(),
+        let plans = match self.plans.get() {
+            Some(p) => p,
             None => {
-                let loaded = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
-                self.load_all(&loaded.0, abi::PLAN_KERNELS, &mut map)?;
-                let m = loaded.0.clone();
-                // The functions lock is held: no other thread sets it meanwhile.
-                let _ = self.plans.set(loaded);
-                m
+                let _loading = self.plans_loading.lock().unwrap_or_else(|e| e.into_inner());
+                match self.plans.get() {
+                    // Loaded by another thread while this one waited.
+                    Some(p) => p,
+                    None => {
+                        let (module, code) = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
+                        let functions = load_all(&module, abi::PLAN_KERNELS, self.max_smem)?;
+                        // The loading lock is held: no other thread sets it meanwhile.
+                        self.plans.get_or_init(|| PlanModule { module, code, functions })
+                    }
+                }
             }
         };
-        self.function_in(&module, &mut map, abi::plan_kernel_name(mover, dtype, op), mover)
+        kernel(&plans.module, &plans.functions, abi::plan_kernel_name(mover, dtype, op), mover, self.max_smem)
     }
 
     /// Registers and local memory of a compiled-plan kernel.
@@ -798,6 +755,64 @@ impl Engine {
         unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
         Ok(())
     }
+}
+
+/// Loads every kernel of `table` from `module` now, so that no call loads one later. With the
+/// driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, its default) a kernel is loaded at its first
+/// `cuModuleGetFunction`, and a launch queued after that load waits on the device for the work
+/// queued before it on every stream of the context (measured: an AllReduce whose kernel was loaded
+/// by the call ended only after another stream's pending 1 s host function; with its kernel loaded
+/// beforehand, after 0.1 ms: docs/PERF.md).
+fn load_all(
+    module: &Arc<CudaModule>,
+    table: &[(DType, RedOp, &'static str, &'static str)],
+    max_smem: u32,
+) -> Result<HashMap<&'static str, CudaFunction>> {
+    let mut map = HashMap::new();
+    for &(_, _, tma, simt) in table {
+        map.insert(tma, load_function(module, tma, Mover::Tma, max_smem)?);
+        map.insert(simt, load_function(module, simt, Mover::Simt, max_smem)?);
+    }
+    Ok(map)
+}
+
+/// The kernel `name` of `module`: from `map`, where the module's table put it when the module was
+/// loaded, else loaded now (a name outside the table: the driver reports it if the module lacks it).
+fn kernel(
+    module: &Arc<CudaModule>,
+    map: &HashMap<&'static str, CudaFunction>,
+    name: &'static str,
+    mover: Mover,
+    max_smem: u32,
+) -> Result<CudaFunction> {
+    match map.get(name) {
+        Some(f) => Ok(f.clone()),
+        None => load_function(module, name, mover, max_smem),
+    }
+}
+
+/// Loads the kernel `name` of `module`, with its shared-memory limits raised.
+fn load_function(module: &Arc<CudaModule>, name: &'static str, mover: Mover, max_smem: u32) -> Result<CudaFunction> {
+    let f = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
+    raise_smem(&f, mover, max_smem)?;
+    Ok(f)
+}
+
+/// Raises a kernel's dynamic shared-memory limit to the device's; a TMA kernel also asks for the
+/// largest shared-memory carveout, so that the SMs it runs on keep the shared memory it leaves
+/// free (and every CTA's reserved kilobyte) for kernels running beside it, rather than a carveout
+/// cut just above its own stages. (Beside the FMA probe, whose CTAs need only that kilobyte, it
+/// measured the same as the driver's choice: docs/PERF.md.) The SIMT kernels keep the driver's
+/// choice (they read through L1).
+fn raise_smem(f: &CudaFunction, mover: Mover, max_smem: u32) -> Result<()> {
+    f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem as i32)
+        .map_err(Error::driver("cuFuncSetAttribute"))?;
+    if mover == Mover::Tma {
+        // CU_SHAREDMEM_CARVEOUT_MAX_SHARED: 100 % of the unified L1/shared memory as shared.
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .map_err(Error::driver("cuFuncSetAttribute"))?;
+    }
+    Ok(())
 }
 
 /// `LaunchArgs` passed by value as the kernel's only parameter.

@@ -24,6 +24,15 @@ pub enum Error {
         /// The driver's error.
         source: DriverError,
     },
+    /// A CUDA driver call that cudarc could not report at once failed earlier (a buffer guard's
+    /// stream wait or event record, a free in a drop: cudarc keeps the error for the context), and a
+    /// call found it before queueing anything (the call did nothing).
+    KeptDriverError {
+        /// The ordinal of the device whose context kept the error.
+        ordinal: usize,
+        /// The driver's error.
+        source: DriverError,
+    },
     /// The CUDA driver library is not installed (no GPU can be used).
     NoDriver,
     /// A device number at or above the number of CUDA devices.
@@ -305,6 +314,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Driver { call, source } => write!(f, "CUDA driver call {call} failed: {source}"),
+            Error::KeptDriverError { ordinal, source } => write!(
+                f,
+                "an earlier CUDA driver call on device {ordinal} failed where cudarc could not report it \
+                 (a buffer's stream wait or event, or a free): {source}; this call queued nothing"
+            ),
             Error::UnsupportedDevice { ordinal, major, minor } => {
                 write!(f, "device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")
             }

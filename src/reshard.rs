@@ -9,7 +9,7 @@
 //! hierarchical route's forwarding inside domains) are launched on the ranks' streams. See
 //! `docs/RESHARD.md`.
 
-use crate::comm::{Communicator, Range, Uploaded, check_aligned, check_disjoint, ordinal_of};
+use crate::comm::{Communicator, Range, Uploaded, cached, check_aligned, check_disjoint, ordinal_of};
 use crate::error::{Error, Result};
 use crate::{Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -222,20 +222,17 @@ impl Communicator {
             options: *options,
             ctas,
         };
-        let mut cache = self.reshard_plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = cache.get(&key) {
-            return Ok(p.clone());
-        }
-        let plan = plan(shape, std::mem::size_of::<T>() as u64, src, dst, options.plan)?;
-        let opts =
-            LowerOptions { owner: options.owner, dtype: Some(T::DTYPE), ..LowerOptions::new(self.ranks(), ctas) };
-        let lowered = lower(&plan, &opts)?;
-        lowered.check_races()?;
-        // A launch that cannot run is refused before the stages are uploaded and cached.
-        let launch = self.launch_spec_for(lowered.dtype, ReduceOp::Sum, 1, false)?;
-        self.check_resident(&launch, ctas, 1)?;
-        let prepared = Arc::new(self.prepare_reshard(lowered, ctas)?);
-        cache.insert(key, prepared.clone());
+        let (prepared, _) = cached(&self.reshard_plans, key, || {
+            let plan = plan(shape, std::mem::size_of::<T>() as u64, src, dst, options.plan)?;
+            let opts =
+                LowerOptions { owner: options.owner, dtype: Some(T::DTYPE), ..LowerOptions::new(self.ranks(), ctas) };
+            let lowered = lower(&plan, &opts)?;
+            lowered.check_races()?;
+            // A launch that cannot run is refused before the stages are uploaded and cached.
+            let launch = self.launch_spec_for(lowered.dtype, ReduceOp::Sum, 1, false)?;
+            self.check_resident(&launch, ctas, 1)?;
+            Ok(Arc::new(self.prepare_reshard(lowered, ctas)?))
+        })?;
         Ok(prepared)
     }
 

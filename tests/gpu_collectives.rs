@@ -884,6 +884,45 @@ fn a_device_error_reaches_the_next_call_and_query() {
     }
 }
 
+/// An error cudarc kept for the context (what a failed buffer-guard wait or event, or a failed free
+/// in a drop, leaves: cudarc's functions that cannot return an error store it) is reported by the
+/// next call as `KeptDriverError` before either rank's launch is queued: the outputs keep their
+/// mark, the communicator is not poisoned, and the call after it is exact. Before, the launch that
+/// found it reported it, and with launches on several devices one found after another device's
+/// launch was queued left the communicator poisoned.
+#[test]
+fn a_kept_cudarc_error_is_reported_before_any_launch() {
+    use cudarc::driver::{DriverError, sys::CUresult};
+    let Some(stream) = common::gpu("a_kept_cudarc_error_is_reported_before_any_launch") else { return };
+    let n = 4096;
+    let TwoRanks { streams, comm, send, mut recv } = TwoRanks::new(&stream, n);
+    for (b, s) in recv.iter_mut().zip(&streams) {
+        s.memcpy_htod(&vec![-1.0f32; n], b).unwrap();
+        s.synchronize().unwrap();
+    }
+    // The plan is built and cached first (a first call's upload would meet the error instead).
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, false).unwrap();
+    let ctx = stream.context();
+    ctx.record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    let e = comm.all_reduce(&send, &mut recv, ReduceOp::Sum).expect_err("the kept error must be reported");
+    eprintln!("{e}");
+    assert!(
+        matches!(&e, Error::KeptDriverError { ordinal, source }
+            if *ordinal == ctx.ordinal() && source.0 == CUresult::CUDA_ERROR_INVALID_VALUE),
+        "expected the kept error, got {e:?}"
+    );
+    assert!(ctx.check_err().is_ok(), "the kept error is reported once, not left for the next call");
+    for (r, (b, s)) in recv.iter().zip(&streams).enumerate() {
+        assert_eq!(s.clone_dtoh(b).unwrap(), vec![-1.0; n], "rank {r}'s output written by a refused call");
+    }
+    assert!(comm.query().unwrap(), "nothing was queued and nothing recorded");
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(streams[r].clone_dtoh(b).unwrap(), vec![3.0; n], "the call after: rank {r}");
+    }
+}
+
 /// A rank that gave up a call is free of it once its launch has ended: a peer that starts the call
 /// later finds the rank's arrival revoked and touches none of its buffers (before, it ran its tasks
 /// and wrote its shard into the rank's output after the rank's stream had moved on). Rank 1's

@@ -714,6 +714,19 @@ fn run_takes_cudarc_buffers() {
         drop(sends);
         alias.leak();
     }
+    {
+        // An error cudarc kept for the context (a failed guard wait or free leaves one): reported
+        // before any rank is queued, without poisoning the plan.
+        use cudarc::driver::{DriverError, sys::CUresult};
+        let ctx = dev.streams[0].context();
+        ctx.record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+        let e = runner.run(&send, &mut recv).unwrap_err();
+        assert!(
+            matches!(&e, Error::KeptDriverError { ordinal, source }
+                if *ordinal == ctx.ordinal() && source.0 == CUresult::CUDA_ERROR_INVALID_VALUE),
+            "{e:?}"
+        );
+    }
     // Nothing ran: the outputs hold their mark, and the plan still works.
     for (r, b) in recv.iter().enumerate() {
         assert_eq!(dev.streams[r].clone_dtoh(b).unwrap(), vec![-1234.5; n], "a refused call wrote rank {r}'s output");
