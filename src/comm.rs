@@ -4,7 +4,7 @@ use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord
 use crate::error::{Error, Result};
 use crate::{DType, Element, Mover, ReduceOp};
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, slot};
@@ -113,6 +113,8 @@ pub(crate) struct Uploaded {
     /// The program as lowered (barriers dropped when one launch holds every rank).
     pub lowered: Lowered,
     per_group: Vec<DeviceProgram>,
+    /// Recorded on each group's stream after its upload: complete once the tables are in place.
+    uploaded: Vec<CudaEvent>,
 }
 
 /// A set of ranks that run collectives together: P virtual ranks on one GPU, one rank per GPU, or a
@@ -626,16 +628,16 @@ impl Communicator {
     }
 
     /// The plan for `spec` and its launch, built, checked and uploaded on first use (the upload
-    /// queued on the groups' streams, ahead of the call's launches), and whether this call built it.
-    fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec, bool)> {
-        let ((plan, launch), built) = cached(&self.plans, *spec, || {
+    /// queued on the groups' streams, ahead of the call's launches).
+    fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec)> {
+        let (plan_and_launch, _) = cached(&self.plans, *spec, || {
             let lowered = tccl::plan(spec)?;
             // A plan whose launch cannot run is refused before it is uploaded and cached.
             let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
             self.check_resident(&launch, spec.ctas, lowered.slots)?;
             Ok((Arc::new(self.upload(lowered, spec.ctas)?), launch))
         })?;
-        Ok((plan, launch, built))
+        Ok(plan_and_launch)
     }
 
     /// Errors with [`Error::Poisoned`] after a reported, unreset device error; with the error itself
@@ -682,7 +684,16 @@ impl Communicator {
             // dropped after a failure here are freed, after their copies).
             per_group.push(engine.upload_on(&sub, 0..n, &g.stream)?);
         }
-        Ok(Uploaded { lowered, per_group })
+        let uploaded = self
+            .groups
+            .iter()
+            .map(|g| {
+                g.stream
+                    .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(Error::driver("cuEventRecord"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Uploaded { lowered, per_group, uploaded })
     }
 
     /// Waits for all work on every device of the communicator (its contexts' legacy streams included).
@@ -770,8 +781,9 @@ impl Communicator {
     /// a first call would upload its plan inside the capture. Every rank's stream must take part in
     /// the capture (ranks on other streams are launched separately and meet at barriers: capture one
     /// stream alone and the others' launches run at once and wait for a partner that never comes).
-    /// A plan it uploads is copied in order on the ranks' streams, and it waits for those streams
-    /// before returning, so the plan is in place for launches on any stream. `count` is the call's
+    /// A plan is copied in order on the ranks' streams, and it waits for that copy (its own, or that
+    /// of another thread's call that built the plan) before returning, so the plan is in place for
+    /// launches on any stream. `count` is the call's
     /// count: AllReduce, Broadcast and Reduce, elements per buffer; ReduceScatter, elements each rank
     /// receives; AllGather, elements each rank sends (in place, the buffers hold ranks × count). `op`
     /// is ignored for AllGather and Broadcast. Returns how the call launches (threads, pipeline,
@@ -789,13 +801,12 @@ impl Communicator {
             self.rooted(root, |_| collective)?;
         }
         let spec = self.spec::<T>(collective, count, op, in_place);
-        let (plan, launch, built) = self.plan(&spec)?;
-        if built {
-            // The upload was queued on the groups' streams; a graph captured later may be replayed
-            // on another stream.
-            for g in &self.groups {
-                g.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-            }
+        let (plan, launch) = self.plan(&spec)?;
+        // The upload was queued on the groups' streams (by this call, or by another thread's that
+        // built the plan and may not have finished it); a graph captured later may be replayed on
+        // another stream.
+        for e in &plan.uploaded {
+            e.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
         }
         let slots = plan.lowered.slots;
         for g in &self.groups {
@@ -934,7 +945,7 @@ impl Communicator {
         // guard is taken.
         // Every launch on a device was checked to be resident with the others on it when the plan was
         // built.
-        let (plan, launch, _) = self.plan(&spec)?;
+        let (plan, launch) = self.plan(&spec)?;
 
         // cudarc's stream-ordering guards, on each rank's stream: it waits for the buffer's last write
         // (and, for a buffer this call writes, its last read), and the guards record this call's use
