@@ -1,6 +1,6 @@
 //! The communicator: ranks, their streams and workspaces, the plan cache, and the collective calls.
 
-use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord};
+use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_stream};
 use crate::error::{Error, Result};
 use crate::{DType, Element, Mover, ReduceOp};
 use cudarc::driver::sys;
@@ -134,7 +134,9 @@ pub(crate) struct Uploaded {
 /// finds the rank withdrawn and touches none of its buffers, and one already running it is waited
 /// for (up to twice the timeout, at least a second) before the launch ends. Plans are built
 /// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, until
-/// [`Communicator::clear_plans`]; dropping the communicator waits for its streams first.
+/// [`Communicator::clear_plans`] (first calls racing on several threads may each build one; the
+/// first kept is used, the others freed; other calls do not wait for a build); dropping the
+/// communicator waits for its streams first.
 pub struct Communicator {
     config: Config,
     engines: Vec<Arc<Engine>>,
@@ -159,7 +161,7 @@ impl std::fmt::Debug for Communicator {
             .field("rank_devices", &self.ranks.iter().map(|r| ordinals[r.device]).collect::<Vec<_>>())
             .field("launch_groups", &self.groups.iter().map(|g| &g.ranks).collect::<Vec<_>>())
             .field("config", &self.config)
-            // `try_lock`: formatting must not wait for (or deadlock on) a call building a plan.
+            // `try_lock`: formatting must not wait for (or deadlock on) a thread holding the cache.
             .field("cached_plans", &self.plans.try_lock().map(|m| m.len()).ok())
             .finish()
     }
@@ -493,7 +495,7 @@ impl Communicator {
             return Err(Error::Capturing { what: "synchronize" });
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         if let Some(e) = self.recorded_error() {
             self.poison.set_since(epoch);
@@ -525,10 +527,9 @@ impl Communicator {
             return self.synchronize().map(|()| true);
         }
         for r in &self.ranks {
-            match r.stream.context().bind_to_thread().and_then(|()| {
-                // SAFETY: a status query of a live stream.
-                unsafe { sys::cuStreamQuery(r.stream.cu_stream()) }.result()
-            }) {
+            bind(r.stream.context())?;
+            // SAFETY: a status query of a live stream of the context just made current.
+            match unsafe { sys::cuStreamQuery(r.stream.cu_stream()) }.result() {
                 Ok(()) => {}
                 Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
                 Err(e) => return Err(Error::Driver { call: "cuStreamQuery", source: e }),
@@ -554,13 +555,13 @@ impl Communicator {
             return Err(Error::Capturing { what: "reset" });
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         for g in &self.groups {
             g.status.clear();
@@ -749,7 +750,7 @@ impl Communicator {
         }
         // An error cudarc kept for a context (from a buffer guard taken above, or another thread's
         // drop) would fail some group's launch: report it before any group is queued.
-        check_contexts(self.engines.iter().map(|e| e.context()))?;
+        check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
         for (i, program) in programs.into_iter().enumerate() {
             for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
                 let engine = &self.engines[g.device];
@@ -840,7 +841,7 @@ impl Communicator {
             return Err(Error::Capturing { what: "clear_plans" });
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.reshard_plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -853,12 +854,15 @@ impl Communicator {
     /// first, since the launches still read it. (The cache's own reference keeps it otherwise: no
     /// other call can take it once it is out of the cache, so the count cannot rise again.)
     pub(crate) fn release_plan<P>(&self, plan: Arc<P>) -> Result<()> {
-        if Arc::strong_count(&plan) == 1 {
-            for r in &self.ranks {
-                r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-            }
+        // `into_inner` yields the plan to exactly one of the calls that drop the last references at
+        // once (a count read before the drop could read 2 in both).
+        // (Its tables are freed in their streams' order in any case; the wait reports a device error
+        // before the call returns.)
+        if let Some(last) = Arc::into_inner(plan) {
+            let waited = self.ranks.iter().try_for_each(|r| sync_stream(&r.stream));
+            drop(last);
+            return waited;
         }
-        drop(plan);
         Ok(())
     }
 
@@ -1455,6 +1459,7 @@ fn chunk_grain(bytes: usize) -> u32 {
 /// and compiled plans then neither wait nor upload.
 pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream>) -> Result<bool> {
     streams.try_fold(false, |any, s| {
+        check_kept(s.context())?;
         let status = s.capture_status().map_err(Error::driver("cuStreamIsCapturing"))?;
         Ok(any || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     })
@@ -1519,13 +1524,13 @@ impl Poison {
 
 /// Reports an error cudarc kept for any of `contexts` (`CudaContext::check_err`, which also clears
 /// it): a failure in a cudarc call that could not return one (a buffer guard's stream wait or event
-/// record, a drop's free). A launch reports such an error too, so a call checks first, before it
-/// queues any launch, rather than find it at a later group's launch, after earlier ones were queued.
+/// record). Pass the contexts of the streams the call queues on: cudarc keeps an error per
+/// `CudaContext` value, and two values (two `CudaContext::new` of one device) keep theirs apart. A
+/// call checks before it queues any launch; its launches then neither fail on nor take a kept error
+/// ([`crate::engine`]'s launches bind without it), so one recorded by another thread meanwhile is
+/// left to that thread's call.
 pub(crate) fn check_contexts<'a>(contexts: impl IntoIterator<Item = &'a Arc<CudaContext>>) -> Result<()> {
-    for c in contexts {
-        c.check_err().map_err(|source| Error::KeptDriverError { ordinal: c.ordinal(), source })?;
-    }
-    Ok(())
+    contexts.into_iter().try_for_each(|c| check_kept(c))
 }
 
 /// The value `map` holds for `key`, or the one `build` makes, inserted (and whether this call's was):
@@ -1671,11 +1676,15 @@ mod tests {
         let (started, wait_started) = mpsc::channel();
         let (finish, wait_finish) = mpsc::channel::<()>();
         std::thread::scope(|scope| {
+            // Moved in, so that a failed assertion below drops it and the builder stops waiting.
+            let finish = finish;
             let map = &map;
             let slow = scope.spawn(move || {
                 cached(map, 3, || {
                     started.send(()).unwrap();
-                    wait_finish.recv().unwrap();
+                    // Bounded: built under the lock, this build would hold up the lookups below,
+                    // which wait for it (a failure, not a hang).
+                    let _ = wait_finish.recv_timeout(std::time::Duration::from_secs(10));
                     Ok(30)
                 })
             });

@@ -32,11 +32,11 @@ use crate::comm::{
     GuardKind, Poison, Range, any_capturing, check_aligned, check_contexts, check_disjoint, check_placed,
     check_timeout, enable_peer_access, ordinal_of, refuse_after_device_error,
 };
-use crate::engine::{DeviceAlloc, Engine, StatusRecord};
+use crate::engine::{DeviceAlloc, Engine, StatusRecord, launch_kernel, record_event, stream_wait, sync_stream};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
 };
 use oxccl_host::compile::lower::{LoweredPlan, main_slot, validate};
 use oxccl_host::exec::lowered::Memory;
@@ -578,7 +578,7 @@ impl CompiledPlan {
             .iter()
             .map(|e| e.plan_function(self.config.mover, self.dtype, self.op))
             .collect::<Result<Vec<_>>>()?;
-        check_contexts(self.engines.iter().map(|e| e.context()))?;
+        check_contexts(self.ranks.iter().map(|r| r.stream.context()).chain(lead.map(|l| l.context())))?;
         let ready = match lead {
             Some(lead) => Some(
                 lead.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -587,25 +587,30 @@ impl CompiledPlan {
             None => None,
         };
         let mut queued = false;
-        for (r, rank) in self.ranks.iter().enumerate() {
-            // SAFETY: the caller's contract, for each rank in turn.
-            let launched = unsafe {
-                self.launch_rank(rank, &functions[rank.device], buffers[r], workspaces, ready.as_ref(), lead)
-            };
-            if launched.is_err() && queued {
-                // Earlier ranks are queued and will wait for this one's messages: their FIFO
-                // counters and this rank's now disagree until `reset` (which waits for the lock held
-                // here: the epoch is current).
+        // Where a step fails after some rank's kernel was queued, the queued ranks will wait for the
+        // others' messages: their FIFO counters and the others' disagree until `reset` (which waits
+        // for the lock held here: the epoch is current).
+        let poison_if_queued = |step: Result<()>, queued: bool| {
+            if step.is_err() && queued {
                 self.poison.set_since(self.poison.epoch());
             }
-            launched?;
+            step
+        };
+        for (r, rank) in self.ranks.iter().enumerate() {
+            // SAFETY: the caller's contract, for each rank in turn.
+            let launched =
+                unsafe { self.launch_rank(rank, &functions[rank.device], buffers[r], workspaces, ready.as_ref()) };
+            poison_if_queued(launched, queued)?;
             queued |= rank.header.tbs != 0;
+            if let Some(lead) = lead {
+                let joined = record_event(&rank.done, &rank.stream).and_then(|()| stream_wait(lead, &rank.done));
+                poison_if_queued(joined, queued)?;
+            }
         }
         Ok(())
     }
 
-    /// Queues `rank`'s launch on its `buffers` (after `ready` where given) and, with a `lead`
-    /// stream, makes it wait for the launch.
+    /// Queues `rank`'s launch on its `buffers` (after `ready` where given).
     ///
     /// # Safety
     /// As [`CompiledPlan::launch`], for this rank.
@@ -616,11 +621,10 @@ impl CompiledPlan {
         buffers: [u64; BUFFER_SLOTS],
         workspaces: [u64; MAX_RANKS],
         ready: Option<&CudaEvent>,
-        lead: Option<&CudaStream>,
     ) -> Result<()> {
         let s = &self.shape;
         if let Some(ready) = ready {
-            rank.stream.wait(ready).map_err(Error::driver("cuStreamWaitEvent"))?;
+            stream_wait(&rank.stream, ready)?;
         }
         let h = &rank.header;
         if h.tbs != 0 {
@@ -639,17 +643,11 @@ impl CompiledPlan {
             });
             let cfg =
                 LaunchConfig { grid_dim: (h.tbs, 1, 1), block_dim: (s.threads, 1, 1), shared_mem_bytes: s.smem_bytes };
-            let mut b = rank.stream.launch_builder(f);
-            b.arg(&args);
-            // SAFETY: the argument is the kernel's single by-value `PlanLaunchArgs`; the descriptors,
-            // workspaces, status and timing records are this plan's own allocations; the caller
-            // vouches for the buffers; `launch` queues every rank (or poisons the plan where one
-            // fails after others were queued).
-            unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
-        }
-        if let Some(lead) = lead {
-            rank.done.record(&rank.stream).map_err(Error::driver("cuEventRecord"))?;
-            lead.wait(&rank.done).map_err(Error::driver("cuStreamWaitEvent"))?;
+            // SAFETY: the argument is the kernel's single by-value `PlanLaunchArgs`; `f` is the plan
+            // kernel of the rank's device; the descriptors, workspaces, status and timing records
+            // are this plan's own allocations; the caller vouches for the buffers; `launch` queues
+            // every rank (or poisons the plan where one fails after others were queued).
+            unsafe { launch_kernel(&rank.stream, f, cfg, &args) }?;
         }
         Ok(())
     }
@@ -665,7 +663,7 @@ impl CompiledPlan {
             return Err(Error::Capturing { what: "synchronize" });
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         for s in self.statuses() {
             if let Some(e) = Error::from_status(&s) {
@@ -716,14 +714,14 @@ impl CompiledPlan {
             return Err(Error::Capturing { what: "reset" });
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
         }
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
             r.timing.zero_async(&r.stream)?;
         }
         for r in &self.ranks {
-            r.stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            sync_stream(&r.stream)?;
             r.status.clear();
         }
         self.poison.clear();

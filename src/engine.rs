@@ -7,7 +7,7 @@
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, result,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, result,
 };
 use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
@@ -40,7 +40,7 @@ impl DeviceAlloc {
     /// and `cuMemcpyHtoD` may return before the device has written, and work queued on
     /// non-blocking streams does not wait for them.
     fn filled(ctx: &Arc<CudaContext>, bytes: usize, data: &[u8]) -> Result<Self> {
-        ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(ctx)?;
         // SAFETY: a plain allocation of at least one byte, zeroed before it is handed out.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
         let alloc = DeviceAlloc { ctx: ctx.clone(), ptr, bytes: bytes.max(1) };
@@ -66,7 +66,7 @@ impl DeviceAlloc {
 
     /// Copies the contents to the host (synchronous).
     pub fn read(&self) -> Result<Vec<u8>> {
-        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(&self.ctx)?;
         let mut out = vec![0u8; self.bytes];
         // SAFETY: the allocation holds `bytes` bytes.
         unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }.map_err(Error::driver("cuMemcpyDtoH"))?;
@@ -83,7 +83,7 @@ impl DeviceAlloc {
         if data.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(&self.ctx)?;
         // SAFETY: the allocation holds at least `data.len()` bytes.
         unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
         self.ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))
@@ -94,7 +94,7 @@ impl DeviceAlloc {
         if offset.checked_add(len).is_none_or(|e| e > self.bytes) {
             return Err(Error::Config { field: "offset", why: format!("{offset}+{len} beyond {} bytes", self.bytes) });
         }
-        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(&self.ctx)?;
         let mut out = vec![0u8; len];
         if len > 0 {
             // SAFETY: the range lies inside the allocation.
@@ -132,12 +132,14 @@ fn stream_on(stream: &CudaStream, ctx: &CudaContext) -> Result<()> {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing free leaks the allocation.
-        if self.ctx.bind_to_thread().is_ok() {
+        // Errors cannot be reported from drop; a failing free leaks the allocation. The context is
+        // made current without taking the error cudarc may keep for it: that error belongs to a
+        // call that will report it.
+        if make_current(&self.ctx).is_ok() {
             // Work queued on the memory (a launch, a `zero_async`) must end before it is freed, and
             // `cuMemFree` only may synchronise: wait for the context. A failed wait (an earlier
             // launch's error) still frees, as the device then runs nothing of ours.
-            let _ = self.ctx.synchronize();
+            let _ = result::ctx::synchronize();
             // SAFETY: allocated by `cuMemAlloc` and freed once, here, after the context's work ended.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
@@ -162,7 +164,7 @@ unsafe impl Sync for StatusRecord {}
 impl StatusRecord {
     /// A zeroed record mapped into `ctx`'s device.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(ctx)?;
         let bytes = std::mem::size_of::<Status>();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a page-locked allocation of `bytes` bytes.
@@ -219,11 +221,12 @@ impl StatusRecord {
 
 impl Drop for StatusRecord {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing free leaks the allocation.
-        if self.ctx.bind_to_thread().is_ok() {
+        // Errors cannot be reported from drop; a failing free leaks the allocation. Made current as
+        // for `DeviceAlloc`, leaving cudarc's kept error to the call it belongs to.
+        if make_current(&self.ctx).is_ok() {
             // A launch may still record an error in it: wait for the context's work first (as
             // `DeviceAlloc` does). A failed wait still frees, as the device then runs nothing of ours.
-            let _ = self.ctx.synchronize();
+            let _ = result::ctx::synchronize();
             // SAFETY: allocated by `cuMemHostAlloc` and freed once, here, after the context's work ended.
             let _ = unsafe { result::free_host(self.host.cast()) };
         }
@@ -409,9 +412,8 @@ fn module_choice(value: &str) -> Result<Option<ModuleCode>> {
     }
 }
 
-/// The compiled-plan module of an engine and its kernels.
+/// The compiled-plan module of an engine (its kernels hold it loaded) and how it was loaded.
 struct PlanModule {
-    module: Arc<CudaModule>,
     code: ModuleCode,
     functions: HashMap<&'static str, CudaFunction>,
 }
@@ -419,8 +421,7 @@ struct PlanModule {
 /// The engine on one CUDA context.
 pub struct Engine {
     ctx: Arc<CudaContext>,
-    module: Arc<CudaModule>,
-    /// How the engine module was loaded.
+    /// How the engine module was loaded (its kernels, in `functions`, hold it loaded).
     pub code: ModuleCode,
     /// Every kernel of the engine module (`abi::KERNELS`), loaded by [`Engine::new`].
     functions: HashMap<&'static str, CudaFunction>,
@@ -454,7 +455,6 @@ impl Engine {
         let functions = load_all(&module, abi::KERNELS, max_smem)?;
         Ok(Engine {
             ctx: ctx.clone(),
-            module,
             code,
             functions,
             plans: OnceLock::new(),
@@ -494,7 +494,7 @@ impl Engine {
     /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised (loaded
     /// by [`Engine::new`]).
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        kernel(&self.module, &self.functions, abi::kernel_name(mover, dtype, op), mover, self.max_smem)
+        kernel(&self.functions, abi::kernel_name(mover, dtype, op))
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
@@ -512,12 +512,12 @@ impl Engine {
                         let (module, code) = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
                         let functions = load_all(&module, abi::PLAN_KERNELS, self.max_smem)?;
                         // The loading lock is held: no other thread sets it meanwhile.
-                        self.plans.get_or_init(|| PlanModule { module, code, functions })
+                        self.plans.get_or_init(|| PlanModule { code, functions })
                     }
                 }
             }
         };
-        kernel(&plans.module, &plans.functions, abi::plan_kernel_name(mover, dtype, op), mover, self.max_smem)
+        kernel(&plans.functions, abi::plan_kernel_name(mover, dtype, op))
     }
 
     /// Registers and local memory of a compiled-plan kernel.
@@ -677,7 +677,7 @@ impl Engine {
         }
         // The loading and the query run in the calling thread's current context: a thread's first
         // call may come before anything else bound this GPU's.
-        self.ctx.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        bind(&self.ctx)?;
         let f = self.function(spec.mover, spec.dtype, spec.op)?;
         let n = f
             .occupancy_max_active_blocks_per_multiprocessor(spec.threads, smem, None)
@@ -748,13 +748,87 @@ impl Engine {
             block_dim: (spec.threads, 1, 1),
             shared_mem_bytes: Self::smem_bytes(spec, prog.slots) as u32,
         };
-        let mut b = stream.launch_builder(&f);
-        b.arg(&args);
-        // SAFETY: the arguments match the kernel's single by-value `LaunchArgs` parameter; the caller
+        // SAFETY: the argument is the kernel's single by-value `LaunchArgs` parameter; the caller
         // guarantees the addresses.
-        unsafe { b.launch(cfg) }.map_err(Error::driver("cuLaunchKernel"))?;
-        Ok(())
+        unsafe { launch_kernel(stream, &f, cfg, &args) }
     }
+}
+
+/// Makes `ctx` the calling thread's current context, first reporting any error cudarc keeps for it
+/// (`CudaContext::check_err`: a failure in a cudarc function that could not return one, such as a
+/// buffer guard's stream wait) as [`Error::KeptDriverError`] rather than as this call's own failure.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    check_kept(ctx)?;
+    make_current(ctx).map_err(Error::driver("cuCtxSetCurrent"))
+}
+
+/// Reports (and clears) the error cudarc keeps for `ctx`, if any, as [`Error::KeptDriverError`].
+pub(crate) fn check_kept(ctx: &CudaContext) -> Result<()> {
+    ctx.check_err().map_err(|source| Error::KeptDriverError { ordinal: ctx.ordinal(), source })
+}
+
+/// Waits for `stream`'s work, a kept error reported first as by [`bind`].
+pub(crate) fn sync_stream(stream: &CudaStream) -> Result<()> {
+    bind(stream.context())?;
+    // SAFETY: a live stream of the context just made current.
+    unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(Error::driver("cuStreamSynchronize"))
+}
+
+/// Makes `ctx` current without taking the error cudarc keeps for it (which `bind_to_thread`
+/// reports and clears): for launches, which must neither fail on nor swallow an error another
+/// thread's call will report (`comm::check_contexts` reports a call's own first), and for drops.
+fn make_current(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
+    if result::ctx::get_current()? != Some(ctx.cu_ctx()) {
+        // SAFETY: `ctx` is alive (its `CudaContext` holds it).
+        unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
+    }
+    Ok(())
+}
+
+/// Records `event` on `stream`, in the stream's context made current as for a launch.
+pub(crate) fn record_event(event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
+    // SAFETY: a live event and stream (of one context: the driver refuses others).
+    unsafe { result::event::record(event.cu_event(), stream.cu_stream()) }.map_err(Error::driver("cuEventRecord"))
+}
+
+/// Makes `stream` wait for `event`, in the stream's context made current as for a launch.
+pub(crate) fn stream_wait(stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
+    // SAFETY: a live stream and event.
+    unsafe {
+        result::stream::wait_event(stream.cu_stream(), event.cu_event(), sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+    }
+    .map_err(Error::driver("cuStreamWaitEvent"))
+}
+
+/// Queues `f` on `stream` with `args` as its one by-value parameter, in the stream's context (made
+/// current without taking cudarc's kept error: see [`make_current`]).
+///
+/// # Safety
+/// `f` takes exactly one parameter, of `A`'s layout, and the addresses in `args` are valid for the
+/// kernel until it completes; `f` belongs to `stream`'s context.
+pub(crate) unsafe fn launch_kernel<A: DeviceRepr>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &A,
+) -> Result<()> {
+    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
+    let mut params = [args as *const A as *mut std::ffi::c_void];
+    // SAFETY: the caller's contract; `params` points at `args`, alive across the call (the driver
+    // copies parameters when the launch is queued).
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            cfg.grid_dim,
+            cfg.block_dim,
+            cfg.shared_mem_bytes,
+            stream.cu_stream(),
+            &mut params,
+        )
+    }
+    .map_err(Error::driver("cuLaunchKernel"))
 }
 
 /// Loads every kernel of `table` from `module` now, so that no call loads one later. With the
@@ -776,19 +850,13 @@ fn load_all(
     Ok(map)
 }
 
-/// The kernel `name` of `module`: from `map`, where the module's table put it when the module was
-/// loaded, else loaded now (a name outside the table: the driver reports it if the module lacks it).
-fn kernel(
-    module: &Arc<CudaModule>,
-    map: &HashMap<&'static str, CudaFunction>,
-    name: &'static str,
-    mover: Mover,
-    max_smem: u32,
-) -> Result<CudaFunction> {
-    match map.get(name) {
-        Some(f) => Ok(f.clone()),
-        None => load_function(module, name, mover, max_smem),
-    }
+/// The kernel `name` from `map`, where its module's table put it when the module was loaded (a name
+/// outside the table is an error: loading it here would be the lazy load [`load_all`] avoids).
+fn kernel(map: &HashMap<&'static str, CudaFunction>, name: &'static str) -> Result<CudaFunction> {
+    map.get(name).cloned().ok_or_else(|| Error::Config {
+        field: "kernel",
+        why: format!("{name} is not among the kernels loaded with its module"),
+    })
 }
 
 /// Loads the kernel `name` of `module`, with its shared-memory limits raised.

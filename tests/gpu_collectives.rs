@@ -921,6 +921,35 @@ fn a_kept_cudarc_error_is_reported_before_any_launch() {
     for (r, b) in recv.iter().enumerate() {
         assert_eq!(streams[r].clone_dtoh(b).unwrap(), vec![3.0; n], "the call after: rank {r}");
     }
+
+    // Ranks whose streams come from two `CudaContext` values of one device (cudarc keeps an error
+    // per value): an error kept by the second rank's is found before the first rank's launch, not
+    // at the second rank's launch after the first one's was queued (which poisoned).
+    let other = cudarc::driver::CudaContext::new(ctx.ordinal()).unwrap();
+    assert!(!Arc::ptr_eq(&other, ctx), "a second CudaContext value");
+    let streams = [ctx.new_stream().unwrap(), other.new_stream().unwrap()];
+    let config = Config { max_ctas: Some(1), timeout: std::time::Duration::from_millis(50), ..Config::default() };
+    let comm = Communicator::from_streams(&streams, config).unwrap();
+    let send: Vec<CudaSlice<f32>> =
+        streams.iter().enumerate().map(|(r, s)| s.clone_htod(&vec![r as f32 + 1.0; n]).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.clone_htod(&vec![-1.0f32; n]).unwrap()).collect();
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, false).unwrap();
+    other.record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    let e = comm.all_reduce(&send, &mut recv, ReduceOp::Sum).expect_err("the second context's kept error");
+    assert!(matches!(&e, Error::KeptDriverError { .. }), "expected the kept error, got {e:?}");
+    for (r, (b, s)) in recv.iter().zip(&streams).enumerate() {
+        assert_eq!(
+            s.clone_dtoh(b).unwrap(),
+            vec![-1.0; n],
+            "two contexts: rank {r}'s output written by a refused call"
+        );
+    }
+    assert!(comm.query().unwrap(), "two contexts: nothing was queued and nothing recorded");
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    comm.synchronize().unwrap();
+    for (r, b) in recv.iter().enumerate() {
+        assert_eq!(streams[r].clone_dtoh(b).unwrap(), vec![3.0; n], "two contexts, the call after: rank {r}");
+    }
 }
 
 /// A rank that gave up a call is free of it once its launch has ended: a peer that starts the call
