@@ -693,7 +693,7 @@ const POISON: u8 = 0x7F;
 
 /// Fills `buf` with [`POISON`] on `stream`.
 fn poison(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u8>) -> Result<()> {
-    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    crate::engine::bind(stream.context())?;
     let n = buf.len();
     let (ptr, _record) = buf.device_ptr_mut(stream);
     // SAFETY: `ptr` is `buf`'s live allocation of `n` bytes, written on `stream`, which cudarc's event
@@ -903,7 +903,7 @@ unsafe fn fill_periodic_at(
     }
     let unit = encode_all(dtype, n.min(17 << 16), f);
     // The raw copies below run in the current context: make it the stream's.
-    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    crate::engine::bind(stream.context())?;
     // SAFETY: `unit` is no longer than the range (the caller's); from pageable memory the copy has
     // taken the bytes when it returns, so `unit` may be dropped after it.
     unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &unit, stream.cu_stream()) }
@@ -956,7 +956,7 @@ unsafe fn count_wrong_at(
 ) -> Result<u64> {
     let e = expected.dtype.size();
     let piece = (staging.len() / e) as u64;
-    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    crate::engine::bind(stream.context())?;
     let mut wrong = 0;
     let mut start = 0;
     while start < n {
@@ -1946,7 +1946,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
         .flatten()
         .try_fold(0u64, |t, &b| t.checked_add(b))
         .and_then(|t| t.checked_add(plan.src_sharding().elements().checked_mul(2 * e as u64)?));
-    stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+    crate::engine::bind(stream.context())?;
     let (free, _) = cudarc::driver::result::mem_get_info().map_err(Error::driver("cuMemGetInfo"))?;
     if total.is_none_or(|total| total as f64 > 0.9 * free as f64) {
         let total = total.map_or("more than 2^64".into(), |t| t.to_string());
@@ -3005,7 +3005,7 @@ impl HostGate {
                 open = state.changed.wait(open).unwrap_or_else(|e| e.into_inner());
             }
         }
-        stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        crate::engine::bind(stream.context())?;
         // In a capture the function would become a graph node, run once per launch of the graph
         // (or never), while its argument is one counted reference taken back once.
         if crate::comm::any_capturing(std::iter::once(stream))? {
@@ -3498,7 +3498,7 @@ impl Compute {
             ComputeKind::Gemm { blas, a, b, c, m, n, k } => {
                 use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
                 // cuBLAS launches in the current context: make it this GPU's.
-                self.stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+                crate::engine::bind(self.stream.context())?;
                 // Column-major C (m × n) = A (m × k) · B (k × n).
                 let cfg = GemmConfig {
                     transa: CUBLAS_OP_N,

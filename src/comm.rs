@@ -1616,7 +1616,7 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
             if native == 0 {
                 return Err(Error::NoPeerAtomics { device: a.ordinal(), peer: b.ordinal() });
             }
-            a.bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+            bind(a)?;
             // SAFETY: both contexts are alive; enabling twice reports PEER_ACCESS_ALREADY_ENABLED.
             let r = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
             if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
