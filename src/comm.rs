@@ -1,6 +1,9 @@
 //! The communicator: ranks, their streams and workspaces, the plan cache, and the collective calls.
 
-use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_stream};
+use crate::engine::{
+    DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_context, sync_stream,
+    wait_stream,
+};
 use crate::error::{Error, Result};
 use crate::{DType, Element, Mover, ReduceOp};
 use cudarc::driver::sys;
@@ -560,8 +563,9 @@ impl Communicator {
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
         }
+        // The zeroing is queued: a kept error now belongs to a later call, not to this wait.
         for r in &self.ranks {
-            sync_stream(&r.stream)?;
+            wait_stream(&r.stream)?;
         }
         for g in &self.groups {
             g.status.clear();
@@ -665,6 +669,7 @@ impl Communicator {
             // The copies would be recorded into the graph, not run: the plan would stay unwritten.
             return Err(Error::Capturing { what: "a call whose plan is not built yet" });
         }
+        check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
         if self.groups.len() == 1 {
             // One launch holds every rank: the stream orders it after the producers of every input and
             // before the consumers of every output, so no barrier is needed.
@@ -700,7 +705,7 @@ impl Communicator {
     /// Waits for all work on every device of the communicator (its contexts' legacy streams included).
     fn synchronize_devices(&self) -> Result<()> {
         for e in &self.engines {
-            e.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+            sync_context(e.context())?;
         }
         Ok(())
     }
@@ -748,8 +753,8 @@ impl Communicator {
         if self.poison.is_set() {
             return Err(Error::Poisoned);
         }
-        // An error cudarc kept for a context (from a buffer guard taken above, or another thread's
-        // drop) would fail some group's launch: report it before any group is queued.
+        // An error cudarc kept for a stream's context may be a buffer guard's failed stream wait (the
+        // wait is then not in place): report it before any group is queued.
         check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
         for (i, program) in programs.into_iter().enumerate() {
             for (k, (g, prog)) in self.groups.iter().zip(&program.per_group).enumerate() {
@@ -806,6 +811,7 @@ impl Communicator {
         // The upload was queued on the groups' streams (by this call, or by another thread's that
         // built the plan and may not have finished it); a graph captured later may be replayed on
         // another stream.
+        check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
         for e in &plan.uploaded {
             e.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
         }
@@ -859,7 +865,9 @@ impl Communicator {
         // (Its tables are freed in their streams' order in any case; the wait reports a device error
         // before the call returns.)
         if let Some(last) = Arc::into_inner(plan) {
-            let waited = self.ranks.iter().try_for_each(|r| sync_stream(&r.stream));
+            // The call's launches are queued: a kept error is left for a later call (reported here, it
+            // would say the call did nothing).
+            let waited = self.ranks.iter().try_for_each(|r| wait_stream(&r.stream));
             drop(last);
             return waited;
         }
@@ -1079,7 +1087,7 @@ impl Drop for Communicator {
     /// kernels still in flight read them.
     fn drop(&mut self) {
         for r in &self.ranks {
-            let _ = r.stream.synchronize();
+            let _ = wait_stream(&r.stream);
         }
     }
 }

@@ -32,7 +32,10 @@ use crate::comm::{
     GuardKind, Poison, Range, any_capturing, check_aligned, check_contexts, check_disjoint, check_placed,
     check_timeout, enable_peer_access, ordinal_of, refuse_after_device_error,
 };
-use crate::engine::{DeviceAlloc, Engine, StatusRecord, launch_kernel, record_event, stream_wait, sync_stream};
+use crate::engine::{
+    DeviceAlloc, Engine, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context, sync_stream,
+    wait_stream,
+};
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
@@ -226,6 +229,8 @@ impl CompiledPlan {
                     used.len() - 1
                 }
             };
+            // The engine's kernels are launched on the stream: one driver context.
+            stream_on(stream, used[device].context())?;
             let upload = |bytes: &[u8]| DeviceAlloc::from_bytes(ctx, bytes);
             let h = lr.header;
             let ws_bytes = usize::try_from(FIFO_REGION_OFFSET as u64 + h.fifo_bytes)
@@ -252,7 +257,7 @@ impl CompiledPlan {
         // The uploads and memsets above run on each context's legacy stream, which the ranks'
         // (non-blocking) streams do not wait for: finish them before any launch.
         for c in &contexts {
-            c.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+            sync_context(c)?;
         }
         let mut plan = CompiledPlan {
             engines: used,
@@ -486,7 +491,7 @@ impl CompiledPlan {
                 all.push(a);
             }
             for engine in &self.engines {
-                engine.context().synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+                sync_context(engine.context())?;
             }
             *scratch = all;
         }
@@ -602,9 +607,13 @@ impl CompiledPlan {
                 unsafe { self.launch_rank(rank, &functions[rank.device], buffers[r], workspaces, ready.as_ref()) };
             poison_if_queued(launched, queued)?;
             queued |= rank.header.tbs != 0;
-            if let Some(lead) = lead {
-                let joined = record_event(&rank.done, &rank.stream).and_then(|()| stream_wait(lead, &rank.done));
-                poison_if_queued(joined, queued)?;
+        }
+        // Every rank is queued: a failure here leaves the lead stream short of a wait (the error says
+        // so), never the ranks out of step.
+        if let Some(lead) = lead {
+            for rank in &self.ranks {
+                record_event(&rank.done, &rank.stream)?;
+                stream_wait(lead, &rank.done)?;
             }
         }
         Ok(())
@@ -720,8 +729,9 @@ impl CompiledPlan {
             r.workspace.zero_async(&r.stream)?;
             r.timing.zero_async(&r.stream)?;
         }
+        // The zeroing is queued: a kept error now belongs to a later call, not to this wait.
         for r in &self.ranks {
-            sync_stream(&r.stream)?;
+            wait_stream(&r.stream)?;
             r.status.clear();
         }
         self.poison.clear();
@@ -733,7 +743,7 @@ impl Drop for CompiledPlan {
     /// Waits for the ranks' streams before the descriptors and workspaces are freed.
     fn drop(&mut self) {
         for r in &self.ranks {
-            let _ = r.stream.synchronize();
+            let _ = wait_stream(&r.stream);
         }
     }
 }
@@ -776,7 +786,7 @@ impl PlanBuffers {
             }
             allocs.push(a);
             sizes.push(size);
-            ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+            sync_context(ctx)?;
         }
         Ok(PlanBuffers { allocs, sizes, shift })
     }

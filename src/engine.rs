@@ -50,7 +50,7 @@ impl DeviceAlloc {
             // SAFETY: the allocation holds `bytes >= data.len()` bytes.
             unsafe { result::memcpy_htod_sync(alloc.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
         }
-        ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))?;
+        sync_context(ctx)?;
         Ok(alloc)
     }
 
@@ -86,7 +86,7 @@ impl DeviceAlloc {
         bind(&self.ctx)?;
         // SAFETY: the allocation holds at least `data.len()` bytes.
         unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(Error::driver("cuMemcpyHtoD"))?;
-        self.ctx.synchronize().map_err(Error::driver("cuCtxSynchronize"))
+        sync_context(&self.ctx)
     }
 
     /// Copies `len` bytes from byte `offset` to the host (synchronous).
@@ -116,17 +116,18 @@ impl DeviceAlloc {
 
 /// A `stream` configuration error unless `stream` belongs to `ctx`, the context of the memory or
 /// engine it is to be used with.
-fn stream_on(stream: &CudaStream, ctx: &CudaContext) -> Result<()> {
+pub(crate) fn stream_on(stream: &CudaStream, ctx: &CudaContext) -> Result<()> {
     if stream.context().cu_ctx() == ctx.cu_ctx() {
         return Ok(());
     }
+    let (theirs, ours) = (stream.context().ordinal(), ctx.ordinal());
     Err(Error::Config {
         field: "stream",
-        why: format!(
-            "a stream of GPU {}, used with memory or kernels of GPU {}",
-            stream.context().ordinal(),
-            ctx.ordinal()
-        ),
+        why: if theirs == ours {
+            format!("a stream of another driver context of GPU {ours} than the one its memory and kernels are on")
+        } else {
+            format!("a stream of GPU {theirs}, used with memory or kernels of GPU {ours}")
+        },
     })
 }
 
@@ -770,6 +771,20 @@ pub(crate) fn check_kept(ctx: &CudaContext) -> Result<()> {
 /// Waits for `stream`'s work, a kept error reported first as by [`bind`].
 pub(crate) fn sync_stream(stream: &CudaStream) -> Result<()> {
     bind(stream.context())?;
+    // SAFETY: a live stream of the context just made current.
+    unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(Error::driver("cuStreamSynchronize"))
+}
+
+/// Waits for all work of `ctx`, a kept error reported first as by [`bind`].
+pub(crate) fn sync_context(ctx: &CudaContext) -> Result<()> {
+    bind(ctx)?;
+    result::ctx::synchronize().map_err(Error::driver("cuCtxSynchronize"))
+}
+
+/// Waits for `stream`'s work without taking the error cudarc keeps for its context: for waits after
+/// a call's launches were queued (its error would claim the call did nothing) and for drops.
+pub(crate) fn wait_stream(stream: &CudaStream) -> Result<()> {
+    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
     // SAFETY: a live stream of the context just made current.
     unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(Error::driver("cuStreamSynchronize"))
 }

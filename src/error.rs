@@ -25,8 +25,10 @@ pub enum Error {
         source: DriverError,
     },
     /// A CUDA driver call that cudarc could not report at once failed earlier (a buffer guard's
-    /// stream wait or event record, a free: cudarc keeps the error for the `CudaContext`), and a call found
-    /// it before queueing or waiting for anything (the call did nothing).
+    /// stream wait or event record, a free: cudarc keeps the error for the `CudaContext`), and a call
+    /// found it before its next step on that context: a call that launches (a collective, a reshard,
+    /// a compiled plan's launch) before queueing any launch, so it did nothing; a wait (`synchronize`,
+    /// `query`, `reset`, `clear_plans`) before that stream's wait, so call it again.
     KeptDriverError {
         /// The ordinal of the device whose context kept the error.
         ordinal: usize,
@@ -317,7 +319,8 @@ impl fmt::Display for Error {
             Error::KeptDriverError { ordinal, source } => write!(
                 f,
                 "an earlier CUDA driver call on device {ordinal} failed where cudarc could not report it \
-                 (a buffer's stream wait or event, or a free): {source}; this call stopped before queueing or waiting"
+                 (a buffer's stream wait or event, or a free): {source}; found before this call's next \
+                 step on that device (a call that launches queued nothing)"
             ),
             Error::UnsupportedDevice { ordinal, major, minor } => {
                 write!(f, "device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")
