@@ -592,24 +592,20 @@ impl CompiledPlan {
             None => None,
         };
         let mut queued = false;
-        // Where a step fails after some rank's kernel was queued, the queued ranks will wait for the
-        // others' messages: their FIFO counters and the others' disagree until `reset` (which waits
-        // for the lock held here: the epoch is current).
-        let poison_if_queued = |step: Result<()>, queued: bool| {
-            if step.is_err() && queued {
-                self.poison.set_since(self.poison.epoch());
-            }
-            step
-        };
         for (r, rank) in self.ranks.iter().enumerate() {
             // SAFETY: the caller's contract, for each rank in turn.
             let launched =
                 unsafe { self.launch_rank(rank, &functions[rank.device], buffers[r], workspaces, ready.as_ref()) };
-            poison_if_queued(launched, queued)?;
+            if launched.is_err() && queued {
+                // Queued ranks will wait for this one's messages: their FIFO counters and the others'
+                // disagree until `reset` (which waits for the lock held here: the epoch is current).
+                self.poison.set_since(self.poison.epoch());
+            }
+            launched?;
             queued |= rank.header.tbs != 0;
         }
-        // Every rank is queued: a failure here leaves the lead stream short of a wait (the error says
-        // so), never the ranks out of step.
+        // Every rank is queued: a failure here leaves the lead stream short of a wait (the error names
+        // the record or wait), never the ranks out of step.
         if let Some(lead) = lead {
             for rank in &self.ranks {
                 record_event(&rank.done, &rank.stream)?;
