@@ -40,3 +40,12 @@ for line in sys.stdin:
 mkdir -p .device/host-msccl
 cp host/tests/data/msccl/*.xml .device/host-msccl/
 ls -la .device/bin
+# The carried folders and the work tree share the device machine's 64 MiB: the stripped binaries
+# and the MSCCL files packed with xz take a few MiB. Carry .device/pack alone; gpu-suite.sh unpacks it
+# into .device/bin when that folder is missing there.
+rm -rf .device/pack .device/stripped && mkdir -p .device/pack .device/stripped/host-msccl
+for f in .device/bin/*; do strip -o ".device/stripped/${f##*/}" "$f"; done
+cp .device/host-msccl/*.xml .device/stripped/host-msccl/
+tar -C .device/stripped -cf - . | xz -T0 -6 > .device/pack/bins.tar.xz
+rm -rf .device/stripped
+ls -la .device/pack

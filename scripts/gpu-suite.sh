@@ -5,6 +5,11 @@
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=${B:-.device/bin}
+# Binaries carried packed (scripts/gpu-stage.sh): unpacked once into $B, the MSCCL files beside it.
+if [ ! -d "$B" ] && [ -f .device/pack/bins.tar.xz ]; then
+  mkdir -p "$B" .device/host-msccl && tar -C "$B" -xJf .device/pack/bins.tar.xz
+  cp "$B"/host-msccl/*.xml .device/host-msccl/
+fi
 OUT=${OUT:-/tmp/oxccl-out}
 # Mover-sweep rows at CTA counts $1 (a regex alternation), matched on the CTAs column.
 rows() { grep -E "copy|reduce" | awk -v c="^($1)\$" '$3 ~ c'; }
