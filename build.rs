@@ -268,10 +268,14 @@ fn build_fresh(root: &Path, out: &Path) -> Result<(), String> {
 /// - The overlap benchmark's GEMM (`bench_gemm_bf16`): exactly `gemm_shape::THREADS` (256) threads,
 ///   a launch error otherwise, and two CTAs per SM, which caps it at 128 registers per thread: its
 ///   documented footprint does not depend on what the driver's JIT decides.
+/// - The warpgroup GEMM (`bench_gemm_wgmma`): exactly `wgmma_shape::THREADS` (256) threads and at
+///   most `wgmma_shape::MAX_REGISTERS` (168) registers per thread, so that it leaves room on its SM
+///   for a collective's CTA.
 const LAUNCH_BOUNDS: &[(&str, &str)] = &[
     (".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1"),
     (".visible .entry oxccl_plan_simt_", ".maxntid 512, 1, 1"),
     (".visible .entry bench_gemm_bf16(", ".reqntid 256, 1, 1\n.minnctapersm 2"),
+    (".visible .entry bench_gemm_wgmma(", ".reqntid 256, 1, 1\n.maxnreg 168"),
 ];
 
 /// Adds each entry's [`LAUNCH_BOUNDS`] after its parameter list.

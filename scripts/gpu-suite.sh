@@ -195,13 +195,13 @@ for run in open(sys.argv[2]):
     overlap-best)
       # The best configuration of each mover at one fixed compute load: 8 virtual ranks, AllReduce of
       # 256 MiB per rank, the compute calibrated to BEST_MS ms alone, CTAs per rank 1..16, default and
-      # small (co-resident) shapes; the minimum makespan per mover over every row (both hints).
+      # small (co-resident) shapes (BEST_SMALL); the minimum makespan per mover over every row (both hints).
       # `gemm` is cuBLAS's GEMM (libcublas from the toolkit or the Python wheels).
       IFS=';' read -ra loads <<< "${BEST_LOADS:-fma --fma-ctas-per-sm 1;fma --fma-ctas-per-sm 4;mma --gemm 8192,8192,2048}"
       export LD_LIBRARY_PATH="$(cublas_path)"
       for load in "${loads[@]}"; do
         : > "$OUT/best.tmp"
-        for c in 1 2 4 8 16; do for shape in "" "--threads 128 --chunk 8192 --stages 2 --simt-threads 256"; do
+        for c in ${BEST_CTAS:-1 2 4 8 16}; do for shape in "" "${BEST_SMALL:---threads 128 --chunk 8192 --stages 2 --simt-threads 256}"; do
           log "overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c $shape"
           timeout 120 $B/oxccl bench overlap --ranks 8 --compute $load --compute-ms ${BEST_MS:-3} -e 256M --ctas $c -n 5 -w 2 $shape 2>&1 | tee -a "$OUT/overlap_best.log" | grep -E "^ +(tma|simt) " | tee -a "$OUT/best.tmp" ; done; done
         echo "## best of $load: $(awk '{k=$1; if(!(k in m)||$14<m[k]) m[k]=$14} END{for(k in m) printf "%s %.3f | ", k, m[k]}' "$OUT/best.tmp")"

@@ -2737,6 +2737,20 @@ pub enum ComputeLoad {
         /// Launch each CTA with half the SM's shared memory, so that at most one runs per SM.
         one_per_sm: bool,
     },
+    /// oxccl's warpgroup GEMM `C = A·Bᵀ` (`bench_gemm_wgmma` in the probe module), built as Hopper
+    /// GEMMs are: tensor copies load the operand tiles into shared memory, `wgmma.mma_async` multiplies
+    /// them there, the threads mostly wait. One 128 × 256 tile per CTA of 256 threads, at most 168
+    /// registers each and 148.5 KiB of shared memory: one CTA per SM, which leaves 22528 registers
+    /// and about 78 KiB of shared memory for a collective's CTA beside it (cuBLAS's kernel leaves
+    /// neither). `m` a multiple of 128, `n` of 256, `k` of 64.
+    Wgmma {
+        /// Rows of A and C (a multiple of 128).
+        m: u32,
+        /// Rows of B and columns of C (a multiple of 256).
+        n: u32,
+        /// Columns of A and B (a multiple of 64).
+        k: u32,
+    },
 }
 
 impl ComputeLoad {
@@ -2750,30 +2764,40 @@ impl ComputeLoad {
             ComputeLoad::Mma { m, n, k, one_per_sm } => {
                 format!("mma-bf16-{m}x{n}x{k}{}", if one_per_sm { "-one-per-sm" } else { "" })
             }
+            ComputeLoad::Wgmma { m, n, k } => format!("wgmma-bf16-{m}x{n}x{k}"),
         }
     }
 
     /// Refuses a shape the load cannot run: for [`ComputeLoad::Mma`], `m` and `n` not multiples of
-    /// the tile (128), `k` not a multiple of 32, or a matrix over 2^30 elements (the benchmark fills
-    /// the operands from the host; the kernel's offsets are 64-bit).
+    /// the tile (128), `k` not a multiple of 32; for [`ComputeLoad::Wgmma`], `m` not a multiple of
+    /// 128, `n` of 256 or `k` of 64; for either, a matrix over 2^30 elements (the benchmark fills the
+    /// operands from the host; the kernel's offsets are 64-bit).
     pub fn validate(self) -> Result<()> {
-        if let ComputeLoad::Mma { m, n, k, .. } = self {
-            let (tile, tile_k) = (oxccl_ptx::gemm_shape::TILE_MN, oxccl_ptx::gemm_shape::TILE_K);
-            let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-            if m == 0 || n == 0 || k == 0 || m % tile != 0 || n % tile != 0 || k % tile_k != 0 {
-                return Err(Error::Config {
-                    field: "gemm",
-                    why: format!(
-                        "{m}x{n}x{k}: for the mma load M and N must be positive multiples of {tile}, K of {tile_k}"
-                    ),
-                });
+        let (name, m, n, k, [tm, tn, tk]) = match self {
+            ComputeLoad::Mma { m, n, k, .. } => {
+                use oxccl_ptx::gemm_shape::{TILE_K, TILE_MN};
+                ("mma", m, n, k, [TILE_MN, TILE_MN, TILE_K])
             }
-            if [m64 * k64, n64 * k64, m64 * n64].iter().any(|&e| e > 1 << 30) {
-                return Err(Error::Config {
-                    field: "gemm",
-                    why: format!("{m}x{n}x{k}: for the mma load every matrix at most 2^30 elements"),
-                });
+            ComputeLoad::Wgmma { m, n, k } => {
+                use oxccl_ptx::wgmma_shape::{TILE_K, TILE_M, TILE_N};
+                ("wgmma", m, n, k, [TILE_M, TILE_N, TILE_K])
             }
+            _ => return Ok(()),
+        };
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        if m == 0 || n == 0 || k == 0 || m % tm != 0 || n % tn != 0 || k % tk != 0 {
+            return Err(Error::Config {
+                field: "gemm",
+                why: format!(
+                    "{m}x{n}x{k}: for the {name} load M must be a positive multiple of {tm}, N of {tn}, K of {tk}"
+                ),
+            });
+        }
+        if [m64 * k64, n64 * k64, m64 * n64].iter().any(|&e| e > 1 << 30) {
+            return Err(Error::Config {
+                field: "gemm",
+                why: format!("{m}x{n}x{k}: for the {name} load every matrix at most 2^30 elements"),
+            });
         }
         Ok(())
     }
@@ -2782,7 +2806,7 @@ impl ComputeLoad {
     pub fn flops(self) -> Option<f64> {
         match self {
             ComputeLoad::Fma | ComputeLoad::Sleep => None,
-            ComputeLoad::Gemm { m, n, k } | ComputeLoad::Mma { m, n, k, .. } => {
+            ComputeLoad::Gemm { m, n, k } | ComputeLoad::Mma { m, n, k, .. } | ComputeLoad::Wgmma { m, n, k } => {
                 Some(2.0 * m as f64 * n as f64 * k as f64)
             }
         }
@@ -2909,11 +2933,11 @@ impl OverlapBench {
         if let Some(t) = b.simt_threads {
             crate::comm::check_threads("simt_threads", t, 512)?;
         }
-        if b.partition && matches!(b.compute, ComputeLoad::Mma { .. }) {
+        if b.partition && matches!(b.compute, ComputeLoad::Mma { .. } | ComputeLoad::Wgmma { .. }) {
             return Err(Error::Config {
                 field: "partition",
-                why: "the mma load is a grid of one CTA per tile, placed by the hardware wherever there is room: \
-                      there is no SM count to size it for (fma and gemm take --partition)"
+                why: "the mma and wgmma loads are grids of one CTA per tile, placed by the hardware wherever \
+                      there is room: there is no SM count to size them for (fma and gemm take --partition)"
                     .into(),
             });
         }
@@ -3085,7 +3109,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
     let probe = works[0].probe_reps();
     let compute_sms = works[0].sms;
     let compute_registers = works[0].registers();
-    let mut launch_compute = |reps: u32| -> Result<()> {
+    let launch_compute = |works: &mut [Compute], reps: u32| -> Result<()> {
         for w in works.iter_mut() {
             w.launch(reps)?;
         }
@@ -3129,10 +3153,11 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             if reps == 0 {
                 // Calibrate once: the compute work alone takes about as long as asked, or as the
                 // first collective (the nearest whole number of repetitions).
-                let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(probe))?;
+                let t = time_ms_on(&compute_streams, 1, 3, || launch_compute(&mut works, probe))?;
+                works.iter().try_for_each(Compute::check)?;
                 reps = compute_reps(probe, t, b.compute_ms.unwrap_or(coll_alone))?;
             }
-            let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(reps))?;
+            let comp_alone = time_ms_on(&compute_streams, b.warmup, b.iters, || launch_compute(&mut works, reps))?;
             let (mut comp_t, mut coll_t, mut span) = (0.0, 0.0, 0.0);
             for it in 0..b.warmup + b.iters {
                 sync_all()?;
@@ -3148,7 +3173,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                     compute_streams[device_of[i]].wait(start).map_err(Error::driver("cuStreamWaitEvent"))?;
                 }
                 collective()?;
-                launch_compute(reps)?;
+                launch_compute(&mut works, reps)?;
                 let coll_ends = lanes.iter().map(|l| event(l)).collect::<Result<Vec<_>>>()?;
                 let comp_ends = compute_streams.iter().map(|c| event(c)).collect::<Result<Vec<_>>>()?;
                 let mut all_ends = Vec::with_capacity(lanes.len());
@@ -3204,6 +3229,8 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
             });
         }
     }
+    // A warpgroup GEMM that gave up on a wait ran short: its times would mislead.
+    works.iter().try_for_each(Compute::check)?;
     Ok(rows)
 }
 
@@ -3298,6 +3325,23 @@ enum ComputeKind {
         /// Registers per thread of the loaded kernel, as the driver reports them.
         registers: u32,
     },
+    /// The probe module's warpgroup GEMM (`bench_gemm_wgmma`), one CTA per tile of C.
+    Wgmma {
+        function: cudarc::driver::CudaFunction,
+        /// The operands, C and the two tensor maps (A's, then B's), kept alive for the launches;
+        /// `ptrs` are the maps' and C's addresses.
+        _operands: [CudaSlice<half::bf16>; 2],
+        _c: CudaSlice<f32>,
+        _maps: CudaSlice<u64>,
+        /// The kernel's time-out record (zero while every wait succeeds).
+        status: CudaSlice<u32>,
+        ptrs: [u64; 3],
+        n: u32,
+        k: u32,
+        config: cudarc::driver::LaunchConfig,
+        /// Registers per thread of the loaded kernel, as the driver reports them.
+        registers: u32,
+    },
     /// cuBLAS bf16 GEMMs on column-major matrices, C (m × n) = A (m × k) · B (k × n).
     #[cfg(feature = "gemm")]
     Gemm {
@@ -3338,6 +3382,51 @@ fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cud
     Ok(function)
 }
 
+/// The two tensor maps `bench_gemm_wgmma` reads (A's, then B's, 128 bytes each, as 32 words): the
+/// row-major bf16 operands at `a` (`m × k`) and `b` (`n × k`), boxes of 64 × 128 and 64 × 256
+/// elements, 128-byte swizzle, as `wgmma_shape` lays out a stage.
+///
+/// # Errors
+/// The driver's error when it refuses a map (an address not 16-byte aligned, a row of more than
+/// 2^40 bytes).
+pub fn wgmma_maps(a: u64, b: u64, m: u32, n: u32, k: u32) -> Result<[u64; 32]> {
+    use cudarc::driver::sys;
+    use oxccl_ptx::wgmma_shape::{TILE_K, TILE_M, TILE_N};
+    let map = |addr: u64, rows: u32, box_rows: u32| -> Result<[u64; 16]> {
+        let dims = [k as u64, rows as u64];
+        let strides = [k as u64 * 2];
+        let boxd = [TILE_K, box_rows];
+        let elem_strides = [1u32, 1];
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+        // SAFETY: two dimensions, one stride (the driver reads rank - 1), two box sizes and element
+        // strides; `map` is written by the call and read only after it reports success. The driver
+        // checks the address, stride and box and refuses what it cannot map.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                addr as *mut _,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxd.as_ptr(),
+                elem_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result().map_err(Error::driver("cuTensorMapEncodeTiled"))?;
+        // SAFETY: written by the successful call above.
+        Ok(unsafe { map.assume_init() }.opaque)
+    };
+    let mut out = [0u64; 32];
+    out[..16].copy_from_slice(&map(a, m, TILE_M)?);
+    out[16..].copy_from_slice(&map(b, n, TILE_N)?);
+    Ok(out)
+}
+
 /// A GEMM operand of `len` bf16 on `stream`: small values, so products stay finite; the values do
 /// not matter for timing.
 fn gemm_operand(stream: &Arc<CudaStream>, len: u64, step: u64) -> Result<CudaSlice<half::bf16>> {
@@ -3373,6 +3462,7 @@ impl Compute {
             }
             ComputeLoad::Gemm { m, n, k } => Self::gemm(stream, m, n, k, (sms < all_sms).then_some(sms))?,
             ComputeLoad::Mma { m, n, k, one_per_sm } => Self::mma(stream, m, n, k, one_per_sm)?,
+            ComputeLoad::Wgmma { m, n, k } => Self::wgmma(stream, m, n, k)?,
         };
         Ok(Compute { stream: stream.clone(), sms, kind })
     }
@@ -3406,6 +3496,40 @@ impl Compute {
             shared_mem_bytes: smem,
         };
         Ok(ComputeKind::Mma { function, _operands: [a, b], _c: c, ptrs, n, k, config, registers })
+    }
+
+    /// The probe module's warpgroup GEMM, its matrices and their tensor maps (shape checked as for
+    /// [`Compute::mma`]).
+    fn wgmma(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32) -> Result<ComputeKind> {
+        use oxccl_ptx::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
+        let function = probe_function(stream, "bench_gemm_wgmma", SMEM)?;
+        let registers = function
+            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+            .map_err(Error::driver("cuFuncGetAttribute"))? as u32;
+        let (a, b) = (gemm_operand(stream, m as u64 * k as u64, 3)?, gemm_operand(stream, n as u64 * k as u64, 5)?);
+        let mut c: CudaSlice<f32> = stream.alloc_zeros(m as usize * n as usize).map_err(Error::driver("cuMemAlloc"))?;
+        let host = wgmma_maps(a.device_ptr(stream).0, b.device_ptr(stream).0, m, n, k)?;
+        let maps: CudaSlice<u64> = stream.clone_htod(&host[..]).map_err(Error::driver("cuMemcpyHtoD"))?;
+        // Word 0: a wait that gave up; 1–8: CTA 0's progress (see the kernel).
+        let mut status: CudaSlice<u32> = stream.alloc_zeros(9).map_err(Error::driver("cuMemAlloc"))?;
+        let ptrs = [maps.device_ptr(stream).0, c.device_ptr_mut(stream).0, status.device_ptr_mut(stream).0];
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: ((m / TILE_M) * (n / TILE_N), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: SMEM,
+        };
+        Ok(ComputeKind::Wgmma {
+            function,
+            _operands: [a, b],
+            _c: c,
+            _maps: maps,
+            status,
+            ptrs,
+            n,
+            k,
+            config,
+            registers,
+        })
     }
 
     /// cuBLAS and the GEMM's matrices; `sm_target`: the SMs cuBLAS should plan for.
@@ -3452,10 +3576,29 @@ impl Compute {
         })
     }
 
+    /// Refuses work that did not run as launched: the warpgroup GEMM records a wait that gave up
+    /// (waits for the compute stream first).
+    fn check(&self) -> Result<()> {
+        if let ComputeKind::Wgmma { status, .. } = &self.kind {
+            let st = self.stream.clone_dtoh(status).map_err(Error::driver("cuMemcpyDtoH"))?[0];
+            if st != 0 {
+                return Err(Error::Config {
+                    field: "compute",
+                    why: format!(
+                        "the wgmma GEMM gave up waiting for tile {} to be {} (a second): its stage never completed",
+                        st & 0xfff_ffff,
+                        if st >> 28 == 1 { "loaded" } else { "released" }
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Registers per thread of the kernel oxccl launches for this work (the mma load's).
     fn registers(&self) -> Option<u32> {
         match self.kind {
-            ComputeKind::Mma { registers, .. } => Some(registers),
+            ComputeKind::Mma { registers, .. } | ComputeKind::Wgmma { registers, .. } => Some(registers),
             _ => None,
         }
     }
@@ -3464,7 +3607,7 @@ impl Compute {
     fn probe_reps(&self) -> u32 {
         match self.kind {
             ComputeKind::Probe { .. } => 1 << 14,
-            ComputeKind::Mma { .. } => 4,
+            ComputeKind::Mma { .. } | ComputeKind::Wgmma { .. } => 4,
             #[cfg(feature = "gemm")]
             ComputeKind::Gemm { .. } => 4,
         }
@@ -3490,6 +3633,21 @@ impl Compute {
                     // tile; the block is `gemm_shape::THREADS` and the dynamic shared memory at least
                     // `gemm_shape::SMEM`, allowed by the function's attribute set in `Compute::mma`;
                     // nothing else touches the three buffers.
+                    unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
+                }
+                Ok(())
+            }
+            ComputeKind::Wgmma { function, ptrs, n, k, config, .. } => {
+                for _ in 0..reps {
+                    let mut l = self.stream.launch_builder(function);
+                    l.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&*n).arg(&*k);
+                    // SAFETY: the maps describe A (m × k) and B (n × k) as the kernel reads them
+                    // (`wgmma_maps`), C holds m × n f32, `status` nine u32, and the grid matches the
+                    // shape, which
+                    // `ComputeLoad::validate` checked against the kernel's tile; the block is
+                    // `wgmma_shape::THREADS` and the dynamic shared memory `wgmma_shape::SMEM`,
+                    // allowed by the function's attribute set in `Compute::wgmma`; nothing else
+                    // touches the buffers.
                     unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
                 }
                 Ok(())

@@ -444,6 +444,96 @@ fn tensor_core_gemm_matches_the_cpu() {
 }
 
 #[test]
+fn warpgroup_gemm_matches_the_cpu() {
+    use oxccl_ptx::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
+    let Some(p) = Probes::new("warpgroup_gemm_matches_the_cpu") else { return };
+    let f = p.f("bench_gemm_wgmma");
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
+    // The kernel's status words in mapped host memory (one address for host and device), readable
+    // while it runs.
+    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: allocates 36 bytes of pinned, mapped host memory in the current context; freed below.
+    unsafe {
+        sys::cuMemHostAlloc(&mut host, 36, 0x02 /* CU_MEMHOSTALLOC_DEVICEMAP */)
+    }
+    .result()
+    .unwrap();
+    let status = host.cast::<u32>();
+    // Small integers: every product and every sum is exact in bf16 inputs and f32 accumulation, so
+    // C must match bit for bit. K of 1, 2, 3 (the ring's depth), 4, 10 and 32 stages' worth, several
+    // tiles in each direction; each shape three times (a missing wait need not show in one launch).
+    for (m, n, k) in
+        [(128u32, 256u32, 64u32), (256, 512, 128), (128, 256, 192), (384, 256, 256), (256, 768, 640), (256, 256, 2048)]
+    {
+        let av: Vec<i32> = (0..m * k).map(|i| ((i / k * 7 + i % k * 3) % 9) as i32 - 4).collect();
+        let bv: Vec<i32> = (0..n * k).map(|i| ((i / k * 5 + i % k * 11) % 7) as i32 - 3).collect();
+        let host = |v: &[i32]| v.iter().map(|&x| bf16::from_f32(x as f32)).collect::<Vec<_>>();
+        let a = p.stream.clone_htod(&host(&av)).unwrap();
+        let b = p.stream.clone_htod(&host(&bv)).unwrap();
+        let maps = oxccl::bench::wgmma_maps(p.addr(&a), p.addr(&b), m, n, k).unwrap();
+        let maps = p.stream.clone_htod(&maps[..]).unwrap();
+        let (ku, nu) = (k as usize, n as usize);
+        let want: Vec<f32> = (0..m as usize * nu)
+            .map(|e| (0..ku).map(|kk| av[e / nu * ku + kk] * bv[e % nu * ku + kk]).sum::<i32>() as f32)
+            .collect();
+        for round in 0..3 {
+            let c = p.stream.clone_htod(&vec![f32::NAN; (m * n) as usize]).unwrap();
+            // SAFETY: the kernel has ended (the stream was idle at the last check); nothing else
+            // touches the words.
+            unsafe { (0..9).for_each(|w| status.add(w).write_volatile(0)) };
+            let (pm, pc, ps) = (p.addr(&maps), p.addr(&c), status as u64);
+            let cfg = Probes::cfg((m / TILE_M) * (n / TILE_N), THREADS, SMEM);
+            // SAFETY: the maps describe A (m × k) and B (n × k), C holds m × n f32, `status` nine
+            // mapped u32, and the grid has the shape's tiles; 256 threads and `SMEM` bytes,
+            // allowed by the attribute above.
+            unsafe { p.stream.launch_builder(&f).arg(&pm).arg(&pc).arg(&ps).arg(&n).arg(&k).launch(cfg) }.unwrap();
+            // A kernel that hangs is reported, with how far CTA 0's warps got, not waited on.
+            let start = std::time::Instant::now();
+            // SAFETY: a query of a live stream.
+            while unsafe { sys::cuStreamQuery(p.stream.cu_stream()) } == sys::CUresult::CUDA_ERROR_NOT_READY {
+                if start.elapsed() > std::time::Duration::from_secs(10) {
+                    // SAFETY: mapped host memory the kernel writes with system-scope stores.
+                    let words: Vec<u32> = (0..9).map(|w| unsafe { status.add(w).read_volatile() }).collect();
+                    let steps: Vec<String> =
+                        words[1..].iter().map(|w| format!("{}:{}", w >> 24, w & 0xff_ffff)).collect();
+                    println!(
+                        "{m}x{n}x{k}, launch {round}: still running after 10 s; gave up {:#x}; CTA 0 warps (step:tile) {}",
+                        words[0],
+                        steps.join(" ")
+                    );
+                    std::process::exit(2);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            // SAFETY: as above; the kernel has ended.
+            let st = unsafe { status.read_volatile() };
+            assert_eq!(
+                st,
+                0,
+                "{m}x{n}x{k}, launch {round}: a wait gave up (kind {}, tile {})",
+                st >> 28,
+                st & 0xfff_ffff
+            );
+            let got = p.stream.clone_dtoh(&c).unwrap();
+            if let Some(e) = (0..want.len()).find(|&e| got[e].to_bits() != want[e].to_bits()) {
+                let wrong = (0..want.len()).filter(|&e| got[e].to_bits() != want[e].to_bits()).count();
+                panic!(
+                    "{m}x{n}x{k}, launch {round}: C[{}][{}] = {}, want {} ({wrong} of {} wrong)",
+                    e / nu,
+                    e % nu,
+                    got[e],
+                    want[e],
+                    want.len()
+                );
+            }
+        }
+    }
+    // SAFETY: allocated above; no kernel uses it any more.
+    unsafe { sys::cuMemFreeHost(host) }.result().unwrap();
+    println!("warpgroup GEMM exact on 6 shapes, 3 launches each");
+}
+
+#[test]
 fn tensor_core_gemm_refuses_another_block_size() {
     use oxccl_ptx::gemm_shape::SMEM;
     let Some(p) = Probes::new("tensor_core_gemm_refuses_another_block_size") else { return };

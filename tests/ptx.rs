@@ -211,6 +211,16 @@ const GOLDEN: &[(&str, &str, &str)] = &[
         "bench_gemm_bf16",
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r",
     ),
+    ("wgmma_fence_sync_aligned", "bench_gemm_wgmma", "wgmma.fence.sync.aligned;"),
+    ("bar_warp_sync", "bench_gemm_wgmma", "bar.warp.sync %r"),
+    ("wgmma_fence_operands", "bench_gemm_wgmma", "// %r"),
+    ("wgmma_commit_group_sync_aligned", "bench_gemm_wgmma", "wgmma.commit_group.sync.aligned;"),
+    ("wgmma_wait_group_sync_aligned", "bench_gemm_wgmma", "wgmma.wait_group.sync.aligned 1;"),
+    (
+        "wgmma_mma_async_sync_aligned_m64n256k16_f32_bf16_bf16",
+        "bench_gemm_wgmma",
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {\n%r",
+    ),
 ];
 
 /// Every PTX module the crate embeds.
@@ -321,6 +331,7 @@ const NOT_WRAPPER_FILES: &[(&str, &str)] = &[
     ("space.rs", "address-space types; their one instruction (`Shared::from_generic`) has a row by hand"),
     ("trace_layout.rs", "the timed TMA probe's layout, shared with the host: no instructions"),
     ("gemm_shape.rs", "the GEMM probe's shape, shared with the host: no instructions"),
+    ("wgmma_shape.rs", "the warpgroup GEMM probe's shape and descriptor, shared with the host: no instructions"),
 ];
 
 /// The macros that define wrappers in the scanned files: (macro, which arguments of an invocation
@@ -336,6 +347,12 @@ const WRAPPER_MACROS: &[(&str, &[usize])] = &[
     ("cp_reduce_async_bulk", &[0]),
     // (dims, load, store, add, min, max, coordinates, ..)
     ("tensor_family", &[1, 2, 3, 4, 5]),
+    // wgmma.rs: operand lists and the instruction's body inside its wrappers, which are plain `fn`s.
+    ("operand_list", &[]),
+    ("half", &[]),
+    ("d_operands", &[]),
+    ("touch", &[]),
+    ("mma_m64n256k16", &[]),
 ];
 
 /// Wrappers with no probe kernel, and why.

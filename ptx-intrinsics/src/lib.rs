@@ -24,9 +24,10 @@
 //! | `sync` | `bar.sync`, `bar.red.or`, `nanosleep`, `trap` |
 //! | `arith` | packed `f16x2` / `bf16x2` add, min, max |
 //! | `mma` | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
+//! | `wgmma` | `wgmma.fence`, `wgmma.mma_async` m64n256k16 bf16→f32, `wgmma.commit_group/wait_group` |
 //!
-//! [`gemm_shape`] (on every target) holds the shape of the probe module's tensor-core GEMM, shared
-//! with the host that launches it; [`trace_layout`] (on every target) the layout of its timed TMA
+//! [`gemm_shape`] and [`wgmma_shape`] (on every target) hold the shapes of the probe module's
+//! tensor-core GEMMs, shared with the host that launches them; [`trace_layout`] (on every target) the layout of its timed TMA
 //! copy's shared memory and trace.
 #![warn(missing_docs)]
 #![no_std]
@@ -59,6 +60,9 @@ pub mod sync;
 #[cfg(target_arch = "nvptx64")]
 pub mod tensor;
 pub mod trace_layout;
+#[cfg(target_arch = "nvptx64")]
+pub mod wgmma;
+pub mod wgmma_shape;
 
 #[cfg(target_arch = "nvptx64")]
 pub use space::{Global, Mbarrier, Shared, TensorMap};

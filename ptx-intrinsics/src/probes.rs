@@ -828,6 +828,39 @@ macro_rules! unroll4 {
     }};
 }
 
+/// Waits for `bar`'s phase `parity` for at most a second (by the global timer); on time-out stores
+/// `code` at `status` and returns, so that a stage that never lands ends the kernel instead of hanging
+/// it.
+///
+/// # Safety
+/// `bar` is a live barrier; `status` addresses a writable u32.
+#[inline(always)]
+unsafe fn wait_at_most_a_second(bar: Shared<Mbarrier>, parity: u32, status: u64, code: u32) {
+    let start = globaltimer();
+    // SAFETY: forwarded contract: `bar` is live.
+    while !unsafe { mbarrier_try_wait_parity_shared_b64(bar, parity) } {
+        if globaltimer().wrapping_sub(start) > 1_000_000_000 {
+            // SAFETY: the caller's contract: `status` is a writable u32.
+            unsafe { *Global::<u32>::from_addr(status).ptr() = code };
+            return;
+        }
+    }
+}
+
+/// Runs `$body` eight times with the constant `$i` = 0, 1, …, 7.
+macro_rules! unroll8 {
+    ($i:ident, $body:block) => {{
+        unroll4!(LOW, {
+            const $i: usize = LOW;
+            $body
+        });
+        unroll4!(HIGH, {
+            const $i: usize = HIGH + 4;
+            $body
+        });
+    }};
+}
+
 /// The tensor-core GEMM of the overlap benchmark (`oxccl bench overlap --compute mma`), and the
 /// probe of [`crate::mma`]: `C = A · Bᵀ` with A (`m × k`) and B (`n × k`) row-major bf16 (both
 /// K-contiguous, as a linear layer's input and weight), C (`m × n`) row-major f32, accumulated in
@@ -952,4 +985,175 @@ pub unsafe extern "ptx-kernel" fn bench_gemm_bf16(a: u64, b: u64, c: u64, n: u32
             }
         });
     });
+}
+
+/// The warpgroup GEMM of the overlap benchmark (`oxccl bench overlap --compute wgmma`), and the probe
+/// of [`crate::wgmma`]: `C = A · Bᵀ` as [`bench_gemm_bf16`] computes it (A `m × k`, B `n × k`
+/// row-major bf16, C `m × n` row-major f32), the way Hopper GEMMs do: tensor copies load the operand
+/// tiles, `wgmma.mma_async` multiplies them from shared memory, the threads only wait.
+///
+/// One CTA of two warpgroups computes one 128 × 256 tile of C (a grid of `m / 128 · n / 256` CTAs,
+/// row by row of tiles; shape in [`crate::wgmma_shape`]). Thread 0 issues each stage's two tensor
+/// copies (the A box at `maps`, the B box at `maps + 128`, both 64 × rows bf16 with 128-byte
+/// swizzle) on the stage's `loaded` barrier; every warp arrives on its `released` barrier once its
+/// multiplies have read the stage, and thread 0 refills it with the tile `STAGES` further on.
+///
+/// # Safety
+/// - A launch of exactly `m / 128 · n / 256` CTAs of 256 threads (`.reqntid 256`) with at least
+///   `wgmma_shape::SMEM` bytes of dynamic shared memory.
+/// - `maps` holds two tile-mode tensor maps written before the launch: A (bf16, dimensions `k` and
+///   `m`) and B (bf16, `k` and `n`), each with a box of 64 × 128 (A) or 64 × 256 (B) elements,
+///   128-byte swizzle; C holds `m × n` f32, 8-byte aligned; `k` is a positive multiple of 64.
+/// - `status` holds nine u32, zero at the launch. A barrier wait that lasts a second (a stage that
+///   never lands: a wrong tensor map) gives up, stores in word 0 `1 << 28 | tile` (a load) or `2 <<
+///   28 | tile` (a release) and lets the kernel end with C wrong, so that the host reports a hang
+///   instead of waiting on it. Words 1–8: CTA 0's warps record how far they got (`step << 24 |
+///   tile`: 1 barriers ready, 2 first loads issued, 3 tile landed, 4 multiplies done, 5 C stored;
+///   system-scope stores, so that a host can read them from mapped memory while the kernel runs).
+///   No record sits between a `wgmma.fence` and the wait that ends its multiplies: a branch taken
+///   by one lane there splits the warp across the warp syncs the compiler puts before them.
+/// - Nothing else writes A or B, or touches C, while it runs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn bench_gemm_wgmma(maps: u64, c: u64, status: u64, n: u32, k: u32) {
+    use crate::wgmma::*;
+    use crate::wgmma_shape::{A_BYTES, STAGE, STAGES, THREADS, TILE_K, TILE_M, TILE_N, descriptor_sw128};
+    const _: () = assert!(THREADS == 256 && TILE_M == 128 && TILE_N == 256);
+    let (tid, lane, warp) = (tid_x(), tid_x() % 32, tid_x() / 32);
+    let group = warp / 4;
+    let tiles_n = n / TILE_N;
+    let (m0, n0) = (ctaid_x() / tiles_n * TILE_M, ctaid_x() % tiles_n * TILE_N);
+    let raw = smem();
+    // The swizzle pattern repeats every 1024 bytes and the descriptors assume it starts at a stage.
+    let base = raw.byte_add::<u8>((1024 - raw.addr() % 1024) % 1024);
+    let loaded = base.byte_add::<Mbarrier>(STAGES * STAGE);
+    let released = loaded.add(STAGES);
+    let (a_map, b_map) = (Global::<TensorMap>::from_addr(maps), Global::<TensorMap>::from_addr(maps + 128));
+    let k_tiles = k / TILE_K;
+    let progress = |step: u32, kt: u32| {
+        if ctaid_x() == 0 && lane == 0 {
+            // SAFETY: `status` holds nine u32 (the caller's contract); each warp writes its own word.
+            unsafe { st_relaxed_sys_u32(Global::<u32>::from_addr(status + 4 * (1 + warp as u64)), step << 24 | kt) };
+        }
+    };
+    // SAFETY: thread 0 initialises the barriers before any use, made visible by the fence and the
+    // CTA barrier: `loaded` completes on thread 0's arrival and the copies' bytes, `released` on one
+    // arrival per warp.
+    unsafe {
+        if tid == 0 {
+            for s in 0..STAGES {
+                mbarrier_init_shared_b64(loaded.add(s), 1);
+                mbarrier_init_shared_b64(released.add(s), THREADS / 32);
+            }
+            fence_mbarrier_init_release_cluster();
+        }
+        bar_sync_all();
+    }
+    // Thread 0 loads tile `kt` into stage `kt % STAGES`.
+    let load = |kt: u32| {
+        let s = kt % STAGES;
+        let stage = base.byte_add::<u8>(s * STAGE);
+        // SAFETY: the stage is free (first use, or every warp released it, see the loop), the maps
+        // describe A and B (the caller's contract) and the boxes fit the stage; the barrier's phase
+        // expects exactly the two boxes' bytes.
+        unsafe {
+            mbarrier_arrive_expect_tx_shared_b64(loaded.add(s), STAGE);
+            let kc = (kt * TILE_K) as i32;
+            cp_async_bulk_tensor_2d_shared_global_tile_mbarrier(stage, a_map, kc, m0 as i32, loaded.add(s));
+            cp_async_bulk_tensor_2d_shared_global_tile_mbarrier(
+                stage.byte_add(A_BYTES),
+                b_map,
+                kc,
+                n0 as i32,
+                loaded.add(s),
+            );
+        }
+    };
+    progress(1, 0);
+    if tid == 0 {
+        for kt in 0..(STAGES - 1).min(k_tiles) {
+            load(kt);
+        }
+    }
+    progress(2, 0);
+    // The 64 × 256 block of this warpgroup: columns 0–127 in `lo`, 128–255 in `hi`.
+    let (mut lo, mut hi) = ([0f32; 64], [0f32; 64]);
+    for kt in 0..k_tiles {
+        let s = kt % STAGES;
+        let stage = base.byte_add::<u8>(s * STAGE);
+        // SAFETY: the barrier is live; its phase for this tile completes when both copies land.
+        unsafe { wait_at_most_a_second(loaded.add(s), kt / STAGES % 2, status, 1 << 28 | kt) };
+        progress(3, kt);
+        // `try_wait` may release the lanes of a warp one by one, and the loop above has no
+        // uniform branch: the warp must be whole again before the `.aligned` multiplies (a part of
+        // a warp at `wgmma.fence` hangs the warpgroup).
+        // SAFETY: every lane of every warp passes here once per tile.
+        unsafe { bar_warp_sync(u32::MAX) };
+        let a = stage.byte_add::<u8>(group * (A_BYTES / 2)).addr();
+        let b = stage.byte_add::<u8>(A_BYTES).addr();
+        // SAFETY: every warp of both warpgroups runs this loop convergently (thread 0's branches
+        // below rejoin before the next fence); the stage holds tile `kt`, written by the tensor
+        // copies (async proxy) whose completion the wait observed; `acc` is touched only after the
+        // last wait and the operand fence below.
+        unsafe {
+            wgmma_fence_sync_aligned();
+            const _: () = assert!(TILE_K / 16 == 4);
+            unroll4!(STEP, {
+                wgmma_mma_async_sync_aligned_m64n256k16_f32_bf16_bf16(
+                    &mut lo,
+                    &mut hi,
+                    descriptor_sw128(a + 32 * STEP as u32),
+                    descriptor_sw128(b + 32 * STEP as u32),
+                );
+            });
+            wgmma_commit_group_sync_aligned();
+        }
+        // SAFETY: as above. The previous tile's multiplies are done: its stage may be refilled.
+        unsafe { wgmma_wait_group_sync_aligned::<1>() };
+        // Tile `kt + STAGES - 1` goes to the stage tile `kt - 1` used (at `kt` = 0, the one stage the
+        // first loads left empty), once every warp has released it.
+        if kt > 0 && lane == 0 {
+            // SAFETY: the barrier is live; this warp's multiplies of tile `kt - 1` completed.
+            unsafe { mbarrier_arrive_shared_b64(released.add((kt - 1) % STAGES)) };
+        }
+        let next = kt + STAGES - 1;
+        if tid == 0 && next < k_tiles {
+            if kt > 0 {
+                // SAFETY: the barrier is live; its phase completes when all eight warps released
+                // tile `kt - 1` (its `(kt - 1) / STAGES`-th use of the stage).
+                unsafe {
+                    wait_at_most_a_second(released.add((kt - 1) % STAGES), (kt - 1) / STAGES % 2, status, 2 << 28 | kt)
+                };
+            }
+            load(next);
+        }
+        // Warp 0 reconverges after thread 0's loads, before the next `.aligned` instruction.
+        // SAFETY: every lane of every warp passes here once per tile.
+        unsafe { bar_warp_sync(u32::MAX) };
+    }
+    // SAFETY: as above; then the accumulators are final and fenced from the compiler.
+    unsafe { wgmma_wait_group_sync_aligned::<0>() };
+    progress(4, k_tiles);
+    wgmma_fence_operands(&mut lo);
+    wgmma_fence_operands(&mut hi);
+    let out = Global::<f32>::from_addr(c);
+    let row = m0 + group * 64 + warp % 4 * 16 + lane / 4;
+    // Straight-line (constant indices) so the accumulators stay in registers.
+    unroll4!(JA, {
+        unroll8!(JB, {
+            const J: usize = JA * 8 + JB;
+            let col = (n0 + 8 * J as u32 + 2 * (lane % 4)) as u64;
+            // SAFETY: C holds `m × n` f32 and rows `row`, `row + 8` and the two columns lie in this
+            // CTA's tile.
+            unsafe {
+                let p = out.add(row as u64 * n as u64 + col);
+                let (h, q) = if J < 16 { (&lo, 4 * J) } else { (&hi, 4 * J - 64) };
+                *p.ptr() = h[q];
+                *p.add(1).ptr() = h[q + 1];
+                let p = out.add((row as u64 + 8) * n as u64 + col);
+                *p.ptr() = h[q + 2];
+                *p.add(1).ptr() = h[q + 3];
+            }
+        });
+    });
+    progress(5, k_tiles);
 }

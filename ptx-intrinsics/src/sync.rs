@@ -30,6 +30,21 @@ pub unsafe fn bar_sync_all() {
     unsafe { asm!("bar.sync 0;") }
 }
 
+/// Waits until every lane of `mask` in the executing warp reaches this point (the warp reconverges
+/// there), with memory ordering among them.
+///
+/// `bar.warp.sync membermask;` · PTX ISA 6.0 · sm_70
+///
+/// # Safety
+/// Every lane in `mask` executes this same instruction, the executing lane included; otherwise the
+/// behaviour is undefined.
+#[doc(alias = "bar.warp.sync")]
+#[inline(always)]
+pub unsafe fn bar_warp_sync(mask: u32) {
+    // SAFETY: the caller guarantees that every lane of the mask arrives.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask) }
+}
+
 /// Waits until all threads of this CTA reach barrier 0, and returns whether `pred` was true in any of
 /// them: one decision every thread of the CTA shares, whatever any thread does after the barrier.
 ///

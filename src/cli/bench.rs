@@ -148,12 +148,14 @@ pub struct Args {
     pub combine_direct: Option<bool>,
     /// overlap, tma_trace: the compute load beside the collective, `fma` (FMA-bound probe kernel), `gemm`
     /// (cuBLAS bf16 GEMMs; needs a build with `--features gemm` and libcublas on the library path),
-    /// `mma` (oxccl's own bf16 tensor-core GEMM, which leaves room on its SMs) or `sleep` (CTAs
-    /// shaped as the FMA load's that only sleep: what sharing SMs costs without busy warps).
+    /// `mma` (oxccl's own bf16 tensor-core GEMM, `mma.sync`, which leaves room on its SMs), `wgmma`
+    /// (oxccl's Hopper GEMM: tensor copies and `wgmma`, one CTA per SM that leaves a collective CTA
+    /// room beside it) or `sleep` (CTAs shaped as the FMA load's that only sleep: what sharing SMs
+    /// costs without busy warps).
     #[arg(long, default_value = "fma")]
     pub compute: String,
-    /// overlap, tma_trace, `--compute gemm|mma`: M,N,K of each GEMM (default 8192,8192,8192; mma: M,
-    /// N multiples of 128, K of 32).
+    /// overlap, tma_trace, `--compute gemm|mma|wgmma`: M,N,K of each GEMM (default 8192,8192,8192;
+    /// mma: M, N multiples of 128, K of 32; wgmma: M a multiple of 128, N of 256, K of 64).
     #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
     pub gemm: Option<Vec<u32>>,
     /// overlap: how long the compute work alone should take, in ms (default: as long as the first
@@ -275,7 +277,7 @@ mod kind {
 /// Which benchmarks read each flag: (clap's id, the kinds that read it, who they are where the mask
 /// would say too much). Every flag of [`Args`] is here (a test checks it). A flag given to a benchmark that does not read
 /// it is refused, not ignored. Finer rules (`--root` for the rooted collectives, `--combine-direct`
-/// for all_reduce, `--mma-one-per-sm` for `--compute mma`, `--gemm` for `--compute gemm|mma`, `-o`
+/// for all_reduce, `--mma-one-per-sm` for `--compute mma`, `--gemm` for `--compute gemm|mma|wgmma`, `-o`
 /// for what reduces, `--chunk`/`--stages`/`--issuers` not with `--mover simt`) are checked where
 /// those flags are read.
 pub const FLAG_USERS: &[(&str, u8, Option<&str>)] = {
@@ -1112,12 +1114,19 @@ fn run_overlap(
                 if one_per_sm { ", launched with half an SM's so at most one per SM" } else { "" },
                 tile = oxccl_ptx::gemm_shape::TILE_MN
             ),
+            bench::ComputeLoad::Wgmma { .. } => format!(
+                ", one CTA of {} threads per {} x {} tile of C with {} B of shared memory",
+                oxccl_ptx::wgmma_shape::THREADS,
+                oxccl_ptx::wgmma_shape::TILE_M,
+                oxccl_ptx::wgmma_shape::TILE_N,
+                oxccl_ptx::wgmma_shape::SMEM,
+            ),
         }
     );
     let rows = bench::overlap_bench(&streams, &b)?;
     if let Some(r) = rows.first() {
         match b.compute {
-            bench::ComputeLoad::Mma { .. } => println!(
+            bench::ComputeLoad::Mma { .. } | bench::ComputeLoad::Wgmma { .. } => println!(
                 "# compute: a grid of tiles, placed by the hardware; {} registers per thread",
                 r.compute_registers.map_or("?".into(), |n| n.to_string())
             ),
@@ -1370,8 +1379,8 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
     if a.fma_ctas_per_sm.is_some() && a.compute != "fma" && a.compute != "sleep" {
         return Err(format!("--fma-ctas-per-sm is for --compute fma or sleep, not {}", a.compute).into());
     }
-    if a.gemm.is_some() && a.compute != "gemm" && a.compute != "mma" {
-        return Err(format!("--gemm is for --compute gemm or mma, not {}", a.compute).into());
+    if a.gemm.is_some() && !["gemm", "mma", "wgmma"].contains(&a.compute.as_str()) {
+        return Err(format!("--gemm is for --compute gemm, mma or wgmma, not {}", a.compute).into());
     }
     match (a.compute.as_str(), a.gemm.as_deref().unwrap_or(&DEFAULT_GEMM)) {
         ("fma", _) => Ok(bench::ComputeLoad::Fma),
@@ -1391,7 +1400,13 @@ fn compute_load(a: &Args) -> Result<bench::ComputeLoad, Box<dyn std::error::Erro
             Ok(load)
         }
         ("mma", other) => Err(format!("--gemm {other:?}: give M,N,K for the mma load").into()),
-        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm, mma, sleep)").into()),
+        ("wgmma", &[m, n, k]) => {
+            let load = bench::ComputeLoad::Wgmma { m, n, k };
+            load.validate()?;
+            Ok(load)
+        }
+        ("wgmma", other) => Err(format!("--gemm {other:?}: give M,N,K for the wgmma load").into()),
+        (other, _) => Err(format!("unknown --compute {other:?} (fma, gemm, mma, sleep, wgmma)").into()),
     }
 }
 
