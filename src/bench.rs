@@ -2426,10 +2426,45 @@ mod tests {
             b.compute = ComputeLoad::Mma { m, n, k, one_per_sm: false };
             assert_eq!(b.validate().is_ok(), ok, "{m}x{n}x{k}");
         }
+        for (m, n, k, ok) in [
+            (8192, 8192, 2048, true),
+            (128, 256, 64, true),
+            (128, 128, 64, false),
+            (64, 256, 64, false),
+            (128, 256, 32, false),
+            (128, 256, 0, false),
+            (65536, 32768, 128, false),
+        ] {
+            b.compute = ComputeLoad::Wgmma { m, n, k };
+            assert_eq!(b.validate().is_ok(), ok, "wgmma {m}x{n}x{k}");
+        }
+        assert_eq!(b.compute.name(), "wgmma-bf16-65536x32768x128");
         b.compute = ComputeLoad::Mma { m: 8192, n: 8192, k: 8192, one_per_sm: true };
         assert_eq!(b.compute.flops(), Some(2.0 * 8192f64.powi(3)));
         b.partition = true;
-        assert!(b.validate().unwrap_err().to_string().contains("no SM count to size it for"));
+        assert!(b.validate().unwrap_err().to_string().contains("no SM count to size them for"));
+        b.compute = ComputeLoad::Wgmma { m: 8192, n: 8192, k: 2048 };
+        assert!(b.validate().unwrap_err().to_string().contains("no SM count to size them for"));
+    }
+
+    /// The warpgroup GEMM's shared-memory descriptor: the address's bits 4–17 in bits 0–13, a
+    /// leading byte offset of 16 B, a stride of 1024 B (eight 128-byte rows), the 128-byte swizzle;
+    /// the k16 steps move only the address.
+    #[test]
+    fn the_wgmma_descriptor_encodes_a_128_byte_swizzled_operand() {
+        use oxccl_ptx::wgmma_shape::{A_BYTES, SMEM, STAGE, STAGES, descriptor_sw128};
+        let d = descriptor_sw128(0x400);
+        assert_eq!(d & 0x3fff, 0x40);
+        assert_eq!(d >> 16 & 0x3fff, 1);
+        assert_eq!(d >> 32 & 0x3fff, 64);
+        assert_eq!(d >> 49 & 0x7, 0);
+        assert_eq!(d >> 62, 1);
+        assert_eq!(descriptor_sw128(0x400 + 32) - d, 2);
+        // Addresses wrap at 2^18 (14 bits of 16-byte units), as the hardware reads them.
+        assert_eq!(descriptor_sw128(0x4_0000 + 0x400), d);
+        // One CTA's stages, alignment slack and barriers fit an SM beside a collective CTA.
+        assert_eq!(STAGE, A_BYTES * 3);
+        assert!(SMEM == 1024 + STAGES * STAGE + 48 && SMEM < 160 * 1024);
     }
 
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA

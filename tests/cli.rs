@@ -61,8 +61,16 @@ fn a_bad_compute_load_is_named() {
     assert!(!ok && err.contains("--gemm [8, 0, 8]"), "{err}");
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "8192,8192,100"]);
     assert!(
-        !ok && err
-            .contains("--gemm: 8192x8192x100: for the mma load M and N must be positive multiples of 128, K of 32"),
+        !ok && err.contains(
+            "--gemm: 8192x8192x100: for the mma load M must be a positive multiple of 128, N of 128, K of 32"
+        ),
+        "{err}"
+    );
+    let (ok, err) = oxccl(&["bench", "overlap", "--compute", "wgmma", "--gemm", "8192,8320,2048"]);
+    assert!(
+        !ok && err.contains(
+            "--gemm: 8192x8320x2048: for the wgmma load M must be a positive multiple of 128, N of 256, K of 64"
+        ),
         "{err}"
     );
     let (ok, err) = oxccl(&["bench", "overlap", "--compute", "mma", "--gemm", "65536,32768,128"]);
@@ -493,10 +501,10 @@ fn values_a_command_would_ignore_are_refused() {
     let (ok, out) = oxccl_out(&[&reshard[..], &["--lower", "--ctas", "2", "--owner", "balanced", "--verify"]].concat());
     assert!(ok && out.contains("lowered program verified on the CPU"), "{out}");
     for (args, want) in [
-        (&["bench", "overlap", "--gemm", "1,2,3"][..], "--gemm is for --compute gemm or mma, not fma"),
+        (&["bench", "overlap", "--gemm", "1,2,3"][..], "--gemm is for --compute gemm, mma or wgmma, not fma"),
         (
             &["bench", "tma_trace", "--compute", "sleep", "--gemm", "128,128,32"],
-            "--gemm is for --compute gemm or mma, not sleep",
+            "--gemm is for --compute gemm, mma or wgmma, not sleep",
         ),
         (&["bench", "all_gather", "-o", "max"], "-o/--op is for the collectives that reduce, not all_gather"),
         (&["bench", "broadcast", "--op", "sum"], "-o/--op is for the collectives that reduce, not broadcast"),
