@@ -2775,8 +2775,8 @@ pub enum ComputeLoad {
     /// oxccl's warpgroup GEMM `C = A·Bᵀ` (`bench_gemm_wgmma` in the probe module), built as Hopper
     /// GEMMs are: tensor copies load the operand tiles into shared memory, `wgmma.mma_async` multiplies
     /// them there, the threads mostly wait. One 128 × 256 tile per CTA of 256 threads, at most 168
-    /// registers each and 148.5 KiB of shared memory: one CTA per SM, which leaves 22528 registers
-    /// and about 78 KiB of shared memory for a collective's CTA beside it (cuBLAS's kernel leaves
+    /// registers each and 148528 B (145 KiB) of shared memory: one CTA per SM, which leaves 22528 registers
+    /// and about 81 KiB of shared memory for a collective's CTA beside it (cuBLAS's kernel leaves
     /// neither). `m` a multiple of 128, `n` of 256, `k` of 64.
     Wgmma {
         /// Rows of A and C (a multiple of 128).
