@@ -2464,7 +2464,7 @@ mod tests {
         assert_eq!(descriptor_sw128(0x4_0000 + 0x400), d);
         // One CTA's stages, alignment slack and barriers fit an SM beside a collective CTA.
         assert_eq!(STAGE, A_BYTES * 3);
-        assert!(SMEM == 1024 + STAGES * STAGE + 48 && SMEM < 160 * 1024);
+        const { assert!(SMEM == 1024 + STAGES * STAGE + 48 && SMEM < 160 * 1024) };
     }
 
     /// The automatic split is contiguous below 64 CTAs, and 4 MiB pieces from there when every CTA
@@ -3427,34 +3427,16 @@ fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cud
 pub fn wgmma_maps(a: u64, b: u64, m: u32, n: u32, k: u32) -> Result<[u64; 32]> {
     use cudarc::driver::sys;
     use oxccl_ptx::wgmma_shape::{TILE_K, TILE_M, TILE_N};
-    let map = |addr: u64, rows: u32, box_rows: u32| -> Result<[u64; 16]> {
-        let dims = [k as u64, rows as u64];
-        let strides = [k as u64 * 2];
-        let boxd = [TILE_K, box_rows];
-        let elem_strides = [1u32, 1];
-        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
-        // SAFETY: two dimensions, one stride (the driver reads rank - 1), two box sizes and element
-        // strides; `map` is written by the call and read only after it reports success. The driver
-        // checks the address, stride and box and refuses what it cannot map.
-        let r = unsafe {
-            sys::cuTensorMapEncodeTiled(
-                map.as_mut_ptr(),
-                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                2,
-                addr as *mut _,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxd.as_ptr(),
-                elem_strides.as_ptr(),
-                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-        };
-        r.result().map_err(Error::driver("cuTensorMapEncodeTiled"))?;
-        // SAFETY: written by the successful call above.
-        Ok(unsafe { map.assume_init() }.opaque)
+    let map = |addr: u64, rows: u32, box_rows: u32| {
+        trace::encode_tiled_map(
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            addr,
+            &[k as u64, rows as u64],
+            &[k as u64 * 2],
+            &[TILE_K, box_rows],
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        )
     };
     let mut out = [0u64; 32];
     out[..16].copy_from_slice(&map(a, m, TILE_M)?);
@@ -3659,30 +3641,18 @@ impl Compute {
                 // SAFETY: `out` holds one f32 per thread of the grid; the kernel touches nothing else.
                 unsafe { l.launch(*config) }.map(|_| ()).map_err(Error::driver("cuLaunchKernel"))
             }
-            ComputeKind::Mma { function, ptrs, n, k, config, .. } => {
+            ComputeKind::Mma { function, ptrs, n, k, config, .. }
+            | ComputeKind::Wgmma { function, ptrs, n, k, config, .. } => {
                 for _ in 0..reps {
                     let mut l = self.stream.launch_builder(function);
                     l.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&*n).arg(&*k);
-                    // SAFETY: A (m × k), B (n × k) and C (m × n) were allocated (16-byte aligned) with
-                    // the grid's shape, which `ComputeLoad::validate` checked against the kernel's
-                    // tile; the block is `gemm_shape::THREADS` and the dynamic shared memory at least
-                    // `gemm_shape::SMEM`, allowed by the function's attribute set in `Compute::mma`;
-                    // nothing else touches the three buffers.
-                    unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
-                }
-                Ok(())
-            }
-            ComputeKind::Wgmma { function, ptrs, n, k, config, .. } => {
-                for _ in 0..reps {
-                    let mut l = self.stream.launch_builder(function);
-                    l.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&*n).arg(&*k);
-                    // SAFETY: the maps describe A (m × k) and B (n × k) as the kernel reads them
-                    // (`wgmma_maps`), C holds m × n f32, `status` nine u32, and the grid matches the
-                    // shape, which
-                    // `ComputeLoad::validate` checked against the kernel's tile; the block is
-                    // `wgmma_shape::THREADS` and the dynamic shared memory `wgmma_shape::SMEM`,
-                    // allowed by the function's attribute set in `Compute::wgmma`; nothing else
-                    // touches the buffers.
+                    // SAFETY: the buffers behind `ptrs` were allocated for the grid's shape, which
+                    // `ComputeLoad::validate` checked against the kernel's tile: for the mma GEMM
+                    // A (m × k), B (n × k) and C (m × n), 16-byte aligned; for the wgmma GEMM the
+                    // two tensor maps of A and B (`wgmma_maps`), C and the nine status words. The
+                    // block and the dynamic shared memory are the kernel's (`gemm_shape` or
+                    // `wgmma_shape`), allowed by the attribute set in `Compute::mma` or
+                    // `Compute::wgmma`; nothing else touches the buffers.
                     unsafe { l.launch(*config) }.map_err(Error::driver("cuLaunchKernel"))?;
                 }
                 Ok(())

@@ -396,15 +396,44 @@ pub fn u32_tensor_map(addr: u64, dims: &[u64], boxd: &[u32]) -> Result<[u64; 16]
         })?;
         strides.push(stride);
     }
+    encode_tiled_map(
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        addr,
+        dims,
+        &strides,
+        boxd,
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+    )
+}
+
+/// `cuTensorMapEncodeTiled` of the tensor at `addr`: `dims` (innermost first, 1 to 5), the byte
+/// strides of all but the innermost, boxes of `boxd` elements, no interleave, no out-of-bounds fill,
+/// the given swizzle and L2 promotion. The 128-byte map, as the kernels read it from global memory.
+///
+/// # Errors
+/// The driver's error when it refuses the map.
+pub(crate) fn encode_tiled_map(
+    data_type: cudarc::driver::sys::CUtensorMapDataType,
+    addr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxd: &[u32],
+    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
+    promotion: cudarc::driver::sys::CUtensorMapL2promotion,
+) -> Result<[u64; 16]> {
+    use cudarc::driver::sys;
+    debug_assert!(boxd.len() == dims.len() && strides.len() + 1 >= dims.len() && (1..=5).contains(&dims.len()));
     let elem_strides = vec![1u32; dims.len()];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: `dims`, `boxd` and the element strides have the rank's length and `strides` at least
-    // one less (the driver reads rank - 1); `map` is written by the call and read only after it
-    // reports success. The driver checks the address, strides and box and refuses what it cannot map.
+    // one less (the driver reads rank - 1; the callers build them so); `map` is written by the call
+    // and read only after it reports success. The driver checks the address, strides and box and
+    // refuses what it cannot map.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            data_type,
             dims.len() as u32,
             addr as *mut _,
             dims.as_ptr(),
@@ -412,8 +441,8 @@ pub fn u32_tensor_map(addr: u64, dims: &[u64], boxd: &[u32]) -> Result<[u64; 16]
             boxd.as_ptr(),
             elem_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            swizzle,
+            promotion,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
