@@ -1083,17 +1083,16 @@ pub unsafe extern "ptx-kernel" fn bench_gemm_wgmma(maps: u64, c: u64, status: u6
         // SAFETY: the barrier is live; its phase for this tile completes when both copies land.
         unsafe { wait_at_most_a_second(loaded.add(s), kt / STAGES % 2, status, 1 << 28 | kt) };
         progress(3, kt);
-        // `try_wait` may release the lanes of a warp one by one, and the loop above has no
-        // uniform branch: the warp must be whole again before the `.aligned` multiplies (a part of
-        // a warp at `wgmma.fence` hangs the warpgroup).
+        // The loop above branches on each lane's own result: nothing tells the compiler that the
+        // warp is whole again, and the `.aligned` multiplies below need every lane together.
         // SAFETY: every lane of every warp passes here once per tile.
         unsafe { bar_warp_sync(u32::MAX) };
         let a = stage.byte_add::<u8>(group * (A_BYTES / 2)).addr();
         let b = stage.byte_add::<u8>(A_BYTES).addr();
         // SAFETY: every warp of both warpgroups runs this loop convergently (thread 0's branches
         // below rejoin before the next fence); the stage holds tile `kt`, written by the tensor
-        // copies (async proxy) whose completion the wait observed; `acc` is touched only after the
-        // last wait and the operand fence below.
+        // copies (async proxy) whose completion the wait observed; `lo` and `hi` are touched only
+        // after the last wait and the operand fences below.
         unsafe {
             wgmma_fence_sync_aligned();
             const _: () = assert!(TILE_K / 16 == 4);
