@@ -569,6 +569,8 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
     let target = b.compute_ms.unwrap_or(3.0 * alone_ms);
     let reps = super::compute_reps(probe, t, target)?;
     let compute_alone = time_ms_on(std::slice::from_ref(&cs), 1, 1, || work.launch(reps))?;
+    // A warpgroup GEMM that gave up on a wait ran short: its times would mislead.
+    work.check()?;
 
     let event = |s: &CudaStream| {
         s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
