@@ -497,6 +497,32 @@ fn the_gemm_probe_carries_its_launch_bounds() {
 }
 
 #[test]
+fn the_warpgroup_gemm_carries_its_launch_bounds_and_its_warp_discipline() {
+    // Exactly its threads and at most the registers that leave room for a collective's CTA, both
+    // from `wgmma_shape`, which the benchmark documents; accumulators in registers.
+    let body = entry(oxccl::ptx::PROBES, "bench_gemm_wgmma").expect("bench_gemm_wgmma missing");
+    let (threads, registers) = (oxccl_ptx::wgmma_shape::THREADS, oxccl_ptx::wgmma_shape::MAX_REGISTERS);
+    assert!(body.contains(&format!(".reqntid {threads}, 1, 1\n.maxnreg {registers}\n")), "launch bounds missing");
+    assert!(!body.contains(".local"), "the accumulators spilled to local memory");
+    // What made the kernel run on the H200 (it hung in its first multiplies without): every warp
+    // synchronised between a barrier wait and the next `wgmma.fence`, and no store (a one-lane
+    // branch) between a `wgmma.fence` and the wait that follows it.
+    let (fence, wait, poll) = ("wgmma.fence.sync.aligned", "wgmma.wait_group.sync.aligned", "mbarrier.try_wait");
+    let mut at = 0;
+    let mut fences = 0;
+    while let Some(f) = body[at..].find(fence).map(|f| at + f) {
+        let before = &body[..f];
+        let last_poll = before.rfind(poll).expect("a barrier wait before the multiplies");
+        assert!(before[last_poll..].contains("bar.warp.sync"), "no warp sync between the wait and `{fence}`");
+        let end = body[f..].find(wait).map(|w| f + w).expect("a wait after the multiplies");
+        assert!(!body[f..end].contains("st."), "a store between `{fence}` and `{wait}`");
+        at = end;
+        fences += 1;
+    }
+    assert!(fences > 0, "no `{fence}` in bench_gemm_wgmma");
+}
+
+#[test]
 fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
     for &(dtype, op, tma, simt) in abi::PLAN_KERNELS {
         let t = entry(oxccl::ptx::PLANS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));
