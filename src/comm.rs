@@ -1,5 +1,6 @@
 //! The communicator: ranks, their streams and workspaces, the plan cache, and the collective calls.
 
+use crate::cache::BuildOnce;
 use crate::engine::{
     DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_context, sync_stream,
     wait_stream,
@@ -11,7 +12,6 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut
 use oxccl_host::lowered::Lowered;
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, slot};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,9 +137,9 @@ pub(crate) struct Uploaded {
 /// finds the rank withdrawn and touches none of its buffers, and one already running it is waited
 /// for (up to twice the timeout, at least a second) before the launch ends. Plans are built
 /// once per (collective, count, dtype, operator, in-place, CTAs, reduction) and kept, uploaded, until
-/// [`Communicator::clear_plans`] (first calls racing on several threads may each build one; the
-/// first kept is used, the others freed; other calls do not wait for a build); dropping the
-/// communicator waits for its streams first.
+/// [`Communicator::clear_plans`] (first calls racing on several threads for one plan wait for one
+/// build; calls for other plans do not wait for it); dropping the communicator waits for its streams
+/// first.
 pub struct Communicator {
     config: Config,
     engines: Vec<Arc<Engine>>,
@@ -147,8 +147,8 @@ pub struct Communicator {
     groups: Vec<Group>,
     /// Each call's plan with its launch, checked to run once when the plan was built (the checks
     /// depend only on the plan, the configuration and the devices, none of which change).
-    plans: Mutex<HashMap<PlanSpec, (Arc<Uploaded>, LaunchSpec)>>,
-    pub(crate) reshard_plans: Mutex<HashMap<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>>,
+    plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
+    pub(crate) reshard_plans: BuildOnce<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>,
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
     poison: Poison,
@@ -164,8 +164,8 @@ impl std::fmt::Debug for Communicator {
             .field("rank_devices", &self.ranks.iter().map(|r| ordinals[r.device]).collect::<Vec<_>>())
             .field("launch_groups", &self.groups.iter().map(|g| &g.ranks).collect::<Vec<_>>())
             .field("config", &self.config)
-            // `try_lock`: formatting must not wait for (or deadlock on) a thread holding the cache.
-            .field("cached_plans", &self.plans.try_lock().map(|m| m.len()).ok())
+            // Formatting must not wait for (or deadlock on) a thread holding the cache.
+            .field("cached_plans", &self.plans.try_len())
             .finish()
     }
 }
@@ -236,8 +236,8 @@ impl Communicator {
             engines,
             ranks,
             groups,
-            plans: Mutex::new(HashMap::new()),
-            reshard_plans: Mutex::new(HashMap::new()),
+            plans: BuildOnce::new(),
+            reshard_plans: BuildOnce::new(),
             launch_order: Mutex::new(()),
             poison: Poison::default(),
         };
@@ -635,7 +635,7 @@ impl Communicator {
     /// The plan for `spec` and its launch, built, checked and uploaded on first use (the upload
     /// queued on the groups' streams, ahead of the call's launches).
     fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec)> {
-        let (plan_and_launch, _) = cached(&self.plans, *spec, || {
+        let (plan_and_launch, _) = self.plans.get_or_build(*spec, || {
             let lowered = tccl::plan(spec)?;
             // A plan whose launch cannot run is refused before it is uploaded and cached.
             let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
@@ -830,7 +830,7 @@ impl Communicator {
     /// Collective plans built and uploaded so far (each kept until [`Communicator::clear_plans`] or
     /// the communicator's end).
     pub fn cached_plans(&self) -> usize {
-        self.plans.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.plans.len()
     }
 
     /// Frees every cached plan (collectives and reshards) after waiting for the ranks' streams: a
@@ -849,8 +849,8 @@ impl Communicator {
         for r in &self.ranks {
             sync_stream(&r.stream)?;
         }
-        self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.reshard_plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.plans.clear();
+        self.reshard_plans.clear();
         Ok(())
     }
 
@@ -1541,26 +1541,6 @@ pub(crate) fn check_contexts<'a>(contexts: impl IntoIterator<Item = &'a Arc<Cuda
     contexts.into_iter().try_for_each(|c| check_kept(c))
 }
 
-/// The value `map` holds for `key`, or the one `build` makes, inserted (and whether this call's was):
-/// the map's lock is not held while `build` runs, so calls whose value is there do not wait for
-/// another's build. Two calls that both miss both build; the first insert is kept and the other's
-/// value dropped.
-pub(crate) fn cached<K: std::hash::Hash + Eq, V: Clone>(
-    map: &Mutex<HashMap<K, V>>,
-    key: K,
-    build: impl FnOnce() -> Result<V>,
-) -> Result<(V, bool)> {
-    if let Some(v) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok((v.clone(), false));
-    }
-    let built = build()?;
-    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-    match map.entry(key) {
-        std::collections::hash_map::Entry::Occupied(o) => Ok((o.get().clone(), false)),
-        std::collections::hash_map::Entry::Vacant(v) => Ok((v.insert(built).clone(), true)),
-    }
-}
-
 /// The error a record holds while the launch that wrote it may still run (a capture forbids the
 /// wait): its details, if they have reached host memory, else [`Error::Poisoned`].
 fn recorded_while_running(s: &abi::Status) -> Error {
@@ -1669,41 +1649,6 @@ mod tests {
         p.clear();
         assert!(!p.is_set());
         assert_eq!(p.epoch(), before + 2);
-    }
-
-    /// A cached value is returned without building; a failed build caches nothing; a lookup does not
-    /// wait for another key's build in progress; two builds of one key keep the first insert.
-    #[test]
-    fn the_cache_builds_outside_its_lock() {
-        use std::sync::mpsc;
-        let map: Mutex<HashMap<u32, u32>> = Mutex::new(HashMap::new());
-        assert_eq!(cached(&map, 1, || Ok(10)).unwrap(), (10, true));
-        assert_eq!(cached(&map, 1, || panic!("built again")).unwrap(), (10, false));
-        assert!(matches!(cached(&map, 2, || Err(Error::Poisoned)), Err(Error::Poisoned)));
-        assert!(!map.lock().unwrap().contains_key(&2), "a failed build was cached");
-        let (started, wait_started) = mpsc::channel();
-        let (finish, wait_finish) = mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            // Moved in, so that a failed assertion below drops it and the builder stops waiting.
-            let finish = finish;
-            let map = &map;
-            let slow = scope.spawn(move || {
-                cached(map, 3, || {
-                    started.send(()).unwrap();
-                    // Bounded: built under the lock, this build would hold up the lookups below,
-                    // which wait for it (a failure, not a hang).
-                    let _ = wait_finish.recv_timeout(std::time::Duration::from_secs(10));
-                    Ok(30)
-                })
-            });
-            wait_started.recv().unwrap();
-            // The slow build of key 3 is in progress: key 1 comes from the cache meanwhile, and key 3
-            // is built here too and inserted first.
-            assert_eq!(cached(map, 1, || panic!("built again")).unwrap(), (10, false));
-            assert_eq!(cached(map, 3, || Ok(31)).unwrap(), (31, true));
-            finish.send(()).unwrap();
-            assert_eq!(slow.join().unwrap().unwrap(), (31, false), "the second insert replaced the first");
-        });
     }
 
     /// A record read while its launch may run: its error once the details are there, else

@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+mod cache;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod comm;

@@ -9,7 +9,7 @@
 //! hierarchical route's forwarding inside domains) are launched on the ranks' streams. See
 //! `docs/RESHARD.md`.
 
-use crate::comm::{Communicator, Range, Uploaded, cached, check_aligned, check_disjoint, ordinal_of};
+use crate::comm::{Communicator, Range, Uploaded, check_aligned, check_disjoint, ordinal_of};
 use crate::error::{Error, Result};
 use crate::{Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -222,7 +222,7 @@ impl Communicator {
             options: *options,
             ctas,
         };
-        let (prepared, _) = cached(&self.reshard_plans, key, || {
+        let (prepared, _) = self.reshard_plans.get_or_build(key, || {
             let plan = plan(shape, std::mem::size_of::<T>() as u64, src, dst, options.plan)?;
             let opts =
                 LowerOptions { owner: options.owner, dtype: Some(T::DTYPE), ..LowerOptions::new(self.ranks(), ctas) };
