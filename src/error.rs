@@ -14,6 +14,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong. In the variants' fields, `what` names the buffer or list a call
 /// refused in the words of its API ("send buffer", "receive buffers", "plan buffer", ...), `rank`
 /// the rank it belongs to, and `expected` / `got` what the call needed and what it was given.
+///
+/// Two misuses have no variant because they do not compile: an element type the kernels do not
+/// handle (the calls take `T: Element`, a sealed trait implemented for `f32`, `half::f16`,
+/// `half::bf16`, `i32` and `u32`; an operator is a closed `ReduceOp`, valid for every element
+/// type), and a call on a communicator that is not set up (the constructors return the communicator
+/// only once its workspaces, peer access and kernels are in place, else an error).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

@@ -62,15 +62,55 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
     v
 }
 
-/// Typed views over byte buffers (exercises views as well as slices).
-unsafe fn views<T>(bufs: &[CudaSlice<u8>]) -> Vec<CudaView<'_, T>> {
-    bufs.iter().map(|b| unsafe { b.transmute::<T>(b.len() / std::mem::size_of::<T>()) }.unwrap()).collect()
+/// Bytes after each buffer, in its allocation, that a call must leave as they are.
+const GUARD: usize = 64;
+/// What the bytes around a buffer hold: not the poison, so an output written past its end shows
+/// here too.
+const MARK: u8 = 0xA5;
+
+/// A buffer placed in its allocation after `head` bytes of [`MARK`] and before [`GUARD`] more.
+struct Placed {
+    alloc: CudaSlice<u8>,
+    head: usize,
+    len: usize,
 }
-unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
+
+impl Placed {
+    fn new(stream: &Arc<CudaStream>, bytes: &[u8], head: usize) -> Placed {
+        let mut all = vec![MARK; head + bytes.len() + GUARD];
+        all[head..head + bytes.len()].copy_from_slice(bytes);
+        Placed { alloc: stream.clone_htod(&all).unwrap(), head, len: bytes.len() }
+    }
+
+    /// The buffer's bytes, after checking that the marks around it are untouched.
+    fn read(&self, stream: &Arc<CudaStream>, what: &str) -> Vec<u8> {
+        let all = stream.clone_dtoh(&self.alloc).unwrap();
+        let (body, guard) = (self.head..self.head + self.len, self.head + self.len..all.len());
+        if let Some(i) = (0..self.head).chain(guard).find(|&i| all[i] != MARK) {
+            panic!("{what}: the call wrote byte {i} of the allocation, outside its buffer at {body:?}");
+        }
+        all[body].to_vec()
+    }
+}
+
+/// Typed views of the placed buffers (exercises views as well as slices, at any element offset).
+unsafe fn views<T>(bufs: &[Placed]) -> Vec<CudaView<'_, T>> {
+    let size = std::mem::size_of::<T>();
+    bufs.iter()
+        .map(|b| {
+            let whole = unsafe { b.alloc.transmute::<T>(b.alloc.len() / size) }.unwrap();
+            whole.slice(b.head / size..(b.head + b.len) / size)
+        })
+        .collect()
+}
+/// Typed views of the placed buffers' whole allocations, with each buffer's element range in its
+/// allocation (a mutable view of the range borrows the whole one).
+unsafe fn views_mut<T>(bufs: &mut [Placed]) -> Vec<(CudaViewMut<'_, T>, std::ops::Range<usize>)> {
+    let size = std::mem::size_of::<T>();
     bufs.iter_mut()
         .map(|b| {
-            let n = b.len() / std::mem::size_of::<T>();
-            unsafe { b.transmute_mut::<T>(n) }.unwrap()
+            let range = b.head / size..(b.head + b.len) / size;
+            (unsafe { b.alloc.transmute_mut::<T>(b.alloc.len() / size) }.unwrap(), range)
         })
         .collect()
 }
@@ -78,33 +118,40 @@ unsafe fn views_mut<T>(bufs: &mut [CudaSlice<u8>]) -> Vec<CudaViewMut<'_, T>> {
 /// Runs one collective call with the given per-rank input bytes, rank r's buffers on `streams[r]`'s
 /// GPU; returns each rank's result bytes (output buffer, or the one buffer in place; empty for a rank
 /// without an output, as [`tccl::reference`] has it). Outputs start poisoned ([`tccl::poison`]). Out
-/// of place, a rank gets only the buffers it has ([`PlanSpec::rank_buffers`]).
+/// of place, a rank gets only the buffers it has ([`PlanSpec::rank_buffers`]). Each buffer is a view
+/// that starts `shift(buffer)` elements into its allocation (0 for the allocation's start; inputs
+/// are buffers 0.., outputs follow), with marked bytes around it that the call must not write.
 fn run_gpu(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
     spec: &PlanSpec,
     inputs: &[Vec<u8>],
+    mut shift: impl FnMut(usize) -> usize,
 ) -> Result<Vec<Vec<u8>>, Error> {
     let (in_bytes, out_bytes) = spec.buffer_bytes();
     let p = spec.ranks;
-    let mut outs: Vec<CudaSlice<u8>> = Vec::new();
-    let mut ins: Vec<CudaSlice<u8>> = Vec::new();
+    let size = spec.dtype.size();
+    let mut outs: Vec<Placed> = Vec::new();
+    let mut ins: Vec<Placed> = Vec::new();
+    // The rank of each input (out of place, a Broadcast has the root's alone).
+    let mut in_ranks: Vec<usize> = Vec::new();
     if spec.in_place {
         let len = in_bytes.max(out_bytes) as usize;
         for (r, input) in inputs.iter().enumerate() {
             let mut b = tccl::poison(spec, len);
             let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
             b[at..at + input.len()].copy_from_slice(input);
-            outs.push(streams[r].clone_htod(&b).unwrap());
+            outs.push(Placed::new(&streams[r], &b, shift(p + r) * size));
         }
     } else {
         for (r, (input, stream)) in inputs.iter().zip(streams).enumerate() {
             let (has_in, has_out) = spec.rank_buffers(r);
             if has_in {
-                ins.push(stream.clone_htod(input).unwrap());
+                ins.push(Placed::new(stream, input, shift(r) * size));
+                in_ranks.push(r);
             }
             if has_out {
-                outs.push(stream.clone_htod(&tccl::poison(spec, out_bytes as usize)).unwrap());
+                outs.push(Placed::new(stream, &tccl::poison(spec, out_bytes as usize), shift(p + r) * size));
             }
         }
     }
@@ -118,7 +165,8 @@ fn run_gpu(
     macro_rules! call {
         ($t:ty) => {{
             let send = unsafe { views::<$t>(&ins) };
-            let mut recv = unsafe { views_mut::<$t>(&mut outs) };
+            let mut whole = unsafe { views_mut::<$t>(&mut outs) };
+            let mut recv: Vec<CudaViewMut<$t>> = whole.iter_mut().map(|(w, r)| w.slice_mut(r.clone())).collect();
             match (spec.collective, spec.in_place) {
                 (Collective::AllReduce, false) => comm.all_reduce(&send, &mut recv, spec.op),
                 (Collective::AllReduce, true) => comm.all_reduce_in_place(&mut recv, spec.op),
@@ -142,9 +190,20 @@ fn run_gpu(
     }?;
     comm.synchronize()?;
     let mut outs = outs.iter();
-    Ok((0..p)
-        .map(|r| if spec.rank_buffers(r).1 { streams[r].clone_dtoh(outs.next().unwrap()).unwrap() } else { Vec::new() })
-        .collect())
+    let got = (0..p)
+        .map(|r| {
+            if spec.rank_buffers(r).1 {
+                outs.next().unwrap().read(&streams[r], &format!("{spec:?}: rank {r}'s output"))
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    for (b, &r) in ins.iter().zip(&in_ranks) {
+        let after = b.read(&streams[r], &format!("{spec:?}: rank {r}'s input"));
+        assert!(after == inputs[r], "{spec:?}: the call wrote rank {r}'s input buffer");
+    }
+    Ok(got)
 }
 
 /// `stream` for each of `ranks` virtual ranks.
@@ -294,7 +353,7 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let seed = common::seed_from_env(0xC011_EC71);
     let mut rng = common::Rng(seed);
     let sms = oxccl::engine::Engine::new(stream.context()).unwrap().sms;
-    let (mut done, mut bounded) = (0, 0);
+    let (mut done, mut bounded, mut shifted_cases) = (0, 0, 0);
     let mut by_collective = std::collections::BTreeMap::new();
     let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction, bool), Communicator> = Default::default();
     let rank_streams: Vec<Arc<CudaStream>> = (0..16).map(|_| stream.context().new_stream().unwrap()).collect();
@@ -314,15 +373,29 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs = inputs(&spec, elems, &mut rng, integers);
-        let got = run_gpu(comm, &same(&stream, spec.ranks), &spec, &inputs)
-            .unwrap_or_else(|e| panic!("case {case} {spec:?} {mover:?}: {e}"));
+        // One case in three: every buffer a view 0 to 8 elements into its allocation, so that the
+        // ranks' buffers start at different offsets modulo 16 bytes (unaligned heads and tails).
+        let shifted = rng.below(3) == 0;
+        let got =
+            run_gpu(
+                comm,
+                &same(&stream, spec.ranks),
+                &spec,
+                &inputs,
+                |_| {
+                    if shifted { rng.below(9) as usize } else { 0 }
+                },
+            )
+            .unwrap_or_else(|e| panic!("case {case} (shifted views: {shifted}) {spec:?} {mover:?}: {e}"));
         bounded += usize::from(check(case, seed, &spec, mover, integers, &inputs, &got));
         done += 1;
+        shifted_cases += usize::from(shifted);
         *by_collective.entry(spec.collective.name()).or_insert(0usize) += 1;
     }
     eprintln!(
         "{done} collective cases matched the CPU reference (seed {seed}), {bounded} of them within the rounding \
-         bound of the bulk reduction, the others bitwise: {by_collective:?}"
+         bound of the bulk reduction, the others bitwise; {shifted_cases} on views at element offsets, none \
+         writing outside its buffers: {by_collective:?}"
     );
 }
 
@@ -345,7 +418,7 @@ fn bulk_reduction_of_random_floats_is_within_the_rounding_bound() {
                     let comm = Communicator::virtual_ranks(&stream, ranks, config(&spec, Mover::Tma)).unwrap();
                     let (in_bytes, _) = spec.buffer_bytes();
                     let inputs = inputs(&spec, in_bytes as usize / dtype.size(), &mut rng, false);
-                    let got = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs)
+                    let got = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs, |_| 0)
                         .unwrap_or_else(|e| panic!("{spec:?}: {e}"));
                     assert!(check(case, 0xB00D, &spec, Mover::Tma, false, &inputs, &got), "{spec:?} compared bitwise");
                     case += 1;
@@ -393,8 +466,12 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs = inputs(&spec, elems, &mut rng, integers);
-        let got = run_gpu(comm, &streams[..spec.ranks], &spec, &inputs)
-            .unwrap_or_else(|e| panic!("case {case} (seed {seed}) {spec:?} {mover:?}: {e}"));
+        let shifted = rng.below(3) == 0;
+        let got =
+            run_gpu(comm, &streams[..spec.ranks], &spec, &inputs, |_| if shifted { rng.below(9) as usize } else { 0 })
+                .unwrap_or_else(|e| {
+                    panic!("case {case} (seed {seed}, shifted views: {shifted}) {spec:?} {mover:?}: {e}")
+                });
         check(case, seed, &spec, mover, integers, &inputs, &got);
     }
     let by_ranks: Vec<String> =
@@ -631,9 +708,10 @@ fn deterministic_mode_is_bitwise_stable() {
             );
             let elems = spec.buffer_bytes().0 as usize / dtype.size();
             let inputs = inputs(&spec, elems, &mut rng, false);
-            let first = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let first =
+                run_gpu(&comm, &same(&stream, ranks), &spec, &inputs, |_| 0).unwrap_or_else(|e| panic!("{what}: {e}"));
             for run in 1..5 {
-                let again = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs).unwrap();
+                let again = run_gpu(&comm, &same(&stream, ranks), &spec, &inputs, |_| 0).unwrap();
                 assert!(again == first, "{what}: run {run} differs bitwise from run 0");
             }
             assert!(first == tccl::reference(&spec, &inputs), "{what}: differs from the reference");
@@ -1014,7 +1092,7 @@ fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
         let comm = Communicator::virtual_ranks(&stream, 6, config(&spec, Mover::Tma)).unwrap();
         let elems = spec.buffer_bytes().0 as usize / dtype.size();
         let inputs = inputs(&spec, elems, &mut rng, true);
-        let got = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs)
+        let got = run_gpu(&comm, &same(&stream, spec.ranks), &spec, &inputs, |_| 0)
             .unwrap_or_else(|e| panic!("{dtype:?} {op:?}: {e}"));
         assert!(got == tccl::reference(&spec, &inputs), "{dtype:?} {op:?}");
     }
