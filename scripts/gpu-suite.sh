@@ -314,8 +314,9 @@ for run in open(sys.argv[2]):
         log "all_reduce --ranks 8 -e 256M --ctas $c $v"
         timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 256M -e 256M -n 5 -w 2 --ctas $c $v 2>&1 | grep -E "^ +268435456 |^oxccl|rror" ; done; done ;;
     cta-table)
-      # 16 CTAs per rank is every SM (8 x 16 of 132; one CTA per SM).
-      for m in tma simt; do for c in 1 2 4 8 16; do
+      # 16 CTAs per rank is every SM (8 x 16 of 132; one CTA per SM); 32 asks for more CTAs than
+      # can be resident at once (the communicator refuses a launch whose CTAs cannot all run).
+      for m in tma simt; do for c in 1 2 4 8 16 32; do
         log "all_reduce 8 virtual ranks --ctas $c --mover $m"; timeout 60 $B/oxccl bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas $c --mover $m --json >> "$OUT/cta_table.log" 2>&1; echo "rc=$?"; tail -20 "$OUT/cta_table.log" | grep -E "^#? +(268435456|1073741824) |Avg|roofline" ; done; done ;;
     multi-tests)
       export CUDA_DEVICE_MAX_CONNECTIONS=32
