@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
+# Usage: scripts/gpu-suite.sh STEP... (info tests ranks sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -45,6 +45,23 @@ for step in "$@"; do
         log "$t"; OXCCL_REQUIRE_GPU=1 timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1
         rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $t(rc=$rc)"
         grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
+    ranks)
+      # Per-rank communicators: threads of one process, then processes without MPS (a call must end,
+      # never hang), then under MPS (started here, stopped after) every collective on 2, 4 and 8
+      # processes and a rank killed mid-call.
+      export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+      log "gpu_ranks (threads, misuse, no MPS)"
+      OXCCL_REQUIRE_GPU=1 OXCCL_NO_MPS=1 timeout 300 $B/gpu_ranks --test-threads=1 --nocapture > "$OUT/gpu_ranks.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks(rc=$rc)"
+      grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error" "$OUT/gpu_ranks.log" | head -60
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/oxccl-mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d && log "MPS started"
+      OXCCL_REQUIRE_GPU=1 OXCCL_MPS=1 timeout 500 $B/gpu_ranks --test-threads=1 --nocapture processes_ a_killed > "$OUT/gpu_ranks_mps.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks_mps(rc=$rc)"
+      grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error" "$OUT/gpu_ranks_mps.log" | head -80
+      echo quit | nvidia-cuda-mps-control; log "MPS stopped"
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     sanitizer)
       log memcheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"

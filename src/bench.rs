@@ -511,6 +511,7 @@ impl MoverBench {
             wait_suspend_ns: 0,
             issuers: 1,
             combine_direct: false,
+            call_key: 0,
         };
         Ok(MoverCase { bench: self, op, spec, piece_bytes: piece.unwrap_or(0), prog })
     }

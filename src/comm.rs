@@ -96,10 +96,73 @@ impl Default for Config {
     }
 }
 
-struct Rank {
+/// A rank this communicator drives (a local rank): its index in the world, its device (an index
+/// into `engines`), stream and workspace.
+pub(crate) struct Rank {
+    index: usize,
     device: usize,
     stream: Arc<CudaStream>,
-    workspace: DeviceAlloc,
+    workspace: RankWorkspace,
+}
+
+/// A local rank's workspace: plain device memory where every rank is in this process, exported
+/// memory that peers in other processes mapped otherwise.
+pub(crate) enum RankWorkspace {
+    Plain(DeviceAlloc),
+    Shared(Arc<crate::vmm::VmmAlloc>),
+}
+
+impl RankWorkspace {
+    fn ptr(&self) -> u64 {
+        match self {
+            RankWorkspace::Plain(a) => a.ptr(),
+            RankWorkspace::Shared(a) => a.ptr(),
+        }
+    }
+
+    /// Zeroes the barrier words (not the region table after them), ordered on `stream`.
+    fn zero_async(&self, stream: &CudaStream) -> Result<()> {
+        match self {
+            RankWorkspace::Plain(a) => a.zero_async(stream),
+            RankWorkspace::Shared(a) => a.zero_async(std::mem::size_of::<Workspace>(), stream),
+        }
+    }
+}
+
+/// What a communicator knows of every rank of its world, the same on every rank (built from the
+/// ranks' exchanged facts, or from the local ranks where the communicator drives them all): CTA
+/// counts, launch shapes and residency checks are derived from it, so that ranks launched apart
+/// build the same plans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct World {
+    /// Per rank, its device: an index into `devices`.
+    pub rank_device: Vec<usize>,
+    /// The distinct devices of the world.
+    pub devices: Vec<DeviceFacts>,
+}
+
+/// What a device contributes to the plans: its multiprocessors and opt-in shared memory per CTA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceFacts {
+    pub sms: u32,
+    pub max_smem: u32,
+}
+
+impl World {
+    /// Ranks of the world.
+    fn ranks(&self) -> usize {
+        self.rank_device.len()
+    }
+
+    /// Ranks on device `d`.
+    fn ranks_on(&self, d: usize) -> usize {
+        self.rank_device.iter().filter(|&&x| x == d).count()
+    }
+
+    /// The most ranks any device holds.
+    fn most_on_a_device(&self) -> usize {
+        (0..self.devices.len()).map(|d| self.ranks_on(d)).max().unwrap_or(0)
+    }
 }
 
 /// Ranks launched together: one kernel per group per call.
@@ -118,6 +181,11 @@ pub(crate) struct Uploaded {
     per_group: Vec<DeviceProgram>,
     /// Recorded on each group's stream after its upload: complete once the tables are in place.
     uploaded: Vec<CudaEvent>,
+}
+
+/// A local rank: rank `index` of the world, on engine `device`, queued on `stream`.
+pub(crate) fn new_rank(index: usize, device: usize, stream: Arc<CudaStream>, workspace: RankWorkspace) -> Rank {
+    Rank { index, device, stream, workspace }
 }
 
 /// A set of ranks that run collectives together: P virtual ranks on one GPU, one rank per GPU, or a
@@ -143,7 +211,14 @@ pub(crate) struct Uploaded {
 pub struct Communicator {
     config: Config,
     engines: Vec<Arc<Engine>>,
+    /// The ranks this communicator drives (all of them, or one of a per-rank [`crate::Comm`]).
     ranks: Vec<Rank>,
+    /// Every rank of the world.
+    world: World,
+    /// Every rank's workspace, as this process addresses it.
+    workspaces: [u64; MAX_RANKS],
+    /// How the ranks reach each other where this communicator does not drive them all.
+    pub(crate) link: Option<crate::rank::Link>,
     groups: Vec<Group>,
     /// Each call's plan with its launch, checked to run once when the plan was built (the checks
     /// depend only on the plan, the configuration and the devices, none of which change).
@@ -212,12 +287,35 @@ impl Communicator {
                     contexts.len() - 1
                 }
             };
-            let workspace = DeviceAlloc::zeroed(ctx, std::mem::size_of::<Workspace>())?;
-            ranks.push(Rank { device, stream: s.clone(), workspace });
+            let workspace = RankWorkspace::Plain(DeviceAlloc::zeroed(ctx, abi::COMM_WORKSPACE_BYTES)?);
+            ranks.push(Rank { index: ranks.len(), device, stream: s.clone(), workspace });
         }
         enable_peer_access(&contexts)?;
+        let world = World {
+            rank_device: ranks.iter().map(|r| r.device).collect(),
+            devices: engines.iter().map(|e| DeviceFacts { sms: e.sms, max_smem: e.max_smem }).collect(),
+        };
+        let mut workspaces = [0u64; MAX_RANKS];
+        for r in &ranks {
+            workspaces[r.index] = r.workspace.ptr();
+        }
+        Self::assemble(config, engines, ranks, world, workspaces, None)
+    }
+
+    /// A communicator driving `ranks` (each naming its index in `world`), meeting the others through
+    /// `workspaces` (every rank's, as this process addresses them) and `link`.
+    pub(crate) fn assemble(
+        config: Config,
+        engines: Vec<Arc<Engine>>,
+        ranks: Vec<Rank>,
+        world: World,
+        workspaces: [u64; MAX_RANKS],
+        link: Option<crate::rank::Link>,
+    ) -> Result<Self> {
+        let contexts: Vec<Arc<CudaContext>> = engines.iter().map(|e| e.context().clone()).collect();
         let mut groups: Vec<Group> = Vec::new();
-        for (r, rank) in ranks.iter().enumerate() {
+        for rank in ranks.iter() {
+            let r = rank.index;
             // The same CUDA stream may come as different `Arc`s (cudarc hands out a new one for the
             // default stream on every call): group by device and stream handle.
             let same = |g: &Group| g.device == rank.device && g.stream.cu_stream() == rank.stream.cu_stream();
@@ -235,6 +333,9 @@ impl Communicator {
             config,
             engines,
             ranks,
+            world,
+            workspaces,
+            link,
             groups,
             plans: BuildOnce::new(),
             reshard_plans: BuildOnce::new(),
@@ -285,12 +386,21 @@ impl Communicator {
 
     /// The stream rank `rank` runs on: its buffers are allocated on it and its calls are queued on it.
     pub fn stream(&self, rank: usize) -> Result<&Arc<CudaStream>> {
-        self.ranks.get(rank).map(|r| &r.stream).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })
+        self.local(rank).map(|r| &r.stream).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })
     }
 
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
-        self.ranks.len()
+        self.world.ranks()
+    }
+
+    /// The local rank with world index `rank` (`None` for a rank another process or communicator
+    /// drives).
+    fn local(&self, rank: usize) -> Option<&Rank> {
+        match self.ranks.get(rank) {
+            Some(r) if r.index == rank => Some(r),
+            _ => self.ranks.iter().find(|r| r.index == rank),
+        }
     }
 
     /// The configuration.
@@ -300,7 +410,7 @@ impl Communicator {
 
     /// The engine of the device rank `rank` runs on.
     pub fn engine(&self, rank: usize) -> Result<&Engine> {
-        let r = self.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })?;
+        let r = self.local(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })?;
         Ok(&self.engines[r.device])
     }
 
@@ -309,10 +419,11 @@ impl Communicator {
         if let Some(c) = self.config.max_ctas {
             return c;
         }
-        let most = self.groups.iter().map(|g| {
-            let on_device: usize = self.groups.iter().filter(|h| h.device == g.device).map(|h| h.ranks.len()).sum();
-            (self.engines[g.device].sms as usize / on_device).max(1)
-        });
+        // From the whole world, so that every rank, wherever launched, picks the same count.
+        let w = &self.world;
+        let most = (0..w.devices.len())
+            .filter(|&d| w.ranks_on(d) > 0)
+            .map(|d| (w.devices[d].sms as usize / w.ranks_on(d)).max(1));
         most.min().unwrap_or(1).min(16) as u32
     }
 
@@ -570,6 +681,11 @@ impl Communicator {
         for g in &self.groups {
             g.status.clear();
         }
+        // Ranks driven apart reset apart: none calls again before every one has zeroed its
+        // workspace (a peer's first flag would be zeroed, or meet a stale count).
+        if let Some(link) = &self.link {
+            link.bootstrap.barrier()?;
+        }
         self.poison.clear();
         Ok(())
     }
@@ -578,12 +694,9 @@ impl Communicator {
     /// and (where `combines`) threads combining sources (for inspection and benchmarks; it builds no
     /// plan).
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
-        let per_device = (0..self.engines.len())
-            .map(|d| self.ranks.iter().filter(|r| r.device == d).count() as u64)
-            .max()
-            .unwrap_or(0);
+        let per_device = self.world.most_on_a_device() as u64;
         let direct = combine_direct(&self.config, per_device * spec.ctas as u64);
-        let from_registers = combining_ring(&self.config, spec.collective, direct, self.engines.len());
+        let from_registers = combining_ring(&self.config, spec.collective, direct, self.world.devices.len());
         let mut launch = self.shaped_launch_spec(spec.dtype, spec.op, slots, combines, from_registers)?;
         launch.combine_direct = direct;
         Ok(launch)
@@ -609,7 +722,7 @@ impl Communicator {
         from_registers: bool,
     ) -> Result<LaunchSpec> {
         let c = &self.config;
-        let max_smem = self.engines.iter().map(|e| e.max_smem).min().unwrap_or(0) as usize;
+        let max_smem = self.world.devices.iter().map(|d| d.max_smem).min().unwrap_or(0) as usize;
         let room = max_smem.saturating_sub(abi::smem::STAGES);
         let shape = launch_shape(c, room, slots, combines, from_registers);
         check_issuers_fit(c, &shape, room, slots)?;
@@ -629,6 +742,7 @@ impl Communicator {
             wait_suspend_ns: c.wait_suspend_ns,
             issuers,
             combine_direct: c.combine_direct.unwrap_or(false),
+            call_key: 0,
         })
     }
 
@@ -638,7 +752,8 @@ impl Communicator {
         let (plan_and_launch, _) = self.plans.get_or_build(*spec, || {
             let lowered = tccl::plan(spec)?;
             // A plan whose launch cannot run is refused before it is uploaded and cached.
-            let launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
+            let mut launch = self.launch_spec(spec, lowered.slots, lowered.combines)?;
+            launch.call_key = call_key(spec);
             self.check_resident(&launch, spec.ctas, lowered.slots)?;
             Ok((Arc::new(self.upload(lowered, spec.ctas)?), launch))
         })?;
@@ -670,7 +785,7 @@ impl Communicator {
             return Err(Error::Capturing { what: "a call whose plan is not built yet" });
         }
         check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
-        if self.groups.len() == 1 {
+        if self.groups.len() == 1 && self.ranks.len() == self.ranks() {
             // One launch holds every rank: the stream orders it after the producers of every input and
             // before the consumers of every output, so no barrier is needed.
             for p in &mut lowered.programs {
@@ -714,7 +829,12 @@ impl Communicator {
     /// resident together with the others on it.
     pub(crate) fn check_resident(&self, launch: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         for (d, engine) in self.engines.iter().enumerate() {
-            let ranks: u32 = self.groups.iter().filter(|g| g.device == d).map(|g| g.ranks.len() as u32).sum();
+            // Every rank of the world on this device, whoever launches it: all must be resident.
+            let ranks = self
+                .ranks
+                .iter()
+                .find(|r| r.device == d)
+                .map_or(0, |r| self.world.ranks_on(self.world.rank_device[r.index])) as u32;
             // The engine counts the device's CTAs; say how they come about, since the caller set
             // CTAs per rank.
             engine.check(launch, ranks * ctas, slots).map_err(|e| match e {
@@ -742,10 +862,7 @@ impl Communicator {
         launch: &LaunchSpec,
         buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     ) -> Result<()> {
-        let mut workspaces = [0u64; MAX_RANKS];
-        for (r, rank) in self.ranks.iter().enumerate() {
-            workspaces[r] = rank.workspace.ptr();
-        }
+        let workspaces = self.workspaces;
         // Every group must see calls in the same order (barriers pair CTAs by a per-CTA call count):
         // calls from several threads queue their groups' launches one call at a time.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
@@ -778,7 +895,7 @@ impl Communicator {
 
     /// The stream of rank `rank`.
     pub(crate) fn rank_stream(&self, rank: usize) -> &Arc<CudaStream> {
-        &self.ranks[rank].stream
+        &self.local(rank).expect("a local rank").stream
     }
 
     /// Builds and uploads the plan that a later call with these arguments uses, and checks that its
@@ -892,7 +1009,7 @@ impl Communicator {
     /// Checks and launches one call. `send` (`None` in place) holds one buffer per rank; `recv` one per
     /// rank, or the root's alone where `recv_holders` says so (an out-of-place Reduce). An
     /// out-of-place Broadcast's `send` is the root's buffer alone.
-    fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub(crate) fn collective<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         collective: Collective,
         count: Count,
@@ -919,28 +1036,27 @@ impl Communicator {
 
         // Count, device and length first: they need no address, and cudarc's ordering guards below
         // are taken only on buffers of the rank's own device.
-        if recv.len() != recv_holders.count(p) {
-            return Err(Error::BufferCount {
-                what: "receive buffers",
-                expected: recv_holders.count(p),
-                got: recv.len(),
-            });
+        // The ranks each list's buffers belong to, in order: this communicator's ranks, or the root
+        // where it is one of them.
+        let (recv_ranks, send_ranks) = (self.holding(recv_holders), self.holding(send_holders));
+        if recv.len() != recv_ranks.len() {
+            return Err(Error::BufferCount { what: "receive buffers", expected: recv_ranks.len(), got: recv.len() });
         }
         if let Some(s) = send
-            && s.len() != send_holders.count(p)
+            && s.len() != send_ranks.len()
         {
-            return Err(Error::BufferCount { what: "send buffers", expected: send_holders.count(p), got: s.len() });
+            return Err(Error::BufferCount { what: "send buffers", expected: send_ranks.len(), got: s.len() });
         }
         let expected_recv = if in_place { in_len.max(out_len) } else { out_len };
         let recv_what = if in_place { "buffer" } else { "receive buffer" };
         let check_recv = || {
             recv.iter().enumerate().try_for_each(|(i, b)| {
-                self.check_placement(b.len(), ordinal_of(b), recv_holders.rank(i), Some(expected_recv), recv_what)
+                self.check_placement(b.len(), ordinal_of(b), recv_ranks[i], Some(expected_recv), recv_what)
             })
         };
         let check_send = || {
             send.unwrap_or(&[]).iter().enumerate().try_for_each(|(i, b)| {
-                self.check_placement(b.len(), ordinal_of(b), send_holders.rank(i), Some(in_len), "send buffer")
+                self.check_placement(b.len(), ordinal_of(b), send_ranks[i], Some(in_len), "send buffer")
             })
         };
         // The list the count came from (`common_len`) is checked first, so a wrong buffer there is
@@ -974,21 +1090,22 @@ impl Communicator {
         let mut guards = Vec::with_capacity(2 * p);
         let mut recv_ptr = Vec::with_capacity(recv.len());
         for (i, b) in recv.iter_mut().enumerate() {
-            let r = recv_holders.rank(i);
+            let r = recv_ranks[i];
+            let stream = &self.local_rank(r).stream;
             if written(r) {
-                let (ptr, guard) = b.device_ptr_mut(&self.ranks[r].stream);
+                let (ptr, guard) = b.device_ptr_mut(stream);
                 recv_ptr.push((r, ptr));
                 guards.push(GuardKind::Write(guard));
             } else {
-                let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
+                let (ptr, guard) = b.device_ptr(stream);
                 recv_ptr.push((r, ptr));
                 guards.push(GuardKind::Read(guard));
             }
         }
         let mut send_ptr = Vec::with_capacity(p);
         for (i, b) in send.unwrap_or(&[]).iter().enumerate() {
-            let r = send_holders.rank(i);
-            let (ptr, guard) = b.device_ptr(&self.ranks[r].stream);
+            let r = send_ranks[i];
+            let (ptr, guard) = b.device_ptr(&self.local_rank(r).stream);
             send_ptr.push((r, ptr));
             guards.push(GuardKind::Read(guard));
         }
@@ -1001,11 +1118,31 @@ impl Communicator {
                 let start = ptr;
                 let end = ptr + (len * e) as u64;
                 let writes = writes && written(r);
-                ranges.push(Range { start, end, rank: r, device: self.ranks[r].device, writes, buffer: what });
+                ranges.push(Range { start, end, rank: r, device: self.local_rank(r).device, writes, buffer: what });
             }
         }
         check_disjoint(&ranges, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
 
+        // Where peers in other processes must reach a buffer they cannot map (cudarc's pool memory),
+        // it goes through this rank's staging memory: copied in before the launch, out after. The
+        // hold keeps another thread's call from using the staging memory in between.
+        let mut staging = None;
+        if let Some(link) = &self.link
+            && link.peer.is_some()
+        {
+            let ins: Vec<(u64, usize)> = send_ptr.iter().map(|&(_, p)| (p, in_len * e)).collect();
+            let outs: Vec<(u64, usize, bool)> =
+                recv_ptr.iter().map(|&(r, p)| (p, expected_recv * e, written(r))).collect();
+            staging = Some(link.stage(&ins, &outs, in_place)?);
+        }
+        if let Some(st) = &mut staging {
+            for ((_, p), sub) in send_ptr.iter_mut().zip(&st.inputs) {
+                *p = *sub;
+            }
+            for ((_, p), sub) in recv_ptr.iter_mut().zip(&st.outputs) {
+                *p = *sub;
+            }
+        }
         // The buffer table: every rank's input and output, and in-place aliases resolved. A buffer a
         // rank does not have (a Broadcast's input, a Reduce's output, off the root) stays 0: its plan
         // never addresses it.
@@ -1024,10 +1161,21 @@ impl Communicator {
         for &(r, input) in &send_ptr {
             buffers[r][slot::INPUT as usize] = input;
         }
-        // SAFETY: every address in the table was checked above (device, length, alignment,
-        // disjointness) and belongs to buffers borrowed for this call; the plan addresses exactly these
-        // lengths, and never a slot left 0 (`PlanSpec::rank_buffers`).
-        let launched = unsafe { self.launch_uploaded([&*plan], &launch, buffers) };
+        let stream = self.ranks.first().map(|r| r.stream.clone());
+        let launched = match (&mut staging, stream) {
+            (Some(st), Some(stream)) => st.copy_in(&stream).and_then(|()| {
+                // SAFETY: as below; the staged addresses are this rank's staging memory, which the
+                // hold in `st` keeps for this call.
+                unsafe { self.launch_uploaded([&*plan], &launch, buffers) }?;
+                st.copy_out(&stream)
+            }),
+            // SAFETY: every address in the table was checked above (device, length, alignment,
+            // disjointness) and belongs to buffers borrowed for this call (or staging memory
+            // standing in for them); the plan addresses exactly these lengths, and never a slot
+            // left 0 (`PlanSpec::rank_buffers`).
+            _ => unsafe { self.launch_uploaded([&*plan], &launch, buffers) },
+        };
+        drop(staging);
         drop(guards);
         // Also after a failed launch: another group's may be queued.
         let released = self.release_plan(plan);
@@ -1044,13 +1192,27 @@ impl Communicator {
         expected: Option<usize>,
         what: &'static str,
     ) -> Result<()> {
-        let device = self.engines[self.ranks[rank].device].context().ordinal();
+        let device = self.engines[self.local_rank(rank).device].context().ordinal();
         check_placed(len, ordinal, device, rank, expected, what)
     }
 
     /// The engine index of rank `rank`'s device.
     pub(crate) fn rank_device(&self, rank: usize) -> usize {
-        self.ranks[rank].device
+        self.local_rank(rank).device
+    }
+
+    /// The local rank `rank` (one the caller knows this communicator drives: a buffer list's).
+    fn local_rank(&self, rank: usize) -> &Rank {
+        self.local(rank).expect("buffer lists hold this communicator's ranks only")
+    }
+
+    /// The world ranks whose buffers a list of `holders` holds, in order: this communicator's
+    /// ranks, or the root where this communicator drives it.
+    fn holding(&self, holders: Holders) -> Vec<usize> {
+        match holders {
+            Holders::All => self.ranks.iter().map(|r| r.index).collect(),
+            Holders::Root(root) => self.local(root).map(|r| vec![r.index]).unwrap_or_default(),
+        }
     }
 }
 
@@ -1071,6 +1233,15 @@ pub(crate) fn check_placed(
         Some(expected) if len != expected => Err(Error::Length { what, rank, expected, got: len }),
         _ => Ok(()),
     }
+}
+
+/// The key a call announces to its peers (`abi::LaunchArgs::call_key`): a hash of everything its
+/// plan depends on, never 0 (which means unchecked). Processes of one build hash alike
+/// (`DefaultHasher::new` has fixed keys).
+pub(crate) fn call_key<K: std::hash::Hash>(key: &K) -> u32 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let h = BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one(key);
+    ((h ^ (h >> 32)) as u32).max(1)
 }
 
 /// Errors with [`Error::Misaligned`] unless the buffer of rank `rank` at `address` is aligned to its
@@ -1094,27 +1265,9 @@ impl Drop for Communicator {
 
 /// Which ranks a call's list of buffers belongs to: every rank in order, or the root alone.
 #[derive(Clone, Copy)]
-enum Holders {
+pub(crate) enum Holders {
     All,
     Root(usize),
-}
-
-impl Holders {
-    /// The rank of the `i`-th buffer.
-    fn rank(self, i: usize) -> usize {
-        match self {
-            Holders::All => i,
-            Holders::Root(root) => root,
-        }
-    }
-
-    /// Buffers the list holds among `ranks` ranks.
-    fn count(self, ranks: usize) -> usize {
-        match self {
-            Holders::All => ranks,
-            Holders::Root(_) => 1,
-        }
-    }
 }
 
 /// A cudarc ordering guard of a buffer the call reads or writes; dropped after the launches.
@@ -1125,7 +1278,7 @@ pub(crate) enum GuardKind<A, B> {
 
 /// A call's element count and the list it came from ([`common_len`]), which is checked first.
 #[derive(Clone, Copy)]
-enum Count {
+pub(crate) enum Count {
     FromSend(usize),
     FromRecv(usize),
 }
@@ -1567,7 +1720,7 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// `CUmemLocation { type = DEVICE, id = ordinal }`. cudarc's bindings spell `id` as a plain field for
 /// some CUDA versions and inside an anonymous union for others; in C it is `{ int type; int id; }`
 /// either way, so the id is written at byte offset 4.
-fn device_location(ordinal: usize) -> sys::CUmemLocation {
+pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
     const _: () = assert!(std::mem::size_of::<sys::CUmemLocation>() == 8);
     // SAFETY: an all-zero CUmemLocation is valid (type 0, id 0); the id is the `int` at offset 4 of
     // the 8-byte C struct, written unaligned-safely.

@@ -303,6 +303,9 @@ pub struct LaunchSpec {
     pub issuers: u32,
     /// Combines into several destinations store from registers (`abi::LaunchArgs::combine_direct`).
     pub combine_direct: bool,
+    /// What the call is, compared between ranks at the start barrier (`abi::LaunchArgs::call_key`;
+    /// 0: unchecked).
+    pub call_key: u32,
 }
 
 /// Per-kernel facts read from the driver.
@@ -740,7 +743,7 @@ impl Engine {
             wait_suspend_ns: spec.wait_suspend_ns,
             issuers: spec.issuers,
             combine_direct: spec.combine_direct as u32,
-            reserved: 0,
+            call_key: spec.call_key,
             workspaces,
             buffers,
         });
@@ -792,7 +795,7 @@ pub(crate) fn wait_stream(stream: &CudaStream) -> Result<()> {
 /// Makes `ctx` current without taking the error cudarc keeps for it (which `bind_to_thread`
 /// reports and clears): for launches, which must neither fail on nor swallow an error another
 /// thread's call will report (`comm::check_contexts` reports a call's own first), and for drops.
-fn make_current(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
+pub(crate) fn make_current(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
     if result::ctx::get_current()? != Some(ctx.cu_ctx()) {
         // SAFETY: `ctx` is alive (its `CudaContext` holds it).
         unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;

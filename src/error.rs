@@ -261,6 +261,57 @@ pub enum Error {
         /// The call refused.
         what: &'static str,
     },
+    /// A rank's buffer lies in memory another process exported that this rank has not mapped (the
+    /// engine found it at the start barrier and moved nothing): a peer used a buffer from an
+    /// allocation it freed, or the ranks' communicators disagree.
+    Unmapped {
+        /// The rank whose CTA found it.
+        rank: u32,
+        /// Its CTA.
+        cta: u32,
+        /// The rank the buffer belongs to.
+        peer: u32,
+        /// The region of that rank's exported memory.
+        region: u32,
+    },
+    /// A peer made another call than this rank (another collective, count, element type, operator,
+    /// in-place form or configuration): found at the start barrier, before anything moved.
+    /// `reset` the communicator (on every rank) before the next call.
+    CallMismatch {
+        /// The rank that found it.
+        rank: u32,
+        /// Its CTA.
+        cta: u32,
+        /// The peer whose call differs.
+        peer: u32,
+    },
+    /// Setting up or reaching the other ranks failed (the bootstrap, or the exchange of memory
+    /// between processes).
+    Bootstrap(crate::bootstrap::BootstrapError),
+    /// Sharing memory with another process failed: `what` names the step, `rank` the peer (if any).
+    PeerMemory {
+        /// The step ("export the workspace", "map rank 3's region 2", ...).
+        what: String,
+        /// Why.
+        why: String,
+    },
+    /// The ranks' communicators were built differently where they must agree (`field`): the value
+    /// of `rank` differs from this rank's.
+    Mismatch {
+        /// What differs ("config", "world", ...).
+        field: &'static str,
+        /// A rank that disagrees with this one.
+        rank: usize,
+        /// What each said.
+        why: String,
+    },
+    /// Something the communicator does not do (yet), named.
+    Unsupported {
+        /// What was asked.
+        what: String,
+    },
+    /// The communicator was aborted ([`crate::Comm::abort`]): build a new one.
+    Aborted,
 }
 
 impl Error {
@@ -285,6 +336,10 @@ impl Error {
             },
             Some(WaitKind::PeerAborted) => {
                 Error::PeerAborted { rank: s.rank, cta: s.cta, peer: s.peer, call: s.expected, errors: s.errors }
+            }
+            Some(WaitKind::Mismatch) => Error::CallMismatch { rank: s.rank, cta: s.cta, peer: s.peer },
+            Some(WaitKind::Unmapped) => {
+                Error::Unmapped { rank: s.rank, cta: s.cta, peer: s.peer, region: s.expected as u32 }
             }
             Some(wait) => Error::Timeout {
                 wait,
@@ -375,6 +430,8 @@ impl fmt::Display for Error {
                     WaitKind::Progress => "waiting for another CTA's progress (sync point)",
                     WaitKind::OutOfStep => "at a barrier (calls out of step)",
                     WaitKind::PeerAborted => "at a barrier (the peer gave up)",
+                    WaitKind::Unmapped => "resolving a peer's buffer",
+                    WaitKind::Mismatch => "comparing calls with a peer",
                 };
                 let saw = barrier_flag_text(*wait, *observed);
                 write!(
@@ -408,6 +465,23 @@ impl fmt::Display for Error {
                  capture (Communicator::prepare builds a collective's plan; a reshard's or CompiledPlan::run's \
                  first call allocates what later calls reuse), and wait, poll or reset outside it"
             ),
+            Error::Unmapped { rank, cta, peer, region } => write!(
+                f,
+                "rank {rank} CTA {cta}: rank {peer}'s buffer lies in its exported region {region}, which rank \
+                 {rank} has not mapped (a buffer of a freed allocation, or communicators that disagree)"
+            ),
+            Error::CallMismatch { rank, cta, peer } => write!(
+                f,
+                "rank {rank} CTA {cta}: peer {peer} made another call (collective, count, element type, operator \
+                 or in-place form differ); nothing was moved"
+            ),
+            Error::Bootstrap(e) => write!(f, "bootstrap: {e}"),
+            Error::PeerMemory { what, why } => write!(f, "sharing memory between processes: {what}: {why}"),
+            Error::Mismatch { field, rank, why } => {
+                write!(f, "the ranks' communicators disagree on {field}: rank {rank} {why}")
+            }
+            Error::Unsupported { what } => write!(f, "not supported: {what}"),
+            Error::Aborted => write!(f, "the communicator was aborted; build a new one"),
             Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
             Error::NoSuchDevice { ordinal, devices } => {
                 write!(f, "no CUDA device {ordinal}: {devices} visible")
@@ -420,6 +494,12 @@ impl fmt::Display for Error {
 /// none, so a report that walks the chain (anyhow's `{:#}`) does not print the cause twice. The
 /// typed cause stays reachable by matching the variant.
 impl std::error::Error for Error {}
+
+impl From<crate::bootstrap::BootstrapError> for Error {
+    fn from(e: crate::bootstrap::BootstrapError) -> Self {
+        Error::Bootstrap(e)
+    }
+}
 
 impl From<PlanError> for Error {
     fn from(e: PlanError) -> Self {

@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod bootstrap;
 mod cache;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -38,9 +39,15 @@ mod comm;
 pub mod compiled;
 pub mod engine;
 mod error;
+#[cfg(target_os = "linux")]
+mod fdpass;
+mod peer;
 pub mod ptx;
+mod rank;
 pub mod reshard;
+mod vmm;
 
+pub use bootstrap::{Bootstrap, Id, LaunchEnv};
 pub use comm::{
     COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, MAX_TIMEOUT, auto_pipeline,
     combining_pipeline,
@@ -54,6 +61,7 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 /// The most ranks a communicator (or a compiled plan) has: one launch addresses every rank's buffers.
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
+pub use rank::{Comm, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce: `f32`, `half::f16`, `half::bf16`, `i32` and `u32`.

@@ -25,6 +25,10 @@ enum Command {
     Verify(cli::verify::Args),
     /// Plan an M-to-N reshard between two (mesh, placements) layouts.
     Reshard(cli::reshard::Args),
+    /// Start N processes of a command on this host, torchrun-style: rank, world size, master port and
+    /// GPU in each one's environment.
+    #[cfg(target_os = "linux")]
+    Launch(cli::launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,12 @@ fn main() -> ExitCode {
         Command::Simulate(a) => cli::simulate::run(a),
         Command::Verify(a) => cli::verify::run(a),
         Command::Reshard(a) => cli::reshard::run(a),
+        // The launcher ends as its ranks did: it gives the status to exit with.
+        #[cfg(target_os = "linux")]
+        Command::Launch(a) => match cli::launch::run(a) {
+            Ok(status) => return ExitCode::from(status),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

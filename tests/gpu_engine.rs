@@ -50,6 +50,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         wait_suspend_ns: 0,
         issuers: c.issuers,
         combine_direct: false,
+        call_key: 0,
     }
 }
 
@@ -440,6 +441,7 @@ fn one_warp_spec(timeout_ns: u64) -> LaunchSpec {
         wait_suspend_ns: 0,
         issuers: 1,
         combine_direct: false,
+        call_key: 0,
     }
 }
 

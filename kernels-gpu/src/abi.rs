@@ -327,12 +327,44 @@ pub struct LaunchArgs {
     /// combining threads' registers to each (as single-destination combines always do); zero: one
     /// copy in shared memory, bulk-stored to each.
     pub combine_direct: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// What the call is (a hash of its collective, count, types and shape; 0: unchecked): announced
+    /// with the rank's buffers, and compared with each peer's at the start barrier, so that ranks
+    /// that called different collectives stop with `WaitKind::Mismatch` instead of running plans
+    /// that do not fit together.
+    pub call_key: u32,
     /// Peer-visible workspace base of every rank ([`Workspace`] layout).
     pub workspaces: [u64; MAX_RANKS],
-    /// `buffers[rank][slot]`: base device address of each rank's buffer in each slot (0 if unused).
+    /// `buffers[rank][slot]`: base address of each rank's buffer in each slot (0 if unused): a
+    /// device address in this launch's address space, or a [`region_address`] (memory another
+    /// process exported), which the engine resolves through the rank's region table
+    /// ([`REGIONS_OFFSET`]). A rank that meets peers at barriers announces its own row to them and
+    /// reads theirs at the start barrier (`Workspace::announce`), so a launch of one rank needs
+    /// only its own row: peers in other launches (other processes) fill in the rest.
     pub buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+}
+
+/// Bit 63 of a buffer address: the address is `region << REGION_SHIFT | offset`, an offset into
+/// region `region` of the rank's exported memory ([`region_address`]). Device addresses never set it
+/// (they are below 2^57).
+pub const REGION_ADDRESS: u64 = 1 << 63;
+/// Where the region number starts in a [`region_address`].
+pub const REGION_SHIFT: u32 = 48;
+/// Most regions of exported memory per rank (its workspace is region 0).
+pub const MAX_REGIONS: usize = 256;
+
+/// A buffer address that any rank of a communicator can resolve: byte `offset` of region `region`
+/// of the buffer's rank (memory that rank exported and every peer mapped, each at an address of its
+/// own, kept in its region table). `region < MAX_REGIONS`, `offset < 2^48`.
+pub const fn region_address(region: u32, offset: u64) -> u64 {
+    REGION_ADDRESS | (region as u64) << REGION_SHIFT | offset
+}
+
+/// The (region, offset) of a [`region_address`]; `None` for a plain device address.
+pub const fn split_region_address(address: u64) -> Option<(u32, u64)> {
+    if address & REGION_ADDRESS == 0 {
+        return None;
+    }
+    Some((((address & !REGION_ADDRESS) >> REGION_SHIFT) as u32, address & ((1 << REGION_SHIFT) - 1)))
 }
 
 abi_enum!(
@@ -361,6 +393,13 @@ abi_enum!(
         /// this CTA's `seq`, `observed` the peer's flag: with its [`BARRIER_REVOKED`] or
         /// [`BARRIER_ABORTED`] bit, or already the count of the peer's next call.
         PeerAborted = 9,
+        /// A rank's buffer address names a region of exported memory this rank has not mapped
+        /// (`peer`: the buffer's rank, `expected`: the region, `observed`: the address as given or
+        /// announced); nothing was moved.
+        Unmapped = 10,
+        /// A peer's call is another collective than this rank's (`peer`: the peer, `expected`: this
+        /// rank's call key, `observed`: the peer's): the ranks did not make the same call.
+        Mismatch = 11,
     }
 );
 
@@ -417,7 +456,17 @@ pub struct Workspace {
     pub done: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
     /// `seq[cta]`: how many collectives CTA `cta` of this rank has started (private to that CTA).
     pub seq: [u64; MAX_CTAS_PER_RANK],
+    /// `announce[cta][slot]`: this rank's buffers in the current call, as its launch was given
+    /// them ([`LaunchArgs::buffers`]), and its call key (word [`BUFFER_SLOTS`]), written by CTA
+    /// `cta` before it arrives at the start barrier
+    /// and read by the peers' CTA `cta` once they have taken that arrival: how a rank launched
+    /// alone learns its peers' buffers without the host exchanging addresses per call.
+    pub announce: [[u64; ANNOUNCE_WORDS]; MAX_CTAS_PER_RANK],
 }
+
+/// Words of a CTA's announcement: the rank's [`BUFFER_SLOTS`] buffers, then the call key
+/// ([`LaunchArgs::call_key`]).
+pub const ANNOUNCE_WORDS: usize = BUFFER_SLOTS + 1;
 
 impl Workspace {
     /// Byte offset of `arrive[src][cta]`.
@@ -432,6 +481,24 @@ impl Workspace {
     pub const fn seq_offset(cta: usize) -> usize {
         (2 * MAX_RANKS * MAX_CTAS_PER_RANK + cta) * 8
     }
+    /// Byte offset of `announce[cta][word]`.
+    pub const fn announce_offset(cta: usize, word: usize) -> usize {
+        Self::seq_offset(MAX_CTAS_PER_RANK) + (cta * ANNOUNCE_WORDS + word) * 8
+    }
+}
+
+/// Byte offset, in a communicator's workspace allocation, of its region table: `MAX_RANKS ×
+/// MAX_REGIONS` device addresses, rank-major: where this rank mapped region `k` of rank `r` (its
+/// own regions too; 0 where nothing is mapped). Written by the host as regions are mapped, read by
+/// the engine to resolve [`region_address`]es; a reset leaves it (it zeroes the [`Workspace`]
+/// before it).
+pub const REGIONS_OFFSET: usize = core::mem::size_of::<Workspace>().next_multiple_of(4096);
+/// Bytes of a communicator's workspace allocation: the [`Workspace`], then the region table.
+pub const COMM_WORKSPACE_BYTES: usize = REGIONS_OFFSET + MAX_RANKS * MAX_REGIONS * 8;
+
+/// Byte offset of rank `rank`'s region `region` in the region table.
+pub const fn region_entry_offset(rank: usize, region: usize) -> usize {
+    REGIONS_OFFSET + (rank * MAX_REGIONS + region) * 8
 }
 
 /// Layout of the engine's dynamic shared memory: a header, then `stages × slots × chunk_bytes` of
@@ -853,7 +920,8 @@ const _: () = {
     assert!(size_of::<LaunchArgs>() == 64 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
     // Kernel parameters aligned above 16 bytes break the nvptx backend; 8 is what we pass.
     assert!(align_of::<LaunchArgs>() == 8);
-    assert!(size_of::<Workspace>() == Workspace::seq_offset(MAX_CTAS_PER_RANK));
+    assert!(size_of::<Workspace>() == Workspace::announce_offset(MAX_CTAS_PER_RANK, 0));
+    assert!(MAX_REGIONS <= 1 << (63 - REGION_SHIFT), "region numbers fit below the tag bit");
     assert!(MAX_RANKS <= 32, "rank masks are u32");
     assert!(smem::STAGES.is_multiple_of(128));
     assert!(size_of::<FifoTask>() == 32 && align_of::<FifoTask>() == 4);

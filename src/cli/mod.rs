@@ -2,6 +2,9 @@
 
 pub mod bench;
 pub mod demo;
+// Linux only: process groups, PR_SET_PDEATHSIG and sigwait (oxccl's GPUs are on Linux).
+#[cfg(target_os = "linux")]
+pub mod launch;
 pub mod plan;
 pub mod reshard;
 pub mod simulate;

@@ -88,6 +88,8 @@ pub struct Ctx {
     pub ring_len: u32,
     /// Combines into several destinations store from registers (`LaunchArgs::combine_direct`).
     pub combine_direct: bool,
+    /// The call's key (`LaunchArgs::call_key`; 0 in compiled plans).
+    pub call_key: u32,
 }
 
 impl Ctx {
@@ -124,6 +126,7 @@ impl Ctx {
             ring_base: if warp < issuers { warp * ring_len } else { 0 },
             ring_len,
             combine_direct: args.combine_direct != 0,
+            call_key: args.call_key,
         }
     }
 
@@ -158,6 +161,7 @@ impl Ctx {
             ring_base: 0,
             ring_len: PLAN_STAGES,
             combine_direct: false,
+            call_key: 0,
         }
     }
 
@@ -176,6 +180,14 @@ impl Ctx {
     pub fn buffer_table(&self) -> *const u64 {
         // SAFETY: the table lies at a fixed offset inside the dynamic shared memory.
         unsafe { self.smem.add(abi::smem::BUFFERS) as *const u64 }
+    }
+
+    /// The buffer table for writing (issuer only, before the CTA barrier that publishes it: at
+    /// entry, the peers' rows at the start barrier, and their resolution).
+    #[inline(always)]
+    pub fn buffer_table_mut(&self) -> *mut u64 {
+        // SAFETY: as for `buffer_table`.
+        unsafe { self.smem.add(abi::smem::BUFFERS) as *mut u64 }
     }
 
     /// Base address of `rank`'s workspace.

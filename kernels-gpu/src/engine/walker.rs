@@ -6,7 +6,11 @@
 //!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
 //!   `arrive[peer][c]` in our workspace equals it; then take each of them (a compare-and-swap from
 //!   `seq` to `seq | BARRIER_TAKEN`, [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)). Peers' buffers are then
-//!   ready to read and write.
+//!   ready to read and write. Before arriving, the CTA writes its rank's row of the buffer table
+//!   into its own `announce[c]`; after the takes it reads each peer's into its table, so ranks
+//!   launched separately (other streams, other processes) need only their own buffers. Addresses
+//!   in another process's exported memory ([`region_address`](abi::region_address)) are then
+//!   resolved through this rank's region table.
 //! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
 //!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
 //!   `done[peer][c]` to equal it. Nobody writes into this rank's buffers after its kernel ends.
@@ -37,7 +41,7 @@ use crate::abi::{
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
-use oxccl_ptx::memory::{atom_acq_rel_sys_cas_b64, atom_acq_rel_sys_or_b64, st_release_sys_u64};
+use oxccl_ptx::memory::{atom_acq_rel_sys_cas_b64, atom_acq_rel_sys_or_b64, ld_relaxed_sys_u64, st_release_sys_u64};
 use oxccl_ptx::sync::bar_sync_all;
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
@@ -67,8 +71,13 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
     // complete bulk writes (`wait_group 0`, proxy fence) and order every thread's writes at system
     // scope before the issuer's release stores.
     unsafe {
-        if peers != 0 && ctx.issuer {
-            seq = start_barrier(ctx, peers);
+        if ctx.issuer {
+            if peers != 0 {
+                seq = start_barrier(ctx, peers);
+            }
+            if !ctx.aborted() {
+                resolve_buffers(ctx);
+            }
         }
         if !ctx.sync_aborted() {
             let mut state = PipelineState::new();
@@ -250,6 +259,13 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
     unsafe {
         let seq = *seq_at + 1;
         *seq_at = seq;
+        // This rank's buffers for the peers, before the arrival that orders them (release).
+        let own = ctx.workspace(ctx.rank);
+        let word = |w: usize| (own + Workspace::announce_offset(ctx.cta as usize, w) as u64) as *mut u64;
+        for s in 0..BUFFER_SLOTS {
+            *word(s) = ctx.buffer(ctx.rank, s as u8);
+        }
+        *word(BUFFER_SLOTS) = ctx.call_key as u64;
         publish(ctx, peers, Workspace::arrive_offset, seq);
         for q in others(ctx, peers) {
             let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
@@ -270,9 +286,59 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
                 return seq;
             }
         }
+        // Every arrival is taken (acquired): each peer's announced buffers, written before it, are
+        // its buffers in this call. The peer rewrites them only in its next call, which it reaches
+        // after this CTA's `done`.
+        let table = ctx.buffer_table_mut();
+        for q in others(ctx, peers) {
+            let word =
+                |w: usize| Global::from_addr(ctx.workspace(q) + Workspace::announce_offset(ctx.cta as usize, w) as u64);
+            let key = ld_relaxed_sys_u64(word(BUFFER_SLOTS));
+            if key != ctx.call_key as u64 && key != 0 && ctx.call_key != 0 {
+                wait::record(ctx, WaitKind::Mismatch, q, ctx.call_key as u64, key);
+                return seq;
+            }
+            for s in 0..BUFFER_SLOTS {
+                *table.add(q as usize * BUFFER_SLOTS + s) = ld_relaxed_sys_u64(word(s));
+            }
+        }
         // Later bulk loads of peer buffers (async proxy) come after the acquires above.
         fence_proxy_async_global();
         seq
+    }
+}
+
+/// Resolves the buffer table's [`region_address`](abi::region_address)es (memory other processes
+/// exported) to this rank's mappings, through its region table (issuer only, before the CTA barrier
+/// that publishes the table). An address in a region this rank has not mapped records
+/// `WaitKind::Unmapped` and aborts the CTA before any task touches memory.
+///
+/// # Safety
+/// The table was written at entry (and the peers' rows at the start barrier); this rank's workspace
+/// is a communicator workspace with its region table at [`abi::REGIONS_OFFSET`].
+unsafe fn resolve_buffers(ctx: &Ctx) {
+    let table = ctx.buffer_table_mut();
+    let regions = ctx.workspace(ctx.rank);
+    for r in 0..MAX_RANKS {
+        for s in 0..BUFFER_SLOTS {
+            // SAFETY: the table holds MAX_RANKS × BUFFER_SLOTS entries; the region entry lies in the
+            // region table (region < MAX_REGIONS checked); the host wrote it before any launch that
+            // names the region (relaxed at system scope: not a line another launch left in L1).
+            unsafe {
+                let at = table.add(r * BUFFER_SLOTS + s);
+                let Some((region, offset)) = abi::split_region_address(*at) else { continue };
+                let base = if (region as usize) < abi::MAX_REGIONS {
+                    ld_relaxed_sys_u64(Global::from_addr(regions + abi::region_entry_offset(r, region as usize) as u64))
+                } else {
+                    0
+                };
+                if base == 0 {
+                    wait::record(ctx, WaitKind::Unmapped, r as u32, region as u64, *at);
+                    return;
+                }
+                *at = base + offset;
+            }
+        }
     }
 }
 

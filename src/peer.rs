@@ -1,0 +1,284 @@
+//! Memory shared between the processes of a communicator on one host.
+//!
+//! Each rank exports regions of device memory (its workspace is region 0; then symmetric buffers
+//! and staging memory) and every peer maps each of them, keeping where in its region table (in its
+//! workspace, `abi::REGIONS_OFFSET`), from which the engine resolves the peers' buffer addresses
+//! (`abi::region_address`). A region is shared by pushing it: the owner sends the exported file
+//! descriptor to every peer's service (`crate::fdpass`, a Unix socket), which maps it and answers
+//! once its table holds it. Nothing is collective, so a rank can add a region (a buffer, more
+//! staging) in the middle of its calls without the others taking part.
+
+use crate::error::{Error, Result};
+use crate::fdpass::{Client, Message, Service};
+use crate::vmm::VmmAlloc;
+use cudarc::driver::{CudaContext, CudaStream};
+use oxccl_kernels::abi::{self, MAX_REGIONS};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// A request to a peer's service.
+const MAP: u8 = 1;
+const UNMAP: u8 = 2;
+
+/// What a peer's service needs: the request, `[op, from (u32), region (u32), bytes (u64)]`, little
+/// endian.
+fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
+    let mut v = vec![op];
+    v.extend_from_slice(&(from as u32).to_le_bytes());
+    v.extend_from_slice(&region.to_le_bytes());
+    v.extend_from_slice(&(bytes as u64).to_le_bytes());
+    v
+}
+
+/// The fields of a request, or `None` for bytes that are not one.
+fn parse(b: &[u8]) -> Option<(u8, usize, u32, usize)> {
+    if b.len() != 17 {
+        return None;
+    }
+    let from = u32::from_le_bytes(b[1..5].try_into().ok()?) as usize;
+    let region = u32::from_le_bytes(b[5..9].try_into().ok()?);
+    let bytes = u64::from_le_bytes(b[9..17].try_into().ok()?) as usize;
+    Some((b[0], from, region, bytes))
+}
+
+/// What the service thread and the communicator share: the peers' regions mapped here and the
+/// region table they are recorded in.
+struct Mapped {
+    ctx: Arc<CudaContext>,
+    /// This rank's workspace, holding the region table.
+    workspace: Arc<VmmAlloc>,
+    /// Writes the region table: a stream of its own, so that an entry lands without waiting for
+    /// (or on) the collectives running meanwhile, which may be waiting for the peer that asked.
+    table_stream: Arc<CudaStream>,
+    /// `regions[rank][k]`: rank `rank`'s region `k`, mapped here.
+    regions: Mutex<Vec<Vec<Option<VmmAlloc>>>>,
+}
+
+impl Mapped {
+    /// Records `ptr` as where rank `rank`'s region `region` is mapped here (0: nowhere), and waits
+    /// until the table holds it.
+    fn record(&self, rank: usize, region: u32, ptr: u64) -> Result<()> {
+        let at = self.workspace.ptr() + abi::region_entry_offset(rank, region as usize) as u64;
+        crate::engine::make_current(&self.ctx).map_err(Error::driver("cuCtxSetCurrent"))?;
+        let bytes = ptr.to_ne_bytes();
+        // SAFETY: 8 bytes of the region table inside this rank's workspace; the source lives until
+        // the stream is synchronised below.
+        unsafe { cudarc::driver::result::memcpy_htod_async(at, &bytes, self.table_stream.cu_stream()) }
+            .map_err(Error::driver("cuMemcpyHtoDAsync"))?;
+        // SAFETY: a live stream of the current context.
+        unsafe { cudarc::driver::result::stream::synchronize(self.table_stream.cu_stream()) }
+            .map_err(Error::driver("cuStreamSynchronize"))
+    }
+
+    /// Answers a peer's request: maps its region (and records it) or unmaps one.
+    fn serve(&self, msg: Message) -> Result<()> {
+        let Some((op, from, region, bytes)) = parse(&msg.bytes) else {
+            return Err(Error::PeerMemory { what: "a peer's request".into(), why: "malformed".into() });
+        };
+        let mut regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        if from >= regions.len() || region as usize >= MAX_REGIONS {
+            return Err(Error::PeerMemory {
+                what: format!("rank {from}'s region {region}"),
+                why: "outside the communicator's ranks or regions".into(),
+            });
+        }
+        match op {
+            MAP => {
+                let mut fds = msg.fds;
+                let (Some(fd), true) = (fds.pop(), fds.is_empty()) else {
+                    return Err(Error::PeerMemory {
+                        what: format!("mapping rank {from}'s region {region}"),
+                        why: "the request carries no descriptor, or several".into(),
+                    });
+                };
+                let alloc = VmmAlloc::import(&self.ctx, fd, bytes)?;
+                self.record(from, region, alloc.ptr())?;
+                // A region number reused: the old mapping was released by its owner already.
+                regions[from][region as usize] = Some(alloc);
+            }
+            UNMAP => {
+                self.record(from, region, 0)?;
+                regions[from][region as usize] = None;
+            }
+            _ => {
+                return Err(Error::PeerMemory { what: "a peer's request".into(), why: format!("unknown op {op}") });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The staging memory (its region and allocation) held for one call.
+pub(crate) type StagingHold<'a> = MutexGuard<'a, Option<(u32, Arc<VmmAlloc>)>>;
+
+/// A rank's shared memory: its exported regions, the peers' regions mapped here, and the service
+/// through which peers push theirs.
+pub(crate) struct PeerMemory {
+    me: usize,
+    mapped: Arc<Mapped>,
+    /// This rank's regions by number (0: the workspace).
+    own: Mutex<Vec<Option<Arc<VmmAlloc>>>>,
+    /// Staging memory for buffers peers cannot map (cudarc's pool memory), grown on demand; its
+    /// region number. Held for a call from its copy-in to its copy-out being queued.
+    staging: Mutex<Option<(u32, Arc<VmmAlloc>)>>,
+    /// Staging regions outgrown: kept until the end (a queued call may still use one).
+    retired: Mutex<Vec<Arc<VmmAlloc>>>,
+    /// A connection to each peer's service (`None`: this rank, or not connected yet).
+    clients: Mutex<Vec<Option<Client>>>,
+    /// Every peer's service name.
+    names: Vec<String>,
+    timeout: Duration,
+    /// Served until dropped (first among the fields below it: no request arrives once it is gone).
+    _service: Service,
+}
+
+impl PeerMemory {
+    /// This rank's (`me` of `world`) workspace, exported, and its service, named after `nonce`
+    /// (the same on every rank) and the rank.
+    pub(crate) fn new(ctx: &Arc<CudaContext>, me: usize, world: usize, nonce: u128, timeout: Duration) -> Result<Self> {
+        let workspace = Arc::new(VmmAlloc::new(ctx, abi::COMM_WORKSPACE_BYTES, &[], true)?);
+        let table_stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        let mapped = Arc::new(Mapped {
+            ctx: ctx.clone(),
+            workspace: workspace.clone(),
+            table_stream,
+            regions: Mutex::new((0..world).map(|_| (0..MAX_REGIONS).map(|_| None).collect()).collect()),
+        });
+        // This rank's own workspace is its region 0 too: the engine resolves its own buffers alike.
+        mapped.record(me, 0, workspace.ptr())?;
+        let names: Vec<String> = (0..world).map(|r| format!("oxccl/{nonce:032x}/{r}")).collect();
+        let served = mapped.clone();
+        let service = Service::start(&names[me], move |msg| match served.serve(msg) {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().into_bytes(),
+        })
+        .map_err(|e| Error::PeerMemory { what: format!("starting rank {me}'s service"), why: e.to_string() })?;
+        let mut own = vec![None; MAX_REGIONS];
+        own[0] = Some(workspace);
+        Ok(PeerMemory {
+            me,
+            mapped,
+            own: Mutex::new(own),
+            staging: Mutex::new(None),
+            retired: Mutex::new(Vec::new()),
+            clients: Mutex::new((0..world).map(|_| None).collect()),
+            names,
+            timeout,
+            _service: service,
+        })
+    }
+
+    /// This rank's workspace.
+    pub(crate) fn workspace(&self) -> Arc<VmmAlloc> {
+        self.mapped.workspace.clone()
+    }
+
+    /// Where rank `rank`'s workspace is mapped here (0 if it is not).
+    pub(crate) fn workspace_of(&self, rank: usize) -> u64 {
+        if rank == self.me {
+            return self.mapped.workspace.ptr();
+        }
+        let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
+    }
+
+    /// Sends `req` (and `region`'s descriptor where it maps) to every peer's service and waits for
+    /// each to answer.
+    fn push(&self, req: &[u8], alloc: Option<&VmmAlloc>) -> Result<()> {
+        let fd = alloc.map(|a| a.export()).transpose()?;
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        for (q, client) in clients.iter_mut().enumerate() {
+            if q == self.me {
+                continue;
+            }
+            let fail = |why: String| Error::PeerMemory { what: format!("sharing memory with rank {q}"), why };
+            if client.is_none() {
+                *client = Some(Client::connect(&self.names[q], self.timeout).map_err(|e| fail(e.to_string()))?);
+            }
+            let c = client.as_mut().expect("connected above");
+            let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+            let answer = match c.call(req, &fds, self.timeout) {
+                Ok(a) => a,
+                Err(e) => {
+                    // A call that failed part-way leaves the connection unusable: connect anew next time.
+                    *client = None;
+                    return Err(fail(e.to_string()));
+                }
+            };
+            if !answer.is_empty() {
+                return Err(fail(String::from_utf8_lossy(&answer).into_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Exports region 0, this rank's workspace, to every peer.
+    pub(crate) fn share_workspace(&self) -> Result<()> {
+        let ws = self.mapped.workspace.clone();
+        self.push(&request(MAP, self.me, 0, ws.bytes()), Some(&ws))
+    }
+
+    /// `bytes` of memory (zeroed where asked) every peer maps: a new region, recorded here and
+    /// pushed to every peer.
+    pub(crate) fn alloc(&self, bytes: usize, zeroed: bool) -> Result<(u32, Arc<VmmAlloc>)> {
+        let alloc = Arc::new(VmmAlloc::new(&self.mapped.ctx, bytes, &[], zeroed)?);
+        let region = {
+            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(k) = own.iter().position(Option::is_none) else {
+                return Err(Error::PeerMemory {
+                    what: format!("exporting {bytes} bytes"),
+                    why: format!("every one of the {MAX_REGIONS} regions a rank may export is in use"),
+                });
+            };
+            own[k] = Some(alloc.clone());
+            k as u32
+        };
+        let shared = self
+            .mapped
+            .record(self.me, region, alloc.ptr())
+            .and_then(|()| self.push(&request(MAP, self.me, region, alloc.bytes()), Some(&alloc)));
+        if let Err(e) = shared {
+            self.release(region);
+            return Err(e);
+        }
+        Ok((region, alloc))
+    }
+
+    /// Withdraws region `region` from the peers and this rank's table (its memory is freed when
+    /// the last holder drops it). The caller has waited for every call that used it.
+    pub(crate) fn release(&self, region: u32) {
+        // Errors cannot be reported from a buffer's drop: a peer that does not answer keeps its
+        // mapping until its communicator ends.
+        let _ = self.push(&request(UNMAP, self.me, region, 0), None);
+        let _ = self.mapped.record(self.me, region, 0);
+        self.own.lock().unwrap_or_else(|e| e.into_inner())[region as usize] = None;
+    }
+
+    /// The region address (`abi::region_address`) of `bytes` at `ptr` where they lie in one of
+    /// this rank's regions, else `None`.
+    pub(crate) fn portable(&self, ptr: u64, bytes: usize) -> Option<u64> {
+        let own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+        own.iter().enumerate().skip(1).find_map(|(k, a)| {
+            let a = a.as_ref()?;
+            let inside = ptr >= a.ptr() && ptr + bytes as u64 <= a.ptr() + a.bytes() as u64;
+            inside.then(|| abi::region_address(k as u32, ptr - a.ptr()))
+        })
+    }
+
+    /// The staging memory, at least `bytes` of it (grown, and pushed to the peers, where smaller),
+    /// held until the guard drops: (region, local address) inside.
+    pub(crate) fn staging(&self, bytes: usize) -> Result<StagingHold<'_>> {
+        let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if st.as_ref().is_none_or(|(_, a)| a.bytes() < bytes) {
+            // Doubling bounds how often the peers are asked to map more.
+            let want = st.as_ref().map_or(0, |(_, a)| 2 * a.bytes()).max(bytes);
+            let (region, alloc) = self.alloc(want, false)?;
+            if let Some((old, a)) = st.replace((region, alloc)) {
+                self.own.lock().unwrap_or_else(|e| e.into_inner())[old as usize] = None;
+                self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(a);
+            }
+        }
+        Ok(st)
+    }
+}

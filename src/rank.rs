@@ -1,0 +1,723 @@
+//! Per-rank communicators: every rank its own caller, a thread or a process with its own stream, as
+//! with `cudarc::nccl::Comm`.
+//!
+//! A [`Comm`] is a [`Communicator`] that drives one rank of its world: the same plans, checks and
+//! launches. The ranks find each other through a [`Bootstrap`] and learn each other's buffers at
+//! every call's start barrier on the device (`abi::Workspace::announce`), so a call exchanges
+//! nothing on the host. Where every rank is a thread of one process, buffers are addressed as they
+//! are; ranks in several processes of one host share memory exported through CUDA's virtual-memory
+//! API ([`crate::peer`]): [`SymmetricBuffer`]s, which peers map once, and staging memory through
+//! which other buffers (cudarc's stream-ordered pools, which no other process can map) are copied.
+
+use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
+use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access};
+use crate::engine::{DeviceAlloc, Engine, bind};
+use crate::error::{Error, Result};
+use crate::peer::PeerMemory;
+use crate::vmm::VmmAlloc;
+use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use oxccl_kernels::abi::{self, MAX_RANKS};
+use serde::{Deserialize, Serialize};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// How the ranks of a per-rank communicator reach each other.
+pub(crate) struct Link {
+    pub(crate) bootstrap: Box<dyn Bootstrap>,
+    /// Memory shared between processes (`None` where every rank is in this process).
+    pub(crate) peer: Option<Arc<PeerMemory>>,
+    /// Where every rank is in this process: the devices of the ranks, which a symmetric buffer is
+    /// made accessible to.
+    access: Vec<usize>,
+    aborted: AtomicBool,
+}
+
+/// A call's buffers where peers in other processes reach them: each as a region address of this
+/// rank's memory, the buffers they cannot map copied through staging memory, held for the call.
+pub(crate) struct Staging<'a> {
+    /// The inputs' addresses for the buffer table, in the order given.
+    pub(crate) inputs: Vec<u64>,
+    /// The outputs' addresses.
+    pub(crate) outputs: Vec<u64>,
+    /// (destination, source, bytes) copied before the launch and after it.
+    before: Vec<(u64, u64, usize)>,
+    after: Vec<(u64, u64, usize)>,
+    _hold: Option<crate::peer::StagingHold<'a>>,
+}
+
+impl Staging<'_> {
+    fn copy(list: &[(u64, u64, usize)], stream: &CudaStream) -> Result<()> {
+        for &(dst, src, bytes) in list {
+            crate::engine::make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
+            // SAFETY: both ranges are live device memory of this rank (a call's buffer, checked, and
+            // the staging memory the guard holds), `bytes` long; queued on the rank's stream.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) }
+                .result()
+                .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
+        }
+        Ok(())
+    }
+
+    /// Queues the copies into staging memory.
+    pub(crate) fn copy_in(&mut self, stream: &CudaStream) -> Result<()> {
+        Self::copy(&self.before, stream)
+    }
+
+    /// Queues the copies out of staging memory.
+    pub(crate) fn copy_out(&mut self, stream: &CudaStream) -> Result<()> {
+        Self::copy(&self.after, stream)
+    }
+}
+
+impl Link {
+    /// The addresses peers resolve for a call's inputs (`(address, bytes)`) and outputs
+    /// (`(address, bytes, written)`), staging those outside this rank's exported memory.
+    pub(crate) fn stage(
+        &self,
+        ins: &[(u64, usize)],
+        outs: &[(u64, usize, bool)],
+        in_place: bool,
+    ) -> Result<Staging<'_>> {
+        let peer = self.peer.as_ref().expect("staging is only asked of a communicator across processes");
+        let mut st =
+            Staging { inputs: Vec::new(), outputs: Vec::new(), before: Vec::new(), after: Vec::new(), _hold: None };
+        // Offsets in the staging memory of what must be staged, 256-byte aligned.
+        let mut need = 0usize;
+        let mut place = |bytes: usize| {
+            let at = need;
+            need = (need + bytes).next_multiple_of(256);
+            at
+        };
+        let ins: Vec<(u64, usize, Option<u64>, usize)> =
+            ins.iter().map(|&(p, b)| (p, b, peer.portable(p, b), 0)).collect();
+        let outs: Vec<(u64, usize, bool, Option<u64>, usize)> =
+            outs.iter().map(|&(p, b, w)| (p, b, w, peer.portable(p, b), 0)).collect();
+        let ins: Vec<_> =
+            ins.into_iter().map(|(p, b, a, _)| (p, b, a, if a.is_none() { place(b) } else { 0 })).collect();
+        let outs: Vec<_> =
+            outs.into_iter().map(|(p, b, w, a, _)| (p, b, w, a, if a.is_none() { place(b) } else { 0 })).collect();
+        let mut base = None;
+        if need > 0 {
+            let hold = peer.staging(need)?;
+            let (region, alloc) = hold.as_ref().expect("staging() leaves memory in place");
+            base = Some((*region, alloc.ptr()));
+            st._hold = Some(hold);
+        }
+        for (p, b, a, at) in ins {
+            st.inputs.push(match (a, base) {
+                (Some(a), _) => a,
+                (None, Some((region, local))) => {
+                    st.before.push((local + at as u64, p, b));
+                    abi::region_address(region, at as u64)
+                }
+                (None, None) => unreachable!("need > 0 when anything is staged"),
+            });
+        }
+        for (p, b, written, a, at) in outs {
+            st.outputs.push(match (a, base) {
+                (Some(a), _) => a,
+                (None, Some((region, local))) => {
+                    // In place the buffer is also the input; a rooted call may not write it.
+                    if in_place {
+                        st.before.push((local + at as u64, p, b));
+                    }
+                    if written {
+                        st.after.push((p, local + at as u64, b));
+                    }
+                    abi::region_address(region, at as u64)
+                }
+                (None, None) => unreachable!("need > 0 when anything is staged"),
+            });
+        }
+        Ok(st)
+    }
+}
+
+/// What a rank tells the others when its communicator is built.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+struct Facts {
+    /// The host (its name and boot id): ranks on one host can share memory.
+    host: String,
+    /// The process: ranks in one process address each other's memory as it is.
+    pid: u32,
+    /// The device's UUID (hex) and its ordinal in this process.
+    uuid: String,
+    ordinal: usize,
+    sms: u32,
+    max_smem: u32,
+    /// The configuration, as `Debug` prints it: every rank must have the same.
+    config: String,
+    /// A random number; rank 0's names the communicator's services.
+    nonce: u128,
+}
+
+/// This host's identity: its name and, on Linux, the boot id (two containers can share a name).
+fn host_identity() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", name.trim(), boot.trim())
+}
+
+/// A random 128-bit number (the kernel's; the hasher's random keys where it has none).
+fn random_u128() -> u128 {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok() {
+        return u128::from_le_bytes(b);
+    }
+    use std::hash::{BuildHasher, RandomState};
+    let s = RandomState::new();
+    (s.hash_one(std::process::id()) as u128) << 64 | s.hash_one(std::time::SystemTime::now()) as u128
+}
+
+/// The UUID of `ctx`'s device, in hex.
+fn device_uuid(ctx: &Arc<CudaContext>) -> Result<String> {
+    bind(ctx)?;
+    let mut uuid = std::mem::MaybeUninit::<sys::CUuuid>::uninit();
+    // SAFETY: out-pointer and a valid device handle.
+    unsafe { sys::cuDeviceGetUuid_v2(uuid.as_mut_ptr(), ctx.cu_device()) }
+        .result()
+        .map_err(Error::driver("cuDeviceGetUuid"))?;
+    // SAFETY: initialised by the successful call above.
+    let uuid = unsafe { uuid.assume_init() };
+    Ok(uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+}
+
+/// One rank of a communicator, driven by its own caller (a thread or a process), with its own
+/// stream: `comm.all_reduce(&send, &mut recv, ReduceOp::Sum)` on this rank's buffers, as with
+/// `cudarc::nccl::Comm`. Every rank makes the same calls in the same order (a rank that calls
+/// another collective than its peers gets [`Error::CallMismatch`], never a wrong result).
+///
+/// Build one per rank with [`Comm::from_rank`] (an [`Id`] made by one rank, passed to the others),
+/// [`Comm::from_env`] (torchrun's variables; `oxccl launch` sets them) or [`Comm::new`] (any
+/// [`Bootstrap`]). Ranks may be threads of one process (any buffers) or processes of one host.
+/// Across processes, buffers from [`Comm::alloc_symmetric`] are reached where they are; other
+/// buffers (cudarc's allocations) are copied through staging memory, which costs a copy in and
+/// out (docs/PERF.md). Processes sharing a GPU need MPS to run their kernels side by side; without
+/// it a call ends in [`Error::Timeout`], never a hang.
+///
+/// Calls are asynchronous on the rank's stream; [`Comm::synchronize`] waits and reports device
+/// errors as [`Communicator::synchronize`] does.
+pub struct Comm {
+    inner: Communicator,
+    rank: usize,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm").field("rank", &self.rank).field("world", &self.world()).finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    /// Rank `rank` of `world`, meeting the others through the root `id` names (made by
+    /// [`Id::new`] in one process and passed to every rank: as bytes, a string or a file). Every
+    /// step of the setup gives up after `config.timeout`.
+    pub fn from_rank(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id, config: Config) -> Result<Self> {
+        let bootstrap = TcpBootstrap::new(id, rank, world, config.timeout)?;
+        Self::new(stream, Box::new(bootstrap), config)
+    }
+
+    /// The rank torchrun's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; set by
+    /// `oxccl launch` too) name. `stream` is on the device this process uses (by convention
+    /// `LOCAL_RANK`'s; [`LaunchEnv::from_env`] reads it).
+    pub fn from_env(stream: &Arc<CudaStream>, config: Config) -> Result<Self> {
+        let env = LaunchEnv::from_env()?;
+        let bootstrap = TcpBootstrap::from_launch_env(&env, config.timeout)?;
+        Self::new(stream, Box::new(bootstrap), config)
+    }
+
+    /// This rank of the communicator `bootstrap` gathers (its rank and world), with its calls
+    /// queued on `stream`. Every rank must pass the same `config`.
+    pub fn new(stream: &Arc<CudaStream>, bootstrap: Box<dyn Bootstrap>, config: Config) -> Result<Self> {
+        crate::comm::validate_config(&config)?;
+        let (me, world) = (bootstrap.rank(), bootstrap.world());
+        if world == 0 || world > MAX_RANKS {
+            return Err(Error::RankCount { ranks: world, max: MAX_RANKS });
+        }
+        if me >= world {
+            return Err(Error::NoSuchRank { rank: me, ranks: world });
+        }
+        let ctx = stream.context().clone();
+        let engine = Engine::shared(&ctx)?;
+        let facts = Facts {
+            host: host_identity(),
+            pid: std::process::id(),
+            uuid: device_uuid(&ctx)?,
+            ordinal: ctx.ordinal(),
+            sms: engine.sms,
+            max_smem: engine.max_smem,
+            config: format!("{config:?}"),
+            nonce: random_u128(),
+        };
+        let mine = serde_json::to_vec(&facts).expect("facts serialise");
+        let all: Vec<Facts> = bootstrap
+            .all_gather(&mine)?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice(b).map_err(|e| Error::Mismatch {
+                    field: "setup",
+                    rank: r,
+                    why: format!("sent facts this rank cannot read ({e}): another oxccl version?"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        if let Some(r) = all.iter().position(|f| f.config != facts.config) {
+            return Err(Error::Mismatch {
+                field: "config",
+                rank: r,
+                why: format!("has {}, this rank {}", all[r].config, facts.config),
+            });
+        }
+        // The devices: one per (host, UUID), in the order the ranks name them.
+        let mut keys: Vec<(&str, &str)> = Vec::new();
+        let mut devices = Vec::new();
+        let mut rank_device = Vec::new();
+        for f in &all {
+            let key = (f.host.as_str(), f.uuid.as_str());
+            let d = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                devices.push(DeviceFacts { sms: f.sms, max_smem: f.max_smem });
+                keys.len() - 1
+            });
+            rank_device.push(d);
+        }
+        let world_view = World { rank_device, devices };
+        let one_process = all.iter().all(|f| f.host == facts.host && f.pid == facts.pid);
+        let one_host = all.iter().all(|f| f.host == facts.host);
+        let mut workspaces = [0u64; MAX_RANKS];
+        let (workspace, peer) = if one_process {
+            let ws = DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?;
+            let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
+            for (r, a) in addrs.iter().enumerate() {
+                workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
+                    field: "setup",
+                    rank: r,
+                    why: "sent a workspace address of another size".into(),
+                })?);
+            }
+            // Peer access between this rank's device and the others' (same process: same ordinals).
+            let mut contexts = vec![ctx.clone()];
+            for f in &all {
+                if contexts.iter().all(|c| c.ordinal() != f.ordinal) {
+                    contexts.push(CudaContext::new(f.ordinal).map_err(Error::driver("cuDevicePrimaryCtxRetain"))?);
+                }
+            }
+            enable_peer_access(&contexts)?;
+            (RankWorkspace::Plain(ws), None)
+        } else if one_host {
+            let peer = PeerMemory::new(&ctx, me, world, all[0].nonce, config.timeout)?;
+            // Every service is up before any rank pushes its workspace; every workspace is mapped
+            // everywhere before any rank reads the table.
+            bootstrap.barrier()?;
+            peer.share_workspace()?;
+            bootstrap.barrier()?;
+            for (r, w) in workspaces.iter_mut().enumerate().take(world) {
+                *w = peer.workspace_of(r);
+                if *w == 0 {
+                    return Err(Error::PeerMemory {
+                        what: format!("rank {r}'s workspace"),
+                        why: "not mapped after every rank shared its own".into(),
+                    });
+                }
+            }
+            (RankWorkspace::Shared(peer.workspace()), Some(Arc::new(peer)))
+        } else {
+            return Err(Error::Unsupported {
+                what: "ranks on several hosts (one communicator spans the GPUs of one host for now)".into(),
+            });
+        };
+        let access = if one_process { all.iter().map(|f| f.ordinal).collect() } else { Vec::new() };
+        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false) };
+        let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
+        let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
+        Ok(Comm { inner, rank: me })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks of the communicator.
+    pub fn world(&self) -> usize {
+        self.inner.ranks()
+    }
+
+    /// The stream this rank's calls are queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.rank_stream(self.rank)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.inner.config()
+    }
+
+    /// The all-ranks communicator this rank's calls go through (plans, launches, checks).
+    pub fn communicator(&self) -> &Communicator {
+        &self.inner
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.inner.link {
+            Some(l) if l.aborted.load(Ordering::SeqCst) => Err(Error::Aborted),
+            _ => Ok(()),
+        }
+    }
+
+    /// `recv = op over all ranks of their send`, element-wise; `send` and `recv` of one length and
+    /// disjoint (use [`Comm::all_reduce_in_place`]).
+    pub fn all_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        let count = Count::FromSend(send.len());
+        self.inner.collective::<T, S, R>(
+            Collective::AllReduce,
+            count,
+            Some(std::slice::from_ref(send)),
+            std::slice::from_mut(recv),
+            op,
+            Holders::All,
+        )
+    }
+
+    /// In-place AllReduce: `buf` becomes the reduction of every rank's.
+    pub fn all_reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        let count = Count::FromRecv(buf.len());
+        self.inner.collective::<T, R, R>(
+            Collective::AllReduce,
+            count,
+            None,
+            std::slice::from_mut(buf),
+            op,
+            Holders::All,
+        )
+    }
+
+    /// `recv` (count elements) = op over all ranks of block `rank` of their `send` (world × count
+    /// elements).
+    pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        let count = Count::FromRecv(recv.len());
+        self.inner.collective::<T, S, R>(
+            Collective::ReduceScatter,
+            count,
+            Some(std::slice::from_ref(send)),
+            std::slice::from_mut(recv),
+            op,
+            Holders::All,
+        )
+    }
+
+    /// In-place ReduceScatter: `buf` holds world × count elements; block `rank` of it becomes the
+    /// reduction of block `rank` of every rank's (nccl's `recvbuff = sendbuff + rank × count`).
+    pub fn reduce_scatter_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        let count = self.block(buf.len(), "in-place reduce_scatter buffer")?;
+        self.inner.collective::<T, R, R>(
+            Collective::ReduceScatter,
+            Count::FromRecv(count),
+            None,
+            std::slice::from_mut(buf),
+            op,
+            Holders::All,
+        )
+    }
+
+    /// `recv` (world × count elements) = every rank's `send` (count elements), in rank order.
+    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        self.usable()?;
+        let count = Count::FromSend(send.len());
+        self.inner.collective::<T, S, R>(
+            Collective::AllGather,
+            count,
+            Some(std::slice::from_ref(send)),
+            std::slice::from_mut(recv),
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
+    /// In-place AllGather: block `rank` of `buf` is this rank's contribution (nccl's `sendbuff =
+    /// recvbuff + rank × count`); `buf` ends with every rank's block.
+    pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
+        self.usable()?;
+        let count = self.block(buf.len(), "in-place all_gather buffer")?;
+        self.inner.collective::<T, R, R>(
+            Collective::AllGather,
+            Count::FromRecv(count),
+            None,
+            std::slice::from_mut(buf),
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
+    /// Broadcast: `recv` becomes a copy of rank `root`'s `send`. The root passes `Some(send)`
+    /// (distinct from its `recv`; see [`Comm::broadcast_in_place`]); other ranks' `send` is not
+    /// used (pass `None`).
+    pub fn broadcast<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<()> {
+        self.usable()?;
+        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        let send: &[S] = match (root == self.rank, send) {
+            (true, Some(s)) => std::slice::from_ref(s),
+            (true, None) => {
+                return Err(Error::MissingBuffer {
+                    what: "broadcast send buffer",
+                    rank: root,
+                    elements: recv.len() as u64,
+                });
+            }
+            (false, _) => &[],
+        };
+        self.inner.collective::<T, S, R>(
+            collective,
+            Count::FromRecv(recv.len()),
+            Some(send),
+            std::slice::from_mut(recv),
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
+    /// In-place Broadcast: `buf` becomes a copy of rank `root`'s `buf`.
+    pub fn broadcast_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        buf: &mut R,
+        root: usize,
+    ) -> Result<()> {
+        self.usable()?;
+        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        self.inner.collective::<T, R, R>(
+            collective,
+            Count::FromRecv(buf.len()),
+            None,
+            std::slice::from_mut(buf),
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
+    /// Reduce: rank `root`'s `recv` becomes op over every rank's `send`, element-wise. The root
+    /// passes `Some(recv)` (as long as `send`, distinct from it; see [`Comm::reduce_in_place`]);
+    /// other ranks' `recv` is not used (pass `None`).
+    pub fn reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: Option<&mut R>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.usable()?;
+        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        let recv: &mut [R] = match (root == self.rank, recv) {
+            (true, Some(r)) => std::slice::from_mut(r),
+            (true, None) => {
+                return Err(Error::MissingBuffer {
+                    what: "reduce receive buffer",
+                    rank: root,
+                    elements: send.len() as u64,
+                });
+            }
+            (false, _) => &mut [],
+        };
+        self.inner.collective::<T, S, R>(
+            collective,
+            Count::FromSend(send.len()),
+            Some(std::slice::from_ref(send)),
+            recv,
+            op,
+            Holders::Root(root),
+        )
+    }
+
+    /// In-place Reduce: rank `root`'s `buf` becomes the reduction of every rank's `buf`; the others
+    /// are left as they are.
+    pub fn reduce_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        buf: &mut R,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.usable()?;
+        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        self.inner.collective::<T, R, R>(
+            collective,
+            Count::FromRecv(buf.len()),
+            None,
+            std::slice::from_mut(buf),
+            op,
+            Holders::All,
+        )
+    }
+
+    /// The rooted collective, or [`Error::NoSuchRank`].
+    fn rooted(&self, root: usize, make: impl Fn(u32) -> Collective) -> Result<Collective> {
+        if root >= self.world() {
+            return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
+        }
+        Ok(make(root as u32))
+    }
+
+    /// Elements per rank of an in-place buffer of `len` elements holding one block per rank.
+    fn block(&self, len: usize, what: &'static str) -> Result<usize> {
+        let p = self.world();
+        if !len.is_multiple_of(p) {
+            return Err(Error::Length { what, rank: self.rank, expected: len.next_multiple_of(p), got: len });
+        }
+        Ok(len / p)
+    }
+
+    /// Builds and uploads the plan a later call with these arguments uses (as
+    /// [`Communicator::prepare`]): that call then only queues its kernel (and, for buffers other
+    /// processes cannot map, its staging copies), so it can be captured in a CUDA graph.
+    pub fn prepare<T: Element>(
+        &self,
+        collective: Collective,
+        count: usize,
+        op: ReduceOp,
+        in_place: bool,
+    ) -> Result<CallLaunch> {
+        self.usable()?;
+        self.inner.prepare::<T>(collective, count, op, in_place)
+    }
+
+    /// Waits for this rank's calls and reports a device-side error (as
+    /// [`Communicator::synchronize`]).
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+
+    /// Polls this rank's calls (as [`Communicator::query`]).
+    pub fn query(&self) -> Result<bool> {
+        self.inner.query()
+    }
+
+    /// After an error: waits for this rank's stream, clears its device state, then waits for
+    /// every other rank to have done the same (collective: every rank calls it).
+    pub fn reset(&self) -> Result<()> {
+        self.usable()?;
+        self.inner.reset()
+    }
+
+    /// Stops using the communicator: later calls return [`Error::Aborted`]. Calls already queued
+    /// end within their bounded waits (peers that wait for this rank time out); drop the
+    /// communicator and build a new one to go on.
+    pub fn abort(&self) {
+        if let Some(l) = &self.inner.link {
+            l.aborted.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// `len` elements of device memory every rank of the communicator reaches where it is (in
+    /// other processes too: the zero-copy path), on this rank's stream's device, zeroed. Each rank
+    /// allocates its own (not collective); use it like any cudarc buffer (it dereferences to a
+    /// [`CudaSlice`]).
+    pub fn alloc_symmetric<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<SymmetricBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Config { field: "len", why: format!("{len} elements overflow the address space") })?;
+        let stream = self.stream().clone();
+        let (alloc, region) = match self.inner.link.as_ref().and_then(|l| l.peer.as_ref()) {
+            Some(peer) => {
+                let (region, alloc) = peer.alloc(bytes, true)?;
+                (alloc, Some(region))
+            }
+            None => {
+                // One process: every rank's device reaches it where it is (the ranks' devices).
+                let access = self.inner.link.as_ref().map(|l| l.access.clone()).unwrap_or_default();
+                (Arc::new(VmmAlloc::new(stream.context(), bytes, &access, true)?), None)
+            }
+        };
+        // SAFETY: `alloc` holds at least `len` elements of this stream's device, zeroed, and
+        // outlives the slice: the buffer leaks the slice (never frees it through cudarc) before it
+        // drops `alloc`.
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(alloc.ptr(), len) };
+        let shared = region.zip(self.inner.link.as_ref().and_then(|l| l.peer.clone()));
+        Ok(SymmetricBuffer { slice: ManuallyDrop::new(slice), alloc, shared: shared.map(|(r, p)| (p, r)) })
+    }
+}
+
+/// Device memory every rank of a [`Comm`] reaches where it is: the zero-copy path between
+/// processes (as torch's symmetric memory and NCCL's registered windows). Dereferences to a
+/// cudarc [`CudaSlice`], so it is passed to calls, copied and sliced like any other buffer. Its
+/// drop waits for its stream, then withdraws it from the peers and frees it.
+pub struct SymmetricBuffer<T> {
+    /// The memory as a cudarc slice, never freed through cudarc (leaked on drop).
+    slice: ManuallyDrop<CudaSlice<T>>,
+    alloc: Arc<VmmAlloc>,
+    /// Across processes: the shared memory it is a region of, and its number.
+    shared: Option<(Arc<PeerMemory>, u32)>,
+}
+
+impl<T> std::ops::Deref for SymmetricBuffer<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T> std::ops::DerefMut for SymmetricBuffer<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+}
+
+impl<T> std::fmt::Debug for SymmetricBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricBuffer")
+            .field("len", &self.slice.len())
+            .field("bytes", &self.alloc.bytes())
+            .field("region", &self.shared.as_ref().map(|s| s.1))
+            .finish()
+    }
+}
+
+impl<T> Drop for SymmetricBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the slice is not used again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let stream = slice.stream().clone();
+        // cudarc's free would be `cuMemFreeAsync` of memory it did not allocate: leak the slice.
+        let _ = slice.leak();
+        // The calls that used it (and so every peer's use of it) end before it is withdrawn.
+        let _ = crate::engine::wait_stream(&stream);
+        if let Some((peer, region)) = self.shared.take() {
+            peer.release(region);
+        }
+    }
+}

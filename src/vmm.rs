@@ -1,0 +1,218 @@
+//! Device memory through CUDA's virtual-memory API: allocations other processes can map.
+//!
+//! cudarc allocates from stream-ordered pools, which no other process can import. Memory peers in
+//! other processes reach (a communicator's workspace, [`crate::SymmetricBuffer`]s, staging) is
+//! made here instead: `cuMemCreate` with a POSIX file-descriptor handle type, mapped into a
+//! reserved range of this process's addresses; `export` gives the descriptor a peer's
+//! [`VmmAlloc::import`] maps into its own.
+
+use crate::engine::make_current;
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// A physical allocation mapped at `ptr` in this process, unmapped and released on drop (once the
+/// context has finished the work queued on it: the driver frees physical memory when its last
+/// mapping, in any process, is gone).
+pub(crate) struct VmmAlloc {
+    ctx: Arc<CudaContext>,
+    handle: sys::CUmemGenericAllocationHandle,
+    ptr: u64,
+    bytes: usize,
+    /// Whether drop waits for the context's work first: memory this process made and queued work
+    /// on. A peer's memory mapped here is withdrawn by its owner only once no call uses it, and the
+    /// service thread that unmaps it must not wait for collectives that may wait for that owner.
+    owned: bool,
+}
+
+// SAFETY: the value only holds driver handles and addresses; every use binds the context first.
+unsafe impl Send for VmmAlloc {}
+// SAFETY: as for `Send`; no method mutates through `&self`.
+unsafe impl Sync for VmmAlloc {}
+
+/// `CUmemLocation` of device `ordinal` (see `comm::device_location` for the layout).
+fn location(ordinal: usize) -> sys::CUmemLocation {
+    crate::comm::device_location(ordinal)
+}
+
+/// Makes `ctx` current without taking cudarc's kept error (the service thread maps memory while
+/// the rank's calls go on; their errors are theirs to report).
+fn current(ctx: &CudaContext) -> Result<()> {
+    make_current(ctx).map_err(Error::driver("cuCtxSetCurrent"))
+}
+
+/// The allocation properties of exportable device memory on `ordinal`.
+fn properties(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid value (no flags, no metadata).
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location = location(ordinal);
+    prop
+}
+
+/// The allocation granularity of exportable memory on `ctx`'s device (sizes are multiples of it).
+pub(crate) fn granularity(ctx: &Arc<CudaContext>) -> Result<usize> {
+    current(ctx)?;
+    let prop = properties(ctx.ordinal());
+    let mut g = 0usize;
+    // SAFETY: out-pointer and a valid property struct.
+    unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        )
+    }
+    .result()
+    .map_err(Error::driver("cuMemGetAllocationGranularity"))?;
+    Ok(g.max(1))
+}
+
+impl VmmAlloc {
+    /// At least `bytes` of exportable memory on `ctx`'s device (rounded up to the granularity),
+    /// readable and writable by the devices `access` (ordinals in this process; the allocation's
+    /// own device is always included); zeroed where `zeroed` says (the zeros have landed when it
+    /// returns).
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize, access: &[usize], zeroed: bool) -> Result<Self> {
+        let g = granularity(ctx)?;
+        let bytes = bytes.max(1).checked_next_multiple_of(g).ok_or_else(|| Error::Config {
+            field: "bytes",
+            why: format!("{bytes} bytes cannot be rounded to the allocation granularity {g}"),
+        })?;
+        current(ctx)?;
+        let prop = properties(ctx.ordinal());
+        let mut handle = 0;
+        // SAFETY: out-pointer and a valid property struct; the handle is released on drop.
+        unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }.result().map_err(Error::driver("cuMemCreate"))?;
+        let alloc = Self::map(ctx, handle, bytes, access, true)?;
+        if zeroed {
+            // SAFETY: the range is mapped, writable by this device, `bytes` long.
+            unsafe { cudarc::driver::result::memset_d8_sync(alloc.ptr, 0, bytes) }
+                .map_err(Error::driver("cuMemsetD8"))?;
+            crate::engine::sync_context(ctx)?;
+        }
+        Ok(alloc)
+    }
+
+    /// Maps a peer's allocation, exported as `fd` (`bytes` long), on `ctx`'s device.
+    pub(crate) fn import(ctx: &Arc<CudaContext>, fd: OwnedFd, bytes: usize) -> Result<Self> {
+        current(ctx)?;
+        let mut handle = 0;
+        // SAFETY: the POSIX handle type takes the descriptor itself as the pointer-sized handle;
+        // the driver duplicates what it needs, and `fd` is closed when dropped below.
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        }
+        .result()
+        .map_err(Error::driver("cuMemImportFromShareableHandle"))?;
+        drop(fd);
+        Self::map(ctx, handle, bytes, &[], false)
+    }
+
+    /// Reserves addresses for `handle` (`bytes`), maps it there and grants `ctx`'s device and
+    /// `access` read and write; releases `handle` on failure.
+    fn map(
+        ctx: &Arc<CudaContext>,
+        handle: sys::CUmemGenericAllocationHandle,
+        bytes: usize,
+        access: &[usize],
+        owned: bool,
+    ) -> Result<Self> {
+        let mut alloc = VmmAlloc { ctx: ctx.clone(), handle, ptr: 0, bytes, owned };
+        // From here on drop releases what was done (`ptr` 0: nothing reserved yet).
+        let g = granularity(ctx)?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer; a fresh reservation of `bytes` (a multiple of the granularity).
+        unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, g, 0, 0) }
+            .result()
+            .map_err(Error::driver("cuMemAddressReserve"))?;
+        // SAFETY: maps the whole allocation into the reservation just made.
+        let mapped = unsafe { sys::cuMemMap(ptr, bytes, 0, handle, 0) }.result();
+        if let Err(e) = mapped {
+            // SAFETY: the reservation made above, unused.
+            let _ = unsafe { sys::cuMemAddressFree(ptr, bytes) };
+            return Err(Error::Driver { call: "cuMemMap", source: e });
+        }
+        alloc.ptr = ptr;
+        let mut devices = vec![ctx.ordinal()];
+        devices.extend(access.iter().copied().filter(|&d| d != ctx.ordinal()));
+        devices.dedup();
+        let desc: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&d| sys::CUmemAccessDesc {
+                location: location(d),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: the mapped range and one descriptor per device.
+        unsafe { sys::cuMemSetAccess(ptr, bytes, desc.as_ptr(), desc.len()) }
+            .result()
+            .map_err(Error::driver("cuMemSetAccess"))?;
+        Ok(alloc)
+    }
+
+    /// A file descriptor a peer process can [`VmmAlloc::import`].
+    pub(crate) fn export(&self) -> Result<OwnedFd> {
+        current(&self.ctx)?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the POSIX handle type writes an `int` descriptor, which this value then owns.
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .result()
+        .map_err(Error::driver("cuMemExportToShareableHandle"))?;
+        // SAFETY: a descriptor the driver just opened for this process, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The address in this process.
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Zeroes the first `bytes`, ordered on `stream` (of the allocation's context).
+    pub(crate) fn zero_async(&self, bytes: usize, stream: &CudaStream) -> Result<()> {
+        crate::engine::stream_on(stream, &self.ctx)?;
+        // SAFETY: `bytes` (at most the allocation's) of mapped memory of the stream's context; the
+        // allocation outlives the memset (drop waits for the context's work).
+        unsafe { cudarc::driver::result::memset_d8_async(self.ptr, 0, bytes.min(self.bytes), stream.cu_stream()) }
+            .map_err(Error::driver("cuMemsetD8Async"))
+    }
+}
+
+impl Drop for VmmAlloc {
+    fn drop(&mut self) {
+        // Errors cannot be reported from drop. Work queued on the memory must end first.
+        if make_current(&self.ctx).is_ok() {
+            if self.owned {
+                let _ = cudarc::driver::result::ctx::synchronize();
+            }
+            // SAFETY: the mapping and reservation made by `map`, undone once, after the context's
+            // work ended; then the handle this value owns.
+            unsafe {
+                if self.ptr != 0 {
+                    let _ = sys::cuMemUnmap(self.ptr, self.bytes);
+                    let _ = sys::cuMemAddressFree(self.ptr, self.bytes);
+                }
+                let _ = sys::cuMemRelease(self.handle);
+            }
+        }
+    }
+}
