@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests ranks sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
+# Usage: scripts/gpu-suite.sh STEP... (info tests ranks ranks-bench sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -33,6 +33,20 @@ cublas_path() {
   dirs="$(python3 -c 'import glob, site; print(":".join(sorted({p.rsplit("/", 1)[0] for s in site.getsitepackages() for p in glob.glob(s + "/nvidia/**/libcublas.so*", recursive=True)})))' 2>/dev/null)"
   echo "${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64${dirs:+:$dirs}"
 }
+# MPS for steps whose ranks are processes sharing the GPU: started with its pipe and log folders
+# under /tmp, stopped after; each process takes a few hardware queues (many per process exhaust the
+# GPU's channels, which fails context creation with out-of-memory under MPS).
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/oxccl-mps-log CUDA_DEVICE_MAX_CONNECTIONS=2
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && log "MPS started"
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control; sleep 1; log "MPS stopped"
+  cp "$CUDA_MPS_LOG_DIRECTORY"/control.log "$OUT/mps_control.log" 2>/dev/null
+  cp "$CUDA_MPS_LOG_DIRECTORY"/server.log "$OUT/mps_server.log" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY CUDA_DEVICE_MAX_CONNECTIONS
+}
 for step in "$@"; do
   case "$step" in
     info)
@@ -41,27 +55,41 @@ for step in "$@"; do
       # A GPU machine must run every GPU test: a missing or unusable GPU fails them (OXCCL_REQUIRE_GPU).
       # Ranks on up to 16 streams of one GPU: as many hardware queues, as the API docs ask.
       export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
-      for t in gpu_intrinsics gpu_engine gpu_collectives gpu_reshard; do
+      for t in ${TESTS:-gpu_intrinsics gpu_engine gpu_collectives gpu_reshard}; do
         log "$t"; OXCCL_REQUIRE_GPU=1 timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1
         rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $t(rc=$rc)"
         grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
     ranks)
       # Per-rank communicators: threads of one process, then processes without MPS (a call must end,
-      # never hang), then under MPS (started here, stopped after) every collective on 2, 4 and 8
-      # processes and a rank killed mid-call.
-      export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+      # never hang), then under MPS every collective on 2, 4 and 8 processes and a rank killed
+      # mid-call.
       log "gpu_ranks (threads, misuse, no MPS)"
-      OXCCL_REQUIRE_GPU=1 OXCCL_NO_MPS=1 timeout 300 $B/gpu_ranks --test-threads=1 --nocapture > "$OUT/gpu_ranks.log" 2>&1
+      CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} OXCCL_REQUIRE_GPU=1 OXCCL_NO_MPS=1 timeout 300 $B/gpu_ranks --test-threads=1 --nocapture > "$OUT/gpu_ranks.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks(rc=$rc)"
       grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error" "$OUT/gpu_ranks.log" | head -60
-      export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxccl-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/oxccl-mps-log
-      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      nvidia-cuda-mps-control -d && log "MPS started"
+      mps_start
       OXCCL_REQUIRE_GPU=1 OXCCL_MPS=1 timeout 500 $B/gpu_ranks --test-threads=1 --nocapture processes_ a_killed > "$OUT/gpu_ranks_mps.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks_mps(rc=$rc)"
-      grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error" "$OUT/gpu_ranks_mps.log" | head -80
-      echo quit | nvidia-cuda-mps-control; log "MPS stopped"
-      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+      grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error|Err" "$OUT/gpu_ranks_mps.log" | head -80
+      mps_stop ;;
+    ranks-bench)
+      # One process per rank (MPS) against virtual ranks in one process, ReduceScatter / AllGather /
+      # AllReduce at 64 MiB-1 GiB; symmetric and plain (staged) buffers, ranks as threads; latency.
+      R=${RANKS:-8}; BIG="-b 64M -e 1G -f 4 -n 20 -w 5"; SMALL="-b 8 -e 32K -f 2 -n 200 -w 20"
+      for coll in all_reduce reduce_scatter all_gather; do
+        log "virtual $coll"; timeout 120 $B/oxccl bench $coll --ranks $R $BIG --json > "$OUT/rb_virtual_$coll.log" 2>&1; grep -vE "^\{|^#  " "$OUT/rb_virtual_$coll.log" | tail -6
+        log "threads $coll"; CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 $B/oxccl bench $coll --procs $R --rank-threads $BIG --json > "$OUT/rb_threads_$coll.log" 2>&1; grep -vE "^\{" "$OUT/rb_threads_$coll.log" | tail -6
+      done
+      log "virtual latency"; timeout 120 $B/oxccl bench all_reduce --ranks $R $SMALL > "$OUT/rb_virtual_small.log" 2>&1; tail -16 "$OUT/rb_virtual_small.log"
+      mps_start
+      for coll in all_reduce reduce_scatter all_gather; do
+        for buf in symmetric plain; do
+          log "procs $coll $buf"; timeout 150 $B/oxccl bench $coll --procs $R --buffers $buf $BIG --json > "$OUT/rb_procs_${buf}_$coll.log" 2>&1; echo "rc=$?"; grep -vE "^\{" "$OUT/rb_procs_${buf}_$coll.log" | tail -6
+        done
+      done
+      log "procs latency"; timeout 150 $B/oxccl bench all_reduce --procs $R $SMALL > "$OUT/rb_procs_small.log" 2>&1; echo "rc=$?"; tail -16 "$OUT/rb_procs_small.log"
+      log "virtual latency under MPS"; timeout 120 $B/oxccl bench all_reduce --ranks $R $SMALL > "$OUT/rb_virtual_small_mps.log" 2>&1; tail -16 "$OUT/rb_virtual_small_mps.log"
+      mps_stop ;;
     sanitizer)
       log memcheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"

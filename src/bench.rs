@@ -17,7 +17,9 @@ use oxccl_host::tccl::{PlanSpec, split};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::sync::Arc;
 
+mod ranks;
 mod trace;
+pub use ranks::{Buffers, rank_bench};
 pub use trace::{ChainOp, TmaTraceBench, TraceRow, tma_trace, u32_tensor_map};
 
 /// Average milliseconds per call of `f` over `iters` calls (at least one: 0 times one call) after

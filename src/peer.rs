@@ -137,8 +137,9 @@ impl PeerMemory {
     /// This rank's (`me` of `world`) workspace, exported, and its service, named after `nonce`
     /// (the same on every rank) and the rank.
     pub(crate) fn new(ctx: &Arc<CudaContext>, me: usize, world: usize, nonce: u128, timeout: Duration) -> Result<Self> {
-        let workspace = Arc::new(VmmAlloc::new(ctx, abi::COMM_WORKSPACE_BYTES, &[], true)?);
         let table_stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        let workspace = Arc::new(VmmAlloc::new(ctx, abi::COMM_WORKSPACE_BYTES, &[], Some(&table_stream))?);
+        crate::engine::wait_stream(&table_stream)?;
         let mapped = Arc::new(Mapped {
             ctx: ctx.clone(),
             workspace: workspace.clone(),
@@ -219,10 +220,10 @@ impl PeerMemory {
         self.push(&request(MAP, self.me, 0, ws.bytes()), Some(&ws))
     }
 
-    /// `bytes` of memory (zeroed where asked) every peer maps: a new region, recorded here and
-    /// pushed to every peer.
-    pub(crate) fn alloc(&self, bytes: usize, zeroed: bool) -> Result<(u32, Arc<VmmAlloc>)> {
-        let alloc = Arc::new(VmmAlloc::new(&self.mapped.ctx, bytes, &[], zeroed)?);
+    /// `bytes` of memory (zeroed in `zero_on`'s order where given) every peer maps: a new region,
+    /// recorded here and pushed to every peer.
+    pub(crate) fn alloc(&self, bytes: usize, zero_on: Option<&CudaStream>) -> Result<(u32, Arc<VmmAlloc>)> {
+        let alloc = Arc::new(VmmAlloc::new(&self.mapped.ctx, bytes, &[], zero_on)?);
         let region = {
             let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
             let Some(k) = own.iter().position(Option::is_none) else {
@@ -273,7 +274,7 @@ impl PeerMemory {
         if st.as_ref().is_none_or(|(_, a)| a.bytes() < bytes) {
             // Doubling bounds how often the peers are asked to map more.
             let want = st.as_ref().map_or(0, |(_, a)| 2 * a.bytes()).max(bytes);
-            let (region, alloc) = self.alloc(want, false)?;
+            let (region, alloc) = self.alloc(want, None)?;
             if let Some((old, a)) = st.replace((region, alloc)) {
                 self.own.lock().unwrap_or_else(|e| e.into_inner())[old as usize] = None;
                 self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(a);

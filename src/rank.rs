@@ -20,8 +20,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut
 use oxccl_kernels::abi::{self, MAX_RANKS};
 use serde::{Deserialize, Serialize};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How the ranks of a per-rank communicator reach each other.
 pub(crate) struct Link {
@@ -357,6 +357,12 @@ impl Comm {
         self.inner.config()
     }
 
+    /// The bootstrap the ranks met through (for exchanging bytes among them, as the benchmarks
+    /// do).
+    pub fn bootstrap(&self) -> &dyn Bootstrap {
+        self.inner.link.as_ref().expect("a Comm always has its link").bootstrap.as_ref()
+    }
+
     /// The all-ranks communicator this rank's calls go through (plans, launches, checks).
     pub fn communicator(&self) -> &Communicator {
         &self.inner
@@ -641,7 +647,8 @@ impl Comm {
     }
 
     /// `len` elements of device memory every rank of the communicator reaches where it is (in
-    /// other processes too: the zero-copy path), on this rank's stream's device, zeroed. Each rank
+    /// other processes too: the zero-copy path), on this rank's stream's device, zeroed in that
+    /// stream's order. Each rank
     /// allocates its own (not collective); use it like any cudarc buffer (it dereferences to a
     /// [`CudaSlice`]).
     pub fn alloc_symmetric<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -654,13 +661,13 @@ impl Comm {
         let stream = self.stream().clone();
         let (alloc, region) = match self.inner.link.as_ref().and_then(|l| l.peer.as_ref()) {
             Some(peer) => {
-                let (region, alloc) = peer.alloc(bytes, true)?;
+                let (region, alloc) = peer.alloc(bytes, Some(&stream))?;
                 (alloc, Some(region))
             }
             None => {
                 // One process: every rank's device reaches it where it is (the ranks' devices).
                 let access = self.inner.link.as_ref().map(|l| l.access.clone()).unwrap_or_default();
-                (Arc::new(VmmAlloc::new(stream.context(), bytes, &access, true)?), None)
+                (Arc::new(VmmAlloc::new(stream.context(), bytes, &access, Some(&stream))?), None)
             }
         };
         // SAFETY: `alloc` holds at least `len` elements of this stream's device, zeroed, and

@@ -13,18 +13,16 @@ use cudarc::driver::{CudaContext, CudaStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-/// A physical allocation mapped at `ptr` in this process, unmapped and released on drop (once the
-/// context has finished the work queued on it: the driver frees physical memory when its last
-/// mapping, in any process, is gone).
+/// A physical allocation mapped at `ptr` in this process, unmapped and released on drop (the driver
+/// frees physical memory when its last mapping, in any process, is gone). Drop does not wait for the
+/// device: its owner waits for the work that uses it first (a symmetric buffer for its stream, a
+/// communicator for its ranks' streams). Waiting for the whole context there would wait for the
+/// calls of other ranks of the same process, which may wait for this one.
 pub(crate) struct VmmAlloc {
     ctx: Arc<CudaContext>,
     handle: sys::CUmemGenericAllocationHandle,
     ptr: u64,
     bytes: usize,
-    /// Whether drop waits for the context's work first: memory this process made and queued work
-    /// on. A peer's memory mapped here is withdrawn by its owner only once no call uses it, and the
-    /// service thread that unmaps it must not wait for collectives that may wait for that owner.
-    owned: bool,
 }
 
 // SAFETY: the value only holds driver handles and addresses; every use binds the context first.
@@ -74,9 +72,14 @@ pub(crate) fn granularity(ctx: &Arc<CudaContext>) -> Result<usize> {
 impl VmmAlloc {
     /// At least `bytes` of exportable memory on `ctx`'s device (rounded up to the granularity),
     /// readable and writable by the devices `access` (ordinals in this process; the allocation's
-    /// own device is always included); zeroed where `zeroed` says (the zeros have landed when it
-    /// returns).
-    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize, access: &[usize], zeroed: bool) -> Result<Self> {
+    /// own device is always included); zeroed on `zero_on` where given (in that stream's order:
+    /// a wait for the whole context would wait for other ranks' calls in this process).
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+        access: &[usize],
+        zero_on: Option<&CudaStream>,
+    ) -> Result<Self> {
         let g = granularity(ctx)?;
         let bytes = bytes.max(1).checked_next_multiple_of(g).ok_or_else(|| Error::Config {
             field: "bytes",
@@ -87,12 +90,9 @@ impl VmmAlloc {
         let mut handle = 0;
         // SAFETY: out-pointer and a valid property struct; the handle is released on drop.
         unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }.result().map_err(Error::driver("cuMemCreate"))?;
-        let alloc = Self::map(ctx, handle, bytes, access, true)?;
-        if zeroed {
-            // SAFETY: the range is mapped, writable by this device, `bytes` long.
-            unsafe { cudarc::driver::result::memset_d8_sync(alloc.ptr, 0, bytes) }
-                .map_err(Error::driver("cuMemsetD8"))?;
-            crate::engine::sync_context(ctx)?;
+        let alloc = Self::map(ctx, handle, bytes, access)?;
+        if let Some(stream) = zero_on {
+            alloc.zero_async(bytes, stream)?;
         }
         Ok(alloc)
     }
@@ -113,7 +113,7 @@ impl VmmAlloc {
         .result()
         .map_err(Error::driver("cuMemImportFromShareableHandle"))?;
         drop(fd);
-        Self::map(ctx, handle, bytes, &[], false)
+        Self::map(ctx, handle, bytes, &[])
     }
 
     /// Reserves addresses for `handle` (`bytes`), maps it there and grants `ctx`'s device and
@@ -123,9 +123,8 @@ impl VmmAlloc {
         handle: sys::CUmemGenericAllocationHandle,
         bytes: usize,
         access: &[usize],
-        owned: bool,
     ) -> Result<Self> {
-        let mut alloc = VmmAlloc { ctx: ctx.clone(), handle, ptr: 0, bytes, owned };
+        let mut alloc = VmmAlloc { ctx: ctx.clone(), handle, ptr: 0, bytes };
         // From here on drop releases what was done (`ptr` 0: nothing reserved yet).
         let g = granularity(ctx)?;
         let mut ptr = 0;
@@ -199,11 +198,8 @@ impl VmmAlloc {
 
 impl Drop for VmmAlloc {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop. Work queued on the memory must end first.
+        // Errors cannot be reported from drop.
         if make_current(&self.ctx).is_ok() {
-            if self.owned {
-                let _ = cudarc::driver::result::ctx::synchronize();
-            }
             // SAFETY: the mapping and reservation made by `map`, undone once, after the context's
             // work ended; then the handle this value owns.
             unsafe {

@@ -684,3 +684,21 @@ fn a_negative_number_is_refused_by_its_flag() {
         assert!(!err.contains("unexpected argument") && !err.contains("use '--"), "{args:?}: {err}");
     }
 }
+
+/// `--procs` and its flags: refused where they do not fit, before any GPU is looked for; without
+/// a GPU the per-rank benchmark says so before starting any process.
+#[test]
+fn per_rank_bench_flags_are_checked() {
+    refused_before_any_gpu(&["bench", "all_reduce", "--rank-threads"], "give --procs N");
+    refused_before_any_gpu(&["bench", "all_reduce", "--buffers", "plain"], "give --procs N");
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "0"], "--procs 0: give 1..=16");
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "17"], "--procs 17: give 1..=16");
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "2", "--buffers", "pool"], "--buffers \"pool\"");
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "2", "--ranks", "4"], "--procs sets the ranks");
+    refused_before_any_gpu(&["bench", "movers", "--procs", "2"], "--procs is for");
+    // CI has no GPU: the processes are not started (no rank's failure is reported).
+    if std::env::var_os("OXCCL_REQUIRE_GPU").is_none() && !std::path::Path::new("/dev/nvidia0").exists() {
+        let (ok, err) = oxccl(&["bench", "all_reduce", "--procs", "2", "-b", "1M", "-e", "1M"]);
+        assert!(!ok && err.contains("no GPU to benchmark on") && !err.contains("rank"), "{err}");
+    }
+}

@@ -178,6 +178,7 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("atom_acq_rel_sys_add_u32", "probe_memory", "atom.acq_rel.sys.global.add.u32 %r"),
     ("atom_acq_rel_sys_or_b64", "probe_memory", "atom.acq_rel.sys.global.or.b64 %rd"),
     ("atom_acq_rel_sys_cas_b64", "probe_memory", "atom.acq_rel.sys.global.cas.b64 %rd"),
+    ("atom_relaxed_sys_cas_b64", "probe_memory", "atom.relaxed.sys.global.cas.b64 %rd"),
     ("ld_global_v4_u32", "probe_vector", "ld.global.v4.u32 {%r"),
     ("st_global_v4_u32", "probe_vector", "st.global.v4.u32 [%rd"),
     ("ld_shared_v4_u32", "probe_vector", "ld.shared.v4.u32 {%r"),
@@ -529,11 +530,13 @@ fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
         assert!(!t.contains(".maxntid"), "{tma} must not carry the SIMT launch bound");
         let s = entry(oxccl::ptx::PLANS, simt).unwrap_or_else(|| panic!("{simt} missing"));
         assert!(s.contains(".maxntid 512, 1, 1"), "{simt} lacks its launch bound");
-        // The FIFO protocol: acquire polls, releases of tail/head (system scope) and progress (GPU
-        // scope); the TMA kernels find their stages from the launch's shared memory.
+        // The FIFO protocol: relaxed polls made acquires by a fence once they succeed, releases of
+        // tail/head (system scope) and progress (GPU scope); the TMA kernels find their stages from
+        // the launch's shared memory.
         for (name, body) in [(tma, t), (simt, s)] {
             for text in [
-                "ld.acquire.sys.global.u64",
+                "ld.relaxed.sys.global.u64",
+                "fence.acq_rel.sys;",
                 "st.release.sys.global.u64",
                 "st.release.gpu.global.u64",
                 "fence.proxy.async.global;",

@@ -85,4 +85,5 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
     }
 }
 
-const _: () = assert!(MAX_RANKS * BUFFER_SLOTS == 64 && MAX_RANKS == 16, "copy_table! lists these indices");
+const _: () =
+    assert!(MAX_RANKS * BUFFER_SLOTS == 64 && MAX_RANKS == 16, "copy_table! and per_rank! list these indices");

@@ -18,6 +18,20 @@ macro_rules! copy_table {
     )+};
 }
 
+/// Runs `body` once for each rank index `q` in `0..MAX_RANKS`, each with `q` a constant: arrays
+/// indexed by it stay in registers (a loop the compiler does not unroll would put them in local
+/// memory, and every store there would wait for the load that feeds it).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! per_rank {
+    ($q:ident => $body:block) => {
+        per_rank!(@ $q $body [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15])
+    };
+    (@ $q:ident $body:block [$($i:literal)+]) => {$({
+        let $q: usize = $i;
+        $body
+    })+};
+}
+
 pub mod abi;
 #[cfg(target_arch = "nvptx64")]
 pub mod engine;

@@ -182,6 +182,31 @@ pub unsafe fn atom_acq_rel_sys_cas_b64(addr: Global<u64>, compare: u64, value: u
     old
 }
 
+/// Relaxed compare-and-swap at system scope: as [`atom_acq_rel_sys_cas_b64`] without ordering
+/// other accesses. Several can be in flight at once; the caller orders what follows with a fence
+/// (`fence.acq_rel.sys` after them makes them acquires, one fence for all).
+///
+/// `atom.relaxed.sys.global.cas.b64 old, [addr], compare, value;` · PTX ISA 6.0 · sm_70
+///
+/// # Safety
+/// `addr` is a naturally aligned, writable global address.
+#[doc(alias = "atom.relaxed.sys.global.cas.b64")]
+#[inline(always)]
+pub unsafe fn atom_relaxed_sys_cas_b64(addr: Global<u64>, compare: u64, value: u64) -> u64 {
+    let old: u64;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!(
+            "atom.relaxed.sys.global.cas.b64 {o}, [{a}], {c}, {v};",
+            o = out(reg64) old,
+            a = in(reg64) addr.addr(),
+            c = in(reg64) compare,
+            v = in(reg64) value
+        )
+    }
+    old
+}
+
 /// Four 32-bit words, the unit of the SIMT mover's 16-byte accesses.
 pub type V4 = [u32; 4];
 

@@ -325,7 +325,7 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
         *out.add(8 + t as u64).ptr() = ticket;
         let mut seen = ld_relaxed_sys_u64(f.add(8));
         loop {
-            let old = atom_acq_rel_sys_cas_b64(f.add(8), seen, seen + 1);
+            let old = atom_relaxed_sys_cas_b64(f.add(8), seen, seen + 1);
             if old == seen {
                 break;
             }

@@ -204,6 +204,18 @@ pub struct Args {
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
+    /// The collectives with every rank its own caller: N processes, one per rank, started as
+    /// `oxccl launch` does (ranks sharing a GPU need MPS), each with its own communicator and
+    /// stream; a row takes the slowest rank's time. With --rank-threads, N threads of this process.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub procs: Option<usize>,
+    /// With --procs: the ranks are threads of this process instead of processes.
+    #[arg(long)]
+    pub rank_threads: bool,
+    /// With --procs: `symmetric` (Comm::alloc_symmetric, the zero-copy path; the default) or
+    /// `plain` (cudarc's allocations, which other processes reach through staging copies).
+    #[arg(long, value_name = "KIND")]
+    pub buffers: Option<String>,
     /// reshard: global shape, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "7168,18432", allow_hyphen_values = true)]
     pub shape: Vec<u64>,
@@ -325,6 +337,9 @@ pub const FLAG_USERS: &[(&str, u8, Option<&str>)] = {
         ("chain", TRACE, None),
         ("compute_first", TRACE, None),
         ("json", ALL, None),
+        ("procs", COLLECTIVE, None),
+        ("rank_threads", COLLECTIVE, None),
+        ("buffers", COLLECTIVE, None),
         ("shape", RESHARD, None),
         ("src_mesh", RESHARD, None),
         ("src", RESHARD, None),
@@ -686,6 +701,12 @@ fn run_named(a: Args) -> CliResult {
         sweep(&a).validate(dtype.size() as u64)?;
         crate::comm::validate_config(&collective_config(&a)?)?;
     }
+    if let Some(c) = collective {
+        check_rank_flags(&a)?;
+        if let Some(n) = a.procs {
+            return run_ranks(&a, c, n, &command);
+        }
+    }
     let gpus = contexts(&a)?;
     let ctx = gpus[0].clone();
     let stream = ctx.default_stream();
@@ -818,6 +839,158 @@ fn run_named(a: Args) -> CliResult {
         }
     }
     finish_rows(&rows, a.json)
+}
+
+/// Set in the environment of the processes `--procs` starts: each is a rank, not a launcher.
+const RANK_CHILD: &str = "OXCCL_BENCH_RANK";
+
+/// `--procs`, `--rank-threads` and `--buffers`, checked before any GPU is looked for.
+fn check_rank_flags(a: &Args) -> CliResult {
+    if a.procs.is_none() {
+        if a.rank_threads {
+            return Err("--rank-threads says how --procs runs its ranks; give --procs N".into());
+        }
+        if a.buffers.is_some() {
+            return Err("--buffers is for --procs (each rank's own buffers); give --procs N".into());
+        }
+        return Ok(());
+    }
+    let n = a.procs.unwrap_or(0);
+    let max = oxccl_kernels::abi::MAX_RANKS;
+    if !(1..=max).contains(&n) {
+        return Err(format!("--procs {n}: give 1..={max} ranks").into());
+    }
+    if a.ranks.is_some_and(|r| r != n) {
+        return Err(format!("--ranks {} with --procs {n}: --procs sets the ranks", a.ranks.unwrap_or(0)).into());
+    }
+    if a.graph.is_some_and(|g| g > 0) {
+        return Err("-G is not offered with --procs yet (each rank would capture its own graph)".into());
+    }
+    parse_buffers(a.buffers.as_deref())?;
+    Ok(())
+}
+
+fn parse_buffers(s: Option<&str>) -> Result<bench::Buffers, String> {
+    match s.unwrap_or("symmetric") {
+        "symmetric" => Ok(bench::Buffers::Symmetric),
+        "plain" => Ok(bench::Buffers::Plain),
+        other => Err(format!("--buffers {other:?}: give symmetric or plain")),
+    }
+}
+
+/// `oxccl bench COLLECTIVE --procs N`: starts N processes of this command (through the launcher)
+/// that each run [`run_rank`]; or, with `--rank-threads`, N threads here.
+fn run_ranks(a: &Args, collective: Collective, n: usize, command: &[String]) -> CliResult {
+    if std::env::var_os(RANK_CHILD).is_some() {
+        let env = crate::LaunchEnv::from_env()?;
+        let stream =
+            crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?.new_stream()?;
+        let comm = crate::Comm::from_env(&stream, collective_config(a)?)?;
+        return run_rank(
+            a,
+            collective,
+            &comm,
+            command,
+            &format!("{n} processes, one rank each (rank {} of {})", env.rank, env.world),
+        );
+    }
+    if a.rank_threads {
+        let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+        let config = collective_config(a)?;
+        let boots = crate::bootstrap::LocalBootstrap::group(n, config.timeout);
+        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let workers: Vec<_> = boots
+                .into_iter()
+                .map(|boot| {
+                    let (ctx, config) = (ctx.clone(), config.clone());
+                    s.spawn(move || -> Result<(), String> {
+                        let stream = ctx.new_stream().map_err(|e| e.to_string())?;
+                        let comm = crate::Comm::new(&stream, Box::new(boot), config).map_err(|e| e.to_string())?;
+                        run_rank(a, collective, &comm, command, &format!("{n} threads of one process, one rank each"))
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a rank's thread panicked".into()))).collect()
+        });
+        // The cause first: a rank that stopped because a peer gave up says less than that peer.
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        let cause = errors.iter().find(|e| !e.contains("gave up that call")).or(errors.first());
+        return match cause {
+            Some(e) => Err(format!("{e} ({} of the {n} ranks failed)", errors.len()).into()),
+            None => Ok(()),
+        };
+    }
+    // No GPU, no processes: said here, as every benchmark says it, without making a context.
+    // SAFETY: only looks for the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no GPU to benchmark on: the CUDA driver library is not installed".into());
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(d) if d > 0 => {}
+        Ok(_) => return Err("no GPU to benchmark on: no CUDA device".into()),
+        Err(e) => return Err(format!("no GPU to benchmark on: cuDeviceGetCount: {e}").into()),
+    }
+    // The launcher's ranks run this same command; the variable tells them they are ranks.
+    // SAFETY: set before any thread of this process is started (the launcher's come after).
+    unsafe { std::env::set_var(RANK_CHILD, "1") };
+    let exe = std::env::current_exe()?;
+    let mut cmd = vec![exe.into_os_string()];
+    cmd.extend(std::env::args_os().skip(1));
+    let launch = super::launch::Args {
+        nproc: n as u16,
+        gpus: a.gpus.map(|g| super::launch::parse_gpus(&format!("0-{}", g.saturating_sub(1)))).transpose()?,
+        master_port: None,
+        grace_secs: std::time::Duration::from_secs(5),
+        tag: false,
+        command: cmd,
+    };
+    match super::launch::run(launch)? {
+        0 => Ok(()),
+        code => Err(format!("a rank process failed (status {code})").into()),
+    }
+}
+
+/// One rank's part of `--procs`: the nccl-tests table, printed by rank 0.
+fn run_rank(a: &Args, collective: Collective, comm: &crate::Comm, command: &[String], placement: &str) -> CliResult {
+    let buffers = parse_buffers(a.buffers.as_deref())?;
+    let b = CollectiveBench {
+        collective,
+        dtype: parse_dtype(a.dtype.as_deref().unwrap_or("float"))?,
+        op: parse_op(a.op.as_deref().unwrap_or("sum"))?,
+        ranks: comm.world(),
+        sweep: sweep(a),
+        graph_launches: 0,
+        config: comm.config().clone(),
+    };
+    let lead = comm.rank() == 0;
+    if lead {
+        let ctx = comm.stream().context();
+        println!("# oxccl {}: {}", collective.name(), command.join(" "));
+        println!(
+            "# device: {}, {placement}, mover {}, reduction {}, {} buffers, kernels from {}",
+            ctx.name().unwrap_or_default(),
+            a.mover,
+            a.reduction.as_deref().unwrap_or("registers"),
+            buffers.name(),
+            comm.communicator().engine(comm.rank())?.code
+        );
+        println!("# time: the slowest rank's, each timing its own stream");
+        println!("{}", bench::NCCL_HEADER);
+    }
+    let mut host = Vec::new();
+    let rows = bench::rank_bench(comm, &b, buffers, |r, us| {
+        println!("{}", bench::nccl_line(r));
+        host.push((r.size, us));
+    })?;
+    if lead {
+        println!("{}", bench::nccl_footer(&rows));
+        let each: Vec<String> = host.iter().map(|(size, us)| format!("{size} B: {us:.1}")).collect();
+        println!("# rank 0's host time per out-of-place call (us): {}", each.join(", "));
+        finish_rows(&rows, a.json)
+    } else {
+        finish_rows(&rows, false)
+    }
 }
 
 /// `oxccl bench --algo ...|--xml ... --exec compiled|interpreted`: a lowered ResCCL plan on virtual

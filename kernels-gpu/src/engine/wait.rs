@@ -5,8 +5,9 @@
 //! naming the wait. Nothing spins forever.
 
 use super::Ctx;
-use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, Status, WaitKind};
-use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_acquire_sys_u64};
+use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, MAX_RANKS, Status, WaitKind};
+use oxccl_ptx::fence::fence_acq_rel_sys;
+use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_relaxed_sys_u64};
 use oxccl_ptx::sreg::globaltimer;
 use oxccl_ptx::sync::nanosleep_u32;
 use oxccl_ptx::{Global, Mbarrier, Shared};
@@ -56,19 +57,84 @@ pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: W
     unsafe { flag_wait(ctx, flag, expected, kind, peer, Until::AtLeast, ctx.timeout_ns) }
 }
 
-/// Waits until the call count of the system-scope barrier flag at `flag` ([`BARRIER_SEQ`] of it)
-/// equals `expected` (acquire), with no end-of-call bit: a barrier flag, which a peer in step with
-/// this rank can never move past `expected` before this rank has passed the barrier. A larger count
-/// records [`WaitKind::OutOfStep`]; the count with [`BARRIER_REVOKED`] or [`BARRIER_ABORTED`]
-/// (the peer gave up this call) records [`WaitKind::PeerAborted`]; a timeout records `kind`; all
-/// three return `false`.
+/// Waits until the call count of the barrier flag of every rank in `peers` (a mask without this
+/// CTA's rank; rank `q`'s flag at byte `offset(q, cta)` of this rank's workspace) equals
+/// `expected` ([`BARRIER_SEQ`] of it), with no end-of-call bit: a barrier flag, which a peer in
+/// step with this rank can never move past `expected` before this rank has passed the barrier. A
+/// larger count records [`WaitKind::OutOfStep`]; the count with [`BARRIER_REVOKED`] or
+/// [`BARRIER_ABORTED`] (the peer gave up this call) records [`WaitKind::PeerAborted`]; a timeout
+/// records `kind`; all three return `false`. The acquire is one fence once all are there. Each round loads
+/// every pending flag before it looks at any, so the peers' flags cost one memory round trip a
+/// round rather than one each: a barrier of 8 ranks waited for its 7 peers one after the other.
+/// Records against the lowest rank that fails (or, on timeout, is still pending).
 ///
 /// # Safety
-/// As [`flag_at_least`].
+/// This rank's workspace holds every flag named; the peers update them with release semantics.
 #[inline(always)]
-pub unsafe fn flag_reaches(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: WaitKind, peer: u32) -> bool {
-    // SAFETY: forwarded contract.
-    unsafe { flag_wait(ctx, flag, expected, kind, peer, Until::Clean, ctx.timeout_ns) }
+pub unsafe fn flags_reach(
+    ctx: &Ctx,
+    peers: u32,
+    offset: fn(usize, usize) -> usize,
+    expected: u64,
+    kind: WaitKind,
+) -> bool {
+    let own = ctx.workspace(ctx.rank);
+    let at = |q: usize| Global::<u64>::from_addr(own + offset(q, ctx.cta as usize) as u64);
+    let mut pending = peers;
+    let mut deadline = 0u64;
+    let mut polls = 0u32;
+    loop {
+        // Loads first, every one in flight, then the checks (in constant positions: registers).
+        let mut seen = [0u64; MAX_RANKS];
+        per_rank!(q => {
+            if pending & (1 << q) != 0 {
+                // SAFETY: the caller guarantees the flags.
+                seen[q] = unsafe { ld_relaxed_sys_u64(at(q)) };
+            }
+        });
+        let mut failed = None;
+        per_rank!(q => {
+            let v = seen[q];
+            let count = v & BARRIER_SEQ;
+            if pending & (1 << q) != 0 && count >= expected {
+                if count != expected {
+                    failed = failed.or(Some((WaitKind::OutOfStep, q, v)));
+                } else if v & (BARRIER_REVOKED | BARRIER_ABORTED) != 0 {
+                    failed = failed.or(Some((WaitKind::PeerAborted, q, v)));
+                }
+                pending &= !(1 << q);
+            }
+        });
+        if let Some((why, q, v)) = failed {
+            record(ctx, why, q as u32, expected, v);
+            return false;
+        }
+        if pending == 0 {
+            // SAFETY: a fence has no operands; it makes the reads that ended the wait acquires.
+            unsafe { fence_acq_rel_sys() };
+            return true;
+        }
+        polls += 1;
+        if polls % POLLS_PER_CLOCK_READ == 0 {
+            let now = globaltimer();
+            if deadline == 0 {
+                deadline = now.saturating_add(ctx.timeout_ns);
+            } else if now > deadline {
+                let q = pending.trailing_zeros() as usize;
+                let mut last = 0;
+                per_rank!(r => {
+                    if r == q {
+                        last = seen[r];
+                    }
+                });
+                record(ctx, kind, q as u32, expected, last);
+                return false;
+            }
+            if ctx.wait_suspend_ns != 0 {
+                nanosleep_u32(ctx.wait_suspend_ns);
+            }
+        }
+    }
 }
 
 /// Waits until the call count of the barrier flag at `flag` reaches `expected`, however the peer's
@@ -89,13 +155,13 @@ pub unsafe fn flag_settles(ctx: &Ctx, flag: Global<u64>, expected: u64, peer: u3
 enum Until {
     /// The whole value at least `expected` (counters).
     AtLeast,
-    /// The call count exactly `expected` with no end-of-call bit (barrier flags).
-    Clean,
     /// The call count at least `expected`, any bits.
     Settled,
 }
 
-/// The waits above: polls `flag` until `until` holds, giving up after `timeout_ns`.
+/// The waits above: polls `flag` until `until` holds, giving up after `timeout_ns`. The polls are
+/// relaxed and the value that ends the wait is made an acquire by one `fence.acq_rel.sys` after it
+/// (an acquire pattern): an acquire load per poll would fence on every poll.
 ///
 /// # Safety
 /// As [`flag_at_least`].
@@ -113,19 +179,11 @@ unsafe fn flag_wait(
     let mut polls = 0u32;
     loop {
         // SAFETY: the caller guarantees the address.
-        let seen = unsafe { ld_acquire_sys_u64(flag) };
+        let seen = unsafe { ld_relaxed_sys_u64(flag) };
         let count = if until == Until::AtLeast { seen } else { seen & BARRIER_SEQ };
         if count >= expected {
-            if until == Until::Clean {
-                if count != expected {
-                    record(ctx, WaitKind::OutOfStep, peer, expected, seen);
-                    return false;
-                }
-                if seen & (BARRIER_REVOKED | BARRIER_ABORTED) != 0 {
-                    record(ctx, WaitKind::PeerAborted, peer, expected, seen);
-                    return false;
-                }
-            }
+            // SAFETY: a fence has no operands; it orders this thread's later accesses after the read.
+            unsafe { fence_acq_rel_sys() };
             return true;
         }
         polls += 1;

@@ -41,7 +41,7 @@ use crate::abi::{
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
-use oxccl_ptx::memory::{atom_acq_rel_sys_cas_b64, atom_acq_rel_sys_or_b64, ld_relaxed_sys_u64, st_release_sys_u64};
+use oxccl_ptx::memory::{atom_acq_rel_sys_or_b64, atom_relaxed_sys_cas_b64, ld_relaxed_sys_u64, st_relaxed_sys_u64};
 use oxccl_ptx::sync::bar_sync_all;
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
@@ -236,15 +236,19 @@ fn flag_of_peer(ctx: &Ctx, q: u32, offset: fn(usize, usize) -> usize) -> Global<
     Global::from_addr(ctx.workspace(ctx.rank) + offset(q as usize, ctx.cta as usize) as u64)
 }
 
-/// Release-stores `value` into this CTA's flag (`offset`) in every peer's workspace.
+/// Stores `value` into this CTA's flag (`offset`) in every peer's workspace with release
+/// semantics: one `fence.acq_rel.sys`, then relaxed stores (a release pattern for each). A release
+/// store per peer would fence once per peer.
 ///
 /// # Safety
 /// The workspace table holds every rank in `peers`.
 #[inline(always)]
 unsafe fn publish(ctx: &Ctx, peers: u32, offset: fn(usize, usize) -> usize, value: u64) {
+    // SAFETY: a fence has no operands; it orders this thread's earlier writes before the stores.
+    unsafe { fence_acq_rel_sys() };
     for q in others(ctx, peers) {
         // SAFETY: the caller's contract: the flag lies in peer `q`'s workspace.
-        unsafe { st_release_sys_u64(flag_at_peer(ctx, q, offset), value) };
+        unsafe { st_relaxed_sys_u64(flag_at_peer(ctx, q, offset), value) };
     }
 }
 
@@ -252,6 +256,7 @@ unsafe fn publish(ctx: &Ctx, peers: u32, offset: fn(usize, usize) -> usize, valu
 ///
 /// # Safety
 /// The workspace table holds every rank in `peers`; this CTA alone uses its `seq` slot.
+#[inline(always)]
 unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
     let seq_at = (ctx.workspace(ctx.rank) + Workspace::seq_offset(ctx.cta as usize) as u64) as *mut u64;
     // SAFETY: the caller's contract; plain accesses to `seq` are private to this CTA across launches
@@ -267,39 +272,58 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
         }
         *word(BUFFER_SLOTS) = ctx.call_key as u64;
         publish(ctx, peers, Workspace::arrive_offset, seq);
-        for q in others(ctx, peers) {
-            let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
-            if !wait::flag_reaches(ctx, flag, seq, WaitKind::StartBarrier, q) {
-                return seq;
-            }
+        let others_mask = peers & !(1 << ctx.rank);
+        if !wait::flags_reach(ctx, others_mask, Workspace::arrive_offset, seq, WaitKind::StartBarrier) {
+            return seq;
         }
         // Every peer is here: take their arrivals, each by a compare-and-swap from the clean count.
         // A word that no longer holds it was revoked (the peer gave up this call and may have
         // ended) or already overwritten by the peer's next call (which it can only reach by giving
-        // this one up): none of the call's tasks may run (the arrivals taken so far make their
-        // peers wait for this CTA's `done`, which `withdraw` writes).
+        // this one up): none of the call's tasks may run (the arrivals taken make their peers
+        // wait for this CTA's `done`, which `withdraw` writes). The swaps are relaxed and all in
+        // flight at once; the fence after them makes them acquires.
+        let mut refused = 0u32;
         for q in others(ctx, peers) {
             let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
-            let seen = atom_acq_rel_sys_cas_b64(flag, seq, seq | BARRIER_TAKEN);
-            if seen != seq {
-                wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
-                return seq;
-            }
+            refused |= u32::from(atom_relaxed_sys_cas_b64(flag, seq, seq | BARRIER_TAKEN) != seq) << q;
+        }
+        fence_acq_rel_sys();
+        if refused != 0 {
+            let q = refused.trailing_zeros();
+            let seen = ld_relaxed_sys_u64(flag_of_peer(ctx, q, Workspace::arrive_offset));
+            wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
+            return seq;
         }
         // Every arrival is taken (acquired): each peer's announced buffers, written before it, are
         // its buffers in this call. The peer rewrites them only in its next call, which it reaches
         // after this CTA's `done`.
+        // One word of every peer's announcement at a time, all peers' loads in flight before any
+        // value is used (a peer at a time would cost a round trip per word per peer).
         let table = ctx.buffer_table_mut();
-        for q in others(ctx, peers) {
-            let word =
-                |w: usize| Global::from_addr(ctx.workspace(q) + Workspace::announce_offset(ctx.cta as usize, w) as u64);
-            let key = ld_relaxed_sys_u64(word(BUFFER_SLOTS));
-            if key != ctx.call_key as u64 && key != 0 && ctx.call_key != 0 {
-                wait::record(ctx, WaitKind::Mismatch, q, ctx.call_key as u64, key);
+        let word = |q: usize, w: usize| {
+            Global::<u64>::from_addr(ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64)
+        };
+        for w in 0..=BUFFER_SLOTS {
+            let mut got = [0u64; MAX_RANKS];
+            per_rank!(q => {
+                if others_mask & (1 << q) != 0 {
+                    got[q] = ld_relaxed_sys_u64(word(q, w));
+                }
+            });
+            let mut mismatch = None;
+            per_rank!(q => {
+                let v = got[q];
+                if others_mask & (1 << q) != 0 {
+                    if w < BUFFER_SLOTS {
+                        *table.add(q * BUFFER_SLOTS + w) = v;
+                    } else if v != ctx.call_key as u64 && v != 0 && ctx.call_key != 0 {
+                        mismatch = mismatch.or(Some((q, v)));
+                    }
+                }
+            });
+            if let Some((q, v)) = mismatch {
+                wait::record(ctx, WaitKind::Mismatch, q as u32, ctx.call_key as u64, v);
                 return seq;
-            }
-            for s in 0..BUFFER_SLOTS {
-                *table.add(q as usize * BUFFER_SLOTS + s) = ld_relaxed_sys_u64(word(s));
             }
         }
         // Later bulk loads of peer buffers (async proxy) come after the acquires above.
@@ -316,6 +340,7 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
 /// # Safety
 /// The table was written at entry (and the peers' rows at the start barrier); this rank's workspace
 /// is a communicator workspace with its region table at [`abi::REGIONS_OFFSET`].
+#[inline(always)]
 unsafe fn resolve_buffers(ctx: &Ctx) {
     let table = ctx.buffer_table_mut();
     let regions = ctx.workspace(ctx.rank);
@@ -349,6 +374,7 @@ unsafe fn resolve_buffers(ctx: &Ctx) {
 ///
 /// # Safety
 /// As [`start_barrier`]; `seq` is what it returned.
+#[inline(always)]
 unsafe fn withdraw(ctx: &Ctx, peers: u32, seq: u64) {
     // A peer that took the arrival is running the call's tasks: its waits are bounded by the
     // timeout, after which it withdraws too.
@@ -373,15 +399,11 @@ const WITHDRAW_TIMEOUT_NS: u64 = 1_000_000_000;
 ///
 /// # Safety
 /// As [`start_barrier`]; `seq` is what it returned.
+#[inline(always)]
 unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
     // SAFETY: the caller's contract.
     unsafe {
         publish(ctx, peers, Workspace::done_offset, seq);
-        for q in others(ctx, peers) {
-            let flag = flag_of_peer(ctx, q, Workspace::done_offset);
-            if !wait::flag_reaches(ctx, flag, seq, WaitKind::EndBarrier, q) {
-                break;
-            }
-        }
+        let _ = wait::flags_reach(ctx, peers & !(1 << ctx.rank), Workspace::done_offset, seq, WaitKind::EndBarrier);
     }
 }

@@ -1,0 +1,269 @@
+//! The nccl-tests table with every rank its own caller: one [`Comm`] per rank (a process each, or
+//! a thread each), each timing its own stream; a row takes the slowest rank's time.
+
+use super::{
+    CollectiveBench, CollectiveRow, Expected, check_staging, count_wrong_on_device, fill_periodic, nccl_count, pattern,
+    poison, time_ms,
+};
+use crate::error::{Error, Result};
+use crate::{Collective, Comm, DType, Mover, Reduction, SymmetricBuffer};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use oxccl_host::tccl::PlanSpec;
+
+/// Where a per-rank benchmark's buffers come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buffers {
+    /// [`Comm::alloc_symmetric`]: peers reach them where they are.
+    Symmetric,
+    /// cudarc's own allocations: across processes they go through staging memory.
+    Plain,
+}
+
+impl Buffers {
+    /// The name the CLI and the table use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Buffers::Symmetric => "symmetric",
+            Buffers::Plain => "plain",
+        }
+    }
+}
+
+/// A buffer of either kind, as a cudarc slice.
+enum Buf {
+    Plain(CudaSlice<u8>),
+    Symmetric(SymmetricBuffer<u8>),
+}
+
+impl std::ops::Deref for Buf {
+    type Target = CudaSlice<u8>;
+    fn deref(&self) -> &CudaSlice<u8> {
+        match self {
+            Buf::Plain(s) => s,
+            Buf::Symmetric(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut CudaSlice<u8> {
+        match self {
+            Buf::Plain(s) => s,
+            Buf::Symmetric(s) => s,
+        }
+    }
+}
+
+/// This rank's part of the nccl-tests sweep `b` (its `ranks` must be the communicator's world):
+/// every rank calls it; each times its own stream, and the row holds the slowest rank's time and
+/// every rank's wrong elements. `on_row` runs on rank 0 only, with the row and the host time this
+/// rank's calls took each (microseconds, the timed out-of-place calls': what the host adds when it
+/// issues calls slower than the device runs them).
+pub fn rank_bench(
+    comm: &Comm,
+    b: &CollectiveBench,
+    buffers: Buffers,
+    mut on_row: impl FnMut(&CollectiveRow, f64),
+) -> Result<Vec<CollectiveRow>> {
+    b.sweep.validate(b.dtype.size() as u64)?;
+    let (r, p) = (comm.rank(), comm.world());
+    if b.ranks != p {
+        return Err(Error::BufferCount { what: "benchmark ranks", expected: p, got: b.ranks });
+    }
+    if let Some(root) = b.collective.root()
+        && root >= p
+    {
+        return Err(Error::NoSuchRank { rank: root, ranks: p });
+    }
+    if b.graph_launches > 0 {
+        return Err(Error::Config { field: "graph", why: "-G is not offered per rank yet".into() });
+    }
+    let stream = comm.stream().clone();
+    let mut staging = check_staging(std::slice::from_ref(&stream), b.sweep.check)?;
+    let e = b.dtype.size() as u64;
+    let ctas = comm.communicator().ctas_per_rank();
+    let mut rows = Vec::new();
+    for size in b.sweep.sizes() {
+        let count = nccl_count(b.collective, size, e, p);
+        let spec = PlanSpec {
+            collective: b.collective,
+            count,
+            dtype: b.dtype,
+            op: b.op,
+            ranks: p,
+            in_place: false,
+            ctas,
+            reduction: b.config.reduction,
+        };
+        let (in_bytes, out_bytes) = spec.buffer_bytes();
+        let moved = in_bytes.max(out_bytes);
+        let expected = Expected::new(b.collective, b.dtype, b.op, p, count);
+        let mut times = [0f64; 2];
+        let mut wrong = [0u64; 2];
+        let mut host = [0f64; 2];
+        for (k, in_place) in [false, true].into_iter().enumerate() {
+            let spec = PlanSpec { in_place, ..spec };
+            let alloc = |n: u64| -> Result<Buf> {
+                Ok(match buffers {
+                    Buffers::Symmetric => Buf::Symmetric(comm.alloc_symmetric::<u8>(n as usize)?),
+                    Buffers::Plain => {
+                        Buf::Plain(stream.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"))?)
+                    }
+                })
+            };
+            let input = |i| pattern(r, i);
+            let (has_in, has_out) = spec.rank_buffers(r);
+            let (mut send, mut recv): (Option<Buf>, Option<Buf>) = (None, None);
+            if in_place {
+                let mut buf = alloc(in_bytes.max(out_bytes))?;
+                poison(&stream, &mut buf)?;
+                let at = if b.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
+                if !matches!(b.collective, Collective::Broadcast { root } if root as usize != r) {
+                    fill_periodic(&stream, &mut buf, at, b.dtype, in_bytes / e, input)?;
+                }
+                recv = Some(buf);
+            } else {
+                if has_in {
+                    let mut buf = alloc(in_bytes)?;
+                    fill_periodic(&stream, &mut buf, 0, b.dtype, in_bytes / e, input)?;
+                    send = Some(buf);
+                }
+                if has_out {
+                    let mut buf = alloc(out_bytes)?;
+                    poison(&stream, &mut buf)?;
+                    recv = Some(buf);
+                }
+            }
+            stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+            let call = |send: &Option<Buf>, recv: &mut Option<Buf>| -> Result<()> {
+                macro_rules! go {
+                    ($t:ty) => {{
+                        // SAFETY: byte buffers read as whole elements of their dtype (lengths are
+                        // multiples of the element size, allocations aligned).
+                        let s: Option<CudaView<$t>> =
+                            send.as_ref().map(|x| unsafe { x.transmute::<$t>(x.len() / e as usize) }.unwrap());
+                        let mut d: Option<CudaViewMut<$t>> = recv.as_mut().map(|x| {
+                            let n = x.len() / e as usize;
+                            // SAFETY: as above.
+                            unsafe { x.transmute_mut::<$t>(n) }.unwrap()
+                        });
+                        let (s, d) = (s.as_ref(), d.as_mut());
+                        let missing = || Error::Config { field: "buffers", why: "a buffer this rank needs".into() };
+                        match (b.collective, in_place) {
+                            (Collective::AllReduce, false) => {
+                                comm.all_reduce(s.ok_or_else(missing)?, d.ok_or_else(missing)?, b.op)
+                            }
+                            (Collective::AllReduce, true) => comm.all_reduce_in_place(d.ok_or_else(missing)?, b.op),
+                            (Collective::ReduceScatter, false) => {
+                                comm.reduce_scatter(s.ok_or_else(missing)?, d.ok_or_else(missing)?, b.op)
+                            }
+                            (Collective::ReduceScatter, true) => {
+                                comm.reduce_scatter_in_place(d.ok_or_else(missing)?, b.op)
+                            }
+                            (Collective::AllGather, false) => {
+                                comm.all_gather(s.ok_or_else(missing)?, d.ok_or_else(missing)?)
+                            }
+                            (Collective::AllGather, true) => comm.all_gather_in_place(d.ok_or_else(missing)?),
+                            (Collective::Broadcast { root }, false) => {
+                                comm.broadcast(s, d.ok_or_else(missing)?, root as usize)
+                            }
+                            (Collective::Broadcast { root }, true) => {
+                                comm.broadcast_in_place(d.ok_or_else(missing)?, root as usize)
+                            }
+                            (Collective::Reduce { root }, false) => {
+                                comm.reduce(s.ok_or_else(missing)?, d, b.op, root as usize)
+                            }
+                            (Collective::Reduce { root }, true) => {
+                                comm.reduce_in_place(d.ok_or_else(missing)?, b.op, root as usize)
+                            }
+                        }
+                    }};
+                }
+                match b.dtype {
+                    DType::F32 => go!(f32),
+                    DType::F16 => go!(half::f16),
+                    DType::Bf16 => go!(half::bf16),
+                    DType::I32 => go!(i32),
+                    DType::U32 => go!(u32),
+                }
+            };
+            let n = usize::try_from(count)
+                .map_err(|_| Error::Config { field: "size", why: format!("{count} elements") })?;
+            match b.dtype {
+                DType::F32 => comm.prepare::<f32>(b.collective, n, b.op, in_place)?,
+                DType::F16 => comm.prepare::<half::f16>(b.collective, n, b.op, in_place)?,
+                DType::Bf16 => comm.prepare::<half::bf16>(b.collective, n, b.op, in_place)?,
+                DType::I32 => comm.prepare::<i32>(b.collective, n, b.op, in_place)?,
+                DType::U32 => comm.prepare::<u32>(b.collective, n, b.op, in_place)?,
+            };
+            if b.sweep.check {
+                call(&send, &mut recv)?;
+                comm.synchronize()?;
+                if let (Some(buf), Some((_, stage))) = (&recv, staging.first_mut()) {
+                    let (base, n) = match (b.collective, in_place) {
+                        (Collective::ReduceScatter, true) => (r as u64 * count, count),
+                        _ => (0, out_bytes / e),
+                    };
+                    wrong[k] = count_wrong_on_device(&stream, buf, (base * e) as usize, n, &expected, r, stage)?;
+                }
+            }
+            for _ in 0..b.sweep.warmup {
+                call(&send, &mut recv)?;
+            }
+            comm.synchronize()?;
+            // The ranks start their timed calls together (to the bootstrap's latency).
+            comm.bootstrap().barrier()?;
+            // One untimed call first: its barriers line the ranks up on the device, so that the
+            // timed span starts together on every rank.
+            let mut issuing = std::time::Duration::ZERO;
+            let ms = time_ms(&stream, 1, b.sweep.iters, || {
+                let t = std::time::Instant::now();
+                let called = call(&send, &mut recv);
+                issuing += t.elapsed();
+                called
+            })?;
+            host[k] = issuing.as_secs_f64() * 1e6 / (b.sweep.iters + 1) as f64;
+            comm.synchronize()?;
+            // The slowest rank's time and every rank's wrong elements.
+            let mut mine = ms.to_le_bytes().to_vec();
+            mine.extend_from_slice(&wrong[k].to_le_bytes());
+            let all = comm.bootstrap().all_gather(&mine)?;
+            let (mut slowest, mut wrong_all) = (0f64, 0u64);
+            for v in &all {
+                if v.len() == 16 {
+                    slowest = slowest.max(f64::from_le_bytes(v[..8].try_into().expect("8 bytes")));
+                    wrong_all += u64::from_le_bytes(v[8..].try_into().expect("8 bytes"));
+                }
+            }
+            times[k] = slowest * 1e3;
+            wrong[k] = wrong_all;
+        }
+        let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
+        let factor = b.collective.bus_factor(p);
+        let row = CollectiveRow {
+            collective: b.collective.name(),
+            root: b.collective.root().map_or(-1, |r| r as i64),
+            ranks: p,
+            ctas,
+            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
+            size: moved,
+            count,
+            dtype: b.dtype.nccl_name(),
+            redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
+            oop_us: Some(times[0]),
+            oop_algbw: Some(bw(times[0])),
+            oop_busbw: Some(bw(times[0]) * factor),
+            oop_wrong: b.sweep.check.then_some(wrong[0]),
+            ip_us: Some(times[1]),
+            ip_algbw: Some(bw(times[1])),
+            ip_busbw: Some(bw(times[1]) * factor),
+            ip_wrong: b.sweep.check.then_some(wrong[1]),
+        };
+        if r == 0 {
+            on_row(&row, host[0]);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
