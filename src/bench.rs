@@ -1288,34 +1288,42 @@ pub fn collective_bench(
             } * 1e3;
             comm.synchronize()?;
         }
-        let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
-        let factor = b.collective.bus_factor(p);
-        let row = CollectiveRow {
-            collective: b.collective.name(),
-            root: b.collective.root().map_or(-1, |r| r as i64),
-            ranks: p,
-            ctas: comm.ctas_per_rank(),
-            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
-            reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
-            size: moved,
-            // nccl-tests' count: elements per rank in the smaller buffer.
-            count,
-            dtype: b.dtype.nccl_name(),
-            // nccl-tests: "none" where nothing is reduced (AllGather, Broadcast).
-            redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
-            oop_us: Some(times[0]),
-            oop_algbw: Some(bw(times[0])),
-            oop_busbw: Some(bw(times[0]) * factor),
-            oop_wrong: b.sweep.check.then_some(wrong[0]),
-            ip_us: Some(times[1]),
-            ip_algbw: Some(bw(times[1])),
-            ip_busbw: Some(bw(times[1]) * factor),
-            ip_wrong: b.sweep.check.then_some(wrong[1]),
-        };
+        let row = CollectiveRow::of(b, comm.ctas_per_rank(), moved, count, times, wrong);
         on_row(&row);
         rows.push(row);
     }
     Ok(rows)
+}
+
+impl CollectiveRow {
+    /// The row of benchmark `b` at one size: `moved` bytes per rank (nccl-tests' size), `count`
+    /// elements in the smaller buffer, microseconds per call and wrong elements out of place and in
+    /// place.
+    pub(crate) fn of(b: &CollectiveBench, ctas: u32, moved: u64, count: u64, us: [f64; 2], wrong: [u64; 2]) -> Self {
+        let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
+        let factor = b.collective.bus_factor(b.ranks);
+        CollectiveRow {
+            collective: b.collective.name(),
+            root: b.collective.root().map_or(-1, |r| r as i64),
+            ranks: b.ranks,
+            ctas,
+            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
+            size: moved,
+            count,
+            dtype: b.dtype.nccl_name(),
+            // nccl-tests: "none" where nothing is reduced (AllGather, Broadcast).
+            redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
+            oop_us: Some(us[0]),
+            oop_algbw: Some(bw(us[0])),
+            oop_busbw: Some(bw(us[0]) * factor),
+            oop_wrong: b.sweep.check.then_some(wrong[0]),
+            ip_us: Some(us[1]),
+            ip_algbw: Some(bw(us[1])),
+            ip_busbw: Some(bw(us[1]) * factor),
+            ip_wrong: b.sweep.check.then_some(wrong[1]),
+        }
+    }
 }
 
 /// Waits for every one of its streams when dropped (errors ignored: a failed wait means the stream

@@ -6,7 +6,7 @@ use super::{
     poison, time_ms,
 };
 use crate::error::{Error, Result};
-use crate::{Collective, Comm, DType, Mover, Reduction, SymmetricBuffer};
+use crate::{Collective, Comm, DType, SymmetricBuffer};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use oxccl_host::tccl::PlanSpec;
 
@@ -238,28 +238,7 @@ pub fn rank_bench(
             times[k] = slowest * 1e3;
             wrong[k] = wrong_all;
         }
-        let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
-        let factor = b.collective.bus_factor(p);
-        let row = CollectiveRow {
-            collective: b.collective.name(),
-            root: b.collective.root().map_or(-1, |r| r as i64),
-            ranks: p,
-            ctas,
-            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
-            reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
-            size: moved,
-            count,
-            dtype: b.dtype.nccl_name(),
-            redop: if b.collective.reduces() { b.op.nccl_name() } else { "none" },
-            oop_us: Some(times[0]),
-            oop_algbw: Some(bw(times[0])),
-            oop_busbw: Some(bw(times[0]) * factor),
-            oop_wrong: b.sweep.check.then_some(wrong[0]),
-            ip_us: Some(times[1]),
-            ip_algbw: Some(bw(times[1])),
-            ip_busbw: Some(bw(times[1]) * factor),
-            ip_wrong: b.sweep.check.then_some(wrong[1]),
-        };
+        let row = CollectiveRow::of(b, ctas, moved, count, times, wrong);
         if r == 0 {
             on_row(&row, host[0]);
         }
