@@ -1208,7 +1208,7 @@ impl Communicator {
 
     /// The world ranks whose buffers a list of `holders` holds, in order: this communicator's
     /// ranks, or the root where this communicator drives it.
-    fn holding(&self, holders: Holders) -> Vec<usize> {
+    pub(crate) fn holding(&self, holders: Holders) -> Vec<usize> {
         match holders {
             Holders::All => self.ranks.iter().map(|r| r.index).collect(),
             Holders::Root(root) => self.local(root).map(|r| vec![r.index]).unwrap_or_default(),

@@ -181,6 +181,14 @@ pub enum Error {
         /// Its rank.
         rank: usize,
     },
+    /// A buffer given for a rank this communicator does not drive (a per-rank [`crate::Comm`]'s
+    /// peer): that rank's own caller passes it, and the entry here must be `None`.
+    RemoteBuffer {
+        /// The buffer.
+        what: &'static str,
+        /// Its rank.
+        rank: usize,
+    },
     /// A bounded wait on the device gave up: a peer never arrived or never finished.
     Timeout {
         /// What the CTA was waiting for (a barrier, FIFO space or data, a peer's progress).
@@ -419,6 +427,11 @@ impl fmt::Display for Error {
             Error::UnexpectedBuffer { what, rank } => {
                 write!(f, "{what} given for rank {rank}, which is outside that side's mesh (pass None)")
             }
+            Error::RemoteBuffer { what, rank } => write!(
+                f,
+                "{what} given for rank {rank}, which this communicator does not drive (that rank's own caller \
+                 passes it; pass None)"
+            ),
             Error::Timeout { wait, rank, cta, peer, expected, observed, errors } => {
                 let what = match wait {
                     WaitKind::StartBarrier => "waiting for peer to reach the collective (start barrier)",

@@ -14,6 +14,7 @@ use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::peer::PeerMemory;
+use crate::reshard::{Layout, ReshardOptions};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
@@ -90,10 +91,12 @@ impl Link {
             need = (need + bytes).next_multiple_of(256);
             at
         };
-        let ins: Vec<(u64, usize, Option<u64>, usize)> =
-            ins.iter().map(|&(p, b)| (p, b, peer.portable(p, b), 0)).collect();
+        // An empty buffer is never addressed: its address goes as it is (nothing to stage, and no
+        // staging memory to point into where nothing else is staged).
+        let reach = |p: u64, b: usize| if b == 0 { Some(p) } else { peer.portable(p, b) };
+        let ins: Vec<(u64, usize, Option<u64>, usize)> = ins.iter().map(|&(p, b)| (p, b, reach(p, b), 0)).collect();
         let outs: Vec<(u64, usize, bool, Option<u64>, usize)> =
-            outs.iter().map(|&(p, b, w)| (p, b, w, peer.portable(p, b), 0)).collect();
+            outs.iter().map(|&(p, b, w)| (p, b, w, reach(p, b), 0)).collect();
         let ins: Vec<_> =
             ins.into_iter().map(|(p, b, a, _)| (p, b, a, if a.is_none() { place(b) } else { 0 })).collect();
         let outs: Vec<_> =
@@ -586,6 +589,45 @@ impl Comm {
             op,
             Holders::All,
         )
+    }
+
+    /// Moves a tensor of global shape `shape` from layout `src_layout` to layout `dst_layout` (as
+    /// [`Communicator::reshard`], with this rank's shards only): `src` is this rank's source shard
+    /// and `dst` its destination shard, each a dense row-major buffer of the rank's box (see
+    /// `docs/RESHARD.md`); `None` where this rank is outside that side's mesh, `None` or an empty
+    /// buffer where its shard is empty. A rank in both meshes passes two distinct buffers (reshard
+    /// is out of place). Every rank of the communicator calls it, with the same `shape`, element
+    /// type, layouts and options, also a rank outside both meshes (it passes `None` twice and moves
+    /// nothing, but its launches keep the ranks in step): a rank whose peers made another call gets
+    /// [`Error::CallMismatch`] from [`Comm::synchronize`]. A call refused here (an error returned)
+    /// launches nothing on this rank, and its peers' calls end in [`Error::Timeout`].
+    ///
+    /// Asynchronous on this rank's stream; [`Comm::synchronize`] waits and reports device errors.
+    /// Across processes, buffers from [`Comm::alloc_symmetric`] are reached where they are; others
+    /// are copied through staging memory (the source in before the call, the destination out after
+    /// it). The plan is built, lowered and uploaded on the first call with a given (shape, `T`,
+    /// layouts, options) and reused after.
+    ///
+    /// Errors: as [`Communicator::reshard`], for this rank's buffers ([`Error::Length`],
+    /// [`Error::MissingBuffer`] and [`Error::UnexpectedBuffer`] name this rank); [`Error::Aborted`]
+    /// after [`Comm::abort`].
+    pub fn reshard<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        src: Option<&S>,
+        dst: Option<&mut R>,
+        shape: &[u64],
+        src_layout: &Layout,
+        dst_layout: &Layout,
+        options: &ReshardOptions,
+    ) -> Result<()> {
+        self.usable()?;
+        // One entry per rank of the world: this rank's, and `None` for the others, which their own
+        // callers pass.
+        let mut srcs: Vec<Option<&S>> = vec![None; self.world()];
+        let mut dsts: Vec<Option<&mut R>> = (0..self.world()).map(|_| None).collect();
+        srcs[self.rank] = src;
+        dsts[self.rank] = dst;
+        self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
     }
 
     /// The rooted collective, or [`Error::NoSuchRank`].

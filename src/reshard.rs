@@ -2,14 +2,17 @@
 //! layout to another, each destination rank receiving only the bytes it lacks.
 //!
 //! A call is checked without touching the device first ([`validate`]: layouts against the shape and
-//! the communicator, both sides against each other, which ranks pass buffers and their lengths), then
-//! against the device (buffer devices, alignment, overlaps). The plan (`oxccl_host::reshard::plan`) is
-//! lowered ([`oxccl_host::reshard::lower()`]: one engine program per stage, race-checked) and uploaded
-//! once per (shape, element type, layouts, options, CTAs per rank); stage 0 and then stage 1 (the
-//! hierarchical route's forwarding inside domains) are launched on the ranks' streams. See
-//! `docs/RESHARD.md`.
+//! the communicator, both sides against each other, which ranks pass buffers and their lengths;
+//! [`validate_local`] where the communicator drives some ranks of the world only, as a per-rank
+//! [`crate::Comm`] does), then against the device (buffer devices, alignment, overlaps). The plan
+//! (`oxccl_host::reshard::plan`) is lowered ([`oxccl_host::reshard::lower()`]: one engine program per
+//! stage, race-checked) and uploaded once per (shape, element type, layouts, options, CTAs per rank);
+//! stage 0 and then stage 1 (the hierarchical route's forwarding inside domains) are launched on the
+//! ranks' streams. Across processes, buffers peers cannot map are copied through staging memory
+//! around the launches. See `docs/RESHARD.md`.
 
-use crate::comm::{Communicator, Range, Uploaded, check_aligned, check_disjoint, ordinal_of};
+use crate::comm::{Communicator, Holders, Range, Uploaded, call_key, check_aligned, check_disjoint, ordinal_of};
+use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
 use crate::{Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -55,6 +58,23 @@ pub struct Side<'a> {
 /// Errors: [`Error::BufferCount`], [`Error::Reshard`] (`Src(..)` / `Dst(..)` name the side),
 /// [`Error::Length`], [`Error::MissingBuffer`], [`Error::UnexpectedBuffer`].
 pub fn validate(world: usize, src: &Side<'_>, dst: &Side<'_>) -> Result<()> {
+    validate_driven(world, |_| true, src, dst)
+}
+
+/// [`validate`] for a caller that drives some ranks of the world only (a per-rank [`crate::Comm`]
+/// drives its own): `local` lists the world ranks it drives. The buffer lists still hold one entry
+/// per rank of the world, and the layouts and the tensor are checked as [`validate`] checks them;
+/// lengths and presence are checked for the local ranks only (the other ranks' callers check
+/// theirs), and the entry of every other rank must be `None`.
+///
+/// Errors: as [`validate`]; [`Error::RemoteBuffer`] for a buffer given for a rank not in `local`.
+pub fn validate_local(world: usize, local: &[usize], src: &Side<'_>, dst: &Side<'_>) -> Result<()> {
+    validate_driven(world, |rank| local.contains(&rank), src, dst)
+}
+
+/// [`validate`] with the buffers of the ranks `drives` says yes to checked, every other rank's
+/// entry required to be `None`.
+fn validate_driven(world: usize, drives: impl Fn(usize) -> bool, src: &Side<'_>, dst: &Side<'_>) -> Result<()> {
     for (side, what) in [(src, "reshard source buffers"), (dst, "reshard destination buffers")] {
         if side.buffers.len() != world {
             return Err(Error::BufferCount { what, expected: world, got: side.buffers.len() });
@@ -77,6 +97,13 @@ pub fn validate(world: usize, src: &Side<'_>, dst: &Side<'_>) -> Result<()> {
         [(src, &src_sharding, "reshard source buffer"), (dst, &dst_sharding, "reshard destination buffer")]
     {
         for (rank, given) in side.buffers.iter().enumerate() {
+            if !drives(rank) {
+                // Another caller's rank: its buffers are that caller's to pass and check.
+                if given.is_some() {
+                    return Err(Error::RemoteBuffer { what, rank });
+                }
+                continue;
+            }
             let inside = sharding.mesh().contains(rank as u32);
             let expected = sharding.local_len(rank as u32);
             match *given {
@@ -111,27 +138,42 @@ pub(crate) struct Prepared {
     pub ctas: u32,
     /// The stages that have tasks, in launch order.
     stages: Vec<Uploaded>,
+    /// What each stage's launch announces to the peers (`LaunchSpec::call_key`): a hash of the
+    /// reshard's [`PlanKey`], so that ranks launched apart that made different reshards (or a
+    /// reshard and a collective) stop at the start barrier with [`Error::CallMismatch`]; 0 (not
+    /// compared) for programs built otherwise.
+    call_key: u32,
 }
 
 impl Communicator {
     /// Moves a tensor of global shape `shape` from layout `src_layout` to layout `dst_layout`.
     ///
     /// `src[r]` is rank `r`'s source shard and `dst[r]` its destination shard, each a dense row-major
-    /// buffer of the rank's box (see `docs/RESHARD.md`): one entry per rank of the communicator, `None`
-    /// for a rank outside that side's mesh (a rank whose shard is empty may pass `None` or an empty
-    /// buffer). A rank in both meshes passes two distinct buffers (reshard is out of place). Destination
-    /// buffers must not overlap any other buffer of the call; source buffers may overlap each other.
+    /// buffer of the rank's box (see `docs/RESHARD.md`): one entry per rank of the world, `None` for a
+    /// rank outside that side's mesh (a rank whose shard is empty may pass `None` or an empty
+    /// buffer), and `None` for every rank this communicator does not drive (their own callers pass
+    /// theirs: a per-rank [`crate::Comm`] calls this with its rank's entries only, see
+    /// [`crate::Comm::reshard`]). A rank in both meshes passes two distinct buffers (reshard is out of
+    /// place). Destination buffers must not overlap any other buffer of the call; source buffers may
+    /// overlap each other.
     ///
     /// Asynchronous on the ranks' streams like the collectives; [`Communicator::synchronize`] reports
-    /// device-side errors. The plan is built, lowered, race-checked and uploaded on the first call with
-    /// a given (shape, `T`, layouts, options) and reused after.
+    /// device-side errors (a rank whose peers made another reshard, or another call, gets
+    /// [`Error::CallMismatch`]). The plan is built, lowered, race-checked and uploaded on the first
+    /// call with a given (shape, `T`, layouts, options) and reused after. Across processes, a buffer
+    /// outside this rank's exported memory (not a [`crate::SymmetricBuffer`]) is copied through
+    /// staging memory: a source in before the launches, a destination out after them.
     ///
-    /// Errors, found before anything is launched: see [`validate`]; [`Error::WrongDevice`], [`Error::Misaligned`],
+    /// Errors, found before anything is launched: see [`validate`] and [`validate_local`] (lengths
+    /// and presence are checked for the ranks this communicator drives; a buffer given for another
+    /// rank is [`Error::RemoteBuffer`]); [`Error::WrongDevice`], [`Error::Misaligned`],
     /// [`Error::Aliasing`]; [`Error::Reshard`] from the planner (for example a zero domain size);
     /// [`Error::ReshardLower`] when the plan needs more tasks than allowed; [`Error::Config`] and
     /// [`Error::TooManyCtas`] from the launch configuration; [`Error::Poisoned`] after an unreset
-    /// device error. A driver error while queueing the second stage (a hierarchical route's
-    /// forwarding) is returned after the first stage was queued.
+    /// device error; [`Error::PeerMemory`] or [`Error::Driver`] where staging memory cannot be had
+    /// (across processes). A driver error while
+    /// queueing the second stage (a hierarchical route's forwarding) is returned after the first
+    /// stage was queued.
     ///
     /// (`src` takes shared references and `dst` mutable ones so that one call can borrow some ranks'
     /// buffers and leave others out; `R: DevicePtr` too because a destination buffer is also read when
@@ -150,7 +192,13 @@ impl Communicator {
         let src_lens: Vec<Option<usize>> = src.iter().map(|b| b.map(|b| b.len())).collect();
         let dst_lens: Vec<Option<usize>> = dst.iter().map(|b| b.as_deref().map(|b| b.len())).collect();
         let side = |layout, buffers| Side { shape, elem_bytes: e as u64, layout, buffers };
-        validate(self.ranks(), &side(src_layout, &src_lens), &side(dst_layout, &dst_lens))?;
+        let (src_side, dst_side) = (side(src_layout, &src_lens), side(dst_layout, &dst_lens));
+        // The world ranks this communicator drives: every rank (the all-ranks API, where this is
+        // `validate`), or one (a per-rank `Comm`).
+        let local = self.holding(Holders::All);
+        validate_local(self.ranks(), &local, &src_side, &dst_side)?;
+        // From here every `Some` entry is a local rank's (checked above): the lookups of its stream
+        // and device below find it.
         // Devices first: cudarc's ordering guards below are taken only on buffers of the rank's own
         // device.
         for (r, b) in src.iter().enumerate() {
@@ -171,7 +219,9 @@ impl Communicator {
         // launch is queued; their addresses are the ones checked and used.
         let mut guards = Vec::new();
         let mut ranges = Vec::new();
-        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        // (rank, address, bytes) of every destination and source buffer given.
+        let mut outs: Vec<(usize, u64, usize)> = Vec::new();
+        let mut ins: Vec<(usize, u64, usize)> = Vec::new();
         for (r, b) in dst.iter_mut().enumerate() {
             if let Some(b) = b {
                 let len = b.len();
@@ -180,7 +230,7 @@ impl Communicator {
                 check_aligned(ptr, r, "reshard destination buffer", e)?;
                 let (start, end, device) = (ptr, ptr + (len * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: true, buffer: "destination buffer" });
-                buffers[r][slot::OUTPUT as usize] = ptr;
+                outs.push((r, ptr, len * e));
             }
         }
         for (r, b) in src.iter().enumerate() {
@@ -190,15 +240,57 @@ impl Communicator {
                 check_aligned(ptr, r, "reshard source buffer", e)?;
                 let (start, end, device) = (ptr, ptr + (b.len() * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: false, buffer: "source buffer" });
-                buffers[r][slot::INPUT as usize] = ptr;
+                ins.push((r, ptr, b.len() * e));
             }
         }
         check_disjoint(&ranges, "reshard source and destination buffers")?;
 
-        // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and its
-        // length is its shard's, which is what the lowered program was validated against; ranks without
-        // a buffer have empty shards, which no task addresses; the buffers are borrowed for this call.
-        let launched = unsafe { self.launch_prepared(&prepared, buffers) };
+        // Across processes, peers reach a buffer outside this rank's exported memory through staging
+        // memory (see the collectives): sources copied in before the first stage, destinations out
+        // after the last. A destination is written (never copied in: the plan writes every byte of
+        // it) and, on the hierarchical route, read back by the second stage's forwarding, which runs
+        // between the two copies and so reads the staged bytes the first stage wrote.
+        let mut staging = None;
+        if let Some(link) = &self.link
+            && link.peer.is_some()
+        {
+            let staged_ins: Vec<(u64, usize)> = ins.iter().map(|&(_, p, bytes)| (p, bytes)).collect();
+            let staged_outs: Vec<(u64, usize, bool)> = outs.iter().map(|&(_, p, bytes)| (p, bytes, true)).collect();
+            staging = Some(link.stage(&staged_ins, &staged_outs, false)?);
+        }
+        if let Some(st) = &staging {
+            for ((_, p, _), sub) in ins.iter_mut().zip(&st.inputs) {
+                *p = *sub;
+            }
+            for ((_, p, _), sub) in outs.iter_mut().zip(&st.outputs) {
+                *p = *sub;
+            }
+        }
+        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        for &(r, ptr, _) in &outs {
+            buffers[r][slot::OUTPUT as usize] = ptr;
+        }
+        for &(r, ptr, _) in &ins {
+            buffers[r][slot::INPUT as usize] = ptr;
+        }
+
+        // Where anything is staged, the communicator drives one rank: its stream.
+        let stream = local.first().map(|&r| self.rank_stream(r).clone());
+        let launched = match (&mut staging, stream) {
+            (Some(st), Some(stream)) => st.copy_in(&stream).and_then(|()| {
+                // SAFETY: as below; the staged addresses are this rank's staging memory, which the
+                // hold in `st` keeps for this call, as long as the buffers they stand in for.
+                unsafe { self.launch_prepared(&prepared, buffers) }?;
+                st.copy_out(&stream)
+            }),
+            // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and
+            // its length is its shard's, which is what the lowered program was validated against;
+            // ranks without a buffer here have empty shards, which no task addresses, or are driven by
+            // other callers, whose launches announce their own buffers at the start barrier; the
+            // buffers are borrowed for this call.
+            _ => unsafe { self.launch_prepared(&prepared, buffers) },
+        };
+        drop(staging);
         drop(guards);
         // Also after a failed launch: an earlier stage's may be queued.
         let released = self.release_plan(prepared);
@@ -222,6 +314,7 @@ impl Communicator {
             options: *options,
             ctas,
         };
+        let announced = call_key(&key);
         let (prepared, _) = self.reshard_plans.get_or_build(key, || {
             let plan = plan(shape, std::mem::size_of::<T>() as u64, src, dst, options.plan)?;
             let opts =
@@ -231,7 +324,7 @@ impl Communicator {
             // A launch that cannot run is refused before the stages are uploaded and cached.
             let launch = self.launch_spec_for(lowered.dtype, ReduceOp::Sum, 1, false)?;
             self.check_resident(&launch, ctas, 1)?;
-            Ok(Arc::new(self.prepare_reshard(lowered, ctas)?))
+            Ok(Arc::new(Prepared { call_key: announced, ..self.prepare_reshard(lowered, ctas)? }))
         })?;
         Ok(prepared)
     }
@@ -244,7 +337,7 @@ impl Communicator {
             .filter(|l| !l.tasks.is_empty())
             .map(|l| self.upload(l.clone(), ctas))
             .collect::<Result<_>>()?;
-        Ok(Prepared { lowered, ctas, stages })
+        Ok(Prepared { lowered, ctas, stages, call_key: 0 })
     }
 
     /// Launches the stages of `prepared` in order on every group.
@@ -258,7 +351,10 @@ impl Communicator {
         prepared: &Prepared,
         buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     ) -> Result<()> {
-        let launch = self.launch_spec_for(prepared.lowered.dtype, ReduceOp::Sum, 1, false)?;
+        let launch = LaunchSpec {
+            call_key: prepared.call_key,
+            ..self.launch_spec_for(prepared.lowered.dtype, ReduceOp::Sum, 1, false)?
+        };
         self.check_resident(&launch, prepared.ctas, 1)?;
         // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
         // Stream order runs a group's stages one after the other; across groups, a stage's start
@@ -342,6 +438,128 @@ mod tests {
         call(None).unwrap();
         call(Some(0)).unwrap();
         assert!(matches!(call(Some(8)), Err(Error::Length { rank: 3, expected: 0, got: 8, .. })));
+    }
+
+    /// `check`'s call through [`validate_local`], for a caller driving the world ranks `local` only.
+    fn check_local(local: &[usize], src: &[Option<usize>], dst: &[Option<usize>]) -> Result<()> {
+        let (s, d) = (layout("4@0", "S0"), layout("2x2@4", "R,S0"));
+        validate_local(
+            8,
+            local,
+            &Side { shape: &[4, 8], elem_bytes: 4, layout: &s, buffers: src },
+            &Side { shape: &[4, 8], elem_bytes: 4, layout: &d, buffers: dst },
+        )
+    }
+
+    /// `SRC` / `DST` with the entries of ranks outside `local` left `None`, as a per-rank caller passes them.
+    fn only(local: &[usize], all: &[Option<usize>]) -> Vec<Option<usize>> {
+        all.iter().enumerate().map(|(r, b)| if local.contains(&r) { *b } else { None }).collect()
+    }
+
+    #[test]
+    fn each_rank_alone_passes_its_own_buffers() {
+        for rank in 0..8 {
+            let local = [rank];
+            check_local(&local, &only(&local, &SRC), &only(&local, &DST))
+                .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        }
+        // Any subset, and every rank (where it is `validate`).
+        let some = [1, 4, 6];
+        check_local(&some, &only(&some, &SRC), &only(&some, &DST)).unwrap();
+        let all: Vec<usize> = (0..8).collect();
+        check_local(&all, &SRC, &DST).unwrap();
+        // No rank at all: only the layouts and the lists' lengths are checked.
+        check_local(&[], &[None; 8], &[None; 8]).unwrap();
+    }
+
+    #[test]
+    fn a_buffer_given_for_a_rank_driven_elsewhere_is_typed() {
+        // Rank 5's communicator given rank 4's destination (which rank 4's own caller passes).
+        let mut dst = only(&[5], &DST);
+        dst[4] = Some(16);
+        let e = check_local(&[5], &only(&[5], &SRC), &dst).unwrap_err();
+        assert!(matches!(e, Error::RemoteBuffer { what: "reshard destination buffer", rank: 4 }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "reshard destination buffer given for rank 4, which this communicator does not drive (that rank's own \
+             caller passes it; pass None)"
+        );
+        // Also a buffer the rank's own caller would have been refused (outside the mesh): this caller
+        // does not drive it either way.
+        let mut src = only(&[0], &SRC);
+        src[7] = Some(0);
+        let e = check_local(&[0], &src, &only(&[0], &DST)).unwrap_err();
+        assert!(matches!(e, Error::RemoteBuffer { what: "reshard source buffer", rank: 7 }), "{e}");
+        // Every rank of the world is local: the all-ranks errors, as `validate` gives them.
+        let all: Vec<usize> = (0..8).collect();
+        let mut src = SRC;
+        src[7] = Some(0);
+        assert!(matches!(
+            check_local(&all, &src, &DST),
+            Err(Error::UnexpectedBuffer { what: "reshard source buffer", rank: 7 })
+        ));
+    }
+
+    #[test]
+    fn the_local_ranks_buffers_are_checked_as_before() {
+        let local = [2, 5];
+        let (src, dst) = (only(&local, &SRC), only(&local, &DST));
+        let mut short = src.clone();
+        short[2] = Some(7);
+        assert!(matches!(
+            check_local(&local, &short, &dst),
+            Err(Error::Length { what: "reshard source buffer", rank: 2, expected: 8, got: 7 })
+        ));
+        let mut missing = dst.clone();
+        missing[5] = None;
+        assert!(matches!(
+            check_local(&local, &src, &missing),
+            Err(Error::MissingBuffer { what: "reshard destination buffer", rank: 5, elements: 16 })
+        ));
+        let mut outside = dst.clone();
+        outside[2] = Some(16);
+        assert!(matches!(
+            check_local(&local, &src, &outside),
+            Err(Error::UnexpectedBuffer { what: "reshard destination buffer", rank: 2 })
+        ));
+        // The lists still hold one entry per rank of the world, and the layouts are checked whole.
+        assert!(matches!(
+            check_local(&local, &src[..2], &dst),
+            Err(Error::BufferCount { what: "reshard source buffers", expected: 8, got: 2 })
+        ));
+        let (s, wide) = (layout("4@0", "S0"), layout("2x2@6", "R,S0"));
+        let e = validate_local(
+            8,
+            &[0],
+            &Side { shape: &[4, 8], elem_bytes: 4, layout: &s, buffers: &only(&[0], &SRC) },
+            &Side { shape: &[4, 8], elem_bytes: 4, layout: &wide, buffers: &[None; 8] },
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Reshard(ReshardError::Dst(LayoutError::RankOutOfRange { last_rank: 9, world_size: 8 }))
+        ));
+    }
+
+    /// Where every rank is local, `validate_local` is `validate`: the same result on every call of a
+    /// sweep over lengths, presence and extra entries.
+    #[test]
+    fn every_rank_local_is_validate() {
+        let all: Vec<usize> = (0..8).collect();
+        let choices = [None, Some(0), Some(8), Some(16)];
+        for r in 0..8 {
+            for (side, c) in [0, 1].into_iter().flat_map(|side| choices.iter().map(move |c| (side, *c))) {
+                let (mut src, mut dst) = (SRC, DST);
+                if side == 0 {
+                    src[r] = c;
+                } else {
+                    dst[r] = c;
+                }
+                let a = check(&src, &dst).map_err(|e| e.to_string());
+                let b = check_local(&all, &src, &dst).map_err(|e| e.to_string());
+                assert_eq!(a, b, "rank {r} side {side} entry {c:?}");
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! processes of their own (this test binary run again as each rank), every collective, both movers,
 //! both reductions, in and out of place, random sizes and element offsets, buffers of both kinds
 //! across processes (symmetric, and cudarc's, which go through staging), exact against the CPU
-//! reference; a rank killed mid-call; misuse.
+//! reference; a rank killed mid-call; misuse. Reshards (`Comm::reshard`) on threads and processes,
+//! each rank passing only its own shards, exact against the global tensor.
 //!
 //! Processes sharing one GPU run their kernels side by side only under MPS: the multi-process
 //! tests run where `OXCCL_MPS=1` says MPS is up (scripts/gpu-suite.sh starts it), and say they are
@@ -13,7 +14,10 @@ mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::host::tccl::{self, PlanSpec};
-use oxccl::{Collective, Comm, Config, DType, Error, Id, Mover, ReduceOp, Reduction, SymmetricBuffer};
+use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
+use oxccl::{
+    Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, ReshardOptions, SymmetricBuffer,
+};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -411,6 +415,331 @@ fn processes_match_the_cpu_reference() {
         }
     }
     eprintln!("{total} rank-cases on 2, 4 and 8 processes matched the CPU reference (seed {seed})");
+}
+
+/// The communicators every rank builds for the reshard tests, in this order, one [`Id`] each:
+/// (mover, CTAs per rank).
+const RESHARD_SHAPES: [(Mover, u32); 2] = [(Mover::Tma, 2), (Mover::Simt, 1)];
+
+/// One reshard case, drawn alike on every rank from the seed, the world and the case number.
+struct ReshardCase {
+    shape: Vec<u64>,
+    src: Layout,
+    dst: Layout,
+    /// `F32` or `I32`: the values are integers below 2^19 in magnitude, exact in both.
+    dtype: DType,
+    options: ReshardOptions,
+    /// Index into [`RESHARD_SHAPES`].
+    comm: usize,
+    /// The global tensor, row-major.
+    global: Vec<i32>,
+    /// Per rank: element offsets of its source and destination in their allocations.
+    shift: Vec<(usize, usize)>,
+    /// Per rank: whether its buffers are symmetric (else cudarc's, staged across processes).
+    symmetric: Vec<bool>,
+    /// Per rank: whether an empty shard is passed as `None` rather than as an empty buffer.
+    empty_as_none: Vec<bool>,
+}
+
+impl ReshardCase {
+    fn describe(&self) -> String {
+        format!(
+            "shape {:?} {:?} {} -> {} with {:?} on {:?}",
+            self.shape, self.dtype, self.src, self.dst, self.options, RESHARD_SHAPES[self.comm]
+        )
+    }
+}
+
+/// A random layout for a tensor of `dims` dims on a mesh of up to 3 axes inside ranks `0..world`
+/// (as in gpu_reshard: replicas, several axes on one dim, uneven and empty shards).
+fn random_layout(rng: &mut common::Rng, dims: usize, world: u32) -> Layout {
+    let axes = loop {
+        let n = 1 + rng.below(3) as usize;
+        let axes: Vec<u32> = (0..n).map(|_| 1 + rng.below(4) as u32).collect();
+        if axes.iter().product::<u32>() <= world {
+            break axes;
+        }
+    };
+    let size: u32 = axes.iter().product();
+    let start = rng.below(u64::from(world - size) + 1) as u32;
+    let placements = axes
+        .iter()
+        .map(|_| {
+            if dims == 0 || rng.below(3) == 0 {
+                Placement::Replicate
+            } else {
+                Placement::Shard(rng.below(dims as u64) as u32)
+            }
+        })
+        .collect();
+    Layout::new(Mesh::new(axes, start).unwrap(), placements).unwrap()
+}
+
+/// A small random global shape: 0 to 3 dims, sometimes a zero one, at most 16 Ki elements.
+fn random_reshard_shape(rng: &mut common::Rng) -> Vec<u64> {
+    let dims = rng.below(4) as usize;
+    let big = rng.below(3) == 0;
+    let mut shape: Vec<u64> = (0..dims)
+        .map(|_| match rng.below(12) {
+            0 => 0,
+            _ if big => 1 + rng.below(64),
+            _ => 1 + rng.below(9),
+        })
+        .collect();
+    while shape.iter().product::<u64>() > 1 << 14 {
+        let d = rng.below(shape.len() as u64) as usize;
+        shape[d] = shape[d].div_ceil(2);
+    }
+    shape
+}
+
+fn draw_reshard(seed: u64, case: usize, world: usize, processes: bool) -> ReshardCase {
+    let mut rng = common::Rng(seed ^ (case as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (world as u64) << 56);
+    let shape = random_reshard_shape(&mut rng);
+    let src = random_layout(&mut rng, shape.len(), world as u32);
+    let dst = random_layout(&mut rng, shape.len(), world as u32);
+    let dtype = if rng.below(2) == 0 { DType::F32 } else { DType::I32 };
+    let options = ReshardOptions {
+        plan: PlanOptions {
+            route: if rng.below(2) == 0 { Route::Direct } else { Route::Hierarchical },
+            domain_size: 1 + rng.below(8) as u32,
+            min_split_bytes: [0, 64, 4096, PlanOptions::MIN_SPLIT_BYTES, u64::MAX][rng.below(5) as usize],
+        },
+        owner: [CtaOwner::Reader, CtaOwner::Writer, CtaOwner::Balanced][rng.below(3) as usize],
+    };
+    let comm = rng.below(RESHARD_SHAPES.len() as u64) as usize;
+    let n: u64 = shape.iter().product();
+    let global = (0..n).map(|_| rng.below(1 << 20) as i32 - (1 << 19)).collect();
+    let shifted = rng.below(3) == 0;
+    let shift =
+        (0..world).map(|_| if shifted { (rng.below(9) as usize, rng.below(9) as usize) } else { (0, 0) }).collect();
+    let symmetric = (0..world).map(|_| processes && rng.below(2) == 0).collect();
+    let empty_as_none = (0..world).map(|_| rng.below(2) == 0).collect();
+    ReshardCase { shape, src, dst, dtype, options, comm, global, shift, symmetric, empty_as_none }
+}
+
+/// `values` as little-endian elements of `dtype` (`F32` or `I32`).
+fn element_bytes(dtype: DType, values: &[i32]) -> Vec<u8> {
+    match dtype {
+        DType::F32 => values.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect(),
+        DType::I32 => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+        other => unreachable!("the reshard cases draw F32 or I32, not {other:?}"),
+    }
+}
+
+/// This rank's reshard call on its own buffers, as elements of `T`.
+fn reshard_as<T: Element>(
+    comm: &Comm,
+    c: &ReshardCase,
+    input: Option<&Placed>,
+    output: Option<&mut Placed>,
+) -> Result<(), Error> {
+    let src = input.map(|b| b.view::<T>());
+    let mut whole = output.map(|b| b.whole_mut::<T>());
+    let mut dst = whole.as_mut().map(|(w, range)| w.slice_mut(range.clone()));
+    comm.reshard(src.as_ref(), dst.as_mut(), &c.shape, &c.src, &c.dst, &c.options)
+}
+
+/// What rank `r` passes in case `c`, as bytes: its source shard and the destination shard it
+/// receives, each cut from the global tensor by the host's reference (`Sharding::local_shards`);
+/// `None` outside that side's mesh, and for an empty shard where the case says so.
+fn rank_shards(c: &ReshardCase, r: usize) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let shard = |layout: &Layout| -> Option<Vec<u8>> {
+        let mut shards = layout.on(&c.shape).unwrap().local_shards(&c.global).unwrap();
+        let mine = shards.remove(&(r as u32)).map(|s| element_bytes(c.dtype, &s));
+        mine.filter(|b| !(b.is_empty() && c.empty_as_none[r]))
+    };
+    (shard(&c.src), shard(&c.dst))
+}
+
+/// Runs reshard case `c` on this rank, passing only its own shards ([`rank_shards`]); checks its
+/// destination shard against the global tensor's, its source left as it was, and the bytes around
+/// both untouched. Panics naming `what` on a wrong result; returns the call's error.
+fn run_reshard_case(comm: &Comm, c: &ReshardCase, what: &str) -> Result<(), Error> {
+    let r = comm.rank();
+    let (src, want) = rank_shards(c, r);
+    let size = c.dtype.size();
+    let (shift_in, shift_out) = c.shift[r];
+    let input = src.as_ref().map(|b| Placed::new(comm, c.symmetric[r], b, shift_in * size));
+    // The destination starts as MARK bytes: no element of the global tensor is 0xA5A5A5A5 in
+    // either type, so an element the call leaves unwritten is found.
+    let mut output = want.as_ref().map(|w| Placed::new(comm, c.symmetric[r], &vec![MARK; w.len()], shift_out * size));
+    match c.dtype {
+        DType::F32 => reshard_as::<f32>(comm, c, input.as_ref(), output.as_mut()),
+        DType::I32 => reshard_as::<i32>(comm, c, input.as_ref(), output.as_mut()),
+        other => unreachable!("the reshard cases draw F32 or I32, not {other:?}"),
+    }?;
+    comm.synchronize()?;
+    let stream = comm.stream();
+    if let (Some(b), Some(s)) = (&input, &src) {
+        let after = b.read(stream, &format!("{what}: rank {r}'s source"));
+        assert!(after == *s, "{what}: the call wrote rank {r}'s source");
+    }
+    if let (Some(b), Some(w)) = (&output, &want) {
+        let got = b.read(stream, &format!("{what}: rank {r}'s destination"));
+        if let Some(at) = got.iter().zip(w).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: rank {r}'s destination shard differs from the global tensor's (first wrong byte {at} of {})",
+                w.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One rank's part of the reshard cases: builds its communicators (one per entry of
+/// [`RESHARD_SHAPES`], from `ids`) on `stream` and runs `cases` cases. Returns how many ran, and of
+/// them how many had symmetric buffers on this rank.
+fn reshard_rank_cases(
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+    ids: &[Id],
+    cases: usize,
+    seed: u64,
+    processes: bool,
+) -> (usize, usize) {
+    assert_eq!(ids.len(), RESHARD_SHAPES.len(), "one id per reshard communicator");
+    let comms: Vec<Comm> = RESHARD_SHAPES
+        .iter()
+        .zip(ids)
+        .map(|(&(mover, ctas), id)| {
+            Comm::from_rank(stream, rank, world, id, config((mover, Reduction::Registers, ctas)))
+                .unwrap_or_else(|e| panic!("rank {rank}: building the {mover:?} communicator: {e}"))
+        })
+        .collect();
+    let mut symmetric = 0;
+    for case in 0..cases {
+        let c = draw_reshard(seed, case, world, processes);
+        let what = format!("rank {rank} of {world}, reshard case {case} (seed {seed}): {}", c.describe());
+        run_reshard_case(&comms[c.comm], &c, &what).unwrap_or_else(|e| panic!("{what}: {e}"));
+        symmetric += usize::from(c.symmetric[rank]);
+    }
+    (cases, symmetric)
+}
+
+fn reshard_cases() -> usize {
+    common::count_from_env("OXCCL_RANK_RESHARD_CASES", 40)
+}
+
+/// The default seeds of the thread and process reshard tests (`OXCCL_SEED` overrides both).
+const THREAD_RESHARD_SEED: u64 = 0x5E5A_4D07;
+const PROCESS_RESHARD_SEED: u64 = 0x5E5A_4D08;
+
+/// The reshard cases of both tests, checked without a GPU: every rank's own call (its entries only)
+/// passes the call's validation for a communicator driving that rank alone, and the lowered plan,
+/// run by the CPU executor on the shards the ranks pass, gives every rank the shard it is checked
+/// against. A GPU failure of those tests then points at the device path, not at the cases.
+#[test]
+fn reshard_cases_are_valid_per_rank_on_the_cpu() {
+    use oxccl::host::reshard::{LowerOptions, lower, plan};
+    use oxccl::reshard::{Side, validate_local};
+    use oxccl_kernels::abi::slot;
+    let mut checked = 0;
+    let seeds =
+        [(common::seed_from_env(THREAD_RESHARD_SEED), false), (common::seed_from_env(PROCESS_RESHARD_SEED), true)];
+    for (seed, processes) in seeds {
+        for world in [4, 8] {
+            for case in 0..reshard_cases() {
+                let c = draw_reshard(seed, case, world, processes);
+                let what = format!("{world} ranks, reshard case {case} (seed {seed}): {}", c.describe());
+                let e = c.dtype.size();
+                let shards: Vec<_> = (0..world).map(|r| rank_shards(&c, r)).collect();
+                for (r, (src, dst)) in shards.iter().enumerate() {
+                    let only = |b: &Option<Vec<u8>>| -> Vec<Option<usize>> {
+                        (0..world).map(|q| if q == r { b.as_ref().map(|b| b.len() / e) } else { None }).collect()
+                    };
+                    let (sl, dl) = (only(src), only(dst));
+                    let side = |layout, buffers| Side { shape: &c.shape, elem_bytes: e as u64, layout, buffers };
+                    validate_local(world, &[r], &side(&c.src, &sl), &side(&c.dst, &dl))
+                        .unwrap_or_else(|err| panic!("{what}: rank {r}'s call: {err}"));
+                }
+                let p = plan(&c.shape, e as u64, &c.src, &c.dst, c.options.plan).unwrap();
+                let (_, ctas) = RESHARD_SHAPES[c.comm];
+                let opts =
+                    LowerOptions { owner: c.options.owner, dtype: Some(c.dtype), ..LowerOptions::new(world, ctas) };
+                let l = lower(&p, &opts).unwrap_or_else(|err| panic!("{what}: {err}"));
+                l.check_races().unwrap_or_else(|err| panic!("{what}: {err}"));
+                let mut bufs = l.host_buffers();
+                for (r, (src, _)) in shards.iter().enumerate() {
+                    if let Some(s) = src {
+                        bufs[r][slot::INPUT as usize] = s.clone();
+                    }
+                }
+                l.execute(&mut bufs).unwrap_or_else(|err| panic!("{what}: {err}"));
+                for (r, (_, want)) in shards.iter().enumerate() {
+                    if let Some(w) = want {
+                        assert!(bufs[r][slot::OUTPUT as usize] == *w, "{what}: rank {r}'s destination differs");
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} reshard cases valid per rank and exact on the CPU executor");
+}
+
+/// Reshards with ranks as threads of this process on one GPU (4 and 8 of them), each with its own
+/// stream and communicators, each passing only its own shards.
+#[test]
+fn threads_reshard_matches_the_global_tensor() {
+    let Some(stream) = common::gpu("threads_reshard_matches_the_global_tensor") else { return };
+    let seed = common::seed_from_env(THREAD_RESHARD_SEED);
+    let mut total = 0;
+    for world in [4, 8] {
+        let ids: Vec<Id> = RESHARD_SHAPES.iter().map(|_| Id::new().unwrap()).collect();
+        let ctx = stream.context().clone();
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let (ctx, ids) = (ctx.clone(), ids.clone());
+                std::thread::spawn(move || {
+                    let s = ctx.new_stream().unwrap();
+                    reshard_rank_cases(&s, rank, world, &ids, reshard_cases(), seed, false)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (n, _) = h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)"));
+            total += n;
+        }
+    }
+    eprintln!("{total} rank-reshards on 4 and 8 threads matched the global tensor (seed {seed})");
+}
+
+/// The reshard cases with every rank a process of its own (4 and 8 of them on the GPU), each
+/// rank's buffers symmetric or cudarc's (staged) per case.
+#[test]
+fn processes_reshard_matches_the_global_tensor() {
+    const TEST: &str = "processes_reshard_matches_the_global_tensor";
+    if let Some((rank, world)) = child() {
+        let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
+        let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
+        let ids = ids_from_env("OXCCL_TEST_IDS");
+        let (n, sym) = reshard_rank_cases(&stream, rank, world, &ids, reshard_cases(), seed, true);
+        println!("rank {rank}: {n} reshards matched, {sym} on symmetric buffers");
+        return;
+    }
+    if common::gpu(TEST).is_none() || !mps(TEST) {
+        return;
+    }
+    let seed = common::seed_from_env(PROCESS_RESHARD_SEED);
+    let mut total = 0;
+    for world in [4, 8] {
+        let ids: Vec<String> = RESHARD_SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
+        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
+        for (rank, (status, text)) in spawn_ranks(TEST, world, &env, Duration::from_secs(300)).into_iter().enumerate() {
+            assert_eq!(status, Some(0), "rank {rank} of {world} processes failed:\n{text}");
+            total += reshard_cases();
+            eprint!(
+                "{}",
+                text.lines()
+                    .filter(|l| l.starts_with("rank "))
+                    .map(|l| format!("{world} processes, {l}\n"))
+                    .collect::<String>()
+            );
+        }
+    }
+    eprintln!("{total} rank-reshards on 4 and 8 processes matched the global tensor (seed {seed})");
 }
 
 /// A rank killed (SIGKILL) while its peers are in a call: each survivor's call ends within its
