@@ -591,7 +591,7 @@ impl Communicator {
     }
 
     /// The rooted collective `make(root)`, or [`Error::NoSuchRank`] for a root outside the ranks.
-    fn rooted(&self, root: usize, make: impl Fn(u32) -> Collective) -> Result<Collective> {
+    pub(crate) fn rooted(&self, root: usize, make: impl Fn(u32) -> Collective) -> Result<Collective> {
         if root >= self.ranks() {
             return Err(Error::NoSuchRank { rank: root, ranks: self.ranks() });
         }

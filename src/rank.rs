@@ -498,7 +498,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         let send: &[S] = match (root == self.rank, send) {
             (true, Some(s)) => std::slice::from_ref(s),
             (true, None) => {
@@ -527,7 +527,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        let collective = self.rooted(root, |root| Collective::Broadcast { root })?;
+        let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         self.inner.collective::<T, R, R>(
             collective,
             Count::FromRecv(buf.len()),
@@ -549,7 +549,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         let recv: &mut [R] = match (root == self.rank, recv) {
             (true, Some(r)) => std::slice::from_mut(r),
             (true, None) => {
@@ -580,7 +580,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        let collective = self.rooted(root, |root| Collective::Reduce { root })?;
+        let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         self.inner.collective::<T, R, R>(
             collective,
             Count::FromRecv(buf.len()),
@@ -628,14 +628,6 @@ impl Comm {
         srcs[self.rank] = src;
         dsts[self.rank] = dst;
         self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
-    }
-
-    /// The rooted collective, or [`Error::NoSuchRank`].
-    fn rooted(&self, root: usize, make: impl Fn(u32) -> Collective) -> Result<Collective> {
-        if root >= self.world() {
-            return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
-        }
-        Ok(make(root as u32))
     }
 
     /// Elements per rank of an in-place buffer of `len` elements holding one block per rank.
