@@ -1161,20 +1161,16 @@ impl Communicator {
         for &(r, input) in &send_ptr {
             buffers[r][slot::INPUT as usize] = input;
         }
-        let stream = self.ranks.first().map(|r| r.stream.clone());
-        let launched = match (&mut staging, stream) {
-            (Some(st), Some(stream)) => st.copy_in(&stream).and_then(|()| {
-                // SAFETY: as below; the staged addresses are this rank's staging memory, which the
-                // hold in `st` keeps for this call.
-                unsafe { self.launch_uploaded([&*plan], &launch, buffers) }?;
-                st.copy_out(&stream)
-            }),
+        // Where anything is staged, the communicator drives one rank: its stream.
+        let stream = self.ranks.first().map(|r| &*r.stream);
+        let launched = crate::rank::Staging::around(staging.as_ref(), stream, || {
             // SAFETY: every address in the table was checked above (device, length, alignment,
-            // disjointness) and belongs to buffers borrowed for this call (or staging memory
-            // standing in for them); the plan addresses exactly these lengths, and never a slot
-            // left 0 (`PlanSpec::rank_buffers`).
-            _ => unsafe { self.launch_uploaded([&*plan], &launch, buffers) },
-        };
+            // disjointness) and belongs to buffers borrowed for this call, or to this rank's
+            // staging memory standing in for them, held (by `staging`) until the call is queued;
+            // the plan addresses exactly these lengths, and never a slot left 0
+            // (`PlanSpec::rank_buffers`).
+            unsafe { self.launch_uploaded([&*plan], &launch, buffers) }
+        });
         drop(staging);
         drop(guards);
         // Also after a failed launch: another group's may be queued.

@@ -30,8 +30,6 @@
 //!
 //! Linux only: the module is absent elsewhere (abstract names and `MSG_CMSG_CLOEXEC` are Linux's).
 
-#![allow(dead_code, reason = "the communicator's memory exchange is not wired to it yet")]
-
 use std::fmt;
 use std::io::{self, PipeReader, PipeWriter, Write};
 use std::mem::{offset_of, size_of};
@@ -184,6 +182,20 @@ struct Stop {
 }
 
 /// Serves requests on an abstract socket until dropped; each request is answered by the handler.
+/// The name shows in `Debug` (a rank's service and its connections are named after the
+/// communicator and the rank).
+impl fmt::Debug for Service {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Service").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct Service {
     /// The abstract name (without the leading NUL).
     name: String,
@@ -224,6 +236,7 @@ impl Service {
     }
 
     /// The abstract name it serves (without the leading NUL).
+    #[cfg(test)]
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
@@ -317,7 +330,6 @@ fn serve_connection(sock: &OwnedFd, stop: &Stop, handler: &Handler) {
 }
 
 /// A connection to a peer's [`Service`].
-#[derive(Debug)]
 pub(crate) struct Client {
     /// The socket; `None` once a call failed part-way ([`FdPassError::Broken`]).
     sock: Option<OwnedFd>,
@@ -349,6 +361,7 @@ impl Client {
     }
 
     /// The service's name.
+    #[cfg(test)]
     pub(crate) fn name(&self) -> &str {
         &self.name
     }

@@ -61,14 +61,21 @@ impl Staging<'_> {
         Ok(())
     }
 
-    /// Queues the copies into staging memory.
-    pub(crate) fn copy_in(&mut self, stream: &CudaStream) -> Result<()> {
-        Self::copy(&self.before, stream)
-    }
-
-    /// Queues the copies out of staging memory.
-    pub(crate) fn copy_out(&mut self, stream: &CudaStream) -> Result<()> {
-        Self::copy(&self.after, stream)
+    /// Queues `launch` on `stream`, with the copies into staging memory before it and out of it
+    /// after, where `staging` has any (a call across processes; otherwise `launch` alone).
+    pub(crate) fn around(
+        staging: Option<&Staging<'_>>,
+        stream: Option<&CudaStream>,
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        match (staging, stream) {
+            (Some(st), Some(stream)) => {
+                Self::copy(&st.before, stream)?;
+                launch()?;
+                Self::copy(&st.after, stream)
+            }
+            _ => launch(),
+        }
     }
 }
 

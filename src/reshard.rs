@@ -275,21 +275,16 @@ impl Communicator {
         }
 
         // Where anything is staged, the communicator drives one rank: its stream.
-        let stream = local.first().map(|&r| self.rank_stream(r).clone());
-        let launched = match (&mut staging, stream) {
-            (Some(st), Some(stream)) => st.copy_in(&stream).and_then(|()| {
-                // SAFETY: as below; the staged addresses are this rank's staging memory, which the
-                // hold in `st` keeps for this call, as long as the buffers they stand in for.
-                unsafe { self.launch_prepared(&prepared, buffers) }?;
-                st.copy_out(&stream)
-            }),
-            // SAFETY: every buffer in the table was checked above (device, alignment, disjointness) and
-            // its length is its shard's, which is what the lowered program was validated against;
-            // ranks without a buffer here have empty shards, which no task addresses, or are driven by
-            // other callers, whose launches announce their own buffers at the start barrier; the
-            // buffers are borrowed for this call.
-            _ => unsafe { self.launch_prepared(&prepared, buffers) },
-        };
+        let stream = local.first().map(|&r| &**self.rank_stream(r));
+        let launched = crate::rank::Staging::around(staging.as_ref(), stream, || {
+            // SAFETY: every buffer in the table was checked above (device, alignment, disjointness)
+            // and its length is its shard's, which is what the lowered program was validated
+            // against; ranks without a buffer here have empty shards, which no task addresses, or
+            // are driven by other callers, whose launches announce their own buffers at the start
+            // barrier; the buffers are borrowed for this call, and staged addresses are this rank's
+            // staging memory, held (by `staging`) until the call is queued.
+            unsafe { self.launch_prepared(&prepared, buffers) }
+        });
         drop(staging);
         drop(guards);
         // Also after a failed launch: an earlier stage's may be queued.

@@ -190,7 +190,7 @@ impl VmmAlloc {
     pub(crate) fn zero_async(&self, bytes: usize, stream: &CudaStream) -> Result<()> {
         crate::engine::stream_on(stream, &self.ctx)?;
         // SAFETY: `bytes` (at most the allocation's) of mapped memory of the stream's context; the
-        // allocation outlives the memset (drop waits for the context's work).
+        // allocation outlives the memset (its owner waits for the stream before dropping it).
         unsafe { cudarc::driver::result::memset_d8_async(self.ptr, 0, bytes.min(self.bytes), stream.cu_stream()) }
             .map_err(Error::driver("cuMemsetD8Async"))
     }
@@ -200,8 +200,8 @@ impl Drop for VmmAlloc {
     fn drop(&mut self) {
         // Errors cannot be reported from drop.
         if make_current(&self.ctx).is_ok() {
-            // SAFETY: the mapping and reservation made by `map`, undone once, after the context's
-            // work ended; then the handle this value owns.
+            // SAFETY: the mapping and reservation made by `map`, undone once, after the owner waited
+            // for the work that uses them (see the type's docs); then the handle this value owns.
             unsafe {
                 if self.ptr != 0 {
                     let _ = sys::cuMemUnmap(self.ptr, self.bytes);
