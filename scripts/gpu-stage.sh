@@ -9,9 +9,9 @@ mkdir -p .device/bin
 find .device/bin -maxdepth 1 -type f ! -name 'oxccl-*' -delete
 export OXCCL_PTX_BUILD=fresh
 # The CLI with the cuBLAS GEMM load for `bench overlap --compute gemm`.
-cargo build --release --features gemm --bin oxccl
+cargo build --release -p oxccl-cli --features gemm --bin oxccl
 cp target/release/oxccl .device/bin/oxccl
-cargo test --release --no-run --message-format=json-render-diagnostics \
+cargo test --workspace --release --no-run --message-format=json-render-diagnostics \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
@@ -27,7 +27,7 @@ for line in sys.stdin:
 '
 # The cargo benches (criterion's mover cases, `oxccl bench` as a bench), as bench-movers and
 # bench-collectives; run them with `--bench`.
-cargo bench --no-run --bench movers --bench collectives --message-format=json-render-diagnostics \
+cargo bench --no-run -p oxccl-cli --bench movers --bench collectives --message-format=json-render-diagnostics \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:

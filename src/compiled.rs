@@ -30,8 +30,9 @@
 use crate::Element;
 use crate::comm::{
     GuardKind, Poison, Range, any_capturing, check_aligned, check_contexts, check_disjoint, check_placed,
-    check_timeout, enable_peer_access, ordinal_of, refuse_after_device_error,
+    enable_peer_access, ordinal_of, refuse_after_device_error,
 };
+use crate::config::check_timeout;
 use crate::engine::{
     DeviceAlloc, Engine, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context, sync_stream,
     wait_stream,
@@ -79,7 +80,7 @@ impl CompiledConfig {
     pub fn validate(&self) -> Result<()> {
         if let Some(t) = self.threads {
             // The SIMT plan kernels are compiled for at most 512 threads.
-            crate::comm::check_threads("threads", t, if self.mover == Mover::Simt { 512 } else { 1024 })?;
+            crate::config::check_threads("threads", t, if self.mover == Mover::Simt { 512 } else { 1024 })?;
         }
         if self.mover == Mover::Tma
             && let Some(b) = self.stage_bytes

@@ -602,14 +602,14 @@ impl Engine {
     /// Checks that `spec` can launch `ctas` co-resident CTAs of a program needing `slots` slots.
     pub fn check(&self, spec: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         let cfg = |field, why: String| Err(Error::Config { field, why });
-        crate::comm::check_timeout(std::time::Duration::from_nanos(spec.timeout_ns))?;
-        crate::comm::check_threads("threads", spec.threads, 1024)?;
+        crate::config::check_timeout(std::time::Duration::from_nanos(spec.timeout_ns))?;
+        crate::config::check_threads("threads", spec.threads, 1024)?;
         if spec.mover == Mover::Simt && spec.threads > 512 {
             return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));
         }
         if spec.mover == Mover::Tma {
-            crate::comm::check_chunk_bytes("chunk_bytes", spec.chunk_bytes)?;
-            crate::comm::check_stages("stages", spec.stages)?;
+            crate::config::check_chunk_bytes("chunk_bytes", spec.chunk_bytes)?;
+            crate::config::check_stages("stages", spec.stages)?;
             if spec.issuers > 1 {
                 let why = if spec.issuers > abi::MAX_ISSUERS {
                     Some(format!("{} is above {}", spec.issuers, abi::MAX_ISSUERS))
@@ -761,7 +761,7 @@ impl Engine {
 /// Makes `ctx` the calling thread's current context, first reporting any error cudarc keeps for it
 /// (`CudaContext::check_err`: a failure in a cudarc function that could not return one, such as a
 /// buffer guard's stream wait) as [`Error::KeptDriverError`] rather than as this call's own failure.
-pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+pub fn bind(ctx: &CudaContext) -> Result<()> {
     check_kept(ctx)?;
     make_current(ctx).map_err(Error::driver("cuCtxSetCurrent"))
 }

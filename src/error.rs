@@ -323,12 +323,14 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    /// Wraps a cudarc driver error from `call` (the driver function's name) as [`Error::Driver`]:
+    /// `.map_err(Error::driver("cuMemAlloc"))`.
+    pub fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
         move |source| Error::Driver { call, source }
     }
 
     /// The error a device status record describes, if any.
-    pub(crate) fn from_status(s: &Status) -> Option<Error> {
+    pub fn from_status(s: &Status) -> Option<Error> {
         if s.errors == 0 {
             return None;
         }

@@ -25,22 +25,21 @@
 //!
 //! Every misuse (buffer counts and lengths, devices, overlapping buffers, configurations) is a typed
 //! [`Error`] naming it, and every device-side wait is bounded ([`Error::Timeout`], never a hang).
-//! [`bench`](mod@bench) (and `cli`, with the default `cli` feature) is the machinery of the `oxccl` command and
-//! the cargo benches: nccl-tests tables, mover sweeps, the overlap and trace benchmarks.
+//! The `oxccl` command and the benchmarks live in the `oxccl-cli` package, apart from this library.
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod bootstrap;
 mod cache;
-#[cfg(feature = "cli")]
-pub mod cli;
 mod comm;
 pub mod compiled;
+pub mod config;
 pub mod engine;
 mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
+pub mod gate;
+pub mod graph;
 mod peer;
 pub mod ptx;
 mod rank;
@@ -48,10 +47,8 @@ pub mod reshard;
 mod vmm;
 
 pub use bootstrap::{Bootstrap, Id, LaunchEnv};
-pub use comm::{
-    COMBINE_DIRECT_MAX_CTAS, CallLaunch, Communicator, Config, DEFAULT_ISSUERS, MAX_TIMEOUT, auto_pipeline,
-    combining_pipeline,
-};
+pub use comm::{CallLaunch, Communicator};
+pub use config::{COMBINE_DIRECT_MAX_CTAS, Config, DEFAULT_ISSUERS, MAX_TIMEOUT, auto_pipeline, combining_pipeline};
 pub use error::{Error, Result};
 /// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler and its lowering
 /// for [`compiled::CompiledPlan`], the simulator and the CPU executor; re-exported so one dependency

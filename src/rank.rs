@@ -242,7 +242,7 @@ impl Comm {
     /// This rank of the communicator `bootstrap` gathers (its rank and world), with its calls
     /// queued on `stream`. Every rank must pass the same `config`.
     pub fn new(stream: &Arc<CudaStream>, bootstrap: Box<dyn Bootstrap>, config: Config) -> Result<Self> {
-        crate::comm::validate_config(&config)?;
+        crate::config::validate_config(&config)?;
         let (me, world) = (bootstrap.rank(), bootstrap.world());
         if world == 0 || world > MAX_RANKS {
             return Err(Error::RankCount { ranks: world, max: MAX_RANKS });

@@ -130,8 +130,8 @@ pub(crate) struct PlanKey {
     ctas: u32,
 }
 
-/// A lowered reshard uploaded for every launch group.
-pub(crate) struct Prepared {
+/// A lowered reshard program uploaded for every launch group ([`Communicator::prepare_reshard`]).
+pub struct Prepared {
     /// The lowered program (stages, copy unit, buffer sizes).
     pub lowered: LoweredReshard,
     /// CTAs per rank.
@@ -324,8 +324,10 @@ impl Communicator {
         Ok(prepared)
     }
 
-    /// Uploads the stages of a lowered reshard (or workaround) that have tasks.
-    pub(crate) fn prepare_reshard(&self, lowered: LoweredReshard, ctas: u32) -> Result<Prepared> {
+    /// Uploads the stages of a lowered reshard program that have tasks: one this communicator's
+    /// planner made, or another (the workarounds of `oxccl_host::reshard::workaround`), to run with
+    /// [`Communicator::launch_prepared`].
+    pub fn prepare_reshard(&self, lowered: LoweredReshard, ctas: u32) -> Result<Prepared> {
         let stages = lowered
             .stages
             .iter()
@@ -335,17 +337,13 @@ impl Communicator {
         Ok(Prepared { lowered, ctas, stages, call_key: 0 })
     }
 
-    /// Launches the stages of `prepared` in order on every group.
+    /// Launches the stages of `prepared` in order on every group, its program's buffers given by address.
     ///
     /// # Safety
     /// `buffers[r][s]` addresses, on rank `r`'s device, a buffer of at least
     /// `prepared.lowered.buffer_bytes[r][s]` bytes wherever that is non-zero, alive and not used by other
     /// work until the launches complete.
-    pub(crate) unsafe fn launch_prepared(
-        &self,
-        prepared: &Prepared,
-        buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
-    ) -> Result<()> {
+    pub unsafe fn launch_prepared(&self, prepared: &Prepared, buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS]) -> Result<()> {
         let launch = LaunchSpec {
             call_key: prepared.call_key,
             ..self.launch_spec_for(prepared.lowered.dtype, ReduceOp::Sum, 1, false)?

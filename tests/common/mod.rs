@@ -114,12 +114,12 @@ pub fn skip(message: &str) {
 /// A stream held on the host until the test releases it (or the watchdog, after `guard`): work
 /// queued on it afterwards waits, and a test can check that other work ends meanwhile without timing
 /// anything.
-pub struct Gate(oxccl::bench::HostGate);
+pub struct Gate(oxccl::gate::HostGate);
 
 impl Gate {
     /// Holds `stream` after the work queued on it so far until [`Gate::release`], or for `guard`.
     pub fn hold(stream: &cudarc::driver::CudaStream, guard: std::time::Duration) -> Gate {
-        let gate = oxccl::bench::HostGate::new(guard);
+        let gate = oxccl::gate::HostGate::new(guard);
         gate.hold(stream).unwrap();
         Gate(gate)
     }

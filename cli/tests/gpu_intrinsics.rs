@@ -1,6 +1,7 @@
 //! Every intrinsic family run in its probe kernel on the GPU, against a host expectation.
 //! Skips loudly without a Hopper GPU.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use cudarc::driver::sys;
@@ -224,7 +225,7 @@ fn bulk_reductions_every_type_and_operator() {
 
 /// The tensor map of a packed u32 tensor, as the library's benches build it.
 fn tensor_map(dims: &[u64], boxd: &[u32], addr: u64) -> [u64; 16] {
-    oxccl::bench::u32_tensor_map(addr, dims, boxd).unwrap_or_else(|e| panic!("tensor map {dims:?} {boxd:?}: {e}"))
+    oxccl_cli::bench::u32_tensor_map(addr, dims, boxd).unwrap_or_else(|e| panic!("tensor map {dims:?} {boxd:?}: {e}"))
 }
 
 #[test]
@@ -470,7 +471,7 @@ fn warpgroup_gemm_matches_the_cpu() {
         let host = |v: &[i32]| v.iter().map(|&x| bf16::from_f32(x as f32)).collect::<Vec<_>>();
         let a = p.stream.clone_htod(&host(&av)).unwrap();
         let b = p.stream.clone_htod(&host(&bv)).unwrap();
-        let maps = oxccl::bench::wgmma_maps(p.addr(&a), p.addr(&b), m, n, k).unwrap();
+        let maps = oxccl_cli::bench::wgmma_maps(p.addr(&a), p.addr(&b), m, n, k).unwrap();
         let maps = p.stream.clone_htod(&maps[..]).unwrap();
         let (ku, nu) = (k as usize, n as usize);
         let want: Vec<f32> = (0..m as usize * nu)

@@ -1,7 +1,7 @@
 //! The `oxccl` command: benchmarks, plans, simulations, verification, reshard planning and a demo.
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use oxccl::cli;
+use oxccl_cli::commands as cli;
 use std::process::ExitCode;
 
 #[derive(Parser)]

@@ -13,7 +13,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use oxccl::Mover;
-use oxccl::bench::{MoverBench, SweepConfig, SweepOp};
+use oxccl_cli::bench::{MoverBench, SweepConfig, SweepOp};
 use std::time::Duration;
 
 /// Bytes per buffer unless `OXCCL_BENCH_BYTES` says otherwise: the sweep's, so that 66 and 132 CTAs

@@ -11,14 +11,14 @@
 //! itself fails there, with the same reason).
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use oxccl::cli::bench::BENCHMARKS;
+use oxccl_cli::commands::bench::BENCHMARKS;
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(name = "collectives", about = "oxccl bench as a cargo bench")]
 struct Bench {
     #[command(flatten)]
-    args: Box<oxccl::cli::bench::Args>,
+    args: Box<oxccl_cli::commands::bench::Args>,
 }
 
 fn main() -> ExitCode {
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     let matches = Bench::command().get_matches_from(&argv);
     let mut args = *Bench::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()).args;
     // Flags its benchmark does not read are refused, as by the `oxccl` command.
-    args.given = oxccl::cli::bench::given_ids(&matches);
+    args.given = oxccl_cli::commands::bench::given_ids(&matches);
     match args.what.as_deref() {
         // A filter meant for another bench (`cargo bench copy/tma` hands it to every bench target).
         Some(w) if !BENCHMARKS.contains(&w) => {
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         _ => {}
     }
     // A flag its benchmark would ignore is refused with or without a GPU.
-    if let Err(e) = oxccl::cli::bench::checked_kind(&args) {
+    if let Err(e) = oxccl_cli::commands::bench::checked_kind(&args) {
         eprintln!("collectives: {e}");
         return ExitCode::FAILURE;
     }
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         eprintln!("skipped: no GPU ({why})");
         return ExitCode::SUCCESS;
     }
-    match oxccl::cli::bench::run(args) {
+    match oxccl_cli::commands::bench::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("collectives: {e}");

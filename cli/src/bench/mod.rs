@@ -5,12 +5,12 @@
 //! against the two usual workarounds on the same engine and against two speed-of-light models. The
 //! compiled-plan benchmark ([`plan_bench`]) runs a lowered ResCCL plan, compiled or interpreted.
 
-use crate::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
-use crate::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
-use crate::error::{Error, Result};
-use crate::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use oxccl::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
+use oxccl::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
+use oxccl::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
+use oxccl::{Error, Result};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
@@ -37,7 +37,7 @@ pub fn time_ms_on(
     iters: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
-    let distinct = distinct_streams(streams);
+    let distinct = oxccl::graph::distinct_streams(streams);
     for _ in 0..warmup {
         f()?;
     }
@@ -58,50 +58,21 @@ pub fn time_ms_on(
 }
 
 /// As [`time_ms_on`], with the calls in a CUDA graph (nccl-tests' `-G`): `iters` calls of `f` are
-/// captured once (the first stream begins the capture, the others join it through events and are
-/// joined back), the graph is launched once untimed and then `launches` times between device events
-/// on the first stream; the result is milliseconds per call. `f` must only queue work (a
-/// communicator's call of a prepared plan). The streams' buffers must not carry cudarc's event
-/// tracking (its waits on events recorded outside the capture would end it).
+/// captured once ([`oxccl::graph::capture`]), the graph is launched once untimed and then `launches`
+/// times between device events on the first stream; the result is milliseconds per call. `f` must
+/// only queue work (a communicator's call of a prepared plan).
 pub fn time_graph_ms_on(
     streams: &[Arc<CudaStream>],
     iters: usize,
     launches: usize,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let calls = iters.max(1).checked_mul(launches.max(1)).ok_or_else(|| Error::Config {
         field: "graph_launches",
         why: format!("{launches} launches of {iters} calls are more calls than a usize counts"),
     })?;
-    let distinct = distinct_streams(streams);
-    let Some((first, others)) = distinct.split_first() else {
-        return Err(Error::BufferCount { what: "rank streams", expected: 1, got: 0 });
-    };
-    let event = |s: &Arc<CudaStream>| s.record_event(None).map_err(Error::driver("cuEventRecord"));
-    first
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(Error::driver("cuStreamBeginCapture"))?;
-    // Whatever fails inside, the forked streams are joined and the capture ended before returning.
-    let forked = event(first)
-        .and_then(|fork| others.iter().try_for_each(|s| s.wait(&fork).map_err(Error::driver("cuStreamWaitEvent"))));
-    let called = forked.and_then(|()| (0..iters.max(1)).try_for_each(|_| f()));
-    let joined = others.iter().try_for_each(|s| first.wait(&event(s)?).map_err(Error::driver("cuStreamWaitEvent")));
-    let end = || first.end_capture(CUgraphInstantiate_flags(0)).map_err(Error::driver("cuStreamEndCapture"));
-    let mut graph = end();
-    if graph.is_err()
-        && !matches!(
-            first.capture_status(),
-            Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-        )
-    {
-        // cudarc reports an error recorded earlier on the context before it ends the capture; the
-        // second call ends it.
-        graph = end();
-    }
-    called?;
-    joined?;
-    let graph = graph?.ok_or(Error::Config { field: "graph", why: "the capture recorded no work".into() })?;
+    let graph = oxccl::graph::capture(streams, || (0..iters.max(1)).try_for_each(|_| f()))?;
+    let first = &streams[0];
     // Once the graph runs, no return before it ends: the caller frees the buffers it uses.
     let timed = (|| -> Result<f64> {
         graph.launch().map_err(Error::driver("cuGraphLaunch"))?;
@@ -118,17 +89,6 @@ pub fn time_graph_ms_on(
     let ms = timed?;
     synced?;
     Ok(ms / calls as f64)
-}
-
-/// `streams` without repeats (the same stream of the same device), in order.
-fn distinct_streams(streams: &[Arc<CudaStream>]) -> Vec<&Arc<CudaStream>> {
-    let mut distinct: Vec<&Arc<CudaStream>> = Vec::new();
-    for s in streams {
-        if !distinct.iter().any(|d| d.context().ordinal() == s.context().ordinal() && d.cu_stream() == s.cu_stream()) {
-            distinct.push(s);
-        }
-    }
-    distinct
 }
 
 /// `cuMemcpyDtoD` of `bytes` on `stream`'s GPU in GB/s, counting bytes read and written (the
@@ -315,8 +275,8 @@ pub struct SweepConfig {
     /// Threads of a SIMT CTA.
     pub simt_threads: u32,
     /// TMA chunk bytes per source per stage; left open (with [`SweepConfig::stages`]), the
-    /// collectives' rule for the program: [`auto_pipeline`](crate::auto_pipeline) for reductions into one source,
-    /// [`combining_pipeline`](crate::combining_pipeline) for the reduce-add's register combine, and,
+    /// collectives' rule for the program: [`auto_pipeline`](oxccl::auto_pipeline) for reductions into one source,
+    /// [`combining_pipeline`](oxccl::combining_pipeline) for the reduce-add's register combine, and,
     /// where both are left open, for the copy, which has the SM to itself, 32 KiB chunks as deep as
     /// shared memory allows (`lone_copy_pipeline`). A chunk whose stages would not fit the
     /// device's shared memory is cut to the largest 1 KiB multiple that does.
@@ -373,13 +333,13 @@ impl SweepConfig {
             ("tma_threads_combine", self.tma_threads_combine, 1024),
             ("simt_threads", self.simt_threads, 512),
         ] {
-            crate::comm::check_threads(field, t, most)?;
+            oxccl::config::check_threads(field, t, most)?;
         }
         if let Some(b) = self.chunk_bytes {
-            crate::comm::check_chunk_bytes("chunk_bytes", b)?;
+            oxccl::config::check_chunk_bytes("chunk_bytes", b)?;
         }
         if let Some(st) = self.stages {
-            crate::comm::check_stages("stages", st)?;
+            oxccl::config::check_stages("stages", st)?;
         }
         if let Split::Pieces(p) = self.split
             && p > 0
@@ -593,16 +553,16 @@ const MAX_SWEEP_PIECES: u64 = 1 << 20;
 fn sweep_pipeline(engine: &Engine, cfg: &SweepConfig, op: SweepOp, slots: u32) -> (u32, u32) {
     let room = (engine.max_smem as usize).saturating_sub(abi::smem::STAGES);
     let (chunk, stages) = match (op, cfg.chunk_bytes, cfg.stages) {
-        (SweepOp::ReduceAdd, ..) => crate::combining_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
+        (SweepOp::ReduceAdd, ..) => oxccl::combining_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
         (SweepOp::Copy, None, None) => lone_copy_pipeline(room),
-        _ => crate::auto_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
+        _ => oxccl::auto_pipeline(room, slots, cfg.chunk_bytes, cfg.stages),
     };
     let fit = room / (stages.max(1) as usize * slots.max(1) as usize);
     (chunk.min((fit / 1024 * 1024).max(16) as u32), stages)
 }
 
 /// The ring of a copy that has the SM's shared memory to itself (the sweep's copy rows: one source,
-/// one issuing warp, no other kernel beside it): [`auto_pipeline`](crate::auto_pipeline)'s 32 KiB
+/// one issuing warp, no other kernel beside it): [`auto_pipeline`](oxccl::auto_pipeline)'s 32 KiB
 /// chunk, as many stages as fit (at most `MAX_STAGES`). The collectives keep 4 stages or fewer per
 /// issuer so that other kernels keep room on the SM. Measured on an H200 (docs/PERF.md, 2026-12-01,
 /// TMA copy GB/s per CTA at 1 / 16 / 32 CTAs): 32 KiB × 4 100.6 / 99.6 / 91.1 (SIMT 97.0 / 96.0 /
@@ -610,7 +570,7 @@ fn sweep_pipeline(engine: &Engine, cfg: &SweepConfig, op: SweepOp, slots: u32) -
 /// `cuMemcpyDtoD`. Deeper rings of bulk reductions lose at 32 CTAs (reduce-into 32 KiB × 7: 88.7
 /// against 109 with × 4), so reduce-into keeps the collectives' rule.
 fn lone_copy_pipeline(room: usize) -> (u32, u32) {
-    let (chunk, _) = crate::auto_pipeline(room, 1, None, None);
+    let (chunk, _) = oxccl::auto_pipeline(room, 1, None, None);
     let stages = (room / chunk.max(1) as usize).clamp(1, abi::MAX_STAGES);
     (chunk, stages as u32)
 }
@@ -696,7 +656,7 @@ const POISON: u8 = 0x7F;
 
 /// Fills `buf` with [`POISON`] on `stream`.
 fn poison(stream: &Arc<CudaStream>, buf: &mut CudaSlice<u8>) -> Result<()> {
-    crate::engine::bind(stream.context())?;
+    oxccl::engine::bind(stream.context())?;
     let n = buf.len();
     let (ptr, _record) = buf.device_ptr_mut(stream);
     // SAFETY: `ptr` is `buf`'s live allocation of `n` bytes, written on `stream`, which cudarc's event
@@ -906,7 +866,7 @@ unsafe fn fill_periodic_at(
     }
     let unit = encode_all(dtype, n.min(17 << 16), f);
     // The raw copies below run in the current context: make it the stream's.
-    crate::engine::bind(stream.context())?;
+    oxccl::engine::bind(stream.context())?;
     // SAFETY: `unit` is no longer than the range (the caller's); from pageable memory the copy has
     // taken the bytes when it returns, so `unit` may be dropped after it.
     unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &unit, stream.cu_stream()) }
@@ -959,7 +919,7 @@ unsafe fn count_wrong_at(
 ) -> Result<u64> {
     let e = expected.dtype.size();
     let piece = (staging.len() / e) as u64;
-    crate::engine::bind(stream.context())?;
+    oxccl::engine::bind(stream.context())?;
     let mut wrong = 0;
     let mut start = 0;
     while start < n {
@@ -1957,7 +1917,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
         .flatten()
         .try_fold(0u64, |t, &b| t.checked_add(b))
         .and_then(|t| t.checked_add(plan.src_sharding().elements().checked_mul(2 * e as u64)?));
-    crate::engine::bind(stream.context())?;
+    oxccl::engine::bind(stream.context())?;
     let (free, _) = cudarc::driver::result::mem_get_info().map_err(Error::driver("cuMemGetInfo"))?;
     if total.is_none_or(|total| total as f64 > 0.9 * free as f64) {
         let total = total.map_or("more than 2^64".into(), |t| t.to_string());
@@ -2375,12 +2335,12 @@ mod tests {
                 b.stages = None;
                 b.threads = None;
                 let c = overlap_config(&b, mover, reduction, suspend);
-                crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
+                oxccl::config::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
                 assert_eq!((c.mover, c.reduction, c.max_ctas, c.wait_suspend_ns), (mover, reduction, Some(4), suspend));
                 // A pipeline asked for shapes the TMA rows only (the SIMT mover has none).
                 (b.chunk_bytes, b.stages, b.threads) = (Some(8192), Some(2), Some(64));
                 let c = overlap_config(&b, mover, reduction, suspend);
-                crate::comm::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
+                oxccl::config::validate_config(&c).unwrap_or_else(|e| panic!("{mover:?} {reduction:?}: {e}"));
                 let want = if mover == Mover::Tma { (Some(8192), Some(2), Some(64)) } else { (None, None, None) };
                 assert_eq!((c.chunk_bytes, c.stages, c.threads), want);
                 // SIMT threads shape the SIMT rows only.
@@ -2977,7 +2937,7 @@ impl OverlapBench {
         }
         b.compute.validate()?;
         if let Some(t) = b.simt_threads {
-            crate::comm::check_threads("simt_threads", t, 512)?;
+            oxccl::config::check_threads("simt_threads", t, 512)?;
         }
         if b.partition && matches!(b.compute, ComputeLoad::Mma { .. } | ComputeLoad::Wgmma { .. }) {
             return Err(Error::Config {
@@ -2998,7 +2958,7 @@ impl OverlapBench {
         }
         for (mover, reduction) in overlap_variants(b) {
             for &suspend in &b.suspend_ns {
-                crate::comm::validate_config(&overlap_config(b, mover, reduction, suspend))?;
+                oxccl::config::validate_config(&overlap_config(b, mover, reduction, suspend))?;
             }
         }
         if let Some(ms) = b.compute_ms
@@ -3021,92 +2981,6 @@ impl OverlapBench {
             });
         }
         Ok(())
-    }
-}
-
-/// Streams held on the host (a host function each that blocks until [`HostGate::release`] or the
-/// gate's drop), so the work queued behind them starts on the device when released, not while the
-/// host queues it; or, in a test, so that other work can be seen to end while they are held. A
-/// watchdog opens the gate after the `guard` given to [`HostGate::new`] ([`HostGate::forced`]
-/// says so), should anything wait on a held stream.
-pub struct HostGate {
-    state: Arc<GateState>,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// (open, opened by the watchdog)
-    open: std::sync::Mutex<(bool, bool)>,
-    changed: std::sync::Condvar,
-}
-
-impl GateState {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (bool, bool)> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl HostGate {
-    /// A closed gate whose watchdog opens it after `guard`.
-    pub fn new(guard: std::time::Duration) -> HostGate {
-        let state = Arc::new(GateState::default());
-        let watchdog = state.clone();
-        std::thread::spawn(move || {
-            let open = watchdog.lock();
-            let (mut open, _) =
-                watchdog.changed.wait_timeout_while(open, guard, |o| !o.0).unwrap_or_else(|e| e.into_inner());
-            if !open.0 {
-                *open = (true, true);
-                watchdog.changed.notify_all();
-            }
-        });
-        HostGate { state }
-    }
-
-    /// Holds `stream`, after the work queued on it so far, until the gate opens.
-    pub fn hold(&self, stream: &CudaStream) -> Result<()> {
-        /// # Safety
-        /// `arg` is an `Arc` of a gate's state turned into a raw pointer for this one call.
-        unsafe extern "C" fn wait(arg: *mut std::ffi::c_void) {
-            // SAFETY: made by `Arc::into_raw` below, taken back once, here.
-            let state = unsafe { Arc::from_raw(arg as *const GateState) };
-            let mut open = state.lock();
-            while !open.0 {
-                open = state.changed.wait(open).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        crate::engine::bind(stream.context())?;
-        // In a capture the function would become a graph node, run once per launch of the graph
-        // (or never), while its argument is one counted reference taken back once.
-        if crate::comm::any_capturing(std::iter::once(stream))? {
-            return Err(Error::Capturing { what: "holding a stream at a host gate" });
-        }
-        let arg = Arc::into_raw(self.state.clone()) as *mut std::ffi::c_void;
-        // SAFETY: a host function on a live stream; its argument is a counted reference to the gate's
-        // state, which the function releases (or, if the launch fails, is released here).
-        let queued = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait), arg) }.result();
-        if queued.is_err() {
-            // SAFETY: not queued, so not taken back by `wait`.
-            drop(unsafe { Arc::from_raw(arg as *const GateState) });
-        }
-        queued.map_err(Error::driver("cuLaunchHostFunc"))
-    }
-
-    /// Opens the gate: the held streams go on.
-    pub fn release(&self) {
-        self.state.lock().0 = true;
-        self.state.changed.notify_all();
-    }
-
-    /// Whether the watchdog opened the gate.
-    pub fn forced(&self) -> bool {
-        self.state.lock().1
-    }
-}
-
-impl Drop for HostGate {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 
@@ -3210,7 +3084,7 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 // Everything is queued behind a gate and starts when it opens: the times do not
                 // include the host's queuing. The collective is queued first, and the compute waits
                 // for the collective's start (as T-CCL runs its AllReduce on a high-priority stream).
-                let gate = HostGate::new(std::time::Duration::from_secs(60));
+                let gate = oxccl::gate::HostGate::new(std::time::Duration::from_secs(60));
                 for l in &lanes {
                     gate.hold(l)?;
                 }
@@ -3414,7 +3288,7 @@ fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cud
     };
     let module = stream
         .context()
-        .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::PROBES))
+        .load_module(cudarc::nvrtc::Ptx::from_src(oxccl::ptx::PROBES))
         .map_err(Error::driver("cuModuleLoadData"))?;
     let function = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
     let smem = i32::try_from(smem)
@@ -3672,7 +3546,7 @@ impl Compute {
             ComputeKind::Gemm { blas, a, b, c, m, n, k } => {
                 use cudarc::cublas::{Gemm, GemmConfig, sys::cublasOperation_t::CUBLAS_OP_N};
                 // cuBLAS launches in the current context: make it this GPU's.
-                crate::engine::bind(self.stream.context())?;
+                oxccl::engine::bind(self.stream.context())?;
                 // Column-major C (m × n) = A (m × k) · B (k × n).
                 let cfg = GemmConfig {
                     transa: CUBLAS_OP_N,

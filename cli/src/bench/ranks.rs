@@ -5,9 +5,9 @@ use super::{
     CollectiveBench, CollectiveRow, Expected, check_staging, count_wrong_on_device, fill_periodic, nccl_count, pattern,
     poison, time_ms,
 };
-use crate::error::{Error, Result};
-use crate::{Collective, Comm, DType, SymmetricBuffer};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use oxccl::{Collective, Comm, DType, SymmetricBuffer};
+use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
 
 /// Where a per-rank benchmark's buffers come from.

@@ -11,9 +11,9 @@ use super::{
     CHECK_PIECE, Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count,
     time_ms_on,
 };
-use crate::DType;
-use crate::error::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use oxccl::DType;
+use oxccl::{Error, Result};
 use std::sync::Arc;
 
 use oxccl_ptx::trace_layout::{self as layout, BARRIER_BYTES, MAX_BARRIERS, MAX_LAG};

@@ -194,7 +194,7 @@ fn every_listed_benchmark_is_known() {
         );
         return;
     }
-    for what in oxccl::cli::bench::BENCHMARKS {
+    for what in oxccl_cli::commands::bench::BENCHMARKS {
         let (ok, err) = oxccl(&["bench", what]);
         assert!(!ok && !err.contains("unknown benchmark") && err.contains("no GPU"), "{what}: {err}");
     }

@@ -11,8 +11,8 @@
 use super::CliResult;
 use super::simulate::parse_size;
 use crate::bench::{self, CollectiveBench, ReshardBench, Split, SweepConfig};
-use crate::reshard::{CtaOwner, PlanOptions, Route};
-use crate::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
+use oxccl::reshard::{CtaOwner, PlanOptions, Route};
+use oxccl::{Collective, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 
 /// The benchmarks `oxccl bench` runs by name (`Args::what`).
 pub const BENCHMARKS: [&str; 9] =
@@ -440,7 +440,7 @@ fn movers_config(a: &Args) -> SweepConfig {
     }
 }
 
-/// The flag that sets the field an [`Error::Config`](crate::Error::Config) of the library names
+/// The flag that sets the field an [`Error::Config`](oxccl::Error::Config) of the library names
 /// (a `Config` field, a field of the benchmarks' parameters), where one does: `max_ctas` is
 /// `--ctas`, `chunk_bytes` `--chunk`, `bytes` (the size of every buffer of movers, overlap and
 /// tma_trace) `-e`, ...
@@ -475,15 +475,15 @@ fn flag_of_field(field: &str) -> Option<&'static str> {
     })
 }
 
-/// `e` with the field of a library [`Error::Config`](crate::Error::Config) shown as the flag that
+/// `e` with the field of a library [`Error::Config`](oxccl::Error::Config) shown as the flag that
 /// sets it ([`flag_of_field`]): `--ctas: must be at least 1`, not `max_ctas: ...`. Other errors
 /// are returned as they are.
 fn named_by_flag(e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
-    match e.downcast::<crate::Error>() {
+    match e.downcast::<oxccl::Error>() {
         Ok(e) => match *e {
-            crate::Error::Config { field, why } => match flag_of_field(field) {
+            oxccl::Error::Config { field, why } => match flag_of_field(field) {
                 Some(flag) => format!("{flag}: {why}").into(),
-                None => Box::new(crate::Error::Config { field, why }),
+                None => Box::new(oxccl::Error::Config { field, why }),
             },
             other => Box::new(other),
         },
@@ -494,8 +494,8 @@ fn named_by_flag(e: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
 /// GPU 0, or the first `--gpus` GPUs.
 fn contexts(a: &Args) -> Result<Vec<std::sync::Arc<cudarc::driver::CudaContext>>, Box<dyn std::error::Error>> {
     Ok(match a.gpus {
-        Some(n) => crate::engine::probe_gpus(n).map_err(|why| format!("--gpus {n}: {why}"))?,
-        None => vec![crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?],
+        Some(n) => oxccl::engine::probe_gpus(n).map_err(|why| format!("--gpus {n}: {why}"))?,
+        None => vec![oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?],
     })
 }
 
@@ -699,7 +699,7 @@ fn run_named(a: Args) -> CliResult {
         }
         parse_op(a.op.as_deref().unwrap_or("sum"))?;
         sweep(&a).validate(dtype.size() as u64)?;
-        crate::comm::validate_config(&collective_config(&a)?)?;
+        oxccl::config::validate_config(&collective_config(&a)?)?;
     }
     if let Some(c) = collective {
         check_rank_flags(&a)?;
@@ -723,7 +723,7 @@ fn run_named(a: Args) -> CliResult {
         let cfg = movers_config(&a);
         println!("# oxccl mover sweep: {}", command.join(" "));
         // Loaded here once and shared by the sweep's cases.
-        let engine = crate::engine::Engine::shared(&ctx)?;
+        let engine = oxccl::engine::Engine::shared(&ctx)?;
         println!("# device: {}, kernels from {}", ctx.name().unwrap_or_default(), engine.code);
         let given = |v: Option<u32>| v.map_or("default".to_string(), |v| v.to_string());
         println!(
@@ -782,7 +782,7 @@ fn run_named(a: Args) -> CliResult {
     };
     println!("# oxccl {}: {}", collective.name(), command.join(" "));
     // Loaded here once and shared by the benchmark's communicators on this device.
-    let engine = crate::engine::Engine::shared(&ctx)?;
+    let engine = oxccl::engine::Engine::shared(&ctx)?;
     println!(
         "# device: {}, {} {}, mover {}, reduction {}, kernels from {}",
         ctx.name().unwrap_or_default(),
@@ -882,10 +882,10 @@ fn parse_buffers(s: Option<&str>) -> Result<bench::Buffers, String> {
 /// that each run [`run_rank`]; or, with `--rank-threads`, N threads here.
 fn run_ranks(a: &Args, collective: Collective, n: usize, command: &[String]) -> CliResult {
     if std::env::var_os(RANK_CHILD).is_some() {
-        let env = crate::LaunchEnv::from_env()?;
+        let env = oxccl::LaunchEnv::from_env()?;
         let stream =
-            crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?.new_stream()?;
-        let comm = crate::Comm::from_env(&stream, collective_config(a)?)?;
+            oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?.new_stream()?;
+        let comm = oxccl::Comm::from_env(&stream, collective_config(a)?)?;
         return run_rank(
             a,
             collective,
@@ -895,9 +895,9 @@ fn run_ranks(a: &Args, collective: Collective, n: usize, command: &[String]) -> 
         );
     }
     if a.rank_threads {
-        let ctx = crate::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+        let ctx = oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
         let config = collective_config(a)?;
-        let boots = crate::bootstrap::LocalBootstrap::group(n, config.timeout);
+        let boots = oxccl::bootstrap::LocalBootstrap::group(n, config.timeout);
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
             let workers: Vec<_> = boots
                 .into_iter()
@@ -905,7 +905,7 @@ fn run_ranks(a: &Args, collective: Collective, n: usize, command: &[String]) -> 
                     let (ctx, config) = (ctx.clone(), config.clone());
                     s.spawn(move || -> Result<(), String> {
                         let stream = ctx.new_stream().map_err(|e| e.to_string())?;
-                        let comm = crate::Comm::new(&stream, Box::new(boot), config).map_err(|e| e.to_string())?;
+                        let comm = oxccl::Comm::new(&stream, Box::new(boot), config).map_err(|e| e.to_string())?;
                         run_rank(a, collective, &comm, command, &format!("{n} threads of one process, one rank each"))
                             .map_err(|e| e.to_string())
                     })
@@ -952,7 +952,7 @@ fn run_ranks(a: &Args, collective: Collective, n: usize, command: &[String]) -> 
 }
 
 /// One rank's part of `--procs`: the nccl-tests table, printed by rank 0.
-fn run_rank(a: &Args, collective: Collective, comm: &crate::Comm, command: &[String], placement: &str) -> CliResult {
+fn run_rank(a: &Args, collective: Collective, comm: &oxccl::Comm, command: &[String], placement: &str) -> CliResult {
     let buffers = parse_buffers(a.buffers.as_deref())?;
     let b = CollectiveBench {
         collective,
@@ -997,7 +997,7 @@ fn run_rank(a: &Args, collective: Collective, comm: &crate::Comm, command: &[Str
 /// ranks, one nccl-tests row per size. The flags are checked and the plan compiled before looking
 /// for a GPU.
 fn run_plan(a: &Args) -> CliResult {
-    use crate::compiled::CompiledConfig;
+    use oxccl::compiled::CompiledConfig;
     use oxccl_host::compile::{Scheduler, TbAlloc};
     use oxccl_kernels::abi::PlanMode;
     if let Some(w) = &a.what {
@@ -1124,7 +1124,7 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
         "hierarchical" => Route::Hierarchical,
         other => return Err(format!("unknown route {other:?} (direct, hierarchical)").into()),
     };
-    let last = |l: &crate::reshard::Layout| (l.mesh().start() + l.mesh().size()) as usize;
+    let last = |l: &oxccl::reshard::Layout| (l.mesh().start() + l.mesh().size()) as usize;
     let ranks = a.ranks.unwrap_or_else(|| last(&src).max(last(&dst)));
     let dtype = parse_dtype(a.dtype.as_deref().unwrap_or("bfloat16"))?;
     let options = ReshardOptions {
@@ -1142,9 +1142,9 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
     oxccl_host::reshard::plan(&a.shape, dtype.size() as u64, &src, &dst, options.plan)?;
     let buffers = vec![None; ranks];
     let side =
-        |layout| crate::reshard::Side { shape: &a.shape, elem_bytes: dtype.size() as u64, layout, buffers: &buffers };
-    match crate::reshard::validate(ranks, &side(&src), &side(&dst)) {
-        Ok(()) | Err(crate::Error::MissingBuffer { .. }) => {}
+        |layout| oxccl::reshard::Side { shape: &a.shape, elem_bytes: dtype.size() as u64, layout, buffers: &buffers };
+    match oxccl::reshard::validate(ranks, &side(&src), &side(&dst)) {
+        Ok(()) | Err(oxccl::Error::MissingBuffer { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     let config = Config {
@@ -1158,7 +1158,7 @@ fn reshard_bench(a: &Args) -> Result<ReshardBench, Box<dyn std::error::Error>> {
         ..Config::default()
     };
     // The configuration's own checks too, before any GPU use.
-    crate::comm::validate_config(&config)?;
+    oxccl::config::validate_config(&config)?;
     for (flag, gbps) in [("--nvlink-gbps", a.nvlink_gbps), ("--cross-gbps", a.cross_gbps)] {
         if !(gbps.is_finite() && gbps > 0.0) {
             return Err(format!("{flag} {gbps}: give a positive bandwidth in GB/s").into());

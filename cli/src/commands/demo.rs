@@ -2,7 +2,7 @@
 //! plan on the CPU executor; says which it used and checks the result against the reference.
 
 use super::CliResult;
-use crate::{Communicator, Config};
+use oxccl::{Communicator, Config};
 use oxccl_host::lowered::{self, HostBuffers};
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
@@ -73,7 +73,7 @@ pub fn run(a: Args) -> CliResult {
     let as_bytes: Vec<Vec<u8>> = inputs.iter().map(|v| bytemuck::cast_slice(v).to_vec()).collect();
     let want = tccl::reference(&spec, &as_bytes);
 
-    let gpu = if a.cpu { Err("--cpu given".to_string()) } else { crate::engine::probe_gpu() };
+    let gpu = if a.cpu { Err("--cpu given".to_string()) } else { oxccl::engine::probe_gpu() };
     let (got, where_): (Vec<Vec<u8>>, String) = match gpu {
         Ok(ctx) => {
             let stream = ctx.default_stream();
@@ -84,7 +84,7 @@ pub fn run(a: Args) -> CliResult {
             let mut recv = (0..a.ranks)
                 .map(|_| stream.clone_htod(&vec![f32::NAN; a.count as usize]))
                 .collect::<Result<Vec<_>, _>>()?;
-            comm.all_reduce(&send, &mut recv, crate::ReduceOp::Sum)?;
+            comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum)?;
             comm.synchronize()?;
             let out = recv
                 .iter()

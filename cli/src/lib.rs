@@ -1,0 +1,7 @@
+//! The `oxccl` command's machinery, apart from the library: its subcommands ([`commands`]) and the
+//! benchmarks ([`bench`]) that the command and the cargo benches run.
+
+#![warn(missing_docs)]
+
+pub mod bench;
+pub mod commands;
