@@ -285,7 +285,7 @@ for run in open(sys.argv[2]):
           tail -10 "$OUT/issuers.log" | grep -E "^ +(tma|simt) " ; done
         for c in 1 8; do for coll in all_reduce all_gather; do
           log "$coll --ranks 8 --ctas $c --reduction tma --issuers $w --stages $st"
-          timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c --reduction tma --issuers $w --stages $st >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
+          timeout 60 $B/oxccl bench $coll --ranks 8 -b 64M -e 1G -f 4 -n 10 -w 3 --ctas $c $([ "$coll" = all_reduce ] && echo --reduction tma) --issuers $w --stages $st >> "$OUT/issuers.log" 2>&1; echo "rc=$?"
           tail -4 "$OUT/issuers.log" | grep -E "^ +1073741824 |Avg" ; done; done; done ;;
     issuer-shapes)
       # The bulk path with 1, 2 or 4 issuers and a shared-memory footprint that leaves room for the
@@ -339,7 +339,7 @@ for run in open(sys.argv[2]):
       export CUDA_DEVICE_MAX_CONNECTIONS=32
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml" "--xml .device/host-msccl/ndv4_ag-32m-1g.xml"; do
         for exec in compiled interpreted; do
-          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench plan $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
     plan-shapes)
       # Compiled plans by launch shape (threads, TMA stage bytes, FIFO slots, micro-batches) at
       # 256 MiB, in place. PLAN_VARIANTS: flag sets separated by ';' (an empty one: the defaults).
@@ -348,7 +348,7 @@ for run in open(sys.argv[2]):
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8"; do
         for v in "${variants[@]}"; do
           log "bench $args $v"
-          timeout 60 $B/oxccl bench $args $v -b 256M -e 256M -n 5 -w 2 2>&1 | grep -E "^ +268435456 |TBs per rank|^oxccl|rror" ; done; done ;;
+          timeout 60 $B/oxccl bench plan $args $v -b 256M -e 256M -n 5 -w 2 2>&1 | grep -E "^ +268435456 |TBs per rank|^oxccl|rror" ; done; done ;;
     few-ctas)
       # The TMA AllReduce at 1 and 2 CTAs per rank (8 virtual ranks, 256 MiB per rank), by combining
       # threads and by where the combined shard goes, against SIMT: what bounds the register combine
@@ -383,7 +383,7 @@ for run in open(sys.argv[2]):
         log "oxccl $coll --gpus $GPUS --ctas $c --stages $st $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $st $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
     multi-compiled)
       for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
-        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs|idle" ; done; done ;;
+        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench plan $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs|idle" ; done; done ;;
     nccl)
       log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
     compare)

@@ -1,48 +1,49 @@
 //! `oxccl bench` as a cargo bench: the nccl-tests-style tables of the collectives (and every other
-//! benchmark of the `oxccl` command) with the same flags.
+//! benchmark of the `oxccl` command) with the same subcommands and flags.
 //!
 //! ```text
-//! cargo bench --bench collectives                                   # all_reduce, 8 virtual ranks, 1 MiB - 1 GiB
-//! cargo bench --bench collectives -- all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma
-//! cargo bench --bench collectives -- --json                         # all_reduce unless a benchmark is named
+//! cargo bench --bench collectives                                   # all-reduce, 8 virtual ranks, 1 MiB - 1 GiB
+//! cargo bench --bench collectives -- all-reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma
+//! cargo bench --bench collectives -- reduce-scatter --json
 //! ```
 //!
 //! Without a GPU it prints `skipped: no GPU (...)` and exits successfully (the `oxccl bench` command
 //! itself fails there, with the same reason).
 
-use clap::{CommandFactory, FromArgMatches, Parser};
-use oxccl_cli::commands::bench::BENCHMARKS;
+use clap::{CommandFactory, Parser, Subcommand};
+use oxccl_cli::commands::bench::{self, Command};
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(name = "collectives", about = "oxccl bench as a cargo bench")]
 struct Bench {
-    #[command(flatten)]
-    args: Box<oxccl_cli::commands::bench::Args>,
+    #[command(subcommand)]
+    command: Command,
 }
 
 fn main() -> ExitCode {
     // `cargo bench` appends `--bench`, which is the harness's flag, not a benchmark's.
-    let argv: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
-    let matches = Bench::command().get_matches_from(&argv);
-    let mut args = *Bench::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()).args;
-    // Flags its benchmark does not read are refused, as by the `oxccl` command.
-    args.given = oxccl_cli::commands::bench::given_ids(&matches);
-    match args.what.as_deref() {
+    let mut argv: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
+    match argv.get(1) {
+        // Bare `cargo bench`, or flags alone: the AllReduce (8 virtual ranks, 1 MiB - 1 GiB by default).
+        None => argv.push("all-reduce".into()),
+        Some(first) if first.starts_with('-') && !matches!(first.as_str(), "-h" | "--help" | "-V" | "--version") => {
+            argv.insert(1, "all-reduce".into())
+        }
         // A filter meant for another bench (`cargo bench copy/tma` hands it to every bench target).
-        Some(w) if !BENCHMARKS.contains(&w) => {
+        Some(first) if !Command::has_subcommand(first) => {
+            let names: Vec<String> = Bench::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
             eprintln!(
-                "collectives: {w:?} names no benchmark of oxccl bench ({}); nothing to run",
-                BENCHMARKS.join(", ")
+                "collectives: {first:?} names no benchmark of oxccl bench ({}); nothing to run",
+                names.join(", ")
             );
             return ExitCode::SUCCESS;
         }
-        // Bare `cargo bench`, or flags alone: the AllReduce (8 virtual ranks, 1 MiB - 1 GiB by default).
-        None if args.algo.is_none() && args.xml.is_none() => args.what = Some("all_reduce".into()),
-        _ => {}
+        Some(_) => {}
     }
-    // A flag its benchmark would ignore is refused with or without a GPU.
-    if let Err(e) = oxccl_cli::commands::bench::checked_kind(&args) {
+    let command = Bench::parse_from(&argv).command;
+    // A bad command is refused with or without a GPU.
+    if let Err(e) = bench::check(&command) {
         eprintln!("collectives: {e}");
         return ExitCode::FAILURE;
     }
@@ -50,7 +51,7 @@ fn main() -> ExitCode {
         eprintln!("skipped: no GPU ({why})");
         return ExitCode::SUCCESS;
     }
-    match oxccl_cli::commands::bench::run(args) {
+    match bench::run(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("collectives: {e}");

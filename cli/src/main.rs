@@ -1,6 +1,6 @@
 //! The `oxccl` command: benchmarks, plans, simulations, verification, reshard planning and a demo.
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use oxccl_cli::commands as cli;
 use std::process::ExitCode;
 
@@ -15,8 +15,9 @@ struct Cli {
 enum Command {
     /// Run an AllReduce over 8 ranks: on the GPU when one is present, otherwise the same plan on the CPU executor.
     Demo(cli::demo::Args),
-    /// nccl-tests-style bandwidth benchmark of a collective or a compiled algorithm.
-    Bench(Box<cli::bench::Args>),
+    /// Benchmarks: nccl-tests-style collectives, the movers, overlap, reshard, compiled plans.
+    #[command(subcommand)]
+    Bench(cli::bench::Command),
     /// Compile an algorithm and print the plan summary.
     Plan(cli::plan::Args),
     /// Simulate a compiled plan on a topology.
@@ -33,17 +34,10 @@ enum Command {
 
 fn main() -> ExitCode {
     restore_sigpipe();
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    // `oxccl bench` refuses flags its benchmark does not read: it is told which were given.
-    if let Command::Bench(a) = &mut cli.command
-        && let Some(m) = matches.subcommand_matches("bench")
-    {
-        a.given = cli::bench::given_ids(m);
-    }
+    let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cli::demo::run(a),
-        Command::Bench(a) => cli::bench::run(*a),
+        Command::Bench(b) => cli::bench::run(b),
         Command::Plan(a) => cli::plan::run(a),
         Command::Simulate(a) => cli::simulate::run(a),
         Command::Verify(a) => cli::verify::run(a),

@@ -5,60 +5,10 @@
 //! oxccl reshard --shape 4,8 --dtype f32 --src-mesh 1x4@0 --src R,S0 --dst-mesh 2x2@4 --dst R,S0 --verify
 //! ```
 
-use super::CliResult;
+use super::{CliResult, Dtype};
 use oxccl_host::reshard::{
     self, CtaOwner, Layout, LoweredReshard, Mesh, PlanOptions, PlanReport, Route, VerifySummary,
 };
-
-/// Element types the command knows, by name.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dtype {
-    /// 64-bit float.
-    F64,
-    /// 32-bit float.
-    F32,
-    /// 16-bit float (IEEE half).
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// FP8 E4M3.
-    F8e4m3,
-    /// FP8 E5M2.
-    F8e5m2,
-    /// 64-bit signed integer.
-    I64,
-    /// 32-bit signed integer.
-    I32,
-    /// 16-bit signed integer.
-    I16,
-    /// 8-bit signed integer.
-    I8,
-    /// 64-bit unsigned integer.
-    U64,
-    /// 32-bit unsigned integer.
-    U32,
-    /// 16-bit unsigned integer.
-    U16,
-    /// 8-bit unsigned integer.
-    U8,
-}
-
-impl Dtype {
-    /// Bytes per element.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Self::F64 | Self::I64 | Self::U64 => 8,
-            Self::F32 | Self::I32 | Self::U32 => 4,
-            Self::F16 | Self::Bf16 | Self::I16 | Self::U16 => 2,
-            Self::F8e4m3 | Self::F8e5m2 | Self::I8 | Self::U8 => 1,
-        }
-    }
-
-    /// The name as given on the command line.
-    pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self).map_or_else(String::new, |v| v.get_name().to_owned())
-    }
-}
 
 /// The route, as spelled on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
