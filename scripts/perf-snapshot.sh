@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reruns every command docs/PERF.md lists and saves each one's output under a dated folder, so that
-# PERF.md's tables can be rewritten from those files (by hand: this script changes nothing outside
-# its output folder). Runs on a GPU machine from built binaries; a command whose needs are missing
+# PERF.md's tables can be rewritten from those files, by hand: this script edits no file of the
+# repository. Runs on a GPU machine from built binaries; a command whose needs are missing
 # (a GPU, two GPUs, MPS, torch, /usr/bin/time, staged test binaries) is skipped, and says so.
 #
 # Usage: scripts/perf-snapshot.sh [--list | --dry-run] [NAME...]
@@ -11,8 +11,9 @@
 #   --dry-run  print what would run for the names given, run nothing
 # Environment:
 #   OXCCL   the oxccl binary (default target/release/oxccl; the cuBLAS rows need a build with
-#           `cargo build --release -p oxccl-cli --features gemm`)
-#   OUT     the output folder (default perf-snapshots/<UTC date and time>)
+#           `cargo build --release -p oxccl-cli --features gemm`, as scripts/gpu-stage.sh makes
+#           it: .device/bin/oxccl once scripts/gpu-suite.sh has unpacked .device/pack)
+#   OUT     the output folder (default target/perf-snapshots/<UTC date and time>)
 #   B       the test binaries staged by scripts/gpu-stage.sh, for `gpu-tests` (default .device/bin)
 #   MSCCL   the folder of the MSCCL XML files (default host/tests/data/msccl)
 #   SNAP_TIMEOUT  seconds allowed per command (default 900)
@@ -44,7 +45,7 @@ if [ "$MODE" = run ]; then
   if [ ! -x "$OXCCL" ]; then
     echo "perf-snapshot: no oxccl binary at $OXCCL (build it, or set OXCCL)" >&2; exit 2
   fi
-  OUT=${OUT:-perf-snapshots/$(date -u +%Y-%m-%d_%H%M%S)}
+  OUT=${OUT:-target/perf-snapshots/$(date -u +%Y-%m-%d_%H%M%S)}
   mkdir -p "$OUT"
   {
     echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M:%S')"
