@@ -171,34 +171,34 @@ declare -A DESCRIBE=(
 X=$OXCCL
 # AllReduce by CTA count
 for m in tma simt; do for c in 1 2 4 8 16; do
-  snap "cta-table-$m-$c" gpu "$X" bench all_reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas "$c" --mover "$m" --json
+  snap "cta-table-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas "$c" --mover "$m" --json
 done; done
-snap allreduce gpu "$X" bench all_reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json
+snap allreduce gpu "$X" bench all-reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json
 # Other collectives on 8 virtual ranks
-snap reduce-scatter-16 gpu "$X" bench reduce_scatter --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
-snap all-gather-16 gpu "$X" bench all_gather --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
+snap reduce-scatter-16 gpu "$X" bench reduce-scatter --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
+snap all-gather-16 gpu "$X" bench all-gather --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
 snap broadcast gpu "$X" bench broadcast --root 1 --ranks 8 -b 1M -e 1G -f 4 --json
 snap reduce gpu "$X" bench reduce --root 1 --ranks 8 -b 1M -e 1G -f 4 --json
 # Small messages and CUDA graphs
 for m in tma simt; do for c in 1 4 16; do
-  snap "small-$m-$c" gpu "$X" bench all_reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
+  snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
 done; done
-snap small-graph-16 gpu "$X" bench all_reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas 16 -G 10 --json
+snap small-graph-16 gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas 16 -G 10 --json
 # Movers
 snap movers gpu "$X" bench movers -e 1G --json
 snap movers-64-threads gpu "$X" bench movers -e 256M -n 5 -w 2 --threads 64 --json
 # Per-rank communicators (MPS only for the process runs)
-for coll in all_reduce reduce_scatter all_gather; do
+for coll in all-reduce reduce-scatter all-gather; do
   snap "ranks-virtual-$coll" gpu "$X" bench "$coll" --ranks 8 -b 64M -e 1G -f 4 -n 20 -w 5 --json
   snap "ranks-threads-$coll" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench "$coll" --procs 8 --rank-threads -b 64M -e 1G -f 4 -n 20 -w 5 --json
 done
-snap latency-virtual gpu "$X" bench all_reduce --ranks 8 -b 8 -e 32K -f 2 -n 200 -w 20 --json
-for coll in all_reduce reduce_scatter all_gather; do for buf in symmetric plain; do
+snap latency-virtual gpu "$X" bench all-reduce --ranks 8 -b 8 -e 32K -f 2 -n 200 -w 20 --json
+for coll in all-reduce reduce-scatter all-gather; do for buf in symmetric plain; do
   snap "ranks-procs-$buf-$coll" gpu,mps "$X" bench "$coll" --procs 8 --buffers "$buf" -b 64M -e 1G -f 4 -n 20 -w 5 --json
 done; done
-snap latency-procs gpu,mps "$X" bench all_reduce --procs 8 -b 8 -e 32K -f 2 -n 200 -w 20 --json
+snap latency-procs gpu,mps "$X" bench all-reduce --procs 8 -b 8 -e 32K -f 2 -n 200 -w 20 --json
 # Several GPUs
-for coll in all_reduce reduce_scatter all_gather; do for c in 8 16; do
+for coll in all-reduce reduce-scatter all-gather; do for c in 8 16; do
   snap "gpus2-$coll-$c" gpus2 "$X" bench "$coll" --gpus 2 --ctas "$c" -b 64M -e 4G -f 4 -n 20 -w 5 --json
 done; done
 snap nccl-gpus2 gpus2,torch python3 scripts/nccl_bench.py --gpus 2 --ctas 8,16,default -b 64M -e 4G -f 4 --json
@@ -207,10 +207,10 @@ snap compare-gpus2 gpus2 compare_gpus2
 for plan in "ring-allreduce:--algo ring-allreduce --topo 1x8" "hm-allreduce:--algo hm-allreduce --topo 2x4" "msccl-ndv4_r48ll:--xml $MSCCL/ndv4_r48ll.xml"; do
   read -ra args <<< "${plan#*:}"
   for exec in compiled interpreted; do
-    snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench "${args[@]}" --exec "$exec" -b 64M -e 256M -f 4 -n 5 -w 2 --json
+    snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan "${args[@]}" --exec "$exec" -b 64M -e 256M -f 4 -n 5 -w 2 --json
   done
 done
-snap plan-ring-instances-4 gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench --algo ring-allreduce --topo 1x8 --instances 4 --instance-channels separate -b 64M -e 1G -f 4 -n 10 -w 3 --json
+snap plan-ring-instances-4 gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan --algo ring-allreduce --topo 1x8 --instances 4 --instance-channels separate -b 64M -e 1G -f 4 -n 10 -w 3 --json
 # Reshard
 snap reshard gpu "$X" bench reshard -n 5 -w 1 --json
 # Overlap with compute: every CTA budget with the default shapes and with small ones
