@@ -625,8 +625,8 @@ impl Communicator {
     /// The launch parameters of a program of `dtype` tasks reducing with `op` (ignored by copies) that
     /// needs `slots` shared-memory slots per stage and combines sources or not. It knows no CTA
     /// count nor collective, so `combine_direct` is `Config::combine_direct` or `false` and the ring is
-    /// [`auto_pipeline`]'s; [`Self::launch_spec`] applies the automatic rules (and
-    /// [`combining_pipeline`]'s ring) as a collective call does.
+    /// [`auto_pipeline`](crate::auto_pipeline)'s; [`Self::launch_spec`] applies the automatic rules (and
+    /// [`combining_pipeline`](crate::combining_pipeline)'s ring) as a collective call does.
     pub fn launch_spec_for(&self, dtype: DType, op: ReduceOp, slots: u32, combines: bool) -> Result<LaunchSpec> {
         self.shaped_launch_spec(dtype, op, slots, combines, false)
     }

@@ -20,12 +20,12 @@ pub struct Config {
     /// `Reduction::Registers` (the hardware bulk reduction does not fix the order between sources).
     pub deterministic: bool,
     /// Bytes per source per pipeline stage (TMA mover; `None`: see
-    /// [`auto_pipeline`](crate::auto_pipeline), which also gives a fixed chunk as many stages, up to
+    /// [`auto_pipeline`], which also gives a fixed chunk as many stages, up to
     /// four, as fit in shared memory, or, where every combine stores from registers on one device,
-    /// [`combining_pipeline`](crate::combining_pipeline); launches with several issuers: see `issuers`).
+    /// [`combining_pipeline`]; launches with several issuers: see `issuers`).
     pub chunk_bytes: Option<u32>,
-    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`](crate::auto_pipeline) and
-    /// [`combining_pipeline`](crate::combining_pipeline); launches with several issuers: see `issuers`).
+    /// Pipeline stages (TMA mover; `None`: see [`auto_pipeline`] and
+    /// [`combining_pipeline`]; launches with several issuers: see `issuers`).
     /// Given without `chunk_bytes` where the combining ring applies, the stages get the largest chunk
     /// that fits (not capped at 32 KiB): to bound the shared memory a CTA takes, give `chunk_bytes`.
     pub stages: Option<u32>,
@@ -50,7 +50,7 @@ pub struct Config {
     /// (a multiple of W), or as many multiples of W as a given chunk leaves room for (two each at
     /// most, one each at least), or two each in the shared memory one issuer's default pipeline
     /// takes. `None`: the ring one issuer would get (stages and chunk as given, else
-    /// [`auto_pipeline`](crate::auto_pipeline)'s) split among [`DEFAULT_ISSUERS`] or 2 where each
+    /// [`auto_pipeline`]'s) split among [`DEFAULT_ISSUERS`] or 2 where each
     /// keeps two stages and given threads hold their warps, else one; with neither stages nor chunk
     /// given, 8 stages of 16 KiB among 4. Beside one 256-thread compute CTA per SM four keep a copy
     /// at its speed alone where a lone issuer loses a quarter of its speed; beside compute that

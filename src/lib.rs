@@ -98,3 +98,8 @@ impl Element for u32 {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;
+
+/// The usage guide's Rust examples (`docs/USAGE.md`), compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/USAGE.md")]
+struct UsageExamples;

@@ -224,9 +224,14 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Every PTX module the crate embeds.
-const MODULES: [(&str, &str); 3] =
-    [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS), ("probes", oxccl::ptx::PROBES)];
+/// The benchmark kernels' module, which the `oxccl` command embeds (`oxccl-cli`, whose own test
+/// checks it equals a fresh build): the only kernels that use some wrappers (`mma`, `wgmma`,
+/// `cp.async`, `%clock64`, ...), so their golden rows are checked there.
+const BENCH: &str = include_str!("../cli/ptx/oxccl_bench.ptx");
+
+/// Every PTX module of the workspace: the crate's three and the benchmark kernels.
+const MODULES: [(&str, &str); 4] =
+    [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS), ("probes", oxccl::ptx::PROBES), ("bench", BENCH)];
 
 /// The text of one `.entry` (up to the next entry or function).
 fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
@@ -284,11 +289,13 @@ fn tensor_rows() -> Vec<(String, String, String)> {
     rows
 }
 
-/// Checks each (wrapper, probe kernel, pattern) row against the probe module.
+/// Checks each (wrapper, probe kernel, pattern) row against the probe module (or, for the
+/// benchmark kernels, their module).
 fn check_rows<'a>(rows: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) {
     let mut missing = Vec::new();
     for (wrapper, kernel, text) in rows {
-        match entry(oxccl::ptx::PROBES, kernel) {
+        let module = if kernel.starts_with("bench_") { BENCH } else { oxccl::ptx::PROBES };
+        match entry(module, kernel) {
             None => missing.push(format!("{wrapper}: probe kernel {kernel} missing")),
             Some(body) if !contains_pattern(body, text) => missing.push(format!("{wrapper}: `{text}` not in {kernel}")),
             Some(_) => {}
@@ -330,9 +337,6 @@ const NOT_WRAPPER_FILES: &[(&str, &str)] = &[
     ("lib.rs", "the crate root: module list, re-exports and the probe module's panic handler"),
     ("probes.rs", "the probe kernels themselves"),
     ("space.rs", "address-space types; their one instruction (`Shared::from_generic`) has a row by hand"),
-    ("trace_layout.rs", "the timed TMA probe's layout, shared with the host: no instructions"),
-    ("gemm_shape.rs", "the GEMM probe's shape, shared with the host: no instructions"),
-    ("wgmma_shape.rs", "the warpgroup GEMM probe's shape and descriptor, shared with the host: no instructions"),
 ];
 
 /// The macros that define wrappers in the scanned files: (macro, which arguments of an invocation
@@ -491,8 +495,8 @@ fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
 fn the_gemm_probe_carries_its_launch_bounds() {
     // Exactly its threads (another block size fails to launch) and two CTAs per SM, which caps it
     // at 128 registers: the footprint the overlap benchmark documents.
-    let body = entry(oxccl::ptx::PROBES, "bench_gemm_bf16").expect("bench_gemm_bf16 missing");
-    let threads = oxccl_ptx::gemm_shape::THREADS;
+    let body = entry(BENCH, "bench_gemm_bf16").expect("bench_gemm_bf16 missing");
+    let threads = oxccl_bench_kernels::gemm_shape::THREADS;
     assert!(body.contains(&format!(".reqntid {threads}, 1, 1\n.minnctapersm 2\n")), "launch bounds missing");
     assert!(!body.contains(".local"), "the GEMM's accumulators spilled to local memory");
 }
@@ -501,8 +505,9 @@ fn the_gemm_probe_carries_its_launch_bounds() {
 fn the_warpgroup_gemm_carries_its_launch_bounds_and_its_warp_discipline() {
     // Exactly its threads and at most the registers that leave room for a collective's CTA, both
     // from `wgmma_shape`, which the benchmark documents; accumulators in registers.
-    let body = entry(oxccl::ptx::PROBES, "bench_gemm_wgmma").expect("bench_gemm_wgmma missing");
-    let (threads, registers) = (oxccl_ptx::wgmma_shape::THREADS, oxccl_ptx::wgmma_shape::MAX_REGISTERS);
+    let body = entry(BENCH, "bench_gemm_wgmma").expect("bench_gemm_wgmma missing");
+    let (threads, registers) =
+        (oxccl_bench_kernels::wgmma_shape::THREADS, oxccl_bench_kernels::wgmma_shape::MAX_REGISTERS);
     assert!(body.contains(&format!(".reqntid {threads}, 1, 1\n.maxnreg {registers}\n")), "launch bounds missing");
     assert!(!body.contains(".local"), "the accumulators spilled to local memory");
     // What made the kernel run on the H200 (it hung in its first multiplies without): every warp

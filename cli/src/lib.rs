@@ -1,7 +1,8 @@
 //! The `oxccl` command's machinery, apart from the library: its subcommands ([`commands`]) and the
-//! benchmarks ([`bench`]) that the command and the cargo benches run.
+//! benchmarks ([`bench`](mod@bench)) that the command and the cargo benches run.
 
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod commands;
+pub mod ptx;

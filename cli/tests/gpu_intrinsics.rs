@@ -10,19 +10,24 @@ use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
 use std::sync::Arc;
 
+/// The probe module (`oxccl-ptx`'s probes) and the benchmark kernels' module (`oxccl-bench-kernels`),
+/// loaded on one GPU.
 struct Probes {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
+    bench: Arc<CudaModule>,
 }
 
 impl Probes {
     fn new(test: &str) -> Option<Self> {
         let stream = common::gpu(test)?;
         let module = stream.context().load_module(Ptx::from_src(oxccl::ptx::PROBES)).expect("load probes");
-        Some(Probes { stream, module })
+        let bench = stream.context().load_module(Ptx::from_src(oxccl_cli::ptx::BENCH)).expect("load bench kernels");
+        Some(Probes { stream, module, bench })
     }
     fn f(&self, name: &str) -> CudaFunction {
-        self.module.load_function(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+        let module = if name.starts_with("bench_") { &self.bench } else { &self.module };
+        module.load_function(name).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
     fn addr<T>(&self, s: &CudaSlice<T>) -> u64 {
         s.device_ptr(&self.stream).0
@@ -398,7 +403,7 @@ fn packed_half_arithmetic() {
 
 #[test]
 fn tensor_core_gemm_matches_the_cpu() {
-    use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
+    use oxccl_bench_kernels::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
     let Some(p) = Probes::new("tensor_core_gemm_matches_the_cpu") else { return };
     let f = p.f("bench_gemm_bf16");
     // Up to half an SM's shared memory, as `--mma-one-per-sm` launches it.
@@ -446,7 +451,7 @@ fn tensor_core_gemm_matches_the_cpu() {
 
 #[test]
 fn warpgroup_gemm_matches_the_cpu() {
-    use oxccl_ptx::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
+    use oxccl_bench_kernels::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
     let Some(p) = Probes::new("warpgroup_gemm_matches_the_cpu") else { return };
     let f = p.f("bench_gemm_wgmma");
     f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
@@ -536,7 +541,7 @@ fn warpgroup_gemm_matches_the_cpu() {
 
 #[test]
 fn tensor_core_gemm_refuses_another_block_size() {
-    use oxccl_ptx::gemm_shape::SMEM;
+    use oxccl_bench_kernels::gemm_shape::SMEM;
     let Some(p) = Probes::new("tensor_core_gemm_refuses_another_block_size") else { return };
     let f = p.f("bench_gemm_bf16");
     f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM as i32).unwrap();
@@ -616,7 +621,7 @@ fn timed_copies(
     traced: bool,
     tensor: bool,
 ) {
-    use oxccl_ptx::trace_layout::*;
+    use oxccl_bench_kernels::trace_layout::*;
     let Some(p) = Probes::new(test) else { return };
     let (ctas, warps, chunk, chain) = (2u32, 2u32, 4096u32, 64u32);
     let bytes = chunk * items;

@@ -25,10 +25,6 @@
 //! | `arith` | packed `f16x2` / `bf16x2` add, min, max |
 //! | `mma` | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 //! | `wgmma` | `wgmma.fence`, `wgmma.mma_async` m64n256k16 bf16→f32, `wgmma.commit_group/wait_group` |
-//!
-//! [`gemm_shape`] and [`wgmma_shape`] (on every target) hold the shapes of the probe module's
-//! tensor-core GEMMs, shared with the host that launches them; [`trace_layout`] (on every target) the layout of its timed TMA
-//! copy's shared memory and trace.
 #![warn(missing_docs)]
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
@@ -44,7 +40,6 @@ pub mod arith;
 pub mod bulk;
 #[cfg(target_arch = "nvptx64")]
 pub mod fence;
-pub mod gemm_shape;
 #[cfg(target_arch = "nvptx64")]
 pub mod mbarrier;
 #[cfg(target_arch = "nvptx64")]
@@ -59,10 +54,8 @@ pub mod sreg;
 pub mod sync;
 #[cfg(target_arch = "nvptx64")]
 pub mod tensor;
-pub mod trace_layout;
 #[cfg(target_arch = "nvptx64")]
 pub mod wgmma;
-pub mod wgmma_shape;
 
 #[cfg(target_arch = "nvptx64")]
 pub use space::{Global, Mbarrier, Shared, TensorMap};

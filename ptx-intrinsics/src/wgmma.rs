@@ -1,6 +1,6 @@
 //! Warpgroup-level tensor-core matrix multiply (`wgmma.mma_async`, sm_90a): four warps (a
 //! warpgroup, warps 4i..4i+3) multiply operands that lie in shared memory, described by 64-bit
-//! matrix descriptors ([`crate::wgmma_shape::descriptor_sw128`]), into f32 accumulators held in
+//! matrix descriptors (`oxccl_bench_kernels::wgmma_shape::descriptor_sw128`), into f32 accumulators held in
 //! their registers. The multiply runs asynchronously: the accumulators may be read, and the
 //! operands' shared memory overwritten, only after a [`wgmma_wait_group_sync_aligned`] covers it.
 //!

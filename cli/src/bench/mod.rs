@@ -2423,7 +2423,7 @@ mod tests {
     /// the k16 steps move only the address.
     #[test]
     fn the_wgmma_descriptor_encodes_a_128_byte_swizzled_operand() {
-        use oxccl_ptx::wgmma_shape::{A_BYTES, SMEM, STAGE, STAGES, descriptor_sw128};
+        use oxccl_bench_kernels::wgmma_shape::{A_BYTES, SMEM, STAGE, STAGES, descriptor_sw128};
         let d = descriptor_sw128(0x400);
         assert_eq!(d & 0x3fff, 0x40);
         assert_eq!(d >> 16 & 0x3fff, 1);
@@ -2781,11 +2781,11 @@ impl ComputeLoad {
     pub fn validate(self) -> Result<()> {
         let (name, m, n, k, [tm, tn, tk]) = match self {
             ComputeLoad::Mma { m, n, k, .. } => {
-                use oxccl_ptx::gemm_shape::{TILE_K, TILE_MN};
+                use oxccl_bench_kernels::gemm_shape::{TILE_K, TILE_MN};
                 ("mma", m, n, k, [TILE_MN, TILE_MN, TILE_K])
             }
             ComputeLoad::Wgmma { m, n, k } => {
-                use oxccl_ptx::wgmma_shape::{TILE_K, TILE_M, TILE_N};
+                use oxccl_bench_kernels::wgmma_shape::{TILE_K, TILE_M, TILE_N};
                 ("wgmma", m, n, k, [TILE_M, TILE_N, TILE_K])
             }
             _ => return Ok(()),
@@ -3275,20 +3275,20 @@ enum ComputeKind {
     },
 }
 
-/// The kernel `name` of the probe module (the overlap benchmark's compute kernels, the
+/// The kernel `name` of the benchmark module (the overlap benchmark's compute kernels, the
 /// `tma_trace` copy), loaded on `stream`'s GPU, allowed `smem` bytes of dynamic shared memory per
 /// launch and asking, as the engine's kernels do, for the whole unified L1 / shared memory as
 /// shared memory: an SM the driver configured for one kernel then fits the other's CTAs, whichever
 /// launched first (with the driver's choice, CTAs of a kernel launched after this one that need
 /// shared memory wait for its SMs to drain), and what one kernel's CTAs leave is there for the
 /// CTAs beside them.
-fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cudarc::driver::CudaFunction> {
+fn bench_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cudarc::driver::CudaFunction> {
     use cudarc::driver::sys::CUfunction_attribute::{
         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
     };
     let module = stream
         .context()
-        .load_module(cudarc::nvrtc::Ptx::from_src(oxccl::ptx::PROBES))
+        .load_module(cudarc::nvrtc::Ptx::from_src(crate::ptx::BENCH))
         .map_err(Error::driver("cuModuleLoadData"))?;
     let function = module.load_function(name).map_err(Error::driver("cuModuleGetFunction"))?;
     let smem = i32::try_from(smem)
@@ -3311,7 +3311,7 @@ fn probe_function(stream: &Arc<CudaStream>, name: &str, smem: u32) -> Result<cud
 /// 2^40 bytes).
 pub fn wgmma_maps(a: u64, b: u64, m: u32, n: u32, k: u32) -> Result<[u64; 32]> {
     use cudarc::driver::sys;
-    use oxccl_ptx::wgmma_shape::{TILE_K, TILE_M, TILE_N};
+    use oxccl_bench_kernels::wgmma_shape::{TILE_K, TILE_M, TILE_N};
     let map = |addr: u64, rows: u32, box_rows: u32| {
         trace::encode_tiled_map(
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -3350,7 +3350,7 @@ impl Compute {
         let kind = match load {
             ComputeLoad::Fma | ComputeLoad::Sleep => {
                 let function =
-                    probe_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" }, 0)?;
+                    bench_function(stream, if load == ComputeLoad::Fma { "bench_fma" } else { "bench_sleep" }, 0)?;
                 let grid = sms * ctas_per_sm;
                 let mut out: CudaSlice<f32> =
                     stream.alloc_zeros((grid * threads) as usize).map_err(Error::driver("cuMemAlloc"))?;
@@ -3373,7 +3373,7 @@ impl Compute {
     /// [`ComputeLoad::validate`], through [`OverlapBench::validate`] at the start of
     /// [`overlap_bench`]).
     fn mma(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32, one_per_sm: bool) -> Result<ComputeKind> {
-        use oxccl_ptx::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
+        use oxccl_bench_kernels::gemm_shape::{SMEM, THREADS, TILE_MN, one_per_sm_smem};
         let smem = if one_per_sm {
             let per_sm = stream
                 .context()
@@ -3385,7 +3385,7 @@ impl Compute {
         } else {
             SMEM
         };
-        let function = probe_function(stream, "bench_gemm_bf16", smem)?;
+        let function = bench_function(stream, "bench_gemm_bf16", smem)?;
         let registers = function
             .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
             .map_err(Error::driver("cuFuncGetAttribute"))? as u32;
@@ -3403,8 +3403,8 @@ impl Compute {
     /// The probe module's warpgroup GEMM, its matrices and their tensor maps (shape checked as for
     /// [`Compute::mma`]).
     fn wgmma(stream: &Arc<CudaStream>, m: u32, n: u32, k: u32) -> Result<ComputeKind> {
-        use oxccl_ptx::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
-        let function = probe_function(stream, "bench_gemm_wgmma", SMEM)?;
+        use oxccl_bench_kernels::wgmma_shape::{SMEM, THREADS, TILE_M, TILE_N};
+        let function = bench_function(stream, "bench_gemm_wgmma", SMEM)?;
         let registers = function
             .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
             .map_err(Error::driver("cuFuncGetAttribute"))? as u32;

@@ -8,7 +8,7 @@
 //! [`ChainOp`] kind (ALU by default; its share of its scheduler's issue slots).
 
 use super::{
-    CHECK_PIECE, Compute, ComputeLoad, MAX_COMPUTE_MS, encode_all, fill_periodic, pattern, probe_function, sm_count,
+    CHECK_PIECE, Compute, ComputeLoad, MAX_COMPUTE_MS, bench_function, encode_all, fill_periodic, pattern, sm_count,
     time_ms_on,
 };
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
@@ -16,7 +16,7 @@ use oxccl::DType;
 use oxccl::{Error, Result};
 use std::sync::Arc;
 
-use oxccl_ptx::trace_layout::{self as layout, BARRIER_BYTES, MAX_BARRIERS, MAX_LAG};
+use oxccl_bench_kernels::trace_layout::{self as layout, BARRIER_BYTES, MAX_BARRIERS, MAX_LAG};
 /// Items traced per warp at most (16 bytes of trace each).
 const MAX_TRACED: u32 = 1 << 14;
 /// Steps of the ALU chain (two dependent instructions each).
@@ -88,7 +88,7 @@ pub struct TmaTraceBench {
     /// lines in the L2.
     pub evict_first: bool,
     /// Copy through 2-D tensor maps (`cp.async.bulk.tensor`, rows of
-    /// [`TENSOR_ROW`](oxccl_ptx::trace_layout::TENSOR_ROW) bytes, one box per item) instead of plain
+    /// [`TENSOR_ROW`](oxccl_bench_kernels::trace_layout::TENSOR_ROW) bytes, one box per item) instead of plain
     /// bulk copies; needs `round` 1, no `evict_first`, and a chunk of whole rows, at most 256.
     pub tensor: bool,
     /// The instructions of the issuer's timed chain.
@@ -285,7 +285,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Summarises one traced run: `trace` as `bench_tma_trace` writes it (layout in
-/// `oxccl_ptx::trace_layout`) for `warps` warps of `traced` records, leaving out each warp's first
+/// `oxccl_bench_kernels::trace_layout`) for `warps` warps of `traced` records, leaving out each warp's first
 /// `skip` items (at least its first, which has no predecessor; a multiple of `round`). Items go in
 /// rounds of `round` (1: one by one), which share one commit: the period and the refill are
 /// measured per round, from the last commit of the round before; `ahead` is the items whose loads
@@ -472,7 +472,7 @@ pub fn tma_trace(stream: &Arc<CudaStream>, b: &TmaTraceBench) -> Result<Vec<Trac
         });
     }
     // Within the GPU's per-CTA limit (checked above).
-    let function = probe_function(stream, "bench_tma_trace", b.smem_bytes() as u32)?;
+    let function = bench_function(stream, "bench_tma_trace", b.smem_bytes() as u32)?;
     let per_warp = b.bytes_per_warp();
     let warps = (b.ctas * b.warps) as usize;
     let total = per_warp as usize * warps;

@@ -203,17 +203,17 @@ pub fn run(a: OverlapArgs) -> CliResult {
             bench::ComputeLoad::Gemm { .. } => String::new(),
             bench::ComputeLoad::Mma { one_per_sm, .. } => format!(
                 ", one CTA of {} threads per {tile} x {tile} tile of C with {} B of shared memory{}",
-                oxccl_ptx::gemm_shape::THREADS,
-                oxccl_ptx::gemm_shape::SMEM,
+                oxccl_bench_kernels::gemm_shape::THREADS,
+                oxccl_bench_kernels::gemm_shape::SMEM,
                 if one_per_sm { ", launched with half an SM's so at most one per SM" } else { "" },
-                tile = oxccl_ptx::gemm_shape::TILE_MN
+                tile = oxccl_bench_kernels::gemm_shape::TILE_MN
             ),
             bench::ComputeLoad::Wgmma { .. } => format!(
                 ", one CTA of {} threads per {} x {} tile of C with {} B of shared memory",
-                oxccl_ptx::wgmma_shape::THREADS,
-                oxccl_ptx::wgmma_shape::TILE_M,
-                oxccl_ptx::wgmma_shape::TILE_N,
-                oxccl_ptx::wgmma_shape::SMEM,
+                oxccl_bench_kernels::wgmma_shape::THREADS,
+                oxccl_bench_kernels::wgmma_shape::TILE_M,
+                oxccl_bench_kernels::wgmma_shape::TILE_N,
+                oxccl_bench_kernels::wgmma_shape::SMEM,
             ),
         }
     );

@@ -88,7 +88,9 @@ pub fn check(a: &TraceArgs) -> Result<bench::TmaTraceBench, Box<dyn std::error::
         chunk: a.chunk,
         stages: a.stages,
         round: a.round,
-        lag: a.lag.unwrap_or(oxccl_kernels::abi::refill_lag(sets.max(1)).min(oxccl_ptx::trace_layout::MAX_LAG)),
+        lag: a
+            .lag
+            .unwrap_or(oxccl_kernels::abi::refill_lag(sets.max(1)).min(oxccl_bench_kernels::trace_layout::MAX_LAG)),
         untraced: a.untraced,
         evict_first: a.l2_evict_first,
         tensor: a.tensor,

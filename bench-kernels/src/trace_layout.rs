@@ -1,5 +1,5 @@
-//! The layout the probe module's timed TMA copy (`bench_tma_trace`) shares with its host side
-//! (`oxccl bench tma_trace`, `oxccl::bench::tma_trace`) and its GPU test (this module exists on
+//! The layout the benchmark module's timed TMA copy (`bench_tma_trace`) shares with its host side
+//! (`oxccl bench tma-trace`, `oxccl_cli::bench::tma_trace`) and its GPU test (this module exists on
 //! every target).
 
 /// Dynamic shared memory below the rings: one 8-byte mbarrier per stage of every warp.

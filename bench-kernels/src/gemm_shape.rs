@@ -1,4 +1,4 @@
-//! The shape of the probe module's tensor-core GEMM (`bench_gemm_bf16`), shared by the kernel and
+//! The shape of the benchmark tensor-core GEMM (`bench_gemm_bf16`), shared by the kernel and
 //! the host that launches it (this module exists on every target).
 
 /// Threads per CTA (eight warps as 2 × 4, each a 64 × 32 block of C).

@@ -1,4 +1,4 @@
-//! The shape of the probe module's warpgroup GEMM (`bench_gemm_wgmma`), shared by the kernel and the
+//! The shape of the benchmark warpgroup GEMM (`bench_gemm_wgmma`), shared by the kernel and the
 //! host that launches it, and the shared-memory matrix descriptor its `wgmma` instructions read (this
 //! module exists on every target).
 //!
