@@ -3,13 +3,13 @@
 use crate::cache::BuildOnce;
 use crate::config::{Config, Shape, check_issuers_fit, combine_direct, combining_ring, launch_shape, validate_config};
 use crate::engine::{
-    DeviceAlloc, DeviceProgram, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_context, sync_stream,
-    wait_stream,
+    DeviceAlloc, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_context, sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
+use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, slot};
@@ -93,16 +93,6 @@ struct Group {
     status: StatusRecord,
 }
 
-/// A lowered program uploaded for every launch group of a communicator (each group's slice of the
-/// programs, all the tasks).
-pub(crate) struct Uploaded {
-    /// The program as lowered (barriers dropped when one launch holds every rank).
-    pub lowered: Lowered,
-    per_group: Vec<DeviceProgram>,
-    /// Recorded on each group's stream after its upload: complete once the tables are in place.
-    uploaded: Vec<CudaEvent>,
-}
-
 /// A local rank: rank `index` of the world, on engine `device`, queued on `stream`.
 pub(crate) fn new_rank(index: usize, device: usize, stream: Arc<CudaStream>, workspace: RankWorkspace) -> Rank {
     Rank { index, device, stream, workspace }
@@ -138,12 +128,12 @@ pub struct Communicator {
     /// Every rank's workspace, as this process addresses it.
     workspaces: [u64; MAX_RANKS],
     /// How the ranks reach each other where this communicator does not drive them all.
-    pub(crate) link: Option<crate::rank::Link>,
+    pub(crate) link: Option<crate::peer::Link>,
     groups: Vec<Group>,
     /// Each call's plan with its launch, checked to run once when the plan was built (the checks
     /// depend only on the plan, the configuration and the devices, none of which change).
     plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
-    pub(crate) reshard_plans: BuildOnce<crate::reshard::PlanKey, Arc<crate::reshard::Prepared>>,
+    pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
     poison: Poison,
@@ -230,7 +220,7 @@ impl Communicator {
         ranks: Vec<Rank>,
         world: World,
         workspaces: [u64; MAX_RANKS],
-        link: Option<crate::rank::Link>,
+        link: Option<crate::peer::Link>,
     ) -> Result<Self> {
         let contexts: Vec<Arc<CudaContext>> = engines.iter().map(|e| e.context().clone()).collect();
         let mut groups: Vec<Group> = Vec::new();
@@ -1083,7 +1073,7 @@ impl Communicator {
         }
         // Where anything is staged, the communicator drives one rank: its stream.
         let stream = self.ranks.first().map(|r| &*r.stream);
-        let launched = crate::rank::Staging::around(staging.as_ref(), stream, || {
+        let launched = crate::peer::Staging::around(staging.as_ref(), stream, || {
             // SAFETY: every address in the table was checked above (device, length, alignment,
             // disjointness) and belongs to buffers borrowed for this call, or to this rank's
             // staging memory standing in for them, held (by `staging`) until the call is queued;
@@ -1358,21 +1348,6 @@ fn recorded_while_running(s: &abi::Status) -> Error {
     }
 }
 
-/// `CUmemLocation { type = DEVICE, id = ordinal }`. cudarc's bindings spell `id` as a plain field for
-/// some CUDA versions and inside an anonymous union for others; in C it is `{ int type; int id; }`
-/// either way, so the id is written at byte offset 4.
-pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
-    const _: () = assert!(std::mem::size_of::<sys::CUmemLocation>() == 8);
-    // SAFETY: an all-zero CUmemLocation is valid (type 0, id 0); the id is the `int` at offset 4 of
-    // the 8-byte C struct, written unaligned-safely.
-    unsafe {
-        let mut loc: sys::CUmemLocation = std::mem::zeroed();
-        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        std::ptr::addr_of_mut!(loc).cast::<u8>().add(4).cast::<i32>().write_unaligned(ordinal as i32);
-        loc
-    }
-}
-
 /// Enables peer access between every pair of distinct devices, and lets each device's peers read and
 /// write its default memory pool (cudarc allocates user buffers from stream-ordered pools).
 pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
@@ -1411,7 +1386,7 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
                 .result()
                 .map_err(Error::driver("cuDeviceGetDefaultMemPool"))?;
             let desc = sys::CUmemAccessDesc {
-                location: device_location(a.ordinal()),
+                location: crate::engine::device_location(a.ordinal()),
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             };
             // SAFETY: one valid descriptor for a valid pool.

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::{Collective, Mover, Reduction};
+use oxccl_host::reshard::{CtaOwner, PlanOptions};
 use oxccl_kernels::abi;
 use std::time::Duration;
 
@@ -362,6 +363,16 @@ pub fn check_timeout(t: Duration) -> Result<()> {
 
 /// Longest device-side wait a configuration may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// How a reshard is planned and run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReshardOptions {
+    /// Route, NVLink domain size and split threshold of the planner (hierarchical, 8, 256 KiB by
+    /// default).
+    pub plan: PlanOptions,
+    /// Which side's CTAs run each copy (the reading rank's by default).
+    pub owner: CtaOwner,
+}
 
 #[cfg(test)]
 mod tests {

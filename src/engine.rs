@@ -972,6 +972,21 @@ pub fn status_error(s: &Status) -> Option<Error> {
     Error::from_status(s)
 }
 
+/// `CUmemLocation { type = DEVICE, id = ordinal }`. cudarc's bindings spell `id` as a plain field for
+/// some CUDA versions and inside an anonymous union for others; in C it is `{ int type; int id; }`
+/// either way, so the id is written at byte offset 4.
+pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
+    const _: () = assert!(std::mem::size_of::<sys::CUmemLocation>() == 8);
+    // SAFETY: an all-zero CUmemLocation is valid (type 0, id 0); the id is the `int` at offset 4 of
+    // the 8-byte C struct, written unaligned-safely.
+    unsafe {
+        let mut loc: sys::CUmemLocation = std::mem::zeroed();
+        loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        std::ptr::addr_of_mut!(loc).cast::<u8>().add(4).cast::<i32>().write_unaligned(ordinal as i32);
+        loc
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{ModuleCode, module_choice, threads_for_registers};

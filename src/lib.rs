@@ -41,6 +41,7 @@ mod fdpass;
 pub mod gate;
 pub mod graph;
 mod peer;
+mod program;
 pub mod ptx;
 mod rank;
 pub mod reshard;

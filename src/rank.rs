@@ -13,7 +13,7 @@ use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
 use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
-use crate::peer::PeerMemory;
+use crate::peer::{Link, PeerMemory};
 use crate::reshard::{Layout, ReshardOptions};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
@@ -23,127 +23,6 @@ use serde::{Deserialize, Serialize};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// How the ranks of a per-rank communicator reach each other.
-pub(crate) struct Link {
-    pub(crate) bootstrap: Box<dyn Bootstrap>,
-    /// Memory shared between processes (`None` where every rank is in this process).
-    pub(crate) peer: Option<Arc<PeerMemory>>,
-    /// Where every rank is in this process: the devices of the ranks, which a symmetric buffer is
-    /// made accessible to.
-    access: Vec<usize>,
-    aborted: AtomicBool,
-}
-
-/// A call's buffers where peers in other processes reach them: each as a region address of this
-/// rank's memory, the buffers they cannot map copied through staging memory, held for the call.
-pub(crate) struct Staging<'a> {
-    /// The inputs' addresses for the buffer table, in the order given.
-    pub(crate) inputs: Vec<u64>,
-    /// The outputs' addresses.
-    pub(crate) outputs: Vec<u64>,
-    /// (destination, source, bytes) copied before the launch and after it.
-    before: Vec<(u64, u64, usize)>,
-    after: Vec<(u64, u64, usize)>,
-    _hold: Option<crate::peer::StagingHold<'a>>,
-}
-
-impl Staging<'_> {
-    fn copy(list: &[(u64, u64, usize)], stream: &CudaStream) -> Result<()> {
-        for &(dst, src, bytes) in list {
-            crate::engine::make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
-            // SAFETY: both ranges are live device memory of this rank (a call's buffer, checked, and
-            // the staging memory the guard holds), `bytes` long; queued on the rank's stream.
-            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) }
-                .result()
-                .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
-        }
-        Ok(())
-    }
-
-    /// Queues `launch` on `stream`, with the copies into staging memory before it and out of it
-    /// after, where `staging` has any (a call across processes; otherwise `launch` alone).
-    pub(crate) fn around(
-        staging: Option<&Staging<'_>>,
-        stream: Option<&CudaStream>,
-        launch: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        match (staging, stream) {
-            (Some(st), Some(stream)) => {
-                Self::copy(&st.before, stream)?;
-                launch()?;
-                Self::copy(&st.after, stream)
-            }
-            _ => launch(),
-        }
-    }
-}
-
-impl Link {
-    /// The addresses peers resolve for a call's inputs (`(address, bytes)`) and outputs
-    /// (`(address, bytes, written)`), staging those outside this rank's exported memory.
-    pub(crate) fn stage(
-        &self,
-        ins: &[(u64, usize)],
-        outs: &[(u64, usize, bool)],
-        in_place: bool,
-    ) -> Result<Staging<'_>> {
-        let peer = self.peer.as_ref().expect("staging is only asked of a communicator across processes");
-        let mut st =
-            Staging { inputs: Vec::new(), outputs: Vec::new(), before: Vec::new(), after: Vec::new(), _hold: None };
-        // Offsets in the staging memory of what must be staged, 256-byte aligned.
-        let mut need = 0usize;
-        let mut place = |bytes: usize| {
-            let at = need;
-            need = (need + bytes).next_multiple_of(256);
-            at
-        };
-        // An empty buffer is never addressed: its address goes as it is (nothing to stage, and no
-        // staging memory to point into where nothing else is staged).
-        let reach = |p: u64, b: usize| if b == 0 { Some(p) } else { peer.portable(p, b) };
-        let ins: Vec<(u64, usize, Option<u64>, usize)> = ins.iter().map(|&(p, b)| (p, b, reach(p, b), 0)).collect();
-        let outs: Vec<(u64, usize, bool, Option<u64>, usize)> =
-            outs.iter().map(|&(p, b, w)| (p, b, w, reach(p, b), 0)).collect();
-        let ins: Vec<_> =
-            ins.into_iter().map(|(p, b, a, _)| (p, b, a, if a.is_none() { place(b) } else { 0 })).collect();
-        let outs: Vec<_> =
-            outs.into_iter().map(|(p, b, w, a, _)| (p, b, w, a, if a.is_none() { place(b) } else { 0 })).collect();
-        let mut base = None;
-        if need > 0 {
-            let hold = peer.staging(need)?;
-            let (region, alloc) = hold.as_ref().expect("staging() leaves memory in place");
-            base = Some((*region, alloc.ptr()));
-            st._hold = Some(hold);
-        }
-        for (p, b, a, at) in ins {
-            st.inputs.push(match (a, base) {
-                (Some(a), _) => a,
-                (None, Some((region, local))) => {
-                    st.before.push((local + at as u64, p, b));
-                    abi::region_address(region, at as u64)
-                }
-                (None, None) => unreachable!("need > 0 when anything is staged"),
-            });
-        }
-        for (p, b, written, a, at) in outs {
-            st.outputs.push(match (a, base) {
-                (Some(a), _) => a,
-                (None, Some((region, local))) => {
-                    // In place the buffer is also the input; a rooted call may not write it.
-                    if in_place {
-                        st.before.push((local + at as u64, p, b));
-                    }
-                    if written {
-                        st.after.push((p, local + at as u64, b));
-                    }
-                    abi::region_address(region, at as u64)
-                }
-                (None, None) => unreachable!("need > 0 when anything is staged"),
-            });
-        }
-        Ok(st)
-    }
-}
 
 /// What a rank tells the others when its communicator is built.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

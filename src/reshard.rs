@@ -11,28 +11,21 @@
 //! ranks' streams. Across processes, buffers peers cannot map are copied through staging memory
 //! around the launches. See `docs/RESHARD.md`.
 
-use crate::comm::{Communicator, Holders, Range, Uploaded, call_key, check_aligned, check_disjoint, ordinal_of};
+use crate::comm::{Communicator, Holders, Range, call_key, check_aligned, check_disjoint, ordinal_of};
 use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
+use crate::program::PlanKey;
 use crate::{Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use oxccl_host::reshard::{LowerOptions, LoweredReshard, check_same_tensor, lower, plan};
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, slot};
+use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, slot};
 use std::sync::Arc;
 
+pub use crate::config::ReshardOptions;
+pub use crate::program::Prepared;
 pub use oxccl_host::reshard::{
     CtaOwner, Layout, LayoutError, LowerError, Mesh, Placement, PlanOptions, ReshardError, Route,
 };
-
-/// How a reshard is planned and run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReshardOptions {
-    /// Route, NVLink domain size and split threshold of the planner (hierarchical, 8, 256 KiB by
-    /// default).
-    pub plan: PlanOptions,
-    /// Which side's CTAs run each copy (the reading rank's by default).
-    pub owner: CtaOwner,
-}
 
 /// One side of a reshard as a caller describes it, for [`validate`].
 #[derive(Clone, Copy, Debug)]
@@ -117,32 +110,6 @@ fn validate_driven(world: usize, drives: impl Fn(usize) -> bool, src: &Side<'_>,
         }
     }
     Ok(())
-}
-
-/// What a cached reshard is keyed by.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct PlanKey {
-    shape: Vec<u64>,
-    dtype: DType,
-    src: Layout,
-    dst: Layout,
-    options: ReshardOptions,
-    ctas: u32,
-}
-
-/// A lowered reshard program uploaded for every launch group ([`Communicator::prepare_reshard`]).
-pub struct Prepared {
-    /// The lowered program (stages, copy unit, buffer sizes).
-    pub lowered: LoweredReshard,
-    /// CTAs per rank.
-    pub ctas: u32,
-    /// The stages that have tasks, in launch order.
-    stages: Vec<Uploaded>,
-    /// What each stage's launch announces to the peers (`LaunchSpec::call_key`): a hash of the
-    /// reshard's [`PlanKey`], so that ranks launched apart that made different reshards (or a
-    /// reshard and a collective) stop at the start barrier with [`Error::CallMismatch`]; 0 (not
-    /// compared) for programs built otherwise.
-    call_key: u32,
 }
 
 impl Communicator {
@@ -276,7 +243,7 @@ impl Communicator {
 
         // Where anything is staged, the communicator drives one rank: its stream.
         let stream = local.first().map(|&r| &**self.rank_stream(r));
-        let launched = crate::rank::Staging::around(staging.as_ref(), stream, || {
+        let launched = crate::peer::Staging::around(staging.as_ref(), stream, || {
             // SAFETY: every buffer in the table was checked above (device, alignment, disjointness)
             // and its length is its shard's, which is what the lowered program was validated
             // against; ranks without a buffer here have empty shards, which no task addresses, or

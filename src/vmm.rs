@@ -30,9 +30,9 @@ unsafe impl Send for VmmAlloc {}
 // SAFETY: as for `Send`; no method mutates through `&self`.
 unsafe impl Sync for VmmAlloc {}
 
-/// `CUmemLocation` of device `ordinal` (see `comm::device_location` for the layout).
+/// `CUmemLocation` of device `ordinal` (see `engine::device_location` for the layout).
 fn location(ordinal: usize) -> sys::CUmemLocation {
-    crate::comm::device_location(ordinal)
+    crate::engine::device_location(ordinal)
 }
 
 /// Makes `ctx` current without taking cudarc's kept error (the service thread maps memory while

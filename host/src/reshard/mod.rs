@@ -32,6 +32,7 @@ pub mod lower;
 pub mod plan;
 pub mod report;
 pub mod traffic;
+mod transfer;
 pub mod workaround;
 
 pub use exec::{

@@ -15,7 +15,7 @@
 
 use super::geometry::{Geometry, in_domain};
 use super::layout::Rank;
-use super::plan::Stage;
+use super::transfer::Stage;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
