@@ -73,8 +73,8 @@
 //! - declared sizes that contradict the file: `i_chunks`/`o_chunks` larger than the buffers
 //!   `nchunksperloop` gives, or a step reaching past the `i_chunks`/`o_chunks` its GPU declares;
 //! - local operands that overlap without being the same chunks (a `cpy` onto itself, including an
-//!   input and an output chunk that alias in place, does nothing; an `rrc`/`rrcs` onto its own source
-//!   reduces in place);
+//!   input and an output chunk that alias in place, changes nothing, though it races with a concurrent
+//!   write like a read; an `rrc`/`rrcs` onto its own source reduces in place);
 //! - fused `re` steps of different counts.
 //!
 //! It does not enforce MSCCL's capacity limits (256 steps per TB, counts below 72, 16-bit offsets),
@@ -1193,10 +1193,27 @@ fn missing(at: StepRef, attribute: &'static str) -> ImportError {
 /// A primitive part of a step.
 #[derive(Copy, Clone, Debug)]
 enum Part {
-    Send { slice: Slice },
-    Recv { slice: Slice, reduce: bool },
-    Copy { src: Slice, dst: Slice },
-    Reduce { src: Slice, dst: Slice },
+    Send {
+        slice: Slice,
+    },
+    Recv {
+        slice: Slice,
+        reduce: bool,
+    },
+    Copy {
+        src: Slice,
+        dst: Slice,
+    },
+    Reduce {
+        src: Slice,
+        dst: Slice,
+    },
+    /// A copy onto itself: no op, but MSCCL reads the chunks and writes them back, which a concurrent
+    /// write would race with (a concurrent read would not: the value stays), so the race check sees it
+    /// as a read.
+    Touch {
+        slice: Slice,
+    },
 }
 
 /// One read or write of a slice by an op, at a position of the happens-before order (`sub` orders
@@ -1616,10 +1633,11 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
             }
             Kind::Copy => {
                 let (s, d) = (src.expect("used"), dst.expect("used"));
-                if s.1 != d.1 {
-                    if overlap(s.1, d.1) {
-                        return Err(ImportError::OverlappingOperands { step: st.at });
-                    }
+                if s.1 == d.1 {
+                    p.push(Part::Touch { slice: d.0 });
+                } else if overlap(s.1, d.1) {
+                    return Err(ImportError::OverlappingOperands { step: st.at });
+                } else {
                     p.push(Part::Copy { src: s.0, dst: d.0 });
                 }
             }
@@ -1778,6 +1796,8 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
         }
     }
     let mut op_of_recv: HashMap<(usize, usize), usize> = HashMap::new();
+    // Accesses of copies onto themselves, which only the race check sees.
+    let mut touches: Vec<Access> = Vec::new();
     for &i in &order {
         let (s, t) = (&rt[i], &tbs[rt[i].tb]);
         let rank = t.gpu;
@@ -1812,6 +1832,7 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
                     let id = op_of_recv[&(i, k)];
                     accesses.push(access(id, slice, true, reduce));
                 }
+                Part::Touch { slice } => touches.push(access(usize::MAX, slice, false, true)),
                 Part::Copy { src, dst } | Part::Reduce { src, dst } => {
                     let reduce = matches!(part, Part::Reduce { .. });
                     let (rank, channel) = (Rank(rank), t.chan);
@@ -1843,7 +1864,10 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
             }
         }
         let (base, total) = storage_bases(&layout);
-        check_races(&layout, &base, total, &accesses, &rt, &tbs, &preds, &order)?;
+        let mut all = accesses.clone();
+        all.append(&mut touches);
+        all.sort_by_key(|a| (a.pos, a.sub));
+        check_races(&layout, &base, total, &all, &rt, &tbs, &preds, &order)?;
     }
     // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
     // overwritten before the matching receive happens, on both sides): snapshot those sends'
