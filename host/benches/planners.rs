@@ -74,6 +74,26 @@ fn wide_exchange(chunks: u32, rounds: u32) -> String {
     x + "</algo>"
 }
 
+/// A 1-GPU file of `wide` copies of the whole input to scratch, then `narrow` copies into one input
+/// chunk each, every one conflicting with every wide copy (as in `tests/robust_import.rs`).
+fn many_readers(wide: u32, narrow: u32) -> String {
+    let mut x = format!(
+        r#"<algo name="readers" ngpus="1" coll="allreduce" nchunksperloop="{narrow}" inplace="1"><gpu id="0" i_chunks="{narrow}" o_chunks="0" s_chunks="{}"><tb id="0" send="-1" recv="-1" chan="0">"#,
+        2 * narrow
+    );
+    for s in 0..wide {
+        x += &format!(r#"<step s="{s}" type="cpy" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="{narrow}"/>"#);
+    }
+    for j in 0..narrow {
+        let s = wide + j;
+        x += &format!(
+            r#"<step s="{s}" type="cpy" srcbuf="s" srcoff="{}" dstbuf="i" dstoff="{j}" cnt="1"/>"#,
+            narrow + j
+        );
+    }
+    x + "</tb></gpu></algo>"
+}
+
 fn layout(mesh: &str, placements: &str) -> Layout {
     Layout::parse(mesh, placements).unwrap()
 }
@@ -121,6 +141,8 @@ fn main() {
     }
     xml += r#"><gpu id="0" i_chunks="1"/></algo>"#;
     rows.push(("import an element of 100k attributes", best_of_3(|| drop(import(&xml).unwrap())), ms(500)));
+    let xml = many_readers(12_000, 12_000);
+    rows.push(("refuse 144M conflicting accesses", best_of_3(|| drop(import_unchecked(&xml).unwrap_err())), s(2)));
     let xml = wide_exchange(1 << 22, 1100);
     rows.push(("refuse past the access limit", best_of_3(|| drop(import_unchecked(&xml).unwrap_err())), s(10)));
 

@@ -407,3 +407,53 @@ fn input_files_are_read_up_to_a_limit() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A 1-GPU file of `wide` copies of the whole input to scratch, then `narrow` copies of one chunk
+/// each: from the input (`into_input` false: each splits the chunks the wide copies read) or into it
+/// (each a write that conflicts with every wide copy).
+fn many_readers(wide: u32, narrow: u32, into_input: bool) -> String {
+    let mut x = format!(
+        "<algo name=\"readers\" ngpus=\"1\" coll=\"allreduce\" nchunksperloop=\"{narrow}\" inplace=\"1\">\n<gpu id=\"0\" i_chunks=\"{narrow}\" o_chunks=\"0\" s_chunks=\"{}\">\n<tb id=\"0\" send=\"-1\" recv=\"-1\" chan=\"0\">\n",
+        2 * narrow
+    );
+    for s in 0..wide {
+        x += &format!(
+            "<step s=\"{s}\" type=\"cpy\" srcbuf=\"i\" srcoff=\"0\" dstbuf=\"s\" dstoff=\"0\" cnt=\"{narrow}\"/>\n"
+        );
+    }
+    for j in 0..narrow {
+        let (s, scratch) = (wide + j, narrow + j);
+        let (src, dst) = if into_input { (("s", scratch), ("i", j)) } else { (("i", j), ("s", scratch)) };
+        x += &format!(
+            "<step s=\"{s}\" type=\"cpy\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" dstoff=\"{}\" cnt=\"1\"/>\n",
+            src.0, src.1, dst.0, dst.1
+        );
+    }
+    x + "</tb>\n</gpu>\n</algo>\n"
+}
+
+#[test]
+fn many_readers_of_many_chunks_stay_small() {
+    let xml = many_readers(3000, 3000, false);
+    let base = reset_peak();
+    let imp = import(&xml).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.program.ops.len(), 6000);
+    let peak = peak_since(base);
+    // Copying the 3000 readers at each of 3000 splits held 142 MiB at once.
+    assert!(peak < 48 << 20, "the import held up to {} MiB at once", peak >> 20);
+}
+
+/// Every one of many reads of a chunk conflicts with every one of many later writes of it: a small
+/// file asking for work without bound is refused, quickly (it used to take 10 s).
+#[test]
+fn unbounded_conflicts_are_refused() {
+    // 12000 wide copies from the input, then 12000 narrow copies into it: 144 million conflicts.
+    let xml = many_readers(12_000, 12_000, true);
+    let t = std::time::Instant::now();
+    match import_unchecked(&xml) {
+        Err(ImportError::TooLarge { reason }) => assert!(reason.contains("more than"), "{reason}"),
+        other => panic!("expected the work limit, got {:?}", other.map(|i| i.program.ops.len())),
+    }
+    // A loose bound: the budget is in the planners bench.
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
+}

@@ -382,7 +382,7 @@ pub enum ImportError {
         /// The `<algo>`'s line.
         line: usize,
     },
-    /// The file claims both placements and fails in this one (the other imported).
+    /// The file claims both placements and fails in this one.
     Placement {
         /// Which placement failed.
         in_place: bool,
@@ -539,9 +539,14 @@ pub struct Imported {
 pub fn import(xml: &str) -> Result<Imported, ImportError> {
     let doc = read(xml)?;
     let claims = doc.placements()?;
-    let imported = import_doc(&doc, claims.in_place, claims)?;
-    if claims.in_place && claims.out_of_place {
-        import_doc(&doc, false, claims).map_err(|e| ImportError::Placement { in_place: false, error: Box::new(e) })?;
+    let both = claims.in_place && claims.out_of_place;
+    // Where the file claims both, an error says which placement it is in.
+    let named = |in_place: bool| {
+        move |e: ImportError| if both { ImportError::Placement { in_place, error: Box::new(e) } } else { e }
+    };
+    let imported = import_doc(&doc, claims.in_place, claims).map_err(named(claims.in_place))?;
+    if both {
+        import_doc(&doc, false, claims).map_err(named(false))?;
     }
     Ok(imported)
 }
@@ -1243,13 +1248,22 @@ fn storage_bases(layout: &Layout) -> (Vec<usize>, usize) {
     (base, acc)
 }
 
+/// No reader: the end of a run's list of readers.
+const NO_READER: u32 = u32::MAX;
+
 /// What the accesses so far left on a run of locations: the last writer (`usize::MAX`: none) and
-/// the readers since, as keys (ops or steps).
-#[derive(Clone, Debug)]
+/// the readers since, as keys (ops or steps): a list in [`walk_conflicts`]'s arena, newest first,
+/// whose tail runs split from one another share (a split costs nothing, however many readers).
+#[derive(Copy, Clone, Debug)]
 struct RunState {
     writer: usize,
-    readers: Vec<usize>,
+    readers: u32,
 }
+
+/// The most work [`walk_conflicts`] may do (runs visited, readers listed, conflicts reported): a
+/// second or so. A file of few steps can ask for far more: every one of many reads of a chunk
+/// conflicts with every one of many later writes of it.
+const MAX_WALK_WORK: u64 = 1 << 27;
 
 /// Walks `accesses` (sorted by position) and calls `conflict(earlier, access)` for every earlier
 /// access's key that conflicts with `access` on some chunk: the chunk's last writer, and for a
@@ -1257,9 +1271,9 @@ struct RunState {
 /// the access's own are skipped.
 ///
 /// The locations `0..total` are kept as runs in one state, keyed by their first location. An
-/// access splits at most the two runs at its ends and visits the runs it spans: the work grows with
-/// the number of accesses times the runs each spans, at most their chunk counts, which are held to
-/// [`Program::MAX_CHUNK_ACCESSES`] (a small file of wide steps over few runs stays cheap).
+/// access splits at most the two runs at its ends and visits the runs it spans. The chunks accessed
+/// are held to [`Program::MAX_CHUNK_ACCESSES`] and the whole walk to [`MAX_WALK_WORK`]
+/// ([`ImportError::TooLarge`]), so that no file makes it run long or hold much memory.
 fn walk_conflicts(
     layout: &Layout,
     base: &[usize],
@@ -1280,12 +1294,20 @@ fn walk_conflicts(
             },
         });
     }
+    let too_much = || ImportError::TooLarge {
+        reason: format!(
+            "ordering the steps' {} accesses takes more than {MAX_WALK_WORK} steps of work (many reads and writes of the same chunks)",
+            accesses.len()
+        ),
+    };
+    // Reader lists: (key, next), each list newest first.
+    let mut readers: Vec<(usize, u32)> = Vec::new();
+    let mut work = 0u64;
     let mut runs: BTreeMap<usize, RunState> = BTreeMap::new();
-    runs.insert(0, RunState { writer: usize::MAX, readers: Vec::new() });
+    runs.insert(0, RunState { writer: usize::MAX, readers: NO_READER });
     let split = |runs: &mut BTreeMap<usize, RunState>, at: usize| {
         if at < total && !runs.contains_key(&at) {
-            let (_, run) = runs.range(..at).next_back().expect("runs tile 0..total");
-            let run = run.clone();
+            let (_, &run) = runs.range(..at).next_back().expect("runs tile 0..total");
             runs.insert(at, run);
         }
     };
@@ -1298,17 +1320,29 @@ fn walk_conflicts(
         split(&mut runs, hi);
         // Every chunk of a run is in the same state, so it gives the same conflicts as the run.
         for run in runs.range_mut(lo..hi).map(|(_, r)| r) {
+            work += 1;
             if run.writer != usize::MAX && run.writer != id {
                 conflict(run.writer, a);
             }
             if a.write {
-                for &rd in &run.readers {
+                let mut r = run.readers;
+                while r != NO_READER {
+                    let (rd, next) = readers[r as usize];
                     if rd != id {
                         conflict(rd, a);
                     }
+                    work += 1;
+                    r = next;
                 }
             } else if a.read {
-                run.readers.push(id);
+                if readers.len() >= NO_READER as usize {
+                    return Err(too_much());
+                }
+                readers.push((id, run.readers));
+                run.readers = (readers.len() - 1) as u32;
+            }
+            if work > MAX_WALK_WORK {
+                return Err(too_much());
             }
         }
         if a.write {
@@ -1317,7 +1351,7 @@ fn walk_conflicts(
             for k in inner {
                 runs.remove(&k);
             }
-            runs.insert(lo, RunState { writer: id, readers: Vec::new() });
+            runs.insert(lo, RunState { writer: id, readers: NO_READER });
         }
     }
     Ok(())
