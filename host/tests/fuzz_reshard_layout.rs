@@ -31,8 +31,8 @@ fn exercise(mesh: &str, placements: &str, shape: &[u64], world: u32) {
         for r in (m.start()..m.start() + m.size()).step_by(step as usize) {
             let b = s.local_region(r).expect("a rank of the mesh has a box");
             assert_eq!(b.start.len(), shape.len());
-            for d in 0..shape.len() {
-                assert!(b.start[d] as u128 + b.extent[d] as u128 <= shape[d] as u128 || b.extent[d] == 0, "{b:?}");
+            for ((&start, &extent), &n) in b.start.iter().zip(&b.extent).zip(shape) {
+                assert!(start as u128 + extent as u128 <= n as u128 || extent == 0, "{b:?}");
             }
         }
         if m.start() > 0 {

@@ -54,7 +54,7 @@ fn compare(xml: &str, seed: u64) -> Result<bool, String> {
 fn case(i: u64) -> String {
     let mut rng = Rng(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x0C0F_FEE0);
     let mut doc = generated(&mut rng);
-    let mutations = if i % 4 == 0 { 0 } else { 1 + rng.below(3) };
+    let mutations = if i.is_multiple_of(4) { 0 } else { 1 + rng.below(3) };
     for _ in 0..mutations {
         mutate(&mut doc, &mut rng);
     }

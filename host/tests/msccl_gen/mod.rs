@@ -206,7 +206,11 @@ pub fn from_program(p: &Program, rng: &mut Rng) -> El {
             tbs[rr].push((role, Vec::new()));
             tbs[rr].len() - 1
         });
-        let flat = |s: &Slice| l.resolve(Rank(r), *s).unwrap() as usize;
+        // The chunks of rank `r`'s storage a slice covers.
+        let span = |s: &Slice| {
+            let at = l.resolve(Rank(r), *s).unwrap() as usize;
+            at..at + s.count as usize
+        };
         let mut deps: HashMap<usize, usize> = HashMap::new();
         let mut need = |d: (usize, usize)| {
             if d.0 != t {
@@ -215,15 +219,15 @@ pub fn from_program(p: &Program, rng: &mut Rng) -> El {
             }
         };
         for s in reads.iter().chain(writes) {
-            for c in flat(s)..flat(s) + s.count as usize {
-                if let Some(w) = hist[rr][c].0 {
+            for (w, _) in &hist[rr][span(s)] {
+                if let Some(w) = *w {
                     need(w);
                 }
             }
         }
         for s in writes {
-            for c in flat(s)..flat(s) + s.count as usize {
-                for &rd in &hist[rr][c].1 {
+            for (_, readers) in &hist[rr][span(s)] {
+                for &rd in readers {
                     need(rd);
                 }
             }
@@ -248,13 +252,13 @@ pub fn from_program(p: &Program, rng: &mut Rng) -> El {
         st.set("s", idx);
         steps.push(st);
         for s in reads {
-            for c in flat(s)..flat(s) + s.count as usize {
-                hist[rr][c].1.push((t, idx));
+            for (_, readers) in &mut hist[rr][span(s)] {
+                readers.push((t, idx));
             }
         }
         for s in writes {
-            for c in flat(s)..flat(s) + s.count as usize {
-                hist[rr][c] = (Some((t, idx)), Vec::new());
+            for h in &mut hist[rr][span(s)] {
+                *h = (Some((t, idx)), Vec::new());
             }
         }
     };
@@ -705,7 +709,7 @@ pub fn mutate_text(xml: &str, rng: &mut Rng) -> String {
             v.remove(i);
         }
         2 => v.insert(i, b[i]),
-        3 => v.insert(i, [b'<', b'>', b'"', b'/', b'='][rng.below(5) as usize]),
+        3 => v.insert(i, b"<>\"/="[rng.below(5) as usize]),
         _ => {
             let cut = xml.rfind("</algo>").unwrap_or(xml.len());
             v.truncate(cut);

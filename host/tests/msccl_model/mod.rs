@@ -819,7 +819,7 @@ fn interpret_inner(xml: &str, len: usize, seed: u64) -> R<Verdict> {
     if n == 0 || chunks == 0 {
         return Err("no ranks or no chunks".into());
     }
-    if a.coll != Coll::AllReduce && chunks % n != 0 {
+    if a.coll != Coll::AllReduce && !chunks.is_multiple_of(n) {
         return Err("chunks not divisible by ranks".into());
     }
     let max_scratch = a.gpus.iter().map(|g| g.s_chunks as u64).max().unwrap_or(0);
