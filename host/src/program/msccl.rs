@@ -31,8 +31,9 @@
 //! | `re` | reduce | src, dst | dst ← dst ⊕ src | |
 //! | `nop` | none | | | |
 //!
-//! Only the operands in the table are used: a send's `dst*` and a receive's `src*` are ignored
-//! (MSCCL's Simple protocol does not write straight into the peer's buffer for MSCCL connections).
+//! Only the operands in the table are used: a send's `dst*` and a receive's `src*` are ignored (the
+//! receiving step alone says where the data goes: connections are taken as FIFOs, never as writes
+//! straight into the peer's buffer).
 //!
 //! **Dependencies.** MSCCL keeps, per TB, a counter that is the index of the step it runs (see below
 //! for `nop`), and after a step with `hasdep="1"` it publishes that counter as the TB's flag. A step
@@ -67,9 +68,10 @@
 //! and the result is the collective it names, for each placement it claims. Beyond MSCCL's own parser
 //! it refuses, naming the step or the line:
 //!
-//! - structure that would lose data or is ambiguous: a second `<algo>`, `<gpu>`, `<tb>`, `<step>` or
-//!   `<copy>` outside its parent, an element left unclosed (a file without `</algo>`), a repeated
-//!   attribute, steps not numbered `0, 1, …` in the order written;
+//! - structure that would lose data or is ambiguous: a second `<algo>`, a `<gpu>` or `<tb>` inside one
+//!   of its kind, a `<gpu>`, `<tb>`, `<step>`/`<op>` or `<copy>` outside its parent (MSCCL would skip
+//!   it), an element left unclosed (a file without `</algo>`), a repeated attribute, steps not
+//!   numbered `0, 1, …` in the order written;
 //! - declared sizes that contradict the file: `i_chunks`/`o_chunks` larger than the buffers
 //!   `nchunksperloop` gives, or a step reaching past the `i_chunks`/`o_chunks` its GPU declares;
 //! - local operands that overlap without being the same chunks (a `cpy` onto itself, including an
