@@ -55,25 +55,43 @@ fn pieces(n: u32, per_cta: u32) -> Lowered {
     Lowered { programs, tasks, ranks: 1, slots: 1, combines: false }
 }
 
-/// A 2-GPU in-place AllReduce of `chunks` chunks exchanged whole on each of `channels` channels (as
-/// in `tests/robust_import.rs`).
-fn wide_exchange(chunks: u32, channels: u32) -> String {
+/// A 2-GPU in-place AllReduce of `chunks` chunks exchanged whole `rounds` times in one TB per GPU
+/// (as in `tests/robust_import.rs`).
+fn wide_exchange(chunks: u32, rounds: u32) -> String {
     let mut x = format!(r#"<algo name="x" nchunksperloop="{chunks}" ngpus="2" coll="allreduce" inplace="1">"#);
     for g in 0..2 {
         let peer = 1 - g;
         x += &format!(r#"<gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="0">"#);
-        for c in 0..channels {
-            x += &format!(r#"<tb id="{c}" send="{peer}" recv="{peer}" chan="{c}">"#);
-            for (s, ty) in ["s", "rrc"].iter().enumerate() {
-                x += &format!(
-                    r#"<step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
-                );
-            }
-            x += "</tb>";
+        x += &format!(r#"<tb id="0" send="{peer}" recv="{peer}" chan="0">"#);
+        for s in 0..2 * rounds {
+            let ty = if s < rounds { "s" } else { "rrc" };
+            x += &format!(
+                r#"<step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
+            );
         }
-        x += "</gpu>";
+        x += "</tb></gpu>";
     }
     x + "</algo>"
+}
+
+/// A 1-GPU file of `wide` copies of the whole input to scratch, then `narrow` copies into one input
+/// chunk each, every one conflicting with every wide copy (as in `tests/robust_import.rs`).
+fn many_readers(wide: u32, narrow: u32) -> String {
+    let mut x = format!(
+        r#"<algo name="readers" ngpus="1" coll="allreduce" nchunksperloop="{narrow}" inplace="1"><gpu id="0" i_chunks="{narrow}" o_chunks="0" s_chunks="{}"><tb id="0" send="-1" recv="-1" chan="0">"#,
+        2 * narrow
+    );
+    for s in 0..wide {
+        x += &format!(r#"<step s="{s}" type="cpy" srcbuf="i" srcoff="0" dstbuf="s" dstoff="0" cnt="{narrow}"/>"#);
+    }
+    for j in 0..narrow {
+        let s = wide + j;
+        x += &format!(
+            r#"<step s="{s}" type="cpy" srcbuf="s" srcoff="{}" dstbuf="i" dstoff="{j}" cnt="1"/>"#,
+            narrow + j
+        );
+    }
+    x + "</tb></gpu></algo>"
 }
 
 fn layout(mesh: &str, placements: &str) -> Layout {
@@ -115,7 +133,16 @@ fn main() {
         import_unchecked(&xml).unwrap_err();
         import(&xml).unwrap_err();
     });
-    rows.push(("refuse snapshot growth, 32 channels", took, s(2)));
+    rows.push(("refuse snapshot growth, 32 rounds", took, s(2)));
+    // One element of 100k attributes: reading attributes used to compare each with every other.
+    let mut xml = String::from(r#"<algo name="wide" ngpus="1" coll="allreduce" nchunksperloop="1""#);
+    for i in 0..100_000 {
+        xml += &format!(" a{i}=\"1\"");
+    }
+    xml += r#"><gpu id="0" i_chunks="1"/></algo>"#;
+    rows.push(("import an element of 100k attributes", best_of_3(|| drop(import(&xml).unwrap())), ms(500)));
+    let xml = many_readers(12_000, 12_000);
+    rows.push(("refuse 144M conflicting accesses", best_of_3(|| drop(import_unchecked(&xml).unwrap_err())), s(2)));
     let xml = wide_exchange(1 << 22, 1100);
     rows.push(("refuse past the access limit", best_of_3(|| drop(import_unchecked(&xml).unwrap_err())), s(10)));
 

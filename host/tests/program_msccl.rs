@@ -192,8 +192,9 @@ fn buffered_exchange_gets_a_snapshot() {
     assert_eq!(verify::<f32>(&plan, ReduceOp::Sum, 4, &ExecOptions::default()).unwrap().wrong, 0);
 }
 
-fn at(gpu: u32, tb: u32, step: u32) -> StepRef {
-    StepRef { gpu, tb, step }
+/// Step `step` of tb `tb` on gpu `gpu`, written on line `line`.
+fn at(gpu: u32, tb: u32, step: u32, line: usize) -> StepRef {
+    StepRef { gpu, tb, step, line }
 }
 
 #[test]
@@ -201,24 +202,24 @@ fn unmatched_send_and_receive() {
     let g1_no_recv = G1.replace(r#"      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
 "#, "");
     let e = import(&ag2(G0, &g1_no_recv, "")).unwrap_err();
-    assert_eq!(e, ImportError::UnmatchedSend { step: at(0, 0, 0), dst: 1, channel: 0 });
+    assert_eq!(e, ImportError::UnmatchedSend { step: at(0, 0, 0, 4), dst: 1, channel: 0 });
     let g1_no_send = G1
         .replace(r#"      <step s="0" type="s" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
 "#, "")
         .replace(r#"s="1" type="r""#, r#"s="0" type="r""#);
     let e = import(&ag2(G0, &g1_no_send, "")).unwrap_err();
-    assert_eq!(e, ImportError::UnmatchedRecv { step: at(0, 0, 1), src: 1, channel: 0 });
+    assert_eq!(e, ImportError::UnmatchedRecv { step: at(0, 0, 1, 5), src: 1, channel: 0 });
     assert!(e.to_string().contains("gpu 0 tb 0 step 1"), "{e}");
 }
 
 #[test]
 fn out_of_range_rank_and_chunk() {
     let e = import(&ag2(&G0.replace(r#"send="1""#, r#"send="5""#), G1, "")).unwrap_err();
-    assert_eq!(e, ImportError::BadPeer { step: at(0, 0, 0), direction: "send", peer: 5 });
+    assert_eq!(e, ImportError::BadPeer { step: at(0, 0, 0, 4), direction: "send", peer: 5 });
     let e = import(&ag2(&G0.replace(r#"srcoff="0""#, r#"srcoff="7""#), G1, "")).unwrap_err();
     match e {
         ImportError::Invalid { step: Some(s), error: ProgramError::SliceOutOfRange { .. } } => {
-            assert_eq!(s, at(0, 0, 0))
+            assert_eq!(s, at(0, 0, 0, 4))
         }
         other => panic!("expected an out-of-range chunk, got {other:?}"),
     }
@@ -236,18 +237,36 @@ fn cycles_are_reported() {
     </tb>"#;
     let e = import(&ag2(g0, G1, "")).unwrap_err();
     assert!(matches!(e, ImportError::Cycle { step } if step.gpu == 0), "{e}");
-    let e = import(&ag2(
-        &G0.replace(
+    // Step 0 waits for a TB that does not exist, then for a flag its TB never publishes.
+    let wait = |depid: &str, deps: &str| {
+        let g0 = G0.replace(
             r#"depid="-1" deps="-1" hasdep="0"/>
       <step s="1""#,
-            r#"depid="0" deps="9" hasdep="0"/>
+            &format!(
+                r#"depid="{depid}" deps="{deps}" hasdep="0"/>
+      <step s="1""#
+            ),
+        );
+        import(&ag2(&g0, G1, "")).unwrap_err()
+    };
+    assert_eq!(wait("7", "0"), ImportError::BadDependency { step: at(0, 0, 0, 4), depid: 7, deps: 0 });
+    assert_eq!(wait("0", "-2"), ImportError::BadDependency { step: at(0, 0, 0, 4), depid: 0, deps: -2 });
+    let e = wait("0", "9");
+    assert_eq!(e, ImportError::NeverSignalled { step: at(0, 0, 0, 4), depid: 0, deps: 9 });
+    assert!(e.to_string().contains("line 4"), "{e}");
+    // Waiting on its own TB's later step: MSCCL would hang.
+    let g0 = G0
+        .replace(
+            r#"depid="-1" deps="-1" hasdep="0"/>
       <step s="1""#,
-        ),
-        G1,
-        "",
-    ))
-    .unwrap_err();
-    assert!(matches!(e, ImportError::BadDependency { .. }), "{e}");
+            r#"depid="0" deps="1" hasdep="0"/>
+      <step s="1""#,
+        )
+        .replace(
+            r#"dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0""#,
+            r#"dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="1""#,
+        );
+    assert!(matches!(import(&ag2(&g0, G1, "")).unwrap_err(), ImportError::Cycle { .. }));
 }
 
 #[test]
@@ -267,7 +286,7 @@ fn postcondition_failures() {
     let e = import(&ag2(&G0.replace(r#"type="r""#, r#"type="rrc""#), G1, "")).unwrap_err();
     match &e {
         ImportError::Invalid { step: Some(s), error: ProgramError::Postcondition { .. } } => {
-            assert_eq!(*s, at(1, 0, 0), "named by the send of the offending transfer")
+            assert_eq!(*s, at(1, 0, 0, 10), "named by the send of the offending transfer")
         }
         other => panic!("expected a postcondition error naming a step, got {other:?}"),
     }
@@ -276,7 +295,7 @@ fn postcondition_failures() {
 #[test]
 fn other_malformed_files() {
     let e = import(&ag2(&G0.replace(r#"type="s""#, r#"type="xyz""#), G1, "")).unwrap_err();
-    assert_eq!(e, ImportError::UnknownStepType { step: at(0, 0, 0), ty: "xyz".into() });
+    assert_eq!(e, ImportError::UnknownStepType { step: at(0, 0, 0, 4), ty: "xyz".into() });
     let e = import(&ag2(
         G0,
         &G1.replace(

@@ -85,28 +85,25 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// A 2-GPU in-place AllReduce of `chunks` chunks where, on each of `channels` channels, both GPUs
-/// send all their chunks and then reduce the peer's into them: a buffered exchange that needs a
-/// snapshot of `chunks` scratch chunks per channel on each GPU.
-fn wide_exchange(chunks: u32, channels: u32) -> String {
+/// A 2-GPU in-place AllReduce of `chunks` chunks where both GPUs send all their chunks `rounds`
+/// times and then reduce the peer's into them as often, in one TB each: a buffered exchange whose
+/// every send needs a snapshot of `chunks` scratch chunks on each GPU. (Several TBs doing this side
+/// by side would be a data race.)
+fn wide_exchange(chunks: u32, rounds: u32) -> String {
     let mut x = format!(r#"<algo name="x" nchunksperloop="{chunks}" ngpus="2" coll="allreduce" inplace="1">"#);
     x.push('\n');
     for g in 0..2 {
         let peer = 1 - g;
         x += &format!(r#"  <gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="0">"#);
-        x.push('\n');
-        for c in 0..channels {
-            x += &format!(r#"    <tb id="{c}" send="{peer}" recv="{peer}" chan="{c}">"#);
+        x += &format!("\n    <tb id=\"0\" send=\"{peer}\" recv=\"{peer}\" chan=\"0\">\n");
+        for s in 0..2 * rounds {
+            let ty = if s < rounds { "s" } else { "rrc" };
+            x += &format!(
+                r#"      <step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
+            );
             x.push('\n');
-            for (s, ty) in ["s", "rrc"].iter().enumerate() {
-                x += &format!(
-                    r#"      <step s="{s}" type="{ty}" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>"#
-                );
-                x.push('\n');
-            }
-            x += "    </tb>\n";
         }
-        x += "  </gpu>\n";
+        x += "    </tb>\n  </gpu>\n";
     }
     x += "</algo>\n";
     x
@@ -147,7 +144,7 @@ fn wide_exchange_within_limits_imports() {
 
 #[test]
 fn snapshot_growth_is_refused_early() {
-    // 32 channels of 2^20-chunk exchanges: under 20 KB of XML asking for 2^25 scratch chunks per
+    // 32 rounds of 2^20-chunk exchanges: under 20 KB of XML asking for 2^25 scratch chunks per
     // GPU, more than `Layout::validate` allows. It used to grow to gigabytes before failing.
     let xml = wide_exchange(1 << 20, 32);
     assert!(xml.len() < 20_000, "{} bytes", xml.len());
@@ -161,7 +158,7 @@ fn snapshot_growth_is_refused_early() {
 
 #[test]
 fn exchanges_whose_snapshots_would_pass_u32_are_refused_by_the_access_limit() {
-    // 1100 channels of 2^22-chunk exchanges: one snapshot round would sum more than u32::MAX scratch
+    // 1100 rounds of 2^22-chunk exchanges: one snapshot round would sum more than u32::MAX scratch
     // chunks on a GPU. Their steps touch more chunks than a program may (`MAX_CHUNK_ACCESSES`),
     // which is refused before any snapshot is sized.
     let xml = wide_exchange(1 << 22, 1100);
@@ -174,17 +171,18 @@ fn exchanges_whose_snapshots_would_pass_u32_are_refused_by_the_access_limit() {
     }
 }
 
-/// A valid 2-GPU AllGather; `extra_tb` goes inside GPU 0's second TB (line 7 opens that TB).
+/// A valid 2-GPU AllGather (GPU 0's local copy into chunk 1 waits before the receive that
+/// overwrites it); `extra_tb` goes inside GPU 0's second TB (line 7 opens that TB).
 fn allgather_with(extra_tb: &str) -> String {
     format!(
         r#"<algo name="t" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1">
   <gpu id="0" i_chunks="0" o_chunks="2" s_chunks="0">
     <tb id="0" send="1" recv="1" chan="0">
       <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="1" deps="0" hasdep="0"/>
     </tb>
     <tb id="1" send="-1" recv="-1" chan="0">
-      <step s="0" type="cpy" srcbuf="o" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="0" type="cpy" srcbuf="o" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="1"/>
 {extra_tb}
     </tb>
   </gpu>
@@ -291,4 +289,171 @@ fn an_algo_name_that_is_not_one_token_becomes_one_and_is_kept() {
         // The text form reads back as the same program.
         assert_eq!(text::parse(&text::print(&imp.program)).unwrap(), imp.program, "{name:?}");
     }
+}
+
+/// A file cut before `</algo>` (or inside any element) is refused, naming the open element's line.
+#[test]
+fn unclosed_elements_are_refused() {
+    let good = allgather_with("");
+    let cut = good.trim_end().strip_suffix("</algo>").unwrap();
+    let want = ImportError::Unclosed { element: "algo".into(), line: 1 };
+    assert_eq!(import(cut).unwrap_err(), want);
+    assert_eq!(import(cut).unwrap_err().to_string(), "line 1: <algo> is never closed (the file ends inside it)");
+    let at_tb = &good[..good.find("</tb>").unwrap()];
+    assert_eq!(import(at_tb).unwrap_err(), ImportError::Unclosed { element: "tb".into(), line: 3 });
+    // An unknown element left open inside, too.
+    let unknown = good.replacen("</tb>", "<note></tb>", 1);
+    assert!(matches!(import(&unknown).unwrap_err(), ImportError::Xml { message } if message.starts_with("line 6:")));
+}
+
+/// Known elements outside their parent would be skipped by MSCCL: refused with their line.
+#[test]
+fn misplaced_elements_are_refused() {
+    let good = allgather_with("");
+    let cases = [
+        (
+            good.replacen("<tb id=\"1\"", "<wrap><tb id=\"1\"", 1).replacen(
+                "</tb>\n  </gpu>",
+                "</tb></wrap>\n  </gpu>",
+                1,
+            ),
+            "tb",
+            7,
+            Some("wrap"),
+        ),
+        (format!("{}<gpu id=\"2\"/>\n", good), "gpu", 19, None),
+        (good.replacen("<gpu id=\"1\"", "<step s=\"0\" type=\"nop\"/><gpu id=\"1\"", 1), "step", 12, Some("algo")),
+        (format!("<root>\n{good}</root>\n"), "algo", 2, Some("root")),
+    ];
+    for (xml, element, line, parent) in cases {
+        let want = ImportError::Misplaced { element: element.into(), line, parent: parent.map(str::to_string) };
+        assert_eq!(import(&xml).unwrap_err(), want, "{xml}");
+    }
+}
+
+#[test]
+fn repeated_attributes_and_steps_out_of_order_are_refused() {
+    let good = allgather_with("");
+    let twice = good.replacen(r#"cnt="1""#, r#"cnt="1" cnt="2""#, 1);
+    assert_eq!(
+        import(&twice).unwrap_err(),
+        ImportError::DuplicateAttribute { element: "step".into(), attribute: "cnt".into(), line: 4 }
+    );
+    // Steps numbered 1, 0: MSCCL runs them in the order written, and dependencies name the numbers.
+    let swapped = good
+        .replacen(r#"<step s="0""#, r#"<step s="X""#, 1)
+        .replacen(r#"<step s="1""#, r#"<step s="0""#, 1)
+        .replacen(r#"<step s="X""#, r#"<step s="1""#, 1);
+    match import(&swapped).unwrap_err() {
+        ImportError::BadAttribute { attribute, value, line: 4, .. } => {
+            assert_eq!((attribute.as_str(), value.as_str()), ("s", "1"))
+        }
+        other => panic!("expected the step order refused, got {other:?}"),
+    }
+}
+
+/// Declared chunk counts must agree with `nchunksperloop` and with the steps.
+#[test]
+fn declared_chunk_counts_that_contradict_the_file_are_refused() {
+    let good = allgather_with("");
+    // More output chunks than the 2 of `nchunksperloop`.
+    let more = good.replacen(r#"<gpu id="1" i_chunks="0" o_chunks="2""#, r#"<gpu id="1" i_chunks="0" o_chunks="4""#, 1);
+    let want = ImportError::DeclaredChunks { gpu: 1, line: 12, attribute: "o_chunks", declared: 4, limit: 2 };
+    assert_eq!(import(&more).unwrap_err(), want);
+    assert!(want.to_string().starts_with("line 12: gpu 1 declares o_chunks=\"4\""), "{want}");
+    // A step reaching past the one output chunk GPU 0 declares.
+    let fewer =
+        good.replacen(r#"<gpu id="0" i_chunks="0" o_chunks="2""#, r#"<gpu id="0" i_chunks="0" o_chunks="1""#, 1);
+    match import(&fewer).unwrap_err() {
+        ImportError::BeyondDeclared { step, attribute: "o_chunks", declared: 1, slice } => {
+            assert_eq!((step.gpu, step.tb, step.step, step.line, slice.offset), (0, 0, 1, 5, 1));
+        }
+        other => panic!("expected a step past the declared chunks, got {other:?}"),
+    }
+    // A step using the input buffer an in-place AllGather GPU declares empty.
+    let input = good.replacen(r#"type="s" srcbuf="o" srcoff="0""#, r#"type="s" srcbuf="i" srcoff="0""#, 1);
+    assert!(matches!(
+        import(&input).unwrap_err(),
+        ImportError::BeyondDeclared { attribute: "i_chunks", declared: 0, .. }
+    ));
+}
+
+/// Reading a file stops at a byte limit with a typed error: `/dev/zero` does not end.
+#[test]
+fn input_files_are_read_up_to_a_limit() {
+    use oxccl_host::program::{InputError, read_input};
+    use std::path::Path;
+    let zero = Path::new("/dev/zero");
+    if zero.exists() {
+        assert_eq!(read_input(zero, 1 << 16), Err(InputError::TooLarge { path: "/dev/zero".into(), limit: 1 << 16 }));
+    }
+    let dir = std::env::temp_dir().join(format!("oxccl-robust-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ag.xml");
+    std::fs::write(&file, allgather_with("")).unwrap();
+    assert_eq!(oxccl_host::program::msccl::import_path(&file).unwrap().program.ops.len(), 3);
+    assert!(matches!(read_input(&file, 100), Err(InputError::TooLarge { limit: 100, .. })));
+    let binary = dir.join("bin.xml");
+    std::fs::write(&binary, b"<algo \xff\xfe>").unwrap();
+    assert!(matches!(read_input(&binary, 100), Err(InputError::NotUtf8 { at: 6, .. })));
+    let missing = dir.join("missing.xml");
+    match oxccl_host::program::msccl::import_path(&missing) {
+        Err(ImportError::Input(InputError::Io { path, .. })) => assert!(path.ends_with("missing.xml")),
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    match text::parse_path(&missing) {
+        Err(ProgramError::Input(InputError::Io { .. })) => {}
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A 1-GPU file of `wide` copies of the whole input to scratch, then `narrow` copies of one chunk
+/// each: from the input (`into_input` false: each splits the chunks the wide copies read) or into it
+/// (each a write that conflicts with every wide copy).
+fn many_readers(wide: u32, narrow: u32, into_input: bool) -> String {
+    let mut x = format!(
+        "<algo name=\"readers\" ngpus=\"1\" coll=\"allreduce\" nchunksperloop=\"{narrow}\" inplace=\"1\">\n<gpu id=\"0\" i_chunks=\"{narrow}\" o_chunks=\"0\" s_chunks=\"{}\">\n<tb id=\"0\" send=\"-1\" recv=\"-1\" chan=\"0\">\n",
+        2 * narrow
+    );
+    for s in 0..wide {
+        x += &format!(
+            "<step s=\"{s}\" type=\"cpy\" srcbuf=\"i\" srcoff=\"0\" dstbuf=\"s\" dstoff=\"0\" cnt=\"{narrow}\"/>\n"
+        );
+    }
+    for j in 0..narrow {
+        let (s, scratch) = (wide + j, narrow + j);
+        let (src, dst) = if into_input { (("s", scratch), ("i", j)) } else { (("i", j), ("s", scratch)) };
+        x += &format!(
+            "<step s=\"{s}\" type=\"cpy\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" dstoff=\"{}\" cnt=\"1\"/>\n",
+            src.0, src.1, dst.0, dst.1
+        );
+    }
+    x + "</tb>\n</gpu>\n</algo>\n"
+}
+
+#[test]
+fn many_readers_of_many_chunks_stay_small() {
+    let xml = many_readers(3000, 3000, false);
+    let base = reset_peak();
+    let imp = import(&xml).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(imp.program.ops.len(), 6000);
+    let peak = peak_since(base);
+    // Copying the 3000 readers at each of 3000 splits held 142 MiB at once.
+    assert!(peak < 48 << 20, "the import held up to {} MiB at once", peak >> 20);
+}
+
+/// Every one of many reads of a chunk conflicts with every one of many later writes of it: a small
+/// file asking for work without bound is refused, quickly (it used to take 10 s).
+#[test]
+fn unbounded_conflicts_are_refused() {
+    // 12000 wide copies from the input, then 12000 narrow copies into it: 144 million conflicts.
+    let xml = many_readers(12_000, 12_000, true);
+    let t = std::time::Instant::now();
+    match import_unchecked(&xml) {
+        Err(ImportError::TooLarge { reason }) => assert!(reason.contains("more than"), "{reason}"),
+        other => panic!("expected the work limit, got {:?}", other.map(|i| i.program.ops.len())),
+    }
+    // A loose bound: the budget is in the planners bench.
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
 }

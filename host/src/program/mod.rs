@@ -27,6 +27,9 @@
 //! | [`msccl`] | the MSCCL XML importer |
 //! | [`generators`] | built-in algorithms: ring, direct (all-pairs), hierarchical mesh |
 //! | [`check`] | the structural verifier and the symbolic postcondition checker |
+//!
+//! Files are read with [`read_input`], which stops at a byte limit ([`MAX_INPUT_BYTES`] by default)
+//! with a typed error instead of reading without end (`/dev/zero`).
 
 pub mod check;
 pub mod generators;
@@ -35,6 +38,8 @@ pub mod text;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::io::Read;
+use std::path::Path;
 
 /// Declares a `u32` entity newtype (Cranelift style): a dense index with a short display prefix.
 macro_rules! entity {
@@ -779,6 +784,8 @@ pub enum ProgramError {
         /// What is wrong with it.
         message: String,
     },
+    /// The program's file could not be read ([`text::parse_path`]).
+    Input(InputError),
     /// [`Program::instanced`] would give an op chunk labels beyond `u32::MAX`.
     ChunkLabelOverflow {
         /// The op of the original program.
@@ -818,6 +825,7 @@ impl fmt::Display for ProgramError {
             }
             ProgramError::BadName { name, reason } => write!(f, "bad program name {name:?}: {reason}"),
             ProgramError::Parse { line, message } => write!(f, "line {line}: {message}"),
+            ProgramError::Input(e) => write!(f, "{e}"),
             ProgramError::ChunkLabelOverflow { op, chunk, instances } => {
                 write!(f, "{op}: chunk label {chunk} in {instances} instances does not fit 32 bits")
             }
@@ -826,3 +834,64 @@ impl fmt::Display for ProgramError {
 }
 
 impl std::error::Error for ProgramError {}
+
+/// The most bytes [`read_input`] reads from a file by default: MSCCL files and programs are a few
+/// megabytes at most (the largest bundled MSCCL file is under 1 MB).
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
+/// Why an input file could not be read.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum InputError {
+    /// Opening or reading failed.
+    Io {
+        /// The path as given.
+        path: String,
+        /// The operating system's message.
+        message: String,
+    },
+    /// The file holds more than the limit (or never ends, like `/dev/zero`).
+    TooLarge {
+        /// The path as given.
+        path: String,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The file is not UTF-8 text.
+    NotUtf8 {
+        /// The path as given.
+        path: String,
+        /// The byte offset of the first invalid sequence.
+        at: usize,
+    },
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InputError::Io { path, message } => write!(f, "{path}: {message}"),
+            InputError::TooLarge { path, limit } => {
+                write!(f, "{path}: more than {limit} bytes, the most an input file may hold")
+            }
+            InputError::NotUtf8 { path, at } => write!(f, "{path}: not UTF-8 text (byte {at})"),
+        }
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// Reads the text file at `path`, at most `limit` bytes: one byte more is
+/// [`InputError::TooLarge`], so an endless source (`/dev/zero`, a pipe that never closes its end
+/// after writing) costs at most `limit + 1` bytes of memory before the error.
+pub fn read_input(path: &Path, limit: u64) -> Result<String, InputError> {
+    let name = path.display().to_string();
+    let io = |e: std::io::Error| InputError::Io { path: name.clone(), message: e.to_string() };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // The size the file claims only sizes the first allocation; the read itself is what is bounded.
+    let hint = file.metadata().map(|m| m.len()).unwrap_or(0).min(limit);
+    let mut bytes = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(InputError::TooLarge { path: name, limit });
+    }
+    String::from_utf8(bytes).map_err(|e| InputError::NotUtf8 { path: name, at: e.utf8_error().valid_up_to() })
+}

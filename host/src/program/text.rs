@@ -140,6 +140,12 @@ fn parse_attrs(line: usize, toks: &[&str], keys: &[&str]) -> Result<Vec<u32>, Pr
     keys.iter().zip(vals).map(|(k, v)| v.ok_or_else(|| err(line, format!("missing attribute `{k}`")))).collect()
 }
 
+/// Reads the program file at `path` ([`super::read_input`], at most [`super::MAX_INPUT_BYTES`]) and
+/// parses it ([`parse`]); a file that cannot be read is [`ProgramError::Input`].
+pub fn parse_path(path: &std::path::Path) -> Result<Program, ProgramError> {
+    parse(&super::read_input(path, super::MAX_INPUT_BYTES).map_err(ProgramError::Input)?)
+}
+
 /// Parses the text format. Each header (`program`, `collective`, `scratch`, `ranks-per-node`) is
 /// given at most once. Errors name the line; the result is not verified (call [`Program::verify`]).
 pub fn parse(text: &str) -> Result<Program, ProgramError> {
