@@ -74,7 +74,7 @@ impl Device {
 fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes);
     while out.len() < bytes {
-        let v = rng.random_range(0..17) as i32 - 8;
+        let v = rng.random_range(-8..=8);
         match dtype {
             DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
             DType::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),

@@ -101,7 +101,7 @@ fn lowered(c: &Case) -> Lowered {
 fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(bytes + 4);
     while v.len() < bytes {
-        let x = rng.random_range(0..31) as i32 - 15;
+        let x = rng.random_range(-15..=15);
         match dtype {
             DType::F32 => v.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F16 => v.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),

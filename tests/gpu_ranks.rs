@@ -511,7 +511,7 @@ fn draw_reshard(seed: u64, case: usize, world: usize, processes: bool) -> Reshar
     };
     let comm = rng.random_range(0..RESHARD_SHAPES.len() as u64) as usize;
     let n: u64 = shape.iter().product();
-    let global = (0..n).map(|_| rng.random_range(0..1 << 20) as i32 - (1 << 19)).collect();
+    let global = (0..n).map(|_| rng.random_range(-(1 << 19)..1 << 19)).collect();
     let shifted = rng.random_range(0..3) == 0;
     let shift = (0..world)
         .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })

@@ -170,7 +170,7 @@ fn reduce_case(name: &str, a: &[u8], b: &[u8]) -> Vec<u8> {
 /// on both sides of the top bit (negative `x`), where a signed Min or Max would order them wrongly.
 fn reduce_inputs(name: &str, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     let ty = name.rsplit('_').next().unwrap();
-    let n = |rng: &mut common::Rng| rng.random_range(0..200) as i64 - 100;
+    let n = |rng: &mut common::Rng| rng.random_range(-100..100i64);
     let (x32, x64) = (|x: i64| (x as i32) * ((1 << 24) + 1), |x: i64| x * ((1 << 56) + 1));
     let mut v = Vec::with_capacity(bytes);
     while v.len() < bytes {
