@@ -205,10 +205,11 @@ impl<B: Bootstrap + ?Sized> Bootstrap for Arc<B> {
 }
 
 /// What went wrong while ranks found each other or exchanged bytes.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BootstrapError {
     /// A socket or file operation failed.
+    #[error("{what}: {source}")]
     Io {
         /// What was being done ("connecting to the root at 10.0.0.1:29500", "reading the Id file ...").
         what: String,
@@ -216,6 +217,7 @@ pub enum BootstrapError {
         source: io::Error,
     },
     /// The root could not listen on an address (typically: another process holds the port).
+    #[error("the bootstrap root cannot listen on {addr}: {source}{}", bind_hint(.source))]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -223,6 +225,7 @@ pub enum BootstrapError {
         source: io::Error,
     },
     /// A bounded wait gave up.
+    #[error("timed out after {waited:?} {what}")]
     Timeout {
         /// What was awaited.
         what: String,
@@ -230,11 +233,16 @@ pub enum BootstrapError {
         waited: Duration,
     },
     /// The root at the Id's address serves another run (its nonce differs): the Id is stale.
+    #[error(
+        "the bootstrap root at {root} serves another run (the Id's nonce differs): the Id is stale, \
+         pass this run's"
+    )]
     StaleId {
         /// The root's address.
         root: SocketAddr,
     },
     /// A rank at or above the world size.
+    #[error("rank {rank} is out of range for a world of {world} rank(s)")]
     RankOutOfRange {
         /// The rank.
         rank: usize,
@@ -242,6 +250,7 @@ pub enum BootstrapError {
         world: usize,
     },
     /// A world size of zero or over [`MAX_WORLD`].
+    #[error("a world of {world} rank(s): a bootstrap group has 1 to {max}")]
     World {
         /// The world size given.
         world: usize,
@@ -249,6 +258,7 @@ pub enum BootstrapError {
         max: usize,
     },
     /// A rank joined with another world size than the first rank to arrive.
+    #[error("rank {rank} joined with a world of {got} rank(s), but the first rank to arrive said {expected}")]
     WorldMismatch {
         /// The rank that joined.
         rank: usize,
@@ -258,11 +268,13 @@ pub enum BootstrapError {
         got: usize,
     },
     /// A live connection already holds this rank: two processes were given the same rank.
+    #[error("rank {rank} is already held by another live connection (two processes were given rank {rank})")]
     RankTaken {
         /// The rank.
         rank: usize,
     },
     /// These ranks never joined within the timeout (the first arrival's, counted from its arrival).
+    #[error("{} of {world} never joined within {waited:?}", ranks_text(.ranks))]
     Missing {
         /// The ranks that never came, ascending.
         ranks: Vec<usize>,
@@ -273,11 +285,16 @@ pub enum BootstrapError {
     },
     /// A rank left the group (its process ended, or it dropped its bootstrap or closed its
     /// connection) before every rank was done: no further round can complete.
+    #[error(
+        "rank {rank} left the group (its process ended or it dropped its bootstrap) before the other \
+         ranks were done"
+    )]
     PeerLeft {
         /// The rank that left.
         rank: usize,
     },
     /// A rank gave up (its call failed: a timeout, a message over the limit, ...) and left the group.
+    #[error("rank {rank} gave up and left the group: {why}")]
     PeerAborted {
         /// The rank that gave up.
         rank: usize,
@@ -286,16 +303,22 @@ pub enum BootstrapError {
     },
     /// The root closed the connection without a reason: its process ended (it runs in one of the
     /// ranks' processes, typically rank 0's).
+    #[error(
+        "the bootstrap root at {root} closed the connection without a reason (the process that ran it \
+         ended)"
+    )]
     RootClosed {
         /// The root's address.
         root: SocketAddr,
     },
     /// This bootstrap failed earlier and left the group; it cannot be used again.
+    #[error("this bootstrap failed earlier and left its group, it cannot be used again: {why}")]
     Broken {
         /// The earlier error.
         why: String,
     },
     /// An environment variable is missing or malformed.
+    #[error("environment variable {var}: {why}")]
     Env {
         /// The variable.
         var: &'static str,
@@ -303,11 +326,16 @@ pub enum BootstrapError {
         why: String,
     },
     /// A string, a byte string or a file that is not an [`Id`].
+    #[error("not an oxccl bootstrap Id: {why}")]
     BadId {
         /// What is wrong with it.
         why: String,
     },
     /// A contribution over [`MAX_MESSAGE_BYTES`].
+    #[error(
+        "{len} bytes is over the bootstrap's limit of {max} bytes per rank and call (send large data \
+         through the communicator, not the bootstrap)"
+    )]
     TooLarge {
         /// Its length in bytes.
         len: usize,
@@ -315,6 +343,7 @@ pub enum BootstrapError {
         max: usize,
     },
     /// Memory for bytes received could not be allocated.
+    #[error("could not allocate {bytes} bytes for {what}")]
     NoMemory {
         /// What the bytes were.
         what: String,
@@ -322,82 +351,28 @@ pub enum BootstrapError {
         bytes: usize,
     },
     /// A peer sent something that is not the bootstrap protocol.
+    #[error("bootstrap protocol error: {why}")]
     Protocol {
         /// What was wrong.
         why: String,
     },
 }
 
-impl fmt::Display for BootstrapError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BootstrapError::Io { what, source } => write!(f, "{what}: {source}"),
-            BootstrapError::Bind { addr, source } => {
-                write!(f, "the bootstrap root cannot listen on {addr}: {source}")?;
-                if source.kind() == ErrorKind::AddrInUse {
-                    write!(f, " (another process holds the port: set {PORT_VAR} or {ADDR_VAR} to a free one)")?;
-                }
-                Ok(())
-            }
-            BootstrapError::Timeout { what, waited } => write!(f, "timed out after {waited:?} {what}"),
-            BootstrapError::StaleId { root } => write!(
-                f,
-                "the bootstrap root at {root} serves another run (the Id's nonce differs): the Id is stale, \
-                 pass this run's"
-            ),
-            BootstrapError::RankOutOfRange { rank, world } => {
-                write!(f, "rank {rank} is out of range for a world of {world} rank(s)")
-            }
-            BootstrapError::World { world, max } => {
-                write!(f, "a world of {world} rank(s): a bootstrap group has 1 to {max}")
-            }
-            BootstrapError::WorldMismatch { rank, expected, got } => write!(
-                f,
-                "rank {rank} joined with a world of {got} rank(s), but the first rank to arrive said {expected}"
-            ),
-            BootstrapError::RankTaken { rank } => write!(
-                f,
-                "rank {rank} is already held by another live connection (two processes were given rank {rank})"
-            ),
-            BootstrapError::Missing { ranks, world, waited } => {
-                let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
-                let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
-                write!(f, "{noun} {} of {world} never joined within {waited:?}", list.join(", "))
-            }
-            BootstrapError::PeerLeft { rank } => write!(
-                f,
-                "rank {rank} left the group (its process ended or it dropped its bootstrap) before the other \
-                 ranks were done"
-            ),
-            BootstrapError::PeerAborted { rank, why } => write!(f, "rank {rank} gave up and left the group: {why}"),
-            BootstrapError::RootClosed { root } => write!(
-                f,
-                "the bootstrap root at {root} closed the connection without a reason (the process that ran it \
-                 ended)"
-            ),
-            BootstrapError::Broken { why } => {
-                write!(f, "this bootstrap failed earlier and left its group, it cannot be used again: {why}")
-            }
-            BootstrapError::Env { var, why } => write!(f, "environment variable {var}: {why}"),
-            BootstrapError::BadId { why } => write!(f, "not an oxccl bootstrap Id: {why}"),
-            BootstrapError::TooLarge { len, max } => write!(
-                f,
-                "{len} bytes is over the bootstrap's limit of {max} bytes per rank and call (send large data \
-                 through the communicator, not the bootstrap)"
-            ),
-            BootstrapError::NoMemory { what, bytes } => write!(f, "could not allocate {bytes} bytes for {what}"),
-            BootstrapError::Protocol { why } => write!(f, "bootstrap protocol error: {why}"),
+/// The hint a bind error adds where the port is taken.
+fn bind_hint(source: &io::Error) -> String {
+    match source.kind() {
+        ErrorKind::AddrInUse => {
+            format!(" (another process holds the port: set {PORT_VAR} or {ADDR_VAR} to a free one)")
         }
+        _ => String::new(),
     }
 }
 
-impl std::error::Error for BootstrapError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BootstrapError::Io { source, .. } | BootstrapError::Bind { source, .. } => Some(source),
-            _ => None,
-        }
-    }
+/// "rank 3" or "ranks 1, 4".
+fn ranks_text(ranks: &[usize]) -> String {
+    let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{noun} {}", list.join(", "))
 }
 
 // ------------------------------------------------------------------------------------------------

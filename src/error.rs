@@ -6,7 +6,6 @@ use oxccl_host::lowered::LoweredError;
 use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
 use oxccl_kernels::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, Status, WaitKind};
-use std::fmt;
 
 /// oxccl's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -20,10 +19,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// `half::bf16`, `i32` and `u32`; an operator is a closed `ReduceOp`, valid for every element
 /// type), and a call on a communicator that is not set up (the constructors return the communicator
 /// only once its workspaces, peer access and kernels are in place, else an error).
-#[derive(Debug)]
+///
+/// Where a variant wraps another error (a driver error, a planner's, the bootstrap's),
+/// [`source`](std::error::Error::source) returns it, and the message also ends with its text, so
+/// printing the error alone says the whole story.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {source}")]
     Driver {
         /// The driver function (`cuLaunchKernel`, ...).
         call: &'static str,
@@ -35,6 +39,11 @@ pub enum Error {
     /// found it before its next step on that context: a call that launches (a collective, a reshard,
     /// a compiled plan's launch) before queueing any launch, so it did nothing; a wait (`synchronize`,
     /// `query`, `reset`, `clear_plans`) before that stream's wait, so call it again.
+    #[error(
+        "an earlier CUDA driver call on device {ordinal} failed where cudarc could not report it \
+             (a buffer's stream wait or event, or a free): {source}; found before this call's next \
+             step on that device (a call that launches queued nothing)"
+    )]
     KeptDriverError {
         /// The ordinal of the device whose context kept the error.
         ordinal: usize,
@@ -42,8 +51,10 @@ pub enum Error {
         source: DriverError,
     },
     /// The CUDA driver library is not installed (no GPU can be used).
+    #[error("the CUDA driver library is not installed")]
     NoDriver,
     /// A device number at or above the number of CUDA devices.
+    #[error("no CUDA device {ordinal}: {devices} visible")]
     NoSuchDevice {
         /// The device asked for.
         ordinal: usize,
@@ -51,6 +62,7 @@ pub enum Error {
         devices: usize,
     },
     /// The device is not a Hopper (sm_90) GPU.
+    #[error("device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")]
     UnsupportedDevice {
         /// The device.
         ordinal: usize,
@@ -60,6 +72,7 @@ pub enum Error {
         minor: i32,
     },
     /// The communicator was built with no ranks, or more than one launch can address.
+    #[error("{ranks} ranks: a communicator has 1..={max}")]
     RankCount {
         /// The ranks asked for.
         ranks: usize,
@@ -67,6 +80,7 @@ pub enum Error {
         max: usize,
     },
     /// A rank index at or above the communicator's rank count.
+    #[error("rank {rank}: the communicator has ranks 0..{ranks}")]
     NoSuchRank {
         /// The index given.
         rank: usize,
@@ -74,6 +88,7 @@ pub enum Error {
         ranks: usize,
     },
     /// A buffer slot index outside the plan's slots.
+    #[error("buffer slot {slot}: a plan has slots 0..{slots}")]
     NoSuchSlot {
         /// The index given.
         slot: usize,
@@ -81,6 +96,7 @@ pub enum Error {
         slots: usize,
     },
     /// A list passed one entry per rank (buffers, streams, buffer tables) with another length than the ranks.
+    #[error("{what}: {got} given, one per rank of {expected} ranks")]
     BufferCount {
         /// The list.
         what: &'static str,
@@ -90,6 +106,7 @@ pub enum Error {
         got: usize,
     },
     /// A rank's buffer has the wrong number of elements.
+    #[error("{what} of rank {rank}: {got} elements, the call needs {expected}")]
     Length {
         /// The buffer.
         what: &'static str,
@@ -101,6 +118,7 @@ pub enum Error {
         got: usize,
     },
     /// A rank's buffer lives on another device than the rank.
+    #[error("{what} of rank {rank} is on device {got}, the rank is on device {expected}")]
     WrongDevice {
         /// The buffer.
         what: &'static str,
@@ -113,6 +131,7 @@ pub enum Error {
     },
     /// Two buffers overlap where the call needs them distinct (`buffer` of `rank` and `other_buffer`
     /// of `other_rank`, at least one of them written by the call).
+    #[error("{what}: the {buffer} of rank {rank} overlaps the {other_buffer} of rank {other_rank}")]
     Aliasing {
         /// The set of buffers checked ("send and receive buffers", "in-place buffers", ...).
         what: &'static str,
@@ -126,6 +145,7 @@ pub enum Error {
         other_buffer: &'static str,
     },
     /// A buffer's address is not aligned to its element size.
+    #[error("{what} of rank {rank} at {address:#x} is not {align}-byte aligned")]
     Misaligned {
         /// The buffer.
         what: &'static str,
@@ -137,6 +157,7 @@ pub enum Error {
         align: usize,
     },
     /// `max_ctas` (or a per-call CTA count) is outside what the device can run co-resident.
+    #[error("{requested} CTAs requested, at most {max} can run: {why}")]
     TooManyCtas {
         /// CTAs asked for at once on one device: every rank's there where a communicator checks a
         /// call (`why` then says how many ranks), one launch's where a launch is checked.
@@ -147,6 +168,7 @@ pub enum Error {
         why: String,
     },
     /// A setting or an argument is out of range (shown as `field: why`).
+    #[error("{field}: {why}")]
     Config {
         /// The setting (a `Config` field, or what a call was given).
         field: &'static str,
@@ -154,18 +176,24 @@ pub enum Error {
         why: String,
     },
     /// The planner rejected the call.
-    Plan(PlanError),
+    #[error("plan: {0}")]
+    Plan(#[from] PlanError),
     /// A lowered program failed validation.
-    Lowered(LoweredError),
+    #[error("lowered program: {0}")]
+    Lowered(#[from] LoweredError),
     /// A compiled plan's device descriptors are malformed (`oxccl_host::compile::lower::validate`).
-    Descriptors(DescriptorError),
+    #[error("compiled plan descriptors: {0}")]
+    Descriptors(#[from] DescriptorError),
     /// A reshard's layouts do not fit the tensor or the communicator, or its two sides disagree
     /// (`ReshardError::Src` / `Dst` name the side).
-    Reshard(ReshardError),
+    #[error("reshard: {0}")]
+    Reshard(#[from] ReshardError),
     /// A reshard plan cannot be lowered for the engine (too many tasks, no copy unit, ...).
-    ReshardLower(LowerError),
+    #[error("reshard lowering: {0}")]
+    ReshardLower(#[from] LowerError),
     /// A rank whose shard holds data passed no buffer for that side of a reshard (or a compiled
     /// plan's buffer table left a slot the plan uses at address 0).
+    #[error("{what} of rank {rank} is missing: its shard has {elements} elements")]
     MissingBuffer {
         /// The buffer.
         what: &'static str,
@@ -175,6 +203,7 @@ pub enum Error {
         elements: u64,
     },
     /// A rank outside a side's mesh passed a buffer for that side of a reshard.
+    #[error("{what} given for rank {rank}, which is outside that side's mesh (pass None)")]
     UnexpectedBuffer {
         /// The buffer.
         what: &'static str,
@@ -183,6 +212,10 @@ pub enum Error {
     },
     /// A buffer given for a rank this communicator does not drive (a per-rank [`crate::Comm`]'s
     /// peer): that rank's own caller passes it, and the entry here must be `None`.
+    #[error(
+        "{what} given for rank {rank}, which this communicator does not drive (that rank's own caller \
+         passes it; pass None)"
+    )]
     RemoteBuffer {
         /// The buffer.
         what: &'static str,
@@ -190,6 +223,12 @@ pub enum Error {
         rank: usize,
     },
     /// A bounded wait on the device gave up: a peer never arrived or never finished.
+    #[error(
+        "timed out {}: rank {rank} CTA {cta}, peer {peer}, expected {expected}, saw {} \
+         ({errors} CTA(s) reported errors)",
+        wait_text(.wait),
+        barrier_flag_text(.wait, .observed)
+    )]
     Timeout {
         /// What the CTA was waiting for (a barrier, FIFO space or data, a peer's progress).
         wait: WaitKind,
@@ -207,6 +246,7 @@ pub enum Error {
         errors: u32,
     },
     /// The engine rejected a task descriptor.
+    #[error("the engine rejected task {task} of rank {rank} CTA {cta}")]
     BadTask {
         /// The rank.
         rank: u32,
@@ -220,6 +260,10 @@ pub enum Error {
     /// barrier the CTA stops before its tasks; at the end barrier its tasks have run. `call` and
     /// `peer_call` count that CTA's barriers since the communicator was built or last reset; after
     /// this error `reset` the communicator (it zeroes every rank's counters).
+    #[error(
+        "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call \
+         {peer_call} ({errors} CTA(s) reported errors)"
+    )]
     OutOfStep {
         /// The rank that noticed.
         rank: u32,
@@ -238,6 +282,10 @@ pub enum Error {
     /// is counted in `errors`, and is the one reported when the two reach the host together). The
     /// call's outputs are partly written; no rank touches another's buffers once its kernel has
     /// ended. `reset` the communicator before the next call.
+    #[error(
+        "rank {rank} CTA {cta} stopped call {call}: peer {peer} gave up that call ({errors} CTA(s) reported \
+         errors)"
+    )]
     PeerAborted {
         /// The rank that stopped.
         rank: u32,
@@ -252,6 +300,10 @@ pub enum Error {
     },
     /// Two of the listed devices have no native atomics on each other's memory (PCIe without
     /// them): the collectives' barriers need them to settle a rank's withdrawal from a call.
+    #[error(
+        "device {device} has no native atomics on device {peer}'s memory \
+         (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED is 0): the collectives need NVLink between their GPUs"
+    )]
     NoPeerAtomics {
         /// The device that would access.
         device: usize,
@@ -260,11 +312,17 @@ pub enum Error {
     },
     /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
     /// build a new one).
+    #[error("a device error was reported earlier; reset the communicator or plan first")]
     Poisoned,
     /// `what` cannot run while a rank's stream is capturing a CUDA graph: a call whose plan is not
     /// built yet (its upload would become part of the graph: `prepare` it, or make a reshard's first
     /// call, before the capture), or a wait for or poll of the streams (`synchronize`, `query`,
     /// `reset`, `clear_plans`), which would end the capture.
+    #[error(
+        "{what} while a rank's stream captures a CUDA graph: make the first call of a kind before the \
+         capture (Communicator::prepare builds a collective's plan; a reshard's or CompiledPlan::run's \
+         first call allocates what later calls reuse), and wait, poll or reset outside it"
+    )]
     Capturing {
         /// The call refused.
         what: &'static str,
@@ -272,6 +330,10 @@ pub enum Error {
     /// A rank's buffer lies in memory another process exported that this rank has not mapped (the
     /// engine found it at the start barrier and moved nothing): a peer used a buffer from an
     /// allocation it freed, or the ranks' communicators disagree.
+    #[error(
+        "rank {rank} CTA {cta}: rank {peer}'s buffer lies in its exported region {region}, which rank \
+         {rank} has not mapped (a buffer of a freed allocation, or communicators that disagree)"
+    )]
     Unmapped {
         /// The rank whose CTA found it.
         rank: u32,
@@ -285,6 +347,10 @@ pub enum Error {
     /// A peer made another call than this rank (another collective, count, element type, operator,
     /// in-place form or configuration): found at the start barrier, before anything moved.
     /// `reset` the communicator (on every rank) before the next call.
+    #[error(
+        "rank {rank} CTA {cta}: peer {peer} made another call (collective, count, element type, operator \
+         or in-place form differ); nothing was moved"
+    )]
     CallMismatch {
         /// The rank that found it.
         rank: u32,
@@ -295,8 +361,10 @@ pub enum Error {
     },
     /// Setting up or reaching the other ranks failed (the bootstrap, or the exchange of memory
     /// between processes).
-    Bootstrap(crate::bootstrap::BootstrapError),
+    #[error("bootstrap: {0}")]
+    Bootstrap(#[from] crate::bootstrap::BootstrapError),
     /// Sharing memory with another process failed: `what` names the step, `rank` the peer (if any).
+    #[error("sharing memory between processes: {what}: {why}")]
     PeerMemory {
         /// The step ("export the workspace", "map rank 3's region 2", ...).
         what: String,
@@ -305,6 +373,7 @@ pub enum Error {
     },
     /// The ranks' communicators were built differently where they must agree (`field`): the value
     /// of `rank` differs from this rank's.
+    #[error("the ranks' communicators disagree on {field}: rank {rank} {why}")]
     Mismatch {
         /// What differs ("config", "world", ...).
         field: &'static str,
@@ -314,11 +383,13 @@ pub enum Error {
         why: String,
     },
     /// Something the communicator does not do (yet), named.
+    #[error("not supported: {what}")]
     Unsupported {
         /// What was asked.
         what: String,
     },
     /// The communicator was aborted ([`crate::Comm::abort`]): build a new one.
+    #[error("the communicator was aborted; build a new one")]
     Aborted,
 }
 
@@ -365,9 +436,26 @@ impl Error {
     }
 }
 
+/// What a CTA was doing when its bounded wait gave up.
+fn wait_text(wait: &WaitKind) -> &'static str {
+    match wait {
+        WaitKind::StartBarrier => "waiting for peer to reach the collective (start barrier)",
+        WaitKind::EndBarrier => "waiting for peer to finish writing (end barrier)",
+        WaitKind::BulkLoad => "waiting for a bulk load to land in shared memory",
+        WaitKind::BadTask => "bad task",
+        WaitKind::FifoSpace => "waiting for a free FIFO slot (receiver's head)",
+        WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
+        WaitKind::Progress => "waiting for another CTA's progress (sync point)",
+        WaitKind::OutOfStep => "at a barrier (calls out of step)",
+        WaitKind::PeerAborted => "at a barrier (the peer gave up)",
+        WaitKind::Unmapped => "resolving a peer's buffer",
+        WaitKind::Mismatch => "comparing calls with a peer",
+    }
+}
+
 /// The value a wait saw, as a barrier flag where it is one: the call count, and what the bits above
 /// it say (`arrive` flags: taken by this rank, revoked by the peer; `done` flags: aborted).
-fn barrier_flag_text(wait: WaitKind, v: u64) -> String {
+fn barrier_flag_text(wait: &WaitKind, &v: &u64) -> String {
     let (high, taken) = match wait {
         WaitKind::StartBarrier => ("revoked", v & BARRIER_TAKEN != 0),
         WaitKind::EndBarrier => ("aborted", false),
@@ -380,168 +468,5 @@ fn barrier_flag_text(wait: WaitKind, v: u64) -> String {
     match tags.is_empty() {
         true => (v & BARRIER_SEQ).to_string(),
         false => format!("{} ({})", v & BARRIER_SEQ, tags.join(", ")),
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Driver { call, source } => write!(f, "CUDA driver call {call} failed: {source}"),
-            Error::KeptDriverError { ordinal, source } => write!(
-                f,
-                "an earlier CUDA driver call on device {ordinal} failed where cudarc could not report it \
-                 (a buffer's stream wait or event, or a free): {source}; found before this call's next \
-                 step on that device (a call that launches queued nothing)"
-            ),
-            Error::UnsupportedDevice { ordinal, major, minor } => {
-                write!(f, "device {ordinal} is sm_{major}{minor}; oxccl needs a Hopper GPU (sm_90)")
-            }
-            Error::RankCount { ranks, max } => write!(f, "{ranks} ranks: a communicator has 1..={max}"),
-            Error::NoSuchRank { rank, ranks } => write!(f, "rank {rank}: the communicator has ranks 0..{ranks}"),
-            Error::NoSuchSlot { slot, slots } => write!(f, "buffer slot {slot}: a plan has slots 0..{slots}"),
-            Error::BufferCount { what, expected, got } => {
-                write!(f, "{what}: {got} given, one per rank of {expected} ranks")
-            }
-            Error::Length { what, rank, expected, got } => {
-                write!(f, "{what} of rank {rank}: {got} elements, the call needs {expected}")
-            }
-            Error::WrongDevice { what, rank, expected, got } => {
-                write!(f, "{what} of rank {rank} is on device {got}, the rank is on device {expected}")
-            }
-            Error::Aliasing { what, rank, buffer, other_rank, other_buffer } => {
-                write!(f, "{what}: the {buffer} of rank {rank} overlaps the {other_buffer} of rank {other_rank}")
-            }
-            Error::Misaligned { what, rank, address, align } => {
-                write!(f, "{what} of rank {rank} at {address:#x} is not {align}-byte aligned")
-            }
-            Error::TooManyCtas { requested, max, why } => {
-                write!(f, "{requested} CTAs requested, at most {max} can run: {why}")
-            }
-            Error::Config { field, why } => write!(f, "{field}: {why}"),
-            Error::Plan(e) => write!(f, "plan: {e}"),
-            Error::Lowered(e) => write!(f, "lowered program: {e}"),
-            Error::Descriptors(e) => write!(f, "compiled plan descriptors: {e}"),
-            Error::Reshard(e) => write!(f, "reshard: {e}"),
-            Error::ReshardLower(e) => write!(f, "reshard lowering: {e}"),
-            Error::MissingBuffer { what, rank, elements } => {
-                write!(f, "{what} of rank {rank} is missing: its shard has {elements} elements")
-            }
-            Error::UnexpectedBuffer { what, rank } => {
-                write!(f, "{what} given for rank {rank}, which is outside that side's mesh (pass None)")
-            }
-            Error::RemoteBuffer { what, rank } => write!(
-                f,
-                "{what} given for rank {rank}, which this communicator does not drive (that rank's own caller \
-                 passes it; pass None)"
-            ),
-            Error::Timeout { wait, rank, cta, peer, expected, observed, errors } => {
-                let what = match wait {
-                    WaitKind::StartBarrier => "waiting for peer to reach the collective (start barrier)",
-                    WaitKind::EndBarrier => "waiting for peer to finish writing (end barrier)",
-                    WaitKind::BulkLoad => "waiting for a bulk load to land in shared memory",
-                    WaitKind::BadTask => "bad task",
-                    WaitKind::FifoSpace => "waiting for a free FIFO slot (receiver's head)",
-                    WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
-                    WaitKind::Progress => "waiting for another CTA's progress (sync point)",
-                    WaitKind::OutOfStep => "at a barrier (calls out of step)",
-                    WaitKind::PeerAborted => "at a barrier (the peer gave up)",
-                    WaitKind::Unmapped => "resolving a peer's buffer",
-                    WaitKind::Mismatch => "comparing calls with a peer",
-                };
-                let saw = barrier_flag_text(*wait, *observed);
-                write!(
-                    f,
-                    "timed out {what}: rank {rank} CTA {cta}, peer {peer}, expected {expected}, saw {saw} \
-                     ({errors} CTA(s) reported errors)"
-                )
-            }
-            Error::BadTask { rank, cta, task } => {
-                write!(f, "the engine rejected task {task} of rank {rank} CTA {cta}")
-            }
-            Error::OutOfStep { rank, cta, peer, call, peer_call, errors } => write!(
-                f,
-                "calls out of step: rank {rank} CTA {cta} is at call {call}, peer {peer} already at call \
-                 {peer_call} ({errors} CTA(s) reported errors)"
-            ),
-            Error::PeerAborted { rank, cta, peer, call, errors } => write!(
-                f,
-                "rank {rank} CTA {cta} stopped call {call}: peer {peer} gave up that call ({errors} CTA(s) reported \
-                 errors)"
-            ),
-            Error::NoPeerAtomics { device, peer } => write!(
-                f,
-                "device {device} has no native atomics on device {peer}'s memory \
-                 (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED is 0): the collectives need NVLink between their GPUs"
-            ),
-            Error::Poisoned => write!(f, "a device error was reported earlier; reset the communicator or plan first"),
-            Error::Capturing { what } => write!(
-                f,
-                "{what} while a rank's stream captures a CUDA graph: make the first call of a kind before the \
-                 capture (Communicator::prepare builds a collective's plan; a reshard's or CompiledPlan::run's \
-                 first call allocates what later calls reuse), and wait, poll or reset outside it"
-            ),
-            Error::Unmapped { rank, cta, peer, region } => write!(
-                f,
-                "rank {rank} CTA {cta}: rank {peer}'s buffer lies in its exported region {region}, which rank \
-                 {rank} has not mapped (a buffer of a freed allocation, or communicators that disagree)"
-            ),
-            Error::CallMismatch { rank, cta, peer } => write!(
-                f,
-                "rank {rank} CTA {cta}: peer {peer} made another call (collective, count, element type, operator \
-                 or in-place form differ); nothing was moved"
-            ),
-            Error::Bootstrap(e) => write!(f, "bootstrap: {e}"),
-            Error::PeerMemory { what, why } => write!(f, "sharing memory between processes: {what}: {why}"),
-            Error::Mismatch { field, rank, why } => {
-                write!(f, "the ranks' communicators disagree on {field}: rank {rank} {why}")
-            }
-            Error::Unsupported { what } => write!(f, "not supported: {what}"),
-            Error::Aborted => write!(f, "the communicator was aborted; build a new one"),
-            Error::NoDriver => write!(f, "the CUDA driver library is not installed"),
-            Error::NoSuchDevice { ordinal, devices } => {
-                write!(f, "no CUDA device {ordinal}: {devices} visible")
-            }
-        }
-    }
-}
-
-/// Each message already says its cause (a driver error's text, a plan error's): `source` returns
-/// none, so a report that walks the chain (anyhow's `{:#}`) does not print the cause twice. The
-/// typed cause stays reachable by matching the variant.
-impl std::error::Error for Error {}
-
-impl From<crate::bootstrap::BootstrapError> for Error {
-    fn from(e: crate::bootstrap::BootstrapError) -> Self {
-        Error::Bootstrap(e)
-    }
-}
-
-impl From<PlanError> for Error {
-    fn from(e: PlanError) -> Self {
-        Error::Plan(e)
-    }
-}
-
-impl From<LoweredError> for Error {
-    fn from(e: LoweredError) -> Self {
-        Error::Lowered(e)
-    }
-}
-
-impl From<DescriptorError> for Error {
-    fn from(e: DescriptorError) -> Self {
-        Error::Descriptors(e)
-    }
-}
-
-impl From<ReshardError> for Error {
-    fn from(e: ReshardError) -> Self {
-        Error::Reshard(e)
-    }
-}
-
-impl From<LowerError> for Error {
-    fn from(e: LowerError) -> Self {
-        Error::ReshardLower(e)
     }
 }

@@ -77,10 +77,11 @@ pub(crate) struct Message {
 }
 
 /// What went wrong passing a message.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub(crate) enum FdPassError {
     /// A socket call failed.
+    #[error("descriptor passing: {what} failed: {source}")]
     Io {
         /// The step (`"bind"`, `"connect"`, `"poll"`, `"request"`, `"reply"`, ...).
         what: &'static str,
@@ -89,6 +90,7 @@ pub(crate) enum FdPassError {
     },
     /// A deadline passed: no service bound the name in time (`"connect"`), or the request could not
     /// be sent (`"request"`) or its reply did not arrive (`"reply"`) within the call's timeout.
+    #[error("descriptor passing: {what} timed out after {waited:?}")]
     Timeout {
         /// The step that waited.
         what: &'static str,
@@ -96,8 +98,10 @@ pub(crate) enum FdPassError {
         waited: Duration,
     },
     /// The peer closed the connection, or its process ended, before the exchange was complete.
+    #[error("descriptor passing: the peer closed the connection (or exited)")]
     PeerClosed,
     /// A payload over [`MAX_BYTES`]: refused before sending, or announced by the peer's header.
+    #[error("descriptor passing: a {bytes}-byte message, the limit is {max}")]
     TooLarge {
         /// The payload's length.
         bytes: usize,
@@ -105,6 +109,7 @@ pub(crate) enum FdPassError {
         max: usize,
     },
     /// More than [`MAX_FDS`] descriptors: refused before sending, or announced by the peer.
+    #[error("descriptor passing: {fds} descriptors in one message, the limit is {max}")]
     TooManyFds {
         /// The descriptors given or announced.
         fds: usize,
@@ -113,8 +118,10 @@ pub(crate) enum FdPassError {
     },
     /// The peer broke the framing (bad magic, descriptors other than announced, truncated control
     /// data, descriptors on a reply).
+    #[error("descriptor passing: protocol error: {0}")]
     Protocol(String),
     /// The name cannot be an abstract socket name.
+    #[error("descriptor passing: socket name {name:?}: {why}")]
     BadName {
         /// The name given.
         name: String,
@@ -123,44 +130,12 @@ pub(crate) enum FdPassError {
     },
     /// An earlier call on this client failed part-way, so the connection may be out of step with the
     /// service (a late reply would answer the next request); the client closed it. Connect again.
+    #[error("descriptor passing: an earlier call on this connection failed and it was closed; connect again")]
     Broken,
     /// The service is being dropped. Only its own threads see this (it is how their waits end); no
     /// client call returns it.
+    #[error("descriptor passing: the service is stopping")]
     Stopped,
-}
-
-impl fmt::Display for FdPassError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FdPassError::Io { what, source } => write!(f, "descriptor passing: {what} failed: {source}"),
-            FdPassError::Timeout { what, waited } => {
-                write!(f, "descriptor passing: {what} timed out after {waited:?}")
-            }
-            FdPassError::PeerClosed => write!(f, "descriptor passing: the peer closed the connection (or exited)"),
-            FdPassError::TooLarge { bytes, max } => {
-                write!(f, "descriptor passing: a {bytes}-byte message, the limit is {max}")
-            }
-            FdPassError::TooManyFds { fds, max } => {
-                write!(f, "descriptor passing: {fds} descriptors in one message, the limit is {max}")
-            }
-            FdPassError::Protocol(why) => write!(f, "descriptor passing: protocol error: {why}"),
-            FdPassError::BadName { name, why } => write!(f, "descriptor passing: socket name {name:?}: {why}"),
-            FdPassError::Broken => write!(
-                f,
-                "descriptor passing: an earlier call on this connection failed and it was closed; connect again"
-            ),
-            FdPassError::Stopped => write!(f, "descriptor passing: the service is stopping"),
-        }
-    }
-}
-
-impl std::error::Error for FdPassError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            FdPassError::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
 }
 
 /// Maps an io error of step `what`.

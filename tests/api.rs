@@ -71,16 +71,30 @@ fn combining_pipeline_takes_two_stages_of_the_largest_chunk() {
     }
 }
 
-/// An error's message says its cause once: the cause's text is in the message and `source` returns
-/// none, so a report that walks the chain does not repeat it.
+/// An error that wraps another returns it from `source`, typed, down to the operating system's
+/// error; its message also ends with the cause's text (once), so printing the error alone says it all.
+/// An error with no cause has no source.
 #[test]
-fn an_error_says_its_cause_once() {
+fn an_error_chains_its_cause() {
+    use oxccl::bootstrap::BootstrapError;
     use std::error::Error as _;
     let inner = oxccl_host::tccl::PlanError::Root { root: 9, ranks: 4 };
     let e = Error::from(inner.clone());
-    assert!(e.to_string().contains(&inner.to_string()), "{e}");
-    assert!(e.source().is_none(), "{e}");
-    assert_eq!(e.to_string().matches(&inner.to_string()).count(), 1, "{e}");
+    assert_eq!(e.to_string(), format!("plan: {inner}"));
+    let source = e.source().expect("a plan error's cause");
+    assert_eq!(source.downcast_ref::<oxccl_host::tccl::PlanError>(), Some(&inner));
+
+    let io = std::io::Error::other("connection refused");
+    let e = Error::from(BootstrapError::Io { what: "connecting to the root".into(), source: io });
+    assert_eq!(e.to_string(), "bootstrap: connecting to the root: connection refused");
+    let bootstrap = e.source().expect("the bootstrap error");
+    assert!(matches!(bootstrap.downcast_ref::<BootstrapError>(), Some(BootstrapError::Io { .. })), "{bootstrap}");
+    let os = bootstrap.source().expect("the io error");
+    assert_eq!(os.downcast_ref::<std::io::Error>().map(|e| e.kind()), Some(std::io::ErrorKind::Other));
+    assert!(os.source().is_none());
+
+    assert!(Error::NoDriver.source().is_none());
+    assert!(Error::Config { field: "chunk", why: "not a multiple of 16".into() }.source().is_none());
 }
 
 /// What a training loop needs: a communicator and a compiled plan can move to and be shared between

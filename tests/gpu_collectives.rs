@@ -9,6 +9,7 @@ mod common;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::{Collective, Communicator, Config, DType, Error, Mover, ReduceOp, Reduction};
 use oxccl_host::tccl::{self, PlanSpec};
+use rand::RngExt;
 use std::sync::Arc;
 
 /// Case count: `OXCCL_GPU_CASES` or 520.
@@ -47,14 +48,14 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
             || (spec.op != ReduceOp::Sum && spec.collective != Collective::AllGather));
     let low = -8.0;
     for _ in 0..elems {
-        let turn = rng.below(p as u64) as usize;
+        let turn = rng.random_range(0..p as u64) as usize;
         for (r, input) in v.iter_mut().enumerate() {
             let x = if distinct {
                 ((r + turn) % p) as f64 + low
             } else if integers {
-                rng.below(21) as f64 - 10.0
+                rng.random_range(0..21) as f64 - 10.0
             } else {
-                rng.below(2_000_001) as f64 / 1000.0 - 1000.0
+                rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0
             };
             input.extend(element(dtype, x));
         }
@@ -212,28 +213,29 @@ fn same(stream: &Arc<CudaStream>, ranks: usize) -> Vec<Arc<CudaStream>> {
 }
 
 fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) {
-    let kind = rng.below(5);
-    let ranks = 1 + rng.below(16) as usize;
-    let root = rng.below(ranks as u64) as u32;
+    let kind = rng.random_range(0..5);
+    let ranks = 1 + rng.random_range(0..16) as usize;
+    let root = rng.random_range(0..ranks as u64) as u32;
     let collective = Collective::every(root)[kind as usize];
-    let count = match rng.below(8) {
+    let count = match rng.random_range(0..8) {
         0 => 0,
         // Lengths around 16-byte and chunk boundaries for every element size.
-        1 => [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 4095, 4096, 4097][rng.below(19) as usize],
-        2..=4 => rng.below(3000),
-        5 | 6 => rng.below(200_000),
+        1 => [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 4095, 4096, 4097]
+            [rng.random_range(0..19) as usize],
+        2..=4 => rng.random_range(0..3000),
+        5 | 6 => rng.random_range(0..200_000),
         // Up to 10^6 elements per buffer (ReduceScatter and AllGather buffers hold ranks × count).
         _ if matches!(collective, Collective::ReduceScatter | Collective::AllGather) => {
-            rng.below(1_000_000) / ranks as u64
+            rng.random_range(0..1_000_000) / ranks as u64
         }
-        _ => rng.below(1_000_000),
+        _ => rng.random_range(0..1_000_000),
     };
-    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.below(5) as usize];
-    let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.below(3) as usize];
-    let ctas = 1 + rng.below((max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
-    let reduction = if rng.below(3) == 0 { Reduction::Tma } else { Reduction::Registers };
-    let mover = if rng.below(3) == 0 { Mover::Simt } else { Mover::Tma };
-    let spec = PlanSpec { collective, count, dtype, op, ranks, in_place: rng.below(2) == 0, ctas, reduction };
+    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.random_range(0..5) as usize];
+    let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.random_range(0..3) as usize];
+    let ctas = 1 + rng.random_range(0..(max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
+    let reduction = if rng.random_range(0..3) == 0 { Reduction::Tma } else { Reduction::Registers };
+    let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
+    let spec = PlanSpec { collective, count, dtype, op, ranks, in_place: rng.random_range(0..2) == 0, ctas, reduction };
     (spec, mover)
 }
 
@@ -351,7 +353,7 @@ fn rounding_bound(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<f64>> {
 fn collectives_match_the_cpu_reference_on_virtual_ranks() {
     let Some(stream) = common::gpu("collectives_match_the_cpu_reference_on_virtual_ranks") else { return };
     let seed = common::seed_from_env(0xC011_EC71);
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let sms = oxccl::engine::Engine::new(stream.context()).unwrap().sms;
     let (mut done, mut bounded, mut shifted_cases) = (0, 0, 0);
     let mut by_collective = std::collections::BTreeMap::new();
@@ -361,7 +363,7 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
         let (spec, mover) = random_spec(&mut rng, sms);
         // One case in four: every rank on its own stream, launched separately, meeting through the
         // workspace barriers (the multi-GPU code path), with no host synchronisation before the call.
-        let per_rank = rng.below(4) == 0;
+        let per_rank = rng.random_range(0..4) == 0;
         let comm = comms.entry((spec.ranks, spec.ctas, mover, spec.reduction, per_rank)).or_insert_with(|| {
             if per_rank {
                 Communicator::from_streams(&rank_streams[..spec.ranks], config(&spec, mover)).unwrap()
@@ -369,24 +371,17 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
                 Communicator::virtual_ranks(&stream, spec.ranks, config(&spec, mover)).unwrap()
             }
         });
-        let integers = rng.below(4) != 0;
+        let integers = rng.random_range(0..4) != 0;
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs = inputs(&spec, elems, &mut rng, integers);
         // One case in three: every buffer a view 0 to 8 elements into its allocation, so that the
         // ranks' buffers start at different offsets modulo 16 bytes (unaligned heads and tails).
-        let shifted = rng.below(3) == 0;
-        let got =
-            run_gpu(
-                comm,
-                &same(&stream, spec.ranks),
-                &spec,
-                &inputs,
-                |_| {
-                    if shifted { rng.below(9) as usize } else { 0 }
-                },
-            )
-            .unwrap_or_else(|e| panic!("case {case} (shifted views: {shifted}) {spec:?} {mover:?}: {e}"));
+        let shifted = rng.random_range(0..3) == 0;
+        let got = run_gpu(comm, &same(&stream, spec.ranks), &spec, &inputs, |_| {
+            if shifted { rng.random_range(0..9) as usize } else { 0 }
+        })
+        .unwrap_or_else(|e| panic!("case {case} (shifted views: {shifted}) {spec:?} {mover:?}: {e}"));
         bounded += usize::from(check(case, seed, &spec, mover, integers, &inputs, &got));
         done += 1;
         shifted_cases += usize::from(shifted);
@@ -406,7 +401,7 @@ fn collectives_match_the_cpu_reference_on_virtual_ranks() {
 #[test]
 fn bulk_reduction_of_random_floats_is_within_the_rounding_bound() {
     let Some(stream) = common::gpu("bulk_reduction_of_random_floats_is_within_the_rounding_bound") else { return };
-    let mut rng = common::Rng(0xB0_0D);
+    let mut rng = common::rng(0xB0_0D);
     let mut case = 0;
     for ranks in [2, 5, 16] {
         let root = ranks as u32 - 1;
@@ -438,7 +433,7 @@ fn multi_gpu_cases() -> usize {
 fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
     let Some(gpus) = common::gpus("collectives_match_the_cpu_reference_with_one_rank_per_gpu") else { return };
     let seed = common::seed_from_env(0x6B0_0C11);
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let sms = oxccl::engine::Engine::new(&gpus[0]).unwrap().sms;
     let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();
     let mut comms: std::collections::HashMap<(usize, u32, Mover, Reduction), Communicator> = Default::default();
@@ -446,9 +441,9 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
     for case in 0..multi_gpu_cases() {
         let (mut spec, mover) = random_spec(&mut rng, sms);
         // Ranks 2..=GPUs, one per GPU; CTAs up to the whole GPU.
-        spec.ranks = 2 + rng.below(gpus.len() as u64 - 1) as usize;
-        let most = if rng.below(4) == 0 { sms as u64 } else { 32 };
-        spec.ctas = 1 + rng.below(most) as u32;
+        spec.ranks = 2 + rng.random_range(0..gpus.len() as u64 - 1) as usize;
+        let most = if rng.random_range(0..4) == 0 { sms as u64 } else { 32 };
+        spec.ctas = 1 + rng.random_range(0..most) as u32;
         if matches!(spec.collective, Collective::ReduceScatter | Collective::AllGather) {
             spec.count = spec.count.min(2_000_000 / spec.ranks as u64);
         }
@@ -462,16 +457,15 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
         let comm = comms
             .entry((spec.ranks, spec.ctas, mover, spec.reduction))
             .or_insert_with(|| Communicator::from_streams(&streams[..spec.ranks], config(&spec, mover)).unwrap());
-        let integers = rng.below(4) != 0;
+        let integers = rng.random_range(0..4) != 0;
         let (in_bytes, _) = spec.buffer_bytes();
         let elems = in_bytes as usize / spec.dtype.size();
         let inputs = inputs(&spec, elems, &mut rng, integers);
-        let shifted = rng.below(3) == 0;
-        let got =
-            run_gpu(comm, &streams[..spec.ranks], &spec, &inputs, |_| if shifted { rng.below(9) as usize } else { 0 })
-                .unwrap_or_else(|e| {
-                    panic!("case {case} (seed {seed}, shifted views: {shifted}) {spec:?} {mover:?}: {e}")
-                });
+        let shifted = rng.random_range(0..3) == 0;
+        let got = run_gpu(comm, &streams[..spec.ranks], &spec, &inputs, |_| {
+            if shifted { rng.random_range(0..9) as usize } else { 0 }
+        })
+        .unwrap_or_else(|e| panic!("case {case} (seed {seed}, shifted views: {shifted}) {spec:?} {mover:?}: {e}"));
         check(case, seed, &spec, mover, integers, &inputs, &got);
     }
     let by_ranks: Vec<String> =
@@ -676,7 +670,7 @@ fn from_devices_runs_one_rank_per_listed_device() {
 #[test]
 fn deterministic_mode_is_bitwise_stable() {
     let Some(stream) = common::gpu("deterministic_mode_is_bitwise_stable") else { return };
-    let mut rng = common::Rng(42);
+    let mut rng = common::rng(42);
     // (collective, dtype, ranks, CTAs per rank, in place, one stream per rank, count)
     let cases = [
         (Collective::AllReduce, DType::F32, 8, 8, false, false, 3_000_017),
@@ -858,10 +852,10 @@ fn separate_launches_per_rank_meet_through_barriers() {
     let ctx = stream.context().clone();
     let streams: Vec<Arc<CudaStream>> = (0..4).map(|_| ctx.new_stream().unwrap()).collect();
     let comm = Communicator::from_streams(&streams, Config { max_ctas: Some(4), ..Config::default() }).unwrap();
-    let mut rng = common::Rng(99);
+    let mut rng = common::rng(99);
     for _ in 0..10 {
-        let n = 1 + rng.below(500_000) as usize;
-        let host: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| rng.below(100) as f32).collect()).collect();
+        let n = 1 + rng.random_range(0..500_000) as usize;
+        let host: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| rng.random_range(0..100) as f32).collect()).collect();
         let send: Vec<CudaSlice<f32>> = host.iter().zip(&streams).map(|(h, s)| s.clone_htod(h).unwrap()).collect();
         let mut recv: Vec<CudaSlice<f32>> = streams.iter().map(|s| s.alloc_zeros::<f32>(n).unwrap()).collect();
         for s in &streams {
@@ -1082,7 +1076,7 @@ fn regression_in_place_reduce_scatter_odd_block_bulk_reduce() {
     // Found by the random cases: in-place ReduceScatter whose block (1474 B) leaves the outputs only
     // 2-byte aligned, reduced by cp.reduce.async.bulk.
     let Some(stream) = common::gpu("regression_in_place_reduce_scatter_odd_block_bulk_reduce") else { return };
-    let mut rng = common::Rng(61);
+    let mut rng = common::rng(61);
     for (dtype, op) in [(DType::Bf16, ReduceOp::Max), (DType::F32, ReduceOp::Sum), (DType::F16, ReduceOp::Sum)] {
         let spec = PlanSpec {
             collective: Collective::ReduceScatter,

@@ -24,6 +24,7 @@ use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::msccl::import;
 use oxccl_host::program::{InstanceChannels, Program};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, Mover, PlanMode, RedOp, WaitKind};
+use rand::RngExt;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,7 @@ impl Device {
 fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes);
     while out.len() < bytes {
-        let v = rng.below(17) as i32 - 8;
+        let v = rng.random_range(-8..=8);
         match dtype {
             DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
             DType::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
@@ -143,7 +144,7 @@ fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), Str
     let runner = dev.plan(&lp, config).map_err(|e| format!("upload: {e}"))?;
     let bufs = PlanBuffers::new(&runner, case.shift).map_err(|e| format!("buffers: {e}"))?;
     let mut cpu = Memory::new(&lp);
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let data = if seed % 4 >= 2 { fill_random } else { fill };
     for k in 0..case.launches {
         for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
@@ -588,7 +589,7 @@ fn a_first_plan_launch_ends_before_a_held_stream() {
     let runner = dev.plan(&lp, CompiledConfig::default()).unwrap();
     let bufs = PlanBuffers::new(&runner, 0).unwrap();
     let mut cpu = Memory::new(&lp);
-    let mut rng = common::Rng(7);
+    let mut rng = common::rng(7);
     for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
         let n = b.len();
         *b = fill(DType::F32, n, &mut rng);
@@ -630,7 +631,7 @@ fn run_takes_cudarc_buffers() {
     let dev = Device::new(&stream);
     let as_f32 =
         |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
-    let mut rng = common::Rng(7);
+    let mut rng = common::rng(7);
     let ring = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
     let xml = std::fs::read_to_string(msccl_dir().join("ndv4_a2a2ll.xml")).unwrap();
     let a2a = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use oxccl::engine::abi::{self, BUFFER_SLOTS, MAX_RANKS, TASK_AFTER_WRITES, WaitKind, slot};
 use oxccl::engine::{DType, DeviceAlloc, Engine, LaunchSpec, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
 use oxccl_host::lowered::{self, HostBuffers, Lowered};
+use rand::RngExt;
 use std::sync::Arc;
 
 struct Case {
@@ -100,7 +101,7 @@ fn lowered(c: &Case) -> Lowered {
 fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     let mut v = Vec::with_capacity(bytes + 4);
     while v.len() < bytes {
-        let x = rng.below(31) as i32 - 15;
+        let x = rng.random_range(-15..=15);
         match dtype {
             DType::F32 => v.extend_from_slice(&(x as f32).to_le_bytes()),
             DType::F16 => v.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
@@ -200,36 +201,36 @@ fn dtypes() -> [DType; 5] {
 fn movers_copy_and_reduce_random_sizes_exactly() {
     let Some(stream) = common::gpu("movers_copy_and_reduce_random_sizes_exactly") else { return };
     let engine = Engine::new(stream.context()).unwrap();
-    let mut rng = common::Rng(0x5eed);
+    let mut rng = common::rng(0x5eed);
     let fixed = [0u64, 4, 16, 17 * 16 + 4, 4096, 1 << 20];
     let (mut cases, mut float_cases) = (0, 0);
     let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
-            let dtype = dtypes()[rng.below(5) as usize];
-            let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.below(3) as usize];
+            let dtype = dtypes()[rng.random_range(0..5) as usize];
+            let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.random_range(0..3) as usize];
             let e = dtype.size() as u64;
             let bytes = if round < fixed.len() {
                 fixed[round] / e * e
             } else {
-                let limit = if rng.below(4) == 0 { 64 << 20 } else { 300_000 };
-                rng.below(limit) / e * e
+                let limit = if rng.random_range(0..4) == 0 { 64 << 20 } else { 300_000 };
+                rng.random_range(0..limit) / e * e
             };
-            let (kind, sources, reduce_mode) = match rng.below(4) {
+            let (kind, sources, reduce_mode) = match rng.random_range(0..4) {
                 0 => (abi::TaskKind::Move, 1, ReduceMode::Registers),
-                1 => (abi::TaskKind::Move, 1 + rng.below(8) as usize, ReduceMode::Registers),
-                2 => (abi::TaskKind::ReduceInto, 1 + rng.below(7) as usize, ReduceMode::Registers),
-                _ => (abi::TaskKind::ReduceInto, 1 + rng.below(7) as usize, ReduceMode::Tma),
+                1 => (abi::TaskKind::Move, 1 + rng.random_range(0..8) as usize, ReduceMode::Registers),
+                2 => (abi::TaskKind::ReduceInto, 1 + rng.random_range(0..7) as usize, ReduceMode::Registers),
+                _ => (abi::TaskKind::ReduceInto, 1 + rng.random_range(0..7) as usize, ReduceMode::Tma),
             };
             // Equal shifts keep every range congruent modulo 16 (TMA body with unaligned head and tail);
             // different shifts make them disagree (element path).
-            let (src_off, dst_off) = match rng.below(4) {
+            let (src_off, dst_off) = match rng.random_range(0..4) {
                 0 => (0, 0),
                 1 => {
-                    let s = 1 + rng.below(8);
+                    let s = 1 + rng.random_range(0..8);
                     (s, s)
                 }
-                _ => (rng.below(9), rng.below(9)),
+                _ => (rng.random_range(0..9), rng.random_range(0..9)),
             };
             // As many stages of 4 KiB slots (one per source, plus the destination) as fit in 227 KiB.
             let fit = (231_424 / ((sources as u64 + 1) * 4096)).min(abi::MAX_STAGES as u64);
@@ -243,8 +244,8 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 bytes,
                 src_off,
                 dst_off,
-                ctas: 1 + rng.below(8) as u32,
-                stages: 1 + rng.below(fit) as u32,
+                ctas: 1 + rng.random_range(0..8) as u32,
+                stages: 1 + rng.random_range(0..fit) as u32,
                 chunk: 4096,
                 issuers: 1,
             };
@@ -254,9 +255,9 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 || c.kind == abi::TaskKind::ReduceInto
                     && reduce_mode == ReduceMode::Tma
                     && abi::tma_can_reduce(dtype, op);
-            let c = if mover == Mover::Tma && streams_alone && rng.below(2) == 0 {
-                let w = [2, 4][rng.below(2) as usize];
-                Case { issuers: w, stages: w * (1 + rng.below(4) as u32), ..c }
+            let c = if mover == Mover::Tma && streams_alone && rng.random_range(0..2) == 0 {
+                let w = [2, 4][rng.random_range(0..2) as usize];
+                Case { issuers: w, stages: w * (1 + rng.random_range(0..4) as u32), ..c }
             } else {
                 c
             };
@@ -266,7 +267,8 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
                 || op != RedOp::Sum
                 || reduce_mode == ReduceMode::Registers
                 || !abi::tma_can_reduce(dtype, op);
-            let floats = matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) && fixed_order && rng.below(2) == 0;
+            let floats =
+                matches!(dtype, DType::F32 | DType::F16 | DType::Bf16) && fixed_order && rng.random_range(0..2) == 0;
             let data = if floats { random_floats } else { exact_data };
             let (gpu, cpu) = run_on(&engine, &stream, &c, &mut rng, data);
             float_cases += usize::from(floats);
@@ -290,7 +292,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
 fn movers_handle_more_than_a_gibibyte() {
     let Some(stream) = common::gpu("movers_handle_more_than_a_gibibyte") else { return };
     let engine = Engine::new(stream.context()).unwrap();
-    let mut rng = common::Rng(77);
+    let mut rng = common::rng(77);
     for mover in [Mover::Tma, Mover::Simt] {
         for (kind, sources) in [(abi::TaskKind::Move, 1), (abi::TaskKind::Move, 2)] {
             let c = Case {
@@ -320,7 +322,7 @@ fn several_issuers_split_every_item_count_exactly() {
     // and bulk reductions (a reduction done twice or missed shows), the last item partial.
     let Some(stream) = common::gpu("several_issuers_split_every_item_count_exactly") else { return };
     let engine = Engine::new(stream.context()).unwrap();
-    let mut rng = common::Rng(0x155e);
+    let mut rng = common::rng(0x155e);
     let mut cases = 0;
     for issuers in [2u32, 4] {
         for ring in 1..=4u32 {
@@ -564,7 +566,7 @@ fn an_abandoned_load_lands_before_the_cta_moves_on() {
     // reuses an aborted CTA's shared memory).
     let Some(stream) = common::gpu("an_abandoned_load_lands_before_the_cta_moves_on") else { return };
     let engine = Engine::new(stream.context()).unwrap();
-    let mut rng = common::Rng(0xab0);
+    let mut rng = common::rng(0xab0);
     // (sources, stages, chunk, issuers, bytes past 8 MiB): four issuing warps drain their own shares
     // of the ring (with 16 stages each owns four and keeps two loads ahead); the extra bytes pick the
     // case's threads (`spec`): 8 MiB runs on 256, 8 MiB + 16 on 64, where the issuing warp combines.

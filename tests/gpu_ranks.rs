@@ -18,6 +18,7 @@ use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
 use oxccl::{
     Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, ReshardOptions, SymmetricBuffer,
 };
+use rand::RngExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,25 +72,25 @@ struct Case {
 }
 
 fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
-    let mut rng = common::Rng(seed ^ (case as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let shape = rng.below(SHAPES.len() as u64) as usize;
+    let mut rng = common::rng(seed ^ (case as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let shape = rng.random_range(0..SHAPES.len() as u64) as usize;
     let (_, reduction, _) = SHAPES[shape];
-    let root = rng.below(world as u64) as u32;
-    let collective = Collective::every(root)[rng.below(5) as usize];
-    let count = match rng.below(6) {
-        0 => [0, 1, 3, 7, 8, 9, 15, 16, 17, 33, 4095, 4097][rng.below(12) as usize],
-        1..=3 => rng.below(5000),
-        _ => rng.below(300_000),
+    let root = rng.random_range(0..world as u64) as u32;
+    let collective = Collective::every(root)[rng.random_range(0..5) as usize];
+    let count = match rng.random_range(0..6) {
+        0 => [0, 1, 3, 7, 8, 9, 15, 16, 17, 33, 4095, 4097][rng.random_range(0..12) as usize],
+        1..=3 => rng.random_range(0..5000),
+        _ => rng.random_range(0..300_000),
     };
-    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.below(5) as usize];
-    let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.below(3) as usize];
+    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.random_range(0..5) as usize];
+    let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.random_range(0..3) as usize];
     let spec = PlanSpec {
         collective,
         count,
         dtype,
         op,
         ranks: world,
-        in_place: rng.below(2) == 0,
+        in_place: rng.random_range(0..2) == 0,
         // Filled by the communicator; the reference ignores it.
         ctas: 1,
         reduction,
@@ -100,13 +101,14 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
     let mut inputs: Vec<Vec<u8>> = (0..world).map(|_| Vec::new()).collect();
     for _ in 0..elems {
         for input in inputs.iter_mut() {
-            input.extend(element(dtype, rng.below(21) as f64 - 10.0));
+            input.extend(element(dtype, rng.random_range(0..21) as f64 - 10.0));
         }
     }
-    let shifted = rng.below(3) == 0;
-    let shift =
-        (0..world).map(|_| if shifted { (rng.below(9) as usize, rng.below(9) as usize) } else { (0, 0) }).collect();
-    let symmetric = (0..world).map(|_| processes && rng.below(2) == 0).collect();
+    let shifted = rng.random_range(0..3) == 0;
+    let shift = (0..world)
+        .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
+        .collect();
+    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
     Case { spec, shape, inputs, shift, symmetric }
 }
 
@@ -454,21 +456,21 @@ impl ReshardCase {
 /// (as in gpu_reshard: replicas, several axes on one dim, uneven and empty shards).
 fn random_layout(rng: &mut common::Rng, dims: usize, world: u32) -> Layout {
     let axes = loop {
-        let n = 1 + rng.below(3) as usize;
-        let axes: Vec<u32> = (0..n).map(|_| 1 + rng.below(4) as u32).collect();
+        let n = 1 + rng.random_range(0..3) as usize;
+        let axes: Vec<u32> = (0..n).map(|_| 1 + rng.random_range(0..4) as u32).collect();
         if axes.iter().product::<u32>() <= world {
             break axes;
         }
     };
     let size: u32 = axes.iter().product();
-    let start = rng.below(u64::from(world - size) + 1) as u32;
+    let start = rng.random_range(0..u64::from(world - size) + 1) as u32;
     let placements = axes
         .iter()
         .map(|_| {
-            if dims == 0 || rng.below(3) == 0 {
+            if dims == 0 || rng.random_range(0..3) == 0 {
                 Placement::Replicate
             } else {
-                Placement::Shard(rng.below(dims as u64) as u32)
+                Placement::Shard(rng.random_range(0..dims as u64) as u32)
             }
         })
         .collect();
@@ -477,44 +479,45 @@ fn random_layout(rng: &mut common::Rng, dims: usize, world: u32) -> Layout {
 
 /// A small random global shape: 0 to 3 dims, sometimes a zero one, at most 16 Ki elements.
 fn random_reshard_shape(rng: &mut common::Rng) -> Vec<u64> {
-    let dims = rng.below(4) as usize;
-    let big = rng.below(3) == 0;
+    let dims = rng.random_range(0..4) as usize;
+    let big = rng.random_range(0..3) == 0;
     let mut shape: Vec<u64> = (0..dims)
-        .map(|_| match rng.below(12) {
+        .map(|_| match rng.random_range(0..12) {
             0 => 0,
-            _ if big => 1 + rng.below(64),
-            _ => 1 + rng.below(9),
+            _ if big => 1 + rng.random_range(0..64),
+            _ => 1 + rng.random_range(0..9),
         })
         .collect();
     while shape.iter().product::<u64>() > 1 << 14 {
-        let d = rng.below(shape.len() as u64) as usize;
+        let d = rng.random_range(0..shape.len() as u64) as usize;
         shape[d] = shape[d].div_ceil(2);
     }
     shape
 }
 
 fn draw_reshard(seed: u64, case: usize, world: usize, processes: bool) -> ReshardCase {
-    let mut rng = common::Rng(seed ^ (case as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (world as u64) << 56);
+    let mut rng = common::rng(seed ^ (case as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (world as u64) << 56);
     let shape = random_reshard_shape(&mut rng);
     let src = random_layout(&mut rng, shape.len(), world as u32);
     let dst = random_layout(&mut rng, shape.len(), world as u32);
-    let dtype = if rng.below(2) == 0 { DType::F32 } else { DType::I32 };
+    let dtype = if rng.random_range(0..2) == 0 { DType::F32 } else { DType::I32 };
     let options = ReshardOptions {
         plan: PlanOptions {
-            route: if rng.below(2) == 0 { Route::Direct } else { Route::Hierarchical },
-            domain_size: 1 + rng.below(8) as u32,
-            min_split_bytes: [0, 64, 4096, PlanOptions::MIN_SPLIT_BYTES, u64::MAX][rng.below(5) as usize],
+            route: if rng.random_range(0..2) == 0 { Route::Direct } else { Route::Hierarchical },
+            domain_size: 1 + rng.random_range(0..8) as u32,
+            min_split_bytes: [0, 64, 4096, PlanOptions::MIN_SPLIT_BYTES, u64::MAX][rng.random_range(0..5) as usize],
         },
-        owner: [CtaOwner::Reader, CtaOwner::Writer, CtaOwner::Balanced][rng.below(3) as usize],
+        owner: [CtaOwner::Reader, CtaOwner::Writer, CtaOwner::Balanced][rng.random_range(0..3) as usize],
     };
-    let comm = rng.below(RESHARD_SHAPES.len() as u64) as usize;
+    let comm = rng.random_range(0..RESHARD_SHAPES.len() as u64) as usize;
     let n: u64 = shape.iter().product();
-    let global = (0..n).map(|_| rng.below(1 << 20) as i32 - (1 << 19)).collect();
-    let shifted = rng.below(3) == 0;
-    let shift =
-        (0..world).map(|_| if shifted { (rng.below(9) as usize, rng.below(9) as usize) } else { (0, 0) }).collect();
-    let symmetric = (0..world).map(|_| processes && rng.below(2) == 0).collect();
-    let empty_as_none = (0..world).map(|_| rng.below(2) == 0).collect();
+    let global = (0..n).map(|_| rng.random_range(-(1 << 19)..1 << 19)).collect();
+    let shifted = rng.random_range(0..3) == 0;
+    let shift = (0..world)
+        .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
+        .collect();
+    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
+    let empty_as_none = (0..world).map(|_| rng.random_range(0..2) == 0).collect();
     ReshardCase { shape, src, dst, dtype, options, comm, global, shift, symmetric, empty_as_none }
 }
 

@@ -10,6 +10,7 @@ mod common;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
 use oxccl::{Communicator, Config, DType, Error, Mover, ReshardOptions};
+use rand::RngExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,21 +23,21 @@ fn cases() -> usize {
 /// A random layout for a tensor of `rank` dims on a mesh inside ranks `0..world`.
 fn random_layout(rng: &mut common::Rng, rank: usize, world: u32) -> Layout {
     let dims = loop {
-        let axes = 1 + rng.below(3) as usize;
-        let dims: Vec<u32> = (0..axes).map(|_| 1 + rng.below(4) as u32).collect();
+        let axes = 1 + rng.random_range(0..3) as usize;
+        let dims: Vec<u32> = (0..axes).map(|_| 1 + rng.random_range(0..4) as u32).collect();
         if dims.iter().product::<u32>() <= world {
             break dims;
         }
     };
     let size: u32 = dims.iter().product();
-    let start = rng.below(u64::from(world - size) + 1) as u32;
+    let start = rng.random_range(0..u64::from(world - size) + 1) as u32;
     let placements = dims
         .iter()
         .map(|_| {
-            if rank == 0 || rng.below(3) == 0 {
+            if rank == 0 || rng.random_range(0..3) == 0 {
                 Placement::Replicate
             } else {
-                Placement::Shard(rng.below(rank as u64) as u32)
+                Placement::Shard(rng.random_range(0..rank as u64) as u32)
             }
         })
         .collect();
@@ -46,18 +47,18 @@ fn random_layout(rng: &mut common::Rng, rank: usize, world: u32) -> Layout {
 /// A random global shape: 0 to 3 dims, mostly small, sometimes large (at most 4 Mi elements, 1 Mi for
 /// three dims, so no plan needs more than a few million row tasks).
 fn random_shape(rng: &mut common::Rng) -> Vec<u64> {
-    let rank = rng.below(4) as usize;
-    let big = rng.below(3) == 0;
+    let rank = rng.random_range(0..4) as usize;
+    let big = rng.random_range(0..3) == 0;
     let mut shape: Vec<u64> = (0..rank)
-        .map(|_| match rng.below(12) {
+        .map(|_| match rng.random_range(0..12) {
             0 => 0,
-            _ if big => 1 + rng.below(3000),
-            _ => 1 + rng.below(9),
+            _ if big => 1 + rng.random_range(0..3000),
+            _ => 1 + rng.random_range(0..9),
         })
         .collect();
     let limit = if rank == 3 { 1 << 20 } else { 4 << 20 };
     while shape.iter().product::<u64>() > limit {
-        let d = rng.below(shape.len() as u64) as usize;
+        let d = rng.random_range(0..shape.len() as u64) as usize;
         shape[d] = shape[d].div_ceil(2);
     }
     shape
@@ -185,25 +186,25 @@ struct Case {
 impl Case {
     /// A case on `worlds.0..=worlds.1` ranks.
     fn random(rng: &mut common::Rng, worlds: (usize, usize)) -> Case {
-        let world = worlds.0 + rng.below((worlds.1 - worlds.0 + 1) as u64) as usize;
+        let world = worlds.0 + rng.random_range(0..(worlds.1 - worlds.0 + 1) as u64) as usize;
         let shape = random_shape(rng);
         let src = random_layout(rng, shape.len(), world as u32);
         let dst = random_layout(rng, shape.len(), world as u32);
-        let dtype = DType::ALL[rng.below(DType::ALL.len() as u64) as usize];
-        let mover = if rng.below(3) == 0 { Mover::Simt } else { Mover::Tma };
-        let ctas = 1 + rng.below(4) as u32;
-        let separate = rng.below(8) == 0;
+        let dtype = DType::ALL[rng.random_range(0..DType::ALL.len() as u64) as usize];
+        let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
+        let ctas = 1 + rng.random_range(0..4) as u32;
+        let separate = rng.random_range(0..8) == 0;
         let options = ReshardOptions {
             plan: PlanOptions {
-                route: if rng.below(2) == 0 { Route::Direct } else { Route::Hierarchical },
-                domain_size: 1 + rng.below(8) as u32,
-                min_split_bytes: [0, 64, 4096, PlanOptions::MIN_SPLIT_BYTES, u64::MAX][rng.below(5) as usize],
+                route: if rng.random_range(0..2) == 0 { Route::Direct } else { Route::Hierarchical },
+                domain_size: 1 + rng.random_range(0..8) as u32,
+                min_split_bytes: [0, 64, 4096, PlanOptions::MIN_SPLIT_BYTES, u64::MAX][rng.random_range(0..5) as usize],
             },
-            owner: [CtaOwner::Reader, CtaOwner::Writer, CtaOwner::Balanced][rng.below(3) as usize],
+            owner: [CtaOwner::Reader, CtaOwner::Writer, CtaOwner::Balanced][rng.random_range(0..3) as usize],
         };
-        let empty_as_none = rng.below(2) == 0;
+        let empty_as_none = rng.random_range(0..2) == 0;
         let n: u64 = shape.iter().product();
-        let global = rng.bytes(n as usize * dtype.size());
+        let global = common::random_bytes(rng, n as usize * dtype.size());
         Case { world, shape, src, dst, dtype, mover, ctas, separate, options, empty_as_none, global }
     }
 
@@ -257,7 +258,7 @@ fn seed() -> u64 {
 fn random_reshards_match_the_global_tensor() {
     let Some(stream) = common::gpu("random_reshards_match_the_global_tensor") else { return };
     let seed = seed();
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let ctx = stream.context().clone();
     let per_rank_streams: Vec<Arc<CudaStream>> = (0..16).map(|_| ctx.new_stream().unwrap()).collect();
     let mut comms: HashMap<(usize, u32, Mover, bool), Communicator> = HashMap::new();
@@ -289,7 +290,7 @@ fn random_reshards_match_the_global_tensor_with_one_rank_per_gpu() {
     let Some(gpus) = common::gpus("random_reshards_match_the_global_tensor_with_one_rank_per_gpu") else { return };
     let cases = common::count_from_env("OXCCL_MULTI_GPU_CASES", 100);
     let seed = seed() ^ 0x6B0;
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let streams: Vec<Arc<CudaStream>> = gpus.iter().map(|g| g.new_stream().unwrap()).collect();
     let mut comms: HashMap<(usize, u32, Mover), Communicator> = HashMap::new();
     for case in 0..cases {
@@ -321,7 +322,7 @@ fn random_reshard_cases_run_on_the_cpu_executor() {
     use oxccl_host::reshard::{LowerOptions, lower, plan};
     use oxccl_kernels::abi::slot;
     let seed = seed();
-    let mut rng = common::Rng(seed);
+    let mut rng = common::rng(seed);
     let mut tasks = 0;
     for case in 0..cases() {
         let c = Case::random(&mut rng, (1, 16));
@@ -363,8 +364,8 @@ fn layer_sized_tp8_to_tp2xdp4_is_exact() {
     let comm =
         Communicator::virtual_ranks(&stream, 16, Config { timeout: Duration::from_secs(30), ..Config::default() })
             .unwrap();
-    let mut rng = common::Rng(7168);
-    let global = rng.bytes((shape[0] * shape[1] * 2) as usize);
+    let mut rng = common::rng(7168);
+    let global = common::random_bytes(&mut rng, (shape[0] * shape[1] * 2) as usize);
     let dst = Layout::parse("4x2@8", "R,S0").unwrap();
     let want = shards(&dst, &shape, &global, 2);
     let dst_lens: HashMap<u32, usize> = want.iter().map(|(&r, d)| (r, d.len())).collect();

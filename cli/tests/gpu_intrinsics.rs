@@ -8,6 +8,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use half::{bf16, f16};
+use rand::RngExt;
 use std::sync::Arc;
 
 /// The probe module (`oxccl-ptx`'s probes) and the benchmark kernels' module (`oxccl-bench-kernels`),
@@ -98,9 +99,9 @@ fn mbarrier_phases_and_transactions() {
 #[test]
 fn bulk_copy_round_trips() {
     let Some(p) = Probes::new("bulk_copy_round_trips") else { return };
-    let mut rng = common::Rng(7);
+    let mut rng = common::rng(7);
     for bytes in [16usize, 4096, 40960] {
-        let data = rng.bytes(bytes);
+        let data = common::random_bytes(&mut rng, bytes);
         let src = p.stream.clone_htod(&data).unwrap();
         let dst = p.stream.alloc_zeros::<u8>(bytes).unwrap();
         let (d, s, n) = (p.addr(&dst), p.addr(&src), bytes as u32);
@@ -169,7 +170,7 @@ fn reduce_case(name: &str, a: &[u8], b: &[u8]) -> Vec<u8> {
 /// on both sides of the top bit (negative `x`), where a signed Min or Max would order them wrongly.
 fn reduce_inputs(name: &str, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
     let ty = name.rsplit('_').next().unwrap();
-    let n = |rng: &mut common::Rng| rng.below(200) as i64 - 100;
+    let n = |rng: &mut common::Rng| rng.random_range(-100..100i64);
     let (x32, x64) = (|x: i64| (x as i32) * ((1 << 24) + 1), |x: i64| x * ((1 << 56) + 1));
     let mut v = Vec::with_capacity(bytes);
     while v.len() < bytes {
@@ -213,7 +214,7 @@ fn bulk_reductions_every_type_and_operator() {
         "probe_reduce_max_f16",
         "probe_reduce_max_bf16",
     ];
-    let mut rng = common::Rng(11);
+    let mut rng = common::rng(11);
     let bytes = 512;
     for name in names {
         let (a, b) = (reduce_inputs(name, &mut rng, bytes), reduce_inputs(name, &mut rng, bytes));
@@ -239,14 +240,14 @@ fn tensor_tiles_load_store_reduce_1d_to_5d() {
     let all_dims = [16u64, 4, 3, 2, 2];
     let all_box = [8u32, 2, 2, 1, 1];
     let all_at = [8i32, 1, 1, 1, 0];
-    let mut rng = common::Rng(5);
+    let mut rng = common::rng(5);
     for d in 1..=5usize {
         for op in 0..3u32 {
             let (dims, boxd, at) = (&all_dims[..d], &all_box[..d], &all_at[..d]);
             let n: u64 = dims.iter().product();
-            let src_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
-            let dst_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
-            let red_h: Vec<u32> = (0..n).map(|_| rng.below(1000) as u32).collect();
+            let src_h: Vec<u32> = (0..n).map(|_| rng.random_range(0..1000) as u32).collect();
+            let dst_h: Vec<u32> = (0..n).map(|_| rng.random_range(0..1000) as u32).collect();
+            let red_h: Vec<u32> = (0..n).map(|_| rng.random_range(0..1000) as u32).collect();
             let (src, dst, red) = (
                 p.stream.clone_htod(&src_h).unwrap(),
                 p.stream.clone_htod(&dst_h).unwrap(),
@@ -334,7 +335,7 @@ fn fences_barriers_and_sleep() {
 fn vector_loads_and_stores() {
     let Some(p) = Probes::new("vector_loads_and_stores") else { return };
     let threads = 96u32;
-    let data = common::Rng(3).bytes(16 * threads as usize);
+    let data = common::random_bytes(&mut common::rng(3), 16 * threads as usize);
     let src = p.stream.clone_htod(&data).unwrap();
     let dst = p.stream.alloc_zeros::<u8>(data.len()).unwrap();
     let (d, s) = (p.addr(&dst), p.addr(&src));
@@ -353,8 +354,8 @@ fn vector_loads_and_stores() {
 fn packed_half_arithmetic() {
     let Some(p) = Probes::new("packed_half_arithmetic") else { return };
     let n = 4096u32;
-    let mut rng = common::Rng(9);
-    let finite = |rng: &mut common::Rng| -> f32 { (rng.below(2_000_001) as f32 - 1_000_000.0) / 997.0 };
+    let mut rng = common::rng(9);
+    let finite = |rng: &mut common::Rng| -> f32 { (rng.random_range(0..2_000_001) as f32 - 1_000_000.0) / 997.0 };
     let pack = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
     let mut a = Vec::new();
     let mut b = Vec::new();

@@ -10,7 +10,6 @@ use oxccl_kernels::abi::{
     tma_can_reduce,
 };
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::ops::Bound::Excluded;
 
 /// A lowered program: CTA programs, their tasks, and what the launch needs.
@@ -31,16 +30,18 @@ pub struct Lowered {
 }
 
 /// Why a lowered program is malformed or racy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoweredError {
     /// A program's task range is outside the task array.
+    #[error("program {program}: task range outside the task array")]
     TaskRange {
         /// Index of the program in [`Lowered::programs`].
         program: usize,
     },
     /// A task names an unknown kind, dtype or operator, an empty or out-of-range rank set, a bad slot,
     /// or lengths that are not whole elements.
+    #[error("task {task}: {why}")]
     BadTask {
         /// Index of the task in [`Lowered::tasks`].
         task: usize,
@@ -48,6 +49,7 @@ pub enum LoweredError {
         why: &'static str,
     },
     /// A range is outside the buffer it addresses.
+    #[error("task {task}: rank {rank} slot {slot}: range ends at byte {end}, buffer has {len}")]
     OutOfBounds {
         /// Index of the task in [`Lowered::tasks`].
         task: usize,
@@ -62,6 +64,7 @@ pub enum LoweredError {
         len: u64,
     },
     /// A program names a rank or CTA index the engine's tables cannot hold.
+    #[error("program {program}: {why}")]
     BadProgram {
         /// Index of the program in [`Lowered::programs`].
         program: usize,
@@ -70,6 +73,9 @@ pub enum LoweredError {
     },
     /// A task touches bytes an earlier task of the same CTA writes (or reads, where it writes) without
     /// `TASK_AFTER_WRITES`: on the GPU the two may overlap in time.
+    #[error(
+        "program {program}: task {task} touches bytes an earlier task of the CTA writes, without TASK_AFTER_WRITES"
+    )]
     Unordered {
         /// Index of the CTA's program in [`Lowered::programs`].
         program: usize,
@@ -77,6 +83,7 @@ pub enum LoweredError {
         task: usize,
     },
     /// Two CTAs access the same bytes and at least one writes them.
+    #[error("CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}")]
     Race {
         /// One of the CTAs, by index in [`Lowered::programs`].
         first: usize,
@@ -92,6 +99,7 @@ pub enum LoweredError {
         end: u64,
     },
     /// An alias names a rank without buffers or a slot out of range, or starts past its target's end.
+    #[error("alias {alias}: {why}")]
     BadAlias {
         /// Index of the alias in the `aliases` argument.
         alias: usize,
@@ -99,29 +107,6 @@ pub enum LoweredError {
         why: &'static str,
     },
 }
-
-impl fmt::Display for LoweredError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoweredError::TaskRange { program } => write!(f, "program {program}: task range outside the task array"),
-            LoweredError::BadTask { task, why } => write!(f, "task {task}: {why}"),
-            LoweredError::OutOfBounds { task, rank, slot, end, len } => {
-                write!(f, "task {task}: rank {rank} slot {slot}: range ends at byte {end}, buffer has {len}")
-            }
-            LoweredError::BadProgram { program, why } => write!(f, "program {program}: {why}"),
-            LoweredError::Unordered { program, task } => write!(
-                f,
-                "program {program}: task {task} touches bytes an earlier task of the CTA writes, without TASK_AFTER_WRITES"
-            ),
-            LoweredError::Race { first, second, rank, slot, start, end } => {
-                write!(f, "CTAs {first} and {second} race on rank {rank} slot {slot} bytes {start}..{end}")
-            }
-            LoweredError::BadAlias { alias, why } => write!(f, "alias {alias}: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for LoweredError {}
 
 /// Per-rank host buffers, `buffers[rank][slot]`, as raw bytes. An empty vector is an unused slot.
 pub type HostBuffers = Vec<[Vec<u8>; BUFFER_SLOTS]>;

@@ -26,7 +26,6 @@ use crate::lowered::Lowered;
 use oxccl_kernels::abi::{
     DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot, tma_can_reduce,
 };
-use std::fmt;
 
 /// The collectives T-CCL plans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -131,9 +130,10 @@ pub struct PlanSpec {
 }
 
 /// Why a plan cannot be built.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// `ranks` is 0 or above what one launch can address.
+    #[error("{ranks} ranks: must be 1..={max}")]
     Ranks {
         /// The requested ranks ([`PlanSpec::ranks`]).
         ranks: usize,
@@ -141,6 +141,7 @@ pub enum PlanError {
         max: usize,
     },
     /// `ctas` is 0 or above the engine's limit.
+    #[error("{ctas} CTAs per rank: must be 1..={max}")]
     Ctas {
         /// The requested CTAs per rank ([`PlanSpec::ctas`]).
         ctas: u32,
@@ -148,6 +149,7 @@ pub enum PlanError {
         max: u32,
     },
     /// The root of a Broadcast or Reduce is not one of the ranks.
+    #[error("root {root}: must be one of the {ranks} ranks")]
     Root {
         /// The requested root.
         root: u32,
@@ -155,25 +157,13 @@ pub enum PlanError {
         ranks: usize,
     },
     /// A buffer would exceed the address space.
+    #[error("count {count} overflows a buffer size")]
     TooLarge {
         /// The requested elements per rank: `count` × element size × `ranks` does not fit in a
         /// `u64` (checked for every collective).
         count: u64,
     },
 }
-
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PlanError::Ranks { ranks, max } => write!(f, "{ranks} ranks: must be 1..={max}"),
-            PlanError::Ctas { ctas, max } => write!(f, "{ctas} CTAs per rank: must be 1..={max}"),
-            PlanError::Root { root, ranks } => write!(f, "root {root}: must be one of the {ranks} ranks"),
-            PlanError::TooLarge { count } => write!(f, "count {count} overflows a buffer size"),
-        }
-    }
-}
-
-impl std::error::Error for PlanError {}
 
 impl PlanSpec {
     /// Bytes of each rank's (input, output) buffer; `u64::MAX` where that does not fit in a `u64`

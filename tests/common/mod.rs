@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use rand::RngExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -84,24 +85,20 @@ pub fn gpus(test: &str) -> Option<Vec<Arc<cudarc::driver::CudaContext>>> {
     }
 }
 
-/// A small deterministic generator (splitmix64) so GPU tests need no extra crates and are reproducible
-/// from the printed seed.
-pub struct Rng(pub u64);
+/// The tests' generator: rand's `StdRng`, always seeded ([`rng`]), so a run reproduces from its
+/// printed seed ([`seed_from_env`]).
+pub type Rng = rand::rngs::StdRng;
 
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
+/// A generator seeded with `seed`.
+pub fn rng(seed: u64) -> Rng {
+    rand::SeedableRng::seed_from_u64(seed)
+}
+
+/// `n` random bytes.
+pub fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    let mut bytes = vec![0; n];
+    rng.fill(&mut bytes[..]);
+    bytes
 }
 
 /// Prints a skip notice straight to the terminal: the test harness captures `eprintln!` of passing
@@ -205,7 +202,7 @@ pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option
     use oxccl::DType;
     let mut v = Vec::with_capacity(bytes + 4);
     while v.len() < bytes {
-        let x = rng.below(2_000_001) as f32 / 1000.0 - 1000.0;
+        let x = rng.random_range(0..2_000_001) as f32 / 1000.0 - 1000.0;
         match dtype {
             DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),

@@ -2620,11 +2620,9 @@ mod tests {
     /// expectation counts, for ranges starting anywhere, across AllGather blocks, with planted errors.
     #[test]
     fn cyclic_comparison_matches_the_full_one() {
-        let mut seed = 7u64;
-        let mut next = |n: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (seed >> 33) % n.max(1)
-        };
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut next = |n: u64| rng.random_range(0..n);
         for &dtype in DType::ALL {
             for collective in Collective::every(1) {
                 for (ranks, count) in [(2, 5), (3, 17), (4, 70_000), (8, 150_001)] {

@@ -19,9 +19,10 @@ use std::fmt;
 pub type Buffers<T> = BTreeMap<Rank, Vec<T>>;
 
 /// Why a plan could not run. Every variant names the rank, stage or transfer at fault.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
     /// The element type's size differs from the plan's element size.
+    #[error("the plan has {plan}-byte elements but the buffers {given}-byte ones")]
     ElementSize {
         /// Bytes per element in the plan.
         plan: u64,
@@ -29,16 +30,19 @@ pub enum ExecError {
         given: u64,
     },
     /// A source rank holding data passed no buffer.
+    #[error("source rank {rank} holds data but passed no buffer")]
     MissingSource {
         /// The rank.
         rank: Rank,
     },
     /// A rank outside the source mesh passed a source buffer.
+    #[error("rank {rank} is outside the source mesh but passed a source buffer")]
     UnexpectedSource {
         /// The rank.
         rank: Rank,
     },
     /// A source buffer's length differs from its shard's.
+    #[error("source rank {rank}'s buffer has {got} units but its shard has {expected}")]
     SourceLength {
         /// The rank.
         rank: Rank,
@@ -48,6 +52,7 @@ pub enum ExecError {
         got: u64,
     },
     /// A transfer is not a well-formed box on unit boundaries.
+    #[error("stage {stage} transfer {index}: {why}")]
     MalformedTransfer {
         /// Stage index.
         stage: usize,
@@ -57,6 +62,9 @@ pub enum ExecError {
         why: String,
     },
     /// A transfer reaches past the end of a buffer.
+    #[error(
+        "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
+    )]
     OutOfBounds {
         /// Stage index.
         stage: usize,
@@ -73,11 +81,16 @@ pub enum ExecError {
     },
     /// The destination buffers together need more host memory than can be allocated, or than
     /// [`HOST_BUFFERS_LIMIT_BYTES`](super::layout::HOST_BUFFERS_LIMIT_BYTES).
+    #[error(
+        "the destination buffers need {bytes} bytes, more than can be allocated (at most {})",
+        super::layout::HOST_BUFFERS_LIMIT_BYTES
+    )]
     DestinationTooLarge {
         /// Bytes they need (`u64::MAX` past that).
         bytes: u64,
     },
     /// Verification would need more tag memory than allowed.
+    #[error("verification needs {bytes} bytes of tags, over the {limit}-byte limit; verify a smaller shape")]
     TooLargeToVerify {
         /// Bytes of tags needed (8 per element of every source and destination buffer).
         bytes: u64,
@@ -85,45 +98,6 @@ pub enum ExecError {
         limit: u64,
     },
 }
-
-impl fmt::Display for ExecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ElementSize { plan, given } => {
-                write!(f, "the plan has {plan}-byte elements but the buffers {given}-byte ones")
-            }
-            Self::MissingSource { rank } => {
-                write!(f, "source rank {rank} holds data but passed no buffer")
-            }
-            Self::UnexpectedSource { rank } => {
-                write!(f, "rank {rank} is outside the source mesh but passed a source buffer")
-            }
-            Self::SourceLength { rank, expected, got } => {
-                write!(f, "source rank {rank}'s buffer has {got} units but its shard has {expected}")
-            }
-            Self::MalformedTransfer { stage, index, why } => {
-                write!(f, "stage {stage} transfer {index}: {why}")
-            }
-            Self::OutOfBounds { stage, index, rank, buffer, end, len } => write!(
-                f,
-                "stage {stage} transfer {index} reaches byte {end} of rank {rank}'s {buffer} buffer, which has {len} bytes"
-            ),
-            Self::DestinationTooLarge { bytes } => {
-                write!(
-                    f,
-                    "the destination buffers need {bytes} bytes, more than can be allocated (at most {})",
-                    super::layout::HOST_BUFFERS_LIMIT_BYTES
-                )
-            }
-            Self::TooLargeToVerify { bytes, limit } => write!(
-                f,
-                "verification needs {bytes} bytes of tags, over the {limit}-byte limit; verify a smaller shape"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ExecError {}
 
 /// Runs `plan` on byte buffers: `src` holds every source rank's local shard (ranks whose shard is empty
 /// may be left out). Returns every destination rank's buffer.

@@ -131,9 +131,10 @@ impl LowerOptions {
 }
 
 /// Why a plan cannot be lowered. Every variant names what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LowerError {
     /// `ranks` is 0 or above what one launch can address.
+    #[error("{ranks} ranks: a launch addresses 1..={max}")]
     Ranks {
         /// The requested ranks ([`LowerOptions::ranks`]).
         ranks: usize,
@@ -141,6 +142,7 @@ pub enum LowerError {
         max: usize,
     },
     /// `ctas` is 0 or above the engine's limit.
+    #[error("{ctas} CTAs per rank: must be 1..={max}")]
     Ctas {
         /// The requested CTAs per rank ([`LowerOptions::ctas`]).
         ctas: u32,
@@ -148,6 +150,7 @@ pub enum LowerError {
         max: u32,
     },
     /// A mesh reaches past the communicator's last rank.
+    #[error("the {side} mesh reaches rank {last_rank} but the communicator has {ranks} ranks")]
     MeshOutOfRange {
         /// `"source"` or `"destination"`.
         side: &'static str,
@@ -157,6 +160,7 @@ pub enum LowerError {
         ranks: usize,
     },
     /// A transfer names a rank past the communicator's last rank.
+    #[error("stage {stage} transfer {index} names rank {rank}; the communicator has {ranks} ranks")]
     RankOutOfRange {
         /// The stage's index in the plan.
         stage: usize,
@@ -168,6 +172,7 @@ pub enum LowerError {
         ranks: usize,
     },
     /// The requested copy unit's size does not divide the element size.
+    #[error("copy unit {dtype:?} ({} bytes) does not divide the {elem_bytes}-byte element", .dtype.size())]
     DTypeSize {
         /// The requested unit ([`LowerOptions::dtype`]).
         dtype: DType,
@@ -175,6 +180,10 @@ pub enum LowerError {
         elem_bytes: u64,
     },
     /// Odd-sized elements with an odd offset, stride or run: no 2- or 4-byte unit copies them.
+    #[error(
+        "{elem_bytes}-byte elements: stage {stage} transfer {index} has an odd offset, stride or run \
+         ({value} bytes), and the engine copies whole 2- or 4-byte units"
+    )]
     NoCopyUnit {
         /// Bytes per element.
         elem_bytes: u64,
@@ -186,6 +195,7 @@ pub enum LowerError {
         value: u64,
     },
     /// A transfer is not something the engine can run.
+    #[error("stage {stage} transfer {index}: {why}")]
     MalformedTransfer {
         /// The stage's index in the plan.
         stage: usize,
@@ -195,6 +205,7 @@ pub enum LowerError {
         why: &'static str,
     },
     /// [`LowerOptions::max_tasks`] is above what the descriptors can index.
+    #[error("a task limit of {max_tasks} per stage: the descriptors index at most {max} tasks (32-bit indices)")]
     MaxTasks {
         /// The requested limit ([`LowerOptions::max_tasks`]).
         max_tasks: u64,
@@ -202,6 +213,10 @@ pub enum LowerError {
         max: u64,
     },
     /// A stage would have more tasks than allowed.
+    #[error(
+        "stage {stage} needs {tasks} tasks (one per contiguous run), over the limit of {max}; \
+         the boxes have too many short rows"
+    )]
     TooManyTasks {
         /// The stage's index in the plan.
         stage: usize,
@@ -212,58 +227,16 @@ pub enum LowerError {
         max: u64,
     },
     /// The lowered program failed validation against the buffer sizes.
+    #[error("stage {stage}: {error}")]
     Invalid {
         /// The stage's index in the plan.
         stage: usize,
         /// What validation found (also from [`LoweredReshard::check_races`] and
         /// [`LoweredReshard::execute`]).
+        #[source]
         error: LoweredError,
     },
 }
-
-impl fmt::Display for LowerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Ranks { ranks, max } => write!(f, "{ranks} ranks: a launch addresses 1..={max}"),
-            Self::Ctas { ctas, max } => write!(f, "{ctas} CTAs per rank: must be 1..={max}"),
-            Self::MeshOutOfRange { side, last_rank, ranks } => {
-                write!(f, "the {side} mesh reaches rank {last_rank} but the communicator has {ranks} ranks")
-            }
-            Self::RankOutOfRange { stage, index, rank, ranks } => {
-                write!(f, "stage {stage} transfer {index} names rank {rank}; the communicator has {ranks} ranks")
-            }
-            Self::DTypeSize { dtype, elem_bytes } => {
-                write!(f, "copy unit {dtype:?} ({} bytes) does not divide the {elem_bytes}-byte element", dtype.size())
-            }
-            Self::NoCopyUnit { elem_bytes, stage, index, value } => write!(
-                f,
-                "{elem_bytes}-byte elements: stage {stage} transfer {index} has an odd offset, stride or run \
-                 ({value} bytes), and the engine copies whole 2- or 4-byte units"
-            ),
-            Self::MalformedTransfer { stage, index, why } => write!(f, "stage {stage} transfer {index}: {why}"),
-            Self::MaxTasks { max_tasks, max } => write!(
-                f,
-                "a task limit of {max_tasks} per stage: the descriptors index at most {max} tasks (32-bit indices)"
-            ),
-            Self::TooManyTasks { stage, tasks, max } => write!(
-                f,
-                "stage {stage} needs {tasks} tasks (one per contiguous run), over the limit of {max}; \
-                 the boxes have too many short rows"
-            ),
-            Self::Invalid { stage, error } => write!(f, "stage {stage}: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for LowerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Invalid { error, .. } => Some(error),
-            _ => None,
-        }
-    }
-}
-
 /// A reshard lowered for the engine: one program per stage, launched in order with one copy unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoweredReshard {

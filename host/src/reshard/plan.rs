@@ -37,18 +37,25 @@ use std::collections::HashMap;
 use std::fmt;
 
 /// Why a reshard cannot be planned. Every variant names what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReshardError {
     /// The source layout does not fit the tensor.
-    Src(LayoutError),
+    #[error("source layout: {0}")]
+    Src(#[source] LayoutError),
     /// The destination layout does not fit the tensor.
-    Dst(LayoutError),
+    #[error("destination layout: {0}")]
+    Dst(#[source] LayoutError),
     /// The element size is 0 bytes.
+    #[error("the element size is 0 bytes")]
     ZeroElementSize,
     /// The NVLink domain size is 0 ranks.
+    #[error("the NVLink domain size is 0 ranks")]
     ZeroDomainSize,
     /// The tensor's size in bytes, times one more than the destination mesh's rank count (the most
     /// copies any traffic figure counts), does not fit in a `u64`.
+    #[error(
+        "a tensor of shape {shape:?} with {elem_bytes}-byte elements is too large: one copy per destination rank exceeds 2^64 bytes"
+    )]
     TensorTooLarge {
         /// The global shape.
         shape: Vec<u64>,
@@ -56,6 +63,7 @@ pub enum ReshardError {
         elem_bytes: u64,
     },
     /// The two sides describe tensors of different global shapes.
+    #[error("the source's global shape {src:?} differs from the destination's {dst:?}")]
     GlobalShapeMismatch {
         /// The source side's global shape.
         src: Vec<u64>,
@@ -63,6 +71,7 @@ pub enum ReshardError {
         dst: Vec<u64>,
     },
     /// The two sides describe tensors of different element sizes.
+    #[error("the source has {src}-byte elements but the destination {dst}-byte elements")]
     ElementSizeMismatch {
         /// The source side's bytes per element.
         src: u64,
@@ -70,6 +79,7 @@ pub enum ReshardError {
         dst: u64,
     },
     /// The layouts cut the tensor into more copies than a plan may hold ([`MAX_TRANSFERS`]).
+    #[error("the two layouts cut the tensor into more than {max} copies (shard it more coarsely)")]
     TooManyTransfers {
         /// The most a plan may hold.
         max: usize,
@@ -80,41 +90,6 @@ pub enum ReshardError {
 /// strides (a few hundred bytes), so a plan stays within a few hundred megabytes. Two meshes of a
 /// thousand ranks, each sharding the tensor along another dimension, need about a million.
 pub const MAX_TRANSFERS: usize = 1 << 20;
-
-impl fmt::Display for ReshardError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Src(e) => write!(f, "source layout: {e}"),
-            Self::Dst(e) => write!(f, "destination layout: {e}"),
-            Self::ZeroElementSize => write!(f, "the element size is 0 bytes"),
-            Self::ZeroDomainSize => write!(f, "the NVLink domain size is 0 ranks"),
-            Self::TensorTooLarge { shape, elem_bytes } => {
-                write!(
-                    f,
-                    "a tensor of shape {shape:?} with {elem_bytes}-byte elements is too large: one copy per destination rank exceeds 2^64 bytes"
-                )
-            }
-            Self::GlobalShapeMismatch { src, dst } => {
-                write!(f, "the source's global shape {src:?} differs from the destination's {dst:?}")
-            }
-            Self::ElementSizeMismatch { src, dst } => {
-                write!(f, "the source has {src}-byte elements but the destination {dst}-byte elements")
-            }
-            Self::TooManyTransfers { max } => {
-                write!(f, "the two layouts cut the tensor into more than {max} copies (shard it more coarsely)")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ReshardError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Src(e) | Self::Dst(e) => Some(e),
-            _ => None,
-        }
-    }
-}
 
 /// Checks that both sides describe the same tensor: same global shape, same element size.
 pub fn check_same_tensor(
