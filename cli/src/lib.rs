@@ -5,4 +5,6 @@
 
 pub mod bench;
 pub mod commands;
+pub mod plot;
+pub mod progress;
 pub mod ptx;
