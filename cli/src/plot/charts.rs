@@ -35,6 +35,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Dashed: the in-place side of an nccl-tests row.
     pub dashed: bool,
+    /// Its colour, an index into the palette: the two sides of one configuration share one.
+    pub color: usize,
 }
 
 /// A horizontal reference line (cuMemcpyDtoD's bandwidth, no overlap).
@@ -78,11 +80,16 @@ impl Chart {
 /// reads them. Empty values are left out of legends.
 type Key = Vec<(&'static str, String)>;
 
-/// The series of charts being built: chart → series key → x (as bits, positive only) → values.
+/// The series of charts being built, each chart and series in the order their first row came:
+/// chart → series key → x (as bits, positive only) → values.
 #[derive(Default)]
 struct Builder {
-    charts: BTreeMap<String, BTreeMap<Key, BTreeMap<u64, Vec<f64>>>>,
+    charts: Vec<(String, Vec<(Key, BTreeMap<u64, Vec<f64>>)>)>,
 }
+
+/// A series key's field that says which side of an nccl-tests row it is: in place is dashed, in
+/// the colour of the out-of-place line of the same configuration.
+const SIDE: &str = "side";
 
 impl Builder {
     /// Adds (x, y) to the series `key` of chart `chart`, where it can be drawn.
@@ -91,34 +98,52 @@ impl Builder {
         if !(x.is_finite() && x > 0.0) {
             return;
         }
+        let c = match self.charts.iter().position(|(name, _)| name == chart) {
+            Some(c) => c,
+            None => {
+                self.charts.push((chart.to_owned(), Vec::new()));
+                self.charts.len() - 1
+            }
+        };
+        let series = &mut self.charts[c].1;
+        let s = match series.iter().position(|(k, _)| *k == key) {
+            Some(s) => s,
+            None => {
+                series.push((key, BTreeMap::new()));
+                series.len() - 1
+            }
+        };
         // The bits of positive finite floats order as the floats do.
-        self.charts
-            .entry(chart.to_owned())
-            .or_default()
-            .entry(key)
-            .or_default()
-            .entry(x.to_bits())
-            .or_default()
-            .push(y);
+        series[s].1.entry(x.to_bits()).or_default().push(y);
     }
 
-    /// Each chart's series, labelled by what differs between them; `dashed` says which are.
-    fn finish(self, dashed: impl Fn(&Key) -> bool) -> Vec<(String, Vec<Series>)> {
+    /// Each chart's series, labelled by what differs between them.
+    fn finish(self) -> Vec<(String, Vec<Series>)> {
         self.charts
             .into_iter()
             .map(|(chart, series)| {
-                let keys: Vec<&Key> = series.keys().collect();
+                let keys: Vec<&Key> = series.iter().map(|(k, _)| k).collect();
                 let labels = labels(&keys);
+                // One colour per configuration, its two sides alike.
+                let mut configurations: Vec<Key> = Vec::new();
                 let series = series
                     .iter()
                     .zip(labels)
-                    .map(|((key, points), label)| Series {
-                        label,
-                        points: points
-                            .iter()
-                            .map(|(&x, ys)| (f64::from_bits(x), ys.iter().sum::<f64>() / ys.len() as f64))
-                            .collect(),
-                        dashed: dashed(key),
+                    .map(|((key, points), label)| {
+                        let configuration: Key = key.iter().filter(|f| f.0 != SIDE).cloned().collect();
+                        let color = configurations.iter().position(|c| *c == configuration).unwrap_or_else(|| {
+                            configurations.push(configuration);
+                            configurations.len() - 1
+                        });
+                        Series {
+                            label,
+                            points: points
+                                .iter()
+                                .map(|(&x, ys)| (f64::from_bits(x), ys.iter().sum::<f64>() / ys.len() as f64))
+                                .collect(),
+                            dashed: key.iter().any(|f| f.0 == SIDE && f.1 == IN_PLACE),
+                            color,
+                        }
                     })
                     .collect();
                 (chart, series)
@@ -235,12 +260,12 @@ fn busbw(sources: &[Source]) -> Vec<Chart> {
                 && c.exec.is_none()
             {
                 let key = collective_key(s.label, c);
-                b.add(&c.collective, with(key.clone(), "side", OUT_OF_PLACE), c.size, c.oop_busbw);
-                b.add(&c.collective, with(key, "side", IN_PLACE), c.size, c.ip_busbw);
+                b.add(&c.collective, with(key.clone(), SIDE, OUT_OF_PLACE), c.size, c.oop_busbw);
+                b.add(&c.collective, with(key, SIDE, IN_PLACE), c.size, c.ip_busbw);
             }
         }
     }
-    b.finish(|k| k.last().is_some_and(|f| f.1 == IN_PLACE))
+    b.finish()
         .into_iter()
         .map(|(collective, series)| Chart {
             kind: Kind::Busbw,
@@ -286,7 +311,7 @@ fn compare(sources: &[Source]) -> Vec<Chart> {
             }
         }
     }
-    b.finish(|_| false)
+    b.finish()
         .into_iter()
         .map(|(collective, series)| Chart {
             kind: Kind::Compare,
@@ -313,12 +338,12 @@ fn exec(sources: &[Source]) -> Vec<Chart> {
                 let chart = if plan.is_empty() { c.collective.clone() } else { format!("{plan}\u{0}{}", c.collective) };
                 let mut key = collective_key(s.label, c);
                 key.insert(1, ("exec", c.exec.clone().unwrap_or_else(|| "?".into())));
-                b.add(&chart, with(key.clone(), "side", OUT_OF_PLACE), c.size, c.oop_busbw);
-                b.add(&chart, with(key, "side", IN_PLACE), c.size, c.ip_busbw);
+                b.add(&chart, with(key.clone(), SIDE, OUT_OF_PLACE), c.size, c.oop_busbw);
+                b.add(&chart, with(key, SIDE, IN_PLACE), c.size, c.ip_busbw);
             }
         }
     }
-    b.finish(|k| k.last().is_some_and(|f| f.1 == IN_PLACE))
+    b.finish()
         .into_iter()
         .map(|(chart, series)| {
             let (plan, collective) = chart.split_once('\u{0}').unwrap_or(("", &chart));
@@ -355,13 +380,13 @@ fn movers(sources: &[Source]) -> Vec<Chart> {
             }
         }
     }
-    let logs = sources.len();
-    b.finish(|_| false)
+    b.finish()
         .into_iter()
         .map(|(op, series)| {
             let references = memcpy
                 .get(&op)
                 .map(|m| {
+                    let logs = m.keys().map(|k| &k.0).collect::<std::collections::BTreeSet<_>>().len();
                     let sizes = m.keys().map(|k| &k.1).collect::<std::collections::BTreeSet<_>>().len();
                     m.iter()
                         .map(|((log, bytes), rates)| {
@@ -407,7 +432,7 @@ fn overlap(sources: &[Source]) -> Vec<Chart> {
             }
         }
     }
-    b.finish(|_| false)
+    b.finish()
         .into_iter()
         .map(|(compute, series)| Chart {
             kind: Kind::Overlap,
@@ -474,7 +499,7 @@ mod tests {
         b.add("c", key.clone(), 8.0, Some(1.0));
         b.add("c", key.clone(), 8.0, Some(3.0));
         b.add("c", key, 2.0, Some(5.0));
-        let charts = b.finish(|_| false);
+        let charts = b.finish();
         assert_eq!(charts[0].1[0].points, [(2.0, 5.0), (8.0, 2.0)]);
     }
 }

@@ -81,19 +81,29 @@ fn draw<DB: DrawingBackend>(
         .y_label_area_size(64)
         .build_cartesian_2d(x0..x1, y0..y1)?;
     let ticks = |v: &f64| tick(chart.x, *v);
+    // As many decimals as the range needs: `250`, `2.5`, `0.75`.
+    let decimals = if y1 - y0 >= 20.0 {
+        0
+    } else if y1 - y0 >= 2.0 {
+        1
+    } else {
+        2
+    };
+    let values = |v: &f64| format!("{v:.decimals$}");
     ctx.configure_mesh()
         // One label per power of two where they fit.
         .x_labels(((x1 - x0) as usize + 1).min(24))
         .x_label_formatter(&ticks)
         .y_labels(10)
+        .y_label_formatter(&values)
         .x_desc(chart.x_desc.as_str())
         .y_desc(chart.y_desc.as_str())
         .axis_desc_style(("sans-serif", 15))
         .label_style(("sans-serif", 13))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
-    for (i, s) in chart.series.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
+    for s in &chart.series {
+        let color = PALETTE[s.color % PALETTE.len()];
         let style = color.stroke_width(2);
         let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x.log2(), y)).collect();
         let legend = if s.dashed {
@@ -101,12 +111,19 @@ fn draw<DB: DrawingBackend>(
         } else {
             ctx.draw_series(LineSeries::new(points.clone(), style))?
         };
-        legend.label(s.label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        // The legend's sample: one stroke, or two for a dashed line.
+        let (a, b) = if s.dashed { (7, 12) } else { (10, 10) };
+        legend.label(s.label.as_str()).legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (a, 0)], style)
+                + PathElement::new(vec![(b, 0), (20, 0)], style)
+        });
         // Markers: a series of one point is still seen.
         ctx.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
+    let colors = chart.series.iter().map(|s| s.color + 1).max().unwrap_or(0);
     for (i, r) in chart.references.iter().enumerate() {
-        let style = PALETTE[(chart.series.len() + i) % PALETTE.len()].mix(0.8).stroke_width(1);
+        let style = PALETTE[(colors + i) % PALETTE.len()].mix(0.8).stroke_width(1);
         ctx.draw_series(DashedLineSeries::new(vec![(x0, r.y), (x1, r.y)], 4, 4, style))?
             .label(r.label.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));

@@ -66,11 +66,13 @@ impl Kind {
     fn needs(self) -> &'static str {
         match self {
             Kind::Auto => "",
-            Kind::Busbw => "collective (oxccl bench all-reduce ... --json)",
-            Kind::Compare => "collective or NCCL (oxccl bench all-reduce ... --json, scripts/nccl_bench.py --json)",
-            Kind::Movers => "mover-sweep (oxccl bench movers --json)",
-            Kind::Exec => "compiled-plan (oxccl bench plan --json)",
-            Kind::Overlap => "overlap (oxccl bench overlap --json)",
+            Kind::Busbw => "collective rows (from oxccl bench all-reduce ... --json)",
+            Kind::Compare => {
+                "collective or NCCL rows (from oxccl bench all-reduce ... --json, scripts/nccl_bench.py --json)"
+            }
+            Kind::Movers => "mover-sweep rows (from oxccl bench movers --json)",
+            Kind::Exec => "compiled-plan rows (from oxccl bench plan --json)",
+            Kind::Overlap => "overlap rows (from oxccl bench overlap --json)",
         }
     }
 }
@@ -105,7 +107,7 @@ pub enum PlotError {
         skipped: String,
     },
     /// `--kind` asked for a chart whose rows the logs do not have.
-    #[error("--kind {kind}: the logs have no {needs} rows (they have {found})")]
+    #[error("--kind {kind}: the logs have no {needs}; they have {found}")]
     NoRowsForKind {
         /// The kind asked for.
         kind: &'static str,
@@ -303,13 +305,14 @@ pub fn plot(o: &Options) -> Result<Report, PlotError> {
         drawn.extend(c);
     }
     if drawn.is_empty() {
-        return Err(PlotError::NothingToDraw {
-            why: format!(
-                "the logs have {} rows, and no point of {} charts has a positive x and a finite value",
-                counted(&all),
-                if o.kind == Kind::Auto { "the".to_string() } else { format!("--kind {}", o.kind.name()) }
-            ),
-        });
+        let why = if kinds.is_empty() {
+            "no chart is drawn from them (oxccl plot draws collective, NCCL, compiled-plan, mover-sweep and overlap \
+             rows)"
+                .to_string()
+        } else {
+            "no point of their charts has a positive x and a finite value".to_string()
+        };
+        return Err(PlotError::NothingToDraw { why: format!("the logs have {} rows: {why}", counted(&all)) });
     }
     std::fs::create_dir_all(&o.out).map_err(|source| PlotError::OutDir { path: o.out.clone(), source })?;
     let mut used: HashSet<String> = HashSet::new();
