@@ -1,5 +1,6 @@
-//! The `oxccl` command's machinery, apart from the library: its subcommands ([`commands`]) and the
-//! benchmarks ([`bench`](mod@bench)) that the command and the cargo benches run.
+//! The `oxccl` command's machinery, apart from the library: its subcommands ([`commands`]), the
+//! benchmarks ([`bench`](mod@bench)) that the command and the cargo benches run, their progress
+//! bars ([`progress`]) and the charts `oxccl plot` draws from their logs ([`plot`]).
 
 #![warn(missing_docs)]
 
