@@ -80,11 +80,13 @@ impl Chart {
 /// reads them. Empty values are left out of legends.
 type Key = Vec<(&'static str, String)>;
 
-/// The series of charts being built, each chart and series in the order their first row came:
-/// chart → series key → x (as bits, positive only) → values.
+/// A series being built: x (as bits, positive only) → the values measured there.
+type Points = BTreeMap<u64, Vec<f64>>;
+
+/// The series of charts being built, each chart and series in the order their first row came.
 #[derive(Default)]
 struct Builder {
-    charts: Vec<(String, Vec<(Key, BTreeMap<u64, Vec<f64>>)>)>,
+    charts: Vec<(String, Vec<(Key, Points)>)>,
 }
 
 /// A series key's field that says which side of an nccl-tests row it is: in place is dashed, in
@@ -109,7 +111,7 @@ impl Builder {
         let s = match series.iter().position(|(k, _)| *k == key) {
             Some(s) => s,
             None => {
-                series.push((key, BTreeMap::new()));
+                series.push((key, Points::new()));
                 series.len() - 1
             }
         };
