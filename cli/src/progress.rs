@@ -78,6 +78,9 @@ impl Progress {
             && start.elapsed() >= delay
         {
             self.pending.set(None);
+            // The steps so far came after a long start (a compile's passes before its first rank):
+            // no rate to project from.
+            self.bar.reset_eta();
             self.show();
         }
         self.bar.set_message(done);
