@@ -26,6 +26,9 @@ enum Command {
     Verify(cli::verify::Args),
     /// Plan an M-to-N reshard between two (mesh, placements) layouts.
     Reshard(cli::reshard::Args),
+    /// Draw SVG (and PNG) charts from benchmarks' --json logs: busbw against size, TMA against SIMT
+    /// against NCCL, the mover sweep, compiled against interpreted plans, overlap.
+    Plot(cli::plot::Args),
     /// Start N processes of a command on this host, torchrun-style: rank, world size, master port and
     /// GPU in each one's environment.
     #[cfg(target_os = "linux")]
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Simulate(a) => cli::simulate::run(a),
         Command::Verify(a) => cli::verify::run(a),
         Command::Reshard(a) => cli::reshard::run(a),
+        Command::Plot(a) => cli::plot::run(a),
         // The launcher ends as its ranks did: it gives the status to exit with.
         #[cfg(target_os = "linux")]
         Command::Launch(a) => match cli::launch::run(a) {

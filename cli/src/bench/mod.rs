@@ -309,6 +309,11 @@ impl Default for SweepConfig {
 }
 
 impl SweepConfig {
+    /// Rows of [`mover_sweep`]: every operation with each mover at each CTA count.
+    pub fn rows(&self) -> usize {
+        SweepOp::ALL.len() * 2 * self.ctas.len()
+    }
+
     /// Checks what the sweep would refuse, without a GPU: a size of at least one whole f32 element,
     /// at least one timed iteration, CTA counts in `1..=MAX_CTAS_PER_RANK`, threads that are
     /// multiples of 32 in `32..=1024` (`32..=512` for SIMT), a given chunk that is a positive
@@ -371,8 +376,13 @@ impl SweepConfig {
 }
 
 /// The mover sweep: copy, reduce-add and reduce-into with the TMA and SIMT movers at each CTA count,
-/// with `cuMemcpyDtoD` of the same size as the ceiling. Returns (memcpy GB/s, rows).
-pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, Vec<SweepRow>)> {
+/// with `cuMemcpyDtoD` of the same size as the ceiling, `on_row` called as each row is measured
+/// ([`SweepConfig::rows`] in all). Returns (memcpy GB/s, rows).
+pub fn mover_sweep(
+    stream: &Arc<CudaStream>,
+    cfg: &SweepConfig,
+    mut on_row: impl FnMut(&SweepRow),
+) -> Result<(f64, Vec<SweepRow>)> {
     let bench = MoverBench::new(stream, cfg)?;
     let memcpy_gbps = memcpy_rate(stream, cfg.bytes as usize, cfg.warmup, cfg.iters)?;
     let mut rows = Vec::new();
@@ -398,6 +408,7 @@ pub fn mover_sweep(stream: &Arc<CudaStream>, cfg: &SweepConfig) -> Result<(f64, 
                     of_memcpy: gbps / memcpy_gbps,
                     piece_bytes: case.piece_bytes(),
                 });
+                on_row(&rows[rows.len() - 1]);
             }
         }
     }
@@ -1792,6 +1803,11 @@ pub struct ReshardBench {
     pub cross_gbps: f64,
 }
 
+impl ReshardBench {
+    /// Programs [`reshard_bench`] times, one row each: the plan and the two workarounds.
+    pub const PROGRAMS: usize = 3;
+}
+
 /// One row of the reshard benchmark: one program (the plan or a workaround) on the same engine.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ReshardRow {
@@ -1879,8 +1895,13 @@ fn busiest_link(loads: &Loads, nvlink_gbps: f64, cross_gbps: f64) -> (f64, Strin
 
 /// Runs the reshard benchmark on virtual ranks of `stream`'s GPU: the plan through
 /// [`Communicator::reshard`], and the two workarounds (flat sends, gather + broadcast) lowered to the same
-/// engine, each checked once (untimed) and timed. Returns (memcpy GB/s read + written, rows).
-pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64, Vec<ReshardRow>)> {
+/// engine, each checked once (untimed) and timed, `on_row` called as each is
+/// ([`ReshardBench::PROGRAMS`] rows). Returns (memcpy GB/s read + written, rows).
+pub fn reshard_bench(
+    stream: &Arc<CudaStream>,
+    b: &ReshardBench,
+    mut on_row: impl FnMut(&ReshardRow),
+) -> Result<(f64, Vec<ReshardRow>)> {
     for (field, gbps) in [("nvlink_gbps", b.nvlink_gbps), ("cross_gbps", b.cross_gbps)] {
         if !(gbps.is_finite() && gbps > 0.0) {
             return Err(Error::Config { field, why: format!("{gbps} GB/s is not a positive bandwidth") });
@@ -1896,7 +1917,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
     let plan = reshard::plan(&b.shape, e as u64, &b.src, &b.dst, b.options.plan)?;
     let ctas = comm.ctas_per_rank();
     let opts = LowerOptions { owner: b.options.owner, dtype: Some(b.dtype), ..LowerOptions::new(b.ranks, ctas) };
-    let programs = [
+    let programs: [_; ReshardBench::PROGRAMS] = [
         ("plan", lower(&plan, &opts)?),
         ("flat_sends", lower(&workaround::flat_sends(&plan), &opts)?),
         ("gather_broadcast", workaround::gather_broadcast(&plan, &opts)?),
@@ -2023,6 +2044,7 @@ pub fn reshard_bench(stream: &Arc<CudaStream>, b: &ReshardBench) -> Result<(f64,
             busiest_link: link,
             wrong,
         });
+        on_row(&rows[rows.len() - 1]);
     }
     stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
     Ok((memcpy_gbps, rows))
@@ -2992,7 +3014,12 @@ impl OverlapBench {
 /// collective first. Every configuration is checked before anything is
 /// allocated. With several GPUs each time is the longest over the GPUs, every span
 /// measured between events of one GPU from a common start (the collective's barriers align them).
-pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Vec<OverlapRow>> {
+/// `on_row` is called as each configuration is measured ([`OverlapBench::rows`] in all).
+pub fn overlap_bench(
+    streams: &[Arc<CudaStream>],
+    b: &OverlapBench,
+    mut on_row: impl FnMut(&OverlapRow),
+) -> Result<Vec<OverlapRow>> {
     b.validate()?;
     if streams.len() != b.ranks {
         return Err(Error::BufferCount { what: "rank streams", expected: b.ranks, got: streams.len() });
@@ -3145,11 +3172,19 @@ pub fn overlap_bench(streams: &[Arc<CudaStream>], b: &OverlapBench) -> Result<Ve
                 makespan_ms: span,
                 makespan_over_serial: span / (comp_alone + coll_alone),
             });
+            on_row(&rows[rows.len() - 1]);
         }
     }
     // A warpgroup GEMM that gave up on a wait ran short: its times would mislead.
     works.iter().try_for_each(Compute::check)?;
     Ok(rows)
+}
+
+impl OverlapBench {
+    /// Rows of [`overlap_bench`]: every (mover, reduction) with each suspend-time hint.
+    pub fn rows(&self) -> usize {
+        overlap_variants(self).len() * self.suspend_ns.len()
+    }
 }
 
 /// The (mover, reduction) of every configuration [`overlap_bench`] measures: each TMA reduction

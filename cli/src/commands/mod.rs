@@ -6,6 +6,7 @@ pub mod demo;
 #[cfg(target_os = "linux")]
 pub mod launch;
 pub mod plan;
+pub mod plot;
 pub mod reshard;
 pub mod simulate;
 pub mod verify;

@@ -7,6 +7,7 @@
 //! ```
 
 use super::CliResult;
+use crate::progress::{LONG_RUN, Progress};
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::{InstanceChannels, Program, msccl, text};
@@ -164,7 +165,13 @@ pub fn run(args: Args) -> CliResult {
     }
     // The summary reads no rank plan: each is emitted, verified and dropped at once, which is what
     // lets an 8192-GPU program compile here (its whole plan alone would take about 19 GB).
-    let plan = compile::compile_streaming(&loaded.program, &opts, &mut |rank_plan| drop(rank_plan))?;
+    // A bar over the ranks emitted, for compiles that take long enough to want one.
+    let progress = Progress::after("compile", loaded.program.ranks().into(), args.json, LONG_RUN);
+    let plan = compile::compile_streaming(&loaded.program, &opts, &mut |rank_plan| {
+        drop(rank_plan);
+        progress.step("ranks emitted");
+    })?;
+    drop(progress);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan.summary_json())?);
         return Ok(());

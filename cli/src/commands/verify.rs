@@ -8,6 +8,7 @@
 
 use super::CliResult;
 use super::plan::ProgramArgs;
+use crate::progress::{LONG_RUN, Progress};
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
 use oxccl_host::program::Layout;
@@ -81,6 +82,7 @@ pub fn run(args: Args) -> CliResult {
         vec![args.program.options()?]
     };
     let mut failures = 0;
+    let progress = Progress::after("verify", configs.len() as u64, false, LONG_RUN);
     for o in &configs {
         let plan = compile::compile(&loaded.program, o)?;
         let slots = args.slots.unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
@@ -99,21 +101,23 @@ pub fn run(args: Args) -> CliResult {
             slots
         );
         match run_one(&plan, &args, op, &opts) {
-            Ok(r) if r.wrong == 0 => println!("{head}: OK ({} elements checked)", r.elements),
+            Ok(r) if r.wrong == 0 => progress.println(format_args!("{head}: OK ({} elements checked)", r.elements)),
             Ok(r) => {
                 failures += 1;
                 let (rank, i) = r.first_wrong.unwrap_or((0, 0));
-                println!(
+                progress.println(format_args!(
                     "{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})",
                     r.wrong, r.elements
-                );
+                ));
             }
             Err(e) => {
                 failures += 1;
-                println!("{head}: FAILED, {e}");
+                progress.println(format_args!("{head}: FAILED, {e}"));
             }
         }
+        progress.step(format!("{} / {}", plan.scheduler, plan.tb_alloc));
     }
+    drop(progress);
     if failures > 0 {
         return Err(format!("{failures} of {} configurations failed", configs.len()).into());
     }

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::bench::{self, CollectiveBench};
 use crate::commands::{Dtype, Op};
+use crate::progress::Progress;
 use oxccl::{Collective, Config, Reduction};
 
 /// What every collective's benchmark reads.
@@ -318,7 +319,12 @@ pub fn run(r: Run) -> CliResult {
     // reference.
     let roofline_bytes = 1usize << 30;
     let memcpy_before = if gpus.len() == 1 { Some(bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?) } else { None };
-    let rows = bench::collective_bench(&streams, &b, |r| println!("{}", bench::nccl_line(r)))?;
+    let progress = Progress::new(collective.name(), b.sweep.sizes().count() as u64, c.json);
+    let rows = bench::collective_bench(&streams, &b, |r| {
+        progress.println(bench::nccl_line(r));
+        progress.step(format!("{} B", r.size));
+    })?;
+    drop(progress);
     println!("{}", bench::nccl_footer(&rows));
     if let Some(before) = memcpy_before
         && !rows.is_empty()
@@ -441,10 +447,18 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
         println!("{}", bench::NCCL_HEADER);
     }
     let mut host = Vec::new();
+    // `on_row` runs on rank 0 only: its bar is the one drawn.
+    let progress = if lead {
+        Progress::new(b.collective.name(), b.sweep.sizes().count() as u64, r.common.json)
+    } else {
+        Progress::hidden()
+    };
     let rows = bench::rank_bench(comm, &b, buffers, |r, us| {
-        println!("{}", bench::nccl_line(r));
+        progress.println(bench::nccl_line(r));
+        progress.step(format!("{} B", r.size));
         host.push((r.size, us));
     })?;
+    drop(progress);
     if lead {
         println!("{}", bench::nccl_footer(&rows));
         let each: Vec<String> = host.iter().map(|(size, us)| format!("{size} B: {us:.1}")).collect();

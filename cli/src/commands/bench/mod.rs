@@ -20,7 +20,7 @@ mod trace;
 pub use collective::{AllGatherArgs, AllReduceArgs, BroadcastArgs, ReduceArgs, ReduceScatterArgs};
 pub use movers::MoversArgs;
 pub use overlap::{ComputeArgs, OverlapArgs};
-pub use plan::PlanArgs;
+pub use plan::{PlanArgs, PlanRow};
 pub use reshard::ReshardArgs;
 pub use trace::TraceArgs;
 

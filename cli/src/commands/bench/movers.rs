@@ -2,6 +2,7 @@
 
 use super::{CliResult, check_timing, parse_size, print_json};
 use crate::bench::{self, Split, SweepConfig};
+use crate::progress::Progress;
 
 /// Flags of `oxccl bench movers`.
 #[derive(clap::Args, Clone, Debug)]
@@ -100,7 +101,11 @@ pub fn run(a: MoversArgs) -> CliResult {
             Split::AUTO_PIECE
         ),
     }
-    let (memcpy, rows) = bench::mover_sweep(&stream, &cfg)?;
+    let progress = Progress::new("movers", cfg.rows() as u64, a.json);
+    let (memcpy, rows) = bench::mover_sweep(&stream, &cfg, |r| {
+        progress.step(format!("{} {} {} CTAs", r.op, r.mover, r.ctas));
+    })?;
+    drop(progress);
     println!("# cuMemcpyDtoD {} B: {memcpy:.1} GB/s (read + written)", cfg.bytes);
     println!(
         "# {:<12} {:>5} {:>5} {:>8} {:>5} {:>13} {:>10} {:>10} {:>10} {:>8} {:>8}",

@@ -5,6 +5,7 @@ use super::{
     print_json, rank_streams,
 };
 use crate::bench;
+use crate::progress::Progress;
 use oxccl::Mover;
 
 /// The compute load beside the collective (overlap and tma-trace).
@@ -217,7 +218,11 @@ pub fn run(a: OverlapArgs) -> CliResult {
             ),
         }
     );
-    let rows = bench::overlap_bench(&streams, &b)?;
+    let progress = Progress::new("overlap", b.rows() as u64, a.json);
+    let rows = bench::overlap_bench(&streams, &b, |r| {
+        progress.step(format!("{} {} {} CTAs, suspend {} ns", r.mover, r.reduction, r.ctas, r.suspend_ns));
+    })?;
+    drop(progress);
     if let Some(r) = rows.first() {
         match b.compute {
             bench::ComputeLoad::Mma { .. } | bench::ComputeLoad::Wgmma { .. } => println!(

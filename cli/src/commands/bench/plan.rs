@@ -1,9 +1,10 @@
 //! `oxccl bench plan --algo ...|--xml ... --exec compiled|interpreted`: a lowered ResCCL plan on
 //! virtual ranks, one nccl-tests row per size.
 
-use super::{CliResult, MoverArg, SweepArgs, check_gpus, contexts, finish_rows, placement, rank_streams};
+use super::{CliResult, MoverArg, SweepArgs, check_gpus, contexts, finish_rows, placement, print_json, rank_streams};
 use crate::bench;
 use crate::commands::{Dtype, Op};
+use crate::progress::Progress;
 use oxccl_host::compile::{Scheduler, TbAlloc};
 use oxccl_kernels::abi::PlanMode;
 
@@ -62,6 +63,21 @@ pub struct PlanArgs {
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A JSON line of `oxccl bench plan`: the nccl-tests row, with the plan it ran and how, so that
+/// `oxccl plot` can set compiled against interpreted runs.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PlanRow {
+    /// The nccl-tests row.
+    #[serde(flatten)]
+    pub row: bench::CollectiveRow,
+    /// The plan's name.
+    pub plan: String,
+    /// `compiled` or `interpreted` (`--exec`).
+    pub exec: String,
+    /// Share of the TBs' time spent waiting ([`bench::PlanBenchInfo::idle_share`]).
+    pub idle_share: f64,
 }
 
 /// How a plan runs.
@@ -190,20 +206,31 @@ pub fn run(a: PlanArgs) -> CliResult {
     );
     println!("{}", bench::NCCL_HEADER);
     let mut first = true;
+    let mut json_rows = Vec::new();
+    let progress = Progress::new(&b.name, b.sweep.sizes().count() as u64, a.json);
     let rows = bench::plan_bench(&stream, &streams, &b, |row, info| {
         if first {
-            println!(
+            progress.println(format_args!(
                 "# {} TBs per rank (one CTA each), {} FIFO slots, {} threads per CTA, TMA stage {} B, {} registers",
                 info.tbs_per_rank, info.slots, info.threads, info.stage_bytes, info.registers
-            );
+            ));
             first = false;
         }
-        println!("{}", bench::nccl_line(row));
-        println!(
+        progress.println(bench::nccl_line(row));
+        progress.println(format_args!(
             "#   TB idle share {:.1} % (per-TB timing, the second of two separate launches)",
             100.0 * info.idle_share
-        );
+        ));
+        progress.step(format!("{} B", row.size));
+        json_rows.push(PlanRow {
+            row: row.clone(),
+            plan: b.name.clone(),
+            exec: exec.clone(),
+            idle_share: info.idle_share,
+        });
     })?;
+    drop(progress);
     println!("{}", bench::nccl_footer(&rows));
-    finish_rows(&rows, a.json)
+    print_json(&json_rows, a.json)?;
+    finish_rows(&rows, false)
 }

@@ -5,6 +5,7 @@ use super::{CliResult, MoverArg, ShapeArgs, Timing, check_ranks, check_timing, p
 use crate::bench::{self, ReshardBench};
 use crate::commands::Dtype;
 use crate::commands::reshard::RouteArg;
+use crate::progress::Progress;
 use oxccl::reshard::{CtaOwner, PlanOptions, Route};
 use oxccl::{Config, ReshardOptions};
 
@@ -160,7 +161,9 @@ pub fn run(a: ReshardArgs) -> CliResult {
         b.options.plan.domain_size,
         b.options.plan.min_split_bytes
     );
-    let (memcpy, rows) = bench::reshard_bench(&stream, &b)?;
+    let progress = Progress::new("reshard", ReshardBench::PROGRAMS as u64, a.json);
+    let (memcpy, rows) = bench::reshard_bench(&stream, &b, |r| progress.step(r.program))?;
+    drop(progress);
     println!("# cuMemcpyDtoD of the tensor's size: {memcpy:.1} GB/s (read + written)");
     println!(
         "# SOL models: hbm = (the tensor's bytes read once + every destination byte written once) / the memcpy \
