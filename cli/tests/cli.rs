@@ -431,6 +431,17 @@ fn a_collective_benchmark_checks_its_type_and_sizes_first() {
     }
 }
 
+/// An input file is read up to a limit: an endless one is refused by name, not read until memory
+/// runs out.
+#[cfg(unix)]
+#[test]
+fn an_endless_input_file_is_refused() {
+    for cmd in ["verify", "plan"] {
+        refused_before_any_gpu(&[cmd, "--xml", "/dev/zero"], "/dev/zero: more than 67108864 bytes");
+        refused_before_any_gpu(&[cmd, "--program", "/dev/zero"], "/dev/zero: more than 67108864 bytes");
+    }
+}
+
 /// A reader that closes the pipe early (`oxccl verify ... | head -1`) ends the command quietly, by
 /// SIGPIPE as any Unix filter: no panic on the broken pipe, nothing on stderr.
 #[cfg(unix)]

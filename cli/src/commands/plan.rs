@@ -80,11 +80,18 @@ impl ProgramArgs {
             let (n, g) = topo.ok_or("--algo needs --topo NODESxGPUS")?;
             algo.generate(n, g)?
         } else if let Some(path) = &self.xml {
-            let xml = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            msccl::import(&xml).map_err(|e| format!("{}: {e}", path.display()))?.program
+            msccl::import_path(path)
+                .map_err(|e| match e {
+                    // A read error names the file already.
+                    msccl::ImportError::Input(e) => e.to_string(),
+                    e => format!("{}: {e}", path.display()),
+                })?
+                .program
         } else if let Some(path) = &self.program {
-            let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let p = text::parse(&t).map_err(|e| format!("{}: {e}", path.display()))?;
+            let p = text::parse_path(path).map_err(|e| match e {
+                oxccl_host::program::ProgramError::Input(e) => e.to_string(),
+                e => format!("{}: {e}", path.display()),
+            })?;
             p.check().map_err(|e| format!("{}: {e}", path.display()))?;
             p
         } else {
