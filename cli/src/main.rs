@@ -57,9 +57,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("oxccl: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(status_of(&*e))
         }
     }
+}
+
+/// The exit status of a failed command: wrong results have one of their own, apart from refused
+/// input and errors (1).
+fn status_of(e: &(dyn std::error::Error + 'static)) -> u8 {
+    if e.is::<cli::WrongResult>() { cli::WrongResult::STATUS } else { 1 }
 }
 
 /// Puts back the default action of SIGPIPE, which the Rust runtime ignores: a reader that closes
@@ -71,5 +77,17 @@ fn restore_sigpipe() {
     // installed; SIG_DFL is a valid disposition for SIGPIPE and the previous one is not needed.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_results_exit_apart_from_refusals() {
+        assert_eq!(status_of(&*cli::WrongResult::boxed("2 of 8 configurations failed")), 3);
+        let refused: Box<dyn std::error::Error> = "--count 0: a chunk needs at least one element".into();
+        assert_eq!(status_of(&*refused), 1);
     }
 }

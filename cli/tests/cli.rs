@@ -431,6 +431,17 @@ fn a_collective_benchmark_checks_its_type_and_sizes_first() {
     }
 }
 
+/// Refused input exits 1, the parser's usage errors 2 (wrong results exit 3: see `status_of` in
+/// `main.rs`).
+#[test]
+fn bad_input_exits_with_its_status() {
+    let status =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_oxccl")).args(args).output().expect("run oxccl").status.code();
+    assert_eq!(status(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--count", "0"]), Some(1));
+    assert_eq!(status(&["verify", "--no-such-flag"]), Some(2));
+    assert_eq!(status(&["verify", "--algo", "ring-allreduce", "--topo", "1x4"]), Some(0));
+}
+
 /// An input file is read up to a limit: an endless one is refused by name, not read until memory
 /// runs out.
 #[cfg(unix)]

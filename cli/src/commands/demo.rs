@@ -118,7 +118,7 @@ pub fn run(a: Args) -> CliResult {
         got[0].chunks_exact(4).take(7).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
     println!("rank 0 output starts {sample:?}");
     if wrong != 0 {
-        return Err(format!("{wrong} of {} ranks hold a wrong result", a.ranks).into());
+        return Err(super::WrongResult::boxed(format!("{wrong} of {} ranks hold a wrong result", a.ranks)));
     }
     if a.count == 0 {
         println!("result checked against the reference on every rank: correct (no elements to compare)");

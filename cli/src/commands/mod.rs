@@ -14,6 +14,23 @@ pub mod verify;
 /// What a subcommand reports on failure: a message for the user; the process exits non-zero.
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
+/// A run that found wrong results (a verification that failed, a benchmark's `#wrong`), as
+/// opposed to input it refused or an error it met: the command exits with [`WrongResult::STATUS`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct WrongResult(pub String);
+
+impl WrongResult {
+    /// The exit status of a run that found wrong results (1: refused input or an error; 2: the
+    /// parser's usage errors).
+    pub const STATUS: u8 = 3;
+
+    /// `WrongResult(why)` boxed as a subcommand's error.
+    pub fn boxed(why: impl Into<String>) -> Box<dyn std::error::Error> {
+        Box::new(WrongResult(why.into()))
+    }
+}
+
 /// Element types, one vocabulary for every subcommand: the Rust names (`f32`, `bf16`, ...) and
 /// nccl-tests' (`float`, `bfloat16`, ...). A subcommand refuses, by name, a type it cannot run.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

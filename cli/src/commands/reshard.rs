@@ -120,7 +120,7 @@ pub fn run(args: Args) -> CliResult {
     if let Some(r) = &report
         && !r.is_exact()
     {
-        return Err(format!("verification failed: {} elements differ", r.mismatches).into());
+        return Err(super::WrongResult::boxed(format!("verification failed: {} elements differ", r.mismatches)));
     }
     if let Some(l) = &lowered {
         print_lowered(&plan, l, &args)?;
@@ -186,7 +186,9 @@ fn print_lowered(plan: &reshard::ReshardPlan, lowering: &Lowering, args: &Args) 
             wrong += usize::from(bufs[r as usize][oxccl_kernels::abi::slot::OUTPUT as usize] != bytes(&idx));
         }
         if wrong > 0 {
-            return Err(format!("lowered program: {wrong} destination ranks differ from the global tensor").into());
+            return Err(super::WrongResult::boxed(format!(
+                "lowered program: {wrong} destination ranks differ from the global tensor"
+            )));
         }
         println!("lowered program verified on the CPU: every destination shard matches the global tensor");
     }

@@ -119,7 +119,7 @@ pub fn run(args: Args) -> CliResult {
     }
     drop(progress);
     if failures > 0 {
-        return Err(format!("{failures} of {} configurations failed", configs.len()).into());
+        return Err(super::WrongResult::boxed(format!("{failures} of {} configurations failed", configs.len())));
     }
     Ok(())
 }

@@ -387,7 +387,7 @@ fn finish_rows(rows: &[crate::bench::CollectiveRow], json: bool) -> CliResult {
     print_json(rows, json)?;
     let wrong = |n: Option<u64>| n.is_some_and(|n| n != 0);
     if rows.iter().any(|r| wrong(r.oop_wrong) || wrong(r.ip_wrong)) {
-        return Err("wrong results (see #wrong)".into());
+        return Err(crate::commands::WrongResult::boxed("wrong results (see #wrong)"));
     }
     Ok(())
 }

@@ -209,7 +209,7 @@ pub fn run(a: ReshardArgs) -> CliResult {
     }
     print_json(&rows, a.json)?;
     if rows.iter().any(|r| r.wrong.is_some_and(|w| w != 0)) {
-        return Err("wrong results (see #wrong)".into());
+        return Err(crate::commands::WrongResult::boxed("wrong results (see #wrong)"));
     }
     Ok(())
 }

@@ -197,7 +197,7 @@ pub fn run(a: TraceArgs) -> CliResult {
     }
     print_json(&rows, a.json)?;
     if rows.iter().any(|r| r.wrong != 0) {
-        return Err("the traced copy is wrong (see #wrong)".into());
+        return Err(crate::commands::WrongResult::boxed("the traced copy is wrong (see #wrong)"));
     }
     Ok(())
 }
