@@ -134,6 +134,10 @@ pub struct Communicator {
     /// depend only on the plan, the configuration and the devices, none of which change).
     plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
     pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
+    /// Plans launched while the ranks' streams were capturing a CUDA graph: the graph holds their
+    /// device addresses, so [`Communicator::clear_plans`] leaves them alive (until
+    /// [`Communicator::release_captured`] or the communicator's drop).
+    captured: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
     poison: Poison,
@@ -249,6 +253,7 @@ impl Communicator {
             groups,
             plans: BuildOnce::new(),
             reshard_plans: BuildOnce::new(),
+            captured: Mutex::new(Vec::new()),
             launch_order: Mutex::new(()),
             poison: Poison::default(),
         };
@@ -864,10 +869,13 @@ impl Communicator {
     /// caller whose counts change from call to call (dynamic shapes) bounds the device memory the
     /// cache holds this way. Later calls build their plans again. Callable while other threads make
     /// calls: it waits for any call queueing its launches, and a call that took a plan from the
-    /// cache before it was cleared waits for its own launches before that plan is freed. A CUDA
-    /// graph captured from this communicator's calls holds its plans' device addresses: destroy such
-    /// graphs first (replaying one afterwards, or after the communicator is dropped, reads freed
-    /// memory).
+    /// cache before it was cleared waits for its own launches before that plan is freed.
+    ///
+    /// A plan a call launched while the ranks' streams were capturing a CUDA graph is not freed:
+    /// the graph holds its device addresses, and a replay after this call still finds the plan
+    /// ([`Communicator::captured_plans`] counts them). They are freed with the communicator (a graph
+    /// must not be replayed after that), or by [`Communicator::release_captured`] once every such
+    /// graph is destroyed.
     pub fn clear_plans(&self) -> Result<()> {
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         if self.capturing()? {
@@ -881,12 +889,45 @@ impl Communicator {
         Ok(())
     }
 
+    /// The plans kept for CUDA graphs captured from this communicator's calls (see
+    /// [`Communicator::clear_plans`]).
+    pub fn captured_plans(&self) -> usize {
+        self.captured.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Frees the plans kept for captured CUDA graphs (those not also in the cache) after waiting
+    /// for the ranks' streams.
+    ///
+    /// # Safety
+    /// No CUDA graph captured from this communicator's calls is launched afterwards (destroy them
+    /// first): a replay would read the freed plans.
+    pub unsafe fn release_captured(&self) -> Result<()> {
+        let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
+        if self.capturing()? {
+            return Err(Error::Capturing { what: "release_captured" });
+        }
+        for r in &self.ranks {
+            sync_stream(&r.stream)?;
+        }
+        self.captured.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
+    }
+
     /// Drops a call's reference to its plan once its launches are queued. Where
     /// [`Communicator::clear_plans`] has taken the plan out of the cache meanwhile, this reference
     /// is the last and the plan's device memory is freed with it: the ranks' streams are waited for
     /// first, since the launches still read it. (The cache's own reference keeps it otherwise: no
     /// other call can take it once it is out of the cache, so the count cannot rise again.)
-    pub(crate) fn release_plan<P>(&self, plan: Arc<P>) -> Result<()> {
+    pub(crate) fn release_plan<P: Send + Sync + 'static>(&self, plan: Arc<P>) -> Result<()> {
+        // A captured launch: the graph keeps reading the plan at every replay.
+        if self.capturing()? {
+            let mut captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+            let plan: Arc<dyn std::any::Any + Send + Sync> = plan;
+            if !captured.iter().any(|p| Arc::ptr_eq(p, &plan)) {
+                captured.push(plan);
+            }
+            return Ok(());
+        }
         // `into_inner` yields the plan to exactly one of the calls that drop the last references at
         // once (a count read before the drop could read 2 in both).
         // (Its tables are freed in their streams' order in any case; the wait reports a device error

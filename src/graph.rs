@@ -11,7 +11,10 @@ use std::sync::Arc;
 /// event and are joined back before it ends, so a replay runs every rank's launches. `f` must only
 /// queue work: a prepared call ([`crate::Communicator::prepare`]), whose plan is already built.
 /// Buffers used in `f` must not carry cudarc's event tracking (its waits on events recorded outside
-/// the capture would end it). Whatever fails inside, the capture is ended before returning.
+/// the capture would end it). Whatever fails inside, the capture is ended before returning. The
+/// communicator keeps the plans captured calls launched alive through
+/// [`crate::Communicator::clear_plans`] (see [`crate::Communicator::captured_plans`]); the graph
+/// must not be launched after the communicator is dropped.
 pub fn capture(streams: &[Arc<CudaStream>], f: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
     let distinct = distinct_streams(streams);
     let Some((first, others)) = distinct.split_first() else {

@@ -523,6 +523,42 @@ fn a_graph_runs_the_captured_calls() {
     }
 }
 
+/// A plan a captured call launched outlives `clear_plans` (the graph holds its device addresses):
+/// replays after the clear still sum exactly, and `release_captured` frees it once the graph is gone.
+#[test]
+fn a_captured_plan_outlives_clear_plans() {
+    let Some(stream) = common::gpu("a_captured_plan_outlives_clear_plans") else { return };
+    let ctx = stream.context().clone();
+    let s = ctx.new_stream().unwrap();
+    let (ranks, n) = (4usize, 65_537usize);
+    let comm = Communicator::virtual_ranks(&s, ranks, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    comm.prepare::<f32>(Collective::AllReduce, n, ReduceOp::Sum, true).unwrap();
+    // SAFETY: only this test's buffers are made while tracking is off; they live on one stream.
+    unsafe { ctx.disable_event_tracking() };
+    let mut bufs: Vec<CudaSlice<f32>> = (0..ranks).map(|_| s.clone_htod(&vec![1.0f32; n]).unwrap()).collect();
+    // SAFETY: restores the default for buffers made later.
+    unsafe { ctx.enable_event_tracking() };
+    s.synchronize().unwrap();
+    let graph =
+        oxccl::graph::capture(std::slice::from_ref(&s), || comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum)).unwrap();
+    assert_eq!(comm.captured_plans(), 1, "the captured call's plan is kept");
+    comm.clear_plans().unwrap();
+    assert_eq!((comm.cached_plans(), comm.captured_plans()), (0, 1));
+    for _ in 0..3 {
+        graph.launch().unwrap();
+    }
+    s.synchronize().unwrap();
+    let want = (ranks as f32).powi(3);
+    for (r, b) in bufs.iter().enumerate() {
+        let got = s.clone_dtoh(b).unwrap();
+        assert!(got.iter().all(|&x| x == want), "rank {r}: {} (want {want})", got[0]);
+    }
+    drop(graph);
+    // SAFETY: the only graph captured from this communicator is destroyed.
+    unsafe { comm.release_captured() }.unwrap();
+    assert_eq!(comm.captured_plans(), 0);
+}
+
 /// A prepared call builds nothing when made, so it can be captured in a CUDA graph; replays of the
 /// graph run the collective again: one launch for all ranks, and ranks on two streams whose separate
 /// launches meet at barriers (their counters live in device memory and count on across replays).
