@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests ranks ranks-bench sanitizer regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
+# Usage: scripts/gpu-suite.sh STEP... (info tests ranks ranks-bench sanitizer sanitize-all regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -90,6 +90,23 @@ for step in "$@"; do
       log "procs latency"; timeout 150 $B/oxccl bench all_reduce --procs $R $SMALL > "$OUT/rb_procs_small.log" 2>&1; echo "rc=$?"; tail -16 "$OUT/rb_procs_small.log"
       log "virtual latency under MPS"; timeout 120 $B/oxccl bench all_reduce --ranks $R $SMALL > "$OUT/rb_virtual_small_mps.log" 2>&1; tail -16 "$OUT/rb_virtual_small_mps.log"
       mps_stop ;;
+    sanitize-all)
+      # compute-sanitizer's memcheck, racecheck and synccheck over a reduced case of every GPU suite:
+      # the collectives (random cases, graphs), compiled plans, reshard, per-rank threads, and
+      # per-rank processes (the tool follows the rank processes the test starts). Every log
+      # must end clean (sanitizer_ok); SAN_TOOLS picks the tools.
+      export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+      for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+        san="compute-sanitizer --tool $tool --print-limit 20"
+        log "$tool collectives"; OXCCL_GPU_CASES=6 timeout 600 $san $B/gpu_collectives --test-threads=1 collectives_match_the_cpu_reference_on_virtual_ranks > "$OUT/san_${tool}_collectives.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_collectives.log" "${tool}_collectives"; tail -3 "$OUT/san_${tool}_collectives.log"
+        log "$tool graphs"; timeout 300 $san $B/gpu_collectives --test-threads=1 captured > "$OUT/san_${tool}_graphs.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_graphs.log" "${tool}_graphs"; tail -3 "$OUT/san_${tool}_graphs.log"
+        log "$tool compiled"; OXCCL_COMPILED_FILTER=ring timeout 600 $san $B/gpu_compiled --test-threads=1 plans_match_the_cpu_executor --exact > "$OUT/san_${tool}_compiled.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_compiled.log" "${tool}_compiled"; tail -3 "$OUT/san_${tool}_compiled.log"
+        log "$tool reshard"; OXCCL_RESHARD_CASES=4 timeout 600 $san $B/gpu_reshard --test-threads=1 random_reshards_match_the_global_tensor --exact > "$OUT/san_${tool}_reshard.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_reshard.log" "${tool}_reshard"; tail -3 "$OUT/san_${tool}_reshard.log"
+        log "$tool ranks (threads)"; OXCCL_RANK_CASES=3 timeout 600 $san $B/gpu_ranks --test-threads=1 threads_match_the_cpu_reference > "$OUT/san_${tool}_threads.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_threads.log" "${tool}_threads"; tail -3 "$OUT/san_${tool}_threads.log"
+        mps_start
+        log "$tool ranks (processes)"; OXCCL_MPS=1 OXCCL_RANK_CASES=2 timeout 600 $san --target-processes all $B/gpu_ranks --test-threads=1 processes_match_the_cpu_reference > "$OUT/san_${tool}_procs.log" 2>&1; sanitizer_ok "$OUT/san_${tool}_procs.log" "${tool}_procs"; tail -3 "$OUT/san_${tool}_procs.log"
+        mps_stop
+      done ;;
     sanitizer)
       log memcheck
       OXCCL_MOVER_ROUNDS=4 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 $B/gpu_engine --test-threads=1 movers_copy > "$OUT/memcheck.log" 2>&1; tail -5 "$OUT/memcheck.log"
