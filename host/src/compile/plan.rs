@@ -41,8 +41,12 @@
 //! re-walks its whole list per micro-batch with per-step dependency flags: MSCCL's interpreted
 //! execution structure (with the per-connection allocator, one TB per connection and stage).
 
-use super::{Allocation, CompileError, ConnId, Graph, Options, Prim, Schedule, Task, TbAlloc, TbId};
-use crate::program::{Layout, OpId, OpKind, Program, Rank, Slice};
+use super::deps::Locations;
+use super::memory;
+use super::tballoc::{self, Connections, RankScratch, RankTask};
+use super::verify::PlanCheck;
+use super::{CompileError, ConnId, FastMap, Graph, OpSource, Options, Prim, Schedule, Task, TbAlloc, TbId};
+use crate::program::{Layout, Op, OpId, OpKind, Rank, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -475,146 +479,184 @@ impl Plan {
     }
 }
 
-/// Where `emit` puts a task of the rank it is building.
-#[derive(Copy, Clone)]
-struct Placed {
-    /// The task's id in the graph.
-    task: u32,
-    /// Its side of the op (see [`Task::split`]).
-    side: u32,
-    /// Its TB, and its index in that TB's list.
-    tb: u32,
-    index: u32,
+/// Bytes [`emit`] needs at its peak beside the schedule: every task's position grouped by rank,
+/// the checker's two bits per op, and one rank's plan and scratch (`rank_tasks` tasks, about 150
+/// bytes each).
+pub fn estimate_bytes(ops: u64, tasks: u64, ranks: u64, rank_tasks: u64) -> u64 {
+    tasks * 4 + ops / 4 + ranks * 24 + rank_tasks * 150
 }
 
-/// Runs pass `emit`: builds the rank plans one at a time, in rank order, and hands each to `each`
-/// (which may check it, keep it or drop it; an error stops the pass). Returns the plan without its
-/// rank plans (`ranks` is empty), with the statistics.
+/// One task of the rank being built, gathered before the rank's plan is.
+#[derive(Copy, Clone)]
+struct Gathered {
+    id: OpId,
+    op: Op,
+    side: u32,
+    sp: u32,
+    seq: u32,
+    conn: Option<ConnId>,
+}
+
+/// Runs pass `emit` with the per-rank half of `tb-alloc`: builds the rank plans one at a time, in
+/// rank order, and hands each to `each` (which may check it, keep it or drop it; an error stops the
+/// pass). Returns the plan without its rank plans (`ranks` is empty), with the statistics, and the
+/// milliseconds spent in [`tballoc::allocate_rank`] (the `tb-alloc` pass's per-rank half).
 ///
-/// Only one rank's plan is built at a time: the (TB, index) of each task lives in a per-rank map,
-/// so the working set beyond the inputs is one array of op ids grouped by rank.
+/// Beside the schedule, only the positions of every rank's tasks are kept (4 bytes per task);
+/// each rank's tasks are gathered, allocated to TBs, given their dependencies (a walk over the
+/// rank's storage in schedule order, see [`super::deps`]) and emitted, then dropped.
 pub fn emit(
-    program: &Program,
+    src: &impl OpSource,
     g: &Graph,
     sched: &Schedule,
-    alloc: &Allocation,
+    conns: &Connections,
     opts: &Options,
+    mut check: Option<&mut PlanCheck<'_>>,
     each: &mut dyn FnMut(RankPlan) -> Result<(), CompileError>,
-) -> Result<Plan, CompileError> {
-    let nranks = program.ranks() as usize;
+) -> Result<(Plan, f64), CompileError> {
+    let layout = src.layout();
+    let nranks = layout.ranks as usize;
     let ntasks = g.task_count();
-    // Ops grouped by the ranks they run on, each group in schedule order (a stable counting sort),
-    // so that each rank's TB lists are built in one pass and come out sorted by (sub-pipeline, seq).
-    // A transfer appears under both its ranks; its task on a rank is `Task::side_on` that rank.
+    let policy = conns.policy;
+    // The positions of each rank's tasks, in schedule order (a counting sort over the order).
     let mut rank_start = vec![0usize; nranks + 1];
-    for op in &program.ops {
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
         rank_start[op.src_rank().index() + 1] += 1;
         if op.is_transfer() {
             rank_start[op.dst_rank().index() + 1] += 1;
         }
-    }
+        Ok(())
+    });
     for r in 0..nranks {
         rank_start[r + 1] += rank_start[r];
     }
     let mut fill = rank_start.clone();
-    let mut by_rank = vec![OpId(0); ntasks];
-    for &op in &sched.order {
-        let o = &program.ops[op.index()];
-        let mut put = |r: Rank| {
-            by_rank[fill[r.index()]] = op;
-            fill[r.index()] += 1;
-        };
-        put(o.src_rank());
-        if o.is_transfer() {
-            put(o.dst_rank());
+    let mut by_rank: Vec<u32> = memory::try_filled(ntasks, 0u32, "the tasks grouped by rank")?;
+    for (pos, &id) in sched.order.iter().enumerate() {
+        let op = src.op(id);
+        by_rank[fill[op.src_rank().index()]] = pos as u32;
+        fill[op.src_rank().index()] += 1;
+        if op.is_transfer() {
+            by_rank[fill[op.dst_rank().index()]] = pos as u32;
+            fill[op.dst_rank().index()] += 1;
         }
     }
     drop(fill);
-    // Per task of the rank being built: where it goes, the op's (sub-pipeline, seq, connection),
-    // and where its dependencies are. They are gathered in separate loops over the rank's tasks
-    // before they are used: the loads are independent, so the processor overlaps their cache
-    // misses, which are most of this pass's time on large programs.
-    let mut local: Vec<Placed> = Vec::new();
-    let mut when: Vec<(u32, u32, Option<ConnId>)> = Vec::new();
-    let mut rows: Vec<std::ops::Range<usize>> = Vec::new();
-    // (TB, index in the TB) of each task of the rank, by task id, for the producers' look-ups.
-    let mut place: super::FastMap<u32, (u32, u32)> = Default::default();
+
+    let mut ids: Vec<OpId> = Vec::new();
+    let mut tasks: Vec<Gathered> = Vec::new();
+    let mut conn_cache: FastMap<(u32, u32, u32, u32), Option<ConnId>> = Default::default();
+    let mut scratch = RankScratch::default();
+    let mut locs = Locations::one_rank(0)?;
+    let mut found: Vec<u32> = Vec::new();
+    let mut place: Vec<(u32, u32)> = Vec::new();
     let mut waits: Vec<(u32, u32)> = Vec::new();
+    // Messages per (connection, sub-pipeline) of this rank's sends: (connection, sub-pipeline, count).
+    let mut fifo: FastMap<u32, (u32, u32)> = Default::default();
+    let mut fifo_slots_needed = 0u32;
     let mut sync_points = 0usize;
     let (mut idle_sum, mut ntbs) = (0.0, 0usize);
-    let spn = sched.count.max(1) as f64;
+    let mut tbs_per_rank = Vec::with_capacity(nranks);
+    let mut alloc_time = std::time::Duration::ZERO;
+    let spn = sched.count().max(1) as f64;
     for r in 0..nranks {
         let rank = Rank(r as u32);
         let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
-        local.clear();
-        local.extend(mine.iter().map(|&op| {
-            let side = Task::side_on(&program.ops[op.index()], rank);
-            let t = g.op_tasks[op.index()].index() + side;
-            Placed { task: t as u32, side: side as u32, tb: alloc.tb_of_task(t).0, index: 0 }
+        // Gathered in separate loops: the loads of one loop are independent, so the processor
+        // overlaps their cache misses.
+        ids.clear();
+        ids.extend(mine.iter().map(|&pos| sched.order[pos as usize]));
+        tasks.clear();
+        tasks.extend(ids.iter().zip(mine).map(|(&id, &seq)| {
+            let op = src.op(id);
+            Gathered { id, op, side: Task::side_on(&op, rank) as u32, sp: 0, seq, conn: None }
         }));
-        when.clear();
-        when.extend(
-            mine.iter().map(|&op| (sched.subpipeline[op.index()], sched.position[op.index()], alloc.conn_of(op))),
-        );
-        rows.clear();
-        rows.extend(mine.iter().map(|&op| g.pred_row(op)));
-        // Index of each task in its TB (tasks are pushed in this order below), and the TB sizes.
-        let mut sizes = vec![0u32; alloc.tbs_per_rank[r] as usize];
-        for l in local.iter_mut() {
-            l.index = sizes[l.tb as usize];
-            sizes[l.tb as usize] += 1;
+        let mut k = 0usize;
+        conn_cache.clear();
+        for t in tasks.iter_mut() {
+            while sched.sp_start[k + 1] <= t.seq {
+                k += 1;
+            }
+            t.sp = k as u32;
+            if let OpKind::Transfer { src_rank, dst_rank, channel, .. } = t.op.kind {
+                let stage = if policy == TbAlloc::PerConn { t.op.stage } else { 0 };
+                t.conn = *conn_cache.entry((src_rank.0, dst_rank.0, channel, stage)).or_insert_with(|| conns.of(&t.op));
+            }
         }
+        let started = std::time::Instant::now();
+        let rank_tasks: Vec<RankTask> =
+            tasks.iter().map(|t| RankTask { id: t.id, op: &t.op, side: t.side as usize, conn: t.conn, sp: t.sp }).collect();
+        let alloc = tballoc::allocate_rank(rank, &rank_tasks, policy, &mut scratch);
+        if let Some(c) = check.as_deref_mut() {
+            c.alloc(rank, &rank_tasks, &alloc)?;
+        }
+        drop(rank_tasks);
+        alloc_time += started.elapsed();
+        // Each task's TB and index in it (tasks are pushed in schedule order), and the TB sizes.
+        let mut sizes = vec![0u32; alloc.tbs as usize];
+        place.clear();
+        place.extend(alloc.endpoint_of.iter().map(|&e| {
+            let tb = alloc.endpoints[e as usize].tb.0;
+            sizes[tb as usize] += 1;
+            (tb, sizes[tb as usize] - 1)
+        }));
         let mut tbs: Vec<TbPlan> =
             sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
-        place.clear();
-        place.reserve(mine.len());
-        for ((&op, l), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
-            let o = &program.ops[op.index()];
-            let prim = Task::split(op, o).nth(l.side as usize).expect("side of a task").prim;
-            let (peer, src, dst) = match (prim, o.kind) {
+        for (t, &(tb, _)) in tasks.iter().zip(&place) {
+            let prim = Task::prim_of(&t.op, t.side as usize);
+            let (peer, s, d) = match (prim, t.op.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
-                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
-                    (Some(src_rank), Some(dst), Some(dst))
-                }
-                (_, k) => match k {
-                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (None, Some(src), Some(dst)),
-                    OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
-                },
+                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), Some(dst), Some(dst)),
+                (_, OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. }) => (None, Some(src), Some(dst)),
+                (_, OpKind::Transfer { .. }) => unreachable!("transfer tasks are comm tasks"),
             };
-            place.insert(l.task, (l.tb, l.index));
-            tbs[l.tb as usize].tasks.push(TbTask {
+            tbs[tb as usize].tasks.push(TbTask {
                 prim,
-                subpipeline,
-                seq,
+                subpipeline: t.sp,
+                seq: t.seq,
                 peer,
-                conn,
-                src,
-                dst,
+                conn: t.conn,
+                src: s,
+                dst: d,
                 wait_start: 0,
                 wait_count: 0,
                 signal: false,
-                op,
+                op: t.id,
             });
+            if let (Prim::Send, Some(c)) = (prim, t.conn) {
+                // A connection's sends are all on this rank, in schedule order here.
+                let e = fifo.entry(c.0).or_insert((t.sp, 0));
+                if e.0 != t.sp {
+                    *e = (t.sp, 0);
+                }
+                e.1 += 1;
+                fifo_slots_needed = fifo_slots_needed.max(e.1);
+            }
         }
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
-        // schedule) keep the latest task per producer TB; mark the producers as signalling.
-        for (l, row) in local.iter().zip(&rows) {
-            let (tb, i) = (l.tb, l.index);
+        // schedule) keep the latest task per producer TB; mark the producers as signalling. The
+        // dependencies come from a walk over the rank's storage in schedule order, a topological
+        // order, which finds the same producers as the program-order walk of `deps`.
+        locs.reset_one_rank(layout.storage_chunks(rank));
+        for (i, t) in tasks.iter().enumerate() {
+            locs.task(layout, &t.op, t.side as usize, Rank(0), i as u32, &mut found)?;
+            let (tb, index) = place[i];
             waits.clear();
-            for p in g.task_preds_in(row.clone(), l.side as usize) {
-                let (ptb, pidx) = *place.get(&p.0).expect("producers come first in the schedule");
-                if ptb != tb {
+            for &p in &found {
+                let (ptb, pidx) = place[p as usize];
+                if p as usize != i && ptb != tb {
                     waits.push((ptb, pidx));
                 }
             }
+            found.clear();
             if waits.is_empty() {
                 continue;
             }
             waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
             waits.dedup_by_key(|w| w.0);
             let tbp = &mut tbs[tb as usize];
-            let i = i as usize;
+            let i = index as usize;
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
             tbp.tasks[i].wait_count = waits.len() as u32;
             tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
@@ -623,53 +665,43 @@ pub fn emit(
             }
             sync_points += waits.len();
         }
+        fifo.clear();
         for tb in &tbs {
             idle_sum += 1.0 - tb.segments().len() as f64 / spn;
             ntbs += 1;
         }
-        each(RankPlan { rank, tbs })?;
+        tbs_per_rank.push(alloc.tbs);
+        let rp = RankPlan { rank, tbs };
+        if let Some(c) = check.as_deref_mut() {
+            c.rank(&rp)?;
+        }
+        each(rp)?;
     }
     drop(by_rank);
-    // Statistics.
-    // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
-    let mut last_sp = vec![u32::MAX; alloc.connections.len()];
-    let mut count = vec![0u32; alloc.connections.len()];
-    let mut fifo_slots_needed = 0u32;
-    for &op in &sched.order {
-        if let Some(c) = alloc.conn_of(op) {
-            let (c, sp) = (c.index(), sched.subpipeline[op.index()]);
-            if last_sp[c] != sp {
-                last_sp[c] = sp;
-                count[c] = 0;
-            }
-            count[c] += 1;
-            fifo_slots_needed = fifo_slots_needed.max(count[c]);
-        }
-    }
-    let tbs_per_rank = alloc.tbs_per_rank.clone();
     let stats = PlanStats {
         ranks: nranks as u32,
         max_tbs_per_rank: tbs_per_rank.iter().copied().max().unwrap_or(0),
         tbs_per_rank,
-        ops: program.ops.len(),
+        ops: src.op_count(),
         tasks: ntasks,
-        subpipelines: sched.count,
-        connections: alloc.connections.len(),
+        subpipelines: sched.count(),
+        connections: conns.list.len(),
         sync_points,
         fifo_slots_needed,
         est_tb_idle_share: if ntbs > 0 { idle_sum / ntbs as f64 } else { 0.0 },
         compile_ms: 0.0,
         pass_ms: Vec::new(),
     };
-    Ok(Plan {
-        name: program.name.clone(),
-        layout: program.layout.clone(),
+    let plan = Plan {
+        name: src.name().to_string(),
+        layout: layout.clone(),
         scheduler: sched.scheduler,
         tb_alloc: opts.tb_alloc,
         ranks_per_node: g.ranks_per_node,
-        subpipelines: sched.count,
-        connections: alloc.connections.clone(),
+        subpipelines: sched.count(),
+        connections: conns.list.clone(),
         ranks: Vec::new(),
         stats,
-    })
+    };
+    Ok((plan, alloc_time.as_secs_f64() * 1e3))
 }
