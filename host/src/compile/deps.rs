@@ -145,7 +145,128 @@ pub fn is_inter(op: &Op, ranks_per_node: Option<u32>) -> bool {
     Program::node_of(op.src_rank(), ranks_per_node) != Program::node_of(op.dst_rank(), ranks_per_node)
 }
 
-/// The dependency graph at op level: what the schedulers use.
+/// The links of a program, numbered in the order ops first use them, and looked up from an op's
+/// ranks and channel: per source rank a short list searched in order (a rank has a few links in
+/// the generated programs), hashed once a rank has many.
+#[derive(Clone, Debug, Default)]
+pub struct LinkTable {
+    /// Every link, by id.
+    pub links: Vec<Link>,
+    /// Per source rank, `(dst, channel, local, id)` of its links while they are few; `None` once
+    /// they are in `many`.
+    few: Vec<Option<Vec<(u32, u32, bool, u32)>>>,
+    many: FastMap<(u32, u32, u32, bool), u32>,
+}
+
+/// Links a rank keeps in its short list before they are hashed.
+const FEW_LINKS: usize = 24;
+
+impl LinkTable {
+    /// An empty table for `ranks` ranks.
+    pub fn new(ranks: u32) -> LinkTable {
+        LinkTable { links: Vec::new(), few: vec![Some(Vec::new()); ranks as usize], many: Default::default() }
+    }
+
+    /// The id of `op`'s link, if it has one.
+    #[inline]
+    pub fn get(&self, op: &Op) -> Option<u32> {
+        let (s, d, c, local) = link_key(op);
+        match self.few.get(s as usize)? {
+            Some(v) => v.iter().find(|e| (e.0, e.1, e.2) == (d, c, local)).map(|e| e.3),
+            None => self.many.get(&(s, d, c, local)).copied(),
+        }
+    }
+
+    /// The id of `op`'s link, numbering it if it is new (`ranks_per_node` says whether it crosses
+    /// nodes). `op`'s source rank is below the table's rank count.
+    #[inline]
+    pub fn intern(&mut self, op: &Op, ranks_per_node: Option<u32>) -> u32 {
+        if let Some(l) = self.get(op) {
+            return l;
+        }
+        let (s, d, c, local) = link_key(op);
+        let id = self.links.len() as u32;
+        self.links.push(Link { src: Rank(s), dst: Rank(d), channel: c, local, inter_node: is_inter(op, ranks_per_node) });
+        match &mut self.few[s as usize] {
+            Some(v) if v.len() < FEW_LINKS => v.push((d, c, local, id)),
+            slot => {
+                for (d, c, local, l) in slot.take().into_iter().flatten() {
+                    self.many.insert((s, d, c, local), l);
+                }
+                self.many.insert((s, d, c, local), id);
+            }
+        }
+        id
+    }
+}
+
+/// A dense id per op, in the narrowest of `u16` and `u32` that holds every id.
+#[derive(Clone, Debug)]
+pub enum Dense {
+    /// Ids below 2^16.
+    U16(Vec<u16>),
+    /// Any ids.
+    U32(Vec<u32>),
+}
+
+impl Dense {
+    /// Id of op `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> u32 {
+        match self {
+            Dense::U16(v) => v[i] as u32,
+            Dense::U32(v) => v[i],
+        }
+    }
+    fn push(&mut self, x: u32) {
+        match self {
+            Dense::U16(v) => v.push(x as u16),
+            Dense::U32(v) => v.push(x),
+        }
+    }
+    /// `n` ids below `bound`, with room allocated fallibly.
+    fn with_capacity(n: usize, bound: u64, what: &str) -> Result<Dense, TooLarge> {
+        Ok(if bound <= 1 << 16 { Dense::U16(memory::try_vec(n, what)?) } else { Dense::U32(memory::try_vec(n, what)?) })
+    }
+}
+
+/// Dense chunk ids, in the order ops first name the chunks (what the schedulers' queues compare).
+struct ChunkIds {
+    /// Label → id + 1 (0: unseen), when labels are small enough for a table.
+    table: Vec<u32>,
+    /// Label → id otherwise.
+    map: FastMap<u32, u32>,
+    count: u32,
+}
+
+impl ChunkIds {
+    /// A numbering for labels up to `max` in a program of `ops` ops.
+    fn new(max: u32, ops: usize) -> ChunkIds {
+        // A table when it is no larger than a few bytes per op.
+        let table = if (max as usize) < (ops * 2).max(1 << 16) { vec![0u32; max as usize + 1] } else { Vec::new() };
+        ChunkIds { table, map: Default::default(), count: 0 }
+    }
+
+    #[inline]
+    fn intern(&mut self, label: u32) -> u32 {
+        if self.table.is_empty() {
+            let next = self.count;
+            let id = *self.map.entry(label).or_insert(next);
+            if id == next {
+                self.count += 1;
+            }
+            id
+        } else {
+            if self.table[label as usize] == 0 {
+                self.count += 1;
+                self.table[label as usize] = self.count;
+            }
+            self.table[label as usize] - 1
+        }
+    }
+}
+
+/// The dependency graph at op level, and each op's link and chunk: what the schedulers use.
 ///
 /// Tasks are numbered in program order (a transfer's send right before its receive) and are not
 /// stored: [`Task::split`] gives an op's tasks. Task-level dependencies are not stored either
@@ -164,6 +285,15 @@ pub struct Graph {
     pred_counts: Vec<u8>,
     /// The producer counts of 255 and more.
     pred_overflow: FastMap<u32, u32>,
+    /// Every link, in the order ops first use them, and their look-up.
+    pub links: LinkTable,
+    /// The link of each op (the compiler drops it once the plan's tasks are grouped by rank).
+    pub link_of_op: Vec<u32>,
+    /// The chunk of each op, numbered densely in the order ops first name chunks (for the
+    /// schedulers; the compiler drops it after `schedule`).
+    pub chunk_of_op: Dense,
+    /// Number of distinct chunks.
+    pub chunks: u32,
     /// Ranks per node used for the intra/inter-node distinction.
     pub ranks_per_node: Option<u32>,
 }
@@ -191,40 +321,44 @@ impl Graph {
         Ok((v, self.pred_overflow.clone()))
     }
 
+    /// Bytes the graph's tables take (their allocations).
+    pub fn heap_bytes(&self) -> u64 {
+        let chunks = match &self.chunk_of_op {
+            Dense::U16(v) => v.capacity() * 2,
+            Dense::U32(v) => v.capacity() * 4,
+        };
+        (self.op_succs.start.capacity() * 4
+            + self.op_succs.items.capacity() * 4
+            + self.pred_counts.capacity()
+            + self.pred_overflow.capacity() * 16
+            + self.links.links.capacity() * std::mem::size_of::<Link>()
+            + self.links.many.capacity() * 24
+            + self.links.few.len() * 32
+            + self.link_of_op.capacity() * 4
+            + chunks) as u64
+    }
+
+    /// Number of entries of [`Graph::chunk_of_op`].
+    pub fn chunk_of_op_len(&self) -> usize {
+        match &self.chunk_of_op {
+            Dense::U16(v) => v.len(),
+            Dense::U32(v) => v.len(),
+        }
+    }
+
     /// Whether `op` crosses nodes.
     pub fn is_inter(&self, op: &Op) -> bool {
         is_inter(op, self.ranks_per_node)
     }
 
-    /// Every link, in the order ops first use them, and the link of each op (for dumps and checks
-    /// of small programs: the passes look links up by [`link_key`]).
-    pub fn links(&self, src: &impl OpSource) -> (Vec<Link>, Vec<LinkId>) {
-        let mut ids: FastMap<(u32, u32, u32, bool), u32> = Default::default();
-        let mut links = Vec::new();
-        let mut of_op = Vec::with_capacity(src.op_count());
-        let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-            let key = link_key(op);
-            let next = links.len() as u32;
-            let l = *ids.entry(key).or_insert(next);
-            if l == next {
-                let (s, d) = (Rank(key.0), Rank(key.1));
-                links.push(Link { src: s, dst: d, channel: key.2, local: key.3, inter_node: self.is_inter(op) });
-            }
-            of_op.push(LinkId(l));
-            Ok(())
-        });
-        (links, of_op)
-    }
-
     /// The text dump: one line per task with its op, its link (tasks on one link are the
     /// communication dependencies) and its data dependencies; then the links.
     pub fn dump(&self, src: &impl OpSource) -> String {
-        let (links, link_of_op) = self.links(src);
         let preds = task_preds(src).expect("a graph was built from this program");
         let mut s = String::new();
         let mut t = 0usize;
         let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
-            for (side, task) in Task::split(id, op).enumerate() {
+            for task in Task::split(id, op) {
                 let what = match (task.prim, op.kind) {
                     (Prim::Send, OpKind::Transfer { src, dst_rank, channel, .. }) => {
                         format!("send {src} to {dst_rank} ch={channel}")
@@ -236,9 +370,9 @@ impl Graph {
                         format!("{} {src} -> {dst}", task.prim.name())
                     }
                 };
-                let _ = side;
                 let after: Vec<String> = preds.row(t).iter().map(|p| TaskId(*p).to_string()).collect();
-                let _ = write!(s, "{} = {} {what} ({}, {})", TaskId::new(t), task.rank, id, link_of_op[id.index()]);
+                let link = LinkId(self.link_of_op[id.index()]);
+                let _ = write!(s, "{} = {} {what} ({}, {link})", TaskId::new(t), task.rank, id);
                 if !after.is_empty() {
                     let _ = write!(s, " after {}", after.join(" "));
                 }
@@ -247,7 +381,7 @@ impl Graph {
             }
             Ok(())
         });
-        for (i, l) in links.iter().enumerate() {
+        for (i, l) in self.links.links.iter().enumerate() {
             let kind = if l.local {
                 "local"
             } else if l.inter_node {
@@ -267,12 +401,23 @@ const NONE: u32 = u32::MAX;
 /// each rank's storage. Tasks are named by the caller (any `u32` but `u32::MAX`).
 pub struct Locations {
     base: Vec<usize>,
-    last_writer: Vec<u32>,
-    reader_head: Vec<u32>,
+    /// Per location: its last writer, its first reader since, and the head of the list of the
+    /// others (one cache line serves a location with one reader, the common case).
+    at: Vec<Loc>,
     /// (reader, next) linked lists; the cells of a list a write clears go to the free list.
     pool: Vec<(u32, u32)>,
     free: u32,
 }
+
+/// One location's accesses (see [`Locations`]).
+#[derive(Copy, Clone)]
+struct Loc {
+    writer: u32,
+    reader: u32,
+    more: u32,
+}
+
+const UNTOUCHED: Loc = Loc { writer: NONE, reader: NONE, more: NONE };
 
 impl Locations {
     /// Locations for every rank of `src`'s layout.
@@ -286,8 +431,7 @@ impl Locations {
         }
         Ok(Locations {
             base,
-            last_writer: memory::try_filled(acc, NONE, "the dependency walk's last writers")?,
-            reader_head: memory::try_filled(acc, NONE, "the dependency walk's readers")?,
+            at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?,
             pool: Vec::new(),
             free: NONE,
         })
@@ -298,8 +442,7 @@ impl Locations {
         let n = chunks as usize;
         Ok(Locations {
             base: vec![0, n],
-            last_writer: memory::try_filled(n, NONE, "a rank's dependency walk")?,
-            reader_head: memory::try_filled(n, NONE, "a rank's dependency walk")?,
+            at: memory::try_filled(n, UNTOUCHED, "a rank's dependency walk")?,
             pool: Vec::new(),
             free: NONE,
         })
@@ -311,10 +454,8 @@ impl Locations {
         let n = chunks as usize;
         self.base.clear();
         self.base.extend([0, n]);
-        self.last_writer.clear();
-        self.last_writer.resize(n, NONE);
-        self.reader_head.clear();
-        self.reader_head.resize(n, NONE);
+        self.at.clear();
+        self.at.resize(n, UNTOUCHED);
         self.pool.clear();
         self.free = NONE;
     }
@@ -336,16 +477,20 @@ impl Locations {
     /// `task` reads `locs`: their last writers go to `preds`.
     pub fn read(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) -> Result<(), TooLarge> {
         for loc in locs {
-            let w = self.last_writer[loc];
-            if w != NONE {
-                preds.push(w);
+            let at = &mut self.at[loc];
+            if at.writer != NONE {
+                preds.push(at.writer);
             }
-            let cell = (task, self.reader_head[loc]);
-            let at = if self.free != NONE {
-                let at = self.free;
-                self.free = self.pool[at as usize].1;
-                self.pool[at as usize] = cell;
-                at
+            if at.reader == NONE {
+                at.reader = task;
+                continue;
+            }
+            let cell = (task, at.more);
+            let cell_at = if self.free != NONE {
+                let c = self.free;
+                self.free = self.pool[c as usize].1;
+                self.pool[c as usize] = cell;
+                c
             } else {
                 if self.pool.len() == self.pool.capacity() {
                     let more = self.pool.len().max(1 << 10);
@@ -358,7 +503,7 @@ impl Locations {
                 self.pool.push(cell);
                 (self.pool.len() - 1) as u32
             };
-            self.reader_head[loc] = at;
+            self.at[loc].more = cell_at;
         }
         Ok(())
     }
@@ -366,11 +511,13 @@ impl Locations {
     /// `task` writes `locs`: their last writers and readers since go to `preds`.
     pub fn write(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) {
         for loc in locs {
-            let w = self.last_writer[loc];
-            if w != NONE {
-                preds.push(w);
+            let Loc { writer, reader, more } = self.at[loc];
+            for t in [writer, reader] {
+                if t != NONE {
+                    preds.push(t);
+                }
             }
-            let mut r = self.reader_head[loc];
+            let mut r = more;
             while r != NONE {
                 let (t, next) = self.pool[r as usize];
                 preds.push(t);
@@ -378,8 +525,7 @@ impl Locations {
                 self.free = r;
                 r = next;
             }
-            self.reader_head[loc] = NONE;
-            self.last_writer[loc] = task;
+            self.at[loc] = Loc { writer: task, reader: NONE, more: NONE };
         }
     }
 
@@ -432,16 +578,22 @@ impl Locations {
 /// The most ops a program may have: tasks are `u32` ids, two per transfer.
 pub const MAX_OPS: usize = (u32::MAX / 2) as usize;
 
-/// Bytes [`build`] needs at its peak for `ops` ops of which `transfers` are transfers, on a
-/// storage of `locations` chunk locations over all ranks: the walk's tables (the locations, a
-/// reader cell per outstanding read, the dependencies found so far), then the successors built from
-/// them. Two dependencies per op are assumed (the generated programs have at most 2).
-pub fn estimate_bytes(ops: u64, transfers: u64, locations: u64) -> u64 {
-    let tasks = ops + transfers;
-    let edges = 2 * ops;
-    let walk = locations * 8 + tasks * 8 + edges * 4 + ops;
+/// Bytes [`build`] holds at its peak for `ops` ops with `edges` op-level dependencies, whose
+/// sources read `reads` chunks, on a storage of `locations` chunk locations over all ranks, with
+/// chunk ids `chunk_bytes` wide: the
+/// walk (the locations, a reader cell per read not yet overwritten, the dependencies found, a count
+/// per op), then the transpose (dependencies and successors side by side), then the graph
+/// ([`graph_bytes`]); the link table aside.
+pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64) -> u64 {
+    let walk = locations * 12 + reads * 8 + edges * 4 + ops;
     let transpose = edges * 8 + ops * 5;
-    walk.max(transpose)
+    walk.max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
+}
+
+/// Bytes of a [`Graph`] of `ops` ops and `edges` dependencies, its chunk ids `chunk_bytes` wide
+/// ([`Dense`]): successors, producer counts, and each op's link and chunk (the link table aside).
+pub fn graph_bytes(ops: u64, edges: u64, chunk_bytes: u64) -> u64 {
+    ops * 4 + edges * 4 + ops + ops * 4 + ops * chunk_bytes
 }
 
 /// The producers of every task, as a CSR indexed by task id with task ids as items, ascending: the
@@ -562,13 +714,32 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>) -> Result<Graph, 
         end = row.start;
     }
     drop(items);
-    let tasks = nops + transfers;
+    // Links and dense chunk ids, in program order: what the schedulers read per op.
+    let mut links = LinkTable::new(ranks);
+    let mut link_of_op: Vec<u32> = memory::try_vec(nops, "the link of each op")?;
+    let mut max_chunk = 0u32;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        max_chunk = max_chunk.max(op.chunk);
+        Ok(())
+    });
+    let mut chunk_ids = ChunkIds::new(max_chunk, nops);
+    let bound = if chunk_ids.table.is_empty() { u64::MAX } else { max_chunk as u64 + 1 };
+    let mut chunk_of_op = Dense::with_capacity(nops, bound, "the chunk of each op")?;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        link_of_op.push(links.intern(op, ranks_per_node));
+        chunk_of_op.push(chunk_ids.intern(op.chunk));
+        Ok(())
+    });
     Ok(Graph {
         ops: nops,
-        tasks,
+        tasks: nops + transfers,
         op_succs: Csr { start, items: succ },
         pred_counts: counts,
         pred_overflow: overflow,
+        links,
+        link_of_op,
+        chunk_of_op,
+        chunks: chunk_ids.count,
         ranks_per_node,
     })
 }

@@ -313,13 +313,12 @@ impl Compilation {
 /// the whole allocation is kept, see [`tballoc::run`]).
 pub fn run_passes(src: &impl OpSource, opts: &Options) -> Result<Compilation, CompileError> {
     let mut ranks = Vec::with_capacity(src.ranks() as usize);
-    let (mut plan, kept) = drive(src, opts, true, &mut |rp| ranks.push(rp))?;
+    let (mut plan, kept) = drive(src, opts, Keep::All, &mut |rp| ranks.push(rp))?;
     plan.ranks = ranks;
     let (graph, schedule) = kept.expect("kept on request");
-    let per_node = opts.ranks_per_node.or(src.ranks_per_node());
-    let alloc = tballoc::run(src, per_node, &schedule, opts.tb_alloc);
+    let alloc = tballoc::run(src, &graph, &schedule, opts.tb_alloc);
     if opts.verify {
-        verify::alloc(src, &schedule, &alloc)?;
+        verify::alloc(src, &graph, &schedule, &alloc)?;
     }
     Ok(Compilation { graph, schedule, alloc, plan })
 }
@@ -327,7 +326,7 @@ pub fn run_passes(src: &impl OpSource, opts: &Options) -> Result<Compilation, Co
 /// Compiles `src` into a [`Plan`].
 pub fn compile(src: &impl OpSource, opts: &Options) -> Result<Plan, CompileError> {
     let mut ranks = Vec::with_capacity(src.ranks() as usize);
-    let (mut plan, _) = drive(src, opts, false, &mut |rp| ranks.push(rp))?;
+    let (mut plan, _) = drive(src, opts, Keep::Plan, &mut |rp| ranks.push(rp))?;
     plan.ranks = ranks;
     Ok(plan)
 }
@@ -346,7 +345,7 @@ pub fn compile_streaming(
     opts: &Options,
     sink: &mut dyn FnMut(RankPlan),
 ) -> Result<Plan, CompileError> {
-    drive(src, opts, false, sink).map(|(plan, _)| plan)
+    drive(src, opts, Keep::Nothing, sink).map(|(plan, _)| plan)
 }
 
 /// The sizes [`estimate_bytes`] reads from a program.
@@ -356,12 +355,16 @@ pub struct Sizes {
     pub ops: u64,
     /// Transfers among them (a task on each of two ranks).
     pub transfers: u64,
+    /// Chunks the ops' sources cover.
+    pub reads: u64,
     /// Chunk locations of all ranks' storage.
     pub locations: u64,
     /// Ranks.
     pub ranks: u64,
     /// The most tasks one rank has.
     pub max_rank_tasks: u64,
+    /// Bytes of a dense chunk id: 2 when every chunk label is below 2^16, else 4.
+    pub chunk_bytes: u64,
 }
 
 impl Sizes {
@@ -373,6 +376,7 @@ impl Sizes {
             ops: src.op_count() as u64,
             locations: (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum(),
             ranks: l.ranks as u64,
+            chunk_bytes: 2,
             ..Sizes::default()
         };
         let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
@@ -382,36 +386,58 @@ impl Sizes {
                 }
             }
             s.transfers += op.is_transfer() as u64;
+            s.reads += op.src().count as u64;
+            if op.chunk >= 1 << 16 {
+                s.chunk_bytes = 4;
+            }
             Ok(())
         });
         s.max_rank_tasks = per_rank.into_iter().max().unwrap_or(0);
         s
     }
+
+    /// Tasks.
+    pub fn tasks(&self) -> u64 {
+        self.ops + self.transfers
+    }
 }
 
 /// The compiler's peak memory for a program of these sizes, in bytes, the program itself not
-/// counted: the largest of the dependency walk and transpose ([`deps::estimate_bytes`]), the
-/// schedulers beside the graph (about 10 bytes per op, [`schedule::estimate_bytes`]), and emission
-/// beside the order ([`plan::estimate_bytes`], [`verify::PlanCheck::estimate_bytes`]), with the
-/// connections (at most one per transfer, about 48 bytes each).
+/// counted, taking two dependencies per op (the generated programs have at most two on average) and
+/// leaving out what grows with the links (checked again once they are known): the largest of
+/// `deps` ([`deps::estimate_bytes`]), `schedule` beside the graph ([`schedule::estimate_bytes`]),
+/// and `emit` beside the order and the links ([`plan::estimate_bytes`]).
 pub fn estimate_bytes(s: &Sizes) -> u64 {
-    let graph = s.ops * 13;
-    let conns = s.transfers * 48;
-    let deps = deps::estimate_bytes(s.ops, s.transfers, s.locations);
-    let schedule = graph + schedule::estimate_bytes(s.ops);
-    let emit = s.ops * 4
-        + conns
-        + plan::estimate_bytes(s.ops, s.ops + s.transfers, s.ranks, s.max_rank_tasks)
-        + verify::PlanCheck::estimate_bytes(s.ops, s.transfers);
-    deps.max(schedule).max(emit) + s.ranks * 64
+    let edges = 2 * s.ops;
+    let deps = deps::estimate_bytes(s.ops, edges, s.reads, s.locations, s.chunk_bytes);
+    let schedule = deps::graph_bytes(s.ops, edges, s.chunk_bytes) + schedule::estimate_bytes(s.ops, 0);
+    let emit = s.ops * 12 + plan::estimate_bytes(s.tasks(), s.ranks, s.max_rank_tasks, 0);
+    deps.max(schedule).max(emit)
 }
 
-/// Runs the passes, each followed by its verifier, handing rank plans to `sink`. With `keep` it
-/// returns the graph and the schedule; without, it drops each as soon as no later pass needs it.
+/// What a compilation's caller keeps beside the statistics, for the memory estimate.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Keep {
+    /// Nothing: each rank plan is handed over and dropped ([`compile_streaming`]).
+    Nothing,
+    /// Every rank plan ([`compile`]).
+    Plan,
+    /// Every rank plan and every pass's result ([`run_passes`]).
+    All,
+}
+
+/// Bytes a whole plan of `tasks` tasks takes: its tasks and about one sync point each.
+pub fn plan_bytes(tasks: u64) -> u64 {
+    tasks * (std::mem::size_of::<TbTask>() + std::mem::size_of::<SyncPoint>()) as u64
+}
+
+/// Runs the passes, each followed by its verifier, handing rank plans to `sink`. With
+/// [`Keep::All`] it returns the graph and the schedule; otherwise it drops each as soon as no later
+/// pass needs it.
 fn drive(
     src: &impl OpSource,
     opts: &Options,
-    keep: bool,
+    keep: Keep,
     sink: &mut dyn FnMut(RankPlan),
 ) -> Result<(Plan, Option<(Graph, Schedule)>), CompileError> {
     let start = Instant::now();
@@ -424,39 +450,59 @@ fn drive(
     src.verify()?;
     let sizes = Sizes::of(src);
     let limit = opts.memory_limit.unwrap_or_else(memory::default_limit);
-    memory::check(limit, estimate_bytes(&sizes), || {
-        format!(
-            "compiling {} ({} ops, {} tasks on {} ranks)",
-            src.name(),
-            sizes.ops,
-            sizes.ops + sizes.transfers,
-            sizes.ranks
-        )
-    })?;
+    let tasks = sizes.tasks();
+    let kept = match keep {
+        Keep::Nothing => 0,
+        // The whole plan, and for dumps a copy of the ops and the graph's tables.
+        Keep::Plan => plan_bytes(tasks),
+        Keep::All => plan_bytes(tasks) + sizes.ops * 96,
+    };
+    // Checked before anything is allocated, and again before `schedule` and `emit` with what is
+    // then known (dependencies, links, connections).
+    let check = |need: u64| {
+        memory::check(limit, need.saturating_add(kept), || {
+            let what = if keep == Keep::Nothing { "" } else { ", keeping the whole plan" };
+            format!("compiling {} ({} ops, {tasks} tasks on {} ranks{what})", src.name(), sizes.ops, sizes.ranks)
+        })
+    };
+    check(estimate_bytes(&sizes))?;
     let per_node = opts.ranks_per_node.or(src.ranks_per_node());
     let mut graph = deps::build(src, per_node)?;
     if opts.verify {
         verify::graph(src, &graph)?;
     }
     mark("deps", &mut times);
+    let links = graph.links.links.len() as u64;
+    check(graph.heap_bytes() + schedule::estimate_bytes(sizes.ops, links))?;
     let schedule = schedule::run(src, &graph, opts.scheduler)?;
     if opts.verify {
         verify::schedule(src, &graph, &schedule)?;
     }
-    if !keep {
-        // Only the schedulers and their verifier walk successors.
+    let keep_all = keep == Keep::All;
+    if !keep_all {
+        // Only the schedulers and their verifier walk successors and read chunks.
         graph.op_succs = Csr::default();
+        graph.chunk_of_op = deps::Dense::U16(Vec::new());
     }
     mark("schedule", &mut times);
-    let conns = tballoc::Connections::build(src, per_node, opts.tb_alloc);
+    let conns = tballoc::Connections::build(src, &graph, opts.tb_alloc);
     mark("tb-alloc", &mut times);
-    let mut check = opts.verify.then(|| verify::PlanCheck::new(&graph, &conns));
-    let (mut plan, alloc_ms) = plan::emit(src, &graph, &schedule, &conns, opts, check.as_mut(), &mut |rp| {
-        sink(rp);
-        Ok(())
-    })?;
+    let conn_bytes = conns.list.len() as u64 * 48;
+    let check_bytes = verify::PlanCheck::estimate_bytes(sizes.ranks, conns.list.len() as u64);
+    let emit = plan::estimate_bytes(tasks, sizes.ranks, sizes.max_rank_tasks, links);
+    check(graph.heap_bytes() + sizes.ops * 8 + conn_bytes + check_bytes + emit)?;
+    let link_by_pos = plan::links_by_position(&graph, &schedule)?;
+    if !keep_all {
+        graph.link_of_op = Vec::new();
+    }
+    let mut check = opts.verify.then(|| verify::PlanCheck::new(src, &graph, &conns));
+    let (mut plan, alloc_ms) =
+        plan::emit(src, &graph, &link_by_pos, &schedule, &conns, opts, check.as_mut(), &mut |rp| {
+            sink(rp);
+            Ok(())
+        })?;
     if let Some(c) = check {
-        c.finish(src)?;
+        c.finish()?;
     }
     mark("emit", &mut times);
     // The per-rank half of `tb-alloc` ran inside `emit`'s loop: its time moves to `tb-alloc`.
@@ -464,7 +510,7 @@ fn drive(
     times[3].1 -= alloc_ms;
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
-    Ok((plan, keep.then_some((graph, schedule))))
+    Ok((plan, keep_all.then_some((graph, schedule))))
 }
 
 /// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the

@@ -479,22 +479,44 @@ impl Plan {
     }
 }
 
-/// Bytes [`emit`] needs at its peak beside the schedule: every task's position grouped by rank,
-/// the checker's two bits per op, and one rank's plan and scratch (`rank_tasks` tasks, about 150
-/// bytes each).
-pub fn estimate_bytes(ops: u64, tasks: u64, ranks: u64, rank_tasks: u64) -> u64 {
-    tasks * 4 + ops / 4 + ranks * 24 + rank_tasks * 150
+/// Bytes [`emit`] needs at its peak beside the schedule and [`links_by_position`], for `tasks`
+/// tasks over `ranks` ranks and `links` links: a batch of ranks' tasks, one rank's plan and scratch
+/// (`rank_tasks` tasks, about 250 bytes each) and per-rank and per-link tables.
+pub fn estimate_bytes(tasks: u64, ranks: u64, rank_tasks: u64, links: u64) -> u64 {
+    let batch = (tasks * std::mem::size_of::<Placed>() as u64).min(BATCH_BYTES as u64).max(rank_tasks * 12);
+    batch + rank_tasks * 250 + ranks * 48 + links * 4
+}
+
+/// Bytes of each batch of ranks' tasks [`emit`] copies out of the order at a time.
+const BATCH_BYTES: usize = 512 << 20;
+
+/// A task of a batch of ranks: its op's position in the order, the op and its link.
+#[derive(Copy, Clone)]
+struct Placed {
+    pos: u32,
+    op: OpId,
+    link: u32,
 }
 
 /// One task of the rank being built, gathered before the rank's plan is.
 #[derive(Copy, Clone)]
 struct Gathered {
     id: OpId,
+    link: u32,
     op: Op,
     side: u32,
     sp: u32,
     seq: u32,
     conn: Option<ConnId>,
+    endpoint: u32,
+}
+
+/// The link of each op in schedule order (`order[pos]`'s link at `pos`), so that a rank's tasks
+/// read it at their positions, as they read their ops.
+pub fn links_by_position(g: &Graph, sched: &Schedule) -> Result<Vec<u32>, memory::TooLarge> {
+    let mut v = memory::try_vec(sched.order.len(), "the link of each op in schedule order")?;
+    v.extend(sched.order.iter().map(|op| g.link_of_op[op.index()]));
+    Ok(v)
 }
 
 /// Runs pass `emit` with the per-rank half of `tb-alloc`: builds the rank plans one at a time, in
@@ -502,12 +524,15 @@ struct Gathered {
 /// pass). Returns the plan without its rank plans (`ranks` is empty), with the statistics, and the
 /// milliseconds spent in [`tballoc::allocate_rank`] (the `tb-alloc` pass's per-rank half).
 ///
-/// Beside the schedule, only the positions of every rank's tasks are kept (4 bytes per task);
-/// each rank's tasks are gathered, allocated to TBs, given their dependencies (a walk over the
-/// rank's storage in schedule order, see [`super::deps`]) and emitted, then dropped.
+/// Beside the schedule, the position of every task grouped by rank is kept (4 bytes per task),
+/// and `link_by_pos` ([`links_by_position`]); each rank's tasks are gathered, allocated to TBs,
+/// given their dependencies (a walk over the rank's storage in schedule order, see
+/// [`super::deps`]) and emitted, then dropped.
+#[allow(clippy::too_many_arguments)]
 pub fn emit(
     src: &impl OpSource,
     g: &Graph,
+    link_by_pos: &[u32],
     sched: &Schedule,
     conns: &Connections,
     opts: &Options,
@@ -518,40 +543,36 @@ pub fn emit(
     let nranks = layout.ranks as usize;
     let ntasks = g.task_count();
     let policy = conns.policy;
-    // The positions of each rank's tasks, in schedule order (a counting sort over the order).
+    let links = &g.links.links;
+    // Each rank's tasks in schedule order: their positions, ops and links, copied out of the order
+    // by a counting sort, for a batch of ranks at a time (each batch one scan of the order).
     let mut rank_start = vec![0usize; nranks + 1];
-    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        rank_start[op.src_rank().index() + 1] += 1;
-        if op.is_transfer() {
-            rank_start[op.dst_rank().index() + 1] += 1;
+    for &l in link_by_pos {
+        let l = &links[l as usize];
+        rank_start[l.src.index() + 1] += 1;
+        if !l.local {
+            rank_start[l.dst.index() + 1] += 1;
         }
-        Ok(())
-    });
+    }
     for r in 0..nranks {
         rank_start[r + 1] += rank_start[r];
     }
-    let mut fill = rank_start.clone();
-    let mut by_rank: Vec<u32> = memory::try_filled(ntasks, 0u32, "the tasks grouped by rank")?;
-    for (pos, &id) in sched.order.iter().enumerate() {
-        let op = src.op(id);
-        by_rank[fill[op.src_rank().index()]] = pos as u32;
-        fill[op.src_rank().index()] += 1;
-        if op.is_transfer() {
-            by_rank[fill[op.dst_rank().index()]] = pos as u32;
-            fill[op.dst_rank().index()] += 1;
-        }
-    }
-    drop(fill);
+    let batch_tasks = (BATCH_BYTES / std::mem::size_of::<Placed>()).max(rank_start.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0));
+    let mut batch: Vec<Placed> = Vec::new();
+    let mut fill: Vec<usize> = Vec::new();
 
-    let mut ids: Vec<OpId> = Vec::new();
     let mut tasks: Vec<Gathered> = Vec::new();
-    let mut conn_cache: FastMap<(u32, u32, u32, u32), Option<ConnId>> = Default::default();
+    // A rank's endpoints: by link under state-based allocation (a link is one endpoint of the
+    // rank), by (link, stage) per connection.
+    let mut slot = vec![u32::MAX; if policy == TbAlloc::State { links.len() } else { 0 }];
+    let mut slot_stage: FastMap<(u32, u32), u32> = Default::default();
+    let mut named: Vec<u32> = Vec::new();
     let mut scratch = RankScratch::default();
     let mut locs = Locations::one_rank(0)?;
     let mut found: Vec<u32> = Vec::new();
     let mut place: Vec<(u32, u32)> = Vec::new();
     let mut waits: Vec<(u32, u32)> = Vec::new();
-    // Messages per (connection, sub-pipeline) of this rank's sends: (connection, sub-pipeline, count).
+    // This rank's sends per connection: (sub-pipeline, messages in it so far).
     let mut fifo: FastMap<u32, (u32, u32)> = Default::default();
     let mut fifo_slots_needed = 0u32;
     let mut sync_points = 0usize;
@@ -559,33 +580,83 @@ pub fn emit(
     let mut tbs_per_rank = Vec::with_capacity(nranks);
     let mut alloc_time = std::time::Duration::ZERO;
     let spn = sched.count().max(1) as f64;
+    let (mut first, mut batch_base) = (0usize, 0usize);
     for r in 0..nranks {
+        if r == first {
+            // The next batch: as many ranks as fit `batch_tasks` (at least one).
+            let mut last = r + 1;
+            while last < nranks && rank_start[last + 1] - rank_start[r] <= batch_tasks {
+                last += 1;
+            }
+            let (lo, hi) = (r as u32, last as u32);
+            let base = rank_start[r];
+            batch_base = base;
+            batch.clear();
+            batch.try_reserve_exact(rank_start[last] - base).map_err(|_| memory::TooLarge {
+                request: "a batch of ranks' tasks".into(),
+                needed: ((rank_start[last] - base) * std::mem::size_of::<Placed>()) as u64,
+                limit: None,
+            })?;
+            batch.resize(rank_start[last] - base, Placed { pos: 0, op: OpId(0), link: 0 });
+            fill.clear();
+            fill.extend(rank_start[r..last].iter().map(|&x| x - base));
+            for (pos, (&l, &op)) in link_by_pos.iter().zip(&sched.order).enumerate() {
+                let link = &links[l as usize];
+                for (rank, on) in [(link.src.0, true), (link.dst.0, !link.local)] {
+                    if on && (lo..hi).contains(&rank) {
+                        let f = &mut fill[(rank - lo) as usize];
+                        batch[*f] = Placed { pos: pos as u32, op, link: l };
+                        *f += 1;
+                    }
+                }
+            }
+            first = last;
+        }
         let rank = Rank(r as u32);
-        let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
-        // Gathered in separate loops: the loads of one loop are independent, so the processor
-        // overlaps their cache misses.
-        ids.clear();
-        ids.extend(mine.iter().map(|&pos| sched.order[pos as usize]));
+        let mine = &batch[rank_start[r] - batch_base..rank_start[r + 1] - batch_base];
         tasks.clear();
-        tasks.extend(ids.iter().zip(mine).map(|(&id, &seq)| {
-            let op = src.op(id);
-            Gathered { id, op, side: Task::side_on(&op, rank) as u32, sp: 0, seq, conn: None }
+        tasks.extend(mine.iter().map(|p| Gathered {
+            id: p.op,
+            link: p.link,
+            op: src.op(p.op),
+            side: 0,
+            sp: 0,
+            seq: p.pos,
+            conn: None,
+            endpoint: 0,
         }));
         let mut k = 0usize;
-        conn_cache.clear();
         for t in tasks.iter_mut() {
+            t.side = u32::from(!links[t.link as usize].local && links[t.link as usize].src != rank);
             while sched.sp_start[k + 1] <= t.seq {
                 k += 1;
             }
             t.sp = k as u32;
-            if let OpKind::Transfer { src_rank, dst_rank, channel, .. } = t.op.kind {
-                let stage = if policy == TbAlloc::PerConn { t.op.stage } else { 0 };
-                t.conn = *conn_cache.entry((src_rank.0, dst_rank.0, channel, stage)).or_insert_with(|| conns.of(&t.op));
+            t.conn = conns.of(t.link, t.op.stage);
+            let next = named.len() as u32;
+            let e = if policy == TbAlloc::State {
+                &mut slot[t.link as usize]
+            } else {
+                slot_stage.entry((t.link, t.op.stage)).or_insert(next)
+            };
+            if *e == u32::MAX || *e == next {
+                *e = next;
+                named.push(t.link);
+            }
+            t.endpoint = *e;
+        }
+        for &l in &named {
+            if let Some(e) = slot.get_mut(l as usize) {
+                *e = u32::MAX;
             }
         }
+        named.clear();
+        slot_stage.clear();
         let started = std::time::Instant::now();
-        let rank_tasks: Vec<RankTask> =
-            tasks.iter().map(|t| RankTask { id: t.id, op: &t.op, side: t.side as usize, conn: t.conn, sp: t.sp }).collect();
+        let rank_tasks: Vec<RankTask> = tasks
+            .iter()
+            .map(|t| RankTask { id: t.id, op: &t.op, side: t.side as usize, conn: t.conn, sp: t.sp, endpoint: t.endpoint })
+            .collect();
         let alloc = tballoc::allocate_rank(rank, &rank_tasks, policy, &mut scratch);
         if let Some(c) = check.as_deref_mut() {
             c.alloc(rank, &rank_tasks, &alloc)?;
@@ -634,6 +705,7 @@ pub fn emit(
                 fifo_slots_needed = fifo_slots_needed.max(e.1);
             }
         }
+        fifo.clear();
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
         // schedule) keep the latest task per producer TB; mark the producers as signalling. The
         // dependencies come from a walk over the rank's storage in schedule order, a topological
@@ -665,7 +737,6 @@ pub fn emit(
             }
             sync_points += waits.len();
         }
-        fifo.clear();
         for tb in &tbs {
             idle_sum += 1.0 - tb.segments().len() as f64 / spn;
             ntbs += 1;
@@ -677,7 +748,7 @@ pub fn emit(
         }
         each(rp)?;
     }
-    drop(by_rank);
+    drop(batch);
     let stats = PlanStats {
         ranks: nranks as u32,
         max_tbs_per_rank: tbs_per_rank.iter().copied().max().unwrap_or(0),

@@ -20,11 +20,9 @@
 //!   sub-pipeline of its producers, or the next one when a producer belongs to another stage.
 //!
 //! Chunks are numbered densely in the order ops first name them (program order), which is what
-//! the priority queues compare after the use counts. The schedulers keep per op only the order
-//! they build and a producer count; an op's chunk and link are computed from the op when it
-//! becomes ready.
+//! the priority queues compare after the use counts ([`Graph::chunk_of_op`]). Beside the graph
+//! the schedulers keep per op the order they build and a producer count.
 
-use super::deps::{is_inter, link_key};
 use super::memory::{self, TooLarge};
 use super::{CompileError, FastMap, Graph, OpSource, Scheduler};
 use crate::program::OpId;
@@ -110,10 +108,11 @@ impl Schedule {
     }
 }
 
-/// Bytes [`run`] needs at its peak beside the graph, for `ops` ops: the order, a producer count per
-/// op, a bit per op and the per-link queues (at most one entry per op).
-pub fn estimate_bytes(ops: u64) -> u64 {
-    ops * 4 + ops + ops / 8 + ops * 12 / 4
+/// Bytes [`run`] needs at its peak beside the graph, for `ops` ops on `links` links: the order, a
+/// producer count and a bit per op, each link's queue state, and queues beyond two ops (taken to
+/// hold a twelfth of the ops at once; they grow fallibly beyond).
+pub fn estimate_bytes(ops: u64, links: u64) -> u64 {
+    ops * 4 + ops + ops / 8 + links * 40 + ops
 }
 
 /// Runs the pass with `scheduler`.
@@ -130,71 +129,6 @@ pub fn run(src: &impl OpSource, graph: &Graph, scheduler: Scheduler) -> Result<S
         }
         Scheduler::Stage => stage(src, graph)?,
     })
-}
-
-/// Dense chunk ids, in the order ops first name the chunks.
-struct Chunks {
-    /// Label → id + 1 (0: unseen), when labels are small enough for a table.
-    table: Vec<u32>,
-    /// Label → id otherwise.
-    map: FastMap<u32, u32>,
-    count: u32,
-}
-
-impl Chunks {
-    fn new(src: &impl OpSource) -> Chunks {
-        let mut max = 0u32;
-        let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-            max = max.max(op.chunk);
-            Ok(())
-        });
-        // A table when it is no larger than a few bytes per op.
-        let table = if (max as usize) < (src.op_count() * 2).max(1 << 16) { vec![0u32; max as usize + 1] } else { Vec::new() };
-        let mut c = Chunks { table, map: Default::default(), count: 0 };
-        let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-            c.intern(op.chunk);
-            Ok(())
-        });
-        c
-    }
-
-    fn intern(&mut self, label: u32) {
-        if self.table.is_empty() {
-            let next = self.count;
-            if *self.map.entry(label).or_insert(next) == next {
-                self.count += 1;
-            }
-        } else if self.table[label as usize] == 0 {
-            self.count += 1;
-            self.table[label as usize] = self.count;
-        }
-    }
-
-    #[inline]
-    fn id(&self, label: u32) -> u32 {
-        if self.table.is_empty() { self.map[&label] } else { self.table[label as usize] - 1 }
-    }
-}
-
-/// Dense link ids, given as links are first met (any order: the schedulers only tell links apart),
-/// each with whether it crosses nodes.
-#[derive(Default)]
-struct Links {
-    ids: FastMap<(u32, u32, u32, bool), u32>,
-    inter: Vec<bool>,
-}
-
-impl Links {
-    /// The id of `op`'s link, and whether it is new.
-    #[inline]
-    fn of(&mut self, op: &crate::program::Op, per_node: Option<u32>) -> (usize, bool) {
-        let next = self.inter.len() as u32;
-        let l = *self.ids.entry(link_key(op)).or_insert(next);
-        if l == next {
-            self.inter.push(is_inter(op, per_node));
-        }
-        (l as usize, l == next)
-    }
 }
 
 /// Producer counts counted down as producers are scheduled.
@@ -223,20 +157,118 @@ impl Pending {
 
 const NONE: u32 = u32::MAX;
 
+/// A ready op in HPDS's queue of its link: (uses of its chunk when it became ready, chunk, op).
+type Entry = (u32, u32, u32);
+
+/// One link's state in HPDS: its queue of ready ops (least first; two held in place, a heap
+/// beyond), the last sub-pipeline it served, whether it is listed as active, whether it crosses
+/// nodes. Queues rarely hold more than two ops, so this keeps a link's state in one cache line.
+#[derive(Clone)]
+struct LinkState {
+    near: [Entry; 2],
+    len: u8,
+    listed: bool,
+    inter: bool,
+    /// Index into the spilled heaps, or `NONE` while the queue fits `near`.
+    spill: u32,
+    sp: u32,
+}
+
+/// A queue's allocation failed.
+fn queue_full() -> TooLarge {
+    TooLarge { request: "HPDS's queue of ready ops on a link".into(), needed: 0, limit: None }
+}
+
+/// The links' queues.
+struct Queues {
+    links: Vec<LinkState>,
+    spilled: Vec<BinaryHeap<Reverse<Entry>>>,
+    free: Vec<u32>,
+}
+
+impl Queues {
+    fn new(g: &Graph) -> Queues {
+        let links = g
+            .links
+            .links
+            .iter()
+            .map(|l| LinkState { near: [(0, 0, 0); 2], len: 0, listed: false, inter: l.inter_node, spill: NONE, sp: NONE })
+            .collect();
+        Queues { links, spilled: Vec::new(), free: Vec::new() }
+    }
+
+    /// Queues `e` on link `l` (a failed allocation is an error, not an abort).
+    #[inline]
+    fn push(&mut self, l: usize, e: Entry) -> Result<(), TooLarge> {
+        let q = &mut self.links[l];
+        if q.spill != NONE {
+            let h = &mut self.spilled[q.spill as usize];
+            h.try_reserve(1).map_err(|_| queue_full())?;
+            h.push(Reverse(e));
+            return Ok(());
+        }
+        match q.len {
+            0 => q.near[0] = e,
+            1 if e < q.near[0] => q.near = [e, q.near[0]],
+            1 => q.near[1] = e,
+            _ => {
+                let at = match self.free.pop() {
+                    Some(at) => at,
+                    None => {
+                        self.spilled.push(BinaryHeap::new());
+                        self.spilled.len() as u32 - 1
+                    }
+                };
+                let h = &mut self.spilled[at as usize];
+                h.try_reserve(3).map_err(|_| queue_full())?;
+                h.extend([Reverse(q.near[0]), Reverse(q.near[1]), Reverse(e)]);
+                q.spill = at;
+            }
+        }
+        q.len = q.len.saturating_add(1).min(2);
+        Ok(())
+    }
+
+    #[inline]
+    fn pop(&mut self, l: usize) -> Option<Entry> {
+        let q = &mut self.links[l];
+        if q.spill != NONE {
+            let h = &mut self.spilled[q.spill as usize];
+            let e = h.pop().map(|Reverse(e)| e);
+            if h.is_empty() {
+                self.free.push(q.spill);
+                q.spill = NONE;
+                q.len = 0;
+            }
+            return e;
+        }
+        match q.len {
+            0 => None,
+            n => {
+                let e = q.near[0];
+                q.near[0] = q.near[1];
+                q.len = n - 1;
+                Some(e)
+            }
+        }
+    }
+
+    #[inline]
+    fn is_empty(&self, l: usize) -> bool {
+        let q = &self.links[l];
+        q.spill == NONE && q.len == 0
+    }
+}
+
 fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
     let n = src.op_count();
-    let per_node = g.ranks_per_node;
-    let chunks = Chunks::new(src);
     let (counts, overflow) = g.pending()?;
     let mut pending = Pending { counts, overflow };
     // Ready ops wait on their link, least-used chunk first: (uses of the chunk when the op became
     // ready, chunk, op). Only one op per link fits a sub-pipeline, so the link's queue decides which
     // chunk gets it.
-    let mut links = Links::default();
-    let mut queue: Vec<BinaryHeap<Reverse<(u32, u32, u32)>>> = Vec::new();
-    let mut link_sp: Vec<u32> = Vec::new();
-    let mut listed: Vec<bool> = Vec::new();
-    let mut used = vec![0u32; chunks.count as usize];
+    let mut q = Queues::new(g);
+    let mut used = vec![0u32; g.chunks as usize];
     // The ops with an inter-node producer in the sub-pipeline being built (a bit each), and the
     // list of them, cleared when it closes.
     let mut inter_pred = vec![0u64; n.div_ceil(64)];
@@ -244,48 +276,30 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
     let mut order: Vec<OpId> = memory::try_vec(n, "the schedule's order")?;
     let mut sp_start: Vec<u32> = Vec::new();
     let mut active: Vec<u32> = Vec::new();
-    // Queues `op` (ready) on its link; returns the link.
-    let enqueue = |links: &mut Links,
-                       queue: &mut Vec<BinaryHeap<Reverse<(u32, u32, u32)>>>,
-                       link_sp: &mut Vec<u32>,
-                       listed: &mut Vec<bool>,
-                       active: &mut Vec<u32>,
-                       op: &crate::program::Op,
-                       id: u32,
-                       uses: u32| {
-        let (l, new) = links.of(op, per_node);
-        if new {
-            queue.push(BinaryHeap::new());
-            link_sp.push(NONE);
-            listed.push(false);
+    for i in 0..n {
+        if g.pred_count(i) == 0 {
+            let l = g.link_of_op[i] as usize;
+            q.push(l, (0, g.chunk_of_op.get(i), i as u32))?;
+            if !q.links[l].listed {
+                q.links[l].listed = true;
+                active.push(l as u32);
+            }
         }
-        queue[l].push(Reverse((uses, chunks.id(op.chunk), id)));
-        if !listed[l] {
-            listed[l] = true;
-            active.push(l as u32);
-        }
-        l
-    };
-    src.try_for_each_op(|id, op| -> Result<(), CompileError> {
-        if g.pred_count(id.index()) == 0 {
-            enqueue(&mut links, &mut queue, &mut link_sp, &mut listed, &mut active, op, id.0, 0);
-        }
-        Ok(())
-    })?;
+    }
     let mut sp = 0u32;
     let mut work: Vec<u32> = Vec::new();
-    let mut parked: Vec<(usize, (u32, u32, u32))> = Vec::new();
+    let mut parked: Vec<(usize, Entry)> = Vec::new();
     while order.len() < n {
         sp_start.push(order.len() as u32);
         work.clear();
         work.extend(active.iter().rev());
         while let Some(l) = work.pop() {
             let l = l as usize;
-            if link_sp[l] == sp {
+            if q.links[l].sp == sp {
                 continue;
             }
-            let inter = links.inter[l];
-            while let Some(Reverse(entry)) = queue[l].pop() {
+            let inter = q.links[l].inter;
+            while let Some(entry) = q.pop(l) {
                 let (_, c, op) = entry;
                 let o = op as usize;
                 // An intra-node op never joins the sub-pipeline of an inter-node producer.
@@ -293,7 +307,7 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
                     parked.push((l, entry));
                     continue;
                 }
-                link_sp[l] = sp;
+                q.links[l].sp = sp;
                 used[c as usize] += 1;
                 order.push(OpId(op));
                 for &s in g.op_succs.row(o) {
@@ -303,10 +317,15 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
                         marked.push(s);
                     }
                     if pending.done_one(su) {
-                        let sop = src.op(OpId(s));
-                        let uses = used[chunks.id(sop.chunk) as usize];
-                        let sl = enqueue(&mut links, &mut queue, &mut link_sp, &mut listed, &mut active, &sop, s, uses);
-                        if link_sp[sl] != sp {
+                        let sl = g.link_of_op[su] as usize;
+                        let c = g.chunk_of_op.get(su);
+                        q.push(sl, (used[c as usize], c, s))?;
+                        let ls = &mut q.links[sl];
+                        if !ls.listed {
+                            ls.listed = true;
+                            active.push(sl as u32);
+                        }
+                        if ls.sp != sp {
                             work.push(sl as u32);
                         }
                     }
@@ -315,43 +334,36 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
             }
         }
         for (l, entry) in parked.drain(..) {
-            queue[l].push(Reverse(entry));
+            q.push(l, entry)?;
         }
         for s in marked.drain(..) {
             inter_pred[s as usize / 64] &= !(1 << (s % 64));
         }
         active.retain(|&l| {
-            let keep = !queue[l as usize].is_empty();
-            listed[l as usize] = keep;
+            let keep = !q.is_empty(l as usize);
+            q.links[l as usize].listed = keep;
             keep
         });
         sp += 1;
     }
     sp_start.push(order.len() as u32);
-    if n == 0 {
-        sp_start = vec![0];
-    }
     Ok(Schedule { scheduler: Scheduler::Hpds, order, sp_start })
 }
 
 fn round_robin(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
     let n = src.op_count();
-    let per_node = g.ranks_per_node;
-    let chunks = Chunks::new(src);
-    let nchunks = chunks.count as usize;
+    let nchunks = g.chunks as usize;
     let (counts, overflow) = g.pending()?;
     let mut pending = Pending { counts, overflow };
     let mut ready: Vec<BinaryHeap<Reverse<u32>>> = vec![BinaryHeap::new(); nchunks];
-    let mut links = Links::default();
-    let mut link_sp: Vec<u32> = Vec::new();
+    let mut link_sp = vec![NONE; g.links.links.len()];
     let mut order: Vec<OpId> = memory::try_vec(n, "the schedule's order")?;
     let mut sp_start: Vec<u32> = Vec::new();
-    src.try_for_each_op(|id, op| -> Result<(), CompileError> {
-        if g.pred_count(id.index()) == 0 {
-            ready[chunks.id(op.chunk) as usize].push(Reverse(id.0));
+    for i in 0..n {
+        if g.pred_count(i) == 0 {
+            ready[g.chunk_of_op.get(i) as usize].push(Reverse(i as u32));
         }
-        Ok(())
-    })?;
+    }
     let mut sp = 0u32;
     let mut start = 0usize;
     let mut picked: Vec<u32> = Vec::new();
@@ -361,10 +373,7 @@ fn round_robin(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError>
         for i in 0..nchunks {
             let c = (start + i) % nchunks;
             while let Some(Reverse(op)) = ready[c].pop() {
-                let (link, new) = links.of(&src.op(OpId(op)), per_node);
-                if new {
-                    link_sp.push(NONE);
-                }
+                let link = g.link_of_op[op as usize] as usize;
                 if link_sp[link] == sp {
                     deferred.push(op);
                     continue;
@@ -379,7 +388,7 @@ fn round_robin(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError>
         for &op in &picked {
             for &s in g.op_succs.row(op as usize) {
                 if pending.done_one(s as usize) {
-                    ready[chunks.id(src.op(OpId(s)).chunk) as usize].push(Reverse(s));
+                    ready[g.chunk_of_op.get(s as usize) as usize].push(Reverse(s));
                 }
             }
         }
@@ -388,9 +397,6 @@ fn round_robin(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError>
         sp += 1;
     }
     sp_start.push(order.len() as u32);
-    if n == 0 {
-        sp_start = vec![0];
-    }
     Ok(Schedule { scheduler: Scheduler::RoundRobin, order, sp_start })
 }
 

@@ -14,13 +14,14 @@
 //!   renumbered densely per rank pair) and one TB per endpoint.
 //!
 //! The pass has two halves. [`Connections::build`] numbers the connections over the whole program,
-//! in the order ops first use them. [`allocate_rank`] finds one rank's endpoints, their intervals
+//! in the order ops first use them (a transfer's connection is its link, and its stage per
+//! connection). [`allocate_rank`] finds one rank's endpoints, their intervals
 //! and TBs from that rank's tasks alone; the compiler runs it rank by rank while it emits the plan
 //! (nothing per task is kept between ranks), and [`run`] runs it for every rank to keep the whole
 //! [`Allocation`] for dumps and tests.
 
-use super::{ConnId, Connection, FastMap, OpSource, Prim, Schedule, Task, TbAlloc, TbId};
-use crate::program::{Op, OpId, OpKind, Program, Rank};
+use super::{ConnId, Connection, FastMap, Graph, OpSource, Prim, Schedule, Task, TbAlloc, TbId};
+use crate::program::{Op, OpId, OpKind, Rank};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt::Write;
@@ -59,29 +60,44 @@ pub struct Endpoint {
     pub tb: TbId,
 }
 
-/// The FIFO connections of a program, numbered in the order ops first use them.
+/// The FIFO connections of a program, numbered in the order ops first use them, and each
+/// transfer's connection by its link (and stage, per connection).
 #[derive(Clone, Debug)]
 pub struct Connections {
     /// The allocator they were made for.
     pub policy: TbAlloc,
     /// Indexed by [`ConnId`]; they become [`Plan::connections`](super::Plan::connections).
     pub list: Vec<Connection>,
-    /// `(src, dst, channel, stage)` → connection (the stage is 0 under [`TbAlloc::State`]).
-    ids: FastMap<(u32, u32, u32, u32), u32>,
+    /// State-based: the connection of each link (`NONE` for a local lane); a transfer link is a
+    /// connection.
+    by_link: Vec<u32>,
+    /// Per connection: `(link, stage)` → connection.
+    by_link_stage: FastMap<(u32, u32), u32>,
 }
 
+const NONE: u32 = u32::MAX;
+
 impl Connections {
-    /// The first half of the pass: every transfer's connection, numbered in program order.
-    pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, policy: TbAlloc) -> Connections {
+    /// The first half of the pass: every transfer's connection, numbered in program order. Reads
+    /// the ops' links from `g` ([`Graph::link_of_op`]).
+    pub fn build(src: &impl OpSource, g: &Graph, policy: TbAlloc) -> Connections {
         let per_conn = policy == TbAlloc::PerConn;
-        let mut ids: FastMap<(u32, u32, u32, u32), u32> = Default::default();
+        let mut c = Connections {
+            policy,
+            list: Vec::new(),
+            by_link: if per_conn { Vec::new() } else { vec![NONE; g.links.links.len()] },
+            by_link_stage: Default::default(),
+        };
         let mut pair_channels: FastMap<(u32, u32), u32> = Default::default();
-        let mut list = Vec::new();
-        let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
             if let OpKind::Transfer { src_rank, dst_rank, channel, .. } = op.kind {
-                let key = (src_rank.0, dst_rank.0, channel, if per_conn { op.stage } else { 0 });
-                let next = list.len() as u32;
-                if *ids.entry(key).or_insert(next) == next {
+                let l = g.link_of_op[id.index()];
+                let next = c.list.len() as u32;
+                let slot = if per_conn { c.by_link_stage.entry((l, op.stage)).or_insert(next) } else { &mut c.by_link[l as usize] };
+                if *slot == NONE {
+                    *slot = next;
+                }
+                if *slot == next {
                     let ch = if per_conn {
                         let n = pair_channels.entry((src_rank.0, dst_rank.0)).or_insert(0);
                         *n += 1;
@@ -89,25 +105,24 @@ impl Connections {
                     } else {
                         channel
                     };
-                    let inter_node = Program::node_of(src_rank, ranks_per_node) != Program::node_of(dst_rank, ranks_per_node);
-                    list.push(Connection { src: src_rank, dst: dst_rank, channel: ch, inter_node });
+                    let inter_node = g.links.links[l as usize].inter_node;
+                    c.list.push(Connection { src: src_rank, dst: dst_rank, channel: ch, inter_node });
                 }
             }
             Ok(())
         });
-        Connections { policy, list, ids }
+        c
     }
 
-    /// The connection of `op` (`None` for a local op).
+    /// The connection of an op on `link` at `stage` (`None` for a local op).
     #[inline]
-    pub fn of(&self, op: &Op) -> Option<ConnId> {
-        match op.kind {
-            OpKind::Transfer { src_rank, dst_rank, channel, .. } => {
-                let stage = if self.policy == TbAlloc::PerConn { op.stage } else { 0 };
-                self.ids.get(&(src_rank.0, dst_rank.0, channel, stage)).map(|&c| ConnId(c))
-            }
-            _ => None,
-        }
+    pub fn of(&self, link: u32, stage: u32) -> Option<ConnId> {
+        let c = if self.policy == TbAlloc::PerConn {
+            self.by_link_stage.get(&(link, stage)).copied().unwrap_or(NONE)
+        } else {
+            self.by_link[link as usize]
+        };
+        (c != NONE).then_some(ConnId(c))
     }
 }
 
@@ -137,14 +152,13 @@ pub struct RankAlloc {
 /// Scratch space of [`allocate_rank`], kept from rank to rank.
 #[derive(Default)]
 pub struct RankScratch {
-    ids: FastMap<EndpointKind, u32>,
     first_op: Vec<u32>,
     by_use: Vec<u32>,
     rename: Vec<u32>,
 }
 
-/// One task given to [`allocate_rank`]: its op, its side of the op, its connection and its
-/// sub-pipeline.
+/// One task given to [`allocate_rank`]: its op, its side of the op, its connection, its
+/// sub-pipeline and its endpoint.
 #[derive(Copy, Clone, Debug)]
 pub struct RankTask<'a> {
     /// The op's id.
@@ -157,21 +171,22 @@ pub struct RankTask<'a> {
     pub conn: Option<ConnId>,
     /// The op's sub-pipeline.
     pub sp: u32,
+    /// Its endpoint, numbered from 0 in the order the tasks given first name each: two tasks share
+    /// an endpoint when they share a link (and a stage, per connection), see [`EndpointKind`].
+    pub endpoint: u32,
 }
 
 /// The second half of the pass for `rank`, from its tasks in any order: endpoints with their
 /// active intervals, numbered in the order of first use in the program (by op id), then TBs.
 pub fn allocate_rank(rank: Rank, tasks: &[RankTask<'_>], policy: TbAlloc, scratch: &mut RankScratch) -> RankAlloc {
-    let RankScratch { ids, first_op, by_use, rename } = scratch;
-    ids.clear();
+    let RankScratch { first_op, by_use, rename } = scratch;
     first_op.clear();
     let mut endpoints: Vec<Endpoint> = Vec::new();
     let mut endpoint_of = Vec::with_capacity(tasks.len());
     for t in tasks {
-        let kind = endpoint_kind(t.op, t.side, t.conn, policy);
-        let next = endpoints.len() as u32;
-        let e = *ids.entry(kind).or_insert(next);
-        if e == next {
+        let e = t.endpoint;
+        if e as usize == endpoints.len() {
+            let kind = endpoint_kind(t.op, t.side, t.conn, policy);
             endpoints.push(Endpoint { rank, kind, first: t.sp, last: t.sp, tb: TbId(0) });
             first_op.push(t.id.0);
         } else {
@@ -289,35 +304,57 @@ impl Allocation {
 
 /// Runs the whole pass with `policy`, keeping every rank's result (for dumps and tests: it holds a
 /// copy of the ops).
-pub fn run(src: &impl OpSource, ranks_per_node: Option<u32>, sched: &Schedule, policy: TbAlloc) -> Allocation {
-    let conns = Connections::build(src, ranks_per_node, policy);
-    let sp = sched.subpipelines();
-    let nranks = src.ranks() as usize;
-    let mut ops: Vec<Op> = Vec::with_capacity(src.op_count());
-    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        ops.push(*op);
-        Ok(())
-    });
-    let mut by_rank: Vec<Vec<(u32, usize)>> = vec![Vec::new(); nranks];
-    for (i, op) in ops.iter().enumerate() {
-        for (side, t) in Task::split(OpId::new(i), op).enumerate() {
-            by_rank[t.rank.index()].push((i as u32, side));
-        }
-    }
+pub fn run(src: &impl OpSource, g: &Graph, sched: &Schedule, policy: TbAlloc) -> Allocation {
+    let conns = Connections::build(src, g, policy);
     let mut scratch = RankScratch::default();
-    let ranks = by_rank
+    let ranks = rank_tasks(src, g, sched, &conns)
         .iter()
         .enumerate()
-        .map(|(r, tasks)| {
-            let tasks: Vec<RankTask> = tasks
-                .iter()
-                .map(|&(i, side)| {
-                    let op = &ops[i as usize];
-                    RankTask { id: OpId(i), op, side, conn: conns.of(op), sp: sp[i as usize] }
-                })
-                .collect();
+        .map(|(r, held)| {
+            let tasks: Vec<RankTask> = held.iter().map(HeldTask::task).collect();
             allocate_rank(Rank(r as u32), &tasks, policy, &mut scratch)
         })
         .collect();
     Allocation { policy, connections: conns.list, ranks }
+}
+
+/// A [`RankTask`] that holds its op, from [`rank_tasks`].
+pub(crate) struct HeldTask {
+    id: OpId,
+    op: Op,
+    side: usize,
+    conn: Option<ConnId>,
+    sp: u32,
+    endpoint: u32,
+}
+
+impl HeldTask {
+    /// The task, borrowing its op.
+    pub(crate) fn task(&self) -> RankTask<'_> {
+        let HeldTask { id, ref op, side, conn, sp, endpoint } = *self;
+        RankTask { id, op, side, conn, sp, endpoint }
+    }
+}
+
+/// Every rank's tasks in program order with their endpoints numbered, for [`run`] and
+/// [`super::verify::alloc`].
+pub(crate) fn rank_tasks(src: &impl OpSource, g: &Graph, sched: &Schedule, conns: &Connections) -> Vec<Vec<HeldTask>> {
+    let sp = sched.subpipelines();
+    let nranks = src.ranks() as usize;
+    let mut out: Vec<Vec<HeldTask>> = (0..nranks).map(|_| Vec::new()).collect();
+    let mut ids: Vec<FastMap<(u32, u32), u32>> = vec![Default::default(); nranks];
+    let per_conn = conns.policy == TbAlloc::PerConn;
+    let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
+        let i = id.index();
+        let link = g.link_of_op[i];
+        let conn = conns.of(link, op.stage);
+        for (side, t) in Task::split(id, op).enumerate() {
+            let r = t.rank.index();
+            let next = ids[r].len() as u32;
+            let endpoint = *ids[r].entry((link, if per_conn { op.stage } else { 0 })).or_insert(next);
+            out[r].push(HeldTask { id, op: *op, side, conn, sp: sp[i], endpoint });
+        }
+        Ok(())
+    });
+    out
 }

@@ -5,13 +5,12 @@
 //! programs are verified as they compile: `tb-alloc` and `emit` are checked rank by rank as the
 //! plan is emitted ([`PlanCheck`]).
 
-use super::deps::{is_inter, link_key};
-use super::tballoc::{Connections, RankAlloc, RankTask};
+use super::tballoc::{Connections, RankAlloc, RankTask, rank_tasks};
 use super::{
     Allocation, CompileError, Connection, EndpointKind, FastMap, Graph, OpSource, Plan, Prim, RankPlan, Schedule,
     Scheduler, Task, TbAlloc,
 };
-use crate::program::{OpId, Rank};
+use crate::program::Rank;
 
 /// Names a task in messages (formatted only when an error is reported).
 #[derive(Copy, Clone)]
@@ -48,27 +47,30 @@ impl Bits {
     }
 }
 
-/// After `deps`: one entry per op, successors are later ops sharing a rank with their producer,
-/// rows ascending, and the producer counts match the successor lists.
+/// After `deps`: one entry per op, successors are later ops, rows ascending, the producer counts
+/// match the successor lists, and each op's link joins its ranks.
 pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
     let p = "deps";
     let n = src.op_count();
     if g.ops != n || g.op_succs.rows() != n || g.op_succs.start.last().copied() != Some(g.op_succs.items.len() as u32) {
         return Err(fail(p, "one entry per op expected".into()));
     }
+    if g.link_of_op.len() != n || g.chunk_of_op_len() != n {
+        return Err(fail(p, "one link and one chunk per op expected".into()));
+    }
     let (mut counts, mut overflow) = g.pending().map_err(CompileError::TooLarge)?;
     let mut tasks = 0usize;
     src.try_for_each_op(|id, op| {
         let a = id.index();
         tasks += Task::count(op);
+        let l = g.links.links.get(g.link_of_op[a] as usize);
+        if l.is_none_or(|l| l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer()) {
+            return Err(fail(p, format!("{id}: link does not match the op")));
+        }
         let row = g.op_succs.row(a);
         for (k, &b) in row.iter().enumerate() {
             if b as usize <= a || b as usize >= n || (k > 0 && row[k - 1] >= b) {
                 return Err(fail(p, format!("op{b} depends on op{a}, which is not earlier (or rows unsorted)")));
-            }
-            let ob = src.op(OpId(b));
-            if ![op.src_rank(), op.dst_rank()].iter().any(|r| *r == ob.src_rank() || *r == ob.dst_rank()) {
-                return Err(fail(p, format!("op{b} depends on op{a}, which runs on none of its ranks")));
             }
             if !take_one(&mut counts, &mut overflow, b) {
                 return Err(fail(p, format!("op{b} has more producers than its count")));
@@ -111,6 +113,9 @@ fn take_one(counts: &mut [u8], overflow: &mut FastMap<u32, u32>, op: u32) -> boo
 pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), CompileError> {
     let p = "schedule";
     let n = src.op_count();
+    if g.link_of_op.len() != n {
+        return Err(fail(p, "the graph's links were dropped before the check".into()));
+    }
     let sp = &s.sp_start;
     if s.order.len() != n
         || sp.first() != Some(&0)
@@ -120,9 +125,9 @@ pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), Comp
         return Err(fail(p, "schedule does not cover every op once, in non-empty sub-pipelines".into()));
     }
     let exclusive = matches!(s.scheduler, Scheduler::Hpds | Scheduler::RoundRobin);
-    let per_node = g.ranks_per_node;
+    let links = &g.links.links;
     // Per link: the last (sub-pipeline, op) that used it.
-    let mut link_last: FastMap<(u32, u32, u32, bool), (u32, u32)> = Default::default();
+    let mut link_last: Vec<(u32, u32)> = vec![(u32::MAX, 0); links.len()];
     let mut done = Bits::new(n);
     let mut cur = Bits::new(n);
     for k in 0..s.count() {
@@ -134,17 +139,14 @@ pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), Comp
             cur.set(op.index(), true);
         }
         for &a in ops {
-            let oa = src.op(a);
+            let l = g.link_of_op[a.index()] as usize;
             if exclusive {
-                let last = link_last.entry(link_key(&oa)).or_insert((u32::MAX, 0));
-                if last.0 == k {
-                    let (_, of_op) = g.links(src);
-                    let l = of_op[a.index()];
-                    return Err(fail(p, format!("op{} and {a} share link {l} in sub-pipeline {k}", last.1)));
+                if link_last[l].0 == k {
+                    return Err(fail(p, format!("op{} and {a} share link l{l} in sub-pipeline {k}", link_last[l].1)));
                 }
-                *last = (k, a.0);
+                link_last[l] = (k, a.0);
             }
-            let inter_a = is_inter(&oa, per_node);
+            let inter_a = links[l].inter_node;
             for &b in g.op_succs.row(a.index()) {
                 let b = b as usize;
                 if done.get(b) {
@@ -154,7 +156,7 @@ pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), Comp
                     if s.scheduler == Scheduler::RoundRobin {
                         return Err(fail(p, format!("op{b} shares sub-pipeline {k} with its producer {a}")));
                     }
-                    if s.scheduler == Scheduler::Hpds && inter_a && !is_inter(&src.op(OpId::new(b)), per_node) {
+                    if s.scheduler == Scheduler::Hpds && inter_a && !links[g.link_of_op[b] as usize].inter_node {
                         return Err(fail(p, format!("intra-node op{b} joined the sub-pipeline of inter-node {a}")));
                     }
                 }
@@ -226,81 +228,88 @@ pub fn rank_alloc(
 
 /// After `tb-alloc`, for a whole [`Allocation`] (see [`super::tballoc::run`]): [`rank_alloc`] for
 /// every rank, its tasks in program order.
-pub fn alloc(src: &impl OpSource, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
+pub fn alloc(src: &impl OpSource, g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
     let nranks = src.ranks() as usize;
     if a.ranks.len() != nranks {
         return Err(fail("tb-alloc", format!("{} rank allocations for {nranks} ranks", a.ranks.len())));
     }
-    let conns = Connections::build(src, None, a.policy);
-    let sp = s.subpipelines();
-    let mut ops = Vec::with_capacity(src.op_count());
-    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        ops.push(*op);
-        Ok(())
-    });
-    let mut by_rank: Vec<Vec<RankTask>> = vec![Vec::new(); nranks];
-    for (i, op) in ops.iter().enumerate() {
-        for (side, t) in Task::split(OpId::new(i), op).enumerate() {
-            by_rank[t.rank.index()].push(RankTask { id: OpId::new(i), op, side, conn: conns.of(op), sp: sp[i] });
-        }
-    }
-    for (r, tasks) in by_rank.iter().enumerate() {
-        rank_alloc(Rank(r as u32), tasks, &a.ranks[r], &a.connections, a.policy)?;
+    let conns = Connections::build(src, g, a.policy);
+    for (r, held) in rank_tasks(src, g, s, &conns).iter().enumerate() {
+        let tasks: Vec<RankTask> = held.iter().map(|t| t.task()).collect();
+        rank_alloc(Rank(r as u32), &tasks, &a.ranks[r], &a.connections, a.policy)?;
     }
     Ok(())
 }
 
-/// After `emit`, one rank plan at a time (emit streams them): every task once, TB lists sorted,
-/// sync points backwards within the rank, and both ends of each FIFO issue the same messages in the
-/// same order from one TB each. [`PlanCheck::finish`] checks that every task was seen.
+/// After `emit`, one rank plan at a time (emit streams them): each rank's plan holds exactly that
+/// rank's tasks of the program, TB lists are sorted, sync points point backwards within the rank,
+/// and both ends of each FIFO issue the same messages in the same order from one TB each.
 ///
 /// Both halves of a transfer must carry the same connection, sub-pipeline and seq; with TB lists
 /// sorted by seq and one TB per side of each connection, both sides then issue the connection's
-/// messages in the same order. Per connection and side a sum of a hash of (op, sub-pipeline, seq)
-/// over its tasks is kept, and the two sides' sums must agree; per op, four bits record which tasks
-/// were seen. This keeps the check at half a byte per op over 8192-GPU plans.
+/// messages in the same order. The checks are sums of a 64-bit hash, so that they stream over
+/// 8192-GPU plans: per rank, over its tasks' (op, kind), against the program's
+/// ([`PlanCheck::new`]); per connection and side, over its tasks' (op, sub-pipeline, seq), the two
+/// sides' sums equal ([`PlanCheck::finish`]).
 pub struct PlanCheck<'a> {
     connections: &'a [Connection],
     policy: TbAlloc,
-    /// Two ops per byte: bit 0 its send was seen, bit 1 its receive, bit 2 its local task.
-    seen: Vec<u8>,
+    /// Per rank: the sum and the number of its tasks' hashes in the program.
+    expected: Vec<(u64, u64)>,
     /// Per connection: the (rank, TB) driving each side.
     side_tb: Vec<[(u32, u32); 2]>,
     /// Per connection: the hash sums of each side's (op, sub-pipeline, seq).
     pairs: Vec<[u64; 2]>,
     tasks: usize,
     expected_tasks: usize,
-    ops: usize,
 }
 
 const NONE: u32 = u32::MAX;
 
-/// A 64-bit mix of a task's (op, sub-pipeline, seq) (SplitMix64's finaliser).
-fn mix(op: u32, sp: u32, seq: u32) -> u64 {
-    let mut z = (op as u64) ^ ((seq as u64) << 32) ^ (sp as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+/// A 64-bit mix of three words (SplitMix64's finaliser over them).
+fn mix(a: u32, b: u32, c: u32) -> u64 {
+    let mut z = (a as u64) ^ ((c as u64) << 32) ^ (b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
+/// The kind of a task as the rank check tells them apart: a send, a receive, a local op.
+fn kind(p: Prim) -> u32 {
+    match p {
+        Prim::Send => 0,
+        Prim::Recv | Prim::RecvReduceCopy => 1,
+        Prim::Copy | Prim::Reduce => 2,
+    }
+}
+
 impl<'a> PlanCheck<'a> {
-    /// A check of the plan emitted for a graph of `graph`'s size over these connections.
-    pub fn new(graph: &Graph, connections: &'a Connections) -> PlanCheck<'a> {
+    /// A check of the plan emitted for `src` over these connections (one pass over the program).
+    pub fn new(src: &impl OpSource, graph: &Graph, connections: &'a Connections) -> PlanCheck<'a> {
+        let mut expected = vec![(0u64, 0u64); src.ranks() as usize];
+        let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
+            for (side, t) in Task::split(id, op).enumerate() {
+                if let Some(e) = expected.get_mut(t.rank.index()) {
+                    e.0 = e.0.wrapping_add(mix(id.0, kind(Task::prim_of(op, side)), 0));
+                    e.1 += 1;
+                }
+            }
+            Ok(())
+        });
         PlanCheck {
             connections: &connections.list,
             policy: connections.policy,
-            seen: vec![0u8; graph.ops.div_ceil(2)],
+            expected,
             side_tb: vec![[(NONE, NONE); 2]; connections.list.len()],
             pairs: vec![[0; 2]; connections.list.len()],
             tasks: 0,
             expected_tasks: graph.task_count(),
-            ops: graph.ops,
         }
     }
 
-    /// Bytes a check keeps for `ops` ops and `conns` connections.
-    pub fn estimate_bytes(ops: u64, conns: u64) -> u64 {
-        ops / 2 + conns * 32
+    /// Bytes a check keeps for `ranks` ranks and `conns` connections.
+    pub fn estimate_bytes(ranks: u64, conns: u64) -> u64 {
+        ranks * 16 + conns * 32
     }
 
     /// Checks one rank's half of `tb-alloc` ([`rank_alloc`]).
@@ -311,6 +320,7 @@ impl<'a> PlanCheck<'a> {
     /// Checks one rank's plan.
     pub fn rank(&mut self, rp: &RankPlan) -> Result<(), CompileError> {
         let p = "emit";
+        let mut sum = (0u64, 0u64);
         for (ti, tb) in rp.tbs.iter().enumerate() {
             self.tasks += tb.tasks.len();
             for (i, task) in tb.tasks.iter().enumerate() {
@@ -335,16 +345,8 @@ impl<'a> PlanCheck<'a> {
                         return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
                     }
                 }
-                let o = task.op.index();
-                let bit = match task.prim {
-                    Prim::Send => 1u8,
-                    Prim::Recv | Prim::RecvReduceCopy => 2,
-                    Prim::Copy | Prim::Reduce => 4,
-                } << (4 * (o % 2));
-                if o >= self.ops || self.seen[o / 2] & bit != 0 {
-                    return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
-                }
-                self.seen[o / 2] |= bit;
+                sum.0 = sum.0.wrapping_add(mix(task.op.0, kind(task.prim), 0));
+                sum.1 += 1;
                 if task.prim.is_comm() {
                     let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = self
@@ -370,24 +372,22 @@ impl<'a> PlanCheck<'a> {
                 }
             }
         }
+        if self.expected.get(rp.rank.index()) != Some(&sum) {
+            return Err(fail(
+                p,
+                format!("{}: its tasks are not the program's (missing, repeated or of another kind)", rp.rank),
+            ));
+        }
         Ok(())
     }
 
-    /// Checks that the rank plans seen hold every task of `src`'s program, and that the two sides
-    /// of every connection carried the same ops with the same sub-pipelines and seqs.
-    pub fn finish(self, src: &impl OpSource) -> Result<(), CompileError> {
+    /// Checks that the rank plans seen hold every task of the program, and that the two sides of
+    /// every connection carried the same ops with the same sub-pipelines and seqs.
+    pub fn finish(self) -> Result<(), CompileError> {
         let p = "emit";
         if self.tasks != self.expected_tasks {
             return Err(fail(p, format!("plan has {} tasks, the graph {}", self.tasks, self.expected_tasks)));
         }
-        src.try_for_each_op(|id, op| {
-            let o = id.index();
-            let want = if op.is_transfer() { 0b011 } else { 0b100 };
-            if (self.seen[o / 2] >> (4 * (o % 2))) & 0xf != want {
-                return Err(fail(p, format!("{id}: its tasks are missing or do not pair up")));
-            }
-            Ok(())
-        })?;
         if let Some(c) = self.pairs.iter().position(|s| s[0] != s[1]) {
             return Err(fail(
                 p,
@@ -400,9 +400,12 @@ impl<'a> PlanCheck<'a> {
 
 /// After `emit`, for a whole plan: [`PlanCheck`] over every rank plan.
 pub fn plan(src: &impl OpSource, g: &Graph, conns: &Connections, plan: &Plan) -> Result<(), CompileError> {
-    let mut check = PlanCheck::new(g, conns);
+    let mut check = PlanCheck::new(src, g, conns);
+    if plan.ranks.len() != src.ranks() as usize {
+        return Err(fail("emit", format!("{} rank plans for {} ranks", plan.ranks.len(), src.ranks())));
+    }
     for rp in &plan.ranks {
         check.rank(rp)?;
     }
-    check.finish(src)
+    check.finish()
 }
