@@ -401,8 +401,7 @@ const NONE: u32 = u32::MAX;
 /// each rank's storage. Tasks are named by the caller (any `u32` but `u32::MAX`).
 pub struct Locations {
     base: Vec<usize>,
-    /// Per location: its last writer, its first reader since, and the head of the list of the
-    /// others (one cache line serves a location with one reader, the common case).
+    /// Per location: its last writer and the head of its reader list.
     at: Vec<Loc>,
     /// (reader, next) linked lists; the cells of a list a write clears go to the free list.
     pool: Vec<(u32, u32)>,
@@ -413,11 +412,10 @@ pub struct Locations {
 #[derive(Copy, Clone)]
 struct Loc {
     writer: u32,
-    reader: u32,
-    more: u32,
+    readers: u32,
 }
 
-const UNTOUCHED: Loc = Loc { writer: NONE, reader: NONE, more: NONE };
+const UNTOUCHED: Loc = Loc { writer: NONE, readers: NONE };
 
 impl Locations {
     /// Locations for every rank of `src`'s layout.
@@ -435,6 +433,18 @@ impl Locations {
             pool: Vec::new(),
             free: NONE,
         })
+    }
+
+    /// Locations for the ranks `ranks` of `layout` (rank `r` at base `r - ranks.start`).
+    pub fn for_ranks(layout: &crate::program::Layout, ranks: std::ops::Range<u32>) -> Result<Locations, TooLarge> {
+        let mut base = Vec::with_capacity(ranks.len() + 1);
+        let mut acc = 0usize;
+        base.push(0);
+        for r in ranks {
+            acc += layout.storage_chunks(Rank(r)) as usize;
+            base.push(acc);
+        }
+        Ok(Locations { base, at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?, pool: Vec::new(), free: NONE })
     }
 
     /// Locations for one rank's storage of `chunks` chunks (base 0), for walks rank by rank.
@@ -477,16 +487,12 @@ impl Locations {
     /// `task` reads `locs`: their last writers go to `preds`.
     pub fn read(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) -> Result<(), TooLarge> {
         for loc in locs {
-            let at = &mut self.at[loc];
-            if at.writer != NONE {
-                preds.push(at.writer);
+            let Loc { writer, readers } = self.at[loc];
+            if writer != NONE {
+                preds.push(writer);
             }
-            if at.reader == NONE {
-                at.reader = task;
-                continue;
-            }
-            let cell = (task, at.more);
-            let cell_at = if self.free != NONE {
+            let cell = (task, readers);
+            let at = if self.free != NONE {
                 let c = self.free;
                 self.free = self.pool[c as usize].1;
                 self.pool[c as usize] = cell;
@@ -503,7 +509,7 @@ impl Locations {
                 self.pool.push(cell);
                 (self.pool.len() - 1) as u32
             };
-            self.at[loc].more = cell_at;
+            self.at[loc].readers = at;
         }
         Ok(())
     }
@@ -511,13 +517,11 @@ impl Locations {
     /// `task` writes `locs`: their last writers and readers since go to `preds`.
     pub fn write(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) {
         for loc in locs {
-            let Loc { writer, reader, more } = self.at[loc];
-            for t in [writer, reader] {
-                if t != NONE {
-                    preds.push(t);
-                }
+            let Loc { writer, readers } = self.at[loc];
+            if writer != NONE {
+                preds.push(writer);
             }
-            let mut r = more;
+            let mut r = readers;
             while r != NONE {
                 let (t, next) = self.pool[r as usize];
                 preds.push(t);
@@ -525,7 +529,7 @@ impl Locations {
                 self.free = r;
                 r = next;
             }
-            self.at[loc] = Loc { writer: task, reader: NONE, more: NONE };
+            self.at[loc] = Loc { writer: task, readers: NONE };
         }
     }
 
@@ -581,13 +585,15 @@ pub const MAX_OPS: usize = (u32::MAX / 2) as usize;
 /// Bytes [`build`] holds at its peak for `ops` ops with `edges` op-level dependencies, whose
 /// sources read `reads` chunks, on a storage of `locations` chunk locations over all ranks, with
 /// chunk ids `chunk_bytes` wide: the
-/// walk (the locations, a reader cell per read not yet overwritten, the dependencies found, a count
-/// per op), then the transpose (dependencies and successors side by side), then the graph
-/// ([`graph_bytes`]); the link table aside.
-pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64) -> u64 {
-    let walk = locations * 12 + reads * 8 + edges * 4 + ops;
-    let transpose = edges * 8 + ops * 5;
-    walk.max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
+/// walk over `threads` threads (the locations, a reader cell per read not yet overwritten, the
+/// dependencies found, a count per op and thread), the merge of the threads' dependencies, then the
+/// transpose (dependencies and successors side by side) beside each op's link and chunk, then the
+/// graph ([`graph_bytes`]); the link table aside.
+pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64, threads: u64) -> u64 {
+    let walk = locations * 8 + reads * 8 + edges * 4 + ops * threads;
+    let merge = edges * 8 + ops * (threads + 1);
+    let transpose = edges * 8 + ops * 5 + ops * (4 + chunk_bytes);
+    walk.max(merge).max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
 }
 
 /// Bytes of a [`Graph`] of `ops` ops and `edges` dependencies, its chunk ids `chunk_bytes` wide
@@ -631,105 +637,183 @@ fn with_op(e: CompileError, id: OpId) -> CompileError {
     }
 }
 
-/// Runs the pass (after [`OpSource::verify`]; the walk checks ranks and slices itself, so a source
-/// that skips checks still gets typed errors). `ranks_per_node` decides which links cross nodes
-/// (`None`: one node). Its tables are allocated fallibly; [`estimate_bytes`] says how large they
-/// get, for a check before.
-pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>) -> Result<Graph, CompileError> {
-    src.verify()?;
-    let nops = src.op_count();
-    if nops > MAX_OPS {
-        return Err(ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") }.into());
-    }
-    let layout = src.layout();
-    let mut transfers = 0usize;
+/// One thread's share of the walk: the producers its ranks' tasks find, per op.
+struct Part {
+    /// Per op, the number of its producers this part found (255: see `overflow`).
+    counts: Vec<u8>,
+    overflow: FastMap<u32, u32>,
+    /// The producers, op by op, each op's sorted.
+    items: Vec<u32>,
+}
 
-    let mut locs = Locations::new(layout)?;
-    let mut counts: Vec<u8> = memory::try_vec(nops, "the dependency graph's producer counts")?;
-    let mut overflow: FastMap<u32, u32> = Default::default();
-    let mut items: Vec<u32> = memory::try_vec(nops * 2, "the dependency graph")?;
+impl Part {
+    #[inline]
+    fn count(&self, op: usize) -> usize {
+        match self.counts[op] {
+            255 => self.overflow[&(op as u32)] as usize,
+            c => c as usize,
+        }
+    }
+}
+
+/// The first error of a part of the walk, in program order: (op, which check, error), the rank
+/// check before the slices of side 0 and side 1.
+type Failure = (u32, u8, CompileError);
+
+/// Walks the tasks on `ranks` over the whole program (see the module documentation), and with
+/// `check_ranks` checks every op's ranks; room for `reserve` dependencies is allocated first.
+fn walk_part(src: &impl OpSource, ranks: std::ops::Range<u32>, check_ranks: bool, reserve: usize) -> Result<Part, Failure> {
+    let layout = src.layout();
+    let nops = src.op_count();
+    let at_start = |e: TooLarge| (0, 0, CompileError::TooLarge(e));
+    let mut locs = Locations::for_ranks(layout, ranks.clone()).map_err(at_start)?;
+    let mut part = Part {
+        counts: memory::try_vec(nops, "the dependency graph's producer counts").map_err(at_start)?,
+        overflow: Default::default(),
+        items: memory::try_vec(reserve, "the dependency graph").map_err(at_start)?,
+    };
     let mut found: Vec<u32> = Vec::new();
     let mut deps: Vec<u32> = Vec::new();
-    let ranks = layout.ranks;
-    src.try_for_each_op(|id, op| -> Result<(), CompileError> {
+    let n = layout.ranks;
+    src.try_for_each_op(|id, op| -> Result<(), Failure> {
         let b = id.0;
-        transfers += op.is_transfer() as usize;
         let (s, d) = (op.src_rank(), op.dst_rank());
-        for r in [s, d] {
-            if r.0 >= ranks {
-                return Err(ProgramError::RankOutOfRange { op: id, rank: r.0, ranks }.into());
+        if check_ranks {
+            for r in [s, d] {
+                if r.0 >= n {
+                    return Err((b, 0, ProgramError::RankOutOfRange { op: id, rank: r.0, ranks: n }.into()));
+                }
             }
         }
         // Tasks are named `op * 2 + side` here, so the op of a dependency is a shift away.
         for side in 0..Task::count(op) {
             let rank = if side == 0 { s } else { d };
-            locs.task(layout, op, side, rank, b * 2 + side as u32, &mut found).map_err(|e| with_op(e, id))?;
+            if !ranks.contains(&rank.0) {
+                continue;
+            }
+            let at = Rank(rank.0 - ranks.start);
+            locs.task(layout, op, side, at, b * 2 + side as u32, &mut found).map_err(|e| (b, 1 + side as u8, with_op(e, id)))?;
             deps.extend(found.drain(..).map(|p| p >> 1).filter(|&a| a != b));
         }
         deps.sort_unstable();
         deps.dedup();
+        let items = &mut part.items;
         if items.capacity() - items.len() < deps.len() {
             let more = items.len().max(deps.len());
-            items.try_reserve(more).map_err(|_| TooLarge {
-                request: format!("the dependency graph of {}", src.name()),
-                needed: ((items.len() + more) * 4) as u64,
-                limit: None,
+            items.try_reserve(more).map_err(|_| {
+                let needed = ((items.len() + more) * 4) as u64;
+                (b, 0, CompileError::TooLarge(TooLarge { request: "the dependency graph".into(), needed, limit: None }))
             })?;
         }
         items.extend_from_slice(&deps);
         if deps.len() >= 255 {
-            overflow.insert(b, deps.len() as u32);
+            part.overflow.insert(b, deps.len() as u32);
         }
-        counts.push(deps.len().min(255) as u8);
+        part.counts.push(deps.len().min(255) as u8);
         deps.clear();
         Ok(())
     })?;
-    drop(locs);
+    Ok(part)
+}
+
+/// Runs the pass (after [`OpSource::verify`]; the walk checks ranks and slices itself, so a source
+/// that skips checks still gets typed errors). `ranks_per_node` decides which links cross nodes
+/// (`None`: one node). Its tables are allocated fallibly; [`estimate_bytes`] says how large they
+/// get, for a check before.
+///
+/// The walk is split over up to `threads` threads by ranks (a task's dependencies are on its own
+/// rank): each walks the whole program for the tasks of its ranks, and the producers each finds
+/// for an op are merged. The links and chunks of the ops are numbered beside the transpose.
+pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -> Result<Graph, CompileError> {
+    src.verify()?;
+    let nops = src.op_count();
+    if nops > MAX_OPS {
+        return Err(ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") }.into());
+    }
+    let ranks = src.layout().ranks;
+    let t = threads.clamp(1, MAX_WALK_THREADS).min(ranks.max(1) as usize) as u32;
+    let range = |k: u32| (ranks as u64 * k as u64 / t as u64) as u32..(ranks as u64 * (k as u64 + 1) / t as u64) as u32;
+    let results: Vec<Result<Part, Failure>> = if t == 1 {
+        vec![walk_part(src, 0..ranks, true, nops * 2)]
+    } else {
+        std::thread::scope(|scope| {
+            let reserve = nops * 2 / t as usize;
+            let others: Vec<_> = (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
+            let mut v = vec![walk_part(src, range(0), true, reserve)];
+            v.extend(others.into_iter().map(|h| h.join().expect("a walk thread panicked")));
+            v
+        })
+    };
+    let mut parts = Vec::with_capacity(results.len());
+    let mut first: Option<Failure> = None;
+    for r in results {
+        match r {
+            Ok(p) => parts.push(p),
+            Err(f) => {
+                if first.as_ref().is_none_or(|g| (f.0, f.1) < (g.0, g.1)) {
+                    first = Some(f);
+                }
+            }
+        }
+    }
+    if let Some((_, _, e)) = first {
+        return Err(e);
+    }
+    // The merge: each op's producers, the union of the parts' (each sorted).
+    let (mut counts, mut overflow, items) = if parts.len() == 1 {
+        let p = parts.pop().expect("one part");
+        (p.counts, p.overflow, p.items)
+    } else {
+        let total: usize = parts.iter().map(|p| p.items.len()).sum();
+        let mut counts: Vec<u8> = memory::try_vec(nops, "the dependency graph's producer counts")?;
+        let mut overflow: FastMap<u32, u32> = Default::default();
+        let mut items: Vec<u32> = memory::try_vec(total, "the dependency graph")?;
+        let mut at = vec![0usize; parts.len()];
+        for b in 0..nops {
+            let before = items.len();
+            let mut rows = 0;
+            for (k, p) in parts.iter().enumerate() {
+                let c = p.count(b);
+                if c > 0 {
+                    items.extend_from_slice(&p.items[at[k]..at[k] + c]);
+                    at[k] += c;
+                    rows += 1;
+                }
+            }
+            if rows > 1 {
+                items[before..].sort_unstable();
+                let mut w = before;
+                for r in before..items.len() {
+                    if r == before || items[r] != items[w - 1] {
+                        items[w] = items[r];
+                        w += 1;
+                    }
+                }
+                items.truncate(w);
+            }
+            let c = items.len() - before;
+            if c >= 255 {
+                overflow.insert(b as u32, c as u32);
+            }
+            counts.push(c.min(255) as u8);
+        }
+        drop(parts);
+        (counts, overflow, items)
+    };
     if items.len() > u32::MAX as usize {
         return Err(ProgramError::BadLayout { reason: format!("{} dependencies are more than 2^32", items.len()) }.into());
     }
-    let count = |op: usize| match counts[op] {
-        255 => overflow[&(op as u32)] as usize,
-        c => c as usize,
-    };
-    // The transpose: `start[a]` counts `a`'s successors, then sums up to its row's end, then is
-    // moved back to its start while the rows are filled from their ends, walking the producers'
-    // rows backwards. Rows come out ascending.
-    let mut start: Vec<u32> = memory::try_filled(nops + 1, 0u32, "the dependency graph's successors")?;
-    for &a in &items {
-        start[a as usize] += 1;
-    }
-    for x in 1..nops {
-        start[x] += start[x - 1];
-    }
-    start[nops] = items.len() as u32;
-    let mut succ: Vec<u32> = memory::try_filled(items.len(), 0u32, "the dependency graph's successors")?;
-    let mut end = items.len();
-    for b in (0..nops).rev() {
-        let row = end - count(b)..end;
-        for &a in items[row.clone()].iter().rev() {
-            start[a as usize] -= 1;
-            succ[start[a as usize] as usize] = b as u32;
-        }
-        end = row.start;
-    }
+    counts.shrink_to_fit();
+    overflow.shrink_to_fit();
+    // The transpose, and beside it each op's link and chunk.
+    let ((start, succ), tables) = std::thread::scope(|scope| {
+        let tables = scope.spawn(|| links_and_chunks(src, ranks_per_node));
+        let succs = transpose(nops, &counts, &overflow, &items);
+        (succs, tables.join().expect("the link numbering panicked"))
+    });
+    let (start, succ) = (start?, succ?);
     drop(items);
-    // Links and dense chunk ids, in program order: what the schedulers read per op.
-    let mut links = LinkTable::new(ranks);
-    let mut link_of_op: Vec<u32> = memory::try_vec(nops, "the link of each op")?;
-    let mut max_chunk = 0u32;
-    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        max_chunk = max_chunk.max(op.chunk);
-        Ok(())
-    });
-    let mut chunk_ids = ChunkIds::new(max_chunk, nops);
-    let bound = if chunk_ids.table.is_empty() { u64::MAX } else { max_chunk as u64 + 1 };
-    let mut chunk_of_op = Dense::with_capacity(nops, bound, "the chunk of each op")?;
-    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        link_of_op.push(links.intern(op, ranks_per_node));
-        chunk_of_op.push(chunk_ids.intern(op.chunk));
-        Ok(())
-    });
+    let (links, link_of_op, chunk_of_op, chunks, transfers) = tables?;
     Ok(Graph {
         ops: nops,
         tasks: nops + transfers,
@@ -739,7 +823,80 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>) -> Result<Graph, 
         links,
         link_of_op,
         chunk_of_op,
-        chunks: chunk_ids.count,
+        chunks,
         ranks_per_node,
     })
+}
+
+/// Threads the dependency walk uses at most (each keeps a byte per op).
+pub const MAX_WALK_THREADS: usize = 4;
+
+/// The successors from the producers (`counts[b]` of them for op `b`, in `items`, op by op):
+/// `start[a]` counts `a`'s successors, then sums up to its row's end, then is moved back to its
+/// start while the rows are filled from their ends, walking the producers' rows backwards. Rows
+/// come out ascending.
+#[allow(clippy::type_complexity)]
+fn transpose(
+    nops: usize,
+    counts: &[u8],
+    overflow: &FastMap<u32, u32>,
+    items: &[u32],
+) -> (Result<Vec<u32>, TooLarge>, Result<Vec<u32>, TooLarge>) {
+    let count = |op: usize| match counts[op] {
+        255 => overflow[&(op as u32)] as usize,
+        c => c as usize,
+    };
+    let mut start: Vec<u32> = match memory::try_filled(nops + 1, 0u32, "the dependency graph's successors") {
+        Ok(v) => v,
+        Err(e) => return (Err(e.clone()), Err(e)),
+    };
+    for &a in items {
+        start[a as usize] += 1;
+    }
+    for x in 1..nops {
+        start[x] += start[x - 1];
+    }
+    start[nops] = items.len() as u32;
+    let mut succ: Vec<u32> = match memory::try_filled(items.len(), 0u32, "the dependency graph's successors") {
+        Ok(v) => v,
+        Err(e) => return (Err(e.clone()), Err(e)),
+    };
+    let mut end = items.len();
+    for b in (0..nops).rev() {
+        let row = end - count(b)..end;
+        for &a in items[row.clone()].iter().rev() {
+            start[a as usize] -= 1;
+            succ[start[a as usize] as usize] = b as u32;
+        }
+        end = row.start;
+    }
+    (Ok(start), Ok(succ))
+}
+
+/// Links and dense chunk ids in program order (what the schedulers read per op), the chunk count
+/// and the number of transfers.
+#[allow(clippy::type_complexity)]
+fn links_and_chunks(
+    src: &impl OpSource,
+    ranks_per_node: Option<u32>,
+) -> Result<(LinkTable, Vec<u32>, Dense, u32, usize), TooLarge> {
+    let nops = src.op_count();
+    let mut links = LinkTable::new(src.layout().ranks);
+    let mut link_of_op: Vec<u32> = memory::try_vec(nops, "the link of each op")?;
+    let mut max_chunk = 0u32;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        max_chunk = max_chunk.max(op.chunk);
+        Ok(())
+    });
+    let mut chunk_ids = ChunkIds::new(max_chunk, nops);
+    let bound = if chunk_ids.table.is_empty() { u64::MAX } else { max_chunk as u64 + 1 };
+    let mut chunk_of_op = Dense::with_capacity(nops, bound, "the chunk of each op")?;
+    let mut transfers = 0usize;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        link_of_op.push(links.intern(op, ranks_per_node));
+        chunk_of_op.push(chunk_ids.intern(op.chunk));
+        transfers += op.is_transfer() as usize;
+        Ok(())
+    });
+    Ok((links, link_of_op, chunk_of_op, chunk_ids.count, transfers))
 }

@@ -218,6 +218,10 @@ pub struct Options {
     /// `None` (the default) takes what this process can still allocate
     /// ([`memory::default_limit`]).
     pub memory_limit: Option<u64>,
+    /// Threads the compiler may use (`emit` builds ranks in parallel, `deps` walks ranks in
+    /// parallel); `None` (the default) takes the machine's parallelism, at most 8. The plan does
+    /// not depend on it.
+    pub threads: Option<usize>,
 }
 
 impl Default for Options {
@@ -228,6 +232,7 @@ impl Default for Options {
             ranks_per_node: None,
             verify: true,
             memory_limit: None,
+            threads: None,
         }
     }
 }
@@ -409,9 +414,9 @@ impl Sizes {
 /// and `emit` beside the order and the links ([`plan::estimate_bytes`]).
 pub fn estimate_bytes(s: &Sizes) -> u64 {
     let edges = 2 * s.ops;
-    let deps = deps::estimate_bytes(s.ops, edges, s.reads, s.locations, s.chunk_bytes);
+    let deps = deps::estimate_bytes(s.ops, edges, s.reads, s.locations, s.chunk_bytes, deps::MAX_WALK_THREADS as u64);
     let schedule = deps::graph_bytes(s.ops, edges, s.chunk_bytes) + schedule::estimate_bytes(s.ops, 0);
-    let emit = s.ops * 12 + plan::estimate_bytes(s.tasks(), s.ranks, s.max_rank_tasks, 0);
+    let emit = s.ops * 12 + plan::estimate_bytes(s.tasks(), s.ranks, s.max_rank_tasks, 0, 1);
     deps.max(schedule).max(emit)
 }
 
@@ -467,29 +472,33 @@ fn drive(
     };
     check(estimate_bytes(&sizes))?;
     let per_node = opts.ranks_per_node.or(src.ranks_per_node());
-    let mut graph = deps::build(src, per_node)?;
-    if opts.verify {
-        verify::graph(src, &graph)?;
-    }
+    let threads = plan::threads(opts);
+    let mut graph = deps::build(src, per_node, threads)?;
     mark("deps", &mut times);
     let links = graph.links.links.len() as u64;
     check(graph.heap_bytes() + schedule::estimate_bytes(sizes.ops, links))?;
-    let schedule = schedule::run(src, &graph, opts.scheduler)?;
-    if opts.verify {
-        verify::schedule(src, &graph, &schedule)?;
-    }
+    // With threads, a verifier runs beside the next pass (it only reads what both need); its
+    // error, the earlier pass's, comes first. Its time counts in the pass it ran beside.
+    let (checked, schedule) = beside(threads, opts.verify, || verify::graph(src, &graph), || {
+        schedule::run(src, &graph, opts.scheduler)
+    });
+    checked?;
+    let schedule = schedule?;
+    mark("schedule", &mut times);
+    let (checked, conns) = beside(threads, opts.verify, || verify::schedule(src, &graph, &schedule), || {
+        tballoc::Connections::build(src, &graph, opts.tb_alloc)
+    });
+    checked?;
     let keep_all = keep == Keep::All;
     if !keep_all {
         // Only the schedulers and their verifier walk successors and read chunks.
         graph.op_succs = Csr::default();
         graph.chunk_of_op = deps::Dense::U16(Vec::new());
     }
-    mark("schedule", &mut times);
-    let conns = tballoc::Connections::build(src, &graph, opts.tb_alloc);
     mark("tb-alloc", &mut times);
     let conn_bytes = conns.list.len() as u64 * 48;
     let check_bytes = verify::PlanCheck::estimate_bytes(sizes.ranks, conns.list.len() as u64);
-    let emit = plan::estimate_bytes(tasks, sizes.ranks, sizes.max_rank_tasks, links);
+    let emit = plan::estimate_bytes(tasks, sizes.ranks, sizes.max_rank_tasks, links, threads as u64);
     check(graph.heap_bytes() + sizes.ops * 8 + conn_bytes + check_bytes + emit)?;
     let link_by_pos = plan::links_by_position(&graph, &schedule)?;
     if !keep_all {
@@ -511,6 +520,27 @@ fn drive(
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
     Ok((plan, keep_all.then_some((graph, schedule))))
+}
+
+/// Runs `check` (when `verify`) and `next`, side by side on two threads when `threads` allows.
+fn beside<T: Send>(
+    threads: usize,
+    verify: bool,
+    check: impl FnOnce() -> Result<(), CompileError> + Send,
+    next: impl FnOnce() -> T,
+) -> (Result<(), CompileError>, T) {
+    if !verify {
+        return (Ok(()), next());
+    }
+    if threads < 2 {
+        let checked = check();
+        return (checked, next());
+    }
+    std::thread::scope(|scope| {
+        let checked = scope.spawn(check);
+        let t = next();
+        (checked.join().expect("a verifier panicked"), t)
+    })
 }
 
 /// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the

@@ -8,8 +8,9 @@
 
 use crate::program::{Layout, Op, OpId, Program, ProgramError};
 
-/// A program's ops and what the compiler needs beside them.
-pub trait OpSource {
+/// A program's ops and what the compiler needs beside them. Shared by the compiler's threads, so
+/// `Sync`.
+pub trait OpSource: Sync {
     /// The program's name (the plan's).
     fn name(&self) -> &str;
     /// Buffer sizes and aliasing.

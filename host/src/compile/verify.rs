@@ -7,7 +7,7 @@
 
 use super::tballoc::{Connections, RankAlloc, RankTask, rank_tasks};
 use super::{
-    Allocation, CompileError, Connection, EndpointKind, FastMap, Graph, OpSource, Plan, Prim, RankPlan, Schedule,
+    Allocation, CompileError, Connection, EndpointKind, Graph, OpSource, Plan, Prim, RankPlan, Schedule,
     Scheduler, Task, TbAlloc,
 };
 use crate::program::Rank;
@@ -47,8 +47,9 @@ impl Bits {
     }
 }
 
-/// After `deps`: one entry per op, successors are later ops, rows ascending, the producer counts
-/// match the successor lists, and each op's link joins its ranks.
+/// After `deps`: one entry per op, successors are later ops, rows ascending, each op's link joins
+/// its ranks, and the producer counts match the successor lists (compared as sums of a hash of
+/// the op over its producers and over the successor lists, so no per-op table is made).
 pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
     let p = "deps";
     let n = src.op_count();
@@ -58,8 +59,7 @@ pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
     if g.link_of_op.len() != n || g.chunk_of_op_len() != n {
         return Err(fail(p, "one link and one chunk per op expected".into()));
     }
-    let (mut counts, mut overflow) = g.pending().map_err(CompileError::TooLarge)?;
-    let mut tasks = 0usize;
+    let (mut tasks, mut by_counts, mut by_succs) = (0usize, 0u64, 0u64);
     src.try_for_each_op(|id, op| {
         let a = id.index();
         tasks += Task::count(op);
@@ -67,44 +67,23 @@ pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
         if l.is_none_or(|l| l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer()) {
             return Err(fail(p, format!("{id}: link does not match the op")));
         }
+        by_counts = by_counts.wrapping_add((g.pred_count(a) as u64).wrapping_mul(mix(id.0, 0, 0)));
         let row = g.op_succs.row(a);
         for (k, &b) in row.iter().enumerate() {
             if b as usize <= a || b as usize >= n || (k > 0 && row[k - 1] >= b) {
                 return Err(fail(p, format!("op{b} depends on op{a}, which is not earlier (or rows unsorted)")));
             }
-            if !take_one(&mut counts, &mut overflow, b) {
-                return Err(fail(p, format!("op{b} has more producers than its count")));
-            }
+            by_succs = by_succs.wrapping_add(mix(b, 0, 0));
         }
         Ok(())
     })?;
     if tasks != g.task_count() {
         return Err(fail(p, format!("{tasks} tasks, the graph says {}", g.task_count())));
     }
-    if let Some(b) = counts.iter().position(|&c| c != 0 && c != 255).or_else(|| {
-        overflow.iter().find(|(_, c)| **c != 0).map(|(b, _)| *b as usize)
-    }) {
-        return Err(fail(p, format!("op{b} has fewer producers than its count")));
+    if by_counts != by_succs {
+        return Err(fail(p, "the producer counts do not match the successor lists".into()));
     }
     Ok(())
-}
-
-/// Counts one producer of `op` off; `false` when none was left.
-fn take_one(counts: &mut [u8], overflow: &mut FastMap<u32, u32>, op: u32) -> bool {
-    match counts[op as usize] {
-        0 => false,
-        255 => match overflow.get_mut(&op) {
-            Some(c) if *c > 0 => {
-                *c -= 1;
-                true
-            }
-            _ => false,
-        },
-        c => {
-            counts[op as usize] = c - 1;
-            true
-        }
-    }
 }
 
 /// After `schedule`: a permutation sorted by sub-pipeline, producers first, and the scheduler's own
@@ -253,7 +232,6 @@ pub fn alloc(src: &impl OpSource, g: &Graph, s: &Schedule, a: &Allocation) -> Re
 /// sides' sums equal ([`PlanCheck::finish`]).
 pub struct PlanCheck<'a> {
     connections: &'a [Connection],
-    policy: TbAlloc,
     /// Per rank: the sum and the number of its tasks' hashes in the program.
     expected: Vec<(u64, u64)>,
     /// Per connection: the (rank, TB) driving each side.
@@ -298,7 +276,6 @@ impl<'a> PlanCheck<'a> {
         });
         PlanCheck {
             connections: &connections.list,
-            policy: connections.policy,
             expected,
             side_tb: vec![[(NONE, NONE); 2]; connections.list.len()],
             pairs: vec![[0; 2]; connections.list.len()],
@@ -310,11 +287,6 @@ impl<'a> PlanCheck<'a> {
     /// Bytes a check keeps for `ranks` ranks and `conns` connections.
     pub fn estimate_bytes(ranks: u64, conns: u64) -> u64 {
         ranks * 16 + conns * 32
-    }
-
-    /// Checks one rank's half of `tb-alloc` ([`rank_alloc`]).
-    pub fn alloc(&mut self, rank: Rank, tasks: &[RankTask<'_>], a: &RankAlloc) -> Result<(), CompileError> {
-        rank_alloc(rank, tasks, a, self.connections, self.policy)
     }
 
     /// Checks one rank's plan.
