@@ -18,8 +18,17 @@
 //! therefore per chunk and always between tasks of one rank. A receive depends on its send through
 //! the FIFO (the *pair*); tasks on one link (same `(src, dst, channel)`, or the same rank and channel
 //! for local ops) share it, which is the communication dependency the schedulers respect.
+//!
+//! ## What is kept
+//!
+//! The schedulers need op-level dependencies only: [`Graph`] keeps, per op, its successors and the
+//! number of its producers, about 10 bytes per op. Task-level dependencies are recomputed where
+//! they are needed, one rank at a time ([`Locations`] over that rank's tasks, in any topological
+//! order: see [`rank_task_preds`]), and links are looked up from an op's ranks and channel
+//! ([`link_key`]). This is what lets the 8192-GPU programs (134 M ops) compile in a few GB.
 
-use super::{Csr, LinkId, TaskId};
+use super::memory::{self, TooLarge};
+use super::{CompileError, Csr, FastMap, LinkId, OpSource, TaskId};
 use crate::program::{Op, OpId, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -90,6 +99,22 @@ impl Task {
     pub fn side_on(op: &Op, rank: Rank) -> usize {
         usize::from(op.is_transfer() && op.dst_rank() == rank)
     }
+
+    /// The primitive of `op`'s task on side `side`.
+    pub fn prim_of(op: &Op, side: usize) -> Prim {
+        match op.kind {
+            OpKind::Transfer { .. } if side == 0 => Prim::Send,
+            OpKind::Transfer { op: RecvOp::Recv, .. } => Prim::Recv,
+            OpKind::Transfer { op: RecvOp::RecvReduceCopy, .. } => Prim::RecvReduceCopy,
+            OpKind::Copy { .. } => Prim::Copy,
+            OpKind::Reduce { .. } => Prim::Reduce,
+        }
+    }
+
+    /// Number of tasks of `op`: two for a transfer, one for a local op.
+    pub fn count(op: &Op) -> usize {
+        1 + usize::from(op.is_transfer())
+    }
 }
 
 /// A link: the unit of communication conflict. Transfers on one `(src, dst, channel)` share a link;
@@ -108,109 +133,255 @@ pub struct Link {
     pub inter_node: bool,
 }
 
-/// The dependency graph: the op-level dependencies the schedulers use, which tasks of the two ops
-/// each one joins, and the links.
+/// What identifies `op`'s link: `(src, dst, channel, local)`.
+#[inline]
+pub fn link_key(op: &Op) -> (u32, u32, u32, bool) {
+    (op.src_rank().0, op.dst_rank().0, op.channel(), !op.is_transfer())
+}
+
+/// Whether `op` crosses nodes when `ranks_per_node` ranks share one (`None`: one node).
+#[inline]
+pub fn is_inter(op: &Op, ranks_per_node: Option<u32>) -> bool {
+    Program::node_of(op.src_rank(), ranks_per_node) != Program::node_of(op.dst_rank(), ranks_per_node)
+}
+
+/// The links of a program, numbered in the order ops first use them, and looked up from an op's
+/// ranks and channel: per source rank a short list searched in order (a rank has a few links in
+/// the generated programs), hashed once a rank has many.
+#[derive(Clone, Debug, Default)]
+pub struct LinkTable {
+    /// Every link, by id.
+    pub links: Vec<Link>,
+    /// Per source rank, `(dst, channel, local, id)` of its links while they are few; `None` once
+    /// they are in `many`.
+    few: Vec<Option<Vec<(u32, u32, bool, u32)>>>,
+    many: FastMap<(u32, u32, u32, bool), u32>,
+}
+
+/// Links a rank keeps in its short list before they are hashed.
+const FEW_LINKS: usize = 24;
+
+impl LinkTable {
+    /// An empty table for `ranks` ranks.
+    pub fn new(ranks: u32) -> LinkTable {
+        LinkTable { links: Vec::new(), few: vec![Some(Vec::new()); ranks as usize], many: Default::default() }
+    }
+
+    /// The id of `op`'s link, if it has one.
+    #[inline]
+    pub fn get(&self, op: &Op) -> Option<u32> {
+        let (s, d, c, local) = link_key(op);
+        match self.few.get(s as usize)? {
+            Some(v) => v.iter().find(|e| (e.0, e.1, e.2) == (d, c, local)).map(|e| e.3),
+            None => self.many.get(&(s, d, c, local)).copied(),
+        }
+    }
+
+    /// The id of `op`'s link, numbering it if it is new (`ranks_per_node` says whether it crosses
+    /// nodes). `op`'s source rank is below the table's rank count.
+    #[inline]
+    pub fn intern(&mut self, op: &Op, ranks_per_node: Option<u32>) -> u32 {
+        if let Some(l) = self.get(op) {
+            return l;
+        }
+        let (s, d, c, local) = link_key(op);
+        let id = self.links.len() as u32;
+        self.links.push(Link { src: Rank(s), dst: Rank(d), channel: c, local, inter_node: is_inter(op, ranks_per_node) });
+        match &mut self.few[s as usize] {
+            Some(v) if v.len() < FEW_LINKS => v.push((d, c, local, id)),
+            slot => {
+                for (d, c, local, l) in slot.take().into_iter().flatten() {
+                    self.many.insert((s, d, c, local), l);
+                }
+                self.many.insert((s, d, c, local), id);
+            }
+        }
+        id
+    }
+}
+
+/// A dense id per op, in the narrowest of `u16` and `u32` that holds every id.
+#[derive(Clone, Debug)]
+pub enum Dense {
+    /// Ids below 2^16.
+    U16(Vec<u16>),
+    /// Any ids.
+    U32(Vec<u32>),
+}
+
+impl Dense {
+    /// Id of op `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> u32 {
+        match self {
+            Dense::U16(v) => v[i] as u32,
+            Dense::U32(v) => v[i],
+        }
+    }
+    fn push(&mut self, x: u32) {
+        match self {
+            Dense::U16(v) => v.push(x as u16),
+            Dense::U32(v) => v.push(x),
+        }
+    }
+    /// `n` ids below `bound`, with room allocated fallibly.
+    fn with_capacity(n: usize, bound: u64, what: &str) -> Result<Dense, TooLarge> {
+        Ok(if bound <= 1 << 16 { Dense::U16(memory::try_vec(n, what)?) } else { Dense::U32(memory::try_vec(n, what)?) })
+    }
+}
+
+/// Dense chunk ids, in the order ops first name the chunks (what the schedulers' queues compare).
+struct ChunkIds {
+    /// Label → id + 1 (0: unseen), when labels are small enough for a table.
+    table: Vec<u32>,
+    /// Label → id otherwise.
+    map: FastMap<u32, u32>,
+    count: u32,
+}
+
+impl ChunkIds {
+    /// A numbering for labels up to `max` in a program of `ops` ops.
+    fn new(max: u32, ops: usize) -> ChunkIds {
+        // A table when it is no larger than a few bytes per op.
+        let table = if (max as usize) < (ops * 2).max(1 << 16) { vec![0u32; max as usize + 1] } else { Vec::new() };
+        ChunkIds { table, map: Default::default(), count: 0 }
+    }
+
+    #[inline]
+    fn intern(&mut self, label: u32) -> u32 {
+        if self.table.is_empty() {
+            let next = self.count;
+            let id = *self.map.entry(label).or_insert(next);
+            if id == next {
+                self.count += 1;
+            }
+            id
+        } else {
+            if self.table[label as usize] == 0 {
+                self.count += 1;
+                self.table[label as usize] = self.count;
+            }
+            self.table[label as usize] - 1
+        }
+    }
+}
+
+/// The dependency graph at op level, and each op's link and chunk: what the schedulers use.
 ///
 /// Tasks are numbered in program order (a transfer's send right before its receive) and are not
-/// stored: [`Task::split`] gives an op's tasks, [`Graph::tasks_of`] their ids. Task-level
-/// dependencies are stored as op-level edges tagged with the sides they join
-/// ([`Graph::pred_sides`]); [`Graph::task_preds`] expands them. This keeps the graph at about 30
-/// bytes per op, which is what lets the 8192-GPU programs (134 M ops) compile in memory.
+/// stored: [`Task::split`] gives an op's tasks. Task-level dependencies are not stored either
+/// (see the [module documentation](self)).
 #[derive(Clone, Debug)]
 pub struct Graph {
-    /// `op_tasks[op] .. op_tasks[op + 1]`: the op's tasks (a transfer has two, send then receive);
-    /// one entry per op plus the task count.
-    pub op_tasks: Vec<TaskId>,
-    /// Op-level dependencies: `op_preds.row(b)` holds, sorted, every op `a != b` that some task of
-    /// `b` depends on (earlier ops; always tasks of one rank).
-    pub op_preds: Csr,
-    /// One entry per item of `op_preds`: bit `2*s + s2` is set when task `s` of the op (its side,
-    /// see [`Task::split`]) depends on task `s2` of the producer.
-    pub pred_sides: Vec<u8>,
-    /// The transpose of `op_preds` (for the schedulers; the compiler drops it after `schedule`).
+    /// Number of ops.
+    pub ops: usize,
+    /// Number of tasks.
+    pub tasks: usize,
+    /// Op-level dependencies, forwards: `op_succs.row(a)` holds, ascending, every later op with a
+    /// task that depends on a task of `a` (always on a rank the two ops share).
     pub op_succs: Csr,
-    /// Every link, indexed by [`LinkId`], in the order ops first use them.
-    pub links: Vec<Link>,
-    /// The link of each op.
-    pub link_of_op: Vec<LinkId>,
+    /// Per op, the number of distinct ops it depends on, 255 standing for "255 or more, see
+    /// `pred_overflow`".
+    pred_counts: Vec<u8>,
+    /// The producer counts of 255 and more.
+    pred_overflow: FastMap<u32, u32>,
+    /// Every link, in the order ops first use them, and their look-up.
+    pub links: LinkTable,
+    /// The link of each op (the compiler drops it once the plan's tasks are grouped by rank).
+    pub link_of_op: Vec<u32>,
+    /// The chunk of each op, numbered densely in the order ops first name chunks (for the
+    /// schedulers; the compiler drops it after `schedule`).
+    pub chunk_of_op: Dense,
+    /// Number of distinct chunks.
+    pub chunks: u32,
     /// Ranks per node used for the intra/inter-node distinction.
     pub ranks_per_node: Option<u32>,
 }
 
 impl Graph {
-    /// The tasks of `op` (one or two).
-    pub fn tasks_of(&self, op: OpId) -> std::ops::Range<usize> {
-        self.op_tasks[op.index()].index()..self.op_tasks[op.index() + 1].index()
-    }
-
     /// Number of tasks.
     pub fn task_count(&self) -> usize {
-        self.op_tasks.last().map_or(0, |t| t.index())
+        self.tasks
     }
 
-    /// Every task with its id, in order.
-    pub fn tasks<'a>(&'a self, program: &'a Program) -> impl Iterator<Item = (TaskId, Task)> + 'a {
-        program.ops.iter().enumerate().flat_map(move |(i, op)| {
-            let first = self.op_tasks[i].index();
-            Task::split(OpId::new(i), op).enumerate().map(move |(k, t)| (TaskId::new(first + k), t))
-        })
-    }
-
-    /// The data dependencies of task `side` of `op`: earlier tasks of the same rank, ascending.
-    pub fn task_preds(&self, op: OpId, side: usize) -> impl Iterator<Item = TaskId> + '_ {
-        self.task_preds_in(self.pred_row(op), side)
-    }
-
-    /// Where `op`'s dependencies are in `op_preds.items` and `pred_sides`.
+    /// The number of distinct ops `op` depends on.
     #[inline]
-    pub fn pred_row(&self, op: OpId) -> std::ops::Range<usize> {
-        self.op_preds.start[op.index()] as usize..self.op_preds.start[op.index() + 1] as usize
+    pub fn pred_count(&self, op: usize) -> u32 {
+        match self.pred_counts[op] {
+            255 => self.pred_overflow[&(op as u32)],
+            c => c as u32,
+        }
     }
 
-    /// [`Graph::task_preds`] of task `side` of the op whose [`Graph::pred_row`] is `row`.
-    pub fn task_preds_in(&self, row: std::ops::Range<usize>, side: usize) -> impl Iterator<Item = TaskId> + '_ {
-        self.op_preds.items[row.clone()].iter().zip(&self.pred_sides[row]).flat_map(move |(&p, &bits)| {
-            let first = self.op_tasks[p as usize].0;
-            (0..2u32).filter(move |&s2| bits & (1 << (2 * side as u32 + s2)) != 0).map(move |s2| TaskId(first + s2))
-        })
+    /// Per op, the number of ops it depends on, as the schedulers count them down: a byte per op,
+    /// 255 meaning "look in the map".
+    pub(crate) fn pending(&self) -> Result<(Vec<u8>, FastMap<u32, u32>), TooLarge> {
+        let mut v = memory::try_vec(self.ops, "the schedulers' producer counts")?;
+        v.extend_from_slice(&self.pred_counts);
+        Ok((v, self.pred_overflow.clone()))
+    }
+
+    /// Bytes the graph's tables take (their allocations).
+    pub fn heap_bytes(&self) -> u64 {
+        let chunks = match &self.chunk_of_op {
+            Dense::U16(v) => v.capacity() * 2,
+            Dense::U32(v) => v.capacity() * 4,
+        };
+        (self.op_succs.start.capacity() * 4
+            + self.op_succs.items.capacity() * 4
+            + self.pred_counts.capacity()
+            + self.pred_overflow.capacity() * 16
+            + self.links.links.capacity() * std::mem::size_of::<Link>()
+            + self.links.many.capacity() * 24
+            + self.links.few.len() * 32
+            + self.link_of_op.capacity() * 4
+            + chunks) as u64
+    }
+
+    /// Number of entries of [`Graph::chunk_of_op`].
+    pub fn chunk_of_op_len(&self) -> usize {
+        match &self.chunk_of_op {
+            Dense::U16(v) => v.len(),
+            Dense::U32(v) => v.len(),
+        }
     }
 
     /// Whether `op` crosses nodes.
-    pub fn is_inter(&self, op: OpId) -> bool {
-        self.links[self.link_of_op[op.index()].index()].inter_node
+    pub fn is_inter(&self, op: &Op) -> bool {
+        is_inter(op, self.ranks_per_node)
     }
 
     /// The text dump: one line per task with its op, its link (tasks on one link are the
     /// communication dependencies) and its data dependencies; then the links.
-    pub fn dump(&self, program: &Program) -> String {
+    pub fn dump(&self, src: &impl OpSource) -> String {
+        let preds = task_preds(src).expect("a graph was built from this program");
         let mut s = String::new();
-        for (i, t) in self.tasks(program) {
-            let op = program.op(t.op);
-            let what = match (t.prim, op.kind) {
-                (Prim::Send, OpKind::Transfer { src, dst_rank, channel, .. }) => {
-                    format!("send {src} to {dst_rank} ch={channel}")
+        let mut t = 0usize;
+        let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
+            for task in Task::split(id, op) {
+                let what = match (task.prim, op.kind) {
+                    (Prim::Send, OpKind::Transfer { src, dst_rank, channel, .. }) => {
+                        format!("send {src} to {dst_rank} ch={channel}")
+                    }
+                    (_, OpKind::Transfer { dst, src_rank, channel, .. }) => {
+                        format!("{} {dst} from {src_rank} ch={channel}", task.prim.name())
+                    }
+                    (_, OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. }) => {
+                        format!("{} {src} -> {dst}", task.prim.name())
+                    }
+                };
+                let after: Vec<String> = preds.row(t).iter().map(|p| TaskId(*p).to_string()).collect();
+                let link = LinkId(self.link_of_op[id.index()]);
+                let _ = write!(s, "{} = {} {what} ({}, {link})", TaskId::new(t), task.rank, id);
+                if !after.is_empty() {
+                    let _ = write!(s, " after {}", after.join(" "));
                 }
-                (_, OpKind::Transfer { dst, src_rank, channel, .. }) => {
-                    format!("{} {dst} from {src_rank} ch={channel}", t.prim.name())
-                }
-                (_, k) => {
-                    let (src, dst) = match k {
-                        OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (src, dst),
-                        OpKind::Transfer { .. } => unreachable!(),
-                    };
-                    format!("{} {src} -> {dst}", t.prim.name())
-                }
-            };
-            let side = i.index() - self.op_tasks[t.op.index()].index();
-            let preds: Vec<String> = self.task_preds(t.op, side).map(|p| p.to_string()).collect();
-            let link = self.link_of_op[t.op.index()];
-            let _ = write!(s, "{i} = {} {what} ({}, {link})", t.rank, t.op);
-            if !preds.is_empty() {
-                let _ = write!(s, " after {}", preds.join(" "));
+                s.push('\n');
+                t += 1;
             }
-            s.push('\n');
-        }
-        for (i, l) in self.links.iter().enumerate() {
+            Ok(())
+        });
+        for (i, l) in self.links.links.iter().enumerate() {
             let kind = if l.local {
                 "local"
             } else if l.inter_node {
@@ -226,62 +397,131 @@ impl Graph {
 
 const NONE: u32 = u32::MAX;
 
-/// Location bookkeeping for the walk: last writer and the readers since, per chunk. Tasks are
-/// named `op * 2 + side` here, so the op of a dependency needs no lookup.
-struct Locations {
+/// Location bookkeeping for a dependency walk: last writer and the readers since, per chunk of
+/// each rank's storage. Tasks are named by the caller (any `u32` but `u32::MAX`).
+pub struct Locations {
     base: Vec<usize>,
-    last_writer: Vec<u32>,
-    reader_head: Vec<u32>,
+    /// Per location: its last writer and the head of its reader list.
+    at: Vec<Loc>,
     /// (reader, next) linked lists; the cells of a list a write clears go to the free list.
     pool: Vec<(u32, u32)>,
     free: u32,
 }
 
+/// One location's accesses (see [`Locations`]).
+#[derive(Copy, Clone)]
+struct Loc {
+    writer: u32,
+    readers: u32,
+}
+
+const UNTOUCHED: Loc = Loc { writer: NONE, readers: NONE };
+
 impl Locations {
-    fn new(program: &Program) -> Locations {
-        let l = &program.layout;
-        let mut base = Vec::with_capacity(l.ranks as usize + 1);
+    /// Locations for every rank of `src`'s layout.
+    pub fn new(layout: &crate::program::Layout) -> Result<Locations, TooLarge> {
+        let mut base = Vec::with_capacity(layout.ranks as usize + 1);
         let mut acc = 0usize;
         base.push(0);
-        for r in 0..l.ranks {
-            acc += l.storage_chunks(Rank(r)) as usize;
+        for r in 0..layout.ranks {
+            acc += layout.storage_chunks(Rank(r)) as usize;
             base.push(acc);
         }
-        Locations { base, last_writer: vec![NONE; acc], reader_head: vec![NONE; acc], pool: Vec::new(), free: NONE }
+        Ok(Locations {
+            base,
+            at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?,
+            pool: Vec::new(),
+            free: NONE,
+        })
     }
 
-    fn range(&self, program: &Program, rank: Rank, s: Slice) -> std::ops::Range<usize> {
-        let a = self.base[rank.index()] + program.layout.resolve(rank, s).expect("verified program") as usize;
-        a..a + s.count as usize
+    /// Locations for the ranks `ranks` of `layout` (rank `r` at base `r - ranks.start`).
+    pub fn for_ranks(layout: &crate::program::Layout, ranks: std::ops::Range<u32>) -> Result<Locations, TooLarge> {
+        let mut base = Vec::with_capacity(ranks.len() + 1);
+        let mut acc = 0usize;
+        base.push(0);
+        for r in ranks {
+            acc += layout.storage_chunks(Rank(r)) as usize;
+            base.push(acc);
+        }
+        Ok(Locations { base, at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?, pool: Vec::new(), free: NONE })
     }
 
-    fn read(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) {
+    /// Locations for one rank's storage of `chunks` chunks (base 0), for walks rank by rank.
+    pub fn one_rank(chunks: u32) -> Result<Locations, TooLarge> {
+        let n = chunks as usize;
+        Ok(Locations {
+            base: vec![0, n],
+            at: memory::try_filled(n, UNTOUCHED, "a rank's dependency walk")?,
+            pool: Vec::new(),
+            free: NONE,
+        })
+    }
+
+    /// Forgets every access, keeping one rank's storage of `chunks` chunks (see
+    /// [`Locations::one_rank`]).
+    pub fn reset_one_rank(&mut self, chunks: u32) {
+        let n = chunks as usize;
+        self.base.clear();
+        self.base.extend([0, n]);
+        self.at.clear();
+        self.at.resize(n, UNTOUCHED);
+        self.pool.clear();
+        self.free = NONE;
+    }
+
+    /// The locations `s` covers on `rank` (`rank` is 0 for a one-rank walk), or `None` when it does
+    /// not fit the rank's buffers.
+    #[inline]
+    pub fn range(
+        &self,
+        layout: &crate::program::Layout,
+        rank: Rank,
+        at: Rank,
+        s: Slice,
+    ) -> Option<std::ops::Range<usize>> {
+        let a = self.base[at.index()] + layout.resolve(rank, s)? as usize;
+        Some(a..a + s.count as usize)
+    }
+
+    /// `task` reads `locs`: their last writers go to `preds`.
+    pub fn read(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) -> Result<(), TooLarge> {
         for loc in locs {
-            let w = self.last_writer[loc];
-            if w != NONE {
-                preds.push(w);
+            let Loc { writer, readers } = self.at[loc];
+            if writer != NONE {
+                preds.push(writer);
             }
-            let cell = (task, self.reader_head[loc]);
+            let cell = (task, readers);
             let at = if self.free != NONE {
-                let at = self.free;
-                self.free = self.pool[at as usize].1;
-                self.pool[at as usize] = cell;
-                at
+                let c = self.free;
+                self.free = self.pool[c as usize].1;
+                self.pool[c as usize] = cell;
+                c
             } else {
+                if self.pool.len() == self.pool.capacity() {
+                    let more = self.pool.len().max(1 << 10);
+                    self.pool.try_reserve(more).map_err(|_| TooLarge {
+                        request: "the dependency walk's reader lists".into(),
+                        needed: ((self.pool.len() + more) * 8) as u64,
+                        limit: None,
+                    })?;
+                }
                 self.pool.push(cell);
                 (self.pool.len() - 1) as u32
             };
-            self.reader_head[loc] = at;
+            self.at[loc].readers = at;
         }
+        Ok(())
     }
 
-    fn write(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) {
+    /// `task` writes `locs`: their last writers and readers since go to `preds`.
+    pub fn write(&mut self, task: u32, locs: std::ops::Range<usize>, preds: &mut Vec<u32>) {
         for loc in locs {
-            let w = self.last_writer[loc];
-            if w != NONE {
-                preds.push(w);
+            let Loc { writer, readers } = self.at[loc];
+            if writer != NONE {
+                preds.push(writer);
             }
-            let mut r = self.reader_head[loc];
+            let mut r = readers;
             while r != NONE {
                 let (t, next) = self.pool[r as usize];
                 preds.push(t);
@@ -289,106 +529,374 @@ impl Locations {
                 self.free = r;
                 r = next;
             }
-            self.reader_head[loc] = NONE;
-            self.last_writer[loc] = task;
+            self.at[loc] = Loc { writer: task, readers: NONE };
         }
+    }
+
+    /// Walks task `side` of `op` (named `task`) as the table of the module documentation says,
+    /// its rank's storage at `at` (the rank itself, or 0 for a one-rank walk); `preds` gets the
+    /// tasks it depends on, possibly with repeats and with `task` itself.
+    pub fn task(
+        &mut self,
+        layout: &crate::program::Layout,
+        op: &Op,
+        side: usize,
+        at: Rank,
+        task: u32,
+        preds: &mut Vec<u32>,
+    ) -> Result<(), CompileError> {
+        let bad = |rank: Rank, slice: Slice| {
+            CompileError::Program(ProgramError::SliceOutOfRange {
+                op: OpId(NONE),
+                rank,
+                slice,
+                buffer_chunks: if rank.0 < layout.ranks { layout.buffer_chunks(rank, slice.buffer) } else { 0 },
+            })
+        };
+        let range = |rank: Rank, s: Slice| self.range(layout, rank, at, s).ok_or_else(|| bad(rank, s));
+        match op.kind {
+            OpKind::Transfer { src_rank, src, .. } if side == 0 => {
+                let r = range(src_rank, src)?;
+                self.read(task, r, preds)?;
+            }
+            OpKind::Transfer { dst_rank, dst, op: recv, .. } => {
+                let r = range(dst_rank, dst)?;
+                if recv == RecvOp::RecvReduceCopy {
+                    self.read(task, r.clone(), preds)?;
+                }
+                self.write(task, r, preds);
+            }
+            OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
+                let (s, d) = (range(rank, src)?, range(rank, dst)?);
+                self.read(task, s, preds)?;
+                if matches!(op.kind, OpKind::Reduce { .. }) {
+                    self.read(task, d.clone(), preds)?;
+                }
+                self.write(task, d, preds);
+            }
+        }
+        Ok(())
     }
 }
 
 /// The most ops a program may have: tasks are `u32` ids, two per transfer.
 pub const MAX_OPS: usize = (u32::MAX / 2) as usize;
 
-/// Runs the pass (after [`Program::verify`], which it repeats: the walk relies on every slice
-/// resolving). `ranks_per_node` decides which links cross nodes (`None`: one node).
-pub fn build(program: &Program, ranks_per_node: Option<u32>) -> Result<Graph, ProgramError> {
-    program.verify()?;
-    let nops = program.ops.len();
-    if nops > MAX_OPS {
-        return Err(ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") });
-    }
-    let mut op_tasks = Vec::with_capacity(nops + 1);
-    let mut ntasks = 0u32;
-    let mut start = Vec::with_capacity(nops + 1);
-    let mut items: Vec<u32> = Vec::with_capacity(nops * 2);
-    let mut sides: Vec<u8> = Vec::with_capacity(nops * 2);
-    start.push(0u32);
-    let mut locs = Locations::new(program);
-    // The dependencies of the op being walked, as `(producer op << 2) | (side << 1) | producer side`.
-    let mut deps: Vec<u64> = Vec::new();
-    let mut found: Vec<u32> = Vec::new();
-    let mut link_ids: super::FastMap<(u32, u32, u32, bool), u32> = Default::default();
-    let mut links = Vec::new();
-    let mut link_of_op = Vec::with_capacity(nops);
-    let node = |r: Rank| Program::node_of(r, ranks_per_node);
+/// Bytes [`build`] holds at its peak for `ops` ops with `edges` op-level dependencies, whose
+/// sources read `reads` chunks, on a storage of `locations` chunk locations over all ranks, with
+/// chunk ids `chunk_bytes` wide: the
+/// walk over `threads` threads (the locations, a reader cell per read not yet overwritten, the
+/// dependencies found, a count per op and thread), the merge of the threads' dependencies, then the
+/// transpose (dependencies and successors side by side) beside each op's link and chunk, then the
+/// graph ([`graph_bytes`]); the link table aside.
+pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64, threads: u64) -> u64 {
+    let walk = locations * 8 + reads * 8 + edges * 4 + ops * threads;
+    let merge = edges * 8 + ops * (threads + 1);
+    let transpose = edges * 8 + ops * 5 + ops * (4 + chunk_bytes);
+    walk.max(merge).max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
+}
 
-    // Moves the dependencies `found` for task `side` of op `b` into `deps` (named `op * 2 + side`,
-    // see `Locations`), leaving out the task itself.
-    let collect = |found: &mut Vec<u32>, deps: &mut Vec<u64>, b: u32, side: u32| {
-        for &p in found.iter() {
-            if p >> 1 != b {
-                deps.push(((p as u64 >> 1) << 2) | ((side as u64) << 1) | (p as u64 & 1));
-            }
+/// Bytes of a [`Graph`] of `ops` ops and `edges` dependencies, its chunk ids `chunk_bytes` wide
+/// ([`Dense`]): successors, producer counts, and each op's link and chunk (the link table aside).
+pub fn graph_bytes(ops: u64, edges: u64, chunk_bytes: u64) -> u64 {
+    ops * 4 + edges * 4 + ops + ops * 4 + ops * chunk_bytes
+}
+
+/// The producers of every task, as a CSR indexed by task id with task ids as items, ascending: the
+/// program-order walk of the module documentation, for dumps and checks of small programs.
+pub fn task_preds(src: &impl OpSource) -> Result<Csr, CompileError> {
+    let layout = src.layout();
+    let mut locs = Locations::new(layout)?;
+    let mut csr = Csr { start: vec![0], items: Vec::new() };
+    let mut found = Vec::new();
+    let mut t = 0u32;
+    src.try_for_each_op(|id, op| {
+        let first = t;
+        for side in 0..Task::count(op) {
+            let rank = if side == 0 { op.src_rank() } else { op.dst_rank() };
+            locs.task(layout, op, side, rank, t, &mut found).map_err(|e| with_op(e, id))?;
+            found.retain(|&p| p < first);
+            found.sort_unstable();
+            found.dedup();
+            csr.items.append(&mut found);
+            csr.start.push(csr.items.len() as u32);
+            t += 1;
         }
-        found.clear();
+        Ok::<(), CompileError>(())
+    })?;
+    Ok(csr)
+}
+
+/// Names `id` in a slice error found by the walk.
+fn with_op(e: CompileError, id: OpId) -> CompileError {
+    match e {
+        CompileError::Program(ProgramError::SliceOutOfRange { rank, slice, buffer_chunks, .. }) => {
+            CompileError::Program(ProgramError::SliceOutOfRange { op: id, rank, slice, buffer_chunks })
+        }
+        e => e,
+    }
+}
+
+/// One thread's share of the walk: the producers its ranks' tasks find, per op.
+struct Part {
+    /// Per op, the number of its producers this part found (255: see `overflow`).
+    counts: Vec<u8>,
+    overflow: FastMap<u32, u32>,
+    /// The producers, op by op, each op's sorted.
+    items: Vec<u32>,
+}
+
+impl Part {
+    #[inline]
+    fn count(&self, op: usize) -> usize {
+        match self.counts[op] {
+            255 => self.overflow[&(op as u32)] as usize,
+            c => c as usize,
+        }
+    }
+}
+
+/// The first error of a part of the walk, in program order: (op, which check, error), the rank
+/// check before the slices of side 0 and side 1.
+type Failure = (u32, u8, CompileError);
+
+/// Walks the tasks on `ranks` over the whole program (see the module documentation), and with
+/// `check_ranks` checks every op's ranks; room for `reserve` dependencies is allocated first.
+fn walk_part(src: &impl OpSource, ranks: std::ops::Range<u32>, check_ranks: bool, reserve: usize) -> Result<Part, Failure> {
+    let layout = src.layout();
+    let nops = src.op_count();
+    let at_start = |e: TooLarge| (0, 0, CompileError::TooLarge(e));
+    let mut locs = Locations::for_ranks(layout, ranks.clone()).map_err(at_start)?;
+    let mut part = Part {
+        counts: memory::try_vec(nops, "the dependency graph's producer counts").map_err(at_start)?,
+        overflow: Default::default(),
+        items: memory::try_vec(reserve, "the dependency graph").map_err(at_start)?,
     };
-
-    for (i, op) in program.ops.iter().enumerate() {
-        let b = i as u32;
-        op_tasks.push(TaskId(ntasks));
-        let key = match op.kind {
-            OpKind::Transfer { src_rank, dst_rank, channel, src, dst, op: r } => {
-                let range = locs.range(program, src_rank, src);
-                locs.read(b * 2, range, &mut found);
-                collect(&mut found, &mut deps, b, 0);
-                let range = locs.range(program, dst_rank, dst);
-                if r == RecvOp::RecvReduceCopy {
-                    locs.read(b * 2 + 1, range.clone(), &mut found);
+    let mut found: Vec<u32> = Vec::new();
+    let mut deps: Vec<u32> = Vec::new();
+    let n = layout.ranks;
+    src.try_for_each_op(|id, op| -> Result<(), Failure> {
+        let b = id.0;
+        let (s, d) = (op.src_rank(), op.dst_rank());
+        if check_ranks {
+            for r in [s, d] {
+                if r.0 >= n {
+                    return Err((b, 0, ProgramError::RankOutOfRange { op: id, rank: r.0, ranks: n }.into()));
                 }
-                locs.write(b * 2 + 1, range, &mut found);
-                collect(&mut found, &mut deps, b, 1);
-                ntasks += 2;
-                (src_rank.0, dst_rank.0, channel, false)
             }
-            OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
-                let reduce = matches!(op.kind, OpKind::Reduce { .. });
-                let s = locs.range(program, rank, src);
-                let d = locs.range(program, rank, dst);
-                locs.read(b * 2, s, &mut found);
-                if reduce {
-                    locs.read(b * 2, d.clone(), &mut found);
-                }
-                locs.write(b * 2, d, &mut found);
-                collect(&mut found, &mut deps, b, 0);
-                ntasks += 1;
-                (rank.0, rank.0, op.channel(), true)
+        }
+        // Tasks are named `op * 2 + side` here, so the op of a dependency is a shift away.
+        for side in 0..Task::count(op) {
+            let rank = if side == 0 { s } else { d };
+            if !ranks.contains(&rank.0) {
+                continue;
             }
-        };
-        // One edge per producer op, tagged with the (side, producer side) pairs it joins.
+            let at = Rank(rank.0 - ranks.start);
+            locs.task(layout, op, side, at, b * 2 + side as u32, &mut found).map_err(|e| (b, 1 + side as u8, with_op(e, id)))?;
+            deps.extend(found.drain(..).map(|p| p >> 1).filter(|&a| a != b));
+        }
         deps.sort_unstable();
-        for &d in &deps {
-            let (a, bit) = ((d >> 2) as u32, 1u8 << (d & 3));
-            if items.len() > *start.last().expect("row start") as usize && *items.last().expect("item") == a {
-                *sides.last_mut().expect("item") |= bit;
-            } else {
-                items.push(a);
-                sides.push(bit);
+        deps.dedup();
+        let items = &mut part.items;
+        if items.capacity() - items.len() < deps.len() {
+            let more = items.len().max(deps.len());
+            items.try_reserve(more).map_err(|_| {
+                let needed = ((items.len() + more) * 4) as u64;
+                (b, 0, CompileError::TooLarge(TooLarge { request: "the dependency graph".into(), needed, limit: None }))
+            })?;
+        }
+        items.extend_from_slice(&deps);
+        if deps.len() >= 255 {
+            part.overflow.insert(b, deps.len() as u32);
+        }
+        part.counts.push(deps.len().min(255) as u8);
+        deps.clear();
+        Ok(())
+    })?;
+    Ok(part)
+}
+
+/// Runs the pass (after [`OpSource::verify`]; the walk checks ranks and slices itself, so a source
+/// that skips checks still gets typed errors). `ranks_per_node` decides which links cross nodes
+/// (`None`: one node). Its tables are allocated fallibly; [`estimate_bytes`] says how large they
+/// get, for a check before.
+///
+/// The walk is split over up to `threads` threads by ranks (a task's dependencies are on its own
+/// rank): each walks the whole program for the tasks of its ranks, and the producers each finds
+/// for an op are merged. The links and chunks of the ops are numbered beside the transpose.
+pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -> Result<Graph, CompileError> {
+    src.verify()?;
+    let nops = src.op_count();
+    if nops > MAX_OPS {
+        return Err(ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") }.into());
+    }
+    let ranks = src.layout().ranks;
+    let t = threads.clamp(1, MAX_WALK_THREADS).min(ranks.max(1) as usize) as u32;
+    let range = |k: u32| (ranks as u64 * k as u64 / t as u64) as u32..(ranks as u64 * (k as u64 + 1) / t as u64) as u32;
+    let results: Vec<Result<Part, Failure>> = if t == 1 {
+        vec![walk_part(src, 0..ranks, true, nops * 2)]
+    } else {
+        std::thread::scope(|scope| {
+            let reserve = nops * 2 / t as usize;
+            let others: Vec<_> = (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
+            let mut v = vec![walk_part(src, range(0), true, reserve)];
+            v.extend(others.into_iter().map(|h| h.join().expect("a walk thread panicked")));
+            v
+        })
+    };
+    let mut parts = Vec::with_capacity(results.len());
+    let mut first: Option<Failure> = None;
+    for r in results {
+        match r {
+            Ok(p) => parts.push(p),
+            Err(f) => {
+                if first.as_ref().is_none_or(|g| (f.0, f.1) < (g.0, g.1)) {
+                    first = Some(f);
+                }
             }
         }
-        deps.clear();
-        start.push(items.len() as u32);
-        let next = links.len() as u32;
-        let l = *link_ids.entry(key).or_insert(next);
-        if l == next {
-            let (s, d) = (Rank(key.0), Rank(key.1));
-            links.push(Link { src: s, dst: d, channel: key.2, local: key.3, inter_node: node(s) != node(d) });
-        }
-        link_of_op.push(LinkId(l));
     }
-    op_tasks.push(TaskId(ntasks));
-    drop(locs);
-    items.shrink_to_fit();
-    sides.shrink_to_fit();
-    let op_preds = Csr { start, items };
-    let op_succs = op_preds.transpose(nops);
-    Ok(Graph { op_tasks, op_preds, pred_sides: sides, op_succs, links, link_of_op, ranks_per_node })
+    if let Some((_, _, e)) = first {
+        return Err(e);
+    }
+    // The merge: each op's producers, the union of the parts' (each sorted).
+    let (mut counts, mut overflow, items) = if parts.len() == 1 {
+        let p = parts.pop().expect("one part");
+        (p.counts, p.overflow, p.items)
+    } else {
+        let total: usize = parts.iter().map(|p| p.items.len()).sum();
+        let mut counts: Vec<u8> = memory::try_vec(nops, "the dependency graph's producer counts")?;
+        let mut overflow: FastMap<u32, u32> = Default::default();
+        let mut items: Vec<u32> = memory::try_vec(total, "the dependency graph")?;
+        let mut at = vec![0usize; parts.len()];
+        for b in 0..nops {
+            let before = items.len();
+            let mut rows = 0;
+            for (k, p) in parts.iter().enumerate() {
+                let c = p.count(b);
+                if c > 0 {
+                    items.extend_from_slice(&p.items[at[k]..at[k] + c]);
+                    at[k] += c;
+                    rows += 1;
+                }
+            }
+            if rows > 1 {
+                items[before..].sort_unstable();
+                let mut w = before;
+                for r in before..items.len() {
+                    if r == before || items[r] != items[w - 1] {
+                        items[w] = items[r];
+                        w += 1;
+                    }
+                }
+                items.truncate(w);
+            }
+            let c = items.len() - before;
+            if c >= 255 {
+                overflow.insert(b as u32, c as u32);
+            }
+            counts.push(c.min(255) as u8);
+        }
+        drop(parts);
+        (counts, overflow, items)
+    };
+    if items.len() > u32::MAX as usize {
+        return Err(ProgramError::BadLayout { reason: format!("{} dependencies are more than 2^32", items.len()) }.into());
+    }
+    counts.shrink_to_fit();
+    overflow.shrink_to_fit();
+    // The transpose, and beside it each op's link and chunk.
+    let ((start, succ), tables) = std::thread::scope(|scope| {
+        let tables = scope.spawn(|| links_and_chunks(src, ranks_per_node));
+        let succs = transpose(nops, &counts, &overflow, &items);
+        (succs, tables.join().expect("the link numbering panicked"))
+    });
+    let (start, succ) = (start?, succ?);
+    drop(items);
+    let (links, link_of_op, chunk_of_op, chunks, transfers) = tables?;
+    Ok(Graph {
+        ops: nops,
+        tasks: nops + transfers,
+        op_succs: Csr { start, items: succ },
+        pred_counts: counts,
+        pred_overflow: overflow,
+        links,
+        link_of_op,
+        chunk_of_op,
+        chunks,
+        ranks_per_node,
+    })
+}
+
+/// Threads the dependency walk uses at most (each keeps a byte per op).
+pub const MAX_WALK_THREADS: usize = 4;
+
+/// The successors from the producers (`counts[b]` of them for op `b`, in `items`, op by op):
+/// `start[a]` counts `a`'s successors, then sums up to its row's end, then is moved back to its
+/// start while the rows are filled from their ends, walking the producers' rows backwards. Rows
+/// come out ascending.
+#[allow(clippy::type_complexity)]
+fn transpose(
+    nops: usize,
+    counts: &[u8],
+    overflow: &FastMap<u32, u32>,
+    items: &[u32],
+) -> (Result<Vec<u32>, TooLarge>, Result<Vec<u32>, TooLarge>) {
+    let count = |op: usize| match counts[op] {
+        255 => overflow[&(op as u32)] as usize,
+        c => c as usize,
+    };
+    let mut start: Vec<u32> = match memory::try_filled(nops + 1, 0u32, "the dependency graph's successors") {
+        Ok(v) => v,
+        Err(e) => return (Err(e.clone()), Err(e)),
+    };
+    for &a in items {
+        start[a as usize] += 1;
+    }
+    for x in 1..nops {
+        start[x] += start[x - 1];
+    }
+    start[nops] = items.len() as u32;
+    let mut succ: Vec<u32> = match memory::try_filled(items.len(), 0u32, "the dependency graph's successors") {
+        Ok(v) => v,
+        Err(e) => return (Err(e.clone()), Err(e)),
+    };
+    let mut end = items.len();
+    for b in (0..nops).rev() {
+        let row = end - count(b)..end;
+        for &a in items[row.clone()].iter().rev() {
+            start[a as usize] -= 1;
+            succ[start[a as usize] as usize] = b as u32;
+        }
+        end = row.start;
+    }
+    (Ok(start), Ok(succ))
+}
+
+/// Links and dense chunk ids in program order (what the schedulers read per op), the chunk count
+/// and the number of transfers.
+#[allow(clippy::type_complexity)]
+fn links_and_chunks(
+    src: &impl OpSource,
+    ranks_per_node: Option<u32>,
+) -> Result<(LinkTable, Vec<u32>, Dense, u32, usize), TooLarge> {
+    let nops = src.op_count();
+    let mut links = LinkTable::new(src.layout().ranks);
+    let mut link_of_op: Vec<u32> = memory::try_vec(nops, "the link of each op")?;
+    let mut max_chunk = 0u32;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        max_chunk = max_chunk.max(op.chunk);
+        Ok(())
+    });
+    let mut chunk_ids = ChunkIds::new(max_chunk, nops);
+    let bound = if chunk_ids.table.is_empty() { u64::MAX } else { max_chunk as u64 + 1 };
+    let mut chunk_of_op = Dense::with_capacity(nops, bound, "the chunk of each op")?;
+    let mut transfers = 0usize;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        link_of_op.push(links.intern(op, ranks_per_node));
+        chunk_of_op.push(chunk_ids.intern(op.chunk));
+        transfers += op.is_transfer() as usize;
+        Ok(())
+    });
+    Ok((links, link_of_op, chunk_of_op, chunk_ids.count, transfers))
 }

@@ -16,6 +16,18 @@
 //! Each pass is followed by its verifier ([`verify`]) unless [`Options::verify`] is off; every pass
 //! has a text dump ([`Compilation`]) that the golden tests compare.
 //!
+//! ## Scale
+//!
+//! The passes read the program through [`OpSource`] and keep no copy of its ops, so a generated
+//! program ([`crate::program::generators::Generated`]) compiles without ever being stored. What
+//! they keep is compact: op-level successors and a producer count per op (`deps`), the order
+//! (`schedule`), the connections (`tb-alloc`) and each task's position grouped by rank (`emit`);
+//! task-level dependencies, endpoints and TBs are found rank by rank as the plan is emitted and
+//! dropped with the rank. Before anything is allocated the compiler estimates its peak memory
+//! ([`estimate_bytes`]) and refuses a program over [`Options::memory_limit`] with
+//! [`CompileError::TooLarge`]; its large tables are allocated fallibly. The 8192-GPU HM AllReduce
+//! (134 M ops, 268 M tasks) compiles in about 2.5 GB.
+//!
 //! ## The execution model the passes target
 //!
 //! A *task* is one rank's half of an op: the send or the receive of a transfer, or a local copy or
@@ -27,17 +39,21 @@
 
 pub mod deps;
 pub mod lower;
+pub mod memory;
 pub mod plan;
 pub mod schedule;
+pub mod source;
 pub mod tballoc;
 pub mod verify;
 
 pub use deps::{Graph, Link, Prim, Task};
+pub use memory::TooLarge;
 pub use plan::{Connection, Plan, PlanStats, RankPlan, SyncPoint, TbCursor, TbPlan, TbTask};
 pub use schedule::Schedule;
-pub use tballoc::{Allocation, Endpoint, EndpointKind};
+pub use source::OpSource;
+pub use tballoc::{Allocation, Connections, Endpoint, EndpointKind};
 
-use crate::program::{Program, ProgramError, entity};
+use crate::program::{ProgramError, Rank, entity};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -198,11 +214,26 @@ pub struct Options {
     pub ranks_per_node: Option<u32>,
     /// Run the verifier after every pass (on by default).
     pub verify: bool,
+    /// Most bytes the compilation may take ([`estimate_bytes`], the program itself not counted);
+    /// `None` (the default) takes what this process can still allocate
+    /// ([`memory::default_limit`]).
+    pub memory_limit: Option<u64>,
+    /// Threads the compiler may use (`emit` builds ranks in parallel, `deps` walks ranks in
+    /// parallel); `None` (the default) takes the machine's parallelism, at most 8. The plan does
+    /// not depend on it.
+    pub threads: Option<usize>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { scheduler: Scheduler::Hpds, tb_alloc: TbAlloc::State, ranks_per_node: None, verify: true }
+        Options {
+            scheduler: Scheduler::Hpds,
+            tb_alloc: TbAlloc::State,
+            ranks_per_node: None,
+            verify: true,
+            memory_limit: None,
+            threads: None,
+        }
     }
 }
 
@@ -226,6 +257,9 @@ pub enum CompileError {
         /// Which invariant broke, and where.
         message: String,
     },
+    /// The compilation would take more memory than [`Options::memory_limit`] (estimated before
+    /// anything was allocated), or an allocation failed.
+    TooLarge(TooLarge),
 }
 
 impl fmt::Display for CompileError {
@@ -235,6 +269,7 @@ impl fmt::Display for CompileError {
             CompileError::Verify { pass, message } => {
                 write!(f, "verifier after `{pass}`: {message}")
             }
+            CompileError::TooLarge(e) => write!(f, "{e}"),
         }
     }
 }
@@ -247,26 +282,31 @@ impl From<ProgramError> for CompileError {
     }
 }
 
+impl From<TooLarge> for CompileError {
+    fn from(e: TooLarge) -> Self {
+        CompileError::TooLarge(e)
+    }
+}
+
 /// Every intermediate result of a compilation, for dumps and tests.
 #[derive(Clone, Debug)]
 pub struct Compilation {
-    /// The result of `deps`, whole: it keeps [`Graph::op_succs`] and [`Graph::link_of_op`], which
-    /// [`compile`] frees as soon as no later pass needs them.
+    /// The result of `deps`.
     pub graph: Graph,
     /// The result of `schedule`.
     pub schedule: Schedule,
-    /// The result of `tb-alloc`.
+    /// The result of `tb-alloc`, every rank's half kept ([`tballoc::run`]).
     pub alloc: Allocation,
     /// The result of `emit`, with every rank plan, as [`compile`] returns it.
     pub plan: Plan,
 }
 
 impl Compilation {
-    /// The text dump after pass `pass` (a name from [`PASSES`]).
-    pub fn dump(&self, program: &Program, pass: &str) -> Option<String> {
+    /// The text dump after pass `pass` (a name from [`PASSES`]) of `src`'s compilation.
+    pub fn dump(&self, src: &impl OpSource, pass: &str) -> Option<String> {
         match pass {
-            "deps" => Some(self.graph.dump(program)),
-            "schedule" => Some(self.schedule.dump(program)),
+            "deps" => Some(self.graph.dump(src)),
+            "schedule" => Some(self.schedule.dump()),
             "tb-alloc" => Some(self.alloc.dump()),
             "emit" => Some(self.plan.dump()),
             _ => None,
@@ -274,48 +314,137 @@ impl Compilation {
     }
 }
 
-/// Runs every pass (and its verifier) and keeps the intermediate results.
-pub fn run_passes(program: &Program, opts: &Options) -> Result<Compilation, CompileError> {
-    let mut ranks = Vec::with_capacity(program.ranks() as usize);
-    let (mut plan, kept) = drive(program, opts, true, &mut |rp| ranks.push(rp))?;
+/// Runs every pass (and its verifier) and keeps the intermediate results (for small programs:
+/// the whole allocation is kept, see [`tballoc::run`]).
+pub fn run_passes(src: &impl OpSource, opts: &Options) -> Result<Compilation, CompileError> {
+    let mut ranks = Vec::with_capacity(src.ranks() as usize);
+    let (mut plan, kept) = drive(src, opts, Keep::All, &mut |rp| ranks.push(rp))?;
     plan.ranks = ranks;
-    let (graph, schedule, alloc) = kept.expect("kept on request");
+    let (graph, schedule) = kept.expect("kept on request");
+    let alloc = tballoc::run(src, &graph, &schedule, opts.tb_alloc);
+    if opts.verify {
+        verify::alloc(src, &graph, &schedule, &alloc)?;
+    }
     Ok(Compilation { graph, schedule, alloc, plan })
 }
 
-/// Compiles `program` into a [`Plan`].
-pub fn compile(program: &Program, opts: &Options) -> Result<Plan, CompileError> {
-    let mut ranks = Vec::with_capacity(program.ranks() as usize);
-    let (mut plan, _) = drive(program, opts, false, &mut |rp| ranks.push(rp))?;
+/// Compiles `src` into a [`Plan`].
+pub fn compile(src: &impl OpSource, opts: &Options) -> Result<Plan, CompileError> {
+    let mut ranks = Vec::with_capacity(src.ranks() as usize);
+    let (mut plan, _) = drive(src, opts, Keep::Plan, &mut |rp| ranks.push(rp))?;
     plan.ranks = ranks;
     Ok(plan)
 }
 
-/// Compiles `program` like [`compile`], but hands each rank's plan to `sink` as soon as it is
+/// Compiles `src` like [`compile`], but hands each rank's plan to `sink` as soon as it is
 /// emitted (and verified), in rank order, instead of keeping it. Returns the plan without its rank
 /// plans (`ranks` is empty) but with its connections and statistics; `compile_ms` covers every pass
 /// and verifier, as for [`compile`], and the time `sink` takes.
 ///
 /// This is for callers that look at one rank at a time or only at the statistics: the whole plan
 /// of an 8192-GPU HM AllReduce (268 M tasks) takes about 19 GB on its own, while compiling that
-/// program this way peaks at about 13 GB, the program included.
+/// program this way from its generator ([`crate::program::generators::Algorithm::source`]) peaks at
+/// about 2.5 GB.
 pub fn compile_streaming(
-    program: &Program,
+    src: &impl OpSource,
     opts: &Options,
     sink: &mut dyn FnMut(RankPlan),
 ) -> Result<Plan, CompileError> {
-    drive(program, opts, false, sink).map(|(plan, _)| plan)
+    drive(src, opts, Keep::Nothing, sink).map(|(plan, _)| plan)
 }
 
-/// Runs the passes, each followed by its verifier, handing rank plans to `sink`. With `keep` it
-/// returns the intermediate results; without, it drops each as soon as no later pass needs it.
-#[allow(clippy::type_complexity)]
+/// The sizes [`estimate_bytes`] reads from a program.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sizes {
+    /// Ops.
+    pub ops: u64,
+    /// Transfers among them (a task on each of two ranks).
+    pub transfers: u64,
+    /// Chunks the ops' sources cover.
+    pub reads: u64,
+    /// Chunk locations of all ranks' storage.
+    pub locations: u64,
+    /// Ranks.
+    pub ranks: u64,
+    /// The most tasks one rank has.
+    pub max_rank_tasks: u64,
+    /// Bytes of a dense chunk id: 2 when every chunk label is below 2^16, else 4.
+    pub chunk_bytes: u64,
+}
+
+impl Sizes {
+    /// Counts them (one pass over the ops).
+    pub fn of(src: &impl OpSource) -> Sizes {
+        let l = src.layout();
+        let mut per_rank = vec![0u64; l.ranks as usize];
+        let mut s = Sizes {
+            ops: src.op_count() as u64,
+            locations: (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum(),
+            ranks: l.ranks as u64,
+            chunk_bytes: 2,
+            ..Sizes::default()
+        };
+        let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+            for r in [op.src_rank(), op.dst_rank()].into_iter().take(Task::count(op)) {
+                if let Some(c) = per_rank.get_mut(r.index()) {
+                    *c += 1;
+                }
+            }
+            s.transfers += op.is_transfer() as u64;
+            s.reads += op.src().count as u64;
+            if op.chunk >= 1 << 16 {
+                s.chunk_bytes = 4;
+            }
+            Ok(())
+        });
+        s.max_rank_tasks = per_rank.into_iter().max().unwrap_or(0);
+        s
+    }
+
+    /// Tasks.
+    pub fn tasks(&self) -> u64 {
+        self.ops + self.transfers
+    }
+}
+
+/// The compiler's peak memory for a program of these sizes, in bytes, the program itself not
+/// counted, taking two dependencies per op (the generated programs have at most two on average) and
+/// leaving out what grows with the links (checked again once they are known): the largest of
+/// `deps` ([`deps::estimate_bytes`]), `schedule` beside the graph ([`schedule::estimate_bytes`]),
+/// and `emit` beside the order and the links ([`plan::estimate_bytes`]).
+pub fn estimate_bytes(s: &Sizes) -> u64 {
+    let edges = 2 * s.ops;
+    let deps = deps::estimate_bytes(s.ops, edges, s.reads, s.locations, s.chunk_bytes, deps::MAX_WALK_THREADS as u64);
+    let schedule = deps::graph_bytes(s.ops, edges, s.chunk_bytes) + schedule::estimate_bytes(s.ops, 0);
+    let emit = s.ops * 12 + plan::estimate_bytes(s.tasks(), s.ranks, s.max_rank_tasks, 0, 1);
+    deps.max(schedule).max(emit)
+}
+
+/// What a compilation's caller keeps beside the statistics, for the memory estimate.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Keep {
+    /// Nothing: each rank plan is handed over and dropped ([`compile_streaming`]).
+    Nothing,
+    /// Every rank plan ([`compile`]).
+    Plan,
+    /// Every rank plan and every pass's result ([`run_passes`]).
+    All,
+}
+
+/// Bytes a whole plan of `tasks` tasks takes: its tasks and about one sync point each.
+pub fn plan_bytes(tasks: u64) -> u64 {
+    tasks * (std::mem::size_of::<TbTask>() + std::mem::size_of::<SyncPoint>()) as u64
+}
+
+/// Runs the passes, each followed by its verifier, handing rank plans to `sink`. With
+/// [`Keep::All`] it returns the graph and the schedule; otherwise it drops each as soon as no later
+/// pass needs it.
 fn drive(
-    program: &Program,
+    src: &impl OpSource,
     opts: &Options,
-    keep: bool,
+    keep: Keep,
     sink: &mut dyn FnMut(RankPlan),
-) -> Result<(Plan, Option<(Graph, Schedule, Allocation)>), CompileError> {
+) -> Result<(Plan, Option<(Graph, Schedule)>), CompileError> {
     let start = Instant::now();
     let mut times: Vec<(String, f64)> = Vec::new();
     let mut lap = Instant::now();
@@ -323,45 +452,95 @@ fn drive(
         times.push((name.to_string(), lap.elapsed().as_secs_f64() * 1e3));
         lap = Instant::now();
     };
-    let per_node = opts.ranks_per_node.or(program.ranks_per_node);
-    let mut graph = deps::build(program, per_node)?;
-    if opts.verify {
-        verify::graph(program, &graph)?;
-    }
+    src.verify()?;
+    let sizes = Sizes::of(src);
+    let limit = opts.memory_limit.unwrap_or_else(memory::default_limit);
+    let tasks = sizes.tasks();
+    let kept = match keep {
+        Keep::Nothing => 0,
+        // The whole plan, and for dumps a copy of the ops and the graph's tables.
+        Keep::Plan => plan_bytes(tasks),
+        Keep::All => plan_bytes(tasks) + sizes.ops * 96,
+    };
+    // Checked before anything is allocated, and again before `schedule` and `emit` with what is
+    // then known (dependencies, links, connections).
+    let check = |need: u64| {
+        memory::check(limit, need.saturating_add(kept), || {
+            let what = if keep == Keep::Nothing { "" } else { ", keeping the whole plan" };
+            format!("compiling {} ({} ops, {tasks} tasks on {} ranks{what})", src.name(), sizes.ops, sizes.ranks)
+        })
+    };
+    check(estimate_bytes(&sizes))?;
+    let per_node = opts.ranks_per_node.or(src.ranks_per_node());
+    let threads = plan::threads(opts);
+    let mut graph = deps::build(src, per_node, threads)?;
     mark("deps", &mut times);
-    let schedule = schedule::run(program, &graph, opts.scheduler)?;
-    if opts.verify {
-        verify::schedule(program, &graph, &schedule)?;
-    }
-    if !keep {
-        // Only the schedulers walk successors.
-        graph.op_succs = Csr::default();
-    }
+    let links = graph.links.links.len() as u64;
+    check(graph.heap_bytes() + schedule::estimate_bytes(sizes.ops, links))?;
+    // With threads, a verifier runs beside the next pass (it only reads what both need); its
+    // error, the earlier pass's, comes first. Its time counts in the pass it ran beside.
+    let (checked, schedule) = beside(threads, opts.verify, || verify::graph(src, &graph), || {
+        schedule::run(src, &graph, opts.scheduler)
+    });
+    checked?;
+    let schedule = schedule?;
     mark("schedule", &mut times);
-    let alloc = tballoc::run(program, &graph, &schedule, opts.tb_alloc);
-    if opts.verify {
-        verify::alloc(program, &graph, &schedule, &alloc)?;
-    }
-    if !keep {
-        // Links were for the schedulers and for the connections' node crossing.
-        graph.link_of_op = Vec::new();
+    let (checked, conns) = beside(threads, opts.verify, || verify::schedule(src, &graph, &schedule), || {
+        tballoc::Connections::build(src, &graph, opts.tb_alloc)
+    });
+    checked?;
+    let keep_all = keep == Keep::All;
+    if !keep_all {
+        // Only the schedulers and their verifier walk successors and read chunks.
+        graph.op_succs = Csr::default();
+        graph.chunk_of_op = deps::Dense::U16(Vec::new());
     }
     mark("tb-alloc", &mut times);
-    let mut check = opts.verify.then(|| verify::PlanCheck::new(&graph, &schedule, &alloc));
-    let mut plan = plan::emit(program, &graph, &schedule, &alloc, opts, &mut |rp| {
-        if let Some(c) = &mut check {
-            c.rank(&rp)?;
-        }
-        sink(rp);
-        Ok(())
-    })?;
+    let conn_bytes = conns.list.len() as u64 * 48;
+    let check_bytes = verify::PlanCheck::estimate_bytes(sizes.ranks, conns.list.len() as u64);
+    let emit = plan::estimate_bytes(tasks, sizes.ranks, sizes.max_rank_tasks, links, threads as u64);
+    check(graph.heap_bytes() + sizes.ops * 8 + conn_bytes + check_bytes + emit)?;
+    let link_by_pos = plan::links_by_position(&graph, &schedule)?;
+    if !keep_all {
+        graph.link_of_op = Vec::new();
+    }
+    let mut check = opts.verify.then(|| verify::PlanCheck::new(src, &graph, &conns));
+    let (mut plan, alloc_ms) =
+        plan::emit(src, &graph, &link_by_pos, &schedule, &conns, opts, check.as_mut(), &mut |rp| {
+            sink(rp);
+            Ok(())
+        })?;
     if let Some(c) = check {
         c.finish()?;
     }
     mark("emit", &mut times);
+    // The per-rank half of `tb-alloc` ran inside `emit`'s loop: its time moves to `tb-alloc`.
+    times[2].1 += alloc_ms;
+    times[3].1 -= alloc_ms;
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
-    Ok((plan, keep.then_some((graph, schedule, alloc))))
+    Ok((plan, keep_all.then_some((graph, schedule))))
+}
+
+/// Runs `check` (when `verify`) and `next`, side by side on two threads when `threads` allows.
+fn beside<T: Send>(
+    threads: usize,
+    verify: bool,
+    check: impl FnOnce() -> Result<(), CompileError> + Send,
+    next: impl FnOnce() -> T,
+) -> (Result<(), CompileError>, T) {
+    if !verify {
+        return (Ok(()), next());
+    }
+    if threads < 2 {
+        let checked = check();
+        return (checked, next());
+    }
+    std::thread::scope(|scope| {
+        let checked = scope.spawn(check);
+        let t = next();
+        (checked.join().expect("a verifier panicked"), t)
+    })
 }
 
 /// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the

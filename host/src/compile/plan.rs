@@ -41,8 +41,12 @@
 //! re-walks its whole list per micro-batch with per-step dependency flags: MSCCL's interpreted
 //! execution structure (with the per-connection allocator, one TB per connection and stage).
 
-use super::{Allocation, CompileError, ConnId, Graph, Options, Prim, Schedule, Task, TbAlloc, TbId};
-use crate::program::{Layout, OpId, OpKind, Program, Rank, Slice};
+use super::deps::Locations;
+use super::memory;
+use super::tballoc::{self, Connections, RankScratch, RankTask};
+use super::verify::PlanCheck;
+use super::{CompileError, ConnId, FastMap, Graph, OpSource, Options, Prim, Schedule, Task, TbAlloc, TbId};
+use crate::program::{Layout, Op, OpId, OpKind, Rank, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -475,201 +479,495 @@ impl Plan {
     }
 }
 
-/// Where `emit` puts a task of the rank it is building.
-#[derive(Copy, Clone)]
-struct Placed {
-    /// The task's id in the graph.
-    task: u32,
-    /// Its side of the op (see [`Task::split`]).
-    side: u32,
-    /// Its TB, and its index in that TB's list.
-    tb: u32,
-    index: u32,
+/// Bytes [`emit`] needs at its peak beside the schedule and [`links_by_position`], for `tasks`
+/// tasks over `ranks` ranks and `links` links with `threads` workers: the batches of ranks' tasks,
+/// each worker's rank in the making and its scratch (`rank_tasks` tasks, about 250 bytes each), the
+/// rank plans waiting to be handed over, and per-rank and per-link tables.
+pub fn estimate_bytes(tasks: u64, ranks: u64, rank_tasks: u64, links: u64, threads: u64) -> u64 {
+    let batches = (tasks * std::mem::size_of::<Placed>() as u64).min(BATCH_BYTES as u64).max(rank_tasks * 12 * threads);
+    let waiting = threads * (QUEUED_CHUNKS as u64 + 2) * CHUNK_RANKS as u64 * rank_tasks * 100;
+    batches + threads * (rank_tasks * 250 + ranks * 8 + links * 4) + waiting + ranks * 48 + links * 8
 }
 
-/// Runs pass `emit`: builds the rank plans one at a time, in rank order, and hands each to `each`
-/// (which may check it, keep it or drop it; an error stops the pass). Returns the plan without its
-/// rank plans (`ranks` is empty), with the statistics.
-///
-/// Only one rank's plan is built at a time: the (TB, index) of each task lives in a per-rank map,
-/// so the working set beyond the inputs is one array of op ids grouped by rank.
-pub fn emit(
-    program: &Program,
-    g: &Graph,
-    sched: &Schedule,
-    alloc: &Allocation,
-    opts: &Options,
-    each: &mut dyn FnMut(RankPlan) -> Result<(), CompileError>,
-) -> Result<Plan, CompileError> {
-    let nranks = program.ranks() as usize;
-    let ntasks = g.task_count();
-    // Ops grouped by the ranks they run on, each group in schedule order (a stable counting sort),
-    // so that each rank's TB lists are built in one pass and come out sorted by (sub-pipeline, seq).
-    // A transfer appears under both its ranks; its task on a rank is `Task::side_on` that rank.
-    let mut rank_start = vec![0usize; nranks + 1];
-    for op in &program.ops {
-        rank_start[op.src_rank().index() + 1] += 1;
-        if op.is_transfer() {
-            rank_start[op.dst_rank().index() + 1] += 1;
-        }
+/// Bytes of the batches of ranks' tasks [`emit`]'s workers copy out of the order at a time, all
+/// workers together.
+const BATCH_BYTES: usize = 1 << 30;
+
+/// Ranks a worker builds and hands over together.
+const CHUNK_RANKS: usize = 4;
+
+/// Chunks of built ranks a worker may have waiting for the consumer.
+const QUEUED_CHUNKS: usize = 2;
+
+/// A task of a batch of ranks: its op's position in the order, the op and its link.
+#[derive(Copy, Clone)]
+struct Placed {
+    pos: u32,
+    op: OpId,
+    link: u32,
+}
+
+/// One task of the rank being built, gathered before the rank's plan is.
+#[derive(Copy, Clone)]
+struct Gathered {
+    id: OpId,
+    link: u32,
+    op: Op,
+    side: u32,
+    sp: u32,
+    seq: u32,
+    conn: Option<ConnId>,
+    endpoint: u32,
+}
+
+/// The link of each op in schedule order (`order[pos]`'s link at `pos`), so that a rank's tasks
+/// read it at their positions, as they read their ops.
+pub fn links_by_position(g: &Graph, sched: &Schedule) -> Result<Vec<u32>, memory::TooLarge> {
+    let mut v = memory::try_vec(sched.order.len(), "the link of each op in schedule order")?;
+    v.extend(sched.order.iter().map(|op| g.link_of_op[op.index()]));
+    Ok(v)
+}
+
+/// What the rank plans are built from, shared by the workers.
+struct Shared<'a, S> {
+    src: &'a S,
+    layout: &'a Layout,
+    /// Each link's ranks: `(src, dst)`, `dst` being `u32::MAX` for a local lane.
+    link_ranks: Vec<(u32, u32)>,
+    links: &'a [super::Link],
+    link_by_pos: &'a [u32],
+    sched: &'a Schedule,
+    conns: &'a Connections,
+    verify: bool,
+    /// `rank_start[r]..rank_start[r + 1]`: rank `r`'s tasks, counted over all ranks.
+    rank_start: Vec<usize>,
+}
+
+/// One rank's plan and what the statistics need from it.
+struct Built {
+    plan: RankPlan,
+    tbs: u32,
+    sync_points: usize,
+    fifo_slots: u32,
+    alloc: std::time::Duration,
+}
+
+/// A worker's scratch space, kept from rank to rank.
+struct Scratch {
+    batch: Vec<Placed>,
+    /// Per rank: where its next task goes in `batch`, `usize::MAX` when it is not in the batch.
+    fill: Vec<usize>,
+    tasks: Vec<Gathered>,
+    /// A rank's endpoints: by link under state-based allocation (a link is one endpoint of the
+    /// rank), by (link, stage) per connection.
+    slot: Vec<u32>,
+    slot_stage: FastMap<(u32, u32), u32>,
+    named: Vec<u32>,
+    alloc: RankScratch,
+    locs: Locations,
+    found: Vec<u32>,
+    place: Vec<(u32, u32)>,
+    waits: Vec<(u32, u32)>,
+    /// This rank's sends per connection: (sub-pipeline, messages in it so far).
+    fifo: FastMap<u32, (u32, u32)>,
+}
+
+impl<S: OpSource> Shared<'_, S> {
+    fn scratch(&self) -> Result<Scratch, CompileError> {
+        let state = self.conns.policy == TbAlloc::State;
+        Ok(Scratch {
+            batch: Vec::new(),
+            fill: vec![usize::MAX; self.layout.ranks as usize],
+            tasks: Vec::new(),
+            slot: vec![u32::MAX; if state { self.links.len() } else { 0 }],
+            slot_stage: Default::default(),
+            named: Vec::new(),
+            alloc: RankScratch::default(),
+            locs: Locations::one_rank(0)?,
+            found: Vec::new(),
+            place: Vec::new(),
+            waits: Vec::new(),
+            fifo: Default::default(),
+        })
     }
-    for r in 0..nranks {
-        rank_start[r + 1] += rank_start[r];
-    }
-    let mut fill = rank_start.clone();
-    let mut by_rank = vec![OpId(0); ntasks];
-    for &op in &sched.order {
-        let o = &program.ops[op.index()];
-        let mut put = |r: Rank| {
-            by_rank[fill[r.index()]] = op;
-            fill[r.index()] += 1;
+
+    /// Builds the ranks of chunks `w, w + workers, ...` (chunks of [`CHUNK_RANKS`] ranks), a batch
+    /// of them at a time (one scan of the order each), and hands each chunk's ranks to `deliver`
+    /// in order; stops when `deliver` says so or at the first error (which it is handed).
+    fn work(
+        &self,
+        w: usize,
+        workers: usize,
+        budget: usize,
+        deliver: &mut dyn FnMut(usize, Result<Vec<Built>, CompileError>) -> bool,
+    ) {
+        let mut scratch = match self.scratch() {
+            Ok(s) => s,
+            Err(e) => {
+                deliver(w, Err(e));
+                return;
+            }
         };
-        put(o.src_rank());
-        if o.is_transfer() {
-            put(o.dst_rank());
+        let nranks = self.layout.ranks as usize;
+        let nchunks = nranks.div_ceil(CHUNK_RANKS);
+        let ranks_of = |c: usize| c * CHUNK_RANKS..((c + 1) * CHUNK_RANKS).min(nranks);
+        let tasks_of = |c: usize| self.rank_start[ranks_of(c).end] - self.rank_start[ranks_of(c).start];
+        let mine: Vec<usize> = (w..nchunks).step_by(workers).collect();
+        let mut i = 0;
+        while i < mine.len() {
+            // The next batch: as many of this worker's chunks as fit the budget (at least one).
+            let mut j = i + 1;
+            let mut total = tasks_of(mine[i]);
+            while j < mine.len() && total + tasks_of(mine[j]) <= budget {
+                total += tasks_of(mine[j]);
+                j += 1;
+            }
+            if let Err(e) = self.fill_batch(&mut scratch, &mine[i..j], &ranks_of, total) {
+                deliver(mine[i], Err(e));
+                return;
+            }
+            let mut at = 0;
+            for &c in &mine[i..j] {
+                let mut built = Vec::with_capacity(CHUNK_RANKS);
+                let mut failed = None;
+                for r in ranks_of(c) {
+                    let n = self.rank_start[r + 1] - self.rank_start[r];
+                    match self.rank(&mut scratch, Rank(r as u32), at..at + n) {
+                        Ok(b) => built.push(b),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                    at += n;
+                }
+                let failed_now = failed.is_some();
+                if !deliver(c, failed.map_or(Ok(built), Err)) || failed_now {
+                    return;
+                }
+            }
+            i = j;
         }
     }
-    drop(fill);
-    // Per task of the rank being built: where it goes, the op's (sub-pipeline, seq, connection),
-    // and where its dependencies are. They are gathered in separate loops over the rank's tasks
-    // before they are used: the loads are independent, so the processor overlaps their cache
-    // misses, which are most of this pass's time on large programs.
-    let mut local: Vec<Placed> = Vec::new();
-    let mut when: Vec<(u32, u32, Option<ConnId>)> = Vec::new();
-    let mut rows: Vec<std::ops::Range<usize>> = Vec::new();
-    // (TB, index in the TB) of each task of the rank, by task id, for the producers' look-ups.
-    let mut place: super::FastMap<u32, (u32, u32)> = Default::default();
-    let mut waits: Vec<(u32, u32)> = Vec::new();
-    let mut sync_points = 0usize;
-    let (mut idle_sum, mut ntbs) = (0.0, 0usize);
-    let spn = sched.count.max(1) as f64;
-    for r in 0..nranks {
-        let rank = Rank(r as u32);
-        let mine = &by_rank[rank_start[r]..rank_start[r + 1]];
-        local.clear();
-        local.extend(mine.iter().map(|&op| {
-            let side = Task::side_on(&program.ops[op.index()], rank);
-            let t = g.op_tasks[op.index()].index() + side;
-            Placed { task: t as u32, side: side as u32, tb: alloc.tb_of_task(t).0, index: 0 }
-        }));
-        when.clear();
-        when.extend(
-            mine.iter().map(|&op| (sched.subpipeline[op.index()], sched.position[op.index()], alloc.conn_of(op))),
-        );
-        rows.clear();
-        rows.extend(mine.iter().map(|&op| g.pred_row(op)));
-        // Index of each task in its TB (tasks are pushed in this order below), and the TB sizes.
-        let mut sizes = vec![0u32; alloc.tbs_per_rank[r] as usize];
-        for l in local.iter_mut() {
-            l.index = sizes[l.tb as usize];
-            sizes[l.tb as usize] += 1;
+
+    /// Copies the tasks of `chunks`' ranks (`total` of them) out of the order into the batch,
+    /// each rank's in schedule order.
+    fn fill_batch(
+        &self,
+        s: &mut Scratch,
+        chunks: &[usize],
+        ranks_of: &dyn Fn(usize) -> std::ops::Range<usize>,
+        total: usize,
+    ) -> Result<(), CompileError> {
+        s.batch.clear();
+        s.batch.try_reserve_exact(total).map_err(|_| memory::TooLarge {
+            request: "a batch of ranks' tasks".into(),
+            needed: (total * std::mem::size_of::<Placed>()) as u64,
+            limit: None,
+        })?;
+        s.batch.resize(total, Placed { pos: 0, op: OpId(0), link: 0 });
+        let mut at = 0;
+        for &c in chunks {
+            for r in ranks_of(c) {
+                s.fill[r] = at;
+                at += self.rank_start[r + 1] - self.rank_start[r];
+            }
         }
+        let fill = &mut s.fill;
+        let batch = &mut s.batch;
+        for (pos, (&l, &op)) in self.link_by_pos.iter().zip(&self.sched.order).enumerate() {
+            let (a, b) = self.link_ranks[l as usize];
+            for r in [a, b] {
+                if let Some(f) = fill.get_mut(r as usize)
+                    && *f != usize::MAX
+                {
+                    batch[*f] = Placed { pos: pos as u32, op, link: l };
+                    *f += 1;
+                }
+            }
+        }
+        for &c in chunks {
+            for r in ranks_of(c) {
+                fill[r] = usize::MAX;
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds `rank`'s plan from its tasks, `s.batch[tasks]`.
+    fn rank(&self, s: &mut Scratch, rank: Rank, tasks: std::ops::Range<usize>) -> Result<Built, CompileError> {
+        let (sched, links, policy) = (self.sched, self.links, self.conns.policy);
+        s.tasks.clear();
+        s.tasks.extend(s.batch[tasks].iter().map(|p| Gathered {
+            id: p.op,
+            link: p.link,
+            op: self.src.op(p.op),
+            side: 0,
+            sp: 0,
+            seq: p.pos,
+            conn: None,
+            endpoint: 0,
+        }));
+        let mut k = 0usize;
+        for t in s.tasks.iter_mut() {
+            t.side = u32::from(!links[t.link as usize].local && links[t.link as usize].src != rank);
+            while sched.sp_start[k + 1] <= t.seq {
+                k += 1;
+            }
+            t.sp = k as u32;
+            t.conn = self.conns.of(t.link, t.op.stage);
+            let next = s.named.len() as u32;
+            let e = if policy == TbAlloc::State {
+                &mut s.slot[t.link as usize]
+            } else {
+                s.slot_stage.entry((t.link, t.op.stage)).or_insert(next)
+            };
+            if *e == u32::MAX || *e == next {
+                *e = next;
+                s.named.push(t.link);
+            }
+            t.endpoint = *e;
+        }
+        for &l in &s.named {
+            if let Some(e) = s.slot.get_mut(l as usize) {
+                *e = u32::MAX;
+            }
+        }
+        s.named.clear();
+        s.slot_stage.clear();
+        let started = std::time::Instant::now();
+        let rank_tasks: Vec<RankTask> = s
+            .tasks
+            .iter()
+            .map(|t| RankTask { id: t.id, op: &t.op, side: t.side as usize, conn: t.conn, sp: t.sp, endpoint: t.endpoint })
+            .collect();
+        let alloc = tballoc::allocate_rank(rank, &rank_tasks, policy, &mut s.alloc);
+        if self.verify {
+            super::verify::rank_alloc(rank, &rank_tasks, &alloc, &self.conns.list, policy)?;
+        }
+        drop(rank_tasks);
+        let alloc_time = started.elapsed();
+        // Each task's TB and index in it (tasks are pushed in schedule order), and the TB sizes.
+        let mut sizes = vec![0u32; alloc.tbs as usize];
+        s.place.clear();
+        s.place.extend(alloc.endpoint_of.iter().map(|&e| {
+            let tb = alloc.endpoints[e as usize].tb.0;
+            sizes[tb as usize] += 1;
+            (tb, sizes[tb as usize] - 1)
+        }));
         let mut tbs: Vec<TbPlan> =
             sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
-        place.clear();
-        place.reserve(mine.len());
-        for ((&op, l), &(subpipeline, seq, conn)) in mine.iter().zip(&local).zip(&when) {
-            let o = &program.ops[op.index()];
-            let prim = Task::split(op, o).nth(l.side as usize).expect("side of a task").prim;
-            let (peer, src, dst) = match (prim, o.kind) {
+        let mut fifo_slots = 0u32;
+        for (t, &(tb, _)) in s.tasks.iter().zip(&s.place) {
+            let prim = Task::prim_of(&t.op, t.side as usize);
+            let (peer, src, dst) = match (prim, t.op.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
-                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
-                    (Some(src_rank), Some(dst), Some(dst))
-                }
-                (_, k) => match k {
-                    OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. } => (None, Some(src), Some(dst)),
-                    OpKind::Transfer { .. } => unreachable!("transfer tasks are comm tasks"),
-                },
+                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), Some(dst), Some(dst)),
+                (_, OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. }) => (None, Some(src), Some(dst)),
+                (_, OpKind::Transfer { .. }) => unreachable!("transfer tasks are comm tasks"),
             };
-            place.insert(l.task, (l.tb, l.index));
-            tbs[l.tb as usize].tasks.push(TbTask {
+            tbs[tb as usize].tasks.push(TbTask {
                 prim,
-                subpipeline,
-                seq,
+                subpipeline: t.sp,
+                seq: t.seq,
                 peer,
-                conn,
+                conn: t.conn,
                 src,
                 dst,
                 wait_start: 0,
                 wait_count: 0,
                 signal: false,
-                op,
+                op: t.id,
             });
+            if let (Prim::Send, Some(c)) = (prim, t.conn) {
+                // A connection's sends are all on this rank, in schedule order here.
+                let e = s.fifo.entry(c.0).or_insert((t.sp, 0));
+                if e.0 != t.sp {
+                    *e = (t.sp, 0);
+                }
+                e.1 += 1;
+                fifo_slots = fifo_slots.max(e.1);
+            }
         }
+        s.fifo.clear();
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
-        // schedule) keep the latest task per producer TB; mark the producers as signalling.
-        for (l, row) in local.iter().zip(&rows) {
-            let (tb, i) = (l.tb, l.index);
-            waits.clear();
-            for p in g.task_preds_in(row.clone(), l.side as usize) {
-                let (ptb, pidx) = *place.get(&p.0).expect("producers come first in the schedule");
-                if ptb != tb {
-                    waits.push((ptb, pidx));
+        // schedule) keep the latest task per producer TB; mark the producers as signalling. The
+        // dependencies come from a walk over the rank's storage in schedule order, a topological
+        // order, which finds the same producers as the program-order walk of `deps`.
+        s.locs.reset_one_rank(self.layout.storage_chunks(rank));
+        let mut sync_points = 0;
+        for (i, t) in s.tasks.iter().enumerate() {
+            s.locs.task(self.layout, &t.op, t.side as usize, Rank(0), i as u32, &mut s.found)?;
+            let (tb, index) = s.place[i];
+            s.waits.clear();
+            for &p in &s.found {
+                let (ptb, pidx) = s.place[p as usize];
+                if p as usize != i && ptb != tb {
+                    s.waits.push((ptb, pidx));
                 }
             }
-            if waits.is_empty() {
+            s.found.clear();
+            if s.waits.is_empty() {
                 continue;
             }
-            waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            waits.dedup_by_key(|w| w.0);
+            s.waits.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            s.waits.dedup_by_key(|w| w.0);
             let tbp = &mut tbs[tb as usize];
-            let i = i as usize;
+            let i = index as usize;
             tbp.tasks[i].wait_start = tbp.syncs.len() as u32;
-            tbp.tasks[i].wait_count = waits.len() as u32;
-            tbp.syncs.extend(waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
-            for &(ptb, pidx) in &waits {
+            tbp.tasks[i].wait_count = s.waits.len() as u32;
+            tbp.syncs.extend(s.waits.iter().map(|&(ptb, pidx)| SyncPoint { tb: TbId(ptb), task: pidx }));
+            for &(ptb, pidx) in &s.waits {
                 tbs[ptb as usize].tasks[pidx as usize].signal = true;
             }
-            sync_points += waits.len();
+            sync_points += s.waits.len();
         }
-        for tb in &tbs {
-            idle_sum += 1.0 - tb.segments().len() as f64 / spn;
-            ntbs += 1;
-        }
-        each(RankPlan { rank, tbs })?;
+        Ok(Built { plan: RankPlan { rank, tbs }, tbs: alloc.tbs, sync_points, fifo_slots, alloc: alloc_time })
     }
-    drop(by_rank);
-    // Statistics.
-    // Messages per (connection, sub-pipeline): ops come sorted by sub-pipeline.
-    let mut last_sp = vec![u32::MAX; alloc.connections.len()];
-    let mut count = vec![0u32; alloc.connections.len()];
+}
+
+/// The worker threads [`emit`] uses: [`Options::threads`], else the machine's parallelism (at most
+/// 8), at least one.
+pub fn threads(opts: &Options) -> usize {
+    opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(8))).max(1)
+}
+
+/// Runs pass `emit` with the per-rank half of `tb-alloc`: builds the rank plans and hands each to
+/// `each`, in rank order (which may check it, keep it or drop it; an error stops the pass).
+/// Returns the plan without its rank plans (`ranks` is empty), with the statistics, and the
+/// share of its wall time spent in [`tballoc::allocate_rank`] (the `tb-alloc` pass's per-rank
+/// half), in milliseconds.
+///
+/// Ranks are built by [`threads`] workers, in chunks of a few ranks handed over in order, so the
+/// plan is the same whatever the thread count. Beside the schedule and `link_by_pos`
+/// ([`links_by_position`]), the workers keep batches of their ranks' tasks, copied out of the order
+/// by a scan each, and one rank in the making each: its tasks are gathered, allocated to TBs,
+/// given their dependencies (a walk over the rank's storage in schedule order, see
+/// [`super::deps`]) and emitted.
+#[allow(clippy::too_many_arguments)]
+pub fn emit<S: OpSource>(
+    src: &S,
+    g: &Graph,
+    link_by_pos: &[u32],
+    sched: &Schedule,
+    conns: &Connections,
+    opts: &Options,
+    mut check: Option<&mut PlanCheck<'_>>,
+    each: &mut dyn FnMut(RankPlan) -> Result<(), CompileError>,
+) -> Result<(Plan, f64), CompileError> {
+    let started = std::time::Instant::now();
+    let layout = src.layout();
+    let nranks = layout.ranks as usize;
+    let links = &g.links.links;
+    let link_ranks: Vec<(u32, u32)> =
+        links.iter().map(|l| (l.src.0, if l.local { u32::MAX } else { l.dst.0 })).collect();
+    let mut rank_start = vec![0usize; nranks + 1];
+    for &l in link_by_pos {
+        let (a, b) = link_ranks[l as usize];
+        rank_start[a as usize + 1] += 1;
+        if b != u32::MAX {
+            rank_start[b as usize + 1] += 1;
+        }
+    }
+    for r in 0..nranks {
+        rank_start[r + 1] += rank_start[r];
+    }
+    let shared = Shared {
+        src,
+        layout,
+        link_ranks,
+        links,
+        link_by_pos,
+        sched,
+        conns,
+        verify: check.is_some(),
+        rank_start,
+    };
+    let nchunks = nranks.div_ceil(CHUNK_RANKS);
+    let workers = threads(opts).min(nchunks.max(1));
+    let budget = BATCH_BYTES / std::mem::size_of::<Placed>() / workers;
+
     let mut fifo_slots_needed = 0u32;
-    for &op in &sched.order {
-        if let Some(c) = alloc.conn_of(op) {
-            let (c, sp) = (c.index(), sched.subpipeline[op.index()]);
-            if last_sp[c] != sp {
-                last_sp[c] = sp;
-                count[c] = 0;
+    let mut sync_points = 0usize;
+    let (mut idle_sum, mut ntbs) = (0.0, 0usize);
+    let mut tbs_per_rank = Vec::with_capacity(nranks);
+    let mut alloc_time = std::time::Duration::ZERO;
+    let spn = sched.count().max(1) as f64;
+    // The consumer: checks and hands over each rank in order, and sums the statistics in that
+    // order (so they do not depend on the thread count).
+    let mut take = |built: Vec<Built>| -> Result<(), CompileError> {
+        for b in built {
+            if let Some(c) = check.as_deref_mut() {
+                c.rank(&b.plan)?;
             }
-            count[c] += 1;
-            fifo_slots_needed = fifo_slots_needed.max(count[c]);
+            for tb in &b.plan.tbs {
+                idle_sum += 1.0 - tb.segments().len() as f64 / spn;
+                ntbs += 1;
+            }
+            sync_points += b.sync_points;
+            fifo_slots_needed = fifo_slots_needed.max(b.fifo_slots);
+            tbs_per_rank.push(b.tbs);
+            alloc_time += b.alloc;
+            each(b.plan)?;
         }
+        Ok(())
+    };
+    if workers <= 1 {
+        let mut result = Ok(());
+        shared.work(0, 1, budget, &mut |_, built| {
+            result = built.and_then(&mut take);
+            result.is_ok()
+        });
+        result?;
+    } else {
+        std::thread::scope(|scope| -> Result<(), CompileError> {
+            let mut queues = Vec::with_capacity(workers);
+            for w in 0..workers {
+                let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_CHUNKS);
+                queues.push(rx);
+                let shared = &shared;
+                scope.spawn(move || shared.work(w, workers, budget, &mut |c, built| tx.send((c, built)).is_ok()));
+            }
+            // Chunk `c` comes from worker `c % workers`, each worker's in order. Returning drops
+            // the queues, which stops the workers.
+            for c in 0..nchunks {
+                let (from, built) = queues[c % workers].recv().map_err(|_| CompileError::Verify {
+                    pass: "emit",
+                    message: format!("a worker stopped before chunk {c}"),
+                })?;
+                debug_assert_eq!(from, c);
+                take(built?)?;
+            }
+            Ok(())
+        })?;
     }
-    let tbs_per_rank = alloc.tbs_per_rank.clone();
     let stats = PlanStats {
         ranks: nranks as u32,
         max_tbs_per_rank: tbs_per_rank.iter().copied().max().unwrap_or(0),
         tbs_per_rank,
-        ops: program.ops.len(),
-        tasks: ntasks,
-        subpipelines: sched.count,
-        connections: alloc.connections.len(),
+        ops: src.op_count(),
+        tasks: g.task_count(),
+        subpipelines: sched.count(),
+        connections: conns.list.len(),
         sync_points,
         fifo_slots_needed,
         est_tb_idle_share: if ntbs > 0 { idle_sum / ntbs as f64 } else { 0.0 },
         compile_ms: 0.0,
         pass_ms: Vec::new(),
     };
-    Ok(Plan {
-        name: program.name.clone(),
-        layout: program.layout.clone(),
+    let plan = Plan {
+        name: src.name().to_string(),
+        layout: layout.clone(),
         scheduler: sched.scheduler,
         tb_alloc: opts.tb_alloc,
         ranks_per_node: g.ranks_per_node,
-        subpipelines: sched.count,
-        connections: alloc.connections.clone(),
+        subpipelines: sched.count(),
+        connections: conns.list.clone(),
         ranks: Vec::new(),
         stats,
-    })
+    };
+    // The allocation's share of the wall time: its time summed over the workers, spread over them.
+    let alloc_ms = (alloc_time.as_secs_f64() * 1e3 / workers as f64).min(started.elapsed().as_secs_f64() * 1e3);
+    Ok((plan, alloc_ms))
 }

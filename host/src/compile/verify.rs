@@ -1,13 +1,20 @@
 //! The verifiers run after each pass. A failure is a compiler bug; it is reported as
 //! [`CompileError::Verify`] naming the pass and what broke, never a panic.
+//!
+//! Each runs in time linear in the program and keeps a few bits per op, so that the 8192-GPU
+//! programs are verified as they compile: `tb-alloc` and `emit` are checked rank by rank as the
+//! plan is emitted ([`PlanCheck`]).
 
-use super::{Allocation, CompileError, EndpointKind, Graph, Plan, Prim, RankPlan, Schedule, Scheduler, TbAlloc};
-use crate::program::{OpId, Program};
-use std::collections::HashMap;
+use super::tballoc::{Connections, RankAlloc, RankTask, rank_tasks};
+use super::{
+    Allocation, CompileError, Connection, EndpointKind, Graph, OpSource, Plan, Prim, RankPlan, Schedule,
+    Scheduler, Task, TbAlloc,
+};
+use crate::program::Rank;
 
 /// Names a task in messages (formatted only when an error is reported).
 #[derive(Copy, Clone)]
-struct Here(crate::program::Rank, usize, usize);
+struct Here(Rank, usize, usize);
 
 impl std::fmt::Display for Here {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -19,49 +26,62 @@ fn fail(pass: &'static str, message: String) -> CompileError {
     CompileError::Verify { pass, message }
 }
 
-/// After `deps`: each op has its tasks, dependencies point back to earlier tasks of the same rank,
-/// links match their ops.
-pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
+/// A set of op ids, a bit each.
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Bits {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+    #[inline]
+    fn get(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+    #[inline]
+    fn set(&mut self, i: usize, on: bool) {
+        if on {
+            self.0[i / 64] |= 1 << (i % 64);
+        } else {
+            self.0[i / 64] &= !(1 << (i % 64));
+        }
+    }
+}
+
+/// After `deps`: one entry per op, successors are later ops, rows ascending, each op's link joins
+/// its ranks, and the producer counts match the successor lists (compared as sums of a hash of
+/// the op over its producers and over the successor lists, so no per-op table is made).
+pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
     let p = "deps";
-    let n = program.ops.len();
-    if g.op_tasks.len() != n + 1 || g.link_of_op.len() != n || g.op_preds.rows() != n {
+    let n = src.op_count();
+    if g.ops != n || g.op_succs.rows() != n || g.op_succs.start.last().copied() != Some(g.op_succs.items.len() as u32) {
         return Err(fail(p, "one entry per op expected".into()));
     }
-    if g.pred_sides.len() != g.op_preds.items.len() || g.op_tasks[0].0 != 0 {
-        return Err(fail(p, "dependency tags do not match the dependencies".into()));
+    if g.link_of_op.len() != n || g.chunk_of_op_len() != n {
+        return Err(fail(p, "one link and one chunk per op expected".into()));
     }
-    for (i, op) in program.ops.iter().enumerate() {
-        let id = OpId::new(i);
-        let ts = g.op_tasks[i].index()..g.op_tasks[i + 1].index();
-        let want = if op.is_transfer() { 2 } else { 1 };
-        if ts.len() != want {
-            return Err(fail(p, format!("{id} has {} tasks, expected {want}", ts.len())));
-        }
-        let l = &g.links[g.link_of_op[i].index()];
-        if l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer() {
+    let (mut tasks, mut by_counts, mut by_succs) = (0usize, 0u64, 0u64);
+    src.try_for_each_op(|id, op| {
+        let a = id.index();
+        tasks += Task::count(op);
+        let l = g.links.links.get(g.link_of_op[a] as usize);
+        if l.is_none_or(|l| l.src != op.src_rank() || l.dst != op.dst_rank() || l.local == op.is_transfer()) {
             return Err(fail(p, format!("{id}: link does not match the op")));
         }
-        let row = g.op_preds.start[i] as usize..g.op_preds.start[i + 1] as usize;
-        for (k, (&a, &bits)) in g.op_preds.items[row.clone()].iter().zip(&g.pred_sides[row]).enumerate() {
-            if a as usize >= i || (k > 0 && g.op_preds.row(i)[k - 1] >= a) {
-                return Err(fail(p, format!("{id} depends on a later op op{a} (or rows unsorted)")));
+        by_counts = by_counts.wrapping_add((g.pred_count(a) as u64).wrapping_mul(mix(id.0, 0, 0)));
+        let row = g.op_succs.row(a);
+        for (k, &b) in row.iter().enumerate() {
+            if b as usize <= a || b as usize >= n || (k > 0 && row[k - 1] >= b) {
+                return Err(fail(p, format!("op{b} depends on op{a}, which is not earlier (or rows unsorted)")));
             }
-            // The rank of task `side` of an op (see `Task::split`) and the op's task count.
-            let rank_of = |op: &crate::program::Op, side: usize| if side == 0 { op.src_rank() } else { op.dst_rank() };
-            let (pa, na) = (&program.ops[a as usize], g.tasks_of(OpId(a)).len());
-            if bits == 0 || bits >> 4 != 0 || (want == 1 && bits & 0b1100 != 0) || (na == 1 && bits & 0b1010 != 0) {
-                return Err(fail(p, format!("{id}: bad dependency tag on op{a}")));
-            }
-            for side in 0..want {
-                for s2 in 0..na {
-                    if bits & (1 << (2 * side + s2)) != 0 && rank_of(pa, s2) != rank_of(op, side) {
-                        let (t, pr) = (g.op_tasks[i].index() + side, g.op_tasks[a as usize].index() + s2);
-                        let rank = rank_of(op, side);
-                        return Err(fail(p, format!("t{t} depends on t{pr}, not an earlier task of {rank}")));
-                    }
-                }
-            }
+            by_succs = by_succs.wrapping_add(mix(b, 0, 0));
         }
+        Ok(())
+    })?;
+    if tasks != g.task_count() {
+        return Err(fail(p, format!("{tasks} tasks, the graph says {}", g.task_count())));
+    }
+    if by_counts != by_succs {
+        return Err(fail(p, "the producer counts do not match the successor lists".into()));
     }
     Ok(())
 }
@@ -69,145 +89,210 @@ pub fn graph(program: &Program, g: &Graph) -> Result<(), CompileError> {
 /// After `schedule`: a permutation sorted by sub-pipeline, producers first, and the scheduler's own
 /// rules (one op per link per sub-pipeline for HPDS and round-robin; HPDS's intra-after-inter rule;
 /// round-robin's producers in earlier sub-pipelines).
-pub fn schedule(program: &Program, g: &Graph, s: &Schedule) -> Result<(), CompileError> {
+pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), CompileError> {
     let p = "schedule";
-    let n = program.ops.len();
-    if s.order.len() != n || s.subpipeline.len() != n || s.position.len() != n {
-        return Err(fail(p, "schedule does not cover every op once".into()));
+    let n = src.op_count();
+    if g.link_of_op.len() != n {
+        return Err(fail(p, "the graph's links were dropped before the check".into()));
     }
-    let mut seen = vec![false; n];
-    for (i, op) in s.order.iter().enumerate() {
-        if op.index() >= n || seen[op.index()] || s.position[op.index()] as usize != i {
-            return Err(fail(p, format!("order is not a permutation at position {i}")));
-        }
-        seen[op.index()] = true;
-        if i > 0 && s.subpipeline[s.order[i - 1].index()] > s.subpipeline[op.index()] {
-            return Err(fail(p, format!("order not sorted by sub-pipeline at {op}")));
-        }
-        if s.subpipeline[op.index()] >= s.count {
-            return Err(fail(p, format!("{op} in sub-pipeline beyond the count")));
-        }
+    let sp = &s.sp_start;
+    if s.order.len() != n
+        || sp.first() != Some(&0)
+        || sp.last().map(|&x| x as usize) != Some(n)
+        || sp.windows(2).any(|w| w[0] >= w[1])
+    {
+        return Err(fail(p, "schedule does not cover every op once, in non-empty sub-pipelines".into()));
     }
     let exclusive = matches!(s.scheduler, Scheduler::Hpds | Scheduler::RoundRobin);
-    // Ops come sorted by sub-pipeline in `order`: remember the last (sub-pipeline, op) per link.
-    let mut link_last: Vec<(u32, u32)> = vec![(u32::MAX, 0); g.links.len()];
-    if exclusive {
-        for op in &s.order {
-            let (l, sp) = (g.link_of_op[op.index()].index(), s.subpipeline[op.index()]);
-            if link_last[l].0 == sp {
-                return Err(fail(p, format!("op{} and {op} share link l{l} in sub-pipeline {sp}", link_last[l].1)));
+    let links = &g.links.links;
+    // Per link: the last (sub-pipeline, op) that used it.
+    let mut link_last: Vec<(u32, u32)> = vec![(u32::MAX, 0); links.len()];
+    let mut done = Bits::new(n);
+    let mut cur = Bits::new(n);
+    for k in 0..s.count() {
+        let ops = &s.order[sp[k as usize] as usize..sp[k as usize + 1] as usize];
+        for op in ops {
+            if op.index() >= n || done.get(op.index()) || cur.get(op.index()) {
+                return Err(fail(p, format!("order is not a permutation at {op}")));
             }
-            link_last[l] = (sp, op.0);
+            cur.set(op.index(), true);
         }
-    }
-    for b in 0..n {
-        let sb = s.subpipeline[b];
-        for &a in g.op_preds.row(b) {
-            let sa = s.subpipeline[a as usize];
-            if sa > sb || s.position[a as usize] >= s.position[b] {
-                return Err(fail(p, format!("op{b} is scheduled before its producer op{a}")));
+        for &a in ops {
+            let l = g.link_of_op[a.index()] as usize;
+            if exclusive {
+                if link_last[l].0 == k {
+                    return Err(fail(p, format!("op{} and {a} share link l{l} in sub-pipeline {k}", link_last[l].1)));
+                }
+                link_last[l] = (k, a.0);
             }
-            if s.scheduler == Scheduler::RoundRobin && sa == sb {
-                return Err(fail(p, format!("op{b} shares sub-pipeline {sb} with its producer op{a}")));
+            let inter_a = links[l].inter_node;
+            for &b in g.op_succs.row(a.index()) {
+                let b = b as usize;
+                if done.get(b) {
+                    return Err(fail(p, format!("op{b} is scheduled before its producer {a}")));
+                }
+                if cur.get(b) {
+                    if s.scheduler == Scheduler::RoundRobin {
+                        return Err(fail(p, format!("op{b} shares sub-pipeline {k} with its producer {a}")));
+                    }
+                    if s.scheduler == Scheduler::Hpds && inter_a && !links[g.link_of_op[b] as usize].inter_node {
+                        return Err(fail(p, format!("intra-node op{b} joined the sub-pipeline of inter-node {a}")));
+                    }
+                }
             }
-            if s.scheduler == Scheduler::Hpds && sa == sb && g.is_inter(OpId(a)) && !g.is_inter(OpId::new(b)) {
-                return Err(fail(p, format!("intra-node op{b} joined the sub-pipeline of inter-node op{a}")));
-            }
+            // Later ops of this sub-pipeline may follow `a` but not precede it.
+            done.set(a.index(), true);
+        }
+        for op in ops {
+            cur.set(op.index(), false);
         }
     }
     Ok(())
 }
 
-/// After `tb-alloc`: endpoints match their tasks, intervals cover them, and TBs are shared only by
-/// endpoints with disjoint intervals (state-based) or not at all (per connection).
-pub fn alloc(program: &Program, g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
+/// After `tb-alloc`, for one rank: every task has an endpoint of its rank whose kind and
+/// connection match the task and whose interval covers the task's sub-pipeline; TBs are shared
+/// only by endpoints with disjoint intervals (state-based) or not at all (per connection).
+pub fn rank_alloc(
+    rank: Rank,
+    tasks: &[RankTask<'_>],
+    a: &RankAlloc,
+    connections: &[Connection],
+    policy: TbAlloc,
+) -> Result<(), CompileError> {
     let p = "tb-alloc";
-    if a.endpoint_of_task.len() != g.task_count() {
-        return Err(fail(p, "one endpoint per task expected".into()));
+    if a.endpoint_of.len() != tasks.len() {
+        return Err(fail(p, format!("{rank}: one endpoint per task expected")));
     }
-    for (t, task) in g.tasks(program) {
-        let t = t.index();
-        let e = a.endpoints.get(a.endpoint_of_task[t] as usize).ok_or_else(|| fail(p, format!("t{t}: no endpoint")))?;
-        let sp = s.subpipeline[task.op.index()];
-        if e.rank != task.rank || sp < e.first || sp > e.last {
-            return Err(fail(p, format!("t{t}: endpoint on another rank or interval misses sp{sp}")));
+    for (t, &e) in tasks.iter().zip(&a.endpoint_of) {
+        let here = || format!("{rank}'s task of {}", t.id);
+        let e = a.endpoints.get(e as usize).ok_or_else(|| fail(p, format!("{}: no endpoint", here())))?;
+        if e.rank != rank || t.sp < e.first || t.sp > e.last {
+            return Err(fail(p, format!("{}: endpoint on another rank or interval misses sp{}", here(), t.sp)));
         }
-        let ok = match (task.prim, e.kind) {
-            (Prim::Send, EndpointKind::Send(c)) => {
-                let conn = &a.connections[c.index()];
-                conn.src == task.rank && a.conn_of(task.op) == Some(c)
-            }
+        let conn = |c: super::ConnId| connections.get(c.index());
+        let ok = match (Task::prim_of(t.op, t.side), e.kind) {
+            (Prim::Send, EndpointKind::Send(c)) => conn(c).is_some_and(|x| x.src == rank) && t.conn == Some(c),
             (Prim::Recv | Prim::RecvReduceCopy, EndpointKind::Recv(c)) => {
-                let conn = &a.connections[c.index()];
-                conn.dst == task.rank && a.conn_of(task.op) == Some(c)
+                conn(c).is_some_and(|x| x.dst == rank) && t.conn == Some(c)
             }
             (Prim::Copy | Prim::Reduce, EndpointKind::Local { .. }) => true,
             _ => false,
         };
         if !ok {
-            return Err(fail(p, format!("t{t}: endpoint kind or connection does not match the task")));
+            return Err(fail(p, format!("{}: endpoint kind or connection does not match the task", here())));
         }
-        if e.tb.0 >= a.tbs_per_rank[task.rank.index()] {
-            return Err(fail(p, format!("t{t}: TB beyond the rank's count")));
+        if e.tb.0 >= a.tbs {
+            return Err(fail(p, format!("{}: TB beyond the rank's count", here())));
         }
     }
-    let mut by_tb: HashMap<(u32, u32), Vec<(u32, u32)>> = HashMap::new();
+    let mut by_tb: Vec<Vec<(u32, u32)>> = vec![Vec::new(); a.tbs as usize];
     for e in &a.endpoints {
-        by_tb.entry((e.rank.0, e.tb.0)).or_default().push((e.first, e.last));
+        if e.tb.0 >= a.tbs {
+            return Err(fail(p, format!("{rank}: an endpoint's TB is beyond the rank's count")));
+        }
+        by_tb[e.tb.index()].push((e.first, e.last));
     }
-    for ((r, tb), mut iv) in by_tb {
-        if a.policy == TbAlloc::PerConn && iv.len() > 1 {
-            return Err(fail(p, format!("r{r} tb{tb} drives {} endpoints under per-conn", iv.len())));
+    for (tb, mut iv) in by_tb.into_iter().enumerate() {
+        if policy == TbAlloc::PerConn && iv.len() > 1 {
+            return Err(fail(p, format!("r{} tb{tb} drives {} endpoints under per-conn", rank.0, iv.len())));
         }
         iv.sort_unstable();
-        for w in iv.windows(2) {
-            if w[0].1 >= w[1].0 {
-                return Err(fail(p, format!("r{r} tb{tb} drives endpoints with overlapping intervals")));
-            }
+        if iv.windows(2).any(|w| w[0].1 >= w[1].0) {
+            return Err(fail(p, format!("r{} tb{tb} drives endpoints with overlapping intervals", rank.0)));
         }
     }
     Ok(())
 }
 
-/// After `emit`, one rank plan at a time (emit streams them): every task once, TB lists sorted,
-/// sync points backwards within the rank, and both ends of each FIFO issue the same messages in the
-/// same order from one TB each. [`PlanCheck::finish`] checks that every task was seen.
+/// After `tb-alloc`, for a whole [`Allocation`] (see [`super::tballoc::run`]): [`rank_alloc`] for
+/// every rank, its tasks in program order.
+pub fn alloc(src: &impl OpSource, g: &Graph, s: &Schedule, a: &Allocation) -> Result<(), CompileError> {
+    let nranks = src.ranks() as usize;
+    if a.ranks.len() != nranks {
+        return Err(fail("tb-alloc", format!("{} rank allocations for {nranks} ranks", a.ranks.len())));
+    }
+    let conns = Connections::build(src, g, a.policy);
+    for (r, held) in rank_tasks(src, g, s, &conns).iter().enumerate() {
+        let tasks: Vec<RankTask> = held.iter().map(|t| t.task()).collect();
+        rank_alloc(Rank(r as u32), &tasks, &a.ranks[r], &a.connections, a.policy)?;
+    }
+    Ok(())
+}
+
+/// After `emit`, one rank plan at a time (emit streams them): each rank's plan holds exactly that
+/// rank's tasks of the program, TB lists are sorted, sync points point backwards within the rank,
+/// and both ends of each FIFO issue the same messages in the same order from one TB each.
 ///
-/// Both halves of a transfer must carry the connection, sub-pipeline and seq the schedule and the
-/// allocation gave the op; with TB lists sorted by seq, one TB per side of each connection means
-/// both sides issue the connection's messages in the same order. Per op only the sides seen so far
-/// are kept (one byte), so the check streams over 8192-GPU plans.
+/// Both halves of a transfer must carry the same connection, sub-pipeline and seq; with TB lists
+/// sorted by seq and one TB per side of each connection, both sides then issue the connection's
+/// messages in the same order. The checks are sums of a 64-bit hash, so that they stream over
+/// 8192-GPU plans: per rank, over its tasks' (op, kind), against the program's
+/// ([`PlanCheck::new`]); per connection and side, over its tasks' (op, sub-pipeline, seq), the two
+/// sides' sums equal ([`PlanCheck::finish`]).
 pub struct PlanCheck<'a> {
-    graph: &'a Graph,
-    sched: &'a Schedule,
-    alloc: &'a Allocation,
-    /// Per op: bit 0 its send was seen, bit 1 its receive, bit 2 its local task.
-    seen: Vec<u8>,
+    connections: &'a [Connection],
+    /// Per rank: the sum and the number of its tasks' hashes in the program.
+    expected: Vec<(u64, u64)>,
     /// Per connection: the (rank, TB) driving each side.
     side_tb: Vec<[(u32, u32); 2]>,
+    /// Per connection: the hash sums of each side's (op, sub-pipeline, seq).
+    pairs: Vec<[u64; 2]>,
     tasks: usize,
+    expected_tasks: usize,
 }
 
 const NONE: u32 = u32::MAX;
 
+/// A 64-bit mix of three words (SplitMix64's finaliser over them).
+fn mix(a: u32, b: u32, c: u32) -> u64 {
+    let mut z = (a as u64) ^ ((c as u64) << 32) ^ (b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The kind of a task as the rank check tells them apart: a send, a receive, a local op.
+fn kind(p: Prim) -> u32 {
+    match p {
+        Prim::Send => 0,
+        Prim::Recv | Prim::RecvReduceCopy => 1,
+        Prim::Copy | Prim::Reduce => 2,
+    }
+}
+
 impl<'a> PlanCheck<'a> {
-    /// A check of the plan emitted from these pass results.
-    pub fn new(graph: &'a Graph, sched: &'a Schedule, alloc: &'a Allocation) -> PlanCheck<'a> {
-        let nops = graph.op_tasks.len().saturating_sub(1);
+    /// A check of the plan emitted for `src` over these connections (one pass over the program).
+    pub fn new(src: &impl OpSource, graph: &Graph, connections: &'a Connections) -> PlanCheck<'a> {
+        let mut expected = vec![(0u64, 0u64); src.ranks() as usize];
+        let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
+            for (side, t) in Task::split(id, op).enumerate() {
+                if let Some(e) = expected.get_mut(t.rank.index()) {
+                    e.0 = e.0.wrapping_add(mix(id.0, kind(Task::prim_of(op, side)), 0));
+                    e.1 += 1;
+                }
+            }
+            Ok(())
+        });
         PlanCheck {
-            graph,
-            sched,
-            alloc,
-            seen: vec![0u8; nops],
-            side_tb: vec![[(NONE, NONE); 2]; alloc.connections.len()],
+            connections: &connections.list,
+            expected,
+            side_tb: vec![[(NONE, NONE); 2]; connections.list.len()],
+            pairs: vec![[0; 2]; connections.list.len()],
             tasks: 0,
+            expected_tasks: graph.task_count(),
         }
+    }
+
+    /// Bytes a check keeps for `ranks` ranks and `conns` connections.
+    pub fn estimate_bytes(ranks: u64, conns: u64) -> u64 {
+        ranks * 16 + conns * 32
     }
 
     /// Checks one rank's plan.
     pub fn rank(&mut self, rp: &RankPlan) -> Result<(), CompileError> {
         let p = "emit";
-        let nops = self.seen.len();
+        let mut sum = (0u64, 0u64);
         for (ti, tb) in rp.tbs.iter().enumerate() {
             self.tasks += tb.tasks.len();
             for (i, task) in tb.tasks.iter().enumerate() {
@@ -217,6 +302,10 @@ impl<'a> PlanCheck<'a> {
                     if (prev.subpipeline, prev.seq) >= (task.subpipeline, task.seq) {
                         return Err(fail(p, format!("{here}: tasks not sorted by (sub-pipeline, seq)")));
                     }
+                }
+                let end = task.wait_start as usize + task.wait_count as usize;
+                if end > tb.syncs.len() {
+                    return Err(fail(p, format!("{here}: sync points out of range")));
                 }
                 for w in tb.waits(i) {
                     let target = rp
@@ -228,20 +317,11 @@ impl<'a> PlanCheck<'a> {
                         return Err(fail(p, format!("{here}: bad sync point {}.{}", w.tb, w.task)));
                     }
                 }
-                let o = task.op.index();
-                let bit = match task.prim {
-                    Prim::Send => 1u8,
-                    Prim::Recv | Prim::RecvReduceCopy => 2,
-                    Prim::Copy | Prim::Reduce => 4,
-                };
-                if o >= nops || self.seen[o] & bit != 0 {
-                    return Err(fail(p, format!("{here}: {} is not an op or appears too often", task.op)));
-                }
-                self.seen[o] |= bit;
+                sum.0 = sum.0.wrapping_add(mix(task.op.0, kind(task.prim), 0));
+                sum.1 += 1;
                 if task.prim.is_comm() {
                     let c = task.conn.ok_or_else(|| fail(p, format!("{here}: no connection")))?;
                     let conn = self
-                        .alloc
                         .connections
                         .get(c.index())
                         .ok_or_else(|| fail(p, format!("{here}: connection {c} does not exist")))?;
@@ -250,43 +330,52 @@ impl<'a> PlanCheck<'a> {
                     if me != rp.rank || task.peer != Some(peer) {
                         return Err(fail(p, format!("{here}: connection {c} does not join {} and its peer", rp.rank)));
                     }
-                    let want = (self.alloc.conn_of(task.op), self.sched.subpipeline[o], self.sched.position[o]);
-                    if (Some(c), task.subpipeline, task.seq) != want {
-                        return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
-                    }
-                    let owner = &mut self.side_tb[c.index()][usize::from(!send)];
+                    let side = usize::from(!send);
+                    let owner = &mut self.side_tb[c.index()][side];
                     if owner.0 == NONE {
                         *owner = (rp.rank.0, ti as u32);
                     } else if *owner != (rp.rank.0, ti as u32) {
                         return Err(fail(p, format!("{c}: one side is driven by two TBs")));
                     }
+                    let pair = &mut self.pairs[c.index()][side];
+                    *pair = pair.wrapping_add(mix(task.op.0, task.subpipeline, task.seq));
                 } else if task.conn.is_some() || task.peer.is_some() {
                     return Err(fail(p, format!("{here}: a local task with a connection")));
                 }
             }
         }
+        if self.expected.get(rp.rank.index()) != Some(&sum) {
+            return Err(fail(
+                p,
+                format!("{}: its tasks are not the program's (missing, repeated or of another kind)", rp.rank),
+            ));
+        }
         Ok(())
     }
 
-    /// Checks that the rank plans seen hold every task of the graph.
+    /// Checks that the rank plans seen hold every task of the program, and that the two sides of
+    /// every connection carried the same ops with the same sub-pipelines and seqs.
     pub fn finish(self) -> Result<(), CompileError> {
         let p = "emit";
-        if self.tasks != self.graph.task_count() {
-            return Err(fail(p, format!("plan has {} tasks, the graph {}", self.tasks, self.graph.task_count())));
+        if self.tasks != self.expected_tasks {
+            return Err(fail(p, format!("plan has {} tasks, the graph {}", self.tasks, self.expected_tasks)));
         }
-        for (o, &seen) in self.seen.iter().enumerate() {
-            let want = if self.graph.tasks_of(OpId::new(o)).len() == 2 { 0b011 } else { 0b100 };
-            if seen != want {
-                return Err(fail(p, format!("op{o}: its send and receive do not pair up on one connection")));
-            }
+        if let Some(c) = self.pairs.iter().position(|s| s[0] != s[1]) {
+            return Err(fail(
+                p,
+                format!("c{c}: its sends and receives do not pair up (ops, sub-pipelines or positions differ)"),
+            ));
         }
         Ok(())
     }
 }
 
 /// After `emit`, for a whole plan: [`PlanCheck`] over every rank plan.
-pub fn plan(g: &Graph, s: &Schedule, a: &Allocation, plan: &Plan) -> Result<(), CompileError> {
-    let mut check = PlanCheck::new(g, s, a);
+pub fn plan(src: &impl OpSource, g: &Graph, conns: &Connections, plan: &Plan) -> Result<(), CompileError> {
+    let mut check = PlanCheck::new(src, g, conns);
+    if plan.ranks.len() != src.ranks() as usize {
+        return Err(fail("emit", format!("{} rank plans for {} ranks", plan.ranks.len(), src.ranks())));
+    }
     for rp in &plan.ranks {
         check.rank(rp)?;
     }

@@ -233,9 +233,10 @@ pub enum LoweredExecError {
     },
     /// The plan's memory ([`Memory::bytes`]) is more than a host run allocates.
     TooLarge {
-        /// Bytes of host memory the plan needs ([`Memory::bytes`]).
+        /// Bytes of host memory the run needs ([`Memory::bytes`], or [`verify_bytes`]).
         bytes: u64,
-        /// The limit, [`MAX_MEMORY_BYTES`].
+        /// The limit: [`MAX_MEMORY_BYTES`] for the memory, what this process can still allocate
+        /// ([`crate::compile::memory::default_limit`]) for a whole verification.
         max: u64,
     },
 }
@@ -613,10 +614,20 @@ pub fn red_op(op: ReduceOp) -> RedOp {
     }
 }
 
+/// Bytes [`verify`] holds at once for `lp` (saturating): the [`Memory`], and each rank's inputs,
+/// outputs and reference outputs.
+pub fn verify_bytes(lp: &LoweredPlan) -> u64 {
+    let l = &lp.layout;
+    let cb = lp.ranks.first().map_or(0, |r| r.header.chunk_bytes);
+    let per_rank = (l.input_chunks() as u64 + 2 * l.output_chunks() as u64).saturating_mul(cb);
+    Memory::bytes(lp).saturating_add(per_rank.saturating_mul(l.ranks as u64)).saturating_add(l.input_chunks() as u64 * cb)
+}
+
 /// Runs `lp` `launches` times on one [`Memory`] (a graph replayed: counters carry over), each time
 /// on fresh [`test_inputs`], and compares every output element with the collective's reference. The
 /// plan must have been lowered for `T` and `op`; descriptors that fail [`validate`] are refused
-/// before anything is sized by them.
+/// before anything is sized by them, and so is a run that would take more memory than this
+/// process can still allocate ([`verify_bytes`], [`LoweredExecError::TooLarge`]).
 pub fn verify<T: AbiElement>(
     lp: &LoweredPlan,
     op: ReduceOp,
@@ -630,6 +641,15 @@ pub fn verify<T: AbiElement>(
     }
     let l = &lp.layout;
     let chunk_len = h.chunk_bytes as usize / std::mem::size_of::<T>();
+    // The memory's own bound first, then the whole run's against what the process can allocate.
+    let bytes = Memory::bytes(lp);
+    if bytes > MAX_MEMORY_BYTES {
+        return Err(LoweredExecError::TooLarge { bytes, max: MAX_MEMORY_BYTES });
+    }
+    let (bytes, max) = (verify_bytes(lp), crate::compile::memory::default_limit());
+    if bytes > max {
+        return Err(LoweredExecError::TooLarge { bytes, max });
+    }
     let mut mem = Memory::try_new(lp)?;
     let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
     for k in 0..launches {

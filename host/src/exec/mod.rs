@@ -16,6 +16,7 @@
 pub mod lowered;
 pub mod reference;
 
+use crate::compile::memory::{self, TooLarge};
 use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
 use crate::program::{Layout, OpId, Rank, Slice};
 use std::collections::VecDeque;
@@ -216,6 +217,15 @@ pub enum ExecError {
         /// Messages left in it.
         messages: usize,
     },
+    /// The run would take more memory than its limit ([`verify_bytes`], estimated before anything
+    /// is allocated), or an allocation failed.
+    TooLarge(TooLarge),
+}
+
+impl From<TooLarge> for ExecError {
+    fn from(e: TooLarge) -> Self {
+        ExecError::TooLarge(e)
+    }
 }
 
 impl fmt::Display for ExecError {
@@ -231,6 +241,7 @@ impl fmt::Display for ExecError {
             ExecError::Unconsumed { conn, messages } => {
                 write!(f, "{conn}: {messages} messages never received")
             }
+            ExecError::TooLarge(e) => write!(f, "{e}"),
         }
     }
 }
@@ -446,18 +457,18 @@ pub fn execute<T: Element>(
     if let Some((c, f)) = fifos.iter().enumerate().find(|(_, f)| !f.is_empty()) {
         return Err(ExecError::Unconsumed { conn: ConnId::new(c), messages: f.len() });
     }
-    // Outputs.
+    // Outputs, each rank's storage freed once its output is out.
     let oc = l.output_chunks() as usize;
-    Ok((0..n)
-        .map(|r| {
-            let mut out = Vec::with_capacity(oc * cl);
-            for j in 0..oc {
-                let at = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves") as usize;
-                out.extend_from_slice(&mem[r][at * cl..(at + 1) * cl]);
-            }
-            out
-        })
-        .collect())
+    let mut outs = Vec::with_capacity(n);
+    for (r, m) in mem.into_iter().enumerate() {
+        let mut out = memory::try_vec(oc * cl, &format!("r{r}'s output of {} elements", oc * cl))?;
+        for j in 0..oc {
+            let at = l.resolve(Rank(r as u32), Slice::output(j as u32)).expect("output resolves") as usize;
+            out.extend_from_slice(&m[at * cl..(at + 1) * cl]);
+        }
+        outs.push(out);
+    }
+    Ok(outs)
 }
 
 /// Test inputs whose reductions are exact in every element type and every order: small integers,
@@ -497,12 +508,13 @@ impl VerifyReport {
 }
 
 /// Most elements of storage (input, output and scratch), over all ranks, [`verify`] builds on the
-/// host.
+/// host, whatever their size (the bytes are bounded by [`verify_bytes`] against a memory limit).
 pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
 
 /// Whether a host verification of `l`'s program with `chunk_len` elements per chunk stays within
 /// [`MAX_VERIFY_ELEMENTS`]: `execute` allocates every rank's whole storage, scratch included, so
-/// that is what is bounded. `Err` says by how much, in words, or what is wrong with `l`.
+/// that is what is bounded. `Err` says by how much, in words, or what is wrong with `l`. The
+/// element count only: [`check_verify_memory`] bounds the bytes, for an element size.
 pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
     l.validate().map_err(|e| e.to_string())?;
     let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
@@ -516,14 +528,69 @@ pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Bytes of the buffers [`verify`] holds at once for `l`'s program with `chunk_len` elements of
+/// `elem_bytes` bytes per chunk: the inputs, every rank's storage (scratch included), the outputs
+/// and the reference (every rank's output, and one input's worth for a reduction), saturating.
+pub fn verify_buffer_bytes(l: &Layout, chunk_len: usize, elem_bytes: usize) -> u64 {
+    let n = l.ranks as u64;
+    let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
+    let chunks = n
+        .saturating_mul(l.input_chunks() as u64)
+        .saturating_add(storage)
+        .saturating_add(n.saturating_mul(l.output_chunks() as u64).saturating_mul(2))
+        .saturating_add(l.input_chunks() as u64);
+    chunks.saturating_mul(chunk_len as u64).saturating_mul(elem_bytes as u64)
+}
+
+/// Bytes [`verify`] takes for `plan` with `chunk_len` elements of `elem_bytes` bytes per chunk:
+/// [`verify_buffer_bytes`], the messages FIFOs can hold (`opts.fifo_slots` per connection, each a
+/// micro-batch of the largest slice) and the executor's per-task state, saturating.
+pub fn verify_bytes(plan: &Plan, chunk_len: usize, elem_bytes: usize, opts: &ExecOptions) -> u64 {
+    let tasks = plan.ranks.iter().flat_map(|r| &r.tbs).map(|tb| tb.tasks.len() as u64).sum::<u64>();
+    let widest = plan
+        .ranks
+        .iter()
+        .flat_map(|r| &r.tbs)
+        .flat_map(|tb| &tb.tasks)
+        .map(|t| t.src.or(t.dst).map_or(0, |s| s.count as u64))
+        .max()
+        .unwrap_or(0);
+    let mb = (chunk_len as u64).div_ceil(opts.micro_batches.max(1) as u64);
+    let message = widest.saturating_mul(mb).saturating_mul(elem_bytes as u64).saturating_add(48);
+    let fifos = (plan.connections.len() as u64).saturating_mul(opts.fifo_slots as u64).saturating_mul(message);
+    verify_buffer_bytes(&plan.layout, chunk_len, elem_bytes).saturating_add(fifos).saturating_add(tasks * 24)
+}
+
+/// Refuses, with [`TooLarge`] naming the sizes, a verification of `l`'s program whose buffers
+/// ([`verify_buffer_bytes`]) would take more than `limit` bytes: the check a caller can make
+/// before it has a plan (a command line's `--count` and `--dtype`).
+pub fn check_verify_memory(l: &Layout, chunk_len: usize, elem_bytes: usize, limit: u64) -> Result<(), TooLarge> {
+    let need = verify_buffer_bytes(l, chunk_len, elem_bytes);
+    memory::check(limit, need, || {
+        format!("verifying on the host: {} ranks, {chunk_len} elements of {elem_bytes} bytes per chunk", l.ranks)
+    })
+}
+
 /// Executes `plan` on [`test_inputs`] with `chunk_len` elements per chunk and compares every output
 /// element with the collective's reference ([`ExecError::BadInput`] for a `chunk_len` of 0, or when
-/// the ranks' storage is beyond [`MAX_VERIFY_ELEMENTS`]).
+/// the ranks' storage is beyond [`MAX_VERIFY_ELEMENTS`]; [`ExecError::TooLarge`] when it would
+/// take more memory than this process can still allocate, [`memory::default_limit`]).
 pub fn verify<T: Element>(
     plan: &Plan,
     op: ReduceOp,
     chunk_len: usize,
     opts: &ExecOptions,
+) -> Result<VerifyReport, ExecError> {
+    verify_within::<T>(plan, op, chunk_len, opts, memory::default_limit())
+}
+
+/// [`verify`] within `limit` bytes ([`verify_bytes`], checked before anything is allocated).
+pub fn verify_within<T: Element>(
+    plan: &Plan,
+    op: ReduceOp,
+    chunk_len: usize,
+    opts: &ExecOptions,
+    limit: u64,
 ) -> Result<VerifyReport, ExecError> {
     let l = &plan.layout;
     l.validate().map_err(|e| ExecError::BadPlan { reason: e.to_string() })?;
@@ -531,6 +598,15 @@ pub fn verify<T: Element>(
         return Err(ExecError::BadInput { reason: "a chunk needs at least one element (chunk_len is 0)".into() });
     }
     check_verify_size(l, chunk_len).map_err(|reason| ExecError::BadInput { reason })?;
+    let size = std::mem::size_of::<T>();
+    memory::check(limit, verify_bytes(plan, chunk_len, size, opts), || {
+        format!(
+            "verifying {} on the host: {} ranks, {chunk_len} elements of {} ({size} bytes) per chunk",
+            plan.name,
+            l.ranks,
+            std::any::type_name::<T>()
+        )
+    })?;
     let elements = l.input_chunks() as usize * chunk_len;
     let inputs = test_inputs::<T>(l.ranks as usize, elements);
     let got = execute(plan, &inputs, op, opts)?;
