@@ -24,7 +24,7 @@
 //! The schedulers need op-level dependencies only: [`Graph`] keeps, per op, its successors and the
 //! number of its producers, about 10 bytes per op. Task-level dependencies are recomputed where
 //! they are needed, one rank at a time ([`Locations`] over that rank's tasks, in any topological
-//! order: see [`rank_task_preds`]), and links are looked up from an op's ranks and channel
+//! order: see `rank_task_preds`), and links are looked up from an op's ranks and channel
 //! ([`link_key`]). This is what lets the 8192-GPU programs (134 M ops) compile in a few GB.
 
 use super::memory::{self, TooLarge};
@@ -145,6 +145,9 @@ pub fn is_inter(op: &Op, ranks_per_node: Option<u32>) -> bool {
     Program::node_of(op.src_rank(), ranks_per_node) != Program::node_of(op.dst_rank(), ranks_per_node)
 }
 
+/// One of a rank's few links: `(dst, channel, local, id)`.
+type FewLink = (u32, u32, bool, u32);
+
 /// The links of a program, numbered in the order ops first use them, and looked up from an op's
 /// ranks and channel: per source rank a short list searched in order (a rank has a few links in
 /// the generated programs), hashed once a rank has many.
@@ -154,7 +157,7 @@ pub struct LinkTable {
     pub links: Vec<Link>,
     /// Per source rank, `(dst, channel, local, id)` of its links while they are few; `None` once
     /// they are in `many`.
-    few: Vec<Option<Vec<(u32, u32, bool, u32)>>>,
+    few: Vec<Option<Vec<FewLink>>>,
     many: FastMap<(u32, u32, u32, bool), u32>,
 }
 
@@ -186,7 +189,13 @@ impl LinkTable {
         }
         let (s, d, c, local) = link_key(op);
         let id = self.links.len() as u32;
-        self.links.push(Link { src: Rank(s), dst: Rank(d), channel: c, local, inter_node: is_inter(op, ranks_per_node) });
+        self.links.push(Link {
+            src: Rank(s),
+            dst: Rank(d),
+            channel: c,
+            local,
+            inter_node: is_inter(op, ranks_per_node),
+        });
         match &mut self.few[s as usize] {
             Some(v) if v.len() < FEW_LINKS => v.push((d, c, local, id)),
             slot => {
@@ -444,7 +453,12 @@ impl Locations {
             acc += layout.storage_chunks(Rank(r)) as usize;
             base.push(acc);
         }
-        Ok(Locations { base, at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?, pool: Vec::new(), free: NONE })
+        Ok(Locations {
+            base,
+            at: memory::try_filled(acc, UNTOUCHED, "the dependency walk's locations")?,
+            pool: Vec::new(),
+            free: NONE,
+        })
     }
 
     /// Locations for one rank's storage of `chunks` chunks (base 0), for walks rank by rank.
@@ -662,7 +676,12 @@ type Failure = (u32, u8, CompileError);
 
 /// Walks the tasks on `ranks` over the whole program (see the module documentation), and with
 /// `check_ranks` checks every op's ranks; room for `reserve` dependencies is allocated first.
-fn walk_part(src: &impl OpSource, ranks: std::ops::Range<u32>, check_ranks: bool, reserve: usize) -> Result<Part, Failure> {
+fn walk_part(
+    src: &impl OpSource,
+    ranks: std::ops::Range<u32>,
+    check_ranks: bool,
+    reserve: usize,
+) -> Result<Part, Failure> {
     let layout = src.layout();
     let nops = src.op_count();
     let at_start = |e: TooLarge| (0, 0, CompileError::TooLarge(e));
@@ -692,7 +711,8 @@ fn walk_part(src: &impl OpSource, ranks: std::ops::Range<u32>, check_ranks: bool
                 continue;
             }
             let at = Rank(rank.0 - ranks.start);
-            locs.task(layout, op, side, at, b * 2 + side as u32, &mut found).map_err(|e| (b, 1 + side as u8, with_op(e, id)))?;
+            locs.task(layout, op, side, at, b * 2 + side as u32, &mut found)
+                .map_err(|e| (b, 1 + side as u8, with_op(e, id)))?;
             deps.extend(found.drain(..).map(|p| p >> 1).filter(|&a| a != b));
         }
         deps.sort_unstable();
@@ -728,7 +748,9 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
     src.verify()?;
     let nops = src.op_count();
     if nops > MAX_OPS {
-        return Err(ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") }.into());
+        return Err(
+            ProgramError::BadLayout { reason: format!("{nops} ops is more than the supported {MAX_OPS}") }.into()
+        );
     }
     let ranks = src.layout().ranks;
     let t = threads.clamp(1, MAX_WALK_THREADS).min(ranks.max(1) as usize) as u32;
@@ -738,7 +760,8 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
     } else {
         std::thread::scope(|scope| {
             let reserve = nops * 2 / t as usize;
-            let others: Vec<_> = (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
+            let others: Vec<_> =
+                (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
             let mut v = vec![walk_part(src, range(0), true, reserve)];
             v.extend(others.into_iter().map(|h| h.join().expect("a walk thread panicked")));
             v
@@ -801,7 +824,9 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
         (counts, overflow, items)
     };
     if items.len() > u32::MAX as usize {
-        return Err(ProgramError::BadLayout { reason: format!("{} dependencies are more than 2^32", items.len()) }.into());
+        return Err(
+            ProgramError::BadLayout { reason: format!("{} dependencies are more than 2^32", items.len()) }.into()
+        );
     }
     counts.shrink_to_fit();
     overflow.shrink_to_fit();

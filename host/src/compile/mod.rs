@@ -1,4 +1,4 @@
-//! The ResCCL compiler: from a [`Program`] to a [`Plan`] (per rank, per thread block, an ordered task
+//! The ResCCL compiler: from a [`Program`](crate::program::Program) to a [`Plan`] (per rank, per thread block, an ordered task
 //! list that runs every micro-batch).
 //!
 //! ## Passes
@@ -36,6 +36,10 @@
 //! TBs; data dependencies and FIFOs are the only synchronisation). The scheduler assigns every op a
 //! sub-pipeline and a global position; a TB runs its tasks sorted by (sub-pipeline, position), looping
 //! over micro-batches inside each sub-pipeline. See [`Plan`] for the exact semantics.
+
+/// Most micro-batches the simulator and the CPU executor take (each is a full pass over the plan;
+/// the automatic choice stays within 1..=512).
+pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
 
 pub mod deps;
 pub mod lower;
@@ -479,15 +483,17 @@ fn drive(
     check(graph.heap_bytes() + schedule::estimate_bytes(sizes.ops, links))?;
     // With threads, a verifier runs beside the next pass (it only reads what both need); its
     // error, the earlier pass's, comes first. Its time counts in the pass it ran beside.
-    let (checked, schedule) = beside(threads, opts.verify, || verify::graph(src, &graph), || {
-        schedule::run(src, &graph, opts.scheduler)
-    });
+    let (checked, schedule) =
+        beside(threads, opts.verify, || verify::graph(src, &graph), || schedule::run(src, &graph, opts.scheduler));
     checked?;
     let schedule = schedule?;
     mark("schedule", &mut times);
-    let (checked, conns) = beside(threads, opts.verify, || verify::schedule(src, &graph, &schedule), || {
-        tballoc::Connections::build(src, &graph, opts.tb_alloc)
-    });
+    let (checked, conns) = beside(
+        threads,
+        opts.verify,
+        || verify::schedule(src, &graph, &schedule),
+        || tballoc::Connections::build(src, &graph, opts.tb_alloc),
+    );
     checked?;
     let keep_all = keep == Keep::All;
     if !keep_all {

@@ -739,7 +739,14 @@ impl<S: OpSource> Shared<'_, S> {
         let rank_tasks: Vec<RankTask> = s
             .tasks
             .iter()
-            .map(|t| RankTask { id: t.id, op: &t.op, side: t.side as usize, conn: t.conn, sp: t.sp, endpoint: t.endpoint })
+            .map(|t| RankTask {
+                id: t.id,
+                op: &t.op,
+                side: t.side as usize,
+                conn: t.conn,
+                sp: t.sp,
+                endpoint: t.endpoint,
+            })
             .collect();
         let alloc = tballoc::allocate_rank(rank, &rank_tasks, policy, &mut s.alloc);
         if self.verify {
@@ -763,7 +770,9 @@ impl<S: OpSource> Shared<'_, S> {
             let (peer, src, dst) = match (prim, t.op.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
-                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), Some(dst), Some(dst)),
+                (Prim::RecvReduceCopy, OpKind::Transfer { src_rank, dst, .. }) => {
+                    (Some(src_rank), Some(dst), Some(dst))
+                }
                 (_, OpKind::Copy { src, dst, .. } | OpKind::Reduce { src, dst, .. }) => (None, Some(src), Some(dst)),
                 (_, OpKind::Transfer { .. }) => unreachable!("transfer tasks are comm tasks"),
             };
@@ -873,17 +882,8 @@ pub fn emit<S: OpSource>(
     for r in 0..nranks {
         rank_start[r + 1] += rank_start[r];
     }
-    let shared = Shared {
-        src,
-        layout,
-        link_ranks,
-        links,
-        link_by_pos,
-        sched,
-        conns,
-        verify: check.is_some(),
-        rank_start,
-    };
+    let shared =
+        Shared { src, layout, link_ranks, links, link_by_pos, sched, conns, verify: check.is_some(), rank_start };
     let nchunks = nranks.div_ceil(CHUNK_RANKS);
     let workers = threads(opts).min(nchunks.max(1));
     let budget = BATCH_BYTES / std::mem::size_of::<Placed>() / workers;

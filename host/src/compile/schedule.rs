@@ -192,7 +192,14 @@ impl Queues {
             .links
             .links
             .iter()
-            .map(|l| LinkState { near: [(0, 0, 0); 2], len: 0, listed: false, inter: l.inter_node, spill: NONE, sp: NONE })
+            .map(|l| LinkState {
+                near: [(0, 0, 0); 2],
+                len: 0,
+                listed: false,
+                inter: l.inter_node,
+                spill: NONE,
+                sp: NONE,
+            })
             .collect();
         Queues { links, spilled: Vec::new(), free: Vec::new() }
     }

@@ -93,7 +93,11 @@ impl Connections {
             if let OpKind::Transfer { src_rank, dst_rank, channel, .. } = op.kind {
                 let l = g.link_of_op[id.index()];
                 let next = c.list.len() as u32;
-                let slot = if per_conn { c.by_link_stage.entry((l, op.stage)).or_insert(next) } else { &mut c.by_link[l as usize] };
+                let slot = if per_conn {
+                    c.by_link_stage.entry((l, op.stage)).or_insert(next)
+                } else {
+                    &mut c.by_link[l as usize]
+                };
                 if *slot == NONE {
                     *slot = next;
                 }
@@ -131,10 +135,7 @@ pub fn endpoint_kind(op: &Op, side: usize, conn: Option<ConnId>, policy: TbAlloc
     match (Task::prim_of(op, side), conn) {
         (Prim::Send, Some(c)) => EndpointKind::Send(c),
         (Prim::Recv | Prim::RecvReduceCopy, Some(c)) => EndpointKind::Recv(c),
-        _ => EndpointKind::Local {
-            channel: op.channel(),
-            stage: (policy == TbAlloc::PerConn).then_some(op.stage),
-        },
+        _ => EndpointKind::Local { channel: op.channel(), stage: (policy == TbAlloc::PerConn).then_some(op.stage) },
     }
 }
 

@@ -7,8 +7,8 @@
 
 use super::tballoc::{Connections, RankAlloc, RankTask, rank_tasks};
 use super::{
-    Allocation, CompileError, Connection, EndpointKind, Graph, OpSource, Plan, Prim, RankPlan, Schedule,
-    Scheduler, Task, TbAlloc,
+    Allocation, CompileError, Connection, EndpointKind, Graph, OpSource, Plan, Prim, RankPlan, Schedule, Scheduler,
+    Task, TbAlloc,
 };
 use crate::program::Rank;
 

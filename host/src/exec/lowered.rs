@@ -620,7 +620,9 @@ pub fn verify_bytes(lp: &LoweredPlan) -> u64 {
     let l = &lp.layout;
     let cb = lp.ranks.first().map_or(0, |r| r.header.chunk_bytes);
     let per_rank = (l.input_chunks() as u64 + 2 * l.output_chunks() as u64).saturating_mul(cb);
-    Memory::bytes(lp).saturating_add(per_rank.saturating_mul(l.ranks as u64)).saturating_add(l.input_chunks() as u64 * cb)
+    Memory::bytes(lp)
+        .saturating_add(per_rank.saturating_mul(l.ranks as u64))
+        .saturating_add(l.input_chunks() as u64 * cb)
 }
 
 /// Runs `lp` `launches` times on one [`Memory`] (a graph replayed: counters carry over), each time

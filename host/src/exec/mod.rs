@@ -284,9 +284,9 @@ pub fn execute<T: Element>(
     if opts.micro_batches == 0 || opts.fifo_slots == 0 {
         return Err(ExecError::BadInput { reason: "micro-batches and FIFO slots must be at least 1".into() });
     }
-    if opts.micro_batches > crate::sim::MAX_MICRO_BATCHES {
+    if opts.micro_batches > crate::compile::MAX_MICRO_BATCHES {
         return Err(ExecError::BadInput {
-            reason: format!("{} micro-batches: at most {}", opts.micro_batches, crate::sim::MAX_MICRO_BATCHES),
+            reason: format!("{} micro-batches: at most {}", opts.micro_batches, crate::compile::MAX_MICRO_BATCHES),
         });
     }
     let ic = l.input_chunks() as usize;

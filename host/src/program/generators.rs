@@ -117,8 +117,12 @@ impl Algorithm {
             reason: format!("topology {nodes}x{gpus} is too large (at most {} ranks)", Self::MAX_RANKS),
         })?;
         let (collective, in_place) = match self {
-            Algorithm::RingAllReduce | Algorithm::DirectAllReduce | Algorithm::HmAllReduce => (Collective::AllReduce, true),
-            Algorithm::RingAllGather | Algorithm::DirectAllGather | Algorithm::HmAllGather => (Collective::AllGather, true),
+            Algorithm::RingAllReduce | Algorithm::DirectAllReduce | Algorithm::HmAllReduce => {
+                (Collective::AllReduce, true)
+            }
+            Algorithm::RingAllGather | Algorithm::DirectAllGather | Algorithm::HmAllGather => {
+                (Collective::AllGather, true)
+            }
             Algorithm::RingReduceScatter | Algorithm::DirectReduceScatter | Algorithm::HmReduceScatter => {
                 (Collective::ReduceScatter, true)
             }

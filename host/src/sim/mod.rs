@@ -62,9 +62,7 @@ pub struct Topology {
     pub hbm: LinkParams,
 }
 
-/// Most micro-batches the simulator and the CPU executor take (each is a full pass over the plan;
-/// the automatic choice stays within 1..=512).
-pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
+pub use crate::compile::MAX_MICRO_BATCHES;
 
 impl Topology {
     /// ResCCL's testbed: A100 servers, NVSwitch at 300 GB/s per GPU and direction, one 200 Gb/s
