@@ -489,6 +489,30 @@ fn the_demo_bounds_its_host_memory_over_every_rank() {
     assert!(ok && out.contains("1048576 elements over 8 virtual ranks") && out.contains(": correct"), "{out}");
 }
 
+/// A demo size within its bound that the process's memory limit cannot hold is refused by name,
+/// not aborted by a failed allocation.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_demo_refuses_what_the_memory_limit_cannot_hold() {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oxccl"));
+    cmd.args(["demo", "--count", "26843545", "--cpu"]);
+    // SAFETY: only setrlimit runs in the child before exec (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 3 << 30, rlim_max: 3 << 30 };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run oxccl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the demo's host buffers (4294967200 B) cannot be allocated here"), "{err}");
+}
+
 /// A value the command would not read is refused, before anything is printed: `reshard`'s --owner
 /// and --ctas (for --lower only, checked before the plan is printed), `--gemm` beside a load
 /// without GEMMs, `-o` for a collective or plan that reduces nothing, `-c` other than 0 or 1.

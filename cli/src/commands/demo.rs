@@ -47,6 +47,16 @@ fn check_host_memory(ranks: usize, count: u64) -> CliResult {
         )
         .into());
     }
+    // Within the bound, the machine may still hold less (a memory limit, a small host): asked for
+    // at once here, and given back, a refusal names the size instead of aborting halfway.
+    let total = bytes.unwrap_or(0) as usize;
+    let mut probe: Vec<u8> = Vec::new();
+    if probe.try_reserve_exact(total).is_err() {
+        return Err(format!(
+            "--count {count} over --ranks {ranks}: the demo's host buffers ({total} B) cannot be allocated here"
+        )
+        .into());
+    }
     Ok(())
 }
 
