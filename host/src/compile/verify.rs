@@ -90,6 +90,12 @@ pub fn graph(src: &impl OpSource, g: &Graph) -> Result<(), CompileError> {
 /// rules (one op per link per sub-pipeline for HPDS and round-robin; HPDS's intra-after-inter rule;
 /// round-robin's producers in earlier sub-pipelines).
 pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), CompileError> {
+    schedule_on(src, g, s, 1)
+}
+
+/// [`schedule`] on up to `threads` threads, each checking a range of sub-pipelines (with the ops
+/// of the earlier ones marked first); the first error in the order is reported.
+pub fn schedule_on(src: &impl OpSource, g: &Graph, s: &Schedule, threads: usize) -> Result<(), CompileError> {
     let p = "schedule";
     let n = src.op_count();
     if g.link_of_op.len() != n {
@@ -103,13 +109,41 @@ pub fn schedule(src: &impl OpSource, g: &Graph, s: &Schedule) -> Result<(), Comp
     {
         return Err(fail(p, "schedule does not cover every op once, in non-empty sub-pipelines".into()));
     }
+    let count = s.count();
+    let t = (threads.max(1) as u32).min(count.max(1));
+    // Sub-pipeline ranges of about equal op counts.
+    let cut = |k: u32| sp.partition_point(|&x| (x as u64) < n as u64 * k as u64 / t as u64).min(count as usize) as u32;
+    let ranges: Vec<std::ops::Range<u32>> = (0..t).map(|k| cut(k)..if k + 1 == t { count } else { cut(k + 1) }).collect();
+    let results: Vec<Result<(), CompileError>> = if t == 1 {
+        vec![schedule_range(g, s, n, 0..count)]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = ranges[1..].iter().map(|r| scope.spawn(move || schedule_range(g, s, n, r.clone()))).collect();
+            let mut v = vec![schedule_range(g, s, n, ranges[0].clone())];
+            v.extend(handles.into_iter().map(|h| h.join().expect("a verifier thread panicked")));
+            v
+        })
+    };
+    results.into_iter().collect()
+}
+
+/// [`schedule`]'s checks of sub-pipelines `range`.
+fn schedule_range(g: &Graph, s: &Schedule, n: usize, range: std::ops::Range<u32>) -> Result<(), CompileError> {
+    let p = "schedule";
+    let sp = &s.sp_start;
     let exclusive = matches!(s.scheduler, Scheduler::Hpds | Scheduler::RoundRobin);
     let links = &g.links.links;
     // Per link: the last (sub-pipeline, op) that used it.
     let mut link_last: Vec<(u32, u32)> = vec![(u32::MAX, 0); links.len()];
     let mut done = Bits::new(n);
     let mut cur = Bits::new(n);
-    for k in 0..s.count() {
+    // The ops of earlier sub-pipelines come before (their own checks are another range's).
+    for op in &s.order[..sp[range.start as usize] as usize] {
+        if op.index() < n {
+            done.set(op.index(), true);
+        }
+    }
+    for k in range {
         let ops = &s.order[sp[k as usize] as usize..sp[k as usize + 1] as usize];
         for op in ops {
             if op.index() >= n || done.get(op.index()) || cur.get(op.index()) {
@@ -267,6 +301,22 @@ fn kind(p: Prim) -> u32 {
     }
 }
 
+/// Per rank of `src`, the sum of a hash of its tasks' (op, kind) and their number: what
+/// [`rank_plan`] compares each rank's plan with.
+pub fn expected_sums(src: &impl OpSource) -> Vec<(u64, u64)> {
+    let mut expected = vec![(0u64, 0u64); src.ranks() as usize];
+    let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
+        for (side, t) in Task::split(id, op).enumerate() {
+            if let Some(e) = expected.get_mut(t.rank.index()) {
+                e.0 = e.0.wrapping_add(mix(id.0, kind(Task::prim_of(op, side)), 0));
+                e.1 += 1;
+            }
+        }
+        Ok(())
+    });
+    expected
+}
+
 /// The checks of one rank's plan that need no other rank (see [`PlanCheck`]): sorted TB lists,
 /// sync points backwards to signalling tasks of other TBs, the rank's tasks the program's
 /// (`expected`: their hash sum and count, [`PlanCheck::expected`]), connections joining the rank
@@ -354,16 +404,11 @@ pub fn rank_plan(rp: &RankPlan, connections: &[Connection], expected: (u64, u64)
 impl<'a> PlanCheck<'a> {
     /// A check of the plan emitted for `src` over these connections (one pass over the program).
     pub fn new(src: &impl OpSource, graph: &Graph, connections: &'a Connections) -> PlanCheck<'a> {
-        let mut expected = vec![(0u64, 0u64); src.ranks() as usize];
-        let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
-            for (side, t) in Task::split(id, op).enumerate() {
-                if let Some(e) = expected.get_mut(t.rank.index()) {
-                    e.0 = e.0.wrapping_add(mix(id.0, kind(Task::prim_of(op, side)), 0));
-                    e.1 += 1;
-                }
-            }
-            Ok(())
-        });
+        PlanCheck::with_expected(expected_sums(src), graph, connections)
+    }
+
+    /// [`PlanCheck::new`] with the program's sums already made ([`expected_sums`]).
+    pub fn with_expected(expected: Vec<(u64, u64)>, graph: &Graph, connections: &'a Connections) -> PlanCheck<'a> {
         PlanCheck {
             connections: &connections.list,
             expected,
