@@ -67,3 +67,26 @@ fn every_generator_and_random_programs_compile_as_blessed() {
     }
     golden("compile_fingerprints.txt", &out);
 }
+
+#[test]
+fn the_thread_count_does_not_change_the_plan() {
+    let colls = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll];
+    let mut programs: Vec<Program> = vec![
+        Algorithm::HmAllReduce.generate(4, 4).unwrap(),
+        Algorithm::RingAllReduce.generate(1, 17).unwrap(),
+        Algorithm::DirectAllToAll.generate(1, 9).unwrap(),
+        Algorithm::HmAllGather.generate(3, 5).unwrap(),
+    ];
+    programs.extend((0..6u64).map(|seed| random_program(seed, colls[seed as usize % 4], 9 + seed as u32, 2, 2)));
+    for p in &programs {
+        for s in Scheduler::ALL {
+            for a in TbAlloc::ALL {
+                let hashes: Vec<u64> = [1, 2, 3, 5]
+                    .iter()
+                    .map(|&t| plan_hash(&compile(p, &Options { threads: Some(t), ..Options::new(s, a) }).unwrap()))
+                    .collect();
+                assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{} {s} {a}: {hashes:x?}", p.name);
+            }
+        }
+    }
+}

@@ -21,11 +21,16 @@
 //!
 //! ## What is kept
 //!
-//! The schedulers need op-level dependencies only: [`Graph`] keeps, per op, its successors and the
-//! number of its producers, about 10 bytes per op. Task-level dependencies are recomputed where
-//! they are needed, one rank at a time ([`Locations`] over that rank's tasks, in any topological
-//! order: see `rank_task_preds`), and links are looked up from an op's ranks and channel
-//! ([`link_key`]). This is what lets the 8192-GPU programs (134 M ops) compile in a few GB.
+//! The schedulers need op-level dependencies only: [`Graph`] keeps, per op, its successors, the
+//! number of its producers, its link and its chunk, about 17 bytes per op. Task-level dependencies
+//! are recomputed where they are needed, one rank at a time ([`Locations::one_rank`] over that
+//! rank's tasks, in schedule order: any topological order of the dependencies finds the same
+//! producers, since it keeps each location's writes in order and its reads between the same
+//! writes), or for dumps over the whole program ([`task_preds`]). This is what lets the 8192-GPU
+//! programs (134 M ops) compile in a few GB.
+//!
+//! Dependencies are between tasks of one rank, so the walk splits the ranks over threads
+//! ([`build`]).
 
 use super::memory::{self, TooLarge};
 use super::{CompileError, Csr, FastMap, LinkId, OpSource, TaskId};
@@ -286,11 +291,14 @@ pub struct Graph {
     pub ops: usize,
     /// Number of tasks.
     pub tasks: usize,
-    /// Op-level dependencies, forwards: `op_succs.row(a)` holds, ascending, every later op with a
-    /// task that depends on a task of `a` (always on a rank the two ops share).
+    /// Op-level dependencies, forwards: `op_succs.row(a)` holds, non-decreasing, every later op
+    /// with a task that depends on a task of `a` (always on a rank the two ops share). When the
+    /// walk runs on several threads, an op both of whose tasks depend on `a` and whose tasks two
+    /// threads walked is listed twice (and counted twice in `pred_counts`): the schedulers count
+    /// occurrences, so this changes nothing they do.
     pub op_succs: Csr,
-    /// Per op, the number of distinct ops it depends on, 255 standing for "255 or more, see
-    /// `pred_overflow`".
+    /// Per op, the number of times it is listed as a successor, 255 standing for "255 or more,
+    /// see `pred_overflow`".
     pred_counts: Vec<u8>,
     /// The producer counts of 255 and more.
     pred_overflow: FastMap<u32, u32>,
@@ -313,7 +321,7 @@ impl Graph {
         self.tasks
     }
 
-    /// The number of distinct ops `op` depends on.
+    /// The number of times `op` is listed as a successor (see [`Graph::op_succs`]).
     #[inline]
     pub fn pred_count(&self, op: usize) -> u32 {
         match self.pred_counts[op] {
@@ -600,14 +608,12 @@ pub const MAX_OPS: usize = (u32::MAX / 2) as usize;
 /// sources read `reads` chunks, on a storage of `locations` chunk locations over all ranks, with
 /// chunk ids `chunk_bytes` wide: the
 /// walk over `threads` threads (the locations, a reader cell per read not yet overwritten, the
-/// dependencies found, a count per op and thread), the merge of the threads' dependencies, then the
-/// transpose (dependencies and successors side by side) beside each op's link and chunk, then the
-/// graph ([`graph_bytes`]); the link table aside.
+/// dependencies found, a count per op and thread), then the transpose (dependencies and successors
+/// side by side), then the graph ([`graph_bytes`]); the link table aside.
 pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64, threads: u64) -> u64 {
     let walk = locations * 8 + reads * 8 + edges * 4 + ops * threads;
-    let merge = edges * 8 + ops * (threads + 1);
-    let transpose = edges * 8 + ops * 5 + ops * (4 + chunk_bytes);
-    walk.max(merge).max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
+    let transpose = edges * 8 + ops * (threads + 5);
+    walk.max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
 }
 
 /// Bytes of a [`Graph`] of `ops` ops and `edges` dependencies, its chunk ids `chunk_bytes` wide
@@ -742,8 +748,8 @@ fn walk_part(
 /// get, for a check before.
 ///
 /// The walk is split over up to `threads` threads by ranks (a task's dependencies are on its own
-/// rank): each walks the whole program for the tasks of its ranks, and the producers each finds
-/// for an op are merged. The links and chunks of the ops are numbered beside the transpose.
+/// rank): each walks the whole program for the tasks of its ranks; the successor lists are built
+/// from all of their findings. The links and chunks of the ops are numbered last.
 pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -> Result<Graph, CompileError> {
     src.verify()?;
     let nops = src.op_count();
@@ -782,63 +788,41 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
     if let Some((_, _, e)) = first {
         return Err(e);
     }
-    // The merge: each op's producers, the union of the parts' (each sorted).
-    let (mut counts, mut overflow, items) = if parts.len() == 1 {
-        let p = parts.pop().expect("one part");
-        (p.counts, p.overflow, p.items)
+    // Each op's producer count over the parts (a producer two parts found for the op's two tasks
+    // counts twice, and is listed twice among its successors).
+    let summed = if parts.len() == 1 {
+        None
     } else {
-        let total: usize = parts.iter().map(|p| p.items.len()).sum();
         let mut counts: Vec<u8> = memory::try_vec(nops, "the dependency graph's producer counts")?;
         let mut overflow: FastMap<u32, u32> = Default::default();
-        let mut items: Vec<u32> = memory::try_vec(total, "the dependency graph")?;
-        let mut at = vec![0usize; parts.len()];
-        for b in 0..nops {
-            let before = items.len();
-            let mut rows = 0;
-            for (k, p) in parts.iter().enumerate() {
-                let c = p.count(b);
-                if c > 0 {
-                    items.extend_from_slice(&p.items[at[k]..at[k] + c]);
-                    at[k] += c;
-                    rows += 1;
-                }
-            }
-            if rows > 1 {
-                items[before..].sort_unstable();
-                let mut w = before;
-                for r in before..items.len() {
-                    if r == before || items[r] != items[w - 1] {
-                        items[w] = items[r];
-                        w += 1;
-                    }
-                }
-                items.truncate(w);
-            }
-            let c = items.len() - before;
+        counts.extend((0..nops).map(|b| {
+            let c: usize = if parts.iter().any(|p| p.counts[b] == 255) {
+                parts.iter().map(|p| p.count(b)).sum()
+            } else {
+                parts.iter().map(|p| p.counts[b] as usize).sum()
+            };
             if c >= 255 {
                 overflow.insert(b as u32, c as u32);
             }
-            counts.push(c.min(255) as u8);
-        }
-        drop(parts);
-        (counts, overflow, items)
+            c.min(255) as u8
+        }));
+        Some((counts, overflow))
     };
-    if items.len() > u32::MAX as usize {
-        return Err(
-            ProgramError::BadLayout { reason: format!("{} dependencies are more than 2^32", items.len()) }.into()
-        );
+    let edges: usize = parts.iter().map(|p| p.items.len()).sum();
+    if edges > u32::MAX as usize {
+        return Err(ProgramError::BadLayout { reason: format!("{edges} dependencies are more than 2^32") }.into());
     }
-    counts.shrink_to_fit();
-    overflow.shrink_to_fit();
-    // The transpose, and beside it each op's link and chunk.
-    let ((start, succ), tables) = std::thread::scope(|scope| {
-        let tables = scope.spawn(|| links_and_chunks(src, ranks_per_node));
-        let succs = transpose(nops, &counts, &overflow, &items);
-        (succs, tables.join().expect("the link numbering panicked"))
-    });
-    let (start, succ) = (start?, succ?);
-    drop(items);
-    let (links, link_of_op, chunk_of_op, chunks, transfers) = tables?;
+    // The transpose, then (the walk's tables gone) each op's link and chunk.
+    let (start, succ) = transpose(nops, &parts)?;
+    let (counts, overflow) = match summed {
+        Some(c) => c,
+        None => {
+            let p = parts.pop().expect("one part");
+            (p.counts, p.overflow)
+        }
+    };
+    drop(parts);
+    let (links, link_of_op, chunk_of_op, chunks, transfers) = links_and_chunks(src, ranks_per_node)?;
     Ok(Graph {
         ops: nops,
         tasks: nops + transfers,
@@ -856,46 +840,35 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
 /// Threads the dependency walk uses at most (each keeps a byte per op).
 pub const MAX_WALK_THREADS: usize = 4;
 
-/// The successors from the producers (`counts[b]` of them for op `b`, in `items`, op by op):
-/// `start[a]` counts `a`'s successors, then sums up to its row's end, then is moved back to its
-/// start while the rows are filled from their ends, walking the producers' rows backwards. Rows
-/// come out ascending.
-#[allow(clippy::type_complexity)]
-fn transpose(
-    nops: usize,
-    counts: &[u8],
-    overflow: &FastMap<u32, u32>,
-    items: &[u32],
-) -> (Result<Vec<u32>, TooLarge>, Result<Vec<u32>, TooLarge>) {
-    let count = |op: usize| match counts[op] {
-        255 => overflow[&(op as u32)] as usize,
-        c => c as usize,
-    };
-    let mut start: Vec<u32> = match memory::try_filled(nops + 1, 0u32, "the dependency graph's successors") {
-        Ok(v) => v,
-        Err(e) => return (Err(e.clone()), Err(e)),
-    };
-    for &a in items {
-        start[a as usize] += 1;
+/// The successors from the parts' producers (each part's op by op): `start[a]` counts `a`'s
+/// successors, then sums up to its row's end, then is moved back to its start while the rows are
+/// filled from their ends, walking the ops backwards. Rows come out non-decreasing (a successor is
+/// listed once per part that found the dependency).
+fn transpose(nops: usize, parts: &[Part]) -> Result<(Vec<u32>, Vec<u32>), TooLarge> {
+    let edges: usize = parts.iter().map(|p| p.items.len()).sum();
+    let mut start: Vec<u32> = memory::try_filled(nops + 1, 0u32, "the dependency graph's successors")?;
+    for p in parts {
+        for &a in &p.items {
+            start[a as usize] += 1;
+        }
     }
     for x in 1..nops {
         start[x] += start[x - 1];
     }
-    start[nops] = items.len() as u32;
-    let mut succ: Vec<u32> = match memory::try_filled(items.len(), 0u32, "the dependency graph's successors") {
-        Ok(v) => v,
-        Err(e) => return (Err(e.clone()), Err(e)),
-    };
-    let mut end = items.len();
+    start[nops] = edges as u32;
+    let mut succ: Vec<u32> = memory::try_filled(edges, 0u32, "the dependency graph's successors")?;
+    let mut ends: Vec<usize> = parts.iter().map(|p| p.items.len()).collect();
     for b in (0..nops).rev() {
-        let row = end - count(b)..end;
-        for &a in items[row.clone()].iter().rev() {
-            start[a as usize] -= 1;
-            succ[start[a as usize] as usize] = b as u32;
+        for (p, end) in parts.iter().zip(&mut ends) {
+            let row = *end - p.count(b)..*end;
+            for &a in p.items[row.clone()].iter().rev() {
+                start[a as usize] -= 1;
+                succ[start[a as usize] as usize] = b as u32;
+            }
+            *end = row.start;
         }
-        end = row.start;
     }
-    (Ok(start), Ok(succ))
+    Ok((start, succ))
 }
 
 /// Links and dense chunk ids in program order (what the schedulers read per op), the chunk count

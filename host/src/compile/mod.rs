@@ -1,5 +1,5 @@
-//! The ResCCL compiler: from a [`Program`](crate::program::Program) to a [`Plan`] (per rank, per thread block, an ordered task
-//! list that runs every micro-batch).
+//! The ResCCL compiler: from a [`Program`](crate::program::Program) (or any [`OpSource`]) to a
+//! [`Plan`] (per rank, per thread block, an ordered task list that runs every micro-batch).
 //!
 //! ## Passes
 //!
@@ -19,14 +19,24 @@
 //! ## Scale
 //!
 //! The passes read the program through [`OpSource`] and keep no copy of its ops, so a generated
-//! program ([`crate::program::generators::Generated`]) compiles without ever being stored. What
-//! they keep is compact: op-level successors and a producer count per op (`deps`), the order
-//! (`schedule`), the connections (`tb-alloc`) and each task's position grouped by rank (`emit`);
-//! task-level dependencies, endpoints and TBs are found rank by rank as the plan is emitted and
-//! dropped with the rank. Before anything is allocated the compiler estimates its peak memory
-//! ([`estimate_bytes`]) and refuses a program over [`Options::memory_limit`] with
-//! [`CompileError::TooLarge`]; its large tables are allocated fallibly. The 8192-GPU HM AllReduce
-//! (134 M ops, 268 M tasks) compiles in about 2.5 GB.
+//! program ([`crate::program::generators::Algorithm::source`]) compiles without ever being
+//! stored. What they keep is compact, per op: successors and a producer count, a link and a chunk
+//! (`deps`), the order (`schedule`); per connection its numbering (`tb-alloc`); per task, only in
+//! batches, its position in the order (`emit`). Task-level dependencies, endpoints and TBs are found
+//! rank by rank as the plan is emitted and dropped with the rank, unless the caller keeps it
+//! ([`compile`]; [`compile_streaming`] hands each rank over).
+//!
+//! Before anything is allocated the compiler estimates its peak memory ([`estimate_bytes`], then
+//! again before `schedule` and `emit` with the links and connections then known) and refuses a
+//! program over [`Options::memory_limit`] with [`CompileError::TooLarge`]; its large tables are
+//! allocated fallibly.
+//!
+//! With [`Options::threads`] (by default the machine's), the dependency walk splits the ranks over
+//! threads, `emit` builds ranks on workers handed over in rank order, and the verifiers run beside
+//! the next pass or split their work; the plan is the same for every thread count.
+//!
+//! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and half a
+//! minute on two cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
 //!
 //! ## The execution model the passes target
 //!
@@ -481,20 +491,32 @@ fn drive(
     mark("deps", &mut times);
     let links = graph.links.links.len() as u64;
     check(graph.heap_bytes() + schedule::estimate_bytes(sizes.ops, links))?;
-    // With threads, a verifier runs beside the next pass (it only reads what both need); its
-    // error, the earlier pass's, comes first. Its time counts in the pass it ran beside.
-    let (checked, schedule) =
-        beside(threads, opts.verify, || verify::graph(src, &graph), || schedule::run(src, &graph, opts.scheduler));
+    // With threads, work that needs only the graph runs beside the scheduler: the graph's
+    // verifier (its error, the earlier pass's, comes first), the connections (`tb-alloc`'s first
+    // half) and the emit verifier's sums over the program. Their time counts in `schedule`.
+    let verify = opts.verify;
+    let helper = || {
+        let checked = if verify { verify::graph(src, &graph) } else { Ok(()) };
+        let conns = tballoc::Connections::build(src, &graph, opts.tb_alloc);
+        let expected = verify.then(|| verify::expected_sums(src));
+        (checked, conns, expected)
+    };
+    let ((checked, conns, expected), schedule) = if threads < 2 {
+        let h = helper();
+        (h, schedule::run(src, &graph, opts.scheduler))
+    } else {
+        std::thread::scope(|scope| {
+            let h = scope.spawn(helper);
+            let schedule = schedule::run(src, &graph, opts.scheduler);
+            (h.join().expect("a compiler thread panicked"), schedule)
+        })
+    };
     checked?;
     let schedule = schedule?;
     mark("schedule", &mut times);
-    let (checked, conns) = beside(
-        threads,
-        opts.verify,
-        || verify::schedule(src, &graph, &schedule),
-        || tballoc::Connections::build(src, &graph, opts.tb_alloc),
-    );
-    checked?;
+    if verify {
+        verify::schedule_on(src, &graph, &schedule, threads)?;
+    }
     let keep_all = keep == Keep::All;
     if !keep_all {
         // Only the schedulers and their verifier walk successors and read chunks.
@@ -510,7 +532,7 @@ fn drive(
     if !keep_all {
         graph.link_of_op = Vec::new();
     }
-    let mut check = opts.verify.then(|| verify::PlanCheck::new(src, &graph, &conns));
+    let mut check = expected.map(|e| verify::PlanCheck::with_expected(e, &graph, &conns));
     let (mut plan, alloc_ms) =
         plan::emit(src, &graph, &link_by_pos, &schedule, &conns, opts, check.as_mut(), &mut |rp| {
             sink(rp);
@@ -526,27 +548,6 @@ fn drive(
     plan.stats.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     plan.stats.pass_ms = times;
     Ok((plan, keep_all.then_some((graph, schedule))))
-}
-
-/// Runs `check` (when `verify`) and `next`, side by side on two threads when `threads` allows.
-fn beside<T: Send>(
-    threads: usize,
-    verify: bool,
-    check: impl FnOnce() -> Result<(), CompileError> + Send,
-    next: impl FnOnce() -> T,
-) -> (Result<(), CompileError>, T) {
-    if !verify {
-        return (Ok(()), next());
-    }
-    if threads < 2 {
-        let checked = check();
-        return (checked, next());
-    }
-    std::thread::scope(|scope| {
-        let checked = scope.spawn(check);
-        let t = next();
-        (checked.join().expect("a verifier panicked"), t)
-    })
 }
 
 /// A fast, non-cryptographic hasher for the compiler's integer keys (a multiply-rotate mix in the

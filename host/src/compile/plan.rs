@@ -44,9 +44,9 @@
 use super::deps::Locations;
 use super::memory;
 use super::tballoc::{self, Connections, RankScratch, RankTask};
-use super::verify::PlanCheck;
+use super::verify::{self, PlanCheck};
 use super::{CompileError, ConnId, FastMap, Graph, OpSource, Options, Prim, Schedule, Task, TbAlloc, TbId};
-use crate::program::{Layout, Op, OpId, OpKind, Rank, Slice};
+use crate::program::{Layout, OpId, OpKind, Rank, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -507,19 +507,6 @@ struct Placed {
     link: u32,
 }
 
-/// One task of the rank being built, gathered before the rank's plan is.
-#[derive(Copy, Clone)]
-struct Gathered {
-    id: OpId,
-    link: u32,
-    op: Op,
-    side: u32,
-    sp: u32,
-    seq: u32,
-    conn: Option<ConnId>,
-    endpoint: u32,
-}
-
 /// The link of each op in schedule order (`order[pos]`'s link at `pos`), so that a rank's tasks
 /// read it at their positions, as they read their ops.
 pub fn links_by_position(g: &Graph, sched: &Schedule) -> Result<Vec<u32>, memory::TooLarge> {
@@ -538,18 +525,24 @@ struct Shared<'a, S> {
     link_by_pos: &'a [u32],
     sched: &'a Schedule,
     conns: &'a Connections,
-    verify: bool,
+    /// With the verifiers on: per rank, what its tasks in the program add up to
+    /// ([`PlanCheck::expected`]).
+    expected: Option<Vec<(u64, u64)>>,
     /// `rank_start[r]..rank_start[r + 1]`: rank `r`'s tasks, counted over all ranks.
     rank_start: Vec<usize>,
 }
 
-/// One rank's plan and what the statistics need from it.
+/// One rank's plan and what the statistics and the plan-wide checks need from it.
 struct Built {
     plan: RankPlan,
     tbs: u32,
+    /// Segments of each TB.
+    segments: Vec<u32>,
     sync_points: usize,
     fifo_slots: u32,
     alloc: std::time::Duration,
+    /// With the verifiers on, what the rank adds to the plan-wide checks ([`verify::rank_plan`]).
+    sums: Option<verify::RankSums>,
 }
 
 /// A worker's scratch space, kept from rank to rank.
@@ -557,7 +550,9 @@ struct Scratch {
     batch: Vec<Placed>,
     /// Per rank: where its next task goes in `batch`, `usize::MAX` when it is not in the batch.
     fill: Vec<usize>,
-    tasks: Vec<Gathered>,
+    /// The rank's tasks, and each one's link and position in the order.
+    tasks: Vec<RankTask>,
+    at: Vec<(u32, u32)>,
     /// A rank's endpoints: by link under state-based allocation (a link is one endpoint of the
     /// rank), by (link, stage) per connection.
     slot: Vec<u32>,
@@ -568,8 +563,9 @@ struct Scratch {
     found: Vec<u32>,
     place: Vec<(u32, u32)>,
     waits: Vec<(u32, u32)>,
-    /// This rank's sends per connection: (sub-pipeline, messages in it so far).
-    fifo: FastMap<u32, (u32, u32)>,
+    /// This rank's sends per endpoint (a send endpoint is one connection's send side): (sub-pipeline,
+    /// messages in it so far).
+    fifo: Vec<(u32, u32)>,
 }
 
 impl<S: OpSource> Shared<'_, S> {
@@ -579,6 +575,7 @@ impl<S: OpSource> Shared<'_, S> {
             batch: Vec::new(),
             fill: vec![usize::MAX; self.layout.ranks as usize],
             tasks: Vec::new(),
+            at: Vec::new(),
             slot: vec![u32::MAX; if state { self.links.len() } else { 0 }],
             slot_stage: Default::default(),
             named: Vec::new(),
@@ -587,7 +584,7 @@ impl<S: OpSource> Shared<'_, S> {
             found: Vec::new(),
             place: Vec::new(),
             waits: Vec::new(),
-            fifo: Default::default(),
+            fifo: Vec::new(),
         })
     }
 
@@ -697,36 +694,29 @@ impl<S: OpSource> Shared<'_, S> {
     /// Builds `rank`'s plan from its tasks, `s.batch[tasks]`.
     fn rank(&self, s: &mut Scratch, rank: Rank, tasks: std::ops::Range<usize>) -> Result<Built, CompileError> {
         let (sched, links, policy) = (self.sched, self.links, self.conns.policy);
+        let placed = &s.batch[tasks];
+        s.at.clear();
+        s.at.extend(placed.iter().map(|p| (p.link, p.pos)));
         s.tasks.clear();
-        s.tasks.extend(s.batch[tasks].iter().map(|p| Gathered {
-            id: p.op,
-            link: p.link,
-            op: self.src.op(p.op),
-            side: 0,
-            sp: 0,
-            seq: p.pos,
-            conn: None,
-            endpoint: 0,
-        }));
         let mut k = 0usize;
-        for t in s.tasks.iter_mut() {
-            t.side = u32::from(!links[t.link as usize].local && links[t.link as usize].src != rank);
-            while sched.sp_start[k + 1] <= t.seq {
+        for (p, &(link, seq)) in placed.iter().zip(&s.at) {
+            let op = self.src.op(p.op);
+            let side = usize::from(!links[link as usize].local && links[link as usize].src != rank);
+            while sched.sp_start[k + 1] <= seq {
                 k += 1;
             }
-            t.sp = k as u32;
-            t.conn = self.conns.of(t.link, t.op.stage);
             let next = s.named.len() as u32;
             let e = if policy == TbAlloc::State {
-                &mut s.slot[t.link as usize]
+                &mut s.slot[link as usize]
             } else {
-                s.slot_stage.entry((t.link, t.op.stage)).or_insert(next)
+                s.slot_stage.entry((link, op.stage)).or_insert(next)
             };
             if *e == u32::MAX || *e == next {
                 *e = next;
-                s.named.push(t.link);
+                s.named.push(link);
             }
-            t.endpoint = *e;
+            let endpoint = *e;
+            s.tasks.push(RankTask { id: p.op, op, side, conn: self.conns.of(link, op.stage), sp: k as u32, endpoint });
         }
         for &l in &s.named {
             if let Some(e) = s.slot.get_mut(l as usize) {
@@ -736,23 +726,10 @@ impl<S: OpSource> Shared<'_, S> {
         s.named.clear();
         s.slot_stage.clear();
         let started = std::time::Instant::now();
-        let rank_tasks: Vec<RankTask> = s
-            .tasks
-            .iter()
-            .map(|t| RankTask {
-                id: t.id,
-                op: &t.op,
-                side: t.side as usize,
-                conn: t.conn,
-                sp: t.sp,
-                endpoint: t.endpoint,
-            })
-            .collect();
-        let alloc = tballoc::allocate_rank(rank, &rank_tasks, policy, &mut s.alloc);
-        if self.verify {
-            super::verify::rank_alloc(rank, &rank_tasks, &alloc, &self.conns.list, policy)?;
+        let alloc = tballoc::allocate_rank(rank, &s.tasks, policy, &mut s.alloc);
+        if self.expected.is_some() {
+            verify::rank_alloc(rank, &s.tasks, &alloc, &self.conns.list, policy)?;
         }
-        drop(rank_tasks);
         let alloc_time = started.elapsed();
         // Each task's TB and index in it (tasks are pushed in schedule order), and the TB sizes.
         let mut sizes = vec![0u32; alloc.tbs as usize];
@@ -765,8 +742,10 @@ impl<S: OpSource> Shared<'_, S> {
         let mut tbs: Vec<TbPlan> =
             sizes.iter().map(|&n| TbPlan { tasks: Vec::with_capacity(n as usize), syncs: Vec::new() }).collect();
         let mut fifo_slots = 0u32;
-        for (t, &(tb, _)) in s.tasks.iter().zip(&s.place) {
-            let prim = Task::prim_of(&t.op, t.side as usize);
+        s.fifo.clear();
+        s.fifo.resize(alloc.endpoints.len(), (u32::MAX, 0));
+        for ((t, &(tb, _)), &(_, seq)) in s.tasks.iter().zip(&s.place).zip(&s.at) {
+            let prim = Task::prim_of(&t.op, t.side);
             let (peer, src, dst) = match (prim, t.op.kind) {
                 (Prim::Send, OpKind::Transfer { dst_rank, src, .. }) => (Some(dst_rank), Some(src), None),
                 (Prim::Recv, OpKind::Transfer { src_rank, dst, .. }) => (Some(src_rank), None, Some(dst)),
@@ -779,7 +758,7 @@ impl<S: OpSource> Shared<'_, S> {
             tbs[tb as usize].tasks.push(TbTask {
                 prim,
                 subpipeline: t.sp,
-                seq: t.seq,
+                seq,
                 peer,
                 conn: t.conn,
                 src,
@@ -789,9 +768,9 @@ impl<S: OpSource> Shared<'_, S> {
                 signal: false,
                 op: t.id,
             });
-            if let (Prim::Send, Some(c)) = (prim, t.conn) {
+            if let (Prim::Send, Some(_)) = (prim, t.conn) {
                 // A connection's sends are all on this rank, in schedule order here.
-                let e = s.fifo.entry(c.0).or_insert((t.sp, 0));
+                let e = &mut s.fifo[t.endpoint as usize];
                 if e.0 != t.sp {
                     *e = (t.sp, 0);
                 }
@@ -799,7 +778,6 @@ impl<S: OpSource> Shared<'_, S> {
                 fifo_slots = fifo_slots.max(e.1);
             }
         }
-        s.fifo.clear();
         // Sync points: for each cross-TB dependency (always on this rank, on a task earlier in the
         // schedule) keep the latest task per producer TB; mark the producers as signalling. The
         // dependencies come from a walk over the rank's storage in schedule order, a topological
@@ -807,7 +785,7 @@ impl<S: OpSource> Shared<'_, S> {
         s.locs.reset_one_rank(self.layout.storage_chunks(rank));
         let mut sync_points = 0;
         for (i, t) in s.tasks.iter().enumerate() {
-            s.locs.task(self.layout, &t.op, t.side as usize, Rank(0), i as u32, &mut s.found)?;
+            s.locs.task(self.layout, &t.op, t.side, Rank(0), i as u32, &mut s.found)?;
             let (tb, index) = s.place[i];
             s.waits.clear();
             for &p in &s.found {
@@ -832,7 +810,20 @@ impl<S: OpSource> Shared<'_, S> {
             }
             sync_points += s.waits.len();
         }
-        Ok(Built { plan: RankPlan { rank, tbs }, tbs: alloc.tbs, sync_points, fifo_slots, alloc: alloc_time })
+        let plan = RankPlan { rank, tbs };
+        let sums = match &self.expected {
+            Some(e) => Some(verify::rank_plan(&plan, &self.conns.list, e[rank.index()])?),
+            None => None,
+        };
+        let segments = plan
+            .tbs
+            .iter()
+            .map(|tb| {
+                (tb.tasks.windows(2).filter(|w| w[0].subpipeline != w[1].subpipeline).count()
+                    + usize::from(!tb.tasks.is_empty())) as u32
+            })
+            .collect();
+        Ok(Built { plan, tbs: alloc.tbs, segments, sync_points, fifo_slots, alloc: alloc_time, sums })
     }
 }
 
@@ -882,8 +873,17 @@ pub fn emit<S: OpSource>(
     for r in 0..nranks {
         rank_start[r + 1] += rank_start[r];
     }
-    let shared =
-        Shared { src, layout, link_ranks, links, link_by_pos, sched, conns, verify: check.is_some(), rank_start };
+    let shared = Shared {
+        src,
+        layout,
+        link_ranks,
+        links,
+        link_by_pos,
+        sched,
+        conns,
+        expected: check.as_deref().map(|c| (0..nranks as u32).map(|r| c.expected(Rank(r))).collect()),
+        rank_start,
+    };
     let nchunks = nranks.div_ceil(CHUNK_RANKS);
     let workers = threads(opts).min(nchunks.max(1));
     let budget = BATCH_BYTES / std::mem::size_of::<Placed>() / workers;
@@ -898,11 +898,11 @@ pub fn emit<S: OpSource>(
     // order (so they do not depend on the thread count).
     let mut take = |built: Vec<Built>| -> Result<(), CompileError> {
         for b in built {
-            if let Some(c) = check.as_deref_mut() {
-                c.rank(&b.plan)?;
+            if let (Some(c), Some(sums)) = (check.as_deref_mut(), b.sums) {
+                c.merge(sums);
             }
-            for tb in &b.plan.tbs {
-                idle_sum += 1.0 - tb.segments().len() as f64 / spn;
+            for &segments in &b.segments {
+                idle_sum += 1.0 - segments as f64 / spn;
                 ntbs += 1;
             }
             sync_points += b.sync_points;

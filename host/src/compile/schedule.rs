@@ -132,26 +132,60 @@ pub fn run(src: &impl OpSource, graph: &Graph, scheduler: Scheduler) -> Result<S
 }
 
 /// Producer counts counted down as producers are scheduled.
+///
+/// A byte per op: the count in its low seven bits (127: in `overflow`), and in its high bit a
+/// mark HPDS sets on the successors of an inter-node op while a sub-pipeline is built (both are
+/// read for the same op, so one cache line serves both).
 struct Pending {
     counts: Vec<u8>,
     overflow: FastMap<u32, u32>,
 }
 
+const COUNT: u8 = 0x7f;
+const MARK: u8 = 0x80;
+
 impl Pending {
+    fn new(g: &Graph) -> Result<Pending, TooLarge> {
+        let (mut counts, mut overflow) = g.pending()?;
+        for (op, c) in counts.iter_mut().enumerate() {
+            if *c >= COUNT {
+                overflow.entry(op as u32).or_insert(*c as u32);
+                *c = COUNT;
+            }
+        }
+        Ok(Pending { counts, overflow })
+    }
+
     /// One producer of `op` was scheduled: whether that was the last.
     #[inline]
     fn done_one(&mut self, op: usize) -> bool {
-        match &mut self.counts[op] {
-            255 => {
-                let c = self.overflow.get_mut(&(op as u32)).expect("an overflowed count");
-                *c -= 1;
-                *c == 0
-            }
-            c => {
-                *c -= 1;
-                *c == 0
-            }
+        let b = &mut self.counts[op];
+        if *b & COUNT == COUNT {
+            let c = self.overflow.get_mut(&(op as u32)).expect("an overflowed count");
+            *c -= 1;
+            return *c == 0;
         }
+        *b -= 1;
+        *b & COUNT == 0
+    }
+
+    /// Marks `op`; whether it was unmarked.
+    #[inline]
+    fn mark(&mut self, op: usize) -> bool {
+        let b = &mut self.counts[op];
+        let fresh = *b & MARK == 0;
+        *b |= MARK;
+        fresh
+    }
+
+    #[inline]
+    fn marked(&self, op: usize) -> bool {
+        self.counts[op] & MARK != 0
+    }
+
+    #[inline]
+    fn unmark(&mut self, op: usize) {
+        self.counts[op] &= COUNT;
     }
 }
 
@@ -269,16 +303,14 @@ impl Queues {
 
 fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
     let n = src.op_count();
-    let (counts, overflow) = g.pending()?;
-    let mut pending = Pending { counts, overflow };
+    let mut pending = Pending::new(g)?;
     // Ready ops wait on their link, least-used chunk first: (uses of the chunk when the op became
     // ready, chunk, op). Only one op per link fits a sub-pipeline, so the link's queue decides which
     // chunk gets it.
     let mut q = Queues::new(g);
     let mut used = vec![0u32; g.chunks as usize];
-    // The ops with an inter-node producer in the sub-pipeline being built (a bit each), and the
-    // list of them, cleared when it closes.
-    let mut inter_pred = vec![0u64; n.div_ceil(64)];
+    // The ops with an inter-node producer in the sub-pipeline being built (marked in `pending`),
+    // cleared when it closes.
     let mut marked: Vec<u32> = Vec::new();
     let mut order: Vec<OpId> = memory::try_vec(n, "the schedule's order")?;
     let mut sp_start: Vec<u32> = Vec::new();
@@ -310,7 +342,7 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
                 let (_, c, op) = entry;
                 let o = op as usize;
                 // An intra-node op never joins the sub-pipeline of an inter-node producer.
-                if !inter && inter_pred[o / 64] & (1 << (o % 64)) != 0 {
+                if !inter && pending.marked(o) {
                     parked.push((l, entry));
                     continue;
                 }
@@ -319,8 +351,7 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
                 order.push(OpId(op));
                 for &s in g.op_succs.row(o) {
                     let su = s as usize;
-                    if inter && inter_pred[su / 64] & (1 << (su % 64)) == 0 {
-                        inter_pred[su / 64] |= 1 << (su % 64);
+                    if inter && pending.mark(su) {
                         marked.push(s);
                     }
                     if pending.done_one(su) {
@@ -344,7 +375,7 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
             q.push(l, entry)?;
         }
         for s in marked.drain(..) {
-            inter_pred[s as usize / 64] &= !(1 << (s % 64));
+            pending.unmark(s as usize);
         }
         active.retain(|&l| {
             let keep = !q.is_empty(l as usize);
@@ -360,8 +391,7 @@ fn hpds(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
 fn round_robin(src: &impl OpSource, g: &Graph) -> Result<Schedule, CompileError> {
     let n = src.op_count();
     let nchunks = g.chunks as usize;
-    let (counts, overflow) = g.pending()?;
-    let mut pending = Pending { counts, overflow };
+    let mut pending = Pending::new(g)?;
     let mut ready: Vec<BinaryHeap<Reverse<u32>>> = vec![BinaryHeap::new(); nchunks];
     let mut link_sp = vec![NONE; g.links.links.len()];
     let mut order: Vec<OpId> = memory::try_vec(n, "the schedule's order")?;

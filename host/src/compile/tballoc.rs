@@ -161,11 +161,11 @@ pub struct RankScratch {
 /// One task given to [`allocate_rank`]: its op, its side of the op, its connection, its
 /// sub-pipeline and its endpoint.
 #[derive(Copy, Clone, Debug)]
-pub struct RankTask<'a> {
+pub struct RankTask {
     /// The op's id.
     pub id: OpId,
     /// The op.
-    pub op: &'a Op,
+    pub op: Op,
     /// The task's side (see [`Task::split`]).
     pub side: usize,
     /// The op's connection.
@@ -179,7 +179,7 @@ pub struct RankTask<'a> {
 
 /// The second half of the pass for `rank`, from its tasks in any order: endpoints with their
 /// active intervals, numbered in the order of first use in the program (by op id), then TBs.
-pub fn allocate_rank(rank: Rank, tasks: &[RankTask<'_>], policy: TbAlloc, scratch: &mut RankScratch) -> RankAlloc {
+pub fn allocate_rank(rank: Rank, tasks: &[RankTask], policy: TbAlloc, scratch: &mut RankScratch) -> RankAlloc {
     let RankScratch { first_op, by_use, rename } = scratch;
     first_op.clear();
     let mut endpoints: Vec<Endpoint> = Vec::new();
@@ -187,7 +187,7 @@ pub fn allocate_rank(rank: Rank, tasks: &[RankTask<'_>], policy: TbAlloc, scratc
     for t in tasks {
         let e = t.endpoint;
         if e as usize == endpoints.len() {
-            let kind = endpoint_kind(t.op, t.side, t.conn, policy);
+            let kind = endpoint_kind(&t.op, t.side, t.conn, policy);
             endpoints.push(Endpoint { rank, kind, first: t.sp, last: t.sp, tb: TbId(0) });
             first_op.push(t.id.0);
         } else {
@@ -311,38 +311,17 @@ pub fn run(src: &impl OpSource, g: &Graph, sched: &Schedule, policy: TbAlloc) ->
     let ranks = rank_tasks(src, g, sched, &conns)
         .iter()
         .enumerate()
-        .map(|(r, held)| {
-            let tasks: Vec<RankTask> = held.iter().map(HeldTask::task).collect();
-            allocate_rank(Rank(r as u32), &tasks, policy, &mut scratch)
-        })
+        .map(|(r, tasks)| allocate_rank(Rank(r as u32), tasks, policy, &mut scratch))
         .collect();
     Allocation { policy, connections: conns.list, ranks }
 }
 
-/// A [`RankTask`] that holds its op, from [`rank_tasks`].
-pub(crate) struct HeldTask {
-    id: OpId,
-    op: Op,
-    side: usize,
-    conn: Option<ConnId>,
-    sp: u32,
-    endpoint: u32,
-}
-
-impl HeldTask {
-    /// The task, borrowing its op.
-    pub(crate) fn task(&self) -> RankTask<'_> {
-        let HeldTask { id, ref op, side, conn, sp, endpoint } = *self;
-        RankTask { id, op, side, conn, sp, endpoint }
-    }
-}
-
 /// Every rank's tasks in program order with their endpoints numbered, for [`run`] and
 /// [`super::verify::alloc`].
-pub(crate) fn rank_tasks(src: &impl OpSource, g: &Graph, sched: &Schedule, conns: &Connections) -> Vec<Vec<HeldTask>> {
+pub(crate) fn rank_tasks(src: &impl OpSource, g: &Graph, sched: &Schedule, conns: &Connections) -> Vec<Vec<RankTask>> {
     let sp = sched.subpipelines();
     let nranks = src.ranks() as usize;
-    let mut out: Vec<Vec<HeldTask>> = (0..nranks).map(|_| Vec::new()).collect();
+    let mut out: Vec<Vec<RankTask>> = (0..nranks).map(|_| Vec::new()).collect();
     let mut ids: Vec<FastMap<(u32, u32), u32>> = vec![Default::default(); nranks];
     let per_conn = conns.policy == TbAlloc::PerConn;
     let _ = src.try_for_each_op(|id, op| -> Result<(), ()> {
@@ -353,7 +332,7 @@ pub(crate) fn rank_tasks(src: &impl OpSource, g: &Graph, sched: &Schedule, conns
             let r = t.rank.index();
             let next = ids[r].len() as u32;
             let endpoint = *ids[r].entry((link, if per_conn { op.stage } else { 0 })).or_insert(next);
-            out[r].push(HeldTask { id, op: *op, side, conn, sp: sp[i], endpoint });
+            out[r].push(RankTask { id, op: *op, side, conn, sp: sp[i], endpoint });
         }
         Ok(())
     });
