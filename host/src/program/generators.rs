@@ -46,11 +46,23 @@ pub enum Algorithm {
     HmReduceScatter,
     /// `hm-allreduce`: the HM ReduceScatter then the HM AllGather, in place, two steps per node.
     HmAllReduce,
+    /// `hier-allreduce`: the staged hierarchical AllReduce, in place: a direct ReduceScatter inside
+    /// each node onto the GPU of each chunk's local index (stage 0), a ring AllReduce among the GPUs
+    /// of one local index across the nodes (over the NICs: stages 1 and 2), a direct AllGather
+    /// inside each node (stage 3). What the communicator runs across nodes (NVLink inside, NCCL
+    /// between).
+    HierAllReduce,
+    /// `hier-reducescatter`: the first two stages of `hier-allreduce` (intra-node direct
+    /// ReduceScatter, inter-node ring ReduceScatter), in place.
+    HierReduceScatter,
+    /// `hier-allgather`: an inter-node ring AllGather among the GPUs of one local index, then a
+    /// direct AllGather inside each node, in place.
+    HierAllGather,
 }
 
 impl Algorithm {
     /// Every algorithm, in CLI order.
-    pub const ALL: [Algorithm; 10] = [
+    pub const ALL: [Algorithm; 13] = [
         Algorithm::RingAllReduce,
         Algorithm::RingAllGather,
         Algorithm::RingReduceScatter,
@@ -61,6 +73,9 @@ impl Algorithm {
         Algorithm::HmAllGather,
         Algorithm::HmReduceScatter,
         Algorithm::HmAllReduce,
+        Algorithm::HierAllReduce,
+        Algorithm::HierReduceScatter,
+        Algorithm::HierAllGather,
     ];
 
     /// The most ranks a generator accepts: the programs grow as the square of the rank count (an
@@ -81,6 +96,9 @@ impl Algorithm {
             Algorithm::HmAllGather => "hm-allgather",
             Algorithm::HmReduceScatter => "hm-reducescatter",
             Algorithm::HmAllReduce => "hm-allreduce",
+            Algorithm::HierAllReduce => "hier-allreduce",
+            Algorithm::HierReduceScatter => "hier-reducescatter",
+            Algorithm::HierAllGather => "hier-allgather",
         }
     }
 
@@ -117,15 +135,18 @@ impl Algorithm {
             reason: format!("topology {nodes}x{gpus} is too large (at most {} ranks)", Self::MAX_RANKS),
         })?;
         let (collective, in_place) = match self {
-            Algorithm::RingAllReduce | Algorithm::DirectAllReduce | Algorithm::HmAllReduce => {
-                (Collective::AllReduce, true)
-            }
-            Algorithm::RingAllGather | Algorithm::DirectAllGather | Algorithm::HmAllGather => {
-                (Collective::AllGather, true)
-            }
-            Algorithm::RingReduceScatter | Algorithm::DirectReduceScatter | Algorithm::HmReduceScatter => {
-                (Collective::ReduceScatter, true)
-            }
+            Algorithm::RingAllReduce
+            | Algorithm::DirectAllReduce
+            | Algorithm::HmAllReduce
+            | Algorithm::HierAllReduce => (Collective::AllReduce, true),
+            Algorithm::RingAllGather
+            | Algorithm::DirectAllGather
+            | Algorithm::HmAllGather
+            | Algorithm::HierAllGather => (Collective::AllGather, true),
+            Algorithm::RingReduceScatter
+            | Algorithm::DirectReduceScatter
+            | Algorithm::HmReduceScatter
+            | Algorithm::HierReduceScatter => (Collective::ReduceScatter, true),
             Algorithm::DirectAllToAll => (Collective::AllToAll, false),
         };
         let mut g = Generated {
@@ -138,6 +159,7 @@ impl Algorithm {
             blocks: Vec::new(),
             gpus_div: Divisor::new(gpus),
             peers_div: Divisor::new(gpus - 1),
+            nodes_div: Divisor::new(nodes),
         };
         let mut start = 0;
         for b in g.block_list() {
@@ -196,6 +218,8 @@ pub struct Generated {
     gpus_div: Divisor,
     /// Divides by `gpus - 1`.
     peers_div: Divisor,
+    /// Divides by the nodes.
+    nodes_div: Divisor,
 }
 
 /// One block of a generated program (see [`Generated`]).
@@ -219,6 +243,16 @@ enum Block {
     HmAgLater { first_step: u32, out: bool, k0: u32, k1: u32, nic: bool },
     /// HM ReduceScatter steps `e0..e1`: local reductions, then NIC hops when `nic`.
     HmRs { e0: u32, e1: u32, nic: bool },
+    /// Hierarchical, step 0, stage 0: inside each node, every GPU sends each chunk of local index
+    /// `l` to GPU `l`, which reduces it.
+    HierIntraRs,
+    /// Hierarchical: a ring among the GPUs of one local index across the nodes, over the chunks of
+    /// that index: a ReduceScatter (chunk `t·g + l` ends reduced on node `t`) or an AllGather (from
+    /// node `t` to all), `nodes - 1` steps from `first_step`.
+    HierRing { ag: bool, first_step: u32, stage: u32, out: bool },
+    /// Hierarchical: inside each node, every GPU sends its chunks (those of its local index) to the
+    /// node's other GPUs, at `step` and `stage`.
+    HierIntraAg { step: u32, stage: u32, out: bool },
 }
 
 /// The divisors [`Generated::op`] finds a block's loop indices with, per block.
@@ -310,6 +344,19 @@ impl Generated {
             Algorithm::HmAllGather => hm_ag(0, true).to_vec(),
             Algorithm::HmReduceScatter => hm_rs.to_vec(),
             Algorithm::HmAllReduce => [hm_rs.as_slice(), &hm_ag(nodes, false)].concat(),
+            Algorithm::HierAllReduce => vec![
+                Block::HierIntraRs,
+                Block::HierRing { ag: false, first_step: 1, stage: 1, out: false },
+                Block::HierRing { ag: true, first_step: nodes, stage: 2, out: false },
+                Block::HierIntraAg { step: 2 * nodes - 1, stage: 3, out: false },
+            ],
+            Algorithm::HierReduceScatter => {
+                vec![Block::HierIntraRs, Block::HierRing { ag: false, first_step: 1, stage: 1, out: false }]
+            }
+            Algorithm::HierAllGather => vec![
+                Block::HierRing { ag: true, first_step: 0, stage: 0, out: true },
+                Block::HierIntraAg { step: nodes - 1, stage: 1, out: true },
+            ],
         }
     }
 
@@ -411,6 +458,24 @@ impl Generated {
                     }
                 }
             }
+            Block::HierIntraRs | Block::HierIntraAg { .. } => {
+                for s in 0..nn {
+                    for l in 0..g {
+                        for t in 0..nn {
+                            for d in 1..g {
+                                f(self.hier_intra(b, s, l, t, d));
+                            }
+                        }
+                    }
+                }
+            }
+            Block::HierRing { .. } => {
+                for k in 0..nn.saturating_sub(1) {
+                    for r in 0..n {
+                        f(self.hier_ring(b, k, r));
+                    }
+                }
+            }
         }
     }
 
@@ -424,6 +489,8 @@ impl Generated {
             Block::HmAgFirst { .. } => nn * g * self.hm_ag_first_len() as u64,
             Block::HmAgLater { k0, k1, nic, .. } => k1.saturating_sub(k0) as u64 * nn * g * (g - 1 + nic as u64),
             Block::HmRs { e0, e1, nic } => e1.saturating_sub(e0) as u64 * (nn * g * (g - 1) + nic as u64 * nn * g),
+            Block::HierIntraRs | Block::HierIntraAg { .. } => n * nn * (g - 1),
+            Block::HierRing { .. } => nn.saturating_sub(1) * n,
         }
     }
 
@@ -439,6 +506,8 @@ impl Generated {
                 (nn * g * per, per)
             }
             Block::HmRs { nic, .. } => (nn * g * (g - 1) + nic as u32 * nn * g, 1),
+            Block::HierIntraRs | Block::HierIntraAg { .. } => (g - 1, 1),
+            Block::HierRing { .. } => (n, 1),
         };
         Divisors { outer: Divisor::new(outer), per_gpu: Divisor::new(per_gpu) }
     }
@@ -489,6 +558,16 @@ impl Generated {
                     let (sq, lq) = self.gpus_div.divmod(j - local);
                     self.hm_rs_nic(e0 + e, sq, lq)
                 }
+            }
+            Block::HierIntraRs | Block::HierIntraAg { .. } => {
+                let (slt, d) = dv.outer.divmod(i);
+                let (sl, t) = self.nodes_div.divmod(slt);
+                let (s, l) = self.gpus_div.divmod(sl);
+                self.hier_intra(b, s, l, t, d + 1)
+            }
+            Block::HierRing { .. } => {
+                let (k, r) = dv.outer.divmod(i);
+                self.hier_ring(b, k, r)
             }
         }
     }
@@ -578,6 +657,35 @@ impl Generated {
         let q = self.rank(sq, lq);
         let sl = Slice::input(q);
         xfer(self.rank(s, lq), sl, self.rank(wrap(s + 1, nn), lq), sl, RecvOp::RecvReduceCopy, q, e, 0)
+    }
+}
+
+impl Generated {
+    /// Chunk `t·g + l` inside node `s` ([`Block::HierIntraRs`], [`Block::HierIntraAg`]): between
+    /// GPU `l` and GPU `l+d`.
+    fn hier_intra(&self, b: Block, s: u32, l: u32, t: u32, d: u32) -> Op {
+        let g = self.gpus;
+        let (owner, other) = (self.rank(s, l), self.rank(s, wrap(l + d, g)));
+        let q = self.rank(t, l);
+        match b {
+            Block::HierIntraAg { step, stage, out } => {
+                xfer(owner, buf(out, q), other, buf(out, q), RecvOp::Recv, q, step, stage)
+            }
+            _ => xfer(other, Slice::input(q), owner, Slice::input(q), RecvOp::RecvReduceCopy, q, 0, 0),
+        }
+    }
+
+    /// Ring step `k` of [`Block::HierRing`] from rank `r` (GPU `l` of node `s`) to GPU `l` of the
+    /// next node: the chunk of local index `l` and node `s-k-1` (ReduceScatter) or `s-k`
+    /// (AllGather).
+    fn hier_ring(&self, b: Block, k: u32, r: u32) -> Op {
+        let Block::HierRing { ag, first_step, stage, out } = b else { unreachable!("a ring block") };
+        let (s, l) = self.gpus_div.divmod(r);
+        let nn = self.nodes;
+        let t = if ag { sub_mod(s, k, nn) } else { sub_mod(s, k + 1, nn) };
+        let q = self.rank(t, l);
+        let op = if ag { RecvOp::Recv } else { RecvOp::RecvReduceCopy };
+        xfer(r, buf(out, q), self.rank(wrap(s + 1, nn), l), buf(out, q), op, q, first_step + k, stage)
     }
 }
 
