@@ -9,12 +9,14 @@
 //! | [`exec`] | CPU executors of compiled plans and of their lowered descriptors, the semantic oracles |
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
+//! | [`nodes`] | ranks across nodes, and the staged hierarchical collectives (NVLink inside, an inter-node engine between) |
 
 #![warn(missing_docs)]
 
 pub mod compile;
 pub mod exec;
 pub mod lowered;
+pub mod nodes;
 pub mod program;
 pub mod reshard;
 pub mod sim;

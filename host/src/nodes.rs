@@ -1,0 +1,609 @@
+//! Ranks across nodes: which node each rank is on ([`NodeMap`]), and the staged hierarchical
+//! collectives ([`Staged`]): NVLink inside each node (oxccl's engine), an inter-node engine (NCCL)
+//! among the ranks of one local index, cut into pieces so that the two sides overlap.
+//!
+//! A staged plan is a list of [`Step`]s in the order a rank issues them, each on one [`Side`] and
+//! waiting for the step before it on the other side ([`Step::after`]). The communicator runs it on
+//! two streams; [`Staged::run_cpu`] runs it on host vectors with the CPU references, the semantic
+//! oracle; [`Staged::link_bytes`] counts what each rank sends over NVLink and over its NIC, which
+//! the simulator's `hier-*` programs ([`crate::program::generators::Algorithm::HierAllReduce`])
+//! reproduce.
+
+use crate::exec::{Element, ExecError, ReduceOp, reference};
+use std::ops::Range;
+
+/// Why ranks do not form nodes a staged collective can run on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// No ranks.
+    #[error("no ranks")]
+    Empty,
+    /// A node holds another number of ranks than the first (NCCL's groups among the ranks of one
+    /// local index need every node to have each index once).
+    #[error("node {node} holds {ranks} ranks, node 0 holds {expected}: every node needs the same number")]
+    Uneven {
+        /// The node, numbered in order of its first rank.
+        node: u32,
+        /// Its ranks.
+        ranks: u32,
+        /// Node 0's.
+        expected: u32,
+    },
+    /// A ranks-per-node setting that does not divide the world.
+    #[error("{per_node} ranks per node does not divide {world} ranks")]
+    BadRanksPerNode {
+        /// The ranks.
+        world: usize,
+        /// The setting.
+        per_node: usize,
+    },
+    /// A collective that needs the ranks numbered node by node (rank = node × ranks per node +
+    /// local index, as torchrun and `oxccl launch` number them).
+    #[error("rank {rank} is on node {node} as local rank {local}: {what} needs ranks numbered node by node")]
+    NotNodeMajor {
+        /// What needed it.
+        what: &'static str,
+        /// The first rank out of place.
+        rank: u32,
+        /// Its node.
+        node: u32,
+        /// Its local index.
+        local: u32,
+    },
+}
+
+/// Which node each rank is on and its index there (its *local rank*). Nodes are numbered in order
+/// of their first rank; local indices in rank order within a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMap {
+    per_node: u32,
+    node_of: Vec<u32>,
+    local_of: Vec<u32>,
+    /// Node by node, local index by local index: the rank.
+    ranks: Vec<u32>,
+}
+
+impl NodeMap {
+    /// The nodes `keys` name (one key per rank, e.g. its host's identity): ranks with equal keys
+    /// share a node.
+    pub fn from_keys<K: PartialEq>(keys: &[K]) -> Result<NodeMap, NodeError> {
+        if keys.is_empty() {
+            return Err(NodeError::Empty);
+        }
+        let mut firsts: Vec<usize> = Vec::new();
+        let mut node_of = Vec::with_capacity(keys.len());
+        let mut counts: Vec<u32> = Vec::new();
+        let mut local_of = Vec::with_capacity(keys.len());
+        for (r, k) in keys.iter().enumerate() {
+            let n = match firsts.iter().position(|&f| keys[f] == *k) {
+                Some(n) => n,
+                None => {
+                    firsts.push(r);
+                    counts.push(0);
+                    firsts.len() - 1
+                }
+            };
+            node_of.push(n as u32);
+            local_of.push(counts[n]);
+            counts[n] += 1;
+        }
+        let per_node = counts[0];
+        if let Some(n) = counts.iter().position(|&c| c != per_node) {
+            return Err(NodeError::Uneven { node: n as u32, ranks: counts[n], expected: per_node });
+        }
+        let mut ranks = vec![0u32; keys.len()];
+        for r in 0..keys.len() {
+            ranks[(node_of[r] * per_node + local_of[r]) as usize] = r as u32;
+        }
+        Ok(NodeMap { per_node, node_of, local_of, ranks })
+    }
+
+    /// `world` ranks, `per_node` to a node in rank order (one machine posing as several nodes).
+    pub fn by_count(world: usize, per_node: usize) -> Result<NodeMap, NodeError> {
+        if world == 0 {
+            return Err(NodeError::Empty);
+        }
+        if per_node == 0 || !world.is_multiple_of(per_node) {
+            return Err(NodeError::BadRanksPerNode { world, per_node });
+        }
+        let keys: Vec<usize> = (0..world).map(|r| r / per_node).collect();
+        NodeMap::from_keys(&keys)
+    }
+
+    /// Ranks.
+    pub fn world(&self) -> u32 {
+        self.node_of.len() as u32
+    }
+
+    /// Nodes.
+    pub fn nodes(&self) -> u32 {
+        self.world() / self.per_node
+    }
+
+    /// Ranks per node.
+    pub fn per_node(&self) -> u32 {
+        self.per_node
+    }
+
+    /// The node of `rank`.
+    pub fn node(&self, rank: u32) -> u32 {
+        self.node_of[rank as usize]
+    }
+
+    /// The local index of `rank` on its node.
+    pub fn local(&self, rank: u32) -> u32 {
+        self.local_of[rank as usize]
+    }
+
+    /// The rank of local index `local` on `node`.
+    pub fn rank(&self, node: u32, local: u32) -> u32 {
+        self.ranks[(node * self.per_node + local) as usize]
+    }
+
+    /// The ranks of `node`, by local index: its intra-node group.
+    pub fn node_ranks(&self, node: u32) -> &[u32] {
+        let p = self.per_node as usize;
+        &self.ranks[node as usize * p..(node as usize + 1) * p]
+    }
+
+    /// The ranks of local index `local`, node by node: its inter-node group.
+    pub fn local_ranks(&self, local: u32) -> Vec<u32> {
+        (0..self.nodes()).map(|n| self.rank(n, local)).collect()
+    }
+
+    /// Whether rank = node × ranks per node + local index for every rank; the first rank that
+    /// breaks it as the error otherwise.
+    pub fn node_major(&self, what: &'static str) -> Result<(), NodeError> {
+        match (0..self.world()).find(|&r| r != self.node(r) * self.per_node + self.local(r)) {
+            None => Ok(()),
+            Some(rank) => Err(NodeError::NotNodeMajor { what, rank, node: self.node(rank), local: self.local(rank) }),
+        }
+    }
+}
+
+/// Which engine a step runs on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// oxccl's engine among the ranks of one node (NVLink).
+    Intra,
+    /// The inter-node engine among the ranks of one local index (NICs).
+    Inter,
+}
+
+/// What a step does, on this rank's buffers. Element offsets and counts; `local` below is the
+/// rank's local index, `g` the ranks per node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Inside each node, ReduceScatter of `send[at .. at + g·len]` in `g` blocks: block `local`
+    /// reduced over the node lands in `recv[at + local·len ..][..len]`.
+    IntraReduceScatter {
+        /// First element of the piece.
+        at: u64,
+        /// Elements per block.
+        len: u64,
+    },
+    /// Among the ranks of one local index, AllReduce in place of `recv[at + local·len ..][..len]`
+    /// (of `recv[at ..][..len]` when not `sharded`).
+    InterAllReduce {
+        /// First element of the piece.
+        at: u64,
+        /// Elements.
+        len: u64,
+        /// Whether each local index reduces its own block of the piece.
+        sharded: bool,
+    },
+    /// Inside each node, AllGather in place: block `local` of `recv[at .. at + g·len]` to every
+    /// rank of the node.
+    IntraAllGather {
+        /// First element of the piece.
+        at: u64,
+        /// Elements per block.
+        len: u64,
+    },
+    /// Inside each node, AllReduce of `send[at ..][..len]` into `recv[at ..][..len]`.
+    IntraAllReduce {
+        /// First element.
+        at: u64,
+        /// Elements.
+        len: u64,
+    },
+    /// Inside the root's node, Broadcast of `recv[at ..][..len]` from local index `root_local`.
+    IntraBroadcast {
+        /// First element.
+        at: u64,
+        /// Elements.
+        len: u64,
+        /// The root's local index.
+        root_local: u32,
+    },
+    /// Among the ranks of one local index, Broadcast in place of `recv[at + local·len ..][..len]`
+    /// (of `recv[at ..][..len]` when not `sharded`) from node `root_node`.
+    InterBroadcast {
+        /// First element of the piece.
+        at: u64,
+        /// Elements (per block when `sharded`).
+        len: u64,
+        /// The root's node.
+        root_node: u32,
+        /// Whether each local index broadcasts its own block of the piece.
+        sharded: bool,
+    },
+    /// Among the ranks of one local index, AllGather of this rank's `send[..len]` into
+    /// `recv[(node' · g + local) · len ..][..len]` for every node' (ranks numbered node by node).
+    InterAllGatherStrided {
+        /// Elements per rank.
+        len: u64,
+    },
+    /// Inside each node, AllGather in place of node `node`'s blocks: block `local` of
+    /// `recv[node·g·len ..][..g·len]` to every rank of the node.
+    IntraAllGatherOf {
+        /// The node whose blocks move.
+        node: u32,
+        /// Elements per block.
+        len: u64,
+    },
+}
+
+/// One step of a staged collective.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The engine it runs on.
+    pub side: Side,
+    /// What it does.
+    pub kind: Kind,
+    /// The step (an index into [`Staged::steps`]) on the other side it waits for.
+    pub after: Option<usize>,
+    /// Whether only the ranks of the root's node take part (an intra-node broadcast).
+    pub root_node_only: Option<u32>,
+}
+
+/// The collectives a staged plan exists for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum StagedCollective {
+    /// `count` elements per rank, reduced into every rank's.
+    AllReduce,
+    /// `count` elements per rank in, `world × count` out.
+    AllGather,
+    /// `count` elements from rank `root` to every rank.
+    Broadcast {
+        /// The root rank.
+        root: u32,
+    },
+}
+
+/// A staged hierarchical collective: the steps every rank issues, in order.
+#[derive(Clone, Debug)]
+pub struct Staged {
+    /// The collective.
+    pub collective: StagedCollective,
+    /// Elements per rank (the AllGather's input).
+    pub count: u64,
+    /// The steps, in issue order.
+    pub steps: Vec<Step>,
+}
+
+/// Pieces of at most `piece` elements, each a multiple of `g`, over `count`, and the tail below `g`
+/// left over: `(at, block)` per piece, block = piece / g.
+fn pieces(count: u64, g: u64, piece: u64) -> (Vec<(u64, u64)>, Range<u64>) {
+    let piece = (piece / g).max(1) * g;
+    let body = count - count % g;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < body {
+        let len = piece.min(body - at);
+        out.push((at, len / g));
+        at += len;
+    }
+    (out, body..count)
+}
+
+/// Pushes `step`, returning its index.
+fn push(steps: &mut Vec<Step>, side: Side, kind: Kind, after: Option<usize>) -> usize {
+    steps.push(Step { side, kind, after, root_node_only: None });
+    steps.len() - 1
+}
+
+impl Staged {
+    /// AllReduce of `count` elements per rank on `map`'s nodes in pieces of about `piece`
+    /// elements: per piece an intra-node ReduceScatter, an inter-node AllReduce of each local
+    /// index's block, an intra-node AllGather. Intra-node steps are issued one piece ahead, so the
+    /// inter-node AllReduce of piece `i` runs beside the ReduceScatter of piece `i+1`. A tail below
+    /// the ranks per node is reduced whole on both sides.
+    pub fn all_reduce(map: &NodeMap, count: u64, piece: u64) -> Staged {
+        let g = map.per_node() as u64;
+        let (ps, tail) = pieces(count, g, piece);
+        let mut steps = Vec::new();
+        let mut rs = Vec::with_capacity(ps.len());
+        let mut ar = Vec::with_capacity(ps.len());
+        for (i, &(at, len)) in ps.iter().enumerate() {
+            rs.push(push(&mut steps, Side::Intra, Kind::IntraReduceScatter { at, len }, None));
+            ar.push(push(&mut steps, Side::Inter, Kind::InterAllReduce { at, len, sharded: true }, Some(rs[i])));
+            if i > 0 {
+                let (at, len) = ps[i - 1];
+                push(&mut steps, Side::Intra, Kind::IntraAllGather { at, len }, Some(ar[i - 1]));
+            }
+        }
+        if let Some(&(at, len)) = ps.last() {
+            push(&mut steps, Side::Intra, Kind::IntraAllGather { at, len }, ar.last().copied());
+        }
+        if !tail.is_empty() {
+            let (at, len) = (tail.start, tail.end - tail.start);
+            let a = push(&mut steps, Side::Intra, Kind::IntraAllReduce { at, len }, None);
+            push(&mut steps, Side::Inter, Kind::InterAllReduce { at, len, sharded: false }, Some(a));
+        }
+        Staged { collective: StagedCollective::AllReduce, count, steps }
+    }
+
+    /// AllGather of `count` elements per rank (ranks numbered node by node): an inter-node
+    /// AllGather among the ranks of each local index into their places in the output, then per node
+    /// an intra-node AllGather of that node's blocks.
+    pub fn all_gather(map: &NodeMap, count: u64) -> Result<Staged, NodeError> {
+        map.node_major("a staged AllGather")?;
+        let mut steps = Vec::new();
+        let x = push(&mut steps, Side::Inter, Kind::InterAllGatherStrided { len: count }, None);
+        for node in 0..map.nodes() {
+            push(&mut steps, Side::Intra, Kind::IntraAllGatherOf { node, len: count }, Some(x));
+        }
+        Ok(Staged { collective: StagedCollective::AllGather, count, steps })
+    }
+
+    /// Broadcast of `count` elements from `root`: inside the root's node to every local index,
+    /// then per piece an inter-node Broadcast of each local index's block from the root's node and
+    /// an intra-node AllGather. A tail below the ranks per node goes whole over the inter-node side
+    /// (every local index's group broadcasts it).
+    pub fn broadcast(map: &NodeMap, count: u64, root: u32, piece: u64) -> Staged {
+        let g = map.per_node() as u64;
+        let (root_node, root_local) = (map.node(root), map.local(root));
+        let mut steps = Vec::new();
+        let first = push(&mut steps, Side::Intra, Kind::IntraBroadcast { at: 0, len: count, root_local }, None);
+        steps[first].root_node_only = Some(root_node);
+        let (ps, tail) = pieces(count, g, piece);
+        for &(at, len) in &ps {
+            let b =
+                push(&mut steps, Side::Inter, Kind::InterBroadcast { at, len, root_node, sharded: true }, Some(first));
+            push(&mut steps, Side::Intra, Kind::IntraAllGather { at, len }, Some(b));
+        }
+        if !tail.is_empty() {
+            let (at, len) = (tail.start, tail.end - tail.start);
+            push(&mut steps, Side::Inter, Kind::InterBroadcast { at, len, root_node, sharded: false }, Some(first));
+        }
+        Staged { collective: StagedCollective::Broadcast { root }, count, steps }
+    }
+
+    /// Bytes each rank sends over NVLink and over its NIC for `elem` bytes per element, with
+    /// direct intra-node and ring inter-node collectives (what the `hier-*` programs move); `None`
+    /// for a Broadcast, whose ranks send unequal shares.
+    pub fn link_bytes(&self, map: &NodeMap, elem: u64) -> Option<LinkBytes> {
+        if matches!(self.collective, StagedCollective::Broadcast { .. }) {
+            return None;
+        }
+        let (g, n) = (map.per_node() as u64, map.nodes() as u64);
+        let mut b = LinkBytes::default();
+        for s in &self.steps {
+            match s.kind {
+                Kind::IntraReduceScatter { len, .. }
+                | Kind::IntraAllGather { len, .. }
+                | Kind::IntraAllGatherOf { len, .. } => b.nvlink += (g - 1) * len * elem,
+                // Direct: a ReduceScatter and an AllGather of blocks of `len / g` (rounded up).
+                Kind::IntraAllReduce { len, .. } => b.nvlink += 2 * (g - 1) * len.div_ceil(g) * elem,
+                // Ring: a ReduceScatter and an AllGather of blocks of `len / n` (rounded up).
+                Kind::InterAllReduce { len, .. } => b.nic += 2 * (n - 1) * len.div_ceil(n) * elem,
+                Kind::InterAllGatherStrided { len } => b.nic += (n - 1) * len * elem,
+                Kind::IntraBroadcast { .. } | Kind::InterBroadcast { .. } => {}
+            }
+        }
+        Some(b)
+    }
+}
+
+/// What one rank sends, by link.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkBytes {
+    /// Over NVLink (to the other ranks of its node).
+    pub nvlink: u64,
+    /// Over its NIC (to ranks of other nodes).
+    pub nic: u64,
+}
+
+/// A buffer of every rank, as a step reads or writes it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Buf {
+    Send,
+    Recv,
+}
+
+/// Element ranges of a step, over all ranks (a superset of any one rank's).
+struct Touches {
+    reads: Vec<(Buf, Range<u64>)>,
+    writes: Vec<(Buf, Range<u64>)>,
+}
+
+fn at_len(at: u64, len: u64) -> Range<u64> {
+    at..at + len
+}
+
+/// Copies `src` into `dst[at..]`.
+fn put<T: Copy>(dst: &mut [T], at: u64, src: &[T]) {
+    dst[at as usize..at as usize + src.len()].copy_from_slice(src);
+}
+
+fn part<T: Copy>(v: &[T], at: u64, len: u64) -> Vec<T> {
+    v[at as usize..(at + len) as usize].to_vec()
+}
+
+impl Kind {
+    fn touches(&self, g: u64, world: u64) -> Touches {
+        use Buf::{Recv, Send};
+        let (reads, writes) = match *self {
+            Kind::IntraReduceScatter { at, len } => {
+                (vec![(Send, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))])
+            }
+            Kind::InterAllReduce { at, len, sharded } | Kind::InterBroadcast { at, len, sharded, .. } => {
+                let r = at_len(at, if sharded { g * len } else { len });
+                (vec![(Recv, r.clone())], vec![(Recv, r)])
+            }
+            Kind::IntraAllGather { at, len } => (vec![(Recv, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))]),
+            Kind::IntraAllReduce { at, len } | Kind::IntraBroadcast { at, len, .. } => {
+                (vec![(Send, at_len(at, len))], vec![(Recv, at_len(at, len))])
+            }
+            Kind::InterAllGatherStrided { len } => (vec![(Send, 0..len)], vec![(Recv, 0..world * len)]),
+            Kind::IntraAllGatherOf { node, len } => {
+                let r = at_len(node as u64 * g * len, g * len);
+                (vec![(Recv, r.clone())], vec![(Recv, r)])
+            }
+        };
+        Touches { reads, writes }
+    }
+}
+
+fn overlap(a: &[(Buf, Range<u64>)], b: &[(Buf, Range<u64>)]) -> bool {
+    a.iter().any(|(x, r)| {
+        b.iter().any(|(y, s)| x == y && r.start < s.end && s.start < r.end && !r.is_empty() && !s.is_empty())
+    })
+}
+
+impl Staged {
+    /// Steps that may run at the same time (on the two sides, neither waiting for the other
+    /// through [`Step::after`] and the order of its own side) touch disjoint elements: the first
+    /// pair that does not, as an error naming both.
+    pub fn check_races(&self, map: &NodeMap) -> Result<(), ExecError> {
+        let n = self.steps.len();
+        // before[j]: the steps that finish before step `j` starts.
+        let mut before: Vec<Vec<bool>> = vec![vec![false; n]; n];
+        for j in 0..n {
+            let mut direct: Vec<usize> = (0..j).filter(|&i| self.steps[i].side == self.steps[j].side).collect();
+            direct.extend(self.steps[j].after);
+            for i in direct {
+                let earlier = before[i].clone();
+                let row = &mut before[j];
+                row[i] = true;
+                row.iter_mut().zip(earlier).for_each(|(b, e)| *b |= e);
+            }
+        }
+        let (g, world) = (map.per_node() as u64, map.world() as u64);
+        let touches: Vec<Touches> = self.steps.iter().map(|s| s.kind.touches(g, world)).collect();
+        for j in 0..n {
+            for i in 0..j {
+                if before[j][i] || self.steps[i].side == self.steps[j].side {
+                    continue;
+                }
+                let (a, b) = (&touches[i], &touches[j]);
+                if overlap(&a.writes, &b.reads) || overlap(&a.writes, &b.writes) || overlap(&b.writes, &a.reads) {
+                    return Err(ExecError::BadInput {
+                        reason: format!(
+                            "steps {i} ({:?}) and {j} ({:?}) may run at once and touch the same elements",
+                            self.steps[i].kind, self.steps[j].kind
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the steps in issue order on host vectors, one per rank, with the CPU references:
+    /// `recv` (one vector per rank, of the collective's output length) is what the device's
+    /// receive buffers become.
+    pub fn run_cpu<T: Element>(
+        &self,
+        map: &NodeMap,
+        send: &[Vec<T>],
+        recv: &mut [Vec<T>],
+        op: ReduceOp,
+    ) -> Result<(), ExecError> {
+        let world = map.world() as usize;
+        if send.len() != world || recv.len() != world {
+            return Err(ExecError::BadInput {
+                reason: format!("{} send and {} receive vectors for {world} ranks", send.len(), recv.len()),
+            });
+        }
+        let (g, nodes) = (map.per_node(), map.nodes());
+        for step in &self.steps {
+            match step.kind {
+                Kind::IntraReduceScatter { at, len } => {
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> =
+                            group.iter().map(|&r| part(&send[r as usize], at, g as u64 * len)).collect();
+                        for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
+                            put(&mut recv[group[l] as usize], at + l as u64 * len, &out);
+                        }
+                    }
+                }
+                Kind::InterAllReduce { at, len, sharded } => {
+                    for l in 0..g {
+                        let group = map.local_ranks(l);
+                        let from = if sharded { at + l as u64 * len } else { at };
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&recv[r as usize], from, len)).collect();
+                        let out = reference::all_reduce(&ins, op)?;
+                        for (&r, o) in group.iter().zip(out) {
+                            put(&mut recv[r as usize], from, &o);
+                        }
+                    }
+                }
+                Kind::IntraAllGather { at, len } => {
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> =
+                            (0..g).map(|l| part(&recv[group[l as usize] as usize], at + l as u64 * len, len)).collect();
+                        let out = reference::all_gather(&ins)?;
+                        for (&r, o) in group.iter().zip(out) {
+                            put(&mut recv[r as usize], at, &o);
+                        }
+                    }
+                }
+                Kind::IntraAllReduce { at, len } => {
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], at, len)).collect();
+                        for (&r, o) in group.iter().zip(reference::all_reduce(&ins, op)?) {
+                            put(&mut recv[r as usize], at, &o);
+                        }
+                    }
+                }
+                Kind::IntraBroadcast { at, len, root_local } => {
+                    let k = step.root_node_only.unwrap_or(0);
+                    let group = map.node_ranks(k);
+                    let data = part(&send[group[root_local as usize] as usize], at, len);
+                    for &r in group {
+                        put(&mut recv[r as usize], at, &data);
+                    }
+                }
+                Kind::InterBroadcast { at, len, root_node, sharded } => {
+                    for l in 0..g {
+                        let from = if sharded { at + l as u64 * len } else { at };
+                        let data = part(&recv[map.rank(root_node, l) as usize], from, len);
+                        for r in map.local_ranks(l) {
+                            put(&mut recv[r as usize], from, &data);
+                        }
+                    }
+                }
+                Kind::InterAllGatherStrided { len } => {
+                    for l in 0..g {
+                        let group = map.local_ranks(l);
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], 0, len)).collect();
+                        for (&r, all) in group.iter().zip(reference::all_gather(&ins)?) {
+                            for (k, block) in all.chunks(len.max(1) as usize).enumerate().take(nodes as usize) {
+                                put(&mut recv[r as usize], (k as u64 * g as u64 + l as u64) * len, block);
+                            }
+                        }
+                    }
+                }
+                Kind::IntraAllGatherOf { node, len } => {
+                    let base = node as u64 * g as u64 * len;
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> = (0..g)
+                            .map(|l| part(&recv[group[l as usize] as usize], base + l as u64 * len, len))
+                            .collect();
+                        for (&r, o) in group.iter().zip(reference::all_gather(&ins)?) {
+                            put(&mut recv[r as usize], base, &o);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
