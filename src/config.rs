@@ -67,6 +67,14 @@ pub struct Config {
     /// -10 % / -9 % with 8 / 4 ranks, +3 % with 2; on four H200s, one rank each, +24 % at 4 CTAs,
     /// -2 % at 8, +4 % at 16). Ignored by the SIMT mover.
     pub combine_direct: Option<bool>,
+    /// Ranks per node, in rank order (`None`: the ranks on one host form a node). Ranks on
+    /// several nodes run [`crate::Comm::all_reduce`] staged: oxccl inside each node, NCCL between
+    /// the ranks of one local index. A value below the ranks per host makes one host pose as
+    /// several nodes.
+    pub ranks_per_node: Option<u32>,
+    /// Bytes per piece of a staged collective across nodes (`None`: 64 MiB): the inter-node step
+    /// of one piece runs beside the intra-node steps of the next.
+    pub inter_piece_bytes: Option<u64>,
 }
 
 impl Default for Config {
@@ -83,6 +91,8 @@ impl Default for Config {
             wait_suspend_ns: 0,
             issuers: None,
             combine_direct: None,
+            ranks_per_node: None,
+            inter_piece_bytes: None,
         }
     }
 }
@@ -158,6 +168,12 @@ pub fn validate_config(c: &Config) -> Result<()> {
     }
     if let Some(b) = c.chunk_bytes {
         check_chunk_bytes("chunk_bytes", b)?;
+    }
+    if c.ranks_per_node == Some(0) {
+        return Err(Error::Config { field: "ranks_per_node", why: "must be at least 1".into() });
+    }
+    if c.inter_piece_bytes == Some(0) {
+        return Err(Error::Config { field: "inter_piece_bytes", why: "must be at least 1".into() });
     }
     Ok(())
 }

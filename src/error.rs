@@ -391,6 +391,25 @@ pub enum Error {
     /// The communicator was aborted ([`crate::Comm::abort`]): build a new one.
     #[error("the communicator was aborted; build a new one")]
     Aborted,
+    /// The ranks do not form nodes a staged collective can run on.
+    #[error(transparent)]
+    Nodes(#[from] oxccl_host::nodes::NodeError),
+    /// NCCL could not be loaded: every name tried, and why each failed.
+    #[error("NCCL could not be loaded (tried {}): {why}; set OXCCL_NCCL to libnccl.so.2's path", tried.join(", "))]
+    NoNccl {
+        /// The names and paths tried, in order.
+        tried: Vec<String>,
+        /// Why each failed.
+        why: String,
+    },
+    /// The inter-node engine failed in `call`.
+    #[error("inter-node {call}: {why}")]
+    InterNode {
+        /// The engine's function (`ncclAllReduce`, ...).
+        call: &'static str,
+        /// Its error.
+        why: String,
+    },
 }
 
 impl Error {

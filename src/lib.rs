@@ -40,11 +40,15 @@ mod error;
 mod fdpass;
 pub mod gate;
 pub mod graph;
+#[cfg(unix)]
+pub mod internode;
 mod peer;
 mod program;
 pub mod ptx;
 mod rank;
 pub mod reshard;
+#[cfg(unix)]
+mod staged;
 mod vmm;
 
 pub use bootstrap::{Bootstrap, Id, LaunchEnv};

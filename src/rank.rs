@@ -13,11 +13,14 @@ use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
 use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
+use crate::internode::InterNode;
 use crate::peer::{Link, PeerMemory};
 use crate::reshard::{Layout, ReshardOptions};
+use crate::staged::{DEFAULT_PIECE_BYTES, Nodes};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use oxccl_host::nodes::{NodeMap, Staged};
 use oxccl_kernels::abi::{self, MAX_RANKS};
 use serde::{Deserialize, Serialize};
 use std::mem::ManuallyDrop;
@@ -74,6 +77,9 @@ fn device_uuid(ctx: &Arc<CudaContext>) -> Result<String> {
     Ok(uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
 }
 
+/// Builds a rank's inter-node group: see [`Comm::with_inter_node`].
+type MakeInter = Box<dyn FnOnce(&NodeMap, &dyn Bootstrap, &Arc<CudaStream>) -> Result<Box<dyn InterNode>>>;
+
 /// One rank of a communicator, driven by its own caller (a thread or a process), with its own
 /// stream: `comm.all_reduce(&send, &mut recv, ReduceOp::Sum)` on this rank's buffers, as with
 /// `cudarc::nccl::Comm`. Every rank makes the same calls in the same order (a rank that calls
@@ -90,8 +96,12 @@ fn device_uuid(ctx: &Arc<CudaContext>) -> Result<String> {
 /// Calls are asynchronous on the rank's stream; [`Comm::synchronize`] waits and reports device
 /// errors as [`Communicator::synchronize`] does.
 pub struct Comm {
+    /// The communicator this rank drives: the whole world's, or across nodes its node's.
     inner: Communicator,
+    /// This rank's index in `inner`.
     rank: usize,
+    /// Across nodes: the node map, the inter-node group and its stream.
+    nodes: Option<Box<Nodes>>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -121,6 +131,29 @@ impl Comm {
     /// This rank of the communicator `bootstrap` gathers (its rank and world), with its calls
     /// queued on `stream`. Every rank must pass the same `config`.
     pub fn new(stream: &Arc<CudaStream>, bootstrap: Box<dyn Bootstrap>, config: Config) -> Result<Self> {
+        Self::build(stream, bootstrap, config, None)
+    }
+
+    /// As [`Comm::new`], with the inter-node group `make` builds where the ranks span several
+    /// nodes (in place of NCCL): it is called on every rank with the node map, the world's
+    /// bootstrap (for exchanging what the group needs) and the stream inter-node steps run on.
+    /// [`EngineGroup`](crate::internode::EngineGroup) is one on oxccl's own engine, for nodes
+    /// that share a host.
+    pub fn with_inter_node(
+        stream: &Arc<CudaStream>,
+        bootstrap: Box<dyn Bootstrap>,
+        config: Config,
+        make: impl FnOnce(&NodeMap, &dyn Bootstrap, &Arc<CudaStream>) -> Result<Box<dyn InterNode>> + 'static,
+    ) -> Result<Self> {
+        Self::build(stream, bootstrap, config, Some(Box::new(make)))
+    }
+
+    fn build(
+        stream: &Arc<CudaStream>,
+        bootstrap: Box<dyn Bootstrap>,
+        config: Config,
+        make: Option<MakeInter>,
+    ) -> Result<Self> {
         crate::config::validate_config(&config)?;
         let (me, world) = (bootstrap.rank(), bootstrap.world());
         if world == 0 || world > MAX_RANKS {
@@ -160,6 +193,20 @@ impl Comm {
                 rank: r,
                 why: format!("has {}, this rank {}", all[r].config, facts.config),
             });
+        }
+        // Nodes: by host, or as many ranks to a node as the configuration says.
+        let map = match config.ranks_per_node {
+            Some(p) => NodeMap::by_count(world, p as usize)?,
+            None => NodeMap::from_keys(&all.iter().map(|f| f.host.as_str()).collect::<Vec<_>>())?,
+        };
+        if map.nodes() > 1 {
+            let timeout = config.timeout;
+            let make = make.unwrap_or_else(|| {
+                Box::new(move |map: &NodeMap, bootstrap: &dyn Bootstrap, _: &Arc<CudaStream>| {
+                    crate::internode::nccl_group(map, bootstrap, &ctx, timeout)
+                })
+            });
+            return Self::across_nodes(stream, bootstrap, config, map, make);
         }
         // The devices: one per (host, UUID), in the order the ranks name them.
         let mut keys: Vec<(&str, &str)> = Vec::new();
@@ -223,17 +270,63 @@ impl Comm {
         let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false) };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
-        Ok(Comm { inner, rank: me })
+        Ok(Comm { inner, rank: me, nodes: None })
+    }
+
+    /// Builds a communicator across nodes on `map`: a node communicator among this rank's node
+    /// (meeting through a root on this host, which the node's first rank serves), and the
+    /// inter-node group `make_inter` builds (collective over `bootstrap`: every rank calls it).
+    fn across_nodes(
+        stream: &Arc<CudaStream>,
+        bootstrap: Box<dyn Bootstrap>,
+        config: Config,
+        map: NodeMap,
+        make_inter: MakeInter,
+    ) -> Result<Self> {
+        let me = bootstrap.rank() as u32;
+        let (node, local) = (map.node(me), map.local(me));
+        let mine = if local == 0 {
+            Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?.to_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        let ids = bootstrap.all_gather(&mine)?;
+        let id = Id::from_bytes(&ids[map.rank(node, 0) as usize])?;
+        let inter_stream = stream.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        let inter = make_inter(&map, bootstrap.as_ref(), &inter_stream)?;
+        let node_bootstrap = TcpBootstrap::new(&id, local as usize, map.per_node() as usize, config.timeout)?;
+        let piece_bytes = config.inter_piece_bytes.unwrap_or(DEFAULT_PIECE_BYTES);
+        let node_config = Config { ranks_per_node: None, ..config };
+        let node_comm = Comm::new(stream, Box::new(node_bootstrap), node_config)?;
+        let nodes = Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap };
+        Ok(Comm { inner: node_comm.inner, rank: node_comm.rank, nodes: Some(Box::new(nodes)) })
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.nodes.as_ref().map_or(self.rank, |n| n.rank)
     }
 
     /// Ranks of the communicator.
     pub fn world(&self) -> usize {
-        self.inner.ranks()
+        self.nodes.as_ref().map_or(self.inner.ranks(), |n| n.map.world() as usize)
+    }
+
+    /// Which node each rank is on, where the ranks span several (see [`Config::ranks_per_node`]);
+    /// `None` on one node.
+    pub fn node_map(&self) -> Option<&NodeMap> {
+        self.nodes.as_ref().map(|n| &n.map)
+    }
+
+    /// An error naming `what` where the ranks span several nodes: across nodes only
+    /// [`Comm::all_reduce`] and [`Comm::all_reduce_in_place`] run for now.
+    fn one_node(&self, what: &str) -> Result<()> {
+        match &self.nodes {
+            None => Ok(()),
+            Some(n) => Err(Error::Unsupported {
+                what: format!("{what} on a communicator across {} nodes (all_reduce runs there)", n.map.nodes()),
+            }),
+        }
     }
 
     /// The stream this rank's calls are queued on.
@@ -249,6 +342,9 @@ impl Comm {
     /// The bootstrap the ranks met through (for exchanging bytes among them, as the benchmarks
     /// do).
     pub fn bootstrap(&self) -> &dyn Bootstrap {
+        if let Some(n) = &self.nodes {
+            return n.bootstrap.as_ref();
+        }
         self.inner.link.as_ref().expect("a Comm always has its link").bootstrap.as_ref()
     }
 
@@ -273,6 +369,31 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
+        if let Some(n) = &self.nodes {
+            if send.len() != recv.len() {
+                return Err(Error::Length {
+                    what: "receive buffer",
+                    rank: n.rank,
+                    expected: send.len(),
+                    got: recv.len(),
+                });
+            }
+            let staged = Staged::all_reduce(&n.map, send.len() as u64, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (s, _s) = send.device_ptr(&stream);
+            let (r, _r) = recv.device_ptr_mut(&stream);
+            let bytes = (send.len() * std::mem::size_of::<T>()) as u64;
+            if bytes > 0 && s < r + bytes && r < s + bytes {
+                return Err(Error::Aliasing {
+                    what: "send and receive buffers (use all_reduce_in_place)",
+                    rank: n.rank,
+                    buffer: "send",
+                    other_rank: n.rank,
+                    other_buffer: "receive",
+                });
+            }
+            return n.run::<T>(&self.inner, &stream, &staged, Some(s), r, op);
+        }
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
             Collective::AllReduce,
@@ -291,6 +412,12 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
+        if let Some(n) = &self.nodes {
+            let staged = Staged::all_reduce(&n.map, buf.len() as u64, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (r, _r) = buf.device_ptr_mut(&stream);
+            return n.run::<T>(&self.inner, &stream, &staged, None, r, op);
+        }
         let count = Count::FromRecv(buf.len());
         self.inner.collective::<T, R, R>(
             Collective::AllReduce,
@@ -311,6 +438,7 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("reduce_scatter")?;
         let count = Count::FromRecv(recv.len());
         self.inner.collective::<T, S, R>(
             Collective::ReduceScatter,
@@ -330,6 +458,7 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("reduce_scatter_in_place")?;
         let count = self.block(buf.len(), "in-place reduce_scatter buffer")?;
         self.inner.collective::<T, R, R>(
             Collective::ReduceScatter,
@@ -348,6 +477,7 @@ impl Comm {
         recv: &mut R,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("all_gather")?;
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
             Collective::AllGather,
@@ -363,6 +493,7 @@ impl Comm {
     /// recvbuff + rank × count`); `buf` ends with every rank's block.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
         self.usable()?;
+        self.one_node("all_gather_in_place")?;
         let count = self.block(buf.len(), "in-place all_gather buffer")?;
         self.inner.collective::<T, R, R>(
             Collective::AllGather,
@@ -384,6 +515,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("broadcast")?;
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         let send: &[S] = match (root == self.rank, send) {
             (true, Some(s)) => std::slice::from_ref(s),
@@ -413,6 +545,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("broadcast_in_place")?;
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         self.inner.collective::<T, R, R>(
             collective,
@@ -435,6 +568,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("reduce")?;
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         let recv: &mut [R] = match (root == self.rank, recv) {
             (true, Some(r)) => std::slice::from_mut(r),
@@ -466,6 +600,7 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("reduce_in_place")?;
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         self.inner.collective::<T, R, R>(
             collective,
@@ -507,6 +642,7 @@ impl Comm {
         options: &ReshardOptions,
     ) -> Result<()> {
         self.usable()?;
+        self.one_node("reshard")?;
         // One entry per rank of the world: this rank's, and `None` for the others, which their own
         // callers pass.
         let mut srcs: Vec<Option<&S>> = vec![None; self.world()];
@@ -536,6 +672,7 @@ impl Comm {
         in_place: bool,
     ) -> Result<CallLaunch> {
         self.usable()?;
+        self.one_node("prepare")?;
         self.inner.prepare::<T>(collective, count, op, in_place)
     }
 

@@ -1,0 +1,535 @@
+//! The inter-node layer: collectives among the ranks of one local index (one per node), on an
+//! engine other than oxccl's: NCCL ([`Nccl`]), whose library every GPU cluster has, or the user's
+//! own ([`InterNode`]). oxccl runs the NVLink part inside each node; a staged plan
+//! ([`oxccl_host::nodes::Staged`]) says which step runs where.
+//!
+//! NCCL is loaded when first asked for, from `OXCCL_NCCL` (a path) or the loader's search path
+//! (`libnccl.so.2`, then `libnccl.so`: the soname NCCL's packages and Python wheels install). oxccl
+//! binds the dozen functions it calls itself: cudarc's `nccl` feature panics where the library is
+//! missing and does not look for `libnccl.so.2`.
+
+use crate::error::{Error, Result};
+use crate::{DType, ReduceOp};
+use cudarc::driver::{CudaStream, sys};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Collectives among the ranks of one local index across the nodes (this rank's *group*),
+/// queued on a stream. Calls are collective within the group and made in the same order by
+/// every member, as NCCL's.
+///
+/// # Safety
+///
+/// Implementations receive raw device addresses: they read and write `count` elements of
+/// `dtype` at each, on `stream`, and nothing else.
+pub unsafe trait InterNode: Send + Sync {
+    /// This rank's index in its group (its node's index).
+    fn group_rank(&self) -> usize;
+
+    /// Members of the group (the nodes).
+    fn group_size(&self) -> usize;
+
+    /// In place: `buf` becomes `op` over the group of every member's `buf`.
+    ///
+    /// # Safety
+    ///
+    /// `buf` addresses `count` elements of `dtype` on this rank's device, valid until `stream`
+    /// has run the call.
+    unsafe fn all_reduce(&self, buf: u64, count: usize, dtype: DType, op: ReduceOp, stream: &CudaStream) -> Result<()>;
+
+    /// In place: `buf` becomes member `root`'s.
+    ///
+    /// # Safety
+    ///
+    /// As [`InterNode::all_reduce`].
+    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, stream: &CudaStream) -> Result<()>;
+
+    /// Every member's `send` lands in `recv[its group rank]` of every member (this rank's own
+    /// included).
+    ///
+    /// # Safety
+    ///
+    /// `send` and each of `recv` (one per member) address `count` elements of `dtype`, disjoint,
+    /// valid until `stream` has run the call.
+    unsafe fn all_gather_to(
+        &self,
+        send: u64,
+        recv: &[u64],
+        count: usize,
+        dtype: DType,
+        stream: &CudaStream,
+    ) -> Result<()>;
+
+    /// Ends the group's calls in flight (a peer died); later calls fail.
+    fn abort(&self);
+}
+
+/// NCCL's `ncclUniqueId`.
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct NcclId(pub [c_char; 128]);
+
+type Comm = *mut c_void;
+type Res = c_int;
+
+type GetUniqueId = unsafe extern "C" fn(*mut NcclId) -> Res;
+type CommInitRank = unsafe extern "C" fn(*mut Comm, c_int, NcclId, c_int) -> Res;
+type CommOp = unsafe extern "C" fn(Comm) -> Res;
+type ErrorString = unsafe extern "C" fn(Res) -> *const c_char;
+type GetVersion = unsafe extern "C" fn(*mut c_int) -> Res;
+type Coll = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
+type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
+type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
+type Group = unsafe extern "C" fn() -> Res;
+
+/// The NCCL functions oxccl calls, from the loaded library.
+struct Api {
+    get_unique_id: GetUniqueId,
+    comm_init_rank: CommInitRank,
+    comm_destroy: CommOp,
+    comm_abort: CommOp,
+    get_error_string: ErrorString,
+    get_version: GetVersion,
+    all_reduce: Coll,
+    broadcast: Coll,
+    send: SendFn,
+    recv: RecvFn,
+    group_start: Group,
+    group_end: Group,
+}
+
+/// The loaded NCCL library: [`Nccl::load`].
+pub struct Nccl {
+    api: Api,
+    /// Where it was found.
+    path: String,
+    version: i32,
+}
+
+impl std::fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nccl").field("path", &self.path).field("version", &self.version).finish_non_exhaustive()
+    }
+}
+
+/// The names tried, in order.
+pub fn nccl_candidates() -> Vec<String> {
+    let mut v: Vec<String> = std::env::var("OXCCL_NCCL").ok().filter(|p| !p.is_empty()).into_iter().collect();
+    v.extend(["libnccl.so.2".to_string(), "libnccl.so".to_string()]);
+    v
+}
+
+/// The last `dlerror`, or `fallback`.
+fn dl_error(fallback: &str) -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated string valid until the next dl call on this
+    // thread, copied at once.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() { fallback.to_string() } else { unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned() }
+}
+
+impl Nccl {
+    /// NCCL, loaded once per process from [`nccl_candidates`]; [`Error::NoNccl`] naming every
+    /// name tried and why each failed where none loads.
+    pub fn load() -> Result<&'static Nccl> {
+        static LOADED: OnceLock<std::result::Result<Nccl, (Vec<String>, String)>> = OnceLock::new();
+        LOADED
+            .get_or_init(|| Nccl::load_from(&nccl_candidates()))
+            .as_ref()
+            .map_err(|(tried, why)| Error::NoNccl { tried: tried.clone(), why: why.clone() })
+    }
+
+    /// NCCL from the first of `names` that loads and has every function oxccl calls.
+    pub fn load_from(names: &[String]) -> std::result::Result<Nccl, (Vec<String>, String)> {
+        let mut why = Vec::new();
+        for name in names {
+            let Ok(c) = CString::new(name.as_str()) else {
+                why.push(format!("{name}: a NUL byte in the name"));
+                continue;
+            };
+            // SAFETY: a NUL-terminated name; the handle is kept for the process's life (NCCL is
+            // never unloaded: its threads may outlive any one communicator).
+            let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if handle.is_null() {
+                why.push(dl_error(name));
+                continue;
+            }
+            match Nccl::bind(handle) {
+                Ok(api) => {
+                    let mut version = 0;
+                    // SAFETY: an out-pointer; the function was found in the library.
+                    unsafe { (api.get_version)(&mut version) };
+                    return Ok(Nccl { api, path: name.clone(), version });
+                }
+                Err(missing) => why.push(format!("{name}: no symbol {missing}")),
+            }
+        }
+        Err((names.to_vec(), why.join("; ")))
+    }
+
+    fn bind(handle: *mut c_void) -> std::result::Result<Api, &'static str> {
+        macro_rules! sym {
+            ($name:literal, $t:ty) => {{
+                let c = concat!($name, "\0");
+                // SAFETY: a NUL-terminated name on a live handle.
+                let p = unsafe { libc::dlsym(handle, c.as_ptr().cast()) };
+                if p.is_null() {
+                    return Err($name);
+                }
+                // SAFETY: NCCL's C signature for this name (nccl.h), which the field's type spells.
+                unsafe { std::mem::transmute::<*mut c_void, $t>(p) }
+            }};
+        }
+        Ok(Api {
+            get_unique_id: sym!("ncclGetUniqueId", GetUniqueId),
+            comm_init_rank: sym!("ncclCommInitRank", CommInitRank),
+            comm_destroy: sym!("ncclCommDestroy", CommOp),
+            comm_abort: sym!("ncclCommAbort", CommOp),
+            get_error_string: sym!("ncclGetErrorString", ErrorString),
+            get_version: sym!("ncclGetVersion", GetVersion),
+            all_reduce: sym!("ncclAllReduce", Coll),
+            broadcast: sym!("ncclBroadcast", Coll),
+            send: sym!("ncclSend", SendFn),
+            recv: sym!("ncclRecv", RecvFn),
+            group_start: sym!("ncclGroupStart", Group),
+            group_end: sym!("ncclGroupEnd", Group),
+        })
+    }
+
+    /// Where the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// NCCL's version code (`ncclGetVersion`: 22809 for 2.28.9).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn check(&self, call: &'static str, r: Res) -> Result<()> {
+        if r == 0 {
+            return Ok(());
+        }
+        // SAFETY: NCCL returns a static string for any result code.
+        let text = unsafe { CStr::from_ptr((self.api.get_error_string)(r)) }.to_string_lossy().into_owned();
+        Err(Error::InterNode { call, why: format!("{text} (ncclResult {r})") })
+    }
+
+    /// A new unique id (made by one member of a group and passed to the others).
+    pub fn unique_id(&self) -> Result<NcclId> {
+        let mut id = NcclId([0; 128]);
+        // SAFETY: an out-pointer to a 128-byte id.
+        self.check("ncclGetUniqueId", unsafe { (self.api.get_unique_id)(&mut id) })?;
+        Ok(id)
+    }
+}
+
+/// NCCL's element type code for `dtype`.
+pub fn nccl_dtype(dtype: DType) -> c_int {
+    match dtype {
+        DType::F32 => 7,
+        DType::F16 => 6,
+        DType::Bf16 => 9,
+        DType::I32 => 2,
+        DType::U32 => 3,
+    }
+}
+
+/// NCCL's operator code for `op`.
+pub fn nccl_op(op: ReduceOp) -> c_int {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+    }
+}
+
+/// An NCCL communicator of one group, as an [`InterNode`].
+pub struct NcclGroup {
+    nccl: &'static Nccl,
+    comm: Comm,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time per communicator,
+// which `Comm` (one caller per rank) guarantees.
+unsafe impl Send for NcclGroup {}
+// SAFETY: as above.
+unsafe impl Sync for NcclGroup {}
+
+impl std::fmt::Debug for NcclGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclGroup").field("rank", &self.rank).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+impl NcclGroup {
+    /// Member `rank` of `size`, meeting through `id` on the current device of this thread's
+    /// context. NCCL's setup blocks until every member has called; it runs on a thread of its own
+    /// and this call gives up after `timeout` with [`Error::InterNode`] (the setup thread is left
+    /// blocked in NCCL: end the process).
+    pub fn new(
+        nccl: &'static Nccl,
+        id: NcclId,
+        rank: usize,
+        size: usize,
+        ctx: &Arc<cudarc::driver::CudaContext>,
+        timeout: Duration,
+    ) -> Result<NcclGroup> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ctx = ctx.clone();
+        let (r, n) = (c_int::try_from(rank), c_int::try_from(size));
+        let (Ok(r), Ok(n)) = (r, n) else {
+            return Err(Error::RankCount { ranks: size, max: c_int::MAX as usize });
+        };
+        std::thread::Builder::new()
+            .name("oxccl-nccl-init".into())
+            .spawn(move || {
+                let bound = crate::engine::bind(&ctx);
+                let mut comm: Comm = std::ptr::null_mut();
+                // SAFETY: an out-pointer and NCCL's arguments by value, on a bound context.
+                let res = bound.map(|()| unsafe { (nccl.api.comm_init_rank)(&mut comm, n, id, r) });
+                let _ = tx.send((res, comm as usize));
+            })
+            .map_err(|e| Error::InterNode { call: "ncclCommInitRank", why: format!("starting its thread: {e}") })?;
+        match rx.recv_timeout(timeout) {
+            Ok((Ok(res), comm)) => {
+                nccl.check("ncclCommInitRank", res)?;
+                Ok(NcclGroup { nccl, comm: comm as Comm, rank, size })
+            }
+            Ok((Err(e), _)) => Err(e),
+            Err(_) => Err(Error::InterNode {
+                call: "ncclCommInitRank",
+                why: format!("member {rank} of {size}: not every member joined within {timeout:?}"),
+            }),
+        }
+    }
+}
+
+// SAFETY: every call passes the caller's addresses and counts to NCCL unchanged.
+unsafe impl InterNode for NcclGroup {
+    fn group_rank(&self) -> usize {
+        self.rank
+    }
+
+    fn group_size(&self) -> usize {
+        self.size
+    }
+
+    unsafe fn all_reduce(&self, buf: u64, count: usize, dtype: DType, op: ReduceOp, stream: &CudaStream) -> Result<()> {
+        let p = buf as *mut c_void;
+        // SAFETY: the caller's contract.
+        let r = unsafe {
+            (self.nccl.api.all_reduce)(p, p, count, nccl_dtype(dtype), nccl_op(op), self.comm, stream.cu_stream())
+        };
+        self.nccl.check("ncclAllReduce", r)
+    }
+
+    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, stream: &CudaStream) -> Result<()> {
+        let p = buf as *mut c_void;
+        let root = c_int::try_from(root).map_err(|_| Error::NoSuchRank { rank: root, ranks: self.size })?;
+        // SAFETY: the caller's contract.
+        let r =
+            unsafe { (self.nccl.api.broadcast)(p, p, count, nccl_dtype(dtype), root, self.comm, stream.cu_stream()) };
+        self.nccl.check("ncclBroadcast", r)
+    }
+
+    unsafe fn all_gather_to(
+        &self,
+        send: u64,
+        recv: &[u64],
+        count: usize,
+        dtype: DType,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        if recv.len() != self.size {
+            return Err(Error::BufferCount {
+                what: "inter-node receive regions",
+                expected: self.size,
+                got: recv.len(),
+            });
+        }
+        let (api, t, s) = (&self.nccl.api, nccl_dtype(dtype), stream.cu_stream());
+        // SAFETY: NCCL's group calls; the caller's contract for the addresses.
+        unsafe {
+            self.nccl.check("ncclGroupStart", (api.group_start)())?;
+            let mut first = Ok(());
+            for (peer, &to) in recv.iter().enumerate() {
+                let p = peer as c_int;
+                let a = (api.send)(send as *const c_void, count, t, p, self.comm, s);
+                let b = (api.recv)(to as *mut c_void, count, t, p, self.comm, s);
+                if first.is_ok() {
+                    first = self.nccl.check("ncclSend", a).and(self.nccl.check("ncclRecv", b));
+                }
+            }
+            let end = self.nccl.check("ncclGroupEnd", (api.group_end)());
+            first.and(end)
+        }
+    }
+
+    fn abort(&self) {
+        // SAFETY: a live communicator; NCCL ends its calls in flight.
+        unsafe { (self.nccl.api.comm_abort)(self.comm) };
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        // SAFETY: a live communicator, destroyed once; its calls were queued on streams the
+        // owner has synchronised.
+        unsafe { (self.nccl.api.comm_destroy)(self.comm) };
+    }
+}
+
+/// The NCCL group of this rank (its local index's ranks, one per node, by node): NCCL loaded on
+/// every rank, an id made by the group's member on node 0 and passed through `bootstrap`
+/// (collective: every rank calls it; a rank that cannot load NCCL fails every rank's call, naming
+/// it).
+pub(crate) fn nccl_group(
+    map: &oxccl_host::nodes::NodeMap,
+    bootstrap: &dyn crate::Bootstrap,
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    timeout: Duration,
+) -> Result<Box<dyn InterNode>> {
+    let me = bootstrap.rank() as u32;
+    let (node, local) = (map.node(me), map.local(me));
+    let nccl = Nccl::load();
+    // One byte of status (1: loaded), then the id where this rank makes one.
+    let mine: Vec<u8> = match &nccl {
+        Ok(n) if node == 0 => {
+            let id = n.unique_id()?;
+            std::iter::once(1u8).chain(id.0.iter().map(|&c| c as u8)).collect()
+        }
+        Ok(_) => vec![1],
+        Err(_) => vec![0],
+    };
+    let all = bootstrap.all_gather(&mine)?;
+    let nccl = nccl?;
+    if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
+        return Err(Error::Mismatch { field: "inter-node engine", rank: r, why: "could not load NCCL".into() });
+    }
+    let from = &all[map.rank(0, local) as usize];
+    if from.len() != 129 {
+        return Err(Error::Mismatch {
+            field: "inter-node engine",
+            rank: map.rank(0, local) as usize,
+            why: format!("sent an NCCL id of {} bytes", from.len().saturating_sub(1)),
+        });
+    }
+    let mut id = NcclId([0; 128]);
+    for (d, &b) in id.0.iter_mut().zip(&from[1..]) {
+        *d = b as c_char;
+    }
+    Ok(Box::new(NcclGroup::new(nccl, id, node as usize, map.nodes() as usize, ctx, timeout)?))
+}
+
+/// An inter-node group on oxccl's own engine: a [`Comm`](crate::Comm) among the group's ranks.
+/// oxccl's communicators span one host, so this serves nodes that share one (a machine posing as
+/// several nodes through [`Config::ranks_per_node`](crate::Config::ranks_per_node), and tests of
+/// the staged collectives without NCCL, which refuses two ranks on one GPU).
+#[derive(Debug)]
+pub struct EngineGroup {
+    comm: crate::Comm,
+    rank: usize,
+    size: usize,
+}
+
+impl EngineGroup {
+    /// This rank's group, its calls on `stream` (the one [`Comm::with_inter_node`](crate::Comm::with_inter_node)
+    /// passes). Collective over `bootstrap`: the group's rank on node 0 serves its root on this
+    /// host.
+    pub fn new(
+        map: &oxccl_host::nodes::NodeMap,
+        bootstrap: &dyn crate::Bootstrap,
+        stream: &Arc<CudaStream>,
+        config: crate::Config,
+    ) -> Result<EngineGroup> {
+        let me = bootstrap.rank() as u32;
+        let (node, local) = (map.node(me), map.local(me));
+        let mine = if node == 0 {
+            crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?.to_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        let ids = bootstrap.all_gather(&mine)?;
+        let id = crate::Id::from_bytes(&ids[map.rank(0, local) as usize])?;
+        let (rank, size) = (node as usize, map.nodes() as usize);
+        let group = crate::bootstrap::TcpBootstrap::new(&id, rank, size, config.timeout)?;
+        let config = crate::Config { ranks_per_node: None, ..config };
+        let comm = crate::Comm::new(stream, Box::new(group), config)?;
+        Ok(EngineGroup { comm, rank, size })
+    }
+}
+
+/// Runs `$call` with `$buf` as a region of the element type `$dtype` names.
+macro_rules! typed {
+    ($dtype:expr, $ptr:expr, $count:expr, $stream:expr, |$buf:ident| $call:expr) => {
+        match $dtype {
+            DType::F32 => {
+                let mut $buf = crate::staged::Region::<f32>::new($ptr, 0, $count as u64, $stream);
+                $call
+            }
+            DType::F16 => {
+                let mut $buf = crate::staged::Region::<half::f16>::new($ptr, 0, $count as u64, $stream);
+                $call
+            }
+            DType::Bf16 => {
+                let mut $buf = crate::staged::Region::<half::bf16>::new($ptr, 0, $count as u64, $stream);
+                $call
+            }
+            DType::I32 => {
+                let mut $buf = crate::staged::Region::<i32>::new($ptr, 0, $count as u64, $stream);
+                $call
+            }
+            DType::U32 => {
+                let mut $buf = crate::staged::Region::<u32>::new($ptr, 0, $count as u64, $stream);
+                $call
+            }
+        }
+    };
+}
+
+// SAFETY: every call runs on the caller's addresses and counts through the group's communicator,
+// on its stream (the one the caller passes).
+unsafe impl InterNode for EngineGroup {
+    fn group_rank(&self) -> usize {
+        self.rank
+    }
+
+    fn group_size(&self) -> usize {
+        self.size
+    }
+
+    unsafe fn all_reduce(
+        &self,
+        buf: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        _stream: &CudaStream,
+    ) -> Result<()> {
+        let stream = self.comm.stream();
+        typed!(dtype, buf, count, stream, |region| self.comm.all_reduce_in_place(&mut region, op))
+    }
+
+    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, _stream: &CudaStream) -> Result<()> {
+        let stream = self.comm.stream();
+        typed!(dtype, buf, count, stream, |region| self.comm.broadcast_in_place(&mut region, root))
+    }
+
+    unsafe fn all_gather_to(
+        &self,
+        _send: u64,
+        _recv: &[u64],
+        _count: usize,
+        _dtype: DType,
+        _stream: &CudaStream,
+    ) -> Result<()> {
+        Err(Error::Unsupported { what: "an AllGather into separate regions on oxccl's engine".into() })
+    }
+
+    fn abort(&self) {
+        self.comm.abort();
+    }
+}

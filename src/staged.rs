@@ -1,0 +1,182 @@
+//! A [`Comm`](crate::Comm) across nodes: its rank's node communicator (oxccl's engine, NVLink)
+//! and its group among the ranks of the same local index on the other nodes (an
+//! [`InterNode`], NCCL by default), running the staged plans of [`oxccl_host::nodes`] on two
+//! streams: intra-node steps on the rank's stream, inter-node steps on a stream of their own, each
+//! step waiting for the one before it on the other side through an event, so that the inter-node
+//! step of one piece runs beside the intra-node steps of the next.
+
+use crate::comm::{Count, Holders};
+use crate::error::{Error, Result};
+use crate::internode::InterNode;
+use crate::{Collective, Communicator, Element, ReduceOp};
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use oxccl_host::nodes::{Kind, NodeMap, Side, Staged};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Default bytes per piece of a staged collective: large enough that each side's calls run near
+/// their bandwidth, small enough that the two sides overlap on a large buffer.
+pub const DEFAULT_PIECE_BYTES: u64 = 64 << 20;
+
+/// What a rank of a communicator across nodes holds beside its node communicator.
+pub(crate) struct Nodes {
+    /// Which node each rank is on.
+    pub map: NodeMap,
+    /// This rank in the whole world.
+    pub rank: usize,
+    /// This rank's group among the ranks of its local index.
+    pub inter: Box<dyn InterNode>,
+    /// The stream inter-node steps are queued on.
+    pub inter_stream: Arc<CudaStream>,
+    /// Bytes per piece.
+    pub piece_bytes: u64,
+    /// The bootstrap of the whole world.
+    pub bootstrap: Box<dyn crate::Bootstrap>,
+}
+
+/// `len` elements at `ptr` on this rank's device, as a buffer the node communicator takes. Its
+/// owner (the caller's buffer) orders it on the stream; the region adds no guard of its own.
+pub(crate) struct Region<T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: PhantomData<T>,
+}
+
+impl<T> Region<T> {
+    pub(crate) fn new(base: sys::CUdeviceptr, at: u64, len: u64, stream: &Arc<CudaStream>) -> Region<T> {
+        let e = std::mem::size_of::<T>() as u64;
+        Region { ptr: base + at * e, len: len as usize, stream: stream.clone(), _t: PhantomData }
+    }
+}
+
+impl<T> DeviceSlice<T> for Region<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for Region<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for Region<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+/// One call of the node communicator on regions.
+fn node_call<T: Element>(
+    node: &Communicator,
+    collective: Collective,
+    count: Count,
+    send: Option<&Region<T>>,
+    recv: &mut Region<T>,
+    op: ReduceOp,
+) -> Result<()> {
+    node.collective::<T, Region<T>, Region<T>>(
+        collective,
+        count,
+        send.map(std::slice::from_ref),
+        std::slice::from_mut(recv),
+        op,
+        Holders::All,
+    )
+}
+
+impl Nodes {
+    /// Elements of `T` per piece.
+    pub(crate) fn piece_elements<T>(&self) -> u64 {
+        (self.piece_bytes / std::mem::size_of::<T>() as u64).max(1)
+    }
+
+    /// Runs `staged` for this rank: `send` (`None`: in place) and `recv` are the device addresses
+    /// of the caller's buffers, held by the caller until the steps are queued; `stream` is the
+    /// rank's. The call ends on `stream` (it waits for the last inter-node step).
+    pub(crate) fn run<T: Element>(
+        &self,
+        node: &Communicator,
+        stream: &Arc<CudaStream>,
+        staged: &Staged,
+        send: Option<sys::CUdeviceptr>,
+        recv: sys::CUdeviceptr,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let g = self.map.per_node() as u64;
+        let me = self.rank as u32;
+        let local = self.map.local(me) as u64;
+        let inter = &self.inter_stream;
+        let ev = |s: &CudaStream| s.record_event(None).map_err(Error::driver("cuEventRecord"));
+        // The inter-node side starts after what the caller queued before the call.
+        inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
+        let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
+        for step in &staged.steps {
+            let on: &Arc<CudaStream> = match step.side {
+                Side::Intra => stream,
+                Side::Inter => inter,
+            };
+            if let Some(a) = step.after {
+                on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
+            }
+            let takes_part = step.root_node_only.is_none_or(|n| n == self.map.node(me));
+            match step.kind.clone() {
+                _ if !takes_part => {}
+                Kind::IntraReduceScatter { at, len } => match send {
+                    Some(s) => {
+                        let from = Region::<T>::new(s, at, g * len, stream);
+                        let mut to = Region::<T>::new(recv, at + local * len, len, stream);
+                        node_call(
+                            node,
+                            Collective::ReduceScatter,
+                            Count::FromRecv(len as usize),
+                            Some(&from),
+                            &mut to,
+                            op,
+                        )?;
+                    }
+                    None => {
+                        let mut buf = Region::<T>::new(recv, at, g * len, stream);
+                        node_call(node, Collective::ReduceScatter, Count::FromRecv(len as usize), None, &mut buf, op)?;
+                    }
+                },
+                Kind::InterAllReduce { at, len, sharded } => {
+                    let at = if sharded { at + local * len } else { at };
+                    let e = std::mem::size_of::<T>() as u64;
+                    // SAFETY: a part of the caller's receive buffer, which outlives the queued call
+                    // (the call ends on the caller's stream after this step).
+                    unsafe { self.inter.all_reduce(recv + at * e, len as usize, T::DTYPE, op, inter)? };
+                }
+                Kind::IntraAllGather { at, len } => {
+                    let mut buf = Region::<T>::new(recv, at, g * len, stream);
+                    node_call(
+                        node,
+                        Collective::AllGather,
+                        Count::FromRecv(len as usize),
+                        None,
+                        &mut buf,
+                        ReduceOp::Sum,
+                    )?;
+                }
+                Kind::IntraAllReduce { at, len } => {
+                    let mut to = Region::<T>::new(recv, at, len, stream);
+                    let from = send.map(|s| Region::<T>::new(s, at, len, stream));
+                    node_call(node, Collective::AllReduce, Count::FromRecv(len as usize), from.as_ref(), &mut to, op)?;
+                }
+                other => {
+                    return Err(Error::Unsupported {
+                        what: format!("the staged step {other:?} on a communicator across nodes"),
+                    });
+                }
+            }
+            events.push(ev(on)?);
+        }
+        // The call ends on the rank's stream.
+        stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"))
+    }
+}
