@@ -55,7 +55,7 @@ for step in "$@"; do
       # A GPU machine must run every GPU test: a missing or unusable GPU fails them (OXCCL_REQUIRE_GPU).
       # Ranks on up to 16 streams of one GPU: as many hardware queues, as the API docs ask.
       export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
-      for t in ${TESTS:-gpu_intrinsics gpu_engine gpu_collectives gpu_reshard}; do
+      for t in ${TESTS:-gpu_intrinsics gpu_engine gpu_collectives gpu_reshard gpu_nodes}; do
         log "$t"; OXCCL_REQUIRE_GPU=1 timeout 200 $B/$t --test-threads=1 --nocapture --skip one_rank_per_gpu > "$OUT/$t.log" 2>&1
         rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $t(rc=$rc)"
         grep -E "^test |test result|skipped|cases|panicked|timeout|error|observed" "$OUT/$t.log" ; done ;;
