@@ -356,6 +356,10 @@ unsafe impl InterNode for NcclGroup {
             self.nccl.check("ncclGroupStart", (api.group_start)())?;
             let mut first = Ok(());
             for (peer, &to) in recv.iter().enumerate() {
+                if peer == self.rank && to == send {
+                    // In place: this member's block is already there.
+                    continue;
+                }
                 let p = peer as c_int;
                 let a = (api.send)(send as *const c_void, count, t, p, self.comm, s);
                 let b = (api.recv)(to as *mut c_void, count, t, p, self.comm, s);
@@ -490,6 +494,14 @@ macro_rules! typed {
     };
 }
 
+/// The group's AllGather of `count` elements of `T` at `send` into `size` blocks at `to`.
+fn gather<T: crate::Element>(comm: &crate::Comm, send: u64, to: u64, count: usize, size: usize) -> Result<()> {
+    let stream = comm.stream();
+    let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
+    let mut into = crate::staged::Region::<T>::new(to, 0, (count * size) as u64, stream);
+    comm.all_gather(&from, &mut into)
+}
+
 // SAFETY: every call runs on the caller's addresses and counts through the group's communicator,
 // on its stream (the one the caller passes).
 unsafe impl InterNode for EngineGroup {
@@ -520,13 +532,40 @@ unsafe impl InterNode for EngineGroup {
 
     unsafe fn all_gather_to(
         &self,
-        _send: u64,
-        _recv: &[u64],
-        _count: usize,
-        _dtype: DType,
+        send: u64,
+        recv: &[u64],
+        count: usize,
+        dtype: DType,
         _stream: &CudaStream,
     ) -> Result<()> {
-        Err(Error::Unsupported { what: "an AllGather into separate regions on oxccl's engine".into() })
+        if recv.len() != self.size {
+            return Err(Error::BufferCount {
+                what: "inter-node receive regions",
+                expected: self.size,
+                got: recv.len(),
+            });
+        }
+        // Gathered in group order into a buffer of the stream's pool, then each block to its place.
+        let stream = self.comm.stream();
+        let block = count * dtype.size();
+        let gathered = stream.alloc_zeros::<u8>(block * self.size).map_err(Error::driver("cuMemAllocAsync"))?;
+        let (at, _keep) = cudarc::driver::DevicePtr::device_ptr(&gathered, stream);
+        match dtype {
+            DType::F32 => gather::<f32>(&self.comm, send, at, count, self.size)?,
+            DType::F16 => gather::<half::f16>(&self.comm, send, at, count, self.size)?,
+            DType::Bf16 => gather::<half::bf16>(&self.comm, send, at, count, self.size)?,
+            DType::I32 => gather::<i32>(&self.comm, send, at, count, self.size)?,
+            DType::U32 => gather::<u32>(&self.comm, send, at, count, self.size)?,
+        }
+        for (p, &to) in recv.iter().enumerate() {
+            let from = at + (p * block) as u64;
+            // SAFETY: `block` bytes inside the gathered buffer and inside the caller's region, on
+            // the stream the gather ran on.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, block, stream.cu_stream()) }
+                .result()
+                .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
+        }
+        Ok(())
     }
 
     fn abort(&self) {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::internode::InterNode;
 use crate::peer::{Link, PeerMemory};
 use crate::reshard::{Layout, ReshardOptions};
-use crate::staged::{DEFAULT_PIECE_BYTES, Nodes};
+use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
@@ -75,6 +75,21 @@ fn device_uuid(ctx: &Arc<CudaContext>) -> Result<String> {
     // SAFETY: initialised by the successful call above.
     let uuid = unsafe { uuid.assume_init() };
     Ok(uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+}
+
+/// An aliasing error unless `send_bytes` at `send` and `recv_bytes` at `recv` are disjoint.
+fn disjoint(send: u64, send_bytes: usize, recv: u64, recv_bytes: usize, rank: usize) -> Result<()> {
+    let (a, b) = (send_bytes as u64, recv_bytes as u64);
+    if a > 0 && b > 0 && send < recv + b && recv < send + a {
+        return Err(Error::Aliasing {
+            what: "send and receive buffers (use the in-place call)",
+            rank,
+            buffer: "send",
+            other_rank: rank,
+            other_buffer: "receive",
+        });
+    }
+    Ok(())
 }
 
 /// Builds a rank's inter-node group: see [`Comm::with_inter_node`].
@@ -318,13 +333,16 @@ impl Comm {
         self.nodes.as_ref().map(|n| &n.map)
     }
 
-    /// An error naming `what` where the ranks span several nodes: across nodes only
-    /// [`Comm::all_reduce`] and [`Comm::all_reduce_in_place`] run for now.
+    /// An error naming `what` where the ranks span several nodes: across nodes only AllReduce,
+    /// AllGather and Broadcast run for now.
     fn one_node(&self, what: &str) -> Result<()> {
         match &self.nodes {
             None => Ok(()),
             Some(n) => Err(Error::Unsupported {
-                what: format!("{what} on a communicator across {} nodes (all_reduce runs there)", n.map.nodes()),
+                what: format!(
+                    "{what} on a communicator across {} nodes (all_reduce, all_gather and broadcast run there)",
+                    n.map.nodes()
+                ),
             }),
         }
     }
@@ -382,17 +400,9 @@ impl Comm {
             let stream = self.stream().clone();
             let (s, _s) = send.device_ptr(&stream);
             let (r, _r) = recv.device_ptr_mut(&stream);
-            let bytes = (send.len() * std::mem::size_of::<T>()) as u64;
-            if bytes > 0 && s < r + bytes && r < s + bytes {
-                return Err(Error::Aliasing {
-                    what: "send and receive buffers (use all_reduce_in_place)",
-                    rank: n.rank,
-                    buffer: "send",
-                    other_rank: n.rank,
-                    other_buffer: "receive",
-                });
-            }
-            return n.run::<T>(&self.inner, &stream, &staged, Some(s), r, op);
+            let bytes = send.len() * std::mem::size_of::<T>();
+            disjoint(s, bytes, r, bytes, n.rank)?;
+            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, op);
         }
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
@@ -416,7 +426,7 @@ impl Comm {
             let staged = Staged::all_reduce(&n.map, buf.len() as u64, n.piece_elements::<T>());
             let stream = self.stream().clone();
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, None, r, op);
+            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
         }
         let count = Count::FromRecv(buf.len());
         self.inner.collective::<T, R, R>(
@@ -477,7 +487,19 @@ impl Comm {
         recv: &mut R,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("all_gather")?;
+        if let Some(n) = &self.nodes {
+            let count = send.len();
+            let expected = count * self.world();
+            if recv.len() != expected {
+                return Err(Error::Length { what: "receive buffer", rank: n.rank, expected, got: recv.len() });
+            }
+            let staged = Staged::all_gather(&n.map, count as u64)?;
+            let stream = self.stream().clone();
+            let (s, _s) = send.device_ptr(&stream);
+            let (r, _r) = recv.device_ptr_mut(&stream);
+            disjoint(s, count * std::mem::size_of::<T>(), r, expected * std::mem::size_of::<T>(), n.rank)?;
+            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, ReduceOp::Sum);
+        }
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
             Collective::AllGather,
@@ -493,8 +515,13 @@ impl Comm {
     /// recvbuff + rank × count`); `buf` ends with every rank's block.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
         self.usable()?;
-        self.one_node("all_gather_in_place")?;
         let count = self.block(buf.len(), "in-place all_gather buffer")?;
+        if let Some(n) = &self.nodes {
+            let staged = Staged::all_gather(&n.map, count as u64)?;
+            let stream = self.stream().clone();
+            let (r, _r) = buf.device_ptr_mut(&stream);
+            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, ReduceOp::Sum);
+        }
         self.inner.collective::<T, R, R>(
             Collective::AllGather,
             Count::FromRecv(count),
@@ -515,7 +542,40 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("broadcast")?;
+        if let Some(n) = &self.nodes {
+            let (me, world) = (n.rank, self.world());
+            if root >= world {
+                return Err(Error::NoSuchRank { rank: root, ranks: world });
+            }
+            let count = recv.len();
+            let staged = Staged::broadcast(&n.map, count as u64, root as u32, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (r, _r) = recv.device_ptr_mut(&stream);
+            let src = match (root == me, send) {
+                (true, Some(s)) => {
+                    if s.len() != count {
+                        return Err(Error::Length {
+                            what: "broadcast send buffer",
+                            rank: me,
+                            expected: count,
+                            got: s.len(),
+                        });
+                    }
+                    let (p, _s) = s.device_ptr(&stream);
+                    disjoint(p, count * std::mem::size_of::<T>(), r, count * std::mem::size_of::<T>(), me)?;
+                    Source::At(p)
+                }
+                (true, None) => {
+                    return Err(Error::MissingBuffer {
+                        what: "broadcast send buffer",
+                        rank: root,
+                        elements: count as u64,
+                    });
+                }
+                (false, _) => Source::Nothing,
+            };
+            return n.run::<T>(&self.inner, &stream, &staged, src, r, ReduceOp::Sum);
+        }
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         let send: &[S] = match (root == self.rank, send) {
             (true, Some(s)) => std::slice::from_ref(s),
@@ -545,7 +605,15 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("broadcast_in_place")?;
+        if let Some(n) = &self.nodes {
+            if root >= self.world() {
+                return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
+            }
+            let staged = Staged::broadcast(&n.map, buf.len() as u64, root as u32, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (r, _r) = buf.device_ptr_mut(&stream);
+            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, ReduceOp::Sum);
+        }
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         self.inner.collective::<T, R, R>(
             collective,

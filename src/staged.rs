@@ -71,23 +71,29 @@ impl<T> DevicePtrMut<T> for Region<T> {
     }
 }
 
-/// One call of the node communicator on regions.
+/// One call of the node communicator on regions (`send`: `None` in place; an empty list on a rank
+/// that sends nothing, as a Broadcast's other ranks).
 fn node_call<T: Element>(
     node: &Communicator,
     collective: Collective,
-    count: Count,
-    send: Option<&Region<T>>,
+    len: u64,
+    send: Option<&[Region<T>]>,
     recv: &mut Region<T>,
     op: ReduceOp,
 ) -> Result<()> {
-    node.collective::<T, Region<T>, Region<T>>(
-        collective,
-        count,
-        send.map(std::slice::from_ref),
-        std::slice::from_mut(recv),
-        op,
-        Holders::All,
-    )
+    let count = Count::FromRecv(len as usize);
+    node.collective::<T, Region<T>, Region<T>>(collective, count, send, std::slice::from_mut(recv), op, Holders::All)
+}
+
+/// Where a staged call's data comes from on this rank.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// In place: the receive buffer.
+    InPlace,
+    /// A send buffer at this device address.
+    At(sys::CUdeviceptr),
+    /// Out of place, with nothing sent from this rank (a Broadcast's other ranks).
+    Nothing,
 }
 
 impl Nodes {
@@ -96,23 +102,24 @@ impl Nodes {
         (self.piece_bytes / std::mem::size_of::<T>() as u64).max(1)
     }
 
-    /// Runs `staged` for this rank: `send` (`None`: in place) and `recv` are the device addresses
-    /// of the caller's buffers, held by the caller until the steps are queued; `stream` is the
-    /// rank's. The call ends on `stream` (it waits for the last inter-node step).
+    /// Runs `staged` for this rank: `src` and `recv` are the device addresses of the caller's
+    /// buffers, held by the caller until the steps are queued; `stream` is the rank's. The call ends
+    /// on `stream` (it waits for the last inter-node step).
     pub(crate) fn run<T: Element>(
         &self,
         node: &Communicator,
         stream: &Arc<CudaStream>,
         staged: &Staged,
-        send: Option<sys::CUdeviceptr>,
+        src: Source,
         recv: sys::CUdeviceptr,
         op: ReduceOp,
     ) -> Result<()> {
         let g = self.map.per_node() as u64;
         let me = self.rank as u32;
         let local = self.map.local(me) as u64;
+        let e = std::mem::size_of::<T>() as u64;
         let inter = &self.inter_stream;
-        let ev = |s: &CudaStream| s.record_event(None).map_err(Error::driver("cuEventRecord"));
+        let region = |base: sys::CUdeviceptr, at: u64, len: u64| Region::<T>::new(base, at, len, stream);
         // The inter-node side starts after what the caller queued before the call.
         inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
         let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
@@ -125,56 +132,70 @@ impl Nodes {
                 on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
             }
             let takes_part = step.root_node_only.is_none_or(|n| n == self.map.node(me));
+            // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
+            // queued calls (the call ends on the caller's stream after the last of them).
             match step.kind.clone() {
                 _ if !takes_part => {}
-                Kind::IntraReduceScatter { at, len } => match send {
-                    Some(s) => {
-                        let from = Region::<T>::new(s, at, g * len, stream);
-                        let mut to = Region::<T>::new(recv, at + local * len, len, stream);
-                        node_call(
-                            node,
-                            Collective::ReduceScatter,
-                            Count::FromRecv(len as usize),
-                            Some(&from),
-                            &mut to,
-                            op,
-                        )?;
+                Kind::IntraReduceScatter { at, len } => match src {
+                    Source::At(s) => {
+                        let from = [region(s, at, g * len)];
+                        let mut to = region(recv, at + local * len, len);
+                        node_call(node, Collective::ReduceScatter, len, Some(&from), &mut to, op)?;
                     }
-                    None => {
-                        let mut buf = Region::<T>::new(recv, at, g * len, stream);
-                        node_call(node, Collective::ReduceScatter, Count::FromRecv(len as usize), None, &mut buf, op)?;
-                    }
+                    _ => node_call(node, Collective::ReduceScatter, len, None, &mut region(recv, at, g * len), op)?,
                 },
                 Kind::InterAllReduce { at, len, sharded } => {
                     let at = if sharded { at + local * len } else { at };
-                    let e = std::mem::size_of::<T>() as u64;
-                    // SAFETY: a part of the caller's receive buffer, which outlives the queued call
-                    // (the call ends on the caller's stream after this step).
                     unsafe { self.inter.all_reduce(recv + at * e, len as usize, T::DTYPE, op, inter)? };
                 }
                 Kind::IntraAllGather { at, len } => {
-                    let mut buf = Region::<T>::new(recv, at, g * len, stream);
-                    node_call(
-                        node,
-                        Collective::AllGather,
-                        Count::FromRecv(len as usize),
-                        None,
-                        &mut buf,
-                        ReduceOp::Sum,
-                    )?;
+                    let mut buf = region(recv, at, g * len);
+                    node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
                 }
                 Kind::IntraAllReduce { at, len } => {
-                    let mut to = Region::<T>::new(recv, at, len, stream);
-                    let from = send.map(|s| Region::<T>::new(s, at, len, stream));
-                    node_call(node, Collective::AllReduce, Count::FromRecv(len as usize), from.as_ref(), &mut to, op)?;
+                    let from: Option<[Region<T>; 1]> = match src {
+                        Source::At(s) => Some([region(s, at, len)]),
+                        _ => None,
+                    };
+                    node_call(
+                        node,
+                        Collective::AllReduce,
+                        len,
+                        from.as_ref().map(|f| &f[..]),
+                        &mut region(recv, at, len),
+                        op,
+                    )?;
                 }
-                other => {
-                    return Err(Error::Unsupported {
-                        what: format!("the staged step {other:?} on a communicator across nodes"),
-                    });
+                Kind::IntraBroadcast { at, len, root_local } => {
+                    let mut to = region(recv, at, len);
+                    let collective = Collective::Broadcast { root: root_local };
+                    match src {
+                        Source::At(s) if local == root_local as u64 => {
+                            node_call(node, collective, len, Some(&[region(s, at, len)]), &mut to, ReduceOp::Sum)?;
+                        }
+                        Source::InPlace => node_call(node, collective, len, None, &mut to, ReduceOp::Sum)?,
+                        _ => node_call(node, collective, len, Some(&[]), &mut to, ReduceOp::Sum)?,
+                    }
+                }
+                Kind::InterBroadcast { at, len, root_node, sharded } => {
+                    let at = if sharded { at + local * len } else { at };
+                    unsafe { self.inter.broadcast(recv + at * e, len as usize, T::DTYPE, root_node as usize, inter)? };
+                }
+                Kind::InterAllGatherStrided { len } => {
+                    let to: Vec<u64> = (0..self.map.nodes() as u64).map(|k| recv + (k * g + local) * len * e).collect();
+                    // In place, this rank's block is already where it goes.
+                    let from = match src {
+                        Source::At(s) => s,
+                        _ => recv + me as u64 * len * e,
+                    };
+                    unsafe { self.inter.all_gather_to(from, &to, len as usize, T::DTYPE, inter)? };
+                }
+                Kind::IntraAllGatherOf { node: k, len } => {
+                    let mut buf = region(recv, k as u64 * g * len, g * len);
+                    node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
                 }
             }
-            events.push(ev(on)?);
+            events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
         }
         // The call ends on the rank's stream.
         stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"))

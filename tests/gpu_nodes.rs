@@ -1,8 +1,8 @@
 //! Communicators across nodes on one GPU: eight ranks as threads, posing as two nodes of four
 //! (`Config::ranks_per_node`), the inter-node steps on oxccl's own engine
-//! ([`oxccl::internode::EngineGroup`]; NCCL refuses two ranks on one GPU). Staged AllReduce, in
-//! and out of place, random counts (tails below the ranks per node included) and small pieces,
-//! exact against the CPU sum.
+//! ([`oxccl::internode::EngineGroup`]; NCCL refuses two ranks on one GPU). Staged AllReduce,
+//! AllGather and Broadcast, in and out of place, random counts (tails below the ranks per node
+//! included) and small pieces, exact against the CPU references.
 
 mod common;
 
@@ -13,8 +13,8 @@ use rand::RngExt;
 use std::time::Duration;
 
 #[test]
-fn staged_all_reduce_on_virtual_nodes_matches_the_cpu() {
-    let Some(stream) = common::gpu("staged_all_reduce_on_virtual_nodes_matches_the_cpu") else { return };
+fn staged_collectives_on_virtual_nodes_match_the_cpu() {
+    let Some(stream) = common::gpu("staged_collectives_on_virtual_nodes_match_the_cpu") else { return };
     let ctx = stream.context().clone();
     let (world, per_node) = (8usize, 4u32);
     let config = Config {
@@ -56,10 +56,30 @@ fn staged_all_reduce_on_virtual_nodes_matches_the_cpu() {
                     let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| inputs[case][q][i]).sum()).collect();
                     let (a, b) = (stream.clone_dtoh(&recv).unwrap(), stream.clone_dtoh(&buf).unwrap());
                     out.push((n, a == want && b == want));
+                    // AllGather (out of place and in place) and Broadcast from a rank that moves with
+                    // the case.
+                    let m = n.min(3000);
+                    let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
+                    let mut all = stream.alloc_zeros::<i32>(m * world).unwrap();
+                    comm.all_gather(&mine, &mut all)?;
+                    let mut all_in = stream.alloc_zeros::<i32>(m * world).unwrap();
+                    stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
+                    comm.all_gather_in_place(&mut all_in)?;
+                    let root = case % world;
+                    let mut got = stream.alloc_zeros::<i32>(n).unwrap();
+                    comm.broadcast(if r == root { Some(&send) } else { None }, &mut got, root)?;
+                    let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                    comm.broadcast_in_place(&mut got_in, (root + 3) % world)?;
+                    comm.synchronize()?;
+                    let gathered: Vec<i32> = (0..world).flat_map(|q| inputs[case][q][..m].iter().copied()).collect();
+                    let (c, d) = (stream.clone_dtoh(&all).unwrap(), stream.clone_dtoh(&all_in).unwrap());
+                    let (f, h) = (stream.clone_dtoh(&got).unwrap(), stream.clone_dtoh(&got_in).unwrap());
+                    out.push((m, c == gathered && d == gathered));
+                    out.push((n, f == inputs[case][root] && h == inputs[case][(root + 3) % world]));
                 }
                 // What does not run across nodes yet is refused by name.
                 let mut x = stream.alloc_zeros::<i32>(8).unwrap();
-                let e = comm.all_gather_in_place(&mut x).unwrap_err();
+                let e = comm.reduce_scatter_in_place(&mut x, ReduceOp::Sum).unwrap_err();
                 assert!(e.to_string().contains("across 2 nodes"), "{e}");
                 Ok(out)
             })
@@ -69,9 +89,11 @@ fn staged_all_reduce_on_virtual_nodes_matches_the_cpu() {
     for (r, h) in handles.into_iter().enumerate() {
         let got = h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {r}: {e}"));
         for (n, ok) in got {
-            assert!(ok, "rank {r}: staged AllReduce of {n} i32 differs from the CPU sum (seed {seed})");
+            assert!(ok, "rank {r}: a staged call on {n} i32 differs from the CPU reference (seed {seed})");
             cases += 1;
         }
     }
-    println!("{cases} rank-cases of staged AllReduce (2 nodes x 4, pieces of 4 KiB) exact (seed {seed})");
+    println!(
+        "{cases} rank-cases of staged AllReduce, AllGather and Broadcast (2 nodes x 4, pieces of 4 KiB) exact (seed {seed})"
+    );
 }
