@@ -63,6 +63,12 @@ pub unsafe trait InterNode: Send + Sync {
 
     /// Ends the group's calls in flight (a peer died); later calls fail.
     fn abort(&self);
+
+    /// An error the engine has recorded since its calls were queued (NCCL's asynchronous errors:
+    /// a peer gone, a network failure), polled while the rank waits for its calls.
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// NCCL's `ncclUniqueId`.
@@ -78,6 +84,7 @@ type CommInitRank = unsafe extern "C" fn(*mut Comm, c_int, NcclId, c_int) -> Res
 type CommOp = unsafe extern "C" fn(Comm) -> Res;
 type ErrorString = unsafe extern "C" fn(Res) -> *const c_char;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> Res;
+type AsyncError = unsafe extern "C" fn(Comm, *mut Res) -> Res;
 type Coll = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
@@ -91,6 +98,7 @@ struct Api {
     comm_abort: CommOp,
     get_error_string: ErrorString,
     get_version: GetVersion,
+    async_error: AsyncError,
     all_reduce: Coll,
     broadcast: Coll,
     send: SendFn,
@@ -187,6 +195,7 @@ impl Nccl {
             comm_abort: sym!("ncclCommAbort", CommOp),
             get_error_string: sym!("ncclGetErrorString", ErrorString),
             get_version: sym!("ncclGetVersion", GetVersion),
+            async_error: sym!("ncclCommGetAsyncError", AsyncError),
             all_reduce: sym!("ncclAllReduce", Coll),
             broadcast: sym!("ncclBroadcast", Coll),
             send: sym!("ncclSend", SendFn),
@@ -375,6 +384,14 @@ unsafe impl InterNode for NcclGroup {
     fn abort(&self) {
         // SAFETY: a live communicator; NCCL ends its calls in flight.
         unsafe { (self.nccl.api.comm_abort)(self.comm) };
+    }
+
+    fn check(&self) -> Result<()> {
+        let mut state: Res = 0;
+        // SAFETY: a live communicator and an out-pointer.
+        self.nccl.check("ncclCommGetAsyncError", unsafe { (self.nccl.api.async_error)(self.comm, &mut state) })?;
+        // 7 is ncclInProgress: calls still running, no error.
+        if state == 7 { Ok(()) } else { self.nccl.check("ncclCommGetAsyncError", state) }
     }
 }
 

@@ -746,12 +746,59 @@ impl Comm {
 
     /// Waits for this rank's calls and reports a device-side error (as
     /// [`Communicator::synchronize`]).
+    ///
+    /// Across nodes it also watches the inter-node engine: an error it records, or calls still
+    /// unfinished after [`Config::timeout`], aborts the inter-node group (NCCL's `ncclCommAbort`,
+    /// which ends its calls in flight) and returns [`Error::InterNode`]; build a new communicator
+    /// then.
     pub fn synchronize(&self) -> Result<()> {
+        if let Some(n) = &self.nodes {
+            let start = std::time::Instant::now();
+            while !self.stream_done()? {
+                let overdue = start.elapsed() > self.inner.config().timeout;
+                if let Err(e) = n.inter.check() {
+                    n.inter.abort();
+                    return Err(e);
+                }
+                if overdue {
+                    n.inter.abort();
+                    return Err(Error::InterNode {
+                        call: "synchronize",
+                        why: format!(
+                            "rank {}'s calls did not finish within {:?}: a node stopped? (the inter-node group was aborted)",
+                            n.rank,
+                            self.inner.config().timeout
+                        ),
+                    });
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            n.inter.check()?;
+        }
         self.inner.synchronize()
     }
 
-    /// Polls this rank's calls (as [`Communicator::query`]).
+    /// Whether the rank's stream has run everything queued on it (`cuStreamQuery`).
+    fn stream_done(&self) -> Result<bool> {
+        let stream = self.stream();
+        crate::engine::bind(stream.context())?;
+        // SAFETY: a live stream of the context just made current.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) }.result() {
+            Ok(()) => Ok(true),
+            Err(cudarc::driver::DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => Err(Error::Driver { call: "cuStreamQuery", source: e }),
+        }
+    }
+
+    /// Polls this rank's calls (as [`Communicator::query`]); across nodes, an error the
+    /// inter-node engine recorded too.
     pub fn query(&self) -> Result<bool> {
+        if let Some(n) = &self.nodes {
+            n.inter.check()?;
+            if !self.stream_done()? {
+                return Ok(false);
+            }
+        }
         self.inner.query()
     }
 
@@ -762,12 +809,16 @@ impl Comm {
         self.inner.reset()
     }
 
-    /// Stops using the communicator: later calls return [`Error::Aborted`]. Calls already queued
+    /// Stops using the communicator: later calls return [`Error::Aborted`] (across nodes the
+    /// inter-node group is aborted too: NCCL ends its calls in flight). Calls already queued
     /// end within their bounded waits (peers that wait for this rank time out); drop the
     /// communicator and build a new one to go on.
     pub fn abort(&self) {
         if let Some(l) = &self.inner.link {
             l.aborted.store(true, Ordering::SeqCst);
+        }
+        if let Some(n) = &self.nodes {
+            n.inter.abort();
         }
     }
 
