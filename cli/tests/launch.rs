@@ -261,6 +261,41 @@ fn signals_to_the_launcher_reach_every_rank() {
 }
 
 #[test]
+fn ranks_take_a_signal_the_launcher_was_started_ignoring() {
+    // As under `nohup`: the launcher starts with SIGHUP ignored, which exec keeps; it still passes
+    // SIGHUP on, and its ranks must be able to take it.
+    let dir = Scratch::new("ignored-hup");
+    let script = "trap 'echo HUP >> \"$DIR/got$RANK\"; kill $!; exit 0' HUP
+        touch \"$DIR/ready$RANK\"
+        sleep 30 &
+        wait";
+    let mut cmd = launch(&["-n", "2", "--", "sh", "-c", script], &dir.0);
+    // SAFETY: only sigaction (async-signal-safe) between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let mut ignore: libc::sigaction = std::mem::zeroed();
+            ignore.sa_sigaction = libc::SIG_IGN;
+            if libc::sigaction(libc::SIGHUP, &ignore, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut launcher = cmd.spawn().unwrap();
+    wait_for_files(&dir, &["ready0".to_string(), "ready1".to_string()], &mut launcher);
+    // SAFETY: signals the launcher this test started and has not yet reaped.
+    assert_eq!(unsafe { libc::kill(launcher.id() as i32, libc::SIGHUP) }, 0);
+    let out = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGHUP), "{stderr}");
+    for r in 0..2 {
+        let got = fs::read_to_string(dir.path(&format!("got{r}"))).unwrap_or_default();
+        assert!(got.lines().next() == Some("HUP"), "rank {r} wrote {got:?}; {stderr}");
+    }
+}
+
+#[test]
 fn a_command_that_cannot_start_is_named() {
     let dir = Scratch::new("missing");
     for cmd in ["/nonexistent/oxccl-no-such-command", "oxccl-no-such-command"] {

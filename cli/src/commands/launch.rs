@@ -318,6 +318,16 @@ fn spawn_rank(
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
+        // The launcher passes these on, so a rank takes them as a program started alone does: one
+        // it inherited ignored (a launcher started under `nohup`) could not even trap them.
+        for sig in PASSED_ON {
+            // SAFETY: a zeroed sigaction is SIG_DFL with no flags and an empty mask; sigaction is
+            // async-signal-safe.
+            let default: libc::sigaction = unsafe { std::mem::zeroed() };
+            if unsafe { libc::sigaction(sig, &default, std::ptr::null_mut()) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         // A rank dies with the launcher, however the launcher ends (SIGKILL included): nothing is
         // left running that no one supervises. The kernel reads the signal as an unsigned long.
         // SAFETY: prctl(PR_SET_PDEATHSIG, sig) takes one integer argument; async-signal-safe.
@@ -332,7 +342,8 @@ fn spawn_rank(
         Ok(())
     };
     // SAFETY: `in_child` runs between fork and exec, where only async-signal-safe calls are allowed:
-    // it makes only such calls (pthread_sigmask, prctl, getppid, errno) and allocates nothing.
+    // it makes only such calls (pthread_sigmask, sigaction, prctl, getppid, errno) and allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(in_child);
     }
