@@ -45,6 +45,25 @@ pub unsafe trait InterNode: Send + Sync {
     /// As [`InterNode::all_reduce`].
     unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, stream: &CudaStream) -> Result<()>;
 
+    /// `recv` of member `root` becomes `op` over the group of every member's `send` (`recv` is
+    /// not used on the others).
+    ///
+    /// # Safety
+    ///
+    /// `send` and (on the root) `recv` address `count` elements of `dtype`, disjoint, valid until
+    /// `stream` has run the call.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()>;
+
     /// Every member's `send` lands in `recv[its group rank]` of every member (this rank's own
     /// included).
     ///
@@ -86,6 +105,8 @@ type ErrorString = unsafe extern "C" fn(Res) -> *const c_char;
 type GetVersion = unsafe extern "C" fn(*mut c_int) -> Res;
 type AsyncError = unsafe extern "C" fn(Comm, *mut Res) -> Res;
 type Coll = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
+type ReduceFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, sys::CUstream) -> Res;
 type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type Group = unsafe extern "C" fn() -> Res;
@@ -101,6 +122,7 @@ struct Api {
     async_error: AsyncError,
     all_reduce: Coll,
     broadcast: Coll,
+    reduce: ReduceFn,
     send: SendFn,
     recv: RecvFn,
     group_start: Group,
@@ -198,6 +220,7 @@ impl Nccl {
             async_error: sym!("ncclCommGetAsyncError", AsyncError),
             all_reduce: sym!("ncclAllReduce", Coll),
             broadcast: sym!("ncclBroadcast", Coll),
+            reduce: sym!("ncclReduce", ReduceFn),
             send: sym!("ncclSend", SendFn),
             recv: sym!("ncclRecv", RecvFn),
             group_start: sym!("ncclGroupStart", Group),
@@ -342,6 +365,35 @@ unsafe impl InterNode for NcclGroup {
         let r =
             unsafe { (self.nccl.api.broadcast)(p, p, count, nccl_dtype(dtype), root, self.comm, stream.cu_stream()) };
         self.nccl.check("ncclBroadcast", r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let root = c_int::try_from(root).map_err(|_| Error::NoSuchRank { rank: root, ranks: self.size })?;
+        let (t, o) = (nccl_dtype(dtype), nccl_op(op));
+        // SAFETY: the caller's contract.
+        let r = unsafe {
+            (self.nccl.api.reduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                t,
+                o,
+                root,
+                self.comm,
+                stream.cu_stream(),
+            )
+        };
+        self.nccl.check("ncclReduce", r)
     }
 
     unsafe fn all_gather_to(
@@ -511,6 +563,21 @@ macro_rules! typed {
     };
 }
 
+/// The group's Reduce of `count` elements of `T` from `send` into `recv` on `root`.
+fn reduce_typed<T: crate::Element>(
+    g: &EngineGroup,
+    send: u64,
+    recv: u64,
+    count: usize,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let stream = g.comm.stream();
+    let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
+    let mut into = crate::staged::Region::<T>::new(recv, 0, count as u64, stream);
+    g.comm.reduce(&from, (g.rank == root).then_some(&mut into), op, root)
+}
+
 /// The group's AllGather of `count` elements of `T` at `send` into `size` blocks at `to`.
 fn gather<T: crate::Element>(comm: &crate::Comm, send: u64, to: u64, count: usize, size: usize) -> Result<()> {
     let stream = comm.stream();
@@ -545,6 +612,26 @@ unsafe impl InterNode for EngineGroup {
     unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, _stream: &CudaStream) -> Result<()> {
         let stream = self.comm.stream();
         typed!(dtype, buf, count, stream, |region| self.comm.broadcast_in_place(&mut region, root))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        _stream: &CudaStream,
+    ) -> Result<()> {
+        match dtype {
+            DType::F32 => reduce_typed::<f32>(self, send, recv, count, op, root),
+            DType::F16 => reduce_typed::<half::f16>(self, send, recv, count, op, root),
+            DType::Bf16 => reduce_typed::<half::bf16>(self, send, recv, count, op, root),
+            DType::I32 => reduce_typed::<i32>(self, send, recv, count, op, root),
+            DType::U32 => reduce_typed::<u32>(self, send, recv, count, op, root),
+        }
     }
 
     unsafe fn all_gather_to(

@@ -333,14 +333,14 @@ impl Comm {
         self.nodes.as_ref().map(|n| &n.map)
     }
 
-    /// An error naming `what` where the ranks span several nodes: across nodes only AllReduce,
-    /// AllGather and Broadcast run for now.
+    /// An error naming `what` where the ranks span several nodes: reshard, compiled plans and
+    /// graph capture do not run across nodes yet.
     fn one_node(&self, what: &str) -> Result<()> {
         match &self.nodes {
             None => Ok(()),
             Some(n) => Err(Error::Unsupported {
                 what: format!(
-                    "{what} on a communicator across {} nodes (all_reduce, all_gather and broadcast run there)",
+                    "{what} on a communicator across {} nodes (the five collectives run there; reshard and prepare do not yet)",
                     n.map.nodes()
                 ),
             }),
@@ -448,7 +448,19 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("reduce_scatter")?;
+        if let Some(n) = &self.nodes {
+            let count = recv.len();
+            let expected = count * self.world();
+            if send.len() != expected {
+                return Err(Error::Length { what: "send buffer", rank: n.rank, expected, got: send.len() });
+            }
+            let staged = Staged::reduce_scatter(&n.map, count as u64)?;
+            let stream = self.stream().clone();
+            let (s, _s) = send.device_ptr(&stream);
+            let (r, _r) = recv.device_ptr_mut(&stream);
+            disjoint(s, expected * std::mem::size_of::<T>(), r, count * std::mem::size_of::<T>(), n.rank)?;
+            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, op);
+        }
         let count = Count::FromRecv(recv.len());
         self.inner.collective::<T, S, R>(
             Collective::ReduceScatter,
@@ -468,8 +480,13 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("reduce_scatter_in_place")?;
         let count = self.block(buf.len(), "in-place reduce_scatter buffer")?;
+        if let Some(n) = &self.nodes {
+            let staged = Staged::reduce_scatter(&n.map, count as u64)?;
+            let stream = self.stream().clone();
+            let (r, _r) = buf.device_ptr_mut(&stream);
+            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
+        }
         self.inner.collective::<T, R, R>(
             Collective::ReduceScatter,
             Count::FromRecv(count),
@@ -636,7 +653,35 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("reduce")?;
+        if let Some(n) = &self.nodes {
+            let (me, world, count) = (n.rank, self.world(), send.len());
+            if root >= world {
+                return Err(Error::NoSuchRank { rank: root, ranks: world });
+            }
+            let staged = Staged::reduce(&n.map, count as u64, root as u32, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (s, _s) = send.device_ptr(&stream);
+            return match (root == me, recv) {
+                (true, Some(r)) => {
+                    if r.len() != count {
+                        return Err(Error::Length {
+                            what: "reduce receive buffer",
+                            rank: me,
+                            expected: count,
+                            got: r.len(),
+                        });
+                    }
+                    let (rp, _r) = r.device_ptr_mut(&stream);
+                    disjoint(s, count * std::mem::size_of::<T>(), rp, count * std::mem::size_of::<T>(), me)?;
+                    n.run::<T>(&self.inner, &stream, &staged, Source::At(s), rp, op)
+                }
+                (true, None) => {
+                    Err(Error::MissingBuffer { what: "reduce receive buffer", rank: root, elements: count as u64 })
+                }
+                // The other ranks' receive address is never written.
+                (false, _) => n.run::<T>(&self.inner, &stream, &staged, Source::At(s), s, op),
+            };
+        }
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         let recv: &mut [R] = match (root == self.rank, recv) {
             (true, Some(r)) => std::slice::from_mut(r),
@@ -668,7 +713,15 @@ impl Comm {
         root: usize,
     ) -> Result<()> {
         self.usable()?;
-        self.one_node("reduce_in_place")?;
+        if let Some(n) = &self.nodes {
+            if root >= self.world() {
+                return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
+            }
+            let staged = Staged::reduce(&n.map, buf.len() as u64, root as u32, n.piece_elements::<T>());
+            let stream = self.stream().clone();
+            let (r, _r) = buf.device_ptr_mut(&stream);
+            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
+        }
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         self.inner.collective::<T, R, R>(
             collective,

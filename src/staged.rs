@@ -120,6 +120,23 @@ impl Nodes {
         let e = std::mem::size_of::<T>() as u64;
         let inter = &self.inter_stream;
         let region = |base: sys::CUdeviceptr, at: u64, len: u64| Region::<T>::new(base, at, len, stream);
+        // Partial sums between the sides, in the stream's pool: freed on the rank's stream, which
+        // has waited for the inter-node side by then.
+        let scratch = if staged.scratch > 0 {
+            let bytes = staged.scratch as usize * std::mem::size_of::<T>();
+            Some(stream.alloc_zeros::<u8>(bytes).map_err(Error::driver("cuMemAllocAsync"))?)
+        } else {
+            None
+        };
+        let scratch_ptr = match &scratch {
+            Some(b) => b.device_ptr(stream).0,
+            None => 0,
+        };
+        // The send buffer's address, or in place the receive buffer's.
+        let input = match src {
+            Source::At(s) => s,
+            _ => recv,
+        };
         // The inter-node side starts after what the caller queued before the call.
         inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
         let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
@@ -131,7 +148,7 @@ impl Nodes {
             if let Some(a) = step.after {
                 on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
             }
-            let takes_part = step.root_node_only.is_none_or(|n| n == self.map.node(me));
+            let takes_part = step.takes_part(self.map.node(me), local as u32);
             // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
             // queued calls (the call ends on the caller's stream after the last of them).
             match step.kind.clone() {
@@ -194,10 +211,42 @@ impl Nodes {
                     let mut buf = region(recv, k as u64 * g * len, g * len);
                     node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
                 }
+                Kind::IntraReduceScatterOf { node: k, len, scratch_at } => {
+                    let from = [region(input, k as u64 * g * len, g * len)];
+                    let mut to = region(scratch_ptr, scratch_at, len);
+                    node_call(node, Collective::ReduceScatter, len, Some(&from), &mut to, op)?;
+                }
+                Kind::IntraReduce { at, len, root_local, scratch_at } => {
+                    let from = [region(input, at, len)];
+                    let mut to = [region(scratch_ptr, scratch_at, len)];
+                    let root = root_local as usize;
+                    let to: &mut [Region<T>] = if local as usize == root { &mut to } else { &mut [] };
+                    node.collective::<T, Region<T>, Region<T>>(
+                        Collective::Reduce { root: root_local },
+                        Count::FromSend(len as usize),
+                        Some(&from),
+                        to,
+                        op,
+                        Holders::Root(root),
+                    )?;
+                }
+                Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
+                    let from = scratch_ptr + scratch_at * e;
+                    let into = match (scatter, src) {
+                        // In place, a ReduceScatter's block is this rank's block of the buffer.
+                        (true, Source::InPlace) => recv + me as u64 * len * e,
+                        (true, _) => recv,
+                        (false, Source::Nothing) => from,
+                        (false, _) => recv + into * e,
+                    };
+                    unsafe { self.inter.reduce(from, into, len as usize, T::DTYPE, op, root_node as usize, inter)? };
+                }
             }
             events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
         }
         // The call ends on the rank's stream.
-        stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"))
+        stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"))?;
+        drop(scratch);
+        Ok(())
     }
 }

@@ -243,6 +243,43 @@ pub enum Kind {
         /// Elements per block.
         len: u64,
     },
+    /// Inside each node, ReduceScatter of node `node`'s blocks, `send[node·g·len ..][..g·len]`:
+    /// block `local` reduced over the node lands in `scratch[scratch_at ..][..len]`.
+    IntraReduceScatterOf {
+        /// The node whose blocks are reduced.
+        node: u32,
+        /// Elements per block.
+        len: u64,
+        /// Where its slot starts in the scratch buffer (elements).
+        scratch_at: u64,
+    },
+    /// Inside each node, Reduce of `send[at ..][..len]` onto local index `root_local`, into its
+    /// `scratch[scratch_at ..][..len]`.
+    IntraReduce {
+        /// First element of the piece.
+        at: u64,
+        /// Elements.
+        len: u64,
+        /// The local index reduced onto.
+        root_local: u32,
+        /// Where its slot starts in the scratch buffer (elements).
+        scratch_at: u64,
+    },
+    /// Among the ranks of one local index, Reduce of `scratch[scratch_at ..][..len]` onto node
+    /// `root_node`, into its `recv[into ..][..len]`.
+    InterReduce {
+        /// Elements.
+        len: u64,
+        /// Where its slot starts in the scratch buffer (elements).
+        scratch_at: u64,
+        /// The node reduced onto.
+        root_node: u32,
+        /// Where the result lands in the root's receive buffer.
+        into: u64,
+        /// Whether this is a ReduceScatter's: the result is the root's own block (in place, block
+        /// `rank` of the buffer).
+        scatter: bool,
+    },
 }
 
 /// One step of a staged collective.
@@ -254,8 +291,17 @@ pub struct Step {
     pub kind: Kind,
     /// The step (an index into [`Staged::steps`]) on the other side it waits for.
     pub after: Option<usize>,
-    /// Whether only the ranks of the root's node take part (an intra-node broadcast).
-    pub root_node_only: Option<u32>,
+    /// Whether only the ranks of this node take part (an intra-node broadcast).
+    pub only_node: Option<u32>,
+    /// Whether only the ranks of this local index take part (an inter-node reduce).
+    pub only_local: Option<u32>,
+}
+
+impl Step {
+    /// Whether the rank on `node` at local index `local` takes part.
+    pub fn takes_part(&self, node: u32, local: u32) -> bool {
+        self.only_node.is_none_or(|n| n == node) && self.only_local.is_none_or(|l| l == local)
+    }
 }
 
 /// The collectives a staged plan exists for.
@@ -270,6 +316,13 @@ pub enum StagedCollective {
         /// The root rank.
         root: u32,
     },
+    /// `world × count` elements per rank in, `count` out: block `rank` reduced.
+    ReduceScatter,
+    /// `count` elements per rank reduced into rank `root`'s.
+    Reduce {
+        /// The root rank.
+        root: u32,
+    },
 }
 
 /// A staged hierarchical collective: the steps every rank issues, in order.
@@ -281,6 +334,8 @@ pub struct Staged {
     pub count: u64,
     /// The steps, in issue order.
     pub steps: Vec<Step>,
+    /// Scratch elements each rank needs (partial sums between the sides).
+    pub scratch: u64,
 }
 
 /// Pieces of at most `piece` elements, each a multiple of `g`, over `count`, and the tail below `g`
@@ -300,7 +355,7 @@ fn pieces(count: u64, g: u64, piece: u64) -> (Vec<(u64, u64)>, Range<u64>) {
 
 /// Pushes `step`, returning its index.
 fn push(steps: &mut Vec<Step>, side: Side, kind: Kind, after: Option<usize>) -> usize {
-    steps.push(Step { side, kind, after, root_node_only: None });
+    steps.push(Step { side, kind, after, only_node: None, only_local: None });
     steps.len() - 1
 }
 
@@ -332,7 +387,7 @@ impl Staged {
             let a = push(&mut steps, Side::Intra, Kind::IntraAllReduce { at, len }, None);
             push(&mut steps, Side::Inter, Kind::InterAllReduce { at, len, sharded: false }, Some(a));
         }
-        Staged { collective: StagedCollective::AllReduce, count, steps }
+        Staged { collective: StagedCollective::AllReduce, count, steps, scratch: 0 }
     }
 
     /// AllGather of `count` elements per rank (ranks numbered node by node): an inter-node
@@ -345,7 +400,7 @@ impl Staged {
         for node in 0..map.nodes() {
             push(&mut steps, Side::Intra, Kind::IntraAllGatherOf { node, len: count }, Some(x));
         }
-        Ok(Staged { collective: StagedCollective::AllGather, count, steps })
+        Ok(Staged { collective: StagedCollective::AllGather, count, steps, scratch: 0 })
     }
 
     /// Broadcast of `count` elements from `root`: inside the root's node to every local index,
@@ -357,7 +412,7 @@ impl Staged {
         let (root_node, root_local) = (map.node(root), map.local(root));
         let mut steps = Vec::new();
         let first = push(&mut steps, Side::Intra, Kind::IntraBroadcast { at: 0, len: count, root_local }, None);
-        steps[first].root_node_only = Some(root_node);
+        steps[first].only_node = Some(root_node);
         let (ps, tail) = pieces(count, g, piece);
         for &(at, len) in &ps {
             let b =
@@ -368,14 +423,62 @@ impl Staged {
             let (at, len) = (tail.start, tail.end - tail.start);
             push(&mut steps, Side::Inter, Kind::InterBroadcast { at, len, root_node, sharded: false }, Some(first));
         }
-        Staged { collective: StagedCollective::Broadcast { root }, count, steps }
+        Staged { collective: StagedCollective::Broadcast { root }, count, steps, scratch: 0 }
+    }
+
+    /// ReduceScatter of `count` elements per rank out (ranks numbered node by node): per node `k`,
+    /// an intra-node ReduceScatter of node `k`'s blocks into a scratch slot (each local index gets
+    /// its node's partial sum of node `k`'s block of its index), then an inter-node Reduce of that
+    /// slot onto node `k`, where it lands in the receive buffer. Two slots: the Reduce of node `k`
+    /// runs beside the ReduceScatter of node `k+1`.
+    pub fn reduce_scatter(map: &NodeMap, count: u64) -> Result<Staged, NodeError> {
+        map.node_major("a staged ReduceScatter")?;
+        let mut steps = Vec::new();
+        let mut reduces: Vec<usize> = Vec::new();
+        for node in 0..map.nodes() {
+            let slot = node as u64 % 2;
+            // A slot is reused once the Reduce that read it two nodes before has ended.
+            let free = (node >= 2).then(|| reduces[node as usize - 2]);
+            let scratch_at = slot * count;
+            let rs = push(&mut steps, Side::Intra, Kind::IntraReduceScatterOf { node, len: count, scratch_at }, free);
+            let kind = Kind::InterReduce { len: count, scratch_at, root_node: node, into: 0, scatter: true };
+            reduces.push(push(&mut steps, Side::Inter, kind, Some(rs)));
+        }
+        Ok(Staged { collective: StagedCollective::ReduceScatter, count, steps, scratch: 2 * count })
+    }
+
+    /// Reduce of `count` elements onto `root`, in pieces of about `piece` elements: per piece an
+    /// intra-node Reduce onto the root's local index in every node (into a scratch slot), then an
+    /// inter-node Reduce among that local index's ranks onto the root. The other local indices'
+    /// NICs stay idle.
+    pub fn reduce(map: &NodeMap, count: u64, root: u32, piece: u64) -> Staged {
+        let (root_node, root_local) = (map.node(root), map.local(root));
+        let piece = piece.max(1).min(count.max(1));
+        let mut steps = Vec::new();
+        let mut reduces: Vec<usize> = Vec::new();
+        let mut at = 0;
+        while at < count {
+            let len = piece.min(count - at);
+            let i = reduces.len();
+            let slot = i as u64 % 2;
+            let free = (i >= 2).then(|| reduces[i - 2]);
+            // Slots a whole piece apart: the last piece may be shorter.
+            let scratch_at = slot * piece;
+            let intra = push(&mut steps, Side::Intra, Kind::IntraReduce { at, len, root_local, scratch_at }, free);
+            let kind = Kind::InterReduce { len, scratch_at, root_node, into: at, scatter: false };
+            let inter = push(&mut steps, Side::Inter, kind, Some(intra));
+            steps[inter].only_local = Some(root_local);
+            reduces.push(inter);
+            at += len;
+        }
+        Staged { collective: StagedCollective::Reduce { root }, count, steps, scratch: 2 * piece.min(count) }
     }
 
     /// Bytes each rank sends over NVLink and over its NIC for `elem` bytes per element, with
     /// direct intra-node and ring inter-node collectives (what the `hier-*` programs move); `None`
     /// for a Broadcast, whose ranks send unequal shares.
     pub fn link_bytes(&self, map: &NodeMap, elem: u64) -> Option<LinkBytes> {
-        if matches!(self.collective, StagedCollective::Broadcast { .. }) {
+        if !matches!(self.collective, StagedCollective::AllReduce | StagedCollective::AllGather) {
             return None;
         }
         let (g, n) = (map.per_node() as u64, map.nodes() as u64);
@@ -390,7 +493,11 @@ impl Staged {
                 // Ring: a ReduceScatter and an AllGather of blocks of `len / n` (rounded up).
                 Kind::InterAllReduce { len, .. } => b.nic += 2 * (n - 1) * len.div_ceil(n) * elem,
                 Kind::InterAllGatherStrided { len } => b.nic += (n - 1) * len * elem,
-                Kind::IntraBroadcast { .. } | Kind::InterBroadcast { .. } => {}
+                Kind::IntraBroadcast { .. }
+                | Kind::InterBroadcast { .. }
+                | Kind::IntraReduceScatterOf { .. }
+                | Kind::IntraReduce { .. }
+                | Kind::InterReduce { .. } => {}
             }
         }
         Some(b)
@@ -409,8 +516,9 @@ pub struct LinkBytes {
 /// A buffer of every rank, as a step reads or writes it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Buf {
-    Send,
-    Recv,
+    /// The send and the receive buffer, taken as one (in place they are).
+    User,
+    Scratch,
 }
 
 /// Element ranges of a step, over all ranks (a superset of any one rank's).
@@ -434,7 +542,7 @@ fn part<T: Copy>(v: &[T], at: u64, len: u64) -> Vec<T> {
 
 impl Kind {
     fn touches(&self, g: u64, world: u64) -> Touches {
-        use Buf::{Recv, Send};
+        use Buf::{Scratch, User as Recv, User as Send};
         let (reads, writes) = match *self {
             Kind::IntraReduceScatter { at, len } => {
                 (vec![(Send, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))])
@@ -451,6 +559,22 @@ impl Kind {
             Kind::IntraAllGatherOf { node, len } => {
                 let r = at_len(node as u64 * g * len, g * len);
                 (vec![(Recv, r.clone())], vec![(Recv, r)])
+            }
+            Kind::IntraReduceScatterOf { node, len, scratch_at } => {
+                (vec![(Send, at_len(node as u64 * g * len, g * len))], vec![(Scratch, at_len(scratch_at, len))])
+            }
+            Kind::IntraReduce { at, len, scratch_at, .. } => {
+                (vec![(Send, at_len(at, len))], vec![(Scratch, at_len(scratch_at, len))])
+            }
+            Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
+                // A ReduceScatter's root writes its own block: the start of its receive buffer, or
+                // in place its block of the buffer, in node `root_node`'s blocks.
+                let writes = if scatter {
+                    vec![(Recv, at_len(0, len)), (Recv, at_len(root_node as u64 * g * len, g * len))]
+                } else {
+                    vec![(Recv, at_len(into, len))]
+                };
+                (vec![(Scratch, at_len(scratch_at, len))], writes)
             }
         };
         Touches { reads, writes }
@@ -519,6 +643,7 @@ impl Staged {
             });
         }
         let (g, nodes) = (map.per_node(), map.nodes());
+        let mut scratch = vec![vec![T::default(); self.scratch as usize]; world];
         for step in &self.steps {
             match step.kind {
                 Kind::IntraReduceScatter { at, len } => {
@@ -563,7 +688,7 @@ impl Staged {
                     }
                 }
                 Kind::IntraBroadcast { at, len, root_local } => {
-                    let k = step.root_node_only.unwrap_or(0);
+                    let k = step.only_node.unwrap_or(0);
                     let group = map.node_ranks(k);
                     let data = part(&send[group[root_local as usize] as usize], at, len);
                     for &r in group {
@@ -588,6 +713,34 @@ impl Staged {
                                 put(&mut recv[r as usize], (k as u64 * g as u64 + l as u64) * len, block);
                             }
                         }
+                    }
+                }
+                Kind::IntraReduceScatterOf { node, len, scratch_at } => {
+                    let base = node as u64 * g as u64 * len;
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> =
+                            group.iter().map(|&r| part(&send[r as usize], base, g as u64 * len)).collect();
+                        for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
+                            put(&mut scratch[group[l] as usize], scratch_at, &out);
+                        }
+                    }
+                }
+                Kind::IntraReduce { at, len, root_local, scratch_at } => {
+                    for k in 0..nodes {
+                        let group = map.node_ranks(k);
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], at, len)).collect();
+                        let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
+                        put(&mut scratch[group[root_local as usize] as usize], scratch_at, &sum);
+                    }
+                }
+                Kind::InterReduce { len, scratch_at, root_node, into, .. } => {
+                    for l in (0..g).filter(|&l| step.only_local.is_none_or(|o| o == l)) {
+                        let group = map.local_ranks(l);
+                        let ins: Vec<Vec<T>> =
+                            group.iter().map(|&r| part(&scratch[r as usize], scratch_at, len)).collect();
+                        let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
+                        put(&mut recv[map.rank(root_node, l) as usize], into, &sum);
                     }
                 }
                 Kind::IntraAllGatherOf { node, len } => {

@@ -105,6 +105,54 @@ fn staged_all_gather_and_broadcast_are_the_flat_references() {
 }
 
 #[test]
+fn staged_reduce_scatter_and_reduce_are_the_flat_references() {
+    let mut rng = Rng(47);
+    for (nodes, g) in SHAPES {
+        let world = nodes * g;
+        let map = NodeMap::by_count(world, g).unwrap();
+        let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.below(3) as usize];
+        let count = rng.below(30) as u64;
+        let staged = Staged::reduce_scatter(&map, count).unwrap();
+        staged.check_races(&map).unwrap();
+        let send = inputs(&mut rng, world, world * count as usize);
+        let mut recv = vec![vec![-99i32; count as usize]; world];
+        staged.run_cpu(&map, &send, &mut recv, op).unwrap();
+        assert_eq!(recv, reference::reduce_scatter(&send, op).unwrap(), "ReduceScatter {nodes}x{g} count {count}");
+        for map in maps(nodes, g) {
+            let (count, piece, root) = (rng.below(150) as u64, 1 + rng.below(50) as u64, rng.below(world as u32));
+            let staged = Staged::reduce(&map, count, root, piece);
+            staged.check_races(&map).unwrap();
+            let send = inputs(&mut rng, world, count as usize);
+            let mut recv = vec![vec![-99i32; count as usize]; world];
+            staged.run_cpu(&map, &send, &mut recv, op).unwrap();
+            let want = reference::all_reduce(&send, op).unwrap().swap_remove(0);
+            for (r, v) in recv.iter().enumerate() {
+                if r == root as usize {
+                    assert_eq!(*v, want, "Reduce {nodes}x{g} onto {root}, count {count}, piece {piece}");
+                } else {
+                    assert!(v.iter().all(|&x| x == -99), "Reduce {nodes}x{g}: rank {r}'s buffer written");
+                }
+            }
+        }
+    }
+    let e = Staged::reduce_scatter(&maps(2, 2)[1], 4).unwrap_err();
+    assert!(e.to_string().contains("a staged ReduceScatter needs ranks numbered node by node"), "{e}");
+}
+
+#[test]
+fn the_race_check_finds_a_scratch_slot_reused_too_early() {
+    let map = NodeMap::by_count(12, 2).unwrap();
+    let mut staged = Staged::reduce_scatter(&map, 8).unwrap();
+    staged.check_races(&map).unwrap();
+    // The third ReduceScatter reuses the first's slot; without waiting for the first Reduce it
+    // overwrites what that Reduce reads.
+    let third = staged.steps.iter().position(|s| matches!(s.kind, Kind::IntraReduceScatterOf { node: 2, .. })).unwrap();
+    staged.steps[third].after = None;
+    let e = staged.check_races(&map).unwrap_err().to_string();
+    assert!(e.contains("IntraReduceScatterOf") && e.contains("InterReduce"), "{e}");
+}
+
+#[test]
 fn the_race_check_finds_an_all_gather_that_does_not_wait() {
     let map = NodeMap::by_count(8, 4).unwrap();
     let mut staged = Staged::all_reduce(&map, 64, 16);
@@ -114,12 +162,19 @@ fn the_race_check_finds_an_all_gather_that_does_not_wait() {
     assert!(e.contains("may run at once") && e.contains("IntraAllGather"), "{e}");
     // An inter-node step on the same elements as an intra-node one, unordered.
     let steps = vec![
-        Step { side: Side::Intra, kind: Kind::IntraAllReduce { at: 0, len: 8 }, after: None, root_node_only: None },
+        Step {
+            side: Side::Intra,
+            kind: Kind::IntraAllReduce { at: 0, len: 8 },
+            after: None,
+            only_node: None,
+            only_local: None,
+        },
         Step {
             side: Side::Inter,
             kind: Kind::InterAllReduce { at: 4, len: 8, sharded: false },
             after: None,
-            root_node_only: None,
+            only_node: None,
+            only_local: None,
         },
     ];
     let bad = Staged { steps, ..staged };
