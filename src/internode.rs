@@ -5,7 +5,7 @@
 //!
 //! NCCL is loaded when first asked for, from `OXCCL_NCCL` (a path) or the loader's search path
 //! (`libnccl.so.2`, then `libnccl.so`: the soname NCCL's packages and Python wheels install). oxccl
-//! binds the dozen functions it calls itself: cudarc's `nccl` feature panics where the library is
+//! binds the functions it calls itself: cudarc's `nccl` feature panics where the library is
 //! missing and does not look for `libnccl.so.2`.
 
 use crate::error::{Error, Result};
@@ -38,12 +38,23 @@ pub unsafe trait InterNode: Send + Sync {
     /// has run the call.
     unsafe fn all_reduce(&self, buf: u64, count: usize, dtype: DType, op: ReduceOp, stream: &CudaStream) -> Result<()>;
 
-    /// In place: `buf` becomes member `root`'s.
+    /// `recv` becomes member `root`'s `send` (in place where they are one address; `send` is read
+    /// on the root only).
     ///
     /// # Safety
     ///
-    /// As [`InterNode::all_reduce`].
-    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, stream: &CudaStream) -> Result<()>;
+    /// `send` (on the root) and `recv` address `count` elements of `dtype`, equal or disjoint,
+    /// valid until `stream` has run the call.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()>;
 
     /// `recv` of member `root` becomes `op` over the group of every member's `send` (`recv` is
     /// not used on the others).
@@ -61,22 +72,6 @@ pub unsafe trait InterNode: Send + Sync {
         dtype: DType,
         op: ReduceOp,
         root: usize,
-        stream: &CudaStream,
-    ) -> Result<()>;
-
-    /// Every member's `send` lands in `recv[its group rank]` of every member (this rank's own
-    /// included).
-    ///
-    /// # Safety
-    ///
-    /// `send` and each of `recv` (one per member) address `count` elements of `dtype`, disjoint,
-    /// valid until `stream` has run the call.
-    unsafe fn all_gather_to(
-        &self,
-        send: u64,
-        recv: &[u64],
-        count: usize,
-        dtype: DType,
         stream: &CudaStream,
     ) -> Result<()>;
 
@@ -107,9 +102,6 @@ type AsyncError = unsafe extern "C" fn(Comm, *mut Res) -> Res;
 type Coll = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type ReduceFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, sys::CUstream) -> Res;
-type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
-type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
-type Group = unsafe extern "C" fn() -> Res;
 
 /// The NCCL functions oxccl calls, from the loaded library.
 struct Api {
@@ -123,10 +115,6 @@ struct Api {
     all_reduce: Coll,
     broadcast: Coll,
     reduce: ReduceFn,
-    send: SendFn,
-    recv: RecvFn,
-    group_start: Group,
-    group_end: Group,
 }
 
 /// The loaded NCCL library: [`Nccl::load`].
@@ -221,10 +209,6 @@ impl Nccl {
             all_reduce: sym!("ncclAllReduce", Coll),
             broadcast: sym!("ncclBroadcast", Coll),
             reduce: sym!("ncclReduce", ReduceFn),
-            send: sym!("ncclSend", SendFn),
-            recv: sym!("ncclRecv", RecvFn),
-            group_start: sym!("ncclGroupStart", Group),
-            group_end: sym!("ncclGroupEnd", Group),
         })
     }
 
@@ -358,12 +342,29 @@ unsafe impl InterNode for NcclGroup {
         self.nccl.check("ncclAllReduce", r)
     }
 
-    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, stream: &CudaStream) -> Result<()> {
-        let p = buf as *mut c_void;
+    unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
         let root = c_int::try_from(root).map_err(|_| Error::NoSuchRank { rank: root, ranks: self.size })?;
+        let t = nccl_dtype(dtype);
         // SAFETY: the caller's contract.
-        let r =
-            unsafe { (self.nccl.api.broadcast)(p, p, count, nccl_dtype(dtype), root, self.comm, stream.cu_stream()) };
+        let r = unsafe {
+            (self.nccl.api.broadcast)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                t,
+                root,
+                self.comm,
+                stream.cu_stream(),
+            )
+        };
         self.nccl.check("ncclBroadcast", r)
     }
 
@@ -394,43 +395,6 @@ unsafe impl InterNode for NcclGroup {
             )
         };
         self.nccl.check("ncclReduce", r)
-    }
-
-    unsafe fn all_gather_to(
-        &self,
-        send: u64,
-        recv: &[u64],
-        count: usize,
-        dtype: DType,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        if recv.len() != self.size {
-            return Err(Error::BufferCount {
-                what: "inter-node receive regions",
-                expected: self.size,
-                got: recv.len(),
-            });
-        }
-        let (api, t, s) = (&self.nccl.api, nccl_dtype(dtype), stream.cu_stream());
-        // SAFETY: NCCL's group calls; the caller's contract for the addresses.
-        unsafe {
-            self.nccl.check("ncclGroupStart", (api.group_start)())?;
-            let mut first = Ok(());
-            for (peer, &to) in recv.iter().enumerate() {
-                if peer == self.rank && to == send {
-                    // In place: this member's block is already there.
-                    continue;
-                }
-                let p = peer as c_int;
-                let a = (api.send)(send as *const c_void, count, t, p, self.comm, s);
-                let b = (api.recv)(to as *mut c_void, count, t, p, self.comm, s);
-                if first.is_ok() {
-                    first = self.nccl.check("ncclSend", a).and(self.nccl.check("ncclRecv", b));
-                }
-            }
-            let end = self.nccl.check("ncclGroupEnd", (api.group_end)());
-            first.and(end)
-        }
     }
 
     fn abort(&self) {
@@ -578,12 +542,15 @@ fn reduce_typed<T: crate::Element>(
     g.comm.reduce(&from, (g.rank == root).then_some(&mut into), op, root)
 }
 
-/// The group's AllGather of `count` elements of `T` at `send` into `size` blocks at `to`.
-fn gather<T: crate::Element>(comm: &crate::Comm, send: u64, to: u64, count: usize, size: usize) -> Result<()> {
-    let stream = comm.stream();
+/// The group's Broadcast of `count` elements of `T` from `send` on `root` into `recv`.
+fn broadcast_typed<T: crate::Element>(g: &EngineGroup, send: u64, recv: u64, count: usize, root: usize) -> Result<()> {
+    let stream = g.comm.stream();
+    let mut into = crate::staged::Region::<T>::new(recv, 0, count as u64, stream);
+    if send == recv {
+        return g.comm.broadcast_in_place(&mut into, root);
+    }
     let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
-    let mut into = crate::staged::Region::<T>::new(to, 0, (count * size) as u64, stream);
-    comm.all_gather(&from, &mut into)
+    g.comm.broadcast((g.rank == root).then_some(&from), &mut into, root)
 }
 
 // SAFETY: every call runs on the caller's addresses and counts through the group's communicator,
@@ -609,9 +576,22 @@ unsafe impl InterNode for EngineGroup {
         typed!(dtype, buf, count, stream, |region| self.comm.all_reduce_in_place(&mut region, op))
     }
 
-    unsafe fn broadcast(&self, buf: u64, count: usize, dtype: DType, root: usize, _stream: &CudaStream) -> Result<()> {
-        let stream = self.comm.stream();
-        typed!(dtype, buf, count, stream, |region| self.comm.broadcast_in_place(&mut region, root))
+    unsafe fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        _stream: &CudaStream,
+    ) -> Result<()> {
+        match dtype {
+            DType::F32 => broadcast_typed::<f32>(self, send, recv, count, root),
+            DType::F16 => broadcast_typed::<half::f16>(self, send, recv, count, root),
+            DType::Bf16 => broadcast_typed::<half::bf16>(self, send, recv, count, root),
+            DType::I32 => broadcast_typed::<i32>(self, send, recv, count, root),
+            DType::U32 => broadcast_typed::<u32>(self, send, recv, count, root),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -632,44 +612,6 @@ unsafe impl InterNode for EngineGroup {
             DType::I32 => reduce_typed::<i32>(self, send, recv, count, op, root),
             DType::U32 => reduce_typed::<u32>(self, send, recv, count, op, root),
         }
-    }
-
-    unsafe fn all_gather_to(
-        &self,
-        send: u64,
-        recv: &[u64],
-        count: usize,
-        dtype: DType,
-        _stream: &CudaStream,
-    ) -> Result<()> {
-        if recv.len() != self.size {
-            return Err(Error::BufferCount {
-                what: "inter-node receive regions",
-                expected: self.size,
-                got: recv.len(),
-            });
-        }
-        // Gathered in group order into a buffer of the stream's pool, then each block to its place.
-        let stream = self.comm.stream();
-        let block = count * dtype.size();
-        let gathered = stream.alloc_zeros::<u8>(block * self.size).map_err(Error::driver("cuMemAllocAsync"))?;
-        let (at, _keep) = cudarc::driver::DevicePtr::device_ptr(&gathered, stream);
-        match dtype {
-            DType::F32 => gather::<f32>(&self.comm, send, at, count, self.size)?,
-            DType::F16 => gather::<half::f16>(&self.comm, send, at, count, self.size)?,
-            DType::Bf16 => gather::<half::bf16>(&self.comm, send, at, count, self.size)?,
-            DType::I32 => gather::<i32>(&self.comm, send, at, count, self.size)?,
-            DType::U32 => gather::<u32>(&self.comm, send, at, count, self.size)?,
-        }
-        for (p, &to) in recv.iter().enumerate() {
-            let from = at + (p * block) as u64;
-            // SAFETY: `block` bytes inside the gathered buffer and inside the caller's region, on
-            // the stream the gather ran on.
-            unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, block, stream.cu_stream()) }
-                .result()
-                .map_err(Error::driver("cuMemcpyDtoDAsync"))?;
-        }
-        Ok(())
     }
 
     fn abort(&self) {

@@ -194,18 +194,16 @@ impl Nodes {
                         _ => node_call(node, collective, len, Some(&[]), &mut to, ReduceOp::Sum)?,
                     }
                 }
-                Kind::InterBroadcast { at, len, root_node, sharded } => {
+                Kind::InterBroadcast { at, len, root_node, sharded, src_at } => {
                     let at = if sharded { at + local * len } else { at };
-                    unsafe { self.inter.broadcast(recv + at * e, len as usize, T::DTYPE, root_node as usize, inter)? };
-                }
-                Kind::InterAllGatherStrided { len } => {
-                    let to: Vec<u64> = (0..self.map.nodes() as u64).map(|k| recv + (k * g + local) * len * e).collect();
-                    // In place, this rank's block is already where it goes.
-                    let from = match src {
-                        Source::At(s) => s,
-                        _ => recv + me as u64 * len * e,
+                    let to = recv + at * e;
+                    // Out of place the root sends from its send buffer; in place (and on the other
+                    // ranks) from where the data lands.
+                    let from = match (src, src_at) {
+                        (Source::At(s), Some(o)) if self.map.node(me) == root_node => s + o * e,
+                        _ => to,
                     };
-                    unsafe { self.inter.all_gather_to(from, &to, len as usize, T::DTYPE, inter)? };
+                    unsafe { self.inter.broadcast(from, to, len as usize, T::DTYPE, root_node as usize, inter)? };
                 }
                 Kind::IntraAllGatherOf { node: k, len } => {
                     let mut buf = region(recv, k as u64 * g * len, g * len);

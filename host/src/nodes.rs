@@ -217,8 +217,9 @@ pub enum Kind {
         /// The root's local index.
         root_local: u32,
     },
-    /// Among the ranks of one local index, Broadcast in place of `recv[at + local·len ..][..len]`
-    /// (of `recv[at ..][..len]` when not `sharded`) from node `root_node`.
+    /// Among the ranks of one local index, Broadcast from node `root_node` into
+    /// `recv[at + local·len ..][..len]` (`recv[at ..][..len]` when not `sharded`): the root sends
+    /// that region of its receive buffer, or `send[src_at ..][..len]` where given (out of place).
     InterBroadcast {
         /// First element of the piece.
         at: u64,
@@ -228,12 +229,8 @@ pub enum Kind {
         root_node: u32,
         /// Whether each local index broadcasts its own block of the piece.
         sharded: bool,
-    },
-    /// Among the ranks of one local index, AllGather of this rank's `send[..len]` into
-    /// `recv[(node' · g + local) · len ..][..len]` for every node' (ranks numbered node by node).
-    InterAllGatherStrided {
-        /// Elements per rank.
-        len: u64,
+        /// Where the root's data is in its send buffer, out of place.
+        src_at: Option<u64>,
     },
     /// Inside each node, AllGather in place of node `node`'s blocks: block `local` of
     /// `recv[node·g·len ..][..g·len]` to every rank of the node.
@@ -390,15 +387,19 @@ impl Staged {
         Staged { collective: StagedCollective::AllReduce, count, steps, scratch: 0 }
     }
 
-    /// AllGather of `count` elements per rank (ranks numbered node by node): an inter-node
-    /// AllGather among the ranks of each local index into their places in the output, then per node
-    /// an intra-node AllGather of that node's blocks.
+    /// AllGather of `count` elements per rank (ranks numbered node by node): per node `k`, an
+    /// inter-node Broadcast among the ranks of each local index of node `k`'s rank's block into its
+    /// place in the output, then an intra-node AllGather of node `k`'s blocks, which runs beside the
+    /// next node's Broadcast.
     pub fn all_gather(map: &NodeMap, count: u64) -> Result<Staged, NodeError> {
         map.node_major("a staged AllGather")?;
+        let g = map.per_node() as u64;
         let mut steps = Vec::new();
-        let x = push(&mut steps, Side::Inter, Kind::InterAllGatherStrided { len: count }, None);
         for node in 0..map.nodes() {
-            push(&mut steps, Side::Intra, Kind::IntraAllGatherOf { node, len: count }, Some(x));
+            let at = node as u64 * g * count;
+            let kind = Kind::InterBroadcast { at, len: count, root_node: node, sharded: true, src_at: Some(0) };
+            let b = push(&mut steps, Side::Inter, kind, None);
+            push(&mut steps, Side::Intra, Kind::IntraAllGatherOf { node, len: count }, Some(b));
         }
         Ok(Staged { collective: StagedCollective::AllGather, count, steps, scratch: 0 })
     }
@@ -415,13 +416,18 @@ impl Staged {
         steps[first].only_node = Some(root_node);
         let (ps, tail) = pieces(count, g, piece);
         for &(at, len) in &ps {
-            let b =
-                push(&mut steps, Side::Inter, Kind::InterBroadcast { at, len, root_node, sharded: true }, Some(first));
+            let b = push(
+                &mut steps,
+                Side::Inter,
+                Kind::InterBroadcast { at, len, root_node, sharded: true, src_at: None },
+                Some(first),
+            );
             push(&mut steps, Side::Intra, Kind::IntraAllGather { at, len }, Some(b));
         }
         if !tail.is_empty() {
             let (at, len) = (tail.start, tail.end - tail.start);
-            push(&mut steps, Side::Inter, Kind::InterBroadcast { at, len, root_node, sharded: false }, Some(first));
+            let kind = Kind::InterBroadcast { at, len, root_node, sharded: false, src_at: None };
+            push(&mut steps, Side::Inter, kind, Some(first));
         }
         Staged { collective: StagedCollective::Broadcast { root }, count, steps, scratch: 0 }
     }
@@ -483,6 +489,10 @@ impl Staged {
         }
         let (g, n) = (map.per_node() as u64, map.nodes() as u64);
         let mut b = LinkBytes::default();
+        // A Broadcast's bytes summed over its group: a chain from the root, every member but the
+        // last forwarding the block; over the AllGather's broadcasts, rooted in turn on every node,
+        // each member is last once.
+        let mut group_bytes = 0;
         for s in &self.steps {
             match s.kind {
                 Kind::IntraReduceScatter { len, .. }
@@ -492,14 +502,14 @@ impl Staged {
                 Kind::IntraAllReduce { len, .. } => b.nvlink += 2 * (g - 1) * len.div_ceil(g) * elem,
                 // Ring: a ReduceScatter and an AllGather of blocks of `len / n` (rounded up).
                 Kind::InterAllReduce { len, .. } => b.nic += 2 * (n - 1) * len.div_ceil(n) * elem,
-                Kind::InterAllGatherStrided { len } => b.nic += (n - 1) * len * elem,
+                Kind::InterBroadcast { len, .. } => group_bytes += (n - 1) * len * elem,
                 Kind::IntraBroadcast { .. }
-                | Kind::InterBroadcast { .. }
                 | Kind::IntraReduceScatterOf { .. }
                 | Kind::IntraReduce { .. }
                 | Kind::InterReduce { .. } => {}
             }
         }
+        b.nic += group_bytes / n;
         Some(b)
     }
 }
@@ -516,8 +526,8 @@ pub struct LinkBytes {
 /// A buffer of every rank, as a step reads or writes it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Buf {
-    /// The send and the receive buffer, taken as one (in place they are).
-    User,
+    Send,
+    Recv,
     Scratch,
 }
 
@@ -541,36 +551,48 @@ fn part<T: Copy>(v: &[T], at: u64, len: u64) -> Vec<T> {
 }
 
 impl Kind {
-    fn touches(&self, g: u64, world: u64) -> Touches {
-        use Buf::{Scratch, User as Recv, User as Send};
+    /// In place the send buffer is the receive buffer, and a root's data is already in its
+    /// receive buffer.
+    fn touches(&self, g: u64, in_place: bool) -> Touches {
+        use Buf::{Recv, Scratch};
+        let send = if in_place { Recv } else { Buf::Send };
         let (reads, writes) = match *self {
             Kind::IntraReduceScatter { at, len } => {
-                (vec![(Send, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))])
+                (vec![(send, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))])
             }
-            Kind::InterAllReduce { at, len, sharded } | Kind::InterBroadcast { at, len, sharded, .. } => {
+            Kind::InterAllReduce { at, len, sharded } => {
                 let r = at_len(at, if sharded { g * len } else { len });
                 (vec![(Recv, r.clone())], vec![(Recv, r)])
             }
+            Kind::InterBroadcast { at, len, sharded, src_at, .. } => {
+                let r = at_len(at, if sharded { g * len } else { len });
+                let from = match src_at {
+                    Some(s) if !in_place => (Buf::Send, at_len(s, len)),
+                    _ => (Recv, r.clone()),
+                };
+                (vec![from], vec![(Recv, r)])
+            }
             Kind::IntraAllGather { at, len } => (vec![(Recv, at_len(at, g * len))], vec![(Recv, at_len(at, g * len))]),
             Kind::IntraAllReduce { at, len } | Kind::IntraBroadcast { at, len, .. } => {
-                (vec![(Send, at_len(at, len))], vec![(Recv, at_len(at, len))])
+                (vec![(send, at_len(at, len))], vec![(Recv, at_len(at, len))])
             }
-            Kind::InterAllGatherStrided { len } => (vec![(Send, 0..len)], vec![(Recv, 0..world * len)]),
             Kind::IntraAllGatherOf { node, len } => {
                 let r = at_len(node as u64 * g * len, g * len);
                 (vec![(Recv, r.clone())], vec![(Recv, r)])
             }
             Kind::IntraReduceScatterOf { node, len, scratch_at } => {
-                (vec![(Send, at_len(node as u64 * g * len, g * len))], vec![(Scratch, at_len(scratch_at, len))])
+                (vec![(send, at_len(node as u64 * g * len, g * len))], vec![(Scratch, at_len(scratch_at, len))])
             }
             Kind::IntraReduce { at, len, scratch_at, .. } => {
-                (vec![(Send, at_len(at, len))], vec![(Scratch, at_len(scratch_at, len))])
+                (vec![(send, at_len(at, len))], vec![(Scratch, at_len(scratch_at, len))])
             }
             Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
                 // A ReduceScatter's root writes its own block: the start of its receive buffer, or
                 // in place its block of the buffer, in node `root_node`'s blocks.
-                let writes = if scatter {
-                    vec![(Recv, at_len(0, len)), (Recv, at_len(root_node as u64 * g * len, g * len))]
+                let writes = if scatter && in_place {
+                    vec![(Recv, at_len(root_node as u64 * g * len, g * len))]
+                } else if scatter {
+                    vec![(Recv, at_len(0, len))]
                 } else {
                     vec![(Recv, at_len(into, len))]
                 };
@@ -589,9 +611,15 @@ fn overlap(a: &[(Buf, Range<u64>)], b: &[(Buf, Range<u64>)]) -> bool {
 
 impl Staged {
     /// Steps that may run at the same time (on the two sides, neither waiting for the other
-    /// through [`Step::after`] and the order of its own side) touch disjoint elements: the first
-    /// pair that does not, as an error naming both.
+    /// through [`Step::after`] and the order of its own side) touch disjoint elements, out of place
+    /// and in place: the first pair that does not, as an error naming both.
     pub fn check_races(&self, map: &NodeMap) -> Result<(), ExecError> {
+        self.races_in(map, false)?;
+        self.races_in(map, true)
+    }
+
+    /// [`Staged::check_races`] out of place or in place.
+    fn races_in(&self, map: &NodeMap, in_place: bool) -> Result<(), ExecError> {
         let n = self.steps.len();
         // before[j]: the steps that finish before step `j` starts.
         let mut before: Vec<Vec<bool>> = vec![vec![false; n]; n];
@@ -605,8 +633,8 @@ impl Staged {
                 row.iter_mut().zip(earlier).for_each(|(b, e)| *b |= e);
             }
         }
-        let (g, world) = (map.per_node() as u64, map.world() as u64);
-        let touches: Vec<Touches> = self.steps.iter().map(|s| s.kind.touches(g, world)).collect();
+        let g = map.per_node() as u64;
+        let touches: Vec<Touches> = self.steps.iter().map(|s| s.kind.touches(g, in_place)).collect();
         for j in 0..n {
             for i in 0..j {
                 if before[j][i] || self.steps[i].side == self.steps[j].side {
@@ -616,8 +644,10 @@ impl Staged {
                 if overlap(&a.writes, &b.reads) || overlap(&a.writes, &b.writes) || overlap(&b.writes, &a.reads) {
                     return Err(ExecError::BadInput {
                         reason: format!(
-                            "steps {i} ({:?}) and {j} ({:?}) may run at once and touch the same elements",
-                            self.steps[i].kind, self.steps[j].kind
+                            "steps {i} ({:?}) and {j} ({:?}) may run at once and touch the same elements{}",
+                            self.steps[i].kind,
+                            self.steps[j].kind,
+                            if in_place { " (in place)" } else { "" }
                         ),
                     });
                 }
@@ -695,23 +725,16 @@ impl Staged {
                         put(&mut recv[r as usize], at, &data);
                     }
                 }
-                Kind::InterBroadcast { at, len, root_node, sharded } => {
+                Kind::InterBroadcast { at, len, root_node, sharded, src_at } => {
                     for l in 0..g {
                         let from = if sharded { at + l as u64 * len } else { at };
-                        let data = part(&recv[map.rank(root_node, l) as usize], from, len);
+                        let root = map.rank(root_node, l) as usize;
+                        let data = match src_at {
+                            Some(o) => part(&send[root], o, len),
+                            None => part(&recv[root], from, len),
+                        };
                         for r in map.local_ranks(l) {
                             put(&mut recv[r as usize], from, &data);
-                        }
-                    }
-                }
-                Kind::InterAllGatherStrided { len } => {
-                    for l in 0..g {
-                        let group = map.local_ranks(l);
-                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], 0, len)).collect();
-                        for (&r, all) in group.iter().zip(reference::all_gather(&ins)?) {
-                            for (k, block) in all.chunks(len.max(1) as usize).enumerate().take(nodes as usize) {
-                                put(&mut recv[r as usize], (k as u64 * g as u64 + l as u64) * len, block);
-                            }
                         }
                     }
                 }
