@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests ranks ranks-bench sanitizer sanitize-all regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
+# Usage: scripts/gpu-suite.sh STEP... (info tests ranks nodes ranks-bench sanitizer sanitize-all regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -72,6 +72,19 @@ for step in "$@"; do
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks_mps(rc=$rc)"
       grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error|Err" "$OUT/gpu_ranks_mps.log" | head -80
       mps_stop ;;
+    nodes)
+      # Ranks posing as nodes on one GPU: the staged collectives (oxccl inside each node, oxccl's
+      # engine between; NCCL refuses two ranks on one GPU, so it runs a group of one, loaded from
+      # the image's wheel) and their speed against the same ranks as one node.
+      NCCL_LIB=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+      log "gpu_nodes (NCCL: $NCCL_LIB)"; CUDA_DEVICE_MAX_CONNECTIONS=32 OXCCL_REQUIRE_GPU=1 OXCCL_REQUIRE_NCCL=1 OXCCL_NCCL=$NCCL_LIB timeout 300 $B/gpu_nodes --test-threads=1 --nocapture > "$OUT/gpu_nodes.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_nodes(rc=$rc)"; grep -E "^test |test result|cases|panicked|rank [0-9]+|NCCL|skipped" "$OUT/gpu_nodes.log" | head -20
+      R=${RANKS:-8}; P=${PER_NODE:-4}; BIG="-b 1M -e 1G -f 4 -n 20 -w 5"
+      for coll in all_reduce all_gather reduce_scatter broadcast reduce; do
+        log "one node $coll"; CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 150 $B/oxccl bench $coll --procs $R --rank-threads --ctas 2 $BIG > "$OUT/nodes_flat_$coll.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/nodes_flat_$coll.log"
+        log "$((R / P)) nodes $coll"; CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 150 $B/oxccl bench $coll --procs $R --rank-threads --ctas 2 --ranks-per-node $P --inter engine $BIG > "$OUT/nodes_staged_$coll.log" 2>&1; echo "rc=$?"; tail -8 "$OUT/nodes_staged_$coll.log"
+      done
+      ;;
     ranks-bench)
       # One process per rank (MPS) against virtual ranks in one process, ReduceScatter / AllGather /
       # AllReduce at 64 MiB-1 GiB; symmetric and plain (staged) buffers, ranks as threads; latency.

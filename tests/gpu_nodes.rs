@@ -113,3 +113,46 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
     }
     println!("{cases} rank-cases of the five staged collectives (2 nodes x 4, pieces of 4 KiB) exact (seed {seed})");
 }
+
+/// NCCL loaded at run time (`OXCCL_NCCL`, or the loader's path) and driven through the binding: a
+/// group of one rank (NCCL refuses two ranks on one GPU) whose AllReduce, Broadcast and Reduce
+/// leave the data as it is. Skipped loudly where NCCL cannot be loaded, unless
+/// `OXCCL_REQUIRE_NCCL` is set.
+#[test]
+fn nccl_through_the_binding_on_a_one_rank_group() {
+    use oxccl::internode::{InterNode, Nccl, NcclGroup};
+    let Some(stream) = common::gpu("nccl_through_the_binding_on_a_one_rank_group") else { return };
+    let nccl = match Nccl::load() {
+        Ok(n) => n,
+        Err(e) if std::env::var_os("OXCCL_REQUIRE_NCCL").is_none() => {
+            common::skip(&format!("skipped: NCCL not loaded ({e})"));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    println!("NCCL {} from {}", nccl.version(), nccl.path());
+    let id = nccl.unique_id().unwrap();
+    let group = NcclGroup::new(nccl, id, 0, 1, stream.context(), Duration::from_secs(20)).unwrap();
+    assert_eq!((group.group_rank(), group.group_size()), (0, 1));
+    let data: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+    let mut buf = stream.clone_htod(&data).unwrap();
+    let mut out = stream.alloc_zeros::<f32>(data.len()).unwrap();
+    {
+        use cudarc::driver::DevicePtrMut;
+        let (b, _b) = buf.device_ptr_mut(&stream);
+        let (o, _o) = out.device_ptr_mut(&stream);
+        // SAFETY: both buffers hold 4096 f32 on this device and outlive the synchronize below.
+        unsafe {
+            group.all_reduce(b, data.len(), oxccl::DType::F32, ReduceOp::Sum, &stream).unwrap();
+            group.broadcast(b, o, data.len(), oxccl::DType::F32, 0, &stream).unwrap();
+            group.reduce(o, o, data.len(), oxccl::DType::F32, ReduceOp::Max, 0, &stream).unwrap();
+        }
+    }
+    stream.synchronize().unwrap();
+    group.check().unwrap();
+    assert_eq!(stream.clone_dtoh(&buf).unwrap(), data);
+    assert_eq!(stream.clone_dtoh(&out).unwrap(), data);
+    // A missing library is a typed error naming what was tried.
+    let (tried, why) = Nccl::load_from(&["/nonexistent/libnccl.so.2".into()]).unwrap_err();
+    assert!(tried.len() == 1 && why.contains("/nonexistent/libnccl.so.2"), "{why}");
+}

@@ -743,6 +743,13 @@ fn per_rank_bench_flags_are_checked() {
         "invalid value 'pool' for '--buffers",
     );
     refused_before_any_gpu(&["bench", "all_reduce", "--procs", "2", "--ranks", "4"], "--procs sets the ranks");
+    refused_before_any_gpu(&["bench", "all_reduce", "--ranks-per-node", "2"], "--procs <N>");
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "4", "--inter", "engine"], "--ranks-per-node <P>");
+    refused_before_any_gpu(
+        &["bench", "all_reduce", "--procs", "8", "--ranks-per-node", "3"],
+        "--ranks-per-node 3: must divide the --procs 8 ranks",
+    );
+    refused_before_any_gpu(&["bench", "all_reduce", "--procs", "8", "--ranks-per-node", "0"], "--ranks-per-node 0");
     // CI has no GPU: the processes are not started (no rank's failure is reported).
     if std::env::var_os("OXCCL_REQUIRE_GPU").is_none() && !std::path::Path::new("/dev/nvidia0").exists() {
         let (ok, err) = oxccl(&["bench", "all_reduce", "--procs", "2", "-b", "1M", "-e", "1M"]);

@@ -38,6 +38,14 @@ pub struct Common {
     /// allocations, which other processes reach through staging copies).
     #[arg(long, value_enum, requires = "procs", default_value = "symmetric")]
     pub buffers: BuffersArg,
+    /// With --procs: P ranks to a node, in rank order (one host posing as several nodes): calls run
+    /// staged, oxccl inside each node and --inter between the ranks of one local index.
+    #[arg(long, value_name = "P", requires = "procs", allow_negative_numbers = true)]
+    pub ranks_per_node: Option<u32>,
+    /// With --ranks-per-node: the inter-node engine, `nccl` (libnccl.so.2 or OXCCL_NCCL; one GPU
+    /// per rank of a group) or `engine` (oxccl's own, for nodes that share a host and GPUs).
+    #[arg(long, value_enum, requires = "ranks_per_node", default_value = "nccl")]
+    pub inter: InterArg,
     /// Capture the -n timed calls in a CUDA graph and time N launches of it (nccl-tests' -G; at most
     /// 1000000; 0, the default, launches each call).
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0, allow_negative_numbers = true)]
@@ -53,6 +61,15 @@ pub struct Common {
     /// Print JSON lines after the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The inter-node engine of `--ranks-per-node`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterArg {
+    /// NCCL, loaded at run time.
+    Nccl,
+    /// oxccl's own engine (`oxccl::internode::EngineGroup`).
+    Engine,
 }
 
 /// Buffers of `--procs` ranks.
@@ -222,6 +239,7 @@ impl Run {
             threads: c.shape.threads,
             issuers: c.shape.issuers,
             combine_direct: self.combine_direct,
+            ranks_per_node: c.ranks_per_node,
             ..Config::default()
         }
     }
@@ -249,6 +267,11 @@ impl Run {
         }
         let dtype = c.dtype.device()?;
         sweep.validate(dtype.size() as u64)?;
+        if let (Some(p), Some(n)) = (c.ranks_per_node, c.procs)
+            && (p == 0 || !n.is_multiple_of(p as usize))
+        {
+            return Err(format!("--ranks-per-node {p}: must divide the --procs {n} ranks").into());
+        }
         let config = self.config();
         oxccl::config::validate_config(&config)?;
         if let Some(n) = c.procs {
@@ -353,6 +376,26 @@ pub fn run(r: Run) -> CliResult {
     finish_rows(&rows, c.json)
 }
 
+impl Run {
+    /// A rank's communicator: with `--inter engine`, its inter-node group on oxccl's engine.
+    fn comm(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        boot: Box<dyn oxccl::Bootstrap>,
+        config: Config,
+    ) -> oxccl::Result<oxccl::Comm> {
+        match (self.common.ranks_per_node, self.common.inter) {
+            (Some(_), InterArg::Engine) => {
+                let group = config.clone();
+                oxccl::Comm::with_inter_node(stream, boot, config, move |map, bootstrap, inter| {
+                    Ok(Box::new(oxccl::internode::EngineGroup::new(map, bootstrap, inter, group)?))
+                })
+            }
+            _ => oxccl::Comm::new(stream, boot, config),
+        }
+    }
+}
+
 /// `--procs N`: starts N processes of this command (through the launcher) that each run
 /// [`run_rank`]; or, with `--rank-threads`, N threads here.
 fn run_ranks(r: &Run, n: usize) -> CliResult {
@@ -360,7 +403,9 @@ fn run_ranks(r: &Run, n: usize) -> CliResult {
         let env = oxccl::LaunchEnv::from_env()?;
         let stream =
             oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?.new_stream()?;
-        let comm = oxccl::Comm::from_env(&stream, r.config())?;
+        let config = r.config();
+        let boot = oxccl::bootstrap::TcpBootstrap::from_launch_env(&env, config.timeout)?;
+        let comm = r.comm(&stream, Box::new(boot), config)?;
         return run_rank(r, &comm, &format!("{n} processes, one rank each (rank {} of {})", env.rank, env.world));
     }
     if r.common.rank_threads {
@@ -374,7 +419,7 @@ fn run_ranks(r: &Run, n: usize) -> CliResult {
                     let (ctx, config) = (ctx.clone(), config.clone());
                     s.spawn(move || -> Result<(), String> {
                         let stream = ctx.new_stream().map_err(|e| e.to_string())?;
-                        let comm = oxccl::Comm::new(&stream, Box::new(boot), config).map_err(|e| e.to_string())?;
+                        let comm = r.comm(&stream, Box::new(boot), config).map_err(|e| e.to_string())?;
                         run_rank(r, &comm, &format!("{n} threads of one process, one rank each"))
                             .map_err(|e| e.to_string())
                     })
@@ -443,6 +488,10 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
             buffers.name(),
             comm.communicator().engine(comm.rank())?.code
         );
+        if let Some(m) = comm.node_map() {
+            let inter = lower(r.common.inter);
+            println!("# nodes: {} of {} ranks each, staged; between them: {inter}", m.nodes(), m.per_node());
+        }
         println!("# time: the slowest rank's, each timing its own stream");
         println!("{}", bench::NCCL_HEADER);
     }
