@@ -33,7 +33,6 @@ use bytemuck::Pod;
 use oxccl_kernels::abi::{
     BUFFER_SLOTS, DType, FIFO_REGION_OFFSET, FIFO_TASK_SIGNAL, FifoKind, FifoTask, PlanWait, RedOp,
 };
-use std::fmt;
 
 /// Every rank's device memory, as bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,17 +186,20 @@ impl Default for LaunchOptions {
 }
 
 /// Why a launch of a lowered plan failed.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum LoweredExecError {
     /// The descriptors are malformed ([`validate`]).
-    Descriptor(DescriptorError),
+    #[error("malformed descriptors: {0}")]
+    Descriptor(#[from] DescriptorError),
     /// Memory or inputs do not fit the plan.
+    #[error("bad input: {reason}")]
     BadInput {
         /// What does not fit.
         reason: String,
     },
     /// A counter in a workspace is not where a launch leaves it (an earlier launch failed midway;
     /// the workspace must be zeroed).
+    #[error("{rank}: stale workspace: {what}")]
     StaleWorkspace {
         /// The rank whose workspace holds the counter.
         rank: Rank,
@@ -205,12 +207,16 @@ pub enum LoweredExecError {
         what: String,
     },
     /// No thread block can make progress and work is left.
+    #[error("{}", super::Deadlock(blocked))]
     Deadlock {
         /// Every unfinished TB, where it stopped and why, in (rank, TB) order.
         blocked: Vec<Blocked>,
     },
     /// A receive found a message of another op, or of another size: the two ends disagree on the
     /// FIFO order.
+    #[error(
+        "c{conn}: the receive of {receiver_op} ({receiver_chunks} chunks) found the message of {message_op} ({message_chunks} chunks)"
+    )]
     FifoOrder {
         /// The plan's connection index ([`FifoConn::id`](oxccl_kernels::abi::FifoConn::id)).
         conn: u32,
@@ -225,6 +231,7 @@ pub enum LoweredExecError {
         message_chunks: u32,
     },
     /// Messages are left in a FIFO after every TB finished.
+    #[error("c{conn}: {messages} messages never received")]
     Unconsumed {
         /// The plan's connection index ([`FifoConn::id`](oxccl_kernels::abi::FifoConn::id)).
         conn: u32,
@@ -232,6 +239,7 @@ pub enum LoweredExecError {
         messages: u64,
     },
     /// The plan's memory ([`Memory::bytes`]) is more than a host run allocates.
+    #[error("the plan needs {bytes} bytes of host memory, more than the {max} a host run allocates")]
     TooLarge {
         /// Bytes of host memory the run needs ([`Memory::bytes`], or [`verify_bytes`]).
         bytes: u64,
@@ -239,34 +247,6 @@ pub enum LoweredExecError {
         /// ([`crate::compile::memory::default_limit`]) for a whole verification.
         max: u64,
     },
-}
-
-impl fmt::Display for LoweredExecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoweredExecError::Descriptor(e) => write!(f, "malformed descriptors: {e}"),
-            LoweredExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
-            LoweredExecError::StaleWorkspace { rank, what } => write!(f, "{rank}: stale workspace: {what}"),
-            LoweredExecError::Deadlock { blocked } => super::write_deadlock(f, blocked),
-            LoweredExecError::FifoOrder { conn, receiver_op, message_op, receiver_chunks, message_chunks } => write!(
-                f,
-                "c{conn}: the receive of {receiver_op} ({receiver_chunks} chunks) found the message of {message_op} \
-                 ({message_chunks} chunks)"
-            ),
-            LoweredExecError::Unconsumed { conn, messages } => write!(f, "c{conn}: {messages} messages never received"),
-            LoweredExecError::TooLarge { bytes, max } => {
-                write!(f, "the plan needs {bytes} bytes of host memory, more than the {max} a host run allocates")
-            }
-        }
-    }
-}
-
-impl std::error::Error for LoweredExecError {}
-
-impl From<DescriptorError> for LoweredExecError {
-    fn from(e: DescriptorError) -> Self {
-        LoweredExecError::Descriptor(e)
-    }
 }
 
 /// One TB's account of a launch, in executor turns (the CPU counterpart of

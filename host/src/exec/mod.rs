@@ -163,9 +163,14 @@ impl fmt::Display for Blocked {
 }
 
 /// A deadlock report: how many TBs are stuck, and where the first eight are.
-pub(crate) fn write_deadlock(f: &mut fmt::Formatter<'_>, blocked: &[Blocked]) -> fmt::Result {
-    write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
-    blocked.iter().take(8).try_for_each(|b| write!(f, "; {b}"))
+/// A deadlock's message: how many TBs are stuck, and the first eight of them.
+pub(crate) struct Deadlock<'a>(pub &'a [Blocked]);
+
+impl fmt::Display for Deadlock<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "deadlock: {} thread blocks cannot progress", self.0.len())?;
+        self.0.iter().take(8).try_for_each(|b| write!(f, "; {b}"))
+    }
 }
 
 impl Blocked {
@@ -184,24 +189,28 @@ impl Blocked {
 }
 
 /// Why a plan could not be executed.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, thiserror::Error)]
 pub enum ExecError {
     /// Inputs do not fit the plan (rank count, lengths) or options are out of range.
+    #[error("bad input: {reason}")]
     BadInput {
         /// What does not fit.
         reason: String,
     },
     /// The plan is malformed (see [`Plan::check_structure`]).
+    #[error("malformed plan: {reason}")]
     BadPlan {
         /// What is malformed.
         reason: String,
     },
     /// No thread block can make progress and work is left.
+    #[error("{}", Deadlock(blocked))]
     Deadlock {
         /// Every unfinished TB, where it stopped and why, in (rank, TB) order.
         blocked: Vec<Blocked>,
     },
     /// A receive found a message sent for another op: the two ends disagree on the FIFO order.
+    #[error("{conn}: the receive of {receiver_op} found the message of {message_op} (FIFO order mismatch)")]
     FifoOrder {
         /// The connection whose oldest message belongs to another op.
         conn: ConnId,
@@ -211,6 +220,7 @@ pub enum ExecError {
         message_op: OpId,
     },
     /// Messages are left in a FIFO after every TB finished.
+    #[error("{conn}: {messages} messages never received")]
     Unconsumed {
         /// The lowest-numbered connection with messages left.
         conn: ConnId,
@@ -219,34 +229,9 @@ pub enum ExecError {
     },
     /// The run would take more memory than its limit ([`verify_bytes`], estimated before anything
     /// is allocated), or an allocation failed.
-    TooLarge(TooLarge),
+    #[error("{0}")]
+    TooLarge(#[from] TooLarge),
 }
-
-impl From<TooLarge> for ExecError {
-    fn from(e: TooLarge) -> Self {
-        ExecError::TooLarge(e)
-    }
-}
-
-impl fmt::Display for ExecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExecError::BadInput { reason } => write!(f, "bad input: {reason}"),
-            ExecError::BadPlan { reason } => write!(f, "malformed plan: {reason}"),
-            ExecError::Deadlock { blocked } => write_deadlock(f, blocked),
-            ExecError::FifoOrder { conn, receiver_op, message_op } => write!(
-                f,
-                "{conn}: the receive of {receiver_op} found the message of {message_op} (FIFO order mismatch)"
-            ),
-            ExecError::Unconsumed { conn, messages } => {
-                write!(f, "{conn}: {messages} messages never received")
-            }
-            ExecError::TooLarge(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for ExecError {}
 
 struct Message<T> {
     op: OpId,

@@ -709,14 +709,16 @@ impl std::str::FromStr for InstanceChannels {
 }
 
 /// What is wrong with a program. Every variant names the op (or the line) at fault.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, thiserror::Error)]
 pub enum ProgramError {
     /// The buffer sizes are inconsistent.
+    #[error("bad buffer layout: {reason}")]
     BadLayout {
         /// What is inconsistent, in words.
         reason: String,
     },
     /// An op names a rank the program does not have.
+    #[error("{op}: rank {rank} out of range (program has {ranks} ranks)")]
     RankOutOfRange {
         /// The op at fault.
         op: OpId,
@@ -726,6 +728,7 @@ pub enum ProgramError {
         ranks: u32,
     },
     /// An op's slice does not fit its buffer.
+    #[error("{op}: {slice} on {rank} out of range (buffer has {buffer_chunks} chunks)")]
     SliceOutOfRange {
         /// The op at fault.
         op: OpId,
@@ -737,6 +740,7 @@ pub enum ProgramError {
         buffer_chunks: u32,
     },
     /// Source and destination slices of an op have different counts (or a count of zero).
+    #[error("{op}: source {src} and destination {dst} differ in size (or are empty)")]
     CountMismatch {
         /// The op at fault.
         op: OpId,
@@ -746,6 +750,7 @@ pub enum ProgramError {
         dst: Slice,
     },
     /// A transfer from a rank to itself (use a copy).
+    #[error("{op}: transfer from {rank} to itself")]
     SelfTransfer {
         /// The op at fault.
         op: OpId,
@@ -753,6 +758,7 @@ pub enum ProgramError {
         rank: Rank,
     },
     /// A local copy or reduce whose source and destination overlap.
+    #[error("{op}: source and destination overlap on {rank}")]
     OverlappingLocal {
         /// The op at fault.
         op: OpId,
@@ -760,6 +766,10 @@ pub enum ProgramError {
         rank: Rank,
     },
     /// A location of a user buffer does not hold what the collective requires at the end.
+    #[error("postcondition fails at {slice} on {rank}: {detail} ({})", match last_writer {
+        Some(op) => format!("last written by {op}"),
+        None => "never written".to_string(),
+    })]
     Postcondition {
         /// The rank whose output is wrong.
         rank: Rank,
@@ -771,6 +781,7 @@ pub enum ProgramError {
         detail: String,
     },
     /// The program's name is not one token of the text format ([`Program::check_name`]).
+    #[error("bad program name {name:?}: {reason}")]
     BadName {
         /// The name as given.
         name: String,
@@ -778,6 +789,7 @@ pub enum ProgramError {
         reason: &'static str,
     },
     /// The text format could not be parsed.
+    #[error("line {line}: {message}")]
     Parse {
         /// The line at fault, counted from 1.
         line: usize,
@@ -785,8 +797,10 @@ pub enum ProgramError {
         message: String,
     },
     /// The program's file could not be read ([`text::parse_path`]).
-    Input(InputError),
+    #[error("{0}")]
+    Input(#[from] InputError),
     /// [`Program::instanced`] would give an op chunk labels beyond `u32::MAX`.
+    #[error("{op}: chunk label {chunk} in {instances} instances does not fit 32 bits")]
     ChunkLabelOverflow {
         /// The op of the original program.
         op: OpId,
@@ -797,52 +811,15 @@ pub enum ProgramError {
     },
 }
 
-impl fmt::Display for ProgramError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProgramError::BadLayout { reason } => write!(f, "bad buffer layout: {reason}"),
-            ProgramError::RankOutOfRange { op, rank, ranks } => {
-                write!(f, "{op}: rank {rank} out of range (program has {ranks} ranks)")
-            }
-            ProgramError::SliceOutOfRange { op, rank, slice, buffer_chunks } => {
-                write!(f, "{op}: {slice} on {rank} out of range (buffer has {buffer_chunks} chunks)")
-            }
-            ProgramError::CountMismatch { op, src, dst } => {
-                write!(f, "{op}: source {src} and destination {dst} differ in size (or are empty)")
-            }
-            ProgramError::SelfTransfer { op, rank } => {
-                write!(f, "{op}: transfer from {rank} to itself")
-            }
-            ProgramError::OverlappingLocal { op, rank } => {
-                write!(f, "{op}: source and destination overlap on {rank}")
-            }
-            ProgramError::Postcondition { rank, slice, last_writer, detail } => {
-                write!(f, "postcondition fails at {slice} on {rank}: {detail}")?;
-                match last_writer {
-                    Some(op) => write!(f, " (last written by {op})"),
-                    None => write!(f, " (never written)"),
-                }
-            }
-            ProgramError::BadName { name, reason } => write!(f, "bad program name {name:?}: {reason}"),
-            ProgramError::Parse { line, message } => write!(f, "line {line}: {message}"),
-            ProgramError::Input(e) => write!(f, "{e}"),
-            ProgramError::ChunkLabelOverflow { op, chunk, instances } => {
-                write!(f, "{op}: chunk label {chunk} in {instances} instances does not fit 32 bits")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ProgramError {}
-
 /// The most bytes [`read_input`] reads from a file by default: MSCCL files and programs are a few
 /// megabytes at most (the largest bundled MSCCL file is under 1 MB).
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
 
 /// Why an input file could not be read.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum InputError {
     /// Opening or reading failed.
+    #[error("{path}: {message}")]
     Io {
         /// The path as given.
         path: String,
@@ -850,6 +827,7 @@ pub enum InputError {
         message: String,
     },
     /// The file holds more than the limit (or never ends, like `/dev/zero`).
+    #[error("{path}: more than {limit} bytes, the most an input file may hold")]
     TooLarge {
         /// The path as given.
         path: String,
@@ -857,6 +835,7 @@ pub enum InputError {
         limit: u64,
     },
     /// The file is not UTF-8 text.
+    #[error("{path}: not UTF-8 text (byte {at})")]
     NotUtf8 {
         /// The path as given.
         path: String,
@@ -864,20 +843,6 @@ pub enum InputError {
         at: usize,
     },
 }
-
-impl fmt::Display for InputError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InputError::Io { path, message } => write!(f, "{path}: {message}"),
-            InputError::TooLarge { path, limit } => {
-                write!(f, "{path}: more than {limit} bytes, the most an input file may hold")
-            }
-            InputError::NotUtf8 { path, at } => write!(f, "{path}: not UTF-8 text (byte {at})"),
-        }
-    }
-}
-
-impl std::error::Error for InputError {}
 
 /// Reads the text file at `path`, at most `limit` bytes: one byte more is
 /// [`InputError::TooLarge`], so an endless source (`/dev/zero`, a pipe that never closes its end

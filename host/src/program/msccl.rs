@@ -149,16 +149,19 @@ pub struct Placements {
 }
 
 /// Why an MSCCL file could not be imported.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, thiserror::Error)]
 pub enum ImportError {
     /// The XML itself is malformed.
+    #[error("malformed XML: {message}")]
     Xml {
         /// The parser's message, with the line.
         message: String,
     },
     /// The file could not be read ([`import_path`]).
-    Input(InputError),
+    #[error("{0}")]
+    Input(#[from] InputError),
     /// A required attribute is absent.
+    #[error("line {line}: <{element}> {context}: missing attribute `{attribute}`")]
     MissingAttribute {
         /// The element's name, without brackets.
         element: String,
@@ -170,6 +173,7 @@ pub enum ImportError {
         line: usize,
     },
     /// An attribute has a value that cannot be used.
+    #[error("line {line}: <{element}> {context}: bad value `{value}` for `{attribute}`")]
     BadAttribute {
         /// The element's name, without brackets.
         element: String,
@@ -183,6 +187,7 @@ pub enum ImportError {
         line: usize,
     },
     /// An attribute given twice on one element.
+    #[error("line {line}: <{element}> gives attribute `{attribute}` twice")]
     DuplicateAttribute {
         /// The element's name.
         element: String,
@@ -192,6 +197,7 @@ pub enum ImportError {
         line: usize,
     },
     /// The `coll` attribute names a collective oxccl does not know.
+    #[error("line {line}: unknown collective `{name}`")]
     UnknownCollective {
         /// The `coll` value as written.
         name: String,
@@ -199,6 +205,7 @@ pub enum ImportError {
         line: usize,
     },
     /// A step `type` that is not one of MSCCL's.
+    #[error("{step}: unknown step type `{ty}`")]
     UnknownStepType {
         /// The step at fault.
         step: StepRef,
@@ -206,6 +213,7 @@ pub enum ImportError {
         ty: String,
     },
     /// A step sends (or receives) in a TB without a send (or receive) peer, or the peer is not a GPU.
+    #[error("{step}: {direction} step in a TB whose {direction} peer is {peer}")]
     BadPeer {
         /// The step at fault.
         step: StepRef,
@@ -215,6 +223,7 @@ pub enum ImportError {
         peer: i64,
     },
     /// Two TBs of one GPU use the same connection in the same direction.
+    #[error("gpu {gpu}: tbs {} and {} both {direction} with gpu {peer} on channel {channel}", tbs.0, tbs.1)]
     DuplicateConnection {
         /// The GPU with the two TBs.
         gpu: u32,
@@ -228,6 +237,7 @@ pub enum ImportError {
         tbs: (u32, u32),
     },
     /// A send with no receive left to match it on its connection: its message would stay in the FIFO.
+    #[error("{step}: send to gpu {dst} on channel {channel} has no matching receive")]
     UnmatchedSend {
         /// The first send left over on the connection.
         step: StepRef,
@@ -237,6 +247,7 @@ pub enum ImportError {
         channel: u32,
     },
     /// A receive with no send left to match it on its connection: it would wait forever.
+    #[error("{step}: receive from gpu {src} on channel {channel} has no matching send")]
     UnmatchedRecv {
         /// The first receive left over on the connection.
         step: StepRef,
@@ -246,6 +257,7 @@ pub enum ImportError {
         channel: u32,
     },
     /// A matched send and receive move different numbers of chunks.
+    #[error("{send}: sends {send_count} chunks but the matching receive ({recv}) takes {recv_count}")]
     CountMismatch {
         /// The sending step.
         send: StepRef,
@@ -257,6 +269,7 @@ pub enum ImportError {
         recv_count: u32,
     },
     /// `depid`/`deps` name a TB that does not exist on the GPU, or a negative step.
+    #[error("{step}: depends on tb {depid} step {deps}, which does not exist")]
     BadDependency {
         /// The waiting step.
         step: StepRef,
@@ -267,6 +280,9 @@ pub enum ImportError {
     },
     /// A step waits for a TB to publish a flag it never publishes: no step of TB `depid` from step
     /// `deps` on has `hasdep="1"`, so MSCCL would wait forever.
+    #[error(
+        "{step}: waits for tb {depid} to pass step {deps}, but no step of tb {depid} from {deps} on has hasdep=\"1\": MSCCL would wait forever"
+    )]
     NeverSignalled {
         /// The waiting step (for a `nop`'s dependency, the `nop`).
         step: StepRef,
@@ -276,6 +292,9 @@ pub enum ImportError {
         deps: i64,
     },
     /// `nop` dependencies before a step without a dependency of its own, which MSCCL's parser refuses.
+    #[error(
+        "{step}: the nop at {nop} hands its dependency to this step, which has none of its own (MSCCL refuses the file)"
+    )]
     DanglingDependency {
         /// The step the `nop`s' dependencies would go to.
         step: StepRef,
@@ -284,6 +303,9 @@ pub enum ImportError {
     },
     /// A `re` step MSCCL fuses with the one before it (same destination) has a different count:
     /// MSCCL would use the last one's count for all of them.
+    #[error(
+        "{step}: MSCCL fuses this re with the one at {first} (same destination) and would use this step's cnt for both, which differ"
+    )]
     FusedCount {
         /// The step with the other count.
         step: StepRef,
@@ -292,12 +314,16 @@ pub enum ImportError {
     },
     /// A local step whose source and destination overlap without being the same chunks (or a `re`
     /// onto its own source): threads would read what others write.
+    #[error("{step}: source and destination overlap without being the same chunks")]
     OverlappingOperands {
         /// The step at fault.
         step: StepRef,
     },
     /// Two steps of different TBs access a chunk, at least one writing it, with nothing ordering them:
     /// the result would depend on timing.
+    #[error(
+        "{second}: accesses {slice} on gpu {rank}, which {first} also accesses, with nothing ordering them (a data race)"
+    )]
     Race {
         /// The step that comes first in the importer's order.
         first: StepRef,
@@ -309,17 +335,20 @@ pub enum ImportError {
         slice: Slice,
     },
     /// The steps wait on each other in a cycle (this step is on it): MSCCL would hang.
+    #[error("{step}: steps wait on each other in a cycle")]
     Cycle {
         /// A step on the cycle.
         step: StepRef,
     },
     /// Steps left in a cycle of data hazards after the sources of every stuck send were copied
     /// into scratch (how the importer makes buffered exchanges atomic); this step is on it.
+    #[error("{step}: part of a buffered exchange that cannot be expressed with atomic transfers")]
     BufferedCycle {
         /// A step on the cycle.
         step: StepRef,
     },
     /// The imported program fails verification or its postcondition.
+    #[error("{}{error}", step.as_ref().map(|s| format!("{s}: ")).unwrap_or_default())]
     Invalid {
         /// The step the failing op came from, when the error names an op.
         step: Option<StepRef>,
@@ -330,6 +359,7 @@ pub enum ImportError {
     },
     /// An element opened inside one of its own kind (`<tb>` in a `<tb>`, `<gpu>` in a `<gpu>`), or a
     /// second `<algo>`: reading on would drop the first one's content. Lines count from 1.
+    #[error("{}", repeated(element, *line, *first_line))]
     RepeatedElement {
         /// `"algo"`, `"gpu"` or `"tb"`.
         element: &'static str,
@@ -340,6 +370,10 @@ pub enum ImportError {
     },
     /// A known element (`<gpu>`, `<tb>`, `<step>`, `<op>`, `<copy>`, `<algo>`) outside its parent
     /// (`<algo>`, `<gpu>`, `<tb>`, `<tb>`, `<gpu>`, the top level): MSCCL would skip it.
+    #[error(
+        "line {line}: <{element}> {}, where it does not belong",
+        parent.as_ref().map_or("at the top level".to_string(), |p| format!("inside <{p}>"))
+    )]
     Misplaced {
         /// The element.
         element: String,
@@ -349,6 +383,7 @@ pub enum ImportError {
         parent: Option<String>,
     },
     /// The file ends with an element still open (a file without `</algo>`).
+    #[error("line {line}: <{element}> is never closed (the file ends inside it)")]
     Unclosed {
         /// The innermost open element.
         element: String,
@@ -356,6 +391,9 @@ pub enum ImportError {
         line: usize,
     },
     /// A GPU declares more input or output chunks than the collective's buffers have.
+    #[error(
+        "line {line}: gpu {gpu} declares {attribute}=\"{declared}\" but the buffer has {limit} chunks (nchunksperloop and the collective)"
+    )]
     DeclaredChunks {
         /// The GPU.
         gpu: u32,
@@ -369,6 +407,7 @@ pub enum ImportError {
         limit: u32,
     },
     /// A step reaches past the `i_chunks`/`o_chunks` its GPU declares.
+    #[error("{step}: {slice} reaches past the {attribute}=\"{declared}\" its gpu declares")]
     BeyondDeclared {
         /// The step.
         step: StepRef,
@@ -380,11 +419,13 @@ pub enum ImportError {
         slice: Slice,
     },
     /// `inplace="0"` and `outofplace="0"`: the algorithm is meant for no call.
+    #[error("line {line}: inplace=\"0\" and outofplace=\"0\": the algorithm is meant for no call")]
     NoPlacement {
         /// The `<algo>`'s line.
         line: usize,
     },
     /// The file claims both placements and fails in this one.
+    #[error("as an {} algorithm (the file claims both): {error}", placement_name(*in_place))]
     Placement {
         /// Which placement failed.
         in_place: bool,
@@ -392,11 +433,13 @@ pub enum ImportError {
         error: Box<ImportError>,
     },
     /// [`import_as`] asked for a placement the file does not claim.
+    #[error("the file does not claim to be an {} algorithm", placement_name(*in_place))]
     NotClaimed {
         /// The placement asked for.
         in_place: bool,
     },
     /// Checking the file would take more work than the importer allows (its size in words).
+    #[error("too large to import: {reason}")]
     TooLarge {
         /// What is too large.
         reason: String,
@@ -407,109 +450,14 @@ fn placement_name(in_place: bool) -> &'static str {
     if in_place { "in-place" } else { "out-of-place" }
 }
 
-impl fmt::Display for ImportError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ImportError::Xml { message } => write!(f, "malformed XML: {message}"),
-            ImportError::Input(e) => write!(f, "{e}"),
-            ImportError::MissingAttribute { element, attribute, context, line } => {
-                write!(f, "line {line}: <{element}> {context}: missing attribute `{attribute}`")
-            }
-            ImportError::BadAttribute { element, attribute, value, context, line } => {
-                write!(f, "line {line}: <{element}> {context}: bad value `{value}` for `{attribute}`")
-            }
-            ImportError::DuplicateAttribute { element, attribute, line } => {
-                write!(f, "line {line}: <{element}> gives attribute `{attribute}` twice")
-            }
-            ImportError::UnknownCollective { name, line } => write!(f, "line {line}: unknown collective `{name}`"),
-            ImportError::UnknownStepType { step, ty } => {
-                write!(f, "{step}: unknown step type `{ty}`")
-            }
-            ImportError::BadPeer { step, direction, peer } => {
-                write!(f, "{step}: {direction} step in a TB whose {direction} peer is {peer}")
-            }
-            ImportError::DuplicateConnection { gpu, peer, channel, direction, tbs } => write!(
-                f,
-                "gpu {gpu}: tbs {} and {} both {direction} with gpu {peer} on channel {channel}",
-                tbs.0, tbs.1
-            ),
-            ImportError::UnmatchedSend { step, dst, channel } => {
-                write!(f, "{step}: send to gpu {dst} on channel {channel} has no matching receive")
-            }
-            ImportError::UnmatchedRecv { step, src, channel } => {
-                write!(f, "{step}: receive from gpu {src} on channel {channel} has no matching send")
-            }
-            ImportError::CountMismatch { send, recv, send_count, recv_count } => {
-                write!(f, "{send}: sends {send_count} chunks but the matching receive ({recv}) takes {recv_count}")
-            }
-            ImportError::BadDependency { step, depid, deps } => {
-                write!(f, "{step}: depends on tb {depid} step {deps}, which does not exist")
-            }
-            ImportError::NeverSignalled { step, depid, deps } => write!(
-                f,
-                "{step}: waits for tb {depid} to pass step {deps}, but no step of tb {depid} from {deps} on has hasdep=\"1\": MSCCL would wait forever"
-            ),
-            ImportError::DanglingDependency { step, nop } => write!(
-                f,
-                "{step}: the nop at {nop} hands its dependency to this step, which has none of its own (MSCCL refuses the file)"
-            ),
-            ImportError::FusedCount { step, first } => write!(
-                f,
-                "{step}: MSCCL fuses this re with the one at {first} (same destination) and would use this step's cnt for both, which differ"
-            ),
-            ImportError::OverlappingOperands { step } => {
-                write!(f, "{step}: source and destination overlap without being the same chunks")
-            }
-            ImportError::Race { first, second, rank, slice } => write!(
-                f,
-                "{second}: accesses {slice} on gpu {rank}, which {first} also accesses, with nothing ordering them (a data race)"
-            ),
-            ImportError::Cycle { step } => write!(f, "{step}: steps wait on each other in a cycle"),
-            ImportError::BufferedCycle { step } => {
-                write!(f, "{step}: part of a buffered exchange that cannot be expressed with atomic transfers")
-            }
-            ImportError::Invalid { step: Some(s), error } => write!(f, "{s}: {error}"),
-            ImportError::Invalid { step: None, error } => write!(f, "{error}"),
-            ImportError::RepeatedElement { element: "algo", line, first_line } => {
-                write!(
-                    f,
-                    "line {line}: a second <algo> (the first is at line {first_line}); a file holds one algorithm"
-                )
-            }
-            ImportError::RepeatedElement { element, line, first_line } => {
-                write!(f, "line {line}: <{element}> inside the <{element}> of line {first_line}, which is not closed")
-            }
-            ImportError::Misplaced { element, line, parent: Some(p) } => {
-                write!(f, "line {line}: <{element}> inside <{p}>, where it does not belong")
-            }
-            ImportError::Misplaced { element, line, parent: None } => {
-                write!(f, "line {line}: <{element}> at the top level, where it does not belong")
-            }
-            ImportError::Unclosed { element, line } => {
-                write!(f, "line {line}: <{element}> is never closed (the file ends inside it)")
-            }
-            ImportError::DeclaredChunks { gpu, line, attribute, declared, limit } => write!(
-                f,
-                "line {line}: gpu {gpu} declares {attribute}=\"{declared}\" but the buffer has {limit} chunks (nchunksperloop and the collective)"
-            ),
-            ImportError::BeyondDeclared { step, attribute, declared, slice } => {
-                write!(f, "{step}: {slice} reaches past the {attribute}=\"{declared}\" its gpu declares")
-            }
-            ImportError::NoPlacement { line } => {
-                write!(f, "line {line}: inplace=\"0\" and outofplace=\"0\": the algorithm is meant for no call")
-            }
-            ImportError::Placement { in_place, error } => {
-                write!(f, "as an {} algorithm (the file claims both): {error}", placement_name(*in_place))
-            }
-            ImportError::NotClaimed { in_place } => {
-                write!(f, "the file does not claim to be an {} algorithm", placement_name(*in_place))
-            }
-            ImportError::TooLarge { reason } => write!(f, "too large to import: {reason}"),
-        }
+/// A repeated element's message: a second `<algo>`, or an element inside its own kind.
+fn repeated(element: &str, line: usize, first_line: usize) -> String {
+    if element == "algo" {
+        format!("line {line}: a second <algo> (the first is at line {first_line}); a file holds one algorithm")
+    } else {
+        format!("line {line}: <{element}> inside the <{element}> of line {first_line}, which is not closed")
     }
 }
-
-impl std::error::Error for ImportError {}
 
 /// An imported program and, for each op, the XML step it came from.
 #[derive(Clone, Debug)]

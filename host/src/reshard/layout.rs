@@ -23,17 +23,24 @@ use std::str::FromStr;
 pub type Rank = u32;
 
 /// Why a mesh, placement or layout is not usable. Every variant names what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
     /// The mesh has no axes.
+    #[error("the mesh has no axes")]
     EmptyMesh,
     /// A mesh axis has size 0.
+    #[error("mesh axis {axis} has size 0")]
     ZeroMeshAxis {
         /// The axis (outer first).
         axis: usize,
     },
     /// The mesh has more than [`Mesh::MAX_RANKS`] ranks, or its rank range does not fit in a `u32`
     /// (`start + product(dims)` overflows).
+    #[error(
+        "mesh {} starting at rank {start} has more than {} ranks or does not fit in 32-bit ranks",
+        dims_text(dims),
+        Mesh::MAX_RANKS
+    )]
     MeshTooLarge {
         /// The mesh axis sizes.
         dims: Vec<u32>,
@@ -41,6 +48,11 @@ pub enum LayoutError {
         start: Rank,
     },
     /// The layout gives a different number of placements than the mesh has axes.
+    #[error(
+        "the mesh has {mesh_axes} ax{} but {placements} placement{} given (one per mesh axis)",
+        if *mesh_axes == 1 { "is" } else { "es" },
+        if *placements == 1 { " was" } else { "s were" }
+    )]
     PlacementCount {
         /// Axes of the mesh.
         mesh_axes: usize,
@@ -48,11 +60,13 @@ pub enum LayoutError {
         placements: usize,
     },
     /// A `Partial` placement: partial sums are not supported yet (reduce first).
+    #[error("mesh axis {axis} is placed Partial: partial (pending-sum) placements are not supported yet; reduce first")]
     PartialUnsupported {
         /// The mesh axis placed `Partial`.
         axis: usize,
     },
     /// A `Shard(dim)` placement names a tensor dim the tensor does not have.
+    #[error("mesh axis {axis} shards tensor dim {dim} but the tensor has {tensor_rank} dims")]
     ShardDimOutOfRange {
         /// The mesh axis.
         axis: usize,
@@ -62,11 +76,13 @@ pub enum LayoutError {
         tensor_rank: usize,
     },
     /// The tensor's element count does not fit in a `u64`.
+    #[error("shape {shape:?} has more than 2^64 elements")]
     ShapeTooLarge {
         /// The global shape.
         shape: Vec<u64>,
     },
     /// The mesh reaches past the last rank of the communicator.
+    #[error("the mesh reaches rank {last_rank} but the communicator has {world_size} ranks")]
     RankOutOfRange {
         /// The last rank of the mesh.
         last_rank: Rank,
@@ -74,16 +90,19 @@ pub enum LayoutError {
         world_size: u32,
     },
     /// A mesh string is not `DIMSxDIMS[@START]` (for example `2x4@8`).
+    #[error("mesh {text:?} is not DIMSxDIMS[@START] with positive sizes (for example 2x4@8)")]
     BadMesh {
         /// The text given.
         text: String,
     },
     /// A placement string is not `R`, `S<dim>` or `P`.
+    #[error("placement {text:?} is not R (replicate), S<dim> (shard) or P (partial)")]
     BadPlacement {
         /// The text given.
         text: String,
     },
     /// A buffer given for a rank does not have the length its shard needs.
+    #[error("rank {rank}'s buffer has {got} elements but its shard has {expected}")]
     BufferLength {
         /// The rank.
         rank: Rank,
@@ -94,64 +113,14 @@ pub enum LayoutError {
     },
     /// Every rank's local shard together needs more host memory than can be allocated, or than
     /// [`HOST_BUFFERS_LIMIT_BYTES`].
+    #[error(
+        "every rank's local shard together needs {bytes} bytes, more than can be allocated (at most {HOST_BUFFERS_LIMIT_BYTES})"
+    )]
     ShardsTooLarge {
         /// Bytes the shards need (`u64::MAX` past that).
         bytes: u64,
     },
 }
-
-impl fmt::Display for LayoutError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::EmptyMesh => write!(f, "the mesh has no axes"),
-            Self::ZeroMeshAxis { axis } => write!(f, "mesh axis {axis} has size 0"),
-            Self::MeshTooLarge { dims, start } => {
-                write!(
-                    f,
-                    "mesh {} starting at rank {start} has more than {} ranks or does not fit in 32-bit ranks",
-                    dims_text(dims),
-                    Mesh::MAX_RANKS
-                )
-            }
-            Self::PlacementCount { mesh_axes, placements } => write!(
-                f,
-                "the mesh has {mesh_axes} ax{} but {placements} placement{} given (one per mesh axis)",
-                if *mesh_axes == 1 { "is" } else { "es" },
-                if *placements == 1 { " was" } else { "s were" }
-            ),
-            Self::PartialUnsupported { axis } => write!(
-                f,
-                "mesh axis {axis} is placed Partial: partial (pending-sum) placements are not supported yet; reduce first"
-            ),
-            Self::ShardDimOutOfRange { axis, dim, tensor_rank } => {
-                write!(f, "mesh axis {axis} shards tensor dim {dim} but the tensor has {tensor_rank} dims")
-            }
-            Self::ShapeTooLarge { shape } => {
-                write!(f, "shape {shape:?} has more than 2^64 elements")
-            }
-            Self::RankOutOfRange { last_rank, world_size } => {
-                write!(f, "the mesh reaches rank {last_rank} but the communicator has {world_size} ranks")
-            }
-            Self::BadMesh { text } => {
-                write!(f, "mesh {text:?} is not DIMSxDIMS[@START] with positive sizes (for example 2x4@8)")
-            }
-            Self::BadPlacement { text } => {
-                write!(f, "placement {text:?} is not R (replicate), S<dim> (shard) or P (partial)")
-            }
-            Self::BufferLength { rank, expected, got } => {
-                write!(f, "rank {rank}'s buffer has {got} elements but its shard has {expected}")
-            }
-            Self::ShardsTooLarge { bytes } => {
-                write!(
-                    f,
-                    "every rank's local shard together needs {bytes} bytes, more than can be allocated (at most {HOST_BUFFERS_LIMIT_BYTES})"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for LayoutError {}
 
 fn dims_text(dims: &[u32]) -> String {
     dims.iter().map(u32::to_string).collect::<Vec<_>>().join("x")

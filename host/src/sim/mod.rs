@@ -147,16 +147,18 @@ impl SimOptions {
 }
 
 /// Why a simulation could not run.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, thiserror::Error)]
 pub enum SimError {
     /// The plan is malformed, its rank count is not the topology's, a link's parameters are invalid
     /// (`alpha_us`, `bw_gbps`, `concurrency`, `contention_penalty`), an option is out of range, or a
     /// preset name is unknown.
+    #[error("bad simulation input: {reason}")]
     BadInput {
         /// What is wrong.
         reason: String,
     },
     /// No thread block can progress and no event is pending.
+    #[error("{}", SimDeadlock(blocked))]
     Deadlock {
         /// Every unfinished TB, in (rank, TB) order, with its task and what that task waits for
         /// (as the CPU executor reports them).
@@ -164,26 +166,23 @@ pub enum SimError {
     },
 }
 
-impl fmt::Display for SimError {
+/// A simulated deadlock's message: the first eight stuck TBs, with their tasks.
+struct SimDeadlock<'a>(&'a [Blocked]);
+
+impl fmt::Display for SimDeadlock<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SimError::BadInput { reason } => write!(f, "bad simulation input: {reason}"),
-            SimError::Deadlock { blocked } => {
-                write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
-                for b in blocked.iter().take(8) {
-                    let (prim, op, mb) = (b.prim.name(), b.op, b.micro_batch);
-                    write!(f, "; {} {} task {} ({prim} {op}, micro-batch {mb}): {}", b.rank, b.tb, b.task, b.reason)?;
-                }
-                if blocked.len() > 8 {
-                    write!(f, "; ...")?;
-                }
-                Ok(())
-            }
+        let blocked = self.0;
+        write!(f, "deadlock: {} thread blocks cannot progress", blocked.len())?;
+        for b in blocked.iter().take(8) {
+            let (prim, op, mb) = (b.prim.name(), b.op, b.micro_batch);
+            write!(f, "; {} {} task {} ({prim} {op}, micro-batch {mb}): {}", b.rank, b.tb, b.task, b.reason)?;
         }
+        if blocked.len() > 8 {
+            write!(f, "; ...")?;
+        }
+        Ok(())
     }
 }
-
-impl std::error::Error for SimError {}
 
 /// Use of one resource.
 #[derive(Clone, Debug, Serialize)]
