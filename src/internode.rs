@@ -38,13 +38,14 @@ pub unsafe trait InterNode: Send + Sync {
     /// has run the call.
     unsafe fn all_reduce(&self, buf: u64, count: usize, dtype: DType, op: ReduceOp, stream: &CudaStream) -> Result<()>;
 
-    /// `recv` becomes member `root`'s `send` (in place where they are one address; `send` is read
-    /// on the root only).
+    /// `recv` becomes member `root`'s `send` (`send` is read on the root only). `in_place` is the
+    /// same on every member: the root's `send` is its `recv` (engines whose calls have an in-place
+    /// form, as oxccl's, need every member to call the same form).
     ///
     /// # Safety
     ///
-    /// `send` (on the root) and `recv` address `count` elements of `dtype`, equal or disjoint,
-    /// valid until `stream` has run the call.
+    /// `send` (on the root) and `recv` address `count` elements of `dtype`, equal where
+    /// `in_place`, else disjoint, valid until `stream` has run the call.
     #[allow(clippy::too_many_arguments)]
     unsafe fn broadcast(
         &self,
@@ -53,6 +54,7 @@ pub unsafe trait InterNode: Send + Sync {
         count: usize,
         dtype: DType,
         root: usize,
+        in_place: bool,
         stream: &CudaStream,
     ) -> Result<()>;
 
@@ -263,16 +265,19 @@ pub fn nccl_op(op: ReduceOp) -> c_int {
 /// An NCCL communicator of one group, as an [`InterNode`].
 pub struct NcclGroup {
     nccl: &'static Nccl,
-    comm: Comm,
+    /// The communicator's handle, taken by [`InterNode::abort`] (NCCL frees it then): every call
+    /// holds the lock, so an abort never frees a handle a call is using.
+    comm: std::sync::Mutex<Option<Handle>>,
     rank: usize,
     size: usize,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread, one call at a time per communicator,
-// which `Comm` (one caller per rank) guarantees.
-unsafe impl Send for NcclGroup {}
-// SAFETY: as above.
-unsafe impl Sync for NcclGroup {}
+/// An `ncclComm_t`.
+struct Handle(Comm);
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time, which the mutex
+// around it guarantees.
+unsafe impl Send for Handle {}
 
 impl std::fmt::Debug for NcclGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -312,13 +317,24 @@ impl NcclGroup {
         match rx.recv_timeout(timeout) {
             Ok((Ok(res), comm)) => {
                 nccl.check("ncclCommInitRank", res)?;
-                Ok(NcclGroup { nccl, comm: comm as Comm, rank, size })
+                Ok(NcclGroup { nccl, comm: std::sync::Mutex::new(Some(Handle(comm as Comm))), rank, size })
             }
             Ok((Err(e), _)) => Err(e),
             Err(_) => Err(Error::InterNode {
                 call: "ncclCommInitRank",
                 why: format!("member {rank} of {size}: not every member joined within {timeout:?}"),
             }),
+        }
+    }
+}
+
+impl NcclGroup {
+    /// Runs `call` with the live handle, [`Error::Aborted`] after an abort.
+    fn with(&self, call: impl FnOnce(Comm) -> Result<()>) -> Result<()> {
+        let held = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        match held.as_ref() {
+            Some(h) => call(h.0),
+            None => Err(Error::Aborted),
         }
     }
 }
@@ -335,11 +351,13 @@ unsafe impl InterNode for NcclGroup {
 
     unsafe fn all_reduce(&self, buf: u64, count: usize, dtype: DType, op: ReduceOp, stream: &CudaStream) -> Result<()> {
         let p = buf as *mut c_void;
-        // SAFETY: the caller's contract.
-        let r = unsafe {
-            (self.nccl.api.all_reduce)(p, p, count, nccl_dtype(dtype), nccl_op(op), self.comm, stream.cu_stream())
-        };
-        self.nccl.check("ncclAllReduce", r)
+        self.with(|comm| {
+            // SAFETY: the caller's contract.
+            let r = unsafe {
+                (self.nccl.api.all_reduce)(p, p, count, nccl_dtype(dtype), nccl_op(op), comm, stream.cu_stream())
+            };
+            self.nccl.check("ncclAllReduce", r)
+        })
     }
 
     unsafe fn broadcast(
@@ -349,23 +367,17 @@ unsafe impl InterNode for NcclGroup {
         count: usize,
         dtype: DType,
         root: usize,
+        _in_place: bool,
         stream: &CudaStream,
     ) -> Result<()> {
         let root = c_int::try_from(root).map_err(|_| Error::NoSuchRank { rank: root, ranks: self.size })?;
         let t = nccl_dtype(dtype);
-        // SAFETY: the caller's contract.
-        let r = unsafe {
-            (self.nccl.api.broadcast)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                t,
-                root,
-                self.comm,
-                stream.cu_stream(),
-            )
-        };
-        self.nccl.check("ncclBroadcast", r)
+        let (send, recv) = (send as *const c_void, recv as *mut c_void);
+        self.with(|comm| {
+            // SAFETY: the caller's contract.
+            let r = unsafe { (self.nccl.api.broadcast)(send, recv, count, t, root, comm, stream.cu_stream()) };
+            self.nccl.check("ncclBroadcast", r)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -381,43 +393,47 @@ unsafe impl InterNode for NcclGroup {
     ) -> Result<()> {
         let root = c_int::try_from(root).map_err(|_| Error::NoSuchRank { rank: root, ranks: self.size })?;
         let (t, o) = (nccl_dtype(dtype), nccl_op(op));
-        // SAFETY: the caller's contract.
-        let r = unsafe {
-            (self.nccl.api.reduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                t,
-                o,
-                root,
-                self.comm,
-                stream.cu_stream(),
-            )
-        };
-        self.nccl.check("ncclReduce", r)
+        let (send, recv) = (send as *const c_void, recv as *mut c_void);
+        self.with(|comm| {
+            // SAFETY: the caller's contract.
+            let r = unsafe { (self.nccl.api.reduce)(send, recv, count, t, o, root, comm, stream.cu_stream()) };
+            self.nccl.check("ncclReduce", r)
+        })
     }
 
     fn abort(&self) {
-        // SAFETY: a live communicator; NCCL ends its calls in flight.
-        unsafe { (self.nccl.api.comm_abort)(self.comm) };
+        let taken = self.comm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = taken {
+            // SAFETY: a live communicator, taken so that nothing uses it again; NCCL ends its
+            // calls in flight and frees it.
+            unsafe { (self.nccl.api.comm_abort)(h.0) };
+        }
     }
 
     fn check(&self) -> Result<()> {
-        let mut state: Res = 0;
-        // SAFETY: a live communicator and an out-pointer.
-        self.nccl.check("ncclCommGetAsyncError", unsafe { (self.nccl.api.async_error)(self.comm, &mut state) })?;
-        // 7 is ncclInProgress: calls still running, no error.
-        if state == 7 { Ok(()) } else { self.nccl.check("ncclCommGetAsyncError", state) }
+        self.with(|comm| {
+            let mut state: Res = 0;
+            // SAFETY: a live communicator and an out-pointer.
+            self.nccl.check("ncclCommGetAsyncError", unsafe { (self.nccl.api.async_error)(comm, &mut state) })?;
+            // 7 is ncclInProgress: calls still running, no error.
+            if state == 7 { Ok(()) } else { self.nccl.check("ncclCommGetAsyncError", state) }
+        })
     }
 }
 
 impl Drop for NcclGroup {
     fn drop(&mut self) {
-        // SAFETY: a live communicator, destroyed once; its calls were queued on streams the
-        // owner has synchronised.
-        unsafe { (self.nccl.api.comm_destroy)(self.comm) };
+        if let Some(h) = self.comm.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            // SAFETY: a live communicator (an aborted one was taken), destroyed once; its calls
+            // were queued on streams the owner has synchronised.
+            unsafe { (self.nccl.api.comm_destroy)(h.0) };
+        }
     }
 }
+
+/// The least time a communicator across nodes gives NCCL's setup (`ncclCommInitRank` over every
+/// node), whatever the communicator's timeout.
+pub const NCCL_SETUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The NCCL group of this rank (its local index's ranks, one per node, by node): NCCL loaded on
 /// every rank, an id made by the group's member on node 0 and passed through `bootstrap`
@@ -431,20 +447,22 @@ pub(crate) fn nccl_group(
 ) -> Result<Box<dyn InterNode>> {
     let me = bootstrap.rank() as u32;
     let (node, local) = (map.node(me), map.local(me));
-    let nccl = Nccl::load();
-    // One byte of status (1: loaded), then the id where this rank makes one.
-    let mine: Vec<u8> = match &nccl {
-        Ok(n) if node == 0 => {
-            let id = n.unique_id()?;
-            std::iter::once(1u8).chain(id.0.iter().map(|&c| c as u8)).collect()
-        }
-        Ok(_) => vec![1],
+    // NCCL loaded, and on node 0 an id made: a rank where either fails still takes part in the
+    // exchange (one byte of status, 1 for ready, then the id), so that every rank fails at once.
+    let made = Nccl::load().and_then(|n| if node == 0 { n.unique_id().map(|id| (n, Some(id))) } else { Ok((n, None)) });
+    let mine: Vec<u8> = match &made {
+        Ok((_, Some(id))) => std::iter::once(1u8).chain(id.0.iter().map(|&c| c as u8)).collect(),
+        Ok((_, None)) => vec![1],
         Err(_) => vec![0],
     };
     let all = bootstrap.all_gather(&mine)?;
-    let nccl = nccl?;
+    let (nccl, _) = made?;
     if let Some(r) = all.iter().position(|b| b.first() != Some(&1)) {
-        return Err(Error::Mismatch { field: "inter-node engine", rank: r, why: "could not load NCCL".into() });
+        return Err(Error::Mismatch {
+            field: "inter-node engine",
+            rank: r,
+            why: "could not load NCCL or make its id".into(),
+        });
     }
     let from = &all[map.rank(0, local) as usize];
     if from.len() != 129 {
@@ -458,7 +476,9 @@ pub(crate) fn nccl_group(
     for (d, &b) in id.0.iter_mut().zip(&from[1..]) {
         *d = b as c_char;
     }
-    Ok(Box::new(NcclGroup::new(nccl, id, node as usize, map.nodes() as usize, ctx, timeout)?))
+    // NCCL's setup over many nodes can take longer than one call's bounded waits.
+    let setup = timeout.max(NCCL_SETUP_TIMEOUT);
+    Ok(Box::new(NcclGroup::new(nccl, id, node as usize, map.nodes() as usize, ctx, setup)?))
 }
 
 /// An inter-node group on oxccl's own engine: a [`Comm`](crate::Comm) among the group's ranks.
@@ -543,10 +563,17 @@ fn reduce_typed<T: crate::Element>(
 }
 
 /// The group's Broadcast of `count` elements of `T` from `send` on `root` into `recv`.
-fn broadcast_typed<T: crate::Element>(g: &EngineGroup, send: u64, recv: u64, count: usize, root: usize) -> Result<()> {
+fn broadcast_typed<T: crate::Element>(
+    g: &EngineGroup,
+    send: u64,
+    recv: u64,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) -> Result<()> {
     let stream = g.comm.stream();
     let mut into = crate::staged::Region::<T>::new(recv, 0, count as u64, stream);
-    if send == recv {
+    if in_place {
         return g.comm.broadcast_in_place(&mut into, root);
     }
     let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
@@ -583,14 +610,15 @@ unsafe impl InterNode for EngineGroup {
         count: usize,
         dtype: DType,
         root: usize,
+        in_place: bool,
         _stream: &CudaStream,
     ) -> Result<()> {
         match dtype {
-            DType::F32 => broadcast_typed::<f32>(self, send, recv, count, root),
-            DType::F16 => broadcast_typed::<half::f16>(self, send, recv, count, root),
-            DType::Bf16 => broadcast_typed::<half::bf16>(self, send, recv, count, root),
-            DType::I32 => broadcast_typed::<i32>(self, send, recv, count, root),
-            DType::U32 => broadcast_typed::<u32>(self, send, recv, count, root),
+            DType::F32 => broadcast_typed::<f32>(self, send, recv, count, root, in_place),
+            DType::F16 => broadcast_typed::<half::f16>(self, send, recv, count, root, in_place),
+            DType::Bf16 => broadcast_typed::<half::bf16>(self, send, recv, count, root, in_place),
+            DType::I32 => broadcast_typed::<i32>(self, send, recv, count, root, in_place),
+            DType::U32 => broadcast_typed::<u32>(self, send, recv, count, root, in_place),
         }
     }
 
@@ -616,5 +644,9 @@ unsafe impl InterNode for EngineGroup {
 
     fn abort(&self) {
         self.comm.abort();
+    }
+
+    fn check(&self) -> Result<()> {
+        self.comm.query().map(drop)
     }
 }

@@ -211,7 +211,8 @@ impl Comm {
         }
         // Nodes: by host, or as many ranks to a node as the configuration says.
         let map = match config.ranks_per_node {
-            Some(p) => NodeMap::by_count(world, p as usize)?,
+            Some(p) => NodeMap::by_count(world, p as usize)?
+                .within_hosts(&all.iter().map(|f| f.host.as_str()).collect::<Vec<_>>())?,
             None => NodeMap::from_keys(&all.iter().map(|f| f.host.as_str()).collect::<Vec<_>>())?,
         };
         if map.nodes() > 1 {
@@ -300,12 +301,17 @@ impl Comm {
     ) -> Result<Self> {
         let me = bootstrap.rank() as u32;
         let (node, local) = (map.node(me), map.local(me));
-        let mine = if local == 0 {
-            Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?.to_bytes().to_vec()
-        } else {
-            Vec::new()
+        // A root that cannot start still takes part in the exchange (sending nothing), so that the
+        // node's other ranks fail at once instead of waiting for it.
+        let root = (local == 0).then(|| Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+        let mine = match &root {
+            Some(Ok(id)) => id.to_bytes().to_vec(),
+            _ => Vec::new(),
         };
         let ids = bootstrap.all_gather(&mine)?;
+        if let Some(Err(e)) = root {
+            return Err(e.into());
+        }
         let id = Id::from_bytes(&ids[map.rank(node, 0) as usize])?;
         let inter_stream = stream.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
         let inter = make_inter(&map, bootstrap.as_ref(), &inter_stream)?;
@@ -313,7 +319,8 @@ impl Comm {
         let piece_bytes = config.inter_piece_bytes.unwrap_or(DEFAULT_PIECE_BYTES);
         let node_config = Config { ranks_per_node: None, ..config };
         let node_comm = Comm::new(stream, Box::new(node_bootstrap), node_config)?;
-        let nodes = Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap };
+        let pending = Default::default();
+        let nodes = Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap, pending };
         Ok(Comm { inner: node_comm.inner, rank: node_comm.rank, nodes: Some(Box::new(nodes)) })
     }
 
@@ -568,6 +575,8 @@ impl Comm {
             let staged = Staged::broadcast(&n.map, count as u64, root as u32, n.piece_elements::<T>());
             let stream = self.stream().clone();
             let (r, _r) = recv.device_ptr_mut(&stream);
+            // The send buffer's guard lives until the steps are queued.
+            let mut _guard = None;
             let src = match (root == me, send) {
                 (true, Some(s)) => {
                     if s.len() != count {
@@ -578,7 +587,8 @@ impl Comm {
                             got: s.len(),
                         });
                     }
-                    let (p, _s) = s.device_ptr(&stream);
+                    let (p, guard) = s.device_ptr(&stream);
+                    _guard = Some(guard);
                     disjoint(p, count * std::mem::size_of::<T>(), r, count * std::mem::size_of::<T>(), me)?;
                     Source::At(p)
                 }
@@ -806,26 +816,31 @@ impl Comm {
     /// then.
     pub fn synchronize(&self) -> Result<()> {
         if let Some(n) = &self.nodes {
-            let start = std::time::Instant::now();
+            let timeout = self.inner.config().timeout;
+            // Time without an inter-node step completing while some are pending: the rank's own
+            // work (compute queued on its stream, intra-node steps) does not count.
+            let mut since = std::time::Instant::now();
             while !self.stream_done()? {
-                let overdue = start.elapsed() > self.inner.config().timeout;
                 if let Err(e) = n.inter.check() {
-                    n.inter.abort();
+                    self.abort();
                     return Err(e);
                 }
-                if overdue {
-                    n.inter.abort();
+                let (done, pending) = n.progress()?;
+                if done > 0 || pending == 0 {
+                    since = std::time::Instant::now();
+                } else if since.elapsed() > timeout {
+                    self.abort();
                     return Err(Error::InterNode {
                         call: "synchronize",
                         why: format!(
-                            "rank {}'s calls did not finish within {:?}: a node stopped? (the inter-node group was aborted)",
-                            n.rank,
-                            self.inner.config().timeout
+                            "rank {}: no inter-node step completed for {timeout:?} (a node stopped?); the communicator was aborted",
+                            n.rank
                         ),
                     });
                 }
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
+            n.progress()?;
             n.inter.check()?;
         }
         self.inner.synchronize()

@@ -32,6 +32,9 @@ pub(crate) struct Nodes {
     pub piece_bytes: u64,
     /// The bootstrap of the whole world.
     pub bootstrap: Box<dyn crate::Bootstrap>,
+    /// Events of inter-node steps queued and not yet seen complete, oldest first: whether the
+    /// inter-node side still makes progress ([`Nodes::progress`]).
+    pub pending: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
 }
 
 /// `len` elements at `ptr` on this rank's device, as a buffer the node communicator takes. Its
@@ -97,6 +100,21 @@ pub(crate) enum Source {
 }
 
 impl Nodes {
+    /// Drops the inter-node steps that have completed from [`Nodes::pending`]: `(completed,
+    /// still pending)`.
+    pub(crate) fn progress(&self) -> Result<(usize, usize)> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = 0;
+        while let Some(ev) = pending.front() {
+            if !ev.try_is_complete().map_err(Error::driver("cuEventQuery"))? {
+                break;
+            }
+            pending.pop_front();
+            done += 1;
+        }
+        Ok((done, pending.len()))
+    }
+
     /// Elements of `T` per piece.
     pub(crate) fn piece_elements<T>(&self) -> u64 {
         (self.piece_bytes / std::mem::size_of::<T>() as u64).max(1)
@@ -137,114 +155,130 @@ impl Nodes {
             Source::At(s) => s,
             _ => recv,
         };
-        // The inter-node side starts after what the caller queued before the call.
-        inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
         let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
-        for step in &staged.steps {
-            let on: &Arc<CudaStream> = match step.side {
-                Side::Intra => stream,
-                Side::Inter => inter,
-            };
-            if let Some(a) = step.after {
-                on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
-            }
-            let takes_part = step.takes_part(self.map.node(me), local as u32);
-            // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
-            // queued calls (the call ends on the caller's stream after the last of them).
-            match step.kind.clone() {
-                _ if !takes_part => {}
-                Kind::IntraReduceScatter { at, len } => match src {
-                    Source::At(s) => {
-                        let from = [region(s, at, g * len)];
-                        let mut to = region(recv, at + local * len, len);
+        let mut queue = || -> Result<()> {
+            // The inter-node side starts after what the caller queued before the call.
+            inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
+            for step in &staged.steps {
+                let on: &Arc<CudaStream> = match step.side {
+                    Side::Intra => stream,
+                    Side::Inter => inter,
+                };
+                if let Some(a) = step.after {
+                    on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
+                }
+                let takes_part = step.takes_part(self.map.node(me), local as u32);
+                // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
+                // queued calls (the call ends on the caller's stream after the last of them).
+                match step.kind.clone() {
+                    _ if !takes_part => {}
+                    Kind::IntraReduceScatter { at, len } => match src {
+                        Source::At(s) => {
+                            let from = [region(s, at, g * len)];
+                            let mut to = region(recv, at + local * len, len);
+                            node_call(node, Collective::ReduceScatter, len, Some(&from), &mut to, op)?;
+                        }
+                        _ => node_call(node, Collective::ReduceScatter, len, None, &mut region(recv, at, g * len), op)?,
+                    },
+                    Kind::InterAllReduce { at, len, sharded } => {
+                        let at = if sharded { at + local * len } else { at };
+                        unsafe { self.inter.all_reduce(recv + at * e, len as usize, T::DTYPE, op, inter)? };
+                    }
+                    Kind::IntraAllGather { at, len } => {
+                        let mut buf = region(recv, at, g * len);
+                        node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
+                    }
+                    Kind::IntraAllReduce { at, len } => {
+                        let from: Option<[Region<T>; 1]> = match src {
+                            Source::At(s) => Some([region(s, at, len)]),
+                            _ => None,
+                        };
+                        node_call(
+                            node,
+                            Collective::AllReduce,
+                            len,
+                            from.as_ref().map(|f| &f[..]),
+                            &mut region(recv, at, len),
+                            op,
+                        )?;
+                    }
+                    Kind::IntraBroadcast { at, len, root_local } => {
+                        let mut to = region(recv, at, len);
+                        let collective = Collective::Broadcast { root: root_local };
+                        match src {
+                            Source::At(s) if local == root_local as u64 => {
+                                node_call(node, collective, len, Some(&[region(s, at, len)]), &mut to, ReduceOp::Sum)?;
+                            }
+                            Source::InPlace => node_call(node, collective, len, None, &mut to, ReduceOp::Sum)?,
+                            _ => node_call(node, collective, len, Some(&[]), &mut to, ReduceOp::Sum)?,
+                        }
+                    }
+                    Kind::InterBroadcast { at, len, root_node, sharded, src_at } => {
+                        let at = if sharded { at + local * len } else { at };
+                        let to = recv + at * e;
+                        // Out of place the root sends from its send buffer; in place (and on the other
+                        // ranks) from where the data lands.
+                        let out_of_place = matches!(src, Source::At(_)) && src_at.is_some();
+                        let from = match (src, src_at) {
+                            (Source::At(s), Some(o)) if self.map.node(me) == root_node => s + o * e,
+                            _ => to,
+                        };
+                        let root = root_node as usize;
+                        unsafe { self.inter.broadcast(from, to, len as usize, T::DTYPE, root, !out_of_place, inter)? };
+                    }
+                    Kind::IntraAllGatherOf { node: k, len } => {
+                        let mut buf = region(recv, k as u64 * g * len, g * len);
+                        node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
+                    }
+                    Kind::IntraReduceScatterOf { node: k, len, scratch_at } => {
+                        let from = [region(input, k as u64 * g * len, g * len)];
+                        let mut to = region(scratch_ptr, scratch_at, len);
                         node_call(node, Collective::ReduceScatter, len, Some(&from), &mut to, op)?;
                     }
-                    _ => node_call(node, Collective::ReduceScatter, len, None, &mut region(recv, at, g * len), op)?,
-                },
-                Kind::InterAllReduce { at, len, sharded } => {
-                    let at = if sharded { at + local * len } else { at };
-                    unsafe { self.inter.all_reduce(recv + at * e, len as usize, T::DTYPE, op, inter)? };
-                }
-                Kind::IntraAllGather { at, len } => {
-                    let mut buf = region(recv, at, g * len);
-                    node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
-                }
-                Kind::IntraAllReduce { at, len } => {
-                    let from: Option<[Region<T>; 1]> = match src {
-                        Source::At(s) => Some([region(s, at, len)]),
-                        _ => None,
-                    };
-                    node_call(
-                        node,
-                        Collective::AllReduce,
-                        len,
-                        from.as_ref().map(|f| &f[..]),
-                        &mut region(recv, at, len),
-                        op,
-                    )?;
-                }
-                Kind::IntraBroadcast { at, len, root_local } => {
-                    let mut to = region(recv, at, len);
-                    let collective = Collective::Broadcast { root: root_local };
-                    match src {
-                        Source::At(s) if local == root_local as u64 => {
-                            node_call(node, collective, len, Some(&[region(s, at, len)]), &mut to, ReduceOp::Sum)?;
-                        }
-                        Source::InPlace => node_call(node, collective, len, None, &mut to, ReduceOp::Sum)?,
-                        _ => node_call(node, collective, len, Some(&[]), &mut to, ReduceOp::Sum)?,
+                    Kind::IntraReduce { at, len, root_local, scratch_at } => {
+                        let from = [region(input, at, len)];
+                        let mut to = [region(scratch_ptr, scratch_at, len)];
+                        let root = root_local as usize;
+                        let to: &mut [Region<T>] = if local as usize == root { &mut to } else { &mut [] };
+                        node.collective::<T, Region<T>, Region<T>>(
+                            Collective::Reduce { root: root_local },
+                            Count::FromSend(len as usize),
+                            Some(&from),
+                            to,
+                            op,
+                            Holders::Root(root),
+                        )?;
+                    }
+                    Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
+                        let from = scratch_ptr + scratch_at * e;
+                        let into = match (scatter, src) {
+                            // In place, a ReduceScatter's block is this rank's block of the buffer.
+                            (true, Source::InPlace) => recv + me as u64 * len * e,
+                            (true, _) => recv,
+                            (false, Source::Nothing) => from,
+                            (false, _) => recv + into * e,
+                        };
+                        unsafe {
+                            self.inter.reduce(from, into, len as usize, T::DTYPE, op, root_node as usize, inter)?
+                        };
                     }
                 }
-                Kind::InterBroadcast { at, len, root_node, sharded, src_at } => {
-                    let at = if sharded { at + local * len } else { at };
-                    let to = recv + at * e;
-                    // Out of place the root sends from its send buffer; in place (and on the other
-                    // ranks) from where the data lands.
-                    let from = match (src, src_at) {
-                        (Source::At(s), Some(o)) if self.map.node(me) == root_node => s + o * e,
-                        _ => to,
-                    };
-                    unsafe { self.inter.broadcast(from, to, len as usize, T::DTYPE, root_node as usize, inter)? };
-                }
-                Kind::IntraAllGatherOf { node: k, len } => {
-                    let mut buf = region(recv, k as u64 * g * len, g * len);
-                    node_call(node, Collective::AllGather, len, None, &mut buf, ReduceOp::Sum)?;
-                }
-                Kind::IntraReduceScatterOf { node: k, len, scratch_at } => {
-                    let from = [region(input, k as u64 * g * len, g * len)];
-                    let mut to = region(scratch_ptr, scratch_at, len);
-                    node_call(node, Collective::ReduceScatter, len, Some(&from), &mut to, op)?;
-                }
-                Kind::IntraReduce { at, len, root_local, scratch_at } => {
-                    let from = [region(input, at, len)];
-                    let mut to = [region(scratch_ptr, scratch_at, len)];
-                    let root = root_local as usize;
-                    let to: &mut [Region<T>] = if local as usize == root { &mut to } else { &mut [] };
-                    node.collective::<T, Region<T>, Region<T>>(
-                        Collective::Reduce { root: root_local },
-                        Count::FromSend(len as usize),
-                        Some(&from),
-                        to,
-                        op,
-                        Holders::Root(root),
-                    )?;
-                }
-                Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
-                    let from = scratch_ptr + scratch_at * e;
-                    let into = match (scatter, src) {
-                        // In place, a ReduceScatter's block is this rank's block of the buffer.
-                        (true, Source::InPlace) => recv + me as u64 * len * e,
-                        (true, _) => recv,
-                        (false, Source::Nothing) => from,
-                        (false, _) => recv + into * e,
-                    };
-                    unsafe { self.inter.reduce(from, into, len as usize, T::DTYPE, op, root_node as usize, inter)? };
-                }
+                events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
             }
-            events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
+            Ok(())
+        };
+        let queued = queue();
+        // Whatever was queued, the call ends on the rank's stream, and the scratch is freed after
+        // it. Peers must not wait for steps this rank did not queue: a failure aborts the group.
+        let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));
+        if queued.is_err() {
+            self.inter.abort();
         }
-        // The call ends on the rank's stream.
-        stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"))?;
         drop(scratch);
-        Ok(())
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.extend(events.into_iter().zip(&staged.steps).filter(|(_, s)| s.side == Side::Inter).map(|(e, _)| e));
+        drop(pending);
+        self.progress()?;
+        queued.and(joined)
     }
 }

@@ -144,7 +144,7 @@ fn nccl_through_the_binding_on_a_one_rank_group() {
         // SAFETY: both buffers hold 4096 f32 on this device and outlive the synchronize below.
         unsafe {
             group.all_reduce(b, data.len(), oxccl::DType::F32, ReduceOp::Sum, &stream).unwrap();
-            group.broadcast(b, o, data.len(), oxccl::DType::F32, 0, &stream).unwrap();
+            group.broadcast(b, o, data.len(), oxccl::DType::F32, 0, false, &stream).unwrap();
             group.reduce(o, o, data.len(), oxccl::DType::F32, ReduceOp::Max, 0, &stream).unwrap();
         }
     }

@@ -38,6 +38,17 @@ pub enum NodeError {
         /// The setting.
         per_node: usize,
     },
+    /// A node (by a ranks-per-node count) whose ranks are on different hosts: a node's ranks share
+    /// memory, so they must share a host.
+    #[error("node {node} holds ranks {first} and {other}, which are on different hosts")]
+    SpansHosts {
+        /// The node.
+        node: u32,
+        /// Its first rank.
+        first: u32,
+        /// A rank of it on another host.
+        other: u32,
+    },
     /// A collective that needs the ranks numbered node by node (rank = node × ranks per node +
     /// local index, as torchrun and `oxccl launch` number them).
     #[error("rank {rank} is on node {node} as local rank {local}: {what} needs ranks numbered node by node")]
@@ -109,6 +120,18 @@ impl NodeMap {
         }
         let keys: Vec<usize> = (0..world).map(|r| r / per_node).collect();
         NodeMap::from_keys(&keys)
+    }
+
+    /// This map, where every node's ranks share a key of `keys` (one per rank: its host), else
+    /// [`NodeError::SpansHosts`] naming the first node that does not.
+    pub fn within_hosts<K: PartialEq>(self, keys: &[K]) -> Result<NodeMap, NodeError> {
+        for node in 0..self.nodes() {
+            let ranks = self.node_ranks(node);
+            if let Some(&other) = ranks.iter().find(|&&r| keys[r as usize] != keys[ranks[0] as usize]) {
+                return Err(NodeError::SpansHosts { node, first: ranks[0], other });
+            }
+        }
+        Ok(self)
     }
 
     /// Ranks.
@@ -656,22 +679,26 @@ impl Staged {
         Ok(())
     }
 
-    /// Runs the steps in issue order on host vectors, one per rank, with the CPU references:
-    /// `recv` (one vector per rank, of the collective's output length) is what the device's
-    /// receive buffers become.
+    /// Runs the steps in issue order on host vectors, one per rank, with the CPU references, as
+    /// the communicator runs them: `recv` (one vector per rank, of the collective's output length)
+    /// is what the device's receive buffers become. `send` `None` runs in place: every input is
+    /// read from `recv` (a ReduceScatter's whole input, an AllGather's block `rank`), a root's data
+    /// too, and a ReduceScatter's result lands in block `rank` of `recv`.
     pub fn run_cpu<T: Element>(
         &self,
         map: &NodeMap,
-        send: &[Vec<T>],
+        send: Option<&[Vec<T>]>,
         recv: &mut [Vec<T>],
         op: ReduceOp,
     ) -> Result<(), ExecError> {
         let world = map.world() as usize;
-        if send.len() != world || recv.len() != world {
+        if send.is_some_and(|s| s.len() != world) || recv.len() != world {
             return Err(ExecError::BadInput {
-                reason: format!("{} send and {} receive vectors for {world} ranks", send.len(), recv.len()),
+                reason: format!("{:?} send and {} receive vectors for {world} ranks", send.map(<[_]>::len), recv.len()),
             });
         }
+        // Rank `r`'s input at `at`: its send vector, or in place its receive vector.
+        let input = |recv: &[Vec<T>], r: usize, at: u64, len: u64| part(send.map_or(&recv[r], |s| &s[r]), at, len);
         let (g, nodes) = (map.per_node(), map.nodes());
         let mut scratch = vec![vec![T::default(); self.scratch as usize]; world];
         for step in &self.steps {
@@ -680,7 +707,7 @@ impl Staged {
                     for k in 0..nodes {
                         let group = map.node_ranks(k);
                         let ins: Vec<Vec<T>> =
-                            group.iter().map(|&r| part(&send[r as usize], at, g as u64 * len)).collect();
+                            group.iter().map(|&r| input(recv, r as usize, at, g as u64 * len)).collect();
                         for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
                             put(&mut recv[group[l] as usize], at + l as u64 * len, &out);
                         }
@@ -711,7 +738,7 @@ impl Staged {
                 Kind::IntraAllReduce { at, len } => {
                     for k in 0..nodes {
                         let group = map.node_ranks(k);
-                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], at, len)).collect();
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| input(recv, r as usize, at, len)).collect();
                         for (&r, o) in group.iter().zip(reference::all_reduce(&ins, op)?) {
                             put(&mut recv[r as usize], at, &o);
                         }
@@ -720,7 +747,7 @@ impl Staged {
                 Kind::IntraBroadcast { at, len, root_local } => {
                     let k = step.only_node.unwrap_or(0);
                     let group = map.node_ranks(k);
-                    let data = part(&send[group[root_local as usize] as usize], at, len);
+                    let data = input(recv, group[root_local as usize] as usize, at, len);
                     for &r in group {
                         put(&mut recv[r as usize], at, &data);
                     }
@@ -729,9 +756,9 @@ impl Staged {
                     for l in 0..g {
                         let from = if sharded { at + l as u64 * len } else { at };
                         let root = map.rank(root_node, l) as usize;
-                        let data = match src_at {
-                            Some(o) => part(&send[root], o, len),
-                            None => part(&recv[root], from, len),
+                        let data = match (src_at, send) {
+                            (Some(o), Some(send)) => part(&send[root], o, len),
+                            _ => part(&recv[root], from, len),
                         };
                         for r in map.local_ranks(l) {
                             put(&mut recv[r as usize], from, &data);
@@ -743,7 +770,7 @@ impl Staged {
                     for k in 0..nodes {
                         let group = map.node_ranks(k);
                         let ins: Vec<Vec<T>> =
-                            group.iter().map(|&r| part(&send[r as usize], base, g as u64 * len)).collect();
+                            group.iter().map(|&r| input(recv, r as usize, base, g as u64 * len)).collect();
                         for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
                             put(&mut scratch[group[l] as usize], scratch_at, &out);
                         }
@@ -752,18 +779,21 @@ impl Staged {
                 Kind::IntraReduce { at, len, root_local, scratch_at } => {
                     for k in 0..nodes {
                         let group = map.node_ranks(k);
-                        let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&send[r as usize], at, len)).collect();
+                        let ins: Vec<Vec<T>> = group.iter().map(|&r| input(recv, r as usize, at, len)).collect();
                         let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
                         put(&mut scratch[group[root_local as usize] as usize], scratch_at, &sum);
                     }
                 }
-                Kind::InterReduce { len, scratch_at, root_node, into, .. } => {
+                Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
                     for l in (0..g).filter(|&l| step.only_local.is_none_or(|o| o == l)) {
                         let group = map.local_ranks(l);
                         let ins: Vec<Vec<T>> =
                             group.iter().map(|&r| part(&scratch[r as usize], scratch_at, len)).collect();
                         let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
-                        put(&mut recv[map.rank(root_node, l) as usize], into, &sum);
+                        let root = map.rank(root_node, l);
+                        // In place, a ReduceScatter's result is block `rank` of the buffer.
+                        let into = if scatter && send.is_none() { root as u64 * len } else { into };
+                        put(&mut recv[root as usize], into, &sum);
                     }
                 }
                 Kind::IntraAllGatherOf { node, len } => {

@@ -35,6 +35,11 @@ fn uneven_nodes_and_bad_counts_are_typed_errors() {
     assert_eq!(NodeMap::by_count(6, 4).unwrap_err(), NodeError::BadRanksPerNode { world: 6, per_node: 4 });
     assert_eq!(NodeMap::by_count(6, 0).unwrap_err(), NodeError::BadRanksPerNode { world: 6, per_node: 0 });
     assert_eq!(NodeMap::from_keys::<u8>(&[]).unwrap_err(), NodeError::Empty);
+    // A ranks-per-node count that puts two hosts' ranks on one node.
+    let hosts = ["a", "a", "b", "b"];
+    assert!(NodeMap::by_count(4, 2).unwrap().within_hosts(&hosts).is_ok());
+    let e = NodeMap::by_count(4, 4).unwrap().within_hosts(&hosts).unwrap_err();
+    assert_eq!(e, NodeError::SpansHosts { node: 0, first: 0, other: 2 });
 }
 
 /// Small integers (exact in every summation order), one vector per rank.
@@ -67,8 +72,12 @@ fn staged_all_reduce_is_the_flat_reference() {
                 staged.check_races(&map).unwrap();
                 let send = inputs(&mut rng, world, count as usize);
                 let mut recv = vec![vec![-99i32; count as usize]; world];
-                staged.run_cpu(&map, &send, &mut recv, op).unwrap();
-                assert_eq!(recv, reference::all_reduce(&send, op).unwrap(), "{nodes}x{g} count {count} piece {piece}");
+                staged.run_cpu(&map, Some(&send), &mut recv, op).unwrap();
+                let want = reference::all_reduce(&send, op).unwrap();
+                assert_eq!(recv, want, "{nodes}x{g} count {count} piece {piece}");
+                let mut buf = send.clone();
+                staged.run_cpu(&map, None, &mut buf, op).unwrap();
+                assert_eq!(buf, want, "in place: {nodes}x{g} count {count} piece {piece}");
                 cases += 1;
             }
         }
@@ -87,16 +96,28 @@ fn staged_all_gather_and_broadcast_are_the_flat_references() {
         staged.check_races(&map).unwrap();
         let send = inputs(&mut rng, world, count as usize);
         let mut recv = vec![vec![-99i32; world * count as usize]; world];
-        staged.run_cpu(&map, &send, &mut recv, ReduceOp::Sum).unwrap();
-        assert_eq!(recv, reference::all_gather(&send).unwrap(), "AllGather {nodes}x{g} count {count}");
+        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Sum).unwrap();
+        let want = reference::all_gather(&send).unwrap();
+        assert_eq!(recv, want, "AllGather {nodes}x{g} count {count}");
+        // In place: block `rank` of each buffer holds the rank's input, the rest is stale.
+        let c = count as usize;
+        let mut buf = vec![vec![-99i32; world * c]; world];
+        for (r, b) in buf.iter_mut().enumerate() {
+            b[r * c..(r + 1) * c].copy_from_slice(&send[r]);
+        }
+        staged.run_cpu(&map, None, &mut buf, ReduceOp::Sum).unwrap();
+        assert_eq!(buf, want, "in place: AllGather {nodes}x{g} count {count}");
         for map in maps(nodes, g) {
             let (count, piece, root) = (rng.below(150) as u64, 1 + rng.below(50) as u64, rng.below(world as u32));
             let staged = Staged::broadcast(&map, count, root, piece);
             staged.check_races(&map).unwrap();
             let send = inputs(&mut rng, world, count as usize);
             let mut recv = vec![vec![-99i32; count as usize]; world];
-            staged.run_cpu(&map, &send, &mut recv, ReduceOp::Sum).unwrap();
+            staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Sum).unwrap();
             assert!(recv.iter().all(|v| *v == send[root as usize]), "Broadcast {nodes}x{g} from {root}, count {count}");
+            let mut buf = send.clone();
+            staged.run_cpu(&map, None, &mut buf, ReduceOp::Sum).unwrap();
+            assert!(buf.iter().all(|v| *v == send[root as usize]), "in place: Broadcast {nodes}x{g} from {root}");
         }
     }
     // The interleaved numbering is refused by name.
@@ -116,21 +137,33 @@ fn staged_reduce_scatter_and_reduce_are_the_flat_references() {
         staged.check_races(&map).unwrap();
         let send = inputs(&mut rng, world, world * count as usize);
         let mut recv = vec![vec![-99i32; count as usize]; world];
-        staged.run_cpu(&map, &send, &mut recv, op).unwrap();
-        assert_eq!(recv, reference::reduce_scatter(&send, op).unwrap(), "ReduceScatter {nodes}x{g} count {count}");
+        staged.run_cpu(&map, Some(&send), &mut recv, op).unwrap();
+        let want = reference::reduce_scatter(&send, op).unwrap();
+        assert_eq!(recv, want, "ReduceScatter {nodes}x{g} count {count}");
+        // In place: block `rank` of each rank's whole input becomes its result.
+        let mut buf = send.clone();
+        staged.run_cpu(&map, None, &mut buf, op).unwrap();
+        let c = count as usize;
+        for r in 0..world {
+            assert_eq!(buf[r][r * c..(r + 1) * c], want[r][..], "in place: ReduceScatter {nodes}x{g}: rank {r}");
+        }
         for map in maps(nodes, g) {
             let (count, piece, root) = (rng.below(150) as u64, 1 + rng.below(50) as u64, rng.below(world as u32));
             let staged = Staged::reduce(&map, count, root, piece);
             staged.check_races(&map).unwrap();
             let send = inputs(&mut rng, world, count as usize);
             let mut recv = vec![vec![-99i32; count as usize]; world];
-            staged.run_cpu(&map, &send, &mut recv, op).unwrap();
+            staged.run_cpu(&map, Some(&send), &mut recv, op).unwrap();
             let want = reference::all_reduce(&send, op).unwrap().swap_remove(0);
-            for (r, v) in recv.iter().enumerate() {
+            let mut buf = send.clone();
+            staged.run_cpu(&map, None, &mut buf, op).unwrap();
+            for (r, (v, b)) in recv.iter().zip(&buf).enumerate() {
                 if r == root as usize {
                     assert_eq!(*v, want, "Reduce {nodes}x{g} onto {root}, count {count}, piece {piece}");
+                    assert_eq!(*b, want, "in place: Reduce {nodes}x{g} onto {root}");
                 } else {
                     assert!(v.iter().all(|&x| x == -99), "Reduce {nodes}x{g}: rank {r}'s buffer written");
+                    assert_eq!(*b, send[r], "in place: Reduce {nodes}x{g}: rank {r}'s buffer written");
                 }
             }
         }
