@@ -123,7 +123,7 @@ proptest! {
 
     #[test]
     fn mutated_files(seed in any::<u64>(), mutations in 0u32..6, textual in 0u32..3, hostile in any::<bool>()) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut doc = msccl_gen::generated(&mut rng);
         for _ in 0..mutations {
             msccl_gen::mutate(&mut doc, &mut rng);

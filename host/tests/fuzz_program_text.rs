@@ -92,7 +92,7 @@ proptest! {
 
     #[test]
     fn mutated_programs(seed in any::<u64>(), edits in prop::collection::vec((any::<u32>(), 0u32..6, any::<u8>()), 0..6)) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let coll = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][rng.below(4) as usize];
         let p = random_program(rng.next(), coll, 2 + rng.below(3), 1 + rng.below(2), 1 + rng.below(3));
         let mut t = text::print(&p);

@@ -30,7 +30,7 @@ fn oxccl_verdict(xml: &str, inputs: Option<&[Vec<i64>]>, rng: &mut Rng) -> Resul
 
 /// Compares the two verdicts on `xml`; `Err` describes a disagreement.
 fn compare(xml: &str, seed: u64) -> Result<bool, String> {
-    let mut rng = Rng(seed ^ 0xD1FF);
+    let mut rng = Rng::new(seed ^ 0xD1FF);
     let len = 1 + rng.below(2) as usize;
     let model = interpret(xml, len, seed);
     match (&model, oxccl_verdict(xml, None, &mut rng)) {
@@ -52,7 +52,7 @@ fn compare(xml: &str, seed: u64) -> Result<bool, String> {
 /// The case of index `i`: a generated file, mutated by 0 to 3 structural mutations and now and
 /// then by a textual one.
 fn case(i: u64) -> String {
-    let mut rng = Rng(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x0C0F_FEE0);
+    let mut rng = Rng::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x0C0F_FEE0);
     let mut doc = generated(&mut rng);
     let mutations = if i.is_multiple_of(4) { 0 } else { 1 + rng.below(3) };
     for _ in 0..mutations {
@@ -105,7 +105,7 @@ fn real_files_and_their_mutations_agree() {
         assert_eq!(compare(&xml, k as u64), Ok(true), "{}", f.display());
         let doc = El::parse(&xml).expect("a real file parses");
         for m in 0..per_file {
-            let mut rng = Rng((k as u64) << 32 | m);
+            let mut rng = Rng::new((k as u64) << 32 | m);
             let mut d = doc.clone();
             mutate(&mut d, &mut rng);
             let x = d.print();

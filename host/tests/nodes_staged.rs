@@ -59,7 +59,7 @@ const SHAPES: [(usize, usize); 10] =
 
 #[test]
 fn staged_all_reduce_is_the_flat_reference() {
-    let mut rng = Rng(41);
+    let mut rng = Rng::new(41);
     let mut cases = 0;
     for (nodes, g) in SHAPES {
         for map in maps(nodes, g) {
@@ -87,7 +87,7 @@ fn staged_all_reduce_is_the_flat_reference() {
 
 #[test]
 fn staged_all_gather_and_broadcast_are_the_flat_references() {
-    let mut rng = Rng(43);
+    let mut rng = Rng::new(43);
     for (nodes, g) in SHAPES {
         let world = nodes * g;
         let map = NodeMap::by_count(world, g).unwrap();
@@ -127,7 +127,7 @@ fn staged_all_gather_and_broadcast_are_the_flat_references() {
 
 #[test]
 fn staged_reduce_scatter_and_reduce_are_the_flat_references() {
-    let mut rng = Rng(47);
+    let mut rng = Rng::new(47);
     for (nodes, g) in SHAPES {
         let world = nodes * g;
         let map = NodeMap::by_count(world, g).unwrap();

@@ -8,30 +8,30 @@
 #![allow(dead_code)]
 
 use oxccl_host::program::{BufferKind, Collective, Layout, Op, OpKind, Program, Rank, RecvOp, Slice};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng as _, RngExt, SeedableRng};
 use std::path::PathBuf;
 
-/// splitmix64, a tiny deterministic generator.
-pub struct Rng(pub u64);
+/// A seeded generator (rand's `StdRng`) with the few draws the tests make.
+pub struct Rng(StdRng);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    pub fn new(seed: u64) -> Rng {
+        Rng(StdRng::seed_from_u64(seed))
     }
+    pub fn next(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    /// Uniform in `0..n` (0 for `n` of 0).
     pub fn below(&mut self, n: u32) -> u32 {
-        (self.next() % n.max(1) as u64) as u32
+        self.0.random_range(0..n.max(1))
     }
     pub fn coin(&mut self) -> bool {
-        self.next() & 1 == 1
+        self.0.random_bool(0.5)
     }
     pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u32 + 1) as usize;
-            v.swap(i, j);
-        }
+        v.shuffle(&mut self.0);
     }
 }
 
@@ -144,7 +144,7 @@ impl Builder {
 
 /// A random valid program for `collective` on `ranks` ranks with `k` chunks per block.
 pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, channels: u32) -> Program {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let in_place = match collective {
         Collective::AllToAll => false,
         _ => rng.coin(),
