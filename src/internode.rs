@@ -519,32 +519,23 @@ impl EngineGroup {
     }
 }
 
-/// Runs `$call` with `$buf` as a region of the element type `$dtype` names.
-macro_rules! typed {
-    ($dtype:expr, $ptr:expr, $count:expr, $stream:expr, |$buf:ident| $call:expr) => {
+/// Calls `$f::<T>(…)` for the element type `T` that `$dtype` names.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
         match $dtype {
-            DType::F32 => {
-                let mut $buf = crate::staged::Region::<f32>::new($ptr, 0, $count as u64, $stream);
-                $call
-            }
-            DType::F16 => {
-                let mut $buf = crate::staged::Region::<half::f16>::new($ptr, 0, $count as u64, $stream);
-                $call
-            }
-            DType::Bf16 => {
-                let mut $buf = crate::staged::Region::<half::bf16>::new($ptr, 0, $count as u64, $stream);
-                $call
-            }
-            DType::I32 => {
-                let mut $buf = crate::staged::Region::<i32>::new($ptr, 0, $count as u64, $stream);
-                $call
-            }
-            DType::U32 => {
-                let mut $buf = crate::staged::Region::<u32>::new($ptr, 0, $count as u64, $stream);
-                $call
-            }
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::Bf16 => $f::<half::bf16>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::U32 => $f::<u32>($($arg),*),
         }
     };
+}
+
+/// The group's AllReduce in place of `count` elements of `T` at `buf`.
+fn all_reduce_typed<T: crate::Element>(g: &EngineGroup, buf: u64, count: usize, op: ReduceOp) -> Result<()> {
+    let mut region = crate::staged::Region::<T>::new(buf, 0, count as u64, g.comm.stream());
+    g.comm.all_reduce_in_place(&mut region, op)
 }
 
 /// The group's Reduce of `count` elements of `T` from `send` into `recv` on `root`.
@@ -599,8 +590,7 @@ unsafe impl InterNode for EngineGroup {
         op: ReduceOp,
         _stream: &CudaStream,
     ) -> Result<()> {
-        let stream = self.comm.stream();
-        typed!(dtype, buf, count, stream, |region| self.comm.all_reduce_in_place(&mut region, op))
+        by_dtype!(dtype, all_reduce_typed(self, buf, count, op))
     }
 
     unsafe fn broadcast(
@@ -613,13 +603,7 @@ unsafe impl InterNode for EngineGroup {
         in_place: bool,
         _stream: &CudaStream,
     ) -> Result<()> {
-        match dtype {
-            DType::F32 => broadcast_typed::<f32>(self, send, recv, count, root, in_place),
-            DType::F16 => broadcast_typed::<half::f16>(self, send, recv, count, root, in_place),
-            DType::Bf16 => broadcast_typed::<half::bf16>(self, send, recv, count, root, in_place),
-            DType::I32 => broadcast_typed::<i32>(self, send, recv, count, root, in_place),
-            DType::U32 => broadcast_typed::<u32>(self, send, recv, count, root, in_place),
-        }
+        by_dtype!(dtype, broadcast_typed(self, send, recv, count, root, in_place))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -633,13 +617,7 @@ unsafe impl InterNode for EngineGroup {
         root: usize,
         _stream: &CudaStream,
     ) -> Result<()> {
-        match dtype {
-            DType::F32 => reduce_typed::<f32>(self, send, recv, count, op, root),
-            DType::F16 => reduce_typed::<half::f16>(self, send, recv, count, op, root),
-            DType::Bf16 => reduce_typed::<half::bf16>(self, send, recv, count, op, root),
-            DType::I32 => reduce_typed::<i32>(self, send, recv, count, op, root),
-            DType::U32 => reduce_typed::<u32>(self, send, recv, count, op, root),
-        }
+        by_dtype!(dtype, reduce_typed(self, send, recv, count, op, root))
     }
 
     fn abort(&self) {
