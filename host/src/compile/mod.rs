@@ -35,8 +35,8 @@
 //! threads, `emit` builds ranks on workers handed over in rank order, and the verifiers run beside
 //! the next pass or split their work; the plan is the same for every thread count.
 //!
-//! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and half a
-//! minute on two cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
+//! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and 25 s on
+//! two idle cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
 //!
 //! ## The execution model the passes target
 //!
