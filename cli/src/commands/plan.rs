@@ -8,10 +8,20 @@
 
 use super::CliResult;
 use crate::progress::{LONG_RUN, Progress};
-use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
-use oxccl_host::program::generators::Algorithm;
+use oxccl_host::compile::{self, OpSource, Options, Plan, Scheduler, TbAlloc};
+use oxccl_host::program::generators::{Algorithm, Generated};
 use oxccl_host::program::{InstanceChannels, Program, msccl, text};
 use std::path::PathBuf;
+
+/// A built-in algorithm's generator and the machine shape it runs on ([`ProgramArgs::source`]).
+pub struct Source {
+    /// The generator, its ranks per node `gpus_per_node`.
+    pub src: Generated,
+    /// Nodes of the machine.
+    pub nodes: u32,
+    /// GPUs (ranks) per node.
+    pub gpus_per_node: u32,
+}
 
 /// Where the program comes from and how to compile it (shared by `plan`, `simulate`, `verify`).
 #[derive(clap::Args, Debug, Clone)]
@@ -122,6 +132,23 @@ impl ProgramArgs {
         Ok(Loaded { program, nodes, gpus_per_node: gpus })
     }
 
+    /// A built-in algorithm given once (`--algo`, one instance) as its generator: the same ops as
+    /// [`ProgramArgs::load`]'s program, computed as the compiler reads them and never stored
+    /// ([`Algorithm::source`]); `None` for any other program. The arguments are checked as
+    /// [`ProgramArgs::load`] checks them.
+    pub fn source(&self) -> Result<Option<Source>, Box<dyn std::error::Error>> {
+        let (Some(name), 1) = (&self.algo, self.instances) else { return Ok(None) };
+        let topo = self.topo.as_deref().map(parse_topo).transpose()?;
+        let algo: Algorithm = name.parse()?;
+        let (n, g) = topo.ok_or("--algo needs --topo NODESxGPUS")?;
+        let src = algo.source(n, g)?;
+        let channels: InstanceChannels = self.instance_channels.parse()?;
+        if channels != InstanceChannels::Shared {
+            return Err("--instance-channels separate needs --instances 2 or more".into());
+        }
+        Ok(Some(Source { src, nodes: n, gpus_per_node: g }))
+    }
+
     /// The compiler options.
     pub fn options(&self) -> Result<Options, Box<dyn std::error::Error>> {
         let scheduler: Scheduler = self.scheduler.parse()?;
@@ -155,6 +182,13 @@ pub struct Args {
 /// Compiles the program and prints its summary (as text or JSON), or with `--dump` the program or
 /// one pass's result as text.
 pub fn run(args: Args) -> CliResult {
+    // A built-in algorithm compiles from its generator: its ops are never stored (the 8192-GPU HM
+    // AllReduce's 134 M ops would take 7 GB), and the plan is the same.
+    if args.dump.is_none()
+        && let Some(s) = args.program.source()?
+    {
+        return summarize(&s.src, &args.program.options()?, args.json, s.nodes, s.gpus_per_node);
+    }
     let loaded = args.program.load()?;
     let opts = args.program.options()?;
     if let Some(pass) = &args.dump {
@@ -170,20 +204,25 @@ pub fn run(args: Args) -> CliResult {
         print!("{dump}");
         return Ok(());
     }
-    // The summary reads no rank plan: each is emitted, verified and dropped at once, which is what
-    // lets an 8192-GPU program compile here (its whole plan alone would take about 19 GB).
+    summarize(&loaded.program, &opts, args.json, loaded.nodes, loaded.gpus_per_node)
+}
+
+/// Compiles `src` and prints the plan's summary. The summary reads no rank plan: each is emitted,
+/// verified and dropped at once, which is what lets an 8192-GPU program compile here (its whole
+/// plan alone would take about 19 GB).
+fn summarize(src: &impl OpSource, opts: &Options, json: bool, nodes: u32, gpus: u32) -> CliResult {
     // A bar over the ranks emitted, for compiles that take long enough to want one.
-    let progress = Progress::after("compile", loaded.program.ranks().into(), args.json, LONG_RUN);
-    let plan = compile::compile_streaming(&loaded.program, &opts, &mut |rank_plan| {
+    let progress = Progress::after("compile", src.ranks().into(), json, LONG_RUN);
+    let plan = compile::compile_streaming(src, opts, &mut |rank_plan| {
         drop(rank_plan);
         progress.step("ranks emitted");
     })?;
     drop(progress);
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&plan.summary_json())?);
         return Ok(());
     }
-    print_summary(&plan, loaded.nodes, loaded.gpus_per_node);
+    print_summary(&plan, nodes, gpus);
     Ok(())
 }
 

@@ -581,19 +581,16 @@ impl Locations {
                 let r = range(src_rank, src)?;
                 self.read(task, r, preds)?;
             }
-            OpKind::Transfer { dst_rank, dst, op: recv, .. } => {
+            // A destination that is read and written (a reduction's) finds no more producers
+            // than one that is only written: its write finds the same last writers, and the
+            // readers since, besides the task itself.
+            OpKind::Transfer { dst_rank, dst, .. } => {
                 let r = range(dst_rank, dst)?;
-                if recv == RecvOp::RecvReduceCopy {
-                    self.read(task, r.clone(), preds)?;
-                }
                 self.write(task, r, preds);
             }
             OpKind::Copy { rank, src, dst, .. } | OpKind::Reduce { rank, src, dst, .. } => {
                 let (s, d) = (range(rank, src)?, range(rank, dst)?);
                 self.read(task, s, preds)?;
-                if matches!(op.kind, OpKind::Reduce { .. }) {
-                    self.read(task, d.clone(), preds)?;
-                }
                 self.write(task, d, preds);
             }
         }
@@ -608,11 +605,12 @@ pub const MAX_OPS: usize = (u32::MAX / 2) as usize;
 /// sources read `reads` chunks, on a storage of `locations` chunk locations over all ranks, with
 /// chunk ids `chunk_bytes` wide: the
 /// walk over `threads` threads (the locations, a reader cell per read not yet overwritten, the
-/// dependencies found, a count per op and thread), then the transpose (dependencies and successors
-/// side by side), then the graph ([`graph_bytes`]); the link table aside.
+/// dependencies found, a count per op and thread) beside each op's link, then the transpose
+/// (dependencies and successors side by side), then the graph ([`graph_bytes`]); the link table
+/// aside.
 pub fn estimate_bytes(ops: u64, edges: u64, reads: u64, locations: u64, chunk_bytes: u64, threads: u64) -> u64 {
     let walk = locations * 8 + reads * 8 + edges * 4 + ops * threads;
-    let transpose = edges * 8 + ops * (threads + 5);
+    let (walk, transpose) = (walk + ops * 4, edges * 8 + ops * (threads + 9));
     walk.max(transpose).max(graph_bytes(ops, edges, chunk_bytes))
 }
 
@@ -749,7 +747,8 @@ fn walk_part(
 ///
 /// The walk is split over up to `threads` threads by ranks (a task's dependencies are on its own
 /// rank): each walks the whole program for the tasks of its ranks; the successor lists are built
-/// from all of their findings. The links and chunks of the ops are numbered last.
+/// from all of their findings. The links of the ops are numbered beside the walk, their chunks
+/// last.
 pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -> Result<Graph, CompileError> {
     src.verify()?;
     let nops = src.op_count();
@@ -761,18 +760,19 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
     let ranks = src.layout().ranks;
     let t = threads.clamp(1, MAX_WALK_THREADS).min(ranks.max(1) as usize) as u32;
     let range = |k: u32| (ranks as u64 * k as u64 / t as u64) as u32..(ranks as u64 * (k as u64 + 1) / t as u64) as u32;
-    let results: Vec<Result<Part, Failure>> = if t == 1 {
-        vec![walk_part(src, 0..ranks, true, nops * 2)]
-    } else {
-        std::thread::scope(|scope| {
-            let reserve = nops * 2 / t as usize;
-            let others: Vec<_> =
-                (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
-            let mut v = vec![walk_part(src, range(0), true, reserve)];
-            v.extend(others.into_iter().map(|h| h.join().expect("a walk thread panicked")));
-            v
-        })
-    };
+    // The links are numbered beside the walk (on a thread of their own when there are threads).
+    let (results, numbered) = std::thread::scope(|scope| {
+        let numbering = (threads > 1).then(|| scope.spawn(|| number_links(src, ranks_per_node)));
+        let reserve = nops * 2 / t as usize;
+        let others: Vec<_> = (1..t).map(|k| scope.spawn(move || walk_part(src, range(k), false, reserve))).collect();
+        let mut results: Vec<Result<Part, Failure>> = vec![walk_part(src, range(0), true, reserve)];
+        results.extend(others.into_iter().map(|h| h.join().expect("a walk thread panicked")));
+        let numbered = match numbering {
+            Some(h) => h.join().expect("the link numbering panicked"),
+            None => number_links(src, ranks_per_node),
+        };
+        (results, numbered)
+    });
     let mut parts = Vec::with_capacity(results.len());
     let mut first: Option<Failure> = None;
     for r in results {
@@ -813,7 +813,7 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
         return Err(ProgramError::BadLayout { reason: format!("{edges} dependencies are more than 2^32") }.into());
     }
     // The transpose, then (the walk's tables gone) each op's link and chunk.
-    let (start, succ) = transpose(nops, &parts)?;
+    let (start, succ) = transpose(nops, &parts, threads)?;
     let (counts, overflow) = match summed {
         Some(c) => c,
         None => {
@@ -822,7 +822,8 @@ pub fn build(src: &impl OpSource, ranks_per_node: Option<u32>, threads: usize) -
         }
     };
     drop(parts);
-    let (links, link_of_op, chunk_of_op, chunks, transfers) = links_and_chunks(src, ranks_per_node)?;
+    let (links, link_of_op, transfers) = numbered?;
+    let (chunk_of_op, chunks) = number_chunks(src)?;
     Ok(Graph {
         ops: nops,
         tasks: nops + transfers,
@@ -843,44 +844,94 @@ pub const MAX_WALK_THREADS: usize = 4;
 /// The successors from the parts' producers (each part's op by op): `start[a]` counts `a`'s
 /// successors, then sums up to its row's end, then is moved back to its start while the rows are
 /// filled from their ends, walking the ops backwards. Rows come out non-decreasing (a successor is
-/// listed once per part that found the dependency).
-fn transpose(nops: usize, parts: &[Part]) -> Result<(Vec<u32>, Vec<u32>), TooLarge> {
+/// listed once per part that found the dependency). Up to `threads` threads each own a range of
+/// rows (their counts and their part of the successors) and read every part.
+fn transpose(nops: usize, parts: &[Part], threads: usize) -> Result<(Vec<u32>, Vec<u32>), TooLarge> {
     let edges: usize = parts.iter().map(|p| p.items.len()).sum();
     let mut start: Vec<u32> = memory::try_filled(nops + 1, 0u32, "the dependency graph's successors")?;
-    for p in parts {
-        for &a in &p.items {
-            start[a as usize] += 1;
+    let t = threads.clamp(1, MAX_WALK_THREADS).min(nops.max(1));
+    let cuts: Vec<usize> = (0..=t).map(|k| nops * k / t).collect();
+    // Splits `v` into the threads' ranges, shifted by `base`.
+    fn split<'v>(mut v: &'v mut [u32], cuts: &[usize], base: &[usize]) -> Vec<&'v mut [u32]> {
+        let mut out = Vec::with_capacity(cuts.len() - 1);
+        for k in 0..cuts.len() - 1 {
+            let (a, rest) = v.split_at_mut(base[k + 1] - base[k]);
+            out.push(a);
+            v = rest;
         }
+        out
     }
+    // Runs `work` on each thread's share, the first on this thread.
+    fn on_threads<S: Send>(shares: Vec<S>, work: &(dyn Fn(usize, S) + Sync)) {
+        std::thread::scope(|scope| {
+            let mut shares = shares.into_iter().enumerate();
+            let first = shares.next();
+            for (k, share) in shares {
+                scope.spawn(move || work(k, share));
+            }
+            if let Some((k, share)) = first {
+                work(k, share);
+            }
+        });
+    }
+    on_threads(split(&mut start[..nops], &cuts, &cuts), &|k, chunk: &mut [u32]| {
+        let rows = cuts[k]..cuts[k + 1];
+        for p in parts {
+            for &a in &p.items {
+                if rows.contains(&(a as usize)) {
+                    chunk[a as usize - rows.start] += 1;
+                }
+            }
+        }
+    });
     for x in 1..nops {
         start[x] += start[x - 1];
     }
     start[nops] = edges as u32;
+    // Thread `k`'s rows fill `succ[base[k]..base[k + 1]]`.
+    let base: Vec<usize> = cuts.iter().map(|&c| if c == 0 { 0 } else { start[c - 1] as usize }).collect();
     let mut succ: Vec<u32> = memory::try_filled(edges, 0u32, "the dependency graph's successors")?;
-    let mut ends: Vec<usize> = parts.iter().map(|p| p.items.len()).collect();
-    for b in (0..nops).rev() {
-        for (p, end) in parts.iter().zip(&mut ends) {
-            let row = *end - p.count(b)..*end;
-            for &a in p.items[row.clone()].iter().rev() {
-                start[a as usize] -= 1;
-                succ[start[a as usize] as usize] = b as u32;
+    let shares: Vec<_> =
+        split(&mut start[..nops], &cuts, &cuts).into_iter().zip(split(&mut succ, &cuts, &base)).collect();
+    on_threads(shares, &|k, (start, succ): (&mut [u32], &mut [u32])| {
+        let (rows, at) = (cuts[k]..cuts[k + 1], base[k] as u32);
+        let mut ends: Vec<usize> = parts.iter().map(|p| p.items.len()).collect();
+        for b in (0..nops).rev() {
+            for (p, end) in parts.iter().zip(&mut ends) {
+                let row = *end - p.count(b)..*end;
+                for &a in p.items[row.clone()].iter().rev() {
+                    if rows.contains(&(a as usize)) {
+                        let x = &mut start[a as usize - rows.start];
+                        *x -= 1;
+                        succ[(*x - at) as usize] = b as u32;
+                    }
+                }
+                *end = row.start;
             }
-            *end = row.start;
         }
-    }
+    });
     Ok((start, succ))
 }
 
-/// Links and dense chunk ids in program order (what the schedulers read per op), the chunk count
-/// and the number of transfers.
-#[allow(clippy::type_complexity)]
-fn links_and_chunks(
-    src: &impl OpSource,
-    ranks_per_node: Option<u32>,
-) -> Result<(LinkTable, Vec<u32>, Dense, u32, usize), TooLarge> {
+/// Each op's link, numbered in program order (what the schedulers read per op), and the number of
+/// transfers. An op naming a rank the layout does not have gets `u32::MAX` (the walk reports it).
+fn number_links(src: &impl OpSource, ranks_per_node: Option<u32>) -> Result<(LinkTable, Vec<u32>, usize), TooLarge> {
+    let ranks = src.layout().ranks;
+    let mut links = LinkTable::new(ranks);
+    let mut link_of_op: Vec<u32> = memory::try_vec(src.op_count(), "the link of each op")?;
+    let mut transfers = 0usize;
+    let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
+        let valid = op.src_rank().0 < ranks && op.dst_rank().0 < ranks;
+        link_of_op.push(if valid { links.intern(op, ranks_per_node) } else { NONE });
+        transfers += op.is_transfer() as usize;
+        Ok(())
+    });
+    Ok((links, link_of_op, transfers))
+}
+
+/// Each op's chunk, numbered densely in the order ops first name chunks, and the chunk count.
+fn number_chunks(src: &impl OpSource) -> Result<(Dense, u32), TooLarge> {
     let nops = src.op_count();
-    let mut links = LinkTable::new(src.layout().ranks);
-    let mut link_of_op: Vec<u32> = memory::try_vec(nops, "the link of each op")?;
     let mut max_chunk = 0u32;
     let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
         max_chunk = max_chunk.max(op.chunk);
@@ -889,12 +940,9 @@ fn links_and_chunks(
     let mut chunk_ids = ChunkIds::new(max_chunk, nops);
     let bound = if chunk_ids.table.is_empty() { u64::MAX } else { max_chunk as u64 + 1 };
     let mut chunk_of_op = Dense::with_capacity(nops, bound, "the chunk of each op")?;
-    let mut transfers = 0usize;
     let _ = src.try_for_each_op(|_, op| -> Result<(), ()> {
-        link_of_op.push(links.intern(op, ranks_per_node));
         chunk_of_op.push(chunk_ids.intern(op.chunk));
-        transfers += op.is_transfer() as usize;
         Ok(())
     });
-    Ok((links, link_of_op, chunk_of_op, chunk_ids.count, transfers))
+    Ok((chunk_of_op, chunk_ids.count))
 }

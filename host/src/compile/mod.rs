@@ -35,8 +35,8 @@
 //! threads, `emit` builds ranks on workers handed over in rank order, and the verifiers run beside
 //! the next pass or split their work; the plan is the same for every thread count.
 //!
-//! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and half a
-//! minute on two cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
+//! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and 25 s on
+//! two idle cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
 //!
 //! ## The execution model the passes target
 //!
@@ -358,7 +358,7 @@ pub fn compile(src: &impl OpSource, opts: &Options) -> Result<Plan, CompileError
 /// This is for callers that look at one rank at a time or only at the statistics: the whole plan
 /// of an 8192-GPU HM AllReduce (268 M tasks) takes about 19 GB on its own, while compiling that
 /// program this way from its generator ([`crate::program::generators::Algorithm::source`]) peaks at
-/// about 2.5 GB.
+/// about 3 GB.
 pub fn compile_streaming(
     src: &impl OpSource,
     opts: &Options,
@@ -528,7 +528,7 @@ fn drive(
     let check_bytes = verify::PlanCheck::estimate_bytes(sizes.ranks, conns.list.len() as u64);
     let emit = plan::estimate_bytes(tasks, sizes.ranks, sizes.max_rank_tasks, links, threads as u64);
     check(graph.heap_bytes() + sizes.ops * 8 + conn_bytes + check_bytes + emit)?;
-    let link_by_pos = plan::links_by_position(&graph, &schedule)?;
+    let link_by_pos = plan::links_by_position(&graph, &schedule, threads)?;
     if !keep_all {
         graph.link_of_op = Vec::new();
     }

@@ -490,8 +490,9 @@ pub fn estimate_bytes(tasks: u64, ranks: u64, rank_tasks: u64, links: u64, threa
 }
 
 /// Bytes of the batches of ranks' tasks [`emit`]'s workers copy out of the order at a time, all
-/// workers together.
-const BATCH_BYTES: usize = 1 << 30;
+/// workers together: 1.5 GiB, so that each of two workers scans the order of the 8192-GPU
+/// programs twice.
+const BATCH_BYTES: usize = 3 << 29;
 
 /// Ranks a worker builds and hands over together.
 const CHUNK_RANKS: usize = 4;
@@ -508,10 +509,28 @@ struct Placed {
 }
 
 /// The link of each op in schedule order (`order[pos]`'s link at `pos`), so that a rank's tasks
-/// read it at their positions, as they read their ops.
-pub fn links_by_position(g: &Graph, sched: &Schedule) -> Result<Vec<u32>, memory::TooLarge> {
-    let mut v = memory::try_vec(sched.order.len(), "the link of each op in schedule order")?;
-    v.extend(sched.order.iter().map(|op| g.link_of_op[op.index()]));
+/// read it at their positions, as they read their ops; gathered by up to `threads` threads, each
+/// a range of positions.
+pub fn links_by_position(g: &Graph, sched: &Schedule, threads: usize) -> Result<Vec<u32>, memory::TooLarge> {
+    let n = sched.order.len();
+    let mut v = memory::try_filled(n, 0u32, "the link of each op in schedule order")?;
+    let t = threads.clamp(1, 8).min(n.div_ceil(1 << 16).max(1));
+    let gather = |ops: &[OpId], links: &mut [u32]| {
+        for (l, op) in links.iter_mut().zip(ops) {
+            *l = g.link_of_op[op.index()];
+        }
+    };
+    std::thread::scope(|scope| {
+        let per = n.div_ceil(t).max(1);
+        let mut parts = sched.order.chunks(per).zip(v.chunks_mut(per));
+        let first = parts.next();
+        for (ops, links) in parts {
+            scope.spawn(move || gather(ops, links));
+        }
+        if let Some((ops, links)) = first {
+            gather(ops, links);
+        }
+    });
     Ok(v)
 }
 
