@@ -265,8 +265,9 @@ pub fn nccl_op(op: ReduceOp) -> c_int {
 /// An NCCL communicator of one group, as an [`InterNode`].
 pub struct NcclGroup {
     nccl: &'static Nccl,
-    /// The communicator's handle, taken by [`InterNode::abort`] (NCCL frees it then): every call
-    /// holds the lock, so an abort never frees a handle a call is using.
+    /// The communicator's handle, taken by [`InterNode::abort`] (NCCL frees it then): no call
+    /// starts after an abort. The lock is not held during a call, so that an abort from another
+    /// thread can end a call blocked in NCCL (`ncclCommAbort`'s purpose).
     comm: std::sync::Mutex<Option<Handle>>,
     rank: usize,
     size: usize,
@@ -331,9 +332,9 @@ impl NcclGroup {
 impl NcclGroup {
     /// Runs `call` with the live handle, [`Error::Aborted`] after an abort.
     fn with(&self, call: impl FnOnce(Comm) -> Result<()>) -> Result<()> {
-        let held = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-        match held.as_ref() {
-            Some(h) => call(h.0),
+        let handle = self.comm.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|h| h.0);
+        match handle {
+            Some(h) => call(h),
             None => Err(Error::Aborted),
         }
     }
@@ -504,12 +505,16 @@ impl EngineGroup {
     ) -> Result<EngineGroup> {
         let me = bootstrap.rank() as u32;
         let (node, local) = (map.node(me), map.local(me));
-        let mine = if node == 0 {
-            crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?.to_bytes().to_vec()
-        } else {
-            Vec::new()
+        // A root that cannot start still takes part in the exchange, so that its group fails at once.
+        let root = (node == 0).then(|| crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+        let mine = match &root {
+            Some(Ok(id)) => id.to_bytes().to_vec(),
+            _ => Vec::new(),
         };
         let ids = bootstrap.all_gather(&mine)?;
+        if let Some(Err(e)) = root {
+            return Err(e.into());
+        }
         let id = crate::Id::from_bytes(&ids[map.rank(0, local) as usize])?;
         let (rank, size) = (node as usize, map.nodes() as usize);
         let group = crate::bootstrap::TcpBootstrap::new(&id, rank, size, config.timeout)?;

@@ -111,12 +111,13 @@ type MakeInter = Box<dyn FnOnce(&NodeMap, &dyn Bootstrap, &Arc<CudaStream>) -> R
 /// Calls are asynchronous on the rank's stream; [`Comm::synchronize`] waits and reports device
 /// errors as [`Communicator::synchronize`] does.
 pub struct Comm {
+    /// Across nodes: the node map, the inter-node group and its stream. First, so that it drops
+    /// first: its inter-node side ends (or is aborted) before `inner` waits for the rank's stream.
+    nodes: Option<Box<Nodes>>,
     /// The communicator this rank drives: the whole world's, or across nodes its node's.
     inner: Communicator,
     /// This rank's index in `inner`.
     rank: usize,
-    /// Across nodes: the node map, the inter-node group and its stream.
-    nodes: Option<Box<Nodes>>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -286,7 +287,7 @@ impl Comm {
         let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false) };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
-        Ok(Comm { inner, rank: me, nodes: None })
+        Ok(Comm { nodes: None, inner, rank: me })
     }
 
     /// Builds a communicator across nodes on `map`: a node communicator among this rank's node
@@ -319,9 +320,10 @@ impl Comm {
         let piece_bytes = config.inter_piece_bytes.unwrap_or(DEFAULT_PIECE_BYTES);
         let node_config = Config { ranks_per_node: None, ..config };
         let node_comm = Comm::new(stream, Box::new(node_bootstrap), node_config)?;
-        let pending = Default::default();
-        let nodes = Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap, pending };
-        Ok(Comm { inner: node_comm.inner, rank: node_comm.rank, nodes: Some(Box::new(nodes)) })
+        let (pending, failed, timeout) = (Default::default(), Default::default(), config.timeout);
+        let nodes =
+            Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap, pending, failed, timeout };
+        Ok(Comm { nodes: Some(Box::new(nodes)), inner: node_comm.inner, rank: node_comm.rank })
     }
 
     /// This rank.
@@ -379,8 +381,10 @@ impl Comm {
     }
 
     fn usable(&self) -> Result<()> {
+        let failed = self.nodes.as_ref().is_some_and(|n| n.failed.load(Ordering::SeqCst));
         match &self.inner.link {
             Some(l) if l.aborted.load(Ordering::SeqCst) => Err(Error::Aborted),
+            _ if failed => Err(Error::Aborted),
             _ => Ok(()),
         }
     }
@@ -815,33 +819,11 @@ impl Comm {
     /// which ends its calls in flight) and returns [`Error::InterNode`]; build a new communicator
     /// then.
     pub fn synchronize(&self) -> Result<()> {
-        if let Some(n) = &self.nodes {
-            let timeout = self.inner.config().timeout;
-            // Time without an inter-node step completing while some are pending: the rank's own
-            // work (compute queued on its stream, intra-node steps) does not count.
-            let mut since = std::time::Instant::now();
-            while !self.stream_done()? {
-                if let Err(e) = n.inter.check() {
-                    self.abort();
-                    return Err(e);
-                }
-                let (done, pending) = n.progress()?;
-                if done > 0 || pending == 0 {
-                    since = std::time::Instant::now();
-                } else if since.elapsed() > timeout {
-                    self.abort();
-                    return Err(Error::InterNode {
-                        call: "synchronize",
-                        why: format!(
-                            "rank {}: no inter-node step completed for {timeout:?} (a node stopped?); the communicator was aborted",
-                            n.rank
-                        ),
-                    });
-                }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-            n.progress()?;
-            n.inter.check()?;
+        if let Some(n) = &self.nodes
+            && let Err(e) = n.wait_inter(|| self.stream_done())
+        {
+            self.abort();
+            return Err(e);
         }
         self.inner.synchronize()
     }
@@ -862,7 +844,10 @@ impl Comm {
     /// inter-node engine recorded too.
     pub fn query(&self) -> Result<bool> {
         if let Some(n) = &self.nodes {
-            n.inter.check()?;
+            if let Err(e) = n.inter.check() {
+                self.abort();
+                return Err(e);
+            }
             if !self.stream_done()? {
                 return Ok(false);
             }
@@ -886,7 +871,7 @@ impl Comm {
             l.aborted.store(true, Ordering::SeqCst);
         }
         if let Some(n) = &self.nodes {
-            n.inter.abort();
+            n.fail();
         }
     }
 

@@ -32,9 +32,26 @@ pub(crate) struct Nodes {
     pub piece_bytes: u64,
     /// The bootstrap of the whole world.
     pub bootstrap: Box<dyn crate::Bootstrap>,
-    /// Events of inter-node steps queued and not yet seen complete, oldest first: whether the
-    /// inter-node side still makes progress ([`Nodes::progress`]).
-    pub pending: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
+    /// Inter-node steps queued and not yet seen complete, oldest first, each as (ready: recorded
+    /// once its inputs are there, done): whether the inter-node side makes progress
+    /// ([`Nodes::progress`]).
+    pub pending: std::sync::Mutex<std::collections::VecDeque<(CudaEvent, CudaEvent)>>,
+    /// Set when a call failed partway (its group aborted): later calls are refused.
+    pub failed: std::sync::atomic::AtomicBool,
+    /// How long the inter-node side may make no progress before it is given up on.
+    pub timeout: std::time::Duration,
+}
+
+/// What [`Nodes::progress`] saw.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// Inter-node steps that completed since the last look.
+    pub done: usize,
+    /// Inter-node steps still pending.
+    pub pending: usize,
+    /// Whether the oldest pending step has its inputs and has not completed: time counts against
+    /// the inter-node side only then (not while the rank's own work runs before it).
+    pub stalled: bool,
 }
 
 /// `len` elements at `ptr` on this rank's device, as a buffer the node communicator takes. Its
@@ -99,20 +116,68 @@ pub(crate) enum Source {
     Nothing,
 }
 
+impl Drop for Nodes {
+    /// The inter-node side ends before its group is destroyed (NCCL's destroy waits for its calls):
+    /// a side that makes no progress for the timeout is aborted instead of waited for.
+    fn drop(&mut self) {
+        if self.wait_inter(|| Ok(true)).is_err() {
+            self.fail();
+        }
+    }
+}
+
 impl Nodes {
-    /// Drops the inter-node steps that have completed from [`Nodes::pending`]: `(completed,
-    /// still pending)`.
-    pub(crate) fn progress(&self) -> Result<(usize, usize)> {
+    /// Drops the inter-node steps that have completed from [`Nodes::pending`].
+    pub(crate) fn progress(&self) -> Result<Progress> {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = 0;
-        while let Some(ev) = pending.front() {
-            if !ev.try_is_complete().map_err(Error::driver("cuEventQuery"))? {
+        let query = |e: &CudaEvent| e.try_is_complete().map_err(Error::driver("cuEventQuery"));
+        let mut stalled = false;
+        while let Some((ready, end)) = pending.front() {
+            if !query(end)? {
+                stalled = query(ready)?;
                 break;
             }
             pending.pop_front();
             done += 1;
         }
-        Ok((done, pending.len()))
+        Ok(Progress { done, pending: pending.len(), stalled })
+    }
+
+    /// Waits until the inter-node steps queued so far complete; where none completes for
+    /// [`Nodes::timeout`] while the oldest has its inputs, or the engine reports an error, aborts
+    /// the group (marking the communicator failed) and returns the error.
+    pub(crate) fn wait_inter(&self, rank_done: impl Fn() -> Result<bool>) -> Result<()> {
+        let mut since = std::time::Instant::now();
+        loop {
+            if let Err(e) = self.inter.check() {
+                self.fail();
+                return Err(e);
+            }
+            let p = self.progress()?;
+            if p.pending == 0 && rank_done()? {
+                return Ok(());
+            }
+            if p.done > 0 || !p.stalled {
+                since = std::time::Instant::now();
+            } else if since.elapsed() > self.timeout {
+                self.fail();
+                return Err(Error::InterNode {
+                    call: "synchronize",
+                    why: format!(
+                        "rank {}: no inter-node step completed for {:?} (a node stopped?); the communicator was aborted",
+                        self.rank, self.timeout
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// Aborts the inter-node group and refuses later calls.
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inter.abort();
     }
 
     /// Elements of `T` per piece.
@@ -142,7 +207,14 @@ impl Nodes {
         // has waited for the inter-node side by then.
         let scratch = if staged.scratch > 0 {
             let bytes = staged.scratch as usize * std::mem::size_of::<T>();
-            Some(stream.alloc_zeros::<u8>(bytes).map_err(Error::driver("cuMemAllocAsync"))?)
+            match stream.alloc_zeros::<u8>(bytes) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    // The peers' steps would wait for this rank's: they end with the group.
+                    self.fail();
+                    return Err(Error::driver("cuMemAllocAsync")(e));
+                }
+            }
         } else {
             None
         };
@@ -156,6 +228,7 @@ impl Nodes {
             _ => recv,
         };
         let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
+        let mut inter_steps: Vec<(CudaEvent, CudaEvent)> = Vec::new();
         let mut queue = || -> Result<()> {
             // The inter-node side starts after what the caller queued before the call.
             inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
@@ -167,6 +240,10 @@ impl Nodes {
                 if let Some(a) = step.after {
                     on.wait(&events[a]).map_err(Error::driver("cuStreamWaitEvent"))?;
                 }
+                let ready = match step.side {
+                    Side::Inter => Some(on.record_event(None).map_err(Error::driver("cuEventRecord"))?),
+                    Side::Intra => None,
+                };
                 let takes_part = step.takes_part(self.map.node(me), local as u32);
                 // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
                 // queued calls (the call ends on the caller's stream after the last of them).
@@ -263,7 +340,11 @@ impl Nodes {
                         };
                     }
                 }
-                events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
+                let done = on.record_event(None).map_err(Error::driver("cuEventRecord"))?;
+                if let Some(ready) = ready {
+                    inter_steps.push((ready, on.record_event(None).map_err(Error::driver("cuEventRecord"))?));
+                }
+                events.push(done);
             }
             Ok(())
         };
@@ -272,13 +353,16 @@ impl Nodes {
         // it. Peers must not wait for steps this rank did not queue: a failure aborts the group.
         let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));
         if queued.is_err() {
-            self.inter.abort();
+            self.fail();
         }
-        drop(scratch);
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.extend(events.into_iter().zip(&staged.steps).filter(|(_, s)| s.side == Side::Inter).map(|(e, _)| e));
-        drop(pending);
-        self.progress()?;
-        queued.and(joined)
+        if joined.is_ok() {
+            drop(scratch);
+        } else {
+            // The inter-node side may still read it, with nothing ordering the free after it.
+            std::mem::forget(scratch);
+        }
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).extend(inter_steps);
+        let progressed = self.progress().map(drop);
+        queued.and(joined).and(progressed)
     }
 }
