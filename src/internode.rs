@@ -505,19 +505,9 @@ impl EngineGroup {
     ) -> Result<EngineGroup> {
         let me = bootstrap.rank() as u32;
         let (node, local) = (map.node(me), map.local(me));
-        // A root that cannot start still takes part in the exchange, so that its group fails at once.
-        let root = (node == 0).then(|| crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
-        let mine = match &root {
-            Some(Ok(id)) => id.to_bytes().to_vec(),
-            _ => Vec::new(),
-        };
-        let ids = bootstrap.all_gather(&mine)?;
-        if let Some(Err(e)) = root {
-            return Err(e.into());
-        }
-        let id = crate::Id::from_bytes(&ids[map.rank(0, local) as usize])?;
         let (rank, size) = (node as usize, map.nodes() as usize);
-        let group = crate::bootstrap::TcpBootstrap::new(&id, rank, size, config.timeout)?;
+        let root = map.rank(0, local) as usize;
+        let group = crate::staged::group_bootstrap(bootstrap, root, rank, size, config.timeout)?;
         let config = crate::Config { ranks_per_node: None, ..config };
         let comm = crate::Comm::new(stream, Box::new(group), config)?;
         Ok(EngineGroup { comm, rank, size })

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::internode::InterNode;
 use crate::peer::{Link, PeerMemory};
 use crate::reshard::{Layout, ReshardOptions};
-use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source};
+use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source, group_bootstrap};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
@@ -77,19 +77,19 @@ fn device_uuid(ctx: &Arc<CudaContext>) -> Result<String> {
     Ok(uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
 }
 
-/// An aliasing error unless `send_bytes` at `send` and `recv_bytes` at `recv` are disjoint.
+/// An aliasing error unless `send_bytes` at `send` and `recv_bytes` at `recv` are disjoint (the
+/// communicator's own check, on this rank's two buffers).
 fn disjoint(send: u64, send_bytes: usize, recv: u64, recv_bytes: usize, rank: usize) -> Result<()> {
-    let (a, b) = (send_bytes as u64, recv_bytes as u64);
-    if a > 0 && b > 0 && send < recv + b && recv < send + a {
-        return Err(Error::Aliasing {
-            what: "send and receive buffers (use the in-place call)",
-            rank,
-            buffer: "send",
-            other_rank: rank,
-            other_buffer: "receive",
-        });
-    }
-    Ok(())
+    let range = |start: u64, bytes: usize, writes, buffer| crate::comm::Range {
+        start,
+        end: start + bytes as u64,
+        rank,
+        device: 0,
+        writes,
+        buffer,
+    };
+    let ranges = [range(send, send_bytes, false, "send"), range(recv, recv_bytes, true, "receive")];
+    crate::comm::check_disjoint(&ranges, "send and receive buffers (use the in-place call)")
 }
 
 /// Builds a rank's inter-node group: see [`Comm::with_inter_node`].
@@ -302,21 +302,10 @@ impl Comm {
     ) -> Result<Self> {
         let me = bootstrap.rank() as u32;
         let (node, local) = (map.node(me), map.local(me));
-        // A root that cannot start still takes part in the exchange (sending nothing), so that the
-        // node's other ranks fail at once instead of waiting for it.
-        let root = (local == 0).then(|| Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
-        let mine = match &root {
-            Some(Ok(id)) => id.to_bytes().to_vec(),
-            _ => Vec::new(),
-        };
-        let ids = bootstrap.all_gather(&mine)?;
-        if let Some(Err(e)) = root {
-            return Err(e.into());
-        }
-        let id = Id::from_bytes(&ids[map.rank(node, 0) as usize])?;
+        let (root, per_node) = (map.rank(node, 0) as usize, map.per_node() as usize);
+        let node_bootstrap = group_bootstrap(bootstrap.as_ref(), root, local as usize, per_node, config.timeout)?;
         let inter_stream = stream.context().new_stream().map_err(Error::driver("cuStreamCreate"))?;
         let inter = make_inter(&map, bootstrap.as_ref(), &inter_stream)?;
-        let node_bootstrap = TcpBootstrap::new(&id, local as usize, map.per_node() as usize, config.timeout)?;
         let piece_bytes = config.inter_piece_bytes.unwrap_or(DEFAULT_PIECE_BYTES);
         let node_config = Config { ranks_per_node: None, ..config };
         let node_comm = Comm::new(stream, Box::new(node_bootstrap), node_config)?;

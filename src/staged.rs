@@ -63,6 +63,30 @@ pub(crate) struct Region<T> {
     _t: PhantomData<T>,
 }
 
+/// A bootstrap among the ranks of one group (a node, or one local index across nodes): world rank
+/// `root` serves it on this host, and this rank joins as member `index` of `size`. Collective over
+/// `world`: every rank calls it once, in the same order; a root that cannot start still takes part
+/// in the exchange, so that its members fail at once instead of waiting.
+pub(crate) fn group_bootstrap(
+    world: &dyn crate::Bootstrap,
+    root: usize,
+    index: usize,
+    size: usize,
+    timeout: std::time::Duration,
+) -> Result<crate::bootstrap::TcpBootstrap> {
+    let serving = (world.rank() == root).then(|| crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+    let mine = match &serving {
+        Some(Ok(id)) => id.to_bytes().to_vec(),
+        _ => Vec::new(),
+    };
+    let ids = world.all_gather(&mine)?;
+    if let Some(Err(e)) = serving {
+        return Err(e.into());
+    }
+    let id = crate::Id::from_bytes(&ids[root])?;
+    Ok(crate::bootstrap::TcpBootstrap::new(&id, index, size, timeout)?)
+}
+
 impl<T> Region<T> {
     pub(crate) fn new(base: sys::CUdeviceptr, at: u64, len: u64, stream: &Arc<CudaStream>) -> Region<T> {
         let e = std::mem::size_of::<T>() as u64;
@@ -228,7 +252,8 @@ impl Nodes {
             _ => recv,
         };
         let mut events: Vec<CudaEvent> = Vec::with_capacity(staged.steps.len());
-        let mut inter_steps: Vec<(CudaEvent, CudaEvent)> = Vec::new();
+        // Per inter-node step, the event recorded once its inputs are there.
+        let mut readies: Vec<Option<CudaEvent>> = Vec::with_capacity(staged.steps.len());
         let mut queue = || -> Result<()> {
             // The inter-node side starts after what the caller queued before the call.
             inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
@@ -245,9 +270,7 @@ impl Nodes {
                     Side::Intra => None,
                 };
                 let takes_part = step.takes_part(self.map.node(me), local as u32);
-                // SAFETY (every inter-node call below): parts of the caller's buffers, which outlive the
-                // queued calls (the call ends on the caller's stream after the last of them).
-                match step.kind.clone() {
+                match step.kind {
                     _ if !takes_part => {}
                     Kind::IntraReduceScatter { at, len } => match src {
                         Source::At(s) => {
@@ -259,6 +282,8 @@ impl Nodes {
                     },
                     Kind::InterAllReduce { at, len, sharded } => {
                         let at = if sharded { at + local * len } else { at };
+                        // SAFETY: inside the caller's receive buffer, which outlives the call (it ends on
+                        // the rank's stream after this step).
                         unsafe { self.inter.all_reduce(recv + at * e, len as usize, T::DTYPE, op, inter)? };
                     }
                     Kind::IntraAllGather { at, len } => {
@@ -301,6 +326,7 @@ impl Nodes {
                             _ => to,
                         };
                         let root = root_node as usize;
+                        // SAFETY: inside the caller's buffers, as above; `from` is `to` where in place.
                         unsafe { self.inter.broadcast(from, to, len as usize, T::DTYPE, root, !out_of_place, inter)? };
                     }
                     Kind::IntraAllGatherOf { node: k, len } => {
@@ -335,16 +361,14 @@ impl Nodes {
                             (false, Source::Nothing) => from,
                             (false, _) => recv + into * e,
                         };
+                        // SAFETY: the scratch slot and the caller's receive buffer, as above.
                         unsafe {
                             self.inter.reduce(from, into, len as usize, T::DTYPE, op, root_node as usize, inter)?
                         };
                     }
                 }
-                let done = on.record_event(None).map_err(Error::driver("cuEventRecord"))?;
-                if let Some(ready) = ready {
-                    inter_steps.push((ready, on.record_event(None).map_err(Error::driver("cuEventRecord"))?));
-                }
-                events.push(done);
+                events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
+                readies.push(ready);
             }
             Ok(())
         };
@@ -361,6 +385,8 @@ impl Nodes {
             // The inter-node side may still read it, with nothing ordering the free after it.
             std::mem::forget(scratch);
         }
+        // Each inter-node step's (ready, done) pair: its done event is the one later steps waited on.
+        let inter_steps = readies.into_iter().zip(events).filter_map(|(ready, done)| Some((ready?, done)));
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).extend(inter_steps);
         let progressed = self.progress().map(drop);
         queued.and(joined).and(progressed)

@@ -196,7 +196,7 @@ pub enum Side {
 
 /// What a step does, on this rank's buffers. Element offsets and counts; `local` below is the
 /// rank's local index, `g` the ranks per node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Inside each node, ReduceScatter of `send[at .. at + g·len]` in `g` blocks: block `local`
     /// reduced over the node lands in `recv[at + local·len ..][..len]`.
