@@ -435,7 +435,7 @@ pub struct Engine {
     /// compilation of the plan PTX must not hold up another thread's collective between its groups).
     plans_loading: Mutex<()>,
     /// CTAs per SM by (kernel, threads, dynamic shared memory).
-    occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
+    occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     /// Multiprocessors of the device.
     pub sms: u32,
     /// Most dynamic shared memory one CTA may use (opt-in limit).
@@ -498,7 +498,7 @@ impl Engine {
     /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised (loaded
     /// by [`Engine::new`]).
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        kernel(&self.functions, abi::kernel_name(mover, dtype, op))
+        kernel(&self.functions, abi::kernel_name(mover, dtype, op), (mover, dtype, op))
     }
 
     /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
@@ -521,7 +521,7 @@ impl Engine {
                 }
             }
         };
-        kernel(&plans.functions, abi::plan_kernel_name(mover, dtype, op))
+        kernel(&plans.functions, abi::plan_kernel_name(mover, dtype, op), (mover, dtype, op))
     }
 
     /// Registers and local memory of a compiled-plan kernel.
@@ -675,7 +675,7 @@ impl Engine {
     /// CTAs of `spec`'s kernel with `smem` bytes of shared memory that fit on one SM, from the
     /// driver's occupancy calculator once per (kernel, threads, shared memory): every call checks it.
     fn ctas_per_sm(&self, spec: &LaunchSpec, smem: usize) -> Result<u32> {
-        let key = (abi::kernel_name(spec.mover, spec.dtype, spec.op), spec.threads, smem);
+        let key = (spec.mover, spec.dtype, spec.op, spec.threads, smem);
         if let Some(&n) = self.occupancy.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
@@ -757,6 +757,9 @@ impl Engine {
         unsafe { launch_kernel(stream, &f, cfg, &args) }
     }
 }
+
+/// An engine kernel (mover, dtype, operator), its threads per CTA and dynamic shared memory.
+type OccupancyKey = (Mover, DType, RedOp, u32, usize);
 
 /// Makes `ctx` the calling thread's current context, first reporting any error cudarc keeps for it
 /// (`CudaContext::check_err`: a failure in a cudarc function that could not return one, such as a
@@ -870,7 +873,18 @@ fn load_all(
 
 /// The kernel `name` from `map`, where its module's table put it when the module was loaded (a name
 /// outside the table is an error: loading it here would be the lazy load [`load_all`] avoids).
-fn kernel(map: &HashMap<&'static str, CudaFunction>, name: &'static str) -> Result<CudaFunction> {
+/// The kernel `name` (none: the module has no kernel for `what`) from its module's kernels.
+fn kernel(
+    map: &HashMap<&'static str, CudaFunction>,
+    name: Option<&'static str>,
+    what: (Mover, DType, RedOp),
+) -> Result<CudaFunction> {
+    let (mover, dtype, op) = what;
+    let Some(name) = name else {
+        return Err(Error::Unsupported {
+            what: format!("{op:?} on {dtype:?} with the {mover:?} mover in this module"),
+        });
+    };
     map.get(name).cloned().ok_or_else(|| Error::Config {
         field: "kernel",
         why: format!("{name} is not among the kernels loaded with its module"),

@@ -257,8 +257,10 @@ pub fn nccl_dtype(dtype: DType) -> c_int {
 pub fn nccl_op(op: ReduceOp) -> c_int {
     match op {
         ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
         ReduceOp::Max => 2,
         ReduceOp::Min => 3,
+        ReduceOp::Avg => 4,
     }
 }
 

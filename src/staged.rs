@@ -221,6 +221,13 @@ impl Nodes {
         recv: sys::CUdeviceptr,
         op: ReduceOp,
     ) -> Result<()> {
+        // An average over nodes needs the complete sum before its one division (integers divided
+        // per node would lose the remainders): not staged yet.
+        if op == ReduceOp::Avg {
+            return Err(Error::Unsupported {
+                what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
+            });
+        }
         let g = self.map.per_node() as u64;
         let me = self.rank as u32;
         let local = self.map.local(me) as u64;

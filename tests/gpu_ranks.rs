@@ -83,7 +83,7 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
         _ => rng.random_range(0..300_000),
     };
     let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.random_range(0..5) as usize];
-    let op = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max][rng.random_range(0..3) as usize];
+    let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
     let spec = PlanSpec {
         collective,
         count,
@@ -95,13 +95,20 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
         ctas: 1,
         reduction,
     };
-    // Small integers: exact in any order of combination (the bulk reduction's too).
+    // Small integers: exact in any order of combination (the bulk reduction's too). Products take
+    // ±1 and ±2: an f16 product that overflows stays an infinity, never times zero (a NaN, whose
+    // bits the CPU and the GPU spell differently).
     let (in_bytes, _) = spec.buffer_bytes();
     let elems = in_bytes as usize / dtype.size();
     let mut inputs: Vec<Vec<u8>> = (0..world).map(|_| Vec::new()).collect();
     for _ in 0..elems {
         for input in inputs.iter_mut() {
-            input.extend(element(dtype, rng.random_range(0..21) as f64 - 10.0));
+            let x = if op == ReduceOp::Prod {
+                [-2.0, -1.0, 1.0, 2.0][rng.random_range(0..4) as usize]
+            } else {
+                rng.random_range(0..21) as f64 - 10.0
+            };
+            input.extend(element(dtype, x));
         }
     }
     let shifted = rng.random_range(0..3) == 0;

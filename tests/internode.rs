@@ -29,7 +29,10 @@ fn type_and_operator_codes_are_ncclh() {
     let codes: Vec<i32> = DType::ALL.iter().map(|&d| nccl_dtype(d)).collect();
     assert_eq!(codes, [7, 6, 9, 2, 3]);
     // ncclSum 0, ncclMin 3, ncclMax 2.
-    assert_eq!([ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max].map(nccl_op), [0, 3, 2]);
+    assert_eq!(
+        [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod, ReduceOp::Avg].map(nccl_op),
+        [0, 3, 2, 1, 4]
+    );
 }
 
 #[test]

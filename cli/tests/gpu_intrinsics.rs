@@ -372,7 +372,7 @@ fn packed_half_arithmetic() {
         }
     }
     let (da, db) = (p.stream.clone_htod(&a).unwrap(), p.stream.clone_htod(&b).unwrap());
-    let out = p.stream.alloc_zeros::<u32>(6 * n as usize).unwrap();
+    let out = p.stream.alloc_zeros::<u32>(10 * n as usize).unwrap();
     let (o, x, y) = (p.addr(&out), p.addr(&da), p.addr(&db));
     unsafe {
         p.stream.launch_builder(&p.f("probe_arith")).arg(&o).arg(&x).arg(&y).arg(&n).launch(Probes::cfg(
@@ -386,17 +386,22 @@ fn packed_half_arithmetic() {
     for i in 0..n as usize {
         for half in 0..2 {
             let (ax, bx) = ((a[i] >> (16 * half)) as u16, (b[i] >> (16 * half)) as u16);
-            let got = |k: usize| (v[6 * i + k] >> (16 * half)) as u16;
+            let got = |k: usize| (v[10 * i + k] >> (16 * half)) as u16;
             if i % 2 == 0 {
                 let (x, y) = (f16::from_bits(ax).to_f32(), f16::from_bits(bx).to_f32());
                 assert_eq!(got(0), f16::from_f32(x + y).to_bits(), "add.rn.f16x2 {x} {y}");
                 assert_eq!(got(1), f16::from_f32(x.min(y)).to_bits(), "min.f16x2 {x} {y}");
                 assert_eq!(got(2), f16::from_f32(x.max(y)).to_bits(), "max.f16x2 {x} {y}");
+                // The product of two f16 is exact in f32: one rounding, as the hardware's.
+                assert_eq!(got(6), f16::from_f32(x * y).to_bits(), "mul.rn.f16x2 {x} {y}");
+                assert_eq!(got(8), f16::from_f32(x / 3.0).to_bits(), "cvt.rn.f16x2.f32 of {x} / 3");
             } else {
                 let (x, y) = (bf16::from_bits(ax).to_f64(), bf16::from_bits(bx).to_f64());
                 assert_eq!(got(3), bf16::from_f64(x + y).to_bits(), "add.rn.bf16x2 {x} {y}");
                 assert_eq!(got(4), bf16::from_f64(x.min(y)).to_bits(), "min.bf16x2 {x} {y}");
                 assert_eq!(got(5), bf16::from_f64(x.max(y)).to_bits(), "max.bf16x2 {x} {y}");
+                assert_eq!(got(7), bf16::from_f64(x * y).to_bits(), "mul.rn.bf16x2 {x} {y}");
+                assert_eq!(got(9), bf16::from_f32(x as f32 / 3.0).to_bits(), "cvt.rn.bf16x2.f32 of {x} / 3");
             }
         }
     }

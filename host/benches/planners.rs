@@ -42,7 +42,7 @@ fn pieces(n: u32, per_cta: u32) -> Lowered {
             src_slot: slot::INPUT,
             dst_slot: slot::OUTPUT,
             flags: 0,
-            reserved: 0,
+            divisor: 0,
             src_ranks: 1,
             dst_ranks: 1,
             src_offset: 0,

@@ -130,6 +130,9 @@ fn decode(index: usize, t: &Task) -> Result<(TaskKind, DType, RedOp), LoweredErr
     if kind == TaskKind::ReduceInto && t.dst_ranks.count_ones() != 1 {
         return Err(bad("ReduceInto needs exactly one destination"));
     }
+    if t.divisor > 1 && op != RedOp::Avg {
+        return Err(bad("a divisor on an operator other than Avg"));
+    }
     Ok((kind, dtype, op))
 }
 
@@ -396,6 +399,43 @@ pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
         (DType::U32, RedOp::Sum) => each!(u32, |x: u32, y: u32| x.wrapping_add(y)),
         (DType::U32, RedOp::Min) => each!(u32, |x: u32, y: u32| x.min(y)),
         (DType::U32, RedOp::Max) => each!(u32, |x: u32, y: u32| x.max(y)),
+        // A product of two halves is exact in f32 (2 × 11 and 2 × 8 bits): rounded once, as the
+        // hardware's multiply.
+        (DType::F32, RedOp::Prod) => each!(f32, |x: f32, y: f32| x * y),
+        (DType::F16, RedOp::Prod) => each!(f16, |x: f16, y: f16| f16::from_f32(x.to_f32() * y.to_f32())),
+        (DType::Bf16, RedOp::Prod) => each!(bf16, |x: bf16, y: bf16| bf16::from_f32(x.to_f32() * y.to_f32())),
+        (DType::I32, RedOp::Prod) => each!(i32, |x: i32, y: i32| x.wrapping_mul(y)),
+        (DType::U32, RedOp::Prod) => each!(u32, |x: u32, y: u32| x.wrapping_mul(y)),
+        // Avg combines as Sum; `finish_into` divides the complete result.
+        (_, RedOp::Avg) => combine_into(dtype, RedOp::Sum, acc, src),
+    }
+}
+
+/// The operator's last step on complete results of `n` contributions each, as the device's
+/// (`Combine::finish`): Avg divides, the floats by multiplying with the f32 nearest `1/n` (f16 and bf16
+/// widened to f32 and rounded back to nearest even), the integers truncating toward zero; every
+/// other operator and `n ≤ 1` leave `acc` as it is.
+pub fn finish_into(dtype: DType, op: RedOp, acc: &mut [u8], n: u32) {
+    use half::{bf16, f16};
+    if op != RedOp::Avg || n <= 1 {
+        return;
+    }
+    macro_rules! each {
+        ($t:ty, $f:expr) => {{
+            let w = std::mem::size_of::<$t>();
+            for a in acc.chunks_exact_mut(w) {
+                let r: $t = $f(<$t>::from_le_bytes((&*a).try_into().unwrap()));
+                a.copy_from_slice(&r.to_le_bytes());
+            }
+        }};
+    }
+    let r = 1.0 / n as f32;
+    match dtype {
+        DType::F32 => each!(f32, |x: f32| x * r),
+        DType::F16 => each!(f16, |x: f16| f16::from_f32(x.to_f32() * r)),
+        DType::Bf16 => each!(bf16, |x: bf16| bf16::from_f32(x.to_f32() * r)),
+        DType::I32 => each!(i32, |x: i32| x / n as i32),
+        DType::U32 => each!(u32, |x: u32| x / n),
     }
 }
 
@@ -432,6 +472,7 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
                 TaskKind::Move => Vec::new(),
                 TaskKind::ReduceInto => read(bufs, t.dst_ranks.trailing_zeros() as usize, t.dst_slot, t.dst_offset),
             };
+            let mut operands = (kind == TaskKind::ReduceInto) as u32;
             for r in ranks(t.src_ranks) {
                 let src = read(bufs, r, t.src_slot, t.src_offset);
                 if acc.is_empty() && kind == TaskKind::Move {
@@ -439,6 +480,11 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
                 } else {
                     combine_into(dtype, op, &mut acc, &src);
                 }
+                operands += 1;
+            }
+            // As the device: a single operand is a copy, which no operator finishes.
+            if operands > 1 {
+                finish_into(dtype, op, &mut acc, t.divisor as u32);
             }
             for r in ranks(t.dst_ranks) {
                 let (r, s, off) = resolve(r, t.dst_slot, t.dst_offset);

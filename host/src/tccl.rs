@@ -265,7 +265,12 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
         src_slot,
         dst_slot,
         flags,
-        reserved: 0,
+        // Every combining task of these plans completes its reductions: Avg divides there.
+        divisor: if spec.op == RedOp::Avg && (kind == TaskKind::ReduceInto || src.count_ones() > 1) {
+            p as u16
+        } else {
+            0
+        },
         src_ranks: src,
         dst_ranks: dst,
         src_offset,
@@ -417,7 +422,10 @@ pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
         (DType::I32, RedOp::Max) => i32::MAX.to_le_bytes().to_vec(),
         (DType::U32, RedOp::Min) => 0u32.to_le_bytes().to_vec(),
         (DType::U32, RedOp::Max) => u32::MAX.to_le_bytes().to_vec(),
-        (DType::I32 | DType::U32, RedOp::Sum) => vec![0xA5; 4],
+        (DType::F32, RedOp::Prod | RedOp::Avg) => f32::NAN.to_le_bytes().to_vec(),
+        (DType::F16, RedOp::Prod | RedOp::Avg) => f16::NAN.to_le_bytes().to_vec(),
+        (DType::Bf16, RedOp::Prod | RedOp::Avg) => bf16::NAN.to_le_bytes().to_vec(),
+        (DType::I32 | DType::U32, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5; 4],
     };
     one.iter().copied().cycle().take(len).collect()
 }
@@ -439,6 +447,7 @@ pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
         for s in &slices[1..] {
             crate::lowered::combine_into(spec.dtype, spec.op, &mut acc, s);
         }
+        crate::lowered::finish_into(spec.dtype, spec.op, &mut acc, slices.len() as u32);
         acc
     };
     match spec.collective {

@@ -16,7 +16,7 @@ fn task(kind: TaskKind, src: u32, src_slot: u8, dst: u32, dst_slot: u8, offset: 
         src_slot,
         dst_slot,
         flags,
-        reserved: 0,
+        divisor: 0,
         src_ranks: src,
         dst_ranks: dst,
         src_offset: offset,
@@ -179,6 +179,37 @@ fn combine_into_matches_hand_computed_values() {
     assert_eq!(run(DType::U32, RedOp::Sum, &[u32::MAX, 5], &[2, 6], u32b), le(&[1u32, 11], u32b));
     assert_eq!(run(DType::U32, RedOp::Min, &[u32::MAX, 0], &[1, 7], u32b), le(&[1u32, 0], u32b));
     assert_eq!(run(DType::U32, RedOp::Max, &[u32::MAX, 0], &[1, 7], u32b), le(&[u32::MAX, 7], u32b));
+
+    // Products: one rounding (f16: 3 × 1365 = 4095 → 4096, the nearest even half), integers wrap.
+    assert_eq!(
+        run(DType::F16, RedOp::Prod, &[f16::from_f32(3.0)], &[f16::from_f32(1365.0)], f16b),
+        f16b(f16::from_f32(4096.0))
+    );
+    assert_eq!(run(DType::I32, RedOp::Prod, &[i32::MAX, -3], &[2, 5], i32b), le(&[-2, -15], i32b));
+    assert_eq!(run(DType::U32, RedOp::Prod, &[u32::MAX], &[3], u32b), le(&[u32::MAX - 2], u32b));
+    // Avg combines as a sum; the division comes once, at the end (`finish_into`).
+    assert_eq!(run(DType::F32, RedOp::Avg, &[1.5f32], &[2.25], f32b), le(&[3.75f32], f32b));
+    let finish = |dtype: DType, mut acc: Vec<u8>, n: u32| {
+        lowered::finish_into(dtype, RedOp::Avg, &mut acc, n);
+        acc
+    };
+    // Floats multiply by the f32 nearest 1/n: 1/3 is below a third, so 3 × (1/3) is just below 1.
+    assert_eq!(
+        finish(DType::F32, le(&[3.0f32, 10.0], f32b), 3),
+        le(&[3.0f32 * (1.0 / 3.0), 10.0 * (1.0f32 / 3.0)], f32b)
+    );
+    assert_eq!(finish(DType::F32, le(&[6.0f32], f32b), 4), le(&[1.5f32], f32b));
+    assert_eq!(finish(DType::Bf16, le(&[bf16::from_f32(7.0)], bf16b), 2), le(&[bf16::from_f32(3.5)], bf16b));
+    // f16: 1/3 widened product rounded once: 1.0 × 0.33333334 → 0.33325195 (the nearest half).
+    assert_eq!(finish(DType::F16, le(&[f16::from_f32(1.0)], f16b), 3), le(&[f16::from_f32(1.0 / 3.0)], f16b));
+    // Integers truncate toward zero, after the wrapped sum.
+    assert_eq!(finish(DType::I32, le(&[-7, 7, i32::MIN], i32b), 2), le(&[-3, 3, i32::MIN / 2], i32b));
+    assert_eq!(finish(DType::U32, le(&[7u32, u32::MAX], u32b), 4), le(&[1u32, u32::MAX / 4], u32b));
+    // Other operators and a single contribution are left as they are.
+    assert_eq!(finish(DType::I32, le(&[-7], i32b), 1), le(&[-7], i32b));
+    let mut sum = le(&[-7], i32b);
+    lowered::finish_into(DType::I32, RedOp::Sum, &mut sum, 4);
+    assert_eq!(sum, le(&[-7], i32b));
 }
 
 /// A copy task (the race tests' only kind).

@@ -121,6 +121,12 @@ abi_enum!(
         Min = 1,
         /// Maximum (for floats: if one operand is NaN, the other).
         Max = 2,
+        /// Product (wrapping for the integer types).
+        Prod = 3,
+        /// Average: the sum, then each complete result divided by the number of contributions
+        /// ([`Task::divisor`]): floats multiplied by the f32 nearest `1/n` (f16 and bf16 through f32,
+        /// one rounding back), the wrapped integer sum divided truncating toward zero.
+        Avg = 4,
     }
 );
 
@@ -131,18 +137,22 @@ impl RedOp {
             RedOp::Sum => "sum",
             RedOp::Min => "min",
             RedOp::Max => "max",
+            RedOp::Prod => "prod",
+            RedOp::Avg => "avg",
         }
     }
 }
 
 /// Whether `cp.reduce.async.bulk` can apply `op` to `dtype` in hardware (PTX ISA 8.0: add for f32, f16,
-/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32). Where it cannot, the engine reduces
-/// in registers.
+/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32; no multiply). Where it cannot, the
+/// engine reduces in registers.
 #[inline(always)]
 pub const fn tma_can_reduce(dtype: DType, op: RedOp) -> bool {
     match op {
         RedOp::Sum => true,
         RedOp::Min | RedOp::Max => !matches!(dtype, DType::F32),
+        // No bulk multiply; an average's division needs the complete sum in registers.
+        RedOp::Prod | RedOp::Avg => false,
     }
 }
 
@@ -193,6 +203,16 @@ macro_rules! engine_kernels {
             oxccl_run_tma_u32_sum, oxccl_run_simt_u32_sum: U32, Sum, SumI32;
             oxccl_run_tma_u32_min, oxccl_run_simt_u32_min: U32, Min, MinU32;
             oxccl_run_tma_u32_max, oxccl_run_simt_u32_max: U32, Max, MaxU32;
+            oxccl_run_tma_f32_prod, oxccl_run_simt_f32_prod: F32, Prod, ProdF32;
+            oxccl_run_tma_f16_prod, oxccl_run_simt_f16_prod: F16, Prod, ProdF16;
+            oxccl_run_tma_bf16_prod, oxccl_run_simt_bf16_prod: Bf16, Prod, ProdBf16;
+            oxccl_run_tma_i32_prod, oxccl_run_simt_i32_prod: I32, Prod, ProdI32;
+            oxccl_run_tma_u32_prod, oxccl_run_simt_u32_prod: U32, Prod, ProdI32;
+            oxccl_run_tma_f32_avg, oxccl_run_simt_f32_avg: F32, Avg, AvgF32;
+            oxccl_run_tma_f16_avg, oxccl_run_simt_f16_avg: F16, Avg, AvgF16;
+            oxccl_run_tma_bf16_avg, oxccl_run_simt_bf16_avg: Bf16, Avg, AvgBf16;
+            oxccl_run_tma_i32_avg, oxccl_run_simt_i32_avg: I32, Avg, AvgI32;
+            oxccl_run_tma_u32_avg, oxccl_run_simt_u32_avg: U32, Avg, AvgU32;
         }
     };
 }
@@ -210,22 +230,23 @@ macro_rules! kernel_table {
 }
 engine_kernels!(kernel_table);
 
-/// The kernel of `table` for `mover` reducing `dtype` with `op` (every table lists all 15 pairs).
+/// The kernel of `table` for `mover` reducing `dtype` with `op`, if the table has one.
 fn find_kernel(
     table: &[(DType, RedOp, &'static str, &'static str)],
     mover: Mover,
     dtype: DType,
     op: RedOp,
-) -> &'static str {
-    let (_, _, tma, simt) = table.iter().find(|(d, o, _, _)| *d == dtype && *o == op).copied().unwrap_or(table[0]);
-    match mover {
+) -> Option<&'static str> {
+    let (_, _, tma, simt) = table.iter().find(|(d, o, _, _)| *d == dtype && *o == op).copied()?;
+    Some(match mover {
         Mover::Tma => tma,
         Mover::Simt => simt,
-    }
+    })
 }
 
-/// Name of the engine kernel for `mover` reducing `dtype` with `op` (copies use any operator).
-pub fn kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
+/// Name of the engine kernel for `mover` reducing `dtype` with `op` (copies use any operator); the
+/// engine has one for every pair.
+pub fn kernel_name(mover: Mover, dtype: DType, op: RedOp) -> Option<&'static str> {
     find_kernel(KERNELS, mover, dtype, op)
 }
 
@@ -260,8 +281,9 @@ pub struct Task {
     pub dst_slot: u8,
     /// [`TASK_AFTER_WRITES`] or 0.
     pub flags: u8,
-    /// Zero.
-    pub reserved: u16,
+    /// [`RedOp::Avg`]: the task completes its destinations' reductions, and divides each result by
+    /// this many contributions. 0 or 1 for every other task (no division).
+    pub divisor: u16,
     /// Bit `r` set: rank `r`'s `src_slot` buffer is a source.
     pub src_ranks: u32,
     /// Bit `r` set: rank `r`'s `dst_slot` buffer is a destination.
@@ -891,6 +913,11 @@ macro_rules! plan_kernels {
             oxccl_plan_tma_u32_sum, oxccl_plan_simt_u32_sum: U32, Sum, SumI32;
             oxccl_plan_tma_u32_min, oxccl_plan_simt_u32_min: U32, Min, MinU32;
             oxccl_plan_tma_u32_max, oxccl_plan_simt_u32_max: U32, Max, MaxU32;
+            oxccl_plan_tma_f32_prod, oxccl_plan_simt_f32_prod: F32, Prod, ProdF32;
+            oxccl_plan_tma_f16_prod, oxccl_plan_simt_f16_prod: F16, Prod, ProdF16;
+            oxccl_plan_tma_bf16_prod, oxccl_plan_simt_bf16_prod: Bf16, Prod, ProdBf16;
+            oxccl_plan_tma_i32_prod, oxccl_plan_simt_i32_prod: I32, Prod, ProdI32;
+            oxccl_plan_tma_u32_prod, oxccl_plan_simt_u32_prod: U32, Prod, ProdI32;
         }
     };
 }
@@ -907,8 +934,9 @@ macro_rules! plan_kernel_table {
 }
 plan_kernels!(plan_kernel_table);
 
-/// Name of the compiled-plan kernel for `mover` reducing `dtype` with `op`.
-pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> &'static str {
+/// Name of the compiled-plan kernel for `mover` reducing `dtype` with `op`: every operator but
+/// [`RedOp::Avg`] (a plan's tasks do not know which of them completes a reduction).
+pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> Option<&'static str> {
     find_kernel(PLAN_KERNELS, mover, dtype, op)
 }
 
@@ -971,6 +999,8 @@ mod tests {
             RedOp::Sum => "sum",
             RedOp::Min => "min",
             RedOp::Max => "max",
+            RedOp::Prod => "prod",
+            RedOp::Avg => "avg",
         };
         format!("oxccl_{kind}_{mover}_{dtype}_{op}")
     }
@@ -982,14 +1012,20 @@ mod tests {
             for &o in RedOp::ALL {
                 for &m in Mover::ALL {
                     for (kind, got) in [("run", kernel_name(m, d, o)), ("plan", plan_kernel_name(m, d, o))] {
+                        if kind == "plan" && o == RedOp::Avg {
+                            assert_eq!(got, None, "plans have no Avg kernels");
+                            continue;
+                        }
+                        let got = got.unwrap_or_else(|| panic!("no {kind} kernel for {m:?} {d:?} {o:?}"));
                         assert_eq!(got, expected_name(kind, m, d, o), "{m:?} {d:?} {o:?}");
                         assert!(names.insert(got), "{got} names two kernels");
                     }
                 }
             }
         }
-        assert_eq!(names.len(), 2 * Mover::ALL.len() * DType::ALL.len() * RedOp::ALL.len());
+        let plan_ops = RedOp::ALL.len() - 1;
+        assert_eq!(names.len(), Mover::ALL.len() * DType::ALL.len() * (RedOp::ALL.len() + plan_ops));
         assert_eq!(KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
-        assert_eq!(PLAN_KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
+        assert_eq!(PLAN_KERNELS.len(), DType::ALL.len() * plan_ops);
     }
 }

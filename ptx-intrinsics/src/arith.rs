@@ -37,3 +37,55 @@ packed!(
 packed!(
     /// Element-wise bf16 maximum (if one operand is NaN, the other).
     max_bf16x2, "max.bf16x2", "7.0", "sm_80");
+packed!(
+    /// Element-wise f16 multiply, round to nearest even.
+    mul_rn_f16x2, "mul.rn.f16x2", "4.2", "sm_53");
+packed!(
+    /// Element-wise bf16 multiply, round to nearest even.
+    mul_rn_bf16x2, "mul.rn.bf16x2", "7.8", "sm_90");
+
+/// Both f16 halves of `a` as f32 (exact), the low half first.
+///
+/// `cvt.f32.f16 d, a;` twice · PTX ISA 1.0 · sm_20
+#[doc(alias = "cvt.f32.f16")]
+#[inline(always)]
+pub fn cvt_f32_f16x2(a: u32) -> (f32, f32) {
+    let (lo, hi): (f32, f32);
+    // SAFETY: register arithmetic only.
+    unsafe {
+        asm!(
+            "{{ .reg .b16 l, h; mov.b32 {{l, h}}, {a}; cvt.f32.f16 {lo}, l; cvt.f32.f16 {hi}, h; }}",
+            a = in(reg32) a, lo = out(reg32) lo, hi = out(reg32) hi, options(pure, nomem, nostack)
+        )
+    }
+    (lo, hi)
+}
+
+/// `lo` and `hi` rounded to f16 (nearest even) and packed, `lo` in the low half.
+///
+/// `cvt.rn.f16x2.f32 d, hi, lo;` · PTX ISA 7.0 · sm_80
+#[doc(alias = "cvt.rn.f16x2.f32")]
+#[inline(always)]
+pub fn cvt_rn_f16x2_f32(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack))
+    }
+    d
+}
+
+/// `lo` and `hi` rounded to bf16 (nearest even) and packed, `lo` in the low half. (A bf16 becomes an
+/// f32 exactly by a shift: no instruction needed the other way.)
+///
+/// `cvt.rn.bf16x2.f32 d, hi, lo;` · PTX ISA 7.0 · sm_80
+#[doc(alias = "cvt.rn.bf16x2.f32")]
+#[inline(always)]
+pub fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack))
+    }
+    d
+}

@@ -379,11 +379,12 @@ pub unsafe extern "ptx-kernel" fn probe_vector(dst: u64, src: u64) {
     }
 }
 
-/// Packed half arithmetic: for each i, `out[6 i .. 6 i + 6]` = add/min/max of `a[i]`, `b[i]` as f16x2,
-/// then as bf16x2.
+/// Packed half arithmetic: for each i, `out[10 i .. 10 i + 10]` = add/min/max/mul of `a[i]`, `b[i]` as
+/// f16x2, then as bf16x2, then `a[i]`'s halves through f32 divided by 3 and rounded back, as f16x2
+/// and as bf16x2.
 ///
 /// # Safety
-/// `a` and `b` hold `n` u32 (f16x2 / bf16x2 pairs) and `out` `6 n` u32.
+/// `a` and `b` hold `n` u32 (f16x2 / bf16x2 pairs) and `out` `10 n` u32.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) {
     let i = ctaid_x() * ntid_x() + tid_x();
@@ -394,6 +395,8 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
     unsafe {
         let x = *Global::<u32>::from_addr(a).add(i as u64).ptr();
         let y = *Global::<u32>::from_addr(b).add(i as u64).ptr();
+        let (lo, hi) = cvt_f32_f16x2(x);
+        let (blo, bhi) = (f32::from_bits(x << 16), f32::from_bits(x & 0xffff_0000));
         let r = [
             add_rn_f16x2(x, y),
             min_f16x2(x, y),
@@ -401,8 +404,12 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
             add_rn_bf16x2(x, y),
             min_bf16x2(x, y),
             max_bf16x2(x, y),
+            mul_rn_f16x2(x, y),
+            mul_rn_bf16x2(x, y),
+            cvt_rn_f16x2_f32(lo / 3.0, hi / 3.0),
+            cvt_rn_bf16x2_f32(blo / 3.0, bhi / 3.0),
         ];
-        let o = Global::<u32>::from_addr(out).add(6 * i as u64);
+        let o = Global::<u32>::from_addr(out).add(10 * i as u64);
         for (k, v) in r.into_iter().enumerate() {
             *o.add(k as u64).ptr() = v;
         }

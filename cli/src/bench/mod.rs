@@ -222,7 +222,7 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowe
         src_slot: slot::INPUT,
         dst_slot: slot::OUTPUT,
         flags: 0,
-        reserved: 0,
+        divisor: 0,
         src_ranks,
         dst_ranks: 1,
         src_offset: lo,
@@ -691,11 +691,11 @@ fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
     }
 }
 
-/// As [`encode_all`] for an `f` of period 17 (`f(i + 17) == f(i)`, as [`pattern`] and [`Expected`]
-/// are): one period is encoded and the bytes repeated, so multi-GiB buffers take memory-copy time.
+/// As [`encode_with`] for an `f` of period 17 (`f(i + 17) == f(i)`, as [`Expected`]'s values are):
+/// one period is encoded and the bytes repeated, so multi-GiB buffers take memory-copy time.
 #[cfg(test)]
-fn encode_periodic(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
-    let period = encode_all(dtype, n.min(17), f);
+fn encode_periodic_with(dtype: DType, n: u64, f: impl Fn(u64) -> Enc) -> Vec<u8> {
+    let period = encode_with(dtype, n.min(17), f);
     let total = n as usize * dtype.size();
     let mut v = Vec::with_capacity(total);
     v.extend_from_slice(&period);
@@ -706,15 +706,45 @@ fn encode_periodic(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
     v
 }
 
-/// The value of `op` over `vals` as the dtype sees them (unsigned for u32).
-fn reduce_i64(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> i32 {
-    let vals = vals.map(|x| if dtype == DType::U32 { x.unsigned_abs() as i64 } else { x as i64 });
-    let r = match op {
-        ReduceOp::Sum => vals.sum::<i64>(),
-        ReduceOp::Min => vals.min().unwrap_or(0),
-        ReduceOp::Max => vals.max().unwrap_or(0),
-    };
-    r as i32
+/// One element's bytes (its first `dtype.size()` bytes).
+type Enc = [u8; 4];
+
+/// `v` as one element of `dtype` (u32: its magnitude), as [`encode_all`] writes it.
+fn enc(dtype: DType, v: i32) -> Enc {
+    let mut e = [0; 4];
+    let bytes = encode_all(dtype, 1, |_| v);
+    e[..bytes.len()].copy_from_slice(&bytes);
+    e
+}
+
+/// `n` elements `f(0), f(1), …` given as their bytes.
+fn encode_with(dtype: DType, n: u64, f: impl Fn(u64) -> Enc) -> Vec<u8> {
+    let e = dtype.size();
+    let mut v = Vec::with_capacity(n as usize * e);
+    for i in 0..n {
+        v.extend_from_slice(&f(i)[..e]);
+    }
+    v
+}
+
+/// `op` over `vals` (in rank order) as the device computes it, the engine's finishing step included
+/// (Avg's division by the number of values).
+fn reduce_enc(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> Enc {
+    let e = dtype.size();
+    let (mut acc, mut n) = (Vec::new(), 0u32);
+    for v in vals {
+        let x = enc(dtype, v);
+        if acc.is_empty() {
+            acc = x[..e].to_vec();
+        } else {
+            oxccl::host::lowered::combine_into(dtype, op, &mut acc, &x[..e]);
+        }
+        n += 1;
+    }
+    oxccl::host::lowered::finish_into(dtype, op, &mut acc, n);
+    let mut out = [0; 4];
+    out[..acc.len()].copy_from_slice(&acc);
+    out
 }
 
 /// The result element `i` of rank `r` must hold, for inputs made by [`pattern`].
@@ -723,47 +753,43 @@ struct Expected {
     dtype: DType,
     count: u64,
     /// `pattern` has period 17 in the element index: its reduction over ranks is a 17-entry table.
-    reduced: Vec<i32>,
+    reduced: Vec<Enc>,
 }
 
 impl Expected {
     fn new(collective: Collective, dtype: DType, op: ReduceOp, ranks: usize, count: u64) -> Self {
-        let reduced = (0..17).map(|m| reduce_i64(op, dtype, (0..ranks).map(|q| pattern(q, m)))).collect();
+        let reduced = (0..17).map(|m| reduce_enc(op, dtype, (0..ranks).map(|q| pattern(q, m)))).collect();
         Expected { collective, dtype, count, reduced }
     }
 
-    fn value(&self, r: usize, i: u64) -> i32 {
+    fn value(&self, r: usize, i: u64) -> Enc {
         match self.collective {
             Collective::AllReduce => self.reduced[(i % 17) as usize],
             Collective::ReduceScatter => self.reduced[((r as u64 * self.count + i) % 17) as usize],
             Collective::AllGather => {
                 let (q, j) = ((i / self.count.max(1)) as usize, i % self.count.max(1));
-                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(q, j)))
+                enc(self.dtype, pattern(q, j))
             }
-            Collective::Broadcast { root } => {
-                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(root as usize, i)))
-            }
+            Collective::Broadcast { root } => enc(self.dtype, pattern(root as usize, i)),
             // Off the root only an in-place buffer exists, left as it was: the rank's input.
-            Collective::Reduce { root } if r != root as usize => {
-                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(r, i)))
-            }
+            Collective::Reduce { root } if r != root as usize => enc(self.dtype, pattern(r, i)),
             Collective::Reduce { .. } => self.reduced[(i % 17) as usize],
         }
     }
 
     /// Elements `start..start + n` of rank `r`'s result, encoded (period by period: see
-    /// [`encode_periodic`]).
+    /// [`encode_periodic_with`]).
     #[cfg(test)]
     fn encode_range(&self, r: usize, start: u64, n: u64) -> Vec<u8> {
         if self.collective != Collective::AllGather || self.count == 0 {
-            return encode_periodic(self.dtype, n, |i| self.value(r, start + i));
+            return encode_periodic_with(self.dtype, n, |i| self.value(r, start + i));
         }
         // AllGather: block q is rank q's input, periodic within the block.
         let mut v = Vec::with_capacity(n as usize * self.dtype.size());
         let (mut at, end) = (start, start + n);
         while at < end {
             let len = ((at / self.count + 1) * self.count).min(end) - at;
-            v.extend(encode_periodic(self.dtype, len, |j| self.value(r, at + j)));
+            v.extend(encode_periodic_with(self.dtype, len, |j| self.value(r, at + j)));
             at += len;
         }
         v
@@ -790,7 +816,7 @@ impl Expected {
             } else {
                 (0, end)
             };
-            let unit = encode_all(self.dtype, UNIT_ELEMS, |k| self.periodic(r, base, k));
+            let unit = encode_with(self.dtype, UNIT_ELEMS, |k| self.periodic(r, base, k));
             let mut x = at;
             while x < seg_end {
                 let phase = (x - base) % UNIT_ELEMS;
@@ -806,12 +832,9 @@ impl Expected {
 
     /// Element `base + k` of rank `r`'s result for any `k`, where `base` starts a segment of
     /// [`Expected::count_wrong_range`] (AllGather: a block).
-    fn periodic(&self, r: usize, base: u64, k: u64) -> i32 {
+    fn periodic(&self, r: usize, base: u64, k: u64) -> Enc {
         match self.collective {
-            Collective::AllGather if self.count > 0 => {
-                let q = (base / self.count) as usize;
-                reduce_i64(ReduceOp::Sum, self.dtype, std::iter::once(pattern(q, k)))
-            }
+            Collective::AllGather if self.count > 0 => enc(self.dtype, pattern((base / self.count) as usize, k)),
             _ => self.value(r, base + k),
         }
     }
@@ -2200,13 +2223,14 @@ mod tests {
         let poison = |dtype: DType| vec![POISON; dtype.size()];
         for dtype in [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32] {
             for ranks in 2..=16 {
-                for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                for &op in ReduceOp::ALL {
                     let e = Expected::new(Collective::AllReduce, dtype, op, ranks, 17);
                     for i in 0..17 {
                         let v = e.value(0, i);
-                        assert_ne!(encode_all(dtype, 1, |_| v), poison(dtype), "{dtype:?} {op:?} {ranks} ranks");
+                        assert_ne!(v[..dtype.size()], poison(dtype), "{dtype:?} {op:?} {ranks} ranks");
                         if op == ReduceOp::Sum {
-                            assert!((0..ranks).all(|r| pattern(r, i) != v), "{dtype:?} {ranks} ranks, element {i}");
+                            let differs = (0..ranks).all(|r| enc(dtype, pattern(r, i)) != v);
+                            assert!(differs, "{dtype:?} {ranks} ranks, element {i}");
                         }
                     }
                 }
@@ -2602,7 +2626,7 @@ mod tests {
                                 assert!(w.is_empty(), "{collective:?} rank {r}");
                                 continue;
                             }
-                            let got = encode_all(dtype, out_bytes / e, |i| exp.value(r, i));
+                            let got = encode_with(dtype, out_bytes / e, |i| exp.value(r, i));
                             assert_eq!(got.len(), w.len(), "{collective:?} rank {r}");
                             assert_eq!(count_wrong(&got, w, e as usize), 0, "{collective:?} {dtype:?} {op:?} rank {r}");
                         }
@@ -2619,7 +2643,10 @@ mod tests {
         for &dtype in DType::ALL {
             for n in [0, 1, 16, 17, 18, 100, 1000] {
                 for r in 0..3 {
-                    assert_eq!(encode_periodic(dtype, n, |i| pattern(r, i)), encode_all(dtype, n, |i| pattern(r, i)));
+                    assert_eq!(
+                        encode_periodic_with(dtype, n, |i| enc(dtype, pattern(r, i))),
+                        encode_all(dtype, n, |i| pattern(r, i))
+                    );
                 }
             }
             for collective in Collective::every(0) {
@@ -2629,7 +2656,7 @@ mod tests {
                     for r in 0..ranks {
                         assert_eq!(
                             exp.encode_range(r, 0, n),
-                            encode_all(dtype, n, |i| exp.value(r, i)),
+                            encode_with(dtype, n, |i| exp.value(r, i)),
                             "{collective:?} {dtype:?} rank {r}"
                         );
                     }
@@ -2655,7 +2682,7 @@ mod tests {
                         let r = next(ranks as u64) as usize;
                         let start = next(total);
                         let n = next(total - start) + 1;
-                        let want = encode_all(dtype, n, |i| exp.value(r, start + i));
+                        let want = encode_with(dtype, n, |i| exp.value(r, start + i));
                         assert_eq!(exp.encode_range(r, start, n), want, "{collective:?} {dtype:?}");
                         let mut got = want.clone();
                         assert_eq!(exp.count_wrong_range(r, start, &got), 0, "{collective:?} {dtype:?}");

@@ -138,6 +138,10 @@ pub enum Op {
     Min,
     /// Maximum.
     Max,
+    /// Product.
+    Prod,
+    /// Average: the sum divided by the number of ranks.
+    Avg,
 }
 
 impl From<Op> for oxccl::ReduceOp {
@@ -146,6 +150,8 @@ impl From<Op> for oxccl::ReduceOp {
             Op::Sum => oxccl::ReduceOp::Sum,
             Op::Min => oxccl::ReduceOp::Min,
             Op::Max => oxccl::ReduceOp::Max,
+            Op::Prod => oxccl::ReduceOp::Prod,
+            Op::Avg => oxccl::ReduceOp::Avg,
         }
     }
 }

@@ -640,7 +640,7 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
         src_slot: r.read_slot,
         dst_slot: r.write_slot,
         flags: 0,
-        reserved: 0,
+        divisor: 0,
         src_ranks: 1 << r.reader,
         dst_ranks: 1 << r.writer,
         src_offset: r.src_offset,

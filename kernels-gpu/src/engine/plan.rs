@@ -352,6 +352,7 @@ unsafe fn step<const TMA: bool, C: Combine>(
                 },
                 dsts: AddrSet { first: dst, mask: 0, slot: 0, offset: 0 },
                 bytes,
+                finish: 0,
             };
             if second {
                 mover::<TMA, C>(ctx, state, &ops, elem);

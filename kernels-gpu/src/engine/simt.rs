@@ -86,6 +86,10 @@ pub struct Operands {
     pub dsts: AddrSet,
     /// Length of every range, in bytes.
     pub bytes: u64,
+    /// Nonzero: every result is complete, and the operator's last step ([`Combine::finish`], Avg's
+    /// division) applies to it before it is stored, with this parameter
+    /// ([`Combine::finish_param`] of the number of contributions).
+    pub finish: u32,
 }
 
 impl Operands {
@@ -94,7 +98,7 @@ impl Operands {
     pub fn window(&self, from: u64, bytes: u64) -> Operands {
         let shift =
             |s: AddrSet| AddrSet { first: if s.first != 0 { s.first + from } else { 0 }, offset: s.offset + from, ..s };
-        Operands { srcs: shift(self.srcs), dsts: shift(self.dsts), bytes }
+        Operands { srcs: shift(self.srcs), dsts: shift(self.dsts), bytes, finish: self.finish }
     }
 
     /// OR of every range's start address XOR the first source's, low 4 bits: zero when all ranges
@@ -157,6 +161,9 @@ pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
             let v = unsafe { if elem == 2 { *((a + at) as *const u16) as u32 } else { *((a + at) as *const u32) } };
             acc = if k == 0 { v } else { C::word(acc, v) };
         }
+        if C::FINISHES && ops.finish != 0 {
+            acc = C::finish(acc, ops.finish);
+        }
         for a in ops.dsts.iter(ctx) {
             // SAFETY: as above.
             unsafe {
@@ -212,6 +219,11 @@ unsafe fn round<C: Combine, const U: usize>(ctx: &Ctx, ops: &Operands, base: u64
         }
         for u in 0..U {
             acc[u] = if k == 0 { v[u] } else { C::vec(acc[u], v[u]) };
+        }
+    }
+    if C::FINISHES && ops.finish != 0 {
+        for x in acc.iter_mut() {
+            *x = C::finish_vec(*x, ops.finish);
         }
     }
     for a in ops.dsts.iter(ctx) {

@@ -194,7 +194,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
             }
             let landed = wait::mbarrier_phase(ctx, ctx.stage_barrier(consumer.index), consumer.phase);
             if landed {
-                combine_slots::<C>(ctx, consumer.index, sources, len(j));
+                combine_slots::<C>(ctx, consumer.index, sources, len(j), ops.finish);
             }
             fence_proxy_async_shared_cta();
             if ctx.sync_aborted() {
@@ -448,12 +448,17 @@ unsafe fn combine_out<C: Combine>(
 ) {
     // SAFETY (both arms): forwarded contract; every address stays inside a destination.
     unsafe {
+        let param = ops.finish;
+        let finish = |x: V4| if C::FINISHES && param != 0 { C::finish_vec(x, param) } else { x };
         if ops.dsts.count() == 1 {
             // One destination: its address once, not per vector.
             let d = ops.dsts.head(ctx) + offset;
-            fold::<C>(ctx, stage, sources, len, me, step, |at, x| st_global_v4_u32(Global::<V4>::from_addr(d + at), x));
+            fold::<C>(ctx, stage, sources, len, me, step, |at, x| {
+                st_global_v4_u32(Global::<V4>::from_addr(d + at), finish(x))
+            });
         } else {
             fold::<C>(ctx, stage, sources, len, me, step, |at, x| {
+                let x = finish(x);
                 for a in ops.dsts.iter(ctx) {
                     st_global_v4_u32(Global::<V4>::from_addr(a + offset + at), x);
                 }
@@ -557,12 +562,13 @@ const _: () = assert!(
     "cp_async_bulk_wait_group_read_at_most tells every lag apart"
 );
 
-/// Slot 0 ⊕= slots 1..sources of stage `stage`, `len` bytes, all threads.
+/// Slot 0 ⊕= slots 1..sources of stage `stage`, `len` bytes, all threads; then the operator's last
+/// step where `finish` is nonzero ([`Operands::finish`]).
 ///
 /// # Safety
 /// The stage's phase has completed (its loads landed) and no bulk store reads it yet.
 #[inline(always)]
-unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32) {
+unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u32, finish: u32) {
     let mut v = ctx.tid;
     while v < len / 16 {
         // SAFETY: every address is 16-aligned inside the stage's slots.
@@ -571,6 +577,9 @@ unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u3
             let mut acc = ld_shared_v4_u32(dst);
             for k in 1..sources {
                 acc = C::vec(acc, ld_shared_v4_u32(ctx.stage_slot(stage, k).byte_add(16 * v)));
+            }
+            if C::FINISHES && finish != 0 {
+                acc = C::finish_vec(acc, finish);
             }
             st_shared_v4_u32(dst, acc);
         }
@@ -584,8 +593,8 @@ unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u3
 /// As `cp_reduce_async_bulk_*`; `abi::tma_can_reduce(dtype, op)`.
 #[inline(always)]
 unsafe fn bulk_reduce(dst: Global<u8>, src: oxccl_ptx::Shared<u8>, n: u32, dtype: DType, op: RedOp) {
-    // SAFETY: forwarded contract; the f32 min/max arm is unreachable by the precondition and falls
-    // back to nothing rather than to a wrong operator.
+    // SAFETY: forwarded contract; the last arm (f32 min/max, any product or average) is unreachable
+    // by the precondition and falls back to nothing rather than to a wrong operator.
     unsafe {
         match (dtype, op) {
             (DType::F32, RedOp::Sum) => cp_reduce_async_bulk_global_shared_add_f32(dst, src, n),
@@ -600,7 +609,7 @@ unsafe fn bulk_reduce(dst: Global<u8>, src: oxccl_ptx::Shared<u8>, n: u32, dtype
             (DType::I32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_s32(dst, src, n),
             (DType::U32, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_u32(dst, src, n),
             (DType::U32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_u32(dst, src, n),
-            (DType::F32, RedOp::Min | RedOp::Max) => {}
+            (DType::F32, RedOp::Min | RedOp::Max) | (_, RedOp::Prod | RedOp::Avg) => {}
         }
     }
 }

@@ -139,7 +139,8 @@ unsafe fn execute<const TMA: bool, C: Combine>(
         && task.bytes % elem == 0
         && task.src_offset % elem == 0
         && task.dst_offset % elem == 0
-        && (kind != TaskKind::ReduceInto || task.dst_ranks.count_ones() == 1);
+        && (kind != TaskKind::ReduceInto || task.dst_ranks.count_ones() == 1)
+        && (task.divisor <= 1 || op == RedOp::Avg);
     if !well_formed {
         return bad_task(ctx, index);
     }
@@ -157,6 +158,7 @@ unsafe fn execute<const TMA: bool, C: Combine>(
             srcs: AddrSet { first: 0, mask: task.src_ranks, slot: task.src_slot, offset: task.src_offset },
             dsts: AddrSet { first: 0, mask: task.dst_ranks, slot: task.dst_slot, offset: task.dst_offset },
             bytes: task.bytes,
+            finish: if C::FINISHES && task.divisor > 1 { C::finish_param(task.divisor as u32) } else { 0 },
         };
         let with_dst = Operands { srcs: AddrSet { first: ops.dsts.head(ctx), ..ops.srcs }, ..ops };
         let elem = elem as u32;
