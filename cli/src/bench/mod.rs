@@ -1335,10 +1335,10 @@ impl Drop for Drained<'_> {
 /// Event tracking off on the contexts of some streams while it lives (graph-mode benchmarks), as
 /// it was when dropped. Meanwhile cudarc orders no slice of those contexts across streams, also
 /// other threads' slices.
-struct Untracked(Vec<(Arc<cudarc::driver::CudaContext>, bool)>);
+pub(crate) struct Untracked(Vec<(Arc<cudarc::driver::CudaContext>, bool)>);
 
 impl Untracked {
-    fn new(streams: &[Arc<CudaStream>]) -> Untracked {
+    pub(crate) fn new(streams: &[Arc<CudaStream>]) -> Untracked {
         let mut ctxs: Vec<(Arc<cudarc::driver::CudaContext>, bool)> = Vec::new();
         for s in streams {
             if !ctxs.iter().any(|(c, _)| Arc::ptr_eq(c, s.context())) {

@@ -2,8 +2,8 @@
 //! a thread each), each timing its own stream; a row takes the slowest rank's time.
 
 use super::{
-    CollectiveBench, CollectiveRow, Expected, check_staging, count_wrong_on_device, fill_periodic, nccl_count, pattern,
-    poison, time_ms,
+    CollectiveBench, CollectiveRow, Expected, Untracked, check_staging, count_wrong_on_device, fill_periodic,
+    nccl_count, pattern, poison, time_graph_ms_on, time_ms,
 };
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use oxccl::{Collective, Comm, DType, SymmetricBuffer};
@@ -75,10 +75,10 @@ pub fn rank_bench(
     {
         return Err(Error::NoSuchRank { rank: root, ranks: p });
     }
-    if b.graph_launches > 0 {
-        return Err(Error::Config { field: "graph", why: "-G is not offered per rank yet".into() });
-    }
     let stream = comm.stream().clone();
+    // In graph mode the buffers are made without cudarc's event tracking (a capture cannot wait on
+    // events recorded outside it); every return below follows the rank's synchronize.
+    let _untracked = (b.graph_launches > 0).then(|| Untracked::new(std::slice::from_ref(&stream)));
     let mut staging = check_staging(std::slice::from_ref(&stream), b.sweep.check)?;
     let e = b.dtype.size() as u64;
     let ctas = comm.communicator().ctas_per_rank();
@@ -216,13 +216,23 @@ pub fn rank_bench(
             // One untimed call first: its barriers line the ranks up on the device, so that the
             // timed span starts together on every rank.
             let mut issuing = std::time::Duration::ZERO;
-            let ms = time_ms(&stream, 1, b.sweep.iters, || {
-                let t = std::time::Instant::now();
-                let called = call(&send, &mut recv);
-                issuing += t.elapsed();
-                called
-            })?;
-            host[k] = issuing.as_secs_f64() * 1e6 / (b.sweep.iters + 1) as f64;
+            let ms = if b.graph_launches > 0 {
+                // Each rank captures its own calls and launches its own graph; the graphs' kernels
+                // meet at the same device barriers as plain launches.
+                time_graph_ms_on(std::slice::from_ref(&stream), b.sweep.iters, b.graph_launches, || {
+                    call(&send, &mut recv)
+                })?
+            } else {
+                time_ms(&stream, 1, b.sweep.iters, || {
+                    let t = std::time::Instant::now();
+                    let called = call(&send, &mut recv);
+                    issuing += t.elapsed();
+                    called
+                })?
+            };
+            // A graph's calls are issued once, at capture: no host time per call (NaN).
+            host[k] =
+                if b.graph_launches > 0 { f64::NAN } else { issuing.as_secs_f64() * 1e6 / (b.sweep.iters + 1) as f64 };
             comm.synchronize()?;
             // The slowest rank's time and every rank's wrong elements.
             let mut mine = ms.to_le_bytes().to_vec();

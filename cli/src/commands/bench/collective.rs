@@ -282,8 +282,8 @@ impl Run {
             if let Some(r) = c.ranks.filter(|&r| r != n) {
                 return Err(format!("--ranks {r} with --procs {n}: --procs sets the ranks").into());
             }
-            if c.graph > 0 {
-                return Err("-G is not offered with --procs yet (each rank would capture its own graph)".into());
+            if c.graph > 0 && c.ranks_per_node.is_some() {
+                return Err("-G with --ranks-per-node: calls across nodes are not captured in graphs".into());
             }
         }
         Ok(CollectiveBench {
@@ -475,7 +475,7 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
         BuffersArg::Symmetric => bench::Buffers::Symmetric,
         BuffersArg::Plain => bench::Buffers::Plain,
     };
-    let b = CollectiveBench { ranks: comm.world(), graph_launches: 0, config: comm.config().clone(), ..r.check()? };
+    let b = CollectiveBench { ranks: comm.world(), config: comm.config().clone(), ..r.check()? };
     let lead = comm.rank() == 0;
     if lead {
         let ctx = comm.stream().context();
@@ -510,8 +510,10 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
     drop(progress);
     if lead {
         println!("{}", bench::nccl_footer(&rows));
-        let each: Vec<String> = host.iter().map(|(size, us)| format!("{size} B: {us:.1}")).collect();
-        println!("# rank 0's host time per out-of-place call (us): {}", each.join(", "));
+        if b.graph_launches == 0 {
+            let each: Vec<String> = host.iter().map(|(size, us)| format!("{size} B: {us:.1}")).collect();
+            println!("# rank 0's host time per out-of-place call (us): {}", each.join(", "));
+        }
         finish_rows(&rows, r.common.json)
     } else {
         finish_rows(&rows, false)
