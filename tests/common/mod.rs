@@ -213,3 +213,41 @@ pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option
     v.truncate(bytes);
     Some(v)
 }
+
+/// `cuMemAlloc` memory (not a stream-ordered pool's, so other processes can open it) seen as a
+/// cudarc slice, freed with `cuMemFree` after its stream's work.
+pub struct MemAlloc(Option<cudarc::driver::CudaSlice<u8>>);
+
+#[allow(dead_code)]
+impl MemAlloc {
+    pub fn new(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize) -> MemAlloc {
+        stream.context().bind_to_thread().unwrap();
+        // SAFETY: a fresh allocation of `bytes` (at least one), owned by the slice until dropped.
+        let slice = unsafe {
+            let ptr = cudarc::driver::result::malloc_sync(bytes.max(1)).unwrap();
+            stream.upgrade_device_ptr::<u8>(ptr, bytes)
+        };
+        MemAlloc(Some(slice))
+    }
+
+    pub fn slice(&self) -> &cudarc::driver::CudaSlice<u8> {
+        self.0.as_ref().unwrap()
+    }
+
+    pub fn slice_mut(&mut self) -> &mut cudarc::driver::CudaSlice<u8> {
+        self.0.as_mut().unwrap()
+    }
+}
+
+impl Drop for MemAlloc {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            let stream = slice.stream().clone();
+            let ptr = slice.leak();
+            if stream.synchronize().is_ok() {
+                // SAFETY: the allocation `new` made; its stream's work is done.
+                let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
+            }
+        }
+    }
+}
