@@ -46,7 +46,15 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                 assert_eq!((comm.rank(), comm.world()), (r, world));
                 assert_eq!(comm.node_map().map(|m| m.nodes()), Some(2));
                 let mut out = Vec::new();
+                // OXCCL_TEST_TRACE: each rank says which call it reaches (where a run stops).
+                let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
+                let at = |case: usize, what: &str| {
+                    if trace {
+                        eprintln!("rank {r} case {case}: {what}");
+                    }
+                };
                 for (case, &n) in counts.iter().enumerate() {
+                    at(case, "all_reduce");
                     let send = stream.clone_htod(&inputs[case][r]).unwrap();
                     let mut recv = stream.alloc_zeros::<i32>(n).unwrap();
                     comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
@@ -58,6 +66,7 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                     out.push((n, a == want && b == want));
                     // AllGather (out of place and in place) and Broadcast from a rank that moves with
                     // the case.
+                    at(case, "all_gather, broadcast");
                     let m = n.min(3000);
                     let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
                     let mut all = stream.alloc_zeros::<i32>(m * world).unwrap();
@@ -78,6 +87,7 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                     out.push((n, f == inputs[case][root] && h == inputs[case][(root + 3) % world]));
                     // ReduceScatter (block `r` of every rank's `world × m`: rank q's `all_in` is
                     // the gathered blocks) and Reduce onto `root`, out of place and in place.
+                    at(case, "reduce_scatter, reduce");
                     let mut block = stream.alloc_zeros::<i32>(m).unwrap();
                     comm.reduce_scatter(&all, &mut block, ReduceOp::Sum)?;
                     comm.reduce_scatter_in_place(&mut all_in, ReduceOp::Sum)?;

@@ -484,6 +484,22 @@ fn modules_target_sm90a_with_no_unresolved_externs() {
     }
 }
 
+/// The engine and plan modules call no function but the status writer (`wait::write_status`, kept
+/// apart on purpose): a mover's step outlined by LLVM (a closure over the write kind, taken at run
+/// time through memory) is what made the TMA bulk reductions wrong on an H200 until it was a
+/// function inlined always. Every data path stays inside its kernel.
+#[test]
+fn engine_modules_outline_nothing_but_the_status_writer() {
+    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {
+        let funcs: Vec<&str> = ptx
+            .lines()
+            .filter(|l| l.starts_with(".func") || l.starts_with(".visible .func") || l.starts_with(".weak .func"))
+            .filter(|l| !l.contains("write_status") && !l.contains("rust_begin_unwind"))
+            .collect();
+        assert!(funcs.is_empty(), "{name}: outlined functions {funcs:?}");
+    }
+}
+
 #[test]
 fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
     for &(dtype, op, tma, simt) in abi::KERNELS {

@@ -285,18 +285,11 @@ unsafe fn stream_issued<const ONE_DST: bool>(
                 break;
             }
             let (slot, n) = (ctx.stage_slot(base + consumer.index, 0), len(store_at));
-            let put = |a: u64| {
-                let to = Global::<u8>::from_addr(a + store_at);
-                match write {
-                    Write::Store => cp_async_bulk_global_shared_bulk_group(to, slot, n),
-                    Write::Reduce(dtype, op) => bulk_reduce(to, slot, n, dtype, op),
-                }
-            };
             if ONE_DST {
-                put(dst);
+                put(write, Global::<u8>::from_addr(dst + store_at), slot, n);
             } else {
                 for a in ops.dsts.iter(ctx) {
-                    put(a);
+                    put(write, Global::<u8>::from_addr(a + store_at), slot, n);
                 }
             }
             cp_async_bulk_commit_group();
@@ -584,6 +577,23 @@ unsafe fn combine_slots<C: Combine>(ctx: &Ctx, stage: u32, sources: u32, len: u3
             st_shared_v4_u32(dst, acc);
         }
         v += ctx.threads;
+    }
+}
+
+/// Writes `n` bytes of shared memory at `slot` to `to` as `write` says. A function, not a closure, so
+/// that it is always inlined: an outlined copy (taking `write` at run time, through memory) made the
+/// bulk reductions of the TMA kernels wrong on an H200 (gpu_engine's ReduceInto cases, 2026-12-05).
+///
+/// # Safety
+/// As `cp_async_bulk_global_shared_bulk_group` and [`bulk_reduce`].
+#[inline(always)]
+unsafe fn put(write: Write, to: Global<u8>, slot: oxccl_ptx::Shared<u8>, n: u32) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match write {
+            Write::Store => cp_async_bulk_global_shared_bulk_group(to, slot, n),
+            Write::Reduce(dtype, op) => bulk_reduce(to, slot, n, dtype, op),
+        }
     }
 }
 
