@@ -7,12 +7,6 @@
 //! descriptor to every peer's service (`crate::fdpass`, a Unix socket), which maps it and answers
 //! once its table holds it. Nothing is collective, so a rank can add a region (a buffer, more
 //! staging) in the middle of its calls without the others taking part.
-//!
-//! A call's own buffers are reached the same way where their memory can be shared: an allocation
-//! made by `cuMemAlloc` (legacy IPC capable) is registered on first use, its IPC handle pushed to
-//! the peers, which open it as a region; the registration is keyed by the allocation's process-wide
-//! buffer id, so a freed and reallocated address is registered anew. Pool memory (cudarc's
-//! `cuMemAllocAsync`) cannot be shared and is staged.
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
@@ -28,11 +22,6 @@ use std::time::Duration;
 /// A request to a peer's service.
 const MAP: u8 = 1;
 const UNMAP: u8 = 2;
-/// Maps a registered allocation from the legacy IPC handle that follows the request's fields.
-const MAP_IPC: u8 = 3;
-
-/// Bytes of a legacy IPC handle.
-const IPC_HANDLE_BYTES: usize = sys::CU_IPC_HANDLE_SIZE as usize;
 
 /// What a peer's service needs: the request, `[op, from (u32), region (u32), bytes (u64)]`, little
 /// endian.
@@ -44,114 +33,15 @@ fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
     v
 }
 
-/// The fields of a request, or `None` for bytes that are not one (a [`MAP_IPC`] request carries
-/// its handle after them).
+/// The fields of a request, or `None` for bytes that are not one.
 fn parse(b: &[u8]) -> Option<(u8, usize, u32, usize)> {
-    let len = if b.first() == Some(&MAP_IPC) { 17 + IPC_HANDLE_BYTES } else { 17 };
-    if b.len() != len {
+    if b.len() != 17 {
         return None;
     }
     let from = u32::from_le_bytes(b[1..5].try_into().ok()?) as usize;
     let region = u32::from_le_bytes(b[5..9].try_into().ok()?);
     let bytes = u64::from_le_bytes(b[9..17].try_into().ok()?) as usize;
     Some((b[0], from, region, bytes))
-}
-
-/// A peer's region mapped here.
-enum Mapping {
-    /// Exportable memory (a workspace, a symmetric buffer, staging), imported from its descriptor.
-    // Held for its drop, which unmaps it.
-    #[allow(dead_code)]
-    Vmm(VmmAlloc),
-    /// A registered allocation, opened from its legacy IPC handle.
-    #[allow(dead_code)]
-    Ipc(IpcMapping),
-}
-
-/// A peer's allocation opened with `cuIpcOpenMemHandle`, closed when dropped.
-struct IpcMapping {
-    ctx: Arc<CudaContext>,
-    ptr: u64,
-}
-
-impl IpcMapping {
-    /// Opens the allocation `handle` names in `ctx`.
-    fn open(ctx: &Arc<CudaContext>, handle: &[u8]) -> Result<Self> {
-        crate::engine::make_current(ctx).map_err(Error::driver("cuCtxSetCurrent"))?;
-        let mut h = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
-        for (d, &b) in h.reserved.iter_mut().zip(handle) {
-            *d = b as std::ffi::c_char;
-        }
-        let mut ptr = 0;
-        // SAFETY: out-pointer and a handle by value; the mapping is closed when this value drops.
-        unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut ptr,
-                h,
-                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint,
-            )
-        }
-        .result()
-        .map_err(Error::driver("cuIpcOpenMemHandle"))?;
-        Ok(IpcMapping { ctx: ctx.clone(), ptr })
-    }
-}
-
-impl Drop for IpcMapping {
-    fn drop(&mut self) {
-        // Errors cannot be reported from drop; the owner released the region only once no call of
-        // its uses it (see `PeerMemory::reach`).
-        if crate::engine::make_current(&self.ctx).is_ok() {
-            // SAFETY: a mapping `open` made, closed once.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
-        }
-    }
-}
-
-/// One of this rank's regions.
-enum Own {
-    /// Memory the communicator allocated (the workspace, symmetric buffers, staging).
-    Alloc(Arc<VmmAlloc>),
-    /// A caller's allocation, registered: its base address, size and buffer id.
-    Registered { base: u64, bytes: usize, id: u64 },
-}
-
-/// The allocation `ptr` lies in, where other processes can open it with a legacy IPC handle: (base,
-/// size, process-wide buffer id); `None` for memory that cannot be shared that way (pool memory,
-/// host memory).
-fn ipc_allocation(ctx: &CudaContext, ptr: u64) -> Result<Option<(u64, usize, u64)>> {
-    crate::engine::make_current(ctx).map_err(Error::driver("cuCtxSetCurrent"))?;
-    let mut capable: std::ffi::c_int = 0;
-    // SAFETY: the attribute writes an int-sized boolean into the out-pointer.
-    let asked = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut capable as *mut std::ffi::c_int).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-            ptr,
-        )
-    }
-    .result();
-    // A pointer the driver does not know (host memory) is not shareable either: it is staged, and
-    // the staging copy reports what is wrong with it.
-    if asked.is_err() || capable == 0 {
-        return Ok(None);
-    }
-    let (mut base, mut size, mut id) = (0u64, 0usize, 0u64);
-    // SAFETY: out-pointers of the documented types.
-    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
-        .result()
-        .map_err(Error::driver("cuMemGetAddressRange"))?;
-    // SAFETY: the buffer id is an unsigned 64-bit integer.
-    unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut id as *mut u64).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-            ptr,
-        )
-    }
-    .result()
-    .map_err(Error::driver("cuPointerGetAttribute"))?;
-    Ok(Some((base, size, id)))
 }
 
 /// What the service thread and the communicator share: the peers' regions mapped here and the
@@ -164,7 +54,7 @@ struct Mapped {
     /// (or on) the collectives running meanwhile, which may be waiting for the peer that asked.
     table_stream: Arc<CudaStream>,
     /// `regions[rank][k]`: rank `rank`'s region `k`, mapped here.
-    regions: Mutex<Vec<Vec<Option<Mapping>>>>,
+    regions: Mutex<Vec<Vec<Option<VmmAlloc>>>>,
 }
 
 impl Mapped {
@@ -207,12 +97,7 @@ impl Mapped {
                 let alloc = VmmAlloc::import(&self.ctx, fd, bytes)?;
                 self.record(from, region, alloc.ptr())?;
                 // A region number reused: the old mapping was released by its owner already.
-                regions[from][region as usize] = Some(Mapping::Vmm(alloc));
-            }
-            MAP_IPC => {
-                let mapping = IpcMapping::open(&self.ctx, &msg.bytes[17..])?;
-                self.record(from, region, mapping.ptr)?;
-                regions[from][region as usize] = Some(Mapping::Ipc(mapping));
+                regions[from][region as usize] = Some(alloc);
             }
             UNMAP => {
                 self.record(from, region, 0)?;
@@ -235,7 +120,7 @@ pub(crate) struct PeerMemory {
     me: usize,
     mapped: Arc<Mapped>,
     /// This rank's regions by number (0: the workspace).
-    own: Mutex<Vec<Option<Own>>>,
+    own: Mutex<Vec<Option<Arc<VmmAlloc>>>>,
     /// Staging memory for buffers peers cannot map (cudarc's pool memory), grown on demand; its
     /// region number. Held for a call from its copy-in to its copy-out being queued.
     staging: Mutex<Option<(u32, Arc<VmmAlloc>)>>,
@@ -272,8 +157,8 @@ impl PeerMemory {
             Err(e) => e.to_string().into_bytes(),
         })
         .map_err(|e| Error::PeerMemory { what: format!("starting rank {me}'s service"), why: e.to_string() })?;
-        let mut own: Vec<Option<Own>> = (0..MAX_REGIONS).map(|_| None).collect();
-        own[0] = Some(Own::Alloc(workspace));
+        let mut own = vec![None; MAX_REGIONS];
+        own[0] = Some(workspace);
         Ok(PeerMemory {
             me,
             mapped,
@@ -298,10 +183,7 @@ impl PeerMemory {
             return self.mapped.workspace.ptr();
         }
         let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
-        match regions.get(rank).and_then(|r| r[0].as_ref()) {
-            Some(Mapping::Vmm(a)) => a.ptr(),
-            _ => 0,
-        }
+        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
     }
 
     /// Sends `req` (and `region`'s descriptor where it maps) to every peer's service and waits for
@@ -352,7 +234,7 @@ impl PeerMemory {
                     why: format!("every one of the {MAX_REGIONS} regions a rank may export is in use"),
                 });
             };
-            own[k] = Some(Own::Alloc(alloc.clone()));
+            own[k] = Some(alloc.clone());
             k as u32
         };
         let shared = self
@@ -381,72 +263,10 @@ impl PeerMemory {
     pub(crate) fn portable(&self, ptr: u64, bytes: usize) -> Option<u64> {
         let own = self.own.lock().unwrap_or_else(|e| e.into_inner());
         own.iter().enumerate().skip(1).find_map(|(k, a)| {
-            let Some(Own::Alloc(a)) = a else { return None };
+            let a = a.as_ref()?;
             let inside = ptr >= a.ptr() && ptr + bytes as u64 <= a.ptr() + a.bytes() as u64;
             inside.then(|| abi::region_address(k as u32, ptr - a.ptr()))
         })
-    }
-
-    /// The region address peers resolve for `bytes` at `ptr`: in this rank's exported memory, or
-    /// in a caller's allocation registered here (on its first use: its IPC handle pushed to every
-    /// peer). `None`: the memory cannot be shared (pool memory) and must be staged, or every
-    /// region is taken.
-    ///
-    /// An allocation is known by its buffer id, which the driver never reuses in a process: a
-    /// registration whose base address now holds another allocation (the caller freed the old
-    /// one, which only happens once its calls have ended on this rank's stream, by when the peers
-    /// touch it no more: their end barriers) is released and the new one registered.
-    pub(crate) fn reach(&self, ptr: u64, bytes: usize) -> Result<Option<u64>> {
-        if let Some(a) = self.portable(ptr, bytes) {
-            return Ok(Some(a));
-        }
-        let Some((base, size, id)) = ipc_allocation(&self.mapped.ctx, ptr)? else {
-            return Ok(None);
-        };
-        if ptr + bytes as u64 > base + size as u64 {
-            return Ok(None);
-        }
-        let region = {
-            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
-            let mut stale = None;
-            for (k, o) in own.iter().enumerate() {
-                if let Some(Own::Registered { base: b, bytes: n, id: i }) = o
-                    && *b == base
-                {
-                    if *i == id && *n == size {
-                        return Ok(Some(abi::region_address(k as u32, ptr - base)));
-                    }
-                    stale = Some(k as u32);
-                }
-            }
-            if let Some(k) = stale {
-                drop(own);
-                self.release(k);
-                own = self.own.lock().unwrap_or_else(|e| e.into_inner());
-            }
-            let Some(k) = own.iter().position(Option::is_none) else {
-                return Ok(None);
-            };
-            own[k] = Some(Own::Registered { base, bytes: size, id });
-            k as u32
-        };
-        crate::engine::make_current(&self.mapped.ctx).map_err(Error::driver("cuCtxSetCurrent"))?;
-        let mut handle = sys::CUipcMemHandle { reserved: [0; IPC_HANDLE_BYTES] };
-        // SAFETY: out-pointer; `base` starts a live `cuMemAlloc` allocation (asked above).
-        let shared = unsafe { sys::cuIpcGetMemHandle(&mut handle, base) }
-            .result()
-            .map_err(Error::driver("cuIpcGetMemHandle"))
-            .and_then(|()| self.mapped.record(self.me, region, base))
-            .and_then(|()| {
-                let mut req = request(MAP_IPC, self.me, region, size);
-                req.extend(handle.reserved.iter().map(|&c| c as u8));
-                self.push(&req, None)
-            });
-        if let Err(e) = shared {
-            self.release(region);
-            return Err(e);
-        }
-        Ok(Some(abi::region_address(region, ptr - base)))
     }
 
     /// The staging memory, at least `bytes` of it (grown, and pushed to the peers, where smaller),
@@ -542,11 +362,10 @@ impl Link {
         };
         // An empty buffer is never addressed: its address goes as it is (nothing to stage, and no
         // staging memory to point into where nothing else is staged).
-        let reach = |p: u64, b: usize| if b == 0 { Ok(Some(p)) } else { peer.reach(p, b) };
-        let ins: Vec<(u64, usize, Option<u64>, usize)> =
-            ins.iter().map(|&(p, b)| Ok((p, b, reach(p, b)?, 0))).collect::<Result<_>>()?;
+        let reach = |p: u64, b: usize| if b == 0 { Some(p) } else { peer.portable(p, b) };
+        let ins: Vec<(u64, usize, Option<u64>, usize)> = ins.iter().map(|&(p, b)| (p, b, reach(p, b), 0)).collect();
         let outs: Vec<(u64, usize, bool, Option<u64>, usize)> =
-            outs.iter().map(|&(p, b, w)| Ok((p, b, w, reach(p, b)?, 0))).collect::<Result<_>>()?;
+            outs.iter().map(|&(p, b, w)| (p, b, w, reach(p, b), 0)).collect();
         let ins: Vec<_> =
             ins.into_iter().map(|(p, b, a, _)| (p, b, a, if a.is_none() { place(b) } else { 0 })).collect();
         let outs: Vec<_> =

@@ -65,26 +65,10 @@ struct Case {
     /// Index into [`SHAPES`].
     shape: usize,
     inputs: Vec<Vec<u8>>,
-    /// Per rank: element offset of its input and output in their allocations, and what memory
-    /// they are.
+    /// Per rank: element offset of its input and output in their allocations, and whether they are
+    /// symmetric buffers.
     shift: Vec<(usize, usize)>,
-    symmetric: Vec<Mem>,
-}
-
-/// What memory a rank's buffers of a case are: across processes the three paths of a call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mem {
-    /// cudarc's (pool memory: staged across processes).
-    Plain,
-    /// [`Comm::alloc_symmetric`].
-    Symmetric,
-    /// `cuMemAlloc` memory, registered on first use.
-    Registered,
-}
-
-/// A rank's memory for a case: plain within one process, any of the three across processes.
-fn draw_mem(rng: &mut common::Rng, processes: bool) -> Mem {
-    if processes { [Mem::Plain, Mem::Symmetric, Mem::Registered][rng.random_range(0..3) as usize] } else { Mem::Plain }
+    symmetric: Vec<bool>,
 }
 
 fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
@@ -131,16 +115,15 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
     let shift = (0..world)
         .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
         .collect();
-    let symmetric = (0..world).map(|_| draw_mem(&mut rng, processes)).collect();
+    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
     Case { spec, shape, inputs, shift, symmetric }
 }
 
-/// A buffer at an offset into its allocation, marked around: ordinary cudarc memory, a
-/// symmetric buffer or `cuMemAlloc` memory.
+/// A buffer at an offset into its allocation, marked around: ordinary cudarc memory or a
+/// symmetric buffer.
 enum Storage {
     Plain(CudaSlice<u8>),
     Symmetric(SymmetricBuffer<u8>),
-    Registered(common::MemAlloc),
 }
 
 struct Placed {
@@ -150,22 +133,16 @@ struct Placed {
 }
 
 impl Placed {
-    fn new(comm: &Comm, mem: Mem, bytes: &[u8], head: usize) -> Placed {
+    fn new(comm: &Comm, symmetric: bool, bytes: &[u8], head: usize) -> Placed {
         let stream = comm.stream();
         let mut all = vec![MARK; head + bytes.len() + GUARD];
         all[head..head + bytes.len()].copy_from_slice(bytes);
-        let storage = match mem {
-            Mem::Symmetric => {
-                let mut b = comm.alloc_symmetric::<u8>(all.len()).expect("alloc_symmetric");
-                stream.memcpy_htod(&all, &mut *b).unwrap();
-                Storage::Symmetric(b)
-            }
-            Mem::Registered => {
-                let mut b = common::MemAlloc::new(stream, all.len());
-                stream.memcpy_htod(&all, b.slice_mut()).unwrap();
-                Storage::Registered(b)
-            }
-            Mem::Plain => Storage::Plain(stream.clone_htod(&all).unwrap()),
+        let storage = if symmetric {
+            let mut b = comm.alloc_symmetric::<u8>(all.len()).expect("alloc_symmetric");
+            stream.memcpy_htod(&all, &mut *b).unwrap();
+            Storage::Symmetric(b)
+        } else {
+            Storage::Plain(stream.clone_htod(&all).unwrap())
         };
         Placed { storage, head, len: bytes.len() }
     }
@@ -174,7 +151,6 @@ impl Placed {
         match &self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
-            Storage::Registered(m) => m.slice(),
         }
     }
 
@@ -182,7 +158,6 @@ impl Placed {
         match &mut self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
-            Storage::Registered(m) => m.slice_mut(),
         }
     }
 
@@ -324,7 +299,7 @@ fn rank_cases(
                 want[rank].len()
             );
         }
-        symmetric += usize::from(c.symmetric[rank] != Mem::Plain);
+        symmetric += usize::from(c.symmetric[rank]);
     }
     (cases, symmetric)
 }
@@ -425,7 +400,7 @@ fn processes_match_the_cpu_reference() {
         let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
         let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
         let (n, sym) = rank_cases(&stream, rank, world, &ids_from_env("OXCCL_TEST_IDS"), cases(), seed, true);
-        println!("rank {rank}: {n} cases matched, {sym} on symmetric or registered buffers");
+        println!("rank {rank}: {n} cases matched, {sym} on symmetric buffers");
         return;
     }
     if common::gpu(TEST).is_none() || !mps(TEST) {
@@ -469,8 +444,8 @@ struct ReshardCase {
     global: Vec<i32>,
     /// Per rank: element offsets of its source and destination in their allocations.
     shift: Vec<(usize, usize)>,
-    /// Per rank: what memory its buffers are.
-    symmetric: Vec<Mem>,
+    /// Per rank: whether its buffers are symmetric (else cudarc's, staged across processes).
+    symmetric: Vec<bool>,
     /// Per rank: whether an empty shard is passed as `None` rather than as an empty buffer.
     empty_as_none: Vec<bool>,
 }
@@ -548,7 +523,7 @@ fn draw_reshard(seed: u64, case: usize, world: usize, processes: bool) -> Reshar
     let shift = (0..world)
         .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
         .collect();
-    let symmetric = (0..world).map(|_| draw_mem(&mut rng, processes)).collect();
+    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
     let empty_as_none = (0..world).map(|_| rng.random_range(0..2) == 0).collect();
     ReshardCase { shape, src, dst, dtype, options, comm, global, shift, symmetric, empty_as_none }
 }
@@ -648,7 +623,7 @@ fn reshard_rank_cases(
         let c = draw_reshard(seed, case, world, processes);
         let what = format!("rank {rank} of {world}, reshard case {case} (seed {seed}): {}", c.describe());
         run_reshard_case(&comms[c.comm], &c, &what).unwrap_or_else(|e| panic!("{what}: {e}"));
-        symmetric += usize::from(c.symmetric[rank] != Mem::Plain);
+        symmetric += usize::from(c.symmetric[rank]);
     }
     (cases, symmetric)
 }
@@ -751,7 +726,7 @@ fn processes_reshard_matches_the_global_tensor() {
         let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
         let ids = ids_from_env("OXCCL_TEST_IDS");
         let (n, sym) = reshard_rank_cases(&stream, rank, world, &ids, reshard_cases(), seed, true);
-        println!("rank {rank}: {n} reshards matched, {sym} on symmetric or registered buffers");
+        println!("rank {rank}: {n} reshards matched, {sym} on symmetric buffers");
         return;
     }
     if common::gpu(TEST).is_none() || !mps(TEST) {

@@ -5,11 +5,10 @@ use super::{
     CollectiveBench, CollectiveRow, Expected, Untracked, check_staging, count_wrong_on_device, fill_periodic,
     nccl_count, pattern, poison, time_graph_ms_on, time_ms,
 };
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use oxccl::{Collective, Comm, DType, SymmetricBuffer};
 use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
-use std::sync::Arc;
 
 /// Where a per-rank benchmark's buffers come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,9 +17,6 @@ pub enum Buffers {
     Symmetric,
     /// cudarc's own allocations: across processes they go through staging memory.
     Plain,
-    /// `cuMemAlloc` memory (as other allocators make it, not a stream-ordered pool's): registered
-    /// by the communicator on first use, then peers reach it where it is.
-    Registered,
 }
 
 impl Buffers {
@@ -29,47 +25,14 @@ impl Buffers {
         match self {
             Buffers::Symmetric => "symmetric",
             Buffers::Plain => "plain",
-            Buffers::Registered => "registered",
         }
     }
 }
 
-/// A buffer of any kind, as a cudarc slice.
+/// A buffer of either kind, as a cudarc slice.
 enum Buf {
     Plain(CudaSlice<u8>),
     Symmetric(SymmetricBuffer<u8>),
-    Registered(MemAlloc),
-}
-
-/// `cuMemAlloc` memory seen as a cudarc slice, freed with `cuMemFree` (cudarc would free it as pool
-/// memory).
-struct MemAlloc(Option<CudaSlice<u8>>);
-
-impl MemAlloc {
-    fn new(stream: &Arc<CudaStream>, bytes: usize) -> Result<MemAlloc> {
-        oxccl::engine::bind(stream.context())?;
-        // SAFETY: a fresh allocation of `bytes` (at least one, as cuMemAlloc needs), owned by the
-        // slice until `drop` takes it back.
-        let slice = unsafe {
-            let ptr = cudarc::driver::result::malloc_sync(bytes.max(1)).map_err(Error::driver("cuMemAlloc"))?;
-            stream.upgrade_device_ptr::<u8>(ptr, bytes)
-        };
-        Ok(MemAlloc(Some(slice)))
-    }
-}
-
-impl Drop for MemAlloc {
-    fn drop(&mut self) {
-        if let Some(slice) = self.0.take() {
-            let stream = slice.stream().clone();
-            let ptr = slice.leak();
-            // Errors cannot be reported from drop: the memory is then kept.
-            if stream.synchronize().is_ok() {
-                // SAFETY: the allocation `new` made; its stream's work is done.
-                let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
-            }
-        }
-    }
 }
 
 impl std::ops::Deref for Buf {
@@ -78,7 +41,6 @@ impl std::ops::Deref for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
-            Buf::Registered(m) => m.0.as_ref().expect("held until dropped"),
         }
     }
 }
@@ -88,7 +50,6 @@ impl std::ops::DerefMut for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
-            Buf::Registered(m) => m.0.as_mut().expect("held until dropped"),
         }
     }
 }
@@ -148,7 +109,6 @@ pub fn rank_bench(
                     Buffers::Plain => {
                         Buf::Plain(stream.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"))?)
                     }
-                    Buffers::Registered => Buf::Registered(MemAlloc::new(&stream, n as usize)?),
                 })
             };
             let input = |i| pattern(r, i);

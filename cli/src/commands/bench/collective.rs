@@ -79,9 +79,6 @@ pub enum BuffersArg {
     Symmetric,
     /// cudarc's allocations, staged through memory peers map.
     Plain,
-    /// `cuMemAlloc` memory (as other allocators make it): registered on first use, then mapped
-    /// by the peers (zero copies).
-    Registered,
 }
 
 /// The reduction of the collectives that reduce.
@@ -477,7 +474,6 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
     let buffers = match r.common.buffers {
         BuffersArg::Symmetric => bench::Buffers::Symmetric,
         BuffersArg::Plain => bench::Buffers::Plain,
-        BuffersArg::Registered => bench::Buffers::Registered,
     };
     let b = CollectiveBench { ranks: comm.world(), config: comm.config().clone(), ..r.check()? };
     let lead = comm.rank() == 0;
