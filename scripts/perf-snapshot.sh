@@ -174,6 +174,9 @@ for m in tma simt; do for c in 1 2 4 8 16; do
   snap "cta-table-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 1M -e 1G -f 4 -n 10 -w 3 --ctas "$c" --mover "$m" --json
 done; done
 snap allreduce gpu "$X" bench all-reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8 --mover tma --json
+for op in sum avg prod; do
+  snap "allreduce-ops-$op" gpu "$X" bench all-reduce --ranks 8 -b 64M -e 1G -f 4 -n 20 -w 5 --op "$op" --json
+done
 # Other collectives on 8 virtual ranks
 snap reduce-scatter-16 gpu "$X" bench reduce-scatter --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
 snap all-gather-16 gpu "$X" bench all-gather --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
@@ -193,6 +196,11 @@ for coll in all-reduce reduce-scatter all-gather; do
   snap "ranks-threads-$coll" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench "$coll" --procs 8 --rank-threads -b 64M -e 1G -f 4 -n 20 -w 5 --json
 done
 snap latency-virtual gpu "$X" bench all-reduce --ranks 8 -b 8 -e 32K -f 2 -n 200 -w 20 --json
+for n in 2 8; do
+  snap "latency-threads-$n" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench all-reduce --procs "$n" --rank-threads -b 8 -e 32K -f 4 -n 200 -w 20 --json
+  snap "latency-threads-$n-graph" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench all-reduce --procs "$n" --rank-threads -b 8 -e 32K -f 4 -n 200 -w 20 -G 10 --json
+done
+snap launch-probe gpu python3 -W ignore scripts/launch_probe.py 200
 for coll in all-reduce reduce-scatter all-gather; do for buf in symmetric plain; do
   snap "ranks-procs-$buf-$coll" gpu,mps "$X" bench "$coll" --procs 8 --buffers "$buf" -b 64M -e 1G -f 4 -n 20 -w 5 --json
 done; done
