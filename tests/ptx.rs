@@ -348,6 +348,7 @@ const NOT_WRAPPER_FILES: &[(&str, &str)] = &[
 /// name a wrapper, counted after its doc comments). A macro not listed here fails the scan.
 const WRAPPER_MACROS: &[(&str, &[usize])] = &[
     ("packed", &[0]),
+    ("pack_f32", &[0]),
     ("fence", &[0]),
     ("sreg32", &[0]),
     ("load", &[0]),

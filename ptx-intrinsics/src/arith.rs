@@ -61,31 +61,26 @@ pub fn cvt_f32_f16x2(a: u32) -> (f32, f32) {
     (lo, hi)
 }
 
-/// `lo` and `hi` rounded to f16 (nearest even) and packed, `lo` in the low half.
-///
-/// `cvt.rn.f16x2.f32 d, hi, lo;` · PTX ISA 7.0 · sm_80
-#[doc(alias = "cvt.rn.f16x2.f32")]
-#[inline(always)]
-pub fn cvt_rn_f16x2_f32(lo: f32, hi: f32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.f16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack))
-    }
-    d
+macro_rules! pack_f32 {
+    ($(#[$doc:meta])* $name:ident, $text:literal, $isa:literal, $sm:literal) => {
+        $(#[$doc])*
+        ///
+        #[doc = concat!("`", $text, " d, hi, lo;` · PTX ISA ", $isa, " · ", $sm)]
+        #[doc(alias = $text)]
+        #[inline(always)]
+        pub fn $name(lo: f32, hi: f32) -> u32 {
+            let d: u32;
+            // SAFETY: register arithmetic only.
+            unsafe { asm!(concat!($text, " {d}, {hi}, {lo};"), d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) }
+            d
+        }
+    };
 }
 
-/// `lo` and `hi` rounded to bf16 (nearest even) and packed, `lo` in the low half. (A bf16 becomes an
-/// f32 exactly by a shift: no instruction needed the other way.)
-///
-/// `cvt.rn.bf16x2.f32 d, hi, lo;` · PTX ISA 7.0 · sm_80
-#[doc(alias = "cvt.rn.bf16x2.f32")]
-#[inline(always)]
-pub fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
-    let d: u32;
-    // SAFETY: register arithmetic only.
-    unsafe {
-        asm!("cvt.rn.bf16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack))
-    }
-    d
-}
+pack_f32!(
+    /// `lo` and `hi` rounded to f16 (nearest even) and packed, `lo` in the low half.
+    cvt_rn_f16x2_f32, "cvt.rn.f16x2.f32", "7.0", "sm_80");
+pack_f32!(
+    /// `lo` and `hi` rounded to bf16 (nearest even) and packed, `lo` in the low half. (A bf16
+    /// becomes an f32 exactly by a shift: no instruction needed the other way.)
+    cvt_rn_bf16x2_f32, "cvt.rn.bf16x2.f32", "7.0", "sm_80");

@@ -1345,7 +1345,8 @@ impl Untracked {
                 let was = s.context().is_event_tracking();
                 // SAFETY: the benchmark's buffers made meanwhile are used by the calls of one size
                 // and side, and every stream's work ends before they drop (`Drained` in
-                // `collective_bench`, on every return).
+                // `collective_bench`, on every return; in `rank_bench` each rank's buffers are
+                // used on its own stream only, which orders their stream-ordered free after them).
                 unsafe { s.context().disable_event_tracking() };
                 ctxs.push((s.context().clone(), was));
             }
