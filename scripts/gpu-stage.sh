@@ -44,7 +44,8 @@ ls -la .device/bin
 # and the MSCCL files packed with xz take a few MiB. Carry .device/pack alone; gpu-suite.sh unpacks it
 # into .device/bin when that folder is missing there.
 rm -rf .device/pack .device/stripped && mkdir -p .device/pack .device/stripped/host-msccl
-for f in .device/bin/*; do strip -o ".device/stripped/${f##*/}" "$f"; done
+# Debug sections go; symbols stay, so that a stack printed on the device names its functions.
+for f in .device/bin/*; do strip --strip-debug -o ".device/stripped/${f##*/}" "$f"; done
 cp .device/host-msccl/*.xml .device/stripped/host-msccl/
 tar -C .device/stripped -cf - . | xz -T0 -6 > .device/pack/bins.tar.xz
 rm -rf .device/stripped

@@ -3,7 +3,8 @@
 use crate::cache::BuildOnce;
 use crate::config::{Config, Shape, check_issuers_fit, combine_direct, combining_ring, launch_shape, validate_config};
 use crate::engine::{
-    DeviceAlloc, Engine, LaunchSpec, StatusRecord, bind, check_kept, sync_context, sync_stream, wait_stream,
+    DeviceAlloc, Engine, LaunchSpec, StatusRecord, bind, check_kept, make_current, sync_context, sync_stream,
+    wait_stream,
 };
 use crate::error::{Error, Result};
 use crate::program::{PlanKey, Prepared, Uploaded};
@@ -1202,10 +1203,47 @@ pub(crate) fn check_aligned(address: u64, rank: usize, what: &'static str, align
 
 impl Drop for Communicator {
     /// Waits for the ranks' streams before the workspaces, status records and cached plans are freed:
-    /// kernels still in flight read them.
+    /// kernels still in flight read them. A rank of a per-rank communicator then withdraws, so that
+    /// a peer waiting for a call this rank will never make gives up at once; after an error it
+    /// withdraws first, so that its own queued calls and the peers' end together instead of each
+    /// at its timeout.
     fn drop(&mut self) {
+        let failed = self.poison.is_set() || self.link.as_ref().is_some_and(|l| l.aborted.load(Ordering::SeqCst));
+        if failed {
+            self.withdraw();
+        }
         for r in &self.ranks {
             let _ = wait_stream(&r.stream);
+        }
+        if !failed {
+            self.withdraw();
+        }
+    }
+}
+
+impl Communicator {
+    /// Marks this communicator's ranks as gone in every rank's workspace (a per-rank communicator's;
+    /// others launch every rank together): a peer's CTA waiting at a start barrier for one of them
+    /// gives up with [`Error::Withdrawn`] at its next look instead of at its timeout. Queued on a
+    /// stream of its own, since the ranks' streams may be held up behind the calls it ends; waited
+    /// for. Best effort: a failure leaves the peers their timeouts.
+    pub(crate) fn withdraw(&self) {
+        if self.link.is_none() {
+            return;
+        }
+        for rank in &self.ranks {
+            let ctx = rank.stream.context();
+            if make_current(ctx).is_err() {
+                continue;
+            }
+            let Ok(stream) = ctx.new_stream() else { continue };
+            let offset = abi::Workspace::withdrawn_offset(rank.index) as u64;
+            for &w in self.workspaces.iter().take(self.ranks()).filter(|&&w| w != 0) {
+                // SAFETY: every rank's workspace is mapped in this context (checked at setup), and
+                // the word is inside it; two 32-bit words of 1 make the u64 flag non-zero.
+                let _ = unsafe { sys::cuMemsetD32Async(w + offset, 1, 2, stream.cu_stream()) };
+            }
+            let _ = wait_stream(&stream);
         }
     }
 }

@@ -278,6 +278,20 @@ pub enum Error {
         /// How many CTAs reported an error in that launch.
         errors: u32,
     },
+    /// A CTA stopped at a call's start barrier because a peer has left the communicator (its
+    /// host aborted it, dropped it, or dropped it after an error): that peer makes no more calls.
+    /// Nothing was moved. Build a new communicator to go on.
+    #[error("rank {rank} CTA {cta} stopped call {call}: peer {peer} left the communicator (aborted or dropped it)")]
+    Withdrawn {
+        /// The rank that stopped.
+        rank: u32,
+        /// Its CTA.
+        cta: u32,
+        /// The peer that left.
+        peer: u32,
+        /// The CTA's barrier count (the call).
+        call: u64,
+    },
     /// A CTA stopped because the matching CTA of a peer gave up the same call (that peer's own error
     /// is counted in `errors`, and is the one reported when the two reach the host together). The
     /// call's outputs are partly written; no rank touches another's buffers once its kernel has
@@ -438,6 +452,7 @@ impl Error {
                 Error::PeerAborted { rank: s.rank, cta: s.cta, peer: s.peer, call: s.expected, errors: s.errors }
             }
             Some(WaitKind::Mismatch) => Error::CallMismatch { rank: s.rank, cta: s.cta, peer: s.peer },
+            Some(WaitKind::Withdrawn) => Error::Withdrawn { rank: s.rank, cta: s.cta, peer: s.peer, call: s.expected },
             Some(WaitKind::Unmapped) => {
                 Error::Unmapped { rank: s.rank, cta: s.cta, peer: s.peer, region: s.expected as u32 }
             }
@@ -469,6 +484,7 @@ fn wait_text(wait: &WaitKind) -> &'static str {
         WaitKind::PeerAborted => "at a barrier (the peer gave up)",
         WaitKind::Unmapped => "resolving a peer's buffer",
         WaitKind::Mismatch => "comparing calls with a peer",
+        WaitKind::Withdrawn => "at the start barrier (the peer left the communicator)",
     }
 }
 

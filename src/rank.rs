@@ -859,6 +859,8 @@ impl Comm {
         if let Some(l) = &self.inner.link {
             l.aborted.store(true, Ordering::SeqCst);
         }
+        // Peers waiting for this rank's next call give up at once.
+        self.inner.withdraw();
         if let Some(n) = &self.nodes {
             n.fail();
         }

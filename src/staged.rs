@@ -18,6 +18,31 @@ use std::sync::Arc;
 /// their bandwidth, small enough that the two sides overlap on a large buffer.
 pub const DEFAULT_PIECE_BYTES: u64 = 64 << 20;
 
+/// Whether `OXCCL_DEBUG` (a comma-separated list) names `staged` or `all`: each staged step is then
+/// printed as it is queued, and a wait for the inter-node side says every few seconds where it is.
+fn debugging() -> bool {
+    debug_start().is_some()
+}
+
+/// When the debug output began (its lines say the milliseconds since), where it is on.
+fn debug_start() -> Option<std::time::Instant> {
+    static ON: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("OXCCL_DEBUG")
+            .is_ok_and(|v| v.split(',').any(|t| matches!(t.trim(), "staged" | "all")))
+            .then(std::time::Instant::now)
+    })
+}
+
+/// Prints a debug line for `rank` (see [`debugging`]).
+macro_rules! debug {
+    ($rank:expr, $($arg:tt)*) => {
+        if let Some(start) = debug_start() {
+            eprintln!("oxccl[{:>8.1} ms, rank {}]: {}", start.elapsed().as_secs_f64() * 1e3, $rank, format_args!($($arg)*));
+        }
+    };
+}
+
 /// What a rank of a communicator across nodes holds beside its node communicator.
 pub(crate) struct Nodes {
     /// Which node each rank is on.
@@ -173,14 +198,20 @@ impl Nodes {
     /// the group (marking the communicator failed) and returns the error.
     pub(crate) fn wait_inter(&self, rank_done: impl Fn() -> Result<bool>) -> Result<()> {
         let mut since = std::time::Instant::now();
+        let mut said = std::time::Instant::now();
         loop {
             if let Err(e) = self.inter.check() {
                 self.fail();
                 return Err(e);
             }
             let p = self.progress()?;
-            if p.pending == 0 && rank_done()? {
+            let done = rank_done()?;
+            if p.pending == 0 && done {
                 return Ok(());
+            }
+            if debugging() && said.elapsed() > std::time::Duration::from_secs(5) {
+                said = std::time::Instant::now();
+                debug!(self.rank, "waiting: {p:?}, rank stream done {done}");
             }
             if p.done > 0 || !p.stalled {
                 since = std::time::Instant::now();
@@ -264,7 +295,8 @@ impl Nodes {
         let mut queue = || -> Result<()> {
             // The inter-node side starts after what the caller queued before the call.
             inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
-            for step in &staged.steps {
+            debug!(me, "staged {:?} of {}: {} steps", staged.collective, staged.count, staged.steps.len());
+            for (i, step) in staged.steps.iter().enumerate() {
                 let on: &Arc<CudaStream> = match step.side {
                     Side::Intra => stream,
                     Side::Inter => inter,
@@ -277,6 +309,8 @@ impl Nodes {
                     Side::Intra => None,
                 };
                 let takes_part = step.takes_part(self.map.node(me), local as u32);
+                let what = if takes_part { "queueing" } else { "skipping" };
+                debug!(me, "{what} step {i} {:?} {:?} after {:?}", step.side, step.kind, step.after);
                 match step.kind {
                     _ if !takes_part => {}
                     Kind::IntraReduceScatter { at, len } => match src {
@@ -377,9 +411,13 @@ impl Nodes {
                 events.push(on.record_event(None).map_err(Error::driver("cuEventRecord"))?);
                 readies.push(ready);
             }
+            debug!(me, "queued every step");
             Ok(())
         };
         let queued = queue();
+        if let Err(e) = &queued {
+            debug!(me, "queueing failed: {e}");
+        }
         // Whatever was queued, the call ends on the rank's stream, and the scratch is freed after
         // it. Peers must not wait for steps this rank did not queue: a failure aborts the group.
         let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));

@@ -15,6 +15,7 @@ use std::time::Duration;
 #[test]
 fn staged_collectives_on_virtual_nodes_match_the_cpu() {
     let Some(stream) = common::gpu("staged_collectives_on_virtual_nodes_match_the_cpu") else { return };
+    let _dump = common::hang_dump_from_env();
     let ctx = stream.context().clone();
     let (world, per_node) = (8usize, 4u32);
     let config = Config {
@@ -36,81 +37,92 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
         .into_iter()
         .map(|boot| {
             let (ctx, config, counts, inputs) = (ctx.clone(), config.clone(), counts.clone(), inputs.clone());
-            std::thread::spawn(move || -> Result<Vec<(usize, bool)>, oxccl::Error> {
-                let stream = ctx.new_stream().unwrap();
-                let r = boot.rank();
-                let inter_config = config.clone();
-                let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
-                    Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
-                })?;
-                assert_eq!((comm.rank(), comm.world()), (r, world));
-                assert_eq!(comm.node_map().map(|m| m.nodes()), Some(2));
-                let mut out = Vec::new();
-                // OXCCL_TEST_TRACE: each rank says which call it reaches (where a run stops).
-                let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
-                let at = |case: usize, what: &str| {
-                    if trace {
-                        eprintln!("rank {r} case {case}: {what}");
+            let name = format!("rank-{}", boot.rank());
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || -> Result<Vec<(usize, bool)>, oxccl::Error> {
+                    let stream = ctx.new_stream().unwrap();
+                    let r = boot.rank();
+                    // Said at once: the thread's result is read only after the ranks before it end.
+                    let said = |e: oxccl::Error| {
+                        eprintln!("rank {r}: {e}");
+                        e
+                    };
+                    let inter_config = config.clone();
+                    let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
+                        Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
+                    })?;
+                    assert_eq!((comm.rank(), comm.world()), (r, world));
+                    assert_eq!(comm.node_map().map(|m| m.nodes()), Some(2));
+                    let mut out = Vec::new();
+                    // OXCCL_TEST_TRACE: each rank says which call it reaches (where a run stops).
+                    let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
+                    let at = |case: usize, what: &str| {
+                        if trace {
+                            eprintln!("rank {r} case {case}: {what}");
+                        }
+                    };
+                    for (case, &n) in counts.iter().enumerate() {
+                        at(case, "all_reduce");
+                        let send = stream.clone_htod(&inputs[case][r]).unwrap();
+                        let mut recv = stream.alloc_zeros::<i32>(n).unwrap();
+                        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(said)?;
+                        let mut buf = stream.clone_htod(&inputs[case][r]).unwrap();
+                        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).map_err(said)?;
+                        comm.synchronize().map_err(said)?;
+                        let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| inputs[case][q][i]).sum()).collect();
+                        let (a, b) = (stream.clone_dtoh(&recv).unwrap(), stream.clone_dtoh(&buf).unwrap());
+                        out.push((n, a == want && b == want));
+                        // AllGather (out of place and in place) and Broadcast from a rank that moves with
+                        // the case.
+                        at(case, "all_gather, broadcast");
+                        let m = n.min(3000);
+                        let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
+                        let mut all = stream.alloc_zeros::<i32>(m * world).unwrap();
+                        comm.all_gather(&mine, &mut all).map_err(said)?;
+                        let mut all_in = stream.alloc_zeros::<i32>(m * world).unwrap();
+                        stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
+                        comm.all_gather_in_place(&mut all_in).map_err(said)?;
+                        let root = case % world;
+                        let mut got = stream.alloc_zeros::<i32>(n).unwrap();
+                        comm.broadcast(if r == root { Some(&send) } else { None }, &mut got, root).map_err(said)?;
+                        let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                        comm.broadcast_in_place(&mut got_in, (root + 3) % world).map_err(said)?;
+                        comm.synchronize().map_err(said)?;
+                        let gathered: Vec<i32> =
+                            (0..world).flat_map(|q| inputs[case][q][..m].iter().copied()).collect();
+                        let (c, d) = (stream.clone_dtoh(&all).unwrap(), stream.clone_dtoh(&all_in).unwrap());
+                        let (f, h) = (stream.clone_dtoh(&got).unwrap(), stream.clone_dtoh(&got_in).unwrap());
+                        out.push((m, c == gathered && d == gathered));
+                        out.push((n, f == inputs[case][root] && h == inputs[case][(root + 3) % world]));
+                        // ReduceScatter (block `r` of every rank's `world × m`: rank q's `all_in` is
+                        // the gathered blocks) and Reduce onto `root`, out of place and in place.
+                        at(case, "reduce_scatter, reduce");
+                        let mut block = stream.alloc_zeros::<i32>(m).unwrap();
+                        comm.reduce_scatter(&all, &mut block, ReduceOp::Sum).map_err(said)?;
+                        comm.reduce_scatter_in_place(&mut all_in, ReduceOp::Sum).map_err(said)?;
+                        let mut sum = stream.alloc_zeros::<i32>(n).unwrap();
+                        comm.reduce(&send, if r == root { Some(&mut sum) } else { None }, ReduceOp::Sum, root)
+                            .map_err(said)?;
+                        let mut sum_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                        comm.reduce_in_place(&mut sum_in, ReduceOp::Sum, root).map_err(said)?;
+                        comm.synchronize().map_err(said)?;
+                        // Every rank holds the same gathered buffer: the reduction of block r is world
+                        // times block r.
+                        let want_block: Vec<i32> = inputs[case][r][..m].iter().map(|x| x * world as i32).collect();
+                        let (i, j) = (stream.clone_dtoh(&block).unwrap(), stream.clone_dtoh(&all_in).unwrap());
+                        out.push((m, i == want_block && j[r * m..(r + 1) * m] == want_block[..]));
+                        if r == root {
+                            let (k, l) = (stream.clone_dtoh(&sum).unwrap(), stream.clone_dtoh(&sum_in).unwrap());
+                            out.push((n, k == want && l == want));
+                        }
                     }
-                };
-                for (case, &n) in counts.iter().enumerate() {
-                    at(case, "all_reduce");
-                    let send = stream.clone_htod(&inputs[case][r]).unwrap();
-                    let mut recv = stream.alloc_zeros::<i32>(n).unwrap();
-                    comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
-                    let mut buf = stream.clone_htod(&inputs[case][r]).unwrap();
-                    comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-                    comm.synchronize()?;
-                    let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| inputs[case][q][i]).sum()).collect();
-                    let (a, b) = (stream.clone_dtoh(&recv).unwrap(), stream.clone_dtoh(&buf).unwrap());
-                    out.push((n, a == want && b == want));
-                    // AllGather (out of place and in place) and Broadcast from a rank that moves with
-                    // the case.
-                    at(case, "all_gather, broadcast");
-                    let m = n.min(3000);
-                    let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
-                    let mut all = stream.alloc_zeros::<i32>(m * world).unwrap();
-                    comm.all_gather(&mine, &mut all)?;
-                    let mut all_in = stream.alloc_zeros::<i32>(m * world).unwrap();
-                    stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
-                    comm.all_gather_in_place(&mut all_in)?;
-                    let root = case % world;
-                    let mut got = stream.alloc_zeros::<i32>(n).unwrap();
-                    comm.broadcast(if r == root { Some(&send) } else { None }, &mut got, root)?;
-                    let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
-                    comm.broadcast_in_place(&mut got_in, (root + 3) % world)?;
-                    comm.synchronize()?;
-                    let gathered: Vec<i32> = (0..world).flat_map(|q| inputs[case][q][..m].iter().copied()).collect();
-                    let (c, d) = (stream.clone_dtoh(&all).unwrap(), stream.clone_dtoh(&all_in).unwrap());
-                    let (f, h) = (stream.clone_dtoh(&got).unwrap(), stream.clone_dtoh(&got_in).unwrap());
-                    out.push((m, c == gathered && d == gathered));
-                    out.push((n, f == inputs[case][root] && h == inputs[case][(root + 3) % world]));
-                    // ReduceScatter (block `r` of every rank's `world × m`: rank q's `all_in` is
-                    // the gathered blocks) and Reduce onto `root`, out of place and in place.
-                    at(case, "reduce_scatter, reduce");
-                    let mut block = stream.alloc_zeros::<i32>(m).unwrap();
-                    comm.reduce_scatter(&all, &mut block, ReduceOp::Sum)?;
-                    comm.reduce_scatter_in_place(&mut all_in, ReduceOp::Sum)?;
-                    let mut sum = stream.alloc_zeros::<i32>(n).unwrap();
-                    comm.reduce(&send, if r == root { Some(&mut sum) } else { None }, ReduceOp::Sum, root)?;
-                    let mut sum_in = stream.clone_htod(&inputs[case][r]).unwrap();
-                    comm.reduce_in_place(&mut sum_in, ReduceOp::Sum, root)?;
-                    comm.synchronize()?;
-                    // Every rank holds the same gathered buffer: the reduction of block r is world
-                    // times block r.
-                    let want_block: Vec<i32> = inputs[case][r][..m].iter().map(|x| x * world as i32).collect();
-                    let (i, j) = (stream.clone_dtoh(&block).unwrap(), stream.clone_dtoh(&all_in).unwrap());
-                    out.push((m, i == want_block && j[r * m..(r + 1) * m] == want_block[..]));
-                    if r == root {
-                        let (k, l) = (stream.clone_dtoh(&sum).unwrap(), stream.clone_dtoh(&sum_in).unwrap());
-                        out.push((n, k == want && l == want));
-                    }
-                }
-                // What does not run across nodes yet is refused by name.
-                let e = comm.prepare::<i32>(oxccl::Collective::AllReduce, 8, ReduceOp::Sum, true).unwrap_err();
-                assert!(e.to_string().contains("across 2 nodes"), "{e}");
-                Ok(out)
-            })
+                    // What does not run across nodes yet is refused by name.
+                    let e = comm.prepare::<i32>(oxccl::Collective::AllReduce, 8, ReduceOp::Sum, true).unwrap_err();
+                    assert!(e.to_string().contains("across 2 nodes"), "{e}");
+                    Ok(out)
+                })
+                .unwrap()
         })
         .collect();
     let mut cases = 0;

@@ -910,4 +910,26 @@ fn per_rank_misuse_is_a_typed_error() {
         Ok(())
     });
     assert!(got.iter().all(Result::is_ok), "{got:?}");
+    // A rank that leaves (aborts, or drops its communicator) while its peer waits for a call it will
+    // never make: the peer stops with `Withdrawn`, not at its timeout (a minute, which would end the
+    // call as `Timeout`).
+    let patient = Config { timeout: Duration::from_secs(60), ..Config::default() };
+    fn call(c: &Comm) -> Result<(), Error> {
+        let mut x = c.stream().clone_htod(&[1.0f32; 64]).unwrap();
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+        c.synchronize()
+    }
+    let aborted = run([patient.clone(), patient.clone()], |c| match c.rank() {
+        1 => {
+            c.abort();
+            Ok(())
+        }
+        _ => call(c),
+    });
+    // Rank 1 returns at once: its communicator drops.
+    let dropped = run([patient.clone(), patient.clone()], |c| if c.rank() == 1 { Ok(()) } else { call(c) });
+    for got in [aborted, dropped] {
+        assert!(got[1].is_ok(), "{:?}", got[1]);
+        assert!(matches!(got[0], Err(Error::Withdrawn { peer: 1, .. })), "rank 0: {:?}", got[0]);
+    }
 }

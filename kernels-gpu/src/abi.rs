@@ -422,6 +422,9 @@ abi_enum!(
         /// A peer's call is another collective than this rank's (`peer`: the peer, `expected`: this
         /// rank's call key, `observed`: the peer's): the ranks did not make the same call.
         Mismatch = 11,
+        /// A peer left the communicator (its host aborted or dropped it) before reaching this call
+        /// (`peer`: the peer, `expected`: this CTA's `seq`); nothing was moved.
+        Withdrawn = 12,
     }
 );
 
@@ -484,6 +487,11 @@ pub struct Workspace {
     /// and read by the peers' CTA `cta` once they have taken that arrival: how a rank launched
     /// alone learns its peers' buffers without the host exchanging addresses per call.
     pub announce: [[u64; ANNOUNCE_WORDS]; MAX_CTAS_PER_RANK],
+    /// `withdrawn[src]`: non-zero once rank `src` has left the communicator (its host aborted or
+    /// dropped it), written by `src`'s host into every rank's workspace: a CTA waiting at a start
+    /// barrier for `src` gives up at once instead of at its timeout, since `src` will make no
+    /// further call.
+    pub withdrawn: [u64; MAX_RANKS],
 }
 
 /// Words of a CTA's announcement: the rank's [`BUFFER_SLOTS`] buffers, then the call key
@@ -506,6 +514,10 @@ impl Workspace {
     /// Byte offset of `announce[cta][word]`.
     pub const fn announce_offset(cta: usize, word: usize) -> usize {
         Self::seq_offset(MAX_CTAS_PER_RANK) + (cta * ANNOUNCE_WORDS + word) * 8
+    }
+    /// Byte offset of `withdrawn[src]`.
+    pub const fn withdrawn_offset(src: usize) -> usize {
+        Self::announce_offset(MAX_CTAS_PER_RANK, 0) + src * 8
     }
 }
 
@@ -948,7 +960,7 @@ const _: () = {
     assert!(size_of::<LaunchArgs>() == 64 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
     // Kernel parameters aligned above 16 bytes break the nvptx backend; 8 is what we pass.
     assert!(align_of::<LaunchArgs>() == 8);
-    assert!(size_of::<Workspace>() == Workspace::announce_offset(MAX_CTAS_PER_RANK, 0));
+    assert!(size_of::<Workspace>() == Workspace::withdrawn_offset(MAX_RANKS));
     assert!(MAX_REGIONS <= 1 << (63 - REGION_SHIFT), "region numbers fit below the tag bit");
     assert!(MAX_RANKS <= 32, "rank masks are u32");
     assert!(smem::STAGES.is_multiple_of(128));

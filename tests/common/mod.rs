@@ -213,3 +213,73 @@ pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option
     v.truncate(bytes);
     Some(v)
 }
+
+/// Where a test stops, for runs on machines without a debugger: unless dropped within `after`,
+/// prints every thread's name, state and kernel wait channel, then each thread's stack (signalled
+/// in turn to print its own). Set from `OXCCL_TEST_HANG_DUMP` (seconds) by the tests that use it.
+pub struct HangDump {
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for HangDump {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A [`HangDump`] after the seconds `OXCCL_TEST_HANG_DUMP` gives; none where it is unset.
+pub fn hang_dump_from_env() -> Option<HangDump> {
+    let secs: u64 = std::env::var("OXCCL_TEST_HANG_DUMP").ok()?.parse().ok()?;
+    Some(hang_dump(std::time::Duration::from_secs(secs)))
+}
+
+/// See [`HangDump`].
+pub fn hang_dump(after: std::time::Duration) -> HangDump {
+    extern "C" fn print_stack(_: libc::c_int) {
+        // Not async-signal-safe (it allocates): a diagnostic of a process that has stopped anyway.
+        let bt = std::backtrace::Backtrace::force_capture();
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+        eprintln!("--- thread {tid} ({:?}):\n{bt}", std::thread::current().name());
+    }
+    // SAFETY: a handler installed once for SIGUSR2, which nothing else in the tests uses.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = print_stack as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut());
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watching = done.clone();
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while start.elapsed() < after {
+            if watching.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let me = unsafe { libc::syscall(libc::SYS_gettid) };
+        let pid = std::process::id();
+        let read = |p: String| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+        let mut tids = Vec::new();
+        for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            let stat = read(format!("/proc/self/task/{tid}/stat"));
+            let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("?").to_string();
+            eprintln!(
+                "hang dump: thread {tid} {:?} state {state} wchan {:?} syscall {:?}",
+                read(format!("/proc/self/task/{tid}/comm")),
+                read(format!("/proc/self/task/{tid}/wchan")),
+                read(format!("/proc/self/task/{tid}/syscall")),
+            );
+            tids.push(tid.parse::<libc::c_long>().unwrap_or(0));
+        }
+        for tid in tids.into_iter().filter(|&t| t != me && t != 0) {
+            // SAFETY: a signal to a thread of this process, whose handler prints its stack.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid as libc::c_long, tid, libc::SIGUSR2 as libc::c_long) };
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        eprintln!("hang dump: done");
+    });
+    HangDump { done }
+}

@@ -5,7 +5,7 @@
 //! naming the wait. Nothing spins forever.
 
 use super::Ctx;
-use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, MAX_RANKS, Status, WaitKind};
+use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, MAX_RANKS, Status, WaitKind, Workspace};
 use oxccl_ptx::fence::fence_acq_rel_sys;
 use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_relaxed_sys_u64};
 use oxccl_ptx::sreg::globaltimer;
@@ -116,6 +116,25 @@ pub unsafe fn flags_reach(
         }
         polls += 1;
         if polls % POLLS_PER_CLOCK_READ == 0 {
+            // A peer that left the communicator never arrives: the start barrier gives up at once
+            // (as at its timeout, before anything is touched). Other waits keep their bound: a peer
+            // that left may still have kernels queued that touch this rank's buffers.
+            if kind == WaitKind::StartBarrier {
+                let mut gone = None;
+                per_rank!(q => {
+                    if pending & (1 << q) != 0 && gone.is_none() {
+                        let w = Global::<u64>::from_addr(own + Workspace::withdrawn_offset(q) as u64);
+                        // SAFETY: the word is in this rank's workspace, which the caller guarantees.
+                        if unsafe { ld_relaxed_sys_u64(w) } != 0 {
+                            gone = Some((q, seen[q]));
+                        }
+                    }
+                });
+                if let Some((q, last)) = gone {
+                    record(ctx, WaitKind::Withdrawn, q as u32, expected, last);
+                    return false;
+                }
+            }
             let now = globaltimer();
             if deadline == 0 {
                 deadline = now.saturating_add(ctx.timeout_ns);
