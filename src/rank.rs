@@ -243,7 +243,8 @@ impl Comm {
         let one_host = all.iter().all(|f| f.host == facts.host);
         let mut workspaces = [0u64; MAX_RANKS];
         let (workspace, peer) = if one_process {
-            let ws = DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?;
+            // Listed before any peer learns its address: a peer may withdraw as soon as it has.
+            let ws = crate::comm::Listed::new(DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?);
             let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
             for (r, a) in addrs.iter().enumerate() {
                 workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
@@ -260,7 +261,7 @@ impl Comm {
                 }
             }
             enable_peer_access(&contexts)?;
-            (RankWorkspace::Plain(ws), None)
+            (RankWorkspace::Listed(ws), None)
         } else if one_host {
             let peer = PeerMemory::new(&ctx, me, world, all[0].nonce, config.timeout)?;
             // Every service is up before any rank pushes its workspace; every workspace is mapped
