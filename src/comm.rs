@@ -425,6 +425,24 @@ impl Communicator {
         )
     }
 
+    /// AllToAll: block `q` of `send[r]` becomes block `r` of `recv[q]` (every buffer ranks × count
+    /// elements; out of place only, as `torch.distributed.all_to_all_single` with equal splits).
+    pub fn all_to_all<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+    ) -> Result<()> {
+        let count = self.block_of(recv, "all_to_all receive buffer")?;
+        self.collective::<T, S, R>(
+            Collective::AllToAll,
+            Count::FromRecv(count),
+            Some(send),
+            recv,
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {

@@ -207,7 +207,7 @@ pub(crate) fn combining_ring(c: &Config, collective: Collective, direct: bool, d
         && match collective {
             Collective::ReduceScatter | Collective::Reduce { .. } => true,
             Collective::AllReduce => direct,
-            Collective::AllGather | Collective::Broadcast { .. } => false,
+            Collective::AllGather | Collective::Broadcast { .. } | Collective::AllToAll => false,
         }
 }
 

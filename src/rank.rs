@@ -529,6 +529,29 @@ impl Comm {
         )
     }
 
+    /// AllToAll: block `q` of `send` (world × count elements) goes to rank `q`, and `recv` (world ×
+    /// count) ends with block `rank` of every rank's `send`, in rank order. Out of place only; not
+    /// across nodes yet ([`Error::Unsupported`]).
+    pub fn all_to_all<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        self.usable()?;
+        if let Some(n) = &self.nodes {
+            return Err(Error::Unsupported { what: format!("all_to_all across {} nodes", n.map.nodes()) });
+        }
+        let count = self.block(recv.len(), "all_to_all receive buffer")?;
+        self.inner.collective::<T, S, R>(
+            Collective::AllToAll,
+            Count::FromRecv(count),
+            Some(std::slice::from_ref(send)),
+            std::slice::from_mut(recv),
+            ReduceOp::Sum,
+            Holders::All,
+        )
+    }
+
     /// In-place AllGather: block `rank` of `buf` is this rank's contribution (nccl's `sendbuff =
     /// recvbuff + rank × count`); `buf` ends with every rank's block.
     pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {

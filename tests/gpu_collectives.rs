@@ -183,6 +183,8 @@ fn run_gpu(
                 (Collective::Broadcast { root }, true) => comm.broadcast_in_place(&mut recv, root as usize),
                 (Collective::Reduce { root }, false) => comm.reduce(&send, &mut recv[0], spec.op, root as usize),
                 (Collective::Reduce { root }, true) => comm.reduce_in_place(&mut recv, spec.op, root as usize),
+                // Drawn out of place only.
+                (Collective::AllToAll, _) => comm.all_to_all(&send, &mut recv),
             }
         }};
     }
@@ -217,7 +219,7 @@ fn same(stream: &Arc<CudaStream>, ranks: usize) -> Vec<Arc<CudaStream>> {
 }
 
 fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) {
-    let kind = rng.random_range(0..5);
+    let kind = rng.random_range(0..6);
     let ranks = 1 + rng.random_range(0..16) as usize;
     let root = rng.random_range(0..ranks as u64) as u32;
     let collective = Collective::every(root)[kind as usize];
@@ -229,7 +231,7 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
         2..=4 => rng.random_range(0..3000),
         5 | 6 => rng.random_range(0..200_000),
         // Up to 10^6 elements per buffer (ReduceScatter and AllGather buffers hold ranks × count).
-        _ if matches!(collective, Collective::ReduceScatter | Collective::AllGather) => {
+        _ if matches!(collective, Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll) => {
             rng.random_range(0..1_000_000) / ranks as u64
         }
         _ => rng.random_range(0..1_000_000),
@@ -239,7 +241,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
     let ctas = 1 + rng.random_range(0..(max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
     let reduction = if rng.random_range(0..3) == 0 { Reduction::Tma } else { Reduction::Registers };
     let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
-    let spec = PlanSpec { collective, count, dtype, op, ranks, in_place: rng.random_range(0..2) == 0, ctas, reduction };
+    let in_place = rng.random_range(0..2) == 0 && collective.has_in_place();
+    let spec = PlanSpec { collective, count, dtype, op, ranks, in_place, ctas, reduction };
     (spec, mover)
 }
 
@@ -448,7 +451,7 @@ fn collectives_match_the_cpu_reference_with_one_rank_per_gpu() {
         spec.ranks = 2 + rng.random_range(0..gpus.len() as u64 - 1) as usize;
         let most = if rng.random_range(0..4) == 0 { sms as u64 } else { 32 };
         spec.ctas = 1 + rng.random_range(0..most) as u32;
-        if matches!(spec.collective, Collective::ReduceScatter | Collective::AllGather) {
+        if matches!(spec.collective, Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll) {
             spec.count = spec.count.min(2_000_000 / spec.ranks as u64);
         }
         // A root among the ranks kept.

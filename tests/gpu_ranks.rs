@@ -76,7 +76,7 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
     let shape = rng.random_range(0..SHAPES.len() as u64) as usize;
     let (_, reduction, _) = SHAPES[shape];
     let root = rng.random_range(0..world as u64) as u32;
-    let collective = Collective::every(root)[rng.random_range(0..5) as usize];
+    let collective = Collective::every(root)[rng.random_range(0..6) as usize];
     let count = match rng.random_range(0..6) {
         0 => [0, 1, 3, 7, 8, 9, 15, 16, 17, 33, 4095, 4097][rng.random_range(0..12) as usize],
         1..=3 => rng.random_range(0..5000),
@@ -90,7 +90,7 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
         dtype,
         op,
         ranks: world,
-        in_place: rng.random_range(0..2) == 0,
+        in_place: rng.random_range(0..2) == 0 && collective.has_in_place(),
         // Filled by the communicator; the reference ignores it.
         ctas: 1,
         reduction,
@@ -243,6 +243,8 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
                 (Collective::Reduce { root }, true) => {
                     comm.reduce_in_place(recv.as_mut().unwrap(), spec.op, root as usize)
                 }
+                // Drawn out of place only.
+                (Collective::AllToAll, _) => comm.all_to_all(send.as_ref().unwrap(), recv.as_mut().unwrap()),
             }
         }};
     }

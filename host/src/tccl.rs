@@ -47,6 +47,9 @@ pub enum Collective {
         /// The rank that receives the reduction.
         root: u32,
     },
+    /// Block `j` of rank `r`'s input ends as block `r` of rank `j`'s output (inputs and outputs
+    /// hold `ranks` blocks of `count` elements). Out of place only.
+    AllToAll,
 }
 
 impl Collective {
@@ -55,25 +58,31 @@ impl Collective {
         let n = n as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+            Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => (n - 1.0) / n,
             Collective::Broadcast { .. } | Collective::Reduce { .. } => 1.0,
         }
     }
 
     /// Every collective, the rooted ones with `root`: one list for whatever must cover them all.
-    pub fn every(root: u32) -> [Collective; 5] {
+    pub fn every(root: u32) -> [Collective; 6] {
         [
             Collective::AllReduce,
             Collective::ReduceScatter,
             Collective::AllGather,
             Collective::Broadcast { root },
             Collective::Reduce { root },
+            Collective::AllToAll,
         ]
+    }
+
+    /// Whether the collective has an in-place form (every one but AllToAll, as in nccl's API).
+    pub fn has_in_place(self) -> bool {
+        self != Collective::AllToAll
     }
 
     /// Whether the collective combines values (its operator matters).
     pub fn reduces(self) -> bool {
-        !matches!(self, Collective::AllGather | Collective::Broadcast { .. })
+        !matches!(self, Collective::AllGather | Collective::Broadcast { .. } | Collective::AllToAll)
     }
 
     /// The root rank of Broadcast and Reduce.
@@ -92,6 +101,7 @@ impl Collective {
             Collective::AllGather => "all_gather",
             Collective::Broadcast { .. } => "broadcast",
             Collective::Reduce { .. } => "reduce",
+            Collective::AllToAll => "all_to_all",
         }
     }
 }
@@ -113,7 +123,8 @@ pub struct PlanSpec {
     /// The collective, with its root where it has one.
     pub collective: Collective,
     /// Elements per rank: of each buffer for AllReduce, Broadcast and Reduce, of the output for
-    /// ReduceScatter, of the input for AllGather (nccl's `count`).
+    /// ReduceScatter, of the input for AllGather, of each block (one per rank) for AllToAll
+    /// (nccl's `count`).
     pub count: u64,
     /// The element type; its size turns `count` into bytes.
     pub dtype: DType,
@@ -156,6 +167,12 @@ pub enum PlanError {
         /// The spec's ranks.
         ranks: usize,
     },
+    /// The collective has no in-place form ([`Collective::has_in_place`]).
+    #[error("{collective} has no in-place form")]
+    InPlace {
+        /// The collective's name.
+        collective: &'static str,
+    },
     /// A buffer would exceed the address space.
     #[error("count {count} overflows a buffer size")]
     TooLarge {
@@ -177,6 +194,7 @@ impl PlanSpec {
             Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => (b, b),
             Collective::ReduceScatter => (b.saturating_mul(p), b),
             Collective::AllGather => (b, b.saturating_mul(p)),
+            Collective::AllToAll => (b.saturating_mul(p), b.saturating_mul(p)),
         }
     }
 
@@ -203,9 +221,11 @@ impl PlanSpec {
         let at = |r: usize| (r as u64).saturating_mul(block);
         (0..self.ranks)
             .map(|r| match self.collective {
-                Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
-                    (r, slot::OUTPUT, r, slot::INPUT, 0)
-                }
+                // AllToAll has no in-place plan ([`PlanError::InPlace`]).
+                Collective::AllReduce
+                | Collective::Broadcast { .. }
+                | Collective::Reduce { .. }
+                | Collective::AllToAll => (r, slot::OUTPUT, r, slot::INPUT, 0),
                 Collective::ReduceScatter => (r, slot::OUTPUT, r, slot::INPUT, at(r)),
                 Collective::AllGather => (r, slot::INPUT, r, slot::OUTPUT, at(r)),
             })
@@ -243,6 +263,9 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
         && root >= p
     {
         return Err(PlanError::Root { root: root as u32, ranks: p });
+    }
+    if spec.in_place && !spec.collective.has_in_place() {
+        return Err(PlanError::InPlace { collective: spec.collective.name() });
     }
     let elem = spec.dtype.size() as u64;
     let block = spec.count.checked_mul(elem).filter(|b| b.checked_mul(p as u64).is_some());
@@ -320,7 +343,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
             Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => {
                 split(block, p as u64, GRAIN, r as u64)
             }
-            Collective::ReduceScatter | Collective::AllGather => (0, block),
+            Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => (0, block),
         };
         for cta in 0..c {
             let (lo, hi) = split(shard.1 - shard.0, c, GRAIN, cta);
@@ -383,6 +406,25 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                         let (s, c) = shard_in(&mut tasks, a, 1u32 << root, a, n);
                         slots = slots.max(s);
                         combines |= c;
+                    }
+                    Collective::AllToAll => {
+                        // Piece a of block j of rank r's input → block r of rank j's output, the
+                        // destinations taken from r + 1 on, so that the ranks start on different
+                        // peers.
+                        for k in 1..=p {
+                            let j = (r + k) % p;
+                            tasks.push(task(
+                                Move,
+                                me,
+                                inp,
+                                j as u64 * block + a,
+                                1 << j,
+                                out,
+                                r as u64 * block + a,
+                                n,
+                                0,
+                            ));
+                        }
                     }
                 }
             }
@@ -472,6 +514,9 @@ pub fn reference(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
             vec![cat; p]
         }
         Collective::Broadcast { root } => vec![inputs[root as usize][..block].to_vec(); p],
+        Collective::AllToAll => (0..p)
+            .map(|r| inputs.iter().flat_map(|v| v[r * block..(r + 1) * block].iter().copied()).collect())
+            .collect(),
         Collective::Reduce { root } => {
             let res = reduce(inputs.iter().map(|v| &v[..block]).collect());
             (0..p)

@@ -74,7 +74,7 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
 fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
     (
         // The root of Broadcast and Reduce is drawn below 16, then taken modulo the ranks.
-        (0usize..5, 0u32..16).prop_map(|(k, root)| Collective::every(root)[k]),
+        (0usize..6, 0u32..16).prop_map(|(k, root)| Collective::every(root)[k]),
         prop_oneof![
             1 => Just(0u64),
             // Lengths around 16-byte and chunk boundaries for every element size.
@@ -98,6 +98,8 @@ fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
                 Collective::Reduce { root } => Collective::Reduce { root: root % ranks as u32 },
                 c => c,
             };
+            // AllToAll has no in-place form (its refusal is tested on its own).
+            let in_place = in_place && collective.has_in_place();
             PlanSpec { collective, count, dtype, op, ranks, in_place, ctas, reduction }
         })
 }
@@ -212,7 +214,7 @@ proptest! {
 #[test]
 fn sixteen_ranks_at_a_million_elements_are_exact() {
     for collective in Collective::every(13) {
-        for in_place in [false, true] {
+        for in_place in [false, true].into_iter().filter(|&i| !i || collective.has_in_place()) {
             let spec = PlanSpec {
                 collective,
                 count: 999_999,
@@ -356,6 +358,13 @@ fn invalid_specs_are_typed_errors() {
     assert!(matches!(tccl::plan(&PlanSpec { ranks: 17, ..base }), Err(tccl::PlanError::Ranks { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { ctas: 0, ..base }), Err(tccl::PlanError::Ctas { .. })));
     assert!(matches!(tccl::plan(&PlanSpec { count: u64::MAX / 2, ..base }), Err(tccl::PlanError::TooLarge { .. })));
+    // AllToAll has no in-place form.
+    let in_place = PlanSpec { collective: Collective::AllToAll, in_place: true, ..base };
+    assert!(matches!(tccl::plan(&in_place), Err(tccl::PlanError::InPlace { collective: "all_to_all" })));
+    assert!(matches!(
+        tccl::plan(&PlanSpec { collective: Collective::AllToAll, count: u64::MAX / 8, ..base }),
+        Err(tccl::PlanError::TooLarge { .. })
+    ));
     // Near the limit the split's arithmetic must not overflow either: the plan covers every rank's
     // output exactly once (checked as intervals: the range is too large to count bytes).
     let big = PlanSpec { collective: Collective::ReduceScatter, count: (1 << 58) - 1, ranks: 16, ctas: 256, ..base };

@@ -771,6 +771,11 @@ impl Expected {
                 enc(self.dtype, pattern(q, j))
             }
             Collective::Broadcast { root } => enc(self.dtype, pattern(root as usize, i)),
+            // Block q is block r of rank q's input.
+            Collective::AllToAll => {
+                let (q, j) = ((i / self.count.max(1)) as usize, i % self.count.max(1));
+                enc(self.dtype, pattern(q, r as u64 * self.count + j))
+            }
             // Off the root only an in-place buffer exists, left as it was: the rank's input.
             Collective::Reduce { root } if r != root as usize => enc(self.dtype, pattern(r, i)),
             Collective::Reduce { .. } => self.reduced[(i % 17) as usize],
@@ -781,10 +786,10 @@ impl Expected {
     /// [`encode_periodic_with`]).
     #[cfg(test)]
     fn encode_range(&self, r: usize, start: u64, n: u64) -> Vec<u8> {
-        if self.collective != Collective::AllGather || self.count == 0 {
+        if !self.blockwise() {
             return encode_periodic_with(self.dtype, n, |i| self.value(r, start + i));
         }
-        // AllGather: block q is rank q's input, periodic within the block.
+        // AllGather and AllToAll: block q comes from rank q, periodic within the block.
         let mut v = Vec::with_capacity(n as usize * self.dtype.size());
         let (mut at, end) = (start, start + n);
         while at < end {
@@ -810,7 +815,7 @@ impl Expected {
         let (mut at, end) = (start, start + n);
         while at < end {
             // A segment over which the expected values repeat every 17 elements from `base`.
-            let (base, seg_end) = if self.collective == Collective::AllGather && self.count > 0 {
+            let (base, seg_end) = if self.blockwise() {
                 let q = at / self.count;
                 (q * self.count, ((q + 1) * self.count).min(end))
             } else {
@@ -835,8 +840,16 @@ impl Expected {
     fn periodic(&self, r: usize, base: u64, k: u64) -> Enc {
         match self.collective {
             Collective::AllGather if self.count > 0 => enc(self.dtype, pattern((base / self.count) as usize, k)),
+            Collective::AllToAll if self.count > 0 => {
+                enc(self.dtype, pattern((base / self.count) as usize, r as u64 * self.count + k))
+            }
             _ => self.value(r, base + k),
         }
+    }
+
+    /// Whether the result is periodic only within each rank's block (AllGather, AllToAll).
+    fn blockwise(&self) -> bool {
+        matches!(self.collective, Collective::AllGather | Collective::AllToAll) && self.count > 0
     }
 }
 
@@ -1066,7 +1079,7 @@ pub fn nccl_count(collective: Collective, size: u64, elem_bytes: u64, ranks: usi
     let total = size / elem_bytes;
     match collective {
         Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => total,
-        Collective::ReduceScatter | Collective::AllGather => {
+        Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => {
             let block = (16 / elem_bytes).max(1);
             total / ranks.max(1) as u64 / block * block
         }
@@ -1120,6 +1133,9 @@ pub fn collective_bench(
         let mut times = [0f64; 2];
         let mut wrong = [0u64; 2];
         for (k, in_place) in [false, true].into_iter().enumerate() {
+            if in_place && !b.collective.has_in_place() {
+                continue;
+            }
             // Each rank's buffers; out of place only those it has (a Broadcast's input and a Reduce's
             // output on the root alone). `recv_ranks[i]`: the rank of `recv[i]`.
             let spec = PlanSpec { in_place, ..spec };
@@ -1194,6 +1210,8 @@ pub fn collective_bench(
                             (Collective::Broadcast { root }, true) => comm.broadcast_in_place(&mut d, root as usize),
                             (Collective::Reduce { root }, false) => comm.reduce(&s, &mut d[0], b.op, root as usize),
                             (Collective::Reduce { root }, true) => comm.reduce_in_place(&mut d, b.op, root as usize),
+                            // Out of place only (the in-place pass is skipped).
+                            (Collective::AllToAll, _) => comm.all_to_all(&s, &mut d),
                         }
                     }};
                 }
@@ -1296,6 +1314,7 @@ impl CollectiveRow {
     pub(crate) fn of(b: &CollectiveBench, ctas: u32, moved: u64, count: u64, us: [f64; 2], wrong: [u64; 2]) -> Self {
         let bw = |us: f64| moved as f64 / (us * 1e-6) / 1e9;
         let factor = b.collective.bus_factor(b.ranks);
+        let ip = b.collective.has_in_place();
         CollectiveRow {
             collective: b.collective.name(),
             root: b.collective.root().map_or(-1, |r| r as i64),
@@ -1312,10 +1331,11 @@ impl CollectiveRow {
             oop_algbw: Some(bw(us[0])),
             oop_busbw: Some(bw(us[0]) * factor),
             oop_wrong: b.sweep.check.then_some(wrong[0]),
-            ip_us: Some(us[1]),
-            ip_algbw: Some(bw(us[1])),
-            ip_busbw: Some(bw(us[1]) * factor),
-            ip_wrong: b.sweep.check.then_some(wrong[1]),
+            // Collectives without an in-place form print "N/A" there, as nccl-tests' AllToAll.
+            ip_us: ip.then_some(us[1]),
+            ip_algbw: ip.then(|| bw(us[1])),
+            ip_busbw: ip.then(|| bw(us[1]) * factor),
+            ip_wrong: (ip && b.sweep.check).then_some(wrong[1]),
         }
     }
 }
@@ -1781,6 +1801,8 @@ pub fn min_traffic(collective: Collective, size: u64, ranks: usize, in_place: bo
         // AllGather: input size / P, output `size` per rank; Broadcast: the root's input and every
         // rank's output. In place one output's worth (the shards, the root's) is already there.
         Collective::AllGather | Collective::Broadcast { .. } => size * p + if in_place { 0 } else { size },
+        // Every rank reads its `size` bytes and writes `size` (out of place only).
+        Collective::AllToAll => 2 * size * p,
     }
 }
 
@@ -2290,6 +2312,8 @@ mod tests {
                 Collective::AllReduce => (16 * s, 16 * s),
                 Collective::ReduceScatter | Collective::Reduce { .. } => (9 * s, 9 * s),
                 Collective::AllGather | Collective::Broadcast { .. } => (9 * s, 8 * s),
+                // No in-place form: the same count either way.
+                Collective::AllToAll => (16 * s, 16 * s),
             };
             assert_eq!((min_traffic(c, s, 8, false), min_traffic(c, s, 8, true)), (oop, ip), "{c:?}");
         }
@@ -2305,7 +2329,7 @@ mod tests {
         use oxccl_kernels::abi::TaskKind;
         for collective in Collective::every(1) {
             for (ranks, count, ctas) in [(2, 1000, 1), (3, 4097, 4), (8, 1 << 16, 16), (5, 77, 32)] {
-                for in_place in [false, true] {
+                for in_place in [false, true].into_iter().filter(|&i| !i || collective.has_in_place()) {
                     let spec = PlanSpec {
                         collective,
                         count,

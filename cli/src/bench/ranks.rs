@@ -102,6 +102,9 @@ pub fn rank_bench(
         let mut wrong = [0u64; 2];
         let mut host = [0f64; 2];
         for (k, in_place) in [false, true].into_iter().enumerate() {
+            if in_place && !b.collective.has_in_place() {
+                continue;
+            }
             let spec = PlanSpec { in_place, ..spec };
             let alloc = |n: u64| -> Result<Buf> {
                 Ok(match buffers {
@@ -175,6 +178,10 @@ pub fn rank_bench(
                             }
                             (Collective::Reduce { root }, true) => {
                                 comm.reduce_in_place(d.ok_or_else(missing)?, b.op, root as usize)
+                            }
+                            // Out of place only (the in-place pass is skipped).
+                            (Collective::AllToAll, _) => {
+                                comm.all_to_all(s.ok_or_else(missing)?, d.ok_or_else(missing)?)
                             }
                         }
                     }};

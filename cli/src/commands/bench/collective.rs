@@ -1,4 +1,4 @@
-//! `oxccl bench all-reduce | reduce-scatter | all-gather | broadcast | reduce`: nccl-tests-style
+//! `oxccl bench all-reduce | reduce-scatter | all-gather | broadcast | reduce | all-to-all`: nccl-tests-style
 //! tables on virtual ranks, one rank per GPU (`--gpus`), or every rank its own caller (`--procs`).
 
 use super::{
@@ -122,6 +122,13 @@ pub struct AllGatherArgs {
     pub(crate) common: Common,
 }
 
+/// Flags of `oxccl bench all-to-all`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AllToAllArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+}
+
 /// Flags of `oxccl bench broadcast`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BroadcastArgs {
@@ -180,6 +187,12 @@ impl From<ReduceScatterArgs> for Run {
 impl From<AllGatherArgs> for Run {
     fn from(a: AllGatherArgs) -> Self {
         Run { collective: Collective::AllGather, common: a.common, reducing: None, combine_direct: None, root: None }
+    }
+}
+
+impl From<AllToAllArgs> for Run {
+    fn from(a: AllToAllArgs) -> Self {
+        Run { collective: Collective::AllToAll, common: a.common, reducing: None, combine_direct: None, root: None }
     }
 }
 

@@ -17,7 +17,7 @@ mod plan;
 mod reshard;
 mod trace;
 
-pub use collective::{AllGatherArgs, AllReduceArgs, BroadcastArgs, ReduceArgs, ReduceScatterArgs};
+pub use collective::{AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, ReduceArgs, ReduceScatterArgs};
 pub use movers::MoversArgs;
 pub use overlap::{ComputeArgs, OverlapArgs};
 pub use plan::{PlanArgs, PlanRow};
@@ -44,6 +44,9 @@ pub enum Command {
     Broadcast(BroadcastArgs),
     /// nccl-tests-style Reduce table.
     Reduce(ReduceArgs),
+    /// nccl-tests-style AllToAll table (out of place only).
+    #[command(visible_alias = "all_to_all", visible_alias = "alltoall")]
+    AllToAll(AllToAllArgs),
     /// The TMA and SIMT movers' CTA sweep (copy, reduce-into, reduce-add) against cuMemcpyDtoD.
     Movers(MoversArgs),
     /// An AllReduce beside a compute load: times alone, together, and the makespan.
@@ -67,6 +70,7 @@ impl Command {
             Command::AllGather(_) => "all-gather",
             Command::Broadcast(_) => "broadcast",
             Command::Reduce(_) => "reduce",
+            Command::AllToAll(_) => "all-to-all",
             Command::Movers(_) => "movers",
             Command::Overlap(_) => "overlap",
             Command::Reshard(_) => "reshard",
@@ -90,6 +94,7 @@ fn run_named(command: Command) -> CliResult {
         Command::AllGather(a) => collective::run(a.into()),
         Command::Broadcast(a) => collective::run(a.into()),
         Command::Reduce(a) => collective::run(a.into()),
+        Command::AllToAll(a) => collective::run(a.into()),
         Command::Movers(a) => movers::run(a),
         Command::Overlap(a) => overlap::run(a),
         Command::Reshard(a) => reshard::run(a),
@@ -107,6 +112,7 @@ pub fn check(command: &Command) -> CliResult {
         Command::AllGather(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::Broadcast(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::Reduce(a) => collective::Run::from(a.clone()).check().map(|_| ()),
+        Command::AllToAll(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::Movers(a) => movers::check(a).map(|_| ()),
         Command::Overlap(a) => overlap::check(a, a.ranks.unwrap_or(1)).map(|_| ()),
         Command::Reshard(a) => reshard::check(a).map(|_| ()),
