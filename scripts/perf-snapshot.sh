@@ -182,6 +182,7 @@ snap reduce-scatter-16 gpu "$X" bench reduce-scatter --ranks 8 -b 256M -e 1G -f 
 snap all-gather-16 gpu "$X" bench all-gather --ranks 8 -b 256M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
 snap broadcast gpu "$X" bench broadcast --root 1 --ranks 8 -b 1M -e 1G -f 4 --json
 snap reduce gpu "$X" bench reduce --root 1 --ranks 8 -b 1M -e 1G -f 4 --json
+snap all-to-all gpu "$X" bench all-to-all --ranks 8 -b 1M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
 # Small messages and CUDA graphs
 for m in tma simt; do for c in 1 4 16; do
   snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
