@@ -30,15 +30,18 @@ pub(crate) struct Rank {
 /// memory that peers in other processes mapped otherwise.
 pub(crate) enum RankWorkspace {
     Plain(DeviceAlloc),
-    /// A per-rank communicator's, its ranks in this process.
-    Listed(Listed),
+    /// A per-rank communicator's, its ranks in this process: every rank holds every rank's
+    /// ([`crate::peer::Link::_held`]), so none is freed before the last rank of the world drops (a
+    /// peer's kernel may still write its flags into it).
+    Held(Arc<DeviceAlloc>),
     Shared(Arc<crate::vmm::VmmAlloc>),
 }
 
 impl RankWorkspace {
     fn ptr(&self) -> u64 {
         match self {
-            RankWorkspace::Plain(a) | RankWorkspace::Listed(Listed(a)) => a.ptr(),
+            RankWorkspace::Plain(a) => a.ptr(),
+            RankWorkspace::Held(a) => a.ptr(),
             RankWorkspace::Shared(a) => a.ptr(),
         }
     }
@@ -46,7 +49,8 @@ impl RankWorkspace {
     /// Zeroes the barrier words (not the region table after them), ordered on `stream`.
     fn zero_async(&self, stream: &CudaStream) -> Result<()> {
         match self {
-            RankWorkspace::Plain(a) | RankWorkspace::Listed(Listed(a)) => a.zero_async(stream),
+            RankWorkspace::Plain(a) => a.zero_async(stream),
+            RankWorkspace::Held(a) => a.zero_async(stream),
             RankWorkspace::Shared(a) => a.zero_async(std::mem::size_of::<Workspace>(), stream),
         }
     }
@@ -1221,33 +1225,6 @@ pub(crate) fn check_aligned(address: u64, rank: usize, what: &'static str, align
     Ok(())
 }
 
-/// The workspaces of this process's per-rank communicators whose ranks are all in this process
-/// (peers address them as they are, with nothing that keeps them allocated): a rank writes its
-/// withdrawal into a peer's only while the peer's is listed here, under this lock ([`Listed`]).
-static LIVE_WORKSPACES: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-
-/// A per-rank workspace listed in [`LIVE_WORKSPACES`] from its allocation until it is freed.
-pub(crate) struct Listed(DeviceAlloc);
-
-impl Listed {
-    pub(crate) fn new(alloc: DeviceAlloc) -> Listed {
-        LIVE_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner()).push(alloc.ptr());
-        Listed(alloc)
-    }
-
-    pub(crate) fn ptr(&self) -> u64 {
-        self.0.ptr()
-    }
-}
-
-impl Drop for Listed {
-    /// Off the list before the allocation (the field) is freed.
-    fn drop(&mut self) {
-        let ptr = self.0.ptr();
-        LIVE_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner()).retain(|&w| w != ptr);
-    }
-}
-
 impl Drop for Communicator {
     /// Waits for the ranks' streams before the workspaces, status records and cached plans are freed:
     /// kernels still in flight read them. A rank of a per-rank communicator then withdraws, so that
@@ -1275,10 +1252,11 @@ impl Communicator {
     /// stream of its own, since the ranks' streams may be held up behind the calls it ends; waited
     /// for. Best effort: a failure leaves the peers their timeouts.
     pub(crate) fn withdraw(&self) {
-        let Some(link) = &self.link else { return };
-        // Ranks in this process: only the peers' workspaces still allocated, held so until the
-        // writes are done. Across processes every peer's stays mapped here until this one drops.
-        let live = link.peer.is_none().then(|| LIVE_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner()));
+        if self.link.is_none() {
+            return;
+        }
+        // Every peer's workspace is alive while this communicator is: held (ranks in this process)
+        // or mapped (across processes).
         for rank in &self.ranks {
             let ctx = rank.stream.context();
             if make_current(ctx).is_err() {
@@ -1286,8 +1264,7 @@ impl Communicator {
             }
             let Ok(stream) = ctx.new_stream() else { continue };
             let offset = abi::Workspace::withdrawn_offset(rank.index) as u64;
-            let reachable = |w: &u64| *w != 0 && live.as_ref().is_none_or(|l| l.contains(w));
-            for &w in self.workspaces.iter().take(self.ranks()).filter(|w| reachable(w)) {
+            for &w in self.workspaces.iter().take(self.ranks()).filter(|&&w| w != 0) {
                 // SAFETY: every rank's workspace is mapped in this context (checked at setup), and
                 // the word is inside it; two 32-bit words of 1 make the u64 flag non-zero.
                 let _ = unsafe { sys::cuMemsetD32Async(w + offset, 1, 2, stream.cu_stream()) };

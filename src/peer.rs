@@ -295,6 +295,9 @@ pub(crate) struct Link {
     /// made accessible to.
     pub(crate) access: Vec<usize>,
     pub(crate) aborted: AtomicBool,
+    /// Where every rank is in this process: every rank's workspace, held until this rank drops (a
+    /// peer's kernel writes its flags into this rank's, and this rank's into the peers').
+    pub(crate) _held: Vec<Arc<crate::engine::DeviceAlloc>>,
 }
 
 /// A call's buffers where peers in other processes reach them: each as a region address of this

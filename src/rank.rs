@@ -27,6 +27,11 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// The workspaces of per-rank communicators whose ranks are all threads of this process, by
+/// address: each rank of such a world finds its peers' here and holds them ([`Link::_held`]).
+static IN_PROCESS_WORKSPACES: std::sync::Mutex<Vec<(u64, std::sync::Weak<DeviceAlloc>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 /// What a rank tells the others when its communicator is built.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 struct Facts {
@@ -242,9 +247,13 @@ impl Comm {
         let one_process = all.iter().all(|f| f.host == facts.host && f.pid == facts.pid);
         let one_host = all.iter().all(|f| f.host == facts.host);
         let mut workspaces = [0u64; MAX_RANKS];
+        let mut held = Vec::new();
         let (workspace, peer) = if one_process {
-            // Listed before any peer learns its address: a peer may withdraw as soon as it has.
-            let ws = crate::comm::Listed::new(DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?);
+            let ws = Arc::new(DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?);
+            let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+            known.retain(|(_, w)| w.strong_count() > 0);
+            known.push((ws.ptr(), Arc::downgrade(&ws)));
+            drop(known);
             let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
             for (r, a) in addrs.iter().enumerate() {
                 workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
@@ -253,6 +262,17 @@ impl Comm {
                     why: "sent a workspace address of another size".into(),
                 })?);
             }
+            // Every rank holds every rank's workspace, taken before the barrier, which no rank
+            // passes until all have theirs.
+            held = (0..world)
+                .map(|r| {
+                    let known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+                    known.iter().find(|(p, _)| *p == workspaces[r]).and_then(|(_, w)| w.upgrade()).ok_or_else(|| {
+                        Error::Mismatch { field: "setup", rank: r, why: "its workspace was freed during setup".into() }
+                    })
+                })
+                .collect::<Result<_>>()?;
+            bootstrap.barrier()?;
             // Peer access between this rank's device and the others' (same process: same ordinals).
             let mut contexts = vec![ctx.clone()];
             for f in &all {
@@ -261,7 +281,7 @@ impl Comm {
                 }
             }
             enable_peer_access(&contexts)?;
-            (RankWorkspace::Listed(ws), None)
+            (RankWorkspace::Held(ws), None)
         } else if one_host {
             let peer = PeerMemory::new(&ctx, me, world, all[0].nonce, config.timeout)?;
             // Every service is up before any rank pushes its workspace; every workspace is mapped
@@ -285,7 +305,7 @@ impl Comm {
             });
         };
         let access = if one_process { all.iter().map(|f| f.ordinal).collect() } else { Vec::new() };
-        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false) };
+        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: held };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
         Ok(Comm { nodes: None, inner, rank: me })
