@@ -250,6 +250,7 @@ pub fn nccl_dtype(dtype: DType) -> c_int {
         DType::Bf16 => 9,
         DType::I32 => 2,
         DType::U32 => 3,
+        DType::U8 => 1,
     }
 }
 
@@ -525,6 +526,7 @@ macro_rules! by_dtype {
             DType::Bf16 => $f::<half::bf16>($($arg),*),
             DType::I32 => $f::<i32>($($arg),*),
             DType::U32 => $f::<u32>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
         }
     };
 }

@@ -81,6 +81,7 @@ mod sealed {
     impl Sealed for half::bf16 {}
     impl Sealed for i32 {}
     impl Sealed for u32 {}
+    impl Sealed for u8 {}
 }
 
 impl Element for f32 {
@@ -97,6 +98,10 @@ impl Element for i32 {
 }
 impl Element for u32 {
     const DTYPE: DType = DType::U32;
+}
+/// Sums wrap; Min, Max, Prod and Avg have no kernel yet ([`Error::Unsupported`]).
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
 }
 
 /// The README's Rust examples, compiled by `cargo test` (not run: they need a GPU).

@@ -27,6 +27,8 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
         DType::I32 => common::spread_i32(x as i32).to_le_bytes().to_vec(),
         DType::U32 => common::spread_u32(x as i32).to_le_bytes().to_vec(),
+        // Wrapping: sums of a few pass 255.
+        DType::U8 => vec![(x as i32) as u8],
     }
 }
 
@@ -39,7 +41,7 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
 fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
     let (dtype, p) = (spec.dtype, spec.ranks);
     // Random floats are for the float types.
-    let integers = integers || matches!(dtype, DType::I32 | DType::U32);
+    let integers = integers || matches!(dtype, DType::I32 | DType::U32 | DType::U8);
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(elems * dtype.size())).collect();
     // A Broadcast in place likewise whatever its operator (a rank's unwritten element keeps its own value).
     let distinct = integers
@@ -194,6 +196,7 @@ fn run_gpu(
         DType::Bf16 => call!(half::bf16),
         DType::I32 => call!(i32),
         DType::U32 => call!(u32),
+        DType::U8 => call!(u8),
     }?;
     comm.synchronize()?;
     let mut outs = outs.iter();
@@ -236,8 +239,11 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
         }
         _ => rng.random_range(0..1_000_000),
     };
-    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.random_range(0..5) as usize];
+    let dtype =
+        [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8][rng.random_range(0..6) as usize];
     let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
+    // Bytes have a sum kernel only (copies take it whatever the operator).
+    let op = if dtype == DType::U8 { ReduceOp::Sum } else { op };
     let ctas = 1 + rng.random_range(0..(max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
     let reduction = if rng.random_range(0..3) == 0 { Reduction::Tma } else { Reduction::Registers };
     let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
@@ -286,7 +292,7 @@ fn check(
     let want = tccl::reference(spec, inputs);
     // Register reduction combines in ascending rank order like the reference: bitwise equal even on
     // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
-    let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32);
+    let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32 | DType::U8);
     let sums = matches!(spec.collective, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. });
     if integers || integer_dtype || !sums || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
         if got != want {

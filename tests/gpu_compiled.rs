@@ -81,6 +81,7 @@ fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
             DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
             DType::I32 => out.extend_from_slice(&common::spread_i32(v).to_le_bytes()),
             DType::U32 => out.extend_from_slice(&common::spread_u32(v).to_le_bytes()),
+            DType::U8 => out.push(v as u8),
         }
     }
     out

@@ -108,6 +108,7 @@ fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
             DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
             DType::I32 => v.extend_from_slice(&common::spread_i32(x).to_le_bytes()),
             DType::U32 => v.extend_from_slice(&common::spread_u32(x).to_le_bytes()),
+            DType::U8 => v.push(x as u8),
         }
     }
     v.truncate(bytes);
@@ -193,8 +194,8 @@ fn run_on(
     (gpu, host[0][slot::OUTPUT as usize].clone())
 }
 
-fn dtypes() -> [DType; 5] {
-    [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32]
+fn dtypes() -> [DType; 6] {
+    [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8]
 }
 
 #[test]
@@ -207,8 +208,10 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
-            let dtype = dtypes()[rng.random_range(0..5) as usize];
+            let dtype = dtypes()[rng.random_range(0..6) as usize];
             let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.random_range(0..3) as usize];
+            // Bytes have a sum kernel only.
+            let op = if dtype == DType::U8 { RedOp::Sum } else { op };
             let e = dtype.size() as u64;
             let bytes = if round < fixed.len() {
                 fixed[round] / e * e

@@ -56,6 +56,7 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
         DType::I32 => common::spread_i32(x as i32).to_le_bytes().to_vec(),
         DType::U32 => common::spread_u32(x as i32).to_le_bytes().to_vec(),
+        DType::U8 => vec![(x as i32) as u8],
     }
 }
 
@@ -82,8 +83,11 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
         1..=3 => rng.random_range(0..5000),
         _ => rng.random_range(0..300_000),
     };
-    let dtype = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32][rng.random_range(0..5) as usize];
+    let dtype =
+        [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8][rng.random_range(0..6) as usize];
     let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
+    // Bytes have a sum kernel only (copies take it whatever the operator).
+    let op = if dtype == DType::U8 { ReduceOp::Sum } else { op };
     let spec = PlanSpec {
         collective,
         count,
@@ -254,6 +258,7 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
         DType::Bf16 => call!(half::bf16),
         DType::I32 => call!(i32),
         DType::U32 => call!(u32),
+        DType::U8 => call!(u8),
     }?;
     comm.synchronize()?;
     if let Some(b) = &input {

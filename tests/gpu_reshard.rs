@@ -162,6 +162,7 @@ macro_rules! with_dtype {
             DType::Bf16 => $f::<half::bf16>($($arg),*),
             DType::I32 => $f::<i32>($($arg),*),
             DType::U32 => $f::<u32>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
         }
     };
 }

@@ -406,6 +406,10 @@ pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
         (DType::Bf16, RedOp::Prod) => each!(bf16, |x: bf16, y: bf16| bf16::from_f32(x.to_f32() * y.to_f32())),
         (DType::I32, RedOp::Prod) => each!(i32, |x: i32, y: i32| x.wrapping_mul(y)),
         (DType::U32, RedOp::Prod) => each!(u32, |x: u32, y: u32| x.wrapping_mul(y)),
+        (DType::U8, RedOp::Sum) => each!(u8, |x: u8, y: u8| x.wrapping_add(y)),
+        (DType::U8, RedOp::Min) => each!(u8, |x: u8, y: u8| x.min(y)),
+        (DType::U8, RedOp::Max) => each!(u8, |x: u8, y: u8| x.max(y)),
+        (DType::U8, RedOp::Prod) => each!(u8, |x: u8, y: u8| x.wrapping_mul(y)),
         // Avg combines as Sum; `finish_into` divides the complete result.
         (_, RedOp::Avg) => combine_into(dtype, RedOp::Sum, acc, src),
     }
@@ -436,6 +440,7 @@ pub fn finish_into(dtype: DType, op: RedOp, acc: &mut [u8], n: u32) {
         DType::Bf16 => each!(bf16, |x: bf16| bf16::from_f32(x.to_f32() * r)),
         DType::I32 => each!(i32, |x: i32| x / n as i32),
         DType::U32 => each!(u32, |x: u32| x / n),
+        DType::U8 => each!(u8, |x: u8| (x as u32 / n) as u8),
     }
 }
 

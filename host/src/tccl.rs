@@ -468,6 +468,9 @@ pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
         (DType::F16, RedOp::Prod | RedOp::Avg) => f16::NAN.to_le_bytes().to_vec(),
         (DType::Bf16, RedOp::Prod | RedOp::Avg) => bf16::NAN.to_le_bytes().to_vec(),
         (DType::I32 | DType::U32, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5; 4],
+        (DType::U8, RedOp::Min) => vec![0],
+        (DType::U8, RedOp::Max) => vec![u8::MAX],
+        (DType::U8, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5],
     };
     one.iter().copied().cycle().take(len).collect()
 }

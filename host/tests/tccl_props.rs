@@ -19,6 +19,7 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         DType::I32 => (x as i32).to_le_bytes().to_vec(),
         // At least 1: 0 is the Min poison.
         DType::U32 => (x.abs() as u32 + 1).to_le_bytes().to_vec(),
+        DType::U8 => vec![x.abs() as u8 + 1],
     }
 }
 
@@ -29,6 +30,7 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
         DType::Bf16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
         DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U8 => b[0] as f64,
     }
 }
 
@@ -83,7 +85,7 @@ fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
             2 => 0u64..20_000,
             1 => 0u64..1_000_000
         ],
-        prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::Bf16), Just(DType::I32), Just(DType::U32)],
+        prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::Bf16), Just(DType::I32), Just(DType::U32), Just(DType::U8)],
         prop::sample::select(RedOp::ALL.to_vec()),
         1usize..=16,
         any::<bool>(),

@@ -87,6 +87,9 @@ abi_enum!(
         I32 = 3,
         /// Unsigned 32-bit.
         U32 = 4,
+        /// Unsigned 8-bit (sums wrap); also how copies move any element type of another size
+        /// byte for byte.
+        U8 = 5,
     }
 );
 
@@ -97,10 +100,12 @@ impl DType {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::Bf16 => 2,
+            DType::U8 => 1,
         }
     }
 
-    /// Lower-case name as nccl-tests prints it (`float`, `half`, `bfloat16`, `int32`, `uint32`).
+    /// Lower-case name as nccl-tests prints it (`float`, `half`, `bfloat16`, `int32`, `uint32`,
+    /// `uint8`).
     pub const fn nccl_name(self) -> &'static str {
         match self {
             DType::F32 => "float",
@@ -108,6 +113,7 @@ impl DType {
             DType::Bf16 => "bfloat16",
             DType::I32 => "int32",
             DType::U32 => "uint32",
+            DType::U8 => "uint8",
         }
     }
 }
@@ -144,10 +150,13 @@ impl RedOp {
 }
 
 /// Whether `cp.reduce.async.bulk` can apply `op` to `dtype` in hardware (PTX ISA 8.0: add for f32, f16,
-/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32; no multiply). Where it cannot, the
-/// engine reduces in registers.
+/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32; no multiply; nothing on bytes).
+/// Where it cannot, the engine reduces in registers.
 #[inline(always)]
 pub const fn tma_can_reduce(dtype: DType, op: RedOp) -> bool {
+    if matches!(dtype, DType::U8) {
+        return false;
+    }
     match op {
         RedOp::Sum => true,
         RedOp::Min | RedOp::Max => !matches!(dtype, DType::F32),
@@ -213,6 +222,7 @@ macro_rules! engine_kernels {
             oxccl_run_tma_bf16_avg, oxccl_run_simt_bf16_avg: Bf16, Avg, AvgBf16;
             oxccl_run_tma_i32_avg, oxccl_run_simt_i32_avg: I32, Avg, AvgI32;
             oxccl_run_tma_u32_avg, oxccl_run_simt_u32_avg: U32, Avg, AvgU32;
+            oxccl_run_tma_u8_sum, oxccl_run_simt_u8_sum: U8, Sum, SumU8;
         }
     };
 }
@@ -1006,6 +1016,7 @@ mod tests {
             DType::Bf16 => "bf16",
             DType::I32 => "i32",
             DType::U32 => "u32",
+            DType::U8 => "u8",
         };
         let op = match op {
             RedOp::Sum => "sum",
@@ -1028,6 +1039,11 @@ mod tests {
                             assert_eq!(got, None, "plans have no Avg kernels");
                             continue;
                         }
+                        // Bytes: the engine's sum (and copies) only, no plan kernels.
+                        if d == DType::U8 && (kind == "plan" || o != RedOp::Sum) {
+                            assert_eq!(got, None, "{kind} {m:?} {d:?} {o:?}");
+                            continue;
+                        }
                         let got = got.unwrap_or_else(|| panic!("no {kind} kernel for {m:?} {d:?} {o:?}"));
                         assert_eq!(got, expected_name(kind, m, d, o), "{m:?} {d:?} {o:?}");
                         assert!(names.insert(got), "{got} names two kernels");
@@ -1036,8 +1052,9 @@ mod tests {
             }
         }
         let plan_ops = RedOp::ALL.len() - 1;
-        assert_eq!(names.len(), Mover::ALL.len() * DType::ALL.len() * (RedOp::ALL.len() + plan_ops));
-        assert_eq!(KERNELS.len(), DType::ALL.len() * RedOp::ALL.len());
-        assert_eq!(PLAN_KERNELS.len(), DType::ALL.len() * plan_ops);
+        let words = DType::ALL.len() - 1;
+        assert_eq!(names.len(), Mover::ALL.len() * (words * (RedOp::ALL.len() + plan_ops) + 1));
+        assert_eq!(KERNELS.len(), words * RedOp::ALL.len() + 1);
+        assert_eq!(PLAN_KERNELS.len(), words * plan_ops);
     }
 }

@@ -207,7 +207,7 @@ pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option
             DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
             DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-            DType::I32 | DType::U32 => return None,
+            DType::I32 | DType::U32 | DType::U8 => return None,
         }
     }
     v.truncate(bytes);

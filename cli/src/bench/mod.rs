@@ -688,6 +688,7 @@ fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
         DType::Bf16 => typed(n, |i| half::bf16::from_f32(f(i) as f32)),
         DType::I32 => typed(n, &f),
         DType::U32 => typed(n, |i| f(i).unsigned_abs()),
+        DType::U8 => typed(n, |i| f(i).unsigned_abs() as u8),
     }
 }
 
@@ -1221,6 +1222,7 @@ pub fn collective_bench(
                     DType::Bf16 => go!(half::bf16),
                     DType::I32 => go!(i32),
                     DType::U32 => go!(u32),
+                    DType::U8 => go!(u8),
                 }
             };
             // The wrong elements of every rank's output, read back after the calls queued so far.
@@ -1266,6 +1268,7 @@ pub fn collective_bench(
                 DType::Bf16 => comm.prepare::<half::bf16>(b.collective, count, b.op, in_place)?,
                 DType::I32 => comm.prepare::<i32>(b.collective, count, b.op, in_place)?,
                 DType::U32 => comm.prepare::<u32>(b.collective, count, b.op, in_place)?,
+                DType::U8 => comm.prepare::<u8>(b.collective, count, b.op, in_place)?,
             };
             // Correctness pass (untimed) on fresh data.
             if b.sweep.check {
@@ -2130,6 +2133,7 @@ fn reshard_call(
         DType::Bf16 => go!(half::bf16),
         DType::I32 => go!(i32),
         DType::U32 => go!(u32),
+        DType::U8 => go!(u8),
     }
 }
 

@@ -192,6 +192,7 @@ pub fn rank_bench(
                     DType::Bf16 => go!(half::bf16),
                     DType::I32 => go!(i32),
                     DType::U32 => go!(u32),
+                    DType::U8 => go!(u8),
                 }
             };
             let n = usize::try_from(count)
@@ -202,6 +203,7 @@ pub fn rank_bench(
                 DType::Bf16 => comm.prepare::<half::bf16>(b.collective, n, b.op, in_place)?,
                 DType::I32 => comm.prepare::<i32>(b.collective, n, b.op, in_place)?,
                 DType::U32 => comm.prepare::<u32>(b.collective, n, b.op, in_place)?,
+                DType::U8 => comm.prepare::<u8>(b.collective, n, b.op, in_place)?,
             };
             if b.sweep.check {
                 call(&send, &mut recv)?;

@@ -1,8 +1,9 @@
 //! Element-wise reduction operators on 32-bit words: one type per (dtype, operator), so each mover
 //! is monomorphised once per combination and the inner loops carry no branches.
 //!
-//! A word holds one 4-byte element or two 2-byte elements (element 0 in the low half). The scalar
-//! paths hold a single 2-byte element in the low half; the high half is then don't-care.
+//! A word holds one 4-byte element, two 2-byte elements (element 0 in the low half) or four bytes.
+//! The scalar paths hold a single 2-byte or 1-byte element in the low bits; the rest is then
+//! don't-care.
 
 use oxccl_ptx::arith::*;
 use oxccl_ptx::memory::V4;
@@ -83,6 +84,9 @@ combine! {
     ProdF16 => |a, b| mul_rn_f16x2(a, b);
     ProdBf16 => |a, b| mul_rn_bf16x2(a, b);
     ProdI32 => |a, b| a.wrapping_mul(b);
+    // Four wrapping byte sums in one word: the low seven bits of each byte added without carries
+    // between bytes, then each byte's top bit set from the two top bits and the carry into it.
+    SumU8 => |a, b| ((a & 0x7f7f_7f7f).wrapping_add(b & 0x7f7f_7f7f)) ^ ((a ^ b) & 0x8080_8080);
 }
 
 /// Avg: the sum, then each complete result divided by its number of contributions `n`. The float
