@@ -7,6 +7,7 @@ use crate::engine::{
     wait_stream,
 };
 use crate::error::{Error, Result};
+use crate::plain::{Plain, Units, UnitsMut, in_units};
 use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::sys;
@@ -413,7 +414,21 @@ impl Communicator {
     }
 
     /// `recv[r]` (ranks × count elements) = the concatenation of every `send[q]` (count elements).
-    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// Any [`Plain`] element type (moved byte for byte; lengths in errors count its units: 4-, 2- or
+    /// 1-byte pieces of an element, see [`Plain`]'s module).
+    pub fn all_gather<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            let send: Vec<_> = send.iter().map(Units::<T, U, S>::new).collect();
+            let mut recv: Vec<_> = recv.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
+            self.all_gather_units::<U, _, _>(&send, &mut recv)
+        })
+    }
+
+    fn all_gather_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &[S],
         recv: &mut [R],
@@ -430,8 +445,21 @@ impl Communicator {
     }
 
     /// AllToAll: block `q` of `send[r]` becomes block `r` of `recv[q]` (every buffer ranks × count
-    /// elements; out of place only, as `torch.distributed.all_to_all_single` with equal splits).
-    pub fn all_to_all<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// elements; out of place only, as `torch.distributed.all_to_all_single` with equal splits). Any
+    /// [`Plain`] element type.
+    pub fn all_to_all<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &[S],
+        recv: &mut [R],
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            let send: Vec<_> = send.iter().map(Units::<T, U, S>::new).collect();
+            let mut recv: Vec<_> = recv.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
+            self.all_to_all_units::<U, _, _>(&send, &mut recv)
+        })
+    }
+
+    fn all_to_all_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &[S],
         recv: &mut [R],
@@ -448,8 +476,16 @@ impl Communicator {
     }
 
     /// In-place AllGather: block `r` of `buf[r]` is rank r's contribution (nccl's
-    /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks.
-    pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
+    /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks. Any [`Plain`]
+    /// element type.
+    pub fn all_gather_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
+        in_units!(T, |U| {
+            let mut bufs: Vec<_> = bufs.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
+            self.all_gather_in_place_units::<U, _>(&mut bufs)
+        })
+    }
+
+    fn all_gather_in_place_units<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
         let count = self.block_of(bufs, "in-place all_gather buffer")?;
         self.collective::<T, R, R>(
             Collective::AllGather,
@@ -463,8 +499,21 @@ impl Communicator {
 
     /// Broadcast: every `recv[r]` becomes a copy of `send`, rank `root`'s buffer (on its device; all
     /// buffers of one length). `send` must not overlap any receive buffer (use
-    /// [`Communicator::broadcast_in_place`]).
-    pub fn broadcast<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// [`Communicator::broadcast_in_place`]). Any [`Plain`] element type.
+    pub fn broadcast<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut [R],
+        root: usize,
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            let send = Units::<T, U, S>::new(send);
+            let mut recv: Vec<_> = recv.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
+            self.broadcast_units::<U, _, _>(&send, &mut recv, root)
+        })
+    }
+
+    fn broadcast_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &S,
         recv: &mut [R],
@@ -484,8 +533,20 @@ impl Communicator {
         )
     }
 
-    /// In-place Broadcast: every `buf[r]` becomes a copy of `buf[root]`, which is left as it is.
-    pub fn broadcast_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// In-place Broadcast: every `buf[r]` becomes a copy of `buf[root]`, which is left as it is. Any
+    /// [`Plain`] element type.
+    pub fn broadcast_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        bufs: &mut [R],
+        root: usize,
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            let mut bufs: Vec<_> = bufs.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
+            self.broadcast_in_place_units::<U, _>(&mut bufs, root)
+        })
+    }
+
+    fn broadcast_in_place_units<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         bufs: &mut [R],
         root: usize,
@@ -972,8 +1033,9 @@ impl Communicator {
         PlanSpec {
             collective,
             count: count as u64,
-            dtype: T::DTYPE,
-            // AllGather and Broadcast reduce nothing: one plan whatever the operator.
+            // Collectives that only copy move units of 4, 2 or 1 bytes (`crate::plain`): one plan per
+            // unit whatever the element type, and whatever the operator.
+            dtype: if collective.reduces() { T::DTYPE } else { copy_unit(T::DTYPE) },
             op: if collective.reduces() { op } else { ReduceOp::Sum },
             ranks: self.ranks(),
             in_place,
@@ -1271,6 +1333,15 @@ impl Communicator {
             }
             let _ = wait_stream(&stream);
         }
+    }
+}
+
+/// The unit a copy of `dtype` moves (the element type with a copy kernel of its size).
+fn copy_unit(dtype: DType) -> DType {
+    match dtype.size() {
+        4 => DType::U32,
+        2 => DType::F16,
+        _ => DType::U8,
     }
 }
 

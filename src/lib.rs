@@ -43,6 +43,7 @@ pub mod graph;
 #[cfg(unix)]
 pub mod internode;
 mod peer;
+mod plain;
 mod program;
 pub mod ptx;
 mod rank;
@@ -63,12 +64,13 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 /// The most ranks a communicator (or a compiled plan) has: one launch addresses every rank's buffers.
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
+pub use plain::Plain;
 pub use rank::{Comm, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce: `f32`, `half::f16`, `half::bf16`, `i32` and `u32`.
 /// Sealed: the device kernels know these five and no others.
-pub trait Element: sealed::Sealed + cudarc::driver::DeviceRepr + Copy + Send + Sync + 'static {
+pub trait Element: sealed::Sealed + Plain + 'static {
     /// The engine's name for the type.
     const DTYPE: DType;
 }

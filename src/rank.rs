@@ -15,6 +15,7 @@ use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::internode::InterNode;
 use crate::peer::{Link, PeerMemory};
+use crate::plain::{Plain, Units, UnitsMut, in_units};
 use crate::reshard::{Layout, ReshardOptions};
 use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source, group_bootstrap};
 use crate::vmm::VmmAlloc;
@@ -305,7 +306,7 @@ impl Comm {
             });
         };
         let access = if one_process { all.iter().map(|f| f.ordinal).collect() } else { Vec::new() };
-        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: held };
+        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: crate::peer::Held(held) };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
         Ok(Comm { nodes: None, inner, rank: me })
@@ -518,8 +519,20 @@ impl Comm {
         )
     }
 
-    /// `recv` (world × count elements) = every rank's `send` (count elements), in rank order.
-    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// `recv` (world × count elements) = every rank's `send` (count elements), in rank order. Any
+    /// [`Plain`] element type (moved byte for byte; lengths in errors count its 4-, 2- or 1-byte
+    /// units).
+    pub fn all_gather<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            self.all_gather_units::<U, _, _>(&Units::<T, U, S>::new(send), &mut UnitsMut::<T, U, R>::new(recv))
+        })
+    }
+
+    fn all_gather_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &S,
         recv: &mut R,
@@ -551,8 +564,18 @@ impl Comm {
 
     /// AllToAll: block `q` of `send` (world × count elements) goes to rank `q`, and `recv` (world ×
     /// count) ends with block `rank` of every rank's `send`, in rank order. Out of place only; not
-    /// across nodes yet ([`Error::Unsupported`]).
-    pub fn all_to_all<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// across nodes yet ([`Error::Unsupported`]). Any [`Plain`] element type.
+    pub fn all_to_all<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            self.all_to_all_units::<U, _, _>(&Units::<T, U, S>::new(send), &mut UnitsMut::<T, U, R>::new(recv))
+        })
+    }
+
+    fn all_to_all_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &S,
         recv: &mut R,
@@ -573,8 +596,12 @@ impl Comm {
     }
 
     /// In-place AllGather: block `rank` of `buf` is this rank's contribution (nccl's `sendbuff =
-    /// recvbuff + rank × count`); `buf` ends with every rank's block.
-    pub fn all_gather_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
+    /// recvbuff + rank × count`); `buf` ends with every rank's block. Any [`Plain`] element type.
+    pub fn all_gather_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
+        in_units!(T, |U| { self.all_gather_in_place_units::<U, _>(&mut UnitsMut::<T, U, R>::new(buf)) })
+    }
+
+    fn all_gather_in_place_units<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
         self.usable()?;
         let count = self.block(buf.len(), "in-place all_gather buffer")?;
         if let Some(n) = &self.nodes {
@@ -595,8 +622,20 @@ impl Comm {
 
     /// Broadcast: `recv` becomes a copy of rank `root`'s `send`. The root passes `Some(send)`
     /// (distinct from its `recv`; see [`Comm::broadcast_in_place`]); other ranks' `send` is not
-    /// used (pass `None`).
-    pub fn broadcast<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// used (pass `None`). Any [`Plain`] element type.
+    pub fn broadcast<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<()> {
+        in_units!(T, |U| {
+            let send = send.map(Units::<T, U, S>::new);
+            self.broadcast_units::<U, _, _>(send.as_ref(), &mut UnitsMut::<T, U, R>::new(recv), root)
+        })
+    }
+
+    fn broadcast_units<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: Option<&S>,
         recv: &mut R,
@@ -662,8 +701,16 @@ impl Comm {
         )
     }
 
-    /// In-place Broadcast: `buf` becomes a copy of rank `root`'s `buf`.
-    pub fn broadcast_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+    /// In-place Broadcast: `buf` becomes a copy of rank `root`'s `buf`. Any [`Plain`] element type.
+    pub fn broadcast_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        buf: &mut R,
+        root: usize,
+    ) -> Result<()> {
+        in_units!(T, |U| { self.broadcast_in_place_units::<U, _>(&mut UnitsMut::<T, U, R>::new(buf), root) })
+    }
+
+    fn broadcast_in_place_units<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         buf: &mut R,
         root: usize,

@@ -1271,3 +1271,73 @@ fn plans_clear_while_another_thread_calls() {
     assert!(clears > 0);
     println!("{calls} calls beside {clears} clears of the plan cache");
 }
+
+/// A plain type of 3 bytes: moved in byte units.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Rgb([u8; 3]);
+// SAFETY: plain bytes, any bit pattern valid.
+unsafe impl cudarc::driver::DeviceRepr for Rgb {}
+
+/// AllGather, Broadcast and AllToAll of element types without kernels of their own (f64, i64, a
+/// 3-byte struct), moved byte for byte in 4- and 1-byte units, out of place and in place, on
+/// 4 virtual ranks, at counts that leave odd tails: every rank's result equals the definition.
+#[test]
+fn plain_types_are_copied_exactly() {
+    let Some(stream) = common::gpu("plain_types_are_copied_exactly") else { return };
+    let p = 4;
+    let comm = Communicator::from_streams(&same(&stream, p), Config::default()).unwrap();
+    fn check<T: oxccl::Plain + PartialEq + std::fmt::Debug>(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        value: impl Fn(usize, usize) -> T,
+        zero: T,
+    ) {
+        let p = comm.ranks();
+        for n in [1usize, 7, 1000, 4099] {
+            let inputs: Vec<Vec<T>> = (0..p).map(|r| (0..n).map(|i| value(r, i)).collect()).collect();
+            let send: Vec<CudaSlice<T>> = inputs.iter().map(|v| stream.clone_htod(v).unwrap()).collect();
+            // AllGather.
+            let mut recv: Vec<CudaSlice<T>> = (0..p).map(|_| stream.clone_htod(&vec![zero; n * p]).unwrap()).collect();
+            comm.all_gather(&send, &mut recv).unwrap();
+            let gathered: Vec<T> = inputs.concat();
+            let mut bufs: Vec<CudaSlice<T>> = (0..p)
+                .map(|r| {
+                    let mut b = vec![zero; n * p];
+                    b[r * n..(r + 1) * n].copy_from_slice(&inputs[r]);
+                    stream.clone_htod(&b).unwrap()
+                })
+                .collect();
+            comm.all_gather_in_place(&mut bufs).unwrap();
+            comm.synchronize().unwrap();
+            for r in 0..p {
+                assert_eq!(stream.clone_dtoh(&recv[r]).unwrap(), gathered, "all_gather, rank {r}, {n} elements");
+                assert_eq!(stream.clone_dtoh(&bufs[r]).unwrap(), gathered, "all_gather in place, rank {r}, {n}");
+            }
+            // Broadcast from rank 1, out of place and in place.
+            let mut recv: Vec<CudaSlice<T>> = (0..p).map(|_| stream.clone_htod(&vec![zero; n]).unwrap()).collect();
+            comm.broadcast(&send[1], &mut recv, 1).unwrap();
+            let mut bufs: Vec<CudaSlice<T>> = inputs.iter().map(|v| stream.clone_htod(v).unwrap()).collect();
+            comm.broadcast_in_place(&mut bufs, 2).unwrap();
+            comm.synchronize().unwrap();
+            for r in 0..p {
+                assert_eq!(stream.clone_dtoh(&recv[r]).unwrap(), inputs[1], "broadcast, rank {r}, {n}");
+                assert_eq!(stream.clone_dtoh(&bufs[r]).unwrap(), inputs[2], "broadcast in place, rank {r}, {n}");
+            }
+            // AllToAll: block q of rank r's send to block r of rank q's receive buffer.
+            let blocks: Vec<Vec<T>> = (0..p).map(|r| (0..n * p).map(|i| value(r, i + 7)).collect()).collect();
+            let send: Vec<CudaSlice<T>> = blocks.iter().map(|v| stream.clone_htod(v).unwrap()).collect();
+            let mut recv: Vec<CudaSlice<T>> = (0..p).map(|_| stream.clone_htod(&vec![zero; n * p]).unwrap()).collect();
+            comm.all_to_all(&send, &mut recv).unwrap();
+            comm.synchronize().unwrap();
+            for q in 0..p {
+                let want: Vec<T> = (0..p).flat_map(|r| blocks[r][q * n..(q + 1) * n].iter().copied()).collect();
+                assert_eq!(stream.clone_dtoh(&recv[q]).unwrap(), want, "all_to_all, rank {q}, {n}");
+            }
+        }
+    }
+    check(&comm, &stream, |r, i| (r * 1_000_003 + i) as f64 * 0.5 - 7.25, 0.0);
+    check(&comm, &stream, |r, i| -((r as i64) << 40) - i as i64, 0);
+    check(&comm, &stream, |r, i| Rgb([r as u8, i as u8, (i >> 8) as u8 ^ 0x5a]), Rgb([0; 3]));
+    println!("f64, i64 and a 3-byte type copied exactly by AllGather, Broadcast and AllToAll on {p} ranks");
+}

@@ -125,7 +125,7 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
         && spec.in_place
         && (matches!(spec.collective, Collective::Broadcast { .. })
             || (spec.op != RedOp::Sum && spec.collective != Collective::AllGather));
-    let low = if spec.dtype == DType::U32 { 0.0 } else { -8.0 };
+    let low = if matches!(spec.dtype, DType::U32 | DType::U8) { 0.0 } else { -8.0 };
     let p = spec.ranks;
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(in_bytes as usize)).collect();
     for _ in 0..in_bytes as usize / e {

@@ -117,12 +117,14 @@ pub unsafe fn flags_reach(
         polls += 1;
         if polls % POLLS_PER_CLOCK_READ == 0 {
             // A peer that left the communicator never arrives: the start barrier gives up at once
-            // (as at its timeout, before anything is touched). Other waits keep their bound: a peer
-            // that left may still have kernels queued that touch this rank's buffers.
+            // (as at its timeout, before anything is touched); so does a call this rank queued
+            // before it left itself (aborted), whose peers may never come. Other waits keep their
+            // bound: a peer that left may still have kernels queued that touch this rank's buffers.
             if kind == WaitKind::StartBarrier {
                 let mut gone = None;
+                let watched = pending | (1 << ctx.rank);
                 per_rank!(q => {
-                    if pending & (1 << q) != 0 && gone.is_none() {
+                    if watched & (1 << q) != 0 && gone.is_none() {
                         let w = Global::<u64>::from_addr(own + Workspace::withdrawn_offset(q) as u64);
                         // SAFETY: the word is in this rank's workspace, which the caller guarantees.
                         if unsafe { ld_relaxed_sys_u64(w) } != 0 {
