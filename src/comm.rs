@@ -7,7 +7,7 @@ use crate::engine::{
     wait_stream,
 };
 use crate::error::{Error, Result};
-use crate::plain::{Plain, Units, UnitsMut, in_units};
+use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes};
 use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::sys;
@@ -943,6 +943,20 @@ impl Communicator {
             slots,
             smem_bytes: Engine::smem_bytes(&launch, slots) as u32,
         })
+    }
+
+    /// [`Communicator::prepare`] for a collective that only copies (AllGather, Broadcast, AllToAll)
+    /// of any [`Plain`] type, `count` in elements of `T` as the call counts them: the plan its calls
+    /// take (one per 4-, 2- or 1-byte unit). A collective that reduces is
+    /// [`Error::Unsupported`] here: prepare it with its [`Element`] type.
+    pub fn prepare_copy<T: Plain>(&self, collective: Collective, count: usize, in_place: bool) -> Result<CallLaunch> {
+        if collective.reduces() {
+            return Err(Error::Unsupported {
+                what: format!("prepare_copy of {} (it reduces: prepare it with its element type)", collective.name()),
+            });
+        }
+        let units = count * (std::mem::size_of::<T>() / unit_bytes::<T>());
+        in_units!(T, |U| { self.prepare::<U>(collective, units, ReduceOp::Sum, in_place) })
     }
 
     /// Collective plans built and uploaded so far (each kept until [`Communicator::clear_plans`] or

@@ -891,6 +891,14 @@ impl Comm {
         self.inner.prepare::<T>(collective, count, op, in_place)
     }
 
+    /// [`Comm::prepare`] for a collective that only copies, of any [`Plain`] type (as
+    /// [`Communicator::prepare_copy`]).
+    pub fn prepare_copy<T: Plain>(&self, collective: Collective, count: usize, in_place: bool) -> Result<CallLaunch> {
+        self.usable()?;
+        self.one_node("prepare")?;
+        self.inner.prepare_copy::<T>(collective, count, in_place)
+    }
+
     /// Waits for this rank's calls and reports a device-side error (as
     /// [`Communicator::synchronize`]).
     ///

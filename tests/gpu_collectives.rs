@@ -1299,7 +1299,11 @@ fn plain_types_are_copied_exactly() {
             let send: Vec<CudaSlice<T>> = inputs.iter().map(|v| stream.clone_htod(v).unwrap()).collect();
             // AllGather.
             let mut recv: Vec<CudaSlice<T>> = (0..p).map(|_| stream.clone_htod(&vec![zero; n * p]).unwrap()).collect();
+            // The plan `prepare_copy` builds is the one the call takes.
+            comm.prepare_copy::<T>(Collective::AllGather, n, false).unwrap();
+            let plans = comm.cached_plans();
             comm.all_gather(&send, &mut recv).unwrap();
+            assert_eq!(comm.cached_plans(), plans, "the call built a plan prepare_copy did not");
             let gathered: Vec<T> = inputs.concat();
             let mut bufs: Vec<CudaSlice<T>> = (0..p)
                 .map(|r| {
