@@ -7,7 +7,7 @@ use crate::engine::{
     wait_stream,
 };
 use crate::error::{Error, Result};
-use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes};
+use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, whole_blocks};
 use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::sys;
@@ -452,6 +452,9 @@ impl Communicator {
         send: &[S],
         recv: &mut [R],
     ) -> Result<()> {
+        if unit_bytes::<T>() < std::mem::size_of::<T>() {
+            whole_blocks(recv.iter().map(|b| b.len()).enumerate(), self.ranks(), "all_to_all receive buffer")?;
+        }
         in_units!(T, |U| {
             let send: Vec<_> = send.iter().map(Units::<T, U, S>::new).collect();
             let mut recv: Vec<_> = recv.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
@@ -479,6 +482,9 @@ impl Communicator {
     /// `sendbuff = recvbuff + rank × count`); every buffer ends with all blocks. Any [`Plain`]
     /// element type.
     pub fn all_gather_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(&self, bufs: &mut [R]) -> Result<()> {
+        if unit_bytes::<T>() < std::mem::size_of::<T>() {
+            whole_blocks(bufs.iter().map(|b| b.len()).enumerate(), self.ranks(), "in-place all_gather buffer")?;
+        }
         in_units!(T, |U| {
             let mut bufs: Vec<_> = bufs.iter_mut().map(UnitsMut::<T, U, R>::new).collect();
             self.all_gather_in_place_units::<U, _>(&mut bufs)

@@ -28,8 +28,9 @@ pub(crate) const fn unit_bytes<T>() -> usize {
 /// Runs `$body` with `$u` the unit type a `$t` is moved as (`u32`, `half::f16` or `u8`: element
 /// types with copy kernels).
 macro_rules! in_units {
-    ($t:ty, |$u:ident| $body:block) => {
-        match $crate::plain::unit_bytes::<$t>() {
+    ($t:ty, |$u:ident| $body:block) => {{
+        let per = std::mem::size_of::<$t>() / $crate::plain::unit_bytes::<$t>();
+        let result = match $crate::plain::unit_bytes::<$t>() {
             4 => {
                 type $u = u32;
                 $body
@@ -42,10 +43,42 @@ macro_rules! in_units {
                 type $u = u8;
                 $body
             }
-        }
-    };
+        };
+        result.map_err(|e| $crate::plain::in_elements(e, per))
+    }};
 }
 pub(crate) use in_units;
+
+/// `e`, an error of a call made in units (`per` of them per element), with its counts told back
+/// in elements (where they are whole elements, as every count the calls check
+/// is once [`whole_blocks`] has passed).
+pub(crate) fn in_elements(e: crate::Error, per: usize) -> crate::Error {
+    use crate::Error;
+    match e {
+        Error::Length { what, rank, expected, got } if per > 1 && expected % per == 0 && got % per == 0 => {
+            Error::Length { what, rank, expected: expected / per, got: got / per }
+        }
+        Error::MissingBuffer { what, rank, elements } if per > 1 && elements % per as u64 == 0 => {
+            Error::MissingBuffer { what, rank, elements: elements / per as u64 }
+        }
+        e => e,
+    }
+}
+
+/// Checks that each of `lens` (elements) splits into `ranks` whole blocks: in units a block could
+/// otherwise cut an element between two ranks.
+pub(crate) fn whole_blocks(
+    lens: impl IntoIterator<Item = (usize, usize)>,
+    ranks: usize,
+    what: &'static str,
+) -> crate::Result<()> {
+    for (rank, len) in lens {
+        if !len.is_multiple_of(ranks) {
+            return Err(crate::Error::Length { what, rank, expected: len.next_multiple_of(ranks), got: len });
+        }
+    }
+    Ok(())
+}
 
 /// A buffer of `T` read as a buffer of units `U` (the same bytes, `size_of::<T>() /
 /// size_of::<U>()` units per element).
@@ -115,7 +148,30 @@ impl<T, U, B: DevicePtrMut<T>> DevicePtrMut<U> for UnitsMut<'_, T, U, B> {
 
 #[cfg(test)]
 mod tests {
-    use super::unit_bytes;
+    use super::{in_elements, unit_bytes, whole_blocks};
+    use crate::Error;
+
+    #[test]
+    fn unit_counts_are_told_back_in_elements() {
+        let e = in_elements(Error::Length { what: "receive buffer", rank: 2, expected: 12, got: 9 }, 3);
+        assert!(matches!(e, Error::Length { rank: 2, expected: 4, got: 3, .. }), "{e:?}");
+        let e = in_elements(Error::MissingBuffer { what: "broadcast send buffer", rank: 0, elements: 8 }, 2);
+        assert!(matches!(e, Error::MissingBuffer { elements: 4, .. }), "{e:?}");
+        // A count that is not whole elements stays as it is (no call checks one once the blocks
+        // are whole).
+        let e = in_elements(Error::Length { what: "buffer", rank: 0, expected: 10, got: 9 }, 3);
+        assert!(matches!(e, Error::Length { expected: 10, got: 9, .. }), "{e:?}");
+    }
+
+    #[test]
+    fn blocks_must_hold_whole_elements() {
+        assert!(whole_blocks([(0, 8), (1, 12)], 4, "buffer").is_ok());
+        // 6 elements on 4 ranks: in 3-byte units (18) no more divisible, but 2 elements on 3 ranks
+        // would be (6 units): the elements are checked.
+        let e = whole_blocks([(0, 8), (1, 6)], 4, "buffer").unwrap_err();
+        assert!(matches!(e, Error::Length { rank: 1, expected: 8, got: 6, .. }), "{e:?}");
+        assert!(whole_blocks([(0, 2)], 3, "buffer").is_err());
+    }
 
     #[test]
     fn units_are_the_widest_that_divide_the_size() {

@@ -15,7 +15,7 @@ use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::internode::InterNode;
 use crate::peer::{Link, PeerMemory};
-use crate::plain::{Plain, Units, UnitsMut, in_units};
+use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, whole_blocks};
 use crate::reshard::{Layout, ReshardOptions};
 use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source, group_bootstrap};
 use crate::vmm::VmmAlloc;
@@ -570,6 +570,9 @@ impl Comm {
         send: &S,
         recv: &mut R,
     ) -> Result<()> {
+        if unit_bytes::<T>() < std::mem::size_of::<T>() {
+            whole_blocks([(self.rank(), recv.len())], self.world(), "all_to_all receive buffer")?;
+        }
         in_units!(T, |U| {
             self.all_to_all_units::<U, _, _>(&Units::<T, U, S>::new(send), &mut UnitsMut::<T, U, R>::new(recv))
         })
@@ -598,6 +601,9 @@ impl Comm {
     /// In-place AllGather: block `rank` of `buf` is this rank's contribution (nccl's `sendbuff =
     /// recvbuff + rank × count`); `buf` ends with every rank's block. Any [`Plain`] element type.
     pub fn all_gather_in_place<T: Plain, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
+        if unit_bytes::<T>() < std::mem::size_of::<T>() {
+            whole_blocks([(self.rank(), buf.len())], self.world(), "in-place all_gather buffer")?;
+        }
         in_units!(T, |U| { self.all_gather_in_place_units::<U, _>(&mut UnitsMut::<T, U, R>::new(buf)) })
     }
 
