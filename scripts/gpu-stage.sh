@@ -36,6 +36,9 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device/bin/bench-" + m["target"]["name"])
         print("staged bench-" + m["target"]["name"])
 '
+# The examples that run on a GPU (gpu-suite.sh ranks runs them).
+cargo build --release --example device_threads
+cp target/release/examples/device_threads .device/bin/
 # MSCCL files for `gpu-suite.sh compiled-bench` (the GPU machine has no checkout).
 mkdir -p .device/host-msccl
 cp host/tests/data/msccl/*.xml .device/host-msccl/

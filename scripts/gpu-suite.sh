@@ -67,6 +67,9 @@ for step in "$@"; do
       CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} OXCCL_REQUIRE_GPU=1 OXCCL_NO_MPS=1 timeout 300 $B/gpu_ranks --test-threads=1 --nocapture > "$OUT/gpu_ranks.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks(rc=$rc)"
       grep -E "^test |test result|skipped|cases|panicked|rank [0-9]+:|error" "$OUT/gpu_ranks.log" | head -60
+      log "example device_threads (4 ranks as threads on GPU 0)"
+      CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} OXCCL_RANKS=4 timeout 120 $B/device_threads > "$OUT/device_threads.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED device_threads(rc=$rc)"; tail -3 "$OUT/device_threads.log"
       mps_start
       OXCCL_REQUIRE_GPU=1 OXCCL_MPS=1 timeout 500 $B/gpu_ranks --test-threads=1 --nocapture processes_ a_killed > "$OUT/gpu_ranks_mps.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks_mps(rc=$rc)"
