@@ -7,7 +7,7 @@ use crate::engine::{
     wait_stream,
 };
 use crate::error::{Error, Result};
-use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, whole_blocks};
+use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, unit_of, whole_blocks};
 use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::sys;
@@ -1055,7 +1055,7 @@ impl Communicator {
             count: count as u64,
             // Collectives that only copy move units of 4, 2 or 1 bytes (`crate::plain`): one plan per
             // unit whatever the element type, and whatever the operator.
-            dtype: if collective.reduces() { T::DTYPE } else { copy_unit(T::DTYPE) },
+            dtype: if collective.reduces() { T::DTYPE } else { unit_of(T::DTYPE.size()) },
             op: if collective.reduces() { op } else { ReduceOp::Sum },
             ranks: self.ranks(),
             in_place,
@@ -1353,15 +1353,6 @@ impl Communicator {
             }
             let _ = wait_stream(&stream);
         }
-    }
-}
-
-/// The unit a copy of `dtype` moves (the element type with a copy kernel of its size).
-fn copy_unit(dtype: DType) -> DType {
-    match dtype.size() {
-        4 => DType::U32,
-        2 => DType::F16,
-        _ => DType::U8,
     }
 }
 

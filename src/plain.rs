@@ -25,6 +25,23 @@ pub(crate) const fn unit_bytes<T>() -> usize {
     }
 }
 
+/// The element type of the unit a `T` is moved as (one with copy kernels).
+pub(crate) const fn unit_dtype<T>() -> crate::DType {
+    unit_of(unit_bytes::<T>())
+}
+
+/// The element type with copy kernels of the unit a copy of `bytes`-byte elements moves (4, 2 or 1
+/// bytes, the largest dividing it).
+pub(crate) const fn unit_of(bytes: usize) -> crate::DType {
+    if bytes.is_multiple_of(4) {
+        crate::DType::U32
+    } else if bytes.is_multiple_of(2) {
+        crate::DType::F16
+    } else {
+        crate::DType::U8
+    }
+}
+
 /// Runs `$body` with `$u` the unit type a `$t` is moved as (`u32`, `half::f16` or `u8`: element
 /// types with copy kernels).
 macro_rules! in_units {

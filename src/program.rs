@@ -23,6 +23,8 @@ pub(crate) struct Uploaded {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PlanKey {
     pub(crate) shape: Vec<u64>,
+    /// Bytes per element, and the unit the copies move.
+    pub(crate) elem_bytes: u64,
     pub(crate) dtype: DType,
     pub(crate) src: Layout,
     pub(crate) dst: Layout,

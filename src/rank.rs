@@ -853,7 +853,7 @@ impl Comm {
     /// Errors: as [`Communicator::reshard`], for this rank's buffers ([`Error::Length`],
     /// [`Error::MissingBuffer`] and [`Error::UnexpectedBuffer`] name this rank); [`Error::Aborted`]
     /// after [`Comm::abort`].
-    pub fn reshard<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn reshard<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         src: Option<&S>,
         dst: Option<&mut R>,

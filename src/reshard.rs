@@ -14,8 +14,9 @@
 use crate::comm::{Communicator, Holders, Range, call_key, check_aligned, check_disjoint, ordinal_of};
 use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
+use crate::plain::{Plain, unit_bytes, unit_dtype};
 use crate::program::PlanKey;
-use crate::{Element, ReduceOp};
+use crate::{DType, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use oxccl_host::reshard::{LowerOptions, LoweredReshard, check_same_tensor, lower, plan};
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, slot};
@@ -145,7 +146,7 @@ impl Communicator {
     /// (`src` takes shared references and `dst` mutable ones so that one call can borrow some ranks'
     /// buffers and leave others out; `R: DevicePtr` too because a destination buffer is also read when
     /// its rank forwards it.)
-    pub fn reshard<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn reshard<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         src: &[Option<&S>],
         dst: &mut [Option<&mut R>],
@@ -180,7 +181,7 @@ impl Communicator {
         }
 
         // The program needs no address: it fails, if at all, before a guard is taken.
-        let prepared = self.reshard_program::<T>(shape, src_layout, dst_layout, options)?;
+        let prepared = self.reshard_program(shape, e as u64, unit_dtype::<T>(), src_layout, dst_layout, options)?;
 
         // cudarc's stream-ordering guards, on each rank's stream (see the collectives), kept until every
         // launch is queued; their addresses are the ones checked and used.
@@ -194,7 +195,7 @@ impl Communicator {
                 let len = b.len();
                 let (ptr, guard) = b.device_ptr_mut(self.rank_stream(r));
                 guards.push(guard);
-                check_aligned(ptr, r, "reshard destination buffer", e)?;
+                check_aligned(ptr, r, "reshard destination buffer", unit_bytes::<T>())?;
                 let (start, end, device) = (ptr, ptr + (len * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: true, buffer: "destination buffer" });
                 outs.push((r, ptr, len * e));
@@ -204,7 +205,7 @@ impl Communicator {
             if let Some(b) = b {
                 let (ptr, guard) = b.device_ptr(self.rank_stream(r));
                 guards.push(guard);
-                check_aligned(ptr, r, "reshard source buffer", e)?;
+                check_aligned(ptr, r, "reshard source buffer", unit_bytes::<T>())?;
                 let (start, end, device) = (ptr, ptr + (b.len() * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: false, buffer: "source buffer" });
                 ins.push((r, ptr, b.len() * e));
@@ -259,10 +260,13 @@ impl Communicator {
         launched.and(released)
     }
 
-    /// The reshard program for a call, built on first use.
-    fn reshard_program<T: Element>(
+    /// The reshard program for a call on `elem_bytes`-byte elements moved in units of `dtype`, built
+    /// on first use.
+    fn reshard_program(
         &self,
         shape: &[u64],
+        elem_bytes: u64,
+        dtype: DType,
         src: &Layout,
         dst: &Layout,
         options: &ReshardOptions,
@@ -270,7 +274,8 @@ impl Communicator {
         let ctas = self.ctas_per_rank();
         let key = PlanKey {
             shape: shape.to_vec(),
-            dtype: T::DTYPE,
+            elem_bytes,
+            dtype,
             src: src.clone(),
             dst: dst.clone(),
             options: *options,
@@ -278,9 +283,9 @@ impl Communicator {
         };
         let announced = call_key(&key);
         let (prepared, _) = self.reshard_plans.get_or_build(key, || {
-            let plan = plan(shape, std::mem::size_of::<T>() as u64, src, dst, options.plan)?;
+            let plan = plan(shape, elem_bytes, src, dst, options.plan)?;
             let opts =
-                LowerOptions { owner: options.owner, dtype: Some(T::DTYPE), ..LowerOptions::new(self.ranks(), ctas) };
+                LowerOptions { owner: options.owner, dtype: Some(dtype), ..LowerOptions::new(self.ranks(), ctas) };
             let lowered = lower(&plan, &opts)?;
             lowered.check_races()?;
             // A launch that cannot run is refused before the stages are uploaded and cached.

@@ -464,3 +464,49 @@ fn reshard_misuse_is_a_typed_error() {
     }
     comm.synchronize().unwrap();
 }
+
+/// A plain 3-byte type (moved in 1-byte units).
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Rgb([u8; 3]);
+// SAFETY: plain bytes, any bit pattern valid.
+unsafe impl cudarc::driver::DeviceRepr for Rgb {}
+
+/// Reshards of element types without kernels of their own (f64 in 4-byte units, a 3-byte struct
+/// in bytes): rows on ranks 0 and 1 (`S0` on `2@0`) to columns on ranks 2 and 3 (`S1` on `2@2`) of
+/// a 4 × 8 tensor, exact.
+#[test]
+fn plain_types_reshard_exactly() {
+    let Some(stream) = common::gpu("plain_types_reshard_exactly") else { return };
+    let comm = Communicator::virtual_ranks(&stream, 4, Config { max_ctas: Some(2), ..Config::default() }).unwrap();
+    let (src, dst) = (Layout::parse("2@0", "S0").unwrap(), Layout::parse("2@2", "S1").unwrap());
+    fn check<T: oxccl::Plain + PartialEq + std::fmt::Debug>(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        src: &Layout,
+        dst: &Layout,
+        value: impl Fn(usize, usize) -> T,
+        zero: T,
+    ) {
+        // Rank r of the source holds rows 2r and 2r + 1; rank 2 + k of the destination columns
+        // 4k..4k + 4 of every row.
+        let rows = |r: usize| -> Vec<T> {
+            (2 * r..2 * r + 2).flat_map(|i| (0..8).map(move |j| (i, j))).map(|(i, j)| value(i, j)).collect()
+        };
+        let a: Vec<CudaSlice<T>> = (0..2).map(|r| stream.clone_htod(&rows(r)).unwrap()).collect();
+        let mut b: Vec<CudaSlice<T>> = (0..2).map(|_| stream.clone_htod(&vec![zero; 16]).unwrap()).collect();
+        let s: Vec<Option<&CudaSlice<T>>> = vec![Some(&a[0]), Some(&a[1]), None, None];
+        let (b0, b1) = b.split_at_mut(1);
+        let mut d: Vec<Option<&mut CudaSlice<T>>> = vec![None, None, Some(&mut b0[0]), Some(&mut b1[0])];
+        comm.reshard(&s, &mut d, &[4, 8], src, dst, &ReshardOptions::default()).unwrap();
+        comm.synchronize().unwrap();
+        for (k, buf) in b.iter().enumerate() {
+            let want: Vec<T> =
+                (0..4).flat_map(|i| (4 * k..4 * k + 4).map(move |j| (i, j))).map(|(i, j)| value(i, j)).collect();
+            assert_eq!(stream.clone_dtoh(buf).unwrap(), want, "destination rank {}", 2 + k);
+        }
+    }
+    check(&comm, &stream, &src, &dst, |i, j| (i * 8 + j) as f64 * 1.25 - 3.0, 0.0);
+    check(&comm, &stream, &src, &dst, |i, j| Rgb([i as u8, j as u8, (i * 8 + j) as u8 ^ 0xa5]), Rgb([0; 3]));
+    println!("f64 and a 3-byte type resharded exactly");
+}
