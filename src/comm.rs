@@ -278,8 +278,7 @@ impl Communicator {
         if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
             return Err(Error::RankCount { ranks: ordinals.len(), max: MAX_RANKS });
         }
-        // SAFETY: only looks for the driver library; loading it has no side effects on failure.
-        if !unsafe { sys::is_culib_present() } {
+        if !crate::engine::driver_present() {
             return Err(Error::NoDriver);
         }
         let devices = match CudaContext::device_count() {

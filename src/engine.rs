@@ -942,11 +942,35 @@ fn threads_for_registers(regs: u32) -> String {
     )
 }
 
+/// Whether the CUDA driver library can be loaded: checked here rather than through cudarc, whose
+/// check exists only where it loads the library at run time, while a crate beside oxccl (candle
+/// turns on cudarc's `dynamic-linking`) may have it linked instead, already loaded then.
+pub fn driver_present() -> bool {
+    #[cfg(unix)]
+    {
+        ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+            let name = std::ffi::CString::new(*name).expect("no NUL in the name");
+            // SAFETY: a NUL-terminated name; the handle, if any, is closed at once (the library
+            // stays loaded where cudarc or the linker loaded it).
+            let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+            if !handle.is_null() {
+                // SAFETY: a handle dlopen returned, closed once.
+                unsafe { libc::dlclose(handle) };
+            }
+            !handle.is_null()
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        // No loader check written for this platform: the driver calls report its absence.
+        true
+    }
+}
+
 /// The first CUDA device as a context, if a CUDA driver is installed and device 0 is a Hopper GPU;
 /// otherwise why not.
 pub fn probe_gpu() -> std::result::Result<Arc<CudaContext>, String> {
-    // SAFETY: only looks for the driver library; loading it has no side effects on failure.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_present() {
         return Err("the CUDA driver library is not installed".into());
     }
     let n = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;

@@ -449,8 +449,7 @@ fn run_ranks(r: &Run, n: usize) -> CliResult {
         };
     }
     // No GPU, no processes: said here, as every benchmark says it, without making a context.
-    // SAFETY: only looks for the driver library.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !oxccl::engine::driver_present() {
         return Err("no GPU to benchmark on: the CUDA driver library is not installed".into());
     }
     match cudarc::driver::CudaContext::device_count() {
