@@ -1272,13 +1272,6 @@ fn plans_clear_while_another_thread_calls() {
     println!("{calls} calls beside {clears} clears of the plan cache");
 }
 
-/// A plain type of 3 bytes: moved in byte units.
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-struct Rgb([u8; 3]);
-// SAFETY: plain bytes, any bit pattern valid.
-unsafe impl cudarc::driver::DeviceRepr for Rgb {}
-
 /// AllGather, Broadcast and AllToAll of element types without kernels of their own (f64, i64, a
 /// 3-byte struct), moved byte for byte in 4- and 1-byte units, out of place and in place, on
 /// 4 virtual ranks, at counts that leave odd tails: every rank's result equals the definition.
@@ -1342,6 +1335,6 @@ fn plain_types_are_copied_exactly() {
     }
     check(&comm, &stream, |r, i| (r * 1_000_003 + i) as f64 * 0.5 - 7.25, 0.0);
     check(&comm, &stream, |r, i| -((r as i64) << 40) - i as i64, 0);
-    check(&comm, &stream, |r, i| Rgb([r as u8, i as u8, (i >> 8) as u8 ^ 0x5a]), Rgb([0; 3]));
+    check(&comm, &stream, |r, i| common::Rgb([r as u8, i as u8, (i >> 8) as u8 ^ 0x5a]), common::Rgb([0; 3]));
     println!("f64, i64 and a 3-byte type copied exactly by AllGather, Broadcast and AllToAll on {p} ranks");
 }

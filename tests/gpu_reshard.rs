@@ -465,13 +465,6 @@ fn reshard_misuse_is_a_typed_error() {
     comm.synchronize().unwrap();
 }
 
-/// A plain 3-byte type (moved in 1-byte units).
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-struct Rgb([u8; 3]);
-// SAFETY: plain bytes, any bit pattern valid.
-unsafe impl cudarc::driver::DeviceRepr for Rgb {}
-
 /// Reshards of element types without kernels of their own (f64 in 4-byte units, a 3-byte struct
 /// in bytes): rows on ranks 0 and 1 (`S0` on `2@0`) to columns on ranks 2 and 3 (`S1` on `2@2`) of
 /// a 4 × 8 tensor, exact.
@@ -507,6 +500,13 @@ fn plain_types_reshard_exactly() {
         }
     }
     check(&comm, &stream, &src, &dst, |i, j| (i * 8 + j) as f64 * 1.25 - 3.0, 0.0);
-    check(&comm, &stream, &src, &dst, |i, j| Rgb([i as u8, j as u8, (i * 8 + j) as u8 ^ 0xa5]), Rgb([0; 3]));
+    check(
+        &comm,
+        &stream,
+        &src,
+        &dst,
+        |i, j| common::Rgb([i as u8, j as u8, (i * 8 + j) as u8 ^ 0xa5]),
+        common::Rgb([0; 3]),
+    );
     println!("f64 and a 3-byte type resharded exactly");
 }

@@ -238,6 +238,7 @@ pub fn hang_dump(after: std::time::Duration) -> HangDump {
     extern "C" fn print_stack(_: libc::c_int) {
         // Not async-signal-safe (it allocates): a diagnostic of a process that has stopped anyway.
         let bt = std::backtrace::Backtrace::force_capture();
+        // SAFETY: gettid takes no arguments and cannot fail.
         let tid = unsafe { libc::syscall(libc::SYS_gettid) };
         eprintln!("--- thread {tid} ({:?}):\n{bt}", std::thread::current().name());
     }
@@ -258,6 +259,7 @@ pub fn hang_dump(after: std::time::Duration) -> HangDump {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        // SAFETY: as above.
         let me = unsafe { libc::syscall(libc::SYS_gettid) };
         let pid = std::process::id();
         let read = |p: String| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
@@ -283,3 +285,11 @@ pub fn hang_dump(after: std::time::Duration) -> HangDump {
     });
     HangDump { done }
 }
+
+/// A plain 3-byte element type (no kernel of its own: moved in 1-byte units), for the tests of
+/// copies of `oxccl::Plain` types.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Rgb(pub [u8; 3]);
+// SAFETY: plain bytes, any bit pattern valid.
+unsafe impl cudarc::driver::DeviceRepr for Rgb {}
