@@ -18,13 +18,9 @@ use std::sync::Arc;
 /// their bandwidth, small enough that the two sides overlap on a large buffer.
 pub const DEFAULT_PIECE_BYTES: u64 = 64 << 20;
 
-/// Whether `OXCCL_DEBUG` (a comma-separated list) names `staged` or `all`: each staged step is then
-/// printed as it is queued, and a wait for the inter-node side says every few seconds where it is.
-fn debugging() -> bool {
-    debug_start().is_some()
-}
-
-/// When the debug output began (its lines say the milliseconds since), where it is on.
+/// When the debug output began (its lines say the milliseconds since), where `OXCCL_DEBUG` (a
+/// comma-separated list) names `staged` or `all`: each staged step is then printed as it is queued,
+/// and a wait for the inter-node side says every few seconds where it is.
 fn debug_start() -> Option<std::time::Instant> {
     static ON: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -34,7 +30,7 @@ fn debug_start() -> Option<std::time::Instant> {
     })
 }
 
-/// Prints a debug line for `rank` (see [`debugging`]).
+/// Prints a debug line for `rank` (see [`debug_start`]).
 macro_rules! debug {
     ($rank:expr, $($arg:tt)*) => {
         if let Some(start) = debug_start() {
@@ -205,13 +201,12 @@ impl Nodes {
                 return Err(e);
             }
             let p = self.progress()?;
-            let done = rank_done()?;
-            if p.pending == 0 && done {
+            if p.pending == 0 && rank_done()? {
                 return Ok(());
             }
-            if debugging() && said.elapsed() > std::time::Duration::from_secs(5) {
+            if debug_start().is_some() && said.elapsed() > std::time::Duration::from_secs(5) {
                 said = std::time::Instant::now();
-                debug!(self.rank, "waiting: {p:?}, rank stream done {done}");
+                debug!(self.rank, "waiting: {p:?}");
             }
             if p.done > 0 || !p.stalled {
                 since = std::time::Instant::now();
