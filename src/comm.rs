@@ -702,7 +702,7 @@ impl Communicator {
     pub fn launch_spec(&self, spec: &PlanSpec, slots: u32, combines: bool) -> Result<LaunchSpec> {
         let per_device = self.world.most_on_a_device() as u64;
         let direct = combine_direct(&self.config, per_device * spec.ctas as u64);
-        let from_registers = combining_ring(&self.config, spec.collective, direct, self.world.devices.len());
+        let from_registers = combining_ring(spec.bulk(), spec.collective, direct, self.world.devices.len());
         let mut launch = self.shaped_launch_spec(spec.dtype, spec.op, slots, combines, from_registers)?;
         launch.combine_direct = direct;
         Ok(launch)

@@ -195,14 +195,15 @@ pub(crate) fn combine_direct(c: &Config, ctas_on_device: u64) -> bool {
     c.combine_direct.unwrap_or(ctas_on_device <= COMBINE_DIRECT_MAX_CTAS)
 }
 
-/// Whether a call of `collective` under `c` on `devices` devices takes [`combining_pipeline`]'s
+/// Whether a call of `collective` on `devices` devices whose plan bulk-reduces or not (`bulk`,
+/// `PlanSpec::bulk`) takes [`combining_pipeline`]'s
 /// ring: every combine stores its result from registers (ReduceScatter and Reduce, whose combines
 /// have one destination; AllReduce where `combine_direct` holds), so no bulk store reads a stage,
 /// and every source is on one device. Over
 /// NVLink the deeper ring of [`auto_pipeline`] keeps more loads in flight and wins at 8 CTAs (2
 /// GPUs, docs/PERF.md: ReduceScatter 260.7 against 232.5 busbw, AllReduce 326.2 against 299.9).
-pub(crate) fn combining_ring(c: &Config, collective: Collective, direct: bool, devices: usize) -> bool {
-    c.reduction == Reduction::Registers
+pub(crate) fn combining_ring(bulk: bool, collective: Collective, direct: bool, devices: usize) -> bool {
+    !bulk
         && devices == 1
         && match collective {
             Collective::ReduceScatter | Collective::Reduce { .. } => true,
@@ -481,14 +482,12 @@ mod tests {
     /// The combining ring only where every combine stores from registers and every source is local.
     #[test]
     fn the_combining_ring_needs_register_stores_on_one_device() {
-        let c = Config::default();
-        assert!(combining_ring(&c, Collective::ReduceScatter, false, 1));
-        assert!(combining_ring(&c, Collective::AllReduce, true, 1));
-        assert!(!combining_ring(&c, Collective::AllReduce, false, 1), "the shared copy's bulk stores read the ring");
-        assert!(!combining_ring(&c, Collective::AllGather, true, 1));
-        assert!(!combining_ring(&c, Collective::ReduceScatter, false, 2), "peers' sources over NVLink");
-        let bulk = Config { reduction: Reduction::Tma, ..c };
-        assert!(!combining_ring(&bulk, Collective::ReduceScatter, false, 1));
+        assert!(combining_ring(false, Collective::ReduceScatter, false, 1));
+        assert!(combining_ring(false, Collective::AllReduce, true, 1));
+        assert!(!combining_ring(false, Collective::AllReduce, false, 1), "the shared copy's bulk stores read the ring");
+        assert!(!combining_ring(false, Collective::AllGather, true, 1));
+        assert!(!combining_ring(false, Collective::ReduceScatter, false, 2), "peers' sources over NVLink");
+        assert!(!combining_ring(true, Collective::ReduceScatter, false, 1));
     }
 
     #[test]

@@ -251,6 +251,12 @@ pub fn nccl_dtype(dtype: DType) -> c_int {
         DType::I32 => 2,
         DType::U32 => 3,
         DType::U8 => 1,
+        DType::I8 => 0,
+        DType::I64 => 4,
+        DType::U64 => 5,
+        DType::F64 => 8,
+        DType::F8e4m3 => 10,
+        DType::F8e5m2 => 11,
     }
 }
 
@@ -517,20 +523,6 @@ impl EngineGroup {
     }
 }
 
-/// Calls `$f::<T>(…)` for the element type `T` that `$dtype` names.
-macro_rules! by_dtype {
-    ($dtype:expr, $f:ident($($arg:expr),*)) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::Bf16 => $f::<half::bf16>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::U32 => $f::<u32>($($arg),*),
-            DType::U8 => $f::<u8>($($arg),*),
-        }
-    };
-}
-
 /// The group's AllReduce in place of `count` elements of `T` at `buf`.
 fn all_reduce_typed<T: crate::Element>(g: &EngineGroup, buf: u64, count: usize, op: ReduceOp) -> Result<()> {
     let mut region = crate::staged::Region::<T>::new(buf, 0, count as u64, g.comm.stream());
@@ -589,7 +581,7 @@ unsafe impl InterNode for EngineGroup {
         op: ReduceOp,
         _stream: &CudaStream,
     ) -> Result<()> {
-        by_dtype!(dtype, all_reduce_typed(self, buf, count, op))
+        crate::with_element!(dtype, |T| all_reduce_typed::<T>(self, buf, count, op))
     }
 
     unsafe fn broadcast(
@@ -602,7 +594,7 @@ unsafe impl InterNode for EngineGroup {
         in_place: bool,
         _stream: &CudaStream,
     ) -> Result<()> {
-        by_dtype!(dtype, broadcast_typed(self, send, recv, count, root, in_place))
+        crate::with_element!(dtype, |T| broadcast_typed::<T>(self, send, recv, count, root, in_place))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -616,7 +608,7 @@ unsafe impl InterNode for EngineGroup {
         root: usize,
         _stream: &CudaStream,
     ) -> Result<()> {
-        by_dtype!(dtype, reduce_typed(self, send, recv, count, op, root))
+        crate::with_element!(dtype, |T| reduce_typed::<T>(self, send, recv, count, op, root))
     }
 
     fn abort(&self) {

@@ -38,6 +38,7 @@ pub mod engine;
 mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
+mod fp8;
 pub mod gate;
 pub mod graph;
 #[cfg(unix)]
@@ -56,6 +57,9 @@ pub use bootstrap::{Bootstrap, Id, LaunchEnv};
 pub use comm::{CallLaunch, Communicator};
 pub use config::{COMBINE_DIRECT_MAX_CTAS, Config, DEFAULT_ISSUERS, MAX_TIMEOUT, auto_pipeline, combining_pipeline};
 pub use error::{Error, Result};
+pub use fp8::{F8E4M3, F8E5M2};
+/// The `half` crate, whose `f16` and `bf16` are element types.
+pub use half;
 /// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler and its lowering
 /// for [`compiled::CompiledPlan`], the simulator and the CPU executor; re-exported so one dependency
 /// serves.
@@ -68,42 +72,95 @@ pub use plain::Plain;
 pub use rank::{Comm, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
-/// Element types the collectives move and reduce: `f32`, `half::f16`, `half::bf16`, `i32` and `u32`.
-/// Sealed: the device kernels know these five and no others.
+/// Element types the collectives move and reduce: `f32`, `f64`, `half::f16`, `half::bf16`,
+/// [`F8E4M3`], [`F8E5M2`], `i8`, `u8`, `i32`, `u32`, `i64` and `u64`, with every [`ReduceOp`].
+/// Integer sums and products wrap; Avg divides the wrapped integer sum truncating toward zero, and
+/// multiplies a float sum by the nearest `1/n` (f32's; f64's for `f64`). FP8 values are combined
+/// two at a time in f32 and each result rounded back (nearest even, saturating at the largest
+/// finite magnitude), so a sum of many accumulates in FP8. Sealed: the device kernels know these
+/// types and no others; copies (AllGather, Broadcast, AllToAll, reshard) take any [`Plain`] type.
 pub trait Element: sealed::Sealed + Plain + 'static {
     /// The engine's name for the type.
     const DTYPE: DType;
 }
 
 mod sealed {
-    /// Implemented only for the types the kernels move.
+    /// Implemented only for the types the kernels reduce.
     pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for i32 {}
-    impl Sealed for u32 {}
-    impl Sealed for u8 {}
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
+macro_rules! elements {
+    ($($t:ty => $d:ident),+ $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    )+};
 }
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
+
+elements! {
+    f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => Bf16,
+    i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+    F8E4M3 => F8e4m3, F8E5M2 => F8e5m2,
 }
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::Bf16;
-}
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-}
-impl Element for u32 {
-    const DTYPE: DType = DType::U32;
-}
-/// Sums wrap; Min, Max, Prod and Avg have no kernel yet ([`Error::Unsupported`]).
-impl Element for u8 {
-    const DTYPE: DType = DType::U8;
+
+/// Evaluates `$body` with `$t` naming the [`Element`] type of the [`DType`] `$dtype`, for code that
+/// picks the type at run time (a command-line flag, a generated test case):
+/// `oxccl::with_element!(dtype, |T| comm.prepare::<T>(collective, n, op, false))`.
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $t = $crate::half::f16;
+                $body
+            }
+            $crate::DType::Bf16 => {
+                type $t = $crate::half::bf16;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            $crate::DType::F8e4m3 => {
+                type $t = $crate::F8E4M3;
+                $body
+            }
+            $crate::DType::F8e5m2 => {
+                type $t = $crate::F8E5M2;
+                $body
+            }
+        }
+    };
 }
 
 /// The README's Rust examples, compiled by `cargo test` (not run: they need a GPU).

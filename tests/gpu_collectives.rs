@@ -9,6 +9,7 @@ mod common;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::{Collective, Communicator, Config, DType, Error, Mover, ReduceOp, Reduction};
 use oxccl_host::tccl::{self, PlanSpec};
+use oxccl_kernels::abi;
 use rand::RngExt;
 use std::sync::Arc;
 
@@ -17,23 +18,8 @@ fn cases() -> usize {
     common::count_from_env("OXCCL_GPU_CASES", 520)
 }
 
-/// `x` in the element type; the integer types spread small integers over their whole range
-/// (`common::spread_i32`, `common::spread_u32`: wrapping sums, u32 values on both sides of 2^31,
-/// no Min or Max poison).
-fn element(dtype: DType, x: f64) -> Vec<u8> {
-    match dtype {
-        DType::F32 => (x as f32).to_le_bytes().to_vec(),
-        DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
-        DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-        DType::I32 => common::spread_i32(x as i32).to_le_bytes().to_vec(),
-        DType::U32 => common::spread_u32(x as i32).to_le_bytes().to_vec(),
-        // Wrapping: sums of a few pass 255.
-        DType::U8 => vec![(x as i32) as u8],
-    }
-}
-
 /// Per-rank inputs of `elems` elements: integers in -10..=10 (exact in every order; spread over the
-/// integer types' range, see [`element`]) or, for the float types where `integers` is false, random
+/// integer types' range, see `common::element`) or, for the float types where `integers` is false, random
 /// floats; products ±1 and ±2.
 /// In-place Min and Max on integers get values distinct across ranks at every element, the extreme
 /// held by a random rank: the result then differs from every other rank's own input, so an element
@@ -41,7 +27,7 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
 fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) -> Vec<Vec<u8>> {
     let (dtype, p) = (spec.dtype, spec.ranks);
     // Random floats are for the float types.
-    let integers = integers || matches!(dtype, DType::I32 | DType::U32 | DType::U8);
+    let integers = integers || !dtype.is_float();
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(elems * dtype.size())).collect();
     // A Broadcast in place likewise whatever its operator (a rank's unwritten element keeps its own value).
     let distinct = integers
@@ -63,7 +49,7 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
             } else {
                 rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0
             };
-            input.extend(element(dtype, x));
+            input.extend(common::element(dtype, x));
         }
     }
     v
@@ -190,14 +176,7 @@ fn run_gpu(
             }
         }};
     }
-    match spec.dtype {
-        DType::F32 => call!(f32),
-        DType::F16 => call!(half::f16),
-        DType::Bf16 => call!(half::bf16),
-        DType::I32 => call!(i32),
-        DType::U32 => call!(u32),
-        DType::U8 => call!(u8),
-    }?;
+    oxccl::with_element!(spec.dtype, |T| call!(T))?;
     comm.synchronize()?;
     let mut outs = outs.iter();
     let got = (0..p)
@@ -239,11 +218,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
         }
         _ => rng.random_range(0..1_000_000),
     };
-    let dtype =
-        [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8][rng.random_range(0..6) as usize];
+    let dtype = DType::ALL[rng.random_range(0..DType::ALL.len() as u64) as usize];
     let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
-    // Bytes have a sum kernel only (copies take it whatever the operator).
-    let op = if dtype == DType::U8 { ReduceOp::Sum } else { op };
     let ctas = 1 + rng.random_range(0..(max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
     let reduction = if rng.random_range(0..3) == 0 { Reduction::Tma } else { Reduction::Registers };
     let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
@@ -292,9 +268,11 @@ fn check(
     let want = tccl::reference(spec, inputs);
     // Register reduction combines in ascending rank order like the reference: bitwise equal even on
     // random floats. The hardware bulk reduction may reorder: exact on integers, close on floats.
-    let integer_dtype = matches!(spec.dtype, DType::I32 | DType::U32 | DType::U8);
+    // (Types the bulk reduction does not take reduce in registers whatever the configuration.)
+    let integer_dtype = !spec.dtype.is_float();
     let sums = matches!(spec.collective, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. });
-    if integers || integer_dtype || !sums || spec.reduction == Reduction::Registers || spec.op != ReduceOp::Sum {
+    let bulk = spec.reduction == Reduction::Tma && abi::tma_can_reduce(spec.dtype, spec.op);
+    if integers || integer_dtype || !sums || !bulk || spec.op != ReduceOp::Sum {
         if got != want {
             let (r, at) = got
                 .iter()

@@ -72,18 +72,11 @@ impl Device {
 /// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
 /// sums wrap, and u32 values lie on both sides of 2^31).
 fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes);
+    let mut out = Vec::with_capacity(bytes + 8);
     while out.len() < bytes {
-        let v = rng.random_range(-8..=8);
-        match dtype {
-            DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
-            DType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
-            DType::I32 => out.extend_from_slice(&common::spread_i32(v).to_le_bytes()),
-            DType::U32 => out.extend_from_slice(&common::spread_u32(v).to_le_bytes()),
-            DType::U8 => out.push(v as u8),
-        }
+        out.extend(common::element(dtype, rng.random_range(-8..=8) as f64));
     }
+    out.truncate(bytes);
     out
 }
 

@@ -99,17 +99,9 @@ fn lowered(c: &Case) -> Lowered {
 /// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
 /// sums wrap, and u32 values lie on both sides of 2^31).
 fn exact_data(dtype: DType, rng: &mut common::Rng, bytes: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(bytes + 4);
+    let mut v = Vec::with_capacity(bytes + 8);
     while v.len() < bytes {
-        let x = rng.random_range(-15..=15);
-        match dtype {
-            DType::F32 => v.extend_from_slice(&(x as f32).to_le_bytes()),
-            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x as f32).to_le_bytes()),
-            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x as f32).to_le_bytes()),
-            DType::I32 => v.extend_from_slice(&common::spread_i32(x).to_le_bytes()),
-            DType::U32 => v.extend_from_slice(&common::spread_u32(x).to_le_bytes()),
-            DType::U8 => v.push(x as u8),
-        }
+        v.extend(common::element(dtype, rng.random_range(-15..=15) as f64));
     }
     v.truncate(bytes);
     v
@@ -194,8 +186,8 @@ fn run_on(
     (gpu, host[0][slot::OUTPUT as usize].clone())
 }
 
-fn dtypes() -> [DType; 6] {
-    [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8]
+fn dtypes() -> &'static [DType] {
+    DType::ALL
 }
 
 #[test]
@@ -208,10 +200,9 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
         for mover in [Mover::Tma, Mover::Simt] {
-            let dtype = dtypes()[rng.random_range(0..6) as usize];
+            let dtype = dtypes()[rng.random_range(0..dtypes().len() as u64) as usize];
+            // Products and averages are drawn by the collective suites, on inputs made for them.
             let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.random_range(0..3) as usize];
-            // Bytes have a sum kernel only.
-            let op = if dtype == DType::U8 { RedOp::Sum } else { op };
             let e = dtype.size() as u64;
             let bytes = if round < fixed.len() {
                 fixed[round] / e * e

@@ -48,18 +48,6 @@ fn config(shape: (Mover, Reduction, u32)) -> Config {
     }
 }
 
-/// `x` in the element type (integers spread over the integer types' range, as in gpu_collectives).
-fn element(dtype: DType, x: f64) -> Vec<u8> {
-    match dtype {
-        DType::F32 => (x as f32).to_le_bytes().to_vec(),
-        DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
-        DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-        DType::I32 => common::spread_i32(x as i32).to_le_bytes().to_vec(),
-        DType::U32 => common::spread_u32(x as i32).to_le_bytes().to_vec(),
-        DType::U8 => vec![(x as i32) as u8],
-    }
-}
-
 /// One case, drawn alike on every rank from `seed` and the case number.
 struct Case {
     spec: PlanSpec,
@@ -83,11 +71,8 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
         1..=3 => rng.random_range(0..5000),
         _ => rng.random_range(0..300_000),
     };
-    let dtype =
-        [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32, DType::U8][rng.random_range(0..6) as usize];
+    let dtype = DType::ALL[rng.random_range(0..DType::ALL.len() as u64) as usize];
     let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
-    // Bytes have a sum kernel only (copies take it whatever the operator).
-    let op = if dtype == DType::U8 { ReduceOp::Sum } else { op };
     let spec = PlanSpec {
         collective,
         count,
@@ -112,7 +97,7 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
             } else {
                 rng.random_range(0..21) as f64 - 10.0
             };
-            input.extend(element(dtype, x));
+            input.extend(common::element(dtype, x));
         }
     }
     let shifted = rng.random_range(0..3) == 0;
@@ -252,14 +237,7 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
             }
         }};
     }
-    match spec.dtype {
-        DType::F32 => call!(f32),
-        DType::F16 => call!(half::f16),
-        DType::Bf16 => call!(half::bf16),
-        DType::I32 => call!(i32),
-        DType::U32 => call!(u32),
-        DType::U8 => call!(u8),
-    }?;
+    oxccl::with_element!(spec.dtype, |T| call!(T))?;
     comm.synchronize()?;
     if let Some(b) = &input {
         let after = b.read(&stream, &format!("{spec:?}: rank {r}'s input"));

@@ -154,19 +154,6 @@ fn call<T: oxccl::Element>(
     comm.reshard(&src_refs, &mut dst_refs, shape, layouts.0, layouts.1, options)
 }
 
-macro_rules! with_dtype {
-    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::Bf16 => $f::<half::bf16>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::U32 => $f::<u32>($($arg),*),
-            DType::U8 => $f::<u8>($($arg),*),
-        }
-    };
-}
-
 /// One random case.
 struct Case {
     world: usize,
@@ -237,10 +224,17 @@ fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &s
     let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
     let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
     let layouts = (&c.src, &c.dst);
-    with_dtype!(
-        c.dtype,
-        call(comm, &src_bufs, &src_lens, &mut dst_bufs, &dst_lens, &c.shape, layouts, &c.options, c.empty_as_none)
-    )
+    oxccl::with_element!(c.dtype, |T| call::<T>(
+        comm,
+        &src_bufs,
+        &src_lens,
+        &mut dst_bufs,
+        &dst_lens,
+        &c.shape,
+        layouts,
+        &c.options,
+        c.empty_as_none
+    ))
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
     for (r, w) in &want {

@@ -25,9 +25,10 @@ fn a_library_without_nccls_functions_is_refused_by_name() {
 
 #[test]
 fn type_and_operator_codes_are_ncclh() {
-    // ncclFloat32 7, ncclFloat16 6, ncclBfloat16 9, ncclInt32 2, ncclUint32 3, ncclUint8 1.
+    // ncclFloat32 7, ncclFloat16 6, ncclBfloat16 9, ncclInt32 2, ncclUint32 3, ncclUint8 1,
+    // ncclFloat64 8, ncclInt64 4, ncclUint64 5, ncclInt8 0, ncclFloat8e4m3 10, ncclFloat8e5m2 11.
     let codes: Vec<i32> = DType::ALL.iter().map(|&d| nccl_dtype(d)).collect();
-    assert_eq!(codes, [7, 6, 9, 2, 3, 1]);
+    assert_eq!(codes, [7, 6, 9, 2, 3, 1, 8, 4, 5, 0, 10, 11]);
     // ncclSum 0, ncclMin 3, ncclMax 2.
     assert_eq!(
         [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod, ReduceOp::Avg].map(nccl_op),

@@ -419,7 +419,7 @@ fn flags_a_benchmark_does_not_read_are_refused() {
 #[test]
 fn a_collective_benchmark_checks_its_type_and_sizes_first() {
     for (args, want) in [
-        (&["bench", "all_reduce", "-d", "double"][..], "-d f64: the device kernels move f32, f16, bf16, i32, u32"),
+        (&["bench", "all_reduce", "-d", "int16"][..], "-d i16: the device kernels move f32, f16, bf16, i32, u32"),
         (&["bench", "all_reduce", "-o", "mean"], "invalid value 'mean' for '--op"),
         (&["bench", "all_reduce", "-b", "1", "-e", "3"], "-e: 3 B holds no 4-byte element"),
         (

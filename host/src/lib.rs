@@ -7,6 +7,7 @@
 //! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, its lowering to `abi` descriptors |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |
 //! | [`exec`] | CPU executors of compiled plans and of their lowered descriptors, the semantic oracles |
+//! | [`fp8`] | the 8-bit float formats' values and rounding, as the engine reduces them |
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
 //! | [`nodes`] | ranks across nodes, and the staged hierarchical collectives (NVLink inside, an inter-node engine between) |
@@ -15,6 +16,7 @@
 
 pub mod compile;
 pub mod exec;
+pub mod fp8;
 pub mod lowered;
 pub mod nodes;
 pub mod program;

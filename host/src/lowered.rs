@@ -410,6 +410,33 @@ pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
         (DType::U8, RedOp::Min) => each!(u8, |x: u8, y: u8| x.min(y)),
         (DType::U8, RedOp::Max) => each!(u8, |x: u8, y: u8| x.max(y)),
         (DType::U8, RedOp::Prod) => each!(u8, |x: u8, y: u8| x.wrapping_mul(y)),
+        (DType::I8, RedOp::Sum) => each!(i8, |x: i8, y: i8| x.wrapping_add(y)),
+        (DType::I8, RedOp::Min) => each!(i8, |x: i8, y: i8| x.min(y)),
+        (DType::I8, RedOp::Max) => each!(i8, |x: i8, y: i8| x.max(y)),
+        (DType::I8, RedOp::Prod) => each!(i8, |x: i8, y: i8| x.wrapping_mul(y)),
+        (DType::F64, RedOp::Sum) => each!(f64, |x: f64, y: f64| x + y),
+        (DType::F64, RedOp::Min) => each!(f64, |x: f64, y: f64| x.min(y)),
+        (DType::F64, RedOp::Max) => each!(f64, |x: f64, y: f64| x.max(y)),
+        (DType::F64, RedOp::Prod) => each!(f64, |x: f64, y: f64| x * y),
+        (DType::I64, RedOp::Sum) => each!(i64, |x: i64, y: i64| x.wrapping_add(y)),
+        (DType::I64, RedOp::Min) => each!(i64, |x: i64, y: i64| x.min(y)),
+        (DType::I64, RedOp::Max) => each!(i64, |x: i64, y: i64| x.max(y)),
+        (DType::I64, RedOp::Prod) => each!(i64, |x: i64, y: i64| x.wrapping_mul(y)),
+        (DType::U64, RedOp::Sum) => each!(u64, |x: u64, y: u64| x.wrapping_add(y)),
+        (DType::U64, RedOp::Min) => each!(u64, |x: u64, y: u64| x.min(y)),
+        (DType::U64, RedOp::Max) => each!(u64, |x: u64, y: u64| x.max(y)),
+        (DType::U64, RedOp::Prod) => each!(u64, |x: u64, y: u64| x.wrapping_mul(y)),
+        // FP8: both values widened to f32, combined there, rounded once (`crate::fp8`).
+        (DType::F8e4m3 | DType::F8e5m2, RedOp::Sum | RedOp::Min | RedOp::Max | RedOp::Prod) => {
+            let f = fp8_format(dtype);
+            let g: fn(f32, f32) -> f32 = match op {
+                RedOp::Sum => |x, y| x + y,
+                RedOp::Min => f32::min,
+                RedOp::Max => f32::max,
+                _ => |x, y| x * y,
+            };
+            each!(u8, |x: u8, y: u8| f.from_f32(g(f.to_f32(x), f.to_f32(y))))
+        }
         // Avg combines as Sum; `finish_into` divides the complete result.
         (_, RedOp::Avg) => combine_into(dtype, RedOp::Sum, acc, src),
     }
@@ -417,8 +444,8 @@ pub fn combine_into(dtype: DType, op: RedOp, acc: &mut [u8], src: &[u8]) {
 
 /// The operator's last step on complete results of `n` contributions each, as the device's
 /// (`Combine::finish`): Avg divides, the floats by multiplying with the f32 nearest `1/n` (f16 and bf16
-/// widened to f32 and rounded back to nearest even), the integers truncating toward zero; every
-/// other operator and `n ≤ 1` leave `acc` as it is.
+/// widened to f32 and rounded back to nearest even, FP8 likewise; f64 with the f64 nearest `1/n`), the integers
+/// truncating toward zero; every other operator and `n ≤ 1` leave `acc` as it is.
 pub fn finish_into(dtype: DType, op: RedOp, acc: &mut [u8], n: u32) {
     use half::{bf16, f16};
     if op != RedOp::Avg || n <= 1 {
@@ -441,6 +468,22 @@ pub fn finish_into(dtype: DType, op: RedOp, acc: &mut [u8], n: u32) {
         DType::I32 => each!(i32, |x: i32| x / n as i32),
         DType::U32 => each!(u32, |x: u32| x / n),
         DType::U8 => each!(u8, |x: u8| (x as u32 / n) as u8),
+        DType::I8 => each!(i8, |x: i8| (x as i32 / n as i32) as i8),
+        DType::F64 => each!(f64, |x: f64| x * (1.0 / n as f64)),
+        DType::I64 => each!(i64, |x: i64| x / n as i64),
+        DType::U64 => each!(u64, |x: u64| x / n as u64),
+        DType::F8e4m3 | DType::F8e5m2 => {
+            let f = fp8_format(dtype);
+            each!(u8, |x: u8| f.from_f32(f.to_f32(x) * r))
+        }
+    }
+}
+
+/// The FP8 format of an FP8 `dtype`.
+fn fp8_format(dtype: DType) -> crate::fp8::Fp8 {
+    match dtype {
+        DType::F8e5m2 => crate::fp8::Fp8::E5M2,
+        _ => crate::fp8::Fp8::E4M3,
     }
 }
 

@@ -112,8 +112,9 @@ pub enum Reduction {
     /// Sources combined in registers in ascending rank order: deterministic, fewest bytes moved.
     #[default]
     Registers,
-    /// Sources reduced into the owner's shard by `cp.reduce.async.bulk` where the hardware supports
-    /// the (dtype, operator); order between sources not fixed.
+    /// Sources reduced into the owner's shard by `cp.reduce.async.bulk`; order between sources not
+    /// fixed. Where the hardware cannot bulk-reduce the (dtype, operator) ([`PlanSpec::bulk`] is
+    /// false), the plan is [`Reduction::Registers`]'s.
     Tma,
 }
 
@@ -183,6 +184,13 @@ pub enum PlanError {
 }
 
 impl PlanSpec {
+    /// Whether the plan reduces by `cp.reduce.async.bulk`: [`Reduction::Tma`] asked for, and the
+    /// hardware takes the (dtype, operator). Otherwise every reduction combines in registers, in
+    /// ascending rank order, whatever [`PlanSpec::reduction`] says.
+    pub fn bulk(&self) -> bool {
+        self.reduction == Reduction::Tma && tma_can_reduce(self.dtype, self.op)
+    }
+
     /// Bytes of each rank's (input, output) buffer; `u64::MAX` where that does not fit in a `u64`
     /// (such a spec is [`PlanError::TooLarge`] for [`plan`]), so no size wraps to a small one. For
     /// Broadcast and Reduce, the root's (out of place, only the root has an input, resp. an output:
@@ -301,13 +309,11 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
         bytes,
     };
     let c = spec.ctas as u64;
-    let tma = spec.reduction == Reduction::Tma;
+    let tma = spec.bulk();
     // A ReduceInto the hardware bulk-reduces is one stream per source through slot 0, issued by one
     // thread: no stage holds two sources and no warp combines, so the CTA can be a single warp that
-    // leaves the SM's threads and most of its shared memory to other kernels. One it cannot
-    // (f32 min/max) is combined in registers: every peer's piece and the destination's share a stage.
-    let (reduce_into_slots, reduce_into_combines) =
-        if tma_can_reduce(spec.dtype, spec.op) { (1, false) } else { (p as u32, true) };
+    // leaves the SM's threads and most of its shared memory to other kernels.
+    let (reduce_into_slots, reduce_into_combines) = (1, false);
     // Shard-in of one piece into one rank's output (ReduceScatter's owner, Reduce's root): every
     // rank's input at `src_at`, reduced, → rank mask `to`'s output at `a`, `n` bytes. In place, `to`'s
     // own input is there already. Returns the slots and whether a warp combines.
@@ -471,6 +477,24 @@ pub fn poison(spec: &PlanSpec, len: usize) -> Vec<u8> {
         (DType::U8, RedOp::Min) => vec![0],
         (DType::U8, RedOp::Max) => vec![u8::MAX],
         (DType::U8, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5],
+        (DType::I8, RedOp::Min) => vec![i8::MIN as u8],
+        (DType::I8, RedOp::Max) => vec![i8::MAX as u8],
+        (DType::I8, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5],
+        (DType::F64, RedOp::Min) => f64::NEG_INFINITY.to_le_bytes().to_vec(),
+        (DType::F64, RedOp::Max) => f64::INFINITY.to_le_bytes().to_vec(),
+        (DType::F64, RedOp::Sum | RedOp::Prod | RedOp::Avg) => f64::NAN.to_le_bytes().to_vec(),
+        (DType::I64, RedOp::Min) => i64::MIN.to_le_bytes().to_vec(),
+        (DType::I64, RedOp::Max) => i64::MAX.to_le_bytes().to_vec(),
+        (DType::U64, RedOp::Min) => 0u64.to_le_bytes().to_vec(),
+        (DType::U64, RedOp::Max) => u64::MAX.to_le_bytes().to_vec(),
+        (DType::I64 | DType::U64, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0xA5; 8],
+        // NaN, or the largest finite magnitude: a Min or Max through f32 and back keeps it, where
+        // an infinity would come back saturated.
+        (DType::F8e4m3 | DType::F8e5m2, RedOp::Sum | RedOp::Prod | RedOp::Avg) => vec![0x7f],
+        (DType::F8e4m3, RedOp::Min) => vec![0xfe],
+        (DType::F8e4m3, RedOp::Max) => vec![0x7e],
+        (DType::F8e5m2, RedOp::Min) => vec![0xfb],
+        (DType::F8e5m2, RedOp::Max) => vec![0x7b],
     };
     one.iter().copied().cycle().take(len).collect()
 }

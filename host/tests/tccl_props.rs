@@ -6,6 +6,7 @@
 //! from each dtype's unit roundoff (and bitwise for the deterministic register reduction, whose order
 //! the executor reproduces).
 
+use oxccl_host::fp8::Fp8;
 use oxccl_host::lowered::{self, HostBuffers};
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
@@ -20,6 +21,12 @@ fn element(dtype: DType, x: f64) -> Vec<u8> {
         // At least 1: 0 is the Min poison.
         DType::U32 => (x.abs() as u32 + 1).to_le_bytes().to_vec(),
         DType::U8 => vec![x.abs() as u8 + 1],
+        DType::I8 => vec![x as i8 as u8],
+        DType::F64 => x.to_le_bytes().to_vec(),
+        DType::I64 => (x as i64).to_le_bytes().to_vec(),
+        DType::U64 => (x.abs() as u64 + 1).to_le_bytes().to_vec(),
+        DType::F8e4m3 => vec![Fp8::E4M3.from_f32(x as f32)],
+        DType::F8e5m2 => vec![Fp8::E5M2.from_f32(x as f32)],
     }
 }
 
@@ -31,6 +38,12 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
         DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::U8 => b[0] as f64,
+        DType::I8 => b[0] as i8 as f64,
+        DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+        DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::F8e4m3 => Fp8::E4M3.to_f32(b[0]) as f64,
+        DType::F8e5m2 => Fp8::E5M2.to_f32(b[0]) as f64,
     }
 }
 
@@ -85,7 +98,7 @@ fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
             2 => 0u64..20_000,
             1 => 0u64..1_000_000
         ],
-        prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::Bf16), Just(DType::I32), Just(DType::U32), Just(DType::U8)],
+        prop::sample::select(DType::ALL.to_vec()),
         prop::sample::select(RedOp::ALL.to_vec()),
         1usize..=16,
         any::<bool>(),
@@ -125,7 +138,7 @@ fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
         && spec.in_place
         && (matches!(spec.collective, Collective::Broadcast { .. })
             || (spec.op != RedOp::Sum && spec.collective != Collective::AllGather));
-    let low = if matches!(spec.dtype, DType::U32 | DType::U8) { 0.0 } else { -8.0 };
+    let low = if matches!(spec.dtype, DType::U32 | DType::U8 | DType::U64) { 0.0 } else { -8.0 };
     let p = spec.ranks;
     let mut v: Vec<Vec<u8>> = (0..p).map(|_| Vec::with_capacity(in_bytes as usize)).collect();
     for _ in 0..in_bytes as usize / e {

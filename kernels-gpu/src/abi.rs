@@ -90,6 +90,18 @@ abi_enum!(
         /// Unsigned 8-bit (sums wrap); also how copies move any element type of another size
         /// byte for byte.
         U8 = 5,
+        /// IEEE binary64.
+        F64 = 6,
+        /// Two's-complement 64-bit.
+        I64 = 7,
+        /// Unsigned 64-bit.
+        U64 = 8,
+        /// Two's-complement 8-bit.
+        I8 = 9,
+        /// FP8 E4M3 (OCP "FN": no infinities, largest finite 448).
+        F8e4m3 = 10,
+        /// FP8 E5M2 (largest finite 57344).
+        F8e5m2 = 11,
     }
 );
 
@@ -98,14 +110,20 @@ impl DType {
     #[inline(always)]
     pub const fn size(self) -> usize {
         match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::Bf16 => 2,
-            DType::U8 => 1,
+            DType::U8 | DType::I8 | DType::F8e4m3 | DType::F8e5m2 => 1,
         }
     }
 
+    /// Whether the type is a floating-point one.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::Bf16 | DType::F8e4m3 | DType::F8e5m2)
+    }
+
     /// Lower-case name as nccl-tests prints it (`float`, `half`, `bfloat16`, `int32`, `uint32`,
-    /// `uint8`).
+    /// `uint8`, `double`, `int64`, `uint64`, `int8`, `fp8_e4m3`, `fp8_e5m2`).
     pub const fn nccl_name(self) -> &'static str {
         match self {
             DType::F32 => "float",
@@ -114,6 +132,12 @@ impl DType {
             DType::I32 => "int32",
             DType::U32 => "uint32",
             DType::U8 => "uint8",
+            DType::F64 => "double",
+            DType::I64 => "int64",
+            DType::U64 => "uint64",
+            DType::I8 => "int8",
+            DType::F8e4m3 => "fp8_e4m3",
+            DType::F8e5m2 => "fp8_e5m2",
         }
     }
 }
@@ -149,12 +173,14 @@ impl RedOp {
     }
 }
 
-/// Whether `cp.reduce.async.bulk` can apply `op` to `dtype` in hardware (PTX ISA 8.0: add for f32, f16,
-/// bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32; no multiply; nothing on bytes).
-/// Where it cannot, the engine reduces in registers.
+/// Whether the engine reduces `dtype` with `op` by `cp.reduce.async.bulk` (PTX ISA 8.0: add for f32,
+/// f16, bf16, u32, s32; min/max for u32, s32, f16, bf16 — not for f32; no multiply; nothing on
+/// bytes or FP8). The 8-byte types, which the instruction also takes for add, min and max, reduce
+/// in registers until their bulk forms are probed on the device. Where it cannot, the engine
+/// reduces in registers.
 #[inline(always)]
 pub const fn tma_can_reduce(dtype: DType, op: RedOp) -> bool {
-    if matches!(dtype, DType::U8) {
+    if dtype.size() != 4 && dtype.size() != 2 {
         return false;
     }
     match op {
@@ -223,6 +249,40 @@ macro_rules! engine_kernels {
             oxccl_run_tma_i32_avg, oxccl_run_simt_i32_avg: I32, Avg, AvgI32;
             oxccl_run_tma_u32_avg, oxccl_run_simt_u32_avg: U32, Avg, AvgU32;
             oxccl_run_tma_u8_sum, oxccl_run_simt_u8_sum: U8, Sum, SumU8;
+            oxccl_run_tma_u8_min, oxccl_run_simt_u8_min: U8, Min, MinU8;
+            oxccl_run_tma_u8_max, oxccl_run_simt_u8_max: U8, Max, MaxU8;
+            oxccl_run_tma_u8_prod, oxccl_run_simt_u8_prod: U8, Prod, ProdU8;
+            oxccl_run_tma_u8_avg, oxccl_run_simt_u8_avg: U8, Avg, AvgU8;
+            oxccl_run_tma_i8_sum, oxccl_run_simt_i8_sum: I8, Sum, SumU8;
+            oxccl_run_tma_i8_min, oxccl_run_simt_i8_min: I8, Min, MinI8;
+            oxccl_run_tma_i8_max, oxccl_run_simt_i8_max: I8, Max, MaxI8;
+            oxccl_run_tma_i8_prod, oxccl_run_simt_i8_prod: I8, Prod, ProdU8;
+            oxccl_run_tma_i8_avg, oxccl_run_simt_i8_avg: I8, Avg, AvgI8;
+            oxccl_run_tma_f64_sum, oxccl_run_simt_f64_sum: F64, Sum, SumF64;
+            oxccl_run_tma_f64_min, oxccl_run_simt_f64_min: F64, Min, MinF64;
+            oxccl_run_tma_f64_max, oxccl_run_simt_f64_max: F64, Max, MaxF64;
+            oxccl_run_tma_f64_prod, oxccl_run_simt_f64_prod: F64, Prod, ProdF64;
+            oxccl_run_tma_f64_avg, oxccl_run_simt_f64_avg: F64, Avg, AvgF64;
+            oxccl_run_tma_i64_sum, oxccl_run_simt_i64_sum: I64, Sum, SumI64;
+            oxccl_run_tma_i64_min, oxccl_run_simt_i64_min: I64, Min, MinI64;
+            oxccl_run_tma_i64_max, oxccl_run_simt_i64_max: I64, Max, MaxI64;
+            oxccl_run_tma_i64_prod, oxccl_run_simt_i64_prod: I64, Prod, ProdI64;
+            oxccl_run_tma_i64_avg, oxccl_run_simt_i64_avg: I64, Avg, AvgI64;
+            oxccl_run_tma_u64_sum, oxccl_run_simt_u64_sum: U64, Sum, SumI64;
+            oxccl_run_tma_u64_min, oxccl_run_simt_u64_min: U64, Min, MinU64;
+            oxccl_run_tma_u64_max, oxccl_run_simt_u64_max: U64, Max, MaxU64;
+            oxccl_run_tma_u64_prod, oxccl_run_simt_u64_prod: U64, Prod, ProdI64;
+            oxccl_run_tma_u64_avg, oxccl_run_simt_u64_avg: U64, Avg, AvgU64;
+            oxccl_run_tma_f8e4m3_sum, oxccl_run_simt_f8e4m3_sum: F8e4m3, Sum, SumE4m3;
+            oxccl_run_tma_f8e4m3_min, oxccl_run_simt_f8e4m3_min: F8e4m3, Min, MinE4m3;
+            oxccl_run_tma_f8e4m3_max, oxccl_run_simt_f8e4m3_max: F8e4m3, Max, MaxE4m3;
+            oxccl_run_tma_f8e4m3_prod, oxccl_run_simt_f8e4m3_prod: F8e4m3, Prod, ProdE4m3;
+            oxccl_run_tma_f8e4m3_avg, oxccl_run_simt_f8e4m3_avg: F8e4m3, Avg, AvgE4m3;
+            oxccl_run_tma_f8e5m2_sum, oxccl_run_simt_f8e5m2_sum: F8e5m2, Sum, SumE5m2;
+            oxccl_run_tma_f8e5m2_min, oxccl_run_simt_f8e5m2_min: F8e5m2, Min, MinE5m2;
+            oxccl_run_tma_f8e5m2_max, oxccl_run_simt_f8e5m2_max: F8e5m2, Max, MaxE5m2;
+            oxccl_run_tma_f8e5m2_prod, oxccl_run_simt_f8e5m2_prod: F8e5m2, Prod, ProdE5m2;
+            oxccl_run_tma_f8e5m2_avg, oxccl_run_simt_f8e5m2_avg: F8e5m2, Avg, AvgE5m2;
         }
     };
 }
@@ -1017,6 +1077,12 @@ mod tests {
             DType::I32 => "i32",
             DType::U32 => "u32",
             DType::U8 => "u8",
+            DType::F64 => "f64",
+            DType::I64 => "i64",
+            DType::U64 => "u64",
+            DType::I8 => "i8",
+            DType::F8e4m3 => "f8e4m3",
+            DType::F8e5m2 => "f8e5m2",
         };
         let op = match op {
             RedOp::Sum => "sum",
@@ -1027,6 +1093,8 @@ mod tests {
         };
         format!("oxccl_{kind}_{mover}_{dtype}_{op}")
     }
+
+    const PLAN_DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32];
 
     #[test]
     fn every_dtype_and_operator_has_its_own_kernels() {
@@ -1039,8 +1107,8 @@ mod tests {
                             assert_eq!(got, None, "plans have no Avg kernels");
                             continue;
                         }
-                        // Bytes: the engine's sum (and copies) only, no plan kernels.
-                        if d == DType::U8 && (kind == "plan" || o != RedOp::Sum) {
+                        // Compiled plans reduce the 4- and 2-byte types only.
+                        if kind == "plan" && !PLAN_DTYPES.contains(&d) {
                             assert_eq!(got, None, "{kind} {m:?} {d:?} {o:?}");
                             continue;
                         }
@@ -1052,9 +1120,10 @@ mod tests {
             }
         }
         let plan_ops = RedOp::ALL.len() - 1;
-        let words = DType::ALL.len() - 1;
-        assert_eq!(names.len(), Mover::ALL.len() * (words * (RedOp::ALL.len() + plan_ops) + 1));
-        assert_eq!(KERNELS.len(), words * RedOp::ALL.len() + 1);
-        assert_eq!(PLAN_KERNELS.len(), words * plan_ops);
+        let engine = DType::ALL.len() * RedOp::ALL.len();
+        let plans = PLAN_DTYPES.len() * plan_ops;
+        assert_eq!(names.len(), Mover::ALL.len() * (engine + plans));
+        assert_eq!(KERNELS.len(), engine);
+        assert_eq!(PLAN_KERNELS.len(), plans);
     }
 }

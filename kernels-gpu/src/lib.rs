@@ -2,8 +2,9 @@
 //!
 //! Compiled for `nvptx64-nvidia-cuda` it is the PTX module `oxccl_kernels.ptx` (the T-CCL engine,
 //! entry points in `entry`) or, with the `plans` feature, `oxccl_plans.ptx` (compiled ResCCL plans,
-//! entry points in `plan_entry`). Compiled for the host it is only [`abi`]: the `#[repr(C)]`
-//! descriptors the host lowers plans into, defined once for both sides.
+//! entry points in `plan_entry`). Compiled for the host it is only [`abi`], the `#[repr(C)]`
+//! descriptors the host lowers plans into, defined once for both sides, and [`lanes`], the
+//! operators' integer helpers (tested there).
 #![warn(missing_docs)]
 #![no_std]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, gpu_launch_sized_workgroup_mem, gpu_intrinsics, core_intrinsics))]
@@ -37,6 +38,7 @@ pub mod abi;
 pub mod engine;
 #[cfg(all(target_arch = "nvptx64", not(feature = "plans")))]
 pub mod entry;
+pub mod lanes;
 #[cfg(all(target_arch = "nvptx64", feature = "plans"))]
 pub mod plan_entry;
 

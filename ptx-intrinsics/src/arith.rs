@@ -1,5 +1,5 @@
-//! Packed half-precision arithmetic for the SIMT reduction paths. Operands and results are two
-//! elements in one `u32` (element 0 in the low half).
+//! Packed half-precision arithmetic and FP8 conversions for the register reduction paths. Packed
+//! operands and results hold element 0 in the low half (or byte).
 
 use core::arch::asm;
 
@@ -84,3 +84,51 @@ pack_f32!(
     /// `lo` and `hi` rounded to bf16 (nearest even) and packed, `lo` in the low half. (A bf16
     /// becomes an f32 exactly by a shift: no instruction needed the other way.)
     cvt_rn_bf16x2_f32, "cvt.rn.bf16x2.f32", "7.0", "sm_80");
+
+macro_rules! widen_f8 {
+    ($(#[$doc:meta])* $name:ident, $text:literal) => {
+        $(#[$doc])*
+        ///
+        #[doc = concat!("`", $text, " d, a;` · PTX ISA 7.8 · sm_89")]
+        #[doc(alias = $text)]
+        #[inline(always)]
+        pub fn $name(a: u16) -> u32 {
+            let d: u32;
+            // SAFETY: register arithmetic only.
+            unsafe { asm!(concat!($text, " {d}, {a};"), d = out(reg32) d, a = in(reg16) a, options(pure, nomem, nostack)) }
+            d
+        }
+    };
+}
+
+widen_f8!(
+    /// Two FP8 E4M3 values (element 0 in the low byte) as f16x2 (exact; element 0 in the low half).
+    cvt_f16x2_e4m3x2, "cvt.rn.f16x2.e4m3x2");
+widen_f8!(
+    /// Two FP8 E5M2 values (element 0 in the low byte) as f16x2 (exact; element 0 in the low half).
+    cvt_f16x2_e5m2x2, "cvt.rn.f16x2.e5m2x2");
+
+macro_rules! narrow_f8 {
+    ($(#[$doc:meta])* $name:ident, $text:literal) => {
+        $(#[$doc])*
+        ///
+        #[doc = concat!("`", $text, " d, hi, lo;` · PTX ISA 7.8 · sm_89")]
+        #[doc(alias = $text)]
+        #[inline(always)]
+        pub fn $name(lo: f32, hi: f32) -> u16 {
+            let d: u16;
+            // SAFETY: register arithmetic only.
+            unsafe { asm!(concat!($text, " {d}, {hi}, {lo};"), d = out(reg16) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) }
+            d
+        }
+    };
+}
+
+narrow_f8!(
+    /// `lo` and `hi` rounded to FP8 E4M3 (nearest even; magnitudes past 448 saturate to it, NaN stays
+    /// NaN) and packed, `lo` in the low byte.
+    cvt_rn_satfinite_e4m3x2_f32, "cvt.rn.satfinite.e4m3x2.f32");
+narrow_f8!(
+    /// `lo` and `hi` rounded to FP8 E5M2 (nearest even; magnitudes past 57344, infinities included,
+    /// saturate to it, NaN stays NaN) and packed, `lo` in the low byte.
+    cvt_rn_satfinite_e5m2x2_f32, "cvt.rn.satfinite.e5m2x2.f32");

@@ -415,3 +415,31 @@ pub unsafe extern "ptx-kernel" fn probe_arith(out: u64, a: u64, b: u64, n: u32) 
         }
     }
 }
+
+/// The FP8 conversions, one thread per element: `out[2 i]` is word `i` of `a` (four E4M3 values)
+/// widened, rounded back through f32 and repacked, `out[2 i + 1]` the same for E5M2.
+///
+/// # Safety
+/// `a` holds `n` u32 and `out` `2 n` u32.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_fp8(out: u64, a: u64, n: u32) {
+    let i = ctaid_x() * ntid_x() + tid_x();
+    if i >= n {
+        return;
+    }
+    // SAFETY: `a` holds `n` words and `out` 2 n words.
+    unsafe {
+        let x = *Global::<u32>::from_addr(a).add(i as u64).ptr();
+        let half = |h: u16, widen: fn(u16) -> u32, narrow: fn(f32, f32) -> u16| {
+            let (lo, hi) = cvt_f32_f16x2(widen(h));
+            narrow(lo, hi) as u32
+        };
+        let e4 = half(x as u16, cvt_f16x2_e4m3x2, cvt_rn_satfinite_e4m3x2_f32)
+            | half((x >> 16) as u16, cvt_f16x2_e4m3x2, cvt_rn_satfinite_e4m3x2_f32) << 16;
+        let e5 = half(x as u16, cvt_f16x2_e5m2x2, cvt_rn_satfinite_e5m2x2_f32)
+            | half((x >> 16) as u16, cvt_f16x2_e5m2x2, cvt_rn_satfinite_e5m2x2_f32) << 16;
+        let o = Global::<u32>::from_addr(out).add(2 * i as u64);
+        *o.ptr() = e4;
+        *o.add(1).ptr() = e5;
+    }
+}

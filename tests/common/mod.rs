@@ -196,19 +196,43 @@ pub fn spread_u32(x: i32) -> u32 {
     (spread_i32(x) as u32).wrapping_add(1)
 }
 
+/// `x` encoded as `dtype`, the one encoding of test values. The float types hold `x` rounded to
+/// the type (FP8: to nearest, saturating). The integer types take a small integer (`|x| ≤ 15`) spread over their range,
+/// monotonic in `x` and never their Min or Max poison, so that sums of a few wrap: i32 and u32 as
+/// [`spread_i32`] and [`spread_u32`], i64 and u64 likewise with `2^59 + 1`, i8 as `8x`, u8 as
+/// `8x + 128`.
+pub fn element(dtype: oxccl::DType, x: f64) -> Vec<u8> {
+    use oxccl::DType;
+    let int = || {
+        assert!(x.fract() == 0.0 && x.abs() <= 15.0, "{x}: integer elements take |x| <= 15");
+        x as i32
+    };
+    let spread_i64 = |x: i32| x as i64 * ((1 << 59) + 1);
+    match dtype {
+        DType::F32 => (x as f32).to_le_bytes().to_vec(),
+        DType::F64 => x.to_le_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+        DType::Bf16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+        DType::I32 => spread_i32(int()).to_le_bytes().to_vec(),
+        DType::U32 => spread_u32(int()).to_le_bytes().to_vec(),
+        DType::I64 => spread_i64(int()).to_le_bytes().to_vec(),
+        DType::U64 => (spread_i64(int()) as u64).wrapping_add(1).to_le_bytes().to_vec(),
+        DType::I8 => vec![(int() * 8) as i8 as u8],
+        DType::U8 => vec![(int() * 8 + 128) as u8],
+        DType::F8e4m3 => vec![oxccl::F8E4M3::from_f32(x as f32).0],
+        DType::F8e5m2 => vec![oxccl::F8E5M2::from_f32(x as f32).0],
+    }
+}
+
 /// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type), `bytes` of them
 /// encoded; `None` for the integer types.
 pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option<Vec<u8>> {
-    use oxccl::DType;
-    let mut v = Vec::with_capacity(bytes + 4);
+    if !dtype.is_float() {
+        return None;
+    }
+    let mut v = Vec::with_capacity(bytes + 8);
     while v.len() < bytes {
-        let x = rng.random_range(0..2_000_001) as f32 / 1000.0 - 1000.0;
-        match dtype {
-            DType::F32 => v.extend_from_slice(&x.to_le_bytes()),
-            DType::F16 => v.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
-            DType::Bf16 => v.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-            DType::I32 | DType::U32 | DType::U8 => return None,
-        }
+        v.extend(element(dtype, rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0));
     }
     v.truncate(bytes);
     Some(v)

@@ -660,9 +660,10 @@ fn pattern(r: usize, i: u64) -> i32 {
     ((r as u64 * 7 + i * 13) % 17) as i32 / 2 + 1
 }
 
-/// The byte every output starts as before a check: 0x7F in every byte is NaN in f16, about 3.4e38 in
-/// f32 and bf16 and 2139062143 in i32 and u32, none of which [`pattern`]'s results reach, so an
-/// element a call leaves unwritten counts as wrong.
+/// The byte every output starts as before a check: 0x7F in every byte is NaN in f16 and FP8, about
+/// 3.4e38 in f32 and bf16, 2139062143 in i32 and u32 and as large in the 8-byte types, none of
+/// which [`pattern`]'s results reach, so an element a call leaves unwritten counts as wrong. (In
+/// the 1-byte integer types 127 is a possible sum: there an unwritten element may pass.)
 const POISON: u8 = 0x7F;
 
 /// Fills `buf` with [`POISON`] on `stream`.
@@ -689,6 +690,12 @@ fn encode_all(dtype: DType, n: u64, f: impl Fn(u64) -> i32) -> Vec<u8> {
         DType::I32 => typed(n, &f),
         DType::U32 => typed(n, |i| f(i).unsigned_abs()),
         DType::U8 => typed(n, |i| f(i).unsigned_abs() as u8),
+        DType::I8 => typed(n, |i| f(i) as i8),
+        DType::F64 => typed(n, |i| f(i) as f64),
+        DType::I64 => typed(n, |i| f(i) as i64),
+        DType::U64 => typed(n, |i| f(i).unsigned_abs() as u64),
+        DType::F8e4m3 => typed(n, |i| oxccl::F8E4M3::from_f32(f(i) as f32)),
+        DType::F8e5m2 => typed(n, |i| oxccl::F8E5M2::from_f32(f(i) as f32)),
     }
 }
 
@@ -708,11 +715,11 @@ fn encode_periodic_with(dtype: DType, n: u64, f: impl Fn(u64) -> Enc) -> Vec<u8>
 }
 
 /// One element's bytes (its first `dtype.size()` bytes).
-type Enc = [u8; 4];
+type Enc = [u8; 8];
 
 /// `v` as one element of `dtype` (u32: its magnitude), as [`encode_all`] writes it.
 fn enc(dtype: DType, v: i32) -> Enc {
-    let mut e = [0; 4];
+    let mut e = [0; 8];
     let bytes = encode_all(dtype, 1, |_| v);
     e[..bytes.len()].copy_from_slice(&bytes);
     e
@@ -743,7 +750,7 @@ fn reduce_enc(op: ReduceOp, dtype: DType, vals: impl Iterator<Item = i32>) -> En
         n += 1;
     }
     oxccl::host::lowered::finish_into(dtype, op, &mut acc, n);
-    let mut out = [0; 4];
+    let mut out = [0; 8];
     out[..acc.len()].copy_from_slice(&acc);
     out
 }
@@ -1216,14 +1223,7 @@ pub fn collective_bench(
                         }
                     }};
                 }
-                match b.dtype {
-                    DType::F32 => go!(f32),
-                    DType::F16 => go!(half::f16),
-                    DType::Bf16 => go!(half::bf16),
-                    DType::I32 => go!(i32),
-                    DType::U32 => go!(u32),
-                    DType::U8 => go!(u8),
-                }
+                oxccl::with_element!(b.dtype, |T| go!(T))
             };
             // The wrong elements of every rank's output, read back after the calls queued so far.
             let check = |recv: &Vec<CudaSlice<u8>>, staging: &mut Vec<(usize, cudarc::driver::PinnedHostSlice<u8>)>| {
@@ -1262,14 +1262,7 @@ pub fn collective_bench(
                 field: "size",
                 why: format!("{count} elements per rank do not fit this host's usize"),
             })?;
-            match b.dtype {
-                DType::F32 => comm.prepare::<f32>(b.collective, count, b.op, in_place)?,
-                DType::F16 => comm.prepare::<half::f16>(b.collective, count, b.op, in_place)?,
-                DType::Bf16 => comm.prepare::<half::bf16>(b.collective, count, b.op, in_place)?,
-                DType::I32 => comm.prepare::<i32>(b.collective, count, b.op, in_place)?,
-                DType::U32 => comm.prepare::<u32>(b.collective, count, b.op, in_place)?,
-                DType::U8 => comm.prepare::<u8>(b.collective, count, b.op, in_place)?,
-            };
+            oxccl::with_element!(b.dtype, |T| comm.prepare::<T>(b.collective, count, b.op, in_place))?;
             // Correctness pass (untimed) on fresh data.
             if b.sweep.check {
                 call(&mut recv, &send)?;
@@ -2127,14 +2120,7 @@ fn reshard_call(
             comm.reshard(&src, &mut dst, &b.shape, &b.src, &b.dst, &b.options)
         }};
     }
-    match b.dtype {
-        DType::F32 => go!(f32),
-        DType::F16 => go!(half::f16),
-        DType::Bf16 => go!(half::bf16),
-        DType::I32 => go!(i32),
-        DType::U32 => go!(u32),
-        DType::U8 => go!(u8),
-    }
+    oxccl::with_element!(b.dtype, |T| go!(T))
 }
 
 #[cfg(test)]

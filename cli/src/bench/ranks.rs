@@ -6,7 +6,7 @@ use super::{
     nccl_count, pattern, poison, time_graph_ms_on, time_ms,
 };
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use oxccl::{Collective, Comm, DType, SymmetricBuffer};
+use oxccl::{Collective, Comm, SymmetricBuffer};
 use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
 
@@ -186,25 +186,11 @@ pub fn rank_bench(
                         }
                     }};
                 }
-                match b.dtype {
-                    DType::F32 => go!(f32),
-                    DType::F16 => go!(half::f16),
-                    DType::Bf16 => go!(half::bf16),
-                    DType::I32 => go!(i32),
-                    DType::U32 => go!(u32),
-                    DType::U8 => go!(u8),
-                }
+                oxccl::with_element!(b.dtype, |T| go!(T))
             };
             let n = usize::try_from(count)
                 .map_err(|_| Error::Config { field: "size", why: format!("{count} elements") })?;
-            match b.dtype {
-                DType::F32 => comm.prepare::<f32>(b.collective, n, b.op, in_place)?,
-                DType::F16 => comm.prepare::<half::f16>(b.collective, n, b.op, in_place)?,
-                DType::Bf16 => comm.prepare::<half::bf16>(b.collective, n, b.op, in_place)?,
-                DType::I32 => comm.prepare::<i32>(b.collective, n, b.op, in_place)?,
-                DType::U32 => comm.prepare::<u32>(b.collective, n, b.op, in_place)?,
-                DType::U8 => comm.prepare::<u8>(b.collective, n, b.op, in_place)?,
-            };
+            oxccl::with_element!(b.dtype, |T| comm.prepare::<T>(b.collective, n, b.op, in_place))?;
             if b.sweep.check {
                 call(&send, &mut recv)?;
                 comm.synchronize()?;

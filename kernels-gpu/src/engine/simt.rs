@@ -127,7 +127,7 @@ impl Operands {
 ///
 /// # Safety
 /// Every range is in bounds of device memory this CTA may access, element-aligned for `elem`
-/// (1, 2 or 4 bytes), and `ops.bytes` is a multiple of `elem`; no other thread writes the sources
+/// (1, 2, 4 or 8 bytes), and `ops.bytes` is a multiple of `elem`; no other thread writes the sources
 /// concurrently. Every thread of the CTA calls it with the same operands.
 #[inline(always)]
 pub unsafe fn run<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
@@ -145,7 +145,7 @@ pub unsafe fn run<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
     }
 }
 
-/// Element-wise move (1-, 2- or 4-byte elements).
+/// Element-wise move (1-, 2-, 4- or 8-byte elements).
 ///
 /// # Safety
 /// As [`run`].
@@ -155,17 +155,18 @@ pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
     let mut i = ctx.tid as u64;
     while i < n {
         let at = i * elem as u64;
-        let mut acc = 0u32;
+        let mut acc = 0u64;
         for (k, a) in ops.srcs.iter(ctx).enumerate() {
             // SAFETY: in bounds and element-aligned by the caller's contract.
             let v = unsafe {
                 match elem {
-                    1 => *((a + at) as *const u8) as u32,
-                    2 => *((a + at) as *const u16) as u32,
-                    _ => *((a + at) as *const u32),
+                    1 => *((a + at) as *const u8) as u64,
+                    2 => *((a + at) as *const u16) as u64,
+                    4 => *((a + at) as *const u32) as u64,
+                    _ => *((a + at) as *const u64),
                 }
             };
-            acc = if k == 0 { v } else { C::word(acc, v) };
+            acc = if k == 0 { v } else { C::scalar(acc, v) };
         }
         if C::FINISHES && ops.finish != 0 {
             acc = C::finish(acc, ops.finish);
@@ -176,7 +177,8 @@ pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
                 match elem {
                     1 => *((a + at) as *mut u8) = acc as u8,
                     2 => *((a + at) as *mut u16) = acc as u16,
-                    _ => *((a + at) as *mut u32) = acc,
+                    4 => *((a + at) as *mut u32) = acc as u32,
+                    _ => *((a + at) as *mut u64) = acc,
                 }
             }
         }

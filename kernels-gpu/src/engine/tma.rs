@@ -603,7 +603,7 @@ unsafe fn put(write: Write, to: Global<u8>, slot: oxccl_ptx::Shared<u8>, n: u32)
 /// As `cp_reduce_async_bulk_*`; `abi::tma_can_reduce(dtype, op)`.
 #[inline(always)]
 unsafe fn bulk_reduce(dst: Global<u8>, src: oxccl_ptx::Shared<u8>, n: u32, dtype: DType, op: RedOp) {
-    // SAFETY: forwarded contract; the last arm (f32 min/max, bytes, any product or average) is unreachable
+    // SAFETY: forwarded contract; the last arm (f32 min/max, bytes, 8-byte types, any product or average) is unreachable
     // by the precondition and falls back to nothing rather than to a wrong operator.
     unsafe {
         match (dtype, op) {
@@ -619,7 +619,9 @@ unsafe fn bulk_reduce(dst: Global<u8>, src: oxccl_ptx::Shared<u8>, n: u32, dtype
             (DType::I32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_s32(dst, src, n),
             (DType::U32, RedOp::Min) => cp_reduce_async_bulk_global_shared_min_u32(dst, src, n),
             (DType::U32, RedOp::Max) => cp_reduce_async_bulk_global_shared_max_u32(dst, src, n),
-            (DType::F32, RedOp::Min | RedOp::Max) | (DType::U8, _) | (_, RedOp::Prod | RedOp::Avg) => {}
+            (DType::F32, RedOp::Min | RedOp::Max)
+            | (DType::U8 | DType::I8 | DType::F8e4m3 | DType::F8e5m2 | DType::F64 | DType::I64 | DType::U64, _)
+            | (_, RedOp::Prod | RedOp::Avg) => {}
         }
     }
 }
