@@ -39,6 +39,11 @@ for line in sys.stdin:
 # The examples that run on a GPU (gpu-suite.sh ranks runs them).
 cargo build --release --example device_threads
 cp target/release/examples/device_threads .device/bin/
+# The candle examples (their own build: scripts/candle-examples.sh; OXCCL_STAGE_CANDLE=0 skips).
+if [ "${OXCCL_STAGE_CANDLE:-1}" != 0 ]; then
+  scripts/candle-examples.sh
+  cp examples/candle/target/release/candle-ddp examples/candle/target/release/candle-tp .device/bin/
+fi
 # MSCCL files for `gpu-suite.sh compiled-bench` (the GPU machine has no checkout).
 mkdir -p .device/host-msccl
 cp host/tests/data/msccl/*.xml .device/host-msccl/

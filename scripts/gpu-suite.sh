@@ -70,6 +70,13 @@ for step in "$@"; do
       log "example device_threads (4 ranks as threads on GPU 0)"
       CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} OXCCL_RANKS=4 timeout 120 $B/device_threads > "$OUT/device_threads.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED device_threads(rc=$rc)"; tail -3 "$OUT/device_threads.log"
+      # The candle examples link the CUDA libraries: the toolkit's, where the driver's folder lacks them.
+      for ex in candle-ddp candle-tp; do
+        [ -x "$B/$ex" ] || continue
+        log "example $ex (2 ranks as threads on GPU 0)"
+        LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda-13.0/lib64" OXCCL_RANKS=2 timeout 120 "$B/$ex" > "$OUT/$ex.log" 2>&1
+        rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED $ex(rc=$rc)"; tail -3 "$OUT/$ex.log"
+      done
       mps_start
       OXCCL_REQUIRE_GPU=1 OXCCL_MPS=1 timeout 500 $B/gpu_ranks --test-threads=1 --nocapture processes_ a_killed > "$OUT/gpu_ranks_mps.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED gpu_ranks_mps(rc=$rc)"
