@@ -12,8 +12,9 @@ cache="${OXCCL_CANDLE_CACHE:-$HOME/.cache/oxccl-candle}"
 cu13() { python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null || true; }
 site="$(cu13)"
 if [ ! -x "$site/bin/nvcc" ]; then
-  python3 -m pip install --quiet 'nvidia-cuda-nvcc>=13,<14'
-  site="$(cu13)"
+  # A folder of its own (a system-wide pip install may be refused).
+  [ -x "$cache/nvcc/nvidia/cu13/bin/nvcc" ] || python3 -m pip install --quiet --target "$cache/nvcc" 'nvidia-cuda-nvcc>=13,<14'
+  site="$cache/nvcc/nvidia/cu13"
 fi
 [ -d "$cache/cccl/nvidia/cu13/include/cccl" ] || python3 -m pip install --quiet --target "$cache/cccl" 'nvidia-cuda-cccl>=13,<14'
 stub="$cache/stub"
@@ -41,13 +42,17 @@ cargo +stable build --release "$@"
 # An empty stand-in is dropped by the linker (`--as-needed`) and the binary then lacks the library:
 # the symbols the binaries still miss go into the stand-ins, and the binaries are linked again.
 bins=(target/release/candle-ddp target/release/candle-tp)
-nm -D --undefined-only "${bins[@]}" | awk '/ U /{print $2}' | grep -E '^_*cu|^nvrtc' | sort -u > "$stub/wanted.txt"
-if comm -23 "$stub/wanted.txt" "$stub/symbols.txt" | grep -q .; then
+# (Names without their version suffix, `sym@LIB`, where a real library was linked.)
+nm -D --undefined-only "${bins[@]}" | awk '/ U /{sub(/@.*/, "", $2); print $2}' | { grep -E '^_*cu|^nvrtc' || true; } \
+  | sort -u > "$stub/wanted.txt"
+missing="$(comm -23 "$stub/wanted.txt" "$stub/symbols.txt")"
+if [ -n "$missing" ]; then
   sort -u -o "$stub/symbols.txt" "$stub/wanted.txt" "$stub/symbols.txt"
   stand_ins
   touch src/lib.rs
   cargo +stable build --release "$@"
 fi
 for b in "${bins[@]}"; do
-  readelf -d "$b" | grep -q 'NEEDED.*libcuda.so.1' || { echo "$b does not load libcuda.so.1" >&2; exit 1; }
+  needed="$(readelf -d "$b")"
+  [[ "$needed" == *"[libcuda.so.1]"* ]] || { echo "$b does not load libcuda.so.1" >&2; exit 1; }
 done

@@ -47,7 +47,7 @@ fn inputs(spec: &PlanSpec, elems: usize, rng: &mut common::Rng, integers: bool) 
             } else if integers {
                 rng.random_range(0..21) as f64 - 10.0
             } else {
-                rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0
+                common::random_float(dtype, rng)
             };
             input.extend(common::element(dtype, x));
         }

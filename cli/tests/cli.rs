@@ -416,6 +416,15 @@ fn flags_a_benchmark_does_not_read_are_refused() {
 
 /// The collectives' element type and operation, and a sweep too small for one element, are named
 /// before any GPU is looked for.
+/// The verifier takes the compiled plans' operators (prod too) and refuses avg by name.
+#[test]
+fn verify_takes_prod_and_refuses_avg() {
+    let (ok, out) = oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--redop", "prod"]);
+    assert!(ok && out.contains("prod"), "{out}");
+    let (ok, err) = oxccl(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--redop", "avg"]);
+    assert!(!ok && err.contains("compiled plans have no Avg"), "{err}");
+}
+
 #[test]
 fn a_collective_benchmark_checks_its_type_and_sizes_first() {
     for (args, want) in [

@@ -132,4 +132,35 @@ mod tests {
         assert_eq!(e5.to_f32(e5.from_f32(9.0)), 8.0);
         assert_eq!(e5.to_f32(e5.from_f32(11.0)), 12.0);
     }
+
+    /// The same codes as the `float8` crate (a port of CUDA's host conversions in `cuda_fp8.hpp`,
+    /// saturating to finite): every midpoint between neighbouring values and a float either side of
+    /// it (the ties and the roundings next to them), and a sweep of magnitudes from 2^-20 to 2^20.
+    #[test]
+    fn rounding_agrees_with_cudas_host_conversion() {
+        let check = |v: f32| {
+            assert_eq!(Fp8::E4M3.from_f32(v), float8::F8E4M3::from_f32(v).to_bits(), "E4M3 {v:e}");
+            assert_eq!(Fp8::E5M2.from_f32(v), float8::F8E5M2::from_f32(v).to_bits(), "E5M2 {v:e}");
+        };
+        for f in [Fp8::E4M3, Fp8::E5M2] {
+            for w in f.magnitudes().windows(2) {
+                let mid = (w[0] + w[1]) / 2.0;
+                for v in [mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)] {
+                    check(v);
+                    check(-v);
+                }
+            }
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for k in 0..400_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let unit = (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            check(unit * 2f32.powi(k % 41 - 20));
+        }
+        for v in [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE, 1e-30] {
+            check(v);
+        }
+    }
 }

@@ -6,7 +6,7 @@ use common::{bundled_msccl, shared_msccl, xml_files};
 use oxccl_host::compile::lower::{LowerOptions, LoweredPlan, lower};
 use oxccl_host::compile::{Options, Plan, Scheduler, TbAlloc, compile};
 use oxccl_host::exec::ReduceOp;
-use oxccl_host::exec::lowered::{AbiElement, LaunchOptions, red_op, verify};
+use oxccl_host::exec::lowered::{AbiElement, LaunchOptions, verify};
 use oxccl_host::program::Program;
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::msccl::import;
@@ -27,7 +27,7 @@ fn lowered<T: AbiElement>(
         chunk_bytes: mbs as u64 * mb_elems * std::mem::size_of::<T>() as u64,
         fifo_slots: slots,
         dtype: T::DTYPE,
-        op: red_op(op),
+        op,
         timing: false,
     };
     lower(plan, &opts).unwrap_or_else(|e| panic!("{}: {e}", plan.name))

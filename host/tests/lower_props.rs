@@ -7,7 +7,7 @@ mod common;
 use common::random_program;
 use oxccl_host::compile::lower::{LowerOptions, PlanView, decode, lower};
 use oxccl_host::compile::{Options, Scheduler, TbAlloc, compile};
-use oxccl_host::exec::lowered::{AbiElement, LaunchOptions, LoweredExecError, red_op, verify};
+use oxccl_host::exec::lowered::{AbiElement, LaunchOptions, LoweredExecError, verify};
 use oxccl_host::exec::{ReduceOp, VerifyReport};
 use oxccl_host::program::{Collective, InstanceChannels};
 use oxccl_kernels::abi::PlanMode;
@@ -20,7 +20,7 @@ fn opts<T: AbiElement>(mode: PlanMode, mbs: u32, mb_elems: u64, slots: u32, op: 
         chunk_bytes: mbs as u64 * mb_elems * std::mem::size_of::<T>() as u64,
         fifo_slots: slots,
         dtype: T::DTYPE,
-        op: red_op(op),
+        op,
         timing: false,
     }
 }

@@ -199,8 +199,8 @@ pub fn spread_u32(x: i32) -> u32 {
 /// `x` encoded as `dtype`, the one encoding of test values. The float types hold `x` rounded to
 /// the type (FP8: to nearest, saturating). The integer types take a small integer (`|x| ≤ 15`) spread over their range,
 /// monotonic in `x` and never their Min or Max poison, so that sums of a few wrap: i32 and u32 as
-/// [`spread_i32`] and [`spread_u32`], i64 and u64 likewise with `2^59 + 1`, i8 as `8x`, u8 as
-/// `8x + 128`.
+/// [`spread_i32`] and [`spread_u32`], i64 and u64 likewise with `2^59 + 1`, i8 as `8x + 1`, u8 as
+/// `8x + 129` (odd: a product of several is not 0 modulo 256).
 pub fn element(dtype: oxccl::DType, x: f64) -> Vec<u8> {
     use oxccl::DType;
     let int = || {
@@ -217,25 +217,35 @@ pub fn element(dtype: oxccl::DType, x: f64) -> Vec<u8> {
         DType::U32 => spread_u32(int()).to_le_bytes().to_vec(),
         DType::I64 => spread_i64(int()).to_le_bytes().to_vec(),
         DType::U64 => (spread_i64(int()) as u64).wrapping_add(1).to_le_bytes().to_vec(),
-        DType::I8 => vec![(int() * 8) as i8 as u8],
-        DType::U8 => vec![(int() * 8 + 128) as u8],
+        DType::I8 => vec![(int() * 8 + 1) as i8 as u8],
+        DType::U8 => vec![(int() * 8 + 129) as u8],
         DType::F8e4m3 => vec![oxccl::F8E4M3::from_f32(x as f32).0],
         DType::F8e5m2 => vec![oxccl::F8E5M2::from_f32(x as f32).0],
     }
 }
 
-/// Random floats in [-1000, 1000] (steps of 0.001, rounded to the element type), `bytes` of them
-/// encoded; `None` for the integer types.
+/// Random floats ([`random_float`], rounded to the element type), `bytes` of them encoded; `None`
+/// for the integer types.
 pub fn random_floats(dtype: oxccl::DType, rng: &mut Rng, bytes: usize) -> Option<Vec<u8>> {
     if !dtype.is_float() {
         return None;
     }
     let mut v = Vec::with_capacity(bytes + 8);
     while v.len() < bytes {
-        v.extend(element(dtype, rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0));
+        v.extend(element(dtype, random_float(dtype, rng)));
     }
     v.truncate(bytes);
     Some(v)
+}
+
+/// A random float for `dtype`: in [-1000, 1000] in steps of 0.001, or for FP8 in [-16, 16] in
+/// steps of 1/64 (E4M3 holds no more than 448: wider values would mostly saturate).
+pub fn random_float(dtype: oxccl::DType, rng: &mut Rng) -> f64 {
+    use oxccl::DType;
+    match dtype {
+        DType::F8e4m3 | DType::F8e5m2 => rng.random_range(0..2049) as f64 / 64.0 - 16.0,
+        _ => rng.random_range(0..2_000_001) as f64 / 1000.0 - 1000.0,
+    }
 }
 
 /// Where a test stops, for runs on machines without a debugger: unless dropped within `after`,

@@ -33,7 +33,7 @@ pub struct Args {
     /// Element type: f32, f64, i32, i64.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Reduction: sum, min, max.
+    /// Reduction: sum, min, max, prod (compiled plans have no avg).
     #[arg(long, default_value = "sum")]
     pub redop: String,
     /// Verify every scheduler × TB allocator, not only the one given.
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> CliResult {
     if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
         return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());
     }
-    let op: ReduceOp = args.redop.parse()?;
+    let op: ReduceOp = exec::parse_op(&args.redop)?;
     let loaded = args.program.load()?;
     check_sizes(&args, &loaded.program.layout)?;
     let configs: Vec<Options> = if args.all {

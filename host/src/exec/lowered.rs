@@ -585,15 +585,6 @@ impl AbiElement for half::bf16 {
     const DTYPE: DType = DType::Bf16;
 }
 
-/// The ABI operator of a reference operator.
-pub fn red_op(op: ReduceOp) -> RedOp {
-    match op {
-        ReduceOp::Sum => RedOp::Sum,
-        ReduceOp::Min => RedOp::Min,
-        ReduceOp::Max => RedOp::Max,
-    }
-}
-
 /// Bytes [`verify`] holds at once for `lp` (saturating): the [`Memory`], and each rank's inputs,
 /// outputs and reference outputs.
 pub fn verify_bytes(lp: &LoweredPlan) -> u64 {
@@ -618,7 +609,7 @@ pub fn verify<T: AbiElement>(
 ) -> Result<VerifyReport, LoweredExecError> {
     validate(lp)?;
     let h = lp.ranks.first().map(|r| r.header).ok_or_else(|| bad_input("no ranks".into()))?;
-    if h.dtype != T::DTYPE.raw() || h.op != red_op(op).raw() {
+    if h.dtype != T::DTYPE.raw() || h.op != op.raw() {
         return Err(bad_input("the plan was lowered for another dtype or operator".into()));
     }
     let l = &lp.layout;

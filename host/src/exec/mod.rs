@@ -21,34 +21,37 @@ use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
 use crate::program::{Layout, OpId, Rank, Slice};
 use std::collections::VecDeque;
 use std::fmt;
-use std::str::FromStr;
 
-/// The reduction operator.
-#[derive(Copy, Clone, PartialEq, Eq, Debug)]
-pub enum ReduceOp {
-    /// `a + b`; wrapping for the integer types.
-    Sum,
-    /// The smaller of `a` and `b`.
-    Min,
-    /// The larger of `a` and `b`.
-    Max,
+/// The reduction operator: the engine's ([`oxccl_kernels::abi::RedOp`]), one type for every
+/// executor. Compiled plans take every operator but `Avg` (their tasks do not know which of them
+/// completes a reduction): the executor and references refuse it ([`ExecError::BadInput`]).
+pub use oxccl_kernels::abi::RedOp as ReduceOp;
+
+/// The operator named `s` as nccl-tests names it (`sum`, `min`, `max`, `prod`; `avg` is refused
+/// here, as compiled plans have no Avg).
+pub fn parse_op(s: &str) -> Result<ReduceOp, String> {
+    match ReduceOp::ALL.iter().copied().find(|o| o.nccl_name() == s) {
+        Some(ReduceOp::Avg) => Err("reduction `avg`: compiled plans have no Avg (sum, min, max, prod)".into()),
+        Some(op) => Ok(op),
+        None => Err(format!("unknown reduction `{s}` (sum, min, max, prod)")),
+    }
 }
 
-impl FromStr for ReduceOp {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "sum" => Ok(ReduceOp::Sum),
-            "min" => Ok(ReduceOp::Min),
-            "max" => Ok(ReduceOp::Max),
-            _ => Err(format!("unknown reduction `{s}` (sum, min, max)")),
-        }
+/// [`ExecError::BadInput`] for an operator compiled plans do not run (Avg).
+pub(crate) fn check_op(op: ReduceOp) -> Result<(), ExecError> {
+    if op == ReduceOp::Avg {
+        return Err(ExecError::BadInput {
+            reason: "ReduceOp::Avg: compiled plans have no Avg (their tasks do not know which completes a reduction)"
+                .into(),
+        });
     }
+    Ok(())
 }
 
 /// An element type the executor and references handle.
 pub trait Element: Copy + PartialEq + fmt::Debug + Default + 'static {
-    /// `self ⊕ other`.
+    /// `self ⊕ other` (Avg combines as Sum: its division is not a step of these executors, which
+    /// refuse it).
     fn reduce(self, other: Self, op: ReduceOp) -> Self;
     /// A small integer in this type (exact for |v| ≤ 256 in every type here: bf16 holds 8
     /// significant bits).
@@ -60,9 +63,10 @@ macro_rules! element_float {
         impl Element for $t {
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 match op {
-                    ReduceOp::Sum => self + o,
+                    ReduceOp::Sum | ReduceOp::Avg => self + o,
                     ReduceOp::Min => self.min(o),
                     ReduceOp::Max => self.max(o),
+                    ReduceOp::Prod => self * o,
                 }
             }
             fn from_small(v: i32) -> Self {
@@ -76,9 +80,10 @@ macro_rules! element_int {
         impl Element for $t {
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 match op {
-                    ReduceOp::Sum => self.wrapping_add(o),
+                    ReduceOp::Sum | ReduceOp::Avg => self.wrapping_add(o),
                     ReduceOp::Min => self.min(o),
                     ReduceOp::Max => self.max(o),
+                    ReduceOp::Prod => self.wrapping_mul(o),
                 }
             }
             fn from_small(v: i32) -> Self {
@@ -92,17 +97,19 @@ element_float!(f64);
 
 /// The half-precision types reduce as the device does (`crate::lowered::combine_into`): the exact
 /// result rounded once to nearest even (a sum of two halves computed in f64 rounds to the same
-/// half as the exact sum: 53 bits are at least twice a half's 11 or 8, plus 2); min/max return the
-/// non-NaN operand.
+/// half as the exact sum: 53 bits are at least twice a half's 11 or 8, plus 2; a product is
+/// exact in f64); min/max return the non-NaN operand.
 macro_rules! element_half {
     ($t:ty) => {
         impl Element for $t {
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 let (a, b) = (self.to_f64(), o.to_f64());
                 <$t>::from_f64(match op {
-                    ReduceOp::Sum => a + b,
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
                     ReduceOp::Min => a.min(b),
                     ReduceOp::Max => a.max(b),
+                    // Exact in f64 (2 × 11 bits at most): rounded once.
+                    ReduceOp::Prod => a * b,
                 })
             }
             fn from_small(v: i32) -> Self {
@@ -261,6 +268,7 @@ pub fn execute<T: Element>(
     opts: &ExecOptions,
 ) -> Result<Vec<Vec<T>>, ExecError> {
     plan.check_structure().map_err(|reason| ExecError::BadPlan { reason })?;
+    check_op(op)?;
     let l = &plan.layout;
     let n = l.ranks as usize;
     if inputs.len() != n {
@@ -462,6 +470,15 @@ pub fn test_inputs<T: Element>(ranks: usize, len: usize) -> Vec<Vec<T>> {
     (0..ranks).map(|r| (0..len).map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17) as i32 + 1)).collect()).collect()
 }
 
+/// The inputs [`verify`] runs `op` on: [`test_inputs`], or for Prod 1s and 2s, whose products are
+/// exact in every type in any order (a float product past the type's range is +inf in any order).
+pub fn test_inputs_for<T: Element>(ranks: usize, len: usize, op: ReduceOp) -> Vec<Vec<T>> {
+    if op != ReduceOp::Prod {
+        return test_inputs(ranks, len);
+    }
+    (0..ranks).map(|r| (0..len).map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17 % 2) as i32 + 1)).collect()).collect()
+}
+
 /// The outcome of [`verify`]: how many elements differ from the reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VerifyReport {
@@ -593,7 +610,7 @@ pub fn verify_within<T: Element>(
         )
     })?;
     let elements = l.input_chunks() as usize * chunk_len;
-    let inputs = test_inputs::<T>(l.ranks as usize, elements);
+    let inputs = test_inputs_for::<T>(l.ranks as usize, elements, op);
     let got = execute(plan, &inputs, op, opts)?;
     let want = reference::reference(l.collective, &inputs, op)?;
     let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };

@@ -69,6 +69,7 @@ pub fn reference<T: Element>(
     inputs: &[Vec<T>],
     op: ReduceOp,
 ) -> Result<Vec<Vec<T>>, ExecError> {
+    super::check_op(op)?;
     match collective {
         Collective::AllReduce => all_reduce(inputs, op),
         Collective::AllGather => all_gather(inputs),

@@ -280,6 +280,16 @@ impl Run {
         }
         let dtype = c.dtype.device()?;
         sweep.validate(dtype.size() as u64)?;
+        // The check folds the ranks' values in rank order; across nodes an FP8 sum or product is
+        // folded per node first, and FP8 rounds every partial result: another correct answer.
+        let fp8 = matches!(dtype, oxccl::DType::F8e4m3 | oxccl::DType::F8e5m2);
+        if fp8 && c.ranks_per_node.is_some() && sweep.check && self.reducing.is_some() {
+            return Err(format!(
+                "-d {} with --ranks-per-node: the check's rank order is not the staged order of an FP8 reduction; give -c 0",
+                c.dtype.name()
+            )
+            .into());
+        }
         if let (Some(p), Some(n)) = (c.ranks_per_node, c.procs)
             && (p == 0 || !n.is_multiple_of(p as usize))
         {
