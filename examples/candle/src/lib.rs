@@ -103,32 +103,31 @@ pub fn all_reduce(comm: &Comm, t: &Tensor, op: ReduceOp) -> Result<(), BoxError>
     Ok(t.inplace_op1(&AllReduce { comm, op })?)
 }
 
-/// The rank's contiguous f32 tensor `t` of `n` elements gathered from every rank: a new tensor of
-/// `world × n` elements, rank-major, shaped `shape`.
-pub fn all_gather(rank: &Rank, t: &Tensor, shape: &[usize]) -> Result<Tensor, BoxError> {
+/// `f` on a view of the f32 tensor `t`'s elements in its CUDA storage (made contiguous first).
+fn with_elements<R>(
+    t: &Tensor,
+    f: impl FnOnce(cudarc::driver::CudaView<'_, f32>) -> Result<R, BoxError>,
+) -> Result<R, BoxError> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cuda(cuda) = &*storage else { return Err("a CUDA tensor".into()) };
     let (start, end) = layout.contiguous_offsets().ok_or("a contiguous tensor")?;
-    let send = cuda.as_cuda_slice::<f32>()?.slice(start..end);
-    let stream = rank.comm.stream();
-    let mut recv = stream.alloc_zeros::<f32>((end - start) * rank.comm.world())?;
-    rank.comm.all_gather(&send, &mut recv)?;
-    drop(storage);
+    f(cuda.as_cuda_slice::<f32>()?.slice(start..end))
+}
+
+/// The rank's f32 tensor `t` gathered from every rank: a new tensor of `world × len` elements,
+/// rank-major, shaped `shape`.
+pub fn all_gather(rank: &Rank, t: &Tensor, shape: &[usize]) -> Result<Tensor, BoxError> {
+    let mut recv = rank.comm.stream().alloc_zeros::<f32>(t.elem_count() * rank.comm.world())?;
+    with_elements(t, |send| Ok(rank.comm.all_gather(&send, &mut recv)?))?;
     from_slice(rank, recv, shape)
 }
 
-/// The rank's contiguous f32 tensor `t` summed over the ranks and scattered: this rank's block of
+/// The rank's f32 tensor `t` summed over the ranks and scattered: this rank's block of
 /// `len / world` elements, shaped `shape`.
 pub fn reduce_scatter(rank: &Rank, t: &Tensor, shape: &[usize]) -> Result<Tensor, BoxError> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cuda(cuda) = &*storage else { return Err("a CUDA tensor".into()) };
-    let (start, end) = layout.contiguous_offsets().ok_or("a contiguous tensor")?;
-    let send = cuda.as_cuda_slice::<f32>()?.slice(start..end);
-    let mut recv = rank.comm.stream().alloc_zeros::<f32>((end - start) / rank.comm.world())?;
-    rank.comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum)?;
-    drop(storage);
+    let mut recv = rank.comm.stream().alloc_zeros::<f32>(t.elem_count() / rank.comm.world())?;
+    with_elements(t, |send| Ok(rank.comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum)?))?;
     from_slice(rank, recv, shape)
 }
 
