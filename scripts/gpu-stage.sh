@@ -55,6 +55,8 @@ rm -rf .device/pack .device/stripped && mkdir -p .device/pack .device/stripped/h
 # Debug sections go; symbols stay, so that a stack printed on the device names its functions.
 for f in .device/bin/*; do strip --strip-debug -o ".device/stripped/${f##*/}" "$f"; done
 cp .device/host-msccl/*.xml .device/stripped/host-msccl/
-tar -C .device/stripped -cf - . | xz -T0 -6 > .device/pack/bins.tar.xz
+# Every binary embeds the same PTX: a dictionary larger than the whole tar lets xz store it once
+# (all binaries with the candle examples: about 7 MiB instead of 38; minutes on two cores).
+tar -C .device/stripped -cf - . | xz -T1 -9e --lzma2=dict=512MiB > .device/pack/bins.tar.xz
 rm -rf .device/stripped
 ls -la .device/pack

@@ -97,7 +97,7 @@ for step in "$@"; do
       ;;
     ranks-bench)
       # One process per rank (MPS) against virtual ranks in one process, ReduceScatter / AllGather /
-      # AllReduce at 64 MiB-1 GiB; symmetric and plain (staged) buffers, ranks as threads; latency.
+      # AllReduce at 64 MiB-1 GiB; symmetric, registered and plain (staged) buffers, ranks as threads; latency.
       R=${RANKS:-8}; BIG="-b 64M -e 1G -f 4 -n 20 -w 5"; SMALL="-b 8 -e 32K -f 2 -n 200 -w 20"
       for coll in all_reduce reduce_scatter all_gather; do
         log "virtual $coll"; timeout 120 $B/oxccl bench $coll --ranks $R $BIG --json > "$OUT/rb_virtual_$coll.log" 2>&1; grep -vE "^\{|^#  " "$OUT/rb_virtual_$coll.log" | tail -6
@@ -106,7 +106,7 @@ for step in "$@"; do
       log "virtual latency"; timeout 120 $B/oxccl bench all_reduce --ranks $R $SMALL > "$OUT/rb_virtual_small.log" 2>&1; tail -16 "$OUT/rb_virtual_small.log"
       mps_start
       for coll in all_reduce reduce_scatter all_gather; do
-        for buf in symmetric plain; do
+        for buf in symmetric registered plain; do
           log "procs $coll $buf"; timeout 150 $B/oxccl bench $coll --procs $R --buffers $buf $BIG --json > "$OUT/rb_procs_${buf}_$coll.log" 2>&1; echo "rc=$?"; grep -vE "^\{" "$OUT/rb_procs_${buf}_$coll.log" | tail -6
         done
       done

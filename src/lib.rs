@@ -39,6 +39,7 @@ mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
 mod fp8;
+mod ipc;
 pub mod gate;
 pub mod graph;
 #[cfg(unix)]
@@ -69,7 +70,7 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use plain::Plain;
-pub use rank::{Comm, SymmetricBuffer};
+pub use rank::{Comm, Registration, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce: `f32`, `f64`, `half::f16`, `half::bf16`,

@@ -11,6 +11,7 @@
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::fdpass::{Client, Message, Service};
+use crate::ipc::{HANDLE_BYTES, IpcMapping};
 use crate::vmm::VmmAlloc;
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use oxccl_kernels::abi::{self, MAX_REGIONS};
@@ -19,12 +20,17 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// A request to a peer's service.
+/// A request to a peer's service: map a region (its descriptor sent along), unmap one, open a
+/// registered allocation (its IPC handle after the fields).
 const MAP: u8 = 1;
 const UNMAP: u8 = 2;
+const OPEN: u8 = 3;
+
+/// Bytes of a request's fields.
+const FIELDS: usize = 17;
 
 /// What a peer's service needs: the request, `[op, from (u32), region (u32), bytes (u64)]`, little
-/// endian.
+/// endian (an `OPEN`'s handle follows).
 fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
     let mut v = vec![op];
     v.extend_from_slice(&(from as u32).to_le_bytes());
@@ -35,7 +41,8 @@ fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
 
 /// The fields of a request, or `None` for bytes that are not one.
 fn parse(b: &[u8]) -> Option<(u8, usize, u32, usize)> {
-    if b.len() != 17 {
+    let len = if b.first() == Some(&OPEN) { FIELDS + HANDLE_BYTES } else { FIELDS };
+    if b.len() != len {
         return None;
     }
     let from = u32::from_le_bytes(b[1..5].try_into().ok()?) as usize;
@@ -54,7 +61,42 @@ struct Mapped {
     /// (or on) the collectives running meanwhile, which may be waiting for the peer that asked.
     table_stream: Arc<CudaStream>,
     /// `regions[rank][k]`: rank `rank`'s region `k`, mapped here.
-    regions: Mutex<Vec<Vec<Option<VmmAlloc>>>>,
+    regions: Mutex<Vec<Vec<Option<Mapping>>>>,
+}
+
+/// A peer's region as this process maps it.
+enum Mapping {
+    /// Virtual-memory allocations (workspace, symmetric buffers, staging).
+    Vmm(VmmAlloc),
+    /// A registered allocation, opened through IPC.
+    Ipc(IpcMapping),
+}
+
+impl Mapping {
+    fn ptr(&self) -> u64 {
+        match self {
+            Mapping::Vmm(a) => a.ptr(),
+            Mapping::Ipc(m) => m.ptr(),
+        }
+    }
+}
+
+/// One of this rank's regions.
+enum Own {
+    /// Memory this communicator allocated.
+    Alloc(Arc<VmmAlloc>),
+    /// A user's allocation, registered ([`PeerMemory::register`]) by `users` registrations.
+    Registered { base: u64, bytes: usize, users: usize },
+}
+
+impl Own {
+    /// Where it starts and how many bytes it holds.
+    fn range(&self) -> (u64, usize) {
+        match self {
+            Own::Alloc(a) => (a.ptr(), a.bytes()),
+            Own::Registered { base, bytes, .. } => (*base, *bytes),
+        }
+    }
 }
 
 impl Mapped {
@@ -97,7 +139,13 @@ impl Mapped {
                 let alloc = VmmAlloc::import(&self.ctx, fd, bytes)?;
                 self.record(from, region, alloc.ptr())?;
                 // A region number reused: the old mapping was released by its owner already.
-                regions[from][region as usize] = Some(alloc);
+                regions[from][region as usize] = Some(Mapping::Vmm(alloc));
+            }
+            OPEN => {
+                let handle: &[u8; HANDLE_BYTES] = msg.bytes[FIELDS..].try_into().expect("length checked by parse");
+                let opened = IpcMapping::open(&self.ctx, handle)?;
+                self.record(from, region, opened.ptr())?;
+                regions[from][region as usize] = Some(Mapping::Ipc(opened));
             }
             UNMAP => {
                 self.record(from, region, 0)?;
@@ -120,7 +168,7 @@ pub(crate) struct PeerMemory {
     me: usize,
     mapped: Arc<Mapped>,
     /// This rank's regions by number (0: the workspace).
-    own: Mutex<Vec<Option<Arc<VmmAlloc>>>>,
+    own: Mutex<Vec<Option<Own>>>,
     /// Staging memory for buffers peers cannot map (cudarc's pool memory), grown on demand; its
     /// region number. Held for a call from its copy-in to its copy-out being queued.
     staging: Mutex<Option<(u32, Arc<VmmAlloc>)>>,
@@ -157,8 +205,8 @@ impl PeerMemory {
             Err(e) => e.to_string().into_bytes(),
         })
         .map_err(|e| Error::PeerMemory { what: format!("starting rank {me}'s service"), why: e.to_string() })?;
-        let mut own = vec![None; MAX_REGIONS];
-        own[0] = Some(workspace);
+        let mut own: Vec<Option<Own>> = (0..MAX_REGIONS).map(|_| None).collect();
+        own[0] = Some(Own::Alloc(workspace));
         Ok(PeerMemory {
             me,
             mapped,
@@ -183,7 +231,7 @@ impl PeerMemory {
             return self.mapped.workspace.ptr();
         }
         let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
-        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
+        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, Mapping::ptr)
     }
 
     /// Sends `req` (and `region`'s descriptor where it maps) to every peer's service and waits for
@@ -226,26 +274,75 @@ impl PeerMemory {
     /// recorded here and pushed to every peer.
     pub(crate) fn alloc(&self, bytes: usize, zero_on: Option<&CudaStream>) -> Result<(u32, Arc<VmmAlloc>)> {
         let alloc = Arc::new(VmmAlloc::new(&self.mapped.ctx, bytes, &[], zero_on)?);
-        let region = {
-            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(k) = own.iter().position(Option::is_none) else {
-                return Err(Error::PeerMemory {
-                    what: format!("exporting {bytes} bytes"),
-                    why: format!("every one of the {MAX_REGIONS} regions a rank may export is in use"),
-                });
-            };
-            own[k] = Some(alloc.clone());
-            k as u32
+        let region = self.take_region(Own::Alloc(alloc.clone()))?;
+        self.share(region, alloc.ptr(), &request(MAP, self.me, region, alloc.bytes()), Some(&alloc))?;
+        Ok((region, alloc))
+    }
+
+    /// A free region number, now `own`'s.
+    fn take_region(&self, own: Own) -> Result<u32> {
+        let mut regions = self.own.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(k) = regions.iter().position(Option::is_none) else {
+            return Err(Error::PeerMemory {
+                what: format!("exporting {} bytes", own.range().1),
+                why: format!("every one of the {MAX_REGIONS} regions a rank may export is in use"),
+            });
         };
-        let shared = self
-            .mapped
-            .record(self.me, region, alloc.ptr())
-            .and_then(|()| self.push(&request(MAP, self.me, region, alloc.bytes()), Some(&alloc)));
+        regions[k] = Some(own);
+        Ok(k as u32)
+    }
+
+    /// Records region `region` (at `ptr` here) and pushes `req` to every peer; releases the region
+    /// where that fails.
+    fn share(&self, region: u32, ptr: u64, req: &[u8], alloc: Option<&VmmAlloc>) -> Result<()> {
+        let shared = self.mapped.record(self.me, region, ptr).and_then(|()| self.push(req, alloc));
         if let Err(e) = shared {
             self.release(region);
             return Err(e);
         }
-        Ok((region, alloc))
+        Ok(())
+    }
+
+    /// Registers the user's allocation holding `bytes` at `ptr`: every peer opens it through IPC
+    /// (an allocation registered already gains a user). Returns its region, for
+    /// [`PeerMemory::deregister`].
+    ///
+    /// # Safety
+    /// The allocation stays allocated until `deregister` has returned.
+    pub(crate) unsafe fn register(&self, ptr: u64, bytes: usize) -> Result<u32> {
+        let exported = crate::ipc::export(&self.mapped.ctx, ptr, bytes)?;
+        {
+            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            let known = own.iter_mut().enumerate().find_map(|(k, o)| match o {
+                Some(Own::Registered { base, users, .. }) if *base == exported.base => Some((k, users)),
+                _ => None,
+            });
+            // A peer opens an allocation once per process (a second open of it fails).
+            if let Some((k, users)) = known {
+                *users += 1;
+                return Ok(k as u32);
+            }
+        }
+        let region = self.take_region(Own::Registered { base: exported.base, bytes: exported.bytes, users: 1 })?;
+        let mut req = request(OPEN, self.me, region, exported.bytes);
+        req.extend_from_slice(&exported.handle);
+        self.share(region, exported.base, &req, None)?;
+        Ok(region)
+    }
+
+    /// Ends one registration of region `region`; the last one closes it on every peer. The caller
+    /// has waited for every call that used it.
+    pub(crate) fn deregister(&self, region: u32) {
+        {
+            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(Own::Registered { users, .. }) = own[region as usize].as_mut()
+                && *users > 1
+            {
+                *users -= 1;
+                return;
+            }
+        }
+        self.release(region);
     }
 
     /// Withdraws region `region` from the peers and this rank's table (its memory is freed when
@@ -263,9 +360,9 @@ impl PeerMemory {
     pub(crate) fn portable(&self, ptr: u64, bytes: usize) -> Option<u64> {
         let own = self.own.lock().unwrap_or_else(|e| e.into_inner());
         own.iter().enumerate().skip(1).find_map(|(k, a)| {
-            let a = a.as_ref()?;
-            let inside = ptr >= a.ptr() && ptr + bytes as u64 <= a.ptr() + a.bytes() as u64;
-            inside.then(|| abi::region_address(k as u32, ptr - a.ptr()))
+            let (base, len) = a.as_ref()?.range();
+            let inside = ptr >= base && ptr + bytes as u64 <= base + len as u64;
+            inside.then(|| abi::region_address(k as u32, ptr - base))
         })
     }
 
@@ -439,5 +536,26 @@ impl Link {
             });
         }
         Ok(st)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_back_and_wrong_lengths_are_refused() {
+        let map = request(MAP, 3, 7, 1 << 21);
+        assert_eq!(parse(&map), Some((MAP, 3, 7, 1 << 21)));
+        let mut open = request(OPEN, 1, 2, 4096);
+        // An OPEN without its handle, then with it.
+        assert_eq!(parse(&open), None);
+        open.extend_from_slice(&[9u8; HANDLE_BYTES]);
+        assert_eq!(parse(&open), Some((OPEN, 1, 2, 4096)));
+        // Another op with a handle's bytes after its fields is not a request.
+        let mut long = request(UNMAP, 1, 2, 0);
+        long.extend_from_slice(&[0u8; HANDLE_BYTES]);
+        assert_eq!(parse(&long), None);
+        assert_eq!(parse(&[]), None);
     }
 }

@@ -1004,6 +1004,65 @@ impl Comm {
     }
 }
 
+impl Comm {
+    /// Registers the allocation holding `buf` with this rank's peers in other processes, so that
+    /// calls on any buffer inside it reach it where it is (the zero-copy path) instead of copying
+    /// it through staging memory. For memory from `cuMemAlloc` (a user's own allocations,
+    /// torch's caching allocator): cudarc's allocations come from stream-ordered pools, which CUDA
+    /// cannot share between processes ([`Error::PeerMemory`] says so; pass them unregistered, or
+    /// allocate with [`Comm::alloc_symmetric`]). Where every rank is in this process nothing needs
+    /// registering and the registration does nothing. Not collective: each rank registers its own.
+    /// The registration ends when the returned value drops (after the calls on this rank's stream).
+    ///
+    /// # Safety
+    /// The allocation must stay allocated until the [`Registration`] has dropped: CUDA leaves a
+    /// free of memory that peers still have open undefined (as NCCL asks buffers to be
+    /// deregistered before they are freed).
+    ///
+    /// Errors: [`Error::PeerMemory`] for memory that cannot be shared (another device's, a pool's,
+    /// a virtual-memory mapping) or a peer that could not open it; [`Error::Aborted`] after
+    /// [`Comm::abort`].
+    pub unsafe fn register<T, B: DevicePtr<T>>(&self, buf: &B) -> Result<Registration> {
+        self.usable()?;
+        let stream = self.stream().clone();
+        let Some(peer) = self.inner.link.as_ref().and_then(|l| l.peer.clone()) else {
+            return Ok(Registration { stream, shared: None });
+        };
+        let bytes = buf.num_bytes();
+        let region = {
+            let (ptr, _guard) = buf.device_ptr(&stream);
+            // SAFETY: the caller keeps the allocation until the registration (which deregisters)
+            // drops.
+            unsafe { peer.register(ptr, bytes) }?
+        };
+        Ok(Registration { stream, shared: Some((peer, region)) })
+    }
+}
+
+/// A registered allocation ([`Comm::register`]); dropping it waits for the rank's stream, then
+/// closes the allocation on every peer.
+pub struct Registration {
+    stream: Arc<CudaStream>,
+    /// Across processes: the shared memory it is a region of, and its number.
+    shared: Option<(Arc<PeerMemory>, u32)>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").field("region", &self.shared.as_ref().map(|s| s.1)).finish()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some((peer, region)) = self.shared.take() {
+            // The calls that used it (and so every peer's use of it) end before it is closed.
+            let _ = crate::engine::wait_stream(&self.stream);
+            peer.deregister(region);
+        }
+    }
+}
+
 /// Device memory every rank of a [`Comm`] reaches where it is: the zero-copy path between
 /// processes (as torch's symmetric memory and NCCL's registered windows). Dereferences to a
 /// cudarc [`CudaSlice`], so it is passed to calls, copied and sliced like any other buffer. Its

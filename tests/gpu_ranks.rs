@@ -1,7 +1,8 @@
 //! Per-rank communicators (`oxccl::Comm`) on the GPU: ranks as threads of this process and as
 //! processes of their own (this test binary run again as each rank), every collective, both movers,
-//! both reductions, in and out of place, random sizes and element offsets, buffers of both kinds
-//! across processes (symmetric, and cudarc's, which go through staging), exact against the CPU
+//! both reductions, in and out of place, random sizes and element offsets, buffers of every kind
+//! across processes (symmetric, registered `cuMemAlloc` memory, and cudarc's, which go through
+//! staging), exact against the CPU
 //! reference; a rank killed mid-call; misuse. Reshards (`Comm::reshard`) on threads and processes,
 //! each rank passing only its own shards, exact against the global tensor.
 //!
@@ -16,8 +17,10 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::host::tccl::{self, PlanSpec};
 use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
 use oxccl::{
-    Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, ReshardOptions, SymmetricBuffer,
+    Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, Registration, ReshardOptions,
+    SymmetricBuffer,
 };
+use std::mem::ManuallyDrop;
 use rand::RngExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -54,10 +57,37 @@ struct Case {
     /// Index into [`SHAPES`].
     shape: usize,
     inputs: Vec<Vec<u8>>,
-    /// Per rank: element offset of its input and output in their allocations, and whether they are
-    /// symmetric buffers.
+    /// Per rank: element offset of its input and output in their allocations, and the memory they
+    /// are in.
     shift: Vec<(usize, usize)>,
-    symmetric: Vec<bool>,
+    memory: Vec<Memory>,
+}
+
+/// The memory a rank's buffers are in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Memory {
+    /// cudarc's (a stream-ordered pool's): staged across processes.
+    Cudarc,
+    /// [`Comm::alloc_symmetric`]'s.
+    Symmetric,
+    /// `cuMemAlloc`'s, registered ([`Comm::register`]).
+    Registered,
+}
+
+/// Per rank of `world`: cudarc's memory on threads; across processes any kind.
+fn draw_memory(rng: &mut common::Rng, world: usize, processes: bool) -> Vec<Memory> {
+    let kinds = [Memory::Cudarc, Memory::Symmetric, Memory::Registered];
+    (0..world).map(|_| if processes { kinds[rng.random_range(0..3) as usize] } else { Memory::Cudarc }).collect()
+}
+
+/// How many cases had buffers of each shared kind: "N on symmetric buffers, M on registered ones".
+fn kinds_line(memory: impl Iterator<Item = Memory>) -> String {
+    let (mut sym, mut reg) = (0, 0);
+    for m in memory {
+        sym += usize::from(m == Memory::Symmetric);
+        reg += usize::from(m == Memory::Registered);
+    }
+    format!("{sym} on symmetric buffers, {reg} on registered ones")
 }
 
 fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
@@ -104,15 +134,52 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
     let shift = (0..world)
         .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
         .collect();
-    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
-    Case { spec, shape, inputs, shift, symmetric }
+    let memory = draw_memory(&mut rng, world, processes);
+    Case { spec, shape, inputs, shift, memory }
 }
 
-/// A buffer at an offset into its allocation, marked around: ordinary cudarc memory or a
-/// symmetric buffer.
+/// A buffer at an offset into its allocation, marked around: ordinary cudarc memory, a symmetric
+/// buffer or registered `cuMemAlloc` memory.
 enum Storage {
     Plain(CudaSlice<u8>),
     Symmetric(SymmetricBuffer<u8>),
+    Registered(RegisteredAlloc),
+}
+
+/// `cuMemAlloc` memory as a cudarc slice, registered with the communicator's peers; the
+/// registration ends before the memory is freed.
+struct RegisteredAlloc {
+    slice: ManuallyDrop<CudaSlice<u8>>,
+    registration: Option<Registration>,
+}
+
+impl RegisteredAlloc {
+    fn new(comm: &Comm, bytes: &[u8]) -> RegisteredAlloc {
+        let stream = comm.stream();
+        stream.context().bind_to_thread().unwrap();
+        // SAFETY: a plain allocation, handed to the slice below and freed in drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.len().max(1)) }.unwrap();
+        // SAFETY: `ptr` holds `bytes.len()` bytes of this stream's device; the slice is leaked,
+        // never freed by cudarc (whose free is for its pool's memory).
+        let mut slice = unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes.len()) };
+        stream.memcpy_htod(bytes, &mut slice).unwrap();
+        // SAFETY: the memory is freed in drop, after the registration.
+        let registration = Some(unsafe { comm.register(&slice) }.expect("register"));
+        RegisteredAlloc { slice: ManuallyDrop::new(slice), registration }
+    }
+}
+
+impl Drop for RegisteredAlloc {
+    fn drop(&mut self) {
+        drop(self.registration.take());
+        // SAFETY: taken once, here.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let stream = slice.stream().clone();
+        stream.synchronize().unwrap();
+        let ptr = slice.leak();
+        // SAFETY: the allocation made in `new`, no longer registered or used.
+        unsafe { cudarc::driver::result::free_sync(ptr) }.unwrap();
+    }
 }
 
 struct Placed {
@@ -122,16 +189,18 @@ struct Placed {
 }
 
 impl Placed {
-    fn new(comm: &Comm, symmetric: bool, bytes: &[u8], head: usize) -> Placed {
+    fn new(comm: &Comm, memory: Memory, bytes: &[u8], head: usize) -> Placed {
         let stream = comm.stream();
         let mut all = vec![MARK; head + bytes.len() + GUARD];
         all[head..head + bytes.len()].copy_from_slice(bytes);
-        let storage = if symmetric {
-            let mut b = comm.alloc_symmetric::<u8>(all.len()).expect("alloc_symmetric");
-            stream.memcpy_htod(&all, &mut *b).unwrap();
-            Storage::Symmetric(b)
-        } else {
-            Storage::Plain(stream.clone_htod(&all).unwrap())
+        let storage = match memory {
+            Memory::Symmetric => {
+                let mut b = comm.alloc_symmetric::<u8>(all.len()).expect("alloc_symmetric");
+                stream.memcpy_htod(&all, &mut *b).unwrap();
+                Storage::Symmetric(b)
+            }
+            Memory::Registered => Storage::Registered(RegisteredAlloc::new(comm, &all)),
+            Memory::Cudarc => Storage::Plain(stream.clone_htod(&all).unwrap()),
         };
         Placed { storage, head, len: bytes.len() }
     }
@@ -140,6 +209,7 @@ impl Placed {
         match &self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
+            Storage::Registered(s) => &s.slice,
         }
     }
 
@@ -147,6 +217,7 @@ impl Placed {
         match &mut self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
+            Storage::Registered(s) => &mut s.slice,
         }
     }
 
@@ -187,7 +258,7 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
     let size = spec.dtype.size();
     let stream = comm.stream().clone();
     let (shift_in, shift_out) = c.shift[r];
-    let sym = c.symmetric[r];
+    let sym = c.memory[r];
     let (mut input, mut output) = (None, None);
     if spec.in_place {
         let len = in_bytes.max(out_bytes) as usize;
@@ -248,7 +319,7 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
 
 /// One rank's part of the random cases: builds its communicators (one per shape, from `ids`) on
 /// `stream` and runs `cases` cases, each checked against the CPU reference. Returns how many ran,
-/// and of them how many had a symmetric buffer on this rank.
+/// and on this rank the kinds of memory they were on ([`kinds_line`]).
 fn rank_cases(
     stream: &Arc<CudaStream>,
     rank: usize,
@@ -257,7 +328,7 @@ fn rank_cases(
     cases: usize,
     seed: u64,
     processes: bool,
-) -> (usize, usize) {
+) -> (usize, String) {
     let comms: Vec<Comm> = SHAPES
         .iter()
         .zip(ids)
@@ -266,7 +337,14 @@ fn rank_cases(
                 .unwrap_or_else(|e| panic!("rank {rank}: building the {shape:?} communicator: {e}"))
         })
         .collect();
-    let mut symmetric = 0;
+    if processes {
+        // cudarc's pool memory cannot be shared between processes: registering it is refused.
+        let pool = stream.alloc_zeros::<u8>(256).unwrap();
+        // SAFETY: `pool` outlives the (refused) registration.
+        let refused = unsafe { comms[0].register(&pool) };
+        assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering pool memory: {refused:?}");
+    }
+    let mut memory = Vec::new();
     for case in 0..cases {
         let c = draw(seed, case, world, processes);
         let comm = &comms[c.shape];
@@ -284,9 +362,9 @@ fn rank_cases(
                 want[rank].len()
             );
         }
-        symmetric += usize::from(c.symmetric[rank]);
+        memory.push(c.memory[rank]);
     }
-    (cases, symmetric)
+    (cases, kinds_line(memory.into_iter()))
 }
 
 fn cases() -> usize {
@@ -385,7 +463,7 @@ fn processes_match_the_cpu_reference() {
         let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
         let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
         let (n, sym) = rank_cases(&stream, rank, world, &ids_from_env("OXCCL_TEST_IDS"), cases(), seed, true);
-        println!("rank {rank}: {n} cases matched, {sym} on symmetric buffers");
+        println!("rank {rank}: {n} cases matched, {sym}");
         return;
     }
     if common::gpu(TEST).is_none() || !mps(TEST) {
@@ -429,8 +507,8 @@ struct ReshardCase {
     global: Vec<i32>,
     /// Per rank: element offsets of its source and destination in their allocations.
     shift: Vec<(usize, usize)>,
-    /// Per rank: whether its buffers are symmetric (else cudarc's, staged across processes).
-    symmetric: Vec<bool>,
+    /// Per rank: the memory its buffers are in.
+    memory: Vec<Memory>,
     /// Per rank: whether an empty shard is passed as `None` rather than as an empty buffer.
     empty_as_none: Vec<bool>,
 }
@@ -508,9 +586,9 @@ fn draw_reshard(seed: u64, case: usize, world: usize, processes: bool) -> Reshar
     let shift = (0..world)
         .map(|_| if shifted { (rng.random_range(0..9) as usize, rng.random_range(0..9) as usize) } else { (0, 0) })
         .collect();
-    let symmetric = (0..world).map(|_| processes && rng.random_range(0..2) == 0).collect();
+    let memory = draw_memory(&mut rng, world, processes);
     let empty_as_none = (0..world).map(|_| rng.random_range(0..2) == 0).collect();
-    ReshardCase { shape, src, dst, dtype, options, comm, global, shift, symmetric, empty_as_none }
+    ReshardCase { shape, src, dst, dtype, options, comm, global, shift, memory, empty_as_none }
 }
 
 /// `values` as little-endian elements of `dtype` (`F32` or `I32`).
@@ -555,10 +633,10 @@ fn run_reshard_case(comm: &Comm, c: &ReshardCase, what: &str) -> Result<(), Erro
     let (src, want) = rank_shards(c, r);
     let size = c.dtype.size();
     let (shift_in, shift_out) = c.shift[r];
-    let input = src.as_ref().map(|b| Placed::new(comm, c.symmetric[r], b, shift_in * size));
+    let input = src.as_ref().map(|b| Placed::new(comm, c.memory[r], b, shift_in * size));
     // The destination starts as MARK bytes: no element of the global tensor is 0xA5A5A5A5 in
     // either type, so an element the call leaves unwritten is found.
-    let mut output = want.as_ref().map(|w| Placed::new(comm, c.symmetric[r], &vec![MARK; w.len()], shift_out * size));
+    let mut output = want.as_ref().map(|w| Placed::new(comm, c.memory[r], &vec![MARK; w.len()], shift_out * size));
     match c.dtype {
         DType::F32 => reshard_as::<f32>(comm, c, input.as_ref(), output.as_mut()),
         DType::I32 => reshard_as::<i32>(comm, c, input.as_ref(), output.as_mut()),
@@ -584,7 +662,7 @@ fn run_reshard_case(comm: &Comm, c: &ReshardCase, what: &str) -> Result<(), Erro
 
 /// One rank's part of the reshard cases: builds its communicators (one per entry of
 /// [`RESHARD_SHAPES`], from `ids`) on `stream` and runs `cases` cases. Returns how many ran, and of
-/// them how many had symmetric buffers on this rank.
+/// on this rank the kinds of memory they were on ([`kinds_line`]).
 fn reshard_rank_cases(
     stream: &Arc<CudaStream>,
     rank: usize,
@@ -593,7 +671,7 @@ fn reshard_rank_cases(
     cases: usize,
     seed: u64,
     processes: bool,
-) -> (usize, usize) {
+) -> (usize, String) {
     assert_eq!(ids.len(), RESHARD_SHAPES.len(), "one id per reshard communicator");
     let comms: Vec<Comm> = RESHARD_SHAPES
         .iter()
@@ -603,14 +681,14 @@ fn reshard_rank_cases(
                 .unwrap_or_else(|e| panic!("rank {rank}: building the {mover:?} communicator: {e}"))
         })
         .collect();
-    let mut symmetric = 0;
+    let mut memory = Vec::new();
     for case in 0..cases {
         let c = draw_reshard(seed, case, world, processes);
         let what = format!("rank {rank} of {world}, reshard case {case} (seed {seed}): {}", c.describe());
         run_reshard_case(&comms[c.comm], &c, &what).unwrap_or_else(|e| panic!("{what}: {e}"));
-        symmetric += usize::from(c.symmetric[rank]);
+        memory.push(c.memory[rank]);
     }
-    (cases, symmetric)
+    (cases, kinds_line(memory.into_iter()))
 }
 
 fn reshard_cases() -> usize {
@@ -702,7 +780,7 @@ fn threads_reshard_matches_the_global_tensor() {
 }
 
 /// The reshard cases with every rank a process of its own (4 and 8 of them on the GPU), each
-/// rank's buffers symmetric or cudarc's (staged) per case.
+/// rank's buffers symmetric, registered or cudarc's (staged) per case.
 #[test]
 fn processes_reshard_matches_the_global_tensor() {
     const TEST: &str = "processes_reshard_matches_the_global_tensor";
@@ -711,7 +789,7 @@ fn processes_reshard_matches_the_global_tensor() {
         let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
         let ids = ids_from_env("OXCCL_TEST_IDS");
         let (n, sym) = reshard_rank_cases(&stream, rank, world, &ids, reshard_cases(), seed, true);
-        println!("rank {rank}: {n} reshards matched, {sym} on symmetric buffers");
+        println!("rank {rank}: {n} reshards matched, {sym}");
         return;
     }
     if common::gpu(TEST).is_none() || !mps(TEST) {

@@ -6,7 +6,8 @@ use super::{
     nccl_count, pattern, poison, time_graph_ms_on, time_ms,
 };
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use oxccl::{Collective, Comm, SymmetricBuffer};
+use oxccl::{Collective, Comm, Registration, SymmetricBuffer};
+use std::mem::ManuallyDrop;
 use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
 
@@ -17,6 +18,9 @@ pub enum Buffers {
     Symmetric,
     /// cudarc's own allocations: across processes they go through staging memory.
     Plain,
+    /// `cuMemAlloc` memory registered with the communicator ([`Comm::register`]): peers reach it
+    /// where it is.
+    Registered,
 }
 
 impl Buffers {
@@ -25,14 +29,50 @@ impl Buffers {
         match self {
             Buffers::Symmetric => "symmetric",
             Buffers::Plain => "plain",
+            Buffers::Registered => "registered",
         }
     }
 }
 
-/// A buffer of either kind, as a cudarc slice.
+/// A buffer of any kind, as a cudarc slice.
 enum Buf {
     Plain(CudaSlice<u8>),
     Symmetric(SymmetricBuffer<u8>),
+    Registered(Registered),
+}
+
+/// `cuMemAlloc` memory, registered; the registration ends before the memory is freed.
+struct Registered {
+    /// Never freed through cudarc (its free is for its pool's memory).
+    slice: ManuallyDrop<CudaSlice<u8>>,
+    registration: Option<Registration>,
+}
+
+impl Registered {
+    fn new(comm: &Comm, n: usize) -> Result<Registered> {
+        let stream = comm.stream();
+        stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
+        // SAFETY: a plain allocation, owned by the value below, which frees it.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(n.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
+        // SAFETY: `ptr` holds `n` bytes of this stream's device.
+        let slice = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, n) });
+        let mut buf = Registered { slice, registration: None };
+        // SAFETY: the memory is freed in drop, after the registration ends.
+        buf.registration = Some(unsafe { comm.register(&*buf.slice) }?);
+        Ok(buf)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        drop(self.registration.take());
+        // SAFETY: taken once, here.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let _ = slice.stream().synchronize();
+        let ptr = slice.leak();
+        // SAFETY: the allocation made in `new`, no longer registered or used.
+        let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
+    }
 }
 
 impl std::ops::Deref for Buf {
@@ -41,6 +81,7 @@ impl std::ops::Deref for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
+            Buf::Registered(s) => &s.slice,
         }
     }
 }
@@ -50,6 +91,7 @@ impl std::ops::DerefMut for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
+            Buf::Registered(s) => &mut s.slice,
         }
     }
 }
@@ -109,6 +151,7 @@ pub fn rank_bench(
             let alloc = |n: u64| -> Result<Buf> {
                 Ok(match buffers {
                     Buffers::Symmetric => Buf::Symmetric(comm.alloc_symmetric::<u8>(n as usize)?),
+                    Buffers::Registered => Buf::Registered(Registered::new(comm, n as usize)?),
                     Buffers::Plain => {
                         Buf::Plain(stream.alloc_zeros::<u8>(n as usize).map_err(Error::driver("cuMemAlloc"))?)
                     }

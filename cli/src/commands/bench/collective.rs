@@ -15,7 +15,7 @@ use oxccl::{Collective, Config, Reduction};
 pub struct Common {
     #[command(flatten)]
     pub(crate) sweep: SweepArgs,
-    /// Element type (default f32; the GPU kernels move f32, f16, bf16, i32 and u32).
+    /// Element type (default f32).
     #[arg(short = 'd', long = "datatype", visible_alias = "dtype", value_enum, default_value = "f32")]
     pub dtype: Dtype,
     /// Ranks (default 8 virtual ranks on GPU 0; with --gpus N, N).
@@ -34,7 +34,8 @@ pub struct Common {
     /// With --procs: the ranks are threads of this process instead of processes.
     #[arg(long, requires = "procs")]
     pub rank_threads: bool,
-    /// With --procs: `symmetric` (Comm::alloc_symmetric, the zero-copy path) or `plain` (cudarc's
+    /// With --procs: `symmetric` (Comm::alloc_symmetric, the zero-copy path), `registered`
+    /// (cuMemAlloc memory registered with Comm::register, also zero-copy) or `plain` (cudarc's
     /// allocations, which other processes reach through staging copies).
     #[arg(long, value_enum, requires = "procs", default_value = "symmetric")]
     pub buffers: BuffersArg,
@@ -79,6 +80,8 @@ pub enum BuffersArg {
     Symmetric,
     /// cudarc's allocations, staged through memory peers map.
     Plain,
+    /// `cuMemAlloc` memory registered with `Comm::register` (zero copies).
+    Registered,
 }
 
 /// The reduction of the collectives that reduce.
@@ -496,6 +499,7 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
     let buffers = match r.common.buffers {
         BuffersArg::Symmetric => bench::Buffers::Symmetric,
         BuffersArg::Plain => bench::Buffers::Plain,
+        BuffersArg::Registered => bench::Buffers::Registered,
     };
     let b = CollectiveBench { ranks: comm.world(), config: comm.config().clone(), ..r.check()? };
     let lead = comm.rank() == 0;

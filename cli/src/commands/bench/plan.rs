@@ -42,7 +42,7 @@ pub struct PlanArgs {
     pub slots: Option<u32>,
     #[command(flatten)]
     pub(crate) sweep: SweepArgs,
-    /// Element type (the GPU kernels move f32, f16, bf16, i32 and u32).
+    /// Element type (compiled plans reduce f32, f16, bf16, i32 and u32).
     #[arg(short = 'd', long = "datatype", visible_alias = "dtype", value_enum, default_value = "f32")]
     pub dtype: Dtype,
     /// Reduction operator, for plans that reduce.
