@@ -16,6 +16,11 @@ use std::sync::Arc;
 /// Bytes of a legacy IPC handle.
 pub(crate) const HANDLE_BYTES: usize = 64;
 
+/// CUDA sub-allocates smaller `cuMemAlloc` allocations from blocks of this size, and IPC then shares
+/// the whole block (the other allocations in it too, and a peer cannot open two of them apart):
+/// only allocations aligned to it and a multiple of it in size are registered.
+pub(crate) const IPC_BLOCK: u64 = 2 << 20;
+
 /// The allocation holding a buffer, exported: its whole range and the handle peers open it by.
 pub(crate) struct Exported {
     pub(crate) base: u64,
@@ -28,9 +33,9 @@ fn attribute<T: Default>(ptr: u64, attr: sys::CUpointer_attribute, name: &'stati
     let mut v = T::default();
     // SAFETY: `v` is at least as wide as the attribute's value (u64 addresses and sizes, u32 or
     // bool flags read into a zeroed u32 or larger).
-    unsafe { sys::cuPointerGetAttribute((&mut v as *mut T).cast(), attr, ptr) }
-        .result()
-        .map_err(|e| Error::PeerMemory { what: format!("reading {name} of the buffer at {ptr:#x}"), why: e.to_string() })?;
+    unsafe { sys::cuPointerGetAttribute((&mut v as *mut T).cast(), attr, ptr) }.result().map_err(|e| {
+        Error::PeerMemory { what: format!("reading {name} of the buffer at {ptr:#x}"), why: e.to_string() }
+    })?;
     Ok(v)
 }
 
@@ -55,6 +60,13 @@ pub(crate) fn export(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<E
     }
     let base: u64 = attribute(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, "the allocation's start")?;
     let size: u64 = attribute(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, "the allocation's size")?;
+    if !base.is_multiple_of(IPC_BLOCK) || !size.is_multiple_of(IPC_BLOCK) {
+        return Err(refuse(format!(
+            "its allocation ({size} bytes at {base:#x}) is not whole 2 MiB blocks: CUDA sub-allocates smaller \
+             ones and IPC would share the block around it; allocate a multiple of 2 MiB, or pass it \
+             unregistered (staged)"
+        )));
+    }
     if ptr.checked_add(bytes as u64).is_none_or(|end| end > base + size) {
         return Err(refuse(format!("{bytes} bytes run past the end of its allocation ({size} bytes at {base:#x})")));
     }

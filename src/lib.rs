@@ -39,11 +39,11 @@ mod error;
 #[cfg(target_os = "linux")]
 mod fdpass;
 mod fp8;
-mod ipc;
 pub mod gate;
 pub mod graph;
 #[cfg(unix)]
 pub mod internode;
+mod ipc;
 mod peer;
 mod plain;
 mod program;

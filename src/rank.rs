@@ -1007,10 +1007,11 @@ impl Comm {
 impl Comm {
     /// Registers the allocation holding `buf` with this rank's peers in other processes, so that
     /// calls on any buffer inside it reach it where it is (the zero-copy path) instead of copying
-    /// it through staging memory. For memory from `cuMemAlloc` (a user's own allocations,
-    /// torch's caching allocator): cudarc's allocations come from stream-ordered pools, which CUDA
-    /// cannot share between processes ([`Error::PeerMemory`] says so; pass them unregistered, or
-    /// allocate with [`Comm::alloc_symmetric`]). Where every rank is in this process nothing needs
+    /// it through staging memory. For memory from `cuMemAlloc` in whole 2 MiB blocks (a user's
+    /// own allocations, torch's caching allocator's segments; CUDA sub-allocates smaller ones,
+    /// which IPC cannot share apart): cudarc's allocations come from stream-ordered pools, which
+    /// CUDA cannot share between processes ([`Error::PeerMemory`] says so; pass them
+    /// unregistered, or allocate with [`Comm::alloc_symmetric`]). Where every rank is in this process nothing needs
     /// registering and the registration does nothing. Not collective: each rank registers its own.
     /// The registration ends when the returned value drops (after the calls on this rank's stream).
     ///
@@ -1020,7 +1021,8 @@ impl Comm {
     /// deregistered before they are freed).
     ///
     /// Errors: [`Error::PeerMemory`] for memory that cannot be shared (another device's, a pool's,
-    /// a virtual-memory mapping) or a peer that could not open it; [`Error::Aborted`] after
+    /// a virtual-memory mapping, an allocation not in whole 2 MiB blocks) or a peer that could not
+    /// open it; [`Error::Aborted`] after
     /// [`Comm::abort`].
     pub unsafe fn register<T, B: DevicePtr<T>>(&self, buf: &B) -> Result<Registration> {
         self.usable()?;

@@ -20,8 +20,8 @@ use oxccl::{
     Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, Registration, ReshardOptions,
     SymmetricBuffer,
 };
-use std::mem::ManuallyDrop;
 use rand::RngExt;
+use std::mem::ManuallyDrop;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -157,8 +157,9 @@ impl RegisteredAlloc {
     fn new(comm: &Comm, bytes: &[u8]) -> RegisteredAlloc {
         let stream = comm.stream();
         stream.context().bind_to_thread().unwrap();
-        // SAFETY: a plain allocation, handed to the slice below and freed in drop.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.len().max(1)) }.unwrap();
+        // SAFETY: a plain allocation in whole 2 MiB blocks (what registration takes), handed to
+        // the slice below and freed in drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.len().max(1).next_multiple_of(2 << 20)) }.unwrap();
         // SAFETY: `ptr` holds `bytes.len()` bytes of this stream's device; the slice is leaked,
         // never freed by cudarc (whose free is for its pool's memory).
         let mut slice = unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes.len()) };
@@ -343,6 +344,17 @@ fn rank_cases(
         // SAFETY: `pool` outlives the (refused) registration.
         let refused = unsafe { comms[0].register(&pool) };
         assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering pool memory: {refused:?}");
+        // Nor a `cuMemAlloc` allocation CUDA sub-allocates (under 2 MiB).
+        stream.context().bind_to_thread().unwrap();
+        // SAFETY: a plain allocation, freed below after the (refused) registration.
+        let small = unsafe { cudarc::driver::result::malloc_sync(4096) }.unwrap();
+        // SAFETY: as above; leaked back before the free.
+        let view = unsafe { stream.upgrade_device_ptr::<u8>(small, 4096) };
+        let refused = unsafe { comms[0].register(&view) };
+        assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering 4 KiB: {refused:?}");
+        view.leak();
+        // SAFETY: the allocation above, unused.
+        unsafe { cudarc::driver::result::free_sync(small) }.unwrap();
     }
     let mut memory = Vec::new();
     for case in 0..cases {
@@ -444,6 +456,18 @@ fn spawn_ranks(test: &str, world: usize, env: &[(&str, String)], limit: Duration
     out
 }
 
+/// Panics with the output of every one of `world` rank processes that failed: the first to fail
+/// is often not the cause (a peer that gave up first says why).
+fn check_ranks(results: &[(Option<i32>, String)], world: usize) {
+    let failed: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (status, _))| *status != Some(0))
+        .map(|(r, (status, text))| format!("rank {r} of {world} processes failed ({status:?}):\n{text}"))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 /// This process's rank and world where it runs as a child of [`spawn_ranks`].
 fn child() -> Option<(usize, usize)> {
     let r = std::env::var("OXCCL_TEST_RANK").ok()?.parse().ok()?;
@@ -474,8 +498,9 @@ fn processes_match_the_cpu_reference() {
     for world in [2, 4, 8] {
         let ids: Vec<String> = SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
         let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        for (rank, (status, text)) in spawn_ranks(TEST, world, &env, Duration::from_secs(300)).into_iter().enumerate() {
-            assert_eq!(status, Some(0), "rank {rank} of {world} processes failed:\n{text}");
+        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
+        check_ranks(&results, world);
+        for (_, text) in results {
             total += cases();
             eprint!(
                 "{}",
@@ -800,8 +825,9 @@ fn processes_reshard_matches_the_global_tensor() {
     for world in [4, 8] {
         let ids: Vec<String> = RESHARD_SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
         let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        for (rank, (status, text)) in spawn_ranks(TEST, world, &env, Duration::from_secs(300)).into_iter().enumerate() {
-            assert_eq!(status, Some(0), "rank {rank} of {world} processes failed:\n{text}");
+        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
+        check_ranks(&results, world);
+        for (_, text) in results {
             total += reshard_cases();
             eprint!(
                 "{}",

@@ -7,9 +7,9 @@ use super::{
 };
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use oxccl::{Collective, Comm, Registration, SymmetricBuffer};
-use std::mem::ManuallyDrop;
 use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
+use std::mem::ManuallyDrop;
 
 /// Where a per-rank benchmark's buffers come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,8 +52,10 @@ impl Registered {
     fn new(comm: &Comm, n: usize) -> Result<Registered> {
         let stream = comm.stream();
         stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
-        // SAFETY: a plain allocation, owned by the value below, which frees it.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(n.max(1)) }.map_err(Error::driver("cuMemAlloc"))?;
+        // SAFETY: a plain allocation in whole 2 MiB blocks (what registration takes), owned by the
+        // value below, which frees it.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(n.max(1).next_multiple_of(2 << 20)) }
+            .map_err(Error::driver("cuMemAlloc"))?;
         // SAFETY: `ptr` holds `n` bytes of this stream's device.
         let slice = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, n) });
         let mut buf = Registered { slice, registration: None };
