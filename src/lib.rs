@@ -43,7 +43,7 @@ pub mod gate;
 pub mod graph;
 #[cfg(unix)]
 pub mod internode;
-mod ipc;
+
 mod peer;
 mod plain;
 mod program;
@@ -70,7 +70,7 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use plain::Plain;
-pub use rank::{Comm, Registration, SymmetricBuffer};
+pub use rank::{Comm, ExportableBuffer, Registration, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce: `f32`, `f64`, `half::f16`, `half::bf16`,

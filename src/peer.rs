@@ -11,26 +11,20 @@
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::fdpass::{Client, Message, Service};
-use crate::ipc::{HANDLE_BYTES, IpcMapping};
 use crate::vmm::VmmAlloc;
 use cudarc::driver::{CudaContext, CudaStream, sys};
 use oxccl_kernels::abi::{self, MAX_REGIONS};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// A request to a peer's service: map a region (its descriptor sent along), unmap one, open a
-/// registered allocation (its IPC handle after the fields).
+/// A request to a peer's service: map a region (its descriptor sent along) or unmap one.
 const MAP: u8 = 1;
 const UNMAP: u8 = 2;
-const OPEN: u8 = 3;
-
-/// Bytes of a request's fields.
-const FIELDS: usize = 17;
 
 /// What a peer's service needs: the request, `[op, from (u32), region (u32), bytes (u64)]`, little
-/// endian (an `OPEN`'s handle follows).
+/// endian.
 fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
     let mut v = vec![op];
     v.extend_from_slice(&(from as u32).to_le_bytes());
@@ -41,8 +35,7 @@ fn request(op: u8, from: usize, region: u32, bytes: usize) -> Vec<u8> {
 
 /// The fields of a request, or `None` for bytes that are not one.
 fn parse(b: &[u8]) -> Option<(u8, usize, u32, usize)> {
-    let len = if b.first() == Some(&OPEN) { FIELDS + HANDLE_BYTES } else { FIELDS };
-    if b.len() != len {
+    if b.len() != 17 {
         return None;
     }
     let from = u32::from_le_bytes(b[1..5].try_into().ok()?) as usize;
@@ -61,31 +54,15 @@ struct Mapped {
     /// (or on) the collectives running meanwhile, which may be waiting for the peer that asked.
     table_stream: Arc<CudaStream>,
     /// `regions[rank][k]`: rank `rank`'s region `k`, mapped here.
-    regions: Mutex<Vec<Vec<Option<Mapping>>>>,
-}
-
-/// A peer's region as this process maps it.
-enum Mapping {
-    /// Virtual-memory allocations (workspace, symmetric buffers, staging).
-    Vmm(VmmAlloc),
-    /// A registered allocation, opened through IPC.
-    Ipc(IpcMapping),
-}
-
-impl Mapping {
-    fn ptr(&self) -> u64 {
-        match self {
-            Mapping::Vmm(a) => a.ptr(),
-            Mapping::Ipc(m) => m.ptr(),
-        }
-    }
+    regions: Mutex<Vec<Vec<Option<VmmAlloc>>>>,
 }
 
 /// One of this rank's regions.
 enum Own {
     /// Memory this communicator allocated.
     Alloc(Arc<VmmAlloc>),
-    /// A user's allocation, registered ([`PeerMemory::register`]) by `users` registrations.
+    /// A user's allocation, registered ([`PeerMemory::register`]) by `users` registrations (0
+    /// while the peers are still mapping it: no call may name it yet).
     Registered { base: u64, bytes: usize, users: usize },
 }
 
@@ -96,6 +73,11 @@ impl Own {
             Own::Alloc(a) => (a.ptr(), a.bytes()),
             Own::Registered { base, bytes, .. } => (*base, *bytes),
         }
+    }
+
+    /// Whether calls may name it: every peer has mapped it.
+    fn shared(&self) -> bool {
+        !matches!(self, Own::Registered { users: 0, .. })
     }
 }
 
@@ -139,13 +121,7 @@ impl Mapped {
                 let alloc = VmmAlloc::import(&self.ctx, fd, bytes)?;
                 self.record(from, region, alloc.ptr())?;
                 // A region number reused: the old mapping was released by its owner already.
-                regions[from][region as usize] = Some(Mapping::Vmm(alloc));
-            }
-            OPEN => {
-                let handle: &[u8; HANDLE_BYTES] = msg.bytes[FIELDS..].try_into().expect("length checked by parse");
-                let opened = IpcMapping::open(&self.ctx, handle)?;
-                self.record(from, region, opened.ptr())?;
-                regions[from][region as usize] = Some(Mapping::Ipc(opened));
+                regions[from][region as usize] = Some(alloc);
             }
             UNMAP => {
                 self.record(from, region, 0)?;
@@ -172,8 +148,12 @@ pub(crate) struct PeerMemory {
     /// Staging memory for buffers peers cannot map (cudarc's pool memory), grown on demand; its
     /// region number. Held for a call from its copy-in to its copy-out being queued.
     staging: Mutex<Option<(u32, Arc<VmmAlloc>)>>,
-    /// Staging regions outgrown: kept until the end (a queued call may still use one).
+    /// Staging regions outgrown: kept, with their region numbers, until the end (a queued call may
+    /// still use one; a number given to other memory would make it resolve there).
     retired: Mutex<Vec<Arc<VmmAlloc>>>,
+    /// Held through a registration and a deregistration: one at a time, so that an allocation
+    /// gains a user only while its region is alive.
+    registering: Mutex<()>,
     /// A connection to each peer's service (`None`: this rank, or not connected yet).
     clients: Mutex<Vec<Option<Client>>>,
     /// Every peer's service name.
@@ -213,6 +193,7 @@ impl PeerMemory {
             own: Mutex::new(own),
             staging: Mutex::new(None),
             retired: Mutex::new(Vec::new()),
+            registering: Mutex::new(()),
             clients: Mutex::new((0..world).map(|_| None).collect()),
             names,
             timeout,
@@ -231,43 +212,47 @@ impl PeerMemory {
             return self.mapped.workspace.ptr();
         }
         let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
-        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, Mapping::ptr)
+        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
     }
 
-    /// Sends `req` (and `region`'s descriptor where it maps) to every peer's service and waits for
-    /// each to answer.
-    fn push(&self, req: &[u8], alloc: Option<&VmmAlloc>) -> Result<()> {
-        let fd = alloc.map(|a| a.export()).transpose()?;
+    /// Sends `req` (and `fd`, the region's descriptor, where it maps) to every peer's service and
+    /// waits for each to answer. Every peer is asked, also after one failed (an unmap must reach
+    /// all it can); the first failure is returned.
+    fn push(&self, req: &[u8], fd: Option<&OwnedFd>) -> Result<()> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut first = None;
         for (q, client) in clients.iter_mut().enumerate() {
             if q == self.me {
                 continue;
             }
             let fail = |why: String| Error::PeerMemory { what: format!("sharing memory with rank {q}"), why };
-            if client.is_none() {
-                *client = Some(Client::connect(&self.names[q], self.timeout).map_err(|e| fail(e.to_string()))?);
-            }
-            let c = client.as_mut().expect("connected above");
-            let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
-            let answer = match c.call(req, &fds, self.timeout) {
-                Ok(a) => a,
-                Err(e) => {
-                    // A call that failed part-way leaves the connection unusable: connect anew next time.
-                    *client = None;
-                    return Err(fail(e.to_string()));
+            let answered = (|| {
+                if client.is_none() {
+                    *client = Some(Client::connect(&self.names[q], self.timeout).map_err(|e| fail(e.to_string()))?);
                 }
-            };
-            if !answer.is_empty() {
-                return Err(fail(String::from_utf8_lossy(&answer).into_owned()));
+                let c = client.as_mut().expect("connected above");
+                let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+                let answer = match c.call(req, &fds, self.timeout) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // A call that failed part-way leaves the connection unusable: connect anew next time.
+                        *client = None;
+                        return Err(fail(e.to_string()));
+                    }
+                };
+                if answer.is_empty() { Ok(()) } else { Err(fail(String::from_utf8_lossy(&answer).into_owned())) }
+            })();
+            if let Err(e) = answered {
+                first.get_or_insert(e);
             }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// Exports region 0, this rank's workspace, to every peer.
     pub(crate) fn share_workspace(&self) -> Result<()> {
         let ws = self.mapped.workspace.clone();
-        self.push(&request(MAP, self.me, 0, ws.bytes()), Some(&ws))
+        self.push(&request(MAP, self.me, 0, ws.bytes()), Some(&ws.export()?))
     }
 
     /// `bytes` of memory (zeroed in `zero_on`'s order where given) every peer maps: a new region,
@@ -275,7 +260,8 @@ impl PeerMemory {
     pub(crate) fn alloc(&self, bytes: usize, zero_on: Option<&CudaStream>) -> Result<(u32, Arc<VmmAlloc>)> {
         let alloc = Arc::new(VmmAlloc::new(&self.mapped.ctx, bytes, &[], zero_on)?);
         let region = self.take_region(Own::Alloc(alloc.clone()))?;
-        self.share(region, alloc.ptr(), &request(MAP, self.me, region, alloc.bytes()), Some(&alloc))?;
+        let req = request(MAP, self.me, region, alloc.bytes());
+        self.share(region, alloc.ptr(), &req, alloc.export())?;
         Ok((region, alloc))
     }
 
@@ -292,10 +278,13 @@ impl PeerMemory {
         Ok(k as u32)
     }
 
-    /// Records region `region` (at `ptr` here) and pushes `req` to every peer; releases the region
-    /// where that fails.
-    fn share(&self, region: u32, ptr: u64, req: &[u8], alloc: Option<&VmmAlloc>) -> Result<()> {
-        let shared = self.mapped.record(self.me, region, ptr).and_then(|()| self.push(req, alloc));
+    /// Records region `region` (at `ptr` here) and pushes `req` with `fd` (its descriptor) to every
+    /// peer; releases the region where that fails.
+    fn share(&self, region: u32, ptr: u64, req: &[u8], fd: Result<OwnedFd>) -> Result<()> {
+        let shared = fd.and_then(|fd| {
+            self.mapped.record(self.me, region, ptr)?;
+            self.push(req, Some(&fd))
+        });
         if let Err(e) = shared {
             self.release(region);
             return Err(e);
@@ -303,36 +292,42 @@ impl PeerMemory {
         Ok(())
     }
 
-    /// Registers the user's allocation holding `bytes` at `ptr`: every peer opens it through IPC
-    /// (an allocation registered already gains a user). Returns its region, for
-    /// [`PeerMemory::deregister`].
+    /// Registers the user's allocation holding `bytes` at `ptr`: every peer maps it (an allocation
+    /// registered already gains a user). Returns its region, for [`PeerMemory::deregister`].
     ///
     /// # Safety
-    /// The allocation stays allocated until `deregister` has returned.
+    /// The allocation stays mapped at its addresses until `deregister` has returned (another
+    /// allocation there would be taken for it).
     pub(crate) unsafe fn register(&self, ptr: u64, bytes: usize) -> Result<u32> {
-        let exported = crate::ipc::export(&self.mapped.ctx, ptr, bytes)?;
+        let _one = self.registering.lock().unwrap_or_else(|e| e.into_inner());
+        let exported = crate::vmm::export_user(&self.mapped.ctx, ptr, bytes)?;
         {
             let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
             let known = own.iter_mut().enumerate().find_map(|(k, o)| match o {
                 Some(Own::Registered { base, users, .. }) if *base == exported.base => Some((k, users)),
                 _ => None,
             });
-            // A peer opens an allocation once per process (a second open of it fails).
             if let Some((k, users)) = known {
                 *users += 1;
                 return Ok(k as u32);
             }
         }
-        let region = self.take_region(Own::Registered { base: exported.base, bytes: exported.bytes, users: 1 })?;
-        let mut req = request(OPEN, self.me, region, exported.bytes);
-        req.extend_from_slice(&exported.handle);
-        self.share(region, exported.base, &req, None)?;
+        let (base, size) = (exported.base, exported.bytes);
+        // Not named by calls (`users` 0) until every peer has mapped it.
+        let region = self.take_region(Own::Registered { base, bytes: size, users: 0 })?;
+        self.share(region, base, &request(MAP, self.me, region, size), Ok(exported.fd))?;
+        if let Some(Own::Registered { users, .. }) =
+            self.own.lock().unwrap_or_else(|e| e.into_inner())[region as usize].as_mut()
+        {
+            *users = 1;
+        }
         Ok(region)
     }
 
-    /// Ends one registration of region `region`; the last one closes it on every peer. The caller
+    /// Ends one registration of region `region`; the last one unmaps it on every peer. The caller
     /// has waited for every call that used it.
     pub(crate) fn deregister(&self, region: u32) {
+        let _one = self.registering.lock().unwrap_or_else(|e| e.into_inner());
         {
             let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(Own::Registered { users, .. }) = own[region as usize].as_mut()
@@ -360,7 +355,8 @@ impl PeerMemory {
     pub(crate) fn portable(&self, ptr: u64, bytes: usize) -> Option<u64> {
         let own = self.own.lock().unwrap_or_else(|e| e.into_inner());
         own.iter().enumerate().skip(1).find_map(|(k, a)| {
-            let (base, len) = a.as_ref()?.range();
+            let a = a.as_ref().filter(|a| a.shared())?;
+            let (base, len) = a.range();
             let inside = ptr >= base && ptr + bytes as u64 <= base + len as u64;
             inside.then(|| abi::region_address(k as u32, ptr - base))
         })
@@ -374,8 +370,8 @@ impl PeerMemory {
             // Doubling bounds how often the peers are asked to map more.
             let want = st.as_ref().map_or(0, |(_, a)| 2 * a.bytes()).max(bytes);
             let (region, alloc) = self.alloc(want, None)?;
-            if let Some((old, a)) = st.replace((region, alloc)) {
-                self.own.lock().unwrap_or_else(|e| e.into_inner())[old as usize] = None;
+            if let Some((_, a)) = st.replace((region, alloc)) {
+                // Its region number stays taken (see `retired`).
                 self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(a);
             }
         }
@@ -547,14 +543,9 @@ mod tests {
     fn requests_parse_back_and_wrong_lengths_are_refused() {
         let map = request(MAP, 3, 7, 1 << 21);
         assert_eq!(parse(&map), Some((MAP, 3, 7, 1 << 21)));
-        let mut open = request(OPEN, 1, 2, 4096);
-        // An OPEN without its handle, then with it.
-        assert_eq!(parse(&open), None);
-        open.extend_from_slice(&[9u8; HANDLE_BYTES]);
-        assert_eq!(parse(&open), Some((OPEN, 1, 2, 4096)));
-        // Another op with a handle's bytes after its fields is not a request.
+        assert_eq!(parse(&map[..16]), None);
         let mut long = request(UNMAP, 1, 2, 0);
-        long.extend_from_slice(&[0u8; HANDLE_BYTES]);
+        long.push(0);
         assert_eq!(parse(&long), None);
         assert_eq!(parse(&[]), None);
     }

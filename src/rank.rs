@@ -995,35 +995,33 @@ impl Comm {
                 (Arc::new(VmmAlloc::new(stream.context(), bytes, &access, Some(&stream))?), None)
             }
         };
-        // SAFETY: `alloc` holds at least `len` elements of this stream's device, zeroed, and
-        // outlives the slice: the buffer leaks the slice (never frees it through cudarc) before it
-        // drops `alloc`.
-        let slice = unsafe { stream.upgrade_device_ptr::<T>(alloc.ptr(), len) };
         let shared = region.zip(self.inner.link.as_ref().and_then(|l| l.peer.clone()));
-        Ok(SymmetricBuffer { slice: ManuallyDrop::new(slice), alloc, shared: shared.map(|(r, p)| (p, r)) })
+        Ok(SymmetricBuffer { buf: ExportableBuffer::over(&stream, alloc, len), shared: shared.map(|(r, p)| (p, r)) })
     }
 }
 
 impl Comm {
     /// Registers the allocation holding `buf` with this rank's peers in other processes, so that
     /// calls on any buffer inside it reach it where it is (the zero-copy path) instead of copying
-    /// it through staging memory. For memory from `cuMemAlloc` in whole 2 MiB blocks (a user's
-    /// own allocations, torch's caching allocator's segments; CUDA sub-allocates smaller ones,
-    /// which IPC cannot share apart): cudarc's allocations come from stream-ordered pools, which
-    /// CUDA cannot share between processes ([`Error::PeerMemory`] says so; pass them
-    /// unregistered, or allocate with [`Comm::alloc_symmetric`]). Where every rank is in this process nothing needs
-    /// registering and the registration does nothing. Not collective: each rank registers its own.
-    /// The registration ends when the returned value drops (after the calls on this rank's stream).
+    /// it through staging memory. For virtual-memory allocations made with a POSIX
+    /// file-descriptor handle type and mapped whole: an [`ExportableBuffer`], another
+    /// communicator's [`SymmetricBuffer`], or a `cuMemCreate` of your own. cudarc's allocations
+    /// come from stream-ordered pools, which CUDA cannot share between processes, and
+    /// `cuMemAlloc` memory would need CUDA's legacy IPC, whose closing of a peer's mapping waits
+    /// for that peer's queued calls (which may wait for this rank): both are refused
+    /// ([`Error::PeerMemory`]); pass them unregistered (staged). Where every rank is in this process
+    /// nothing needs registering and the registration does nothing. Not collective: each rank
+    /// registers its own. The registration ends when the returned value drops, which waits for this
+    /// rank's stream and for every peer to unmap the allocation.
     ///
     /// # Safety
-    /// The allocation must stay allocated until the [`Registration`] has dropped: CUDA leaves a
-    /// free of memory that peers still have open undefined (as NCCL asks buffers to be
-    /// deregistered before they are freed).
+    /// The allocation must stay mapped at its addresses until the [`Registration`] has dropped:
+    /// another allocation there would be taken for it (the peers keep the first one's memory
+    /// alive, so freeing early loses no memory to them, but calls would move the wrong bytes).
     ///
-    /// Errors: [`Error::PeerMemory`] for memory that cannot be shared (another device's, a pool's,
-    /// a virtual-memory mapping, an allocation not in whole 2 MiB blocks) or a peer that could not
-    /// open it; [`Error::Aborted`] after
-    /// [`Comm::abort`].
+    /// Errors: [`Error::PeerMemory`] for memory that cannot be shared (another device's, one not
+    /// made as above) or a peer that could not map it; [`Error::Driver`] for a failing driver
+    /// call; [`Error::Aborted`] after [`Comm::abort`].
     pub unsafe fn register<T, B: DevicePtr<T>>(&self, buf: &B) -> Result<Registration> {
         self.usable()?;
         let stream = self.stream().clone();
@@ -1070,9 +1068,7 @@ impl Drop for Registration {
 /// cudarc [`CudaSlice`], so it is passed to calls, copied and sliced like any other buffer. Its
 /// drop waits for its stream, then withdraws it from the peers and frees it.
 pub struct SymmetricBuffer<T> {
-    /// The memory as a cudarc slice, never freed through cudarc (leaked on drop).
-    slice: ManuallyDrop<CudaSlice<T>>,
-    alloc: Arc<VmmAlloc>,
+    buf: ExportableBuffer<T>,
     /// Across processes: the shared memory it is a region of, and its number.
     shared: Option<(Arc<PeerMemory>, u32)>,
 }
@@ -1080,21 +1076,21 @@ pub struct SymmetricBuffer<T> {
 impl<T> std::ops::Deref for SymmetricBuffer<T> {
     type Target = CudaSlice<T>;
     fn deref(&self) -> &CudaSlice<T> {
-        &self.slice
+        &self.buf
     }
 }
 
 impl<T> std::ops::DerefMut for SymmetricBuffer<T> {
     fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+        &mut self.buf
     }
 }
 
 impl<T> std::fmt::Debug for SymmetricBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SymmetricBuffer")
-            .field("len", &self.slice.len())
-            .field("bytes", &self.alloc.bytes())
+            .field("len", &self.buf.len())
+            .field("bytes", &self.buf.alloc.bytes())
             .field("region", &self.shared.as_ref().map(|s| s.1))
             .finish()
     }
@@ -1102,15 +1098,97 @@ impl<T> std::fmt::Debug for SymmetricBuffer<T> {
 
 impl<T> Drop for SymmetricBuffer<T> {
     fn drop(&mut self) {
+        if let Some((peer, region)) = self.shared.take() {
+            // The calls that used it (and so every peer's use of it) end before it is withdrawn;
+            // the memory is freed after, when `buf` drops.
+            let _ = crate::engine::wait_stream(self.buf.stream());
+            peer.release(region);
+        }
+    }
+}
+
+/// Device memory other processes can map (CUDA's virtual-memory API, with a POSIX file-descriptor
+/// handle), not tied to a communicator: register it with any of them ([`Comm::register`]), such as
+/// a gradient bucket that a data-parallel and a tensor-parallel group both reduce. Dereferences to
+/// a cudarc [`CudaSlice`]; its drop waits for its stream, then frees it.
+pub struct ExportableBuffer<T> {
+    /// The memory as a cudarc slice, never freed through cudarc (leaked on drop).
+    slice: ManuallyDrop<CudaSlice<T>>,
+    alloc: Arc<VmmAlloc>,
+}
+
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> ExportableBuffer<T> {
+    /// `len` elements on `stream`'s device, zeroed in that stream's order.
+    pub fn new(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Config { field: "len", why: format!("{len} elements overflow the address space") })?;
+        let access = peer_devices(stream.context().ordinal())?;
+        let alloc = Arc::new(VmmAlloc::new(stream.context(), bytes, &access, Some(stream))?);
+        Ok(ExportableBuffer::over(stream, alloc, len))
+    }
+}
+
+/// The other devices that can reach device `ordinal`'s memory (peer access): virtual-memory
+/// allocations name each device that may touch them, so that ranks of one process on those
+/// devices reach an [`ExportableBuffer`] where it is, as they do cudarc's memory.
+fn peer_devices(ordinal: usize) -> Result<Vec<usize>> {
+    use cudarc::driver::result::device;
+    let n = CudaContext::device_count().map_err(Error::driver("cuDeviceGetCount"))?;
+    let own = device::get(ordinal as i32).map_err(Error::driver("cuDeviceGet"))?;
+    let mut peers = Vec::new();
+    for d in (0..n).filter(|&d| d as usize != ordinal) {
+        let dev = device::get(d).map_err(Error::driver("cuDeviceGet"))?;
+        let mut can = 0;
+        // SAFETY: an out-pointer and two valid device handles.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, own) }
+            .result()
+            .map_err(Error::driver("cuDeviceCanAccessPeer"))?;
+        if can != 0 {
+            peers.push(d as usize);
+        }
+    }
+    Ok(peers)
+}
+
+impl<T> ExportableBuffer<T> {
+    /// `len` elements of `alloc` (which holds at least that many, of `stream`'s device) as a slice
+    /// on `stream`.
+    fn over(stream: &Arc<CudaStream>, alloc: Arc<VmmAlloc>, len: usize) -> Self {
+        // SAFETY: `alloc` holds at least `len` elements of this stream's device and outlives the
+        // slice: drop leaks the slice (never frees it through cudarc) before it drops `alloc`.
+        let slice = unsafe { stream.upgrade_device_ptr::<T>(alloc.ptr(), len) };
+        ExportableBuffer { slice: ManuallyDrop::new(slice), alloc }
+    }
+}
+
+impl<T> std::ops::Deref for ExportableBuffer<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+}
+
+impl<T> std::ops::DerefMut for ExportableBuffer<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+}
+
+impl<T> std::fmt::Debug for ExportableBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportableBuffer").field("len", &self.slice.len()).field("bytes", &self.alloc.bytes()).finish()
+    }
+}
+
+impl<T> Drop for ExportableBuffer<T> {
+    fn drop(&mut self) {
         // SAFETY: taken once, here; the slice is not used again.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
         let stream = slice.stream().clone();
         // cudarc's free would be `cuMemFreeAsync` of memory it did not allocate: leak the slice.
         let _ = slice.leak();
-        // The calls that used it (and so every peer's use of it) end before it is withdrawn.
+        // The calls that used it end before the memory is freed (when `alloc` drops after this).
         let _ = crate::engine::wait_stream(&stream);
-        if let Some((peer, region)) = self.shared.take() {
-            peer.release(region);
-        }
     }
 }

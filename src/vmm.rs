@@ -212,3 +212,81 @@ impl Drop for VmmAlloc {
         }
     }
 }
+
+/// A user's allocation, exported for peers to map: its mapped range and a descriptor of it.
+pub(crate) struct Exported {
+    pub(crate) base: u64,
+    pub(crate) bytes: usize,
+    pub(crate) fd: OwnedFd,
+}
+
+/// Exports the virtual-memory allocation holding `bytes` at `ptr` (device memory of `ctx`, made by
+/// `cuMemCreate` with a POSIX file-descriptor handle type and mapped whole), or says why it
+/// cannot be: memory of another device, or not such an allocation (`cuMemAlloc`'s, or a
+/// stream-ordered pool's, as cudarc's allocations).
+pub(crate) fn export_user(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Result<Exported> {
+    current(ctx)?;
+    let refuse = |why: String| Error::PeerMemory { what: format!("registering the buffer at {ptr:#x}"), why };
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: out-pointers; any address is a valid query.
+    unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+        .result()
+        .map_err(|e| refuse(format!("not device memory of this context ({e})")))?;
+    if ptr.checked_add(bytes as u64).is_none_or(|end| end > base + size as u64) {
+        return Err(refuse(format!("{bytes} bytes run past the end of its allocation ({size} bytes at {base:#x})")));
+    }
+    let mut handle = 0;
+    // SAFETY: out-pointer; `base` starts a mapped range (checked above). Fails for memory not
+    // mapped through the virtual-memory API.
+    unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut std::ffi::c_void) }.result().map_err(|_| {
+        refuse(
+            "not a virtual-memory allocation: cudarc's allocations (a stream-ordered pool's) cannot be shared \
+             between processes, and cuMemAlloc memory would need CUDA's legacy IPC, whose closing waits for \
+             the peers' queued calls; allocate with ExportableBuffer or Comm::alloc_symmetric, or pass it \
+             unregistered (staged)"
+                .into(),
+        )
+    })?;
+    // The retained handle is released on every path below.
+    let exported = (|| {
+        // The driver writes C enums, and the handle types as a bit mask, which need not be values of
+        // the bindings' Rust enums: read as plain integers at their C offsets, never as the enums.
+        const HANDLE_TYPES: usize = std::mem::offset_of!(sys::CUmemAllocationProp, requestedHandleTypes);
+        const LOCATION_ID: usize = std::mem::offset_of!(sys::CUmemAllocationProp, location) + 4;
+        let mut prop = std::mem::MaybeUninit::<sys::CUmemAllocationProp>::zeroed();
+        // SAFETY: out-pointer to a property struct's storage and the handle retained above.
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(prop.as_mut_ptr(), handle) }
+            .result()
+            .map_err(Error::driver("cuMemGetAllocationPropertiesFromHandle"))?;
+        let at = |offset: usize| -> u32 {
+            // SAFETY: a 4-byte integer inside the struct's initialised storage.
+            unsafe { prop.as_ptr().cast::<u8>().add(offset).cast::<u32>().read_unaligned() }
+        };
+        // `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`'s bit in the C mask.
+        const POSIX_FD: u32 = 0x1;
+        if at(HANDLE_TYPES) & POSIX_FD == 0 {
+            return Err(refuse("its allocation was made without a POSIX file-descriptor handle type".into()));
+        }
+        let device = at(LOCATION_ID) as i32;
+        if device != ctx.ordinal() as i32 {
+            return Err(refuse(format!("it is memory of device {device}, the rank's is device {}", ctx.ordinal())));
+        }
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the POSIX handle type writes an `int` descriptor, which the value below owns.
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .result()
+        .map_err(Error::driver("cuMemExportToShareableHandle"))?;
+        // SAFETY: a descriptor the driver just opened for this process, owned by nobody else.
+        Ok(Exported { base, bytes: size, fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    })();
+    // SAFETY: the reference `cuMemRetainAllocationHandle` took.
+    let _ = unsafe { sys::cuMemRelease(handle) };
+    exported
+}

@@ -1,7 +1,7 @@
 //! Per-rank communicators (`oxccl::Comm`) on the GPU: ranks as threads of this process and as
 //! processes of their own (this test binary run again as each rank), every collective, both movers,
 //! both reductions, in and out of place, random sizes and element offsets, buffers of every kind
-//! across processes (symmetric, registered `cuMemAlloc` memory, and cudarc's, which go through
+//! across processes (symmetric, registered exportable memory, and cudarc's, which go through
 //! staging), exact against the CPU
 //! reference; a rank killed mid-call; misuse. Reshards (`Comm::reshard`) on threads and processes,
 //! each rank passing only its own shards, exact against the global tensor.
@@ -17,11 +17,10 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use oxccl::host::tccl::{self, PlanSpec};
 use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
 use oxccl::{
-    Collective, Comm, Config, DType, Element, Error, Id, Mover, ReduceOp, Reduction, Registration, ReshardOptions,
-    SymmetricBuffer,
+    Collective, Comm, Config, DType, Element, Error, ExportableBuffer, Id, Mover, ReduceOp, Reduction, Registration,
+    ReshardOptions, SymmetricBuffer,
 };
 use rand::RngExt;
-use std::mem::ManuallyDrop;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,7 +69,7 @@ enum Memory {
     Cudarc,
     /// [`Comm::alloc_symmetric`]'s.
     Symmetric,
-    /// `cuMemAlloc`'s, registered ([`Comm::register`]).
+    /// An [`ExportableBuffer`], registered ([`Comm::register`]).
     Registered,
 }
 
@@ -139,47 +138,29 @@ fn draw(seed: u64, case: usize, world: usize, processes: bool) -> Case {
 }
 
 /// A buffer at an offset into its allocation, marked around: ordinary cudarc memory, a symmetric
-/// buffer or registered `cuMemAlloc` memory.
+/// buffer or a registered exportable one.
 enum Storage {
     Plain(CudaSlice<u8>),
     Symmetric(SymmetricBuffer<u8>),
     Registered(RegisteredAlloc),
 }
 
-/// `cuMemAlloc` memory as a cudarc slice, registered with the communicator's peers; the
-/// registration ends before the memory is freed.
+/// An [`ExportableBuffer`] registered with the communicator's peers; the registration ends before
+/// the memory is freed.
 struct RegisteredAlloc {
-    slice: ManuallyDrop<CudaSlice<u8>>,
-    registration: Option<Registration>,
+    /// Ends first (fields drop in order): the memory is freed after.
+    _registration: Registration,
+    buf: ExportableBuffer<u8>,
 }
 
 impl RegisteredAlloc {
     fn new(comm: &Comm, bytes: &[u8]) -> RegisteredAlloc {
         let stream = comm.stream();
-        stream.context().bind_to_thread().unwrap();
-        // SAFETY: a plain allocation in whole 2 MiB blocks (what registration takes), handed to
-        // the slice below and freed in drop.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.len().max(1).next_multiple_of(2 << 20)) }.unwrap();
-        // SAFETY: `ptr` holds `bytes.len()` bytes of this stream's device; the slice is leaked,
-        // never freed by cudarc (whose free is for its pool's memory).
-        let mut slice = unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes.len()) };
-        stream.memcpy_htod(bytes, &mut slice).unwrap();
-        // SAFETY: the memory is freed in drop, after the registration.
-        let registration = Some(unsafe { comm.register(&slice) }.expect("register"));
-        RegisteredAlloc { slice: ManuallyDrop::new(slice), registration }
-    }
-}
-
-impl Drop for RegisteredAlloc {
-    fn drop(&mut self) {
-        drop(self.registration.take());
-        // SAFETY: taken once, here.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let stream = slice.stream().clone();
-        stream.synchronize().unwrap();
-        let ptr = slice.leak();
-        // SAFETY: the allocation made in `new`, no longer registered or used.
-        unsafe { cudarc::driver::result::free_sync(ptr) }.unwrap();
+        let mut buf = ExportableBuffer::<u8>::new(stream, bytes.len()).expect("ExportableBuffer");
+        stream.memcpy_htod(bytes, &mut *buf).unwrap();
+        // SAFETY: `buf` is freed after the registration ends (drop order of the fields).
+        let registration = unsafe { comm.register(&*buf) }.expect("register");
+        RegisteredAlloc { _registration: registration, buf }
     }
 }
 
@@ -210,7 +191,7 @@ impl Placed {
         match &self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
-            Storage::Registered(s) => &s.slice,
+            Storage::Registered(s) => &s.buf,
         }
     }
 
@@ -218,7 +199,7 @@ impl Placed {
         match &mut self.storage {
             Storage::Plain(s) => s,
             Storage::Symmetric(s) => s,
-            Storage::Registered(s) => &mut s.slice,
+            Storage::Registered(s) => &mut s.buf,
         }
     }
 
@@ -344,17 +325,20 @@ fn rank_cases(
         // SAFETY: `pool` outlives the (refused) registration.
         let refused = unsafe { comms[0].register(&pool) };
         assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering pool memory: {refused:?}");
-        // Nor a `cuMemAlloc` allocation CUDA sub-allocates (under 2 MiB).
+        // Nor `cuMemAlloc` memory (legacy IPC: a peer's unmapping would wait for its queued calls).
         stream.context().bind_to_thread().unwrap();
         // SAFETY: a plain allocation, freed below after the (refused) registration.
-        let small = unsafe { cudarc::driver::result::malloc_sync(4096) }.unwrap();
+        let legacy = unsafe { cudarc::driver::result::malloc_sync(4 << 20) }.unwrap();
         // SAFETY: as above; leaked back before the free.
-        let view = unsafe { stream.upgrade_device_ptr::<u8>(small, 4096) };
+        let view = unsafe { stream.upgrade_device_ptr::<u8>(legacy, 4 << 20) };
         let refused = unsafe { comms[0].register(&view) };
-        assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering 4 KiB: {refused:?}");
+        assert!(
+            matches!(refused, Err(Error::PeerMemory { .. })),
+            "rank {rank}: registering cuMemAlloc memory: {refused:?}"
+        );
         view.leak();
         // SAFETY: the allocation above, unused.
-        unsafe { cudarc::driver::result::free_sync(small) }.unwrap();
+        unsafe { cudarc::driver::result::free_sync(legacy) }.unwrap();
     }
     let mut memory = Vec::new();
     for case in 0..cases {

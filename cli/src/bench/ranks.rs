@@ -6,10 +6,9 @@ use super::{
     nccl_count, pattern, poison, time_graph_ms_on, time_ms,
 };
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use oxccl::{Collective, Comm, Registration, SymmetricBuffer};
+use oxccl::{Collective, Comm, ExportableBuffer, Registration, SymmetricBuffer};
 use oxccl::{Error, Result};
 use oxccl_host::tccl::PlanSpec;
-use std::mem::ManuallyDrop;
 
 /// Where a per-rank benchmark's buffers come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,8 +17,8 @@ pub enum Buffers {
     Symmetric,
     /// cudarc's own allocations: across processes they go through staging memory.
     Plain,
-    /// `cuMemAlloc` memory registered with the communicator ([`Comm::register`]): peers reach it
-    /// where it is.
+    /// [`ExportableBuffer`]s registered with the communicator ([`Comm::register`]): peers reach
+    /// them where they are.
     Registered,
 }
 
@@ -41,39 +40,20 @@ enum Buf {
     Registered(Registered),
 }
 
-/// `cuMemAlloc` memory, registered; the registration ends before the memory is freed.
+/// An [`ExportableBuffer`] registered with the communicator ([`Comm::register`]); the registration
+/// ends before the memory is freed.
 struct Registered {
-    /// Never freed through cudarc (its free is for its pool's memory).
-    slice: ManuallyDrop<CudaSlice<u8>>,
-    registration: Option<Registration>,
+    /// Ends first (fields drop in order): the memory is freed after.
+    _registration: Registration,
+    buf: ExportableBuffer<u8>,
 }
 
 impl Registered {
     fn new(comm: &Comm, n: usize) -> Result<Registered> {
-        let stream = comm.stream();
-        stream.context().bind_to_thread().map_err(Error::driver("cuCtxSetCurrent"))?;
-        // SAFETY: a plain allocation in whole 2 MiB blocks (what registration takes), owned by the
-        // value below, which frees it.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(n.max(1).next_multiple_of(2 << 20)) }
-            .map_err(Error::driver("cuMemAlloc"))?;
-        // SAFETY: `ptr` holds `n` bytes of this stream's device.
-        let slice = ManuallyDrop::new(unsafe { stream.upgrade_device_ptr::<u8>(ptr, n) });
-        let mut buf = Registered { slice, registration: None };
-        // SAFETY: the memory is freed in drop, after the registration ends.
-        buf.registration = Some(unsafe { comm.register(&*buf.slice) }?);
-        Ok(buf)
-    }
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        drop(self.registration.take());
-        // SAFETY: taken once, here.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let _ = slice.stream().synchronize();
-        let ptr = slice.leak();
-        // SAFETY: the allocation made in `new`, no longer registered or used.
-        let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
+        let buf = ExportableBuffer::<u8>::new(comm.stream(), n)?;
+        // SAFETY: `buf` is freed after the registration ends (drop order of the fields).
+        let registration = unsafe { comm.register(&*buf) }?;
+        Ok(Registered { _registration: registration, buf })
     }
 }
 
@@ -83,7 +63,7 @@ impl std::ops::Deref for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
-            Buf::Registered(s) => &s.slice,
+            Buf::Registered(s) => &s.buf,
         }
     }
 }
@@ -93,7 +73,7 @@ impl std::ops::DerefMut for Buf {
         match self {
             Buf::Plain(s) => s,
             Buf::Symmetric(s) => s,
-            Buf::Registered(s) => &mut s.slice,
+            Buf::Registered(s) => &mut s.buf,
         }
     }
 }

@@ -35,7 +35,7 @@ pub struct Common {
     #[arg(long, requires = "procs")]
     pub rank_threads: bool,
     /// With --procs: `symmetric` (Comm::alloc_symmetric, the zero-copy path), `registered`
-    /// (cuMemAlloc memory registered with Comm::register, also zero-copy) or `plain` (cudarc's
+    /// (ExportableBuffer registered with Comm::register, also zero-copy) or `plain` (cudarc's
     /// allocations, which other processes reach through staging copies).
     #[arg(long, value_enum, requires = "procs", default_value = "symmetric")]
     pub buffers: BuffersArg,
@@ -80,7 +80,7 @@ pub enum BuffersArg {
     Symmetric,
     /// cudarc's allocations, staged through memory peers map.
     Plain,
-    /// `cuMemAlloc` memory registered with `Comm::register` (zero copies).
+    /// `ExportableBuffer`s registered with `Comm::register` (zero copies).
     Registered,
 }
 
