@@ -43,7 +43,6 @@ pub mod gate;
 pub mod graph;
 #[cfg(unix)]
 pub mod internode;
-
 mod peer;
 mod plain;
 mod program;

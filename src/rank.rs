@@ -1007,8 +1007,9 @@ impl Comm {
     /// file-descriptor handle type and mapped whole: an [`ExportableBuffer`], another
     /// communicator's [`SymmetricBuffer`], or a `cuMemCreate` of your own. cudarc's allocations
     /// come from stream-ordered pools, which CUDA cannot share between processes, and
-    /// `cuMemAlloc` memory would need CUDA's legacy IPC, whose closing of a peer's mapping waits
-    /// for that peer's queued calls (which may wait for this rank): both are refused
+    /// `cuMemAlloc` memory would need CUDA's legacy IPC, with which registered buffers stalled
+    /// the peers' calls for a timeout on an H200 (opening or closing a mapping in a peer likely
+    /// waits for its queued calls, which may wait for this rank): both are refused
     /// ([`Error::PeerMemory`]); pass them unregistered (staged). Where every rank is in this process
     /// nothing needs registering and the registration does nothing. Not collective: each rank
     /// registers its own. The registration ends when the returned value drops, which waits for this

@@ -160,20 +160,7 @@ impl VmmAlloc {
     /// A file descriptor a peer process can [`VmmAlloc::import`].
     pub(crate) fn export(&self) -> Result<OwnedFd> {
         current(&self.ctx)?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: the POSIX handle type writes an `int` descriptor, which this value then owns.
-        unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&mut fd as *mut std::ffi::c_int).cast(),
-                self.handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .result()
-        .map_err(Error::driver("cuMemExportToShareableHandle"))?;
-        // SAFETY: a descriptor the driver just opened for this process, owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        export_handle(self.handle)
     }
 
     /// The address in this process.
@@ -213,6 +200,25 @@ impl Drop for VmmAlloc {
     }
 }
 
+/// A descriptor of `handle` (an allocation made with the POSIX file-descriptor handle type) that a
+/// peer process can [`VmmAlloc::import`]; the allocation's context is current.
+fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: the POSIX handle type writes an `int` descriptor, which the value below owns.
+    unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .result()
+    .map_err(Error::driver("cuMemExportToShareableHandle"))?;
+    // SAFETY: a descriptor the driver just opened for this process, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A user's allocation, exported for peers to map: its mapped range and a descriptor of it.
 pub(crate) struct Exported {
     pub(crate) base: u64,
@@ -241,8 +247,8 @@ pub(crate) fn export_user(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Res
     unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut std::ffi::c_void) }.result().map_err(|_| {
         refuse(
             "not a virtual-memory allocation: cudarc's allocations (a stream-ordered pool's) cannot be shared \
-             between processes, and cuMemAlloc memory would need CUDA's legacy IPC, whose closing waits for \
-             the peers' queued calls; allocate with ExportableBuffer or Comm::alloc_symmetric, or pass it \
+             between processes, and cuMemAlloc memory would need CUDA's legacy IPC, which stalled the peers' \
+             queued calls in a test; allocate with ExportableBuffer or Comm::alloc_symmetric, or pass it \
              unregistered (staged)"
                 .into(),
         )
@@ -271,20 +277,7 @@ pub(crate) fn export_user(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Res
         if device != ctx.ordinal() as i32 {
             return Err(refuse(format!("it is memory of device {device}, the rank's is device {}", ctx.ordinal())));
         }
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: the POSIX handle type writes an `int` descriptor, which the value below owns.
-        unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&mut fd as *mut std::ffi::c_int).cast(),
-                handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        }
-        .result()
-        .map_err(Error::driver("cuMemExportToShareableHandle"))?;
-        // SAFETY: a descriptor the driver just opened for this process, owned by nobody else.
-        Ok(Exported { base, bytes: size, fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Exported { base, bytes: size, fd: export_handle(handle)? })
     })();
     // SAFETY: the reference `cuMemRetainAllocationHandle` took.
     let _ = unsafe { sys::cuMemRelease(handle) };

@@ -325,7 +325,7 @@ fn rank_cases(
         // SAFETY: `pool` outlives the (refused) registration.
         let refused = unsafe { comms[0].register(&pool) };
         assert!(matches!(refused, Err(Error::PeerMemory { .. })), "rank {rank}: registering pool memory: {refused:?}");
-        // Nor `cuMemAlloc` memory (legacy IPC: a peer's unmapping would wait for its queued calls).
+        // Nor `cuMemAlloc` memory (it would need legacy IPC, which registration does not use).
         stream.context().bind_to_thread().unwrap();
         // SAFETY: a plain allocation, freed below after the (refused) registration.
         let legacy = unsafe { cudarc::driver::result::malloc_sync(4 << 20) }.unwrap();
