@@ -330,6 +330,14 @@ impl Communicator {
         &self.config
     }
 
+    /// Local rank `rank`'s engine, and every world rank on its device (with itself).
+    pub(crate) fn device_of(&self, rank: usize) -> Result<(Arc<Engine>, Vec<usize>)> {
+        let r = self.local(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })?;
+        let d = self.world.rank_device[rank];
+        let same = (0..self.ranks()).filter(|&q| self.world.rank_device[q] == d).collect();
+        Ok((self.engines[r.device].clone(), same))
+    }
+
     /// The engine of the device rank `rank` runs on.
     pub fn engine(&self, rank: usize) -> Result<&Engine> {
         let r = self.local(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })?;

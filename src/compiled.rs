@@ -38,11 +38,13 @@ use crate::engine::{
     wait_stream,
 };
 use crate::error::{Error, Result};
+use crate::peer::PeerMemory;
+use crate::vmm::VmmAlloc;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
 };
-use oxccl_host::compile::lower::{LoweredPlan, main_slot, validate};
+use oxccl_host::compile::lower::{LoweredPlan, LoweredRank, main_slot, validate};
 use oxccl_host::exec::lowered::Memory;
 use oxccl_kernels::abi::{
     self, BUFFER_SLOTS, DType, FIFO_REGION_OFFSET, MAX_RANKS, Mover, PLAN_FLAG_TIMING, PlanHeader, PlanLaunchArgs,
@@ -112,6 +114,8 @@ pub struct LaunchShape {
 
 /// One rank: where it runs, its descriptors on the device, its workspace, status and timing.
 struct RankState {
+    /// Its rank in the plan.
+    id: usize,
     device: usize,
     stream: Arc<CudaStream>,
     header: PlanHeader,
@@ -120,17 +124,64 @@ struct RankState {
     tasks: DeviceAlloc,
     waits: DeviceAlloc,
     connections: DeviceAlloc,
-    workspace: DeviceAlloc,
+    workspace: PlanMemory,
     status: StatusRecord,
     timing: DeviceAlloc,
     /// Recorded after the rank's launch when a lead stream orders the call.
     done: CudaEvent,
 }
 
+/// A rank's workspace (the T-CCL [`abi::Workspace`], then the plan's FIFO region): the plan's own
+/// memory, or memory every peer process maps (a per-rank plan across processes).
+pub(crate) enum PlanMemory {
+    Local(Arc<DeviceAlloc>),
+    Shared(Arc<VmmAlloc>),
+}
+
+impl PlanMemory {
+    fn ptr(&self) -> u64 {
+        match self {
+            PlanMemory::Local(a) => a.ptr(),
+            PlanMemory::Shared(a) => a.ptr(),
+        }
+    }
+
+    /// Zeroes it in `stream`'s order.
+    fn zero_async(&self, stream: &CudaStream) -> Result<()> {
+        match self {
+            PlanMemory::Local(a) => a.zero_async(stream),
+            PlanMemory::Shared(a) => a.zero_async(a.bytes(), stream),
+        }
+    }
+
+    /// `len` bytes from byte `offset` (synchronous).
+    fn read_range(&self, offset: usize, len: usize, stream: &CudaStream) -> Result<Vec<u8>> {
+        match self {
+            PlanMemory::Local(a) => a.read_range(offset, len),
+            PlanMemory::Shared(a) => a.read_range(offset, len, stream),
+        }
+    }
+}
+
+/// What a per-rank plan holds of its peers ([`Comm::load_plan`](crate::Comm::load_plan)).
+pub(crate) struct PlanLink {
+    /// Where every rank is in this process: the peers' workspaces (their kernels write into this
+    /// rank's FIFO region and this rank's into theirs), freed off this thread.
+    pub(crate) _held: crate::peer::Held,
+    /// Across processes: this rank's workspace as a region the peers map, withdrawn on drop.
+    pub(crate) region: Option<(Arc<PeerMemory>, u32)>,
+}
+
 /// A lowered plan uploaded for its ranks, ready to launch. See the [module documentation](self).
 pub struct CompiledPlan {
     engines: Vec<Arc<Engine>>,
+    /// The ranks this process launches: all of the plan's, or one ([`RankPlan`]).
     ranks: Vec<RankState>,
+    /// Every rank's workspace base as this process reaches it, by plan rank.
+    workspaces: [u64; MAX_RANKS],
+    /// Per engine, the CTAs the plan puts on its device (every rank there, launched here or not).
+    ctas_on: Vec<u32>,
+    link: Option<PlanLink>,
     lowered: LoweredPlan,
     config: CompiledConfig,
     shape: LaunchShape,
@@ -218,7 +269,7 @@ impl CompiledPlan {
         let op = RedOp::from_raw(h0.op).expect("validated");
         let mut used: Vec<Arc<Engine>> = Vec::new();
         let mut ranks = Vec::with_capacity(n);
-        for (lr, stream) in lowered.ranks.iter().zip(streams) {
+        for (id, (lr, stream)) in lowered.ranks.iter().zip(streams).enumerate() {
             let ctx = stream.context();
             let device = match used.iter().position(|e| e.context().ordinal() == ctx.ordinal()) {
                 Some(d) => d,
@@ -232,26 +283,8 @@ impl CompiledPlan {
             };
             // The engine's kernels are launched on the stream: one driver context.
             stream_on(stream, used[device].context())?;
-            let upload = |bytes: &[u8]| DeviceAlloc::from_bytes(ctx, bytes);
-            let h = lr.header;
-            let ws_bytes = usize::try_from(FIFO_REGION_OFFSET as u64 + h.fifo_bytes)
-                .map_err(|_| Error::Config { field: "fifo_bytes", why: format!("{} bytes", h.fifo_bytes) })?;
-            ranks.push(RankState {
-                device,
-                stream: stream.clone(),
-                header: h,
-                programs: upload(bytemuck::cast_slice(&lr.tbs))?,
-                segments: upload(bytemuck::cast_slice(&lr.segments))?,
-                tasks: upload(bytemuck::cast_slice(&lr.tasks))?,
-                waits: upload(bytemuck::cast_slice(&lr.waits))?,
-                connections: upload(bytemuck::cast_slice(&lr.connections))?,
-                workspace: DeviceAlloc::zeroed(ctx, ws_bytes)?,
-                status: StatusRecord::new(ctx)?,
-                timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
-                done: ctx
-                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(Error::driver("cuEventCreate"))?,
-            });
+            let workspace = PlanMemory::Local(Arc::new(DeviceAlloc::zeroed(ctx, workspace_bytes(lr)?)?));
+            ranks.push(RankState::upload(lr, id, device, stream, workspace)?);
         }
         let contexts: Vec<Arc<CudaContext>> = used.iter().map(|e| e.context().clone()).collect();
         enable_peer_access(&contexts)?;
@@ -260,9 +293,70 @@ impl CompiledPlan {
         for c in &contexts {
             sync_context(c)?;
         }
+        let mut workspaces = [0u64; MAX_RANKS];
+        for r in &ranks {
+            workspaces[r.id] = r.workspace.ptr();
+        }
+        let ctas_on =
+            (0..used.len()).map(|d| ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum()).collect();
+        Self::assemble(used, ranks, workspaces, ctas_on, None, lowered, config, dtype, op)
+    }
+
+    /// Rank `rank` of `lowered` alone, on `stream` of `engine`'s device, its peers launched
+    /// elsewhere: `workspace` is its workspace (zeroed), `workspaces` every rank's as this process
+    /// reaches them, `ctas_on_device` the CTAs of every rank on this device.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn for_rank(
+        engine: &Arc<Engine>,
+        stream: &Arc<CudaStream>,
+        lowered: &LoweredPlan,
+        rank: usize,
+        workspace: PlanMemory,
+        workspaces: [u64; MAX_RANKS],
+        ctas_on_device: u32,
+        link: PlanLink,
+        config: CompiledConfig,
+    ) -> Result<Self> {
+        validate(lowered)?;
+        config.validate()?;
+        let lr = lowered.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: lowered.ranks.len() })?;
+        let h0 = lowered.ranks[0].header;
+        let dtype = DType::from_raw(h0.dtype).expect("validated");
+        let op = RedOp::from_raw(h0.op).expect("validated");
+        stream_on(stream, engine.context())?;
+        let state = RankState::upload(lr, rank, 0, stream, workspace)?;
+        sync_context(engine.context())?;
+        Self::assemble(
+            vec![engine.clone()],
+            vec![state],
+            workspaces,
+            vec![ctas_on_device],
+            Some(link),
+            lowered,
+            config,
+            dtype,
+            op,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        engines: Vec<Arc<Engine>>,
+        ranks: Vec<RankState>,
+        workspaces: [u64; MAX_RANKS],
+        ctas_on: Vec<u32>,
+        link: Option<PlanLink>,
+        lowered: &LoweredPlan,
+        config: CompiledConfig,
+        dtype: DType,
+        op: RedOp,
+    ) -> Result<Self> {
         let mut plan = CompiledPlan {
-            engines: used,
+            engines,
             ranks,
+            workspaces,
+            ctas_on,
+            link,
             lowered: lowered.clone(),
             config,
             shape: LaunchShape { threads: 0, stage_bytes: 0, smem_bytes: 0, ctas_per_sm: 0, ctas_per_device: 0 },
@@ -292,11 +386,7 @@ impl CompiledPlan {
             (Mover::Tma, Some(b)) => vec![b],
             (Mover::Tma, None) => STAGE_BYTES.to_vec(),
         };
-        let mut ctas_per_device = 0u32;
-        for d in 0..self.engines.len() {
-            let on: u32 = self.ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum();
-            ctas_per_device = ctas_per_device.max(on);
-        }
+        let ctas_per_device = self.ctas_on.iter().copied().max().unwrap_or(0);
         let mut last = String::new();
         // The most CTAs per device any shape tried admits (the error's `max`).
         let mut admitted = 0u32;
@@ -315,7 +405,7 @@ impl CompiledPlan {
                     let per_sm = f
                         .occupancy_max_active_blocks_per_multiprocessor(t, smem, None)
                         .map_err(Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
-                    let on: u32 = self.ranks.iter().filter(|r| r.device == d).map(|r| r.header.tbs).sum();
+                    let on = self.ctas_on[d];
                     per_sm_min = per_sm_min.min(per_sm);
                     on_every = on_every.min(per_sm.saturating_mul(engine.sms));
                     if per_sm * engine.sms < on {
@@ -406,7 +496,7 @@ impl CompiledPlan {
     }
 
     fn rank(&self, rank: usize) -> Result<&RankState> {
-        self.ranks.get(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks.len() })
+        self.ranks.iter().find(|r| r.id == rank).ok_or(Error::NoSuchRank { rank, ranks: self.lowered.ranks.len() })
     }
 
     /// Runs the plan once on cudarc buffers, out of place: rank `r` reads `send[r]` (its input, as
@@ -460,10 +550,11 @@ impl CompiledPlan {
         let e = self.dtype.size();
         // In place the larger user buffer holds both (`lower::place`); the other slot is unused.
         let recv_slot = if in_place { main_slot(&self.lowered.layout) } else { slot::OUTPUT } as usize;
-        let check = |r: usize, len: usize, ordinal: usize, slot: usize, what: &'static str| -> Result<()> {
-            let device = self.engines[self.ranks[r].device].context().ordinal();
-            let expected = (self.buffer_bytes(r, slot)? / e as u64) as usize;
-            check_placed(len, ordinal, device, r, Some(expected), what)
+        let check = |i: usize, len: usize, ordinal: usize, slot: usize, what: &'static str| -> Result<()> {
+            let r = &self.ranks[i];
+            let device = self.engines[r.device].context().ordinal();
+            let expected = (self.buffer_bytes(r.id, slot)? / e as u64) as usize;
+            check_placed(len, ordinal, device, r.id, Some(expected), what)
         };
         for (r, b) in send.unwrap_or(&[]).iter().enumerate() {
             check(r, b.len(), ordinal_of(b), slot::INPUT as usize, "send buffer")?;
@@ -481,12 +572,12 @@ impl CompiledPlan {
                 return Err(Error::Capturing { what: "CompiledPlan::run's first call (its scratch allocation)" });
             }
             let mut all = Vec::with_capacity(p);
-            for r in 0..p {
+            for r in &self.ranks {
                 let mut a: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
                 for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
-                    let bytes = self.buffer_bytes(r, s)?;
+                    let bytes = self.buffer_bytes(r.id, s)?;
                     if bytes != 0 {
-                        a[s] = Some(DeviceAlloc::zeroed(self.engines[self.ranks[r].device].context(), bytes as usize)?);
+                        a[s] = Some(DeviceAlloc::zeroed(self.engines[r.device].context(), bytes as usize)?);
                     }
                 }
                 all.push(a);
@@ -557,7 +648,8 @@ impl CompiledPlan {
             return Err(Error::BufferCount { what: "buffer tables", expected: n, got: buffers.len() });
         }
         let elem = self.dtype.size() as u64;
-        for (r, table) in buffers.iter().enumerate() {
+        for (rank, table) in self.ranks.iter().zip(buffers) {
+            let r = rank.id;
             for (s, &addr) in table.iter().enumerate() {
                 let bytes = self.buffer_bytes(r, s)?;
                 if bytes != 0 && addr == 0 {
@@ -573,10 +665,7 @@ impl CompiledPlan {
                 }
             }
         }
-        let mut workspaces = [0u64; MAX_RANKS];
-        for (r, rank) in self.ranks.iter().enumerate() {
-            workspaces[r] = rank.workspace.ptr();
-        }
+        let workspaces = self.workspaces;
         // Each device's kernel, and any error cudarc kept for a context (from a buffer guard, or
         // another thread's drop), before anything is queued: a failure then leaves no rank launched.
         let functions = self
@@ -708,20 +797,31 @@ impl CompiledPlan {
     /// Every rank's FIFO region as bytes (the workspace from `FIFO_REGION_OFFSET` on: progress
     /// counters, FIFO counters, rings), the layout of `oxccl_host::exec::lowered::Memory::workspaces`.
     pub fn fifo_regions(&self) -> Result<Vec<Vec<u8>>> {
-        self.ranks.iter().map(|r| r.workspace.read_range(FIFO_REGION_OFFSET, r.header.fifo_bytes as usize)).collect()
+        self.ranks
+            .iter()
+            .map(|r| r.workspace.read_range(FIFO_REGION_OFFSET, r.header.fifo_bytes as usize, &r.stream))
+            .collect()
     }
 
     /// Waits for the streams and zeroes every workspace, status and timing record (after an error).
     /// Launches from other threads wait until it is done.
     pub fn reset(&self) -> Result<()> {
+        self.reset_after(|| Ok(()))
+    }
+
+    /// [`CompiledPlan::reset`], calling `settled` between the wait for the streams and the
+    /// zeroing (a per-rank plan: until every rank's kernels have ended, a peer's may still write
+    /// into this rank's FIFO region).
+    fn reset_after(&self, settled: impl FnOnce() -> Result<()>) -> Result<()> {
         // No launch is queued meanwhile: one would run between the wait and the zeroing.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         if self.capturing()? {
             return Err(Error::Capturing { what: "reset" });
         }
-        for r in &self.ranks {
-            sync_stream(&r.stream)?;
-        }
+        // A failed wait still reaches `settled`: the peers wait there for this rank.
+        let waited = self.ranks.iter().try_for_each(|r| sync_stream(&r.stream));
+        settled()?;
+        waited?;
         for r in &self.ranks {
             r.workspace.zero_async(&r.stream)?;
             r.timing.zero_async(&r.stream)?;
@@ -737,12 +837,153 @@ impl CompiledPlan {
 }
 
 impl Drop for CompiledPlan {
-    /// Waits for the ranks' streams before the descriptors and workspaces are freed.
+    /// Waits for the ranks' streams before the descriptors and workspaces are freed (and, per
+    /// rank across processes, withdrawn from the peers).
     fn drop(&mut self) {
         for r in &self.ranks {
             let _ = wait_stream(&r.stream);
         }
+        if let Some((peer, region)) = self.link.as_mut().and_then(|l| l.region.take()) {
+            peer.release(region);
+        }
     }
+}
+
+/// A compiled plan loaded for one rank of a per-rank communicator ([`Comm::load_plan`]): this
+/// rank's thread blocks, launched on the communicator's stream, meeting the peers' through FIFOs in
+/// workspaces every rank maps. Every rank loads the same lowering; each runs it on its own buffers.
+///
+/// [`Comm::load_plan`]: crate::Comm::load_plan
+pub struct RankPlan {
+    plan: CompiledPlan,
+    rank: usize,
+}
+
+impl std::fmt::Debug for RankPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankPlan")
+            .field("name", &self.plan.lowered.name)
+            .field("rank", &self.rank)
+            .field("ranks", &self.plan.lowered.ranks.len())
+            .field("shape", &self.plan.shape)
+            .finish()
+    }
+}
+
+impl RankPlan {
+    pub(crate) fn new(plan: CompiledPlan, rank: usize) -> Self {
+        RankPlan { plan, rank }
+    }
+
+    /// Runs this rank's part of the plan once, out of place: reads `send` (as many elements as
+    /// [`RankPlan::buffer_bytes`] of `slot::INPUT` holds), writes `recv` (`slot::OUTPUT`), both on
+    /// the communicator's device, of the element type the plan was lowered for. Every rank runs
+    /// its plans in the same order. Asynchronous, ordered on the communicator's stream as its
+    /// collectives are: [`RankPlan::synchronize`] waits and reports a device-side error (a peer
+    /// that never runs its part is an [`Error::Timeout`] naming it).
+    pub fn run<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+    ) -> Result<()> {
+        self.plan.run(std::slice::from_ref(send), std::slice::from_mut(recv))
+    }
+
+    /// As [`RankPlan::run`] for a plan lowered in place: `buf` holds this rank's input and output
+    /// as the lowering placed them.
+    pub fn run_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(&self, buf: &mut R) -> Result<()> {
+        self.plan.run_in_place(std::slice::from_mut(buf))
+    }
+
+    /// Waits for this rank's stream and reports the first device-side error of its launches.
+    pub fn synchronize(&self) -> Result<()> {
+        self.plan.synchronize()
+    }
+
+    /// After an error, on every rank (collective, through `comm`'s bootstrap): waits for this
+    /// rank's launches, meets the peers once all theirs have ended, zeroes this rank's workspace
+    /// and status, and meets them again, so that no rank launches before every FIFO is empty.
+    pub fn reset(&self, comm: &crate::Comm) -> Result<()> {
+        if comm.rank() != self.rank || comm.world() != self.plan.lowered.ranks.len() {
+            return Err(Error::Config {
+                field: "comm",
+                why: format!(
+                    "rank {} of {}, the plan was loaded for rank {} of {}",
+                    comm.rank(),
+                    comm.world(),
+                    self.rank,
+                    self.plan.lowered.ranks.len()
+                ),
+            });
+        }
+        self.plan.reset_after(|| comm.bootstrap().barrier().map_err(Error::from))?;
+        comm.bootstrap().barrier()?;
+        Ok(())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The plan as lowered (every rank's part).
+    pub fn lowered(&self) -> &LoweredPlan {
+        &self.plan.lowered
+    }
+
+    /// The launch shape in use.
+    pub fn shape(&self) -> LaunchShape {
+        self.plan.shape
+    }
+
+    /// Bytes this rank's buffer in `slot` must hold ([`Error::NoSuchSlot`] outside the slots).
+    pub fn buffer_bytes(&self, slot: usize) -> Result<u64> {
+        self.plan.buffer_bytes(self.rank, slot)
+    }
+
+    /// This rank's status record (see [`CompiledPlan::statuses`]).
+    pub fn status(&self) -> Status {
+        self.plan.ranks[0].status.read()
+    }
+}
+
+impl RankState {
+    /// Rank `id` of a lowering (`lr`) on `stream` of device `device`: its descriptors uploaded (on
+    /// the context's legacy stream: the caller waits for the context), with `workspace`.
+    fn upload(
+        lr: &LoweredRank,
+        id: usize,
+        device: usize,
+        stream: &Arc<CudaStream>,
+        workspace: PlanMemory,
+    ) -> Result<Self> {
+        let ctx = stream.context();
+        let upload = |bytes: &[u8]| DeviceAlloc::from_bytes(ctx, bytes);
+        let h = lr.header;
+        Ok(RankState {
+            id,
+            device,
+            stream: stream.clone(),
+            header: h,
+            programs: upload(bytemuck::cast_slice(&lr.tbs))?,
+            segments: upload(bytemuck::cast_slice(&lr.segments))?,
+            tasks: upload(bytemuck::cast_slice(&lr.tasks))?,
+            waits: upload(bytemuck::cast_slice(&lr.waits))?,
+            connections: upload(bytemuck::cast_slice(&lr.connections))?,
+            workspace,
+            status: StatusRecord::new(ctx)?,
+            timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
+            done: ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(Error::driver("cuEventCreate"))?,
+        })
+    }
+}
+
+/// Bytes of a rank's plan workspace: the T-CCL workspace, then its FIFO region.
+pub(crate) fn workspace_bytes(lr: &LoweredRank) -> Result<usize> {
+    usize::try_from(FIFO_REGION_OFFSET as u64 + lr.header.fifo_bytes)
+        .map_err(|_| Error::Config { field: "fifo_bytes", why: format!("{} bytes", lr.header.fifo_bytes) })
 }
 
 /// Device buffers for every rank's buffer slots of a plan (tests and benchmarks): `buffer_chunks[s]

@@ -215,6 +215,17 @@ impl PeerMemory {
         regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
     }
 
+    /// Where rank `rank`'s region `region` is mapped here (0 if it is not; this rank's own: its
+    /// allocation's address).
+    pub(crate) fn region_of(&self, rank: usize, region: u32) -> u64 {
+        if rank == self.me {
+            let own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            return own.get(region as usize).and_then(Option::as_ref).map_or(0, |o| o.range().0);
+        }
+        let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
+        regions.get(rank).and_then(|r| r.get(region as usize)?.as_ref()).map_or(0, |a| a.ptr())
+    }
+
     /// Sends `req` (and `fd`, the region's descriptor, where it maps) to every peer's service and
     /// waits for each to answer. Every peer is asked, also after one failed (an unmap must reach
     /// all it can); the first failure is returned.

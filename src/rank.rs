@@ -11,6 +11,7 @@
 
 use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
 use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access};
+use crate::compiled::{CompiledConfig, CompiledPlan, PlanLink, PlanMemory, RankPlan};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::internode::InterNode;
@@ -21,6 +22,7 @@ use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source, group_bootstrap};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
+use oxccl_host::compile::lower::LoweredPlan;
 use oxccl_host::nodes::{NodeMap, Staged};
 use oxccl_kernels::abi::{self, MAX_RANKS};
 use serde::{Deserialize, Serialize};
@@ -28,8 +30,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The workspaces of per-rank communicators whose ranks are all threads of this process, by
-/// address: each rank of such a world finds its peers' here and holds them ([`Link::_held`]).
+/// The workspaces of per-rank communicators (and of their compiled plans) whose ranks are all
+/// threads of this process, by address: each rank of such a world finds its peers' here and holds
+/// them ([`Link::_held`], [`PlanLink::_held`]).
 static IN_PROCESS_WORKSPACES: std::sync::Mutex<Vec<(u64, std::sync::Weak<DeviceAlloc>)>> =
     std::sync::Mutex::new(Vec::new());
 
@@ -1001,6 +1004,117 @@ impl Comm {
 }
 
 impl Comm {
+    /// Loads a compiled plan (`oxccl::host::compile::lower`'s lowering of a ResCCL or MSCCL
+    /// algorithm) for this rank. Collective: every rank calls it with the same lowering and
+    /// configuration, in the same order among its other collective setup calls. Each rank gets a
+    /// workspace for the plan's FIFOs, which its peers map (another process's, through the same
+    /// shared memory as the communicator's own), and uploads its own part; the launch shape is
+    /// chosen so that the thread blocks of every rank on this device fit at once. Then
+    /// [`RankPlan::run`] runs this rank's part on its own buffers.
+    ///
+    /// Errors: [`Error::Config`] for a lowering of another rank count or a bad configuration;
+    /// [`Error::Mismatch`] naming a rank that loaded another plan or configuration;
+    /// [`Error::TooManyCtas`] where the device cannot hold every rank's thread blocks at once;
+    /// [`Error::Unsupported`] across nodes; [`Error::Aborted`] after [`Comm::abort`]; bootstrap,
+    /// peer-memory and driver errors as they come.
+    pub fn load_plan(&self, lowered: &LoweredPlan, config: CompiledConfig) -> Result<RankPlan> {
+        self.usable()?;
+        if let Some(n) = &self.nodes {
+            return Err(Error::Unsupported { what: format!("compiled plans across {} nodes", n.map.nodes()) });
+        }
+        oxccl_host::compile::lower::validate(lowered)?;
+        config.validate()?;
+        let (me, world) = (self.rank, self.world());
+        if lowered.ranks.len() != world {
+            return Err(Error::Config {
+                field: "plan",
+                why: format!("lowered for {} ranks; the communicator has {world}", lowered.ranks.len()),
+            });
+        }
+        let bootstrap = self.bootstrap();
+        let mine = format!("{:016x} {config:?}", plan_digest(lowered));
+        for (r, theirs) in bootstrap.all_gather(mine.as_bytes())?.iter().enumerate() {
+            if theirs.as_slice() != mine.as_bytes() {
+                return Err(Error::Mismatch {
+                    field: "compiled plan",
+                    rank: r,
+                    why: format!("loaded plan and configuration {}, this rank {mine}", String::from_utf8_lossy(theirs)),
+                });
+            }
+        }
+        let (engine, same_device) = self.inner.device_of(me)?;
+        let ctas_on_device = same_device.iter().map(|&q| lowered.ranks[q].header.tbs).sum();
+        let stream = self.stream().clone();
+        let bytes = crate::compiled::workspace_bytes(&lowered.ranks[me])?;
+        let link = self.inner.link.as_ref().expect("a Comm always has its link");
+        let mut workspaces = [0u64; MAX_RANKS];
+        let (workspace, plan_link) = match &link.peer {
+            None => {
+                // Threads of one process: addresses are shared as they are; each rank holds all.
+                let ws = Arc::new(DeviceAlloc::zeroed(stream.context(), bytes)?);
+                let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+                known.retain(|(_, w)| w.strong_count() > 0);
+                known.push((ws.ptr(), Arc::downgrade(&ws)));
+                drop(known);
+                let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
+                let mut held = Vec::with_capacity(world);
+                for (r, a) in addrs.iter().enumerate() {
+                    workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
+                        field: "compiled plan",
+                        rank: r,
+                        why: "sent a workspace address of another size".into(),
+                    })?);
+                    let known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+                    let w = known.iter().find(|(p, _)| *p == workspaces[r]).and_then(|(_, w)| w.upgrade());
+                    held.push(w.ok_or_else(|| Error::Mismatch {
+                        field: "compiled plan",
+                        rank: r,
+                        why: "its plan workspace was freed during setup".into(),
+                    })?);
+                }
+                // No rank passes until every rank holds every workspace.
+                bootstrap.barrier()?;
+                let link = PlanLink { _held: crate::peer::Held(held), region: None };
+                (PlanMemory::Local(ws), link)
+            }
+            Some(peer) => {
+                // Processes: a region every peer has mapped once `alloc` returns; its zeros land
+                // before any peer hears of it.
+                let (region, ws) = peer.alloc(bytes, Some(&stream))?;
+                let link = PlanLink { _held: Default::default(), region: Some((peer.clone(), region)) };
+                crate::engine::wait_stream(&stream)?;
+                let numbers = bootstrap.all_gather(&region.to_le_bytes())?;
+                for (r, k) in numbers.iter().enumerate() {
+                    let k = u32::from_le_bytes(k.as_slice().try_into().map_err(|_| Error::Mismatch {
+                        field: "compiled plan",
+                        rank: r,
+                        why: "sent a region number of another size".into(),
+                    })?);
+                    workspaces[r] = peer.region_of(r, k);
+                    if workspaces[r] == 0 {
+                        return Err(Error::PeerMemory {
+                            what: format!("rank {r}'s plan workspace (region {k})"),
+                            why: "not mapped here after that rank shared it".into(),
+                        });
+                    }
+                }
+                (PlanMemory::Shared(ws), link)
+            }
+        };
+        let plan = CompiledPlan::for_rank(
+            &engine,
+            &stream,
+            lowered,
+            me,
+            workspace,
+            workspaces,
+            ctas_on_device,
+            plan_link,
+            config,
+        )?;
+        Ok(RankPlan::new(plan, me))
+    }
+
     /// Registers the allocation holding `buf` with this rank's peers in other processes, so that
     /// calls on any buffer inside it reach it where it is (the zero-copy path) instead of copying
     /// it through staging memory. For virtual-memory allocations made with a POSIX
@@ -1192,4 +1306,26 @@ impl<T> Drop for ExportableBuffer<T> {
         // The calls that used it end before the memory is freed (when `alloc` drops after this).
         let _ = crate::engine::wait_stream(&stream);
     }
+}
+
+/// A digest of a lowering (every rank's descriptors, its layout and name): the ranks of a per-rank
+/// plan compare theirs at load (FNV-1a, 64 bits).
+fn plan_digest(l: &LoweredPlan) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    eat(l.name.as_bytes());
+    eat(format!("{:?} {}", l.layout, l.slots_needed).as_bytes());
+    for r in &l.ranks {
+        eat(bytemuck::bytes_of(&r.header));
+        eat(bytemuck::cast_slice(&r.tbs));
+        eat(bytemuck::cast_slice(&r.segments));
+        eat(bytemuck::cast_slice(&r.tasks));
+        eat(bytemuck::cast_slice(&r.waits));
+        eat(bytemuck::cast_slice(&r.connections));
+    }
+    h
 }

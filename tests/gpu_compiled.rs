@@ -183,23 +183,6 @@ fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), Str
     Ok(())
 }
 
-/// The bundled MSCCL files: `OXCCL_MSCCL_DIR`, else this checkout's `host/tests/data/msccl`, else
-/// the same path below the working directory, else `.device/host-msccl` (where
-/// `scripts/gpu-stage.sh` puts them for a machine without the checkout).
-fn msccl_dir() -> std::path::PathBuf {
-    let candidates = [
-        std::env::var_os("OXCCL_MSCCL_DIR").map(std::path::PathBuf::from),
-        Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("host/tests/data/msccl")),
-        Some("host/tests/data/msccl".into()),
-        Some(".device/host-msccl".into()),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|d| d.is_dir())
-        .expect("MSCCL files not found: set OXCCL_MSCCL_DIR to host/tests/data/msccl")
-}
-
 /// The algorithms: (name, program).
 fn programs() -> Vec<(String, Program)> {
     let mut v = Vec::new();
@@ -213,7 +196,7 @@ fn programs() -> Vec<(String, Program)> {
             v.push((format!("{algo} {nodes}x{gpus}"), p));
         }
     }
-    let dir = msccl_dir();
+    let dir = common::msccl_dir();
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -627,10 +610,10 @@ fn run_takes_cudarc_buffers() {
         |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
     let mut rng = common::rng(7);
     let ring = compile(&Algorithm::RingAllReduce.generate(1, 4).unwrap(), &Options::default()).unwrap();
-    let xml = std::fs::read_to_string(msccl_dir().join("ndv4_a2a2ll.xml")).unwrap();
+    let xml = std::fs::read_to_string(common::msccl_dir().join("ndv4_a2a2ll.xml")).unwrap();
     let a2a = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();
     // In place with scratch slots: the plan's own, allocated by the first run and reused by the second.
-    let xml = std::fs::read_to_string(msccl_dir().join("ndv4_ap-1pass.xml")).unwrap();
+    let xml = std::fs::read_to_string(common::msccl_dir().join("ndv4_ap-1pass.xml")).unwrap();
     let pairs = compile(&import(&xml).unwrap().program, &Options::default()).unwrap();
     for (name, plan) in [("ring-allreduce 1x4", &ring), ("ndv4_a2a2ll", &a2a), ("ndv4_ap-1pass", &pairs)] {
         let lp =

@@ -14,12 +14,19 @@
 mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use oxccl::compiled::{CompiledConfig, RankPlan};
+use oxccl::host::compile::lower::{LowerOptions, lower};
+use oxccl::host::compile::{Options, Scheduler, TbAlloc, compile};
+use oxccl::host::exec::lowered::{self, LaunchOptions, launch};
+use oxccl::host::program::generators::Algorithm;
+use oxccl::host::program::{Program, msccl};
 use oxccl::host::tccl::{self, PlanSpec};
 use oxccl::reshard::{CtaOwner, Layout, Mesh, Placement, PlanOptions, Route};
 use oxccl::{
     Collective, Comm, Config, DType, Element, Error, ExportableBuffer, Id, Mover, ReduceOp, Reduction, Registration,
     ReshardOptions, SymmetricBuffer,
 };
+use oxccl_kernels::abi::PlanMode;
 use rand::RngExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -823,6 +830,169 @@ fn processes_reshard_matches_the_global_tensor() {
         }
     }
     eprintln!("{total} rank-reshards on 4 and 8 processes matched the global tensor (seed {seed})");
+}
+
+/// The compiled plans every rank of `world` loads: the ring AllReduce; with 8 ranks also the
+/// hierarchical-mesh AllReduce (2×4) and two MSCCL files (an AllToAll, and an in-place AllReduce
+/// with scratch slots).
+fn rank_plans(world: usize) -> Vec<(String, Program)> {
+    let mut v =
+        vec![(format!("ring-allreduce 1x{world}"), Algorithm::RingAllReduce.generate(1, world as u32).unwrap())];
+    if world == 8 {
+        let mut hm = Algorithm::HmAllReduce.generate(2, 4).unwrap();
+        hm.ranks_per_node = Some(4);
+        v.push(("hm-allreduce 2x4".into(), hm));
+        for file in ["ndv4_a2a2ll.xml", "ndv4_ap-1pass.xml"] {
+            let xml = std::fs::read_to_string(common::msccl_dir().join(file)).unwrap();
+            v.push((file.into(), msccl::import(&xml).unwrap().program));
+        }
+    }
+    v
+}
+
+/// Small integers as `dtype` (exact in any order; the CPU executor follows the plan's anyway).
+fn plan_fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes + 8);
+    while out.len() < bytes {
+        out.extend(common::element(dtype, rng.random_range(-8..=8) as f64));
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// One run of `rp` by this rank on cudarc buffers holding `cpu`'s inputs for it; the output.
+fn run_rank_plan<T: Element + bytemuck::Pod>(
+    stream: &Arc<CudaStream>,
+    rp: &RankPlan,
+    cpu: &lowered::Memory,
+    rank: usize,
+) -> Result<Vec<u8>, Error> {
+    let lp = rp.lowered();
+    let main = oxccl::host::compile::lower::main_slot(&lp.layout) as usize;
+    let (send_slot, recv_slot) = if lp.layout.in_place { (main, main) } else { (0, 1) };
+    let send = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][send_slot])).unwrap();
+    let mut recv = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][recv_slot])).unwrap();
+    if lp.layout.in_place {
+        rp.run_in_place(&mut recv)?;
+    } else {
+        rp.run(&send, &mut recv)?;
+    }
+    rp.synchronize()?;
+    Ok(bytemuck::cast_slice(&stream.clone_dtoh(&recv).unwrap()).to_vec())
+}
+
+/// This rank's part of every plan of [`rank_plans`], compiled and interpreted, with both movers
+/// (f32 with the TMA mover, i32 with the SIMT mover), each loaded by every rank and run twice on
+/// this rank's own cudarc buffers, against the CPU executor's run of every rank; then a load where
+/// the last rank's lowering differs, which every rank refuses. Returns the runs that matched.
+fn rank_plan_cases(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id, seed: u64) -> usize {
+    let comm =
+        Comm::from_rank(stream, rank, world, id, Config::default()).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let mut rng = common::rng(seed);
+    let mut matched = 0;
+    for (name, program) in rank_plans(world) {
+        for (mode, scheduler, tb_alloc) in [
+            (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
+            (PlanMode::Interpreted, Scheduler::Algorithm, TbAlloc::PerConn),
+        ] {
+            let plan = compile(&program, &Options::new(scheduler, tb_alloc)).unwrap();
+            for (mover, dtype) in [(Mover::Tma, DType::F32), (Mover::Simt, DType::I32)] {
+                let what = format!("{name} {mode:?} {mover:?} {}", dtype.nccl_name());
+                let opts =
+                    LowerOptions { mode, micro_batches: 2, chunk_bytes: 2 << 12, dtype, ..LowerOptions::default() };
+                let lp = lower(&plan, &opts).unwrap();
+                let config = CompiledConfig { mover, timeout: Duration::from_secs(10), ..CompiledConfig::default() };
+                let rp = comm.load_plan(&lp, config).unwrap_or_else(|e| panic!("rank {rank}: {what}: load: {e}"));
+                let mut cpu = lowered::Memory::new(&lp);
+                for k in 0..2 {
+                    // The same inputs on every rank (one seed): each runs the whole plan on the CPU.
+                    for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
+                        *b = plan_fill(dtype, b.len(), &mut rng);
+                    }
+                    let got = match dtype {
+                        DType::F32 => run_rank_plan::<f32>(stream, &rp, &cpu, rank),
+                        _ => run_rank_plan::<i32>(stream, &rp, &cpu, rank),
+                    }
+                    .unwrap_or_else(|e| panic!("rank {rank}: {what} run {k}: {e}"));
+                    launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+                    let recv_slot =
+                        if lp.layout.in_place { oxccl::host::compile::lower::main_slot(&lp.layout) } else { 1 };
+                    assert!(
+                        got == cpu.buffers[rank][recv_slot as usize],
+                        "rank {rank}: {what} run {k}: output differs"
+                    );
+                    matched += 1;
+                }
+            }
+        }
+    }
+    // A rank that loads another lowering: every rank is told which, none hangs.
+    let ring = compile(&Algorithm::RingAllReduce.generate(1, world as u32).unwrap(), &Options::default()).unwrap();
+    let chunk_bytes = if rank == world - 1 { 2 << 13 } else { 2 << 12 };
+    let lp = lower(&ring, &LowerOptions { micro_batches: 2, chunk_bytes, ..LowerOptions::default() }).unwrap();
+    let e = comm.load_plan(&lp, CompiledConfig::default()).unwrap_err();
+    let other = if rank == world - 1 { 0 } else { world - 1 };
+    assert!(matches!(e, Error::Mismatch { field: "compiled plan", rank: r, .. } if r == other), "rank {rank}: {e}");
+    // A lowering for another rank count, refused before anything is exchanged.
+    let half = compile(&Algorithm::RingAllReduce.generate(1, 2).unwrap(), &Options::default()).unwrap();
+    let lp = lower(&half, &LowerOptions::default()).unwrap();
+    if world != 2 {
+        let e = comm.load_plan(&lp, CompiledConfig::default()).unwrap_err();
+        assert!(matches!(e, Error::Config { field: "plan", .. }), "rank {rank}: {e}");
+    }
+    matched
+}
+
+/// Compiled plans per rank, with ranks as threads of this process (4 and 8 of them).
+#[test]
+fn threads_run_compiled_plans() {
+    let Some(stream) = common::gpu("threads_run_compiled_plans") else { return };
+    let seed = common::seed_from_env(0x91A4_5EED);
+    let mut total = 0;
+    for world in [4, 8] {
+        let id = Id::new().unwrap();
+        let ctx = stream.context().clone();
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let (ctx, id) = (ctx.clone(), id);
+                std::thread::spawn(move || rank_plan_cases(&ctx.new_stream().unwrap(), rank, world, &id, seed))
+            })
+            .collect();
+        for h in handles {
+            total += h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)"));
+        }
+    }
+    eprintln!("{total} rank-runs of compiled plans on 4 and 8 threads matched the CPU executor (seed {seed})");
+}
+
+/// Compiled plans per rank, every rank a process of its own (4 and 8 of them, under MPS).
+#[test]
+fn processes_run_compiled_plans() {
+    const TEST: &str = "processes_run_compiled_plans";
+    if let Some((rank, world)) = child() {
+        let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
+        let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
+        let n = rank_plan_cases(&stream, rank, world, &ids_from_env("OXCCL_TEST_IDS")[0], seed);
+        println!("rank {rank}: {n} plan runs matched");
+        return;
+    }
+    if common::gpu(TEST).is_none() || !mps(TEST) {
+        return;
+    }
+    let seed = common::seed_from_env(0x91A4_5EEE);
+    let mut total = 0;
+    for world in [4, 8] {
+        let env = [("OXCCL_TEST_IDS", Id::new().unwrap().to_string()), ("OXCCL_TEST_SEED", seed.to_string())];
+        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
+        check_ranks(&results, world);
+        for (_, text) in results {
+            total += text
+                .lines()
+                .find_map(|l| l.split(": ").nth(1)?.strip_suffix(" plan runs matched")?.parse::<usize>().ok())
+                .unwrap_or(0);
+        }
+    }
+    eprintln!("{total} rank-runs of compiled plans on 4 and 8 processes matched the CPU executor (seed {seed})");
 }
 
 /// A rank killed (SIGKILL) while its peers are in a call: each survivor's call ends within its

@@ -327,3 +327,20 @@ pub fn hang_dump(after: std::time::Duration) -> HangDump {
 pub struct Rgb(pub [u8; 3]);
 // SAFETY: plain bytes, any bit pattern valid.
 unsafe impl cudarc::driver::DeviceRepr for Rgb {}
+
+/// The bundled MSCCL files: `OXCCL_MSCCL_DIR`, else this checkout's `host/tests/data/msccl`, else
+/// the same path below the working directory, else `.device/host-msccl` (where
+/// `scripts/gpu-stage.sh` puts them for a machine without the checkout).
+pub fn msccl_dir() -> std::path::PathBuf {
+    let candidates = [
+        std::env::var_os("OXCCL_MSCCL_DIR").map(std::path::PathBuf::from),
+        Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("host/tests/data/msccl")),
+        Some("host/tests/data/msccl".into()),
+        Some(".device/host-msccl".into()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|d| d.is_dir())
+        .expect("MSCCL files not found: set OXCCL_MSCCL_DIR to host/tests/data/msccl")
+}
