@@ -324,9 +324,19 @@ impl CompiledPlan {
         let dtype = DType::from_raw(h0.dtype).expect("validated");
         let op = RedOp::from_raw(h0.op).expect("validated");
         stream_on(stream, engine.context())?;
+        // Everything in the stream's order: a wait for the context would wait for the calls of
+        // other ranks of this process, which may wait for this rank.
         let state = RankState::upload(lr, rank, 0, stream, workspace)?;
-        sync_context(engine.context())?;
-        Self::assemble(
+        let mut scratch: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
+        for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
+            let bytes = lr.header.buffer_chunks[s] as u64 * lr.header.chunk_bytes;
+            if bytes != 0 {
+                let bytes = usize::try_from(bytes)
+                    .map_err(|_| Error::Config { field: "scratch", why: format!("{bytes} bytes") })?;
+                scratch[s] = Some(DeviceAlloc::filled_on(stream, bytes, &[])?);
+            }
+        }
+        let plan = Self::assemble(
             vec![engine.clone()],
             vec![state],
             workspaces,
@@ -336,7 +346,9 @@ impl CompiledPlan {
             config,
             dtype,
             op,
-        )
+        )?;
+        *plan.scratch.lock().unwrap_or_else(|e| e.into_inner()) = vec![scratch];
+        Ok(plan)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -948,8 +960,8 @@ impl RankPlan {
 }
 
 impl RankState {
-    /// Rank `id` of a lowering (`lr`) on `stream` of device `device`: its descriptors uploaded (on
-    /// the context's legacy stream: the caller waits for the context), with `workspace`.
+    /// Rank `id` of a lowering (`lr`) on `stream` of device `device`: its descriptors uploaded in
+    /// the stream's order (complete when this returns), with `workspace`.
     fn upload(
         lr: &LoweredRank,
         id: usize,
@@ -958,7 +970,7 @@ impl RankState {
         workspace: PlanMemory,
     ) -> Result<Self> {
         let ctx = stream.context();
-        let upload = |bytes: &[u8]| DeviceAlloc::from_bytes(ctx, bytes);
+        let upload = |bytes: &[u8]| DeviceAlloc::filled_on(stream, bytes.len(), bytes);
         let h = lr.header;
         Ok(RankState {
             id,
@@ -972,7 +984,7 @@ impl RankState {
             connections: upload(bytemuck::cast_slice(&lr.connections))?,
             workspace,
             status: StatusRecord::new(ctx)?,
-            timing: DeviceAlloc::zeroed(ctx, h.tbs as usize * std::mem::size_of::<TbTiming>())?,
+            timing: DeviceAlloc::filled_on(stream, h.tbs as usize * std::mem::size_of::<TbTiming>(), &[])?,
             done: ctx
                 .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
                 .map_err(Error::driver("cuEventCreate"))?,

@@ -54,6 +54,28 @@ impl DeviceAlloc {
         Ok(alloc)
     }
 
+    /// As [`DeviceAlloc::from_bytes`] (`bytes` long, `data` at the start), filled in `stream`'s
+    /// order and waited for on that stream alone: a wait for the context would also wait for the
+    /// calls other ranks of this process have queued, which may wait for this one.
+    pub(crate) fn filled_on(stream: &CudaStream, bytes: usize, data: &[u8]) -> Result<Self> {
+        let ctx = stream.context();
+        bind(ctx)?;
+        let bytes = bytes.max(data.len()).max(1);
+        // SAFETY: a plain allocation of at least one byte, filled below before it is handed out.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(Error::driver("cuMemAlloc"))?;
+        let alloc = DeviceAlloc { ctx: ctx.clone(), ptr, bytes };
+        // SAFETY: `ptr` holds `bytes >= data.len()` bytes we own, in the stream's context; `data`
+        // outlives the copy (the stream is synchronised before returning).
+        unsafe {
+            result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()).map_err(Error::driver("cuMemsetD8Async"))?;
+            if !data.is_empty() {
+                result::memcpy_htod_async(ptr, data, stream.cu_stream()).map_err(Error::driver("cuMemcpyHtoDAsync"))?;
+            }
+        }
+        sync_stream(stream)?;
+        Ok(alloc)
+    }
+
     /// The device address.
     pub fn ptr(&self) -> u64 {
         self.ptr

@@ -1051,7 +1051,7 @@ impl Comm {
         let (workspace, plan_link) = match &link.peer {
             None => {
                 // Threads of one process: addresses are shared as they are; each rank holds all.
-                let ws = Arc::new(DeviceAlloc::zeroed(stream.context(), bytes)?);
+                let ws = Arc::new(DeviceAlloc::filled_on(&stream, bytes, &[])?);
                 let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
                 known.retain(|(_, w)| w.strong_count() > 0);
                 known.push((ws.ptr(), Arc::downgrade(&ws)));
