@@ -618,10 +618,11 @@ impl CompiledPlan {
             ranges.push((r, ptr, b.len(), false, "send buffer"));
         }
         let mut spans = Vec::with_capacity(ranges.len());
-        for &(r, ptr, len, writes, what) in &ranges {
-            check_aligned(ptr, r, what, e)?;
+        for &(i, ptr, len, writes, what) in &ranges {
+            let (rank, device) = (self.ranks[i].id, self.ranks[i].device);
+            check_aligned(ptr, rank, what, e)?;
             let end = ptr + (len * e) as u64;
-            spans.push(Range { start: ptr, end, rank: r, device: self.ranks[r].device, writes, buffer: what });
+            spans.push(Range { start: ptr, end, rank, device, writes, buffer: what });
         }
         check_disjoint(&spans, if in_place { "in-place buffers" } else { "send and receive buffers" })?;
         for (r, a) in scratch.iter().enumerate() {
