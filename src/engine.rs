@@ -11,7 +11,10 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
-pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
+pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, PhaseTimes, RedOp, ReduceMode, Status, Task, TbProgram};
+
+/// [`PhaseTimes`] records an engine keeps: one per (rank, CTA).
+const PHASE_RECORDS: usize = abi::MAX_RANKS * abi::MAX_CTAS_PER_RANK;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -462,6 +465,15 @@ pub struct Engine {
     pub sms: u32,
     /// Most dynamic shared memory one CTA may use (opt-in limit).
     pub max_smem: u32,
+    /// Where `OXCCL_DEBUG` names `phases`: every CTA's [`PhaseTimes`], by (rank, CTA).
+    phase_times: Option<DeviceAlloc>,
+}
+
+/// Whether `OXCCL_DEBUG` (a comma-separated list) names `phases`: every launch then adds where each
+/// CTA's time went to its engine's records ([`Engine::phase_times`]), a diagnostic of the per-call
+/// cost.
+fn keep_phase_times() -> bool {
+    std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "phases"))
 }
 
 impl Engine {
@@ -479,6 +491,11 @@ impl Engine {
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         let functions = load_all(&module, abi::KERNELS, max_smem)?;
+        let phase_times = if keep_phase_times() {
+            Some(DeviceAlloc::zeroed(ctx, PHASE_RECORDS * std::mem::size_of::<PhaseTimes>())?)
+        } else {
+            None
+        };
         Ok(Engine {
             ctx: ctx.clone(),
             code,
@@ -488,7 +505,27 @@ impl Engine {
             occupancy: Mutex::new(HashMap::new()),
             sms,
             max_smem,
+            phase_times,
         })
+    }
+
+    /// Where `OXCCL_DEBUG` names `phases`: the phase times every CTA of this engine's launches has
+    /// added since the last [`Engine::reset_phase_times`], as (rank, CTA, record) where it recorded
+    /// calls (read without waiting for launches: synchronise first); `None` otherwise.
+    pub fn phase_times(&self) -> Result<Option<Vec<(usize, usize, PhaseTimes)>>> {
+        let Some(a) = &self.phase_times else { return Ok(None) };
+        let bytes = a.read()?;
+        let all: Vec<PhaseTimes> = bytemuck::pod_collect_to_vec(&bytes);
+        let per = abi::MAX_CTAS_PER_RANK;
+        Ok(Some(all.into_iter().enumerate().filter(|(_, r)| r.calls != 0).map(|(i, r)| (i / per, i % per, r)).collect()))
+    }
+
+    /// Zeroes the phase times (where kept), once every launch that adds to them has ended.
+    pub fn reset_phase_times(&self) -> Result<()> {
+        match &self.phase_times {
+            Some(a) => a.write(&vec![0u8; a.bytes()]),
+            None => Ok(()),
+        }
     }
 
     /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:
@@ -766,6 +803,7 @@ impl Engine {
             issuers: spec.issuers,
             combine_direct: spec.combine_direct as u32,
             call_key: spec.call_key,
+            phase_times: self.phase_times.as_ref().map_or(0, DeviceAlloc::ptr),
             workspaces,
             buffers,
         });

@@ -424,6 +424,10 @@ pub struct LaunchArgs {
     /// that called different collectives stop with `WaitKind::Mismatch` instead of running plans
     /// that do not fit together.
     pub call_key: u32,
+    /// Device address of [`PhaseTimes`] records, `MAX_RANKS × MAX_CTAS_PER_RANK` of them indexed
+    /// by `rank × MAX_CTAS_PER_RANK + cta`, each CTA's issuer adding its call's phases to its own
+    /// (0: none kept; a diagnostic).
+    pub phase_times: u64,
     /// Peer-visible workspace base of every rank ([`Workspace`] layout).
     pub workspaces: [u64; MAX_RANKS],
     /// `buffers[rank][slot]`: base address of each rank's buffer in each slot (0 if unused): a
@@ -433,6 +437,30 @@ pub struct LaunchArgs {
     /// reads theirs at the start barrier (`Workspace::announce`), so a launch of one rank needs
     /// only its own row: peers in other launches (other processes) fill in the rest.
     pub buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+}
+
+/// Where a CTA's calls spent their time (`%globaltimer` nanoseconds, summed over `calls`), kept
+/// where [`LaunchArgs::phase_times`] is set: a diagnostic of the per-call cost. 64 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct PhaseTimes {
+    /// Calls recorded.
+    pub calls: u64,
+    /// From the end of this CTA's previous call to the start of this one (the first call adds 0):
+    /// launch gaps, and the host's pace.
+    pub gap_ns: u64,
+    /// The start barrier (waiting for every peer's arrival) and the buffer resolution.
+    pub start_ns: u64,
+    /// The tasks, and the completion of their writes.
+    pub tasks_ns: u64,
+    /// The end barrier (waiting for every peer to be done with this rank's buffers).
+    pub end_ns: u64,
+    /// When the last recorded call ended.
+    pub last_end_ns: u64,
+    /// The longest gap.
+    pub max_gap_ns: u64,
+    /// The longest start barrier.
+    pub max_start_ns: u64,
 }
 
 /// Bit 63 of a buffer address: the address is `region << REGION_SHIFT | offset`, an offset into
@@ -623,10 +651,14 @@ pub mod smem {
     pub const PLAN_STEP: usize = ABORT + 8;
     /// Offset of the plan kernels' time accounts (two `u64`s: the TB's start, its time waiting).
     pub const PLAN_CLOCK: usize = PLAN_STEP + 24;
+    /// Offset of the collective kernels' phase marks (four `u64`s: when the call began, passed
+    /// its start barrier, ended its tasks, then [`super::LaunchArgs::phase_times`], where they are
+    /// added), over the plan kernels' records, which those kernels do not use.
+    pub const PHASE_MARKS: usize = PLAN_STEP;
     /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
 
-    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8));
+    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8) && PHASE_MARKS + 32 <= STAGES);
 
     /// Dynamic shared memory a launch needs; `usize::MAX` (which no device allows) where the
     /// product overflows.
@@ -1027,7 +1059,8 @@ const _: () = {
     assert!(size_of::<Task>() == 40 && align_of::<Task>() == 8);
     assert!(size_of::<TbProgram>() == 24 && align_of::<TbProgram>() == 4);
     assert!(size_of::<Status>() == 40 && align_of::<Status>() == 8);
-    assert!(size_of::<LaunchArgs>() == 64 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
+    assert!(size_of::<LaunchArgs>() == 72 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
+    assert!(size_of::<PhaseTimes>() == 64);
     // Kernel parameters aligned above 16 bytes break the nvptx backend; 8 is what we pass.
     assert!(align_of::<LaunchArgs>() == 8);
     assert!(size_of::<Workspace>() == Workspace::withdrawn_offset(MAX_RANKS));

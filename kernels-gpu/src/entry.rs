@@ -68,6 +68,8 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
             ]);
             let workspaces = base.add(abi::smem::WORKSPACES) as *mut u64;
             copy_table!(workspaces, args.workspaces, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
+            // Where the walker adds its phase times (0: nowhere), beside its marks.
+            *(base.add(abi::smem::PHASE_MARKS) as *mut u64).add(3) = args.phase_times;
             ctx.clear_abort();
             for s in 0..stages {
                 mbarrier_init_shared_b64(ctx.stage_barrier(s), 1);

@@ -1094,6 +1094,53 @@ pub fn nccl_count(collective: Collective, size: u64, elem_bytes: u64, ranks: usi
     }
 }
 
+/// Where `OXCCL_DEBUG=phases` keeps phase times ([`oxccl::engine::Engine::phase_times`]): prints,
+/// for each rank of `ranks`, where its calls since `before` (the records then, updated here) spent
+/// their time on average over its CTAs, to stderr; does nothing otherwise.
+pub fn print_phases(
+    engine: &oxccl::engine::Engine,
+    ranks: &[usize],
+    size: u64,
+    before: &mut Vec<(usize, usize, oxccl::engine::PhaseTimes)>,
+) -> Result<()> {
+    let Some(now) = engine.phase_times()? else { return Ok(()) };
+    for &r in ranks {
+        let (mut calls, mut gap, mut start, mut tasks, mut end, mut max_gap, mut max_start, mut ctas) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        for (_, cta, t) in now.iter().filter(|(q, ..)| *q == r) {
+            let b = before.iter().find(|(q, c, _)| *q == r && c == cta).map(|x| x.2).unwrap_or_default();
+            if t.calls == b.calls {
+                continue;
+            }
+            ctas += 1;
+            calls += t.calls - b.calls;
+            gap += t.gap_ns - b.gap_ns;
+            start += t.start_ns - b.start_ns;
+            tasks += t.tasks_ns - b.tasks_ns;
+            end += t.end_ns - b.end_ns;
+            max_gap = max_gap.max(t.max_gap_ns);
+            max_start = max_start.max(t.max_start_ns);
+        }
+        if calls == 0 {
+            continue;
+        }
+        let us = |ns: u64| ns as f64 / calls as f64 / 1e3;
+        eprintln!(
+            "phases {size} B rank {r}: {} calls x {ctas} CTAs; per call: gap {:.2} us, start barrier {:.2}, tasks {:.2}, \
+             end barrier {:.2} (longest since reset: gap {:.1}, start {:.1})",
+            calls / ctas.max(1),
+            us(gap),
+            us(start),
+            us(tasks),
+            us(end),
+            max_gap as f64 / 1e3,
+            max_start as f64 / 1e3
+        );
+    }
+    *before = now;
+    Ok(())
+}
+
 /// Runs the benchmark with rank `r` on `streams[r]` (the same stream for virtual ranks launched
 /// together, or one stream per GPU), one row per size. Each rank's buffers live on its stream's GPU.
 pub fn collective_bench(
@@ -1120,6 +1167,7 @@ pub fn collective_bench(
     let mut staging = check_staging(streams, b.sweep.check)?;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
+    let mut phases = Vec::new();
     for size in b.sweep.sizes() {
         let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
@@ -1297,6 +1345,7 @@ pub fn collective_bench(
             comm.synchronize()?;
         }
         let row = CollectiveRow::of(b, comm.ctas_per_rank(), moved, count, times, wrong);
+        print_phases(comm.engine(0)?, &(0..p).collect::<Vec<_>>(), size, &mut phases)?;
         on_row(&row);
         rows.push(row);
     }

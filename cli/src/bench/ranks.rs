@@ -107,6 +107,7 @@ pub fn rank_bench(
     let e = b.dtype.size() as u64;
     let ctas = comm.communicator().ctas_per_rank();
     let mut rows = Vec::new();
+    let mut phases = Vec::new();
     for size in b.sweep.sizes() {
         let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
@@ -269,6 +270,7 @@ pub fn rank_bench(
             wrong[k] = wrong_all;
         }
         let row = CollectiveRow::of(b, ctas, moved, count, times, wrong);
+        super::print_phases(comm.communicator().engine(r)?, &[r], size, &mut phases)?;
         if r == 0 {
             on_row(&row, host[0]);
         }

@@ -35,13 +35,14 @@ use super::pipeline::PipelineState;
 use super::simt::{self, AddrSet, Operands};
 use super::{Ctx, tma, wait};
 use crate::abi::{
-    self, BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, BUFFER_SLOTS, DType, MAX_RANKS, Mover, RedOp,
-    ReduceMode, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, WaitKind, Workspace,
+    self, BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, BUFFER_SLOTS, DType, MAX_RANKS, Mover,
+    PhaseTimes, RedOp, ReduceMode, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, WaitKind, Workspace,
 };
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
 use oxccl_ptx::memory::{atom_acq_rel_sys_or_b64, atom_relaxed_sys_cas_b64, ld_relaxed_sys_u64, st_relaxed_sys_u64};
+use oxccl_ptx::sreg::globaltimer;
 use oxccl_ptx::sync::bar_sync_all;
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
@@ -63,6 +64,9 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
 ) {
     let peers = program.barrier_ranks;
     let mut seq = 0;
+    if timed(ctx) {
+        mark(ctx, 0);
+    }
     // SAFETY: `start_barrier`/`end_barrier` run on the issuer only, with the workspace table written
     // at entry (caller's contract) and this CTA's own `seq` slot; every thread reaches each
     // CTA barrier (no early return between them; the abort verdict comes from `sync_aborted`); task
@@ -77,6 +81,9 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
             }
             if !ctx.aborted() {
                 resolve_buffers(ctx);
+            }
+            if timed(ctx) {
+                mark(ctx, 1);
             }
         }
         if !ctx.sync_aborted() {
@@ -95,6 +102,9 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
         }
         fence_acq_rel_sys();
         bar_sync_all();
+        if timed(ctx) {
+            mark(ctx, 2);
+        }
         if peers != 0 && ctx.issuer {
             if !ctx.aborted() {
                 end_barrier(ctx, peers, seq);
@@ -104,7 +114,59 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
                 withdraw(ctx, peers, seq);
             }
         }
+        if timed(ctx) {
+            add_phase_times(ctx);
+        }
         bar_sync_all();
+    }
+}
+
+/// Shared-memory phase mark `i` (0..3) of this CTA's call ([`abi::smem::PHASE_MARKS`]; 3: where
+/// they are added, 0 for nowhere): kept there, not in registers, which the movers need.
+#[inline(always)]
+fn phase_mark(ctx: &Ctx, i: usize) -> *mut u64 {
+    // SAFETY: three `u64`s at a fixed, 8-aligned offset of the header, unused otherwise by these kernels.
+    unsafe { (ctx.smem.add(abi::smem::PHASE_MARKS) as *mut u64).add(i) }
+}
+
+/// Whether this thread keeps the call's phase times: the issuer, where the launch asks for them
+/// (the entry wrote mark 3 from `LaunchArgs::phase_times`).
+#[inline(always)]
+fn timed(ctx: &Ctx) -> bool {
+    // SAFETY: the entry wrote the mark before the CTA barrier that precedes the walker.
+    ctx.issuer && unsafe { *phase_mark(ctx, 3) } != 0
+}
+
+/// Records the time as phase mark `i` (issuer only).
+#[inline(always)]
+fn mark(ctx: &Ctx, i: usize) {
+    // SAFETY: the issuer alone touches the marks.
+    unsafe { *phase_mark(ctx, i) = globaltimer() };
+}
+
+/// Adds one call's phases (the marks: entry, start barrier passed, tasks done; now: end barrier
+/// passed) to this CTA's [`PhaseTimes`] (issuer only; the record is this CTA's alone, and launches
+/// of one rank run one after another).
+///
+/// # Safety
+/// Mark 3 addresses `MAX_RANKS × MAX_CTAS_PER_RANK` records.
+#[inline(always)]
+unsafe fn add_phase_times(ctx: &Ctx) {
+    let i = ctx.rank as usize % MAX_RANKS * abi::MAX_CTAS_PER_RANK + ctx.cta as usize % abi::MAX_CTAS_PER_RANK;
+    // SAFETY: the caller's contract; `i` is inside the array; the marks were written by this thread.
+    unsafe {
+        let t = [*phase_mark(ctx, 0), *phase_mark(ctx, 1), *phase_mark(ctx, 2), globaltimer()];
+        let r = &mut *(*phase_mark(ctx, 3) as *mut PhaseTimes).add(i);
+        let gap = if r.calls == 0 { 0 } else { t[0].saturating_sub(r.last_end_ns) };
+        let start = t[1].saturating_sub(t[0]);
+        r.calls += 1;
+        r.gap_ns += gap;
+        r.start_ns += start;
+        r.tasks_ns += t[2].saturating_sub(t[1]);
+        r.end_ns += t[3].saturating_sub(t[2]);
+        r.last_end_ns = t[3];
+        r.max_gap_ns = r.max_gap_ns.max(gap);
+        r.max_start_ns = r.max_start_ns.max(start);
     }
 }
 
