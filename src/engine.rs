@@ -517,7 +517,9 @@ impl Engine {
         let bytes = a.read()?;
         let all: Vec<PhaseTimes> = bytemuck::pod_collect_to_vec(&bytes);
         let per = abi::MAX_CTAS_PER_RANK;
-        Ok(Some(all.into_iter().enumerate().filter(|(_, r)| r.calls != 0).map(|(i, r)| (i / per, i % per, r)).collect()))
+        Ok(Some(
+            all.into_iter().enumerate().filter(|(_, r)| r.calls != 0).map(|(i, r)| (i / per, i % per, r)).collect(),
+        ))
     }
 
     /// Zeroes the phase times (where kept), once every launch that adds to them has ended.
