@@ -149,9 +149,9 @@ const GOLDEN: &[(&str, &str, &str)] = &[
     ("fence_acq_rel_cta", "probe_sync", "fence.acq_rel.cta;"),
     ("fence_acq_rel_gpu", "probe_sync", "fence.acq_rel.gpu;"),
     ("fence_acq_rel_sys", "probe_sync", "fence.acq_rel.sys;"),
-    ("bar_sync", "probe_sync", "bar.sync %r"),
-    ("bar_sync_all", "probe_sync", "bar.sync 0;"),
-    ("bar_red_or_all", "probe_sync", "bar.red.or.pred"),
+    ("bar_sync", "probe_sync", "barrier.sync %r"),
+    ("bar_sync_all", "probe_sync", "barrier.sync 0;"),
+    ("bar_red_or_all", "probe_sync", "barrier.red.or.pred"),
     ("nanosleep_u32", "probe_sync", "nanosleep.u32 %r"),
     ("ld_relaxed_gpu_u32", "probe_memory", "ld.relaxed.gpu.global.u32 %r"),
     ("ld_relaxed_gpu_u64", "probe_memory", "ld.relaxed.gpu.global.u64 %rd"),
@@ -495,6 +495,31 @@ fn modules_target_sm90a_with_no_unresolved_externs() {
 /// apart on purpose): a mover's step outlined by LLVM (a closure over the write kind, taken at run
 /// time through memory) is what made the TMA bulk reductions wrong on an H200 until it was a
 /// function inlined always. Every data path stays inside its kernel.
+/// The engine's CTA barriers are the forms without `.aligned` (`bar.sync` and `bar.red` are
+/// aligned): LLVM may copy an inline-assembly barrier into both arms of a branch, so that one warp's
+/// threads reach different copies, which the aligned forms leave undefined (the engine's kernels
+/// hung on an H200 once the end barrier of the walker had been copied so).
+#[test]
+fn engine_modules_use_no_aligned_cta_barrier() {
+    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {
+        let aligned: Vec<&str> = ptx
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                l.contains("bar.sync")
+                    || l.contains("bar.red")
+                    || l.contains("bar.arrive")
+                    || l.contains("barrier.sync.aligned")
+                    || l.contains("barrier.red.aligned")
+            })
+            .filter(|l| !l.contains("bar.warp.sync"))
+            .take(3)
+            .collect();
+        assert!(aligned.is_empty(), "{name}: aligned CTA barriers {aligned:?}");
+        assert!(ptx.contains("barrier.sync 0;"), "{name}: no CTA barrier found: the check would pass vacuously");
+    }
+}
+
 #[test]
 fn engine_modules_outline_nothing_but_the_status_writer() {
     for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {

@@ -21,7 +21,7 @@
 //! | `fence` | `fence.proxy.async{,.shared::cta,.global}`, `fence.acq_rel.{cta,gpu,sys}` |
 //! | `memory` | `ld.{relaxed,acquire}.{gpu,sys}`, `st.{relaxed,release}.{gpu,sys}`, `red.release.{gpu,sys}.add`, `atom.add`, `atom.acq_rel.sys.or.b64`, `atom.acq_rel.sys.cas.b64`, vector loads/stores |
 //! | `sreg` | `%tid`, `%ntid`, `%ctaid`, `%nctaid`, `%smid`, `%warpid`, `%laneid`, `%dynamic_smem_size`, `%globaltimer`, `%clock64`, `elect.sync` |
-//! | `sync` | `bar.sync`, `bar.red.or`, `nanosleep`, `trap` |
+//! | `sync` | `barrier.sync`, `barrier.red.or`, `nanosleep`, `trap` |
 //! | `arith` | packed `f16x2` / `bf16x2` add, min, max |
 //! | `mma` | `cp.async` (16 B, `.cg`), `cp.async.commit_group/wait_group`, `ldmatrix.x4`, `mma.sync` m16n8k16 bf16→f32 |
 //! | `wgmma` | `wgmma.fence`, `wgmma.mma_async` m64n256k16 bf16→f32, `wgmma.commit_group/wait_group` |

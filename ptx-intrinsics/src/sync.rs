@@ -5,29 +5,34 @@ use core::arch::asm;
 /// Waits until `threads` threads (a multiple of 32, counted per warp) of this CTA reach named barrier
 /// `id`; orders their prior shared and global accesses before their later ones (CTA scope).
 ///
-/// `bar.sync id, threads;` · PTX ISA 2.0 · sm_20
+/// `barrier.sync id, threads;` · PTX ISA 6.0 · sm_70
+///
+/// The CTA barriers here are the forms without `.aligned` (`bar.sync` is `barrier.sync.aligned`):
+/// an inline-assembly barrier is not convergent to LLVM, which may copy it into both arms of a
+/// branch, so that the threads of one warp reach different copies; the aligned forms make that
+/// undefined (on an H200 the engine's kernels hung), the others count every copy as the barrier.
 ///
 /// # Safety
 /// Every warp that takes part executes it with the same `id` and `threads`, `id < 16`, and exactly
 /// `threads / 32` warps take part; otherwise the CTA deadlocks.
-#[doc(alias = "bar.sync")]
+#[doc(alias = "barrier.sync")]
 #[inline(always)]
 pub unsafe fn bar_sync(id: u32, threads: u32) {
     // SAFETY: the caller guarantees every participating warp arrives.
-    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads) }
+    unsafe { asm!("barrier.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads) }
 }
 
 /// Waits until all threads of this CTA reach barrier 0.
 ///
-/// `bar.sync 0;` · PTX ISA 1.0 · sm_10
+/// `barrier.sync 0;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see [`bar_sync`])
 ///
 /// # Safety
 /// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
-#[doc(alias = "bar.sync")]
+#[doc(alias = "barrier.sync")]
 #[inline(always)]
 pub unsafe fn bar_sync_all() {
     // SAFETY: the caller guarantees every thread arrives.
-    unsafe { asm!("bar.sync 0;") }
+    unsafe { asm!("barrier.sync 0;") }
 }
 
 /// Waits until every lane of `mask` in the executing warp reaches this point (the warp reconverges
@@ -48,18 +53,18 @@ pub unsafe fn bar_warp_sync(mask: u32) {
 /// Waits until all threads of this CTA reach barrier 0, and returns whether `pred` was true in any of
 /// them: one decision every thread of the CTA shares, whatever any thread does after the barrier.
 ///
-/// `bar.red.or.pred p, 0, q;` · PTX ISA 2.0 · sm_20
+/// `barrier.red.or.pred p, 0, q;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see [`bar_sync`])
 ///
 /// # Safety
 /// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
-#[doc(alias = "bar.red")]
+#[doc(alias = "barrier.red")]
 #[inline(always)]
 pub unsafe fn bar_red_or_all(pred: bool) -> bool {
     let any: u32;
     // SAFETY: the caller guarantees every thread arrives; the predicates are local to the block.
     unsafe {
         asm!(
-            "{{ .reg .pred q, p; setp.ne.u32 q, {x}, 0; bar.red.or.pred p, 0, q; selp.u32 {r}, 1, 0, p; }}",
+            "{{ .reg .pred q, p; setp.ne.u32 q, {x}, 0; barrier.red.or.pred p, 0, q; selp.u32 {r}, 1, 0, p; }}",
             x = in(reg32) pred as u32,
             r = out(reg32) any,
         )
