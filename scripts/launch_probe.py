@@ -4,8 +4,11 @@
 # meeting of a collective's start barrier, nothing else). A gate kernel holds every stream until the
 # host has queued all launches, so the host's launch rate does not count. Printed: device time per
 # call (first start to last end over N), for `meet` and for `empty` kernels (no meeting) on K streams.
-# Run on the GPU machine: `python3 -W ignore scripts/launch_probe.py` (cupy and a GPU).
-import sys, cupy as cp
+# Run on the GPU machine: `python3 -W ignore scripts/launch_probe.py [N] [--ctas C] [--smem BYTES]`
+# (cupy and a GPU): C CTAs per kernel, each with BYTES of dynamic shared memory, as the collective
+# kernels launch (16 CTAs of about 200 KiB per rank by default); every CTA of every stream's kernel
+# meets, so streams × C CTAs must fit the GPU at once.
+import argparse, sys, cupy as cp
 
 SRC = r'''
 extern "C" __global__ void gate(unsigned long long until) {
@@ -16,15 +19,18 @@ extern "C" __global__ void meet(unsigned long long* counter, unsigned long long 
                                 unsigned long long* times, unsigned int slot) {
   unsigned long long t0, t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  atomicAdd(counter, 1ull);
-  while (atomicAdd(counter, 0ull) < target) {}
+  if (threadIdx.x == 0) {
+    atomicAdd(counter, 1ull);
+    while (atomicAdd(counter, 0ull) < target) {}
+  }
+  __syncthreads();
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  times[2 * slot] = t0; times[2 * slot + 1] = t1;
+  if (blockIdx.x == 0 && threadIdx.x == 0) { times[2 * slot] = t0; times[2 * slot + 1] = t1; }
 }
 extern "C" __global__ void empty(unsigned long long* times, unsigned int slot) {
   unsigned long long t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  times[2 * slot] = t0; times[2 * slot + 1] = t0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) { times[2 * slot] = t0; times[2 * slot + 1] = t0; }
 }
 extern "C" __global__ void now(unsigned long long* out) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(out[0]));
@@ -41,7 +47,7 @@ def device_now():
     return int(out.get()[0])
 
 
-def run(kind, k, n):
+def run(kind, k, n, ctas, smem):
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(k)]
     counter = cp.zeros(1, dtype=cp.uint64)
     times = cp.zeros(2 * k * n, dtype=cp.uint64)
@@ -54,9 +60,10 @@ def run(kind, k, n):
         for j, s in enumerate(streams):
             slot = cp.uint32(i * k + j)
             if kind == "meet":
-                meet((1,), (32,), (counter, cp.uint64(k * (i + 1)), times, slot), stream=s)
+                args = (counter, cp.uint64(k * ctas * (i + 1)), times, slot)
+                meet((ctas,), (32,), args, stream=s, shared_mem=smem)
             else:
-                empty((1,), (32,), (times, slot), stream=s)
+                empty((ctas,), (32,), (times, slot), stream=s, shared_mem=smem)
     cp.cuda.Device().synchronize()
     t = times.get().reshape(n, k, 2)
     late = (t[:, :, 0].astype("int64") - int(until))
@@ -67,11 +74,17 @@ def run(kind, k, n):
     per_call = span / (n - 1) / 1000
     # Skew: the last start of a call minus its first, averaged (the meeting's wait).
     skew = (t[1:, :, 0].max(axis=1).astype("int64") - t[1:, :, 0].min(axis=1).astype("int64")).mean() / 1000
-    print(f"{kind:5} streams={k}  {per_call:7.2f} us per call  start skew {skew:6.2f} us")
+    print(f"{kind:5} streams={k} ctas={ctas} smem={smem}  {per_call:7.2f} us per call  start skew {skew:6.2f} us")
 
 
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "calls per run:", n)
+ap = argparse.ArgumentParser()
+ap.add_argument("n", nargs="?", type=int, default=200, help="calls per run")
+ap.add_argument("--ctas", type=int, default=1, help="CTAs per kernel")
+ap.add_argument("--smem", type=int, default=0, help="dynamic shared memory per CTA, bytes")
+a = ap.parse_args()
+for f in (meet, empty):
+    f.max_dynamic_shared_size_bytes = max(a.smem, 0)
+print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "calls per run:", a.n)
 for kind in ("empty", "meet"):
     for k in (1, 2, 4, 8):
-        run(kind, k, n)
+        run(kind, k, a.n, a.ctas, a.smem)

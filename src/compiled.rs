@@ -865,6 +865,8 @@ impl Drop for CompiledPlan {
 /// A compiled plan loaded for one rank of a per-rank communicator ([`Comm::load_plan`]): this
 /// rank's thread blocks, launched on the communicator's stream, meeting the peers' through FIFOs in
 /// workspaces every rank maps. Every rank loads the same lowering; each runs it on its own buffers.
+/// Every rank stops running a plan before any rank drops it: across processes a dropped rank's
+/// FIFO workspace is withdrawn from its peers at once (after its own launches have ended).
 ///
 /// [`Comm::load_plan`]: crate::Comm::load_plan
 pub struct RankPlan {
