@@ -510,8 +510,8 @@ impl Engine {
     }
 
     /// Where `OXCCL_DEBUG` names `phases`: the phase times every CTA of this engine's launches has
-    /// added since the last [`Engine::reset_phase_times`], as (rank, CTA, record) where it recorded
-    /// calls (read without waiting for launches: synchronise first); `None` otherwise.
+    /// added since [`Engine::reset_phase_times`], as (rank, CTA, record) where it recorded calls
+    /// (read without waiting for launches: synchronise first); `None` otherwise.
     pub fn phase_times(&self) -> Result<Option<Vec<(usize, usize, PhaseTimes)>>> {
         let Some(a) = &self.phase_times else { return Ok(None) };
         let bytes = a.read()?;
@@ -522,12 +522,22 @@ impl Engine {
         ))
     }
 
-    /// Zeroes the phase times (where kept), once every launch that adds to them has ended.
-    pub fn reset_phase_times(&self) -> Result<()> {
-        match &self.phase_times {
-            Some(a) => a.write(&vec![0u8; a.bytes()]),
-            None => Ok(()),
+    /// Zeroes rank `rank`'s phase times (where kept) in `stream`'s order and waits for that stream
+    /// alone (a wait for the context would wait for other ranks' calls, which may wait for this
+    /// one): call it where the rank's launches have ended, on the stream they run on. The next call
+    /// then counts no gap before it.
+    pub fn reset_phase_times(&self, rank: usize, stream: &CudaStream) -> Result<()> {
+        let Some(a) = &self.phase_times else { return Ok(()) };
+        if rank >= abi::MAX_RANKS {
+            return Err(Error::NoSuchRank { rank, ranks: abi::MAX_RANKS });
         }
+        stream_on(stream, &self.ctx)?;
+        let bytes = abi::MAX_CTAS_PER_RANK * std::mem::size_of::<PhaseTimes>();
+        // SAFETY: rank `rank`'s records lie inside the allocation, which the engine keeps alive
+        // past the memset (waited for below).
+        unsafe { result::memset_d8_async(a.ptr() + (rank * bytes) as u64, 0, bytes, stream.cu_stream()) }
+            .map_err(Error::driver("cuMemsetD8Async"))?;
+        sync_stream(stream)
     }
 
     /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:

@@ -1095,49 +1095,32 @@ pub fn nccl_count(collective: Collective, size: u64, elem_bytes: u64, ranks: usi
 }
 
 /// Where `OXCCL_DEBUG=phases` keeps phase times ([`oxccl::engine::Engine::phase_times`]): prints,
-/// for each rank of `ranks`, where its calls since `before` (the records then, updated here) spent
+/// for each rank of `ranks`, where its calls since its records were reset (the timed ones) spent
 /// their time on average over its CTAs, to stderr; does nothing otherwise.
-pub fn print_phases(
-    engine: &oxccl::engine::Engine,
-    ranks: &[usize],
-    size: u64,
-    before: &mut Vec<(usize, usize, oxccl::engine::PhaseTimes)>,
-) -> Result<()> {
+pub fn print_phases(engine: &oxccl::engine::Engine, ranks: &[usize], size: u64) -> Result<()> {
     let Some(now) = engine.phase_times()? else { return Ok(()) };
     for &r in ranks {
-        let (mut calls, mut gap, mut start, mut tasks, mut end, mut max_gap, mut max_start, mut ctas) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        for (_, cta, t) in now.iter().filter(|(q, ..)| *q == r) {
-            let b = before.iter().find(|(q, c, _)| *q == r && c == cta).map(|x| x.2).unwrap_or_default();
-            if t.calls == b.calls {
-                continue;
-            }
-            ctas += 1;
-            calls += t.calls - b.calls;
-            gap += t.gap_ns - b.gap_ns;
-            start += t.start_ns - b.start_ns;
-            tasks += t.tasks_ns - b.tasks_ns;
-            end += t.end_ns - b.end_ns;
-            max_gap = max_gap.max(t.max_gap_ns);
-            max_start = max_start.max(t.max_start_ns);
-        }
+        let mine: Vec<_> = now.iter().filter(|(q, ..)| *q == r).map(|x| x.2).collect();
+        let calls: u64 = mine.iter().map(|t| t.calls).sum();
         if calls == 0 {
             continue;
         }
-        let us = |ns: u64| ns as f64 / calls as f64 / 1e3;
+        let mean =
+            |f: fn(&oxccl::engine::PhaseTimes) -> u64| mine.iter().map(f).sum::<u64>() as f64 / calls as f64 / 1e3;
+        let longest = |f: fn(&oxccl::engine::PhaseTimes) -> u64| mine.iter().map(f).max().unwrap_or(0) as f64 / 1e3;
         eprintln!(
-            "phases {size} B rank {r}: {} calls x {ctas} CTAs; per call: gap {:.2} us, start barrier {:.2}, tasks {:.2}, \
-             end barrier {:.2} (longest since reset: gap {:.1}, start {:.1})",
-            calls / ctas.max(1),
-            us(gap),
-            us(start),
-            us(tasks),
-            us(end),
-            max_gap as f64 / 1e3,
-            max_start as f64 / 1e3
+            "phases {size} B rank {r}: {} calls x {} CTAs; per call: gap {:.2} us, start barrier {:.2}, tasks {:.2}, \
+             end barrier {:.2} (longest: gap {:.1}, start {:.1})",
+            calls / mine.len() as u64,
+            mine.len(),
+            mean(|t| t.gap_ns),
+            mean(|t| t.start_ns),
+            mean(|t| t.tasks_ns),
+            mean(|t| t.end_ns),
+            longest(|t| t.max_gap_ns),
+            longest(|t| t.max_start_ns)
         );
     }
-    *before = now;
     Ok(())
 }
 
@@ -1167,7 +1150,6 @@ pub fn collective_bench(
     let mut staging = check_staging(streams, b.sweep.check)?;
     let e = b.dtype.size() as u64;
     let mut rows = Vec::new();
-    let mut phases = Vec::new();
     for size in b.sweep.sizes() {
         let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
@@ -1340,12 +1322,20 @@ pub fn collective_bench(
                 }
                 ms
             } else {
+                // The phase times count the warm-up and timed calls only.
+                for r in 0..p {
+                    comm.engine(r)?.reset_phase_times(r, &streams[r])?;
+                }
                 time_ms_on(streams, b.sweep.warmup, b.sweep.iters, || call(&mut recv, &send))?
             } * 1e3;
             comm.synchronize()?;
+            if k == 0 {
+                for r in 0..p {
+                    print_phases(comm.engine(r)?, &[r], size)?;
+                }
+            }
         }
         let row = CollectiveRow::of(b, comm.ctas_per_rank(), moved, count, times, wrong);
-        print_phases(comm.engine(0)?, &(0..p).collect::<Vec<_>>(), size, &mut phases)?;
         on_row(&row);
         rows.push(row);
     }

@@ -107,7 +107,6 @@ pub fn rank_bench(
     let e = b.dtype.size() as u64;
     let ctas = comm.communicator().ctas_per_rank();
     let mut rows = Vec::new();
-    let mut phases = Vec::new();
     for size in b.sweep.sizes() {
         let count = nccl_count(b.collective, size, e, p);
         let spec = PlanSpec {
@@ -232,6 +231,8 @@ pub fn rank_bench(
                 call(&send, &mut recv)?;
             }
             comm.synchronize()?;
+            // The phase times count the timed calls only (and the untimed one that lines them up).
+            comm.communicator().engine(r)?.reset_phase_times(r, &stream)?;
             // The ranks start their timed calls together (to the bootstrap's latency).
             comm.bootstrap().barrier()?;
             // One untimed call first: its barriers line the ranks up on the device, so that the
@@ -255,6 +256,9 @@ pub fn rank_bench(
             host[k] =
                 if b.graph_launches > 0 { f64::NAN } else { issuing.as_secs_f64() * 1e6 / (b.sweep.iters + 1) as f64 };
             comm.synchronize()?;
+            if k == 0 {
+                super::print_phases(comm.communicator().engine(r)?, &[r], size)?;
+            }
             // The slowest rank's time and every rank's wrong elements.
             let mut mine = ms.to_le_bytes().to_vec();
             mine.extend_from_slice(&wrong[k].to_le_bytes());
@@ -270,7 +274,6 @@ pub fn rank_bench(
             wrong[k] = wrong_all;
         }
         let row = CollectiveRow::of(b, ctas, moved, count, times, wrong);
-        super::print_phases(comm.communicator().engine(r)?, &[r], size, &mut phases)?;
         if r == 0 {
             on_row(&row, host[0]);
         }
