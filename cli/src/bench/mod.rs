@@ -1323,8 +1323,8 @@ pub fn collective_bench(
                 ms
             } else {
                 // The phase times count the warm-up and timed calls only.
-                for r in 0..p {
-                    comm.engine(r)?.reset_phase_times(r, &streams[r])?;
+                for (r, stream) in streams.iter().enumerate() {
+                    comm.engine(r)?.reset_phase_times(r, stream)?;
                 }
                 time_ms_on(streams, b.sweep.warmup, b.sweep.iters, || call(&mut recv, &send))?
             } * 1e3;
