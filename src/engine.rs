@@ -515,7 +515,8 @@ impl Engine {
     pub fn phase_times(&self) -> Result<Option<Vec<(usize, usize, PhaseTimes)>>> {
         let Some(a) = &self.phase_times else { return Ok(None) };
         let bytes = a.read()?;
-        let all: Vec<PhaseTimes> = bytemuck::pod_collect_to_vec(&bytes);
+        let all: Vec<PhaseTimes> =
+            bytes.chunks_exact(std::mem::size_of::<PhaseTimes>()).map(bytemuck::pod_read_unaligned).collect();
         let per = abi::MAX_CTAS_PER_RANK;
         Ok(Some(
             all.into_iter().enumerate().filter(|(_, r)| r.calls != 0).map(|(i, r)| (i / per, i % per, r)).collect(),
