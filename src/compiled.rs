@@ -327,16 +327,7 @@ impl CompiledPlan {
         // Everything in the stream's order: a wait for the context would wait for the calls of
         // other ranks of this process, which may wait for this rank.
         let state = RankState::upload(lr, rank, 0, stream, workspace)?;
-        let mut scratch: [Option<DeviceAlloc>; BUFFER_SLOTS] = Default::default();
-        for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
-            let bytes = lr.header.buffer_chunks[s] as u64 * lr.header.chunk_bytes;
-            if bytes != 0 {
-                let bytes = usize::try_from(bytes)
-                    .map_err(|_| Error::Config { field: "scratch", why: format!("{bytes} bytes") })?;
-                scratch[s] = Some(DeviceAlloc::filled_on(stream, bytes, &[])?);
-            }
-        }
-        let plan = Self::assemble(
+        Self::assemble(
             vec![engine.clone()],
             vec![state],
             workspaces,
@@ -346,9 +337,7 @@ impl CompiledPlan {
             config,
             dtype,
             op,
-        )?;
-        *plan.scratch.lock().unwrap_or_else(|e| e.into_inner()) = vec![scratch];
-        Ok(plan)
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -575,9 +564,9 @@ impl CompiledPlan {
             check(r, b.len(), ordinal_of(b), recv_slot, recv_what)?;
         }
         // The plan's scratch, before any guard is taken (an allocation that fails leaves nothing
-        // ordered); its zeroing is complete before any launch (the ranks' streams do not wait for
-        // the context's default stream). Not inside a graph capture: the allocation would be part
-        // of it.
+        // ordered), zeroed in each rank's stream order and waited for there (a wait for the context
+        // would also wait for the calls of other ranks of this process, which may wait for this
+        // rank). Not inside a graph capture: the allocation would be part of it.
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if scratch.is_empty() {
             if self.capturing()? {
@@ -589,13 +578,10 @@ impl CompiledPlan {
                 for s in [slot::SCRATCH as usize, slot::SCRATCH2 as usize] {
                     let bytes = self.buffer_bytes(r.id, s)?;
                     if bytes != 0 {
-                        a[s] = Some(DeviceAlloc::zeroed(self.engines[r.device].context(), bytes as usize)?);
+                        a[s] = Some(DeviceAlloc::filled_on(&r.stream, bytes as usize, &[])?);
                     }
                 }
                 all.push(a);
-            }
-            for engine in &self.engines {
-                sync_context(engine.context())?;
             }
             *scratch = all;
         }

@@ -206,17 +206,8 @@ impl PeerMemory {
         self.mapped.workspace.clone()
     }
 
-    /// Where rank `rank`'s workspace is mapped here (0 if it is not).
-    pub(crate) fn workspace_of(&self, rank: usize) -> u64 {
-        if rank == self.me {
-            return self.mapped.workspace.ptr();
-        }
-        let regions = self.mapped.regions.lock().unwrap_or_else(|e| e.into_inner());
-        regions.get(rank).and_then(|r| r[0].as_ref()).map_or(0, |a| a.ptr())
-    }
-
     /// Where rank `rank`'s region `region` is mapped here (0 if it is not; this rank's own: its
-    /// allocation's address).
+    /// allocation's address). Region 0 is a rank's workspace.
     pub(crate) fn region_of(&self, rank: usize, region: u32) -> u64 {
         if rank == self.me {
             let own = self.own.lock().unwrap_or_else(|e| e.into_inner());

@@ -254,29 +254,7 @@ impl Comm {
         let mut held = Vec::new();
         let (workspace, peer) = if one_process {
             let ws = Arc::new(DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?);
-            let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
-            known.retain(|(_, w)| w.strong_count() > 0);
-            known.push((ws.ptr(), Arc::downgrade(&ws)));
-            drop(known);
-            let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
-            for (r, a) in addrs.iter().enumerate() {
-                workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
-                    field: "setup",
-                    rank: r,
-                    why: "sent a workspace address of another size".into(),
-                })?);
-            }
-            // Every rank holds every rank's workspace, taken before the barrier, which no rank
-            // passes until all have theirs.
-            held = (0..world)
-                .map(|r| {
-                    let known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
-                    known.iter().find(|(p, _)| *p == workspaces[r]).and_then(|(_, w)| w.upgrade()).ok_or_else(|| {
-                        Error::Mismatch { field: "setup", rank: r, why: "its workspace was freed during setup".into() }
-                    })
-                })
-                .collect::<Result<_>>()?;
-            bootstrap.barrier()?;
+            (workspaces, held) = share_in_process(&ws, bootstrap.as_ref(), "setup")?;
             // Peer access between this rank's device and the others' (same process: same ordinals).
             let mut contexts = vec![ctx.clone()];
             for f in &all {
@@ -294,7 +272,7 @@ impl Comm {
             peer.share_workspace()?;
             bootstrap.barrier()?;
             for (r, w) in workspaces.iter_mut().enumerate().take(world) {
-                *w = peer.workspace_of(r);
+                *w = peer.region_of(r, 0);
                 if *w == 0 {
                     return Err(Error::PeerMemory {
                         what: format!("rank {r}'s workspace"),
@@ -1052,28 +1030,8 @@ impl Comm {
             None => {
                 // Threads of one process: addresses are shared as they are; each rank holds all.
                 let ws = Arc::new(DeviceAlloc::filled_on(&stream, bytes, &[])?);
-                let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
-                known.retain(|(_, w)| w.strong_count() > 0);
-                known.push((ws.ptr(), Arc::downgrade(&ws)));
-                drop(known);
-                let addrs = bootstrap.all_gather(&ws.ptr().to_le_bytes())?;
-                let mut held = Vec::with_capacity(world);
-                for (r, a) in addrs.iter().enumerate() {
-                    workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
-                        field: "compiled plan",
-                        rank: r,
-                        why: "sent a workspace address of another size".into(),
-                    })?);
-                    let known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
-                    let w = known.iter().find(|(p, _)| *p == workspaces[r]).and_then(|(_, w)| w.upgrade());
-                    held.push(w.ok_or_else(|| Error::Mismatch {
-                        field: "compiled plan",
-                        rank: r,
-                        why: "its plan workspace was freed during setup".into(),
-                    })?);
-                }
-                // No rank passes until every rank holds every workspace.
-                bootstrap.barrier()?;
+                let held;
+                (workspaces, held) = share_in_process(&ws, bootstrap, "compiled plan")?;
                 let link = PlanLink { _held: crate::peer::Held(held), region: None };
                 (PlanMemory::Local(ws), link)
             }
@@ -1328,4 +1286,33 @@ fn plan_digest(l: &LoweredPlan) -> u64 {
         eat(bytemuck::cast_slice(&r.connections));
     }
     h
+}
+
+/// Shares `ws`, this rank's workspace, with the other ranks, all threads of this process
+/// (collective): every rank's address, by rank, and every rank's workspace, held by this one. Each
+/// takes them before the closing barrier, which no rank passes until all have theirs. `field` names
+/// the setup step in errors.
+fn share_in_process(
+    ws: &Arc<DeviceAlloc>,
+    bootstrap: &dyn Bootstrap,
+    field: &'static str,
+) -> Result<([u64; MAX_RANKS], Vec<Arc<DeviceAlloc>>)> {
+    let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+    known.retain(|(_, w)| w.strong_count() > 0);
+    known.push((ws.ptr(), Arc::downgrade(ws)));
+    drop(known);
+    let mut workspaces = [0u64; MAX_RANKS];
+    let mut held = Vec::new();
+    for (r, a) in bootstrap.all_gather(&ws.ptr().to_le_bytes())?.iter().enumerate() {
+        workspaces[r] = u64::from_le_bytes(a.as_slice().try_into().map_err(|_| Error::Mismatch {
+            field,
+            rank: r,
+            why: "sent a workspace address of another size".into(),
+        })?);
+        let known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
+        let w = known.iter().find(|(p, _)| *p == workspaces[r]).and_then(|(_, w)| w.upgrade());
+        held.push(w.ok_or(Error::Mismatch { field, rank: r, why: "its workspace was freed during setup".into() })?);
+    }
+    bootstrap.barrier()?;
+    Ok((workspaces, held))
 }

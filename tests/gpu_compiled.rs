@@ -24,7 +24,6 @@ use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::msccl::import;
 use oxccl_host::program::{InstanceChannels, Program};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, Mover, PlanMode, RedOp, WaitKind};
-use rand::RngExt;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -68,25 +67,13 @@ impl Device {
     }
 }
 
-/// Small integers encoded as `dtype`: exact under any summation order for up to 16 ranks (the
-/// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
-/// sums wrap, and u32 values lie on both sides of 2^31).
-fn fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes + 8);
-    while out.len() < bytes {
-        out.extend(common::element(dtype, rng.random_range(-8..=8) as f64));
-    }
-    out.truncate(bytes);
-    out
-}
-
-/// Random floats (`common::random_floats`) where `dtype` is a float type, else [`fill`]'s integers: a
+/// Random floats (`common::random_floats`) where `dtype` is a float type, else `common::small_integers`: a
 /// plan combines every chunk in an order the plan fixes, which the CPU executor follows, so the GPU
 /// must match it bitwise on these too, roundings included.
 fn fill_random(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
     match common::random_floats(dtype, rng, bytes) {
         Some(v) => v,
-        None => fill(dtype, bytes, rng),
+        None => common::small_integers(dtype, bytes, rng),
     }
 }
 
@@ -139,7 +126,7 @@ fn run_case(dev: &Device, plan: &Plan, case: &Case, seed: u64) -> Result<(), Str
     let bufs = PlanBuffers::new(&runner, case.shift).map_err(|e| format!("buffers: {e}"))?;
     let mut cpu = Memory::new(&lp);
     let mut rng = common::rng(seed);
-    let data = if seed % 4 >= 2 { fill_random } else { fill };
+    let data = if seed % 4 >= 2 { fill_random } else { common::small_integers };
     for k in 0..case.launches {
         for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
             let n = b.len();
@@ -569,7 +556,7 @@ fn a_first_plan_launch_ends_before_a_held_stream() {
     let mut rng = common::rng(7);
     for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
         let n = b.len();
-        *b = fill(DType::F32, n, &mut rng);
+        *b = common::small_integers(DType::F32, n, &mut rng);
     }
     bufs.upload(&cpu).unwrap();
     for s in &dev.streams {
@@ -625,7 +612,7 @@ fn run_takes_cudarc_buffers() {
         for _ in 0..2 {
             for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
                 let n = b.len();
-                *b = fill(DType::F32, n, &mut rng);
+                *b = common::small_integers(DType::F32, n, &mut rng);
             }
             let main = oxccl_host::compile::lower::main_slot(&lp.layout) as usize;
             let (send_slot, recv_slot) = if in_place { (main, main) } else { (0, 1) };
@@ -661,7 +648,7 @@ fn run_takes_cudarc_buffers() {
     // Inputs of the CPU executor's run below; outputs marked, so that a refused call that wrote shows.
     let mut cpu = Memory::new(&lp);
     for r in 0..8 {
-        cpu.buffers[r][0] = fill(DType::F32, n * 4, &mut rng);
+        cpu.buffers[r][0] = common::small_integers(DType::F32, n * 4, &mut rng);
         cpu.buffers[r][1] = (0..n).flat_map(|_| (-1234.5f32).to_le_bytes()).collect();
     }
     let send: Vec<CudaSlice<f32>> =

@@ -374,6 +374,26 @@ fn cases() -> usize {
     common::count_from_env("OXCCL_RANK_CASES", 60)
 }
 
+/// Runs `f(stream, rank)` for every rank of `world`, each on a thread of its own with a new stream
+/// on `stream`'s device; their results by rank (a rank that panics fails the test, its message above).
+fn on_rank_threads<T: Send + 'static>(
+    stream: &Arc<CudaStream>,
+    world: usize,
+    f: impl Fn(&Arc<CudaStream>, usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let (ctx, f) = (stream.context().clone(), f.clone());
+            std::thread::spawn(move || f(&ctx.new_stream().unwrap(), rank))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)")))
+        .collect()
+}
+
 /// Ranks as threads of this process on one GPU, each with its own stream and communicator.
 #[test]
 fn threads_match_the_cpu_reference() {
@@ -382,20 +402,9 @@ fn threads_match_the_cpu_reference() {
     let mut total = 0;
     for world in [2, 4, 8] {
         let ids: Vec<Id> = SHAPES.iter().map(|_| Id::new().unwrap()).collect();
-        let ctx = stream.context().clone();
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let (ctx, ids) = (ctx.clone(), ids.clone());
-                std::thread::spawn(move || {
-                    let s = ctx.new_stream().unwrap();
-                    rank_cases(&s, rank, world, &ids, cases(), seed, false)
-                })
-            })
-            .collect();
-        for h in handles {
-            let (n, _) = h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)"));
-            total += n;
-        }
+        let ran =
+            on_rank_threads(&stream, world, move |s, rank| rank_cases(s, rank, world, &ids, cases(), seed, false));
+        total += ran.iter().map(|(n, _)| n).sum::<usize>();
     }
     eprintln!("{total} rank-cases on 2, 4 and 8 threads matched the CPU reference (seed {seed})");
 }
@@ -777,20 +786,10 @@ fn threads_reshard_matches_the_global_tensor() {
     let mut total = 0;
     for world in [4, 8] {
         let ids: Vec<Id> = RESHARD_SHAPES.iter().map(|_| Id::new().unwrap()).collect();
-        let ctx = stream.context().clone();
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let (ctx, ids) = (ctx.clone(), ids.clone());
-                std::thread::spawn(move || {
-                    let s = ctx.new_stream().unwrap();
-                    reshard_rank_cases(&s, rank, world, &ids, reshard_cases(), seed, false)
-                })
-            })
-            .collect();
-        for h in handles {
-            let (n, _) = h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)"));
-            total += n;
-        }
+        let ran = on_rank_threads(&stream, world, move |s, rank| {
+            reshard_rank_cases(s, rank, world, &ids, reshard_cases(), seed, false)
+        });
+        total += ran.iter().map(|(n, _)| n).sum::<usize>();
     }
     eprintln!("{total} rank-reshards on 4 and 8 threads matched the global tensor (seed {seed})");
 }
@@ -850,16 +849,6 @@ fn rank_plans(world: usize) -> Vec<(String, Program)> {
     v
 }
 
-/// Small integers as `dtype` (exact in any order; the CPU executor follows the plan's anyway).
-fn plan_fill(dtype: DType, bytes: usize, rng: &mut common::Rng) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes + 8);
-    while out.len() < bytes {
-        out.extend(common::element(dtype, rng.random_range(-8..=8) as f64));
-    }
-    out.truncate(bytes);
-    out
-}
-
 /// One run of `rp` by this rank on cudarc buffers holding `cpu`'s inputs for it; the output.
 fn run_rank_plan<T: Element + bytemuck::Pod>(
     stream: &Arc<CudaStream>,
@@ -907,7 +896,7 @@ fn rank_plan_cases(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id,
                 for k in 0..2 {
                     // The same inputs on every rank (one seed): each runs the whole plan on the CPU.
                     for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
-                        *b = plan_fill(dtype, b.len(), &mut rng);
+                        *b = common::small_integers(dtype, b.len(), &mut rng);
                     }
                     let got = match dtype {
                         DType::F32 => run_rank_plan::<f32>(stream, &rp, &cpu, rank),
@@ -951,16 +940,9 @@ fn threads_run_compiled_plans() {
     let mut total = 0;
     for world in [4, 8] {
         let id = Id::new().unwrap();
-        let ctx = stream.context().clone();
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let (ctx, id) = (ctx.clone(), id);
-                std::thread::spawn(move || rank_plan_cases(&ctx.new_stream().unwrap(), rank, world, &id, seed))
-            })
-            .collect();
-        for h in handles {
-            total += h.join().unwrap_or_else(|_| panic!("a rank of {world} threads failed (see above)"));
-        }
+        total += on_rank_threads(&stream, world, move |s, rank| rank_plan_cases(s, rank, world, &id, seed))
+            .iter()
+            .sum::<usize>();
     }
     eprintln!("{total} rank-runs of compiled plans on 4 and 8 threads matched the CPU executor (seed {seed})");
 }

@@ -344,3 +344,15 @@ pub fn msccl_dir() -> std::path::PathBuf {
         .find(|d| d.is_dir())
         .expect("MSCCL files not found: set OXCCL_MSCCL_DIR to host/tests/data/msccl")
 }
+
+/// Small integers encoded as `dtype`: exact under any summation order for up to 16 ranks (the
+/// integer types' values spread over their range, `common::spread_i32` and `spread_u32`: their
+/// sums wrap, and u32 values lie on both sides of 2^31).
+pub fn small_integers(dtype: oxccl::DType, bytes: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes + 8);
+    while out.len() < bytes {
+        out.extend(element(dtype, rng.random_range(-8..=8) as f64));
+    }
+    out.truncate(bytes);
+    out
+}

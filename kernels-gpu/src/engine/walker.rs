@@ -125,7 +125,8 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
 /// they are added, 0 for nowhere): kept there, not in registers, which the movers need.
 #[inline(always)]
 fn phase_mark(ctx: &Ctx, i: usize) -> *mut u64 {
-    // SAFETY: three `u64`s at a fixed, 8-aligned offset of the header, unused otherwise by these kernels.
+    // SAFETY: four `u64`s at a fixed, 8-aligned offset of the header, unused otherwise by these kernels
+    // (`abi::smem::PHASE_MARKS`); `i` is below 4 at every call.
     unsafe { (ctx.smem.add(abi::smem::PHASE_MARKS) as *mut u64).add(i) }
 }
 
