@@ -3,6 +3,7 @@
 use crate::cache::BuildOnce;
 use crate::config::{Config, Shape, check_issuers_fit, combine_direct, combining_ring, launch_shape, validate_config};
 use crate::engine::{
+    PeerScope,
     DeviceAlloc, Engine, LaunchSpec, StatusRecord, bind, check_kept, make_current, sync_context, sync_stream,
     wait_stream,
 };
@@ -757,6 +758,8 @@ impl Communicator {
             issuers,
             combine_direct: c.combine_direct.unwrap_or(false),
             call_key: 0,
+            // One GPU holds the whole world: its L2 orders every rank's flags.
+            peer_scope: if self.world.devices.len() == 1 { PeerScope::Gpu } else { PeerScope::System },
         })
     }
 

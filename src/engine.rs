@@ -11,7 +11,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
-pub use oxccl_kernels::abi::{self, DType, LaunchArgs, Mover, PhaseTimes, RedOp, ReduceMode, Status, Task, TbProgram};
+pub use oxccl_kernels::abi::{
+    self, DType, LaunchArgs, Mover, PeerScope, PhaseTimes, RedOp, ReduceMode, Status, Task, TbProgram,
+};
 
 /// [`PhaseTimes`] records an engine keeps: one per (rank, CTA).
 const PHASE_RECORDS: usize = abi::MAX_RANKS * abi::MAX_CTAS_PER_RANK;
@@ -331,6 +333,9 @@ pub struct LaunchSpec {
     /// What the call is, compared between ranks at the start barrier (`abi::LaunchArgs::call_key`;
     /// 0: unchecked).
     pub call_key: u32,
+    /// How far the barriers' flags reach: [`PeerScope::Gpu`] only where every rank the launch
+    /// meets runs on the launching GPU.
+    pub peer_scope: PeerScope,
 }
 
 /// Per-kernel facts read from the driver.
@@ -467,6 +472,14 @@ pub struct Engine {
     pub max_smem: u32,
     /// Where `OXCCL_DEBUG` names `phases`: every CTA's [`PhaseTimes`], by (rank, CTA).
     phase_times: Option<DeviceAlloc>,
+}
+
+/// Whether `OXCCL_DEBUG` (a comma-separated list) names `serial-launches`: every launch then waits
+/// for the end of its stream's previous kernel before it is scheduled (no programmatic stream
+/// serialization), a diagnostic of what launching early saves.
+fn serial_launches() -> bool {
+    static SERIAL: OnceLock<bool> = OnceLock::new();
+    *SERIAL.get_or_init(|| std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "serial-launches")))
 }
 
 /// Whether `OXCCL_DEBUG` (a comma-separated list) names `phases`: every launch then adds where each
@@ -816,6 +829,8 @@ impl Engine {
             issuers: spec.issuers,
             combine_direct: spec.combine_direct as u32,
             call_key: spec.call_key,
+            peer_scope: spec.peer_scope as u32,
+            reserved: 0,
             phase_times: self.phase_times.as_ref().map_or(0, DeviceAlloc::ptr),
             workspaces,
             buffers,
@@ -826,8 +841,11 @@ impl Engine {
             shared_mem_bytes: Self::smem_bytes(spec, prog.slots) as u32,
         };
         // SAFETY: the argument is the kernel's single by-value `LaunchArgs` parameter; the caller
-        // guarantees the addresses.
-        unsafe { launch_kernel(stream, &f, cfg, &args) }
+        // guarantees the addresses. The kernels wait at entry for the stream's previous kernel
+        // (`griddepcontrol.wait`) before touching anything it may write.
+        unsafe {
+            if serial_launches() { launch_kernel(stream, &f, cfg, &args) } else { launch_kernel_early(stream, &f, cfg, &args) }
+        }
     }
 }
 
@@ -923,6 +941,46 @@ pub(crate) unsafe fn launch_kernel<A: DeviceRepr>(
         )
     }
     .map_err(Error::driver("cuLaunchKernel"))
+}
+
+/// As [`launch_kernel`], for a kernel that waits for the stream's previous kernel itself
+/// (`griddepcontrol.wait` before its first access to memory that kernel may write): launched with
+/// programmatic stream serialization, it may be scheduled once the previous kernel lets it
+/// (`griddepcontrol.launch_dependents`; at that kernel's end otherwise), so that its launch and
+/// set-up overlap the previous one. Per-rank launches on one GPU pass through its front end one
+/// after another (about 1 µs each, measured: docs/PERF.md); this takes that off each call's path.
+///
+/// # Safety
+/// As [`launch_kernel`]; and the kernel waits as said.
+pub(crate) unsafe fn launch_kernel_early<A: DeviceRepr>(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &A,
+) -> Result<()> {
+    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
+    let mut params = [args as *const A as *mut std::ffi::c_void];
+    // SAFETY: an all-zero attribute is a valid value of the union, then set as the driver reads it.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller's contract; `config`, `attr` and `params` outlive the call (the driver
+    // copies the parameters when the launch is queued).
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(Error::driver("cuLaunchKernelEx"))
 }
 
 /// Loads every kernel of `table` from `module` now, so that no call loads one later. With the

@@ -7,7 +7,9 @@ mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use oxccl::engine::abi::{self, BUFFER_SLOTS, MAX_RANKS, TASK_AFTER_WRITES, WaitKind, slot};
-use oxccl::engine::{DType, DeviceAlloc, Engine, LaunchSpec, Mover, RedOp, ReduceMode, Status, Task, TbProgram};
+use oxccl::engine::{
+    DType, DeviceAlloc, Engine, LaunchSpec, Mover, PeerScope, RedOp, ReduceMode, Status, Task, TbProgram,
+};
 use oxccl_host::lowered::{self, HostBuffers, Lowered};
 use rand::RngExt;
 use std::sync::Arc;
@@ -52,6 +54,7 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         issuers: c.issuers,
         combine_direct: false,
         call_key: 0,
+        peer_scope: PeerScope::System,
     }
 }
 
@@ -438,6 +441,7 @@ fn one_warp_spec(timeout_ns: u64) -> LaunchSpec {
         issuers: 1,
         combine_direct: false,
         call_key: 0,
+        peer_scope: PeerScope::System,
     }
 }
 

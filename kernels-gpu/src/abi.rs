@@ -386,6 +386,18 @@ pub struct TbProgram {
     pub reserved: u32,
 }
 
+/// How far a launch's barrier flags must reach: the scope of the fences, flag loads, stores and
+/// atomics of its start and end barriers ([`LaunchArgs::peer_scope`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerScope {
+    /// Peers may be on other GPUs (or in host memory): system scope.
+    System = 0,
+    /// Every rank the launch meets runs on this GPU (threads or processes sharing it): GPU scope,
+    /// which orders at the GPU's L2, shared by all of them, at about half a system fence's cost.
+    Gpu = 1,
+}
+
 /// Kernel parameters of the engine's kernels ([`kernel_name`]), passed by value. Every field is read at a constant offset
 /// (dynamic indexing of a kernel parameter would copy it to local memory): the tables are copied to
 /// shared memory at entry.
@@ -424,6 +436,10 @@ pub struct LaunchArgs {
     /// that called different collectives stop with `WaitKind::Mismatch` instead of running plans
     /// that do not fit together.
     pub call_key: u32,
+    /// A [`PeerScope`]: how far the flags of this launch's barriers must reach.
+    pub peer_scope: u32,
+    /// Zero (keeps the next field 8-aligned).
+    pub reserved: u32,
     /// Device address of [`PhaseTimes`] records, `MAX_RANKS × MAX_CTAS_PER_RANK` of them indexed
     /// by `rank × MAX_CTAS_PER_RANK + cta`, each CTA's issuer adding its call's phases to its own
     /// (0: none kept; a diagnostic).
@@ -645,6 +661,9 @@ pub mod smem {
     pub const BARRIERS: usize = WORKSPACES + MAX_RANKS * 8;
     /// Offset of the CTA's abort flag (a `u32`; see the engine's `Ctx::set_abort`).
     pub const ABORT: usize = BARRIERS + MAX_STAGES * 8;
+    /// Offset of the launch's [`super::PeerScope`] (a `u32` beside the abort flag, written at entry):
+    /// kept here, not in a register, which the movers need.
+    pub const PEER_SCOPE: usize = ABORT + 4;
     /// Offset of the plan kernels' step record (three `u64`s): the FIFO slot the issuing thread
     /// acquired for the current step (its address, read by every thread after a CTA barrier) and
     /// the counter the step's release advances (its address and next value).
@@ -1059,7 +1078,7 @@ const _: () = {
     assert!(size_of::<Task>() == 40 && align_of::<Task>() == 8);
     assert!(size_of::<TbProgram>() == 24 && align_of::<TbProgram>() == 4);
     assert!(size_of::<Status>() == 40 && align_of::<Status>() == 8);
-    assert!(size_of::<LaunchArgs>() == 72 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
+    assert!(size_of::<LaunchArgs>() == 80 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
     assert!(size_of::<PhaseTimes>() == 64);
     // Kernel parameters aligned above 16 bytes break the nvptx backend; 8 is what we pass.
     assert!(align_of::<LaunchArgs>() == 8);

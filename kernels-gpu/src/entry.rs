@@ -7,7 +7,7 @@ use crate::engine::{Ctx, SmemBase, walker};
 use oxccl_ptx::fence::fence_proxy_async_shared_cta;
 use oxccl_ptx::mbarrier::{fence_mbarrier_init_release_cluster, mbarrier_init_shared_b64, mbarrier_inval_shared_b64};
 use oxccl_ptx::sreg::ctaid_x;
-use oxccl_ptx::sync::bar_sync_all;
+use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_wait};
 
 macro_rules! kernels {
     ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {$(
@@ -70,6 +70,7 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
             copy_table!(workspaces, args.workspaces, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
             // Where the walker adds its phase times (0: nowhere), beside its marks.
             *(base.add(abi::smem::PHASE_MARKS) as *mut u64).add(3) = args.phase_times;
+            ctx.set_peer_scope(args.peer_scope);
             ctx.clear_abort();
             for s in 0..stages {
                 mbarrier_init_shared_b64(ctx.stage_barrier(s), 1);
@@ -77,6 +78,11 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
             fence_mbarrier_init_release_cluster();
             fence_proxy_async_shared_cta();
         }
+        // Launched early behind this stream's previous kernel (programmatic stream serialization),
+        // the CTA has set up its shared memory in the meantime; nothing that kernel writes (the
+        // workspace's counters and flags, the phase records, the buffers) is touched before it
+        // has ended. At once otherwise.
+        griddepcontrol_wait();
         bar_sync_all();
         walker::run::<TMA, C>(&ctx, &program, args.tasks as *const Task, dtype, op);
         if ctx.issuer {

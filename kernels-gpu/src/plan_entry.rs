@@ -84,6 +84,8 @@ unsafe fn plan_launch<const TMA: bool, C: Combine>(args: &PlanLaunchArgs, dtype:
             let workspaces = base.add(abi::smem::WORKSPACES) as *mut u64;
             copy_table!(workspaces, args.workspaces, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
             ctx.clear_abort();
+            // Plans' FIFOs may cross GPUs.
+            ctx.set_peer_scope(abi::PeerScope::System as u32);
             if TMA {
                 for s in 0..ctx.stages {
                     mbarrier_init_shared_b64(ctx.stage_barrier(s), 1);

@@ -157,6 +157,9 @@ atom!(
     /// that each OR their own bit into one word settle who came first: the second sees the first's
     /// bit in the value it gets back.
     atom_acq_rel_sys_or_b64, u64, reg64, "atom.acq_rel.sys.global.or.b64");
+atom!(
+    /// As [`atom_acq_rel_sys_or_b64`] at GPU scope (every thread that uses the word runs on this GPU).
+    atom_acq_rel_gpu_or_b64, u64, reg64, "atom.acq_rel.gpu.global.or.b64");
 
 /// Acquire-release compare-and-swap at system scope: writes `value` where the word equals `compare`;
 /// returns the previous value either way (equal to `compare` exactly when it wrote).
@@ -198,6 +201,29 @@ pub unsafe fn atom_relaxed_sys_cas_b64(addr: Global<u64>, compare: u64, value: u
     unsafe {
         asm!(
             "atom.relaxed.sys.global.cas.b64 {o}, [{a}], {c}, {v};",
+            o = out(reg64) old,
+            a = in(reg64) addr.addr(),
+            c = in(reg64) compare,
+            v = in(reg64) value
+        )
+    }
+    old
+}
+
+/// As [`atom_relaxed_sys_cas_b64`] at GPU scope (every thread that uses the word runs on this GPU).
+///
+/// `atom.relaxed.gpu.global.cas.b64 old, [addr], compare, value;` · PTX ISA 6.0 · sm_70
+///
+/// # Safety
+/// `addr` is a naturally aligned, writable global address.
+#[doc(alias = "atom.relaxed.gpu.global.cas.b64")]
+#[inline(always)]
+pub unsafe fn atom_relaxed_gpu_cas_b64(addr: Global<u64>, compare: u64, value: u64) -> u64 {
+    let old: u64;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!(
+            "atom.relaxed.gpu.global.cas.b64 {o}, [{a}], {c}, {v};",
             o = out(reg64) old,
             a = in(reg64) addr.addr(),
             c = in(reg64) compare,

@@ -306,6 +306,9 @@ pub unsafe extern "ptx-kernel" fn probe_memory(flags: u64, out: u64) {
             st_release_sys_u32(f.add(7).cast(), 17);
             *out.add(5).ptr() = ld_relaxed_sys_u32(f.add(7).cast()) as u64 + ld_acquire_sys_u32(f.add(7).cast()) as u64;
             *f.add(9).ptr() = atom_acq_rel_sys_cas_b64(f.add(2), 999, 1);
+            // Compare values the words never hold, an OR of nothing: the words stay as they are.
+            let _ = atom_relaxed_gpu_cas_b64(f.add(2), 998, 1);
+            let _ = atom_acq_rel_gpu_or_b64(f.add(2), 0);
         }
         red_release_gpu_add_u32(f.add(4).cast(), 1);
         red_release_sys_add_u32(f.add(4).cast::<u32>().add(1), 2);
@@ -352,6 +355,9 @@ pub unsafe extern "ptx-kernel" fn probe_sync(out: u64) {
         fence_acq_rel_gpu();
         fence_acq_rel_sys();
         nanosleep_u32(100);
+        // No grid before this one programmatically: both return at once.
+        griddepcontrol_wait();
+        griddepcontrol_launch_dependents();
         bar_sync(1, n);
         let neighbour = ld_shared_u32(s.add((t + 1) % n));
         bar_sync_all();

@@ -72,6 +72,38 @@ pub unsafe fn bar_red_or_all(pred: bool) -> bool {
     any != 0
 }
 
+/// Waits until every grid this one depends on programmatically (the kernel before it in its stream,
+/// where this one was launched with programmatic stream serialization) has completed and its
+/// memory operations are visible; at once where there is none.
+///
+/// `griddepcontrol.wait;` · PTX ISA 7.8 · sm_90
+///
+/// # Safety
+/// Always sound to execute; `unsafe` because callers rely on its placement for the soundness of
+/// the accesses after it.
+#[doc(alias = "griddepcontrol.wait")]
+#[inline(always)]
+pub unsafe fn griddepcontrol_wait() {
+    // SAFETY: no operands.
+    unsafe { asm!("griddepcontrol.wait;") }
+}
+
+/// Lets the grid launched after this one with programmatic stream serialization start (its CTAs
+/// scheduled as resources allow) once every CTA of this grid has executed this or exited. It starts
+/// early only: it still waits for this grid's completion at its `griddepcontrol.wait`.
+///
+/// `griddepcontrol.launch_dependents;` · PTX ISA 7.8 · sm_90
+///
+/// # Safety
+/// Always sound to execute; the dependent's CTAs may then take resources this grid's other
+/// launches (those it waits for) would need: callers trigger only once those are resident.
+#[doc(alias = "griddepcontrol.launch_dependents")]
+#[inline(always)]
+pub unsafe fn griddepcontrol_launch_dependents() {
+    // SAFETY: no operands.
+    unsafe { asm!("griddepcontrol.launch_dependents;") }
+}
+
 /// Suspends the thread for about `ns` nanoseconds (at most 1 ms), giving its issue slots to other warps.
 ///
 /// `nanosleep.u32 t;` · PTX ISA 6.3 · sm_70

@@ -8,7 +8,7 @@
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use oxccl::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
-use oxccl::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, Status};
+use oxccl::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, PeerScope, Status};
 use oxccl::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 use oxccl::{Error, Result};
 use oxccl_host::lowered::Lowered;
@@ -485,6 +485,7 @@ impl MoverBench {
             issuers: 1,
             combine_direct: false,
             call_key: 0,
+            peer_scope: PeerScope::System,
         };
         Ok(MoverCase { bench: self, op, spec, piece_bytes: piece.unwrap_or(0), prog })
     }

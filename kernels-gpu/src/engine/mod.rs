@@ -248,6 +248,22 @@ impl Ctx {
         self.abort_flag().load(core::sync::atomic::Ordering::Relaxed) != 0
     }
 
+    /// Whether every rank the barriers meet runs on this GPU, so that they synchronize at GPU scope
+    /// ([`abi::smem::PEER_SCOPE`], written at entry; system scope otherwise, as in compiled plans).
+    #[inline(always)]
+    pub fn peers_on_gpu(&self) -> bool {
+        // SAFETY: a `u32` of the header, written before the entry's CTA barrier and only read after.
+        unsafe { *(self.smem.add(abi::smem::PEER_SCOPE) as *const u32) == abi::PeerScope::Gpu as u32 }
+    }
+
+    /// Sets the peer scope `peers_on_gpu` reads (entry, issuer, before the first CTA barrier): a
+    /// [`abi::PeerScope`] value; any other reads as system scope.
+    #[inline(always)]
+    pub fn set_peer_scope(&self, scope: u32) {
+        // SAFETY: a `u32` of the header, this thread's alone until the CTA barrier.
+        unsafe { *(self.smem.add(abi::smem::PEER_SCOPE) as *mut u32) = scope }
+    }
+
     /// Clears the abort flag (entry, before the first CTA barrier).
     #[inline(always)]
     pub fn clear_abort(&self) {

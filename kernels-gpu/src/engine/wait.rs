@@ -5,15 +5,62 @@
 //! naming the wait. Nothing spins forever.
 
 use super::Ctx;
-use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, MAX_RANKS, Status, WaitKind, Workspace};
-use oxccl_ptx::fence::fence_acq_rel_sys;
-use oxccl_ptx::memory::{atom_relaxed_gpu_add_u32, ld_relaxed_sys_u64};
+use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, MAX_RANKS, Status, WaitKind, Workspace};
+use oxccl_ptx::fence::{fence_acq_rel_gpu, fence_acq_rel_sys};
+use oxccl_ptx::memory::{
+    atom_acq_rel_gpu_or_b64, atom_acq_rel_sys_or_b64, atom_relaxed_gpu_add_u32, atom_relaxed_gpu_cas_b64,
+    atom_relaxed_sys_cas_b64, ld_relaxed_gpu_u64, ld_relaxed_sys_u64, st_relaxed_gpu_u64, st_relaxed_sys_u64,
+};
 use oxccl_ptx::sreg::globaltimer;
 use oxccl_ptx::sync::nanosleep_u32;
 use oxccl_ptx::{Global, Mbarrier, Shared};
 
 /// Polls between two reads of the (coarse) global timer.
 const POLLS_PER_CLOCK_READ: u32 = 32;
+
+/// Barrier flags at the launch's peer scope ([`Ctx::peers_on_gpu`]: GPU scope where every rank
+/// met runs on this GPU, system scope otherwise). One branch on a value every thread shares.
+///
+/// # Safety
+/// Each takes a naturally aligned global word of a workspace (this rank's or a peer's).
+impl Ctx {
+    /// Acquire-release fence at the peer scope.
+    #[inline(always)]
+    pub unsafe fn fence_peers(&self) {
+        // SAFETY: fences have no operands.
+        unsafe { if self.peers_on_gpu() { fence_acq_rel_gpu() } else { fence_acq_rel_sys() } }
+    }
+
+    /// Relaxed load at the peer scope.
+    #[inline(always)]
+    pub unsafe fn load_flag(&self, at: Global<u64>) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe { if self.peers_on_gpu() { ld_relaxed_gpu_u64(at) } else { ld_relaxed_sys_u64(at) } }
+    }
+
+    /// Relaxed store at the peer scope.
+    #[inline(always)]
+    pub unsafe fn store_flag(&self, at: Global<u64>, v: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { if self.peers_on_gpu() { st_relaxed_gpu_u64(at, v) } else { st_relaxed_sys_u64(at, v) } }
+    }
+
+    /// Relaxed compare-and-swap at the peer scope; returns the previous value.
+    #[inline(always)]
+    pub unsafe fn cas_flag(&self, at: Global<u64>, compare: u64, v: u64) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.peers_on_gpu() { atom_relaxed_gpu_cas_b64(at, compare, v) } else { atom_relaxed_sys_cas_b64(at, compare, v) }
+        }
+    }
+
+    /// Acquire-release OR at the peer scope; returns the previous value.
+    #[inline(always)]
+    pub unsafe fn or_flag(&self, at: Global<u64>, v: u64) -> u64 {
+        // SAFETY: the caller's contract.
+        unsafe { if self.peers_on_gpu() { atom_acq_rel_gpu_or_b64(at, v) } else { atom_acq_rel_sys_or_b64(at, v) } }
+    }
+}
 
 /// Records an error in the launch status (the first one wins) and sets the CTA's abort flag.
 #[inline(always)]
@@ -45,7 +92,7 @@ fn write_status(s: Global<Status>, rank: u32, cta: u32, kind: WaitKind, peer: u3
     }
 }
 
-/// Waits until the system-scope flag at `flag` reaches at least `expected` (acquire). On timeout records
+/// Waits until the flag at `flag` (at the peer scope) reaches at least `expected` (acquire). On timeout records
 /// `kind` and returns `false`.
 ///
 /// # Safety
@@ -68,6 +115,10 @@ pub unsafe fn flag_at_least(ctx: &Ctx, flag: Global<u64>, expected: u64, kind: W
 /// round rather than one each: a barrier of 8 ranks waited for its 7 peers one after the other.
 /// Records against the lowest rank that fails (or, on timeout, is still pending).
 ///
+/// With `take`, each poll is a compare-and-swap from `expected` to `expected | BARRIER_TAKEN`: a
+/// flag is taken in the poll that finds it there, clean (the start barrier's arrivals, which a
+/// peer that gives up revokes; the word's order settles that race), with no round of its own.
+///
 /// # Safety
 /// This rank's workspace holds every flag named; the peers update them with release semantics.
 #[inline(always)]
@@ -77,6 +128,7 @@ pub unsafe fn flags_reach(
     offset: fn(usize, usize) -> usize,
     expected: u64,
     kind: WaitKind,
+    take: bool,
 ) -> bool {
     let own = ctx.workspace(ctx.rank);
     let at = |q: usize| Global::<u64>::from_addr(own + offset(q, ctx.cta as usize) as u64);
@@ -89,7 +141,9 @@ pub unsafe fn flags_reach(
         per_rank!(q => {
             if pending & (1 << q) != 0 {
                 // SAFETY: the caller guarantees the flags.
-                seen[q] = unsafe { ld_relaxed_sys_u64(at(q)) };
+                seen[q] = unsafe {
+                    if take { ctx.cas_flag(at(q), expected, expected | BARRIER_TAKEN) } else { ctx.load_flag(at(q)) }
+                };
             }
         });
         let mut failed = None;
@@ -111,7 +165,7 @@ pub unsafe fn flags_reach(
         }
         if pending == 0 {
             // SAFETY: a fence has no operands; it makes the reads that ended the wait acquires.
-            unsafe { fence_acq_rel_sys() };
+            unsafe { ctx.fence_peers() };
             return true;
         }
         polls += 1;
@@ -127,7 +181,7 @@ pub unsafe fn flags_reach(
                     if watched & (1 << q) != 0 && gone.is_none() {
                         let w = Global::<u64>::from_addr(own + Workspace::withdrawn_offset(q) as u64);
                         // SAFETY: the word is in this rank's workspace, which the caller guarantees.
-                        if unsafe { ld_relaxed_sys_u64(w) } != 0 {
+                        if unsafe { ctx.load_flag(w) } != 0 {
                             gone = Some((q, seen[q]));
                         }
                     }
@@ -181,7 +235,7 @@ enum Until {
 }
 
 /// The waits above: polls `flag` until `until` holds, giving up after `timeout_ns`. The polls are
-/// relaxed and the value that ends the wait is made an acquire by one `fence.acq_rel.sys` after it
+/// relaxed and the value that ends the wait is made an acquire by one fence after it
 /// (an acquire pattern): an acquire load per poll would fence on every poll.
 ///
 /// # Safety
@@ -200,11 +254,11 @@ unsafe fn flag_wait(
     let mut polls = 0u32;
     loop {
         // SAFETY: the caller guarantees the address.
-        let seen = unsafe { ld_relaxed_sys_u64(flag) };
+        let seen = unsafe { ctx.load_flag(flag) };
         let count = if until == Until::AtLeast { seen } else { seen & BARRIER_SEQ };
         if count >= expected {
             // SAFETY: a fence has no operands; it orders this thread's later accesses after the read.
-            unsafe { fence_acq_rel_sys() };
+            unsafe { ctx.fence_peers() };
             return true;
         }
         polls += 1;

@@ -3,14 +3,18 @@
 //! Barriers pair CTA `c` of this rank with CTA `c` of every rank in the program's `barrier_ranks`,
 //! through flags in each rank's workspace:
 //! - start: `seq[c] += 1` (this CTA's private counter, in device memory so graph replays count on);
-//!   release-store it into every peer's `arrive[rank][c]`; acquire-wait until every peer's
-//!   `arrive[peer][c]` in our workspace equals it; then take each of them (a compare-and-swap from
-//!   `seq` to `seq | BARRIER_TAKEN`, [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)). Peers' buffers are then
-//!   ready to read and write. Before arriving, the CTA writes its rank's row of the buffer table
-//!   into its own `announce[c]`; after the takes it reads each peer's into its table, so ranks
-//!   launched separately (other streams, other processes) need only their own buffers. Addresses
-//!   in another process's exported memory ([`region_address`](abi::region_address)) are then
-//!   resolved through this rank's region table.
+//!   release-store it into every peer's `arrive[rank][c]`; wait until every peer's `arrive[peer][c]`
+//!   in our workspace equals it, taking each as the poll finds it (a compare-and-swap from `seq` to
+//!   `seq | BARRIER_TAKEN`, [`BARRIER_TAKEN`](abi::BARRIER_TAKEN)), one fence making the swaps
+//!   acquires. Peers' buffers are then ready to read and write. Before arriving, the CTA writes its
+//!   rank's row of the buffer table into its own `announce[c]`; after the takes every thread of
+//!   the CTA reads a word of the peers' rows into its table, so ranks launched separately (other
+//!   streams, other processes) need only their own buffers. Addresses in another process's
+//!   exported memory ([`region_address`](abi::region_address)) are then resolved through this
+//!   rank's region table. Then the CTA lets the next launch on its stream be scheduled
+//!   (`griddepcontrol.launch_dependents`; that launch waits at its entry for this one's end).
+//! - scope: flags, fences and atomics are at GPU scope where every rank met runs on this GPU
+//!   ([`PeerScope`](abi::PeerScope)), at system scope otherwise.
 //! - end: every thread's writes are completed (`cp.async.bulk.wait_group 0`, proxy and system fences,
 //!   CTA barrier); release-store `seq` into every peer's `done[rank][c]`; wait for every peer's
 //!   `done[peer][c]` to equal it. Nobody writes into this rank's buffers after its kernel ends.
@@ -40,10 +44,10 @@ use crate::abi::{
 };
 use oxccl_ptx::Global;
 use oxccl_ptx::bulk::cp_async_bulk_wait_group;
-use oxccl_ptx::fence::{fence_acq_rel_sys, fence_proxy_async_global};
-use oxccl_ptx::memory::{atom_acq_rel_sys_or_b64, atom_relaxed_sys_cas_b64, ld_relaxed_sys_u64, st_relaxed_sys_u64};
+use oxccl_ptx::fence::fence_proxy_async_global;
+use oxccl_ptx::memory::ld_relaxed_sys_u64;
 use oxccl_ptx::sreg::globaltimer;
-use oxccl_ptx::sync::bar_sync_all;
+use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_launch_dependents};
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
 /// mover if `TMA`, else with the SIMT mover, and reducing `dtype` with `op` (implemented by `C`).
@@ -75,10 +79,17 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
     // complete bulk writes (`wait_group 0`, proxy fence) and order every thread's writes at system
     // scope before the issuer's release stores.
     unsafe {
+        if ctx.issuer && peers != 0 {
+            seq = start_barrier(ctx, peers);
+        }
+        if peers != 0 && !ctx.sync_aborted() {
+            read_announcements(ctx, peers);
+        }
+        if peers != 0 {
+            // The announcements' checks (any thread's) reach the issuer here.
+            bar_sync_all();
+        }
         if ctx.issuer {
-            if peers != 0 {
-                seq = start_barrier(ctx, peers);
-            }
             if !ctx.aborted() {
                 resolve_buffers(ctx);
             }
@@ -86,6 +97,11 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
                 mark(ctx, 1);
             }
         }
+        // Every CTA of every rank this launch meets is resident (each has arrived): the next
+        // launch on this rank's stream may now be scheduled, to wait at its entry for this one's
+        // end, so that its launch and set-up overlap this call. Earlier, its CTAs could take the
+        // room a peer's CTAs of this call still need.
+        griddepcontrol_launch_dependents();
         if !ctx.sync_aborted() {
             let mut state = PipelineState::new();
             for t in 0..program.task_count {
@@ -100,7 +116,7 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
             cp_async_bulk_wait_group::<0>();
             fence_proxy_async_global();
         }
-        fence_acq_rel_sys();
+        ctx.fence_peers();
         bar_sync_all();
         if timed(ctx) {
             mark(ctx, 2);
@@ -302,18 +318,18 @@ fn flag_of_peer(ctx: &Ctx, q: u32, offset: fn(usize, usize) -> usize) -> Global<
 }
 
 /// Stores `value` into this CTA's flag (`offset`) in every peer's workspace with release
-/// semantics: one `fence.acq_rel.sys`, then relaxed stores (a release pattern for each). A release
-/// store per peer would fence once per peer.
+/// semantics: one fence at the peer scope, then relaxed stores (a release pattern for each). A
+/// release store per peer would fence once per peer.
 ///
 /// # Safety
 /// The workspace table holds every rank in `peers`.
 #[inline(always)]
 unsafe fn publish(ctx: &Ctx, peers: u32, offset: fn(usize, usize) -> usize, value: u64) {
     // SAFETY: a fence has no operands; it orders this thread's earlier writes before the stores.
-    unsafe { fence_acq_rel_sys() };
+    unsafe { ctx.fence_peers() };
     for q in others(ctx, peers) {
         // SAFETY: the caller's contract: the flag lies in peer `q`'s workspace.
-        unsafe { st_relaxed_sys_u64(flag_at_peer(ctx, q, offset), value) };
+        unsafe { ctx.store_flag(flag_at_peer(ctx, q, offset), value) };
     }
 }
 
@@ -337,63 +353,53 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
         }
         *word(BUFFER_SLOTS) = ctx.call_key as u64;
         publish(ctx, peers, Workspace::arrive_offset, seq);
-        let others_mask = peers & !(1 << ctx.rank);
-        if !wait::flags_reach(ctx, others_mask, Workspace::arrive_offset, seq, WaitKind::StartBarrier) {
-            return seq;
-        }
-        // Every peer is here: take their arrivals, each by a compare-and-swap from the clean count.
-        // A word that no longer holds it was revoked (the peer gave up this call and may have
+        // Every arrival is taken (a compare-and-swap from the clean count, in the poll that finds
+        // it): a word that no longer holds it was revoked (the peer gave up this call and may have
         // ended) or already overwritten by the peer's next call (which it can only reach by giving
-        // this one up): none of the call's tasks may run (the arrivals taken make their peers
-        // wait for this CTA's `done`, which `withdraw` writes). The swaps are relaxed and all in
-        // flight at once; the fence after them makes them acquires.
-        let mut refused = 0u32;
-        for q in others(ctx, peers) {
-            let flag = flag_of_peer(ctx, q, Workspace::arrive_offset);
-            refused |= u32::from(atom_relaxed_sys_cas_b64(flag, seq, seq | BARRIER_TAKEN) != seq) << q;
+        // this one up): none of the call's tasks may run (the arrivals taken make their peers wait
+        // for this CTA's `done`, which `withdraw` writes). The fence that ends the wait makes the
+        // swaps acquires: each peer's announced buffers, written before its arrival, are its
+        // buffers in this call (the peer rewrites them only in its next call, which it reaches
+        // after this CTA's `done`).
+        let others_mask = peers & !(1 << ctx.rank);
+        if wait::flags_reach(ctx, others_mask, Workspace::arrive_offset, seq, WaitKind::StartBarrier, true) {
+            // Later bulk loads of peer buffers (async proxy) come after the acquires above.
+            fence_proxy_async_global();
         }
-        fence_acq_rel_sys();
-        if refused != 0 {
-            let q = refused.trailing_zeros();
-            let seen = ld_relaxed_sys_u64(flag_of_peer(ctx, q, Workspace::arrive_offset));
-            wait::record(ctx, WaitKind::PeerAborted, q, seq, seen);
-            return seq;
-        }
-        // Every arrival is taken (acquired): each peer's announced buffers, written before it, are
-        // its buffers in this call. The peer rewrites them only in its next call, which it reaches
-        // after this CTA's `done`.
-        // One word of every peer's announcement at a time, all peers' loads in flight before any
-        // value is used (a peer at a time would cost a round trip per word per peer).
-        let table = ctx.buffer_table_mut();
-        let word = |q: usize, w: usize| {
-            Global::<u64>::from_addr(ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64)
-        };
-        for w in 0..=BUFFER_SLOTS {
-            let mut got = [0u64; MAX_RANKS];
-            per_rank!(q => {
-                if others_mask & (1 << q) != 0 {
-                    got[q] = ld_relaxed_sys_u64(word(q, w));
+        seq
+    }
+}
+
+/// Reads every peer's announcement (its row of the buffer table and its call key) into this CTA's
+/// table, one word per thread, all in flight at once (a word at a time per peer would cost a
+/// round trip each); a call key that differs from this rank's records [`WaitKind::Mismatch`].
+/// Every thread of the CTA, after the CTA barrier that follows the issuer's start barrier (whose
+/// acquires it extends to them).
+///
+/// # Safety
+/// As [`start_barrier`], which has passed.
+#[inline(always)]
+unsafe fn read_announcements(ctx: &Ctx, peers: u32) {
+    let others_mask = peers & !(1 << ctx.rank);
+    let table = ctx.buffer_table_mut();
+    let words = BUFFER_SLOTS as u32 + 1;
+    let mut i = ctx.tid;
+    while i < MAX_RANKS as u32 * words {
+        let (q, w) = ((i / words) as usize, (i % words) as usize);
+        if others_mask & (1 << q) != 0 {
+            let at = Global::<u64>::from_addr(ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64);
+            // SAFETY: the word lies in peer `q`'s workspace (the caller's contract); entry `(q, w)`
+            // of the table is this thread's alone, read only after the next CTA barrier.
+            unsafe {
+                let v = ctx.load_flag(at);
+                if w < BUFFER_SLOTS {
+                    *table.add(q * BUFFER_SLOTS + w) = v;
+                } else if v != ctx.call_key as u64 && v != 0 && ctx.call_key != 0 {
+                    wait::record(ctx, WaitKind::Mismatch, q as u32, ctx.call_key as u64, v);
                 }
-            });
-            let mut mismatch = None;
-            per_rank!(q => {
-                let v = got[q];
-                if others_mask & (1 << q) != 0 {
-                    if w < BUFFER_SLOTS {
-                        *table.add(q * BUFFER_SLOTS + w) = v;
-                    } else if v != ctx.call_key as u64 && v != 0 && ctx.call_key != 0 {
-                        mismatch = mismatch.or(Some((q, v)));
-                    }
-                }
-            });
-            if let Some((q, v)) = mismatch {
-                wait::record(ctx, WaitKind::Mismatch, q as u32, ctx.call_key as u64, v);
-                return seq;
             }
         }
-        // Later bulk loads of peer buffers (async proxy) come after the acquires above.
-        fence_proxy_async_global();
-        seq
+        i += ctx.threads;
     }
 }
 
@@ -448,7 +454,7 @@ unsafe fn withdraw(ctx: &Ctx, peers: u32, seq: u64) {
     unsafe {
         publish(ctx, peers, Workspace::done_offset, seq | BARRIER_ABORTED);
         for q in others(ctx, peers) {
-            let seen = atom_acq_rel_sys_or_b64(flag_at_peer(ctx, q, Workspace::arrive_offset), BARRIER_REVOKED);
+            let seen = ctx.or_flag(flag_at_peer(ctx, q, Workspace::arrive_offset), BARRIER_REVOKED);
             if seen & BARRIER_TAKEN != 0 && seen & BARRIER_SEQ == seq {
                 // On timeout the wait is recorded; nothing more can be done without hanging.
                 let _ = wait::flag_settles(ctx, flag_of_peer(ctx, q, Workspace::done_offset), seq, q, bound);
@@ -469,6 +475,6 @@ unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
     // SAFETY: the caller's contract.
     unsafe {
         publish(ctx, peers, Workspace::done_offset, seq);
-        let _ = wait::flags_reach(ctx, peers & !(1 << ctx.rank), Workspace::done_offset, seq, WaitKind::EndBarrier);
+        let _ = wait::flags_reach(ctx, peers & !(1 << ctx.rank), Workspace::done_offset, seq, WaitKind::EndBarrier, false);
     }
 }
