@@ -3,9 +3,8 @@
 use crate::cache::BuildOnce;
 use crate::config::{Config, Shape, check_issuers_fit, combine_direct, combining_ring, launch_shape, validate_config};
 use crate::engine::{
-    PeerScope,
-    DeviceAlloc, Engine, LaunchSpec, StatusRecord, bind, check_kept, make_current, sync_context, sync_stream,
-    wait_stream,
+    DeviceAlloc, Engine, LaunchSpec, PeerScope, StatusRecord, bind, check_kept, make_current, sync_context,
+    sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
 use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, unit_of, whole_blocks};

@@ -479,7 +479,8 @@ pub struct Engine {
 /// serialization), a diagnostic of what launching early saves.
 fn serial_launches() -> bool {
     static SERIAL: OnceLock<bool> = OnceLock::new();
-    *SERIAL.get_or_init(|| std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "serial-launches")))
+    *SERIAL
+        .get_or_init(|| std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "serial-launches")))
 }
 
 /// Whether `OXCCL_DEBUG` (a comma-separated list) names `phases`: every launch then adds where each
@@ -844,7 +845,11 @@ impl Engine {
         // guarantees the addresses. The kernels wait at entry for the stream's previous kernel
         // (`griddepcontrol.wait`) before touching anything it may write.
         unsafe {
-            if serial_launches() { launch_kernel(stream, &f, cfg, &args) } else { launch_kernel_early(stream, &f, cfg, &args) }
+            if serial_launches() {
+                launch_kernel(stream, &f, cfg, &args)
+            } else {
+                launch_kernel_early(stream, &f, cfg, &args)
+            }
         }
     }
 }

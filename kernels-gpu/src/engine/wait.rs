@@ -5,7 +5,9 @@
 //! naming the wait. Nothing spins forever.
 
 use super::Ctx;
-use crate::abi::{BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, MAX_RANKS, Status, WaitKind, Workspace};
+use crate::abi::{
+    BARRIER_ABORTED, BARRIER_REVOKED, BARRIER_SEQ, BARRIER_TAKEN, MAX_RANKS, Status, WaitKind, Workspace,
+};
 use oxccl_ptx::fence::{fence_acq_rel_gpu, fence_acq_rel_sys};
 use oxccl_ptx::memory::{
     atom_acq_rel_gpu_or_b64, atom_acq_rel_sys_or_b64, atom_relaxed_gpu_add_u32, atom_relaxed_gpu_cas_b64,
@@ -50,7 +52,11 @@ impl Ctx {
     pub unsafe fn cas_flag(&self, at: Global<u64>, compare: u64, v: u64) -> u64 {
         // SAFETY: the caller's contract.
         unsafe {
-            if self.peers_on_gpu() { atom_relaxed_gpu_cas_b64(at, compare, v) } else { atom_relaxed_sys_cas_b64(at, compare, v) }
+            if self.peers_on_gpu() {
+                atom_relaxed_gpu_cas_b64(at, compare, v)
+            } else {
+                atom_relaxed_sys_cas_b64(at, compare, v)
+            }
         }
     }
 

@@ -387,7 +387,9 @@ unsafe fn read_announcements(ctx: &Ctx, peers: u32) {
     while i < MAX_RANKS as u32 * words {
         let (q, w) = ((i / words) as usize, (i % words) as usize);
         if others_mask & (1 << q) != 0 {
-            let at = Global::<u64>::from_addr(ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64);
+            let at = Global::<u64>::from_addr(
+                ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64,
+            );
             // SAFETY: the word lies in peer `q`'s workspace (the caller's contract); entry `(q, w)`
             // of the table is this thread's alone, read only after the next CTA barrier.
             unsafe {
@@ -475,6 +477,7 @@ unsafe fn end_barrier(ctx: &Ctx, peers: u32, seq: u64) {
     // SAFETY: the caller's contract.
     unsafe {
         publish(ctx, peers, Workspace::done_offset, seq);
-        let _ = wait::flags_reach(ctx, peers & !(1 << ctx.rank), Workspace::done_offset, seq, WaitKind::EndBarrier, false);
+        let _ =
+            wait::flags_reach(ctx, peers & !(1 << ctx.rank), Workspace::done_offset, seq, WaitKind::EndBarrier, false);
     }
 }
