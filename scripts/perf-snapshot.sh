@@ -202,6 +202,7 @@ for n in 2 8; do
   snap "latency-threads-$n-graph" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench all-reduce --procs "$n" --rank-threads -b 8 -e 32K -f 4 -n 200 -w 20 -G 10 --json
 done
 snap launch-probe gpu python3 -W ignore scripts/launch_probe.py 200
+snap barrier-probe gpu python3 -W ignore scripts/barrier_probe.py 200
 for coll in all-reduce reduce-scatter all-gather; do for buf in symmetric registered plain; do
   snap "ranks-procs-$buf-$coll" gpu,mps "$X" bench "$coll" --procs 8 --buffers "$buf" -b 64M -e 1G -f 4 -n 20 -w 5 --json
 done; done
