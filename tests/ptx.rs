@@ -649,10 +649,7 @@ fn ptxas_assembles_every_module() {
             if let Some(bytes) = line.split(" bytes spill stores").next().filter(|_| line.contains("spill stores")) {
                 let spilled: u32 = bytes.rsplit(' ').next().and_then(|s| s.parse().ok()).unwrap();
                 if name == "kernels" && ptx.contains(&format!(".entry {function}(")) {
-                    // SIMT f64 Avg sits at its 128-register bound (512 threads); since the per-rank
-                    // barriers read the peers' announcements with every thread it spills 4 bytes.
-                    let allowed = if function == "oxccl_run_simt_f64_avg" { 4 } else { 0 };
-                    assert!(spilled <= allowed, "{name}: {function} spills {spilled} bytes (allowed {allowed})");
+                    assert_eq!(spilled, 0, "{name}: {function} spills {spilled} bytes");
                     checked += 1;
                 }
             }
