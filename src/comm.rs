@@ -91,6 +91,12 @@ impl World {
     fn most_on_a_device(&self) -> usize {
         (0..self.devices.len()).map(|d| self.ranks_on(d)).max().unwrap_or(0)
     }
+
+    /// How far the barriers' flags must reach: GPU scope where one GPU holds the whole world (its
+    /// L2 orders every rank's flags), system scope where any rank is on another GPU or host.
+    fn peer_scope(&self) -> PeerScope {
+        if self.devices.len() == 1 { PeerScope::Gpu } else { PeerScope::System }
+    }
 }
 
 /// Ranks launched together: one kernel per group per call.
@@ -757,8 +763,7 @@ impl Communicator {
             issuers,
             combine_direct: c.combine_direct.unwrap_or(false),
             call_key: 0,
-            // One GPU holds the whole world: its L2 orders every rank's flags.
-            peer_scope: if self.world.devices.len() == 1 { PeerScope::Gpu } else { PeerScope::System },
+            peer_scope: self.world.peer_scope(),
         })
     }
 
@@ -1614,6 +1619,17 @@ mod tests {
         p.clear();
         assert!(!p.is_set());
         assert_eq!(p.epoch(), before + 2);
+    }
+
+    /// GPU scope only where one device holds every rank: a world over two GPUs (of one host or two
+    /// hosts posing as one, `(host, UUID)` apart) meets at system scope.
+    #[test]
+    fn barriers_reach_as_far_as_the_world_spreads() {
+        let h200 = DeviceFacts { sms: 132, max_smem: 232448 };
+        let one = World { rank_device: vec![0; 8], devices: vec![h200] };
+        assert_eq!(one.peer_scope(), PeerScope::Gpu);
+        let two = World { rank_device: vec![0, 0, 0, 0, 1, 1, 1, 1], devices: vec![h200, h200] };
+        assert_eq!(two.peer_scope(), PeerScope::System);
     }
 
     /// A record read while its launch may run: its error once the details are there, else
