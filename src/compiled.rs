@@ -34,8 +34,8 @@ use crate::comm::{
 };
 use crate::config::check_timeout;
 use crate::engine::{
-    DeviceAlloc, Engine, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context, sync_stream,
-    wait_stream,
+    DeviceAlloc, Engine, Start, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context,
+    sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
 use crate::peer::PeerMemory;
@@ -741,7 +741,7 @@ impl CompiledPlan {
             // kernel of the rank's device; the descriptors, workspaces, status and timing records
             // are this plan's own allocations; the caller vouches for the buffers; `launch` queues
             // every rank (or poisons the plan where one fails after others were queued).
-            unsafe { launch_kernel(&rank.stream, f, cfg, &args) }?;
+            unsafe { launch_kernel(&rank.stream, f, cfg, &args, Start::AfterPrevious) }?;
         }
         Ok(())
     }

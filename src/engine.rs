@@ -472,22 +472,19 @@ pub struct Engine {
     pub max_smem: u32,
     /// Where `OXCCL_DEBUG` names `phases`: every CTA's [`PhaseTimes`], by (rank, CTA).
     phase_times: Option<DeviceAlloc>,
+    /// How the collective kernels are queued: early, unless `OXCCL_DEBUG` names `serial-launches`
+    /// (read once here, not per launch).
+    start: Start,
 }
 
-/// Whether `OXCCL_DEBUG` (a comma-separated list) names `serial-launches`: every launch then waits
-/// for the end of its stream's previous kernel before it is scheduled (no programmatic stream
-/// serialization), a diagnostic of what launching early saves.
-fn serial_launches() -> bool {
-    static SERIAL: OnceLock<bool> = OnceLock::new();
-    *SERIAL
-        .get_or_init(|| std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "serial-launches")))
-}
-
-/// Whether `OXCCL_DEBUG` (a comma-separated list) names `phases`: every launch then adds where each
-/// CTA's time went to its engine's records ([`Engine::phase_times`]), a diagnostic of the per-call
-/// cost.
-fn keep_phase_times() -> bool {
-    std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| t.trim() == "phases"))
+/// Whether `OXCCL_DEBUG` (a comma-separated list of diagnostics) names any of `names`:
+/// - `phases`: every launch adds where each CTA's time went to its engine's records
+///   ([`Engine::phase_times`]);
+/// - `serial-launches`: every collective kernel is scheduled only after its stream's previous work
+///   has ended ([`Start::AfterPrevious`]), to measure what launching early saves;
+/// - `staged` (or `all`): the staged inter-node steps are printed as they are queued.
+pub(crate) fn debug_names(names: &[&str]) -> bool {
+    std::env::var("OXCCL_DEBUG").is_ok_and(|v| v.split(',').any(|t| names.contains(&t.trim())))
 }
 
 impl Engine {
@@ -505,7 +502,7 @@ impl Engine {
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         let functions = load_all(&module, abi::KERNELS, max_smem)?;
-        let phase_times = if keep_phase_times() {
+        let phase_times = if debug_names(&["phases"]) {
             Some(DeviceAlloc::zeroed(ctx, PHASE_RECORDS * std::mem::size_of::<PhaseTimes>())?)
         } else {
             None
@@ -520,6 +517,7 @@ impl Engine {
             sms,
             max_smem,
             phase_times,
+            start: if debug_names(&["serial-launches"]) { Start::AfterPrevious } else { Start::Early },
         })
     }
 
@@ -844,13 +842,7 @@ impl Engine {
         // SAFETY: the argument is the kernel's single by-value `LaunchArgs` parameter; the caller
         // guarantees the addresses. The kernels wait at entry for the stream's previous kernel
         // (`griddepcontrol.wait`) before touching anything it may write.
-        unsafe {
-            if serial_launches() {
-                launch_kernel(stream, &f, cfg, &args)
-            } else {
-                launch_kernel_early(stream, &f, cfg, &args)
-            }
-        }
+        unsafe { launch_kernel(stream, &f, cfg, &args, self.start) }
     }
 }
 
@@ -919,52 +911,52 @@ pub(crate) fn stream_wait(stream: &CudaStream, event: &CudaEvent) -> Result<()> 
     .map_err(Error::driver("cuStreamWaitEvent"))
 }
 
+/// When a queued kernel may be scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Once its stream's previous work has ended (a plain launch).
+    AfterPrevious,
+    /// Once the stream's previous kernel lets it (`griddepcontrol.launch_dependents`; at that
+    /// kernel's end otherwise): launched with programmatic stream serialization, so that its launch
+    /// and set-up overlap the previous kernel. Only for kernels that wait for that kernel themselves
+    /// (`griddepcontrol.wait` before their first access to memory it may write). Per-rank launches
+    /// on one GPU pass through its front end one after another (about 1 µs each, measured:
+    /// docs/PERF.md); this takes that off each call's path.
+    Early,
+}
+
 /// Queues `f` on `stream` with `args` as its one by-value parameter, in the stream's context (made
-/// current without taking cudarc's kept error: see [`make_current`]).
+/// current without taking cudarc's kept error: see [`make_current`]), to be scheduled as `start`
+/// says.
 ///
 /// # Safety
 /// `f` takes exactly one parameter, of `A`'s layout, and the addresses in `args` are valid for the
-/// kernel until it completes; `f` belongs to `stream`'s context.
+/// kernel until it completes; `f` belongs to `stream`'s context; with [`Start::Early`], `f` waits
+/// as that variant says.
 pub(crate) unsafe fn launch_kernel<A: DeviceRepr>(
     stream: &CudaStream,
     f: &CudaFunction,
     cfg: LaunchConfig,
     args: &A,
+    start: Start,
 ) -> Result<()> {
     make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
     let mut params = [args as *const A as *mut std::ffi::c_void];
-    // SAFETY: the caller's contract; `params` points at `args`, alive across the call (the driver
-    // copies parameters when the launch is queued).
-    unsafe {
-        result::launch_kernel(
-            f.cu_function(),
-            cfg.grid_dim,
-            cfg.block_dim,
-            cfg.shared_mem_bytes,
-            stream.cu_stream(),
-            &mut params,
-        )
+    if start == Start::AfterPrevious {
+        // SAFETY: the caller's contract; `params` points at `args`, alive across the call (the
+        // driver copies parameters when the launch is queued).
+        return unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(Error::driver("cuLaunchKernel"));
     }
-    .map_err(Error::driver("cuLaunchKernel"))
-}
-
-/// As [`launch_kernel`], for a kernel that waits for the stream's previous kernel itself
-/// (`griddepcontrol.wait` before its first access to memory that kernel may write): launched with
-/// programmatic stream serialization, it may be scheduled once the previous kernel lets it
-/// (`griddepcontrol.launch_dependents`; at that kernel's end otherwise), so that its launch and
-/// set-up overlap the previous one. Per-rank launches on one GPU pass through its front end one
-/// after another (about 1 µs each, measured: docs/PERF.md); this takes that off each call's path.
-///
-/// # Safety
-/// As [`launch_kernel`]; and the kernel waits as said.
-pub(crate) unsafe fn launch_kernel_early<A: DeviceRepr>(
-    stream: &CudaStream,
-    f: &CudaFunction,
-    cfg: LaunchConfig,
-    args: &A,
-) -> Result<()> {
-    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
-    let mut params = [args as *const A as *mut std::ffi::c_void];
     // SAFETY: an all-zero attribute is a valid value of the union, then set as the driver reads it.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;

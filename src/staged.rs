@@ -23,11 +23,7 @@ pub const DEFAULT_PIECE_BYTES: u64 = 64 << 20;
 /// and a wait for the inter-node side says every few seconds where it is.
 fn debug_start() -> Option<std::time::Instant> {
     static ON: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("OXCCL_DEBUG")
-            .is_ok_and(|v| v.split(',').any(|t| matches!(t.trim(), "staged" | "all")))
-            .then(std::time::Instant::now)
-    })
+    *ON.get_or_init(|| crate::engine::debug_names(&["staged", "all"]).then(std::time::Instant::now))
 }
 
 /// Prints a debug line for `rank` (see [`debug_start`]).

@@ -22,11 +22,12 @@ const POLLS_PER_CLOCK_READ: u32 = 32;
 
 /// Barrier flags at the launch's peer scope ([`Ctx::peers_on_gpu`]: GPU scope where every rank
 /// met runs on this GPU, system scope otherwise). One branch on a value every thread shares.
-///
-/// # Safety
-/// Each takes a naturally aligned global word of a workspace (this rank's or a peer's).
 impl Ctx {
     /// Acquire-release fence at the peer scope.
+    ///
+    /// # Safety
+    /// Always sound to execute; `unsafe` because callers rely on its placement for the soundness of
+    /// the accesses it orders.
     #[inline(always)]
     pub unsafe fn fence_peers(&self) {
         // SAFETY: fences have no operands.
@@ -34,6 +35,9 @@ impl Ctx {
     }
 
     /// Relaxed load at the peer scope.
+    ///
+    /// # Safety
+    /// `at` is a naturally aligned global word of a workspace (this rank's or a peer's).
     #[inline(always)]
     pub unsafe fn load_flag(&self, at: Global<u64>) -> u64 {
         // SAFETY: the caller's contract.
@@ -41,6 +45,9 @@ impl Ctx {
     }
 
     /// Relaxed store at the peer scope.
+    ///
+    /// # Safety
+    /// `at` is a naturally aligned global word of a workspace (this rank's or a peer's).
     #[inline(always)]
     pub unsafe fn store_flag(&self, at: Global<u64>, v: u64) {
         // SAFETY: the caller's contract.
@@ -48,6 +55,9 @@ impl Ctx {
     }
 
     /// Relaxed compare-and-swap at the peer scope; returns the previous value.
+    ///
+    /// # Safety
+    /// `at` is a naturally aligned global word of a workspace (this rank's or a peer's).
     #[inline(always)]
     pub unsafe fn cas_flag(&self, at: Global<u64>, compare: u64, v: u64) -> u64 {
         // SAFETY: the caller's contract.
@@ -61,6 +71,9 @@ impl Ctx {
     }
 
     /// Acquire-release OR at the peer scope; returns the previous value.
+    ///
+    /// # Safety
+    /// `at` is a naturally aligned global word of a workspace (this rank's or a peer's).
     #[inline(always)]
     pub unsafe fn or_flag(&self, at: Global<u64>, v: u64) -> u64 {
         // SAFETY: the caller's contract.
