@@ -18,6 +18,8 @@ use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, s
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub(crate) mod p2p;
+
 /// A rank this communicator drives (a local rank): its index in the world, its device (an index
 /// into `engines`), stream and workspace.
 pub(crate) struct Rank {
@@ -148,6 +150,8 @@ pub struct Communicator {
     /// depend only on the plan, the configuration and the devices, none of which change).
     plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
     pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
+    /// Point-to-point rounds' plans with their launches.
+    p2p_plans: BuildOnce<p2p::P2pKey, (Arc<Uploaded>, LaunchSpec)>,
     /// Plans launched while the ranks' streams were capturing a CUDA graph: the graph holds their
     /// device addresses, so [`Communicator::clear_plans`] leaves them alive (until
     /// [`Communicator::release_captured`] or the communicator's drop).
@@ -267,6 +271,7 @@ impl Communicator {
             groups,
             plans: BuildOnce::new(),
             reshard_plans: BuildOnce::new(),
+            p2p_plans: BuildOnce::new(),
             captured: Mutex::new(Vec::new()),
             launch_order: Mutex::new(()),
             poison: Poison::default(),
@@ -1006,6 +1011,7 @@ impl Communicator {
         }
         self.plans.clear();
         self.reshard_plans.clear();
+        self.p2p_plans.clear();
         Ok(())
     }
 

@@ -69,7 +69,7 @@ pub use oxccl_host::tccl::{Collective, Reduction};
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use plain::Plain;
-pub use rank::{Comm, ExportableBuffer, Registration, SymmetricBuffer};
+pub use rank::{Comm, ExportableBuffer, Group, Registration, SymmetricBuffer};
 pub use reshard::ReshardOptions;
 
 /// Element types the collectives move and reduce: `f32`, `f64`, `half::f16`, `half::bf16`,

@@ -89,6 +89,8 @@ fn lowered(c: &Case) -> Lowered {
             first_task: first,
             task_count: tasks.len() as u32 - first,
             barrier_ranks: 0,
+            table: 0,
+            key: 0,
             reserved: 0,
         });
     }
@@ -386,7 +388,16 @@ fn reduce_after_writes_orders_dependent_tasks() {
             bytes: bytes as u64 - from,
         };
         let l = Lowered {
-            programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 2, barrier_ranks: 0, reserved: 0 }],
+            programs: vec![TbProgram {
+                rank: 0,
+                cta: 0,
+                first_task: 0,
+                task_count: 2,
+                barrier_ranks: 0,
+                table: 0,
+                key: 0,
+                reserved: 0,
+            }],
             tasks: vec![t(abi::TaskKind::Move, 1, 0, 0), t(abi::TaskKind::ReduceInto, 2, TASK_AFTER_WRITES, shift)],
             ranks: 2,
             slots: if issuers > 1 { 1 } else { 2 },
@@ -472,7 +483,16 @@ fn launch_rank0_barrier_only(
 ) -> (Status, Vec<u8>) {
     let ctx = engine.context();
     let l = Lowered {
-        programs: vec![TbProgram { rank: 0, cta: 0, first_task: 0, task_count: 0, barrier_ranks: 0b11, reserved: 0 }],
+        programs: vec![TbProgram {
+            rank: 0,
+            cta: 0,
+            first_task: 0,
+            task_count: 0,
+            barrier_ranks: 0b11,
+            table: 0,
+            key: 0,
+            reserved: 0,
+        }],
         tasks: vec![],
         ranks: 2,
         slots: 1,

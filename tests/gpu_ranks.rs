@@ -1158,3 +1158,250 @@ fn per_rank_misuse_is_a_typed_error() {
         assert!(matches!(got[0], Err(Error::Withdrawn { peer: 1, .. })), "rank 0: {:?}", got[0]);
     }
 }
+
+/// The communicators of the point-to-point tests, one [`Id`] each: (mover, reduction, CTAs per
+/// rank; 0: the communicator's choice).
+const P2P_SHAPES: [(Mover, Reduction, u32); 2] =
+    [(Mover::Tma, Reduction::Registers, 0), (Mover::Simt, Reduction::Registers, 2)];
+
+/// One point-to-point case, drawn alike on every rank: a group of transfers (source, destination,
+/// bytes; a rank to itself among them) that each rank issues in this order, or an AllToAllv of
+/// `counts[s][d]` elements.
+struct P2pCase {
+    transfers: Vec<(usize, usize, usize)>,
+    all_to_allv: Option<Vec<Vec<usize>>>,
+    /// Bytes per element: 1 (`u8`) or 4 (`u32`).
+    unit: usize,
+    /// Index into [`P2P_SHAPES`].
+    shape: usize,
+    /// Per rank: the memory its buffers are in, and their byte offset in their allocations.
+    memory: Vec<Memory>,
+    head: Vec<usize>,
+}
+
+fn draw_p2p(seed: u64, case: usize, world: usize, processes: bool) -> P2pCase {
+    let mut rng = common::rng(seed ^ (case as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    let unit = if rng.random_range(0..2) == 0 { 1 } else { 4 };
+    let len = |rng: &mut common::Rng| {
+        let elems = match rng.random_range(0..4) {
+            0 => 0,
+            1 => rng.random_range(1..300),
+            2 => rng.random_range(300..20_000),
+            _ => rng.random_range(20_000..600_000),
+        };
+        elems as usize * unit
+    };
+    let (transfers, all_to_allv) = if rng.random_range(0..3) == 0 {
+        let counts = (0..world).map(|_| (0..world).map(|_| len(&mut rng) / unit).collect()).collect();
+        (Vec::new(), Some(counts))
+    } else {
+        let n = rng.random_range(1..=2 * world as u32) as usize;
+        let t = (0..n)
+            .map(|_| {
+                let (s, d) = (rng.random_range(0..world as u32) as usize, rng.random_range(0..world as u32) as usize);
+                (s, d, len(&mut rng))
+            })
+            .collect();
+        (t, None)
+    };
+    P2pCase {
+        transfers,
+        all_to_allv,
+        unit,
+        shape: rng.random_range(0..P2P_SHAPES.len() as u32) as usize,
+        memory: draw_memory(&mut rng, world, processes),
+        head: (0..world).map(|_| unit * rng.random_range(0..64) as usize).collect(),
+    }
+}
+
+/// What transfer `t` of case `case` carries: `bytes` bytes that differ from transfer to transfer.
+fn payload(case: usize, t: usize, bytes: usize) -> Vec<u8> {
+    (0..bytes).map(|i| ((case * 131 + t * 7919 + i * 31 + i / 251) % 251) as u8).collect()
+}
+
+/// Runs point-to-point case `case` on this rank and checks what it received (and that it left
+/// what it sent, and the bytes around every buffer, as they were).
+fn run_p2p_case(comm: &Comm, c: &P2pCase, case: usize) -> Result<(), Error> {
+    let (me, world) = (comm.rank(), comm.world());
+    let (mem, head) = (c.memory[me], c.head[me]);
+    let stream = comm.stream().clone();
+    let what = |w: &str| format!("case {case} rank {me}: {w}");
+    if let Some(counts) = &c.all_to_allv {
+        let block = |s: usize, d: usize| payload(case, s * world + d, counts[s][d] * c.unit);
+        let send: Vec<u8> = (0..world).flat_map(|d| block(me, d)).collect();
+        let want: Vec<u8> = (0..world).flat_map(|s| block(s, me)).collect();
+        let send_counts: Vec<usize> = counts[me].clone();
+        let recv_counts: Vec<usize> = (0..world).map(|s| counts[s][me]).collect();
+        let sent = Placed::new(comm, mem, &send, head);
+        let mut recv = Placed::new(comm, mem, &vec![0u8; want.len()], head);
+        macro_rules! call {
+            ($t:ty) => {{
+                let s = sent.view::<$t>();
+                let (mut w, r) = recv.whole_mut::<$t>();
+                let mut r = w.slice_mut(r);
+                comm.all_to_allv(&s, &send_counts, &mut r, &recv_counts)
+            }};
+        }
+        if c.unit == 4 { call!(u32) } else { call!(u8) }?;
+        comm.synchronize()?;
+        assert!(
+            recv.read(&stream, &what("all_to_allv receive")) == want,
+            "{}: wrong bytes received",
+            what("all_to_allv")
+        );
+        assert!(
+            sent.read(&stream, &what("all_to_allv send")) == send,
+            "{}: the send buffer changed",
+            what("all_to_allv")
+        );
+        return Ok(());
+    }
+    let sends: Vec<(usize, Placed)> = c
+        .transfers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.0 == me)
+        .map(|(t, &(_, _, b))| (t, Placed::new(comm, mem, &payload(case, t, b), head)))
+        .collect();
+    let mut recvs: Vec<(usize, Placed)> = c
+        .transfers
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.1 == me)
+        .map(|(t, &(_, _, b))| (t, Placed::new(comm, mem, &vec![0u8; b], head)))
+        .collect();
+    macro_rules! call {
+        ($t:ty) => {{
+            let send_views: Vec<_> = sends.iter().map(|(_, p)| p.view::<$t>()).collect();
+            let mut wholes: Vec<_> = recvs.iter_mut().map(|(_, p)| p.whole_mut::<$t>()).collect();
+            let mut recv_views: Vec<_> = wholes.iter_mut().map(|(w, r)| w.slice_mut(r.clone())).collect();
+            let (mut si, mut ri) = (send_views.iter(), recv_views.iter_mut());
+            let mut g = comm.group();
+            for &(s, d, _) in &c.transfers {
+                if s == me {
+                    g.send(si.next().unwrap(), d)?;
+                }
+                if d == me {
+                    g.recv(ri.next().unwrap(), s)?;
+                }
+            }
+            g.run()
+        }};
+    }
+    if c.unit == 4 { call!(u32) } else { call!(u8) }?;
+    comm.synchronize()?;
+    for (t, p) in &recvs {
+        let got = p.read(&stream, &what(&format!("transfer {t}'s receive buffer")));
+        assert!(
+            got == payload(case, *t, got.len()),
+            "{}: wrong bytes",
+            what(&format!("transfer {t} {:?}", c.transfers[*t]))
+        );
+    }
+    for (t, p) in &sends {
+        let got = p.read(&stream, &what(&format!("transfer {t}'s send buffer")));
+        assert!(got == payload(case, *t, got.len()), "{}: the send buffer changed", what(&format!("transfer {t}")));
+    }
+    Ok(())
+}
+
+/// One rank's part of the point-to-point cases (communicators from `ids`, one per [`P2P_SHAPES`]);
+/// returns how many ran and how many bytes this rank received.
+fn p2p_rank_cases(
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+    ids: &[Id],
+    cases: usize,
+    seed: u64,
+    processes: bool,
+) -> (usize, usize) {
+    let comms: Vec<Comm> = P2P_SHAPES
+        .iter()
+        .zip(ids)
+        .map(|(&shape, id)| Comm::from_rank(stream, rank, world, id, config(shape)).unwrap())
+        .collect();
+    let mut received = 0;
+    for case in 0..cases {
+        let c = draw_p2p(seed, case, world, processes);
+        run_p2p_case(&comms[c.shape], &c, case).unwrap_or_else(|e| {
+            panic!("rank {rank} case {case} (seed {seed}) {:?} {:?}: {e}", c.transfers, P2P_SHAPES[c.shape])
+        });
+        received += match &c.all_to_allv {
+            Some(counts) => (0..world).map(|s| counts[s][rank] * c.unit).sum::<usize>(),
+            None => c.transfers.iter().filter(|t| t.1 == rank).map(|t| t.2).sum(),
+        };
+    }
+    (cases, received)
+}
+
+/// Sends, receives, groups of them and AllToAllv between ranks on threads of this process, exact.
+#[test]
+fn threads_send_and_receive_exactly() {
+    let Some(stream) = common::gpu("threads_send_and_receive_exactly") else { return };
+    let seed = common::seed_from_env(0x5E4D_0B0E);
+    let (mut total, mut bytes) = (0, 0);
+    for world in [2, 3, 8] {
+        let ids: Vec<Id> = P2P_SHAPES.iter().map(|_| Id::new().unwrap()).collect();
+        let ran =
+            on_rank_threads(&stream, world, move |s, rank| p2p_rank_cases(s, rank, world, &ids, cases(), seed, false));
+        total += ran.iter().map(|r| r.0).sum::<usize>();
+        bytes += ran.iter().map(|r| r.1).sum::<usize>();
+    }
+    eprintln!(
+        "{total} rank-cases of send/recv groups and AllToAllv on 2, 3 and 8 threads exact, {bytes} bytes received (seed {seed})"
+    );
+}
+
+/// The same with every rank a process of its own (buffers of every kind).
+#[test]
+fn processes_send_and_receive_exactly() {
+    const TEST: &str = "processes_send_and_receive_exactly";
+    if let Some((rank, world)) = child() {
+        let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
+        let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
+        let (n, bytes) = p2p_rank_cases(&stream, rank, world, &ids_from_env("OXCCL_TEST_IDS"), cases(), seed, true);
+        println!("rank {rank}: {n} cases exact, {bytes} bytes received");
+        return;
+    }
+    if common::gpu(TEST).is_none() || !mps(TEST) {
+        return;
+    }
+    let seed = common::seed_from_env(0x5E4D_9C0C);
+    let mut total = 0;
+    for world in [2, 4, 8] {
+        let ids: Vec<String> = P2P_SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
+        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
+        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
+        check_ranks(&results, world);
+        total += world * cases();
+    }
+    eprintln!("{total} rank-cases of send/recv groups and AllToAllv on 2, 4 and 8 processes exact (seed {seed})");
+}
+
+/// Transfers that do not match: typed errors on both ends, nothing hangs.
+#[test]
+fn unmatched_transfers_are_typed_errors() {
+    let Some(stream) = common::gpu("unmatched_transfers_are_typed_errors") else { return };
+    let quick = Config { timeout: Duration::from_secs(2), ..Config::default() };
+    let id = Id::new().unwrap();
+    // Rank 0 sends 256 bytes, rank 1 expects 512: both stop before anything moves.
+    let got = on_rank_threads(&stream, 2, move |s, rank| {
+        let comm = Comm::from_rank(s, rank, 2, &id, quick.clone()).unwrap();
+        // Host-side refusals first: no such peer; a receive from itself without its send.
+        let mut y = s.alloc_zeros::<u8>(16).unwrap();
+        assert!(matches!(comm.send(&y, 2), Err(Error::NoSuchRank { rank: 2, ranks: 2 })));
+        assert!(matches!(comm.recv(&mut y, rank), Err(Error::BufferCount { .. })));
+        let r = if rank == 0 {
+            let x = s.clone_htod(&[7u8; 256]).unwrap();
+            comm.send(&x, 1)
+        } else {
+            let mut x = s.alloc_zeros::<u8>(512).unwrap();
+            comm.recv(&mut x, 0)
+        };
+        r.and_then(|_| comm.synchronize())
+    });
+    for (rank, r) in got.iter().enumerate() {
+        assert!(matches!(r, Err(Error::CallMismatch { peer, .. }) if *peer as usize == 1 - rank), "rank {rank}: {r:?}");
+    }
+}

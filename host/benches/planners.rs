@@ -57,6 +57,8 @@ fn pieces(n: u32, per_cta: u32) -> Lowered {
             first_task: c * per_cta,
             task_count: per_cta.min(n - c * per_cta),
             barrier_ranks: 0,
+            table: 0,
+            key: 0,
             reserved: 0,
         })
         .collect();

@@ -10,6 +10,7 @@
 //! | [`fp8`] | the 8-bit float formats' values and rounding, as the engine reduces them |
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
+//! | [`p2p`] | point-to-point transfers between ranks that launch alone: pair slots, rounds, their task lists |
 //! | [`nodes`] | ranks across nodes, and the staged hierarchical collectives (NVLink inside, an inter-node engine between) |
 
 #![warn(missing_docs)]
@@ -19,6 +20,7 @@ pub mod exec;
 pub mod fp8;
 pub mod lowered;
 pub mod nodes;
+pub mod p2p;
 pub mod program;
 pub mod reshard;
 pub mod sim;

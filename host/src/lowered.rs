@@ -6,8 +6,8 @@
 //! which is what makes running CTAs one after another on the CPU equal to running them concurrently.
 
 use oxccl_kernels::abi::{
-    BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
-    tma_can_reduce,
+    BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, PAIR_CTAS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
+    barrier_slot_fits, tma_can_reduce,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound::Excluded;
@@ -158,8 +158,18 @@ pub fn validate_structure(l: &Lowered) -> Result<(), LoweredError> {
         if (prog.barrier_ranks as u64) >> MAX_RANKS != 0 {
             return Err(LoweredError::BadProgram { program: p, why: "a barrier rank at or above MAX_RANKS" });
         }
-        if prog.cta as usize >= MAX_CTAS_PER_RANK {
-            return Err(LoweredError::BadProgram { program: p, why: "CTA index at or above MAX_CTAS_PER_RANK" });
+        if !barrier_slot_fits(prog.rank, prog.cta, prog.barrier_ranks) {
+            return Err(LoweredError::BadProgram {
+                program: p,
+                why: if prog.cta as usize >= MAX_CTAS_PER_RANK + PAIR_CTAS {
+                    "CTA slot at or above MAX_CTAS_PER_RANK + PAIR_CTAS"
+                } else {
+                    "a pair slot (CTA at or above MAX_CTAS_PER_RANK) must meet exactly one other rank"
+                },
+            });
+        }
+        if prog.table as usize > MAX_RANKS {
+            return Err(LoweredError::BadProgram { program: p, why: "buffer table row above MAX_RANKS" });
         }
     }
     for (i, t) in l.tasks.iter().enumerate() {
@@ -506,6 +516,14 @@ pub fn execute(l: &Lowered, bufs: &mut HostBuffers, aliases: &[Alias]) -> Result
         }
         (r, s as usize, off)
     };
+    // `bufs[rank]` is each rank's one row: a program that names another row (a launch of one
+    // rank keeping several, as point-to-point rounds do) is not what this executor models.
+    if let Some(p) = l.programs.iter().position(|p| p.table != 0) {
+        return Err(LoweredError::BadProgram {
+            program: p,
+            why: "its buffers in another row of the table (the host executor runs launches of every rank)",
+        });
+    }
     for prog in &l.programs {
         let first = prog.first_task as usize;
         for (task, t) in

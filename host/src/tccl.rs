@@ -440,6 +440,8 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                 first_task: first,
                 task_count: tasks.len() as u32 - first,
                 barrier_ranks: if p > 1 { all } else { 0 },
+                table: 0,
+                key: 0,
                 reserved: 0,
             });
         }

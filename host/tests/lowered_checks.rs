@@ -3,7 +3,7 @@
 
 use oxccl_host::lowered::{self, Lowered, LoweredError};
 use oxccl_kernels::abi::{
-    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot,
+    DType, MAX_CTAS_PER_RANK, MAX_RANKS, PAIR_CTAS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot,
 };
 
 /// A task descriptor with the test's fixed dtype and operator (the arguments are its fields).
@@ -26,7 +26,7 @@ fn task(kind: TaskKind, src: u32, src_slot: u8, dst: u32, dst_slot: u8, offset: 
 }
 
 fn program(rank: u32, cta: u32, first: u32, count: u32) -> TbProgram {
-    TbProgram { rank, cta, first_task: first, task_count: count, barrier_ranks: 0, reserved: 0 }
+    TbProgram { rank, cta, first_task: first, task_count: count, barrier_ranks: 0, table: 0, key: 0, reserved: 0 }
 }
 
 fn lowered(programs: Vec<TbProgram>, tasks: Vec<Task>) -> Lowered {
@@ -86,6 +86,31 @@ fn overflowing_ranges_and_bad_programs_are_errors_not_panics() {
     far.programs[0].barrier_ranks = 1 << MAX_RANKS;
     let e = lowered::validate_structure(&far).unwrap_err();
     assert_eq!(e, LoweredError::BadProgram { program: 0, why: "a barrier rank at or above MAX_RANKS" });
+    // Pair slots (point-to-point CTAs) meet exactly one other rank, inside the workspace's slots.
+    let pair = |cta: u32, barrier_ranks: u32| {
+        let mut l = lowered(vec![program(0, cta, 0, 1)], vec![ok]);
+        l.programs[0].barrier_ranks = barrier_ranks;
+        lowered::validate_structure(&l)
+    };
+    let first_pair = MAX_CTAS_PER_RANK as u32;
+    assert_eq!(pair(first_pair, 0b11), Ok(()));
+    assert_eq!(pair(first_pair + PAIR_CTAS as u32 - 1, 0b101), Ok(()));
+    for (cta, barrier_ranks) in
+        [(first_pair, 0b111), (first_pair, 0b1), (first_pair, 0), (first_pair + PAIR_CTAS as u32, 0b11)]
+    {
+        assert!(
+            matches!(pair(cta, barrier_ranks), Err(LoweredError::BadProgram { program: 0, .. })),
+            "slot {cta} meeting {barrier_ranks:#b}"
+        );
+    }
+    // A row of the buffer table past MAX_RANKS; another row than the rank's, which the host
+    // executor does not model, is refused there.
+    let mut rows = lowered(vec![program(0, 0, 0, 1)], vec![ok]);
+    rows.programs[0].table = MAX_RANKS as u32 + 1;
+    assert!(matches!(lowered::validate_structure(&rows), Err(LoweredError::BadProgram { program: 0, .. })));
+    rows.programs[0].table = 2;
+    let mut bufs = vec![std::array::from_fn(|_| vec![0u8; 64]); 2];
+    assert!(matches!(lowered::execute(&rows, &mut bufs, &[]), Err(LoweredError::BadProgram { program: 0, .. })));
 }
 
 #[test]

@@ -22,6 +22,43 @@ pub const MAX_RANKS: usize = 16;
 pub const BUFFER_SLOTS: usize = 4;
 /// Most CTAs one rank may use in a launch (sizes the barrier slots of the workspace).
 pub const MAX_CTAS_PER_RANK: usize = 256;
+/// Barrier slots of each pair of ranks for point-to-point launches, above the collectives'
+/// [`MAX_CTAS_PER_RANK`]: a CTA whose [`TbProgram::cta`] is `MAX_CTAS_PER_RANK + k` meets one peer
+/// only, and counts its calls with that peer alone ([`private_slot`]), so that transfers between
+/// two ranks match in order whatever each rank exchanges with others in between.
+pub const PAIR_CTAS: usize = 64;
+/// Barrier slots per sender in a workspace's `arrive` and `done` tables: the collectives', then
+/// the pair slots, rounded up to a power of two (the flags' offsets are then shifts).
+pub const FLAG_SLOTS: usize = (MAX_CTAS_PER_RANK + PAIR_CTAS).next_power_of_two();
+/// Private slots of a rank (call counts and announcements): the collectives' CTAs, then
+/// [`PAIR_CTAS`] for each possible peer.
+pub const PRIVATE_SLOTS: usize = MAX_CTAS_PER_RANK + MAX_RANKS * PAIR_CTAS;
+
+/// The private slot (`Workspace::seq`, `Workspace::announce`) of barrier slot `cta` of a rank
+/// towards `other`: `cta` itself for a collective's CTA, met by every peer alike; for pair slot
+/// `k` (`cta = MAX_CTAS_PER_RANK + k`) one of its own per peer, so that the call count and the
+/// announced buffers of the pair are the pair's alone. A rank reads its peer `q`'s announcement at
+/// `private_slot(cta, its own rank)` in `q`'s workspace.
+#[inline(always)]
+pub const fn private_slot(cta: usize, other: usize) -> usize {
+    if cta < MAX_CTAS_PER_RANK { cta } else { MAX_CTAS_PER_RANK + other * PAIR_CTAS + (cta - MAX_CTAS_PER_RANK) }
+}
+
+/// Whether a program of `rank` with barrier slot `cta` meeting `barrier_ranks` fits the
+/// workspace: a collective slot, or a pair slot meeting exactly one other rank (both below
+/// [`MAX_RANKS`]).
+#[inline(always)]
+pub const fn barrier_slot_fits(rank: u32, cta: u32, barrier_ranks: u32) -> bool {
+    let cta = cta as usize;
+    if cta < MAX_CTAS_PER_RANK {
+        return true;
+    }
+    let others = barrier_ranks & !(1u32 << (rank % 32));
+    (rank as usize) < MAX_RANKS
+        && cta < MAX_CTAS_PER_RANK + PAIR_CTAS
+        && others.count_ones() == 1
+        && (others.trailing_zeros() as usize) < MAX_RANKS
+}
 /// Most issuing warps of a TMA CTA ([`LaunchArgs::issuers`]): one per SM sub-partition scheduler.
 pub const MAX_ISSUERS: u32 = 4;
 
@@ -366,13 +403,15 @@ pub struct Task {
     pub bytes: u64,
 }
 
-/// The work of one CTA: a contiguous range of the launch's task array, run in order. 24 bytes.
+/// The work of one CTA: a contiguous range of the launch's task array, run in order. 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct TbProgram {
     /// The rank this CTA works for.
     pub rank: u32,
-    /// This CTA's index among its rank's CTAs (names its barrier slots; `< MAX_CTAS_PER_RANK`).
+    /// This CTA's barrier slot: its index among its rank's CTAs (`< MAX_CTAS_PER_RANK`), or
+    /// `MAX_CTAS_PER_RANK + k` (`k < PAIR_CTAS`) for a CTA that meets one peer in a pair slot
+    /// ([`private_slot`]).
     pub cta: u32,
     /// Index of the first task in the launch's task array.
     pub first_task: u32,
@@ -382,6 +421,14 @@ pub struct TbProgram {
     /// before its first task (start barrier: their buffers are ready) and after its last (end barrier:
     /// all writes into each other's buffers are complete). 0: no barriers.
     pub barrier_ranks: u32,
+    /// Where this CTA's own buffers are in [`LaunchArgs::buffers`]: 0, its `rank`'s row; `t > 0`,
+    /// row `t - 1` (a launch of one rank, which announces its row to its peers and reads theirs,
+    /// may keep several: a point-to-point launch keeps one per peer).
+    pub table: u32,
+    /// What this CTA's part of the call is (0: the launch's [`LaunchArgs::call_key`]): announced
+    /// and compared with the peer CTAs' at the start barrier, like the launch's key, for launches
+    /// whose CTAs meet different peers about different transfers.
+    pub key: u32,
     /// Zero.
     pub reserved: u32,
 }
@@ -588,19 +635,20 @@ pub struct Workspace {
     /// `seq`), then marked [`BARRIER_TAKEN`] by this rank's CTA `cta` as it passes the start
     /// barrier (a compare-and-swap from the clean `seq`), or [`BARRIER_REVOKED`] by `src` if it
     /// gives up (an atomic OR, which sees a take that came first).
-    pub arrive: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
+    pub arrive: [[u64; FLAG_SLOTS]; MAX_RANKS],
     /// `done[src][cta]`: written by CTA `cta` of rank `src` when it touches this rank's buffers no
     /// more: its writes into this rank are complete (`seq`), or it gave up (`seq` with
     /// [`BARRIER_ABORTED`]).
-    pub done: [[u64; MAX_CTAS_PER_RANK]; MAX_RANKS],
-    /// `seq[cta]`: how many collectives CTA `cta` of this rank has started (private to that CTA).
-    pub seq: [u64; MAX_CTAS_PER_RANK],
+    pub done: [[u64; FLAG_SLOTS]; MAX_RANKS],
+    /// `seq[private_slot(cta, peer)]`: how many calls CTA slot `cta` of this rank has started
+    /// (with `peer` alone, for a pair slot; private to that CTA).
+    pub seq: [u64; PRIVATE_SLOTS],
     /// `announce[cta][slot]`: this rank's buffers in the current call, as its launch was given
     /// them ([`LaunchArgs::buffers`]), and its call key (word [`BUFFER_SLOTS`]), written by CTA
     /// `cta` before it arrives at the start barrier
     /// and read by the peers' CTA `cta` once they have taken that arrival: how a rank launched
     /// alone learns its peers' buffers without the host exchanging addresses per call.
-    pub announce: [[u64; ANNOUNCE_WORDS]; MAX_CTAS_PER_RANK],
+    pub announce: [[u64; ANNOUNCE_WORDS]; PRIVATE_SLOTS],
     /// `withdrawn[src]`: non-zero once rank `src` has left the communicator (its host aborted or
     /// dropped it), written by `src`'s host into every rank's workspace: a CTA waiting at a start
     /// barrier for `src` gives up at once instead of at its timeout, since `src` will make no
@@ -615,23 +663,23 @@ pub const ANNOUNCE_WORDS: usize = BUFFER_SLOTS + 1;
 impl Workspace {
     /// Byte offset of `arrive[src][cta]`.
     pub const fn arrive_offset(src: usize, cta: usize) -> usize {
-        (src * MAX_CTAS_PER_RANK + cta) * 8
+        (src * FLAG_SLOTS + cta) * 8
     }
     /// Byte offset of `done[src][cta]`.
     pub const fn done_offset(src: usize, cta: usize) -> usize {
-        (MAX_RANKS * MAX_CTAS_PER_RANK + src * MAX_CTAS_PER_RANK + cta) * 8
+        (MAX_RANKS * FLAG_SLOTS + src * FLAG_SLOTS + cta) * 8
     }
-    /// Byte offset of `seq[cta]`.
-    pub const fn seq_offset(cta: usize) -> usize {
-        (2 * MAX_RANKS * MAX_CTAS_PER_RANK + cta) * 8
+    /// Byte offset of `seq[slot]` (a [`private_slot`]).
+    pub const fn seq_offset(slot: usize) -> usize {
+        (2 * MAX_RANKS * FLAG_SLOTS + slot) * 8
     }
-    /// Byte offset of `announce[cta][word]`.
-    pub const fn announce_offset(cta: usize, word: usize) -> usize {
-        Self::seq_offset(MAX_CTAS_PER_RANK) + (cta * ANNOUNCE_WORDS + word) * 8
+    /// Byte offset of `announce[slot][word]` (`slot` a [`private_slot`]).
+    pub const fn announce_offset(slot: usize, word: usize) -> usize {
+        Self::seq_offset(PRIVATE_SLOTS) + (slot * ANNOUNCE_WORDS + word) * 8
     }
     /// Byte offset of `withdrawn[src]`.
     pub const fn withdrawn_offset(src: usize) -> usize {
-        Self::announce_offset(MAX_CTAS_PER_RANK, 0) + src * 8
+        Self::announce_offset(PRIVATE_SLOTS, 0) + src * 8
     }
 }
 
@@ -674,10 +722,13 @@ pub mod smem {
     /// its start barrier, ended its tasks, then [`super::LaunchArgs::phase_times`], where they are
     /// added), over the plan kernels' records, which those kernels do not use.
     pub const PHASE_MARKS: usize = PLAN_STEP;
+    /// Offset of the collective kernels' barrier ranks (a `u32`: the program's `barrier_ranks`,
+    /// written at entry): read again after the tasks rather than held in a register through them.
+    pub const PEERS: usize = PHASE_MARKS + 32;
     /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
 
-    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8) && PHASE_MARKS + 32 <= STAGES);
+    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8) && PEERS + 4 <= STAGES);
 
     /// Dynamic shared memory a launch needs; `usize::MAX` (which no device allows) where the
     /// product overflows.
@@ -1076,7 +1127,7 @@ pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> Option<&'stati
 const _: () = {
     use core::mem::{align_of, size_of};
     assert!(size_of::<Task>() == 40 && align_of::<Task>() == 8);
-    assert!(size_of::<TbProgram>() == 24 && align_of::<TbProgram>() == 4);
+    assert!(size_of::<TbProgram>() == 32 && align_of::<TbProgram>() == 4);
     assert!(size_of::<Status>() == 40 && align_of::<Status>() == 8);
     assert!(size_of::<LaunchArgs>() == 80 + 8 * MAX_RANKS + 8 * MAX_RANKS * BUFFER_SLOTS);
     assert!(size_of::<PhaseTimes>() == 64);

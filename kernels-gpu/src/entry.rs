@@ -54,7 +54,7 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
     // SAFETY: the program array has one entry per CTA of the launch.
     let program: TbProgram = unsafe { *(args.programs as *const TbProgram).add(block as usize) };
     // SAFETY: `base` is the dynamic shared memory of this CTA, sized by the host for the header.
-    let ctx = unsafe { Ctx::new(args, base, program.rank, program.cta) };
+    let ctx = unsafe { Ctx::new(args, base, program.rank, program.cta, program.key) };
     let stages = args.stages.min(abi::MAX_STAGES as u32);
     // SAFETY: only the issuer writes the header, before the CTA barrier that publishes it; the stage
     // barriers are initialised once per launch (never while live) and invalidated at the end.
@@ -68,9 +68,19 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
             ]);
             let workspaces = base.add(abi::smem::WORKSPACES) as *mut u64;
             copy_table!(workspaces, args.workspaces, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
+            // This CTA's own buffers from the row its program names (a point-to-point launch keeps
+            // one per peer), before any peer's announcement overwrites a row.
+            let own = program.rank as usize % MAX_RANKS;
+            if program.table != 0 {
+                let row = (program.table - 1) as usize % MAX_RANKS;
+                for s in 0..BUFFER_SLOTS {
+                    *buffers.add(own * BUFFER_SLOTS + s) = *buffers.add(row * BUFFER_SLOTS + s);
+                }
+            }
             // Where the walker adds its phase times (0: nowhere), beside its marks.
             *(base.add(abi::smem::PHASE_MARKS) as *mut u64).add(3) = args.phase_times;
             ctx.set_peer_scope(args.peer_scope);
+            ctx.set_peers(program.barrier_ranks);
             ctx.clear_abort();
             for s in 0..stages {
                 mbarrier_init_shared_b64(ctx.stage_barrier(s), 1);

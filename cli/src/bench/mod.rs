@@ -252,6 +252,8 @@ fn sweep_program(op: SweepOp, bytes: u64, ctas: u32, piece: Option<u64>) -> Lowe
             first_task: first,
             task_count: tasks.len() as u32 - first,
             barrier_ranks: 0,
+            table: 0,
+            key: 0,
             reserved: 0,
         });
     }

@@ -658,6 +658,8 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
                 first_task: first,
                 task_count: span.len() as u32,
                 barrier_ranks: if n > 1 { all } else { 0 },
+                table: 0,
+                key: 0,
                 reserved: 0,
             });
         }

@@ -98,7 +98,7 @@ impl Ctx {
     /// # Safety
     /// Called at kernel entry with the launch's dynamic shared memory base.
     #[inline(always)]
-    pub unsafe fn new(args: &LaunchArgs, smem: *mut u8, rank: u32, cta: u32) -> Self {
+    pub unsafe fn new(args: &LaunchArgs, smem: *mut u8, rank: u32, cta: u32, key: u32) -> Self {
         let tid = tid_x();
         let threads = ntid_x();
         let issuers = issuers_for(args.issuers, args.stages, threads);
@@ -126,7 +126,7 @@ impl Ctx {
             ring_base: if warp < issuers { warp * ring_len } else { 0 },
             ring_len,
             combine_direct: args.combine_direct != 0,
-            call_key: args.call_key,
+            call_key: if key != 0 { key } else { args.call_key },
         }
     }
 
@@ -265,6 +265,21 @@ impl Ctx {
     }
 
     /// Clears the abort flag (entry, before the first CTA barrier).
+    /// The program's barrier ranks, as the entry kept them in shared memory.
+    #[inline(always)]
+    pub fn peers(&self) -> u32 {
+        // SAFETY: a `u32` at a fixed, aligned offset of the header, written at entry before the CTA
+        // barrier that precedes the walker.
+        unsafe { *(self.smem.add(abi::smem::PEERS) as *const u32) }
+    }
+
+    /// Keeps the program's barrier ranks in shared memory (the issuer, at entry).
+    #[inline(always)]
+    pub fn set_peers(&self, peers: u32) {
+        // SAFETY: as [`Ctx::peers`]; only the issuer writes it, before that barrier.
+        unsafe { *(self.smem.add(abi::smem::PEERS) as *mut u32) = peers }
+    }
+
     #[inline(always)]
     pub fn clear_abort(&self) {
         // See `set_abort`.

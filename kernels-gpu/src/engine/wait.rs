@@ -193,6 +193,9 @@ pub unsafe fn flags_reach(
             // (as at its timeout, before anything is touched); so does a call this rank queued
             // before it left itself (aborted), whose peers may never come. Other waits keep their
             // bound: a peer that left may still have kernels queued that touch this rank's buffers.
+            // The errors below report the flag's value as loaded again (the polls' values are not
+            // kept past their checks: sixteen of them held over this path took registers every
+            // kernel's peak counts).
             if kind == WaitKind::StartBarrier {
                 let mut gone = None;
                 let watched = pending | (1 << ctx.rank);
@@ -201,11 +204,13 @@ pub unsafe fn flags_reach(
                         let w = Global::<u64>::from_addr(own + Workspace::withdrawn_offset(q) as u64);
                         // SAFETY: the word is in this rank's workspace, which the caller guarantees.
                         if unsafe { ctx.load_flag(w) } != 0 {
-                            gone = Some((q, seen[q]));
+                            gone = Some(q);
                         }
                     }
                 });
-                if let Some((q, last)) = gone {
+                if let Some(q) = gone {
+                    // SAFETY: the caller guarantees the flags.
+                    let last = unsafe { ctx.load_flag(at(q)) };
                     record(ctx, WaitKind::Withdrawn, q as u32, expected, last);
                     return false;
                 }
@@ -215,12 +220,8 @@ pub unsafe fn flags_reach(
                 deadline = now.saturating_add(ctx.timeout_ns);
             } else if now > deadline {
                 let q = pending.trailing_zeros() as usize;
-                let mut last = 0;
-                per_rank!(r => {
-                    if r == q {
-                        last = seen[r];
-                    }
-                });
+                // SAFETY: the caller guarantees the flags (`q` is a pending peer, below MAX_RANKS).
+                let last = unsafe { ctx.load_flag(at(q)) };
                 record(ctx, kind, q as u32, expected, last);
                 return false;
             }

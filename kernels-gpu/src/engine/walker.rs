@@ -66,6 +66,7 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
     dtype: DType,
     op: RedOp,
 ) {
+    // The host checked the barrier slot (`abi::barrier_slot_fits`) with the rest of the program.
     let peers = program.barrier_ranks;
     let mut seq = 0;
     if timed(ctx) {
@@ -121,6 +122,8 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
         if timed(ctx) {
             mark(ctx, 2);
         }
+        // Read again: held in a register through the tasks, it took one the movers need.
+        let peers = ctx.peers();
         if peers != 0 && ctx.issuer {
             if !ctx.aborted() {
                 end_barrier(ctx, peers, seq);
@@ -169,6 +172,10 @@ fn mark(ctx: &Ctx, i: usize) {
 /// Mark 3 addresses `MAX_RANKS × MAX_CTAS_PER_RANK` records.
 #[inline(always)]
 unsafe fn add_phase_times(ctx: &Ctx) {
+    // Pair slots (point-to-point CTAs, several per slot number in one launch) keep no record.
+    if ctx.cta as usize >= abi::MAX_CTAS_PER_RANK {
+        return;
+    }
     let i = ctx.rank as usize % MAX_RANKS * abi::MAX_CTAS_PER_RANK + ctx.cta as usize % abi::MAX_CTAS_PER_RANK;
     // SAFETY: the caller's contract; `i` is inside the array; the marks were written by this thread.
     unsafe {
@@ -305,6 +312,13 @@ fn others(ctx: &Ctx, peers: u32) -> impl Iterator<Item = u32> {
     })
 }
 
+/// The one rank in `peers` other than this CTA's (a pair slot's peer; for a collective's CTA,
+/// which meets many, the value is unused by [`abi::private_slot`]).
+#[inline(always)]
+fn only_peer(ctx: &Ctx, peers: u32) -> usize {
+    (peers & !(1 << ctx.rank)).trailing_zeros() as usize
+}
+
 /// The address of this CTA's flag (`offset(rank, cta)`) in rank `q`'s workspace.
 #[inline(always)]
 fn flag_at_peer(ctx: &Ctx, q: u32, offset: fn(usize, usize) -> usize) -> Global<u64> {
@@ -339,7 +353,8 @@ unsafe fn publish(ctx: &Ctx, peers: u32, offset: fn(usize, usize) -> usize, valu
 /// The workspace table holds every rank in `peers`; this CTA alone uses its `seq` slot.
 #[inline(always)]
 unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
-    let seq_at = (ctx.workspace(ctx.rank) + Workspace::seq_offset(ctx.cta as usize) as u64) as *mut u64;
+    let slot = abi::private_slot(ctx.cta as usize, only_peer(ctx, peers));
+    let seq_at = (ctx.workspace(ctx.rank) + Workspace::seq_offset(slot) as u64) as *mut u64;
     // SAFETY: the caller's contract; plain accesses to `seq` are private to this CTA across launches
     // (stream order separates launches).
     unsafe {
@@ -347,7 +362,7 @@ unsafe fn start_barrier(ctx: &Ctx, peers: u32) -> u64 {
         *seq_at = seq;
         // This rank's buffers for the peers, before the arrival that orders them (release).
         let own = ctx.workspace(ctx.rank);
-        let word = |w: usize| (own + Workspace::announce_offset(ctx.cta as usize, w) as u64) as *mut u64;
+        let word = |w: usize| (own + Workspace::announce_offset(slot, w) as u64) as *mut u64;
         for s in 0..BUFFER_SLOTS {
             *word(s) = ctx.buffer(ctx.rank, s as u8);
         }
@@ -383,13 +398,13 @@ unsafe fn read_announcements(ctx: &Ctx, peers: u32) {
     let others_mask = peers & !(1 << ctx.rank);
     let table = ctx.buffer_table_mut();
     let words = BUFFER_SLOTS as u32 + 1;
+    // Where each peer announced for this CTA: its slot towards this rank.
+    let slot = abi::private_slot(ctx.cta as usize, ctx.rank as usize);
     let mut i = ctx.tid;
     while i < MAX_RANKS as u32 * words {
         let (q, w) = ((i / words) as usize, (i % words) as usize);
         if others_mask & (1 << q) != 0 {
-            let at = Global::<u64>::from_addr(
-                ctx.workspace(q as u32) + Workspace::announce_offset(ctx.cta as usize, w) as u64,
-            );
+            let at = Global::<u64>::from_addr(ctx.workspace(q as u32) + Workspace::announce_offset(slot, w) as u64);
             // SAFETY: the word lies in peer `q`'s workspace (the caller's contract); entry `(q, w)`
             // of the table is this thread's alone, read only after the next CTA barrier.
             unsafe {

@@ -15,6 +15,7 @@ mod movers;
 mod overlap;
 mod plan;
 mod reshard;
+mod send_recv;
 mod trace;
 
 pub use collective::{AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, ReduceArgs, ReduceScatterArgs};
@@ -22,6 +23,7 @@ pub use movers::MoversArgs;
 pub use overlap::{ComputeArgs, OverlapArgs};
 pub use plan::{PlanArgs, PlanRow};
 pub use reshard::ReshardArgs;
+pub use send_recv::SendRecvArgs;
 pub use trace::TraceArgs;
 
 use super::CliResult;
@@ -47,6 +49,9 @@ pub enum Command {
     /// nccl-tests-style AllToAll table (out of place only).
     #[command(visible_alias = "all_to_all", visible_alias = "alltoall")]
     AllToAll(AllToAllArgs),
+    /// Rank 0 sends to rank 1 (ranks as threads), against cuMemcpyDtoD of the same size.
+    #[command(visible_alias = "send_recv")]
+    SendRecv(SendRecvArgs),
     /// The TMA and SIMT movers' CTA sweep (copy, reduce-into, reduce-add) against cuMemcpyDtoD.
     Movers(MoversArgs),
     /// An AllReduce beside a compute load: times alone, together, and the makespan.
@@ -71,6 +76,7 @@ impl Command {
             Command::Broadcast(_) => "broadcast",
             Command::Reduce(_) => "reduce",
             Command::AllToAll(_) => "all-to-all",
+            Command::SendRecv(_) => "send-recv",
             Command::Movers(_) => "movers",
             Command::Overlap(_) => "overlap",
             Command::Reshard(_) => "reshard",
@@ -95,6 +101,7 @@ fn run_named(command: Command) -> CliResult {
         Command::Broadcast(a) => collective::run(a.into()),
         Command::Reduce(a) => collective::run(a.into()),
         Command::AllToAll(a) => collective::run(a.into()),
+        Command::SendRecv(a) => send_recv::run(&a),
         Command::Movers(a) => movers::run(a),
         Command::Overlap(a) => overlap::run(a),
         Command::Reshard(a) => reshard::run(a),
@@ -113,6 +120,7 @@ pub fn check(command: &Command) -> CliResult {
         Command::Broadcast(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::Reduce(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::AllToAll(a) => collective::Run::from(a.clone()).check().map(|_| ()),
+        Command::SendRecv(a) => send_recv::check(a),
         Command::Movers(a) => movers::check(a).map(|_| ()),
         Command::Overlap(a) => overlap::check(a, a.ranks.unwrap_or(1)).map(|_| ()),
         Command::Reshard(a) => reshard::check(a).map(|_| ()),

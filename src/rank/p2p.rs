@@ -1,0 +1,155 @@
+//! Point-to-point calls of a rank: send, receive, groups of them, and AllToAllv.
+
+use super::Comm;
+use crate::comm::p2p::P2pOp;
+use crate::comm::{check_aligned, ordinal_of};
+use crate::error::{Error, Result};
+use crate::plain::Plain;
+use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
+use oxccl_host::p2p::Direction;
+
+/// Sends and receives queued together and run by [`Group::run`] in as few launches as their
+/// matching allows (one launch where every peer gets at most one send and one receive), as
+/// between `ncclGroupStart` and `ncclGroupEnd`. Made by [`Comm::group`]; the buffers stay
+/// borrowed until the group runs or drops (dropping it runs nothing).
+///
+/// A rank's transfers match its peers' in order per peer and direction: the `i`-th send of rank `a`
+/// to `b` (in this group or a later call) is the `i`-th receive of `b` from `a`, and the two must
+/// have the same length in bytes (else [`Error::CallMismatch`]; a transfer the peer never makes
+/// ends in [`Error::Timeout`]). Transfers to the rank itself are copies, paired in order.
+pub struct Group<'a> {
+    comm: &'a Comm,
+    ops: Vec<P2pOp>,
+    /// cudarc's ordering guards of the buffers: dropped once the transfers are queued.
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("rank", &self.comm.rank()).field("transfers", &self.ops).finish()
+    }
+}
+
+impl<'a> Group<'a> {
+    /// Queues sending `buf` (all of it; any [`Plain`] type) to rank `peer`.
+    pub fn send<T: Plain, S: DevicePtr<T>>(&mut self, buf: &'a S, peer: usize) -> Result<&mut Self> {
+        self.check(buf.len(), ordinal_of(buf), peer, "send buffer")?;
+        let (ptr, guard) = buf.device_ptr(self.comm.stream());
+        self.add(ptr, buf.len() * std::mem::size_of::<T>(), std::mem::align_of::<T>(), peer, Direction::Send, guard)
+    }
+
+    /// Queues receiving into `buf` (all of it) from rank `peer`.
+    pub fn recv<T: Plain, R: DevicePtrMut<T>>(&mut self, buf: &'a mut R, peer: usize) -> Result<&mut Self> {
+        self.check(buf.len(), ordinal_of(buf), peer, "receive buffer")?;
+        let bytes = buf.len() * std::mem::size_of::<T>();
+        let (ptr, guard) = buf.device_ptr_mut(self.comm.stream());
+        self.add(ptr, bytes, std::mem::align_of::<T>(), peer, Direction::Recv, guard)
+    }
+
+    fn check(&self, len: usize, ordinal: usize, peer: usize, what: &'static str) -> Result<()> {
+        let world = self.comm.world();
+        if peer >= world {
+            return Err(Error::NoSuchRank { rank: peer, ranks: world });
+        }
+        self.comm.inner.check_placement(len, ordinal, self.comm.rank, None, what)
+    }
+
+    fn add(
+        &mut self,
+        ptr: u64,
+        bytes: usize,
+        align: usize,
+        peer: usize,
+        dir: Direction,
+        guard: SyncOnDrop<'a>,
+    ) -> Result<&mut Self> {
+        let what = if dir == Direction::Send { "send buffer" } else { "receive buffer" };
+        check_aligned(ptr, self.comm.rank(), what, align)?;
+        self.ops.push(P2pOp { peer, dir, ptr, bytes });
+        self.guards.push(guard);
+        Ok(self)
+    }
+
+    /// Queues every transfer of the group on the rank's stream.
+    pub fn run(self) -> Result<()> {
+        self.comm.usable()?;
+        if let Some(n) = &self.comm.nodes {
+            return Err(Error::Unsupported { what: format!("send and receive across {} nodes", n.map.nodes()) });
+        }
+        let queued = self.comm.inner.p2p(&self.ops);
+        drop(self.guards);
+        queued
+    }
+}
+
+impl Comm {
+    /// An empty [`Group`] of sends and receives of this rank.
+    pub fn group(&self) -> Group<'_> {
+        Group { comm: self, ops: Vec::new(), guards: Vec::new() }
+    }
+
+    /// Sends `buf` to rank `peer`, which receives it with [`Comm::recv`] (or in a group): the
+    /// `i`-th send to a peer is its `i`-th receive from this rank. Asynchronous on the rank's stream.
+    pub fn send<T: Plain, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.send(buf, peer)?;
+        g.run()
+    }
+
+    /// Receives into `buf` (as many bytes as it holds) what rank `peer` sends.
+    pub fn recv<T: Plain, R: DevicePtrMut<T>>(&self, buf: &mut R, peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.recv(buf, peer)?;
+        g.run()
+    }
+
+    /// AllToAllv: `send_counts[q]` elements of `send` (blocks in rank order, back to back) go to rank
+    /// `q`, and `recv` ends with `recv_counts[q]` elements from each rank `q`, in rank order, back to
+    /// back (torch's `all_to_all_single` with split sizes). Rank `q`'s `send_counts[p]` must equal
+    /// rank `p`'s `recv_counts[q]` (else [`Error::CallMismatch`]). One group of sends and receives.
+    pub fn all_to_allv<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        send_counts: &[usize],
+        recv: &mut R,
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let world = self.world();
+        for (counts, what) in [(send_counts, "send counts"), (recv_counts, "receive counts")] {
+            if counts.len() != world {
+                return Err(Error::BufferCount { what, expected: world, got: counts.len() });
+            }
+        }
+        let total = |c: &[usize]| c.iter().try_fold(0usize, |a, &n| a.checked_add(n));
+        let (me, e) = (self.rank(), std::mem::size_of::<T>());
+        for (counts, len, what) in
+            [(send_counts, send.len(), "send buffer"), (recv_counts, recv.len(), "receive buffer")]
+        {
+            match total(counts) {
+                Some(n) if n == len => {}
+                n => return Err(Error::Length { what, rank: me, expected: n.unwrap_or(usize::MAX), got: len }),
+            }
+        }
+        self.inner.check_placement(send.len(), ordinal_of(send), me, None, "send buffer")?;
+        self.inner.check_placement(recv.len(), ordinal_of(recv), me, None, "receive buffer")?;
+        self.usable()?;
+        if let Some(n) = &self.nodes {
+            return Err(Error::Unsupported { what: format!("all_to_allv across {} nodes", n.map.nodes()) });
+        }
+        let stream = self.stream().clone();
+        let (s, _s) = send.device_ptr(&stream);
+        let (r, _r) = recv.device_ptr_mut(&stream);
+        check_aligned(s, me, "send buffer", std::mem::align_of::<T>())?;
+        check_aligned(r, me, "receive buffer", std::mem::align_of::<T>())?;
+        let mut ops = Vec::with_capacity(2 * world);
+        let (mut at_s, mut at_r) = (s, r);
+        for q in 0..world {
+            let (sb, rb) = (send_counts[q] * e, recv_counts[q] * e);
+            ops.push(P2pOp { peer: q, dir: Direction::Send, ptr: at_s, bytes: sb });
+            ops.push(P2pOp { peer: q, dir: Direction::Recv, ptr: at_r, bytes: rb });
+            at_s += sb as u64;
+            at_r += rb as u64;
+        }
+        self.inner.p2p(&ops)
+    }
+}
