@@ -4,7 +4,6 @@
 use super::{Communicator, Range, check_disjoint};
 use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
-use crate::plain::unit_of;
 use crate::program::Uploaded;
 use crate::{DType, ReduceOp};
 use cudarc::driver::sys;
@@ -85,9 +84,9 @@ impl Communicator {
         let mut rounds = Vec::new();
         for round in p2p::rounds(&transfers) {
             let ops: Vec<P2pOp> = round.iter().map(|&i| *others[i]).collect();
-            // The widest unit every length and address of the round allows.
-            let spread = ops.iter().fold(0u64, |a, o| a | o.bytes as u64 | o.ptr);
-            let dtype = unit_of(if spread == 0 { 4 } else { 1 << spread.trailing_zeros().min(2) });
+            // Bytes: each end moves into or out of its peer's buffer too, whose alignment it does
+            // not know (the bulk copies align themselves; only heads and tails go element-wise).
+            let dtype = DType::U8;
             let (plan, launch) = self.p2p_plan(me, &ops, dtype)?;
             rounds.push((ops, plan, launch));
         }
@@ -115,6 +114,21 @@ impl Communicator {
         result
     }
 
+    /// CTAs a rank may spend on a round: `Config::max_ctas` where set, else its share of the
+    /// multiprocessors of the busiest device (every rank there may run a round at once). Not the
+    /// collectives' default, which stops at 16: one transfer between two ranks needs more CTAs
+    /// than that to copy at the memory's rate.
+    fn p2p_ctas_per_rank(&self) -> u32 {
+        if let Some(c) = self.config.max_ctas {
+            return c;
+        }
+        let w = &self.world;
+        let share = (0..w.devices.len())
+            .filter(|&d| w.ranks_on(d) > 0)
+            .map(|d| (w.devices[d].sms as usize / w.ranks_on(d)).max(1));
+        share.min().unwrap_or(1) as u32
+    }
+
     /// The plan of one round of this rank's transfers (`ops`, sorted as `p2p::rounds` sorts),
     /// built, checked and uploaded on first use.
     fn p2p_plan(&self, me: usize, ops: &[P2pOp], dtype: DType) -> Result<(Arc<Uploaded>, LaunchSpec)> {
@@ -123,7 +137,7 @@ impl Communicator {
         let key = P2pKey { transfers: transfers.clone(), dtype };
         let (plan_and_launch, _) = self.p2p_plans.get_or_build(key, || {
             let world = self.ranks();
-            let k = p2p::ctas_per_transfer(self.ctas_per_rank(), world);
+            let k = p2p::ctas_per_transfer(self.p2p_ctas_per_rank(), world);
             let round = p2p::lower_round(me, world, &transfers, k, dtype)
                 .map_err(|e| Error::Config { field: "point-to-point transfers", why: e.to_string() })?;
             let ctas = round.programs.len() as u32;

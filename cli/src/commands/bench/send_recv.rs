@@ -44,7 +44,7 @@ pub fn check(a: &SendRecvArgs) -> CliResult {
 pub fn run(a: &SendRecvArgs) -> CliResult {
     check(a)?;
     let sweep = a.sweep.sweep()?;
-    let ctx = oxccl::engine::probe_gpu()?;
+    let ctx = oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
     let config = Config { mover: a.mover.into(), max_ctas: a.ctas, ..Config::default() };
     let id = Id::new()?;
     let sizes: Vec<u64> = sweep.sizes().collect();
