@@ -159,6 +159,9 @@ pub struct Communicator {
     /// Held while one call queues its launches on every group.
     launch_order: Mutex<()>,
     poison: Poison,
+    /// Whether the last launch queued was a point-to-point round: the launch after it is not
+    /// launched early either (see [`Communicator::launch_uploaded_as`]).
+    after_p2p: std::sync::atomic::AtomicBool,
 }
 
 /// The ranks' devices, the launch groups (ranks launched together), the configuration and the
@@ -275,6 +278,7 @@ impl Communicator {
             captured: Mutex::new(Vec::new()),
             launch_order: Mutex::new(()),
             poison: Poison::default(),
+            after_p2p: std::sync::atomic::AtomicBool::new(false),
         };
         // The workspaces were zeroed on the legacy streams: finish before any launch.
         comm.synchronize_devices()?;
@@ -888,10 +892,30 @@ impl Communicator {
         launch: &LaunchSpec,
         buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
     ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_uploaded_as(programs, launch, buffers, true) }
+    }
+
+    /// [`Communicator::launch_uploaded`], each kernel launched early behind its stream's previous
+    /// one where `early` (see [`Engine::launch_as`]). `early` is false for point-to-point rounds,
+    /// and then also for the launch after one: a kernel placed early behind a round holds room
+    /// while ranks the round did not meet may still need it for theirs.
+    ///
+    /// # Safety
+    /// As [`Communicator::launch_uploaded`].
+    pub(crate) unsafe fn launch_uploaded_as<'a>(
+        &self,
+        programs: impl IntoIterator<Item = &'a Uploaded>,
+        launch: &LaunchSpec,
+        buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS],
+        early: bool,
+    ) -> Result<()> {
         let workspaces = self.workspaces;
         // Every group must see calls in the same order (barriers pair CTAs by a per-CTA call count):
         // calls from several threads queue their groups' launches one call at a time.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
+        // In launch order (under the lock): whether the previous launch was a round.
+        let early = !self.after_p2p.swap(!early, Ordering::SeqCst) && early;
         // Again under the lock: another thread's call may have failed halfway since this call's check.
         if self.poison.is_set() {
             return Err(Error::Poisoned);
@@ -904,7 +928,8 @@ impl Communicator {
                 let engine = &self.engines[g.device];
                 // SAFETY: the caller vouches for the buffer table; the status record is the group's
                 // own; every group of the communicator is launched here, so barriers meet.
-                let launched = unsafe { engine.launch(&g.stream, prog, launch, buffers, workspaces, g.status.ptr()) };
+                let launched =
+                    unsafe { engine.launch_as(&g.stream, prog, launch, buffers, workspaces, g.status.ptr(), early) };
                 if let Err(e) = launched {
                     if i > 0 || k > 0 {
                         // Earlier launches are queued and will wait for this one at their barriers:

@@ -793,6 +793,30 @@ impl Engine {
         workspaces: [u64; abi::MAX_RANKS],
         status: u64,
     ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_as(stream, prog, spec, buffers, workspaces, status, true) }
+    }
+
+    /// [`Engine::launch`], launched early behind the stream's previous kernel where `early` (and
+    /// `OXCCL_DEBUG=serial-launches` does not say otherwise), else after it has ended: a launch
+    /// whose CTAs meet only some ranks must not take the room that other ranks' calls still need
+    /// (its next launch would hold multiprocessors while peers that meet no one it waits for
+    /// cannot be placed).
+    ///
+    /// # Safety
+    /// As [`Engine::launch`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn launch_as(
+        &self,
+        stream: &CudaStream,
+        prog: &DeviceProgram,
+        spec: &LaunchSpec,
+        buffers: [[u64; abi::BUFFER_SLOTS]; abi::MAX_RANKS],
+        workspaces: [u64; abi::MAX_RANKS],
+        status: u64,
+        early: bool,
+    ) -> Result<()> {
+        let start = if early { self.start } else { Start::AfterPrevious };
         self.check(spec, prog.ctas, prog.slots)?;
         if let Some(home) = &prog.stream
             && home.cu_stream() != stream.cu_stream()
@@ -842,7 +866,7 @@ impl Engine {
         // SAFETY: the argument is the kernel's single by-value `LaunchArgs` parameter; the caller
         // guarantees the addresses. The kernels wait at entry for the stream's previous kernel
         // (`griddepcontrol.wait`) before touching anything it may write.
-        unsafe { launch_kernel(stream, &f, cfg, &args, self.start) }
+        unsafe { launch_kernel(stream, &f, cfg, &args, start) }
     }
 }
 

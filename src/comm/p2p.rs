@@ -185,7 +185,11 @@ impl Communicator {
             // alignment, disjointness) and borrowed for the call, or this rank's staging memory
             // standing in for it, held (by `staging`) until the call is queued; the plan's tasks
             // address `bytes` of each, in the row of its peer and the slot of its direction.
-            unsafe { self.launch_uploaded([plan], launch, buffers) }
+            // Not early: a round meets some ranks only, so its CTAs passing their barriers does not
+            // mean every rank's round is placed, and a kernel placed early behind it could hold
+            // the room a round between two other ranks needs (a possible cause of the timeout
+            // seen with 4 processes on one H100; not confirmed).
+            unsafe { self.launch_uploaded_as([plan], launch, buffers, false) }
         });
         drop(staging);
         launched
