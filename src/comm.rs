@@ -89,6 +89,15 @@ impl World {
         self.rank_device.iter().filter(|&&x| x == d).count()
     }
 
+    /// Each rank's share of the multiprocessors of the busiest device (at least 1): the same on
+    /// every rank, wherever launched, since it comes from the whole world.
+    pub(crate) fn sm_share(&self) -> u32 {
+        let share = (0..self.devices.len())
+            .filter(|&d| self.ranks_on(d) > 0)
+            .map(|d| (self.devices[d].sms as usize / self.ranks_on(d)).max(1));
+        share.min().unwrap_or(1) as u32
+    }
+
     /// The most ranks any device holds.
     fn most_on_a_device(&self) -> usize {
         (0..self.devices.len()).map(|d| self.ranks_on(d)).max().unwrap_or(0)
@@ -364,12 +373,7 @@ impl Communicator {
         if let Some(c) = self.config.max_ctas {
             return c;
         }
-        // From the whole world, so that every rank, wherever launched, picks the same count.
-        let w = &self.world;
-        let most = (0..w.devices.len())
-            .filter(|&d| w.ranks_on(d) > 0)
-            .map(|d| (w.devices[d].sms as usize / w.ranks_on(d)).max(1));
-        most.min().unwrap_or(1).min(16) as u32
+        self.world.sm_share().min(16)
     }
 
     /// `recv[r] = op over all ranks q of send[q]`, element-wise. Every buffer has the same length;

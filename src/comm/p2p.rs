@@ -122,11 +122,7 @@ impl Communicator {
         if let Some(c) = self.config.max_ctas {
             return c;
         }
-        let w = &self.world;
-        let share = (0..w.devices.len())
-            .filter(|&d| w.ranks_on(d) > 0)
-            .map(|d| (w.devices[d].sms as usize / w.ranks_on(d)).max(1));
-        share.min().unwrap_or(1) as u32
+        self.world.sm_share()
     }
 
     /// The plan of one round of this rank's transfers (`ops`, sorted as `p2p::rounds` sorts),
