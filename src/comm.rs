@@ -7,6 +7,7 @@ use crate::engine::{
     sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
+use crate::peer::Out;
 use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, unit_of, whole_blocks};
 use crate::program::{PlanKey, Prepared, Uploaded};
 use crate::{DType, Element, ReduceOp};
@@ -18,6 +19,7 @@ use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Workspace, s
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub(crate) mod group;
 pub(crate) mod p2p;
 
 /// A rank this communicator drives (a local rank): its index in the world, its device (an index
@@ -161,6 +163,9 @@ pub struct Communicator {
     pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
     /// Point-to-point rounds' plans with their launches.
     p2p_plans: BuildOnce<p2p::P2pKey, (Arc<Uploaded>, LaunchSpec)>,
+    /// Grouped collectives' launches: plan, where the members' buffers go, launch.
+    #[allow(clippy::type_complexity)]
+    group_plans: BuildOnce<group::GroupKey, ((Arc<Uploaded>, Arc<oxccl_host::group::GroupLaunch>), LaunchSpec)>,
     /// Plans launched while the ranks' streams were capturing a CUDA graph: the graph holds their
     /// device addresses, so [`Communicator::clear_plans`] leaves them alive (until
     /// [`Communicator::release_captured`] or the communicator's drop).
@@ -284,6 +289,7 @@ impl Communicator {
             plans: BuildOnce::new(),
             reshard_plans: BuildOnce::new(),
             p2p_plans: BuildOnce::new(),
+            group_plans: BuildOnce::new(),
             captured: Mutex::new(Vec::new()),
             launch_order: Mutex::new(()),
             poison: Poison::default(),
@@ -1041,6 +1047,7 @@ impl Communicator {
         self.plans.clear();
         self.reshard_plans.clear();
         self.p2p_plans.clear();
+        self.group_plans.clear();
         Ok(())
     }
 
@@ -1238,9 +1245,11 @@ impl Communicator {
             && link.peer.is_some()
         {
             let ins: Vec<(u64, usize)> = send_ptr.iter().map(|&(_, p)| (p, in_len * e)).collect();
-            let outs: Vec<(u64, usize, bool)> =
-                recv_ptr.iter().map(|&(r, p)| (p, expected_recv * e, written(r))).collect();
-            staging = Some(link.stage(&ins, &outs, in_place)?);
+            let outs: Vec<Out> = recv_ptr
+                .iter()
+                .map(|&(r, ptr)| Out { ptr, bytes: expected_recv * e, written: written(r), read: in_place })
+                .collect();
+            staging = Some(link.stage(&ins, &outs)?);
         }
         if let Some(st) = &mut staging {
             for ((_, p), sub) in send_ptr.iter_mut().zip(&st.inputs) {

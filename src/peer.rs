@@ -471,15 +471,21 @@ impl Staging<'_> {
     }
 }
 
+/// An output of a call to stage ([`Link::stage`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Out {
+    pub ptr: u64,
+    pub bytes: usize,
+    /// The call writes it (a rooted call in place leaves some buffers as they are).
+    pub written: bool,
+    /// The call reads it first: in place, the buffer is also the input.
+    pub read: bool,
+}
+
 impl Link {
-    /// The addresses peers resolve for a call's inputs (`(address, bytes)`) and outputs
-    /// (`(address, bytes, written)`), staging those outside this rank's exported memory.
-    pub(crate) fn stage(
-        &self,
-        ins: &[(u64, usize)],
-        outs: &[(u64, usize, bool)],
-        in_place: bool,
-    ) -> Result<Staging<'_>> {
+    /// The addresses peers resolve for a call's inputs (`(address, bytes)`) and outputs, staging
+    /// those outside this rank's exported memory.
+    pub(crate) fn stage(&self, ins: &[(u64, usize)], outs: &[Out]) -> Result<Staging<'_>> {
         let peer = self.peer.as_ref().expect("staging is only asked of a communicator across processes");
         let mut st =
             Staging { inputs: Vec::new(), outputs: Vec::new(), before: Vec::new(), after: Vec::new(), _hold: None };
@@ -494,12 +500,15 @@ impl Link {
         // staging memory to point into where nothing else is staged).
         let reach = |p: u64, b: usize| if b == 0 { Some(p) } else { peer.portable(p, b) };
         let ins: Vec<(u64, usize, Option<u64>, usize)> = ins.iter().map(|&(p, b)| (p, b, reach(p, b), 0)).collect();
-        let outs: Vec<(u64, usize, bool, Option<u64>, usize)> =
-            outs.iter().map(|&(p, b, w)| (p, b, w, reach(p, b), 0)).collect();
         let ins: Vec<_> =
             ins.into_iter().map(|(p, b, a, _)| (p, b, a, if a.is_none() { place(b) } else { 0 })).collect();
-        let outs: Vec<_> =
-            outs.into_iter().map(|(p, b, w, a, _)| (p, b, w, a, if a.is_none() { place(b) } else { 0 })).collect();
+        let outs: Vec<_> = outs
+            .iter()
+            .map(|o| {
+                let a = reach(o.ptr, o.bytes);
+                (o, a, if a.is_none() { place(o.bytes) } else { 0 })
+            })
+            .collect();
         let mut base = None;
         if need > 0 {
             let hold = peer.staging(need)?;
@@ -517,16 +526,15 @@ impl Link {
                 (None, None) => unreachable!("need > 0 when anything is staged"),
             });
         }
-        for (p, b, written, a, at) in outs {
+        for (o, a, at) in outs {
             st.outputs.push(match (a, base) {
                 (Some(a), _) => a,
                 (None, Some((region, local))) => {
-                    // In place the buffer is also the input; a rooted call may not write it.
-                    if in_place {
-                        st.before.push((local + at as u64, p, b));
+                    if o.read {
+                        st.before.push((local + at as u64, o.ptr, o.bytes));
                     }
-                    if written {
-                        st.after.push((p, local + at as u64, b));
+                    if o.written {
+                        st.after.push((o.ptr, local + at as u64, o.bytes));
                     }
                     abi::region_address(region, at as u64)
                 }

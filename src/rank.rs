@@ -30,8 +30,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+mod group;
 mod p2p;
-pub use p2p::Group;
+pub use group::Group;
 
 /// The workspaces of per-rank communicators (and of their compiled plans) whose ranks are all
 /// threads of this process, by address: each rank of such a world finds its peers' here and holds

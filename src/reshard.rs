@@ -14,6 +14,7 @@
 use crate::comm::{Communicator, Holders, Range, call_key, check_aligned, check_disjoint, ordinal_of};
 use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
+use crate::peer::Out;
 use crate::plain::{Plain, unit_bytes, unit_dtype};
 use crate::program::PlanKey;
 use crate::{DType, ReduceOp};
@@ -223,8 +224,9 @@ impl Communicator {
             && link.peer.is_some()
         {
             let staged_ins: Vec<(u64, usize)> = ins.iter().map(|&(_, p, bytes)| (p, bytes)).collect();
-            let staged_outs: Vec<(u64, usize, bool)> = outs.iter().map(|&(_, p, bytes)| (p, bytes, true)).collect();
-            staging = Some(link.stage(&staged_ins, &staged_outs, false)?);
+            let staged_outs: Vec<Out> =
+                outs.iter().map(|&(_, ptr, bytes)| Out { ptr, bytes, written: true, read: false }).collect();
+            staging = Some(link.stage(&staged_ins, &staged_outs)?);
         }
         if let Some(st) = &staging {
             for ((_, p, _), sub) in ins.iter_mut().zip(&st.inputs) {

@@ -1405,3 +1405,218 @@ fn unmatched_transfers_are_typed_errors() {
         assert!(matches!(r, Err(Error::CallMismatch { peer, .. }) if *peer as usize == 1 - rank), "rank {rank}: {r:?}");
     }
 }
+
+/// A member of a [`GroupCase`]: its spec, every rank's input and every rank's (input, output)
+/// shift in elements.
+type GroupMember = (PlanSpec, Vec<Vec<u8>>, Vec<(usize, usize)>);
+
+/// A group of collectives of one element type (operators drawn per member) on one communicator.
+struct GroupCase {
+    shape: usize,
+    dtype: DType,
+    members: Vec<GroupMember>,
+    memory: Vec<Memory>,
+}
+
+fn draw_group(seed: u64, case: usize, world: usize, processes: bool) -> GroupCase {
+    let mut rng = common::rng(seed ^ (case as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    let shape = rng.random_range(0..SHAPES.len() as u64) as usize;
+    let dtype = DType::ALL[rng.random_range(0..DType::ALL.len() as u64) as usize];
+    let n = [1, 2, 3, 7, 33, 40][rng.random_range(0..6) as usize];
+    // A few operators per group: several launches of one group.
+    let ops: Vec<ReduceOp> =
+        (0..2).map(|_| ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize]).collect();
+    let members = (0..n)
+        .map(|_| {
+            let root = rng.random_range(0..world as u64) as u32;
+            // AllToAll has no group form.
+            let collective = Collective::every(root)[rng.random_range(0..5) as usize];
+            let count = match rng.random_range(0..8) {
+                0 => [0, 1, 3, 7, 8, 9, 15, 16, 17, 33][rng.random_range(0..10) as usize],
+                1..=6 => rng.random_range(0..3000),
+                _ => rng.random_range(0..100_000),
+            };
+            let op = ops[rng.random_range(0..2) as usize];
+            let in_place = rng.random_range(0..2) == 0;
+            let spec =
+                PlanSpec { collective, count, dtype, op, ranks: world, in_place, ctas: 1, reduction: SHAPES[shape].1 };
+            let (in_bytes, _) = spec.buffer_bytes();
+            let mut inputs: Vec<Vec<u8>> = (0..world).map(|_| Vec::new()).collect();
+            for _ in 0..in_bytes as usize / dtype.size() {
+                for input in inputs.iter_mut() {
+                    let x = if op == ReduceOp::Prod {
+                        [-2.0, -1.0, 1.0, 2.0][rng.random_range(0..4) as usize]
+                    } else {
+                        rng.random_range(0..21) as f64 - 10.0
+                    };
+                    input.extend(common::element(dtype, x));
+                }
+            }
+            let shift =
+                (0..world).map(|_| (rng.random_range(0..5) as usize, rng.random_range(0..5) as usize)).collect();
+            (spec, inputs, shift)
+        })
+        .collect();
+    let memory = draw_memory(&mut rng, world, processes);
+    GroupCase { shape, dtype, members, memory }
+}
+
+/// Queues every member of `c` in one group of `comm` and runs it; returns each member's output
+/// bytes on this rank (empty without one), after checking the inputs were left as they were.
+fn run_group_case(comm: &Comm, c: &GroupCase) -> Result<Vec<Vec<u8>>, Error> {
+    let r = comm.rank();
+    let stream = comm.stream().clone();
+    let size = c.dtype.size();
+    let sym = c.memory[r];
+    let mut placed: Vec<(Option<Placed>, Option<Placed>)> = Vec::new();
+    for (spec, inputs, shift) in &c.members {
+        let (in_bytes, out_bytes) = spec.buffer_bytes();
+        let (shift_in, shift_out) = shift[r];
+        if spec.in_place {
+            let len = in_bytes.max(out_bytes) as usize;
+            let mut b = tccl::poison(spec, len);
+            let at = if spec.collective == Collective::AllGather { r * in_bytes as usize } else { 0 };
+            b[at..at + inputs[r].len()].copy_from_slice(&inputs[r]);
+            placed.push((None, Some(Placed::new(comm, sym, &b, shift_out * size))));
+        } else {
+            let (has_in, has_out) = spec.rank_buffers(r);
+            let input = has_in.then(|| Placed::new(comm, sym, &inputs[r], shift_in * size));
+            let output =
+                has_out.then(|| Placed::new(comm, sym, &tccl::poison(spec, out_bytes as usize), shift_out * size));
+            placed.push((input, output));
+        }
+    }
+    fn queue<T: Element>(
+        comm: &Comm,
+        c: &GroupCase,
+        placed: &mut [(Option<Placed>, Option<Placed>)],
+    ) -> Result<(), Error> {
+        let (ins, outs): (Vec<_>, Vec<_>) = placed.iter_mut().map(|(i, o)| (i.as_ref(), o.as_mut())).unzip();
+        let sends: Vec<Option<CudaView<T>>> = ins.iter().map(|b| b.map(|b| b.view::<T>())).collect();
+        let mut wholes: Vec<Option<(CudaViewMut<T>, std::ops::Range<usize>)>> =
+            outs.into_iter().map(|b| b.map(|b| b.whole_mut::<T>())).collect();
+        let mut recvs: Vec<Option<CudaViewMut<T>>> =
+            wholes.iter_mut().map(|w| w.as_mut().map(|(w, r)| w.slice_mut(r.clone()))).collect();
+        let mut g = comm.group();
+        for (((spec, _, _), send), recv) in c.members.iter().zip(&sends).zip(recvs.iter_mut()) {
+            match (spec.collective, spec.in_place) {
+                (Collective::AllReduce, false) => g.all_reduce(send.as_ref().unwrap(), recv.as_mut().unwrap(), spec.op),
+                (Collective::AllReduce, true) => g.all_reduce_in_place(recv.as_mut().unwrap(), spec.op),
+                (Collective::ReduceScatter, false) => {
+                    g.reduce_scatter(send.as_ref().unwrap(), recv.as_mut().unwrap(), spec.op)
+                }
+                (Collective::ReduceScatter, true) => g.reduce_scatter_in_place(recv.as_mut().unwrap(), spec.op),
+                (Collective::AllGather, false) => g.all_gather(send.as_ref().unwrap(), recv.as_mut().unwrap()),
+                (Collective::AllGather, true) => g.all_gather_in_place(recv.as_mut().unwrap()),
+                (Collective::Broadcast { root }, false) => {
+                    g.broadcast(send.as_ref(), recv.as_mut().unwrap(), root as usize)
+                }
+                (Collective::Broadcast { root }, true) => g.broadcast_in_place(recv.as_mut().unwrap(), root as usize),
+                (Collective::Reduce { root }, false) => {
+                    g.reduce(send.as_ref().unwrap(), recv.as_mut(), spec.op, root as usize)
+                }
+                (Collective::Reduce { root }, true) => {
+                    g.reduce_in_place(recv.as_mut().unwrap(), spec.op, root as usize)
+                }
+                (Collective::AllToAll, _) => unreachable!("not drawn"),
+            }?;
+        }
+        g.run()
+    }
+    oxccl::with_element!(c.dtype, |T| queue::<T>(comm, c, &mut placed))?;
+    comm.synchronize()?;
+    let mut outputs = Vec::new();
+    for (k, ((spec, inputs, _), (input, output))) in c.members.iter().zip(&placed).enumerate() {
+        if let Some(b) = input {
+            let after = b.read(&stream, &format!("member {k} {spec:?}: rank {r}'s input"));
+            assert!(after == inputs[r], "member {k} {spec:?}: the group wrote rank {r}'s input buffer");
+        }
+        outputs.push(
+            output
+                .as_ref()
+                .map(|b| b.read(&stream, &format!("member {k} {spec:?}: rank {r}'s output")))
+                .unwrap_or_default(),
+        );
+    }
+    Ok(outputs)
+}
+
+/// One rank's part of the grouped cases; returns how many cases and members ran.
+fn group_rank_cases(
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+    ids: &[Id],
+    cases: usize,
+    seed: u64,
+    processes: bool,
+) -> (usize, usize) {
+    let comms: Vec<Comm> = SHAPES
+        .iter()
+        .zip(ids)
+        .map(|(&shape, id)| Comm::from_rank(stream, rank, world, id, config(shape)).unwrap())
+        .collect();
+    let mut members = 0;
+    for case in 0..cases {
+        let c = draw_group(seed, case, world, processes);
+        let got = run_group_case(&comms[c.shape], &c)
+            .unwrap_or_else(|e| panic!("rank {rank} case {case} (seed {seed}) {:?}: {e}", SHAPES[c.shape]));
+        for (k, ((spec, inputs, _), got)) in c.members.iter().zip(&got).enumerate() {
+            let want = tccl::reference(spec, inputs);
+            if *got != want[rank] {
+                let at = got.iter().zip(&want[rank]).position(|(a, b)| a != b);
+                panic!(
+                    "rank {rank} case {case} (seed {seed}) member {k} of {} {spec:?} {:?}: wrong output (first wrong byte {at:?})",
+                    c.members.len(),
+                    SHAPES[c.shape]
+                );
+            }
+        }
+        members += c.members.len();
+    }
+    (cases, members)
+}
+
+/// Groups of collectives (several launches where operators differ or members are many) on
+/// threads of this process, each member exact.
+#[test]
+fn threads_run_grouped_collectives() {
+    let Some(stream) = common::gpu("threads_run_grouped_collectives") else { return };
+    let seed = common::seed_from_env(0x6209_0B5E);
+    let (mut total, mut members) = (0, 0);
+    for world in [2, 3, 8] {
+        let ids: Vec<Id> = SHAPES.iter().map(|_| Id::new().unwrap()).collect();
+        let ran = on_rank_threads(&stream, world, move |s, rank| {
+            group_rank_cases(s, rank, world, &ids, cases() / 3, seed, false)
+        });
+        total += ran.iter().map(|r| r.0).sum::<usize>();
+        members += ran.iter().map(|r| r.1).sum::<usize>();
+    }
+    eprintln!("{total} grouped rank-cases ({members} rank-members) on 2, 3 and 8 threads exact (seed {seed})");
+}
+
+/// The same with every rank a process of its own (buffers of every kind).
+#[test]
+fn processes_run_grouped_collectives() {
+    const TEST: &str = "processes_run_grouped_collectives";
+    if let Some((rank, world)) = child() {
+        let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
+        let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
+        let (n, m) = group_rank_cases(&stream, rank, world, &ids_from_env("OXCCL_TEST_IDS"), cases() / 3, seed, true);
+        println!("rank {rank}: {n} grouped cases ({m} members) exact");
+        return;
+    }
+    if common::gpu(TEST).is_none() || !mps(TEST) {
+        return;
+    }
+    let seed = common::seed_from_env(0x6209_9C0C);
+    let mut total = 0;
+    for world in [2, 4] {
+        let ids: Vec<String> = SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
+        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
+        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
+        check_ranks(&results, world);
+        total += world * (cases() / 3);
+    }
+    eprintln!("{total} grouped rank-cases on 2 and 4 processes exact (seed {seed})");
+}

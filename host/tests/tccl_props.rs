@@ -7,9 +7,10 @@
 //! the executor reproduces).
 
 use oxccl_host::fp8::Fp8;
+use oxccl_host::group::{self, Member, Shared};
 use oxccl_host::lowered::{self, HostBuffers};
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, RedOp, slot};
+use oxccl_kernels::abi::{DType, RedOp, slot};
 use proptest::prelude::*;
 
 fn element(dtype: DType, x: f64) -> Vec<u8> {
@@ -52,11 +53,19 @@ fn to_f64(dtype: DType, b: &[u8]) -> f64 {
 /// ([`PlanSpec::rank_buffers`]) is empty: a task that touched it would fail the executor's bounds.
 fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let plan = tccl::plan(spec).expect("plan");
+    let mut bufs: HostBuffers = vec![Default::default(); spec.ranks];
+    fill(spec, inputs, &mut bufs, 0);
+    lowered::execute(&plan, &mut bufs, &spec.aliases()).expect("execute");
+    take(spec, &mut bufs, 0)
+}
+
+/// Puts `spec`'s buffers, holding `inputs` (and the poison where outputs go), into every rank's
+/// slots `shift + INPUT` and `shift + OUTPUT`.
+fn fill(spec: &PlanSpec, inputs: &[Vec<u8>], bufs: &mut HostBuffers, shift: u8) {
     let (in_bytes, out_bytes) = spec.buffer_bytes();
-    let mut bufs: HostBuffers = Vec::new();
     for (r, input) in inputs.iter().enumerate() {
         let (has_in, has_out) = spec.rank_buffers(r);
-        let mut row: [Vec<u8>; BUFFER_SLOTS] = Default::default();
+        let row = &mut bufs[r];
         if spec.in_place {
             // One buffer per rank, in the slot the other aliases into.
             let (s, len) = match spec.collective {
@@ -69,21 +78,20 @@ fn execute(spec: &PlanSpec, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
                 _ => 0,
             };
             b[at..at + input.len()].copy_from_slice(input);
-            row[s as usize] = b;
+            row[(s + shift) as usize] = b;
         } else {
-            row[slot::INPUT as usize] = if has_in { input.clone() } else { Vec::new() };
+            row[(slot::INPUT + shift) as usize] = if has_in { input.clone() } else { Vec::new() };
             // Poison: any element the plan fails to write keeps it.
-            row[slot::OUTPUT as usize] = if has_out { tccl::poison(spec, out_bytes as usize) } else { Vec::new() };
+            row[(slot::OUTPUT + shift) as usize] =
+                if has_out { tccl::poison(spec, out_bytes as usize) } else { Vec::new() };
         }
-        bufs.push(row);
     }
-    lowered::execute(&plan, &mut bufs, &spec.aliases()).expect("execute");
-    bufs.into_iter()
-        .map(|mut row| {
-            let s = if spec.in_place && spec.collective != Collective::AllGather { slot::INPUT } else { slot::OUTPUT };
-            std::mem::take(&mut row[s as usize])
-        })
-        .collect()
+}
+
+/// Each rank's result of `spec` from the slots `fill` put it in.
+fn take(spec: &PlanSpec, bufs: &mut HostBuffers, shift: u8) -> Vec<Vec<u8>> {
+    let s = if spec.in_place && spec.collective != Collective::AllGather { slot::INPUT } else { slot::OUTPUT };
+    bufs.iter_mut().map(|row| std::mem::take(&mut row[(s + shift) as usize])).collect()
 }
 
 fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
@@ -447,6 +455,81 @@ fn split_covers_the_range_at_any_arguments() {
         }
         for i in [parts, parts.saturating_add(1), u64::MAX] {
             assert_eq!(tccl::split(total, parts, grain, i), (total, total), "index {i} past {parts} parts");
+        }
+    }
+}
+
+/// Members of a group: any collective of `shared`'s ranks (roots among them), counts up to a few
+/// thousand elements, in place or not.
+fn members_strategy(ranks: usize) -> impl Strategy<Value = Vec<Member>> {
+    prop::collection::vec(
+        ((0usize..6, 0u32..16).prop_map(|(k, root)| Collective::every(root)[k]), 0u64..3000, any::<bool>()),
+        1..40,
+    )
+    .prop_map(move |ms| {
+        ms.into_iter()
+            .map(|(collective, count, in_place)| {
+                let collective = match collective {
+                    Collective::Broadcast { root } => Collective::Broadcast { root: root % ranks as u32 },
+                    Collective::Reduce { root } => Collective::Reduce { root: root % ranks as u32 },
+                    c => c,
+                };
+                Member { collective, count, in_place: in_place && collective.has_in_place() }
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Every launch of a group, run row by row on the CPU executor, leaves each member's buffers as
+    /// that collective alone would (integer-valued inputs: exact in any order), and no CTA of a row
+    /// races another.
+    #[test]
+    fn grouped_members_are_each_exact(
+        ranks in 1usize..=8,
+        ctas in 1u32..=20,
+        dtype in prop::sample::select(vec![DType::F32, DType::Bf16, DType::I32, DType::U8, DType::F64]),
+        op in prop::sample::select(RedOp::ALL.to_vec()),
+        reduction in prop_oneof![Just(Reduction::Registers), Just(Reduction::Tma)],
+        members in (1usize..=8).prop_flat_map(members_strategy),
+        seed in any::<u64>(),
+    ) {
+        let shared = Shared { dtype, op, ranks, ctas, reduction };
+        let members: Vec<Member> = members.into_iter().map(|m| Member {
+            collective: match m.collective {
+                Collective::Broadcast { root } => Collective::Broadcast { root: root % ranks as u32 },
+                Collective::Reduce { root } => Collective::Reduce { root: root % ranks as u32 },
+                c => c,
+            },
+            ..m
+        }).collect();
+        let launches = group::launches(members.len(), ctas);
+        prop_assert_eq!(launches.iter().map(|r| r.len()).sum::<usize>(), members.len());
+        for range in launches {
+            let these = &members[range.clone()];
+            let g = group::lower(&shared, these).expect("lower");
+            prop_assert_eq!(g.lowered.programs.len(), ranks * ctas as usize);
+            let specs: Vec<PlanSpec> = these.iter().map(|m| shared.spec(m, ctas)).collect();
+            let ins: Vec<Vec<Vec<u8>>> =
+                specs.iter().enumerate().map(|(k, s)| inputs(s, seed ^ (range.start + k) as u64, true)).collect();
+            let rows = g.places.iter().map(|p| p.row).max().unwrap() + 1;
+            for row in 0..rows {
+                let mut bufs: HostBuffers = vec![Default::default(); ranks];
+                let here: Vec<usize> = (0..these.len()).filter(|&m| g.places[m].row == row).collect();
+                for &m in &here {
+                    fill(&specs[m], &ins[m], &mut bufs, g.places[m].input);
+                }
+                let aliases = g.row_aliases(row, &specs);
+                let plan = g.row(row);
+                prop_assert_eq!(lowered::check_races(&plan, &aliases), Ok(()));
+                lowered::execute(&plan, &mut bufs, &aliases).expect("execute");
+                for &m in &here {
+                    let got = take(&specs[m], &mut bufs, g.places[m].input);
+                    prop_assert!(got == tccl::reference(&specs[m], &ins[m]), "member {} ({:?})", range.start + m, these[m]);
+                }
+            }
         }
     }
 }

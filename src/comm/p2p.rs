@@ -4,6 +4,7 @@
 use super::{Communicator, Range, check_disjoint};
 use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
+use crate::peer::Out;
 use crate::program::Uploaded;
 use crate::{DType, ReduceOp};
 use cudarc::driver::sys;
@@ -160,9 +161,12 @@ impl Communicator {
         {
             let ins: Vec<(u64, usize)> =
                 ops.iter().filter(|o| o.dir == Direction::Send).map(|o| (o.ptr, o.bytes)).collect();
-            let outs: Vec<(u64, usize, bool)> =
-                ops.iter().filter(|o| o.dir == Direction::Recv).map(|o| (o.ptr, o.bytes, true)).collect();
-            let st = link.stage(&ins, &outs, false)?;
+            let outs: Vec<Out> = ops
+                .iter()
+                .filter(|o| o.dir == Direction::Recv)
+                .map(|o| Out { ptr: o.ptr, bytes: o.bytes, written: true, read: false })
+                .collect();
+            let st = link.stage(&ins, &outs)?;
             let (mut i, mut o) = (st.inputs.iter(), st.outputs.iter());
             for (a, op) in at.iter_mut().zip(ops) {
                 let next = if op.dir == Direction::Send { i.next() } else { o.next() };

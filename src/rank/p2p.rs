@@ -5,89 +5,10 @@ use crate::comm::p2p::P2pOp;
 use crate::comm::{check_aligned, ordinal_of};
 use crate::error::{Error, Result};
 use crate::plain::Plain;
-use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use oxccl_host::p2p::Direction;
 
-/// Sends and receives queued together and run by [`Group::run`] in as few launches as their
-/// matching allows (one launch where every peer gets at most one send and one receive), as
-/// between `ncclGroupStart` and `ncclGroupEnd`. Made by [`Comm::group`]; the buffers stay
-/// borrowed until the group runs or drops (dropping it runs nothing).
-///
-/// A rank's transfers match its peers' in order per peer and direction: the `i`-th send of rank `a`
-/// to `b` (in this group or a later call) is the `i`-th receive of `b` from `a`, and the two must
-/// have the same length in bytes (else [`Error::CallMismatch`]; a transfer the peer never makes
-/// ends in [`Error::Timeout`]). Transfers to the rank itself are copies, paired in order.
-pub struct Group<'a> {
-    comm: &'a Comm,
-    ops: Vec<P2pOp>,
-    /// cudarc's ordering guards of the buffers: dropped once the transfers are queued.
-    guards: Vec<SyncOnDrop<'a>>,
-}
-
-impl std::fmt::Debug for Group<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group").field("rank", &self.comm.rank()).field("transfers", &self.ops).finish()
-    }
-}
-
-impl<'a> Group<'a> {
-    /// Queues sending `buf` (all of it; any [`Plain`] type) to rank `peer`.
-    pub fn send<T: Plain, S: DevicePtr<T>>(&mut self, buf: &'a S, peer: usize) -> Result<&mut Self> {
-        self.check(buf.len(), ordinal_of(buf), peer, "send buffer")?;
-        let (ptr, guard) = buf.device_ptr(self.comm.stream());
-        self.add(ptr, buf.len() * std::mem::size_of::<T>(), std::mem::align_of::<T>(), peer, Direction::Send, guard)
-    }
-
-    /// Queues receiving into `buf` (all of it) from rank `peer`.
-    pub fn recv<T: Plain, R: DevicePtrMut<T>>(&mut self, buf: &'a mut R, peer: usize) -> Result<&mut Self> {
-        self.check(buf.len(), ordinal_of(buf), peer, "receive buffer")?;
-        let bytes = buf.len() * std::mem::size_of::<T>();
-        let (ptr, guard) = buf.device_ptr_mut(self.comm.stream());
-        self.add(ptr, bytes, std::mem::align_of::<T>(), peer, Direction::Recv, guard)
-    }
-
-    fn check(&self, len: usize, ordinal: usize, peer: usize, what: &'static str) -> Result<()> {
-        let world = self.comm.world();
-        if peer >= world {
-            return Err(Error::NoSuchRank { rank: peer, ranks: world });
-        }
-        self.comm.inner.check_placement(len, ordinal, self.comm.rank, None, what)
-    }
-
-    fn add(
-        &mut self,
-        ptr: u64,
-        bytes: usize,
-        align: usize,
-        peer: usize,
-        dir: Direction,
-        guard: SyncOnDrop<'a>,
-    ) -> Result<&mut Self> {
-        let what = if dir == Direction::Send { "send buffer" } else { "receive buffer" };
-        check_aligned(ptr, self.comm.rank(), what, align)?;
-        self.ops.push(P2pOp { peer, dir, ptr, bytes });
-        self.guards.push(guard);
-        Ok(self)
-    }
-
-    /// Queues every transfer of the group on the rank's stream.
-    pub fn run(self) -> Result<()> {
-        self.comm.usable()?;
-        if let Some(n) = &self.comm.nodes {
-            return Err(Error::Unsupported { what: format!("send and receive across {} nodes", n.map.nodes()) });
-        }
-        let queued = self.comm.inner.p2p(&self.ops);
-        drop(self.guards);
-        queued
-    }
-}
-
 impl Comm {
-    /// An empty [`Group`] of sends and receives of this rank.
-    pub fn group(&self) -> Group<'_> {
-        Group { comm: self, ops: Vec::new(), guards: Vec::new() }
-    }
-
     /// Sends `buf` to rank `peer`, which receives it with [`Comm::recv`] (or in a group): the
     /// `i`-th send to a peer is its `i`-th receive from this rank. Asynchronous on the rank's stream.
     pub fn send<T: Plain, S: DevicePtr<T>>(&self, buf: &S, peer: usize) -> Result<()> {

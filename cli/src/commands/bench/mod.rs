@@ -11,6 +11,7 @@
 //! the parser. Every benchmark checks its flags before it looks for a GPU.
 
 mod collective;
+mod group;
 mod movers;
 mod overlap;
 mod plan;
@@ -19,6 +20,7 @@ mod send_recv;
 mod trace;
 
 pub use collective::{AllGatherArgs, AllReduceArgs, AllToAllArgs, BroadcastArgs, ReduceArgs, ReduceScatterArgs};
+pub use group::GroupArgs;
 pub use movers::MoversArgs;
 pub use overlap::{ComputeArgs, OverlapArgs};
 pub use plan::{PlanArgs, PlanRow};
@@ -52,6 +54,9 @@ pub enum Command {
     /// Rank 0 sends to rank 1 (ranks as threads), against cuMemcpyDtoD of the same size.
     #[command(visible_alias = "send_recv")]
     SendRecv(SendRecvArgs),
+    /// A group of AllReduces (ranks as threads) against one AllReduce of their total size and one
+    /// call per tensor.
+    Group(GroupArgs),
     /// The TMA and SIMT movers' CTA sweep (copy, reduce-into, reduce-add) against cuMemcpyDtoD.
     Movers(MoversArgs),
     /// An AllReduce beside a compute load: times alone, together, and the makespan.
@@ -77,6 +82,7 @@ impl Command {
             Command::Reduce(_) => "reduce",
             Command::AllToAll(_) => "all-to-all",
             Command::SendRecv(_) => "send-recv",
+            Command::Group(_) => "group",
             Command::Movers(_) => "movers",
             Command::Overlap(_) => "overlap",
             Command::Reshard(_) => "reshard",
@@ -102,6 +108,7 @@ fn run_named(command: Command) -> CliResult {
         Command::Reduce(a) => collective::run(a.into()),
         Command::AllToAll(a) => collective::run(a.into()),
         Command::SendRecv(a) => send_recv::run(&a),
+        Command::Group(a) => group::run(&a),
         Command::Movers(a) => movers::run(a),
         Command::Overlap(a) => overlap::run(a),
         Command::Reshard(a) => reshard::run(a),
@@ -121,6 +128,7 @@ pub fn check(command: &Command) -> CliResult {
         Command::Reduce(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::AllToAll(a) => collective::Run::from(a.clone()).check().map(|_| ()),
         Command::SendRecv(a) => send_recv::check(a),
+        Command::Group(a) => group::check(a),
         Command::Movers(a) => movers::check(a).map(|_| ()),
         Command::Overlap(a) => overlap::check(a, a.ranks.unwrap_or(1)).map(|_| ()),
         Command::Reshard(a) => reshard::check(a).map(|_| ()),

@@ -1,0 +1,273 @@
+//! Grouped collectives: several T-CCL collectives of one element type and operator in one launch of
+//! each rank, as between `ncclGroupStart` and `ncclGroupEnd`.
+//!
+//! A launch of one rank needs only its own row of the buffer table (its peers announce theirs), so
+//! the other rows are free: a group puts its members' buffers there, [`MEMBERS_PER_ROW`] members to a
+//! row (the first in slots `INPUT`/`OUTPUT`, the second in the two above), and each CTA works on the
+//! members of one row (`TbProgram::table`). The rows share the rank's CTAs in proportion to the bytes
+//! their members move; a row's members run their own T-CCL plans ([`crate::tccl::plan`]) with the
+//! row's CTA count, the CTA's tasks of the first member then the second's. A group with more members
+//! than one launch's rows hold takes several launches ([`launches`]).
+
+use crate::lowered::{Alias, Lowered};
+use crate::tccl::{self, Collective, PlanError, PlanSpec, Reduction};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, RedOp, TbProgram, slot};
+use std::ops::Range;
+
+/// Members whose buffers share a row of the buffer table (an input and an output slot each).
+pub const MEMBERS_PER_ROW: usize = BUFFER_SLOTS / 2;
+
+/// One collective of a group: what [`PlanSpec`] says of a single call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Member {
+    /// The collective, with its root where it has one.
+    pub collective: Collective,
+    /// Elements per rank, as [`PlanSpec::count`].
+    pub count: u64,
+    /// Whether the output aliases the input.
+    pub in_place: bool,
+}
+
+/// What every member of a launch shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shared {
+    /// The element type.
+    pub dtype: DType,
+    /// The reduction operator.
+    pub op: RedOp,
+    /// Ranks of the communicator.
+    pub ranks: usize,
+    /// CTAs per rank of the launch (every row gets at least one).
+    pub ctas: u32,
+    /// How shard-in combines.
+    pub reduction: Reduction,
+}
+
+impl Shared {
+    /// The spec of `m` alone with `ctas` CTAs per rank.
+    pub fn spec(&self, m: &Member, ctas: u32) -> PlanSpec {
+        PlanSpec {
+            collective: m.collective,
+            count: m.count,
+            dtype: self.dtype,
+            op: self.op,
+            ranks: self.ranks,
+            in_place: m.in_place,
+            ctas,
+            reduction: self.reduction,
+        }
+    }
+}
+
+/// Where a member's buffers are in a launch's buffer table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// The row (`TbProgram::table` is `row + 1`).
+    pub row: usize,
+    /// The slot of its input.
+    pub input: u8,
+    /// The slot of its output.
+    pub output: u8,
+}
+
+/// One launch of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLaunch {
+    /// Every rank's CTAs, rank-major, [`Shared::ctas`] each.
+    pub lowered: Lowered,
+    /// Where each member of the launch (in the order given) keeps its buffers.
+    pub places: Vec<Place>,
+}
+
+/// Rows one launch of `ctas` CTAs per rank holds: one per CTA at most, and the table's rows.
+pub fn rows_per_launch(ctas: u32) -> usize {
+    (ctas as usize).clamp(1, MAX_RANKS)
+}
+
+/// The members of each launch of a group of `members` collectives: consecutive runs, as many as one
+/// launch's rows hold.
+pub fn launches(members: usize, ctas: u32) -> Vec<Range<usize>> {
+    let per = rows_per_launch(ctas) * MEMBERS_PER_ROW;
+    (0..members.div_ceil(per)).map(|k| k * per..((k + 1) * per).min(members)).collect()
+}
+
+/// Splits `total` CTAs between rows of the given weights: at least one each, the rest in proportion
+/// (largest remainders first). `weights` is not empty and `total >= weights.len()`.
+fn share(total: u32, weights: &[u64]) -> Vec<u32> {
+    let n = weights.len() as u32;
+    let spare = (total - n) as u128;
+    let sum: u128 = weights.iter().map(|&w| w as u128).sum::<u128>().max(1);
+    let mut got: Vec<u32> = weights.iter().map(|&w| 1 + (spare * w as u128 / sum) as u32).collect();
+    let mut left = total - got.iter().sum::<u32>();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    // Largest remainder first; ties to the earlier row.
+    order.sort_by_key(|&i| std::cmp::Reverse((spare * weights[i] as u128) % sum));
+    for &i in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        got[i] += 1;
+        left -= 1;
+    }
+    got
+}
+
+/// Why a group launch cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// More members than one launch's rows hold, or none.
+    #[error("{members} members in one launch: must be 1..={max}")]
+    Members {
+        /// Members given.
+        members: usize,
+        /// The most one launch of this many CTAs holds.
+        max: usize,
+    },
+    /// A member's own plan cannot be built.
+    #[error("member {member}: {error}")]
+    Member {
+        /// Its index among the launch's members.
+        member: usize,
+        /// Why.
+        error: PlanError,
+    },
+}
+
+/// Builds one launch of `members` (at most [`rows_per_launch`] × [`MEMBERS_PER_ROW`]).
+pub fn lower(shared: &Shared, members: &[Member]) -> Result<GroupLaunch, GroupError> {
+    let max = rows_per_launch(shared.ctas) * MEMBERS_PER_ROW;
+    if members.is_empty() || members.len() > max {
+        return Err(GroupError::Members { members: members.len(), max });
+    }
+    let rows: Vec<&[Member]> = members.chunks(MEMBERS_PER_ROW).collect();
+    let weight = |m: &Member| {
+        let (i, o) = shared.spec(m, 1).buffer_bytes();
+        i.saturating_add(o)
+    };
+    let ctas = share(shared.ctas, &rows.iter().map(|row| row.iter().map(weight).sum()).collect::<Vec<_>>());
+    // Every member's plan with its row's CTAs.
+    let mut plans = Vec::with_capacity(members.len());
+    for (t, row) in rows.iter().enumerate() {
+        for (h, m) in row.iter().enumerate() {
+            let member = t * MEMBERS_PER_ROW + h;
+            let plan = tccl::plan(&shared.spec(m, ctas[t])).map_err(|error| GroupError::Member { member, error })?;
+            plans.push(plan);
+        }
+    }
+    let p = shared.ranks;
+    let mut programs = Vec::with_capacity(p * shared.ctas as usize);
+    let mut tasks = Vec::new();
+    for r in 0..p {
+        let mut slot_base = 0;
+        for (t, row) in rows.iter().enumerate() {
+            let c = ctas[t] as usize;
+            for j in 0..c {
+                let first = tasks.len() as u32;
+                let mut barrier_ranks = 0;
+                for h in 0..row.len() {
+                    let plan = &plans[t * MEMBERS_PER_ROW + h];
+                    let prog = plan.programs[r * c + j];
+                    barrier_ranks |= prog.barrier_ranks;
+                    let own = &plan.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize];
+                    let shift = (h * 2) as u8;
+                    tasks.extend(own.iter().map(|task| {
+                        let mut task = *task;
+                        task.src_slot += shift;
+                        task.dst_slot += shift;
+                        task
+                    }));
+                }
+                programs.push(TbProgram {
+                    rank: r as u32,
+                    cta: slot_base + j as u32,
+                    first_task: first,
+                    task_count: tasks.len() as u32 - first,
+                    barrier_ranks,
+                    table: t as u32 + 1,
+                    key: 0,
+                    reserved: 0,
+                });
+            }
+            slot_base += c as u32;
+        }
+    }
+    let places = (0..members.len())
+        .map(|m| {
+            let h = (m % MEMBERS_PER_ROW) as u8 * 2;
+            Place { row: m / MEMBERS_PER_ROW, input: h + slot::INPUT, output: h + slot::OUTPUT }
+        })
+        .collect();
+    let lowered = Lowered {
+        programs,
+        tasks,
+        ranks: p,
+        slots: plans.iter().map(|l| l.slots).max().unwrap_or(1),
+        combines: plans.iter().any(|l| l.combines),
+    };
+    Ok(GroupLaunch { lowered, places })
+}
+
+impl GroupLaunch {
+    /// The CTAs of row `row` as a launch of their own (`table` 0): rows share no buffer, so the CPU
+    /// executor runs a group launch one row at a time, each against that row's buffers.
+    pub fn row(&self, row: usize) -> Lowered {
+        let mut tasks = Vec::new();
+        let mut programs = Vec::new();
+        for p in self.lowered.programs.iter().filter(|p| p.table as usize == row + 1) {
+            let first = tasks.len() as u32;
+            tasks.extend_from_slice(&self.lowered.tasks[p.first_task as usize..(p.first_task + p.task_count) as usize]);
+            programs.push(TbProgram { table: 0, first_task: first, ..*p });
+        }
+        Lowered { programs, tasks, ..self.lowered.clone() }
+    }
+
+    /// The in-place aliases of row `row`'s members (`spec` gives each member's [`PlanSpec`]), in
+    /// their slots of the row.
+    pub fn row_aliases(&self, row: usize, specs: &[PlanSpec]) -> Vec<Alias> {
+        let mut out = Vec::new();
+        for (m, place) in self.places.iter().enumerate().filter(|(_, p)| p.row == row) {
+            let shift = place.input - slot::INPUT;
+            out.extend(specs[m].aliases().into_iter().map(|(r, s, tr, ts, o)| (r, s + shift, tr, ts + shift, o)));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_share_the_ctas_in_proportion_at_least_one_each() {
+        assert_eq!(share(16, &[1, 1, 1, 1]), vec![4, 4, 4, 4]);
+        assert_eq!(share(16, &[100, 0, 0]), vec![14, 1, 1]);
+        assert_eq!(share(3, &[5, 5, 5]), vec![1, 1, 1]);
+        // 15 spare: 11.25 and 3.75, the larger remainder taking the last one.
+        assert_eq!(share(17, &[3, 1]), vec![12, 5]);
+    }
+
+    #[test]
+    fn launches_hold_two_members_per_row_and_a_row_per_cta_at_most() {
+        assert_eq!(launches(100, 16), vec![0..32, 32..64, 64..96, 96..100]);
+        assert_eq!(launches(3, 1), vec![0..2, 2..3]);
+        assert_eq!(launches(0, 16), Vec::<Range<usize>>::new());
+        assert_eq!(launches(40, 64), vec![0..32, 32..40]);
+    }
+
+    #[test]
+    fn every_cta_names_its_row_and_a_slot_of_its_own() {
+        let shared = Shared { dtype: DType::F32, op: RedOp::Sum, ranks: 4, ctas: 8, reduction: Reduction::Registers };
+        let ar = |count| Member { collective: Collective::AllReduce, count, in_place: false };
+        let g = lower(&shared, &[ar(1000), ar(10), ar(3000)]).expect("lower");
+        assert_eq!(g.lowered.programs.len(), 4 * 8);
+        assert_eq!(g.places[1], Place { row: 0, input: 2, output: 3 });
+        assert_eq!(g.places[2], Place { row: 1, input: 0, output: 1 });
+        for r in 0..4 {
+            let own = &g.lowered.programs[r * 8..(r + 1) * 8];
+            let slots: Vec<u32> = own.iter().map(|p| p.cta).collect();
+            assert_eq!(slots, (0..8).collect::<Vec<_>>());
+            assert!(own.iter().all(|p| p.rank == r as u32 && (p.table == 1 || p.table == 2)));
+        }
+        assert!(matches!(lower(&shared, &[ar(1); 17]), Err(GroupError::Members { members: 17, max: 16 })));
+    }
+}
