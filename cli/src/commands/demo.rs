@@ -38,7 +38,7 @@ fn check_host_memory(ranks: usize, count: u64) -> CliResult {
     let per_copy = (ranks as u64).checked_mul(count).and_then(|n| n.checked_mul(4));
     let bytes = per_copy.and_then(|b| b.checked_mul(DEMO_HOST_COPIES));
     if bytes.is_none_or(|b| b > MAX_DEMO_HOST_BYTES) {
-        let most = MAX_DEMO_HOST_BYTES / (4 * DEMO_HOST_COPIES * ranks.max(1) as u64);
+        let most = MAX_DEMO_HOST_BYTES / (4 * DEMO_HOST_COPIES).saturating_mul(ranks.max(1) as u64);
         let total = bytes.map_or("more than 2^64 B".to_string(), |b| format!("{b} B"));
         return Err(format!(
             "--count {count} over --ranks {ranks}: the demo holds {DEMO_HOST_COPIES} copies of every rank's f32 \
