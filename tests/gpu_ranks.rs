@@ -1620,3 +1620,27 @@ fn processes_run_grouped_collectives() {
     }
     eprintln!("{total} grouped rank-cases on 2 and 4 processes exact (seed {seed})");
 }
+
+/// Groups that differ between ranks, and a root outside the world: typed errors, nothing hangs.
+#[test]
+fn mismatched_groups_are_typed_errors() {
+    let Some(stream) = common::gpu("mismatched_groups_are_typed_errors") else { return };
+    let quick = Config { timeout: Duration::from_secs(2), ..Config::default() };
+    let id = Id::new().unwrap();
+    let got = on_rank_threads(&stream, 2, move |s, rank| {
+        let comm = Comm::from_rank(s, rank, 2, &id, quick.clone()).unwrap();
+        let mut y = s.alloc_zeros::<f32>(16).unwrap();
+        let mut g = comm.group();
+        assert!(matches!(g.broadcast_in_place(&mut y, 2), Err(Error::NoSuchRank { rank: 2, ranks: 2 })));
+        drop(g);
+        // Rank 0 reduces 256 elements, rank 1 512: both stop before anything moves.
+        let x = s.clone_htod(&vec![1f32; 256 * (rank + 1)]).unwrap();
+        let mut out = s.alloc_zeros::<f32>(256 * (rank + 1)).unwrap();
+        let mut g = comm.group();
+        g.all_reduce(&x, &mut out, ReduceOp::Sum).unwrap();
+        g.run().and_then(|_| comm.synchronize())
+    });
+    for (rank, r) in got.iter().enumerate() {
+        assert!(matches!(r, Err(Error::CallMismatch { peer, .. }) if *peer as usize == 1 - rank), "rank {rank}: {r:?}");
+    }
+}

@@ -2,20 +2,41 @@
 //! each rank, as between `ncclGroupStart` and `ncclGroupEnd`.
 //!
 //! A launch of one rank needs only its own row of the buffer table (its peers announce theirs), so
-//! the other rows are free: a group puts its members' buffers there, [`MEMBERS_PER_ROW`] members to a
-//! row (the first in slots `INPUT`/`OUTPUT`, the second in the two above), and each CTA works on the
-//! members of one row (`TbProgram::table`). The rows share the rank's CTAs in proportion to the bytes
-//! their members move; a row's members run their own T-CCL plans ([`crate::tccl::plan`]) with the
-//! row's CTA count, the CTA's tasks of the first member then the second's. A group with more members
-//! than one launch's rows hold takes several launches ([`launches`]).
+//! the other rows are free: a group puts its members' buffers there, in order, each in the slots it
+//! needs ([`slots_needed`]: one for an in-place AllReduce, Broadcast or Reduce, whose input is its
+//! output; two otherwise), and each CTA works on the members of one row (`TbProgram::table`). The
+//! rows share the rank's CTAs in proportion to the bytes their members move; a row's members run
+//! their own T-CCL plans ([`crate::tccl::plan`]) with the row's CTA count, each CTA's tasks member
+//! after member. A group with more members than one launch's rows hold takes several launches
+//! ([`launches`]).
 
 use crate::lowered::{Alias, Lowered};
 use crate::tccl::{self, Collective, PlanError, PlanSpec, Reduction};
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, RedOp, TbProgram, slot};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_RANKS, RedOp, Task, TbProgram, slot};
 use std::ops::Range;
 
-/// Members whose buffers share a row of the buffer table (an input and an output slot each).
-pub const MEMBERS_PER_ROW: usize = BUFFER_SLOTS / 2;
+/// Slots of the buffer table `m` takes: one where its input is its output at the same offset on
+/// every rank (in place, AllReduce, Broadcast and Reduce), else an input and an output.
+pub fn slots_needed(m: &Member) -> usize {
+    let same = matches!(m.collective, Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. });
+    if m.in_place && same { 1 } else { 2 }
+}
+
+/// The members of each row, in order: a row takes members while their slots fit.
+fn rows(members: &[Member]) -> Vec<Range<usize>> {
+    let mut rows: Vec<Range<usize>> = Vec::new();
+    let mut used = BUFFER_SLOTS;
+    for (i, m) in members.iter().enumerate() {
+        let need = slots_needed(m);
+        if used + need > BUFFER_SLOTS {
+            rows.push(i..i);
+            used = 0;
+        }
+        used += need;
+        rows.last_mut().expect("a row was opened").end = i + 1;
+    }
+    rows
+}
 
 /// One collective of a group: what [`PlanSpec`] says of a single call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,11 +105,9 @@ pub fn rows_per_launch(ctas: u32) -> usize {
     (ctas as usize).clamp(1, MAX_RANKS)
 }
 
-/// The members of each launch of a group of `members` collectives: consecutive runs, as many as one
-/// launch's rows hold.
-pub fn launches(members: usize, ctas: u32) -> Vec<Range<usize>> {
-    let per = rows_per_launch(ctas) * MEMBERS_PER_ROW;
-    (0..members.div_ceil(per)).map(|k| k * per..((k + 1) * per).min(members)).collect()
+/// The members of each launch of a group: consecutive runs, as many as one launch's rows hold.
+pub fn launches(members: &[Member], ctas: u32) -> Vec<Range<usize>> {
+    rows(members).chunks(rows_per_launch(ctas)).map(|rows| rows[0].start..rows[rows.len() - 1].end).collect()
 }
 
 /// Splits `total` CTAs between rows of the given weights: at least one each, the rest in proportion
@@ -115,12 +134,14 @@ fn share(total: u32, weights: &[u64]) -> Vec<u32> {
 /// Why a group launch cannot be built.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GroupError {
-    /// More members than one launch's rows hold, or none.
-    #[error("{members} members in one launch: must be 1..={max}")]
+    /// More rows than one launch holds, or no member.
+    #[error("{members} members in {rows} rows of the buffer table: one launch holds 1..={max} rows")]
     Members {
         /// Members given.
         members: usize,
-        /// The most one launch of this many CTAs holds.
+        /// The rows they take.
+        rows: usize,
+        /// The most rows one launch of this many CTAs holds.
         max: usize,
     },
     /// A member's own plan cannot be built.
@@ -133,25 +154,32 @@ pub enum GroupError {
     },
 }
 
-/// Builds one launch of `members` (at most [`rows_per_launch`] × [`MEMBERS_PER_ROW`]).
+/// Builds one launch of `members` (as many as [`rows_per_launch`] rows hold: one run of
+/// [`launches`]).
 pub fn lower(shared: &Shared, members: &[Member]) -> Result<GroupLaunch, GroupError> {
-    let max = rows_per_launch(shared.ctas) * MEMBERS_PER_ROW;
-    if members.is_empty() || members.len() > max {
-        return Err(GroupError::Members { members: members.len(), max });
+    let rows = rows(members);
+    let max = rows_per_launch(shared.ctas);
+    if members.is_empty() || rows.len() > max {
+        return Err(GroupError::Members { members: members.len(), rows: rows.len(), max });
     }
-    let rows: Vec<&[Member]> = members.chunks(MEMBERS_PER_ROW).collect();
     let weight = |m: &Member| {
         let (i, o) = shared.spec(m, 1).buffer_bytes();
         i.saturating_add(o)
     };
-    let ctas = share(shared.ctas, &rows.iter().map(|row| row.iter().map(weight).sum()).collect::<Vec<_>>());
-    // Every member's plan with its row's CTAs.
+    let ctas =
+        share(shared.ctas, &rows.iter().map(|r| members[r.clone()].iter().map(weight).sum()).collect::<Vec<_>>());
+    // Every member's plan with its row's CTAs, and its slots in the row.
     let mut plans = Vec::with_capacity(members.len());
-    for (t, row) in rows.iter().enumerate() {
-        for (h, m) in row.iter().enumerate() {
-            let member = t * MEMBERS_PER_ROW + h;
-            let plan = tccl::plan(&shared.spec(m, ctas[t])).map_err(|error| GroupError::Member { member, error })?;
+    let mut places = Vec::with_capacity(members.len());
+    for (t, r) in rows.iter().enumerate() {
+        let mut at = 0u8;
+        for m in r.clone() {
+            let plan = tccl::plan(&shared.spec(&members[m], ctas[t]))
+                .map_err(|error| GroupError::Member { member: m, error })?;
             plans.push(plan);
+            let output = if slots_needed(&members[m]) == 1 { at } else { at + 1 };
+            places.push(Place { row: t, input: at, output });
+            at = output + 1;
         }
     }
     let p = shared.ranks;
@@ -164,17 +192,16 @@ pub fn lower(shared: &Shared, members: &[Member]) -> Result<GroupLaunch, GroupEr
             for j in 0..c {
                 let first = tasks.len() as u32;
                 let mut barrier_ranks = 0;
-                for h in 0..row.len() {
-                    let plan = &plans[t * MEMBERS_PER_ROW + h];
+                for m in row.clone() {
+                    let (plan, place) = (&plans[m], places[m]);
                     let prog = plan.programs[r * c + j];
                     barrier_ranks |= prog.barrier_ranks;
                     let own = &plan.tasks[prog.first_task as usize..(prog.first_task + prog.task_count) as usize];
-                    let shift = (h * 2) as u8;
-                    tasks.extend(own.iter().map(|task| {
-                        let mut task = *task;
-                        task.src_slot += shift;
-                        task.dst_slot += shift;
-                        task
+                    let to = |s: u8| if s == slot::INPUT { place.input } else { place.output };
+                    tasks.extend(own.iter().map(|task| Task {
+                        src_slot: to(task.src_slot),
+                        dst_slot: to(task.dst_slot),
+                        ..*task
                     }));
                 }
                 programs.push(TbProgram {
@@ -191,12 +218,6 @@ pub fn lower(shared: &Shared, members: &[Member]) -> Result<GroupLaunch, GroupEr
             slot_base += c as u32;
         }
     }
-    let places = (0..members.len())
-        .map(|m| {
-            let h = (m % MEMBERS_PER_ROW) as u8 * 2;
-            Place { row: m / MEMBERS_PER_ROW, input: h + slot::INPUT, output: h + slot::OUTPUT }
-        })
-        .collect();
     let lowered = Lowered {
         programs,
         tasks,
@@ -226,8 +247,12 @@ impl GroupLaunch {
     pub fn row_aliases(&self, row: usize, specs: &[PlanSpec]) -> Vec<Alias> {
         let mut out = Vec::new();
         for (m, place) in self.places.iter().enumerate().filter(|(_, p)| p.row == row) {
-            let shift = place.input - slot::INPUT;
-            out.extend(specs[m].aliases().into_iter().map(|(r, s, tr, ts, o)| (r, s + shift, tr, ts + shift, o)));
+            // A member in one slot has no alias: its input is that slot.
+            if place.input == place.output {
+                continue;
+            }
+            let to = |s: u8| if s == slot::INPUT { place.input } else { place.output };
+            out.extend(specs[m].aliases().into_iter().map(|(r, s, tr, ts, o)| (r, to(s), tr, to(ts), o)));
         }
         out
     }
@@ -247,11 +272,19 @@ mod tests {
     }
 
     #[test]
-    fn launches_hold_two_members_per_row_and_a_row_per_cta_at_most() {
-        assert_eq!(launches(100, 16), vec![0..32, 32..64, 64..96, 96..100]);
-        assert_eq!(launches(3, 1), vec![0..2, 2..3]);
-        assert_eq!(launches(0, 16), Vec::<Range<usize>>::new());
-        assert_eq!(launches(40, 64), vec![0..32, 32..40]);
+    fn rows_hold_four_slots_and_launches_a_row_per_cta_at_most() {
+        let m = |collective, in_place| Member { collective, count: 1, in_place };
+        let out = m(Collective::AllReduce, false);
+        let one = m(Collective::AllReduce, true);
+        assert_eq!(launches(&[out; 100], 16), vec![0..32, 32..64, 64..96, 96..100]);
+        assert_eq!(launches(&[one; 100], 16), vec![0..64, 64..100]);
+        assert_eq!(launches(&[out; 3], 1), vec![0..2, 2..3]);
+        assert_eq!(launches(&[], 16), Vec::<Range<usize>>::new());
+        assert_eq!(launches(&[out; 40], 64), vec![0..32, 32..40]);
+        // An in-place ReduceScatter's output is inside its input at another offset per rank: two
+        // slots. A row: 1 + 2, then the next member does not fit.
+        let rs = m(Collective::ReduceScatter, true);
+        assert_eq!(rows(&[one, rs, out, one]), vec![0..2, 2..4]);
     }
 
     #[test]
@@ -268,6 +301,6 @@ mod tests {
             assert_eq!(slots, (0..8).collect::<Vec<_>>());
             assert!(own.iter().all(|p| p.rank == r as u32 && (p.table == 1 || p.table == 2)));
         }
-        assert!(matches!(lower(&shared, &[ar(1); 17]), Err(GroupError::Members { members: 17, max: 16 })));
+        assert!(matches!(lower(&shared, &[ar(1); 17]), Err(GroupError::Members { members: 17, rows: 9, max: 8 })));
     }
 }

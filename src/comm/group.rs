@@ -86,7 +86,8 @@ impl Communicator {
         }
         let mut launches = Vec::new();
         for (shared, members) in &classes {
-            for range in group::launches(members.len(), shared.ctas) {
+            let specs: Vec<Member> = members.iter().map(|c| c.member).collect();
+            for range in group::launches(&specs, shared.ctas) {
                 let these: Vec<&GroupCall> = members[range].to_vec();
                 let (plan, launch) = self.group_plan(shared, &these)?;
                 launches.push((these, plan, launch));
