@@ -185,6 +185,7 @@ snap reduce gpu "$X" bench reduce --root 1 --ranks 8 -b 1M -e 1G -f 4 --json
 snap all-to-all gpu "$X" bench all-to-all --ranks 8 -b 1M -e 1G -f 4 --ctas 16 -n 10 -w 3 --json
 snap send-recv gpu "$X" bench send-recv -b 1M -e 1G -f 4 -n 20 -w 5
 snap send-recv-small gpu "$X" bench send-recv -b 8 -e 32K -f 8 -n 200 -w 20
+snap group gpu "$X" bench group -b 64K -e 4M -f 4 -n 20 -w 5 --tensors 100
 # Small messages and CUDA graphs
 for m in tma simt; do for c in 1 4 16; do
   snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
