@@ -18,9 +18,10 @@ use oxccl_host::p2p::Direction;
 /// (dropping it runs nothing).
 ///
 /// **Collectives** (AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, in place or not): those
-/// of one element type and operator run in one launch per 32 of them (with 16 or more CTAs per
-/// rank; fewer CTAs hold fewer) and one barrier, instead of one each: a bucket of gradients costs
-/// about what one collective of their total size does. Every rank must queue the same collectives
+/// of one element type and operator share launches and their barriers, instead of one each: a
+/// launch holds 16 rows of 4 buffers (one row per CTA at most), an in-place AllReduce, Broadcast or
+/// Reduce taking one buffer and any other collective two, so 64 in-place AllReduces or 32 out of
+/// place go in one launch. Every rank must queue the same collectives
 /// (kind, count, root, in place or not, type, operator) in the same order, else
 /// [`Error::CallMismatch`]. The group's buffers must not overlap where one is written.
 ///
