@@ -1263,14 +1263,8 @@ impl Communicator {
         // rank does not have (a Broadcast's input, a Reduce's output, off the root) stays 0: its plan
         // never addresses it.
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
-        let block = count as u64 * e as u64;
         for &(r, out) in &recv_ptr {
-            let (input, output) = match collective {
-                Collective::ReduceScatter if in_place => (out, out + r as u64 * block),
-                Collective::AllGather if in_place => (out + r as u64 * block, out),
-                _ if in_place => (out, out),
-                _ => (0, out),
-            };
+            let (input, output) = spec.slot_addresses(r, 0, out);
             buffers[r][slot::INPUT as usize] = input;
             buffers[r][slot::OUTPUT as usize] = output;
         }

@@ -241,6 +241,24 @@ impl PlanSpec {
     }
 }
 
+impl PlanSpec {
+    /// The addresses rank `r`'s input and output slots hold, given its buffers: out of place its
+    /// `input` and `output` (0 where it has none, [`PlanSpec::rank_buffers`]); in place its one
+    /// buffer `output`, the input slot placed as [`PlanSpec::aliases`] says (ReduceScatter's output
+    /// at block `r` of it, AllGather's input there).
+    pub fn slot_addresses(&self, r: usize, input: u64, output: u64) -> (u64, u64) {
+        if !self.in_place {
+            return (input, output);
+        }
+        let block = self.count * self.dtype.size() as u64;
+        match self.collective {
+            Collective::ReduceScatter => (output, output + r as u64 * block),
+            Collective::AllGather => (output + r as u64 * block, output),
+            _ => (output, output),
+        }
+    }
+}
+
 /// Splits `total` bytes into `parts` contiguous ranges whose boundaries fall on multiples of `grain`
 /// (except the end), as evenly as whole grains allow. Returns the `i`-th range (empty at `total` for
 /// `i >= parts`). A `parts` or `grain` of 0 counts as 1.

@@ -533,3 +533,43 @@ proptest! {
         }
     }
 }
+
+/// The addresses a rank's slots hold in place agree with the plan's aliases: every aliased slot is
+/// its target slot's address plus the alias offset (the plans address the input through the alias,
+/// the launch through the table).
+#[test]
+fn slot_addresses_agree_with_the_aliases() {
+    for collective in Collective::every(1).into_iter().filter(|c| c.has_in_place()) {
+        for dtype in [DType::U8, DType::F16, DType::F64] {
+            let spec = PlanSpec {
+                collective,
+                count: 37,
+                dtype,
+                op: RedOp::Sum,
+                ranks: 5,
+                in_place: true,
+                ctas: 3,
+                reduction: Reduction::Registers,
+            };
+            let aliases = spec.aliases();
+            for r in 0..5 {
+                let (input, output) = spec.slot_addresses(r, 0, 0x10_0000);
+                let at = |s: u8| if s == slot::INPUT { input } else { output };
+                let (ar, s, tr, ts, off) = aliases[r];
+                assert_eq!((ar, tr), (r, r));
+                assert_eq!(at(s), at(ts) + off, "{collective:?} {dtype:?} rank {r}");
+            }
+        }
+    }
+    let out_of_place = PlanSpec {
+        collective: Collective::AllGather,
+        count: 4,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        ranks: 2,
+        in_place: false,
+        ctas: 1,
+        reduction: Reduction::Registers,
+    };
+    assert_eq!(out_of_place.slot_addresses(1, 0x100, 0x200), (0x100, 0x200));
+}

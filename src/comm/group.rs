@@ -156,20 +156,8 @@ impl Communicator {
         launch: &LaunchSpec,
     ) -> Result<()> {
         // Each member's (input, output) addresses in this rank's table, in-place aliases resolved.
-        let mut at: Vec<(u64, u64)> = calls
-            .iter()
-            .map(|c| {
-                let spec = self.shared(c).spec(&c.member, 1);
-                let block = spec.count * spec.dtype.size() as u64;
-                let (out, r) = (c.output, me as u64);
-                match (c.member.collective, c.member.in_place) {
-                    (Collective::ReduceScatter, true) => (out, out + r * block),
-                    (Collective::AllGather, true) => (out + r * block, out),
-                    (_, true) => (out, out),
-                    _ => (c.input, c.output),
-                }
-            })
-            .collect();
+        let mut at: Vec<(u64, u64)> =
+            calls.iter().map(|c| self.shared(c).spec(&c.member, 1).slot_addresses(me, c.input, c.output)).collect();
         let mut staging = None;
         if let Some(link) = &self.link
             && link.peer.is_some()
