@@ -552,10 +552,9 @@ fn slot_addresses_agree_with_the_aliases() {
                 reduction: Reduction::Registers,
             };
             let aliases = spec.aliases();
-            for r in 0..5 {
+            for (r, &(ar, s, tr, ts, off)) in aliases.iter().enumerate() {
                 let (input, output) = spec.slot_addresses(r, 0, 0x10_0000);
                 let at = |s: u8| if s == slot::INPUT { input } else { output };
-                let (ar, s, tr, ts, off) = aliases[r];
                 assert_eq!((ar, tr), (r, r));
                 assert_eq!(at(s), at(ts) + off, "{collective:?} {dtype:?} rank {r}");
             }
