@@ -552,6 +552,7 @@ fn slot_addresses_agree_with_the_aliases() {
                 reduction: Reduction::Registers,
             };
             let aliases = spec.aliases();
+            assert_eq!(aliases.len(), 5, "one alias per rank");
             for (r, &(ar, s, tr, ts, off)) in aliases.iter().enumerate() {
                 let (input, output) = spec.slot_addresses(r, 0, 0x10_0000);
                 let at = |s: u8| if s == slot::INPUT { input } else { output };
