@@ -25,6 +25,10 @@ pub struct GroupArgs {
     /// CTAs per rank (default: the communicator's choice).
     #[arg(long, allow_negative_numbers = true)]
     pub ctas: Option<u32>,
+    /// In place (as data-parallel training reduces its gradients): each tensor is its own output,
+    /// and a launch holds twice as many.
+    #[arg(long)]
+    pub in_place: bool,
 }
 
 /// One rank's times per call (µs): the group, one AllReduce of the total, one call per tensor;
@@ -57,11 +61,10 @@ pub fn run(a: &GroupArgs) -> CliResult {
     let id = Id::new()?;
     let sizes: Vec<u64> = sweep.sizes().collect();
     let (iters, warmup, check, tensors, world) = (sweep.iters, sweep.warmup, sweep.check, a.tensors, a.ranks);
+    let in_place = a.in_place;
+    let place = if in_place { "in place" } else { "out of place" };
     let meet = Arc::new(Barrier::new(world));
-    println!(
-        "# group: {tensors} AllReduces of f32 (out of place) on {world} ranks (threads), {:?} mover",
-        config.mover
-    );
+    println!("# group: {tensors} AllReduces of f32 ({place}) on {world} ranks (threads), {:?} mover", config.mover);
     println!("# group: one group of the tensors; whole: one AllReduce of their total size; each: one call per tensor");
     println!(
         "{:>12} {:>8} {:>12} {:>12} {:>9} {:>12} {:>11} {:>8}",
@@ -91,26 +94,43 @@ pub fn run(a: &GroupArgs) -> CliResult {
                     let grouped = |recvs: &mut [cudarc::driver::CudaSlice<f32>]| -> Result<()> {
                         let mut g = comm.group();
                         for (input, out) in sends.iter().zip(recvs.iter_mut()) {
-                            g.all_reduce(input, out, ReduceOp::Sum)?;
+                            if in_place {
+                                g.all_reduce_in_place(out, ReduceOp::Sum)?;
+                            } else {
+                                g.all_reduce(input, out, ReduceOp::Sum)?;
+                            }
                         }
                         g.run()
+                    };
+                    let one = |i: &cudarc::driver::CudaSlice<f32>, o: &mut cudarc::driver::CudaSlice<f32>| {
+                        if in_place {
+                            comm.all_reduce_in_place(o, ReduceOp::Sum)
+                        } else {
+                            comm.all_reduce(i, o, ReduceOp::Sum)
+                        }
                     };
                     comm.synchronize()?;
                     meet.wait();
                     let group = time_ms(&stream, warmup, iters, || grouped(&mut recvs))?;
                     comm.synchronize()?;
                     meet.wait();
-                    let whole = time_ms(&stream, warmup, iters, || comm.all_reduce(&send, &mut recv, ReduceOp::Sum))?;
+                    let whole = time_ms(&stream, warmup, iters, || one(&send, &mut recv))?;
                     comm.synchronize()?;
                     meet.wait();
                     let each = time_ms(&stream, warmup.min(2), iters.min(5), || {
-                        sends.iter().zip(recvs.iter_mut()).try_for_each(|(i, o)| comm.all_reduce(i, o, ReduceOp::Sum))
+                        sends.iter().zip(recvs.iter_mut()).try_for_each(|(i, o)| one(i, o))
                     })?;
                     comm.synchronize()?;
                     let mut wrong = 0;
                     if check {
+                        // In place the timed calls kept summing: every tensor starts again from its
+                        // value. Out of place the outputs start at 0, which no correct sum is.
                         for r in recvs.iter_mut() {
-                            stream.memset_zeros(r).map_err(Error::driver("cuMemsetD8Async"))?;
+                            if in_place {
+                                stream.memcpy_htod(&value, r).map_err(Error::driver("cuMemcpyHtoD"))?;
+                            } else {
+                                stream.memset_zeros(r).map_err(Error::driver("cuMemsetD8Async"))?;
+                            }
                         }
                         grouped(&mut recvs)?;
                         comm.synchronize()?;
