@@ -1196,11 +1196,7 @@ impl Communicator {
         // taken and dropped outside the launch lock: another thread's launch queued between a guard's
         // wait and this call's launch, or between this launch and the guard's event, only adds
         // ordering (the wait still precedes this launch, the event still follows it).
-        let written = |r: usize| match (collective, in_place) {
-            (Collective::Broadcast { root }, true) => r != root as usize,
-            (Collective::Reduce { root }, true) => r == root as usize,
-            _ => true,
-        };
+        let written = |r: usize| spec.writes(r);
         let mut guards = Vec::with_capacity(2 * p);
         let mut recv_ptr = Vec::with_capacity(recv.len());
         for (i, b) in recv.iter_mut().enumerate() {

@@ -239,9 +239,18 @@ impl PlanSpec {
             })
             .collect()
     }
-}
 
-impl PlanSpec {
+    /// Whether the call writes rank `r`'s output (in place, its one buffer): every rank's, except a
+    /// Broadcast's root in place and a Reduce's other ranks, which keep theirs as they are (out of
+    /// place, those have none: [`PlanSpec::rank_buffers`]).
+    pub fn writes(&self, r: usize) -> bool {
+        match self.collective {
+            Collective::Broadcast { root } if self.in_place => r != root as usize,
+            Collective::Reduce { root } => r == root as usize,
+            _ => true,
+        }
+    }
+
     /// The addresses rank `r`'s input and output slots hold, given its buffers: out of place its
     /// `input` and `output` (0 where it has none, [`PlanSpec::rank_buffers`]); in place its one
     /// buffer `output`, the input slot placed as [`PlanSpec::aliases`] says (ReduceScatter's output

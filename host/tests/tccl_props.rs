@@ -573,3 +573,24 @@ fn slot_addresses_agree_with_the_aliases() {
     };
     assert_eq!(out_of_place.slot_addresses(1, 0x100, 0x200), (0x100, 0x200));
 }
+
+/// The buffers a call writes: in place, not a Broadcast's root nor a Reduce's other ranks.
+#[test]
+fn writes_leaves_the_buffers_a_rooted_call_keeps() {
+    let spec = |collective, in_place| PlanSpec {
+        collective,
+        count: 8,
+        dtype: DType::F32,
+        op: RedOp::Sum,
+        ranks: 3,
+        in_place,
+        ctas: 1,
+        reduction: Reduction::Registers,
+    };
+    let writes = |s: PlanSpec| (0..3).map(|r| s.writes(r)).collect::<Vec<_>>();
+    assert_eq!(writes(spec(Collective::Broadcast { root: 1 }, true)), [true, false, true]);
+    assert_eq!(writes(spec(Collective::Broadcast { root: 1 }, false)), [true, true, true]);
+    assert_eq!(writes(spec(Collective::Reduce { root: 2 }, true)), [false, false, true]);
+    assert_eq!(writes(spec(Collective::Reduce { root: 2 }, false)), [false, false, true]);
+    assert_eq!(writes(spec(Collective::AllReduce, true)), [true, true, true]);
+}

@@ -8,7 +8,6 @@ use crate::peer::Out;
 use crate::program::Uploaded;
 use crate::{DType, ReduceOp};
 use oxccl_host::group::{self, GroupLaunch, Member, Shared};
-use oxccl_host::tccl::Collective;
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS};
 use std::sync::Arc;
 
@@ -56,7 +55,7 @@ impl Communicator {
             let spec = self.shared(c).spec(&c.member, 1);
             let (in_bytes, out_bytes) = spec.buffer_bytes();
             let (has_in, has_out) = spec.rank_buffers(me);
-            let written = written(c.member, me);
+            let written = spec.writes(me);
             if c.member.in_place {
                 let bytes = in_bytes.max(out_bytes);
                 check_aligned(c.output, me, "buffer", c.align)?;
@@ -172,7 +171,7 @@ impl Communicator {
                 let (has_in, has_out) = spec.rank_buffers(me);
                 if c.member.in_place {
                     let bytes = in_bytes.max(out_bytes) as usize;
-                    outs.push(Out { ptr: c.output, bytes, written: written(c.member, me), read: true });
+                    outs.push(Out { ptr: c.output, bytes, written: spec.writes(me), read: true });
                 } else {
                     ins.push((if has_in { i } else { 0 }, if has_in { in_bytes as usize } else { 0 }));
                     let bytes = if has_out { out_bytes as usize } else { 0 };
@@ -208,17 +207,6 @@ impl Communicator {
         });
         drop(staging);
         launched
-    }
-}
-
-/// Whether `member` writes rank `r`'s buffer (in place, a rooted collective leaves some as they
-/// are).
-fn written(member: Member, r: usize) -> bool {
-    match (member.collective, member.in_place) {
-        (Collective::Broadcast { root }, true) => r != root as usize,
-        (Collective::Reduce { root }, true) => r == root as usize,
-        (Collective::Reduce { root }, false) => r == root as usize,
-        _ => true,
     }
 }
 
