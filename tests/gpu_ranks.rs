@@ -468,6 +468,25 @@ fn check_ranks(results: &[(Option<i32>, String)], world: usize) {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// How a rank's process ended (its exit status, `None` if killed) and what it printed.
+type RankEnd = (Option<i32>, String);
+
+/// Runs `test`'s ranks as processes for each world of `worlds`, with `ids` fresh ids
+/// (`OXCCL_TEST_IDS`) and `seed` (`OXCCL_TEST_SEED`) in their environment; checks that every rank
+/// passed and returns each world with its ranks' results.
+fn spawn_worlds(test: &str, worlds: &[usize], ids: usize, seed: u64) -> Vec<(usize, Vec<RankEnd>)> {
+    worlds
+        .iter()
+        .map(|&world| {
+            let ids: Vec<String> = (0..ids).map(|_| Id::new().unwrap().to_string()).collect();
+            let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
+            let results = spawn_ranks(test, world, &env, Duration::from_secs(300));
+            check_ranks(&results, world);
+            (world, results)
+        })
+        .collect()
+}
+
 /// This process's rank and world where it runs as a child of [`spawn_ranks`].
 fn child() -> Option<(usize, usize)> {
     let r = std::env::var("OXCCL_TEST_RANK").ok()?.parse().ok()?;
@@ -495,11 +514,7 @@ fn processes_match_the_cpu_reference() {
     }
     let seed = common::seed_from_env(0xD1CE_5EED);
     let mut total = 0;
-    for world in [2, 4, 8] {
-        let ids: Vec<String> = SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
-        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
-        check_ranks(&results, world);
+    for (world, results) in spawn_worlds(TEST, &[2, 4, 8], SHAPES.len(), seed) {
         for (_, text) in results {
             total += cases();
             eprint!(
@@ -812,11 +827,7 @@ fn processes_reshard_matches_the_global_tensor() {
     }
     let seed = common::seed_from_env(PROCESS_RESHARD_SEED);
     let mut total = 0;
-    for world in [4, 8] {
-        let ids: Vec<String> = RESHARD_SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
-        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
-        check_ranks(&results, world);
+    for (world, results) in spawn_worlds(TEST, &[4, 8], RESHARD_SHAPES.len(), seed) {
         for (_, text) in results {
             total += reshard_cases();
             eprint!(
@@ -963,10 +974,7 @@ fn processes_run_compiled_plans() {
     }
     let seed = common::seed_from_env(0x91A4_5EEE);
     let mut total = 0;
-    for world in [4, 8] {
-        let env = [("OXCCL_TEST_IDS", Id::new().unwrap().to_string()), ("OXCCL_TEST_SEED", seed.to_string())];
-        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
-        check_ranks(&results, world);
+    for (_, results) in spawn_worlds(TEST, &[4, 8], 1, seed) {
         for (_, text) in results {
             total += text
                 .lines()
@@ -1369,11 +1377,7 @@ fn processes_send_and_receive_exactly() {
     }
     let seed = common::seed_from_env(0x5E4D_9C0C);
     let mut total = 0;
-    for world in [2, 4, 8] {
-        let ids: Vec<String> = P2P_SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
-        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
-        check_ranks(&results, world);
+    for (world, _) in spawn_worlds(TEST, &[2, 4, 8], P2P_SHAPES.len(), seed) {
         total += world * cases();
     }
     eprintln!("{total} rank-cases of send/recv groups and AllToAllv on 2, 4 and 8 processes exact (seed {seed})");
@@ -1611,11 +1615,7 @@ fn processes_run_grouped_collectives() {
     }
     let seed = common::seed_from_env(0x6209_9C0C);
     let mut total = 0;
-    for world in [2, 4] {
-        let ids: Vec<String> = SHAPES.iter().map(|_| Id::new().unwrap().to_string()).collect();
-        let env = [("OXCCL_TEST_IDS", ids.join(",")), ("OXCCL_TEST_SEED", seed.to_string())];
-        let results = spawn_ranks(TEST, world, &env, Duration::from_secs(300));
-        check_ranks(&results, world);
+    for (world, _) in spawn_worlds(TEST, &[2, 4], SHAPES.len(), seed) {
         total += world * (cases() / 3);
     }
     eprintln!("{total} grouped rank-cases on 2 and 4 processes exact (seed {seed})");
