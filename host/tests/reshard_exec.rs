@@ -4,7 +4,7 @@
 mod reshard_common;
 
 use oxccl_host::reshard::{
-    Buffers, ExecError, Layout, PlanOptions, ReadFrom, ReshardPlan, Route, Stage, execute, execute_bytes,
+    Buffers, ExecError, Found, Layout, PlanOptions, ReadFrom, ReshardPlan, Route, Stage, execute, execute_bytes,
     execute_elements, plan, verify, verify_with_limit,
 };
 use proptest::prelude::*;
@@ -125,14 +125,14 @@ fn verify_notices_wrong_plans() {
     }))
     .unwrap();
     assert!(!r.is_exact());
-    assert!(r.first.iter().all(|m| m.found.is_none()));
+    assert!(r.first.iter().all(|m| m.found == Found::Nothing));
     // A source offset one element off reads the wrong elements.
     let r = verify(&tampered(|s| {
         let t = s[0].transfers.iter_mut().find(|t| t.src_offset > 0).unwrap();
         t.src_offset -= 4;
     }))
     .unwrap();
-    assert!(r.mismatches > 0 && r.first.iter().all(|m| m.found.is_some()), "{r}");
+    assert!(r.mismatches > 0 && r.first.iter().all(|m| matches!(m.found, Found::Global(_))), "{r}");
     // Forwarding in the stage that receives: reads before the write, so the data never arrives.
     let r = verify(&tampered(|s| {
         let forward = s[1].transfers.remove(0);

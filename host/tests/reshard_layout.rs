@@ -51,7 +51,10 @@ fn placements_parse_and_print() {
 #[test]
 fn layouts_reject_what_they_cannot_hold() {
     assert_eq!(Layout::parse("2x2@0", "R"), Err(LayoutError::PlacementCount { mesh_axes: 2, placements: 1 }));
-    assert_eq!(Layout::parse("2x2@0", "R,P"), Err(LayoutError::PartialUnsupported { axis: 1 }));
+    // Partial sums are a source's business: a destination holds values.
+    let partial = Layout::parse("2x2@0", "R,P").unwrap();
+    assert!(partial.is_partial());
+    assert_eq!(partial.check_not_partial(), Err(LayoutError::PartialDestination { axis: 1 }));
     let l = Layout::parse("2x2@4", "S1,R").unwrap();
     assert_eq!(l.validate(&[8]), Err(LayoutError::ShardDimOutOfRange { axis: 0, dim: 1, tensor_rank: 1 }));
     assert_eq!(l.validate(&[8, 8]), Ok(()));
@@ -60,8 +63,8 @@ fn layouts_reject_what_they_cannot_hold() {
     assert_eq!(l.validate_in_world(&[8, 8], 8), Ok(()));
     // Messages name what was wrong.
     assert_eq!(
-        LayoutError::PartialUnsupported { axis: 1 }.to_string(),
-        "mesh axis 1 is placed Partial: partial (pending-sum) placements are not supported yet; reduce first"
+        LayoutError::PartialDestination { axis: 1 }.to_string(),
+        "mesh axis 1 is placed Partial: a reshard's destination holds final values (Shard or Replicate), not partial sums"
     );
 }
 

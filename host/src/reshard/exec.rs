@@ -89,6 +89,15 @@ pub enum ExecError {
         /// Bytes they need (`u64::MAX` past that).
         bytes: u64,
     },
+    /// The plan sums partial sums (a `Partial` source) and was run without an addition
+    /// ([`execute`], [`execute_bytes`]): use [`execute_summing`].
+    #[error("stage {stage} transfer {index} sums partial sums: run the plan with an addition (execute_summing)")]
+    NeedsSum {
+        /// Stage index.
+        stage: usize,
+        /// Index within the stage.
+        index: usize,
+    },
     /// Verification would need more tag memory than allowed.
     #[error("verification needs {bytes} bytes of tags, over the {limit}-byte limit; verify a smaller shape")]
     TooLargeToVerify {
@@ -115,12 +124,38 @@ pub fn execute_elements<T: Copy + Default>(plan: &ReshardPlan, src: &Buffers<T>)
 }
 
 /// Runs `plan` on buffers of units of `unit_bytes` bytes each (a divisor of the element size).
+/// A plan that sums partial sums is refused ([`ExecError::NeedsSum`]): see [`execute_summing`].
 ///
 /// Destination buffers start as `T::default()`.
 pub fn execute<T: Copy + Default>(
     plan: &ReshardPlan,
     unit_bytes: u64,
     src: &Buffers<T>,
+) -> Result<Buffers<T>, ExecError> {
+    run(plan, unit_bytes, src, None)
+}
+
+/// Runs `plan` on element buffers (`size_of::<T>()` must be the plan's element size), a transfer
+/// from several partial sums writing their sum: `add` folded over the sources in ascending rank
+/// order, as the engine adds them.
+pub fn execute_summing<T: Copy + Default>(
+    plan: &ReshardPlan,
+    src: &Buffers<T>,
+    add: impl Fn(T, T) -> T,
+) -> Result<Buffers<T>, ExecError> {
+    let given = size_of::<T>() as u64;
+    if given != plan.elem_bytes() {
+        return Err(ExecError::ElementSize { plan: plan.elem_bytes(), given });
+    }
+    run(plan, given, src, Some(&add))
+}
+
+/// [`execute`], summing with `add` where a transfer has several sources (refused without it).
+fn run<T: Copy + Default>(
+    plan: &ReshardPlan,
+    unit_bytes: u64,
+    src: &Buffers<T>,
+    add: Option<&dyn Fn(T, T) -> T>,
 ) -> Result<Buffers<T>, ExecError> {
     if unit_bytes == 0 || !plan.elem_bytes().is_multiple_of(unit_bytes) {
         return Err(ExecError::ElementSize { plan: plan.elem_bytes(), given: unit_bytes });
@@ -177,6 +212,29 @@ pub fn execute<T: Copy + Default>(
             };
             walk.check(buf.len(), walk.src_offset, &walk.src_strides, unit_bytes)
                 .map_err(out_of_bounds(i, t.src, name))?;
+            // The other partial sums of a summing transfer: source buffers of the same box.
+            let mut partials = Vec::with_capacity(t.partials.len());
+            if t.reduces() {
+                if add.is_none() {
+                    return Err(ExecError::NeedsSum { stage: s, index: i });
+                }
+                if t.read != ReadFrom::Src {
+                    return Err(malformed(i, "sums buffers other than sources".into()));
+                }
+                for &p in &t.partials {
+                    if !src_sharding.mesh().contains(p)
+                        || p == t.src
+                        || t.partials.iter().filter(|&&q| q == p).count() > 1
+                    {
+                        let why = format!("sums rank {p}, which holds no source buffer or is named twice");
+                        return Err(malformed(i, why));
+                    }
+                    let pbuf = src.get(&p).unwrap_or(&empty);
+                    walk.check(pbuf.len(), walk.src_offset, &walk.src_strides, unit_bytes)
+                        .map_err(out_of_bounds(i, p, "source"))?;
+                    partials.push((p, pbuf));
+                }
+            }
             walk.check(out.len(), walk.dst_offset, &walk.dst_strides, unit_bytes).map_err(out_of_bounds(
                 i,
                 t.dst,
@@ -189,10 +247,24 @@ pub fn execute<T: Copy + Default>(
                     format!("its rows overlap on the write side (strides {:?}, shape {:?})", t.dst_strides, t.shape);
                 return Err(malformed(i, why));
             }
-            let mut data = Vec::with_capacity(walk.total_units() as usize);
-            walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
-                data.extend_from_slice(&buf[at..at + walk.run as usize]);
-            });
+            let read = |from: &[T]| {
+                let mut data = Vec::with_capacity(walk.total_units() as usize);
+                walk.for_each_run(walk.src_offset, &walk.src_strides, |at| {
+                    data.extend_from_slice(&from[at..at + walk.run as usize]);
+                });
+                data
+            };
+            // A sum folds its sources in ascending rank order, `src` among the others.
+            partials.push((t.src, buf));
+            partials.sort_unstable_by_key(|&(r, _)| r);
+            let mut data = read(partials[0].1);
+            if let Some(add) = add {
+                for &(_, from) in &partials[1..] {
+                    for (acc, v) in data.iter_mut().zip(read(from)) {
+                        *acc = add(*acc, v);
+                    }
+                }
+            }
             staged.push((walk, data));
         }
         for (t, (walk, data)) in stage.transfers.iter().zip(staged) {
@@ -321,8 +393,20 @@ pub struct Mismatch {
     pub local_index: u64,
     /// The global index it should hold.
     pub expected: Vec<u64>,
-    /// The global index it holds, or `None` when nothing was written there.
-    pub found: Option<Vec<u64>>,
+    /// What it holds instead.
+    pub found: Found,
+}
+
+/// What a wrong destination element holds, in a [`Mismatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing was written there.
+    Nothing,
+    /// The value of the element at this global index.
+    Global(Vec<u64>),
+    /// A value that is no element's: from a `Partial` source, a sum missing a partial sum or
+    /// holding one twice.
+    Other,
 }
 
 /// The outcome of [`verify`].
@@ -359,16 +443,16 @@ impl fmt::Display for VerifyReport {
             self.first.len()
         )?;
         for m in &self.first {
+            let (rank, index, want) = (m.rank, m.local_index, &m.expected);
             match &m.found {
-                Some(found) => writeln!(
+                Found::Global(found) => {
+                    writeln!(f, "  rank {rank} element {index}: want global {want:?}, holds global {found:?}")?
+                }
+                Found::Nothing => writeln!(f, "  rank {rank} element {index}: want global {want:?}, never written")?,
+                Found::Other => writeln!(
                     f,
-                    "  rank {} element {}: want global {:?}, holds global {:?}",
-                    m.rank, m.local_index, m.expected, found
-                )?,
-                None => writeln!(
-                    f,
-                    "  rank {} element {}: want global {:?}, never written",
-                    m.rank, m.local_index, m.expected
+                    "  rank {rank} element {index}: want global {want:?}, holds a sum that is no element's \
+                     (a partial sum missing or added twice)"
                 )?,
             }
         }
@@ -377,7 +461,10 @@ impl fmt::Display for VerifyReport {
 }
 
 /// Runs `plan` on tag buffers, each element tagged with its global index, and checks every element of
-/// every destination buffer. Refuses (with [`ExecError::TooLargeToVerify`]) when the tags would need
+/// every destination buffer. From a `Partial` source, partial sum `i` of the element tagged `t`
+/// holds `t × w_i` (wrapping, `w_i` odd pseudo-random weights, one even where their count is
+/// even, so that their sum `W` is odd), the plan runs summing, and the element must hold `t × W`:
+/// a partial sum missing or added twice changes it. Refuses (with [`ExecError::TooLargeToVerify`]) when the tags would need
 /// more than [`VERIFY_TAG_LIMIT_BYTES`].
 pub fn verify(plan: &ReshardPlan) -> Result<VerifyReport, ExecError> {
     verify_with_limit(plan, VERIFY_TAG_LIMIT_BYTES)
@@ -399,12 +486,22 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
     }
     super::layout::reserve_host::<u64>(elements).map_err(|bytes| ExecError::TooLargeToVerify { bytes, limit })?;
     let shape = plan.shape();
+    let sums = src.partial_sums();
+    let weight = |i: u64| if sums == 1 { 1 } else { partial_weight(i, sums) };
+    let total = (0..sums).fold(0u64, |acc, i| acc.wrapping_add(weight(i)));
     let tags: Buffers<u64> = src
         .mesh()
         .ranks()
-        .map(|r| (r, src.local_region(r).map_or_else(Vec::new, |g| region_tags(shape, &g))))
+        .map(|r| {
+            let w = weight(src.partial_index(r).unwrap_or(0));
+            let tags = src.local_region(r).map_or_else(Vec::new, |g| region_tags(shape, &g));
+            (r, tags.into_iter().map(|t| t.wrapping_mul(w)).collect())
+        })
         .collect();
-    let out = execute(plan, plan.elem_bytes(), &tags)?;
+    let out = run(plan, plan.elem_bytes(), &tags, Some(&u64::wrapping_add))?;
+    // `total` is odd: the tag an element's full sum stands for is its product with the inverse.
+    let inverse = odd_inverse(total);
+    let elements = src.elements();
     let unravel = |linear: u64| -> Vec<u64> {
         let mut coords = vec![0; shape.len()];
         let mut rest = linear;
@@ -419,20 +516,41 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
         let want = dst.local_region(rank).map_or_else(Vec::new, |g| region_tags(shape, &g));
         report.elements_checked += want.len() as u64;
         for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
-            if w != g {
+            if w.wrapping_mul(total) != g {
                 report.mismatches += 1;
                 if report.first.len() < VerifyReport::LISTED {
-                    report.first.push(Mismatch {
-                        rank,
-                        local_index: i as u64,
-                        expected: unravel(w - 1),
-                        found: (g != 0).then(|| unravel(g - 1)),
-                    });
+                    let tag = g.wrapping_mul(inverse);
+                    let found = match g {
+                        0 => Found::Nothing,
+                        _ if (1..=elements).contains(&tag) => Found::Global(unravel(tag - 1)),
+                        _ => Found::Other,
+                    };
+                    report.first.push(Mismatch { rank, local_index: i as u64, expected: unravel(w - 1), found });
                 }
             }
         }
     }
     Ok(report)
+}
+
+/// [`verify`]'s weight of partial sum `index` of `sums` (> 1): odd, pseudo-random, except index 0's,
+/// which is even (and not 0) where `sums` is even, so that the weights add up to an odd number.
+fn partial_weight(index: u64, sums: u64) -> u64 {
+    // splitmix64's finalizer: weights far apart, so that no two partial sums stand in for each other.
+    let mut z = index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    if index == 0 && sums.is_multiple_of(2) { (z | 2) & !1 } else { z | 1 }
+}
+
+/// The inverse of an odd number modulo 2^64 (Newton's iteration doubles the correct bits).
+fn odd_inverse(odd: u64) -> u64 {
+    let mut x = odd;
+    for _ in 0..6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(odd.wrapping_mul(x)));
+    }
+    x
 }
 
 /// The tags (global row-major index + 1; 0 means "never written") of a region, row-major.

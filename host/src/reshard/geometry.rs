@@ -7,11 +7,22 @@
 use super::layout::{Rank, Region, Sharding, for_each_index};
 use std::collections::HashMap;
 
-/// A distinct source box and the ranks holding it (its replicas), ascending.
+/// A distinct source box and the ranks holding it, ascending. Where the source layout has
+/// `Partial` axes, the ranks hold partial sums of the box: `groups` splits them by partial index
+/// (each group's ranks hold the same values, replicas of one partial sum), and the box's values are
+/// the sum over the groups. Without `Partial` axes there is one group, equal to `replicas`.
 #[derive(Clone, Debug)]
 pub(crate) struct SrcShard {
     pub region: Region,
     pub replicas: Vec<Rank>,
+    pub groups: Vec<Vec<Rank>>,
+}
+
+impl SrcShard {
+    /// Whether the box is held as several partial sums.
+    pub fn is_partial(&self) -> bool {
+        self.groups.len() > 1
+    }
 }
 
 /// A distinct destination box and the ranks that must hold it, ascending.
@@ -71,17 +82,26 @@ impl Geometry {
         }
 
         let mut geometry = Self { src, dst, parts, radix, src_shards: HashMap::new(), dst_shards: Vec::new() };
+        // Per box, its ranks by partial index (one index without `Partial` axes).
+        let mut groups: HashMap<u64, std::collections::BTreeMap<u64, Vec<Rank>>> = HashMap::new();
         for (rank, region) in src_regions {
             if region.is_empty() {
                 continue;
             }
             let key = geometry.key_of(&region);
+            let index = geometry.src.partial_index(rank).unwrap_or(0);
+            groups.entry(key).or_default().entry(index).or_default().push(rank);
             geometry
                 .src_shards
                 .entry(key)
-                .or_insert_with(|| SrcShard { region, replicas: Vec::new() })
+                .or_insert_with(|| SrcShard { region, replicas: Vec::new(), groups: Vec::new() })
                 .replicas
                 .push(rank);
+        }
+        for (key, by_index) in groups {
+            if let Some(shard) = geometry.src_shards.get_mut(&key) {
+                shard.groups = by_index.into_values().collect();
+            }
         }
 
         let mut index: HashMap<Region, usize> = HashMap::new();

@@ -59,9 +59,12 @@ pub enum LayoutError {
         /// Placements given.
         placements: usize,
     },
-    /// A `Partial` placement: partial sums are not supported yet (reduce first).
-    #[error("mesh axis {axis} is placed Partial: partial (pending-sum) placements are not supported yet; reduce first")]
-    PartialUnsupported {
+    /// A destination layout places a mesh axis `Partial`: a reshard delivers final values, so a
+    /// destination holds shards or replicas, never pending sums.
+    #[error(
+        "mesh axis {axis} is placed Partial: a reshard's destination holds final values (Shard or Replicate), not partial sums"
+    )]
+    PartialDestination {
         /// The mesh axis placed `Partial`.
         axis: usize,
     },
@@ -255,8 +258,10 @@ pub enum Placement {
     Shard(u32),
     /// Every rank along this axis holds the same data. Text form `R`.
     Replicate,
-    /// Every rank along this axis holds a partial sum. Text form `P`. Not supported by the planner yet:
-    /// [`Layout::new`] rejects it with [`LayoutError::PartialUnsupported`].
+    /// Every rank along this axis holds a partial sum of the same box (DTensor's `Partial()`, a
+    /// pending sum): the tensor is the sum over the axis. Text form `P`. A reshard's source may be
+    /// partial (the sum is taken on the way); its destination may not
+    /// ([`LayoutError::PartialDestination`]).
     Partial,
 }
 
@@ -329,16 +334,26 @@ impl TryFrom<LayoutRepr> for Layout {
 }
 
 impl Layout {
-    /// A layout. Errors: the placement count differs from the mesh's axis count, or a placement is
-    /// `Partial` (not supported yet).
+    /// A layout. Errors: the placement count differs from the mesh's axis count.
     pub fn new(mesh: Mesh, placements: Vec<Placement>) -> Result<Self, LayoutError> {
         if placements.len() != mesh.dims().len() {
             return Err(LayoutError::PlacementCount { mesh_axes: mesh.dims().len(), placements: placements.len() });
         }
-        if let Some(axis) = placements.iter().position(|p| *p == Placement::Partial) {
-            return Err(LayoutError::PartialUnsupported { axis });
-        }
         Ok(Self { mesh, placements })
+    }
+
+    /// Whether some mesh axis is placed `Partial` (the ranks hold partial sums).
+    pub fn is_partial(&self) -> bool {
+        self.placements.contains(&Placement::Partial)
+    }
+
+    /// Errors with [`LayoutError::PartialDestination`] naming the first axis placed `Partial`: for a
+    /// layout that must hold final values.
+    pub fn check_not_partial(&self) -> Result<(), LayoutError> {
+        match self.placements.iter().position(|p| *p == Placement::Partial) {
+            Some(axis) => Err(LayoutError::PartialDestination { axis }),
+            None => Ok(()),
+        }
     }
 
     /// Parses a mesh (`2x2@4`) and a placement list (`R,S0`).
@@ -531,6 +546,28 @@ impl Sharding {
         Some(Region { start, extent })
     }
 
+    /// Which partial sum `rank` holds: its coordinates along the axes placed `Partial`, as one
+    /// row-major index below [`Sharding::partial_sums`] (0 for every rank of a layout without
+    /// `Partial` axes); `None` outside the mesh. Ranks holding the same box with the same index are
+    /// replicas; the tensor is the sum over the indices.
+    pub fn partial_index(&self, rank: Rank) -> Option<u64> {
+        let coords = self.layout.mesh.coords(rank)?;
+        let mut index = 0u64;
+        for (axis, p) in self.layout.placements.iter().enumerate() {
+            if *p == Placement::Partial {
+                index = index * u64::from(self.layout.mesh.dims[axis]) + u64::from(coords[axis]);
+            }
+        }
+        Some(index)
+    }
+
+    /// How many partial sums make up the tensor: the product of the sizes of the axes placed
+    /// `Partial` (1 without any).
+    pub fn partial_sums(&self) -> u64 {
+        let axes = self.layout.placements.iter().zip(&self.layout.mesh.dims);
+        axes.filter(|(p, _)| **p == Placement::Partial).map(|(_, &d)| u64::from(d)).product()
+    }
+
     /// The shape of `rank`'s local buffer, or `None` outside the mesh.
     pub fn local_shape(&self, rank: Rank) -> Option<Vec<u64>> {
         self.local_region(rank).map(|r| r.extent)
@@ -541,11 +578,13 @@ impl Sharding {
         self.local_region(rank).map_or(0, |r| r.volume())
     }
 
-    /// Every rank's local shard cut out of a dense row-major global tensor.
+    /// Every rank's local shard cut out of a dense row-major global tensor. For a layout with
+    /// `Partial` axes, the ranks of partial index 0 ([`Sharding::partial_index`]) get their box and
+    /// every other rank zeros (`T::default()`): one way to split the tensor into partial sums.
     ///
     /// Errors with [`LayoutError::BufferLength`] (naming the mesh's first rank) when `global` does not
     /// hold exactly the global shape's element count.
-    pub fn local_shards<T: Copy>(&self, global: &[T]) -> Result<BTreeMap<Rank, Vec<T>>, LayoutError> {
+    pub fn local_shards<T: Copy + Default>(&self, global: &[T]) -> Result<BTreeMap<Rank, Vec<T>>, LayoutError> {
         if global.len() as u64 != self.elements {
             return Err(LayoutError::BufferLength {
                 rank: self.mesh().start(),
@@ -561,6 +600,9 @@ impl Sharding {
             .ranks()
             .filter_map(|rank| {
                 let region = self.local_region(rank)?;
+                if self.partial_index(rank) != Some(0) {
+                    return Some((rank, vec![T::default(); region.volume() as usize]));
+                }
                 Some((rank, extract(global, &self.shape, &region)))
             })
             .collect())

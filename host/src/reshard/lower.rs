@@ -13,7 +13,7 @@
 //!
 //! An engine task moves one contiguous byte range, so a transfer box becomes one `Move` per contiguous
 //! run: its loops are unrolled into `Π shape[..n-1]` tasks of `shape[n-1]` bytes, each with
-//! `src_ranks = 1 << reader`, `dst_ranks = 1 << writer`. The planner already merged the dims of a box
+//! `src_ranks = 1 << reader` (with the other sources' bits for a sum), `dst_ranks = 1 << writer`. The planner already merged the dims of a box
 //! that are contiguous on both sides; here runs of one (reader, slot, writer, slot) pair that continue
 //! each other on both sides are merged across transfers too (a leader forwarding adjacent parts to one
 //! peer, row pieces that meet). Boxes whose rows are short stay many tasks: the task count follows the
@@ -30,6 +30,14 @@
 //! and a plan with an odd offset or run is refused with [`LowerError::NoCopyUnit`]: a 1-byte unit
 //! would need an engine kernel that does not exist, and splitting an odd run across units would write
 //! bytes that belong to another rank's shard position.
+//!
+//! # Sums
+//!
+//! A transfer from a `Partial` source sums the partial sums of a box: its runs read every source
+//! rank at the same offsets (`src_ranks` holds them all; the engine adds them in ascending rank
+//! order, as the CPU executor does), so it moves whole elements of its type, which
+//! [`LowerOptions::dtype`] must name ([`LowerError::SumUnit`]), and needs a shared-memory slot per
+//! source ([`Lowered::slots`]). Its writer's CTAs run it, whatever [`CtaOwner`] says.
 //!
 //! # Which CTA runs a copy
 //!
@@ -179,6 +187,18 @@ pub enum LowerError {
         /// Bytes per element.
         elem_bytes: u64,
     },
+    /// The plan sums partial sums (a `Partial` source), which needs the element type itself as the
+    /// unit ([`LowerOptions::dtype`]), and none was given or its size is not the element size.
+    #[error(
+        "the plan sums partial sums of {elem_bytes}-byte elements: the unit must be their element type \
+         (given: {dtype:?})"
+    )]
+    SumUnit {
+        /// Bytes per element.
+        elem_bytes: u64,
+        /// The unit requested ([`LowerOptions::dtype`]).
+        dtype: Option<DType>,
+    },
     /// Odd-sized elements with an odd offset, stride or run: no 2- or 4-byte unit copies them.
     #[error(
         "{elem_bytes}-byte elements: stage {stage} transfer {index} has an odd offset, stride or run \
@@ -312,11 +332,10 @@ impl LoweredReshard {
         // The stages are public fields: a task naming no source rank, or ranks past the buffers,
         // is left out rather than indexed, and the sums saturate.
         for t in self.stages.iter().flat_map(|l| &l.tasks) {
-            let s = t.src_ranks.trailing_zeros() as usize;
-            if s >= n {
-                continue;
-            }
-            for d in (0..n.min(32)).filter(|d| t.dst_ranks & (1 << d) != 0) {
+            for (s, d) in (0..n.min(32))
+                .filter(|s| t.src_ranks & (1 << s) != 0)
+                .flat_map(|s| (0..n.min(32)).filter(|d| t.dst_ranks & (1 << d) != 0).map(move |d| (s, d)))
+            {
                 if d == s {
                     loads.local = loads.local.saturating_add(t.bytes);
                     continue;
@@ -361,15 +380,17 @@ impl fmt::Display for LoweredReshard {
             for p in l.programs.iter().filter(|p| p.task_count > 0) {
                 writeln!(f, "  cta {}.{}", p.rank, p.cta)?;
                 for t in &l.tasks[p.first_task as usize..(p.first_task + p.task_count) as usize] {
-                    let dsts: Vec<String> =
-                        (0..32).filter(|d| t.dst_ranks & (1 << d) != 0).map(|d| d.to_string()).collect();
+                    let ranks = |mask: u32, sep: &str| {
+                        let r: Vec<String> = (0..32).filter(|d| mask & (1 << d) != 0).map(|d| d.to_string()).collect();
+                        r.join(sep)
+                    };
                     writeln!(
                         f,
                         "    move {}:{}@{} -> {}:{}@{} {}B",
-                        t.src_ranks.trailing_zeros(),
+                        ranks(t.src_ranks, "+"),
                         slot_name(t.src_slot),
                         t.src_offset,
-                        dsts.join(","),
+                        ranks(t.dst_ranks, ","),
                         slot_name(t.dst_slot),
                         t.dst_offset,
                         t.bytes
@@ -386,6 +407,9 @@ impl fmt::Display for LoweredReshard {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BoxCopy {
     pub reader: Rank,
+    /// Further ranks read at the same offsets and slot, their values summed with `reader`'s (the
+    /// partial sums of a `Partial` source); empty for a copy.
+    pub partials: Vec<Rank>,
     pub read_slot: u8,
     pub writer: Rank,
     pub write_slot: u8,
@@ -401,6 +425,8 @@ pub(crate) struct BoxCopy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Run {
     reader: Rank,
+    /// Bit mask of the further ranks read (the partial sums summed with `reader`'s); 0 for a copy.
+    also: u32,
     read_slot: u8,
     writer: Rank,
     write_slot: u8,
@@ -433,6 +459,7 @@ pub fn lower(plan: &ReshardPlan, opts: &LowerOptions) -> Result<LoweredReshard, 
             };
             copies.push(BoxCopy {
                 reader: t.src,
+                partials: t.partials.clone(),
                 read_slot,
                 writer: t.dst,
                 write_slot: slot::OUTPUT,
@@ -480,6 +507,13 @@ pub(crate) fn check_mesh(side: &'static str, sharding: &Sharding, ranks: usize) 
 
 /// The copy unit: the requested one, or one chosen from the element size and the plan's geometry.
 fn copy_unit(stages: &[Vec<BoxCopy>], elem_bytes: u64, requested: Option<DType>) -> Result<DType, LowerError> {
+    // A sum adds elements: its unit is the element type.
+    if stages.iter().flatten().any(|c| !c.partials.is_empty()) {
+        return match requested {
+            Some(dtype) if dtype.size() as u64 == elem_bytes => Ok(dtype),
+            dtype => Err(LowerError::SumUnit { elem_bytes, dtype }),
+        };
+    }
     if let Some(dtype) = requested {
         if !elem_bytes.is_multiple_of(dtype.size() as u64) {
             return Err(LowerError::DTypeSize { dtype, elem_bytes });
@@ -531,7 +565,7 @@ pub(crate) fn lower_copies(
             if c.src_strides.len() != outer.len() || c.dst_strides.len() != outer.len() {
                 return Err(malformed("one stride per loop needed on each side"));
             }
-            for rank in [c.reader, c.writer] {
+            for &rank in [c.reader, c.writer].iter().chain(&c.partials) {
                 if rank as usize >= opts.ranks {
                     return Err(LowerError::RankOutOfRange { stage: s, index: i, rank, ranks: opts.ranks });
                 }
@@ -578,6 +612,7 @@ fn expand(c: &BoxCopy, out: &mut Vec<Run>) -> Result<(), &'static str> {
         };
         out.push(Run {
             reader: c.reader,
+            also: c.partials.iter().fold(0, |m, &r| m | 1 << r),
             read_slot: c.read_slot,
             writer: c.writer,
             write_slot: c.write_slot,
@@ -594,13 +629,13 @@ fn expand(c: &BoxCopy, out: &mut Vec<Run>) -> Result<(), &'static str> {
 
 /// Merges runs of one (reader, slot, writer, slot) pair that continue each other on both sides.
 fn coalesce(mut runs: Vec<Run>) -> Vec<Run> {
-    runs.sort_unstable_by_key(|r| (r.reader, r.read_slot, r.writer, r.write_slot, r.src_offset, r.dst_offset));
+    runs.sort_unstable_by_key(|r| (r.reader, r.also, r.read_slot, r.writer, r.write_slot, r.src_offset, r.dst_offset));
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
     for r in runs {
         match out.last_mut() {
             Some(last)
-                if (last.reader, last.read_slot, last.writer, last.write_slot)
-                    == (r.reader, r.read_slot, r.writer, r.write_slot)
+                if (last.reader, last.also, last.read_slot, last.writer, last.write_slot)
+                    == (r.reader, r.also, r.read_slot, r.writer, r.write_slot)
                     && last.src_offset + last.bytes == r.src_offset
                     && last.dst_offset + last.bytes == r.dst_offset =>
             {
@@ -621,6 +656,9 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
     let mut load = vec![0u64; n];
     for &r in runs {
         let owner = match opts.owner {
+            // A sum is run by its writer (it reads every partial sum and stores once, as T-CCL's
+            // shard-in): the lowest reader would run every sum of a reduce-scatter.
+            _ if r.also != 0 => r.writer,
             CtaOwner::Reader => r.reader,
             CtaOwner::Writer => r.writer,
             CtaOwner::Balanced if load[r.writer as usize] < load[r.reader as usize] => r.writer,
@@ -641,7 +679,7 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
         dst_slot: r.write_slot,
         flags: 0,
         divisor: 0,
-        src_ranks: 1 << r.reader,
+        src_ranks: 1 << r.reader | r.also,
         dst_ranks: 1 << r.writer,
         src_offset: r.src_offset,
         dst_offset: r.dst_offset,
@@ -664,7 +702,9 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
             });
         }
     }
-    Lowered { programs, tasks, ranks: n, slots: 1, combines: false }
+    // A sum combines its sources in registers: one shared-memory slot per source.
+    let slots = runs.iter().map(|r| 1 + r.also.count_ones()).max().unwrap_or(1);
+    Lowered { programs, tasks, ranks: n, slots, combines: slots > 1 }
 }
 
 /// Cuts `runs` (of `total` bytes, in order) into `c` consecutive spans, span `k` ending near byte

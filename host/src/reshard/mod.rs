@@ -36,7 +36,8 @@ mod transfer;
 pub mod workaround;
 
 pub use exec::{
-    Buffers, ExecError, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, verify, verify_with_limit,
+    Buffers, ExecError, Found, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, execute_summing,
+    verify, verify_with_limit,
 };
 pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
 pub use lower::{CtaOwner, Loads, LowerError, LowerOptions, LoweredReshard, lower};

@@ -25,6 +25,14 @@
 //!    Source replicas are picked round robin from one cursor per (source shard, candidate pool), so the
 //!    deliveries of one piece, all of one size, are spread over the pool with counts that differ by at
 //!    most one, and so are all deliveries of one source shard from one pool.
+//!
+//!    A `Partial` source holds each box as several partial sums (one per partial index, each with
+//!    its replicas); no rank holds the values, so every destination rank needs every piece, and a
+//!    delivery is a summing transfer reading one replica of every partial sum (the receiver's own
+//!    where it holds one, else one in its domain, else any, round robin). Direct route: every
+//!    destination rank sums the piece itself. Hierarchical route: the piece is split over the domain's
+//!    ranks that need it, each summing one part (a reduce-scatter) and forwarding it to the others
+//!    in stage 1 (an all-gather), so the bytes that cross links match a ring or direct AllReduce's.
 //! 4. Each transfer's box is coalesced: dims of extent 1 dropped, dims that are contiguous on both
 //!    sides merged, the innermost contiguous run expressed in bytes.
 
@@ -284,6 +292,7 @@ pub fn plan(
     options: PlanOptions,
 ) -> Result<ReshardPlan, ReshardError> {
     let src_sharding = src.on(shape).map_err(ReshardError::Src)?;
+    dst.check_not_partial().map_err(ReshardError::Dst)?;
     let dst_sharding = dst.on(shape).map_err(ReshardError::Dst)?;
     if elem_bytes == 0 {
         return Err(ReshardError::ZeroElementSize);
@@ -314,6 +323,10 @@ struct Cursors {
     in_domain: HashMap<(u64, u32), usize>,
     /// Receiving leaders of a destination shard inside one domain.
     leader: HashMap<(usize, u32), usize>,
+    /// Pool of all replicas of one partial sum (group) of a source shard.
+    partial: HashMap<(u64, usize), usize>,
+    /// Pool of the replicas of one partial sum of a source shard inside one domain.
+    partial_in_domain: HashMap<(u64, usize, u32), usize>,
 }
 
 fn next<K: std::hash::Hash + Eq>(cursors: &mut HashMap<K, usize>, key: K, pool: &[Rank]) -> Rank {
@@ -341,6 +354,7 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
                 let geometry = boxed(region, from, d, elem);
                 Transfer {
                     src,
+                    partials: Vec::new(),
                     dst,
                     read,
                     src_offset: geometry.src_offset,
@@ -359,6 +373,51 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
                     return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
                 }
                 let domain = members[0] / ds;
+                if sshard.is_partial() {
+                    // No rank holds the piece's values: every member needs them. Each delivery sums
+                    // one replica of every partial sum, the receiver's own where it holds one, else one
+                    // inside its domain, else any (round robin over each pool).
+                    let summed = |cursors: &mut Cursors, r: Rank, region: &Region| {
+                        let mut sources: Vec<Rank> = sshard
+                            .groups
+                            .iter()
+                            .enumerate()
+                            .map(|(g, group)| {
+                                let local = in_domain(group, r / ds, ds);
+                                if holds(group, r) {
+                                    r
+                                } else if !local.is_empty() {
+                                    next(&mut cursors.partial_in_domain, (piece.src_key, g, r / ds), local)
+                                } else {
+                                    next(&mut cursors.partial, (piece.src_key, g), group)
+                                }
+                            })
+                            .collect();
+                        // A rank holds one partial sum: the sources are distinct.
+                        sources.sort_unstable();
+                        let partials = sources.split_off(1);
+                        Transfer { partials, ..copy(sources[0], r, ReadFrom::Src, region) }
+                    };
+                    if options.route == Route::Direct {
+                        for &r in members {
+                            stage0.push(summed(&mut cursors, r, &piece.region));
+                        }
+                    } else {
+                        // Summed once per domain, split over the members (a reduce-scatter), each
+                        // forwarding its part to the others (an all-gather).
+                        for part in &split(&piece.region, members.len(), options.min_split_bytes, elem) {
+                            if stage0.len() + stage1.len() > MAX_TRANSFERS {
+                                return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
+                            }
+                            let leader = next(&mut cursors.leader, (di, domain), members);
+                            stage0.push(summed(&mut cursors, leader, part));
+                            for &r in members.iter().filter(|&&r| r != leader) {
+                                stage1.push(copy(leader, r, ReadFrom::Dst, part));
+                            }
+                        }
+                    }
+                    continue;
+                }
                 let mut others = Vec::with_capacity(members.len());
                 for &r in members {
                     if holds(&sshard.replicas, r) {

@@ -9,11 +9,11 @@
 //! | `bytes_local` | bytes the plan copies inside one rank (a rank in both meshes holding a piece it needs) |
 //! | `bytes_intra_domain` / `bytes_cross_domain` | `bytes_total` split by whether both ranks share a domain |
 //! | `bytes_injected_per_domain` | per destination domain, bytes entering it from ranks outside it |
-//! | `bytes_needed` | Σ over destination ranks of the bytes of their shard they do not hold as a source: the minimum any direct delivery moves, and what the direct route's `bytes_total` equals |
+//! | `bytes_needed` | Σ over destination ranks of the bytes of their shard they do not hold as a source (from a `Partial` source: of every partial sum of it, less the one a rank holds): the minimum any direct delivery moves, and what the direct route's `bytes_total` equals |
 //! | `flat_sends` | every destination rank is sent its whole shard point to point (no reuse of bytes it holds, one send per replica rather than per domain; sources picked inside the domain when one holds the data) |
 //! | `gather_broadcast` | the source mesh's first rank gathers the whole tensor, then broadcasts it to every other destination rank (a pipelined broadcast enters each destination domain once) |
 
-use super::geometry::{Geometry, in_domain};
+use super::geometry::{Geometry, holds, in_domain};
 use super::layout::Rank;
 use super::transfer::Stage;
 use serde::{Deserialize, Serialize};
@@ -68,15 +68,16 @@ impl Traffic {
         }
         let mut sent: HashMap<Rank, u64> = HashMap::new();
         let mut received: HashMap<Rank, u64> = HashMap::new();
-        for tr in stages.iter().flat_map(|s| &s.transfers) {
-            if tr.is_local() {
+        // A sum moves its box from every source: each is counted as a copy of its own.
+        for (tr, src) in stages.iter().flat_map(|s| &s.transfers).flat_map(|tr| tr.sources().map(move |s| (tr, s))) {
+            if src == tr.dst {
                 add(&mut t.bytes_local, tr.bytes);
                 continue;
             }
             add(&mut t.bytes_total, tr.bytes);
-            add(sent.entry(tr.src).or_default(), tr.bytes);
+            add(sent.entry(src).or_default(), tr.bytes);
             add(received.entry(tr.dst).or_default(), tr.bytes);
-            if tr.src / ds == tr.dst / ds {
+            if src / ds == tr.dst / ds {
                 add(&mut t.bytes_intra_domain, tr.bytes);
             } else {
                 add(&mut t.bytes_cross_domain, tr.bytes);
@@ -86,19 +87,22 @@ impl Traffic {
         t.max_bytes_sent_by_a_rank = sent.values().copied().max().unwrap_or(0);
         t.max_bytes_received_by_a_rank = received.values().copied().max().unwrap_or(0);
 
-        // Needed and flat sends, from the shards alone.
+        // Needed and flat sends, from the shards alone. A piece held as `k` partial sums needs all
+        // `k` (one of them may be the rank's own).
         for dshard in &g.dst_shards {
-            let volume = dshard.region.volume() * elem;
-            for &r in &dshard.replicas {
-                let held = g.src.local_region(r).map_or(0, |a| a.intersect(&dshard.region).volume());
-                t.bytes_needed += volume - held * elem;
-            }
-            t.flat_sends.bytes_total += volume * dshard.replicas.len() as u64;
             for piece in g.pieces(&dshard.region) {
-                let replicas = &g.src_shard(piece.src_key).replicas;
-                let outside =
-                    dshard.replicas.iter().filter(|&&r| in_domain(replicas, r / ds, ds).is_empty()).count() as u64;
-                t.flat_sends.bytes_cross_domain += outside * piece.region.volume() * elem;
+                let sshard = g.src_shard(piece.src_key);
+                let bytes = piece.region.volume() * elem;
+                let k = sshard.groups.len() as u64;
+                for &r in &dshard.replicas {
+                    t.bytes_needed += bytes * (k - u64::from(holds(&sshard.replicas, r)));
+                }
+                t.flat_sends.bytes_total += bytes * k * dshard.replicas.len() as u64;
+                for group in &sshard.groups {
+                    let outside =
+                        dshard.replicas.iter().filter(|&&r| in_domain(group, r / ds, ds).is_empty()).count() as u64;
+                    t.flat_sends.bytes_cross_domain += outside * bytes;
+                }
             }
         }
 
@@ -107,10 +111,12 @@ impl Traffic {
         let tensor = g.src.elements() * elem;
         for sshard in g.src_shards.values() {
             let bytes = sshard.region.volume() * elem;
-            if sshard.replicas.binary_search(&root).is_err() {
-                t.gather_broadcast.bytes_total += bytes;
-                if in_domain(&sshard.replicas, root / ds, ds).is_empty() {
-                    t.gather_broadcast.bytes_cross_domain += bytes;
+            for group in &sshard.groups {
+                if !holds(group, root) {
+                    t.gather_broadcast.bytes_total += bytes;
+                    if in_domain(group, root / ds, ds).is_empty() {
+                        t.gather_broadcast.bytes_cross_domain += bytes;
+                    }
                 }
             }
         }

@@ -16,7 +16,8 @@ pub enum ReadFrom {
     Dst,
 }
 
-/// One strided copy from one rank's buffer to another rank's destination buffer.
+/// One strided copy from one rank's buffer to another rank's destination buffer, or, from a
+/// `Partial` source, the sum of several ranks' partial sums of one box.
 ///
 /// The copy is a box of `shape.len()` dims, outer first: `shape[..n-1]` are loop extents and
 /// `shape[n-1]` is a contiguous run in bytes. Byte `b` of the run at loop index `i` is read at
@@ -27,6 +28,11 @@ pub enum ReadFrom {
 pub struct Transfer {
     /// The rank whose buffer is read.
     pub src: Rank,
+    /// Ranks whose buffers hold the other partial sums of the box (a `Partial` source; empty
+    /// otherwise): each is read at the same offsets and strides as `src`'s (they hold the same box),
+    /// and the destination gets the sum of `src`'s values and theirs, added in ascending rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partials: Vec<Rank>,
     /// The rank whose destination buffer is written. Equal to `src` for a local copy.
     pub dst: Rank,
     /// Which of `src`'s buffers is read.
@@ -50,9 +56,19 @@ pub struct Transfer {
 }
 
 impl Transfer {
-    /// Whether the copy stays on one rank.
+    /// Whether the copy stays on one rank (one source, the writer itself).
     pub fn is_local(&self) -> bool {
-        self.src == self.dst
+        self.src == self.dst && self.partials.is_empty()
+    }
+
+    /// Every rank read: `src`, then `partials`.
+    pub fn sources(&self) -> impl Iterator<Item = Rank> + '_ {
+        std::iter::once(self.src).chain(self.partials.iter().copied())
+    }
+
+    /// Whether the transfer sums partial sums (more than one source).
+    pub fn reduces(&self) -> bool {
+        !self.partials.is_empty()
     }
 
     /// Whether the copy is one contiguous run.

@@ -1,11 +1,11 @@
 //! The two usual workarounds, as programs the same engine runs, so a benchmark compares like with like.
 //! Their traffic is what [`super::Traffic`] counts for them.
 //!
-//! - [`flat_sends`]: every destination rank is sent its whole shard point to point, one send per
-//!   replica (no forwarding inside a domain, no reuse of bytes a rank holds as a source): a
+//! - [`flat_sends`]: every destination rank is sent its whole shard point to point (from a `Partial`
+//!   source, every partial sum of it, summed on arrival), one send per replica (no forwarding inside a domain, no reuse of bytes a rank holds as a source): a
 //!   [`ReshardPlan`] of one stage, lowered like any plan.
 //! - [`gather_broadcast`]: the source mesh's first rank gathers the whole tensor into its scratch
-//!   buffer, sends it whole to every other destination rank's scratch buffer, and every destination rank
+//!   buffer (summing the partial sums of a `Partial` source), sends it whole to every other destination rank's scratch buffer, and every destination rank
 //!   cuts its shard out of its copy: three stages, lowered directly (the scratch buffers are not part of
 //!   the plan model). Each scratch buffer holds the whole tensor.
 
@@ -27,25 +27,35 @@ pub fn flat_sends(plan: &ReshardPlan) -> ReshardPlan {
     let g = Geometry::new(plan.src_sharding().clone(), plan.dst_sharding().clone());
     let elem = plan.elem_bytes();
     let ds = plan.options().domain_size;
-    let mut cursors: HashMap<(u64, Option<u32>), usize> = HashMap::new();
+    let mut cursors: HashMap<(u64, usize, Option<u32>), usize> = HashMap::new();
     let mut transfers = Vec::new();
     for dshard in &g.dst_shards {
         for piece in g.pieces(&dshard.region) {
             let sshard = g.src_shard(piece.src_key);
             for &r in &dshard.replicas {
-                let local = in_domain(&sshard.replicas, r / ds, ds);
-                let (pool, key) = if local.is_empty() { (&sshard.replicas[..], None) } else { (local, Some(r / ds)) };
-                let others: Vec<Rank> = pool.iter().copied().filter(|&s| s != r).collect();
-                let src = if others.is_empty() {
-                    r
-                } else {
-                    let c = cursors.entry((piece.src_key, key)).or_insert(0);
-                    *c += 1;
-                    others[(*c - 1) % others.len()]
-                };
+                // One source per partial sum (one without `Partial` axes), summed in rank order.
+                let mut sources: Vec<Rank> = sshard
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .map(|(g, group)| {
+                        let local = in_domain(group, r / ds, ds);
+                        let (pool, key) = if local.is_empty() { (&group[..], None) } else { (local, Some(r / ds)) };
+                        let others: Vec<Rank> = pool.iter().copied().filter(|&s| s != r).collect();
+                        if others.is_empty() {
+                            return r;
+                        }
+                        let c = cursors.entry((piece.src_key, g, key)).or_insert(0);
+                        *c += 1;
+                        others[(*c - 1) % others.len()]
+                    })
+                    .collect();
+                sources.sort_unstable();
+                let partials = sources.split_off(1);
                 let b = boxed(&piece.region, &sshard.region, &dshard.region, elem);
                 transfers.push(Transfer {
-                    src,
+                    src: sources[0],
+                    partials,
                     dst: r,
                     read: ReadFrom::Src,
                     src_offset: b.src_offset,
@@ -83,6 +93,7 @@ pub fn gather_broadcast(plan: &ReshardPlan, opts: &LowerOptions) -> Result<Lower
         let b = boxed(piece, from, to, elem);
         BoxCopy {
             reader,
+            partials: Vec::new(),
             read_slot,
             writer,
             write_slot,
@@ -100,12 +111,21 @@ pub fn gather_broadcast(plan: &ReshardPlan, opts: &LowerOptions) -> Result<Lower
         .iter()
         .map(|key| {
             let s = &g.src_shards[key];
-            let reader = if holds(&s.replicas, root) {
-                root
-            } else {
-                *in_domain(&s.replicas, root / ds, ds).first().unwrap_or(&s.replicas[0])
-            };
-            copy(reader, slot::INPUT, root, slot::SCRATCH, &s.region, &s.region, &full)
+            // One replica of every partial sum (one without `Partial` axes), summed in rank order.
+            let mut readers: Vec<Rank> = s
+                .groups
+                .iter()
+                .map(|group| {
+                    if holds(group, root) {
+                        root
+                    } else {
+                        *in_domain(group, root / ds, ds).first().unwrap_or(&group[0])
+                    }
+                })
+                .collect();
+            readers.sort_unstable();
+            let partials = readers.split_off(1);
+            BoxCopy { partials, ..copy(readers[0], slot::INPUT, root, slot::SCRATCH, &s.region, &s.region, &full) }
         })
         .collect();
     let receivers: Vec<Rank> = g.dst.mesh().ranks().filter(|&r| r != root).collect();

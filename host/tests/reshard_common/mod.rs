@@ -214,3 +214,54 @@ pub fn region_elements(shape: &[u64], region: &Region) -> BTreeSet<u64> {
     }
     acc.into_iter().collect()
 }
+
+/// A random layout like [`layout_in`]'s whose mesh has at least one axis placed `Partial` (a source
+/// holding partial sums).
+fn partial_layout_in(rank: usize, world: u32) -> impl Strategy<Value = Layout> {
+    let axes = prop::collection::vec(1u32..=4, 1..=3)
+        .prop_filter("mesh too large", move |d| d.iter().product::<u32>() <= world);
+    axes.prop_flat_map(move |dims| {
+        let size: u32 = dims.iter().product();
+        let n = dims.len();
+        let placement = if rank == 0 {
+            prop_oneof![Just(Placement::Replicate), Just(Placement::Partial)].boxed()
+        } else {
+            prop_oneof![
+                Just(Placement::Replicate),
+                Just(Placement::Partial),
+                (0..rank as u32).prop_map(Placement::Shard)
+            ]
+            .boxed()
+        };
+        (Just(dims), 0u32..=world - size, prop::collection::vec(placement, n), 0..n)
+    })
+    .prop_map(|(dims, start, mut placements, forced)| {
+        placements[forced] = Placement::Partial;
+        Layout::new(Mesh::new(dims, start).expect("positive dims"), placements).expect("valid")
+    })
+}
+
+/// Random problems like [`problem_in`] whose source is partial (at least one `Partial` axis) and
+/// whose elements are `elem_bytes` wide.
+pub fn partial_problem_in(world: u32, elem_bytes: Vec<u64>) -> impl Strategy<Value = Problem> {
+    (0usize..=3)
+        .prop_flat_map(move |rank| {
+            let dim = prop_oneof![1 => Just(0u64), 12 => 1u64..=9];
+            (
+                prop::collection::vec(dim, rank),
+                prop::sample::select(elem_bytes.clone()),
+                partial_layout_in(rank, world),
+                layout_in(rank, world),
+                1u32..=8,
+                prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
+            )
+        })
+        .prop_map(|(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
+            shape,
+            elem_bytes,
+            src,
+            dst,
+            domain_size,
+            min_split_bytes,
+        })
+}
