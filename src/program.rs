@@ -26,6 +26,8 @@ pub(crate) struct PlanKey {
     /// Bytes per element, and the unit the copies move.
     pub(crate) elem_bytes: u64,
     pub(crate) dtype: DType,
+    /// How partial sums combine (a `Partial` source; `Sum` for copies).
+    pub(crate) op: crate::ReduceOp,
     pub(crate) src: Layout,
     pub(crate) dst: Layout,
     pub(crate) options: ReshardOptions,

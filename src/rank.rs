@@ -858,6 +858,32 @@ impl Comm {
         self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
     }
 
+    /// [`Comm::reshard`] from a source whose layout may place mesh axes `Partial`: this rank's
+    /// source holds its partial value of its box, and the destination gets the ranks' partial
+    /// values combined with `op` (as [`Communicator::reshard_reduce`]). Every rank calls it, with the
+    /// same arguments but its own buffers.
+    ///
+    /// Errors: as [`Comm::reshard`]; a destination placed `Partial` is [`Error::Reshard`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn reshard_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        src: Option<&S>,
+        dst: Option<&mut R>,
+        shape: &[u64],
+        src_layout: &Layout,
+        dst_layout: &Layout,
+        op: ReduceOp,
+        options: &ReshardOptions,
+    ) -> Result<()> {
+        self.usable()?;
+        self.one_node("reshard")?;
+        let mut srcs: Vec<Option<&S>> = vec![None; self.world()];
+        let mut dsts: Vec<Option<&mut R>> = (0..self.world()).map(|_| None).collect();
+        srcs[self.rank] = src;
+        dsts[self.rank] = dst;
+        self.inner.reshard_reduce(&srcs, &mut dsts, shape, src_layout, dst_layout, op, options)
+    }
+
     /// Elements per rank of an in-place buffer of `len` elements holding one block per rank.
     fn block(&self, len: usize, what: &'static str) -> Result<usize> {
         let p = self.world();

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::peer::Out;
 use crate::plain::{Plain, unit_bytes, unit_dtype};
 use crate::program::PlanKey;
-use crate::{DType, ReduceOp};
+use crate::{DType, Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use oxccl_host::reshard::{LowerOptions, LoweredReshard, check_same_tensor, lower, plan};
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, slot};
@@ -82,6 +82,7 @@ fn validate_driven(world: usize, drives: impl Fn(usize) -> bool, src: &Side<'_>,
         .validate_in_world(src.shape, w)
         .and_then(|()| src.layout.on(src.shape))
         .map_err(ReshardError::Src)?;
+    dst.layout.check_not_partial().map_err(ReshardError::Dst)?;
     let dst_sharding = dst
         .layout
         .validate_in_world(dst.shape, w)
@@ -147,6 +148,9 @@ impl Communicator {
     /// (`src` takes shared references and `dst` mutable ones so that one call can borrow some ranks'
     /// buffers and leave others out; `R: DevicePtr` too because a destination buffer is also read when
     /// its rank forwards it.)
+    ///
+    /// A source placed `Partial` holds partial sums, which a copy cannot combine: it is refused with
+    /// [`Error::Unsupported`] here; [`Communicator::reshard_reduce`] combines them.
     pub fn reshard<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         src: &[Option<&S>],
@@ -154,6 +158,57 @@ impl Communicator {
         shape: &[u64],
         src_layout: &Layout,
         dst_layout: &Layout,
+        options: &ReshardOptions,
+    ) -> Result<()> {
+        if src_layout.is_partial() {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "reshard from {src_layout}, whose ranks hold partial sums: reshard copies; \
+                     reshard_reduce combines partial sums (it takes an element type and an operator)"
+                ),
+            });
+        }
+        self.reshard_with(src, dst, shape, src_layout, dst_layout, (unit_dtype::<T>(), ReduceOp::Sum), options)
+    }
+
+    /// [`Communicator::reshard`] for a source whose layout may place mesh axes `Partial` (DTensor's
+    /// pending sum, for example a row-parallel layer's output): every rank along those axes holds a
+    /// partial value of its box, and the destination gets them combined with `op` (`Sum` for a
+    /// pending sum; `Avg` divides by their count; FP8 and integer types as in
+    /// [`Communicator::all_reduce`]), in ascending rank order, so the result is deterministic. The
+    /// bytes that cross links are a reduce-scatter's (to a sharded destination) or a reduce-scatter
+    /// and an all-gather's (to a replicated one): see `docs/RESHARD.md`. Without `Partial` axes it
+    /// is [`Communicator::reshard`].
+    ///
+    /// Errors: as [`Communicator::reshard`]; a destination placed `Partial` is
+    /// [`Error::Reshard`] (`Dst(PartialDestination)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reshard_reduce<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        src: &[Option<&S>],
+        dst: &mut [Option<&mut R>],
+        shape: &[u64],
+        src_layout: &Layout,
+        dst_layout: &Layout,
+        op: ReduceOp,
+        options: &ReshardOptions,
+    ) -> Result<()> {
+        // Copies move units; sums add elements.
+        let unit = if src_layout.is_partial() { (T::DTYPE, op) } else { (unit_dtype::<T>(), ReduceOp::Sum) };
+        self.reshard_with(src, dst, shape, src_layout, dst_layout, unit, options)
+    }
+
+    /// A reshard whose tasks run the kernel of `(dtype, op)`: the copy unit and `Sum` for copies, the
+    /// element type and the call's operator where partial sums are combined.
+    #[allow(clippy::too_many_arguments)]
+    fn reshard_with<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        src: &[Option<&S>],
+        dst: &mut [Option<&mut R>],
+        shape: &[u64],
+        src_layout: &Layout,
+        dst_layout: &Layout,
+        (dtype, op): (DType, ReduceOp),
         options: &ReshardOptions,
     ) -> Result<()> {
         self.check_usable()?;
@@ -182,7 +237,7 @@ impl Communicator {
         }
 
         // The program needs no address: it fails, if at all, before a guard is taken.
-        let prepared = self.reshard_program(shape, e as u64, unit_dtype::<T>(), src_layout, dst_layout, options)?;
+        let prepared = self.reshard_program(shape, e as u64, (dtype, op), src_layout, dst_layout, options)?;
 
         // cudarc's stream-ordering guards, on each rank's stream (see the collectives), kept until every
         // launch is queued; their addresses are the ones checked and used.
@@ -262,13 +317,13 @@ impl Communicator {
         launched.and(released)
     }
 
-    /// The reshard program for a call on `elem_bytes`-byte elements moved in units of `dtype`, built
-    /// on first use.
+    /// The reshard program for a call on `elem_bytes`-byte elements moved in units of `dtype` (whose
+    /// partial sums, if any, combine with `op`), built on first use.
     fn reshard_program(
         &self,
         shape: &[u64],
         elem_bytes: u64,
-        dtype: DType,
+        (dtype, op): (DType, ReduceOp),
         src: &Layout,
         dst: &Layout,
         options: &ReshardOptions,
@@ -278,6 +333,7 @@ impl Communicator {
             shape: shape.to_vec(),
             elem_bytes,
             dtype,
+            op,
             src: src.clone(),
             dst: dst.clone(),
             options: *options,
@@ -287,15 +343,21 @@ impl Communicator {
         let (prepared, _) = self.reshard_plans.get_or_build(key, || {
             let plan = plan(shape, elem_bytes, src, dst, options.plan)?;
             let opts =
-                LowerOptions { owner: options.owner, dtype: Some(dtype), ..LowerOptions::new(self.ranks(), ctas) };
+                LowerOptions { owner: options.owner, dtype: Some(dtype), op, ..LowerOptions::new(self.ranks(), ctas) };
             let lowered = lower(&plan, &opts)?;
             lowered.check_races()?;
             // A launch that cannot run is refused before the stages are uploaded and cached.
-            let launch = self.launch_spec_for(lowered.dtype, ReduceOp::Sum, 1, false)?;
-            self.check_resident(&launch, ctas, 1)?;
+            let launch = self.reshard_launch(&lowered)?;
+            self.check_resident(&launch, ctas, lowered.slots())?;
             Ok(Arc::new(Prepared { call_key: announced, ..self.prepare_reshard(lowered, ctas)? }))
         })?;
         Ok(prepared)
+    }
+
+    /// The launch of a lowered reshard: its unit's and operator's kernel, a pipeline stage holding
+    /// a slot per source its sums combine.
+    fn reshard_launch(&self, lowered: &LoweredReshard) -> Result<LaunchSpec> {
+        self.launch_spec_for(lowered.dtype, lowered.op, lowered.slots(), lowered.combines())
     }
 
     /// Uploads the stages of a lowered reshard program that have tasks: one this communicator's
@@ -318,11 +380,8 @@ impl Communicator {
     /// `prepared.lowered.buffer_bytes[r][s]` bytes wherever that is non-zero, alive and not used by other
     /// work until the launches complete.
     pub unsafe fn launch_prepared(&self, prepared: &Prepared, buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS]) -> Result<()> {
-        let launch = LaunchSpec {
-            call_key: prepared.call_key,
-            ..self.launch_spec_for(prepared.lowered.dtype, ReduceOp::Sum, 1, false)?
-        };
-        self.check_resident(&launch, prepared.ctas, 1)?;
+        let launch = LaunchSpec { call_key: prepared.call_key, ..self.reshard_launch(&prepared.lowered)? };
+        self.check_resident(&launch, prepared.ctas, prepared.lowered.slots())?;
         // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
         // Stream order runs a group's stages one after the other; across groups, a stage's start
         // barrier waits for every rank to have finished the previous stage. All stages are queued
@@ -550,5 +609,12 @@ mod tests {
         assert!(matches!(e, Error::Reshard(ReshardError::GlobalShapeMismatch { .. })));
         let e = validate(4, &side(&[4, 8], 4, &ok), &side(&[4, 8], 2, &ok)).unwrap_err();
         assert!(matches!(e, Error::Reshard(ReshardError::ElementSizeMismatch { src: 4, dst: 2 })));
+        // Partial sums are for sources: a destination holds values.
+        let partial = layout("4@0", "P");
+        let e = validate(4, &side(&[4, 8], 4, &ok), &side(&[4, 8], 4, &partial)).unwrap_err();
+        assert!(matches!(e, Error::Reshard(ReshardError::Dst(LayoutError::PartialDestination { axis: 0 }))));
+        // As a source it passes the layout checks (and reaches the buffers' own).
+        let e = validate(4, &side(&[4, 8], 4, &partial), &side(&[4, 8], 4, &ok)).unwrap_err();
+        assert!(matches!(e, Error::MissingBuffer { rank: 0, elements: 32, .. }), "{e}");
     }
 }

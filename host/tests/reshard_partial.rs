@@ -203,3 +203,39 @@ fn a_sum_missing_a_partial_sum_is_caught() {
     assert!(!r.is_exact());
     assert!(r.first.iter().all(|m| m.found == oxccl_host::reshard::Found::Other), "{r}");
 }
+
+#[test]
+fn partial_sums_combine_with_the_calls_operator() {
+    // Four ranks of partial values of a [4, 8] i32 tensor, to rows and to replicas, both routes.
+    for (dst, route) in [("S0", Route::Direct), ("S0", Route::Hierarchical), ("R", Route::Hierarchical)] {
+        let options = PlanOptions { route, domain_size: 8, min_split_bytes: 0 };
+        let p = plan(&[4, 8], 4, &layout("4", "P"), &layout("4", dst), options).unwrap();
+        let part = |r: i32, i: i32| (r * 37 + i * 11) % 23 - 11;
+        for (op, fold) in [
+            (oxccl_kernels::abi::RedOp::Max, (|a: i32, b: i32| a.max(b)) as fn(i32, i32) -> i32),
+            (oxccl_kernels::abi::RedOp::Avg, |a: i32, b: i32| a + b),
+        ] {
+            let opts = LowerOptions { dtype: Some(DType::I32), op, ..LowerOptions::new(4, 2) };
+            let l = lower(&p, &opts).unwrap();
+            let mut bufs = l.host_buffers();
+            for r in 0..4 {
+                bufs[r][slot::INPUT as usize] = (0..32).flat_map(|i| part(r as i32, i).to_le_bytes()).collect();
+            }
+            l.execute(&mut bufs).unwrap();
+            let whole: Vec<i32> = (0..32)
+                .map(|i| {
+                    let v = (1..4).fold(part(0, i), |acc, r| fold(acc, part(r, i)));
+                    if op == oxccl_kernels::abi::RedOp::Avg { v / 4 } else { v }
+                })
+                .collect();
+            for r in 0..4u32 {
+                let want = p.dst_sharding().local_shards(&whole).unwrap().remove(&r).unwrap();
+                let got: Vec<i32> = bufs[r as usize][slot::OUTPUT as usize]
+                    .chunks(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                assert_eq!(got, want, "{op:?} to {dst} ({route}), rank {r}");
+            }
+        }
+    }
+}

@@ -31,7 +31,8 @@ pub struct Args {
     /// Source mesh: `DIMSxDIMS@START` (`1x4@0`), a contiguous row-major rank range.
     #[arg(long)]
     pub src_mesh: String,
-    /// Source placements, one per source mesh axis: `R` or `S<dim>` (`R,S0`).
+    /// Source placements, one per source mesh axis: `R`, `S<dim>` or `P` (partial sums, added on the
+    /// way) (`R,S0`, `P,S1`).
     #[arg(long)]
     pub src: String,
     /// Destination mesh: `DIMSxDIMS@START` (`2x2@4`).
@@ -134,8 +135,11 @@ fn lower(plan: &reshard::ReshardPlan, args: &Args) -> Result<Lowering, Box<dyn s
     let last = |s: &reshard::Sharding| (s.mesh().start() + s.mesh().size()) as usize;
     let ranks = last(plan.src_sharding()).max(last(plan.dst_sharding()));
     let ctas = args.ctas.unwrap_or(DEFAULT_LOWER_CTAS);
+    // Sums of partial sums add elements of the type itself; copies pick their unit.
+    let dtype = if plan.src().is_partial() { Some(args.dtype.device()?) } else { None };
     let opts = reshard::LowerOptions {
         owner: args.owner.unwrap_or(CtaOwner::Reader),
+        dtype,
         ..reshard::LowerOptions::new(ranks, ctas)
     };
     let l = reshard::lower(plan, &opts).map_err(|e| match e {
@@ -171,19 +175,42 @@ fn print_lowered(plan: &reshard::ReshardPlan, lowering: &Lowering, args: &Args) 
     if args.verify {
         // Element i of the global tensor: bytes of i + 1 (never all zero, so unwritten bytes show).
         let e = plan.elem_bytes() as usize;
-        let n = plan.src_sharding().elements();
+        let src = plan.src_sharding();
+        let n = src.elements();
         let global: Vec<u64> = (0..n).collect();
         let bytes = |idx: &[u64]| -> Vec<u8> {
             idx.iter().flat_map(|&i| (0..e).map(move |k| ((i + 1) >> (8 * (k % 8))) as u8 ^ (k / 8) as u8)).collect()
         };
+        // Partial sums are added as numbers: element i is i % 4 + 1, held by partial sum i % k
+        // alone (the others hold 0), so every sum is exact in every type, and a partial sum
+        // missing (0) or added twice (double) shows.
+        let k = src.partial_sums();
+        let partial = |idx: &[u64], p: u64| -> Vec<u8> {
+            idx.iter().flat_map(|&i| small(args.dtype, if i % k == p { (i % 4 + 1) as u8 } else { 0 })).collect()
+        };
+        let summed =
+            |idx: &[u64]| -> Vec<u8> { idx.iter().flat_map(|&i| small(args.dtype, (i % 4 + 1) as u8)).collect() };
         let mut bufs = l.host_buffers();
-        for (r, idx) in plan.src_sharding().local_shards(&global)? {
-            bufs[r as usize][oxccl_kernels::abi::slot::INPUT as usize] = bytes(&idx);
+        let boxes = Layout::new(
+            src.mesh().clone(),
+            src.layout()
+                .placements()
+                .iter()
+                .map(|&p| if p == reshard::Placement::Partial { reshard::Placement::Replicate } else { p })
+                .collect(),
+        )?
+        .on(plan.shape())?;
+        for (r, idx) in boxes.local_shards(&global)? {
+            bufs[r as usize][oxccl_kernels::abi::slot::INPUT as usize] = match src.partial_index(r) {
+                Some(p) if k > 1 => partial(&idx, p),
+                _ => bytes(&idx),
+            };
         }
         l.execute(&mut bufs)?;
         let mut wrong = 0;
         for (r, idx) in plan.dst_sharding().local_shards(&global)? {
-            wrong += usize::from(bufs[r as usize][oxccl_kernels::abi::slot::OUTPUT as usize] != bytes(&idx));
+            let want = if k > 1 { summed(&idx) } else { bytes(&idx) };
+            wrong += usize::from(bufs[r as usize][oxccl_kernels::abi::slot::OUTPUT as usize] != want);
         }
         if wrong > 0 {
             return Err(super::WrongResult::boxed(format!(
@@ -253,4 +280,24 @@ fn print_text(plan: &reshard::ReshardPlan, args: &Args) {
         "  gather + broadcast      {:>14}  (cross-domain {})",
         t.gather_broadcast.bytes_total, t.gather_broadcast.bytes_cross_domain
     );
+}
+
+/// A small whole number (at most a few) as one element of `dtype`, exact in every type.
+fn small(dtype: super::Dtype, v: u8) -> Vec<u8> {
+    use super::Dtype as D;
+    let f = f32::from(v);
+    match dtype {
+        D::F64 => f64::from(f).to_le_bytes().to_vec(),
+        D::F32 => f.to_le_bytes().to_vec(),
+        D::F16 => oxccl::half::f16::from_f32(f).to_le_bytes().to_vec(),
+        D::Bf16 => oxccl::half::bf16::from_f32(f).to_le_bytes().to_vec(),
+        D::F8e4m3 => vec![oxccl::F8E4M3::from_f32(f).0],
+        D::F8e5m2 => vec![oxccl::F8E5M2::from_f32(f).0],
+        // Little-endian, positive: the same bytes signed or unsigned.
+        int => {
+            let mut b = vec![0u8; int.bytes() as usize];
+            b[0] = v;
+            b
+        }
+    }
 }

@@ -119,6 +119,10 @@ pub struct LowerOptions {
     pub owner: CtaOwner,
     /// The copy unit (see the module documentation); `None` picks one from the element size.
     pub dtype: Option<DType>,
+    /// How a transfer from a `Partial` source combines the partial sums (`Sum` by default: DTensor's
+    /// pending sum; `Avg` divides by their count). Every task carries it: the engine's kernel is
+    /// chosen by (unit, operator), and copies ignore it.
+    pub op: RedOp,
     /// Most tasks one stage may have: at most [`LowerOptions::MAX_TASKS_LIMIT`], what the
     /// descriptors' 32-bit task indices reach.
     pub max_tasks: u64,
@@ -134,7 +138,7 @@ impl LowerOptions {
 
     /// `ranks` ranks, `ctas` CTAs per rank, reader-owned copies, the unit from the element size.
     pub fn new(ranks: usize, ctas: u32) -> Self {
-        Self { ranks, ctas, owner: CtaOwner::Reader, dtype: None, max_tasks: Self::MAX_TASKS }
+        Self { ranks, ctas, owner: CtaOwner::Reader, dtype: None, op: RedOp::Sum, max_tasks: Self::MAX_TASKS }
     }
 }
 
@@ -264,6 +268,8 @@ pub struct LoweredReshard {
     pub stages: Vec<Lowered>,
     /// The copy unit of every task (the kernel's dtype).
     pub dtype: DType,
+    /// The operator of every task (the kernel's; only sums of partial sums apply it).
+    pub op: RedOp,
     /// `buffer_bytes[rank][slot]`: the size each buffer must have (0: unused).
     pub buffer_bytes: Vec<[u64; BUFFER_SLOTS]>,
 }
@@ -289,6 +295,16 @@ impl LoweredReshard {
     /// Tasks of every stage.
     pub fn task_count(&self) -> usize {
         self.stages.iter().map(|l| l.tasks.len()).sum()
+    }
+
+    /// Shared-memory slots per pipeline stage the TMA mover needs: the most sources a task combines.
+    pub fn slots(&self) -> u32 {
+        self.stages.iter().map(|l| l.slots).max().unwrap_or(1)
+    }
+
+    /// Whether a task combines several sources (the CTAs then need more than one warp).
+    pub fn combines(&self) -> bool {
+        self.stages.iter().any(|l| l.combines)
     }
 
     /// Tasks per stage.
@@ -587,7 +603,7 @@ pub(crate) fn lower_copies(
         lowered::validate(&l, &buffer_bytes, &[]).map_err(|error| LowerError::Invalid { stage: s, error })?;
         out.push(l);
     }
-    Ok(LoweredReshard { stages: out, dtype, buffer_bytes })
+    Ok(LoweredReshard { stages: out, dtype, op: opts.op, buffer_bytes })
 }
 
 /// Unrolls a box's loops into its contiguous runs, in row-major order. Errors when a run's offset or
@@ -674,11 +690,12 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
     let task = |r: &Run| Task {
         kind: TaskKind::Move.raw(),
         dtype: dtype.raw(),
-        op: RedOp::Sum.raw(),
+        op: opts.op.raw(),
         src_slot: r.read_slot,
         dst_slot: r.write_slot,
         flags: 0,
-        divisor: 0,
+        // An average of partial sums divides by their count.
+        divisor: if opts.op == RedOp::Avg && r.also != 0 { 1 + r.also.count_ones() as u16 } else { 0 },
         src_ranks: 1 << r.reader | r.also,
         dst_ranks: 1 << r.writer,
         src_offset: r.src_offset,

@@ -23,16 +23,17 @@ fn box_text(t: &Transfer) -> String {
 
 impl fmt::Display for Transfer {
     /// One line: `0 -> 4 read src@0 write @32 32B box 32B region [1..2, 0..8]`, with strides when the
-    /// box has loops.
+    /// box has loops; a sum of partial sums names every source, `0+1 -> 4 …`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let read = match self.read {
             ReadFrom::Src => "src",
             ReadFrom::Dst => "dst",
         };
+        let sources: Vec<String> = self.sources().map(|r| r.to_string()).collect();
         write!(
             f,
             "{} -> {} read {read}@{} write @{} {}B box {}",
-            self.src,
+            sources.join("+"),
             self.dst,
             self.src_offset,
             self.dst_offset,
@@ -106,6 +107,9 @@ pub struct TransferRow {
     pub stage: usize,
     /// The rank whose buffer is read.
     pub src: Rank,
+    /// The other ranks read and summed with `src` (a `Partial` source); absent for a copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partials: Vec<Rank>,
     /// The rank whose destination buffer is written.
     pub dst: Rank,
     /// Which of `src`'s buffers is read.
@@ -208,6 +212,7 @@ impl PlanReport {
                 TransferRow {
                     stage,
                     src: tr.src,
+                    partials: tr.partials.clone(),
                     dst: tr.dst,
                     read: tr.read,
                     src_offset: tr.src_offset,
