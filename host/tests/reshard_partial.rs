@@ -218,8 +218,8 @@ fn partial_sums_combine_with_the_calls_operator() {
             let opts = LowerOptions { dtype: Some(DType::I32), op, ..LowerOptions::new(4, 2) };
             let l = lower(&p, &opts).unwrap();
             let mut bufs = l.host_buffers();
-            for r in 0..4 {
-                bufs[r][slot::INPUT as usize] = (0..32).flat_map(|i| part(r as i32, i).to_le_bytes()).collect();
+            for (r, b) in bufs.iter_mut().enumerate() {
+                b[slot::INPUT as usize] = (0..32).flat_map(|i| part(r as i32, i).to_le_bytes()).collect();
             }
             l.execute(&mut bufs).unwrap();
             let whole: Vec<i32> = (0..32)
