@@ -226,6 +226,12 @@ done
 snap plan-ring-instances-4 gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan --algo ring-allreduce --topo 1x8 --instances 4 --instance-channels separate -b 64M -e 1G -f 4 -n 10 -w 3 --json
 # Reshard
 snap reshard gpu "$X" bench reshard -n 5 -w 1 --json
+# From partial sums (a row-parallel layer's output, 128 MiB bf16 on 8 ranks) to rows and to
+# replicas, beside the collectives moving the same bytes.
+snap reshard-partial-rows gpu "$X" bench reshard --shape 8192,8192 -d bf16 --src-mesh 8@0 --src P --dst-mesh 8@0 --dst S0 -n 10 -w 2 --json
+snap reshard-partial-replicas gpu "$X" bench reshard --shape 8192,8192 -d bf16 --src-mesh 8@0 --src P --dst-mesh 8@0 --dst R -n 10 -w 2 --json
+snap reshard-partial-collectives gpu "$X" bench reduce-scatter --ranks 8 -d bf16 -b 128M -e 128M -n 10 -w 2 --json
+snap reshard-partial-allreduce gpu "$X" bench all-reduce --ranks 8 -d bf16 -b 128M -e 128M -n 10 -w 2 --json
 # Overlap with compute: every CTA budget with the default shapes and with small ones
 CUBLAS_LIBS=$(cublas_path)
 for c in 1 2 4 8 16; do

@@ -1933,6 +1933,26 @@ fn reshard_pattern(i: u64, elem: usize) -> u64 {
 
 /// Rank `rank`'s shard of the pattern tensor under `sharding`, as bytes.
 fn reshard_shard(sharding: &oxccl_host::reshard::Sharding, rank: u32, elem: usize) -> Vec<u8> {
+    reshard_shard_with(sharding, rank, elem, |i| reshard_pattern(i, elem).to_le_bytes())
+}
+
+/// The element of a tensor of partial sums (`k` of them) the benchmark gives global index `i`:
+/// `i % 4 + 1`, held by partial sum `i % k` alone (the others hold 0), so that the sum is exact
+/// in every type and a partial sum missed or added twice shows; `p`: which partial sum, `None`
+/// for the sum.
+fn reshard_partial(dtype: DType, i: u64, k: u64, p: Option<u64>) -> Enc {
+    let v = (i % 4 + 1) as i32;
+    enc(dtype, if p.is_none_or(|p| i % k == p) { v } else { 0 })
+}
+
+/// Rank `rank`'s box under `sharding`, element `i` of the global tensor given as `f(i)`'s first
+/// `elem` bytes.
+fn reshard_shard_with(
+    sharding: &oxccl_host::reshard::Sharding,
+    rank: u32,
+    elem: usize,
+    f: impl Fn(u64) -> [u8; 8],
+) -> Vec<u8> {
     let Some(region) = sharding.local_region(rank) else { return Vec::new() };
     if region.is_empty() {
         return Vec::new();
@@ -1951,7 +1971,7 @@ fn reshard_shard(sharding: &oxccl_host::reshard::Sharding, rank: u32, elem: usiz
             rest /= region.extent[d];
         }
         for i in at..at + run {
-            out.extend_from_slice(&reshard_pattern(i, elem).to_le_bytes()[..elem]);
+            out.extend_from_slice(&f(i)[..elem]);
         }
     }
     out
@@ -1978,7 +1998,8 @@ fn busiest_link(loads: &Loads, nvlink_gbps: f64, cross_gbps: f64) -> (f64, Strin
 }
 
 /// Runs the reshard benchmark on virtual ranks of `stream`'s GPU: the plan through
-/// [`Communicator::reshard`], and the two workarounds (flat sends, gather + broadcast) lowered to the same
+/// [`Communicator::reshard`] ([`Communicator::reshard_reduce`] with `Sum` from a `Partial`
+/// source), and the two workarounds (flat sends, gather + broadcast) lowered to the same
 /// engine, each checked once (untimed) and timed, `on_row` called as each is
 /// ([`ReshardBench::PROGRAMS`] rows). Returns (memcpy GB/s read + written, rows).
 pub fn reshard_bench(
@@ -2032,12 +2053,25 @@ pub fn reshard_bench(
         });
     }
     let (src_sh, dst_sh) = (plan.src_sharding(), plan.dst_sharding());
+    // A source of partial sums holds numbers whose sum is exact; copies move the pattern.
+    let k = src_sh.partial_sums();
+    let source = |r: u32| match src_sh.partial_index(r) {
+        Some(p) if k > 1 => reshard_shard_with(src_sh, r, e, |i| reshard_partial(b.dtype, i, k, Some(p))),
+        _ => reshard_shard(src_sh, r, e),
+    };
+    let wanted = |r: u32| {
+        if k > 1 {
+            reshard_shard_with(dst_sh, r, e, |i| reshard_partial(b.dtype, i, k, None))
+        } else {
+            reshard_shard(dst_sh, r, e)
+        }
+    };
     let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
     let mut bufs: Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]> = Vec::new();
     for (r, need) in need.iter().enumerate().take(b.ranks) {
         let mut row: [Option<CudaSlice<u8>>; BUFFER_SLOTS] = Default::default();
         if src_sh.mesh().contains(r as u32) {
-            let data = reshard_shard(src_sh, r as u32, e);
+            let data = source(r as u32);
             row[slot::INPUT as usize] = Some(if data.is_empty() {
                 alloc(0)?
             } else {
@@ -2096,7 +2130,7 @@ pub fn reshard_bench(
             comm.synchronize()?;
             let mut wrong = 0u64;
             for r in dst_sh.mesh().ranks() {
-                let want = reshard_shard(dst_sh, r, e);
+                let want = wanted(r);
                 let out = bufs[r as usize][slot::OUTPUT as usize].as_ref().expect("destination ranks have buffers");
                 let got = stream.clone_dtoh(out).map_err(Error::driver("cuMemcpyDtoH"))?;
                 wrong += got[..want.len()].chunks(e).zip(want.chunks(e)).filter(|(a, b)| a != b).count() as u64;
@@ -2159,7 +2193,11 @@ fn reshard_call(
             }
             let src: Vec<Option<&CudaView<$t>>> = src.iter().map(Option::as_ref).collect();
             let mut dst: Vec<Option<&mut CudaViewMut<$t>>> = dst.iter_mut().map(Option::as_mut).collect();
-            comm.reshard(&src, &mut dst, &b.shape, &b.src, &b.dst, &b.options)
+            if b.src.is_partial() {
+                comm.reshard_reduce(&src, &mut dst, &b.shape, &b.src, &b.dst, ReduceOp::Sum, &b.options)
+            } else {
+                comm.reshard(&src, &mut dst, &b.shape, &b.src, &b.dst, &b.options)
+            }
         }};
     }
     oxccl::with_element!(b.dtype, |T| go!(T))
@@ -2770,6 +2808,28 @@ mod tests {
 #[cfg(test)]
 mod reshard_tests {
     use super::*;
+
+    #[test]
+    fn partial_sums_add_up_exactly_in_every_type() {
+        for &dtype in DType::ALL {
+            for k in [2u64, 3, 8, 16] {
+                for i in 0..64 {
+                    let e = dtype.size();
+                    let mut acc = reshard_partial(dtype, i, k, Some(0))[..e].to_vec();
+                    for p in 1..k {
+                        oxccl::host::lowered::combine_into(
+                            dtype,
+                            ReduceOp::Sum,
+                            &mut acc,
+                            &reshard_partial(dtype, i, k, Some(p))[..e],
+                        );
+                    }
+                    assert_eq!(acc, reshard_partial(dtype, i, k, None)[..e], "{dtype:?} k {k} element {i}");
+                    assert_ne!(acc, vec![0; e], "a sum is never 0, so unwritten elements show");
+                }
+            }
+        }
+    }
 
     #[test]
     fn reshard_shards_are_cut_from_the_pattern_tensor() {

@@ -21,7 +21,7 @@ pub struct ReshardArgs {
     /// Source mesh (`DIMSxDIMS@START`).
     #[arg(long, default_value = "8@0")]
     pub src_mesh: String,
-    /// Source placements (`S0`, `R,S1`, ...).
+    /// Source placements (`S0`, `R,S1`, `P,S1` with partial sums added on the way, ...).
     #[arg(long, default_value = "S0")]
     pub src: String,
     /// Destination mesh.
