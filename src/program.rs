@@ -6,7 +6,12 @@ use crate::config::ReshardOptions;
 use crate::engine::DeviceProgram;
 use cudarc::driver::CudaEvent;
 use oxccl_host::lowered::Lowered;
-use oxccl_host::reshard::{Layout, LoweredReshard};
+use crate::Communicator;
+use crate::engine::LaunchSpec;
+use crate::error::Result;
+use oxccl_host::lowered::Staged;
+use oxccl_host::reshard::Layout;
+use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS};
 use oxccl_kernels::abi::DType;
 
 /// A lowered program uploaded for every launch group of a communicator (each group's slice of the
@@ -34,10 +39,11 @@ pub(crate) struct PlanKey {
     pub(crate) ctas: u32,
 }
 
-/// A lowered reshard program uploaded for every launch group ([`crate::Communicator::prepare_reshard`]).
+/// A staged program uploaded for every launch group ([`crate::Communicator::prepare_staged`]): a
+/// reshard, or a transfer program lowered level by level.
 pub struct Prepared {
-    /// The lowered program (stages, copy unit, buffer sizes).
-    pub lowered: LoweredReshard,
+    /// The lowered program (stages, unit and operator, buffer sizes).
+    pub lowered: Staged,
     /// CTAs per rank.
     pub ctas: u32,
     /// The stages that have tasks, in launch order.
@@ -47,4 +53,43 @@ pub struct Prepared {
     /// reshard and a collective) stop at the start barrier with [`crate::Error::CallMismatch`]; 0 (not
     /// compared) for programs built otherwise.
     pub(crate) call_key: u32,
+}
+
+impl Communicator {
+    /// The launch of a staged program: its unit's and operator's kernel, a pipeline stage holding
+    /// a slot per source its tasks combine.
+    pub(crate) fn staged_launch(&self, lowered: &Staged) -> Result<LaunchSpec> {
+        self.launch_spec_for(lowered.dtype, lowered.op, lowered.slots(), lowered.combines())
+    }
+
+    /// Uploads the stages of a staged program that have tasks, to run with
+    /// [`Communicator::launch_prepared`]: a reshard this communicator's planner made, another (the
+    /// workarounds of `oxccl_host::reshard::workaround`), or a transfer program lowered level by
+    /// level (`oxccl_host::compile::direct`). Its ranks are the communicator's and its CTAs per
+    /// rank `ctas`.
+    pub fn prepare_staged(&self, lowered: Staged, ctas: u32) -> Result<Prepared> {
+        let stages = lowered
+            .stages
+            .iter()
+            .filter(|l| !l.tasks.is_empty())
+            .map(|l| self.upload(l.clone(), ctas))
+            .collect::<Result<_>>()?;
+        Ok(Prepared { lowered, ctas, stages, call_key: 0 })
+    }
+
+    /// Launches the stages of `prepared` in order on every group, its program's buffers given by address.
+    ///
+    /// # Safety
+    /// `buffers[r][s]` addresses, on rank `r`'s device, a buffer of at least
+    /// `prepared.lowered.buffer_bytes[r][s]` bytes wherever that is non-zero, alive and not used by other
+    /// work until the launches complete.
+    pub unsafe fn launch_prepared(&self, prepared: &Prepared, buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS]) -> Result<()> {
+        let launch = LaunchSpec { call_key: prepared.call_key, ..self.staged_launch(&prepared.lowered)? };
+        self.check_resident(&launch, prepared.ctas, prepared.lowered.slots())?;
+        // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
+        // Stream order runs a group's stages one after the other; across groups, a stage's start
+        // barrier waits for every rank to have finished the previous stage. All stages are queued
+        // under one lock: no other call's launch, nor a reset, comes between them.
+        unsafe { self.launch_uploaded(&prepared.stages, &launch, buffers) }
+    }
 }

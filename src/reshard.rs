@@ -12,14 +12,13 @@
 //! around the launches. See `docs/RESHARD.md`.
 
 use crate::comm::{Communicator, Holders, Range, call_key, check_aligned, check_disjoint, ordinal_of};
-use crate::engine::LaunchSpec;
 use crate::error::{Error, Result};
 use crate::peer::Out;
 use crate::plain::{Plain, unit_bytes, unit_dtype};
 use crate::program::PlanKey;
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use oxccl_host::reshard::{LowerOptions, LoweredReshard, check_same_tensor, lower, plan};
+use oxccl_host::reshard::{LowerOptions, check_same_tensor, lower, plan};
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, slot};
 use std::sync::Arc;
 
@@ -345,48 +344,13 @@ impl Communicator {
             let opts =
                 LowerOptions { owner: options.owner, dtype: Some(dtype), op, ..LowerOptions::new(self.ranks(), ctas) };
             let lowered = lower(&plan, &opts)?;
-            lowered.check_races()?;
+            lowered.check_races().map_err(LowerError::from)?;
             // A launch that cannot run is refused before the stages are uploaded and cached.
-            let launch = self.reshard_launch(&lowered)?;
+            let launch = self.staged_launch(&lowered)?;
             self.check_resident(&launch, ctas, lowered.slots())?;
-            Ok(Arc::new(Prepared { call_key: announced, ..self.prepare_reshard(lowered, ctas)? }))
+            Ok(Arc::new(Prepared { call_key: announced, ..self.prepare_staged(lowered, ctas)? }))
         })?;
         Ok(prepared)
-    }
-
-    /// The launch of a lowered reshard: its unit's and operator's kernel, a pipeline stage holding
-    /// a slot per source its sums combine.
-    fn reshard_launch(&self, lowered: &LoweredReshard) -> Result<LaunchSpec> {
-        self.launch_spec_for(lowered.dtype, lowered.op, lowered.slots(), lowered.combines())
-    }
-
-    /// Uploads the stages of a lowered reshard program that have tasks: one this communicator's
-    /// planner made, or another (the workarounds of `oxccl_host::reshard::workaround`), to run with
-    /// [`Communicator::launch_prepared`].
-    pub fn prepare_reshard(&self, lowered: LoweredReshard, ctas: u32) -> Result<Prepared> {
-        let stages = lowered
-            .stages
-            .iter()
-            .filter(|l| !l.tasks.is_empty())
-            .map(|l| self.upload(l.clone(), ctas))
-            .collect::<Result<_>>()?;
-        Ok(Prepared { lowered, ctas, stages, call_key: 0 })
-    }
-
-    /// Launches the stages of `prepared` in order on every group, its program's buffers given by address.
-    ///
-    /// # Safety
-    /// `buffers[r][s]` addresses, on rank `r`'s device, a buffer of at least
-    /// `prepared.lowered.buffer_bytes[r][s]` bytes wherever that is non-zero, alive and not used by other
-    /// work until the launches complete.
-    pub unsafe fn launch_prepared(&self, prepared: &Prepared, buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS]) -> Result<()> {
-        let launch = LaunchSpec { call_key: prepared.call_key, ..self.reshard_launch(&prepared.lowered)? };
-        self.check_resident(&launch, prepared.ctas, prepared.lowered.slots())?;
-        // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
-        // Stream order runs a group's stages one after the other; across groups, a stage's start
-        // barrier waits for every rank to have finished the previous stage. All stages are queued
-        // under one lock: no other call's launch, nor a reset, comes between them.
-        unsafe { self.launch_uploaded(&prepared.stages, &launch, buffers) }
     }
 }
 

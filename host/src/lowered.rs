@@ -9,7 +9,10 @@ use oxccl_kernels::abi::{
     BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, PAIR_CTAS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
     barrier_slot_fits, tma_can_reduce,
 };
+use oxccl_kernels::abi::slot;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::ops::Bound::Excluded;
 
 /// A lowered program: CTA programs, their tasks, and what the launch needs.
@@ -570,5 +573,176 @@ pub fn tma_slots(t: &Task, bulk_reduce: bool) -> u32 {
         (Some(TaskKind::ReduceInto), Some(d), Some(o)) if bulk_reduce && tma_can_reduce(d, o) => 1,
         (Some(TaskKind::ReduceInto), _, _) => sources + 1,
         _ => sources,
+    }
+}
+
+/// A stage of a [`Staged`] program that failed a check.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stage {stage}: {error}")]
+pub struct StageError {
+    /// The stage.
+    pub stage: usize,
+    /// What its check found.
+    #[source]
+    pub error: LoweredError,
+}
+
+/// A program of several launches run in order, each a [`Lowered`] (stream order, and each launch's
+/// start barrier, separate them): a reshard's stages ([`crate::reshard::lower()`]), a transfer
+/// program's levels ([`crate::compile::direct`]). One kernel runs every stage: the unit's and the
+/// operator's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Staged {
+    /// The programs, in launch order (a stage may be empty: it need not be launched).
+    pub stages: Vec<Lowered>,
+    /// The element type (or copy unit) of every task: the kernel's.
+    pub dtype: DType,
+    /// The operator of every task: the kernel's (copies ignore it).
+    pub op: RedOp,
+    /// `buffer_bytes[rank][slot]`: the size each buffer must have (0: unused).
+    pub buffer_bytes: Vec<[u64; BUFFER_SLOTS]>,
+}
+
+/// Bytes a lowered program copies, per rank and over the whole program.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Loads {
+    /// Bytes copied from one rank's buffer into another rank's buffer.
+    pub between_ranks: u64,
+    /// Bytes copied inside one rank.
+    pub local: u64,
+    /// Per rank, bytes it sends to other ranks (all stages).
+    pub sent: Vec<u64>,
+    /// Per rank, bytes it receives from other ranks.
+    pub received: Vec<u64>,
+    /// Per rank, the part of `sent` that leaves its domain.
+    pub sent_cross_domain: Vec<u64>,
+    /// Per rank, the part of `received` that comes from outside its domain.
+    pub received_cross_domain: Vec<u64>,
+}
+
+impl Staged {
+    /// Tasks of every stage.
+    pub fn task_count(&self) -> usize {
+        self.stages.iter().map(|l| l.tasks.len()).sum()
+    }
+
+    /// Shared-memory slots per pipeline stage the TMA mover needs: the most sources a task combines.
+    pub fn slots(&self) -> u32 {
+        self.stages.iter().map(|l| l.slots).max().unwrap_or(1)
+    }
+
+    /// Whether a task combines several sources (the CTAs then need more than one warp).
+    pub fn combines(&self) -> bool {
+        self.stages.iter().any(|l| l.combines)
+    }
+
+    /// Tasks per stage.
+    pub fn tasks_per_stage(&self) -> Vec<usize> {
+        self.stages.iter().map(|l| l.tasks.len()).collect()
+    }
+
+    /// Proves that no two CTAs of a stage touch a byte one of them writes.
+    pub fn check_races(&self) -> Result<(), StageError> {
+        for (stage, l) in self.stages.iter().enumerate() {
+            check_races(l, &[]).map_err(|error| StageError { stage, error })?;
+        }
+        Ok(())
+    }
+
+    /// Zeroed host buffers of the sizes the program needs.
+    pub fn host_buffers(&self) -> HostBuffers {
+        self.buffer_bytes.iter().map(|b| std::array::from_fn(|s| vec![0u8; b[s] as usize])).collect()
+    }
+
+    /// Runs every stage in order on host buffers with the engine's semantics ([`execute`], which
+    /// also checks bounds and races). Returns the stage that failed.
+    pub fn execute(&self, bufs: &mut HostBuffers) -> Result<(), StageError> {
+        for (stage, l) in self.stages.iter().enumerate() {
+            execute(l, bufs, &[]).map_err(|error| StageError { stage, error })?;
+        }
+        Ok(())
+    }
+
+    /// Bytes copied, per rank and in all, with `domain_size` ranks per NVLink domain.
+    pub fn loads(&self, domain_size: u32) -> Loads {
+        let n = self.buffer_bytes.len();
+        let ds = domain_size.max(1) as usize;
+        let mut loads = Loads {
+            sent: vec![0; n],
+            received: vec![0; n],
+            sent_cross_domain: vec![0; n],
+            received_cross_domain: vec![0; n],
+            ..Loads::default()
+        };
+        // The stages are public fields: a task naming no source rank, or ranks past the buffers,
+        // is left out rather than indexed, and the sums saturate.
+        for t in self.stages.iter().flat_map(|l| &l.tasks) {
+            for (s, d) in (0..n.min(32))
+                .filter(|s| t.src_ranks & (1 << s) != 0)
+                .flat_map(|s| (0..n.min(32)).filter(|d| t.dst_ranks & (1 << d) != 0).map(move |d| (s, d)))
+            {
+                if d == s {
+                    loads.local = loads.local.saturating_add(t.bytes);
+                    continue;
+                }
+                loads.between_ranks = loads.between_ranks.saturating_add(t.bytes);
+                loads.sent[s] = loads.sent[s].saturating_add(t.bytes);
+                loads.received[d] = loads.received[d].saturating_add(t.bytes);
+                if s / ds != d / ds {
+                    loads.sent_cross_domain[s] = loads.sent_cross_domain[s].saturating_add(t.bytes);
+                    loads.received_cross_domain[d] = loads.received_cross_domain[d].saturating_add(t.bytes);
+                }
+            }
+        }
+        loads
+    }
+}
+
+fn slot_name(s: u8) -> &'static str {
+    match s {
+        slot::INPUT => "in",
+        slot::OUTPUT => "out",
+        slot::SCRATCH => "scratch",
+        _ => "scratch2",
+    }
+}
+
+impl fmt::Display for Staged {
+    /// The stable text form: a header, then per stage every non-empty CTA and its tasks,
+    /// `move 0:in@0 -> 4:out@32 32B`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ctas = self.stages.first().map_or(0, |l| l.programs.len() / l.ranks.max(1));
+        writeln!(
+            f,
+            "lowered: unit {:?}, {} ranks, {ctas} CTAs per rank, {} stages, {} tasks",
+            self.dtype,
+            self.buffer_bytes.len(),
+            self.stages.len(),
+            self.task_count()
+        )?;
+        for (s, l) in self.stages.iter().enumerate() {
+            writeln!(f, "stage {s}: {} tasks", l.tasks.len())?;
+            for p in l.programs.iter().filter(|p| p.task_count > 0) {
+                writeln!(f, "  cta {}.{}", p.rank, p.cta)?;
+                for t in &l.tasks[p.first_task as usize..(p.first_task + p.task_count) as usize] {
+                    let ranks = |mask: u32, sep: &str| {
+                        let r: Vec<String> = (0..32).filter(|d| mask & (1 << d) != 0).map(|d| d.to_string()).collect();
+                        r.join(sep)
+                    };
+                    writeln!(
+                        f,
+                        "    move {}:{}@{} -> {}:{}@{} {}B",
+                        ranks(t.src_ranks, "+"),
+                        slot_name(t.src_slot),
+                        t.src_offset,
+                        ranks(t.dst_ranks, ","),
+                        slot_name(t.dst_slot),
+                        t.dst_offset,
+                        t.bytes
+                    )?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -194,7 +194,7 @@ fn tp4_to_tp2xdp2_text_form() {
             .unwrap();
     let l = lower(&p, &LowerOptions::new(8, 1)).unwrap();
     let want = "\
-lowered reshard: unit F32, 8 ranks, 1 CTAs per rank, 2 stages, 8 tasks
+lowered: unit F32, 8 ranks, 1 CTAs per rank, 2 stages, 8 tasks
 stage 0: 4 tasks
   cta 0.0
     move 0:in@0 -> 4:out@0 32B
@@ -218,7 +218,7 @@ stage 1: 4 tasks
     // Writers own the copies instead; two CTAs per rank split each 32-byte run at a 16-byte boundary.
     let l = lower(&p, &LowerOptions { owner: CtaOwner::Writer, ..LowerOptions::new(8, 2) }).unwrap();
     let want = "\
-lowered reshard: unit F32, 8 ranks, 2 CTAs per rank, 2 stages, 16 tasks
+lowered: unit F32, 8 ranks, 2 CTAs per rank, 2 stages, 16 tasks
 stage 0: 8 tasks
   cta 4.0
     move 0:in@0 -> 4:out@0 16B

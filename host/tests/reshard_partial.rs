@@ -163,7 +163,7 @@ fn summing_plans_have_a_text_form() {
     let l = lower(&p, &LowerOptions { dtype: Some(DType::F32), ..LowerOptions::new(2, 1) }).unwrap();
     assert_eq!(
         l.to_string(),
-        "lowered reshard: unit F32, 2 ranks, 1 CTAs per rank, 2 stages, 2 tasks\n\
+        "lowered: unit F32, 2 ranks, 1 CTAs per rank, 2 stages, 2 tasks\n\
          stage 0: 2 tasks\n  cta 0.0\n    move 0+1:in@0 -> 0:out@0 16B\n  cta 1.0\n    move 0+1:in@16 -> 1:out@0 16B\n\
          stage 1: 0 tasks\n"
     );

@@ -2109,7 +2109,7 @@ pub fn reshard_bench(
         let cross: u64 = loads.sent_cross_domain.iter().sum();
         let launches = lowered.stages.iter().filter(|l| !l.tasks.is_empty()).count();
         let tasks = lowered.task_count();
-        let prepared = if name == "plan" { None } else { Some(comm.prepare_reshard(lowered, ctas)?) };
+        let prepared = if name == "plan" { None } else { Some(comm.prepare_staged(lowered, ctas)?) };
         let run = |bufs: &mut Vec<[Option<CudaSlice<u8>>; BUFFER_SLOTS]>| -> Result<()> {
             match &prepared {
                 // SAFETY: `table` holds buffers of at least `buffer_bytes` for every (rank, slot) of every

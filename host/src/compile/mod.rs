@@ -52,6 +52,7 @@
 pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
 
 pub mod deps;
+pub mod direct;
 pub mod lower;
 pub mod memory;
 pub mod plan;

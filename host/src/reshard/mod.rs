@@ -40,7 +40,8 @@ pub use exec::{
     verify, verify_with_limit,
 };
 pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
-pub use lower::{CtaOwner, Loads, LowerError, LowerOptions, LoweredReshard, lower};
+pub use crate::lowered::Loads;
+pub use lower::{CtaOwner, LowerError, LowerOptions, LoweredReshard, lower};
 pub use plan::{
     MAX_TRANSFERS, PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan,
 };

@@ -1,0 +1,290 @@
+//! The direct lowering: a [`Program`] run by the collective engine's walker (the T-CCL and reshard
+//! descriptors, [`Lowered`]) instead of the FIFO plan walker, for ranks whose buffers every rank can
+//! address (one GPU, peer access, IPC).
+//!
+//! # Levels
+//!
+//! Every op gets a *level*: one past the highest level of the ops before it (in the program's
+//! sequential order) that write a chunk it reads or writes, or read a chunk it writes. Chunks are
+//! resolved to each rank's storage ([`Layout::resolve`]), so in-place aliases conflict as one
+//! location. Ops of one level then touch no chunk another op of the level writes, so they may run
+//! at once, and running the levels in order gives the sequential semantics. Each level becomes one
+//! launch ([`Lowered`]): its ops are tasks that move data straight between the ranks' buffers (a
+//! transfer is a copy, or for `rrc` a reduction, from the sender's buffer into the receiver's), and
+//! stream order with the launches' start barriers separates the levels, as it separates a
+//! reshard's stages. A ring AllReduce on `n` ranks has `2(n - 1)` levels; a direct one `n` (the
+//! `n - 1` reductions into one chunk write it in turn, in the program's order, so floats round as
+//! the program's CPU executor rounds them).
+//!
+//! # Buffers
+//!
+//! Out of place, a rank's input is [`slot::INPUT`], its output [`slot::OUTPUT`], its scratch
+//! [`slot::SCRATCH`]. In place the user's one buffer (the larger of input and output) is
+//! `OUTPUT`, and the input and output are where [`Layout::buffer_base`] puts them in it. Chunk `c`
+//! of a buffer starts at byte `c × chunk_bytes`.
+//!
+//! # Tasks and CTAs
+//!
+//! A transfer `recv` or a local `copy` is a `Move`; `rrc` and a local `reduce` are a `ReduceInto`
+//! (`dst = dst ⊕ src`). The receiving rank's CTAs run a transfer (it pulls, and reduces locally, as
+//! T-CCL's shard-in does). Each rank's tasks of a level are cut into [`DirectOptions::ctas`] spans
+//! of nearly equal bytes, split on 16-byte boundaries. `Avg` is refused: dividing needs to know
+//! which reduction of a chunk is its last, which the program does not say.
+
+use crate::lowered::{self, Lowered, LoweredError, Staged};
+use crate::program::{BufferKind, Layout, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, slot};
+
+/// How to lower a program directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectOptions {
+    /// Bytes per chunk: a positive multiple of 16 (the bulk copies' alignment).
+    pub chunk_bytes: u64,
+    /// The element type of the reductions (copies move bytes whatever it is).
+    pub dtype: DType,
+    /// The reduction operator (any but `Avg`).
+    pub op: RedOp,
+    /// CTAs per rank, `1..=MAX_CTAS_PER_RANK`.
+    pub ctas: u32,
+    /// Most tasks one level may have.
+    pub max_tasks: u64,
+}
+
+impl DirectOptions {
+    /// `chunk_bytes` per chunk, `ctas` CTAs per rank, summing `dtype`, at most 4 Mi tasks a level.
+    pub fn new(chunk_bytes: u64, dtype: DType, ctas: u32) -> Self {
+        Self { chunk_bytes, dtype, op: RedOp::Sum, ctas, max_tasks: 1 << 22 }
+    }
+}
+
+/// Why a program cannot be lowered directly. Every variant names what was wrong.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectError {
+    /// The program does not verify.
+    #[error("the program: {0}")]
+    Program(#[source] ProgramError),
+    /// More ranks than one launch addresses.
+    #[error("{ranks} ranks: one launch addresses at most {max}")]
+    Ranks {
+        /// The program's ranks.
+        ranks: u32,
+        /// [`MAX_RANKS`].
+        max: usize,
+    },
+    /// A bad option.
+    #[error("{field}: {why}")]
+    Options {
+        /// The option.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A buffer or a level past what the descriptors hold.
+    #[error("{what} is too large for the direct lowering")]
+    TooLarge {
+        /// What.
+        what: String,
+    },
+    /// A level failed validation (a bug in the lowering, reported rather than launched).
+    #[error("level {level}: {error}")]
+    Invalid {
+        /// The level.
+        level: usize,
+        /// What validation found.
+        #[source]
+        error: LoweredError,
+    },
+}
+
+/// Where chunk 0 of `buffer` of `rank` is: (slot, byte offset).
+fn place(l: &Layout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u8, u64) {
+    match (l.in_place, buffer) {
+        (_, BufferKind::Scratch) => (slot::SCRATCH, 0),
+        (false, BufferKind::Input) => (slot::INPUT, 0),
+        (false, BufferKind::Output) => (slot::OUTPUT, 0),
+        (true, b) => (slot::OUTPUT, u64::from(l.buffer_base(rank, b)) * chunk_bytes),
+    }
+}
+
+/// Lowers `program` level by level (see the module documentation).
+/// The result is one stage per level ([`Staged::stages`]).
+pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, DirectError> {
+    program.verify().map_err(DirectError::Program)?;
+    let l = &program.layout;
+    let n = l.ranks as usize;
+    if n > MAX_RANKS {
+        return Err(DirectError::Ranks { ranks: l.ranks, max: MAX_RANKS });
+    }
+    let bad = |field, why: &str| Err(DirectError::Options { field, why: why.into() });
+    if opts.chunk_bytes == 0 || !opts.chunk_bytes.is_multiple_of(16) {
+        return bad("chunk_bytes", "must be a positive multiple of 16");
+    }
+    if opts.ctas == 0 || opts.ctas as usize > MAX_CTAS_PER_RANK {
+        return bad("ctas", "must be 1..=256");
+    }
+    if opts.op == RedOp::Avg && program.ops.iter().any(|op| op.reduces()) {
+        return bad("op", "Avg needs to know which reduction of a chunk is its last; the program does not say");
+    }
+    let cb = opts.chunk_bytes;
+    let bytes = |chunks: u32| {
+        u64::from(chunks).checked_mul(cb).ok_or_else(|| DirectError::TooLarge { what: format!("{chunks} chunks") })
+    };
+    let mut buffer_bytes = Vec::with_capacity(n);
+    for r in 0..l.ranks {
+        let mut b = [0u64; BUFFER_SLOTS];
+        if l.in_place {
+            b[slot::OUTPUT as usize] = bytes(l.input_chunks().max(l.output_chunks()))?;
+        } else {
+            b[slot::INPUT as usize] = bytes(l.input_chunks())?;
+            b[slot::OUTPUT as usize] = bytes(l.output_chunks())?;
+        }
+        b[slot::SCRATCH as usize] = bytes(l.scratch[r as usize])?;
+        buffer_bytes.push(b);
+    }
+
+    // The level of every op, from the last level to write and to read each storage chunk.
+    let base: Vec<usize> = (0..l.ranks)
+        .scan(0usize, |at, r| {
+            let b = *at;
+            *at += l.storage_chunks(Rank(r)) as usize;
+            Some(b)
+        })
+        .collect();
+    let total = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as usize).sum::<usize>();
+    let mut last_write: Vec<i64> = Vec::new();
+    let mut last_read: Vec<i64> = Vec::new();
+    for v in [&mut last_write, &mut last_read] {
+        v.try_reserve_exact(total).map_err(|_| DirectError::TooLarge { what: format!("{total} chunk locations") })?;
+        v.resize(total, -1);
+    }
+    let range = |rank: Rank, s: Slice| {
+        // Verified programs' slices resolve.
+        let first = l.resolve(rank, s).expect("a verified program's slices resolve") as usize;
+        base[rank.index()] + first..base[rank.index()] + first + s.count as usize
+    };
+    let mut levels: Vec<Vec<Task>> = Vec::new();
+    let mut owners: Vec<Vec<usize>> = Vec::new();
+    for op in &program.ops {
+        let (reads, writes) = (range(op.src_rank(), op.src()), range(op.dst_rank(), op.dst()));
+        let mut level = 0i64;
+        for i in reads.clone() {
+            level = level.max(last_write[i] + 1);
+        }
+        for i in writes.clone() {
+            level = level.max(last_write[i] + 1).max(last_read[i] + 1);
+        }
+        for i in reads {
+            last_read[i] = last_read[i].max(level);
+        }
+        for i in writes {
+            last_write[i] = level;
+            if op.reduces() {
+                last_read[i] = last_read[i].max(level);
+            }
+        }
+        let level = level as usize;
+        if levels.len() <= level {
+            levels.resize_with(level + 1, Vec::new);
+            owners.resize_with(level + 1, Vec::new);
+        }
+        let (src_rank, dst_rank) = (op.src_rank(), op.dst_rank());
+        let (src_slot, src_base) = place(l, src_rank, op.src().buffer, cb);
+        let (dst_slot, dst_base) = place(l, dst_rank, op.dst().buffer, cb);
+        let reduce = matches!(op.kind, OpKind::Reduce { .. } | OpKind::Transfer { op: RecvOp::RecvReduceCopy, .. });
+        let kind = if reduce { TaskKind::ReduceInto } else { TaskKind::Move };
+        levels[level].push(Task {
+            kind: kind.raw(),
+            dtype: opts.dtype.raw(),
+            op: opts.op.raw(),
+            src_slot,
+            dst_slot,
+            flags: 0,
+            divisor: 0,
+            src_ranks: 1 << src_rank.0,
+            dst_ranks: 1 << dst_rank.0,
+            src_offset: src_base + u64::from(op.src().offset) * cb,
+            dst_offset: dst_base + u64::from(op.dst().offset) * cb,
+            bytes: u64::from(op.src().count) * cb,
+        });
+        owners[level].push(dst_rank.index());
+    }
+
+    let mut out = Vec::with_capacity(levels.len());
+    for (level, (tasks, owner)) in levels.into_iter().zip(owners).enumerate() {
+        let lowered = distribute(tasks, &owner, n, opts)?;
+        if lowered.tasks.len() as u64 > opts.max_tasks {
+            return Err(DirectError::TooLarge {
+                what: format!("level {level}: {} tasks (limit {})", lowered.tasks.len(), opts.max_tasks),
+            });
+        }
+        lowered::validate(&lowered, &buffer_bytes, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        lowered::check_races(&lowered, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        out.push(lowered);
+    }
+    Ok(Staged { stages: out, dtype: opts.dtype, op: opts.op, buffer_bytes })
+}
+
+/// One level's tasks given to their owners' CTAs: each rank's tasks cut into `ctas` spans of nearly
+/// equal bytes (a task crossing a boundary split at a 16-byte multiple), every rank `ctas` CTAs,
+/// rank-major, each meeting every rank at its barriers.
+fn distribute(tasks: Vec<Task>, owner: &[usize], n: usize, opts: &DirectOptions) -> Result<Lowered, DirectError> {
+    let c = opts.ctas as usize;
+    let mut per_rank: Vec<Vec<Task>> = vec![Vec::new(); n];
+    for (t, &o) in tasks.into_iter().zip(owner) {
+        per_rank[o].push(t);
+    }
+    let all: u32 = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+    let mut programs = Vec::with_capacity(n * c);
+    let mut out: Vec<Task> = Vec::new();
+    let mut slots = 1;
+    let mut combines = false;
+    for (rank, list) in per_rank.iter().enumerate() {
+        let total: u64 = list.iter().map(|t| t.bytes).sum();
+        let (mut k, mut pos) = (0usize, 0u64);
+        let mut spans: Vec<Vec<Task>> = vec![Vec::new(); c];
+        for &t in list {
+            let mut t = t;
+            loop {
+                let end = (u128::from(total) * (k as u128 + 1) / c as u128) as u64;
+                if k + 1 >= c || pos + t.bytes <= end {
+                    pos += t.bytes;
+                    spans[k].push(t);
+                    break;
+                }
+                let cut = (end - pos.min(end)) & !15;
+                if cut > 0 {
+                    spans[k].push(Task { bytes: cut, ..t });
+                    t.src_offset += cut;
+                    t.dst_offset += cut;
+                    t.bytes -= cut;
+                    pos += cut;
+                }
+                k += 1;
+            }
+        }
+        for (cta, span) in spans.into_iter().enumerate() {
+            let first = u32::try_from(out.len())
+                .map_err(|_| DirectError::TooLarge { what: "a level's task array".into() })?;
+            for t in &span {
+                if t.kind == TaskKind::ReduceInto.raw() {
+                    // Accumulator and operand combined in registers, through a slot each.
+                    slots = slots.max(lowered::tma_slots(t, false));
+                    combines = true;
+                }
+            }
+            programs.push(TbProgram {
+                rank: rank as u32,
+                cta: cta as u32,
+                first_task: first,
+                task_count: span.len() as u32,
+                barrier_ranks: if n > 1 { all } else { 0 },
+                table: 0,
+                key: 0,
+                reserved: 0,
+            });
+            out.extend(span);
+        }
+    }
+    Ok(Lowered { programs, tasks: out, ranks: n, slots, combines })
+}
