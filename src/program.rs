@@ -2,17 +2,17 @@
 //! ([`Uploaded`], the collectives' plans and each reshard stage), and a reshard's uploaded stages
 //! with the key they are cached by.
 
+use crate::Communicator;
 use crate::config::ReshardOptions;
 use crate::engine::DeviceProgram;
-use cudarc::driver::CudaEvent;
-use oxccl_host::lowered::Lowered;
-use crate::Communicator;
 use crate::engine::LaunchSpec;
 use crate::error::Result;
+use cudarc::driver::CudaEvent;
+use oxccl_host::lowered::Lowered;
 use oxccl_host::lowered::Staged;
 use oxccl_host::reshard::Layout;
-use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS};
 use oxccl_kernels::abi::DType;
+use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS};
 
 /// A lowered program uploaded for every launch group of a communicator (each group's slice of the
 /// programs, all the tasks).

@@ -14,7 +14,7 @@
 use crate::comm::{Communicator, Holders, Range, call_key, check_aligned, check_disjoint, ordinal_of};
 use crate::error::{Error, Result};
 use crate::peer::Out;
-use crate::plain::{Plain, unit_bytes, unit_dtype};
+use crate::plain::{Plain, unit_dtype};
 use crate::program::PlanKey;
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -174,10 +174,10 @@ impl Communicator {
     /// pending sum, for example a row-parallel layer's output): every rank along those axes holds a
     /// partial value of its box, and the destination gets them combined with `op` (`Sum` for a
     /// pending sum; `Avg` divides by their count; FP8 and integer types as in
-    /// [`Communicator::all_reduce`]), in ascending rank order, so the result is deterministic. The
-    /// bytes that cross links are a reduce-scatter's (to a sharded destination) or a reduce-scatter
-    /// and an all-gather's (to a replicated one): see `docs/RESHARD.md`. Without `Partial` axes it
-    /// is [`Communicator::reshard`].
+    /// [`Communicator::all_reduce`]), every destination adding them in the same order, so replicas
+    /// hold the same bits. Within one NVLink domain the hierarchical route moves a reduce-scatter's
+    /// bytes (to a sharded destination) or a reduce-scatter and an all-gather's (to a replicated
+    /// one): see `docs/RESHARD.md`. Without `Partial` axes it is [`Communicator::reshard`].
     ///
     /// Errors: as [`Communicator::reshard`]; a destination placed `Partial` is
     /// [`Error::Reshard`] (`Dst(PartialDestination)`).
@@ -250,7 +250,7 @@ impl Communicator {
                 let len = b.len();
                 let (ptr, guard) = b.device_ptr_mut(self.rank_stream(r));
                 guards.push(guard);
-                check_aligned(ptr, r, "reshard destination buffer", unit_bytes::<T>())?;
+                check_aligned(ptr, r, "reshard destination buffer", dtype.size())?;
                 let (start, end, device) = (ptr, ptr + (len * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: true, buffer: "destination buffer" });
                 outs.push((r, ptr, len * e));
@@ -260,7 +260,7 @@ impl Communicator {
             if let Some(b) = b {
                 let (ptr, guard) = b.device_ptr(self.rank_stream(r));
                 guards.push(guard);
-                check_aligned(ptr, r, "reshard source buffer", unit_bytes::<T>())?;
+                check_aligned(ptr, r, "reshard source buffer", dtype.size())?;
                 let (start, end, device) = (ptr, ptr + (b.len() * e) as u64, self.rank_device(r));
                 ranges.push(Range { start, end, rank: r, device, writes: false, buffer: "source buffer" });
                 ins.push((r, ptr, b.len() * e));

@@ -5,11 +5,11 @@
 //! GPU against), and [`check_races`] proves the CTAs of a program never touch a byte another CTA writes,
 //! which is what makes running CTAs one after another on the CPU equal to running them concurrently.
 
+use oxccl_kernels::abi::slot;
 use oxccl_kernels::abi::{
     BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, PAIR_CTAS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram,
     barrier_slot_fits, tma_can_reduce,
 };
-use oxccl_kernels::abi::slot;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -6,9 +6,9 @@
 mod common;
 
 use oxccl_host::compile::direct::{DirectError, DirectOptions, lower_direct};
-use oxccl_host::lowered::Staged;
 use oxccl_host::exec::reference::reference;
 use oxccl_host::exec::{ReduceOp, test_inputs};
+use oxccl_host::lowered::Staged;
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::{BufferKind, Collective, Program, Rank, msccl};
 use oxccl_kernels::abi::{DType, slot};

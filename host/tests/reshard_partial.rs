@@ -75,7 +75,10 @@ fn check(p: &Problem, route: Route) -> Result<(), TestCaseError> {
     // Every summing transfer reads one replica of every partial sum.
     let sums = plan.src_sharding().partial_sums() as usize;
     for (_, tr) in plan.transfers().filter(|(_, tr)| tr.reduces()) {
-        prop_assert_eq!(tr.sources().count(), sums);
+        // Ascending ranks holding partial sums 0, 1, ...: every sum adds them in one order.
+        let indices: Vec<u64> = tr.sources().map(|r| plan.src_sharding().partial_index(r).unwrap()).collect();
+        prop_assert_eq!(indices, (0..sums as u64).collect::<Vec<_>>());
+        prop_assert!(tr.sources().collect::<Vec<_>>().windows(2).all(|w| w[0] < w[1]));
     }
     if p.elem_bytes != 4 {
         return Ok(());
@@ -238,4 +241,58 @@ fn partial_sums_combine_with_the_calls_operator() {
             }
         }
     }
+}
+
+/// Every replica of a destination sums the partial sums in one order (each sum reads one set of
+/// them, ascending by partial index), so float sums are the same bits on every replica, whichever
+/// axis is partial, on both routes.
+#[test]
+fn replicas_hold_the_same_float_sum() {
+    for (mesh, placements) in [("2x3", "R,P"), ("3x2", "P,R"), ("2x2x2", "R,P,P")] {
+        for (route, ds) in [(Route::Direct, 8), (Route::Hierarchical, 2), (Route::Hierarchical, 8)] {
+            let src = layout(mesh, placements);
+            let n = src.mesh().size();
+            let options = PlanOptions { route, domain_size: ds, min_split_bytes: 0 };
+            let p = plan(&[4], 4, &src, &layout(&n.to_string(), "R"), options).unwrap();
+            let l = lower(&p, &LowerOptions { dtype: Some(DType::F32), ..LowerOptions::new(n as usize, 1) }).unwrap();
+            let mut bufs = l.host_buffers();
+            let sharding = p.src_sharding();
+            for r in 0..n {
+                // Values whose f32 sum depends on the order: 1e8, -1e8 and 1 by partial index.
+                let v = [1e8f32, -1e8, 1.0, 3.0][sharding.partial_index(r).unwrap() as usize];
+                bufs[r as usize][slot::INPUT as usize] = (0..4).flat_map(|_| v.to_le_bytes()).collect();
+            }
+            l.execute(&mut bufs).unwrap();
+            let first = bufs[0][slot::OUTPUT as usize].clone();
+            for (r, b) in bufs.iter().enumerate().skip(1) {
+                assert_eq!(b[slot::OUTPUT as usize], first, "{mesh} {placements} {route} domains of {ds}: rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sizes_count_every_partial_sum() {
+    // Traffic figures count each partial sum: refused before they could wrap.
+    let e = plan(&[1 << 61], 1, &layout("8", "P"), &layout("1@8", "R"), PlanOptions::new(Route::Direct, 8));
+    assert!(matches!(e, Err(ReshardError::TensorTooLarge { .. })), "{e:?}");
+    // A plan's size counts every rank a sum reads: 1024 sums of 16384 partial sums are too many.
+    let e = plan(&[1024], 4, &layout("16384", "P"), &layout("1024@16384", "S0"), PlanOptions::default());
+    assert!(matches!(e, Err(ReshardError::TooManyTransfers { .. })), "{e:?}");
+    // A partial axis of one rank holds the value: nothing to sum.
+    assert!(!layout("1x4", "P,S0").is_partial());
+    let p = plan(&[8], 4, &layout("1x4", "P,S0"), &layout("4", "R"), PlanOptions::default()).unwrap();
+    assert!(p.transfers().all(|(_, t)| !t.reduces()));
+    assert!(lower(&p, &LowerOptions::new(4, 1)).is_ok(), "copies pick their unit");
+}
+
+#[test]
+fn hand_made_sums_are_checked_when_lowered() {
+    let p = plan(&[4, 8], 4, &layout("2", "P"), &layout("2", "S0"), PlanOptions::new(Route::Direct, 8)).unwrap();
+    let opts = LowerOptions { dtype: Some(DType::F32), ..LowerOptions::new(2, 1) };
+    let mut twice = p.stages().to_vec();
+    let src = twice[0].transfers[0].src;
+    twice[0].transfers[0].partials.push(src);
+    let e = lower(&p.with_stages(twice), &opts).unwrap_err();
+    assert!(matches!(e, LowerError::MalformedTransfer { why: "a sum names a rank twice", .. }), "{e}");
 }

@@ -264,8 +264,8 @@ fn distribute(tasks: Vec<Task>, owner: &[usize], n: usize, opts: &DirectOptions)
             }
         }
         for (cta, span) in spans.into_iter().enumerate() {
-            let first = u32::try_from(out.len())
-                .map_err(|_| DirectError::TooLarge { what: "a level's task array".into() })?;
+            let first =
+                u32::try_from(out.len()).map_err(|_| DirectError::TooLarge { what: "a level's task array".into() })?;
             for t in &span {
                 if t.kind == TaskKind::ReduceInto.raw() {
                     // Accumulator and operand combined in registers, through a slot each.

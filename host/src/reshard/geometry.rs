@@ -10,18 +10,34 @@ use std::collections::HashMap;
 /// A distinct source box and the ranks holding it, ascending. Where the source layout has
 /// `Partial` axes, the ranks hold partial sums of the box: `groups` splits them by partial index
 /// (each group's ranks hold the same values, replicas of one partial sum), and the box's values are
-/// the sum over the groups. Without `Partial` axes there is one group, equal to `replicas`.
+/// the sum over the groups; `sets` splits them by replica index
+/// ([`super::layout::Sharding::replica_index`]): each set holds every partial sum once, ascending
+/// by partial index, and a sum reads one whole set, so every destination adds the partial sums in
+/// the same order (float sums are then the same bits on every replica). Without `Partial` axes
+/// there is one group, equal to `replicas`, and every set is one rank.
 #[derive(Clone, Debug)]
 pub(crate) struct SrcShard {
     pub region: Region,
     pub replicas: Vec<Rank>,
     pub groups: Vec<Vec<Rank>>,
+    pub sets: Vec<Vec<Rank>>,
 }
 
 impl SrcShard {
     /// Whether the box is held as several partial sums.
     pub fn is_partial(&self) -> bool {
         self.groups.len() > 1
+    }
+
+    /// The sets a sum for `rank` may read, best first by where they are: `rank`'s own set where it
+    /// holds one; else the sets with the most ranks in `rank`'s domain (of `ds` ranks).
+    pub fn nearest_sets(&self, rank: Rank, ds: u32) -> Vec<&[Rank]> {
+        if let Some(own) = self.sets.iter().find(|s| holds(s, rank)) {
+            return vec![own];
+        }
+        let near = |s: &[Rank]| s.iter().filter(|&&q| q / ds == rank / ds).count();
+        let best = self.sets.iter().map(|s| near(s)).max().unwrap_or(0);
+        self.sets.iter().filter(|s| near(s) == best).map(Vec::as_slice).collect()
     }
 }
 
@@ -82,8 +98,9 @@ impl Geometry {
         }
 
         let mut geometry = Self { src, dst, parts, radix, src_shards: HashMap::new(), dst_shards: Vec::new() };
-        // Per box, its ranks by partial index (one index without `Partial` axes).
+        // Per box, its ranks by partial index and by replica index.
         let mut groups: HashMap<u64, std::collections::BTreeMap<u64, Vec<Rank>>> = HashMap::new();
+        let mut sets: HashMap<u64, std::collections::BTreeMap<u64, Vec<Rank>>> = HashMap::new();
         for (rank, region) in src_regions {
             if region.is_empty() {
                 continue;
@@ -91,16 +108,25 @@ impl Geometry {
             let key = geometry.key_of(&region);
             let index = geometry.src.partial_index(rank).unwrap_or(0);
             groups.entry(key).or_default().entry(index).or_default().push(rank);
+            let replica = geometry.src.replica_index(rank).unwrap_or(0);
+            sets.entry(key).or_default().entry(replica).or_default().push(rank);
             geometry
                 .src_shards
                 .entry(key)
-                .or_insert_with(|| SrcShard { region, replicas: Vec::new(), groups: Vec::new() })
+                .or_insert_with(|| SrcShard { region, replicas: Vec::new(), groups: Vec::new(), sets: Vec::new() })
                 .replicas
                 .push(rank);
         }
         for (key, by_index) in groups {
             if let Some(shard) = geometry.src_shards.get_mut(&key) {
                 shard.groups = by_index.into_values().collect();
+            }
+        }
+        for (key, by_index) in sets {
+            if let Some(shard) = geometry.src_shards.get_mut(&key) {
+                // Ranks were pushed ascending; sets ordered by their first rank.
+                shard.sets = by_index.into_values().collect();
+                shard.sets.sort_unstable_by_key(|s| s[0]);
             }
         }
 

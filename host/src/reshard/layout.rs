@@ -342,9 +342,17 @@ impl Layout {
         Ok(Self { mesh, placements })
     }
 
-    /// Whether some mesh axis is placed `Partial` (the ranks hold partial sums).
+    /// Whether the ranks hold partial sums: some mesh axis of more than one rank is placed
+    /// `Partial` (one of a single rank holds the whole value).
     pub fn is_partial(&self) -> bool {
-        self.placements.contains(&Placement::Partial)
+        self.partial_sums() > 1
+    }
+
+    /// How many partial sums make up the tensor: the product of the sizes of the axes placed
+    /// `Partial` (1 without any).
+    pub fn partial_sums(&self) -> u64 {
+        let axes = self.placements.iter().zip(&self.mesh.dims);
+        axes.filter(|(p, _)| **p == Placement::Partial).map(|(_, &d)| u64::from(d)).product()
     }
 
     /// Errors with [`LayoutError::PartialDestination`] naming the first axis placed `Partial`: for a
@@ -561,11 +569,25 @@ impl Sharding {
         Some(index)
     }
 
-    /// How many partial sums make up the tensor: the product of the sizes of the axes placed
-    /// `Partial` (1 without any).
+    /// How many partial sums make up the tensor ([`Layout::partial_sums`]).
     pub fn partial_sums(&self) -> u64 {
-        let axes = self.layout.placements.iter().zip(&self.layout.mesh.dims);
-        axes.filter(|(p, _)| **p == Placement::Partial).map(|(_, &d)| u64::from(d)).product()
+        self.layout.partial_sums()
+    }
+
+    /// Which copy of its box's partial sums `rank` belongs to: its coordinates along the axes
+    /// placed `Replicate`, as one row-major index; `None` outside the mesh. The ranks holding one
+    /// box with one such index hold every partial sum once, in ascending rank order by partial
+    /// index (the mesh is numbered row-major), so a sum over them adds the partial sums in one order
+    /// whoever reads them.
+    pub fn replica_index(&self, rank: Rank) -> Option<u64> {
+        let coords = self.layout.mesh.coords(rank)?;
+        let mut index = 0u64;
+        for (axis, p) in self.layout.placements.iter().enumerate() {
+            if *p == Placement::Replicate {
+                index = index * u64::from(self.layout.mesh.dims[axis]) + u64::from(coords[axis]);
+            }
+        }
+        Some(index)
     }
 
     /// The shape of `rank`'s local buffer, or `None` outside the mesh.

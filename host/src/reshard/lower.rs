@@ -326,6 +326,17 @@ pub fn lower(plan: &ReshardPlan, opts: &LowerOptions) -> Result<LoweredReshard, 
                 }
                 ReadFrom::Dst => slot::OUTPUT,
             };
+            if t.reduces() {
+                let malformed = |why| LowerError::MalformedTransfer { stage: s, index: i, why };
+                if t.read != ReadFrom::Src {
+                    return Err(malformed("a sum reads partial sums, which are source buffers"));
+                }
+                let mut sources: Vec<Rank> = t.sources().collect();
+                sources.sort_unstable();
+                if sources.windows(2).any(|w| w[0] == w[1]) {
+                    return Err(malformed("a sum names a rank twice"));
+                }
+            }
             copies.push(BoxCopy {
                 reader: t.src,
                 partials: t.partials.clone(),

@@ -35,12 +35,12 @@ pub mod traffic;
 mod transfer;
 pub mod workaround;
 
+pub use crate::lowered::Loads;
 pub use exec::{
     Buffers, ExecError, Found, Mismatch, VerifyReport, execute, execute_bytes, execute_elements, execute_summing,
     verify, verify_with_limit,
 };
 pub use layout::{Layout, LayoutError, Mesh, Placement, Rank, Region, Sharding, chunk, parse_placements};
-pub use crate::lowered::Loads;
 pub use lower::{CtaOwner, LowerError, LowerOptions, LoweredReshard, lower};
 pub use plan::{
     MAX_TRANSFERS, PlanOptions, ReadFrom, ReshardError, ReshardPlan, Route, Stage, Transfer, check_same_tensor, plan,

@@ -94,8 +94,9 @@ pub enum ReshardError {
     },
 }
 
-/// The most copies (over both stages) a reshard plan may hold: each is a record of its region and
-/// strides (a few hundred bytes), so a plan stays within a few hundred megabytes. Two meshes of a
+/// The most copies (over both stages) a reshard plan may hold, a sum of `k` partial sums counting as
+/// `k`: each is a record of its region and strides (a few hundred bytes), so a plan stays within a
+/// few hundred megabytes. Two meshes of a
 /// thousand ranks, each sharding the tensor along another dimension, need about a million.
 pub const MAX_TRANSFERS: usize = 1 << 20;
 
@@ -302,10 +303,12 @@ pub fn plan(
     }
     // Traffic figures count up to one copy of the tensor per destination rank plus one (the gather):
     // all of them fit in a u64 when this does.
+    // A partial source counts each of its partial sums.
     src_sharding
         .elements()
         .checked_mul(elem_bytes)
         .and_then(|bytes| bytes.checked_mul(u64::from(dst_sharding.mesh().size()) + 1))
+        .and_then(|bytes| bytes.checked_mul(src_sharding.partial_sums()))
         .ok_or_else(|| ReshardError::TensorTooLarge { shape: shape.to_vec(), elem_bytes })?;
 
     let geometry = Geometry::new(src_sharding, dst_sharding);
@@ -323,10 +326,8 @@ struct Cursors {
     in_domain: HashMap<(u64, u32), usize>,
     /// Receiving leaders of a destination shard inside one domain.
     leader: HashMap<(usize, u32), usize>,
-    /// Pool of all replicas of one partial sum (group) of a source shard.
-    partial: HashMap<(u64, usize), usize>,
-    /// Pool of the replicas of one partial sum of a source shard inside one domain.
-    partial_in_domain: HashMap<(u64, usize, u32), usize>,
+    /// The sets of partial sums of a source shard nearest one domain.
+    sets: HashMap<(u64, u32), usize>,
 }
 
 fn next<K: std::hash::Hash + Eq>(cursors: &mut HashMap<K, usize>, key: K, pool: &[Rank]) -> Rank {
@@ -341,6 +342,8 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
     let mut stage0 = Vec::new();
     let mut stage1 = Vec::new();
     let mut cursors = Cursors::default();
+    // Sources of summing transfers past their first: a plan's size counts every rank it reads.
+    let mut extra = 0usize;
     for (di, dshard) in g.dst_shards.iter().enumerate() {
         let d = &dshard.region;
         for piece in g.pieces(d) {
@@ -369,47 +372,37 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
             // Destination replicas are ascending, so each domain's members are one run.
             for members in dshard.replicas.chunk_by(|x, y| x / ds == y / ds) {
                 // Counted as they grow (below, per forwarded part too: a run of k members can add k²).
-                if stage0.len() + stage1.len() > MAX_TRANSFERS {
+                if stage0.len() + stage1.len() + extra > MAX_TRANSFERS {
                     return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
                 }
                 let domain = members[0] / ds;
                 if sshard.is_partial() {
                     // No rank holds the piece's values: every member needs them. Each delivery sums
-                    // one replica of every partial sum, the receiver's own where it holds one, else one
-                    // inside its domain, else any (round robin over each pool).
+                    // one set of the partial sums (every partial sum once, ascending, so that every
+                    // replica adds them in one order): the receiver's own where it holds one, else
+                    // one of those with the most ranks in its domain (round robin).
+                    let sources = sshard.groups.len();
                     let summed = |cursors: &mut Cursors, r: Rank, region: &Region| {
-                        let mut sources: Vec<Rank> = sshard
-                            .groups
-                            .iter()
-                            .enumerate()
-                            .map(|(g, group)| {
-                                let local = in_domain(group, r / ds, ds);
-                                if holds(group, r) {
-                                    r
-                                } else if !local.is_empty() {
-                                    next(&mut cursors.partial_in_domain, (piece.src_key, g, r / ds), local)
-                                } else {
-                                    next(&mut cursors.partial, (piece.src_key, g), group)
-                                }
-                            })
-                            .collect();
-                        // A rank holds one partial sum: the sources are distinct.
-                        sources.sort_unstable();
-                        let partials = sources.split_off(1);
-                        Transfer { partials, ..copy(sources[0], r, ReadFrom::Src, region) }
+                        let near = sshard.nearest_sets(r, ds);
+                        let c = cursors.sets.entry((piece.src_key, r / ds)).or_insert(0);
+                        let set = near[*c % near.len()];
+                        *c += 1;
+                        Transfer { partials: set[1..].to_vec(), ..copy(set[0], r, ReadFrom::Src, region) }
                     };
                     if options.route == Route::Direct {
                         for &r in members {
+                            extra += sources - 1;
                             stage0.push(summed(&mut cursors, r, &piece.region));
                         }
                     } else {
                         // Summed once per domain, split over the members (a reduce-scatter), each
                         // forwarding its part to the others (an all-gather).
                         for part in &split(&piece.region, members.len(), options.min_split_bytes, elem) {
-                            if stage0.len() + stage1.len() > MAX_TRANSFERS {
+                            if stage0.len() + stage1.len() + extra > MAX_TRANSFERS {
                                 return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
                             }
                             let leader = next(&mut cursors.leader, (di, domain), members);
+                            extra += sources - 1;
                             stage0.push(summed(&mut cursors, leader, part));
                             for &r in members.iter().filter(|&&r| r != leader) {
                                 stage1.push(copy(leader, r, ReadFrom::Dst, part));
@@ -462,7 +455,7 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
     let order = |t: &Transfer| (t.dst, t.dst_offset, t.src);
     stage0.sort_by_key(order);
     stage1.sort_by_key(order);
-    if stage0.len() + stage1.len() > MAX_TRANSFERS {
+    if stage0.len() + stage1.len() + extra > MAX_TRANSFERS {
         return Err(ReshardError::TooManyTransfers { max: MAX_TRANSFERS });
     }
     let mut stages = vec![Stage { transfers: stage0 }];

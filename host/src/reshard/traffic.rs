@@ -98,9 +98,17 @@ impl Traffic {
                     t.bytes_needed += bytes * (k - u64::from(holds(&sshard.replicas, r)));
                 }
                 t.flat_sends.bytes_total += bytes * k * dshard.replicas.len() as u64;
-                for group in &sshard.groups {
+                if sshard.is_partial() {
+                    // Each replica sums the nearest set (the workaround's choice).
+                    for &r in &dshard.replicas {
+                        let set = sshard.nearest_sets(r, ds)[0];
+                        let outside = set.iter().filter(|&&q| q / ds != r / ds).count() as u64;
+                        t.flat_sends.bytes_cross_domain += outside * bytes;
+                    }
+                } else {
+                    let replicas = &sshard.replicas;
                     let outside =
-                        dshard.replicas.iter().filter(|&&r| in_domain(group, r / ds, ds).is_empty()).count() as u64;
+                        dshard.replicas.iter().filter(|&&r| in_domain(replicas, r / ds, ds).is_empty()).count() as u64;
                     t.flat_sends.bytes_cross_domain += outside * bytes;
                 }
             }
@@ -111,12 +119,16 @@ impl Traffic {
         let tensor = g.src.elements() * elem;
         for sshard in g.src_shards.values() {
             let bytes = sshard.region.volume() * elem;
-            for group in &sshard.groups {
-                if !holds(group, root) {
-                    t.gather_broadcast.bytes_total += bytes;
-                    if in_domain(group, root / ds, ds).is_empty() {
-                        t.gather_broadcast.bytes_cross_domain += bytes;
-                    }
+            if sshard.is_partial() {
+                // The root sums the nearest set.
+                let set = sshard.nearest_sets(root, ds)[0];
+                t.gather_broadcast.bytes_total += bytes * set.iter().filter(|&&q| q != root).count() as u64;
+                t.gather_broadcast.bytes_cross_domain +=
+                    bytes * set.iter().filter(|&&q| q / ds != root / ds).count() as u64;
+            } else if !holds(&sshard.replicas, root) {
+                t.gather_broadcast.bytes_total += bytes;
+                if in_domain(&sshard.replicas, root / ds, ds).is_empty() {
+                    t.gather_broadcast.bytes_cross_domain += bytes;
                 }
             }
         }

@@ -27,34 +27,33 @@ pub fn flat_sends(plan: &ReshardPlan) -> ReshardPlan {
     let g = Geometry::new(plan.src_sharding().clone(), plan.dst_sharding().clone());
     let elem = plan.elem_bytes();
     let ds = plan.options().domain_size;
-    let mut cursors: HashMap<(u64, usize, Option<u32>), usize> = HashMap::new();
+    let mut cursors: HashMap<(u64, Option<u32>), usize> = HashMap::new();
     let mut transfers = Vec::new();
     for dshard in &g.dst_shards {
         for piece in g.pieces(&dshard.region) {
             let sshard = g.src_shard(piece.src_key);
             for &r in &dshard.replicas {
-                // One source per partial sum (one without `Partial` axes), summed in rank order.
-                let mut sources: Vec<Rank> = sshard
-                    .groups
-                    .iter()
-                    .enumerate()
-                    .map(|(g, group)| {
-                        let local = in_domain(group, r / ds, ds);
-                        let (pool, key) = if local.is_empty() { (&group[..], None) } else { (local, Some(r / ds)) };
-                        let others: Vec<Rank> = pool.iter().copied().filter(|&s| s != r).collect();
-                        if others.is_empty() {
-                            return r;
-                        }
-                        let c = cursors.entry((piece.src_key, g, key)).or_insert(0);
+                // From partial sums, the nearest set of them (every partial sum once, ascending).
+                let (src, partials) = if sshard.is_partial() {
+                    let set = sshard.nearest_sets(r, ds)[0];
+                    (set[0], set[1..].to_vec())
+                } else {
+                    let local = in_domain(&sshard.replicas, r / ds, ds);
+                    let (pool, key) =
+                        if local.is_empty() { (&sshard.replicas[..], None) } else { (local, Some(r / ds)) };
+                    let others: Vec<Rank> = pool.iter().copied().filter(|&s| s != r).collect();
+                    let src = if others.is_empty() {
+                        r
+                    } else {
+                        let c = cursors.entry((piece.src_key, key)).or_insert(0);
                         *c += 1;
                         others[(*c - 1) % others.len()]
-                    })
-                    .collect();
-                sources.sort_unstable();
-                let partials = sources.split_off(1);
+                    };
+                    (src, Vec::new())
+                };
                 let b = boxed(&piece.region, &sshard.region, &dshard.region, elem);
                 transfers.push(Transfer {
-                    src: sources[0],
+                    src,
                     partials,
                     dst: r,
                     read: ReadFrom::Src,
@@ -111,21 +110,18 @@ pub fn gather_broadcast(plan: &ReshardPlan, opts: &LowerOptions) -> Result<Lower
         .iter()
         .map(|key| {
             let s = &g.src_shards[key];
-            // One replica of every partial sum (one without `Partial` axes), summed in rank order.
-            let mut readers: Vec<Rank> = s
-                .groups
-                .iter()
-                .map(|group| {
-                    if holds(group, root) {
-                        root
-                    } else {
-                        *in_domain(group, root / ds, ds).first().unwrap_or(&group[0])
-                    }
-                })
-                .collect();
-            readers.sort_unstable();
-            let partials = readers.split_off(1);
-            BoxCopy { partials, ..copy(readers[0], slot::INPUT, root, slot::SCRATCH, &s.region, &s.region, &full) }
+            if s.is_partial() {
+                // The nearest set of partial sums (every partial sum once, ascending), summed.
+                let set = s.nearest_sets(root, ds)[0];
+                let gather = copy(set[0], slot::INPUT, root, slot::SCRATCH, &s.region, &s.region, &full);
+                return BoxCopy { partials: set[1..].to_vec(), ..gather };
+            }
+            let reader = if holds(&s.replicas, root) {
+                root
+            } else {
+                *in_domain(&s.replicas, root / ds, ds).first().unwrap_or(&s.replicas[0])
+            };
+            copy(reader, slot::INPUT, root, slot::SCRATCH, &s.region, &s.region, &full)
         })
         .collect();
     let receivers: Vec<Rank> = g.dst.mesh().ranks().filter(|&r| r != root).collect();
