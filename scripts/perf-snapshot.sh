@@ -219,7 +219,7 @@ snap compare-gpus2 gpus2 compare_gpus2
 # Compiled plans
 for plan in "ring-allreduce:--algo ring-allreduce --topo 1x8" "hm-allreduce:--algo hm-allreduce --topo 2x4" "msccl-ndv4_r48ll:--xml $MSCCL/ndv4_r48ll.xml"; do
   read -ra args <<< "${plan#*:}"
-  for exec in compiled interpreted; do
+  for exec in compiled interpreted direct; do
     snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan "${args[@]}" --exec "$exec" -b 64M -e 256M -f 4 -n 5 -w 2 --json
   done
 done

@@ -258,6 +258,15 @@ fn instances_are_for_plans_and_checked_first() {
     }
 }
 
+/// `--exec direct` lowers the program level by level before any GPU is looked for: what it
+/// cannot run is refused by name.
+#[test]
+fn direct_plans_are_lowered_first() {
+    let (ok, err) = oxccl(&["bench", "plan", "--algo", "ring-allreduce", "--exec", "direct", "-o", "avg"]);
+    assert!(!ok && err.contains("Avg needs to know which reduction of a chunk is its last"), "{err}");
+    assert!(!err.contains("GPU"), "{err}");
+}
+
 #[test]
 fn out_of_range_sizes_and_counts_are_named_not_panics() {
     for (args, want) in [

@@ -1447,6 +1447,10 @@ pub struct PlanBench {
     pub sweep: Sweep,
     /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
+    /// Run this program level by level on the collective engine instead of the compiled plan
+    /// (`--exec direct`, [`oxccl_host::compile::direct`]): virtual ranks of one GPU, every rank's
+    /// SM share of CTAs.
+    pub direct: Option<oxccl_host::program::Program>,
 }
 
 impl PlanBench {
@@ -1482,6 +1486,11 @@ impl PlanBench {
             });
         }
         for size in self.sweep.sizes() {
+            if let Some(program) = &self.direct {
+                // The CTA count comes from the GPU; one checks the rest.
+                self.direct_lowered(program, size, 1)?;
+                continue;
+            }
             self.lowered(size).map_err(|e| match e {
                 Error::Config { field: "plan", why } => {
                     Error::Config { field: "plan", why: format!("at {size} B: {why}") }
@@ -1490,6 +1499,20 @@ impl PlanBench {
             })?;
         }
         Ok(())
+    }
+
+    /// The program lowered level by level for the sweep's `size` (chunks a positive multiple of 16
+    /// bytes) with `ctas` CTAs per rank.
+    fn direct_lowered(
+        &self,
+        program: &oxccl_host::program::Program,
+        size: u64,
+        ctas: u32,
+    ) -> Result<oxccl_host::lowered::Staged> {
+        use oxccl_host::compile::direct::{DirectOptions, lower_direct};
+        let chunk_bytes = (size / self.user_chunks() / 16).max(1) * 16;
+        let opts = DirectOptions { op: self.op, ..DirectOptions::new(chunk_bytes, self.dtype, ctas) };
+        lower_direct(program, &opts).map_err(|e| Error::Config { field: "plan", why: format!("at {size} B: {e}") })
     }
 
     /// Chunks of the plan's larger user buffer per rank.
@@ -1565,6 +1588,9 @@ pub fn plan_bench(
     use oxccl_host::compile::lower::{LowerOptions, lower, place};
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
     b.validate()?;
+    if let Some(program) = &b.direct {
+        return direct_bench(stream, streams, b, program, on_row);
+    }
     let l = &b.plan.layout;
     let p = l.ranks as usize;
     if streams.len() != p {
@@ -1733,6 +1759,136 @@ pub fn plan_bench(
             ip_algbw: ip.1,
             ip_busbw: ip.2,
             ip_wrong: ip.3,
+        };
+        on_row(&row, &info);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// [`plan_bench`] for `--exec direct`: the program lowered level by level
+/// ([`oxccl_host::compile::direct`]) and launched through [`Communicator::prepare_staged`] on
+/// virtual ranks of `stream`'s GPU, checked and timed like a compiled plan. `info` reports the
+/// CTAs and slots; the plan kernels' fields (threads, stage bytes, registers, idle share) are 0.
+fn direct_bench(
+    stream: &Arc<CudaStream>,
+    streams: &[Arc<CudaStream>],
+    b: &PlanBench,
+    program: &oxccl_host::program::Program,
+    mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
+) -> Result<Vec<CollectiveRow>> {
+    use oxccl_host::program::{BufferKind, Collective as Coll, Rank};
+    let l = &program.layout;
+    let p = l.ranks as usize;
+    if streams.iter().any(|s| s.context().ordinal() != stream.context().ordinal()) {
+        return Err(Error::Config { field: "gpus", why: "--exec direct runs on virtual ranks of one GPU".into() });
+    }
+    let config = Config { mover: b.config.mover, timeout: b.config.timeout, ..Config::default() };
+    let comm = Communicator::virtual_ranks(stream, p, config)?;
+    let ctas = comm.ctas_per_rank();
+    let e = b.dtype.size() as u64;
+    let collective = match l.collective {
+        Coll::AllReduce => Some(Collective::AllReduce),
+        Coll::AllGather => Some(Collective::AllGather),
+        Coll::ReduceScatter => Some(Collective::ReduceScatter),
+        Coll::AllToAll => None,
+    };
+    let mut staging = check_staging(&streams[..1], b.sweep.check)?;
+    let mut rows = Vec::new();
+    for size in b.sweep.sizes() {
+        let staged = b.direct_lowered(program, size, ctas)?;
+        // As `direct_lowered` cut the size.
+        let chunk_bytes = (size / b.user_chunks() / 16).max(1) * 16;
+        let slots = staged.slots();
+        let prepared = comm.prepare_staged(staged, ctas)?;
+        let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
+        let mut bufs: Vec<Vec<CudaSlice<u8>>> = Vec::with_capacity(p);
+        let mut table = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
+        for (r, sizes) in prepared.lowered.buffer_bytes.iter().enumerate() {
+            let row: Vec<CudaSlice<u8>> = sizes.iter().map(|&b| alloc(b)).collect::<Result<_>>()?;
+            for (s, buf) in row.iter().enumerate() {
+                if sizes[s] > 0 {
+                    table[r][s] = buf.device_ptr(stream).0;
+                }
+            }
+            bufs.push(row);
+        }
+        // Where rank r's input and output start (in place: inside the one user buffer).
+        let at = |r: usize, kind: BufferKind| -> u64 {
+            if l.in_place {
+                table[r][slot::OUTPUT as usize] + u64::from(l.buffer_base(Rank(r as u32), kind)) * chunk_bytes
+            } else {
+                table[r][if kind == BufferKind::Input { slot::INPUT } else { slot::OUTPUT } as usize]
+            }
+        };
+        let count_in = u64::from(l.input_chunks()) * chunk_bytes / e;
+        let count_out = u64::from(l.output_chunks()) * chunk_bytes / e;
+        for r in 0..p {
+            // SAFETY: rank r's input lies inside its buffers of the lowering's sizes, on this GPU;
+            // nothing else uses them until the synchronisation below.
+            unsafe { fill_periodic_at(stream, at(r, BufferKind::Input), b.dtype, count_in, |i| pattern(r, i))? };
+        }
+        stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
+        // SAFETY: `table` holds buffers of at least `buffer_bytes` for every (rank, slot), alive until
+        // this size's end, every launch on the one `stream`.
+        let launch = || unsafe { comm.launch_prepared(&prepared, table) };
+        let mut wrong = None;
+        if b.sweep.check
+            && let Some(c) = collective
+        {
+            launch()?;
+            comm.synchronize()?;
+            let count = if c == Collective::AllGather { count_in } else { count_out };
+            let expected = Expected::new(c, b.dtype, b.op, p, count);
+            let stage = &mut staging[0].1;
+            let mut n = 0;
+            for r in 0..p {
+                // SAFETY: rank r's output, written by the launch synchronised above.
+                n += unsafe { count_wrong_at(stream, at(r, BufferKind::Output), count_out, &expected, r, 0, stage)? };
+            }
+            wrong = Some(n);
+        }
+        let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, launch)? * 1e3;
+        comm.synchronize()?;
+        drop(bufs);
+        let real = (u64::from(l.input_chunks()).max(u64::from(l.output_chunks()))) * chunk_bytes;
+        let bw = real as f64 / (us * 1e-6) / 1e9;
+        let factor = l.collective.bus_factor(p as u32);
+        let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
+        let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
+        let row = CollectiveRow {
+            collective: match l.collective {
+                Coll::AllReduce => "all_reduce",
+                Coll::AllGather => "all_gather",
+                Coll::ReduceScatter => "reduce_scatter",
+                Coll::AllToAll => "all_to_all",
+            },
+            root: -1,
+            ranks: p,
+            ctas,
+            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: "registers",
+            size: real,
+            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
+            dtype: b.dtype.nccl_name(),
+            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
+            oop_us: oop.0,
+            oop_algbw: oop.1,
+            oop_busbw: oop.2,
+            oop_wrong: oop.3,
+            ip_us: ip.0,
+            ip_algbw: ip.1,
+            ip_busbw: ip.2,
+            ip_wrong: ip.3,
+        };
+        let info = PlanBenchInfo {
+            ranks: p,
+            tbs_per_rank: ctas,
+            slots,
+            threads: 0,
+            stage_bytes: 0,
+            registers: 0,
+            idle_share: 0.0,
         };
         on_row(&row, &info);
         rows.push(row);

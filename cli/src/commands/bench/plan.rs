@@ -22,9 +22,10 @@ pub struct PlanArgs {
     /// ranks share a node.
     #[arg(long)]
     pub topo: Option<String>,
-    /// `compiled` (HPDS schedule, state-based thread blocks, a segment per sub-pipeline) or
+    /// `compiled` (HPDS schedule, state-based thread blocks, a segment per sub-pipeline),
     /// `interpreted` (MSCCL's shape: algorithm-level schedule, a TB per connection and stage, the
-    /// whole list re-walked per micro-batch). Same kernels, same mover.
+    /// whole list re-walked per micro-batch; same kernels, same mover) or `direct` (no FIFOs: each
+    /// level of the program one launch of the collective engine; one GPU).
     #[arg(long, value_enum, default_value = "compiled")]
     pub exec: ExecArg,
     /// Micro-batches per chunk, 1..=65536.
@@ -87,6 +88,9 @@ pub enum ExecArg {
     Compiled,
     /// MSCCL's shape: algorithm-level schedule, a TB per connection and stage.
     Interpreted,
+    /// No FIFOs: every level of the program (ops with no hazard between them) one launch of the
+    /// collective engine, data moved straight between the ranks' buffers (virtual ranks of one GPU).
+    Direct,
 }
 
 /// Channels of the instances.
@@ -102,7 +106,7 @@ pub enum ChannelsArg {
 pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std::error::Error>> {
     use oxccl::compiled::CompiledConfig;
     let (mode, scheduler, tb_alloc) = match a.exec {
-        ExecArg::Compiled => (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
+        ExecArg::Compiled | ExecArg::Direct => (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
         ExecArg::Interpreted => (PlanMode::Interpreted, Scheduler::Algorithm, TbAlloc::PerConn),
     };
     check_gpus(a.gpus)?;
@@ -164,6 +168,7 @@ pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std
         slots: a.slots,
         sweep,
         config,
+        direct: (a.exec == ExecArg::Direct).then(|| loaded.program.clone()),
     };
     // The sweep, the launch configuration and the plan lowered at every size.
     b.validate()?;
