@@ -847,15 +847,25 @@ impl Comm {
         dst_layout: &Layout,
         options: &ReshardOptions,
     ) -> Result<()> {
+        let (srcs, mut dsts) = self.reshard_entries(src, dst)?;
+        self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
+    }
+
+    /// A reshard's buffer lists: one entry per rank of the world, this rank's given, `None` for
+    /// the others (their own callers pass theirs); after this rank's usability checks.
+    #[allow(clippy::type_complexity)]
+    fn reshard_entries<'a, S, R>(
+        &self,
+        src: Option<&'a S>,
+        dst: Option<&'a mut R>,
+    ) -> Result<(Vec<Option<&'a S>>, Vec<Option<&'a mut R>>)> {
         self.usable()?;
         self.one_node("reshard")?;
-        // One entry per rank of the world: this rank's, and `None` for the others, which their own
-        // callers pass.
         let mut srcs: Vec<Option<&S>> = vec![None; self.world()];
         let mut dsts: Vec<Option<&mut R>> = (0..self.world()).map(|_| None).collect();
         srcs[self.rank] = src;
         dsts[self.rank] = dst;
-        self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
+        Ok((srcs, dsts))
     }
 
     /// [`Comm::reshard`] from a source whose layout may place mesh axes `Partial`: this rank's
@@ -875,12 +885,7 @@ impl Comm {
         op: ReduceOp,
         options: &ReshardOptions,
     ) -> Result<()> {
-        self.usable()?;
-        self.one_node("reshard")?;
-        let mut srcs: Vec<Option<&S>> = vec![None; self.world()];
-        let mut dsts: Vec<Option<&mut R>> = (0..self.world()).map(|_| None).collect();
-        srcs[self.rank] = src;
-        dsts[self.rank] = dst;
+        let (srcs, mut dsts) = self.reshard_entries(src, dst)?;
         self.inner.reshard_reduce(&srcs, &mut dsts, shape, src_layout, dst_layout, op, options)
     }
 

@@ -220,8 +220,21 @@ impl Case {
 /// and compares every destination shard byte for byte with the global tensor's; panics naming `what`.
 fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &str) {
     let (src_data, want) = c.shards();
+    run_with(comm, streams, c, (&src_data, &want), None, what);
+}
+
+/// Runs case `c` on `comm` from the source shards `data.0`, through `reshard_reduce` with `op` where
+/// given, and compares every destination shard byte for byte with `data.1`; panics naming `what`.
+fn run_with(
+    comm: &Communicator,
+    streams: &[Arc<CudaStream>],
+    c: &Case,
+    (src_data, want): (&HashMap<u32, Vec<u8>>, &HashMap<u32, Vec<u8>>),
+    op: Option<oxccl::ReduceOp>,
+    what: &str,
+) {
     let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-    let src_bufs = upload(streams, &src_data);
+    let src_bufs = upload(streams, src_data);
     let mut dst_bufs = upload(streams, &poison);
     for s in streams {
         s.synchronize().unwrap();
@@ -239,16 +252,35 @@ fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &s
         layouts,
         &c.options,
         c.empty_as_none,
-        None
+        op
     ))
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
-    for (r, w) in &want {
+    for (r, w) in want {
         let got = streams[*r as usize].clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
         if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
             panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
         }
     }
+}
+
+/// The communicator case `c` runs on, built on first use: `c.world` virtual ranks of `stream`'s GPU
+/// in one launch, or launched one per rank on `per_rank_streams` (`c.separate`).
+fn comm_for<'a>(
+    comms: &'a mut HashMap<(usize, u32, Mover, bool), Communicator>,
+    c: &Case,
+    stream: &Arc<CudaStream>,
+    per_rank_streams: &[Arc<CudaStream>],
+) -> &'a Communicator {
+    comms.entry((c.world, c.ctas, c.mover, c.separate)).or_insert_with(|| {
+        let config =
+            Config { max_ctas: Some(c.ctas), mover: c.mover, timeout: Duration::from_secs(10), ..Config::default() };
+        if c.separate {
+            Communicator::from_streams(&per_rank_streams[..c.world], config).unwrap()
+        } else {
+            Communicator::virtual_ranks(stream, c.world, config).unwrap()
+        }
+    })
 }
 
 fn seed() -> u64 {
@@ -266,19 +298,7 @@ fn random_reshards_match_the_global_tensor() {
     for case in 0..cases() {
         let c = Case::random(&mut rng, (1, 16));
         let what = c.describe(case, seed);
-        let comm = comms.entry((c.world, c.ctas, c.mover, c.separate)).or_insert_with(|| {
-            let config = Config {
-                max_ctas: Some(c.ctas),
-                mover: c.mover,
-                timeout: Duration::from_secs(10),
-                ..Config::default()
-            };
-            if c.separate {
-                Communicator::from_streams(&per_rank_streams[..c.world], config).unwrap()
-            } else {
-                Communicator::virtual_ranks(&stream, c.world, config).unwrap()
-            }
-        });
+        let comm = comm_for(&mut comms, &c, &stream, &per_rank_streams);
         run_case(comm, &vec![stream.clone(); c.world], &c, &what);
     }
     eprintln!("{} reshard cases matched the global tensor (seed {seed})", cases());
@@ -578,47 +598,8 @@ fn random_partial_reshards_match_the_host_engine() {
         let want: HashMap<u32, Vec<u8>> =
             c.dst.mesh().ranks().map(|r| (r, host[r as usize][slot::OUTPUT as usize].clone())).collect();
 
-        let comm = comms.entry((c.world, c.ctas, c.mover, c.separate)).or_insert_with(|| {
-            let config = Config {
-                max_ctas: Some(c.ctas),
-                mover: c.mover,
-                timeout: Duration::from_secs(10),
-                ..Config::default()
-            };
-            if c.separate {
-                Communicator::from_streams(&per_rank_streams[..c.world], config).unwrap()
-            } else {
-                Communicator::virtual_ranks(&stream, c.world, config).unwrap()
-            }
-        });
-        let poison: HashMap<u32, Vec<u8>> = want.iter().map(|(&r, w)| (r, vec![0xA5; w.len()])).collect();
-        let streams = vec![stream.clone(); c.world];
-        let src_bufs = upload(&streams, &src_data);
-        let mut dst_bufs = upload(&streams, &poison);
-        stream.synchronize().unwrap();
-        let src_lens = src_data.iter().map(|(&r, d)| (r, d.len())).collect();
-        let dst_lens = want.iter().map(|(&r, d)| (r, d.len())).collect();
-        let layouts = (&c.src, &c.dst);
-        oxccl::with_element!(c.dtype, |T| call::<T>(
-            comm,
-            &src_bufs,
-            &src_lens,
-            &mut dst_bufs,
-            &dst_lens,
-            &c.shape,
-            layouts,
-            &c.options,
-            c.empty_as_none,
-            Some(op)
-        ))
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-        comm.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
-        for (r, w) in &want {
-            let got = stream.clone_dtoh(dst_bufs[*r as usize].as_ref().unwrap()).unwrap();
-            if let Some(at) = got[..w.len()].iter().zip(w).position(|(a, b)| a != b) {
-                panic!("{what}: rank {r} first wrong byte {at} of {}", w.len());
-            }
-        }
+        let comm = comm_for(&mut comms, &c, &stream, &per_rank_streams);
+        run_with(comm, &vec![stream.clone(); c.world], &c, (&src_data, &want), Some(op), &what);
     }
     eprintln!("{cases} partial reshard cases matched the host engine (seed {seed})");
 }

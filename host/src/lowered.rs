@@ -111,6 +111,23 @@ pub enum LoweredError {
     },
 }
 
+/// The program of CTA `cta` of `rank` in a launch of `ranks` ranks whose every CTA meets every rank
+/// at its barriers (none where there is one rank), its buffers in its rank's row: tasks `first ..
+/// first + count` of the launch.
+pub fn meeting_all(rank: usize, cta: usize, first: u32, count: u32, ranks: usize) -> TbProgram {
+    let all: u32 = if ranks >= 32 { u32::MAX } else { (1u32 << ranks) - 1 };
+    TbProgram {
+        rank: rank as u32,
+        cta: cta as u32,
+        first_task: first,
+        task_count: count,
+        barrier_ranks: if ranks > 1 { all } else { 0 },
+        table: 0,
+        key: 0,
+        reserved: 0,
+    }
+}
+
 /// Per-rank host buffers, `buffers[rank][slot]`, as raw bytes. An empty vector is an unused slot.
 pub type HostBuffers = Vec<[Vec<u8>; BUFFER_SLOTS]>;
 

@@ -24,7 +24,7 @@
 
 use crate::lowered::Lowered;
 use oxccl_kernels::abi::{
-    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, TbProgram, slot, tma_can_reduce,
+    DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, TASK_AFTER_WRITES, Task, TaskKind, slot, tma_can_reduce,
 };
 
 /// The collectives T-CCL plans.
@@ -461,16 +461,7 @@ pub fn plan(spec: &PlanSpec) -> Result<Lowered, PlanError> {
                     }
                 }
             }
-            programs.push(TbProgram {
-                rank: r as u32,
-                cta: cta as u32,
-                first_task: first,
-                task_count: tasks.len() as u32 - first,
-                barrier_ranks: if p > 1 { all } else { 0 },
-                table: 0,
-                key: 0,
-                reserved: 0,
-            });
+            programs.push(crate::lowered::meeting_all(r, cta as usize, first, tasks.len() as u32 - first, p));
         }
     }
     Ok(Lowered { programs, tasks, ranks: p, slots, combines })

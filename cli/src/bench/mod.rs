@@ -1515,6 +1515,54 @@ impl PlanBench {
         lower_direct(program, &opts).map_err(|e| Error::Config { field: "plan", why: format!("at {size} B: {e}") })
     }
 
+    /// The nccl-tests row of one size of a plan of layout `l`: `real` bytes (the larger user buffer
+    /// per rank), `counts` (input, output) elements per rank, `us` per launch, `wrong` elements.
+    fn row(
+        &self,
+        l: &oxccl_host::program::Layout,
+        ctas: u32,
+        real: u64,
+        (count_in, count_out): (u64, u64),
+        us: f64,
+        wrong: Option<u64>,
+    ) -> CollectiveRow {
+        use oxccl_host::program::Collective as Coll;
+        let p = l.ranks as usize;
+        let bw = real as f64 / (us * 1e-6) / 1e9;
+        let factor = l.collective.bus_factor(p as u32);
+        let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
+        let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
+        CollectiveRow {
+            // The spelling of the T-CCL rows (`all_reduce`), not the MSCCL one (`allreduce`).
+            collective: match l.collective {
+                Coll::AllReduce => "all_reduce",
+                Coll::AllGather => "all_gather",
+                Coll::ReduceScatter => "reduce_scatter",
+                Coll::AllToAll => "all_to_all",
+            },
+            root: -1,
+            ranks: p,
+            ctas,
+            mover: if self.config.mover == Mover::Tma { "tma" } else { "simt" },
+            reduction: "registers",
+            size: real,
+            // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
+            // a rank sends to each peer.
+            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
+            dtype: self.dtype.nccl_name(),
+            // nccl-tests: "none" where nothing is reduced.
+            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { self.op.nccl_name() },
+            oop_us: oop.0,
+            oop_algbw: oop.1,
+            oop_busbw: oop.2,
+            oop_wrong: oop.3,
+            ip_us: ip.0,
+            ip_algbw: ip.1,
+            ip_busbw: ip.2,
+            ip_wrong: ip.3,
+        }
+    }
+
     /// Chunks of the plan's larger user buffer per rank.
     fn user_chunks(&self) -> u64 {
         let l = &self.plan.layout;
@@ -1727,39 +1775,7 @@ pub fn plan_bench(
             idle_share,
         };
         let real = user_chunks * chunk_bytes;
-        let bw = real as f64 / (us * 1e-6) / 1e9;
-        let factor = l.collective.bus_factor(p as u32);
-        let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
-        let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
-        let row = CollectiveRow {
-            // The spelling of the T-CCL rows (`all_reduce`), not the MSCCL one (`allreduce`).
-            collective: match l.collective {
-                Coll::AllReduce => "all_reduce",
-                Coll::AllGather => "all_gather",
-                Coll::ReduceScatter => "reduce_scatter",
-                Coll::AllToAll => "all_to_all",
-            },
-            root: -1,
-            ranks: p,
-            ctas: info.tbs_per_rank,
-            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
-            reduction: "registers",
-            size: real,
-            // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
-            // a rank sends to each peer.
-            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
-            dtype: b.dtype.nccl_name(),
-            // nccl-tests: "none" where nothing is reduced.
-            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
-            oop_us: oop.0,
-            oop_algbw: oop.1,
-            oop_busbw: oop.2,
-            oop_wrong: oop.3,
-            ip_us: ip.0,
-            ip_algbw: ip.1,
-            ip_busbw: ip.2,
-            ip_wrong: ip.3,
-        };
+        let row = b.row(l, info.tbs_per_rank, real, (count_in, count_out), us, wrong);
         on_row(&row, &info);
         rows.push(row);
     }
@@ -1851,36 +1867,8 @@ fn direct_bench(
         let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, launch)? * 1e3;
         comm.synchronize()?;
         drop(bufs);
-        let real = (u64::from(l.input_chunks()).max(u64::from(l.output_chunks()))) * chunk_bytes;
-        let bw = real as f64 / (us * 1e-6) / 1e9;
-        let factor = l.collective.bus_factor(p as u32);
-        let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
-        let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
-        let row = CollectiveRow {
-            collective: match l.collective {
-                Coll::AllReduce => "all_reduce",
-                Coll::AllGather => "all_gather",
-                Coll::ReduceScatter => "reduce_scatter",
-                Coll::AllToAll => "all_to_all",
-            },
-            root: -1,
-            ranks: p,
-            ctas,
-            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
-            reduction: "registers",
-            size: real,
-            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
-            dtype: b.dtype.nccl_name(),
-            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { b.op.nccl_name() },
-            oop_us: oop.0,
-            oop_algbw: oop.1,
-            oop_busbw: oop.2,
-            oop_wrong: oop.3,
-            ip_us: ip.0,
-            ip_algbw: ip.1,
-            ip_busbw: ip.2,
-            ip_wrong: ip.3,
-        };
+        let real = b.user_chunks() * chunk_bytes;
+        let row = b.row(l, ctas, real, (count_in, count_out), us, wrong);
         let info = PlanBenchInfo {
             ranks: p,
             tbs_per_rank: ctas,

@@ -33,7 +33,7 @@
 
 use crate::lowered::{self, Lowered, LoweredError, Staged};
 use crate::program::{BufferKind, Layout, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
 
 /// How to lower a program directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,7 +234,6 @@ fn distribute(tasks: Vec<Task>, owner: &[usize], n: usize, opts: &DirectOptions)
     for (t, &o) in tasks.into_iter().zip(owner) {
         per_rank[o].push(t);
     }
-    let all: u32 = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
     let mut programs = Vec::with_capacity(n * c);
     let mut out: Vec<Task> = Vec::new();
     let mut slots = 1;
@@ -273,16 +272,7 @@ fn distribute(tasks: Vec<Task>, owner: &[usize], n: usize, opts: &DirectOptions)
                     combines = true;
                 }
             }
-            programs.push(TbProgram {
-                rank: rank as u32,
-                cta: cta as u32,
-                first_task: first,
-                task_count: span.len() as u32,
-                barrier_ranks: if n > 1 { all } else { 0 },
-                table: 0,
-                key: 0,
-                reserved: 0,
-            });
+            programs.push(lowered::meeting_all(rank, cta, first, span.len() as u32, n));
             out.extend(span);
         }
     }

@@ -559,14 +559,14 @@ impl Sharding {
     /// `Partial` axes); `None` outside the mesh. Ranks holding the same box with the same index are
     /// replicas; the tensor is the sum over the indices.
     pub fn partial_index(&self, rank: Rank) -> Option<u64> {
+        self.index_along(rank, Placement::Partial)
+    }
+
+    /// `rank`'s coordinates along the axes placed `placement`, as one row-major index.
+    fn index_along(&self, rank: Rank, placement: Placement) -> Option<u64> {
         let coords = self.layout.mesh.coords(rank)?;
-        let mut index = 0u64;
-        for (axis, p) in self.layout.placements.iter().enumerate() {
-            if *p == Placement::Partial {
-                index = index * u64::from(self.layout.mesh.dims[axis]) + u64::from(coords[axis]);
-            }
-        }
-        Some(index)
+        let axes = self.layout.placements.iter().zip(&self.layout.mesh.dims).zip(coords);
+        Some(axes.filter(|((p, _), _)| **p == placement).fold(0, |i, ((_, &d), c)| i * u64::from(d) + u64::from(c)))
     }
 
     /// How many partial sums make up the tensor ([`Layout::partial_sums`]).
@@ -580,14 +580,7 @@ impl Sharding {
     /// index (the mesh is numbered row-major), so a sum over them adds the partial sums in one order
     /// whoever reads them.
     pub fn replica_index(&self, rank: Rank) -> Option<u64> {
-        let coords = self.layout.mesh.coords(rank)?;
-        let mut index = 0u64;
-        for (axis, p) in self.layout.placements.iter().enumerate() {
-            if *p == Placement::Replicate {
-                index = index * u64::from(self.layout.mesh.dims[axis]) + u64::from(coords[axis]);
-            }
-        }
-        Some(index)
+        self.index_along(rank, Placement::Replicate)
     }
 
     /// The shape of `rank`'s local buffer, or `None` outside the mesh.

@@ -67,7 +67,7 @@
 use super::layout::{Rank, Sharding, for_each_index};
 use super::plan::{ReadFrom, ReshardPlan};
 use crate::lowered::{self, Lowered, LoweredError, StageError, Staged};
-use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -548,7 +548,6 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
         // Saturating: a hand-made plan's runs may sum past 2^64 before validation refuses them.
         load[owner] = load[owner].saturating_add(r.bytes);
     }
-    let all: u32 = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
     let mut programs = Vec::with_capacity(n * c);
     let mut tasks = Vec::with_capacity(runs.len() + n * c);
     let task = |r: &Run| Task {
@@ -571,16 +570,7 @@ fn distribute(runs: &[Run], opts: &LowerOptions, dtype: DType) -> Lowered {
         for (cta, span) in spans.iter().enumerate() {
             let first = tasks.len() as u32;
             tasks.extend(span.iter().map(task));
-            programs.push(TbProgram {
-                rank: rank as u32,
-                cta: cta as u32,
-                first_task: first,
-                task_count: span.len() as u32,
-                barrier_ranks: if n > 1 { all } else { 0 },
-                table: 0,
-                key: 0,
-                reserved: 0,
-            });
+            programs.push(lowered::meeting_all(rank, cta, first, span.len() as u32, n));
         }
     }
     // A sum combines its sources in registers: one shared-memory slot per source.

@@ -91,14 +91,28 @@ pub fn problem() -> impl Strategy<Value = Problem> {
 /// Random problems like [`problem`] whose meshes lie inside ranks `0..world` (what one engine launch
 /// addresses): meshes of up to `world` ranks starting anywhere that keeps them inside.
 pub fn problem_in(world: u32) -> impl Strategy<Value = Problem> {
+    problem_from(
+        vec![1, 2, 3, 4, 8],
+        move |rank| layout_in(rank, world).boxed(),
+        move |rank| layout_in(rank, world).boxed(),
+    )
+}
+
+/// Random problems of tensors of 0 to 3 dims, element sizes from `elem_bytes`, the two layouts from
+/// `src` and `dst` (given the tensor's dims), domains of 1 to 8, every split threshold.
+fn problem_from(
+    elem_bytes: Vec<u64>,
+    src: impl Fn(usize) -> BoxedStrategy<Layout> + Clone + 'static,
+    dst: impl Fn(usize) -> BoxedStrategy<Layout> + Clone + 'static,
+) -> impl Strategy<Value = Problem> {
     (0usize..=3)
         .prop_flat_map(move |rank| {
             let dim = prop_oneof![1 => Just(0u64), 12 => 1u64..=9];
             (
                 prop::collection::vec(dim, rank),
-                prop::sample::select(vec![1u64, 2, 3, 4, 8]),
-                layout_in(rank, world),
-                layout_in(rank, world),
+                prop::sample::select(elem_bytes.clone()),
+                src(rank),
+                dst(rank),
                 1u32..=8,
                 prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
             )
@@ -244,24 +258,9 @@ fn partial_layout_in(rank: usize, world: u32) -> impl Strategy<Value = Layout> {
 /// Random problems like [`problem_in`] whose source is partial (at least one `Partial` axis) and
 /// whose elements are `elem_bytes` wide.
 pub fn partial_problem_in(world: u32, elem_bytes: Vec<u64>) -> impl Strategy<Value = Problem> {
-    (0usize..=3)
-        .prop_flat_map(move |rank| {
-            let dim = prop_oneof![1 => Just(0u64), 12 => 1u64..=9];
-            (
-                prop::collection::vec(dim, rank),
-                prop::sample::select(elem_bytes.clone()),
-                partial_layout_in(rank, world),
-                layout_in(rank, world),
-                1u32..=8,
-                prop::sample::select(vec![0u64, 1, 8, 24, 64, u64::MAX]),
-            )
-        })
-        .prop_map(|(shape, elem_bytes, src, dst, domain_size, min_split_bytes)| Problem {
-            shape,
-            elem_bytes,
-            src,
-            dst,
-            domain_size,
-            min_split_bytes,
-        })
+    problem_from(
+        elem_bytes,
+        move |rank| partial_layout_in(rank, world).boxed(),
+        move |rank| layout_in(rank, world).boxed(),
+    )
 }
