@@ -223,13 +223,16 @@ fn run_case(comm: &Communicator, streams: &[Arc<CudaStream>], c: &Case, what: &s
     run_with(comm, streams, c, (&src_data, &want), None, what);
 }
 
+/// Every rank's shard, as bytes.
+type Shards = HashMap<u32, Vec<u8>>;
+
 /// Runs case `c` on `comm` from the source shards `data.0`, through `reshard_reduce` with `op` where
 /// given, and compares every destination shard byte for byte with `data.1`; panics naming `what`.
 fn run_with(
     comm: &Communicator,
     streams: &[Arc<CudaStream>],
     c: &Case,
-    (src_data, want): (&HashMap<u32, Vec<u8>>, &HashMap<u32, Vec<u8>>),
+    (src_data, want): (&Shards, &Shards),
     op: Option<oxccl::ReduceOp>,
     what: &str,
 ) {
