@@ -921,6 +921,14 @@ impl Comm {
         self.inner.prepare_copy::<T>(collective, count, in_place)
     }
 
+    /// Frees this rank's cached plans (collectives, reshards, transfers and groups) after waiting for
+    /// its stream, as [`Communicator::clear_plans`]: a caller whose shapes or groups keep changing
+    /// bounds the device memory the cache holds this way. Each rank clears its own; later calls
+    /// build their plans again.
+    pub fn clear_plans(&self) -> Result<()> {
+        self.inner.clear_plans()
+    }
+
     /// Waits for this rank's calls and reports a device-side error (as
     /// [`Communicator::synchronize`]).
     ///

@@ -4,11 +4,13 @@
 //! A launch of one rank needs only its own row of the buffer table (its peers announce theirs), so
 //! the other rows are free: a group puts its members' buffers there, in order, each in the slots it
 //! needs ([`slots_needed`]: one for an in-place AllReduce, Broadcast or Reduce, whose input is its
-//! output; two otherwise), and each CTA works on the members of one row (`TbProgram::table`). The
-//! rows share the rank's CTAs in proportion to the bytes their members move; a row's members run
-//! their own T-CCL plans ([`crate::tccl::plan`]) with the row's CTA count, each CTA's tasks member
-//! after member. A group with more members than one launch's rows hold takes several launches
-//! ([`launches`]).
+//! output; two otherwise), and each CTA works on the members of one row (`TbProgram::table`): a row
+//! holds four slots, so up to four in-place AllReduces or two out-of-place members. The rows share
+//! the rank's CTAs in proportion to the bytes their members move, at least one each; a row's
+//! members run their own T-CCL plans ([`crate::tccl::plan`]) with the row's CTA count, each CTA's
+//! tasks member after member. A launch holds at most one row per CTA (and 16), and closes early
+//! where one more row would leave a row far below its proportional share (a large member among many
+//! small ones): a group takes as many launches as that needs ([`launches`]).
 
 use crate::lowered::{Alias, Lowered};
 use crate::tccl::{self, Collective, PlanError, PlanSpec, Reduction};
@@ -105,9 +107,43 @@ pub fn rows_per_launch(ctas: u32) -> usize {
     (ctas as usize).clamp(1, MAX_RANKS)
 }
 
-/// The members of each launch of a group: consecutive runs, as many as one launch's rows hold.
-pub fn launches(members: &[Member], ctas: u32) -> Vec<Range<usize>> {
-    rows(members).chunks(rows_per_launch(ctas)).map(|rows| rows[0].start..rows[rows.len() - 1].end).collect()
+/// The members of each launch of a group: consecutive runs of rows, as many as one launch's rows
+/// hold ([`rows_per_launch`]), and no more than keep the launch *balanced*: with the CTAs shared
+/// out ([`share`]), every row gets at least half of its proportional share of them (a row of one
+/// large member among many small ones would otherwise be left one CTA while the small ones take
+/// the rest, and the launch would wait on it). Rows of equal bytes are always balanced. Every rank
+/// computes the same runs from the same members.
+pub fn launches(shared: &Shared, members: &[Member]) -> Vec<Range<usize>> {
+    let rows = rows(members);
+    let weights: Vec<u64> = rows.iter().map(|r| members[r.clone()].iter().map(|m| weight(shared, m)).sum()).collect();
+    let max = rows_per_launch(shared.ctas);
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut first = 0;
+    for i in 1..=rows.len() {
+        let next = i < rows.len() && i - first < max && balanced(shared.ctas, &weights[first..=i]);
+        if !next {
+            out.push(rows[first].start..rows[i - 1].end);
+            first = i;
+        }
+    }
+    out
+}
+
+/// Bytes a member moves: what its rows are weighed by.
+fn weight(shared: &Shared, m: &Member) -> u64 {
+    let (i, o) = shared.spec(m, 1).buffer_bytes();
+    i.saturating_add(o)
+}
+
+/// Whether rows of `weights` share `ctas` CTAs (at least one each, [`share`]) so that every row
+/// gets at least half of its proportional share (`ctas × weight / Σ weights`).
+fn balanced(ctas: u32, weights: &[u64]) -> bool {
+    if weights.len() > ctas as usize {
+        return false;
+    }
+    let total: u128 = weights.iter().map(|&w| w as u128).sum();
+    let got = share(ctas, weights);
+    weights.iter().zip(got).all(|(&w, g)| ctas as u128 * w as u128 <= 2 * total * g as u128)
 }
 
 /// Splits `total` CTAs between rows of the given weights: at least one each, the rest in proportion
@@ -162,12 +198,8 @@ pub fn lower(shared: &Shared, members: &[Member]) -> Result<GroupLaunch, GroupEr
     if members.is_empty() || rows.len() > max {
         return Err(GroupError::Members { members: members.len(), rows: rows.len(), max });
     }
-    let weight = |m: &Member| {
-        let (i, o) = shared.spec(m, 1).buffer_bytes();
-        i.saturating_add(o)
-    };
-    let ctas =
-        share(shared.ctas, &rows.iter().map(|r| members[r.clone()].iter().map(weight).sum()).collect::<Vec<_>>());
+    let weights: Vec<u64> = rows.iter().map(|r| members[r.clone()].iter().map(|m| weight(shared, m)).sum()).collect();
+    let ctas = share(shared.ctas, &weights);
     // Every member's plan with its row's CTAs, and its slots in the row.
     let mut plans = Vec::with_capacity(members.len());
     let mut places = Vec::with_capacity(members.len());
@@ -276,15 +308,38 @@ mod tests {
         let m = |collective, in_place| Member { collective, count: 1, in_place };
         let out = m(Collective::AllReduce, false);
         let one = m(Collective::AllReduce, true);
-        assert_eq!(launches(&[out; 100], 16), vec![0..32, 32..64, 64..96, 96..100]);
-        assert_eq!(launches(&[one; 100], 16), vec![0..64, 64..100]);
-        assert_eq!(launches(&[out; 3], 1), vec![0..2, 2..3]);
-        assert_eq!(launches(&[], 16), Vec::<Range<usize>>::new());
-        assert_eq!(launches(&[out; 40], 64), vec![0..32, 32..40]);
+        let shared =
+            |ctas| Shared { dtype: DType::F32, op: RedOp::Sum, ranks: 8, ctas, reduction: Reduction::Registers };
+        assert_eq!(launches(&shared(16), &[out; 100]), vec![0..32, 32..64, 64..96, 96..100]);
+        assert_eq!(launches(&shared(16), &[one; 100]), vec![0..64, 64..100]);
+        assert_eq!(launches(&shared(1), &[out; 3]), vec![0..2, 2..3]);
+        assert_eq!(launches(&shared(16), &[]), Vec::<Range<usize>>::new());
+        assert_eq!(launches(&shared(64), &[out; 40]), vec![0..32, 32..40]);
         // An in-place ReduceScatter's output is inside its input at another offset per rank: two
         // slots. A row: 1 + 2, then the next member does not fit.
         let rs = m(Collective::ReduceScatter, true);
         assert_eq!(rows(&[one, rs, out, one]), vec![0..2, 2..4]);
+    }
+
+    /// A large member is not left one CTA among many small ones: the launch closes while the
+    /// shares stay balanced, and the small ones go on together.
+    #[test]
+    fn a_large_member_keeps_its_share_of_the_ctas() {
+        let shared = Shared { dtype: DType::F32, op: RedOp::Sum, ranks: 8, ctas: 16, reduction: Reduction::Registers };
+        let ar = |count| Member { collective: Collective::AllReduce, count, in_place: true };
+        let mut members = vec![ar(1 << 28)];
+        members.extend([ar(8); 124]);
+        let l = launches(&shared, &members);
+        // The large member's row (it and three small ones) and eight rows of small ones: the row
+        // keeps 8 of the 16 CTAs (with every small row in, it would keep 1).
+        assert_eq!(l[0], 0..36, "{l:?}");
+        assert_eq!(l[1..], [36..100, 100..125], "the small ones 16 rows a launch");
+        for r in &l {
+            let these = &members[r.clone()];
+            let weights: Vec<u64> =
+                rows(these).iter().map(|x| these[x.clone()].iter().map(|m| weight(&shared, m)).sum()).collect();
+            assert!(balanced(16, &weights), "{r:?}: {weights:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, Broadcast and Reduce, and their CPU reference (`tccl::reference`) |
-//! | [`group`] | grouped collectives: several T-CCL plans in one launch of each rank, a row of the buffer table per pair of members |
+//! | [`group`] | grouped collectives: several T-CCL plans in one launch of each rank, a row of the buffer table (four buffers) per CTA |
 //! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
 //! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, its lowering to `abi` descriptors |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |

@@ -505,7 +505,7 @@ proptest! {
             },
             ..m
         }).collect();
-        let launches = group::launches(&members, ctas);
+        let launches = group::launches(&shared, &members);
         prop_assert_eq!(launches.iter().map(|r| r.len()).sum::<usize>(), members.len());
         for range in launches {
             let these = &members[range.clone()];

@@ -75,20 +75,28 @@ impl Communicator {
 
         // Launches per (element type, operator), members in call order; plans before anything is
         // queued.
-        let mut classes: Vec<(Shared, Vec<&GroupCall>)> = Vec::new();
-        for c in calls {
+        // (call index, call) per class: errors name the call as the caller numbered it.
+        let mut classes: Vec<(Shared, Vec<(usize, &GroupCall)>)> = Vec::new();
+        for (i, c) in calls.iter().enumerate() {
             let shared = self.shared(c);
             match classes.iter_mut().find(|(s, _)| *s == shared) {
-                Some((_, v)) => v.push(c),
-                None => classes.push((shared, vec![c])),
+                Some((_, v)) => v.push((i, c)),
+                None => classes.push((shared, vec![(i, c)])),
             }
         }
         let mut launches = Vec::new();
         for (shared, members) in &classes {
-            let specs: Vec<Member> = members.iter().map(|c| c.member).collect();
-            for range in group::launches(&specs, shared.ctas) {
-                let these: Vec<&GroupCall> = members[range].to_vec();
-                let (plan, launch) = self.group_plan(shared, &these)?;
+            let specs: Vec<Member> = members.iter().map(|(_, c)| c.member).collect();
+            let ranges = group::launches(shared, &specs);
+            let count = ranges.len();
+            for (i, range) in ranges.into_iter().enumerate() {
+                let indices: Vec<usize> = members[range.clone()].iter().map(|&(i, _)| i).collect();
+                let these: Vec<&GroupCall> = members[range].iter().map(|&(_, c)| c).collect();
+                let (plan, mut launch) = self.group_plan(shared, &these, &indices)?;
+                // Which launch of how many of a class of how many members: groups that differ only
+                // in their length stop at the start barrier of a launch they share, instead of one
+                // rank's extra launch waiting for a peer that never makes it.
+                launch.call_key = call_key(&(launch.call_key, i, count, specs.len()));
                 launches.push((these, plan, launch));
             }
         }
@@ -117,17 +125,23 @@ impl Communicator {
     }
 
     /// The plan of one launch of `calls` (built, checked and uploaded on first use) and where its
-    /// members' buffers go.
+    /// members' buffers go; `indices` numbers the calls as the caller queued them.
     #[allow(clippy::type_complexity)]
     fn group_plan(
         &self,
         shared: &Shared,
         calls: &[&GroupCall],
+        indices: &[usize],
     ) -> Result<((Arc<Uploaded>, Arc<GroupLaunch>), LaunchSpec)> {
         let key = GroupKey { shared: *shared, members: calls.iter().map(|c| c.member).collect() };
         let (built, _) = self.group_plans.get_or_build(key.clone(), || {
-            let g = group::lower(shared, &key.members)
-                .map_err(|e| Error::Config { field: "grouped collectives", why: e.to_string() })?;
+            let g = group::lower(shared, &key.members).map_err(|e| match e {
+                group::GroupError::Member { member, error } => Error::Config {
+                    field: "grouped collectives",
+                    why: format!("call {} of the group: {error}", indices[member]),
+                },
+                e => Error::Config { field: "grouped collectives", why: e.to_string() },
+            })?;
             let (slots, combines) = (g.lowered.slots, g.lowered.combines);
             // The launch shape of the first member's collective, with the combining ring only where
             // every member would take it.

@@ -19,11 +19,16 @@ use oxccl_host::p2p::Direction;
 ///
 /// **Collectives** (AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, in place or not): those
 /// of one element type and operator share launches and their barriers, instead of one each: a
-/// launch holds 16 rows of 4 buffers (one row per CTA at most), an in-place AllReduce, Broadcast or
-/// Reduce taking one buffer and any other collective two, so 64 in-place AllReduces or 32 out of
-/// place go in one launch. Every rank must queue the same collectives
-/// (kind, count, root, in place or not, type, operator) in the same order, else
-/// [`Error::CallMismatch`]. The group's buffers must not overlap where one is written.
+/// launch holds up to one row of 4 buffers per CTA of the rank (16 at most), an in-place
+/// AllReduce, Broadcast or Reduce taking one buffer and any other collective two (with 16 CTAs per
+/// rank, 64 in-place AllReduces or 32 out of place in one launch); a launch closes early where a
+/// large member would otherwise be left far less than its share of the CTAs. Every rank must queue
+/// the same collectives (kind, count, root, in place or not, type, operator) in the same order,
+/// else [`Error::CallMismatch`] (a group that only has more members than its peers' is caught at
+/// the first launch that differs). The collectives' buffers must not overlap where one is written
+/// (sends and receives run after them, so their buffers may be the collectives' too). Each distinct
+/// group (its members' kinds, counts and order) keeps its plan on the device for the next run, until
+/// [`Comm::clear_plans`]: a workload whose buckets keep changing should call it now and then.
 ///
 /// **Sends and receives** run after the collectives, in as few launches as their matching allows
 /// (one launch where every peer gets at most one send and one receive). A rank's transfers match

@@ -5,7 +5,6 @@
 use super::{CliResult, MoverArg, SweepArgs};
 use crate::bench::time_ms;
 use oxccl::{Comm, Config, Error, Id, ReduceOp, Result};
-use std::sync::{Arc, Barrier};
 
 /// Flags of `oxccl bench group`.
 #[derive(clap::Args, Clone, Debug)]
@@ -13,7 +12,7 @@ pub struct GroupArgs {
     /// Sizes of each tensor, timing and check.
     #[command(flatten)]
     pub sweep: SweepArgs,
-    /// Tensors in the group (f32, out of place), each of the row's size.
+    /// Tensors in the group (f32; out of place unless --in-place), each of the row's size.
     #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
     pub tensors: usize,
     /// Ranks of the communicator (threads, one GPU).
@@ -63,7 +62,7 @@ pub fn run(a: &GroupArgs) -> CliResult {
     let (iters, warmup, check, tensors, world) = (sweep.iters, sweep.warmup, sweep.check, a.tensors, a.ranks);
     let in_place = a.in_place;
     let place = if in_place { "in place" } else { "out of place" };
-    let meet = Arc::new(Barrier::new(world));
+    let meet = super::Meet::new(world);
     println!("# group: {tensors} AllReduces of f32 ({place}) on {world} ranks (threads), {:?} mover", config.mover);
     println!("# group: one group of the tensors; whole: one AllReduce of their total size; each: one call per tensor");
     println!(
@@ -74,83 +73,84 @@ pub fn run(a: &GroupArgs) -> CliResult {
         .map(|rank| {
             let (ctx, config, sizes, meet) = (ctx.clone(), config.clone(), sizes.clone(), meet.clone());
             std::thread::spawn(move || -> Result<Vec<Row>> {
-                let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
-                let comm = Comm::from_rank(&stream, rank, world, &id, config)?;
-                let mut rows = Vec::new();
-                for &bytes in &sizes {
-                    let n = (bytes as usize / 4).max(1);
-                    let total = n * tensors;
-                    // Tensors of their own (as gradients are), and one buffer of their total size.
-                    let value = vec![(rank + 1) as f32; n];
-                    let sends = (0..tensors)
-                        .map(|_| stream.clone_htod(&value).map_err(Error::driver("cuMemcpyHtoD")))
-                        .collect::<Result<Vec<_>>>()?;
-                    let mut recvs = (0..tensors)
-                        .map(|_| stream.alloc_zeros::<f32>(n).map_err(Error::driver("cuMemAlloc")))
-                        .collect::<Result<Vec<_>>>()?;
-                    let send =
-                        stream.clone_htod(&vec![(rank + 1) as f32; total]).map_err(Error::driver("cuMemcpyHtoD"))?;
-                    let mut recv = stream.alloc_zeros::<f32>(total).map_err(Error::driver("cuMemAlloc"))?;
-                    let grouped = |recvs: &mut [cudarc::driver::CudaSlice<f32>]| -> Result<()> {
-                        let mut g = comm.group();
-                        for (input, out) in sends.iter().zip(recvs.iter_mut()) {
-                            if in_place {
-                                g.all_reduce_in_place(out, ReduceOp::Sum)?;
-                            } else {
-                                g.all_reduce(input, out, ReduceOp::Sum)?;
+                let m = meet.clone();
+                m.run(|| {
+                    let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+                    let comm = Comm::from_rank(&stream, rank, world, &id, config)?;
+                    let mut rows = Vec::new();
+                    for &bytes in &sizes {
+                        let n = (bytes as usize / 4).max(1);
+                        let total = n * tensors;
+                        // Tensors of their own (as gradients are), and one buffer of their total size.
+                        let value = vec![(rank + 1) as f32; n];
+                        let sends = (0..tensors)
+                            .map(|_| stream.clone_htod(&value).map_err(Error::driver("cuMemcpyHtoD")))
+                            .collect::<Result<Vec<_>>>()?;
+                        let mut recvs = (0..tensors)
+                            .map(|_| stream.alloc_zeros::<f32>(n).map_err(Error::driver("cuMemAlloc")))
+                            .collect::<Result<Vec<_>>>()?;
+                        let send = stream
+                            .clone_htod(&vec![(rank + 1) as f32; total])
+                            .map_err(Error::driver("cuMemcpyHtoD"))?;
+                        let mut recv = stream.alloc_zeros::<f32>(total).map_err(Error::driver("cuMemAlloc"))?;
+                        let grouped = |recvs: &mut [cudarc::driver::CudaSlice<f32>]| -> Result<()> {
+                            let mut g = comm.group();
+                            for (input, out) in sends.iter().zip(recvs.iter_mut()) {
+                                if in_place {
+                                    g.all_reduce_in_place(out, ReduceOp::Sum)?;
+                                } else {
+                                    g.all_reduce(input, out, ReduceOp::Sum)?;
+                                }
                             }
-                        }
-                        g.run()
-                    };
-                    let one = |i: &cudarc::driver::CudaSlice<f32>, o: &mut cudarc::driver::CudaSlice<f32>| {
-                        if in_place {
-                            comm.all_reduce_in_place(o, ReduceOp::Sum)
-                        } else {
-                            comm.all_reduce(i, o, ReduceOp::Sum)
-                        }
-                    };
-                    comm.synchronize()?;
-                    meet.wait();
-                    let group = time_ms(&stream, warmup, iters, || grouped(&mut recvs))?;
-                    comm.synchronize()?;
-                    meet.wait();
-                    let whole = time_ms(&stream, warmup, iters, || one(&send, &mut recv))?;
-                    comm.synchronize()?;
-                    meet.wait();
-                    let each = time_ms(&stream, warmup.min(2), iters.min(5), || {
-                        sends.iter().zip(recvs.iter_mut()).try_for_each(|(i, o)| one(i, o))
-                    })?;
-                    comm.synchronize()?;
-                    let mut wrong = 0;
-                    if check {
-                        // In place the timed calls kept summing: every tensor starts again from its
-                        // value. Out of place the outputs start at 0, which no correct sum is.
-                        for r in recvs.iter_mut() {
+                            g.run()
+                        };
+                        let one = |i: &cudarc::driver::CudaSlice<f32>, o: &mut cudarc::driver::CudaSlice<f32>| {
                             if in_place {
-                                stream.memcpy_htod(&value, r).map_err(Error::driver("cuMemcpyHtoD"))?;
+                                comm.all_reduce_in_place(o, ReduceOp::Sum)
                             } else {
-                                stream.memset_zeros(r).map_err(Error::driver("cuMemsetD8Async"))?;
+                                comm.all_reduce(i, o, ReduceOp::Sum)
                             }
-                        }
-                        grouped(&mut recvs)?;
+                        };
                         comm.synchronize()?;
-                        let want = (world * (world + 1) / 2) as f32;
-                        for r in &recvs {
-                            let got = stream.clone_dtoh(r).map_err(Error::driver("cuMemcpyDtoH"))?;
-                            wrong += got.iter().filter(|&&x| x != want).count() as u64;
+                        meet.wait()?;
+                        let group = time_ms(&stream, warmup, iters, || grouped(&mut recvs))?;
+                        comm.synchronize()?;
+                        meet.wait()?;
+                        let whole = time_ms(&stream, warmup, iters, || one(&send, &mut recv))?;
+                        comm.synchronize()?;
+                        meet.wait()?;
+                        let each = time_ms(&stream, warmup.min(2), iters.min(5), || {
+                            sends.iter().zip(recvs.iter_mut()).try_for_each(|(i, o)| one(i, o))
+                        })?;
+                        comm.synchronize()?;
+                        let mut wrong = 0;
+                        if check {
+                            // In place the timed calls kept summing: every tensor starts again from its
+                            // value. Out of place the outputs start at 0, which no correct sum is.
+                            for r in recvs.iter_mut() {
+                                if in_place {
+                                    stream.memcpy_htod(&value, r).map_err(Error::driver("cuMemcpyHtoD"))?;
+                                } else {
+                                    stream.memset_zeros(r).map_err(Error::driver("cuMemsetD8Async"))?;
+                                }
+                            }
+                            grouped(&mut recvs)?;
+                            comm.synchronize()?;
+                            let want = (world * (world + 1) / 2) as f32;
+                            for r in &recvs {
+                                let got = stream.clone_dtoh(r).map_err(Error::driver("cuMemcpyDtoH"))?;
+                                wrong += got.iter().filter(|&&x| x != want).count() as u64;
+                            }
                         }
+                        meet.wait()?;
+                        rows.push(Row { group: group * 1e3, whole: whole * 1e3, each: each * 1e3, wrong });
                     }
-                    meet.wait();
-                    rows.push(Row { group: group * 1e3, whole: whole * 1e3, each: each * 1e3, wrong });
-                }
-                Ok(rows)
+                    Ok(rows)
+                })
             })
         })
         .collect();
-    let mut results = Vec::new();
-    for t in threads {
-        results.push(t.join().map_err(|_| "a rank's thread panicked")??);
-    }
+    let results = super::joined(threads)?;
     let mut wrong = 0;
     for (i, &bytes) in sizes.iter().enumerate() {
         // The slowest rank's times.

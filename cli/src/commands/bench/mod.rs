@@ -413,3 +413,116 @@ fn finish_rows(rows: &[crate::bench::CollectiveRow], json: bool) -> CliResult {
     }
     Ok(())
 }
+
+/// Where the ranks' threads of a benchmark meet between timed phases: a barrier that a thread
+/// which fails breaks ([`Meet::run`]), so that the others stop with an error instead of waiting for
+/// it for ever.
+pub(crate) struct Meet {
+    /// Threads arrived in this round, the round, and whether a thread failed.
+    state: std::sync::Mutex<(usize, u64, bool)>,
+    turn: std::sync::Condvar,
+    threads: usize,
+}
+
+impl Meet {
+    /// A barrier of `threads` threads.
+    pub(crate) fn new(threads: usize) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            state: std::sync::Mutex::new((0, 0, false)),
+            turn: std::sync::Condvar::new(),
+            threads,
+        })
+    }
+
+    /// Waits until every thread has arrived; an error once a thread has failed.
+    pub(crate) fn wait(&self) -> oxccl::Result<()> {
+        let broken = || oxccl::Error::Config { field: "ranks", why: "another rank's thread failed".into() };
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.2 {
+            return Err(broken());
+        }
+        st.0 += 1;
+        if st.0 == self.threads {
+            st.0 = 0;
+            st.1 += 1;
+            self.turn.notify_all();
+            return Ok(());
+        }
+        let round = st.1;
+        while st.1 == round && !st.2 {
+            st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.1 == round { Err(broken()) } else { Ok(()) }
+    }
+
+    /// Runs a thread's work, breaking the barrier for the others if it fails.
+    pub(crate) fn run<T>(&self, work: impl FnOnce() -> oxccl::Result<T>) -> oxccl::Result<T> {
+        let result = work();
+        if result.is_err() {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.2 = true;
+            self.turn.notify_all();
+        }
+        result
+    }
+}
+
+/// The results of the ranks' threads, or the first error that is not a rank stopping because
+/// another failed (the failure itself).
+pub(crate) fn joined<T>(
+    threads: Vec<std::thread::JoinHandle<oxccl::Result<T>>>,
+) -> Result<Vec<T>, Box<dyn std::error::Error>> {
+    let mut results = Vec::new();
+    let mut first: Option<oxccl::Error> = None;
+    for t in threads {
+        match t.join().map_err(|_| "a rank's thread panicked")? {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                let secondary = matches!(&e, oxccl::Error::Config { field: "ranks", .. });
+                if first.as_ref().is_none_or(|f| matches!(f, oxccl::Error::Config { field: "ranks", .. }) && !secondary)
+                {
+                    first = Some(e);
+                }
+            }
+        }
+    }
+    match first {
+        Some(e) => Err(e.into()),
+        None => Ok(results),
+    }
+}
+
+#[cfg(test)]
+mod meet_tests {
+    use super::{Meet, joined};
+
+    #[test]
+    fn threads_meet_and_a_failure_releases_the_others() {
+        let meet = Meet::new(3);
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let m = meet.clone();
+                std::thread::spawn(move || m.run(|| (0..4).try_for_each(|_| m.wait())))
+            })
+            .collect();
+        assert!(joined(threads).is_ok(), "three threads meet four times");
+
+        let meet = Meet::new(3);
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let m = meet.clone();
+                std::thread::spawn(move || {
+                    m.run(|| {
+                        m.wait()?;
+                        if t == 1 {
+                            return Err(oxccl::Error::Config { field: "test", why: "rank 1 fails".into() });
+                        }
+                        m.wait()
+                    })
+                })
+            })
+            .collect();
+        let e = joined(threads).expect_err("rank 1 failed");
+        assert!(e.to_string().contains("rank 1 fails"), "the failure itself is reported: {e}");
+    }
+}

@@ -4,7 +4,6 @@
 use super::{CliResult, MoverArg, SweepArgs};
 use crate::bench::{memcpy_rate, time_ms};
 use oxccl::{Comm, Config, Error, Id, Result};
-use std::sync::{Arc, Barrier};
 
 /// Flags of `oxccl bench send-recv`.
 #[derive(clap::Args, Clone, Debug)]
@@ -49,7 +48,7 @@ pub fn run(a: &SendRecvArgs) -> CliResult {
     let id = Id::new()?;
     let sizes: Vec<u64> = sweep.sizes().collect();
     let (iters, warmup, check) = (sweep.iters, sweep.warmup, sweep.check);
-    let meet = Arc::new(Barrier::new(a.ranks));
+    let meet = super::Meet::new(a.ranks);
     println!("# send-recv: rank 0 -> rank 1 of {} ranks (threads), {:?} mover", a.ranks, config.mover);
     println!("# GB/s: bytes sent per second; memcpy: cuMemcpyDtoD of the same size, bytes copied per second");
     println!(
@@ -60,48 +59,48 @@ pub fn run(a: &SendRecvArgs) -> CliResult {
         .map(|rank| {
             let (ctx, config, sizes, meet, world) = (ctx.clone(), config.clone(), sizes.clone(), meet.clone(), a.ranks);
             std::thread::spawn(move || -> Result<Vec<Row>> {
-                let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
-                let comm = Comm::from_rank(&stream, rank, world, &id, config)?;
-                let mut rows = Vec::new();
-                for &bytes in &sizes {
-                    let n = bytes as usize;
-                    let pattern: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
-                    let send = stream.clone_htod(&pattern).map_err(Error::driver("cuMemcpyHtoD"))?;
-                    let mut recv = stream.alloc_zeros::<u8>(n).map_err(Error::driver("cuMemAlloc"))?;
-                    // Both ends start their timed calls together.
-                    comm.synchronize()?;
-                    meet.wait();
-                    let ms = time_ms(&stream, warmup, iters, || match rank {
-                        0 => comm.send(&send, 1),
-                        1 => comm.recv(&mut recv, 0),
-                        _ => Ok(()),
-                    })?;
-                    comm.synchronize()?;
-                    let mut wrong = 0;
-                    if rank == 1 && check {
-                        stream.memset_zeros(&mut recv).map_err(Error::driver("cuMemsetD8Async"))?;
-                        comm.recv(&mut recv, 0)?;
-                    } else if rank == 0 && check {
-                        comm.send(&send, 1)?;
+                let m = meet.clone();
+                m.run(|| {
+                    let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+                    let comm = Comm::from_rank(&stream, rank, world, &id, config)?;
+                    let mut rows = Vec::new();
+                    for &bytes in &sizes {
+                        let n = bytes as usize;
+                        let pattern: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+                        let send = stream.clone_htod(&pattern).map_err(Error::driver("cuMemcpyHtoD"))?;
+                        let mut recv = stream.alloc_zeros::<u8>(n).map_err(Error::driver("cuMemAlloc"))?;
+                        // Both ends start their timed calls together.
+                        comm.synchronize()?;
+                        meet.wait()?;
+                        let ms = time_ms(&stream, warmup, iters, || match rank {
+                            0 => comm.send(&send, 1),
+                            1 => comm.recv(&mut recv, 0),
+                            _ => Ok(()),
+                        })?;
+                        comm.synchronize()?;
+                        let mut wrong = 0;
+                        if rank == 1 && check {
+                            stream.memset_zeros(&mut recv).map_err(Error::driver("cuMemsetD8Async"))?;
+                            comm.recv(&mut recv, 0)?;
+                        } else if rank == 0 && check {
+                            comm.send(&send, 1)?;
+                        }
+                        comm.synchronize()?;
+                        if rank == 1 && check {
+                            let got = stream.clone_dtoh(&recv).map_err(Error::driver("cuMemcpyDtoH"))?;
+                            wrong = got.iter().zip(&pattern).filter(|(a, b)| a != b).count() as u64;
+                        }
+                        meet.wait()?;
+                        let memcpy_gbps = if rank == 1 { memcpy_rate(&stream, n, warmup, iters)? / 2.0 } else { 0.0 };
+                        meet.wait()?;
+                        rows.push(Row { us: ms * 1e3, memcpy_gbps, wrong });
                     }
-                    comm.synchronize()?;
-                    if rank == 1 && check {
-                        let got = stream.clone_dtoh(&recv).map_err(Error::driver("cuMemcpyDtoH"))?;
-                        wrong = got.iter().zip(&pattern).filter(|(a, b)| a != b).count() as u64;
-                    }
-                    meet.wait();
-                    let memcpy_gbps = if rank == 1 { memcpy_rate(&stream, n, warmup, iters)? / 2.0 } else { 0.0 };
-                    meet.wait();
-                    rows.push(Row { us: ms * 1e3, memcpy_gbps, wrong });
-                }
-                Ok(rows)
+                    Ok(rows)
+                })
             })
         })
         .collect();
-    let mut results = Vec::new();
-    for t in threads {
-        results.push(t.join().map_err(|_| "a rank's thread panicked")??);
-    }
+    let results = super::joined(threads)?;
     for (i, &bytes) in sizes.iter().enumerate() {
         // The slower end's time; the receiver's memcpy and check.
         let (s, r) = (&results[0][i], &results[1][i]);
