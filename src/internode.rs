@@ -10,8 +10,9 @@
 
 use crate::error::{Error, Result};
 use crate::{DType, ReduceOp};
-use cudarc::driver::{CudaStream, sys};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -516,7 +517,7 @@ impl EngineGroup {
         let (node, local) = (map.node(me), map.local(me));
         let (rank, size) = (node as usize, map.nodes() as usize);
         let root = map.rank(0, local) as usize;
-        let group = crate::staged::group_bootstrap(bootstrap, root, rank, size, config.timeout)?;
+        let group = group_bootstrap(bootstrap, root, rank, size, config.timeout)?;
         let config = crate::Config { ranks_per_node: None, ..config };
         let comm = crate::Comm::new(stream, Box::new(group), config)?;
         Ok(EngineGroup { comm, rank, size })
@@ -525,7 +526,7 @@ impl EngineGroup {
 
 /// The group's AllReduce in place of `count` elements of `T` at `buf`.
 fn all_reduce_typed<T: crate::Element>(g: &EngineGroup, buf: u64, count: usize, op: ReduceOp) -> Result<()> {
-    let mut region = crate::staged::Region::<T>::new(buf, 0, count as u64, g.comm.stream());
+    let mut region = Region::<T>::new(buf, 0, count as u64, g.comm.stream());
     g.comm.all_reduce_in_place(&mut region, op)
 }
 
@@ -539,8 +540,8 @@ fn reduce_typed<T: crate::Element>(
     root: usize,
 ) -> Result<()> {
     let stream = g.comm.stream();
-    let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
-    let mut into = crate::staged::Region::<T>::new(recv, 0, count as u64, stream);
+    let from = Region::<T>::new(send, 0, count as u64, stream);
+    let mut into = Region::<T>::new(recv, 0, count as u64, stream);
     g.comm.reduce(&from, (g.rank == root).then_some(&mut into), op, root)
 }
 
@@ -554,11 +555,11 @@ fn broadcast_typed<T: crate::Element>(
     in_place: bool,
 ) -> Result<()> {
     let stream = g.comm.stream();
-    let mut into = crate::staged::Region::<T>::new(recv, 0, count as u64, stream);
+    let mut into = Region::<T>::new(recv, 0, count as u64, stream);
     if in_place {
         return g.comm.broadcast_in_place(&mut into, root);
     }
-    let from = crate::staged::Region::<T>::new(send, 0, count as u64, stream);
+    let from = Region::<T>::new(send, 0, count as u64, stream);
     g.comm.broadcast((g.rank == root).then_some(&from), &mut into, root)
 }
 
@@ -618,4 +619,65 @@ unsafe impl InterNode for EngineGroup {
     fn check(&self) -> Result<()> {
         self.comm.query().map(drop)
     }
+}
+
+/// `len` elements at `ptr` on this rank's device, as a buffer the node communicator takes. Its
+/// owner (the caller's buffer) orders it on the stream; the region adds no guard of its own.
+pub(crate) struct Region<T> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _t: PhantomData<T>,
+}
+
+impl<T> Region<T> {
+    pub(crate) fn new(base: sys::CUdeviceptr, at: u64, len: u64, stream: &Arc<CudaStream>) -> Region<T> {
+        let e = std::mem::size_of::<T>() as u64;
+        Region { ptr: base + at * e, len: len as usize, stream: stream.clone(), _t: PhantomData }
+    }
+}
+
+impl<T> DeviceSlice<T> for Region<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for Region<T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for Region<T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+/// A bootstrap among the ranks of one group (a node, or one local index across nodes): world rank
+/// `root` serves it on this host, and this rank joins as member `index` of `size`. Collective over
+/// `world`: every rank calls it once, in the same order; a root that cannot start still takes part
+/// in the exchange, so that its members fail at once instead of waiting.
+pub(crate) fn group_bootstrap(
+    world: &dyn crate::Bootstrap,
+    root: usize,
+    index: usize,
+    size: usize,
+    timeout: std::time::Duration,
+) -> Result<crate::bootstrap::TcpBootstrap> {
+    let serving = (world.rank() == root).then(|| crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
+    let mine = match &serving {
+        Some(Ok(id)) => id.to_bytes().to_vec(),
+        _ => Vec::new(),
+    };
+    let ids = world.all_gather(&mine)?;
+    if let Some(Err(e)) = serving {
+        return Err(e.into());
+    }
+    let id = crate::Id::from_bytes(&ids[root])?;
+    Ok(crate::bootstrap::TcpBootstrap::new(&id, index, size, timeout)?)
 }

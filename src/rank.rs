@@ -15,10 +15,11 @@ use crate::compiled::{CompiledConfig, CompiledPlan, PlanLink, PlanMemory, RankPl
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::internode::InterNode;
+use crate::internode::group_bootstrap;
 use crate::peer::{Link, PeerMemory};
 use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, whole_blocks};
 use crate::reshard::{Layout, ReshardOptions};
-use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source, group_bootstrap};
+use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};

@@ -7,11 +7,10 @@
 
 use crate::comm::{Count, Holders};
 use crate::error::{Error, Result};
-use crate::internode::InterNode;
+use crate::internode::{InterNode, Region};
 use crate::{Collective, Communicator, Element, ReduceOp};
-use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, sys};
 use oxccl_host::nodes::{Kind, NodeMap, Side, Staged};
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// Default bytes per piece of a staged collective: large enough that each side's calls run near
@@ -69,67 +68,6 @@ pub(crate) struct Progress {
     /// Whether the oldest pending step has its inputs and has not completed: time counts against
     /// the inter-node side only then (not while the rank's own work runs before it).
     pub stalled: bool,
-}
-
-/// `len` elements at `ptr` on this rank's device, as a buffer the node communicator takes. Its
-/// owner (the caller's buffer) orders it on the stream; the region adds no guard of its own.
-pub(crate) struct Region<T> {
-    ptr: sys::CUdeviceptr,
-    len: usize,
-    stream: Arc<CudaStream>,
-    _t: PhantomData<T>,
-}
-
-/// A bootstrap among the ranks of one group (a node, or one local index across nodes): world rank
-/// `root` serves it on this host, and this rank joins as member `index` of `size`. Collective over
-/// `world`: every rank calls it once, in the same order; a root that cannot start still takes part
-/// in the exchange, so that its members fail at once instead of waiting.
-pub(crate) fn group_bootstrap(
-    world: &dyn crate::Bootstrap,
-    root: usize,
-    index: usize,
-    size: usize,
-    timeout: std::time::Duration,
-) -> Result<crate::bootstrap::TcpBootstrap> {
-    let serving = (world.rank() == root).then(|| crate::Id::new_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))));
-    let mine = match &serving {
-        Some(Ok(id)) => id.to_bytes().to_vec(),
-        _ => Vec::new(),
-    };
-    let ids = world.all_gather(&mine)?;
-    if let Some(Err(e)) = serving {
-        return Err(e.into());
-    }
-    let id = crate::Id::from_bytes(&ids[root])?;
-    Ok(crate::bootstrap::TcpBootstrap::new(&id, index, size, timeout)?)
-}
-
-impl<T> Region<T> {
-    pub(crate) fn new(base: sys::CUdeviceptr, at: u64, len: u64, stream: &Arc<CudaStream>) -> Region<T> {
-        let e = std::mem::size_of::<T>() as u64;
-        Region { ptr: base + at * e, len: len as usize, stream: stream.clone(), _t: PhantomData }
-    }
-}
-
-impl<T> DeviceSlice<T> for Region<T> {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-impl<T> DevicePtr<T> for Region<T> {
-    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Sync(None))
-    }
-}
-
-impl<T> DevicePtrMut<T> for Region<T> {
-    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Sync(None))
-    }
 }
 
 /// One call of the node communicator on regions (`send`: `None` in place; an empty list on a rank
