@@ -67,7 +67,35 @@ impl Communicator {
     /// workarounds of `oxccl_host::reshard::workaround`), or a transfer program lowered level by
     /// level (`oxccl_host::compile::direct`). Its ranks are the communicator's and its CTAs per
     /// rank `ctas`.
+    ///
+    /// Errors: [`crate::Error::Config`] where the program is not laid out for this communicator: its
+    /// ranks or buffer rows are not the communicator's, or a stage's programs are not `ctas` per
+    /// rank, rank-major (rank `i / ctas`, CTA `i % ctas`).
     pub fn prepare_staged(&self, lowered: Staged, ctas: u32) -> Result<Prepared> {
+        let n = self.ranks();
+        let c = ctas as usize;
+        let bad = |why: String| crate::Error::Config { field: "staged program", why };
+        if lowered.buffer_bytes.len() != n {
+            return Err(bad(format!(
+                "buffer sizes for {} ranks; the communicator has {n}",
+                lowered.buffer_bytes.len()
+            )));
+        }
+        for (s, l) in lowered.stages.iter().enumerate() {
+            let laid_out = l.ranks == n
+                && l.programs.len() == n * c
+                && l.programs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| (p.rank as usize, p.cta as usize) == (i / c.max(1), i % c.max(1)));
+            if !laid_out {
+                return Err(bad(format!(
+                    "stage {s}: {} programs of {} ranks, not {ctas} CTAs per rank of {n} ranks in rank-major order",
+                    l.programs.len(),
+                    l.ranks
+                )));
+            }
+        }
         let stages = lowered
             .stages
             .iter()

@@ -262,9 +262,16 @@ fn instances_are_for_plans_and_checked_first() {
 /// cannot run is refused by name.
 #[test]
 fn direct_plans_are_lowered_first() {
-    let (ok, err) = oxccl(&["bench", "plan", "--algo", "ring-allreduce", "--exec", "direct", "-o", "avg"]);
-    assert!(!ok && err.contains("Avg needs to know which reduction of a chunk is its last"), "{err}");
-    assert!(!err.contains("GPU"), "{err}");
+    let direct = ["bench", "plan", "--algo", "ring-allreduce", "--exec", "direct"];
+    for (args, want) in [
+        (&[&direct[..], &["-o", "avg"]].concat(), "Avg needs to know which reduction of a chunk is its last"),
+        (&[&direct[..], &["--ctas", "0"]].concat(), "ctas: must be 1..=256"),
+        (&[&direct[..], &["--slots", "4"]].concat(), "--slots sizes FIFOs; --exec direct has none"),
+        // A compiled plan has its thread blocks.
+        (&vec!["bench", "plan", "--algo", "ring-allreduce", "--ctas", "3"], "--ctas is for --exec direct"),
+    ] {
+        refused_before_any_gpu(args, want);
+    }
 }
 
 #[test]
@@ -400,7 +407,6 @@ fn flags_a_benchmark_does_not_read_are_refused() {
         (&["bench", "movers", "--mover", "simt"], "--mover"),
         (&["bench", "movers", "-d", "half"], "-d"),
         (&["bench", "movers", "--ranks", "4"], "--ranks"),
-        (&[&plan[..], &["--ctas", "3"]].concat(), "--ctas"),
         (&[&plan[..], &["--stages", "3"]].concat(), "--stages"),
         (&[&plan[..], &["--ranks", "4"]].concat(), "--ranks"),
         (&[&plan[..], &["--reduction", "tma"]].concat(), "--reduction"),

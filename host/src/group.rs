@@ -109,9 +109,9 @@ pub fn rows_per_launch(ctas: u32) -> usize {
 
 /// The members of each launch of a group: consecutive runs of rows, as many as one launch's rows
 /// hold ([`rows_per_launch`]), and no more than keep the launch *balanced*: with the CTAs shared
-/// out ([`share`]), every row gets at least half of its proportional share of them (a row of one
-/// large member among many small ones would otherwise be left one CTA while the small ones take
-/// the rest, and the launch would wait on it). Rows of equal bytes are always balanced. Every rank
+/// out (at least one each, the rest in proportion), every row gets at least half of its
+/// proportional share of them (a row of one large member among many small ones would otherwise be
+/// left one CTA while the small ones take the rest, and the launch would wait on it). Rows of equal bytes are always balanced. Every rank
 /// computes the same runs from the same members.
 pub fn launches(shared: &Shared, members: &[Member]) -> Vec<Range<usize>> {
     let rows = rows(members);

@@ -604,8 +604,8 @@ pub struct StageError {
     pub error: LoweredError,
 }
 
-/// A program of several launches run in order, each a [`Lowered`] (stream order, and each launch's
-/// start barrier, separate them): a reshard's stages ([`crate::reshard::lower()`]), a transfer
+/// A program of several launches run in order, each a [`Lowered`] (stream order separates them, and
+/// where the ranks launch apart each launch's start barrier too): a reshard's stages ([`crate::reshard::lower()`]), a transfer
 /// program's levels ([`crate::compile::direct`]). One kernel runs every stage: the unit's and the
 /// operator's.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -746,9 +746,12 @@ impl fmt::Display for Staged {
                         let r: Vec<String> = (0..32).filter(|d| mask & (1 << d) != 0).map(|d| d.to_string()).collect();
                         r.join(sep)
                     };
+                    // `move` writes the combination of its sources; `reduce` combines into its
+                    // destination.
+                    let kind = if t.kind == TaskKind::ReduceInto.raw() { "reduce" } else { "move" };
                     writeln!(
                         f,
-                        "    move {}:{}@{} -> {}:{}@{} {}B",
+                        "    {kind} {}:{}@{} -> {}:{}@{} {}B",
                         ranks(t.src_ranks, "+"),
                         slot_name(t.src_slot),
                         t.src_offset,

@@ -1448,9 +1448,18 @@ pub struct PlanBench {
     /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
     /// Run this program level by level on the collective engine instead of the compiled plan
-    /// (`--exec direct`, [`oxccl_host::compile::direct`]): virtual ranks of one GPU, every rank's
-    /// SM share of CTAs.
-    pub direct: Option<oxccl_host::program::Program>,
+    /// (`--exec direct`, [`oxccl_host::compile::direct`]): virtual ranks of one GPU.
+    pub direct: Option<DirectRun>,
+}
+
+/// What `--exec direct` runs: the program, and its CTAs per rank (`None`: each rank's share of
+/// the SMs, as the collectives take).
+#[derive(Clone, Debug)]
+pub struct DirectRun {
+    /// The transfer program.
+    pub program: oxccl_host::program::Program,
+    /// CTAs per rank.
+    pub ctas: Option<u32>,
 }
 
 impl PlanBench {
@@ -1486,9 +1495,9 @@ impl PlanBench {
             });
         }
         for size in self.sweep.sizes() {
-            if let Some(program) = &self.direct {
-                // The CTA count comes from the GPU; one checks the rest.
-                self.direct_lowered(program, size, 1)?;
+            if let Some(direct) = &self.direct {
+                // The CTA count may come from the GPU; one checks the rest.
+                self.direct_lowered(&direct.program, size, direct.ctas.unwrap_or(1))?;
                 continue;
             }
             self.lowered(size).map_err(|e| match e {
@@ -1569,9 +1578,11 @@ impl PlanBench {
         (l.input_chunks() as u64).max(l.output_chunks() as u64).max(1)
     }
 
-    /// The smallest size the plan runs as asked: one 16-byte grain per chunk and micro-batch.
+    /// The smallest size the plan runs as asked: one 16-byte grain per chunk and micro-batch (per
+    /// chunk for `--exec direct`, which cuts no micro-batches).
     pub fn smallest_size(&self) -> u64 {
-        self.user_chunks() * 16 * self.micro_batches as u64
+        let micro_batches = if self.direct.is_some() { 1 } else { self.micro_batches as u64 };
+        self.user_chunks() * 16 * micro_batches
     }
 
     /// The plan lowered for the sweep's `size`: its options (the larger user buffer per rank cut
@@ -1619,7 +1630,10 @@ pub struct PlanBenchInfo {
     /// Share of the TBs' time spent waiting (FIFO space or data, sync points), from the device's
     /// per-TB records of the second of two separate launches of the same plan lowered with timing:
     /// Σ idle / Σ (busy + idle) over the TBs that have work.
-    pub idle_share: f64,
+    pub idle_share: Option<f64>,
+    /// `--exec direct`: launches per call (the program's levels); `slots` is then the TMA mover's
+    /// slots per stage and `threads`, `stage_bytes`, `registers` are 0 (not known here).
+    pub levels: Option<usize>,
 }
 
 /// Runs a lowered plan with rank `r` on `streams[r]` (distinct streams, on one GPU or several),
@@ -1636,8 +1650,8 @@ pub fn plan_bench(
     use oxccl_host::compile::lower::{LowerOptions, lower, place};
     use oxccl_host::program::{Collective as Coll, Rank, Slice};
     b.validate()?;
-    if let Some(program) = &b.direct {
-        return direct_bench(stream, streams, b, program, on_row);
+    if let Some(direct) = &b.direct {
+        return direct_bench(stream, streams, b, direct, on_row);
     }
     let l = &b.plan.layout;
     let p = l.ranks as usize;
@@ -1772,7 +1786,8 @@ pub fn plan_bench(
             threads: shape.threads,
             stage_bytes: shape.stage_bytes,
             registers: engine.plan_kernel_info(b.config.mover, b.dtype, b.op)?.registers,
-            idle_share,
+            idle_share: Some(idle_share),
+            levels: None,
         };
         let real = user_chunks * chunk_bytes;
         let row = b.row(l, info.tbs_per_rank, real, (count_in, count_out), us, wrong);
@@ -1784,22 +1799,31 @@ pub fn plan_bench(
 
 /// [`plan_bench`] for `--exec direct`: the program lowered level by level
 /// ([`oxccl_host::compile::direct`]) and launched through [`Communicator::prepare_staged`] on
-/// virtual ranks of `stream`'s GPU, checked and timed like a compiled plan. `info` reports the
-/// CTAs and slots; the plan kernels' fields (threads, stage bytes, registers, idle share) are 0.
+/// virtual ranks of `stream`'s GPU, checked and timed like a compiled plan, with the launch
+/// shape (`--threads`, `--chunk`) and CTAs per rank given. `info` has the levels and the TMA slots
+/// per stage, and no per-TB idle share (the engine keeps no per-TB timing).
 fn direct_bench(
     stream: &Arc<CudaStream>,
     streams: &[Arc<CudaStream>],
     b: &PlanBench,
-    program: &oxccl_host::program::Program,
+    direct: &DirectRun,
     mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
 ) -> Result<Vec<CollectiveRow>> {
     use oxccl_host::program::{BufferKind, Collective as Coll, Rank};
+    let program = &direct.program;
     let l = &program.layout;
     let p = l.ranks as usize;
     if streams.iter().any(|s| s.context().ordinal() != stream.context().ordinal()) {
         return Err(Error::Config { field: "gpus", why: "--exec direct runs on virtual ranks of one GPU".into() });
     }
-    let config = Config { mover: b.config.mover, timeout: b.config.timeout, ..Config::default() };
+    let config = Config {
+        mover: b.config.mover,
+        timeout: b.config.timeout,
+        threads: b.config.threads,
+        chunk_bytes: b.config.stage_bytes,
+        max_ctas: direct.ctas,
+        ..Config::default()
+    };
     let comm = Communicator::virtual_ranks(stream, p, config)?;
     let ctas = comm.ctas_per_rank();
     let e = b.dtype.size() as u64;
@@ -1815,7 +1839,7 @@ fn direct_bench(
         let staged = b.direct_lowered(program, size, ctas)?;
         // As `direct_lowered` cut the size.
         let chunk_bytes = (size / b.user_chunks() / 16).max(1) * 16;
-        let slots = staged.slots();
+        let (slots, levels) = (staged.slots(), staged.stages.len());
         let prepared = comm.prepare_staged(staged, ctas)?;
         let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
         let mut bufs: Vec<Vec<CudaSlice<u8>>> = Vec::with_capacity(p);
@@ -1876,7 +1900,8 @@ fn direct_bench(
             threads: 0,
             stage_bytes: 0,
             registers: 0,
-            idle_share: 0.0,
+            idle_share: None,
+            levels: Some(levels),
         };
         on_row(&row, &info);
         rows.push(row);

@@ -1,6 +1,6 @@
 //! The direct lowering: a [`Program`] run by the collective engine's walker (the T-CCL and reshard
-//! descriptors, [`Lowered`]) instead of the FIFO plan walker, for ranks whose buffers every rank can
-//! address (one GPU, peer access, IPC).
+//! descriptors, [`Lowered`]) instead of the FIFO plan walker, for the ranks of one communicator,
+//! whose buffers every rank addresses (virtual ranks of one GPU, GPUs with peer access).
 //!
 //! # Levels
 //!
@@ -11,8 +11,8 @@
 //! at once, and running the levels in order gives the sequential semantics. Each level becomes one
 //! launch ([`Lowered`]): its ops are tasks that move data straight between the ranks' buffers (a
 //! transfer is a copy, or for `rrc` a reduction, from the sender's buffer into the receiver's), and
-//! stream order with the launches' start barriers separates the levels, as it separates a
-//! reshard's stages. A ring AllReduce on `n` ranks has `2(n - 1)` levels; a direct one `n` (the
+//! the levels are separated as a reshard's stages are: by stream order where one launch holds
+//! every rank, else also by each launch's start barrier, which waits for every rank to reach it. A ring AllReduce on `n` ranks has `2(n - 1)` levels; a direct one `n` (the
 //! `n - 1` reductions into one chunk write it in turn, in the program's order, so floats round as
 //! the program's CPU executor rounds them).
 //!

@@ -133,7 +133,7 @@ impl LowerOptions {
     pub const MAX_TASKS: u64 = 1 << 22;
 
     /// The largest [`LowerOptions::max_tasks`]: a program's tasks are indexed by `u32`
-    /// ([`TbProgram::first_task`], [`TbProgram::task_count`]).
+    /// ([`oxccl_kernels::abi::TbProgram::first_task`], [`oxccl_kernels::abi::TbProgram::task_count`]).
     pub const MAX_TASKS_LIMIT: u64 = u32::MAX as u64;
 
     /// `ranks` ranks, `ctas` CTAs per rank, reader-owned copies, the unit from the element size.
@@ -255,8 +255,8 @@ pub enum LowerError {
     Invalid {
         /// The stage's index in the plan.
         stage: usize,
-        /// What validation found (also from [`LoweredReshard::check_races`] and
-        /// [`LoweredReshard::execute`]).
+        /// What validation found (also what [`LoweredReshard::check_races`] and
+        /// [`LoweredReshard::execute`] find, as a [`StageError`] that converts into this).
         #[source]
         error: LoweredError,
     },

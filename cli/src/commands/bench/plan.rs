@@ -55,6 +55,9 @@ pub struct PlanArgs {
     /// Data mover.
     #[arg(long, value_enum, default_value = "tma")]
     pub mover: MoverArg,
+    /// With --exec direct: CTAs per rank (default: each rank's share of the SMs).
+    #[arg(long, allow_negative_numbers = true)]
+    pub ctas: Option<u32>,
     /// Threads per CTA.
     #[arg(long, allow_negative_numbers = true)]
     pub threads: Option<u32>,
@@ -77,8 +80,9 @@ pub struct PlanRow {
     pub plan: String,
     /// `compiled` or `interpreted` (`--exec`).
     pub exec: String,
-    /// Share of the TBs' time spent waiting ([`bench::PlanBenchInfo::idle_share`]).
-    pub idle_share: f64,
+    /// Share of the TBs' time spent waiting ([`bench::PlanBenchInfo::idle_share`]; `null` for
+    /// `--exec direct`).
+    pub idle_share: Option<f64>,
 }
 
 /// How a plan runs.
@@ -149,6 +153,16 @@ pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std
         )
         .into());
     }
+    match a.exec {
+        ExecArg::Direct if a.slots.is_some() => return Err("--slots sizes FIFOs; --exec direct has none".into()),
+        ExecArg::Direct if a.gpus.is_some_and(|g| g > 1) => {
+            return Err("--exec direct runs on virtual ranks of one GPU (--gpus 1)".into());
+        }
+        ExecArg::Compiled | ExecArg::Interpreted if a.ctas.is_some() => {
+            return Err("--ctas is for --exec direct (a compiled plan has its thread blocks)".into());
+        }
+        _ => {}
+    }
     if a.mover == MoverArg::Simt && a.chunk.is_some() {
         return Err("--chunk shapes the TMA mover's pipeline; --mover simt has none".into());
     }
@@ -168,7 +182,7 @@ pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std
         slots: a.slots,
         sweep,
         config,
-        direct: (a.exec == ExecArg::Direct).then(|| loaded.program.clone()),
+        direct: (a.exec == ExecArg::Direct).then(|| bench::DirectRun { program: loaded.program.clone(), ctas: a.ctas }),
     };
     // The sweep, the launch configuration and the plan lowered at every size.
     b.validate()?;
@@ -215,17 +229,25 @@ pub fn run(a: PlanArgs) -> CliResult {
     let progress = Progress::new(&b.name, b.sweep.sizes().count() as u64, a.json);
     let rows = bench::plan_bench(&stream, &streams, &b, |row, info| {
         if first {
-            progress.println(format_args!(
-                "# {} TBs per rank (one CTA each), {} FIFO slots, {} threads per CTA, TMA stage {} B, {} registers",
-                info.tbs_per_rank, info.slots, info.threads, info.stage_bytes, info.registers
-            ));
+            match info.levels {
+                Some(levels) => progress.println(format_args!(
+                    "# direct: {levels} levels (a launch each), {} CTAs per rank, {} TMA slots per stage",
+                    info.tbs_per_rank, info.slots
+                )),
+                None => progress.println(format_args!(
+                    "# {} TBs per rank (one CTA each), {} FIFO slots, {} threads per CTA, TMA stage {} B, {} registers",
+                    info.tbs_per_rank, info.slots, info.threads, info.stage_bytes, info.registers
+                )),
+            }
             first = false;
         }
         progress.println(bench::nccl_line(row));
-        progress.println(format_args!(
-            "#   TB idle share {:.1} % (per-TB timing, the second of two separate launches)",
-            100.0 * info.idle_share
-        ));
+        if let Some(idle) = info.idle_share {
+            progress.println(format_args!(
+                "#   TB idle share {:.1} % (per-TB timing, the second of two separate launches)",
+                100.0 * idle
+            ));
+        }
         progress.step(format!("{} B", row.size));
         json_rows.push(PlanRow {
             row: row.clone(),
