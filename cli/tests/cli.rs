@@ -258,6 +258,14 @@ fn instances_are_for_plans_and_checked_first() {
     }
 }
 
+/// `oxccl plan --dump direct` prints the program's levels: a ring AllReduce on 4 ranks is 6.
+#[test]
+fn direct_lowerings_print_their_levels() {
+    let (ok, out) = oxccl_out(&["plan", "--algo", "ring-allreduce", "--topo", "1x4", "--dump", "direct"]);
+    assert!(ok && out.starts_with("lowered: unit F32, 4 ranks, 1 CTAs per rank, 6 stages"), "{out}");
+    assert!(out.contains("    reduce ") && out.contains("    move "), "{out}");
+}
+
 /// `--exec direct` lowers the program level by level before any GPU is looked for: what it
 /// cannot run is refused by name.
 #[test]

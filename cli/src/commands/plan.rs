@@ -4,6 +4,7 @@
 //! oxccl plan --algo hm-allgather --topo 2x8 --json
 //! oxccl plan --xml host/tests/data/msccl/ndv4_r48ll.xml --scheduler algo --tb-alloc per-conn
 //! oxccl plan --algo ring-allreduce --topo 1x4 --dump emit
+//! oxccl plan --algo direct-allreduce --topo 1x4 --dump direct
 //! ```
 
 use super::CliResult;
@@ -174,7 +175,9 @@ pub struct Args {
     /// compile_ms, ...).
     #[arg(long)]
     pub json: bool,
-    /// Print a text dump instead: `program`, or the result of a pass (deps, schedule, tb-alloc, emit).
+    /// Print a text dump instead: `program`, the result of a pass (deps, schedule, tb-alloc, emit),
+    /// or `direct`: the program lowered level by level for the collective engine (`bench plan
+    /// --exec direct`), 16-byte f32 chunks, one CTA per rank.
     #[arg(long)]
     pub dump: Option<String>,
 }
@@ -196,11 +199,17 @@ pub fn run(args: Args) -> CliResult {
             print!("{}", text::print(&loaded.program));
             return Ok(());
         }
+        if pass == "direct" {
+            use oxccl_host::compile::direct::{DirectOptions, lower_direct};
+            let opts = DirectOptions::new(16, oxccl_kernels::abi::DType::F32, 1);
+            print!("{}", lower_direct(&loaded.program, &opts)?);
+            return Ok(());
+        }
         let c = compile::run_passes(&loaded.program, &opts)?;
         let names: Vec<&str> = compile::PASSES.iter().map(|p| p.name).collect();
         let dump = c
             .dump(&loaded.program, pass)
-            .ok_or_else(|| format!("--dump `{pass}`: expected program or one of {}", names.join(", ")))?;
+            .ok_or_else(|| format!("--dump `{pass}`: expected program, direct or one of {}", names.join(", ")))?;
         print!("{dump}");
         return Ok(());
     }
