@@ -70,7 +70,8 @@ impl Communicator {
     ///
     /// Errors: [`crate::Error::Config`] where the program is not laid out for this communicator: its
     /// ranks or buffer rows are not the communicator's, or a stage's programs are not `ctas` per
-    /// rank, rank-major (rank `i / ctas`, CTA `i % ctas`).
+    /// rank, rank-major (rank `i / ctas`, CTA `i % ctas`); [`crate::Error::Lowered`] where a task is
+    /// malformed or reaches past its buffer's size in `buffer_bytes`.
     pub fn prepare_staged(&self, lowered: Staged, ctas: u32) -> Result<Prepared> {
         let n = self.ranks();
         let c = ctas as usize;
@@ -95,6 +96,9 @@ impl Communicator {
                     l.ranks
                 )));
             }
+            // Every task inside the buffer sizes the launch's caller promises (its fields are
+            // public: a program made by hand is checked as a lowering checks its own).
+            oxccl_host::lowered::validate(l, &lowered.buffer_bytes, &[])?;
         }
         let stages = lowered
             .stages
@@ -114,7 +118,7 @@ impl Communicator {
     pub unsafe fn launch_prepared(&self, prepared: &Prepared, buffers: [[u64; BUFFER_SLOTS]; MAX_RANKS]) -> Result<()> {
         let launch = LaunchSpec { call_key: prepared.call_key, ..self.staged_launch(&prepared.lowered)? };
         self.check_resident(&launch, prepared.ctas, prepared.lowered.slots())?;
-        // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when lowered.
+        // SAFETY: the caller's contract; each stage was validated against `buffer_bytes` when prepared.
         // Stream order runs a group's stages one after the other; across groups, a stage's start
         // barrier waits for every rank to have finished the previous stage. All stages are queued
         // under one lock: no other call's launch, nor a reset, comes between them.
