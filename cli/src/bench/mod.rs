@@ -1510,18 +1510,20 @@ impl PlanBench {
         Ok(())
     }
 
-    /// The program lowered level by level for the sweep's `size` (chunks a positive multiple of 16
-    /// bytes) with `ctas` CTAs per rank.
+    /// The program lowered level by level for the sweep's `size` with `ctas` CTAs per rank, and
+    /// its bytes per chunk (a positive multiple of 16).
     fn direct_lowered(
         &self,
         program: &oxccl_host::program::Program,
         size: u64,
         ctas: u32,
-    ) -> Result<oxccl_host::lowered::Staged> {
+    ) -> Result<(oxccl_host::lowered::Staged, u64)> {
         use oxccl_host::compile::direct::{DirectOptions, lower_direct};
         let chunk_bytes = (size / self.user_chunks() / 16).max(1) * 16;
         let opts = DirectOptions { op: self.op, ..DirectOptions::new(chunk_bytes, self.dtype, ctas) };
-        lower_direct(program, &opts).map_err(|e| Error::Config { field: "plan", why: format!("at {size} B: {e}") })
+        let staged = lower_direct(program, &opts)
+            .map_err(|e| Error::Config { field: "plan", why: format!("at {size} B: {e}") })?;
+        Ok((staged, chunk_bytes))
     }
 
     /// The nccl-tests row of one size of a plan of layout `l`: `real` bytes (the larger user buffer
@@ -1836,9 +1838,7 @@ fn direct_bench(
     let mut staging = check_staging(&streams[..1], b.sweep.check)?;
     let mut rows = Vec::new();
     for size in b.sweep.sizes() {
-        let staged = b.direct_lowered(program, size, ctas)?;
-        // As `direct_lowered` cut the size.
-        let chunk_bytes = (size / b.user_chunks() / 16).max(1) * 16;
+        let (staged, chunk_bytes) = b.direct_lowered(program, size, ctas)?;
         let (slots, levels) = (staged.slots(), staged.stages.len());
         let prepared = comm.prepare_staged(staged, ctas)?;
         let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
@@ -1853,13 +1853,10 @@ fn direct_bench(
             }
             bufs.push(row);
         }
-        // Where rank r's input and output start (in place: inside the one user buffer).
+        // Where rank r's input and output start, as the lowering placed them.
         let at = |r: usize, kind: BufferKind| -> u64 {
-            if l.in_place {
-                table[r][slot::OUTPUT as usize] + u64::from(l.buffer_base(Rank(r as u32), kind)) * chunk_bytes
-            } else {
-                table[r][if kind == BufferKind::Input { slot::INPUT } else { slot::OUTPUT } as usize]
-            }
+            let (s, offset) = oxccl_host::compile::direct::place(l, Rank(r as u32), kind, chunk_bytes);
+            table[r][s as usize] + offset
         };
         let count_in = u64::from(l.input_chunks()) * chunk_bytes / e;
         let count_out = u64::from(l.output_chunks()) * chunk_bytes / e;

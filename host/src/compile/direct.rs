@@ -97,8 +97,9 @@ pub enum DirectError {
     },
 }
 
-/// Where chunk 0 of `buffer` of `rank` is: (slot, byte offset).
-fn place(l: &Layout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u8, u64) {
+/// Where chunk 0 of `buffer` of `rank` is in a direct lowering with `chunk_bytes` per chunk:
+/// (slot, byte offset).
+pub fn place(l: &Layout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u8, u64) {
     match (l.in_place, buffer) {
         (_, BufferKind::Scratch) => (slot::SCRATCH, 0),
         (false, BufferKind::Input) => (slot::INPUT, 0),
