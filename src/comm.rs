@@ -3,7 +3,7 @@
 use crate::cache::BuildOnce;
 use crate::config::{Config, Shape, check_issuers_fit, combine_direct, combining_ring, launch_shape, validate_config};
 use crate::engine::{
-    DeviceAlloc, Engine, LaunchSpec, PeerScope, StatusRecord, bind, check_kept, make_current, sync_context,
+    DeviceAlloc, Engine, InUse, LaunchSpec, PeerScope, StatusRecord, bind, check_kept, make_current, sync_context,
     sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
@@ -176,6 +176,9 @@ pub struct Communicator {
     /// Whether the last launch queued was a point-to-point round: the launch after it is not
     /// launched early either (see [`Communicator::launch_uploaded_as`]).
     after_p2p: std::sync::atomic::AtomicBool,
+    /// This communicator's use of its devices' contexts, dropped last: no memory there is freed
+    /// while it lives (a free would hold up the launches its calls wait for; see `InUse`).
+    _in_use: Vec<InUse>,
 }
 
 /// The ranks' devices, the launch groups (ranks launched together), the configuration and the
@@ -278,6 +281,7 @@ impl Communicator {
                 }),
             }
         }
+        let in_use = engines.iter().map(|e| InUse::new(e.context())).collect();
         let comm = Communicator {
             config,
             engines,
@@ -294,6 +298,7 @@ impl Communicator {
             launch_order: Mutex::new(()),
             poison: Poison::default(),
             after_p2p: std::sync::atomic::AtomicBool::new(false),
+            _in_use: in_use,
         };
         // The workspaces were zeroed on the legacy streams: finish before any launch.
         comm.synchronize_devices()?;

@@ -34,7 +34,7 @@ use crate::comm::{
 };
 use crate::config::check_timeout;
 use crate::engine::{
-    DeviceAlloc, Engine, Start, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context,
+    DeviceAlloc, Engine, InUse, Start, StatusRecord, launch_kernel, record_event, stream_on, stream_wait, sync_context,
     sync_stream, wait_stream,
 };
 use crate::error::{Error, Result};
@@ -195,6 +195,8 @@ pub struct CompiledPlan {
     /// Held while a launch queues its ranks and while [`CompiledPlan::reset`] runs: every rank's
     /// stream sees launches in one order (their FIFO and progress counters pair them by count).
     launch_order: std::sync::Mutex<()>,
+    /// The plan's use of its devices' contexts, dropped last (see `Communicator`'s).
+    _in_use: Vec<InUse>,
 }
 
 /// The stage sizes tried when the configuration does not fix one, largest first: 2 KiB steps from
@@ -352,6 +354,7 @@ impl CompiledPlan {
         dtype: DType,
         op: RedOp,
     ) -> Result<Self> {
+        let in_use = engines.iter().map(|e| InUse::new(e.context())).collect();
         let mut plan = CompiledPlan {
             engines,
             ranks,
@@ -366,6 +369,7 @@ impl CompiledPlan {
             poison: Poison::default(),
             scratch: std::sync::Mutex::new(Vec::new()),
             launch_order: std::sync::Mutex::new(()),
+            _in_use: in_use,
         };
         plan.shape = plan.choose_shape()?;
         plan.check_items()?;

@@ -160,17 +160,97 @@ pub(crate) fn stream_on(stream: &CudaStream, ctx: &CudaContext) -> Result<()> {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing free leaks the allocation. The context is
-        // made current without taking the error cudarc may keep for it: that error belongs to a
-        // call that will report it.
-        if make_current(&self.ctx).is_ok() {
-            // Work queued on the memory (a launch, a `zero_async`) must end before it is freed, and
-            // `cuMemFree` only may synchronise: wait for the context. A failed wait (an earlier
-            // launch's error) still frees, as the device then runs nothing of ours.
-            let _ = result::ctx::synchronize();
-            // SAFETY: allocated by `cuMemAlloc` and freed once, here, after the context's work ended.
-            let _ = unsafe { result::free_sync(self.ptr) };
+        release(&self.ctx, Freed::Device(self.ptr));
+    }
+}
+
+/// Frees that wait for the device, held back while a communicator or plan of this process uses it.
+/// `cuMemFree` and `cuMemFreeHost` wait for the whole device and meanwhile hold up the launches
+/// that other threads make: a rank that dropped its communicator while its peers on the same GPU
+/// were in a call stalled them until their timeout (a peer's launch waited behind the free, the
+/// free for the call, the call for that launch). So memory is freed at once only where no user
+/// ([`InUse`]) of its context is left, else when the last one goes.
+static USERS: Mutex<Vec<Users>> = Mutex::new(Vec::new());
+
+/// The live users of one context and the frees held back for them.
+struct Users {
+    ctx: Arc<CudaContext>,
+    count: usize,
+    held: Vec<Freed>,
+}
+
+/// Memory to free: device memory of `cuMemAlloc`, or page-locked host memory of `cuMemHostAlloc`
+/// (its address as a number).
+enum Freed {
+    Device(sys::CUdeviceptr),
+    Host(usize),
+}
+
+fn users() -> std::sync::MutexGuard<'static, Vec<Users>> {
+    USERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A communicator's or plan's use of a context: while one lives, memory of that context is not
+/// freed ([`USERS`]); the last one to go frees what was held back.
+pub(crate) struct InUse {
+    ctx: Arc<CudaContext>,
+}
+
+impl InUse {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Self {
+        let mut all = users();
+        match all.iter_mut().find(|u| u.ctx.cu_ctx() == ctx.cu_ctx()) {
+            Some(u) => u.count += 1,
+            None => all.push(Users { ctx: ctx.clone(), count: 1, held: Vec::new() }),
         }
+        InUse { ctx: ctx.clone() }
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let mut all = users();
+        let Some(i) = all.iter().position(|u| u.ctx.cu_ctx() == self.ctx.cu_ctx()) else { return };
+        all[i].count -= 1;
+        if all[i].count > 0 {
+            return;
+        }
+        let last = all.swap_remove(i);
+        drop(all);
+        free_now(&last.ctx, last.held);
+    }
+}
+
+/// Frees `what` of `ctx` now, or when the context's last user goes.
+fn release(ctx: &Arc<CudaContext>, what: Freed) {
+    let mut all = users();
+    if let Some(u) = all.iter_mut().find(|u| u.ctx.cu_ctx() == ctx.cu_ctx()) {
+        u.held.push(what);
+        return;
+    }
+    drop(all);
+    free_now(ctx, vec![what]);
+}
+
+/// Frees `held` after the context's queued work, which may still use it.
+fn free_now(ctx: &CudaContext, held: Vec<Freed>) {
+    // Errors cannot be reported from drop; a failing free leaks the allocation. The context is made
+    // current without taking the error cudarc may keep for it: that error belongs to a call that
+    // will report it.
+    if held.is_empty() || make_current(ctx).is_err() {
+        return;
+    }
+    // Work queued on the memory (a launch, a `zero_async`) must end before it is freed, and the
+    // frees only may synchronise: wait for the context. A failed wait (an earlier launch's error)
+    // still frees, as the device then runs nothing of ours.
+    let _ = result::ctx::synchronize();
+    for f in held {
+        // SAFETY: each allocated by `cuMemAlloc` / `cuMemHostAlloc` in `ctx` and freed once, here,
+        // after the context's work ended.
+        let _ = match f {
+            Freed::Device(ptr) => unsafe { result::free_sync(ptr) },
+            Freed::Host(ptr) => unsafe { result::free_host(ptr as *mut std::ffi::c_void) },
+        };
     }
 }
 
@@ -249,15 +329,8 @@ impl StatusRecord {
 
 impl Drop for StatusRecord {
     fn drop(&mut self) {
-        // Errors cannot be reported from drop; a failing free leaks the allocation. Made current as
-        // for `DeviceAlloc`, leaving cudarc's kept error to the call it belongs to.
-        if make_current(&self.ctx).is_ok() {
-            // A launch may still record an error in it: wait for the context's work first (as
-            // `DeviceAlloc` does). A failed wait still frees, as the device then runs nothing of ours.
-            let _ = result::ctx::synchronize();
-            // SAFETY: allocated by `cuMemHostAlloc` and freed once, here, after the context's work ended.
-            let _ = unsafe { result::free_host(self.host.cast()) };
-        }
+        // A launch may still record an error in it: freed after the context's work (see `release`).
+        release(&self.ctx, Freed::Host(self.host as usize));
     }
 }
 

@@ -8,25 +8,27 @@ use super::layout::{Rank, Region, Sharding, for_each_index};
 use std::collections::HashMap;
 
 /// A distinct source box and the ranks holding it, ascending. Where the source layout has
-/// `Partial` axes, the ranks hold partial sums of the box: `groups` splits them by partial index
-/// (each group's ranks hold the same values, replicas of one partial sum), and the box's values are
-/// the sum over the groups; `sets` splits them by replica index
-/// ([`super::layout::Sharding::replica_index`]): each set holds every partial sum once, ascending
-/// by partial index, and a sum reads one whole set, so every destination adds the partial sums in
-/// the same order (float sums are then the same bits on every replica). Without `Partial` axes
-/// there is one group, equal to `replicas`, and every set is one rank.
+/// `Partial` axes, the ranks hold partial sums of the box, and its values are their sum; `sets`
+/// splits the ranks by replica index ([`super::layout::Sharding::replica_index`]): each set holds
+/// every partial sum once, ascending by partial index, and a sum reads one whole set, so every
+/// destination adds the partial sums in the same order (float sums are then the same bits on every
+/// replica). Without `Partial` axes every set is one rank.
 #[derive(Clone, Debug)]
 pub(crate) struct SrcShard {
     pub region: Region,
     pub replicas: Vec<Rank>,
-    pub groups: Vec<Vec<Rank>>,
     pub sets: Vec<Vec<Rank>>,
 }
 
 impl SrcShard {
+    /// How many partial sums the box is held as (1: its values).
+    pub fn partials(&self) -> usize {
+        self.sets.first().map_or(1, Vec::len)
+    }
+
     /// Whether the box is held as several partial sums.
     pub fn is_partial(&self) -> bool {
-        self.groups.len() > 1
+        self.partials() > 1
     }
 
     /// The sets a sum for `rank` may read, best first by where they are: `rank`'s own set where it
@@ -98,29 +100,21 @@ impl Geometry {
         }
 
         let mut geometry = Self { src, dst, parts, radix, src_shards: HashMap::new(), dst_shards: Vec::new() };
-        // Per box, its ranks by partial index and by replica index.
-        let mut groups: HashMap<u64, std::collections::BTreeMap<u64, Vec<Rank>>> = HashMap::new();
+        // Per box, its ranks by replica index.
         let mut sets: HashMap<u64, std::collections::BTreeMap<u64, Vec<Rank>>> = HashMap::new();
         for (rank, region) in src_regions {
             if region.is_empty() {
                 continue;
             }
             let key = geometry.key_of(&region);
-            let index = geometry.src.partial_index(rank).unwrap_or(0);
-            groups.entry(key).or_default().entry(index).or_default().push(rank);
             let replica = geometry.src.replica_index(rank).unwrap_or(0);
             sets.entry(key).or_default().entry(replica).or_default().push(rank);
             geometry
                 .src_shards
                 .entry(key)
-                .or_insert_with(|| SrcShard { region, replicas: Vec::new(), groups: Vec::new(), sets: Vec::new() })
+                .or_insert_with(|| SrcShard { region, replicas: Vec::new(), sets: Vec::new() })
                 .replicas
                 .push(rank);
-        }
-        for (key, by_index) in groups {
-            if let Some(shard) = geometry.src_shards.get_mut(&key) {
-                shard.groups = by_index.into_values().collect();
-            }
         }
         for (key, by_index) in sets {
             if let Some(shard) = geometry.src_shards.get_mut(&key) {

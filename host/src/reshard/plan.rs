@@ -381,7 +381,7 @@ fn route(g: &Geometry, elem: u64, options: PlanOptions) -> Result<Vec<Stage>, Re
                     // one set of the partial sums (every partial sum once, ascending, so that every
                     // replica adds them in one order): the receiver's own where it holds one, else
                     // one of those with the most ranks in its domain (round robin).
-                    let sources = sshard.groups.len();
+                    let sources = sshard.partials();
                     let summed = |cursors: &mut Cursors, r: Rank, region: &Region| {
                         let near = sshard.nearest_sets(r, ds);
                         let c = cursors.sets.entry((piece.src_key, r / ds)).or_insert(0);

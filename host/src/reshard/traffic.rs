@@ -93,7 +93,7 @@ impl Traffic {
             for piece in g.pieces(&dshard.region) {
                 let sshard = g.src_shard(piece.src_key);
                 let bytes = piece.region.volume() * elem;
-                let k = sshard.groups.len() as u64;
+                let k = sshard.partials() as u64;
                 for &r in &dshard.replicas {
                     t.bytes_needed += bytes * (k - u64::from(holds(&sshard.replicas, r)));
                 }
