@@ -216,7 +216,7 @@ impl Drop for InUse {
             return;
         }
         let last = all.swap_remove(i);
-        drop(all);
+        // Under the lock: a user that comes meanwhile waits, rather than launch behind the frees.
         free_now(&last.ctx, last.held);
     }
 }
@@ -228,8 +228,9 @@ fn release(ctx: &Arc<CudaContext>, what: Freed) {
         u.held.push(what);
         return;
     }
-    drop(all);
+    // Under the lock, as in `InUse::drop`.
     free_now(ctx, vec![what]);
+    drop(all);
 }
 
 /// Frees `held` after the context's queued work, which may still use it.

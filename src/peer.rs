@@ -395,37 +395,9 @@ pub(crate) struct Link {
     pub(crate) _held: Held,
 }
 
-/// Workspaces of other ranks held by this one ([`Link::_held`]). Dropped on a thread of its own: the
-/// last holder frees a workspace, and freeing waits for that workspace's device, which may be
-/// another rank's, busy with calls that wait for this thread's next one.
-#[derive(Default)]
-pub(crate) struct Held(pub(crate) Batch);
-
-/// Workspaces freed together.
-type Batch = Vec<Arc<crate::engine::DeviceAlloc>>;
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        static REAPER: std::sync::OnceLock<Option<Mutex<std::sync::mpsc::Sender<Batch>>>> = std::sync::OnceLock::new();
-        let held = std::mem::take(&mut self.0);
-        if held.is_empty() {
-            return;
-        }
-        let reaper = REAPER.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<Batch>();
-            let spawned = std::thread::Builder::new().name("oxccl-free".into()).spawn(move || {
-                for batch in rx {
-                    drop(batch);
-                }
-            });
-            spawned.ok().map(|_| Mutex::new(tx))
-        });
-        // Without the thread (it could not start), here: the wait then happens on this thread.
-        if let Some(tx) = reaper {
-            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(held);
-        }
-    }
-}
+/// Workspaces of other ranks held by this one ([`Link::_held`]): the last holder frees a
+/// workspace, once no communicator of the process uses its device (see `engine::InUse`).
+pub(crate) type Held = Vec<Arc<crate::engine::DeviceAlloc>>;
 
 /// A call's buffers where peers in other processes reach them: each as a region address of this
 /// rank's memory, the buffers they cannot map copied through staging memory, held for the call.

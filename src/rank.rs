@@ -292,7 +292,7 @@ impl Comm {
             });
         };
         let access = if one_process { all.iter().map(|f| f.ordinal).collect() } else { Vec::new() };
-        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: crate::peer::Held(held) };
+        let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: held };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
         Ok(Comm { nodes: None, inner, rank: me })
@@ -1076,7 +1076,7 @@ impl Comm {
                 let ws = Arc::new(DeviceAlloc::filled_on(&stream, bytes, &[])?);
                 let held;
                 (workspaces, held) = share_in_process(&ws, bootstrap, "compiled plan")?;
-                let link = PlanLink { _held: crate::peer::Held(held), region: None };
+                let link = PlanLink { _held: held, region: None };
                 (PlanMemory::Local(ws), link)
             }
             Some(peer) => {
