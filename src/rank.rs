@@ -295,7 +295,12 @@ impl Comm {
         let link = Link { bootstrap, peer, access, aborted: AtomicBool::new(false), _held: held };
         let ranks = vec![crate::comm::new_rank(me, 0, stream.clone(), workspace)];
         let inner = Communicator::assemble(config, vec![engine], ranks, world_view, workspaces, Some(link))?;
-        Ok(Comm { nodes: None, inner, rank: me })
+        let comm = Comm { nodes: None, inner, rank: me };
+        // No rank launches before every rank has ended its setup, whose last steps wait for the
+        // whole device (the workspace's zeros, the status record): a rank launching earlier would
+        // wait at its start barrier for a peer that waits for that launch to end, until the timeout.
+        comm.bootstrap().barrier()?;
+        Ok(comm)
     }
 
     /// Builds a communicator across nodes on `map`: a node communicator among this rank's node

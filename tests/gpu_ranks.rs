@@ -309,6 +309,17 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
 /// One rank's part of the random cases: builds its communicators (one per shape, from `ids`) on
 /// `stream` and runs `cases` cases, each checked against the CPU reference. Returns how many ran,
 /// and on this rank the kinds of memory they were on ([`kinds_line`]).
+/// The end of a rank's cases. A process that ends takes its memory service with it, and a peer
+/// still making a buffer reachable there would get an error: processes meet before they leave.
+/// Threads leave as they finish, while their peers are still in calls (which must not stall them).
+fn leave(comms: &[Comm], processes: bool) {
+    if processes {
+        for c in comms {
+            c.bootstrap().barrier().unwrap();
+        }
+    }
+}
+
 fn rank_cases(
     stream: &Arc<CudaStream>,
     rank: usize,
@@ -367,6 +378,7 @@ fn rank_cases(
         }
         memory.push(c.memory[rank]);
     }
+    leave(&comms, processes);
     (cases, kinds_line(memory.into_iter()))
 }
 
@@ -728,6 +740,7 @@ fn reshard_rank_cases(
         run_reshard_case(&comms[c.comm], &c, &what).unwrap_or_else(|e| panic!("{what}: {e}"));
         memory.push(c.memory[rank]);
     }
+    leave(&comms, processes);
     (cases, kinds_line(memory.into_iter()))
 }
 
@@ -1340,6 +1353,7 @@ fn p2p_rank_cases(
             None => c.transfers.iter().filter(|t| t.1 == rank).map(|t| t.2).sum(),
         };
     }
+    leave(&comms, processes);
     (cases, received)
 }
 
@@ -1578,6 +1592,7 @@ fn group_rank_cases(
         }
         members += c.members.len();
     }
+    leave(&comms, processes);
     (cases, members)
 }
 
