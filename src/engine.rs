@@ -22,7 +22,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
-/// Freed on drop.
+/// Freed on drop, after the context's queued work; while a communicator or compiled plan of this
+/// process uses the context, only once the last of them is dropped (a free waits for the whole
+/// device and would hold up the launches their calls wait for).
 pub struct DeviceAlloc {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
