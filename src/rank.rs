@@ -1119,6 +1119,9 @@ impl Comm {
             plan_link,
             config,
         )?;
+        // No rank runs the plan before every rank has loaded it: loading ends with allocations and
+        // waits that a peer's running plan, waiting for this rank, could hold up (as a setup's).
+        bootstrap.barrier()?;
         Ok(RankPlan::new(plan, me))
     }
 
