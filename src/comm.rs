@@ -176,8 +176,8 @@ pub struct Communicator {
     /// Whether the last launch queued was a point-to-point round: the launch after it is not
     /// launched early either (see [`Communicator::launch_uploaded_as`]).
     after_p2p: std::sync::atomic::AtomicBool,
-    /// This communicator's use of its devices' contexts, dropped last: no memory there is freed
-    /// while it lives (a free would hold up the launches its calls wait for; see `InUse`).
+    /// A per-rank communicator's use of its device's context, dropped last: no memory there is
+    /// freed while it lives (a free would hold up the launches its calls wait for; see `InUse`).
     _in_use: Vec<InUse>,
 }
 
@@ -281,7 +281,10 @@ impl Communicator {
                 }),
             }
         }
-        let in_use = engines.iter().map(|e| InUse::new(e.context())).collect();
+        // Only a rank's own calls wait for other threads' and processes' launches: one that drives
+        // every rank launches them all itself.
+        let in_use =
+            if link.is_some() { engines.iter().map(|e| InUse::new(e.context())).collect() } else { Vec::new() };
         let comm = Communicator {
             config,
             engines,

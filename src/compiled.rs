@@ -195,7 +195,7 @@ pub struct CompiledPlan {
     /// Held while a launch queues its ranks and while [`CompiledPlan::reset`] runs: every rank's
     /// stream sees launches in one order (their FIFO and progress counters pair them by count).
     launch_order: std::sync::Mutex<()>,
-    /// The plan's use of its devices' contexts, dropped last (see `Communicator`'s).
+    /// A per-rank plan's use of its device's context, dropped last (see `Communicator`'s).
     _in_use: Vec<InUse>,
 }
 
@@ -354,7 +354,9 @@ impl CompiledPlan {
         dtype: DType,
         op: RedOp,
     ) -> Result<Self> {
-        let in_use = engines.iter().map(|e| InUse::new(e.context())).collect();
+        // As a communicator's: only a rank's own plan waits for other launchers.
+        let in_use =
+            if link.is_some() { engines.iter().map(|e| InUse::new(e.context())).collect() } else { Vec::new() };
         let mut plan = CompiledPlan {
             engines,
             ranks,

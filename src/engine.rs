@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
-/// Freed on drop, after the context's queued work; while a communicator or compiled plan of this
+/// Freed on drop, after the context's queued work; while a per-rank communicator or plan of this
 /// process uses the context, only once the last of them is dropped (a free waits for the whole
 /// device and would hold up the launches their calls wait for).
 pub struct DeviceAlloc {
@@ -166,7 +166,8 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// Frees that wait for the device, held back while a communicator or plan of this process uses it.
+/// Frees that wait for the device, held back while a per-rank communicator or plan of this process
+/// uses it (their calls wait for other threads' and processes' launches).
 /// `cuMemFree` and `cuMemFreeHost` wait for the whole device and meanwhile hold up the launches
 /// that other threads make: a rank that dropped its communicator while its peers on the same GPU
 /// were in a call stalled them until their timeout (a peer's launch waited behind the free, the
