@@ -166,7 +166,8 @@ impl PlanMemory {
 /// What a per-rank plan holds of its peers ([`Comm::load_plan`](crate::Comm::load_plan)).
 pub(crate) struct PlanLink {
     /// Where every rank is in this process: the peers' workspaces (their kernels write into this
-    /// rank's FIFO region and this rank's into theirs), freed off this thread.
+    /// rank's FIFO region and this rank's into theirs), freed by their last holder (see
+    /// `engine::InUse`).
     pub(crate) _held: crate::peer::Held,
     /// Across processes: this rank's workspace as a region the peers map, withdrawn on drop.
     pub(crate) region: Option<(Arc<PeerMemory>, u32)>,

@@ -172,14 +172,21 @@ impl Drop for DeviceAlloc {
 /// that other threads make: a rank that dropped its communicator while its peers on the same GPU
 /// were in a call stalled them until their timeout (a peer's launch waited behind the free, the
 /// free for the call, the call for that launch). So memory is freed at once only where no user
-/// ([`InUse`]) of its context is left, else when the last one goes.
-static USERS: Mutex<Vec<Users>> = Mutex::new(Vec::new());
+/// ([`InUse`]) of its context is left, else when the last one goes. One entry per context ever
+/// used (by its handle; never removed, so that a user and a free of one context always meet at
+/// one lock), each with its own lock: a free waits for its own device only.
+static USERS: Mutex<Vec<Arc<Users>>> = Mutex::new(Vec::new());
 
-/// The live users of one context and the frees held back for them.
+/// The live users of one context (by its handle) and the frees held back for them.
 struct Users {
-    ctx: Arc<CudaContext>,
+    ctx: usize,
+    state: Mutex<UsersState>,
+}
+
+#[derive(Default)]
+struct UsersState {
     count: usize,
-    held: Vec<Freed>,
+    held: Vec<(Arc<CudaContext>, Freed)>,
 }
 
 /// Memory to free: device memory of `cuMemAlloc`, or page-locked host memory of `cuMemHostAlloc`
@@ -189,70 +196,80 @@ enum Freed {
     Host(usize),
 }
 
-fn users() -> std::sync::MutexGuard<'static, Vec<Users>> {
-    USERS.lock().unwrap_or_else(|e| e.into_inner())
+/// The entry of `ctx`, made on first use.
+fn users_of(ctx: &CudaContext) -> Arc<Users> {
+    let key = ctx.cu_ctx() as usize;
+    let mut all = USERS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(u) = all.iter().find(|u| u.ctx == key) {
+        return u.clone();
+    }
+    let u = Arc::new(Users { ctx: key, state: Mutex::new(UsersState::default()) });
+    all.push(u.clone());
+    u
+}
+
+impl Users {
+    fn state(&self) -> std::sync::MutexGuard<'_, UsersState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A communicator's or plan's use of a context: while one lives, memory of that context is not
 /// freed ([`USERS`]); the last one to go frees what was held back.
 pub(crate) struct InUse {
-    ctx: Arc<CudaContext>,
+    users: Arc<Users>,
 }
 
 impl InUse {
     pub(crate) fn new(ctx: &Arc<CudaContext>) -> Self {
-        let mut all = users();
-        match all.iter_mut().find(|u| u.ctx.cu_ctx() == ctx.cu_ctx()) {
-            Some(u) => u.count += 1,
-            None => all.push(Users { ctx: ctx.clone(), count: 1, held: Vec::new() }),
-        }
-        InUse { ctx: ctx.clone() }
+        let users = users_of(ctx);
+        users.state().count += 1;
+        InUse { users }
     }
 }
 
 impl Drop for InUse {
     fn drop(&mut self) {
-        let mut all = users();
-        let Some(i) = all.iter().position(|u| u.ctx.cu_ctx() == self.ctx.cu_ctx()) else { return };
-        all[i].count -= 1;
-        if all[i].count > 0 {
-            return;
+        let mut state = self.users.state();
+        state.count -= 1;
+        if state.count == 0 {
+            let held = std::mem::take(&mut state.held);
+            // Under the lock: a user that comes meanwhile waits, rather than launch behind the frees.
+            free_now(held);
         }
-        let last = all.swap_remove(i);
-        // Under the lock: a user that comes meanwhile waits, rather than launch behind the frees.
-        free_now(&last.ctx, last.held);
     }
 }
 
 /// Frees `what` of `ctx` now, or when the context's last user goes.
 fn release(ctx: &Arc<CudaContext>, what: Freed) {
-    let mut all = users();
-    if let Some(u) = all.iter_mut().find(|u| u.ctx.cu_ctx() == ctx.cu_ctx()) {
-        u.held.push(what);
+    let users = users_of(ctx);
+    let mut state = users.state();
+    if state.count > 0 {
+        state.held.push((ctx.clone(), what));
         return;
     }
     // Under the lock, as in `InUse::drop`.
-    free_now(ctx, vec![what]);
-    drop(all);
+    free_now(vec![(ctx.clone(), what)]);
 }
 
-/// Frees `held` after the context's queued work, which may still use it.
-fn free_now(ctx: &CudaContext, held: Vec<Freed>) {
+/// Frees `held` after its context's queued work, which may still use it.
+fn free_now(held: Vec<(Arc<CudaContext>, Freed)>) {
     // Errors cannot be reported from drop; a failing free leaks the allocation. The context is made
     // current without taking the error cudarc may keep for it: that error belongs to a call that
     // will report it.
-    if held.is_empty() || make_current(ctx).is_err() {
+    let Some((ctx, _)) = held.first() else { return };
+    if make_current(ctx).is_err() {
         return;
     }
     // Work queued on the memory (a launch, a `zero_async`) must end before it is freed, and the
-    // frees only may synchronise: wait for the context. A failed wait (an earlier launch's error)
-    // still frees, as the device then runs nothing of ours.
+    // frees only may synchronise: wait for the context (every entry is of one context). A failed
+    // wait (an earlier launch's error) still frees, as the device then runs nothing of ours.
     let _ = result::ctx::synchronize();
-    for f in held {
-        // SAFETY: each allocated by `cuMemAlloc` / `cuMemHostAlloc` in `ctx` and freed once, here,
-        // after the context's work ended.
+    for (_, f) in held {
         let _ = match f {
+            // SAFETY: allocated by `cuMemAlloc` in the context and freed once, here, after its work.
             Freed::Device(ptr) => unsafe { result::free_sync(ptr) },
+            // SAFETY: allocated by `cuMemHostAlloc` in the context and freed once, here, after its work.
             Freed::Host(ptr) => unsafe { result::free_host(ptr as *mut std::ffi::c_void) },
         };
     }

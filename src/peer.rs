@@ -396,7 +396,8 @@ pub(crate) struct Link {
 }
 
 /// Workspaces of other ranks held by this one ([`Link::_held`]): the last holder frees a
-/// workspace, once no communicator of the process uses its device (see `engine::InUse`).
+/// workspace, once no per-rank communicator or plan of the process uses its device (see
+/// `engine::InUse`).
 pub(crate) type Held = Vec<Arc<crate::engine::DeviceAlloc>>;
 
 /// A call's buffers where peers in other processes reach them: each as a region address of this

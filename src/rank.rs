@@ -1037,10 +1037,10 @@ impl Comm {
     /// workspace for the plan's FIFOs, which its peers map (another process's, through the same
     /// shared memory as the communicator's own), and uploads its own part; the launch shape is
     /// chosen so that the thread blocks of every rank on this device fit at once. Then
-    /// [`RankPlan::run`] runs this rank's part on its own buffers. A dropped plan's device memory
-    /// is freed once no per-rank communicator or plan of this process uses the GPU (a free waits
-    /// for the whole device, and the calls of the ones left may wait for this thread): load a plan
-    /// once and keep it.
+    /// [`RankPlan::run`] runs this rank's part on its own buffers. A dropped plan's descriptors
+    /// (and, where every rank is in this process, its FIFO workspace) are freed once no per-rank
+    /// communicator or plan of this process uses the GPU (a free waits for the whole device, and
+    /// the calls of the ones left may wait for this thread): load a plan once and keep it.
     ///
     /// Errors: [`Error::Config`] for a lowering of another rank count or a bad configuration;
     /// [`Error::Mismatch`] naming a rank that loaded another plan or configuration;

@@ -306,9 +306,6 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
     Ok(output.map(|b| b.read(&stream, &format!("{spec:?}: rank {r}'s output"))).unwrap_or_default())
 }
 
-/// One rank's part of the random cases: builds its communicators (one per shape, from `ids`) on
-/// `stream` and runs `cases` cases, each checked against the CPU reference. Returns how many ran,
-/// and on this rank the kinds of memory they were on ([`kinds_line`]).
 /// The end of a rank's cases. A process that ends takes its memory service with it, and a peer
 /// still making a buffer reachable there would get an error: processes meet before they leave.
 /// Threads leave as they finish, while their peers are still in calls (which must not stall them).
@@ -320,6 +317,9 @@ fn leave(comms: &[Comm], processes: bool) {
     }
 }
 
+/// One rank's part of the random cases: builds its communicators (one per shape, from `ids`) on
+/// `stream` and runs `cases` cases, each checked against the CPU reference. Returns how many ran,
+/// and on this rank the kinds of memory they were on ([`kinds_line`]).
 fn rank_cases(
     stream: &Arc<CudaStream>,
     rank: usize,
