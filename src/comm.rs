@@ -281,10 +281,7 @@ impl Communicator {
                 }),
             }
         }
-        // Only a rank's own calls wait for other threads' and processes' launches: one that drives
-        // every rank launches them all itself.
-        let in_use =
-            if link.is_some() { engines.iter().map(|e| InUse::new(e.context())).collect() } else { Vec::new() };
+        let in_use = InUse::of(link.is_some(), &engines);
         let comm = Communicator {
             config,
             engines,

@@ -355,9 +355,7 @@ impl CompiledPlan {
         dtype: DType,
         op: RedOp,
     ) -> Result<Self> {
-        // As a communicator's: only a rank's own plan waits for other launchers.
-        let in_use =
-            if link.is_some() { engines.iter().map(|e| InUse::new(e.context())).collect() } else { Vec::new() };
+        let in_use = InUse::of(link.is_some(), &engines);
         let mut plan = CompiledPlan {
             engines,
             ranks,

@@ -226,6 +226,13 @@ impl InUse {
         users.state().count += 1;
         InUse { users }
     }
+
+    /// The uses of a communicator's or plan's engines' contexts: one each for a per-rank one,
+    /// none for one that drives every rank (it launches them all itself: its calls wait for no
+    /// other launcher).
+    pub(crate) fn of(per_rank: bool, engines: &[Arc<Engine>]) -> Vec<InUse> {
+        if per_rank { engines.iter().map(|e| InUse::new(e.context())).collect() } else { Vec::new() }
+    }
 }
 
 impl Drop for InUse {
