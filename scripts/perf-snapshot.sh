@@ -186,6 +186,7 @@ snap all-to-all gpu "$X" bench all-to-all --ranks 8 -b 1M -e 1G -f 4 --ctas 16 -
 snap send-recv gpu "$X" bench send-recv -b 1M -e 1G -f 4 -n 20 -w 5
 snap send-recv-small gpu "$X" bench send-recv -b 8 -e 32K -f 8 -n 200 -w 20
 snap group gpu "$X" bench group -b 64K -e 4M -f 4 -n 20 -w 5 --tensors 100
+snap group-untracked gpu "$X" bench group -b 64K -e 4M -f 4 -n 20 -w 5 --tensors 100 --untracked
 # Small messages and CUDA graphs
 for m in tma simt; do for c in 1 4 16; do
   snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
@@ -217,10 +218,12 @@ done; done
 snap nccl-gpus2 gpus2,torch python3 scripts/nccl_bench.py --gpus 2 --ctas 8,16,default -b 64M -e 4G -f 4 --json
 snap compare-gpus2 gpus2 compare_gpus2
 # Compiled plans
-for plan in "ring-allreduce:--algo ring-allreduce --topo 1x8" "hm-allreduce:--algo hm-allreduce --topo 2x4" "msccl-ndv4_r48ll:--xml $MSCCL/ndv4_r48ll.xml"; do
+plans=("ring-allreduce:--algo ring-allreduce --topo 1x8" "hm-allreduce:--algo hm-allreduce --topo 2x4")
+for f in "$MSCCL"/*.xml; do n=${f##*/}; plans+=("msccl-${n%.xml}:--xml $f"); done
+for plan in "${plans[@]}"; do
   read -ra args <<< "${plan#*:}"
   for exec in compiled interpreted direct; do
-    snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan "${args[@]}" --exec "$exec" -b 64M -e 256M -f 4 -n 5 -w 2 --json
+    snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan "${args[@]}" --exec "$exec" -b 64M -e 1G -f 4 -n 5 -w 2 --json
   done
 done
 snap plan-ring-instances-4 gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan --algo ring-allreduce --topo 1x8 --instances 4 --instance-channels separate -b 64M -e 1G -f 4 -n 10 -w 3 --json

@@ -4,7 +4,7 @@
 
 use oxccl_host::compile::OpSource;
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{OpId, Program};
+use oxccl_host::program::{Collective, Layout, Op, OpId, OpKind, Program, Rank, Slice};
 
 #[test]
 fn generated_ops_by_id_and_in_order_are_the_stored_program() {
@@ -57,4 +57,33 @@ fn the_8192_gpu_programs_are_sources_of_a_few_hundred_bytes() {
         assert!(e.contains("GiB") && e.contains(g.name()), "{e}");
     }
     assert!(Algorithm::HmAllReduce.source(1025, 8).is_err());
+}
+
+/// A ring moves what its steps say: AllReduce `n(n-1)` reductions (two chunks read, one written)
+/// then `n(n-1)` stores; AllGather `n(n-1)` stores.
+#[test]
+fn ring_traffic_is_what_its_steps_move() {
+    for n in 2..=9u64 {
+        let ar = Algorithm::RingAllReduce.generate(1, n as u32).unwrap();
+        assert_eq!(ar.traffic_chunks(), (3 * n * (n - 1), 2 * n * (n - 1)), "ring AllReduce on {n}");
+        let ag = Algorithm::RingAllGather.generate(1, n as u32).unwrap();
+        assert_eq!(ag.traffic_chunks(), (n * (n - 1), n * (n - 1)), "ring AllGather on {n}");
+    }
+}
+
+/// A copy onto itself (an in-place AllGather's shard copied to where it already lies) moves
+/// nothing; a copy elsewhere moves its chunks.
+#[test]
+fn a_copy_onto_itself_moves_nothing() {
+    let mut p = Program::new("self_copy", Layout::new(Collective::AllGather, 2, 1, true));
+    let copy = |dst: u32| Op {
+        kind: OpKind::Copy { rank: Rank(1), channel: 0, src: Slice::input(0), dst: Slice::output(dst) },
+        chunk: 0,
+        step: 0,
+        stage: 0,
+    };
+    p.push(copy(1));
+    assert_eq!(p.traffic_chunks(), (0, 0));
+    p.push(copy(0));
+    assert_eq!(p.traffic_chunks(), (1, 1));
 }

@@ -1451,6 +1451,9 @@ pub struct PlanBench {
     /// Run this program level by level on the collective engine instead of the compiled plan
     /// (`--exec direct`, [`oxccl_host::compile::direct`]): virtual ranks of one GPU.
     pub direct: Option<DirectRun>,
+    /// Chunks the program's ops read and write per call
+    /// ([`oxccl_host::program::Program::traffic_chunks`]): times the chunk size, its own roofline.
+    pub traffic: (u64, u64),
 }
 
 /// What `--exec direct` runs: the program, and its CTAs per rank (`None`: each rank's share of
@@ -1573,6 +1576,12 @@ impl PlanBench {
             ip_busbw: ip.2,
             ip_wrong: ip.3,
         }
+    }
+
+    /// Bytes the program's ops read and write per call at nccl-tests' `size` (the larger user
+    /// buffer per rank, whole chunks).
+    pub fn traffic_bytes(&self, size: u64) -> u64 {
+        (self.traffic.0 + self.traffic.1) * (size / self.user_chunks())
     }
 
     /// Chunks of the plan's larger user buffer per rank.

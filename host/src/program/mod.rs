@@ -575,6 +575,26 @@ impl Program {
         check::verify(self)
     }
 
+    /// Chunks the ops read and write per run, `(read, written)`: a store reads its source and
+    /// writes its destination, a reduction reads both and writes the destination; a copy onto
+    /// itself (the same storage of one rank, as in-place layouts alias) moves nothing. Times the
+    /// chunk size, the bytes any executor must move through memory: a plan's own roofline.
+    pub fn traffic_chunks(&self) -> (u64, u64) {
+        let (mut read, mut written) = (0u64, 0u64);
+        for op in &self.ops {
+            let (src, dst) = (op.src(), op.dst());
+            let count = u64::from(dst.count);
+            let same = op.src_rank() == op.dst_rank()
+                && self.layout.resolve(op.src_rank(), src) == self.layout.resolve(op.dst_rank(), dst);
+            if same && !op.reduces() {
+                continue;
+            }
+            read += if op.reduces() { 2 * count } else { count };
+            written += count;
+        }
+        (read, written)
+    }
+
     /// Structural checks and the collective's postcondition; see [`check::check_postcondition`].
     pub fn check(&self) -> Result<(), ProgramError> {
         check::check_postcondition(self)

@@ -28,6 +28,10 @@ pub struct GroupArgs {
     /// and a launch holds twice as many.
     #[arg(long)]
     pub in_place: bool,
+    /// cudarc's event tracking off for the benchmark's buffers (as one-stream applications such as
+    /// candle run): a buffer then costs its call no stream wait and no event record.
+    #[arg(long)]
+    pub untracked: bool,
 }
 
 /// One rank's times per call (µs): the group, one AllReduce of the total, one call per tensor;
@@ -63,7 +67,13 @@ pub fn run(a: &GroupArgs) -> CliResult {
     let in_place = a.in_place;
     let place = if in_place { "in place" } else { "out of place" };
     let meet = super::Meet::new(world);
-    println!("# group: {tensors} AllReduces of f32 ({place}) on {world} ranks (threads), {:?} mover", config.mover);
+    // Each rank's buffers are used on its own stream only, and read back after its synchronize.
+    let _untracked = a.untracked.then(|| crate::bench::Untracked::new(std::slice::from_ref(&ctx.default_stream())));
+    let tracking = if a.untracked { "event tracking off" } else { "event tracking on" };
+    println!(
+        "# group: {tensors} AllReduces of f32 ({place}) on {world} ranks (threads), {:?} mover, cudarc {tracking}",
+        config.mover
+    );
     println!("# group: one group of the tensors; whole: one AllReduce of their total size; each: one call per tensor");
     println!(
         "{:>12} {:>8} {:>12} {:>12} {:>9} {:>12} {:>11} {:>8}",

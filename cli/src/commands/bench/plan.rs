@@ -183,6 +183,7 @@ pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std
         sweep,
         config,
         direct: (a.exec == ExecArg::Direct).then(|| bench::DirectRun { program: loaded.program.clone(), ctas: a.ctas }),
+        traffic: loaded.program.traffic_chunks(),
     };
     // The sweep, the launch configuration and the plan lowered at every size.
     b.validate()?;
@@ -224,6 +225,10 @@ pub fn run(a: PlanArgs) -> CliResult {
         b.plan.tb_alloc
     );
     println!("{}", bench::NCCL_HEADER);
+    // On one GPU the plan's bytes all go through the same memory: its roofline, as the
+    // collectives' (`bench all-reduce`), from cuMemcpyDtoD before and after the sweep.
+    let roofline_bytes = 1usize << 30;
+    let memcpy_before = if gpus.len() == 1 { Some(bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?) } else { None };
     let mut first = true;
     let mut json_rows = Vec::new();
     let progress = Progress::new(&b.name, b.sweep.sizes().count() as u64, a.json);
@@ -258,6 +263,26 @@ pub fn run(a: PlanArgs) -> CliResult {
     })?;
     drop(progress);
     println!("{}", bench::nccl_footer(&rows));
+    if let Some(before) = memcpy_before
+        && !rows.is_empty()
+    {
+        let after = bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?;
+        let memcpy = before.max(after);
+        let (read, written) = b.traffic;
+        println!(
+            "# roofline: the program's ops read {read} and write {written} chunks per call (FIFO copies not \
+             counted), at cuMemcpyDtoD's {memcpy:.1} GB/s ({roofline_bytes} B, read + written; {before:.1} \
+             before the sweep, {after:.1} after)"
+        );
+        println!("# {:>12} {:>14} {:>10}", "size", "bytes", "roofline %");
+        for r in &rows {
+            let bytes = b.traffic_bytes(r.size);
+            let us = r.oop_us.or(r.ip_us);
+            let pct =
+                us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy));
+            println!("# {:>12} {:>14} {:>10}", r.size, bytes, pct);
+        }
+    }
     print_json(&json_rows, a.json)?;
     finish_rows(&rows, false)
 }
