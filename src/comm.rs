@@ -161,6 +161,8 @@ pub struct Communicator {
     /// depend only on the plan, the configuration and the devices, none of which change).
     plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
     pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
+    /// Transfer programs lowered onto the engine ([`Communicator::run_program`]).
+    pub(crate) program_plans: BuildOnce<crate::direct::ProgramKey, Arc<crate::direct::ProgramRun>>,
     /// Point-to-point rounds' plans with their launches.
     p2p_plans: BuildOnce<p2p::P2pKey, (Arc<Uploaded>, LaunchSpec)>,
     /// Grouped collectives' launches: plan, where the members' buffers go, launch.
@@ -292,6 +294,7 @@ impl Communicator {
             groups,
             plans: BuildOnce::new(),
             reshard_plans: BuildOnce::new(),
+            program_plans: BuildOnce::new(),
             p2p_plans: BuildOnce::new(),
             group_plans: BuildOnce::new(),
             captured: Mutex::new(Vec::new()),
@@ -1051,6 +1054,7 @@ impl Communicator {
         }
         self.plans.clear();
         self.reshard_plans.clear();
+        self.program_plans.clear();
         self.p2p_plans.clear();
         self.group_plans.clear();
         Ok(())

@@ -34,6 +34,7 @@ mod cache;
 mod comm;
 pub mod compiled;
 pub mod config;
+mod direct;
 pub mod engine;
 mod error;
 #[cfg(target_os = "linux")]

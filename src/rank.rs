@@ -10,7 +10,7 @@
 //! which other buffers (cudarc's stream-ordered pools, which no other process can map) are copied.
 
 use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
-use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access};
+use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access, ordinal_of};
 use crate::compiled::{CompiledConfig, CompiledPlan, PlanLink, PlanMemory, RankPlan};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
@@ -25,6 +25,7 @@ use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use oxccl_host::compile::lower::LoweredPlan;
 use oxccl_host::nodes::{NodeMap, Staged};
+use oxccl_host::program::Program;
 use oxccl_kernels::abi::{self, MAX_RANKS};
 use serde::{Deserialize, Serialize};
 use std::mem::ManuallyDrop;
@@ -855,6 +856,56 @@ impl Comm {
     ) -> Result<()> {
         let (srcs, mut dsts) = self.reshard_entries(src, dst)?;
         self.inner.reshard(&srcs, &mut dsts, shape, src_layout, dst_layout, options)
+    }
+
+    /// This rank's part of [`Communicator::run_program`]: every rank calls it with the same
+    /// program, element type and operator, and buffers of the same size, its own input `send` and
+    /// output `recv`. Across processes the buffers are staged as a collective's; a program with
+    /// scratch chunks runs only where every rank is in this process.
+    ///
+    /// Errors: as [`Communicator::run_program`], naming this rank; [`Error::CallMismatch`] where a
+    /// peer runs another program, size, type or operator; [`Error::Aborted`] after
+    /// [`Comm::abort`]; [`Error::Unsupported`] across nodes or for scratch across processes.
+    pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        program: &Program,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        self.one_node("run_program")?;
+        let me = self.rank;
+        self.inner.check_placement(send.len(), ordinal_of(send), me, None, "send buffer")?;
+        self.inner.check_placement(recv.len(), ordinal_of(recv), me, None, "receive buffer")?;
+        let e = std::mem::size_of::<T>() as u64;
+        let (ins, outs) = (send.len() as u64 * e, recv.len() as u64 * e);
+        let (input, g1) = send.device_ptr(self.stream());
+        let (output, g2) = recv.device_ptr_mut(self.stream());
+        let bufs = [crate::direct::RankBuffers { rank: me, input: Some((input, ins)), output: (output, outs) }];
+        let ran = self.inner.program_call(program, T::DTYPE, op, e, &bufs, false);
+        drop((g1, g2));
+        ran
+    }
+
+    /// This rank's part of [`Communicator::run_program_in_place`]: `buf` is its one buffer.
+    pub fn run_program_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+        &self,
+        program: &Program,
+        buf: &mut R,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.usable()?;
+        self.one_node("run_program_in_place")?;
+        let me = self.rank;
+        self.inner.check_placement(buf.len(), ordinal_of(buf), me, None, "buffer")?;
+        let e = std::mem::size_of::<T>() as u64;
+        let len = buf.len() as u64 * e;
+        let (output, g) = buf.device_ptr_mut(self.stream());
+        let bufs = [crate::direct::RankBuffers { rank: me, input: None, output: (output, len) }];
+        let ran = self.inner.program_call(program, T::DTYPE, op, e, &bufs, true);
+        drop(g);
+        ran
     }
 
     /// A reshard's buffer lists: one entry per rank of the world, this rank's given, `None` for

@@ -703,3 +703,113 @@ fn run_takes_cudarc_buffers() {
         assert_eq!(dev.streams[r].clone_dtoh(b).unwrap(), as_f32(&cpu.buffers[r][1]), "after the refusals: rank {r}");
     }
 }
+
+/// Every program of the matrix on the collective engine (`Communicator::run_program`, level by
+/// level, no FIFOs) on virtual ranks, f32 and i32 sums at three chunk sizes (one 16-byte grain,
+/// an odd multiple of 16, 64 KiB), twice each on the same buffers: the outputs must equal the CPU
+/// executor's of the program's FIFO lowering on the same inputs. Then misuse: typed errors.
+#[test]
+fn programs_run_on_the_collective_engine() {
+    use cudarc::driver::CudaSlice;
+    let Some(stream) = gpu("programs_run_on_the_collective_engine") else { return };
+    let dev = Device::new(&stream);
+    let mut rng = common::rng(11);
+    let mut ran = 0;
+    for (name, program) in programs() {
+        let p = program.ranks() as usize;
+        let comm = oxccl::Communicator::virtual_ranks(&dev.streams[0], p, oxccl::Config::default()).unwrap();
+        let plan = compile(&program, &Options::default()).unwrap();
+        for dtype in [DType::F32, DType::I32] {
+            for chunk_bytes in [16u64, 4112, 65536] {
+                let what = format!("{name} {} {chunk_bytes} B chunks", dtype.nccl_name());
+                let opts = LowerOptions { micro_batches: 1, chunk_bytes, dtype, ..LowerOptions::default() };
+                let lp = lower(&plan, &opts).unwrap();
+                let mut cpu = Memory::new(&lp);
+                let main = oxccl_host::compile::lower::main_slot(&lp.layout) as usize;
+                let (send_slot, recv_slot) = if lp.layout.in_place { (main, main) } else { (0, 1) };
+                for k in 0..2 {
+                    for r in 0..p {
+                        for s in [send_slot, recv_slot] {
+                            let n = cpu.buffers[r][s].len();
+                            cpu.buffers[r][s] = common::small_integers(dtype, n, &mut rng);
+                        }
+                    }
+                    let got: Vec<Vec<u8>> = match dtype {
+                        DType::F32 => {
+                            run_program_on::<f32>(&comm, &dev.streams[0], &program, &cpu, (send_slot, recv_slot))
+                        }
+                        _ => run_program_on::<i32>(&comm, &dev.streams[0], &program, &cpu, (send_slot, recv_slot)),
+                    }
+                    .unwrap_or_else(|e| panic!("{what} run {k}: {e}"));
+                    launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+                    for (r, g) in got.iter().enumerate() {
+                        if let Some(d) =
+                            first_difference(&format!("{what} run {k} rank {r}"), g, &cpu.buffers[r][recv_slot])
+                        {
+                            panic!("{d}");
+                        }
+                    }
+                    ran += 1;
+                }
+            }
+        }
+    }
+    // Misuse: the wrong layout, a chunk off 16 bytes, a short buffer, the wrong rank count.
+    let ring = Algorithm::RingAllReduce.generate(1, 4).unwrap();
+    let comm = oxccl::Communicator::virtual_ranks(&stream, 4, oxccl::Config::default()).unwrap();
+    let s = &dev.streams[0];
+    let send: Vec<CudaSlice<f32>> = (0..4).map(|_| s.alloc_zeros::<f32>(64).unwrap()).collect();
+    let mut recv: Vec<CudaSlice<f32>> = (0..4).map(|_| s.alloc_zeros::<f32>(64).unwrap()).collect();
+    let in_place = ring.layout.in_place;
+    let e = if in_place {
+        comm.run_program(&ring, &send, &mut recv, oxccl::ReduceOp::Sum).unwrap_err()
+    } else {
+        comm.run_program_in_place(&ring, &mut recv, oxccl::ReduceOp::Sum).unwrap_err()
+    };
+    assert!(matches!(e, Error::Config { field: "program", .. }), "{e}");
+    let mut odd: Vec<CudaSlice<f32>> = (0..4).map(|_| s.alloc_zeros::<f32>(4 * 3).unwrap()).collect();
+    let e = if in_place {
+        comm.run_program_in_place(&ring, &mut odd, oxccl::ReduceOp::Sum).unwrap_err()
+    } else {
+        comm.run_program(&ring, &odd.clone(), &mut odd, oxccl::ReduceOp::Sum).unwrap_err()
+    };
+    assert!(matches!(e, Error::Config { field: "program", .. }), "{e}");
+    let mut short: Vec<CudaSlice<f32>> =
+        (0..4).map(|r| s.alloc_zeros::<f32>(if r == 2 { 60 } else { 64 }).unwrap()).collect();
+    let e = if in_place {
+        comm.run_program_in_place(&ring, &mut short, oxccl::ReduceOp::Sum).unwrap_err()
+    } else {
+        comm.run_program(&ring, &send, &mut short, oxccl::ReduceOp::Sum).unwrap_err()
+    };
+    assert!(matches!(e, Error::Length { rank: 2, .. }), "{e}");
+    let eight = Algorithm::RingAllReduce.generate(1, 8).unwrap();
+    let e = if in_place {
+        comm.run_program_in_place(&eight, &mut recv, oxccl::ReduceOp::Sum).unwrap_err()
+    } else {
+        comm.run_program(&eight, &send, &mut recv, oxccl::ReduceOp::Sum).unwrap_err()
+    };
+    assert!(matches!(e, Error::Config { field: "program", .. }), "{e}");
+    eprintln!("{ran} program runs on the collective engine matched the CPU executor");
+}
+
+/// One run of `program` on `comm`'s virtual ranks over cudarc buffers holding `cpu`'s slots
+/// `(send, recv)` of every rank (the same slot in place); every rank's output bytes.
+fn run_program_on<T: oxccl::Element + bytemuck::Pod>(
+    comm: &oxccl::Communicator,
+    stream: &Arc<CudaStream>,
+    program: &Program,
+    cpu: &Memory,
+    (send_slot, recv_slot): (usize, usize),
+) -> oxccl::Result<Vec<Vec<u8>>> {
+    let up = |b: &[u8]| stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(b)).unwrap();
+    let p = program.ranks() as usize;
+    let send: Vec<_> = (0..p).map(|r| up(&cpu.buffers[r][send_slot])).collect();
+    let mut recv: Vec<_> = (0..p).map(|r| up(&cpu.buffers[r][recv_slot])).collect();
+    if program.layout.in_place {
+        comm.run_program_in_place(program, &mut recv, oxccl::ReduceOp::Sum)?;
+    } else {
+        comm.run_program(program, &send, &mut recv, oxccl::ReduceOp::Sum)?;
+    }
+    comm.synchronize()?;
+    Ok(recv.iter().map(|b| bytemuck::cast_slice(&stream.clone_dtoh(b).unwrap()).to_vec()).collect())
+}

@@ -894,10 +894,34 @@ fn run_rank_plan<T: Element + bytemuck::Pod>(
     Ok(bytemuck::cast_slice(&stream.clone_dtoh(&recv).unwrap()).to_vec())
 }
 
+/// One run of `program` on the collective engine by this rank (`Comm::run_program`), on cudarc
+/// buffers holding `cpu`'s inputs for it (`lp`'s slots: the same buffers); the output.
+fn run_rank_program<T: Element + bytemuck::Pod>(
+    stream: &Arc<CudaStream>,
+    comm: &Comm,
+    program: &Program,
+    lp: &oxccl::host::compile::lower::LoweredPlan,
+    cpu: &lowered::Memory,
+    rank: usize,
+) -> Result<Vec<u8>, Error> {
+    let main = oxccl::host::compile::lower::main_slot(&lp.layout) as usize;
+    let (send_slot, recv_slot) = if lp.layout.in_place { (main, main) } else { (0, 1) };
+    let send = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][send_slot])).unwrap();
+    let mut recv = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][recv_slot])).unwrap();
+    if lp.layout.in_place {
+        comm.run_program_in_place(program, &mut recv, oxccl::ReduceOp::Sum)?;
+    } else {
+        comm.run_program(program, &send, &mut recv, oxccl::ReduceOp::Sum)?;
+    }
+    comm.synchronize()?;
+    Ok(bytemuck::cast_slice(&stream.clone_dtoh(&recv).unwrap()).to_vec())
+}
+
 /// This rank's part of every plan of [`rank_plans`], compiled and interpreted, with both movers
 /// (f32 with the TMA mover, i32 with the SIMT mover), each loaded by every rank and run twice on
 /// this rank's own cudarc buffers, against the CPU executor's run of every rank; then a load where
-/// the last rank's lowering differs, which every rank refuses. Returns the runs that matched.
+/// the last rank's lowering differs, which every rank refuses. Each program also runs on the
+/// collective engine (`Comm::run_program`, f32 and i32). Returns the runs that matched.
 fn rank_plan_cases(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id, seed: u64) -> usize {
     let comm =
         Comm::from_rank(stream, rank, world, id, Config::default()).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
@@ -939,6 +963,37 @@ fn rank_plan_cases(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id,
             }
         }
     }
+    // The same programs on the collective engine (`Comm::run_program`), against the CPU executor
+    // of their FIFO lowering on the same inputs: the programs' semantics. Programs with scratch
+    // chunks are refused across processes (peers cannot reach a rank's scratch there yet).
+    let across = child().is_some();
+    for (name, program) in rank_plans(world) {
+        let plan = compile(&program, &Options::default()).unwrap();
+        for dtype in [DType::F32, DType::I32] {
+            let what = format!("{name} on the engine {}", dtype.nccl_name());
+            let opts = LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, dtype, ..LowerOptions::default() };
+            let lp = lower(&plan, &opts).unwrap();
+            let mut cpu = lowered::Memory::new(&lp);
+            for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
+                *b = common::small_integers(dtype, b.len(), &mut rng);
+            }
+            let got = match dtype {
+                DType::F32 => run_rank_program::<f32>(stream, &comm, &program, &lp, &cpu, rank),
+                _ => run_rank_program::<i32>(stream, &comm, &program, &lp, &cpu, rank),
+            };
+            let scratch = program.layout.scratch.iter().any(|&c| c > 0);
+            if across && scratch {
+                let e = got.unwrap_err();
+                assert!(matches!(e, Error::Unsupported { .. }), "rank {rank}: {what}: {e}");
+                continue;
+            }
+            let got = got.unwrap_or_else(|e| panic!("rank {rank}: {what}: {e}"));
+            launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
+            let recv_slot = if lp.layout.in_place { oxccl::host::compile::lower::main_slot(&lp.layout) } else { 1 };
+            assert!(got == cpu.buffers[rank][recv_slot as usize], "rank {rank}: {what}: output differs");
+            matched += 1;
+        }
+    }
     // A rank that loads another lowering: every rank is told which, none hangs.
     let ring = compile(&Algorithm::RingAllReduce.generate(1, world as u32).unwrap(), &Options::default()).unwrap();
     let chunk_bytes = if rank == world - 1 { 2 << 13 } else { 2 << 12 };
@@ -968,7 +1023,9 @@ fn threads_run_compiled_plans() {
             .iter()
             .sum::<usize>();
     }
-    eprintln!("{total} rank-runs of compiled plans on 4 and 8 threads matched the CPU executor (seed {seed})");
+    eprintln!(
+        "{total} rank-runs of compiled plans and of programs on the engine on 4 and 8 threads matched the CPU executor (seed {seed})"
+    );
 }
 
 /// Compiled plans per rank, every rank a process of its own (4 and 8 of them, under MPS).
@@ -995,7 +1052,9 @@ fn processes_run_compiled_plans() {
                 .unwrap_or(0);
         }
     }
-    eprintln!("{total} rank-runs of compiled plans on 4 and 8 processes matched the CPU executor (seed {seed})");
+    eprintln!(
+        "{total} rank-runs of compiled plans and of programs on the engine on 4 and 8 processes matched the CPU executor (seed {seed})"
+    );
 }
 
 /// A rank killed (SIGKILL) while its peers are in a call: each survivor's call ends within its
