@@ -2112,13 +2112,25 @@ fn reshard_shard(sharding: &oxccl_host::reshard::Sharding, rank: u32, elem: usiz
     reshard_shard_with(sharding, rank, elem, |i| reshard_pattern(i, elem).to_le_bytes())
 }
 
-/// The element of a tensor of partial sums (`k` of them) the benchmark gives global index `i`:
-/// `i % 4 + 1`, held by partial sum `i % k` alone (the others hold 0), so that the sum is exact
-/// in every type and a partial sum missed or added twice shows; `p`: which partial sum, `None`
-/// for the sum.
-fn reshard_partial(dtype: DType, i: u64, k: u64, p: Option<u64>) -> Enc {
-    let v = (i % 4 + 1) as i32;
-    enc(dtype, if p.is_none_or(|p| i % k == p) { v } else { 0 })
+/// The elements of a tensor of partial sums (`k` of them) the benchmark gives global index `i`:
+/// `i % 4 + 1`, held by partial sum `i % k` alone (the others hold 0), so that the sum is exact in
+/// every type and a partial sum missed or added twice shows. The five values are encoded once: a
+/// tensor's worth of elements (hundreds of millions in the larger benchmarks) costs no conversion
+/// each.
+struct Partials {
+    values: [Enc; 5],
+    k: u64,
+}
+
+impl Partials {
+    fn new(dtype: DType, k: u64) -> Partials {
+        Partials { values: std::array::from_fn(|v| enc(dtype, v as i32)), k }
+    }
+
+    /// Element `i` of partial sum `p`, or of the sum (`None`).
+    fn at(&self, i: u64, p: Option<u64>) -> Enc {
+        self.values[if p.is_none_or(|p| i % self.k == p) { (i % 4 + 1) as usize } else { 0 }]
+    }
 }
 
 /// Rank `rank`'s box under `sharding`, element `i` of the global tensor given as `f(i)`'s first
@@ -2231,8 +2243,9 @@ pub fn reshard_bench(
     let (src_sh, dst_sh) = (plan.src_sharding(), plan.dst_sharding());
     // A source of partial sums holds numbers whose sum is exact; copies move the pattern.
     let k = src_sh.partial_sums();
+    let partials = Partials::new(b.dtype, k.max(1));
     let source = |r: u32| match src_sh.partial_index(r) {
-        Some(p) if k > 1 => reshard_shard_with(src_sh, r, e, |i| reshard_partial(b.dtype, i, k, Some(p))),
+        Some(p) if k > 1 => reshard_shard_with(src_sh, r, e, |i| partials.at(i, Some(p))),
         _ => reshard_shard(src_sh, r, e),
     };
     // What each destination rank must hold, made once per distinct box (replicas share it) and
@@ -2244,7 +2257,7 @@ pub fn reshard_bench(
             let Some(region) = dst_sh.local_region(r) else { continue };
             let want = boxes.entry(region).or_insert_with(|| {
                 Arc::new(if k > 1 {
-                    reshard_shard_with(dst_sh, r, e, |i| reshard_partial(b.dtype, i, k, None))
+                    reshard_shard_with(dst_sh, r, e, |i| partials.at(i, None))
                 } else {
                     reshard_shard(dst_sh, r, e)
                 })
@@ -3005,16 +3018,16 @@ mod reshard_tests {
             for k in [2u64, 3, 8, 16] {
                 for i in 0..64 {
                     let e = dtype.size();
-                    let mut acc = reshard_partial(dtype, i, k, Some(0))[..e].to_vec();
+                    let mut acc = Partials::new(dtype, k).at(i, Some(0))[..e].to_vec();
                     for p in 1..k {
                         oxccl::host::lowered::combine_into(
                             dtype,
                             ReduceOp::Sum,
                             &mut acc,
-                            &reshard_partial(dtype, i, k, Some(p))[..e],
+                            &Partials::new(dtype, k).at(i, Some(p))[..e],
                         );
                     }
-                    assert_eq!(acc, reshard_partial(dtype, i, k, None)[..e], "{dtype:?} k {k} element {i}");
+                    assert_eq!(acc, Partials::new(dtype, k).at(i, None)[..e], "{dtype:?} k {k} element {i}");
                     assert_ne!(acc, vec![0; e], "a sum is never 0, so unwritten elements show");
                 }
             }
