@@ -80,10 +80,23 @@ enum Memory {
     Registered,
 }
 
-/// Per rank of `world`: cudarc's memory on threads; across processes any kind.
+/// Per rank of `world`: cudarc's memory on threads; across processes any kind. `OXCCL_RANK_MEMORY`
+/// (`cudarc`, `symmetric`, `registered`) gives every rank that kind instead (the sanitizer runs
+/// tell pool memory from memory of their own that way).
 fn draw_memory(rng: &mut common::Rng, world: usize, processes: bool) -> Vec<Memory> {
     let kinds = [Memory::Cudarc, Memory::Symmetric, Memory::Registered];
-    (0..world).map(|_| if processes { kinds[rng.random_range(0..3) as usize] } else { Memory::Cudarc }).collect()
+    let forced = std::env::var("OXCCL_RANK_MEMORY").ok().map(|m| match m.as_str() {
+        "cudarc" => Memory::Cudarc,
+        "symmetric" => Memory::Symmetric,
+        "registered" => Memory::Registered,
+        other => panic!("OXCCL_RANK_MEMORY={other}: give cudarc, symmetric or registered"),
+    });
+    (0..world)
+        .map(|_| {
+            let drawn = if processes { kinds[rng.random_range(0..3) as usize] } else { Memory::Cudarc };
+            forced.unwrap_or(drawn)
+        })
+        .collect()
 }
 
 /// How many cases had buffers of each shared kind: "N on symmetric buffers, M on registered ones".
@@ -263,6 +276,12 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
         if has_out {
             output = Some(Placed::new(comm, sym, &tccl::poison(spec, out_bytes as usize), shift_out * size));
         }
+    }
+    // `OXCCL_RANK_MEET=1`: every rank's buffers exist before any rank launches (the sanitizer
+    // runs: a tool that checks a launch against the allocations it knows of at launch time).
+    if std::env::var_os("OXCCL_RANK_MEET").is_some_and(|v| v == "1") {
+        comm.synchronize()?;
+        comm.bootstrap().barrier()?;
     }
     macro_rules! call {
         ($t:ty) => {{
