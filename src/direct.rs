@@ -31,7 +31,8 @@ pub(crate) struct ProgramKey {
 pub(crate) struct ProgramRun {
     program: Program,
     prepared: Prepared,
-    /// Scratch per local rank that has any (`cuMemAlloc`, zeroed), freed with the run.
+    /// Scratch per local rank that has any (`cuMemAlloc`, zeroed), freed with the run; none across
+    /// processes, where each call's staging memory holds it.
     scratch: Vec<(usize, DeviceAlloc)>,
 }
 
@@ -211,16 +212,27 @@ impl Communicator {
         // inputs copied in before the first level, the outputs out after the last (in place the one
         // buffer both).
         let mut staging = None;
+        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         let mut at: Vec<(usize, Option<u64>, u64)> =
             bufs.iter().map(|b| (b.rank, b.input.map(|i| i.0), b.output.0)).collect();
         if let Some(link) = &self.link
             && link.peer.is_some()
         {
             let ins: Vec<(u64, usize)> = bufs.iter().filter_map(|b| b.input).map(|(p, n)| (p, n as usize)).collect();
-            let outs: Vec<Out> = bufs
+            let mut outs: Vec<Out> = bufs
                 .iter()
                 .map(|b| Out { ptr: b.output.0, bytes: b.output.1 as usize, written: true, read: in_place })
                 .collect();
+            // Scratch: staging memory of its size, nothing copied either way (a program writes its
+            // scratch before it reads it); no memory of the rank's stands behind it (address 0).
+            let scratch_bytes = |r: usize| run.prepared.lowered.buffer_bytes[r][slot::SCRATCH as usize] as usize;
+            let with_scratch: Vec<usize> = bufs.iter().map(|b| b.rank).filter(|&r| scratch_bytes(r) > 0).collect();
+            outs.extend(with_scratch.iter().map(|&r| Out {
+                ptr: 0,
+                bytes: scratch_bytes(r),
+                written: false,
+                read: false,
+            }));
             let st = link.stage(&ins, &outs)?;
             let mut i = st.inputs.iter();
             for (a, o) in at.iter_mut().zip(&st.outputs) {
@@ -229,9 +241,11 @@ impl Communicator {
                     a.1 = i.next().copied();
                 }
             }
+            for (&r, &o) in with_scratch.iter().zip(&st.outputs[bufs.len()..]) {
+                buffers[r][slot::SCRATCH as usize] = o;
+            }
             staging = Some(st);
         }
-        let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         // The one buffer in place, the output out of place, is the OUTPUT slot (`place`).
         for &(r, input, output) in &at {
             buffers[r][slot::OUTPUT as usize] = output;
@@ -247,7 +261,7 @@ impl Communicator {
             // SAFETY: every local rank's buffers were checked above (device, length against the
             // lowering's buffer sizes, alignment, disjointness) and are borrowed for the call, or are
             // this rank's staging memory standing in for them, held until the call is queued; scratch
-            // is the run's own, of the lowering's size; other ranks' rows are announced by their own
+            // is the run's own or this rank's staging memory, of the lowering's size; other ranks' rows are announced by their own
             // callers at each launch's start barrier.
             unsafe { self.launch_prepared(&run.prepared, buffers) }
         });
@@ -266,15 +280,10 @@ impl Communicator {
                 lower_direct(program, &opts).map_err(|e| Error::Config { field: "program", why: e.to_string() })?;
             let launch = self.staged_launch(&lowered)?;
             self.check_resident(&launch, ctas, lowered.slots())?;
-            // Refused on every rank alike (the layout says), so that none waits for a peer that
-            // refused.
-            if self.link.as_ref().is_some_and(|l| l.peer.is_some()) && program.layout.scratch.iter().any(|&c| c > 0) {
-                return Err(Error::Unsupported {
-                    what: format!("{}'s scratch chunks across processes (peers cannot reach them yet)", program.name),
-                });
-            }
+            // Across processes scratch is staging memory, which peers reach (`program_call`).
             let mut scratch = Vec::new();
-            for r in self.holding(crate::comm::Holders::All) {
+            let across = self.link.as_ref().is_some_and(|l| l.peer.is_some());
+            for r in self.holding(crate::comm::Holders::All).into_iter().filter(|_| !across) {
                 let bytes = lowered.buffer_bytes[r][slot::SCRATCH as usize];
                 if bytes > 0 {
                     scratch.push((r, DeviceAlloc::filled_on(self.rank_stream(r), bytes as usize, &[])?));

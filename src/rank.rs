@@ -860,12 +860,12 @@ impl Comm {
 
     /// This rank's part of [`Communicator::run_program`]: every rank calls it with the same
     /// program, element type and operator, and buffers of the same size, its own input `send` and
-    /// output `recv`. Across processes the buffers are staged as a collective's; a program with
-    /// scratch chunks runs only where every rank is in this process.
+    /// output `recv`. Across processes the buffers are staged as a collective's, and the program's
+    /// scratch chunks are in the staging memory.
     ///
     /// Errors: as [`Communicator::run_program`], naming this rank; [`Error::CallMismatch`] where a
     /// peer runs another program, size, type or operator; [`Error::Aborted`] after
-    /// [`Comm::abort`]; [`Error::Unsupported`] across nodes or for scratch across processes.
+    /// [`Comm::abort`]; [`Error::Unsupported`] across nodes.
     pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         program: &Program,
