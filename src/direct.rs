@@ -66,7 +66,7 @@ impl Communicator {
     /// chunks are not a multiple of 16 bytes; `Avg` where the program reduces; buffer errors as for
     /// the collectives ([`Error::BufferCount`], [`Error::Length`], [`Error::WrongDevice`],
     /// [`Error::Misaligned`], [`Error::Overlap`]).
-    pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
         send: &[S],
@@ -101,7 +101,7 @@ impl Communicator {
     /// [`Communicator::run_program`] for a program laid out in place: `bufs[r]` is rank `r`'s one
     /// buffer (the larger of its input and output, which alias in it as the program's layout
     /// says).
-    pub fn run_program_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn run_program_in_place<T: Element, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
         bufs: &mut [R],

@@ -866,7 +866,7 @@ impl Comm {
     /// Errors: as [`Communicator::run_program`], naming this rank; [`Error::CallMismatch`] where a
     /// peer runs another program, size, type or operator; [`Error::Aborted`] after
     /// [`Comm::abort`]; [`Error::Unsupported`] across nodes.
-    pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
         send: &S,
@@ -889,7 +889,7 @@ impl Comm {
     }
 
     /// This rank's part of [`Communicator::run_program_in_place`]: `buf` is its one buffer.
-    pub fn run_program_in_place<T: Element, R: DevicePtrMut<T> + DevicePtr<T>>(
+    pub fn run_program_in_place<T: Element, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
         buf: &mut R,
