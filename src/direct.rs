@@ -65,7 +65,7 @@ impl Communicator {
     /// communicator's ranks or is in place (see [`Communicator::run_program_in_place`]), or whose
     /// chunks are not a multiple of 16 bytes; `Avg` where the program reduces; buffer errors as for
     /// the collectives ([`Error::BufferCount`], [`Error::Length`], [`Error::WrongDevice`],
-    /// [`Error::Misaligned`], [`Error::Overlap`]).
+    /// [`Error::Misaligned`], [`Error::Aliasing`]).
     pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
