@@ -162,7 +162,7 @@ pub struct Communicator {
     plans: BuildOnce<PlanSpec, (Arc<Uploaded>, LaunchSpec)>,
     pub(crate) reshard_plans: BuildOnce<PlanKey, Arc<Prepared>>,
     /// Transfer programs lowered onto the engine ([`Communicator::run_program`]).
-    pub(crate) program_plans: BuildOnce<crate::direct::ProgramKey, Arc<crate::direct::ProgramRun>>,
+    pub(crate) program_plans: BuildOnce<crate::program::ProgramKey, Arc<crate::program::ProgramRun>>,
     /// Point-to-point rounds' plans with their launches.
     p2p_plans: BuildOnce<p2p::P2pKey, (Arc<Uploaded>, LaunchSpec)>,
     /// Grouped collectives' launches: plan, where the members' buffers go, launch.

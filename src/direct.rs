@@ -7,34 +7,13 @@ use crate::comm::{Communicator, Range, call_key, check_aligned, check_disjoint, 
 use crate::engine::DeviceAlloc;
 use crate::error::{Error, Result};
 use crate::peer::Out;
-use crate::program::Prepared;
+use crate::program::{Prepared, ProgramKey, ProgramRun, digest};
 use crate::{DType, Element, ReduceOp};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use oxccl_host::compile::direct::{DirectOptions, lower_direct};
 use oxccl_host::program::Program;
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS, slot};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-
-/// What a program's lowering is cached by: the program (by digest, its ops compared on a hit),
-/// its chunk size, element type, operator and CTAs per rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct ProgramKey {
-    digest: u64,
-    chunk_bytes: u64,
-    dtype: DType,
-    op: ReduceOp,
-    ctas: u32,
-}
-
-/// A program lowered and uploaded for this communicator, with each local rank's scratch.
-pub(crate) struct ProgramRun {
-    program: Program,
-    prepared: Prepared,
-    /// Scratch per local rank that has any (`cuMemAlloc`, zeroed), freed with the run; none across
-    /// processes, where each call's staging memory holds it.
-    scratch: Vec<(usize, DeviceAlloc)>,
-}
 
 /// One local rank's buffers of a call: its input (out of place) and output (or its one buffer in
 /// place), as (address, bytes).
@@ -42,13 +21,6 @@ pub(crate) struct RankBuffers {
     pub rank: usize,
     pub input: Option<(u64, u64)>,
     pub output: (u64, u64),
-}
-
-fn digest(p: &Program) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let l = &p.layout;
-    (&p.name, l.collective.name(), l.ranks, l.chunks, l.in_place, &l.scratch, p.ranks_per_node, &p.ops).hash(&mut h);
-    h.finish()
 }
 
 impl Communicator {

@@ -1,18 +1,21 @@
 //! Programs a communicator keeps on the device: a lowered program uploaded for every launch group
-//! ([`Uploaded`], the collectives' plans and each reshard stage), and a reshard's uploaded stages
-//! with the key they are cached by.
+//! ([`Uploaded`], the collectives' plans and each reshard stage), a reshard's uploaded stages with
+//! the key they are cached by, and a transfer program's ([`ProgramRun`], `Communicator::run_program`).
 
 use crate::Communicator;
 use crate::config::ReshardOptions;
+use crate::engine::DeviceAlloc;
 use crate::engine::DeviceProgram;
 use crate::engine::LaunchSpec;
 use crate::error::Result;
 use cudarc::driver::CudaEvent;
 use oxccl_host::lowered::Lowered;
 use oxccl_host::lowered::Staged;
+use oxccl_host::program::Program;
 use oxccl_host::reshard::Layout;
 use oxccl_kernels::abi::DType;
 use oxccl_kernels::abi::{BUFFER_SLOTS, MAX_RANKS};
+use std::hash::{Hash, Hasher};
 
 /// A lowered program uploaded for every launch group of a communicator (each group's slice of the
 /// programs, all the tasks).
@@ -37,6 +40,34 @@ pub(crate) struct PlanKey {
     pub(crate) dst: Layout,
     pub(crate) options: ReshardOptions,
     pub(crate) ctas: u32,
+}
+
+/// What a program's lowering is cached by: the program (by digest, its ops compared on a hit),
+/// its chunk size, element type, operator and CTAs per rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ProgramKey {
+    pub(crate) digest: u64,
+    pub(crate) chunk_bytes: u64,
+    pub(crate) dtype: DType,
+    pub(crate) op: crate::ReduceOp,
+    pub(crate) ctas: u32,
+}
+
+/// A program lowered and uploaded for this communicator, with each local rank's scratch.
+pub(crate) struct ProgramRun {
+    pub(crate) program: Program,
+    pub(crate) prepared: Prepared,
+    /// Scratch per local rank that has any (`cuMemAlloc`, zeroed), freed with the run; none across
+    /// processes, where each call's staging memory holds it.
+    pub(crate) scratch: Vec<(usize, DeviceAlloc)>,
+}
+
+/// A digest of a program: the key its lowerings are cached by (compared in full on a hit).
+pub(crate) fn digest(p: &Program) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let l = &p.layout;
+    (&p.name, l.collective.name(), l.ranks, l.chunks, l.in_place, &l.scratch, p.ranks_per_node, &p.ops).hash(&mut h);
+    h.finish()
 }
 
 /// A staged program uploaded for every launch group ([`crate::Communicator::prepare_staged`]): a
