@@ -23,6 +23,56 @@ pub(crate) struct RankBuffers {
     pub output: (u64, u64),
 }
 
+/// The chunk size of a call of `program` (on `ranks` ranks, `in_place` or not) on `bufs`, of
+/// `elem`-byte elements: the first output's bytes over its chunks, a positive multiple of 16; every
+/// buffer then holds its chunks exactly and is aligned to its elements.
+pub(crate) fn call_geometry(
+    program: &Program,
+    ranks: usize,
+    in_place: bool,
+    elem: u64,
+    bufs: &[RankBuffers],
+) -> Result<u64> {
+    let l = &program.layout;
+    let bad = |why: String| Error::Config { field: "program", why };
+    if l.ranks as usize != ranks {
+        return Err(bad(format!("{} is for {} ranks; the communicator has {ranks}", program.name, l.ranks)));
+    }
+    if l.in_place != in_place {
+        let (is, call) =
+            if l.in_place { ("in place", "run_program_in_place") } else { ("out of place", "run_program") };
+        return Err(bad(format!("{} is laid out {is}: run it with {call}", program.name)));
+    }
+    let main = if in_place { l.input_chunks().max(l.output_chunks()) } else { l.output_chunks() };
+    let first = bufs.first().ok_or(Error::BufferCount { what: "buffers", expected: ranks, got: 0 })?;
+    let chunk_bytes = first.output.1 / u64::from(main.max(1));
+    if chunk_bytes == 0 || !chunk_bytes.is_multiple_of(16) {
+        return Err(bad(format!(
+            "{} B over the {main} chunks of {}'s {}: a chunk must be a positive multiple of 16 bytes",
+            first.output.1,
+            program.name,
+            if in_place { "buffer" } else { "output" }
+        )));
+    }
+    let elems = |chunks: u32| (u64::from(chunks) * chunk_bytes / elem) as usize;
+    for b in bufs {
+        let what = if in_place { "buffer" } else { "receive buffer" };
+        let (want, got) = (elems(main), (b.output.1 / elem) as usize);
+        if got != want || b.output.1 % elem != 0 {
+            return Err(Error::Length { what, rank: b.rank, expected: want, got });
+        }
+        check_aligned(b.output.0, b.rank, what, elem as usize)?;
+        if let Some((p, bytes)) = b.input {
+            let (want, got) = (elems(l.input_chunks()), (bytes / elem) as usize);
+            if got != want || bytes % elem != 0 {
+                return Err(Error::Length { what: "send buffer", rank: b.rank, expected: want, got });
+            }
+            check_aligned(p, b.rank, "send buffer", elem as usize)?;
+        }
+    }
+    Ok(chunk_bytes)
+}
+
 impl Communicator {
     /// Runs `program` out of place on every rank of this communicator: `send[r]` is rank `r`'s
     /// input, `recv[r]` its output, of the program's input and output chunks of equal size (a
@@ -110,71 +160,16 @@ impl Communicator {
         bufs: &[RankBuffers],
         in_place: bool,
     ) -> Result<()> {
-        let l = &program.layout;
-        let bad = |why: String| Error::Config { field: "program", why };
-        if l.ranks as usize != self.ranks() {
-            return Err(bad(format!(
-                "{} is for {} ranks; the communicator has {}",
-                program.name,
-                l.ranks,
-                self.ranks()
-            )));
-        }
-        if l.in_place != in_place {
-            let (is, call) =
-                if l.in_place { ("in place", "run_program_in_place") } else { ("out of place", "run_program") };
-            return Err(bad(format!("{} is laid out {is}: run it with {call}", program.name)));
-        }
-        // The chunk size, from the first buffer; every buffer must then hold its chunks exactly.
-        let main = if in_place { l.input_chunks().max(l.output_chunks()) } else { l.output_chunks() };
-        let first = bufs.first().ok_or(Error::BufferCount { what: "buffers", expected: self.ranks(), got: 0 })?;
-        let chunk_bytes = first.output.1 / u64::from(main.max(1));
-        if chunk_bytes == 0 || !chunk_bytes.is_multiple_of(16) {
-            return Err(bad(format!(
-                "{} B over the {main} chunks of {}'s {}: a chunk must be a positive multiple of 16 bytes",
-                first.output.1,
-                program.name,
-                if in_place { "buffer" } else { "output" }
-            )));
-        }
-        let elems = |chunks: u32| (u64::from(chunks) * chunk_bytes / elem) as usize;
+        let chunk_bytes = call_geometry(program, self.ranks(), in_place, elem, bufs)?;
         let mut ranges = Vec::new();
         for b in bufs {
-            let what = if in_place { "buffer" } else { "receive buffer" };
-            let want = elems(main);
-            let got = (b.output.1 / elem) as usize;
-            if got != want || b.output.1 % elem != 0 {
-                return Err(Error::Length { what, rank: b.rank, expected: want, got });
-            }
-            check_aligned(b.output.0, b.rank, what, elem as usize)?;
             let device = self.rank_device(b.rank);
-            ranges.push(Range {
-                start: b.output.0,
-                end: b.output.0 + b.output.1,
-                rank: b.rank,
-                device,
-                writes: true,
-                buffer: what,
-            });
-            if let Some((p, bytes)) = b.input {
-                let want = elems(l.input_chunks());
-                if (bytes / elem) as usize != want {
-                    return Err(Error::Length {
-                        what: "send buffer",
-                        rank: b.rank,
-                        expected: want,
-                        got: (bytes / elem) as usize,
-                    });
-                }
-                check_aligned(p, b.rank, "send buffer", elem as usize)?;
-                ranges.push(Range {
-                    start: p,
-                    end: p + bytes,
-                    rank: b.rank,
-                    device,
-                    writes: false,
-                    buffer: "send buffer",
-                });
+            let what = if in_place { "buffer" } else { "receive buffer" };
+            let (start, end) = (b.output.0, b.output.0 + b.output.1);
+            ranges.push(Range { start, end, rank: b.rank, device, writes: true, buffer: what });
+            if let Some((start, bytes)) = b.input {
+                let (end, buffer) = (start + bytes, "send buffer");
+                ranges.push(Range { start, end, rank: b.rank, device, writes: false, buffer });
             }
         }
         check_disjoint(&ranges, "a program's buffers")?;
@@ -272,5 +267,55 @@ impl Communicator {
             });
         }
         Ok(run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_host::program::generators::Algorithm;
+
+    fn one(rank: usize, input: Option<(u64, u64)>, output: (u64, u64)) -> RankBuffers {
+        RankBuffers { rank, input, output }
+    }
+
+    /// The ring AllReduce on 4 ranks (in place, 4 chunks) and the AllToAll on 4 (out of place).
+    #[test]
+    fn a_call_s_chunks_come_from_its_buffers_or_a_typed_error() {
+        let ring = Algorithm::RingAllReduce.generate(1, 4).unwrap();
+        let a2a = Algorithm::DirectAllToAll.generate(1, 4).unwrap();
+        let at = |r: u64| (r + 1) << 20;
+        let in_place: Vec<RankBuffers> = (0..4).map(|r| one(r, None, (at(r as u64), 4 * 64))).collect();
+        assert_eq!(call_geometry(&ring, 4, true, 4, &in_place).unwrap(), 64);
+        // The wrong form, rank count, chunk size (40 B: not a multiple of 16), a short buffer, an
+        // unaligned one.
+        let e = call_geometry(&ring, 4, false, 4, &in_place).unwrap_err();
+        assert!(
+            matches!(e, Error::Config { field: "program", ref why } if why.contains("run_program_in_place")),
+            "{e}"
+        );
+        let e = call_geometry(&ring, 8, true, 4, &in_place).unwrap_err();
+        assert!(matches!(e, Error::Config { field: "program", .. }), "{e}");
+        let odd: Vec<RankBuffers> = (0..4).map(|r| one(r, None, (at(r as u64), 4 * 40))).collect();
+        let e = call_geometry(&ring, 4, true, 4, &odd).unwrap_err();
+        assert!(matches!(e, Error::Config { field: "program", ref why } if why.contains("multiple of 16")), "{e}");
+        let mut short: Vec<RankBuffers> = (0..4).map(|r| one(r, None, (at(r as u64), 4 * 64))).collect();
+        short[2].output.1 -= 4;
+        let e = call_geometry(&ring, 4, true, 4, &short).unwrap_err();
+        assert!(matches!(e, Error::Length { what: "buffer", rank: 2, expected: 64, got: 63 }), "{e}");
+        let mut unaligned: Vec<RankBuffers> = (0..4).map(|r| one(r, None, (at(r as u64), 4 * 64))).collect();
+        unaligned[1].output.0 += 2;
+        let e = call_geometry(&ring, 4, true, 4, &unaligned).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { rank: 1, .. }), "{e}");
+        assert!(matches!(call_geometry(&ring, 4, true, 4, &[]), Err(Error::BufferCount { .. })));
+        // Out of place: the input must hold its chunks too.
+        let l = &a2a.layout;
+        let (i, o) = (u64::from(l.input_chunks()) * 32, u64::from(l.output_chunks()) * 32);
+        let mut oop: Vec<RankBuffers> =
+            (0..4).map(|r| one(r, Some((at(r as u64) + (1 << 19), i)), (at(r as u64), o))).collect();
+        assert_eq!(call_geometry(&a2a, 4, false, 8, &oop).unwrap(), 32);
+        oop[3].input = Some((at(3) + (1 << 19), i + 8));
+        let e = call_geometry(&a2a, 4, false, 8, &oop).unwrap_err();
+        assert!(matches!(e, Error::Length { what: "send buffer", rank: 3, .. }), "{e}");
     }
 }
