@@ -1449,7 +1449,7 @@ pub struct PlanBench {
     /// How the plan is launched (mover, threads, stage bytes, timeout).
     pub config: CompiledConfig,
     /// Run this program level by level on the collective engine instead of the compiled plan
-    /// (`--exec direct`, [`oxccl_host::compile::direct`]): virtual ranks of one GPU.
+    /// (`--exec direct`: [`oxccl::Communicator::run_program`] on virtual ranks of one GPU).
     pub direct: Option<DirectRun>,
     /// Chunks the program's ops read and write per call
     /// ([`oxccl_host::program::Program::traffic_chunks`]): times the chunk size, its own roofline.
@@ -1848,56 +1848,76 @@ fn direct_bench(
     let mut staging = check_staging(&streams[..1], b.sweep.check)?;
     let mut rows = Vec::new();
     for size in b.sweep.sizes() {
+        // The lowering's shape for the report; the calls go through `run_program`, which lowers
+        // and caches the same program on its first call.
         let (staged, chunk_bytes) = b.direct_lowered(program, size, ctas)?;
         let (slots, levels) = (staged.slots(), staged.stages.len());
-        let prepared = comm.prepare_staged(staged, ctas)?;
         let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
-        let mut bufs: Vec<Vec<CudaSlice<u8>>> = Vec::with_capacity(p);
-        let mut table = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
-        for (r, sizes) in prepared.lowered.buffer_bytes.iter().enumerate() {
-            let row: Vec<CudaSlice<u8>> = sizes.iter().map(|&b| alloc(b)).collect::<Result<_>>()?;
-            for (s, buf) in row.iter().enumerate() {
-                if sizes[s] > 0 {
-                    table[r][s] = buf.device_ptr(stream).0;
-                }
-            }
-            bufs.push(row);
-        }
-        // Where rank r's input and output start, as the lowering placed them.
-        let at = |r: usize, kind: BufferKind| -> u64 {
-            let (s, offset) = oxccl_host::compile::direct::place(l, Rank(r as u32), kind, chunk_bytes);
-            table[r][s as usize] + offset
+        // Each rank's user buffers: in place the larger of its input and output, out of place both.
+        let main = u64::from(if l.in_place { l.input_chunks().max(l.output_chunks()) } else { l.output_chunks() });
+        let mut outs: Vec<CudaSlice<u8>> = (0..p).map(|_| alloc(main * chunk_bytes)).collect::<Result<_>>()?;
+        let ins: Vec<CudaSlice<u8>> = if l.in_place {
+            Vec::new()
+        } else {
+            (0..p).map(|_| alloc(u64::from(l.input_chunks()) * chunk_bytes)).collect::<Result<_>>()?
+        };
+        // Where rank r's input and output start (in place, where the layout puts them in its buffer).
+        let base = |r: usize, kind: BufferKind| u64::from(l.buffer_base(Rank(r as u32), kind)) * chunk_bytes;
+        let input_at = |r: usize| match ins.get(r) {
+            Some(i) => i.device_ptr(stream).0,
+            None => outs[r].device_ptr(stream).0 + base(r, BufferKind::Input),
+        };
+        let output_at = |r: usize, outs: &[CudaSlice<u8>]| {
+            outs[r].device_ptr(stream).0 + if l.in_place { base(r, BufferKind::Output) } else { 0 }
         };
         let count_in = u64::from(l.input_chunks()) * chunk_bytes / e;
         let count_out = u64::from(l.output_chunks()) * chunk_bytes / e;
         for r in 0..p {
-            // SAFETY: rank r's input lies inside its buffers of the lowering's sizes, on this GPU;
-            // nothing else uses them until the synchronisation below.
-            unsafe { fill_periodic_at(stream, at(r, BufferKind::Input), b.dtype, count_in, |i| pattern(r, i))? };
+            // SAFETY: rank r's input lies inside its buffers, on this GPU; nothing else uses them
+            // until the synchronisation below.
+            unsafe { fill_periodic_at(stream, input_at(r), b.dtype, count_in, |i| pattern(r, i))? };
         }
         stream.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-        // SAFETY: `table` holds buffers of at least `buffer_bytes` for every (rank, slot), alive until
-        // this size's end, every launch on the one `stream`.
-        let launch = || unsafe { comm.launch_prepared(&prepared, table) };
+        let elems = |buf: &CudaSlice<u8>| buf.len() / e as usize;
+        let launch = |outs: &mut [CudaSlice<u8>]| -> Result<()> {
+            oxccl::with_element!(b.dtype, |T| {
+                // SAFETY: byte buffers of whole elements viewed as `T` (cudarc allocations are
+                // 256-byte aligned), each used by this call alone.
+                let mut out: Vec<CudaViewMut<T>> = outs
+                    .iter_mut()
+                    .map(|o| {
+                        let n = elems(o);
+                        unsafe { o.transmute_mut::<T>(n) }.expect("sized above")
+                    })
+                    .collect();
+                if l.in_place {
+                    comm.run_program_in_place(program, &mut out, b.op)
+                } else {
+                    let send: Vec<CudaView<T>> =
+                        ins.iter().map(|i| unsafe { i.transmute::<T>(elems(i)) }.expect("sized above")).collect();
+                    comm.run_program(program, &send, &mut out, b.op)
+                }
+            })
+        };
         let mut wrong = None;
         if b.sweep.check
             && let Some(c) = collective
         {
-            launch()?;
+            launch(&mut outs)?;
             comm.synchronize()?;
             let count = if c == Collective::AllGather { count_in } else { count_out };
             let expected = Expected::new(c, b.dtype, b.op, p, count);
             let stage = &mut staging[0].1;
             let mut n = 0;
             for r in 0..p {
-                // SAFETY: rank r's output, written by the launch synchronised above.
-                n += unsafe { count_wrong_at(stream, at(r, BufferKind::Output), count_out, &expected, r, 0, stage)? };
+                // SAFETY: rank r's output, written by the call synchronised above.
+                n += unsafe { count_wrong_at(stream, output_at(r, &outs), count_out, &expected, r, 0, stage)? };
             }
             wrong = Some(n);
         }
-        let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, launch)? * 1e3;
+        let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, || launch(&mut outs))? * 1e3;
         comm.synchronize()?;
-        drop(bufs);
+        drop((ins, outs));
         let real = b.user_chunks() * chunk_bytes;
         let row = b.row(l, ctas, real, (count_in, count_out), us, wrong);
         let info = PlanBenchInfo {

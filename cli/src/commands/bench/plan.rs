@@ -25,7 +25,7 @@ pub struct PlanArgs {
     /// `compiled` (HPDS schedule, state-based thread blocks, a segment per sub-pipeline),
     /// `interpreted` (MSCCL's shape: algorithm-level schedule, a TB per connection and stage, the
     /// whole list re-walked per micro-batch; same kernels, same mover) or `direct` (no FIFOs: each
-    /// level of the program one launch of the collective engine; one GPU).
+    /// level of the program one launch of the collective engine, through `run_program`; one GPU).
     #[arg(long, value_enum, default_value = "compiled")]
     pub exec: ExecArg,
     /// Micro-batches per chunk, 1..=65536.
