@@ -82,12 +82,14 @@ impl Communicator {
     /// the ranks' buffers by the receiver's CTAs. The lowering is built and uploaded on the first
     /// call with a given program, chunk size, type and operator, and kept until
     /// [`Communicator::clear_plans`]; scratch chunks are the communicator's own device memory.
+    /// Call it once before capturing it in a CUDA graph (a first call builds and uploads).
     ///
     /// Errors: [`Error::Config`] for a program that does not verify, is not laid out for this
     /// communicator's ranks or is in place (see [`Communicator::run_program_in_place`]), or whose
     /// chunks are not a multiple of 16 bytes; `Avg` where the program reduces; buffer errors as for
     /// the collectives ([`Error::BufferCount`], [`Error::Length`], [`Error::WrongDevice`],
-    /// [`Error::Misaligned`], [`Error::Aliasing`]).
+    /// [`Error::Misaligned`], [`Error::Aliasing`]); [`Error::Capturing`] for a first call inside a
+    /// CUDA graph capture.
     pub fn run_program<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
         program: &Program,
@@ -247,16 +249,18 @@ impl Communicator {
                 lower_direct(program, &opts).map_err(|e| Error::Config { field: "program", why: e.to_string() })?;
             let launch = self.staged_launch(&lowered)?;
             self.check_resident(&launch, ctas, lowered.slots())?;
+            // Uploaded first: during a CUDA graph capture the upload refuses (`Error::Capturing`)
+            // before anything is allocated or filled on a capturing stream.
+            let prepared = Prepared { call_key: call_key(&key), ..self.prepare_staged(lowered, ctas)? };
             // Across processes scratch is staging memory, which peers reach (`program_call`).
             let mut scratch = Vec::new();
             let across = self.link.as_ref().is_some_and(|l| l.peer.is_some());
             for r in self.holding(crate::comm::Holders::All).into_iter().filter(|_| !across) {
-                let bytes = lowered.buffer_bytes[r][slot::SCRATCH as usize];
+                let bytes = prepared.lowered.buffer_bytes[r][slot::SCRATCH as usize];
                 if bytes > 0 {
                     scratch.push((r, DeviceAlloc::filled_on(self.rank_stream(r), bytes as usize, &[])?));
                 }
             }
-            let prepared = Prepared { call_key: call_key(&key), ..self.prepare_staged(lowered, ctas)? };
             Ok(Arc::new(ProgramRun { program: program.clone(), prepared, scratch }))
         })?;
         if run.program != *program {
