@@ -135,3 +135,41 @@ fn refusals_are_typed() {
     }
     assert!(matches!(lower_direct(&broken, &opts), Err(DirectError::Program(_))));
 }
+
+/// What a lowering's tasks read and write, in bytes: a copy reads each source and writes each
+/// destination; an accumulation also reads its destination.
+fn task_traffic(d: &Staged) -> u64 {
+    let mut total = 0u64;
+    for level in &d.stages {
+        for t in &level.tasks {
+            let (srcs, dsts) = (u64::from(t.src_ranks.count_ones()), u64::from(t.dst_ranks.count_ones()));
+            let reads = if t.kind == oxccl_kernels::abi::TaskKind::ReduceInto as u8 { srcs + dsts } else { srcs };
+            total += t.bytes * (reads + dsts);
+        }
+    }
+    total
+}
+
+/// The roofline `oxccl bench plan` prints (`Program::traffic_chunks` × the chunk size) is exactly
+/// what the direct lowering's tasks move, for every generator and bundled MSCCL file.
+#[test]
+fn the_roofline_counts_what_the_tasks_move() {
+    let mut programs: Vec<Program> = Vec::new();
+    for algo in Algorithm::ALL {
+        for (nodes, gpus) in [(1, 2), (1, 5), (1, 8), (2, 4), (3, 2)] {
+            programs.push(algo.generate(nodes, gpus).unwrap());
+        }
+    }
+    for f in common::xml_files(&common::bundled_msccl()) {
+        programs.push(msccl::import_path(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display())).program);
+    }
+    let cb = (CHUNK * 4) as u64;
+    for p in &programs {
+        for ctas in [1, 3] {
+            let d = lower_direct(p, &DirectOptions::new(cb, DType::I32, ctas))
+                .unwrap_or_else(|e| panic!("{}: {e}", p.name));
+            let (read, written) = p.traffic_chunks();
+            assert_eq!(task_traffic(&d), (read + written) * cb, "{} with {ctas} CTAs", p.name);
+        }
+    }
+}
