@@ -173,3 +173,91 @@ fn the_roofline_counts_what_the_tasks_move() {
         }
     }
 }
+
+/// Programs lowered by node (`lower_by_node`) give the collective's reference on the host, the
+/// transfers between nodes as copies and each node's launch with the engine's semantics: every
+/// generator on 2 and 4 nodes, one-node programs and the bundled MSCCL files posed on nodes of 2
+/// (and 4) ranks. No engine task and no CTA's barrier crosses a node; every transfer between nodes
+/// does, and they carry exactly the bytes of the program's ops between nodes.
+#[test]
+fn programs_lowered_by_node_give_the_reference() {
+    use oxccl_host::compile::direct::lower_by_node;
+    let mut cases: Vec<(Program, u32)> = Vec::new();
+    for algo in Algorithm::ALL {
+        for (nodes, gpus) in [(2, 2), (2, 4), (4, 2), (4, 4)] {
+            if let Ok(p) = algo.generate(nodes, gpus) {
+                cases.push((p, gpus));
+            }
+        }
+        for per_node in [2, 4] {
+            cases.push((algo.generate(1, 8).unwrap(), per_node));
+        }
+    }
+    for f in common::xml_files(&common::bundled_msccl()) {
+        let p = msccl::import_path(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display())).program;
+        if p.layout.ranks <= 16 {
+            cases.push((p.clone(), 2));
+            if p.layout.ranks.is_multiple_of(4) {
+                cases.push((p, 4));
+            }
+        }
+    }
+    let cb = (CHUNK * 4) as u64;
+    let mut crossed = 0;
+    for (p, per_node) in &cases {
+        let l = &p.layout;
+        let n = l.ranks as usize;
+        let node = |r: u32| r / per_node;
+        for (op, ctas) in [(ReduceOp::Sum, 1), (ReduceOp::Max, 3)] {
+            let opts = DirectOptions { op, ..DirectOptions::new(cb, DType::I32, ctas) };
+            let what = format!("{} on nodes of {per_node}, {op:?}, {ctas} CTAs", p.name);
+            let d = lower_by_node(p, &opts, *per_node).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mask = |r: u32| (((1u64 << per_node) - 1) << (node(r) * per_node)) as u32;
+            for level in &d.levels {
+                for t in &level.engine.tasks {
+                    let ranks = t.src_ranks | t.dst_ranks;
+                    let r = ranks.trailing_zeros();
+                    assert_eq!(ranks & !mask(r), 0, "{what}: an engine task crosses a node");
+                }
+                for prog in &level.engine.programs {
+                    assert_eq!(prog.barrier_ranks & !mask(prog.rank), 0, "{what}: a barrier crosses a node");
+                }
+                for w in &level.wire {
+                    assert_ne!(node(w.src_rank), node(w.dst_rank), "{what}: a wire transfer inside a node");
+                }
+            }
+            let between: u64 = p
+                .ops
+                .iter()
+                .filter(|o| node(o.src_rank().0) != node(o.dst_rank().0))
+                .map(|o| u64::from(o.src().count) * cb)
+                .sum();
+            assert_eq!(d.wire_bytes(), between, "{what}: bytes between nodes");
+            crossed += usize::from(between > 0);
+            let inputs: Vec<Vec<i32>> = test_inputs(n, l.input_chunks() as usize * CHUNK);
+            let want = reference(l.collective, &inputs, op).unwrap();
+            let mut bufs = d.host_buffers();
+            let at = |r: usize, kind: BufferKind| -> (usize, usize) {
+                if l.in_place {
+                    (slot::OUTPUT as usize, l.buffer_base(Rank(r as u32), kind) as usize * CHUNK * 4)
+                } else {
+                    (if kind == BufferKind::Input { slot::INPUT } else { slot::OUTPUT } as usize, 0)
+                }
+            };
+            for (r, input) in inputs.iter().enumerate() {
+                let (s, off) = at(r, BufferKind::Input);
+                bufs[r][s][off..off + input.len() * 4].copy_from_slice(&bytes(input));
+            }
+            d.execute(&mut bufs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for (r, w) in want.iter().enumerate() {
+                let (s, off) = at(r, BufferKind::Output);
+                assert_eq!(&ints(&bufs[r][s][off..off + w.len() * 4]), w, "{what}: rank {r}");
+            }
+        }
+    }
+    assert!(crossed >= 100, "only {crossed} cases crossed nodes");
+    // A node size that does not divide the ranks is refused.
+    let ring = Algorithm::RingAllReduce.generate(1, 6).unwrap();
+    let e = lower_by_node(&ring, &DirectOptions::new(cb, DType::I32, 1), 4).unwrap_err();
+    assert!(matches!(e, DirectError::Options { field: "ranks_per_node", .. }), "{e}");
+}

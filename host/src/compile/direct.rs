@@ -30,9 +30,17 @@
 //! T-CCL's shard-in does). Each rank's tasks of a level are cut into [`DirectOptions::ctas`] spans
 //! of nearly equal bytes, split on 16-byte boundaries. `Avg` is refused: dividing needs to know
 //! which reduction of a chunk is its last, which the program does not say.
+//!
+//! # Across nodes
+//!
+//! [`lower_by_node`] keeps the levels and splits each: ops inside a node stay engine tasks, whose
+//! CTAs meet only their node's ranks; ops between nodes become [`WireTransfer`]s for a
+//! point-to-point engine between nodes (a reduction lands in the receiver's [`slot::SCRATCH2`] and
+//! the level's launch reduces it into place). The host runs it ([`ByNode::execute`]); the
+//! communicator does not yet.
 
 use crate::lowered::{self, Lowered, LoweredError, Staged};
-use crate::program::{BufferKind, Layout, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use crate::program::{BufferKind, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
 
 /// How to lower a program directly.
@@ -144,7 +152,36 @@ pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, D
         buffer_bytes.push(b);
     }
 
-    // The level of every op, from the last level to write and to read each storage chunk.
+    let mut levels: Vec<Vec<Task>> = Vec::new();
+    let mut owners: Vec<Vec<usize>> = Vec::new();
+    for (op, level) in program.ops.iter().zip(op_levels(program)?) {
+        if levels.len() <= level {
+            levels.resize_with(level + 1, Vec::new);
+            owners.resize_with(level + 1, Vec::new);
+        }
+        levels[level].push(task_of(l, op, opts));
+        owners[level].push(op.dst_rank().index());
+    }
+
+    let mut out = Vec::with_capacity(levels.len());
+    for (level, (tasks, owner)) in levels.into_iter().zip(owners).enumerate() {
+        let lowered = distribute(tasks, &owner, n, opts)?;
+        if lowered.tasks.len() as u64 > opts.max_tasks {
+            return Err(DirectError::TooLarge {
+                what: format!("level {level}: {} tasks (limit {})", lowered.tasks.len(), opts.max_tasks),
+            });
+        }
+        lowered::validate(&lowered, &buffer_bytes, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        lowered::check_races(&lowered, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        out.push(lowered);
+    }
+    Ok(Staged { stages: out, dtype: opts.dtype, op: opts.op, buffer_bytes })
+}
+
+/// The level of every op of a verified `program` (see the module documentation): one past the
+/// last level that writes a chunk it reads or writes, or reads a chunk it writes.
+fn op_levels(program: &Program) -> Result<Vec<usize>, DirectError> {
+    let l = &program.layout;
     let base: Vec<usize> = (0..l.ranks)
         .scan(0usize, |at, r| {
             let b = *at;
@@ -164,8 +201,7 @@ pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, D
         let first = l.resolve(rank, s).expect("a verified program's slices resolve") as usize;
         base[rank.index()] + first..base[rank.index()] + first + s.count as usize
     };
-    let mut levels: Vec<Vec<Task>> = Vec::new();
-    let mut owners: Vec<Vec<usize>> = Vec::new();
+    let mut out = Vec::with_capacity(program.ops.len());
     for op in &program.ops {
         let (reads, writes) = (range(op.src_rank(), op.src()), range(op.dst_rank(), op.dst()));
         let mut level = 0i64;
@@ -184,46 +220,34 @@ pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, D
                 last_read[i] = last_read[i].max(level);
             }
         }
-        let level = level as usize;
-        if levels.len() <= level {
-            levels.resize_with(level + 1, Vec::new);
-            owners.resize_with(level + 1, Vec::new);
-        }
-        let (src_rank, dst_rank) = (op.src_rank(), op.dst_rank());
-        let (src_slot, src_base) = place(l, src_rank, op.src().buffer, cb);
-        let (dst_slot, dst_base) = place(l, dst_rank, op.dst().buffer, cb);
-        let reduce = matches!(op.kind, OpKind::Reduce { .. } | OpKind::Transfer { op: RecvOp::RecvReduceCopy, .. });
-        let kind = if reduce { TaskKind::ReduceInto } else { TaskKind::Move };
-        levels[level].push(Task {
-            kind: kind.raw(),
-            dtype: opts.dtype.raw(),
-            op: opts.op.raw(),
-            src_slot,
-            dst_slot,
-            flags: 0,
-            divisor: 0,
-            src_ranks: 1 << src_rank.0,
-            dst_ranks: 1 << dst_rank.0,
-            src_offset: src_base + u64::from(op.src().offset) * cb,
-            dst_offset: dst_base + u64::from(op.dst().offset) * cb,
-            bytes: u64::from(op.src().count) * cb,
-        });
-        owners[level].push(dst_rank.index());
+        out.push(level as usize);
     }
+    Ok(out)
+}
 
-    let mut out = Vec::with_capacity(levels.len());
-    for (level, (tasks, owner)) in levels.into_iter().zip(owners).enumerate() {
-        let lowered = distribute(tasks, &owner, n, opts)?;
-        if lowered.tasks.len() as u64 > opts.max_tasks {
-            return Err(DirectError::TooLarge {
-                what: format!("level {level}: {} tasks (limit {})", lowered.tasks.len(), opts.max_tasks),
-            });
-        }
-        lowered::validate(&lowered, &buffer_bytes, &[]).map_err(|error| DirectError::Invalid { level, error })?;
-        lowered::check_races(&lowered, &[]).map_err(|error| DirectError::Invalid { level, error })?;
-        out.push(lowered);
+/// The engine task of `op`: a `Move` for a store, a `ReduceInto` for a reduction, from the source
+/// rank's buffer into the destination rank's.
+fn task_of(l: &Layout, op: &Op, opts: &DirectOptions) -> Task {
+    let cb = opts.chunk_bytes;
+    let (src_rank, dst_rank) = (op.src_rank(), op.dst_rank());
+    let (src_slot, src_base) = place(l, src_rank, op.src().buffer, cb);
+    let (dst_slot, dst_base) = place(l, dst_rank, op.dst().buffer, cb);
+    let reduce = matches!(op.kind, OpKind::Reduce { .. } | OpKind::Transfer { op: RecvOp::RecvReduceCopy, .. });
+    let kind = if reduce { TaskKind::ReduceInto } else { TaskKind::Move };
+    Task {
+        kind: kind.raw(),
+        dtype: opts.dtype.raw(),
+        op: opts.op.raw(),
+        src_slot,
+        dst_slot,
+        flags: 0,
+        divisor: 0,
+        src_ranks: 1 << src_rank.0,
+        dst_ranks: 1 << dst_rank.0,
+        src_offset: src_base + u64::from(op.src().offset) * cb,
+        dst_offset: dst_base + u64::from(op.dst().offset) * cb,
+        bytes: u64::from(op.src().count) * cb,
     }
-    Ok(Staged { stages: out, dtype: opts.dtype, op: opts.op, buffer_bytes })
 }
 
 /// One level's tasks given to their owners' CTAs: each rank's tasks cut into `ctas` spans of nearly
@@ -278,4 +302,158 @@ fn distribute(tasks: Vec<Task>, owner: &[usize], n: usize, opts: &DirectOptions)
         }
     }
     Ok(Lowered { programs, tasks: out, ranks: n, slots, combines })
+}
+
+/// A transfer between nodes of a program lowered by node ([`lower_by_node`]): `bytes` from rank
+/// `src_rank`'s buffer `src_slot` at `src_offset` into rank `dst_rank`'s `dst_slot` at
+/// `dst_offset`, moved by the engine between nodes (point-to-point, as NCCL's send and receive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireTransfer {
+    /// The sending rank.
+    pub src_rank: u32,
+    /// Its buffer slot.
+    pub src_slot: u8,
+    /// Byte offset in that buffer.
+    pub src_offset: u64,
+    /// The receiving rank.
+    pub dst_rank: u32,
+    /// Its buffer slot: the destination's, or [`slot::SCRATCH2`] for data it then reduces.
+    pub dst_slot: u8,
+    /// Byte offset in that buffer.
+    pub dst_offset: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+}
+
+/// One level of a program lowered by node: its transfers between nodes, then one launch of the
+/// collective engine whose CTAs meet only their own node's ranks (the level's stores and reductions
+/// inside each node, and the reductions of what crossed into a receiver's [`slot::SCRATCH2`]).
+#[derive(Clone, Debug)]
+pub struct NodeLevel {
+    /// Transfers between nodes, all independent of each other.
+    pub wire: Vec<WireTransfer>,
+    /// The launch inside the nodes, after the transfers.
+    pub engine: Lowered,
+}
+
+/// A program lowered level by level for ranks spread over nodes ([`lower_by_node`]).
+#[derive(Clone, Debug)]
+pub struct ByNode {
+    /// The levels, in order.
+    pub levels: Vec<NodeLevel>,
+    /// Consecutive ranks per node.
+    pub ranks_per_node: u32,
+    /// `buffer_bytes[rank][slot]`: as [`lower_direct`]'s, and [`slot::SCRATCH2`] the most a rank
+    /// receives to reduce in one level.
+    pub buffer_bytes: Vec<[u64; BUFFER_SLOTS]>,
+}
+
+impl ByNode {
+    /// Zeroed host buffers of every rank, of [`ByNode::buffer_bytes`].
+    pub fn host_buffers(&self) -> lowered::HostBuffers {
+        self.buffer_bytes.iter().map(|b| std::array::from_fn(|s| vec![0u8; b[s] as usize])).collect()
+    }
+
+    /// Runs every level on host buffers: the transfers between nodes as copies, then the engine's
+    /// launch with the engine's semantics ([`lowered::execute`]). Returns the level that failed.
+    pub fn execute(&self, bufs: &mut lowered::HostBuffers) -> Result<(), lowered::StageError> {
+        for (stage, level) in self.levels.iter().enumerate() {
+            for (task, w) in level.wire.iter().enumerate() {
+                let fail = |rank: u32, slot: u8, end: u64, len: usize| lowered::StageError {
+                    stage,
+                    error: LoweredError::OutOfBounds { task, rank: rank as usize, slot, end, len: len as u64 },
+                };
+                let src = &bufs[w.src_rank as usize][w.src_slot as usize];
+                let (s, e) = (w.src_offset as usize, (w.src_offset + w.bytes) as usize);
+                let data = src.get(s..e).ok_or_else(|| fail(w.src_rank, w.src_slot, e as u64, src.len()))?.to_vec();
+                let dst = &mut bufs[w.dst_rank as usize][w.dst_slot as usize];
+                let (s, e) = (w.dst_offset as usize, (w.dst_offset + w.bytes) as usize);
+                let len = dst.len();
+                dst.get_mut(s..e).ok_or_else(|| fail(w.dst_rank, w.dst_slot, e as u64, len))?.copy_from_slice(&data);
+            }
+            lowered::execute(&level.engine, bufs, &[]).map_err(|error| lowered::StageError { stage, error })?;
+        }
+        Ok(())
+    }
+
+    /// Bytes that cross between nodes per run.
+    pub fn wire_bytes(&self) -> u64 {
+        self.levels.iter().flat_map(|l| &l.wire).map(|w| w.bytes).sum()
+    }
+}
+
+/// Lowers `program` level by level ([`lower_direct`]'s levels) for ranks on nodes of
+/// `ranks_per_node` consecutive ranks: an op between two ranks of one node is an engine task, as
+/// there; a transfer between nodes is a [`WireTransfer`], straight into its destination for a
+/// store, into the receiver's [`slot::SCRATCH2`] for a reduction, which the level's engine launch
+/// then reduces into the destination. Within a level the transfers run before the launch (the
+/// level's ops touch no chunk another one writes, so only those reductions depend on them), and
+/// every CTA of a launch meets only its own node's ranks.
+pub fn lower_by_node(program: &Program, opts: &DirectOptions, ranks_per_node: u32) -> Result<ByNode, DirectError> {
+    let per_node = ranks_per_node;
+    let staged = lower_direct(program, opts)?;
+    let l = &program.layout;
+    if per_node == 0 || !l.ranks.is_multiple_of(per_node) {
+        return Err(DirectError::Options {
+            field: "ranks_per_node",
+            why: format!("{per_node} does not divide the program's {} ranks", l.ranks),
+        });
+    }
+    let n = l.ranks as usize;
+    let node = |r: u32| r / per_node;
+    let mut buffer_bytes = staged.buffer_bytes.clone();
+    let mut levels: Vec<(Vec<WireTransfer>, Vec<Task>, Vec<usize>)> = Vec::new();
+    for (op, level) in program.ops.iter().zip(op_levels(program)?) {
+        if levels.len() <= level {
+            levels.resize_with(level + 1, Default::default);
+        }
+        let (wire, tasks, owners) = &mut levels[level];
+        let t = task_of(l, op, opts);
+        let (src, dst) = (op.src_rank().0, op.dst_rank().0);
+        if node(src) == node(dst) {
+            tasks.push(t);
+            owners.push(dst as usize);
+            continue;
+        }
+        let mut w = WireTransfer {
+            src_rank: src,
+            src_slot: t.src_slot,
+            src_offset: t.src_offset,
+            dst_rank: dst,
+            dst_slot: t.dst_slot,
+            dst_offset: t.dst_offset,
+            bytes: t.bytes,
+        };
+        if t.kind == TaskKind::ReduceInto.raw() {
+            // Received into the temporary slot (its level's bytes so far), reduced there after.
+            let temp: u64 =
+                wire.iter().filter(|x| x.dst_rank == dst && x.dst_slot == slot::SCRATCH2).map(|x| x.bytes).sum();
+            w.dst_slot = slot::SCRATCH2;
+            w.dst_offset = temp;
+            let room = &mut buffer_bytes[dst as usize][slot::SCRATCH2 as usize];
+            *room = (*room).max(temp + t.bytes);
+            tasks.push(Task { src_ranks: 1 << dst, src_slot: slot::SCRATCH2, src_offset: temp, ..t });
+            owners.push(dst as usize);
+        }
+        wire.push(w);
+    }
+    let mut out = Vec::with_capacity(levels.len());
+    for (level, (wire, tasks, owners)) in levels.into_iter().enumerate() {
+        let mut engine = distribute(tasks, &owners, n, opts)?;
+        for p in &mut engine.programs {
+            // Each CTA meets its own node's ranks: the other nodes run their own launch.
+            let first = node(p.rank) * per_node;
+            let mask = ((1u64 << per_node) - 1) << first;
+            p.barrier_ranks = if per_node > 1 { (mask & u64::from(u32::MAX)) as u32 } else { 0 };
+        }
+        if engine.tasks.len() as u64 > opts.max_tasks {
+            return Err(DirectError::TooLarge {
+                what: format!("level {level}: {} tasks (limit {})", engine.tasks.len(), opts.max_tasks),
+            });
+        }
+        lowered::validate(&engine, &buffer_bytes, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        lowered::check_races(&engine, &[]).map_err(|error| DirectError::Invalid { level, error })?;
+        out.push(NodeLevel { wire, engine });
+    }
+    Ok(ByNode { levels: out, ranks_per_node: per_node, buffer_bytes })
 }
