@@ -8,7 +8,7 @@ mod common;
 use oxccl_host::compile::direct::{DirectError, DirectOptions, lower_direct};
 use oxccl_host::exec::reference::reference;
 use oxccl_host::exec::{ReduceOp, test_inputs};
-use oxccl_host::lowered::Staged;
+use oxccl_host::lowered::{HostBuffers, Staged};
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::program::{BufferKind, Collective, Program, Rank, msccl};
 use oxccl_kernels::abi::{DType, slot};
@@ -27,13 +27,26 @@ fn ints(b: &[u8]) -> Vec<i32> {
 /// Lowers `p` with `ctas` CTAs per rank, runs it on the host with the reference inputs and checks
 /// every rank's output against the collective's reference under `op`.
 fn check(p: &Program, ctas: u32, op: ReduceOp) -> Staged {
-    let l = &p.layout;
     let opts = DirectOptions { op, ..DirectOptions::new((CHUNK * 4) as u64, DType::I32, ctas) };
     let d = lower_direct(p, &opts).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+    let what = format!("{} ({ctas} CTAs, {op:?})", p.name);
+    give_the_reference(p, op, d.host_buffers(), |bufs| d.execute(bufs).map_err(|e| e.to_string()), &what);
+    d
+}
+
+/// Fills `bufs` (a lowering's buffers of `p`) with the reference inputs, runs `run` on them and
+/// checks every rank's output against the collective's reference under `op`.
+fn give_the_reference(
+    p: &Program,
+    op: ReduceOp,
+    mut bufs: HostBuffers,
+    run: impl FnOnce(&mut HostBuffers) -> Result<(), String>,
+    what: &str,
+) {
+    let l = &p.layout;
     let n = l.ranks as usize;
     let inputs: Vec<Vec<i32>> = test_inputs(n, l.input_chunks() as usize * CHUNK);
     let want = reference(l.collective, &inputs, op).unwrap();
-    let mut bufs = d.host_buffers();
     let at = |r: usize, kind: BufferKind| -> (usize, usize) {
         if l.in_place {
             (slot::OUTPUT as usize, l.buffer_base(Rank(r as u32), kind) as usize * CHUNK * 4)
@@ -45,13 +58,11 @@ fn check(p: &Program, ctas: u32, op: ReduceOp) -> Staged {
         let (s, off) = at(r, BufferKind::Input);
         bufs[r][s][off..off + input.len() * 4].copy_from_slice(&bytes(input));
     }
-    d.execute(&mut bufs).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+    run(&mut bufs).unwrap_or_else(|e| panic!("{what}: {e}"));
     for (r, w) in want.iter().enumerate() {
         let (s, off) = at(r, BufferKind::Output);
-        let got = ints(&bufs[r][s][off..off + w.len() * 4]);
-        assert_eq!(&got, w, "{} ({} CTAs, {op:?}): rank {r}", p.name, ctas);
+        assert_eq!(&ints(&bufs[r][s][off..off + w.len() * 4]), w, "{what}: rank {r}");
     }
-    d
 }
 
 #[test]
@@ -205,8 +216,6 @@ fn programs_lowered_by_node_give_the_reference() {
     let cb = (CHUNK * 4) as u64;
     let mut crossed = 0;
     for (p, per_node) in &cases {
-        let l = &p.layout;
-        let n = l.ranks as usize;
         let node = |r: u32| r / per_node;
         for (op, ctas) in [(ReduceOp::Sum, 1), (ReduceOp::Max, 3)] {
             let opts = DirectOptions { op, ..DirectOptions::new(cb, DType::I32, ctas) };
@@ -234,25 +243,7 @@ fn programs_lowered_by_node_give_the_reference() {
                 .sum();
             assert_eq!(d.wire_bytes(), between, "{what}: bytes between nodes");
             crossed += usize::from(between > 0);
-            let inputs: Vec<Vec<i32>> = test_inputs(n, l.input_chunks() as usize * CHUNK);
-            let want = reference(l.collective, &inputs, op).unwrap();
-            let mut bufs = d.host_buffers();
-            let at = |r: usize, kind: BufferKind| -> (usize, usize) {
-                if l.in_place {
-                    (slot::OUTPUT as usize, l.buffer_base(Rank(r as u32), kind) as usize * CHUNK * 4)
-                } else {
-                    (if kind == BufferKind::Input { slot::INPUT } else { slot::OUTPUT } as usize, 0)
-                }
-            };
-            for (r, input) in inputs.iter().enumerate() {
-                let (s, off) = at(r, BufferKind::Input);
-                bufs[r][s][off..off + input.len() * 4].copy_from_slice(&bytes(input));
-            }
-            d.execute(&mut bufs).unwrap_or_else(|e| panic!("{what}: {e}"));
-            for (r, w) in want.iter().enumerate() {
-                let (s, off) = at(r, BufferKind::Output);
-                assert_eq!(&ints(&bufs[r][s][off..off + w.len() * 4]), w, "{what}: rank {r}");
-            }
+            give_the_reference(p, op, d.host_buffers(), |bufs| d.execute(bufs).map_err(|e| e.to_string()), &what);
         }
     }
     assert!(crossed >= 100, "only {crossed} cases crossed nodes");
