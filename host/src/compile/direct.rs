@@ -119,38 +119,8 @@ pub fn place(l: &Layout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u
 /// Lowers `program` level by level (see the module documentation).
 /// The result is one stage per level ([`Staged::stages`]).
 pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, DirectError> {
-    program.verify().map_err(DirectError::Program)?;
-    let l = &program.layout;
-    let n = l.ranks as usize;
-    if n > MAX_RANKS {
-        return Err(DirectError::Ranks { ranks: l.ranks, max: MAX_RANKS });
-    }
-    let bad = |field, why: &str| Err(DirectError::Options { field, why: why.into() });
-    if opts.chunk_bytes == 0 || !opts.chunk_bytes.is_multiple_of(16) {
-        return bad("chunk_bytes", "must be a positive multiple of 16");
-    }
-    if opts.ctas == 0 || opts.ctas as usize > MAX_CTAS_PER_RANK {
-        return bad("ctas", "must be 1..=256");
-    }
-    if opts.op == RedOp::Avg && program.ops.iter().any(|op| op.reduces()) {
-        return bad("op", "Avg needs to know which reduction of a chunk is its last; the program does not say");
-    }
-    let cb = opts.chunk_bytes;
-    let bytes = |chunks: u32| {
-        u64::from(chunks).checked_mul(cb).ok_or_else(|| DirectError::TooLarge { what: format!("{chunks} chunks") })
-    };
-    let mut buffer_bytes = Vec::with_capacity(n);
-    for r in 0..l.ranks {
-        let mut b = [0u64; BUFFER_SLOTS];
-        if l.in_place {
-            b[slot::OUTPUT as usize] = bytes(l.input_chunks().max(l.output_chunks()))?;
-        } else {
-            b[slot::INPUT as usize] = bytes(l.input_chunks())?;
-            b[slot::OUTPUT as usize] = bytes(l.output_chunks())?;
-        }
-        b[slot::SCRATCH as usize] = bytes(l.scratch[r as usize])?;
-        buffer_bytes.push(b);
-    }
+    let buffer_bytes = checked_buffers(program, opts)?;
+    let (l, n) = (&program.layout, program.layout.ranks as usize);
 
     let mut levels: Vec<Vec<Task>> = Vec::new();
     let mut owners: Vec<Vec<usize>> = Vec::new();
@@ -176,6 +146,44 @@ pub fn lower_direct(program: &Program, opts: &DirectOptions) -> Result<Staged, D
         out.push(lowered);
     }
     Ok(Staged { stages: out, dtype: opts.dtype, op: opts.op, buffer_bytes })
+}
+
+/// Checks `program` (verified, at most [`MAX_RANKS`] ranks) and `opts` for a direct lowering, and
+/// gives each rank's buffer sizes (`buffer_bytes[rank][slot]`).
+fn checked_buffers(program: &Program, opts: &DirectOptions) -> Result<Vec<[u64; BUFFER_SLOTS]>, DirectError> {
+    program.verify().map_err(DirectError::Program)?;
+    let l = &program.layout;
+    if l.ranks as usize > MAX_RANKS {
+        return Err(DirectError::Ranks { ranks: l.ranks, max: MAX_RANKS });
+    }
+    let bad = |field, why: &str| Err(DirectError::Options { field, why: why.into() });
+    if opts.chunk_bytes == 0 || !opts.chunk_bytes.is_multiple_of(16) {
+        return bad("chunk_bytes", "must be a positive multiple of 16");
+    }
+    if opts.ctas == 0 || opts.ctas as usize > MAX_CTAS_PER_RANK {
+        return bad("ctas", "must be 1..=256");
+    }
+    if opts.op == RedOp::Avg && program.ops.iter().any(|op| op.reduces()) {
+        return bad("op", "Avg needs to know which reduction of a chunk is its last; the program does not say");
+    }
+    let bytes = |chunks: u32| {
+        u64::from(chunks)
+            .checked_mul(opts.chunk_bytes)
+            .ok_or_else(|| DirectError::TooLarge { what: format!("{chunks} chunks") })
+    };
+    let mut buffer_bytes = Vec::with_capacity(l.ranks as usize);
+    for r in 0..l.ranks {
+        let mut b = [0u64; BUFFER_SLOTS];
+        if l.in_place {
+            b[slot::OUTPUT as usize] = bytes(l.input_chunks().max(l.output_chunks()))?;
+        } else {
+            b[slot::INPUT as usize] = bytes(l.input_chunks())?;
+            b[slot::OUTPUT as usize] = bytes(l.output_chunks())?;
+        }
+        b[slot::SCRATCH as usize] = bytes(l.scratch[r as usize])?;
+        buffer_bytes.push(b);
+    }
+    Ok(buffer_bytes)
 }
 
 /// The level of every op of a verified `program` (see the module documentation): one past the
@@ -382,6 +390,16 @@ impl ByNode {
     }
 }
 
+/// One level of [`lower_by_node`] as it is gathered: transfers between nodes, engine tasks and
+/// their owners, and each rank's bytes received into its temporary slot so far.
+#[derive(Default)]
+struct SplitLevel {
+    wire: Vec<WireTransfer>,
+    tasks: Vec<Task>,
+    owners: Vec<usize>,
+    received: Vec<u64>,
+}
+
 /// Lowers `program` level by level ([`lower_direct`]'s levels) for ranks on nodes of
 /// `ranks_per_node` consecutive ranks: an op between two ranks of one node is an engine task, as
 /// there; a transfer between nodes is a [`WireTransfer`], straight into its destination for a
@@ -391,7 +409,7 @@ impl ByNode {
 /// every CTA of a launch meets only its own node's ranks.
 pub fn lower_by_node(program: &Program, opts: &DirectOptions, ranks_per_node: u32) -> Result<ByNode, DirectError> {
     let per_node = ranks_per_node;
-    let staged = lower_direct(program, opts)?;
+    let mut buffer_bytes = checked_buffers(program, opts)?;
     let l = &program.layout;
     if per_node == 0 || !l.ranks.is_multiple_of(per_node) {
         return Err(DirectError::Options {
@@ -401,13 +419,12 @@ pub fn lower_by_node(program: &Program, opts: &DirectOptions, ranks_per_node: u3
     }
     let n = l.ranks as usize;
     let node = |r: u32| r / per_node;
-    let mut buffer_bytes = staged.buffer_bytes.clone();
-    let mut levels: Vec<(Vec<WireTransfer>, Vec<Task>, Vec<usize>)> = Vec::new();
+    let mut levels: Vec<SplitLevel> = Vec::new();
     for (op, level) in program.ops.iter().zip(op_levels(program)?) {
         if levels.len() <= level {
-            levels.resize_with(level + 1, Default::default);
+            levels.resize_with(level + 1, || SplitLevel { received: vec![0; n], ..SplitLevel::default() });
         }
-        let (wire, tasks, owners) = &mut levels[level];
+        let SplitLevel { wire, tasks, owners, received } = &mut levels[level];
         let t = task_of(l, op, opts);
         let (src, dst) = (op.src_rank().0, op.dst_rank().0);
         if node(src) == node(dst) {
@@ -426,8 +443,8 @@ pub fn lower_by_node(program: &Program, opts: &DirectOptions, ranks_per_node: u3
         };
         if t.kind == TaskKind::ReduceInto.raw() {
             // Received into the temporary slot (its level's bytes so far), reduced there after.
-            let temp: u64 =
-                wire.iter().filter(|x| x.dst_rank == dst && x.dst_slot == slot::SCRATCH2).map(|x| x.bytes).sum();
+            let temp = received[dst as usize];
+            received[dst as usize] += t.bytes;
             w.dst_slot = slot::SCRATCH2;
             w.dst_offset = temp;
             let room = &mut buffer_bytes[dst as usize][slot::SCRATCH2 as usize];
@@ -438,7 +455,7 @@ pub fn lower_by_node(program: &Program, opts: &DirectOptions, ranks_per_node: u3
         wire.push(w);
     }
     let mut out = Vec::with_capacity(levels.len());
-    for (level, (wire, tasks, owners)) in levels.into_iter().enumerate() {
+    for (level, SplitLevel { wire, tasks, owners, .. }) in levels.into_iter().enumerate() {
         let mut engine = distribute(tasks, &owners, n, opts)?;
         for p in &mut engine.programs {
             // Each CTA meets its own node's ranks: the other nodes run their own launch.
