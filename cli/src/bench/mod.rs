@@ -102,6 +102,44 @@ pub fn memcpy_rate(stream: &Arc<CudaStream>, bytes: usize, warmup: usize, iters:
     Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
 }
 
+/// A sweep's one-GPU roofline: `cuMemcpyDtoD` of [`Roofline::BYTES`] (large enough to reach the
+/// rate whatever the sweep's sizes; a 2 MiB copy reads well under it), measured before the sweep
+/// and after it (it varies by several per cent between runs); the faster is the reference.
+pub struct Roofline {
+    before: f64,
+}
+
+impl Roofline {
+    /// Bytes of the measuring copy.
+    pub const BYTES: usize = 1 << 30;
+
+    /// The rate before the sweep where every rank is on one GPU (`one_gpu`), else none (the ranks'
+    /// bytes then go through several memories).
+    pub fn before(stream: &Arc<CudaStream>, one_gpu: bool) -> Result<Option<Roofline>> {
+        if !one_gpu {
+            return Ok(None);
+        }
+        Ok(Some(Roofline { before: memcpy_rate(stream, Self::BYTES, 3, 10)? }))
+    }
+
+    /// Measures again after the sweep: the reference rate, and how it was had, for the report.
+    pub fn after(self, stream: &Arc<CudaStream>) -> Result<(f64, String)> {
+        let after = memcpy_rate(stream, Self::BYTES, 3, 10)?;
+        let rate = self.before.max(after);
+        let how = format!(
+            "cuMemcpyDtoD's {rate:.1} GB/s ({} B, read + written; {:.1} before the sweep, {after:.1} after)",
+            Self::BYTES,
+            self.before
+        );
+        Ok((rate, how))
+    }
+
+    /// `bytes` moved in `us` as a share of `rate` (GB/s), `N/A` for a side that did not run.
+    pub fn percent(rate: f64, bytes: u64, us: Option<f64>) -> String {
+        us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / rate))
+    }
+}
+
 /// What a mover-sweep row measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SweepOp {

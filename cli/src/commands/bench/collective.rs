@@ -362,12 +362,8 @@ pub fn run(r: Run) -> CliResult {
     } else {
         rank_streams(&gpus, b.ranks, false)?
     };
-    // On one GPU every rank's bytes go through the same memory: the HBM roofline, from a copy large
-    // enough to reach it whatever the sweep's sizes (a 2 MiB copy reads well under it), measured
-    // before and after the sweep (it varies by several per cent between runs); the faster is the
-    // reference.
-    let roofline_bytes = 1usize << 30;
-    let memcpy_before = if gpus.len() == 1 { Some(bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?) } else { None };
+    // On one GPU every rank's bytes go through the same memory: the HBM roofline.
+    let roofline = bench::Roofline::before(&stream, gpus.len() == 1)?;
     let progress = Progress::new(collective.name(), b.sweep.sizes().count() as u64, c.json);
     let rows = bench::collective_bench(&streams, &b, |r| {
         progress.println(bench::nccl_line(r));
@@ -375,26 +371,21 @@ pub fn run(r: Run) -> CliResult {
     })?;
     drop(progress);
     println!("{}", bench::nccl_footer(&rows));
-    if let Some(before) = memcpy_before
+    if let Some(roofline) = roofline
         && !rows.is_empty()
     {
-        let after = bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?;
-        let memcpy = before.max(after);
+        let (memcpy, how) = roofline.after(&stream)?;
         println!(
             "# roofline: every input read once and every output written once, less what an in-place call \
-             finds in place ({} ranks on this GPU), at \
-             cuMemcpyDtoD's {memcpy:.1} GB/s ({roofline_bytes} B, read + written; {before:.1} before the sweep, \
-             {after:.1} after). A copy reads as much as it writes: calls that mostly read (ReduceScatter, \
-             Reduce) can pass 100 %.",
+             finds in place ({} ranks on this GPU), at {how}. A copy reads as much as it writes: calls that \
+             mostly read (ReduceScatter, Reduce) can pass 100 %.",
             b.ranks
         );
         println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", "size", "oop bytes", "oop %", "ip bytes", "ip %");
         for r in &rows {
             let moved = |in_place| bench::min_traffic(collective, r.size, b.ranks, in_place);
             // `collective_bench` times both sides; `N/A` would mark one that did not run.
-            let pct = |bytes: u64, us: Option<f64>| {
-                us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy))
-            };
+            let pct = |bytes: u64, us: Option<f64>| bench::Roofline::percent(memcpy, bytes, us);
             let (oop, ip) = (moved(false), moved(true));
             println!("# {:>12} {:>14} {:>10} {:>14} {:>10}", r.size, oop, pct(oop, r.oop_us), ip, pct(ip, r.ip_us));
         }

@@ -225,10 +225,8 @@ pub fn run(a: PlanArgs) -> CliResult {
         b.plan.tb_alloc
     );
     println!("{}", bench::NCCL_HEADER);
-    // On one GPU the plan's bytes all go through the same memory: its roofline, as the
-    // collectives' (`bench all-reduce`), from cuMemcpyDtoD before and after the sweep.
-    let roofline_bytes = 1usize << 30;
-    let memcpy_before = if gpus.len() == 1 { Some(bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?) } else { None };
+    // On one GPU the plan's bytes all go through the same memory: its roofline, as the collectives'.
+    let roofline = bench::Roofline::before(&stream, gpus.len() == 1)?;
     let mut first = true;
     let mut json_rows = Vec::new();
     let progress = Progress::new(&b.name, b.sweep.sizes().count() as u64, a.json);
@@ -263,24 +261,24 @@ pub fn run(a: PlanArgs) -> CliResult {
     })?;
     drop(progress);
     println!("{}", bench::nccl_footer(&rows));
-    if let Some(before) = memcpy_before
+    if let Some(roofline) = roofline
         && !rows.is_empty()
     {
-        let after = bench::memcpy_rate(&stream, roofline_bytes, 3, 10)?;
-        let memcpy = before.max(after);
+        let (memcpy, how) = roofline.after(&stream)?;
         let (read, written) = b.traffic;
         println!(
             "# roofline: the program's ops read {read} and write {written} chunks per call (FIFO copies not \
-             counted), at cuMemcpyDtoD's {memcpy:.1} GB/s ({roofline_bytes} B, read + written; {before:.1} \
-             before the sweep, {after:.1} after)"
+             counted), at {how}"
         );
         println!("# {:>12} {:>14} {:>10}", "size", "bytes", "roofline %");
         for r in &rows {
             let bytes = b.traffic_bytes(r.size);
-            let us = r.oop_us.or(r.ip_us);
-            let pct =
-                us.map_or("N/A".into(), |us| format!("{:.1}%", 100.0 * bytes as f64 / (us * 1e-6) / 1e9 / memcpy));
-            println!("# {:>12} {:>14} {:>10}", r.size, bytes, pct);
+            println!(
+                "# {:>12} {:>14} {:>10}",
+                r.size,
+                bytes,
+                bench::Roofline::percent(memcpy, bytes, r.oop_us.or(r.ip_us))
+            );
         }
     }
     print_json(&json_rows, a.json)?;
