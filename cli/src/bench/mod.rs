@@ -644,6 +644,8 @@ pub struct CollectiveBench {
     /// nccl-tests' `-G`: 0 launches the calls one by one; N > 0 captures the `iters` timed calls
     /// in a CUDA graph and times N launches of it ([`time_graph_ms_on`]).
     pub graph_launches: usize,
+    /// cudarc's event tracking off while the benchmark runs (always so with `graph_launches`).
+    pub untracked: bool,
     /// The communicator's configuration (mover, reduction, CTAs, pipeline).
     pub config: Config,
 }
@@ -1187,7 +1189,7 @@ pub fn collective_bench(
     // In graph mode the buffers are made without cudarc's event tracking (a capture cannot wait on
     // events recorded before it); each is written on its rank's stream and every stream is
     // synchronised before the calls, which meet at device barriers.
-    let _untracked = (b.graph_launches > 0).then(|| Untracked::new(streams));
+    let _untracked = (b.graph_launches > 0 || b.untracked).then(|| Untracked::new(streams));
     let p = b.ranks;
     let mut staging = check_staging(streams, b.sweep.check)?;
     let e = b.dtype.size() as u64;
@@ -2934,6 +2936,7 @@ mod tests {
                 ranks: 2,
                 sweep: Sweep { min_bytes: 1 << 20, max_bytes: 1 << 20, factor: 2, iters: 1, warmup: 0, check: true },
                 graph_launches: 0,
+                untracked: false,
                 config: Config::default(),
             };
             let e = collective_bench(&[], &b, |_| {}).unwrap_err();

@@ -100,9 +100,10 @@ pub fn rank_bench(
         return Err(Error::NoSuchRank { rank: root, ranks: p });
     }
     let stream = comm.stream().clone();
-    // In graph mode the buffers are made without cudarc's event tracking (a capture cannot wait on
-    // events recorded outside it); every return below follows the rank's synchronize.
-    let _untracked = (b.graph_launches > 0).then(|| Untracked::new(std::slice::from_ref(&stream)));
+    // In graph mode (a capture cannot wait on events recorded outside it) and with `untracked`, the
+    // buffers are made without cudarc's event tracking; every return below follows the rank's
+    // synchronize.
+    let _untracked = (b.graph_launches > 0 || b.untracked).then(|| Untracked::new(std::slice::from_ref(&stream)));
     let mut staging = check_staging(std::slice::from_ref(&stream), b.sweep.check)?;
     let e = b.dtype.size() as u64;
     let ctas = comm.communicator().ctas_per_rank();

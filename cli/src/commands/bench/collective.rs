@@ -51,6 +51,12 @@ pub struct Common {
     /// 1000000; 0, the default, launches each call).
     #[arg(short = 'G', long = "cudagraph", default_value_t = 0, allow_negative_numbers = true)]
     pub graph: usize,
+    /// cudarc's event tracking off on the benchmark's contexts while it runs (as with -G): a call
+    /// then waits on no event and records none per buffer, which cudarc otherwise does for every
+    /// buffer a call borrows. The benchmark orders its buffers itself (each rank uses its own on
+    /// its own stream).
+    #[arg(long)]
+    pub untracked: bool,
     /// CTAs per rank (default: all SMs divided among the ranks, at most 16).
     #[arg(long, allow_negative_numbers = true)]
     pub ctas: Option<u32>,
@@ -319,6 +325,7 @@ impl Run {
             ranks: c.ranks.or(c.gpus).unwrap_or(8),
             sweep,
             graph_launches: c.graph,
+            untracked: c.untracked,
             config,
         })
     }
@@ -348,6 +355,9 @@ pub fn run(r: Run) -> CliResult {
         lower(b.config.reduction),
         engine.code
     );
+    if b.untracked {
+        println!("# cudarc's event tracking off (--untracked)");
+    }
     if b.graph_launches > 0 {
         println!(
             "# timed: the {} calls of each half captured in a CUDA graph, {} launches of it (nccl-tests' -G)",
@@ -427,6 +437,10 @@ fn run_ranks(r: &Run, n: usize) -> CliResult {
     }
     if r.common.rank_threads {
         let ctx = oxccl::engine::probe_gpu().map_err(|why| format!("no GPU to benchmark on: {why}"))?;
+        // Once for the threads' one context: a guard per thread would turn tracking back on when
+        // the first thread ends, under the others still running (theirs then change nothing).
+        let untracked = r.common.graph > 0 || r.common.untracked;
+        let _untracked = untracked.then(|| bench::Untracked::new(std::slice::from_ref(&ctx.default_stream())));
         let config = r.config();
         let boots = oxccl::bootstrap::LocalBootstrap::group(n, config.timeout);
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
@@ -510,6 +524,9 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
             println!("# nodes: {} of {} ranks each, staged; between them: {inter}", m.nodes(), m.per_node());
         }
         println!("# time: the slowest rank's, each timing its own stream");
+        if b.untracked {
+            println!("# cudarc's event tracking off (--untracked)");
+        }
         println!("{}", bench::NCCL_HEADER);
     }
     let mut host = Vec::new();
