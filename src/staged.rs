@@ -352,6 +352,9 @@ impl Nodes {
         let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));
         if queued.is_err() {
             self.fail();
+            // The node's peers would wait their timeout for the node steps this rank did not queue,
+            // then again in every later call: they give up at once (`Error::Withdrawn`).
+            node.withdraw();
         }
         if joined.is_ok() {
             drop(scratch);
