@@ -240,6 +240,18 @@ fn graph_timing_is_for_the_collectives() {
     unexpected(&["bench", "plan", "--algo", "ring-allreduce", "-G", "0"], "-G");
 }
 
+/// `--untracked` (cudarc's event tracking off) is the collectives' flag, as `-G`; accepted there
+/// and checked like any other run (no GPU here: refused as such).
+#[test]
+fn untracked_is_for_the_collectives() {
+    unexpected(&["bench", "movers", "--untracked"], "--untracked");
+    unexpected(&["bench", "plan", "--algo", "ring-allreduce", "--untracked"], "--untracked");
+    if std::env::var_os("OXCCL_REQUIRE_GPU").is_none() && !std::path::Path::new("/dev/nvidia0").exists() {
+        let (ok, err) = oxccl(&["bench", "all_reduce", "--untracked", "-b", "1M", "-e", "1M"]);
+        assert!(!ok && err.contains("no GPU to benchmark on"), "{err}");
+    }
+}
+
 /// `--instances` and `--instance-channels` shape a plan: refused for the collectives, checked before
 /// any GPU is looked for.
 #[test]
