@@ -502,8 +502,7 @@ fn modules_target_sm90a_with_no_unresolved_externs() {
 /// The engine's CTA barriers are the forms without `.aligned` (`bar.sync` and `bar.red` are
 /// aligned): LLVM may copy an inline-assembly barrier into both arms of a branch, so that one warp's
 /// threads reach different copies, which the aligned forms leave undefined (the engine's kernels
-/// hung on an H200 once the end barrier of the walker had been copied so). Each is preceded by a
-/// warp barrier, so that no warp meets it diverged (what compute-sanitizer's synccheck reports).
+/// hung on an H200 once the end barrier of the walker had been copied so).
 #[test]
 fn engine_modules_use_no_aligned_cta_barrier() {
     for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {
@@ -522,18 +521,6 @@ fn engine_modules_use_no_aligned_cta_barrier() {
             .collect();
         assert!(aligned.is_empty(), "{name}: aligned CTA barriers {aligned:?}");
         assert!(ptx.contains("barrier.sync 0;"), "{name}: no CTA barrier found: the check would pass vacuously");
-        // Each warp reconverges right before every CTA barrier (`bar_sync_all`, `bar_red_or_all`).
-        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
-        for (i, l) in lines.iter().enumerate() {
-            let ok = if l.starts_with("barrier.sync 0;") {
-                i > 0 && lines[i - 1] == "bar.warp.sync -1;"
-            } else if l.contains("barrier.red.or") {
-                l.contains("bar.warp.sync -1; barrier.red.or")
-            } else {
-                true
-            };
-            assert!(ok, "{name}: a CTA barrier without the warp barrier before it, line {}: {l}", i + 1);
-        }
     }
 }
 

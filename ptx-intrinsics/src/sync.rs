@@ -24,20 +24,15 @@ pub unsafe fn bar_sync(id: u32, threads: u32) {
 
 /// Waits until all threads of this CTA reach barrier 0.
 ///
-/// `bar.warp.sync -1; barrier.sync 0;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see [`bar_sync`])
-///
-/// The warp reconverges first: a warp whose lanes come from different paths (the issuer's and the
-/// others') would otherwise meet the barrier diverged, which PTX allows for this form but which
-/// compute-sanitizer's synccheck reports, hiding any real fault behind it.
+/// `barrier.sync 0;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see [`bar_sync`])
 ///
 /// # Safety
 /// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
 #[doc(alias = "barrier.sync")]
 #[inline(always)]
 pub unsafe fn bar_sync_all() {
-    // SAFETY: the caller guarantees every thread arrives, so every lane of each warp reaches the
-    // warp barrier (blocks are whole warps).
-    unsafe { asm!("bar.warp.sync -1;", "barrier.sync 0;") }
+    // SAFETY: the caller guarantees every thread arrives.
+    unsafe { asm!("barrier.sync 0;") }
 }
 
 /// Waits until every lane of `mask` in the executing warp reaches this point (the warp reconverges
@@ -58,8 +53,7 @@ pub unsafe fn bar_warp_sync(mask: u32) {
 /// Waits until all threads of this CTA reach barrier 0, and returns whether `pred` was true in any of
 /// them: one decision every thread of the CTA shares, whatever any thread does after the barrier.
 ///
-/// `bar.warp.sync -1; barrier.red.or.pred p, 0, q;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see
-/// [`bar_sync`]; the warp reconverges first, as in [`bar_sync_all`])
+/// `barrier.red.or.pred p, 0, q;` · PTX ISA 6.0 · sm_70 (not `.aligned`: see [`bar_sync`])
 ///
 /// # Safety
 /// Every thread of the CTA executes it (it must not sit in a branch some threads skip).
@@ -67,11 +61,10 @@ pub unsafe fn bar_warp_sync(mask: u32) {
 #[inline(always)]
 pub unsafe fn bar_red_or_all(pred: bool) -> bool {
     let any: u32;
-    // SAFETY: the caller guarantees every thread arrives (every lane of each warp, for the warp
-    // barrier); the predicates are local to the block.
+    // SAFETY: the caller guarantees every thread arrives; the predicates are local to the block.
     unsafe {
         asm!(
-            "{{ .reg .pred q, p; setp.ne.u32 q, {x}, 0; bar.warp.sync -1; barrier.red.or.pred p, 0, q; selp.u32 {r}, 1, 0, p; }}",
+            "{{ .reg .pred q, p; setp.ne.u32 q, {x}, 0; barrier.red.or.pred p, 0, q; selp.u32 {r}, 1, 0, p; }}",
             x = in(reg32) pred as u32,
             r = out(reg32) any,
         )
