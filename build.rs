@@ -1,8 +1,7 @@
 //! Embeds the device code (PTX) into the `oxccl` crate.
 //!
-//! Three PTX modules come out of the workspace's device crates:
-//! - `oxccl_kernels.ptx` from `kernels-gpu` (the T-CCL engine the library launches),
-//! - `oxccl_plans.ptx` from `kernels-gpu` with its `plans` feature (the compiled-plan kernels), and
+//! Two PTX modules come out of the workspace's device crates:
+//! - `oxccl_kernels.ptx` from `kernels-gpu` (the engine the library launches), and
 //! - `oxccl_probes.ptx` from `ptx-intrinsics` with its `probes` feature (one small kernel per
 //!   instruction family, used by the golden-PTX and GPU intrinsic tests).
 //!
@@ -16,7 +15,7 @@
 //! warning when a fresh build was possible but failed), `fresh` (fail the build if it cannot be rebuilt),
 //! `shipped` (never rebuild).
 //!
-//! The engine and plan modules also ship as sm_90a machine code (`ptx/*.sm_90a.cubin`, made by the
+//! The engine module also ships as sm_90a machine code (`ptx/*.sm_90a.cubin`, made by the
 //! `ptxas` that `ptx/cubins.txt` names from the PTX whose hash it records, with the code's own hash),
 //! so loading them needs no compilation by the driver. Each is embedded only where the manifest
 //! vouches for both: a build whose PTX differs (edited device sources) or whose code file does not
@@ -42,13 +41,6 @@ const MODULES: &[Module] = &[
         package: "oxccl-kernels",
         features: "",
         target: "device-target",
-    },
-    Module {
-        file: "oxccl_plans.ptx",
-        dir: "kernels-gpu",
-        package: "oxccl-kernels",
-        features: "plans",
-        target: "device-target-plans",
     },
     Module {
         file: "oxccl_probes.ptx",
@@ -97,7 +89,4 @@ fn embed_prebuilt(root: &Path, out: &Path) {
 /// Launch bounds written into the PTX after an entry's parameter list (rustc has no launch-bounds
 /// attribute for `ptx-kernel` functions): the SIMT movers' `.maxntid 512` tells ptxas to fit 512
 /// threads' registers in one SM (at most 128 per thread).
-const LAUNCH_BOUNDS: &[(&str, &str)] = &[
-    (".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1"),
-    (".visible .entry oxccl_plan_simt_", ".maxntid 512, 1, 1"),
-];
+const LAUNCH_BOUNDS: &[(&str, &str)] = &[(".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1")];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
 # Usage: scripts/gpu-suite.sh STEP... (info tests ranks nodes ranks-bench sanitizer sanitize-all regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
-# overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-compiled multi-overlap nccl compare);
+# overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
 B=${B:-.device/bin}
@@ -115,7 +115,7 @@ for step in "$@"; do
       mps_stop ;;
     sanitize-all)
       # compute-sanitizer's memcheck, racecheck and synccheck over a reduced case of every GPU suite:
-      # the collectives (random cases, graphs), compiled plans, reshard, per-rank threads, and
+      # the collectives (random cases, graphs), transfer programs, reshard, per-rank threads, and
       # per-rank processes (the tool follows the rank processes the test starts). Every log
       # must end clean (sanitized); SAN_TOOLS picks the tools. The per-rank steps meet before each
       # call (OXCCL_RANK_MEET=1): memcheck checks a launch against the allocations it knows when the
@@ -125,7 +125,7 @@ for step in "$@"; do
         san="compute-sanitizer --tool $tool --print-limit 20"
         log "$tool collectives"; OXCCL_GPU_CASES=6 timeout 600 $san $B/gpu_collectives --test-threads=1 collectives_match_the_cpu_reference_on_virtual_ranks > "$OUT/san_${tool}_collectives.log" 2>&1; sanitized "$OUT/san_${tool}_collectives.log" "${tool}_collectives"; tail -3 "$OUT/san_${tool}_collectives.log"
         log "$tool graphs"; timeout 300 $san $B/gpu_collectives --test-threads=1 captured > "$OUT/san_${tool}_graphs.log" 2>&1; sanitized "$OUT/san_${tool}_graphs.log" "${tool}_graphs"; tail -3 "$OUT/san_${tool}_graphs.log"
-        log "$tool compiled"; OXCCL_COMPILED_FILTER=ring timeout 600 $san $B/gpu_compiled --test-threads=1 plans_match_the_cpu_executor --exact > "$OUT/san_${tool}_compiled.log" 2>&1; sanitized "$OUT/san_${tool}_compiled.log" "${tool}_compiled"; tail -3 "$OUT/san_${tool}_compiled.log"
+        log "$tool compiled"; timeout 600 $san $B/gpu_compiled --test-threads=1 programs_run_on_the_collective_engine --exact > "$OUT/san_${tool}_compiled.log" 2>&1; sanitized "$OUT/san_${tool}_compiled.log" "${tool}_compiled"; tail -3 "$OUT/san_${tool}_compiled.log"
         log "$tool reshard"; OXCCL_RESHARD_CASES=4 timeout 600 $san $B/gpu_reshard --test-threads=1 random_reshards_match_the_global_tensor --exact > "$OUT/san_${tool}_reshard.log" 2>&1; sanitized "$OUT/san_${tool}_reshard.log" "${tool}_reshard"; tail -3 "$OUT/san_${tool}_reshard.log"
         log "$tool ranks (threads)"; OXCCL_RANK_MEET=1 OXCCL_RANK_CASES=3 timeout 600 $san $B/gpu_ranks --test-threads=1 threads_match_the_cpu_reference > "$OUT/san_${tool}_threads.log" 2>&1; sanitized "$OUT/san_${tool}_threads.log" "${tool}_threads"; tail -3 "$OUT/san_${tool}_threads.log"
         mps_start
@@ -378,19 +378,17 @@ for run in open(sys.argv[2]):
       log gpu_intrinsics-smem; timeout 60 $B/gpu_intrinsics --test-threads=1 --nocapture dynamic_shared_memory_size > "$OUT/gpu_intrinsics_smem.log" 2>&1; grep -E "^test |test result|panicked" "$OUT/gpu_intrinsics_smem.log"
       log gpu_compiled; timeout 600 $B/gpu_compiled --test-threads=1 --nocapture > "$OUT/gpu_compiled.log" 2>&1; grep -E "^test |test result|cases|FAILED|panicked|timed out|shape|skipped" "$OUT/gpu_compiled.log" ;;
     compiled-bench)
-      export CUDA_DEVICE_MAX_CONNECTIONS=32
+      # Transfer programs through run_program, each at its own roofline.
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8" "--xml .device/host-msccl/ndv4_r48ll.xml" "--xml .device/host-msccl/ndv4_ag-32m-1g.xml"; do
-        for exec in compiled interpreted; do
-          log "bench $args --exec $exec"; timeout 120 $B/oxccl bench plan $args --exec $exec -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -16 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done; done ;;
+        log "bench $args"; timeout 120 $B/oxccl bench plan $args -b 1M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/compiled_bench.log" 2>&1; tail -24 "$OUT/compiled_bench.log" | grep -vE "^\{" ; done ;;
     plan-shapes)
-      # Compiled plans by launch shape (threads, TMA stage bytes, FIFO slots, micro-batches) at
-      # 256 MiB, in place. PLAN_VARIANTS: flag sets separated by ';' (an empty one: the defaults).
-      export CUDA_DEVICE_MAX_CONNECTIONS=32
-      IFS=';' read -ra variants <<< "${PLAN_VARIANTS:-;--threads 256;--chunk 24576;--chunk 24576 --threads 256;--slots 4;--slots 8;--micro-batches 8;--micro-batches 16;--chunk 24576 --threads 256 --slots 4;--mover simt}"
+      # Transfer programs by launch shape (threads, TMA stage bytes, CTAs, mover) at 256 MiB, in
+      # place. PLAN_VARIANTS: flag sets separated by ';' (an empty one: the defaults).
+      IFS=';' read -ra variants <<< "${PLAN_VARIANTS:-;--threads 256;--chunk 24576;--chunk 24576 --threads 256;--ctas 4;--ctas 8;--mover simt}"
       for args in "--algo ring-allreduce --topo 1x8" "--algo hm-allreduce --topo 2x4" "--algo hm-allgather --topo 2x8"; do
         for v in "${variants[@]}"; do
           log "bench $args $v"
-          timeout 60 $B/oxccl bench plan $args $v -b 256M -e 256M -n 5 -w 2 2>&1 | grep -E "^ +268435456 |TBs per rank|^oxccl|rror" ; done; done ;;
+          timeout 60 $B/oxccl bench plan $args $v -b 256M -e 256M -n 5 -w 2 2>&1 | grep -E "^ +268435456 |levels|^oxccl|rror" ; done; done ;;
     few-ctas)
       # The TMA AllReduce at 1 and 2 CTAs per rank (8 virtual ranks, 256 MiB per rank), by combining
       # threads and by where the combined shard goes, against SIMT: what bounds the register combine
@@ -411,9 +409,7 @@ for run in open(sys.argv[2]):
       log "gpu_collectives one rank per GPU"; timeout 200 $B/gpu_collectives --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_collectives.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_collectives(rc=$rc)"; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_collectives.log"
       log "gpu_reshard one rank per GPU"; timeout 150 $B/gpu_reshard --test-threads=1 --nocapture one_rank_per_gpu > "$OUT/multi_reshard.log" 2>&1
-      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_reshard(rc=$rc)"; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_reshard.log"
-      log "gpu_compiled across GPUs"; timeout 200 $B/gpu_compiled --test-threads=1 --nocapture across_gpus > "$OUT/multi_compiled.log" 2>&1
-      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_compiled(rc=$rc)"; grep -E "^test |test result|cases|FAILED|panicked|skipped" "$OUT/multi_compiled.log" | head -20 ;;
+      rc=$?; [ $rc -eq 0 ] || FAILED="$FAILED multi-gpu_reshard(rc=$rc)"; grep -E "^test |test result|cases|panicked|skipped" "$OUT/multi_reshard.log" ;;
     multi-bench)
       for coll in ${MULTI_COLLECTIVES:-all_reduce reduce_scatter all_gather broadcast reduce}; do for c in $CTAS; do
         log "oxccl $coll --gpus $GPUS --ctas $c"; timeout 150 $B/oxccl bench $coll --gpus $GPUS --ctas $c $SIZES -n 20 -w 5 --json >> "$OUT/multi_bench.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/multi_bench.log" | grep -vE "^\{" ; done; done ;;
@@ -423,9 +419,6 @@ for run in open(sys.argv[2]):
       for coll in reduce_scatter all_reduce; do for c in 8 16; do for st in 4 6 8 12; do
         chunk=""; [ "$st" != 4 ] && chunk="--chunk $(( 196608 / (st * GPUS) / 1024 * 1024 ))"
         log "oxccl $coll --gpus $GPUS --ctas $c --stages $st $chunk"; timeout 90 $B/oxccl bench $coll --gpus $GPUS --ctas $c --stages $st $chunk -b 1G -e 1G -n 10 -w 3 --json >> "$OUT/multi_tune.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/multi_tune.log" | grep -E "^ +1073741824" ; done; done; done ;;
-    multi-compiled)
-      for args in "--algo ring-allreduce --topo 1x$GPUS" "--algo hm-allreduce --topo 2x$((GPUS / 2))"; do for exec in compiled interpreted; do
-        log "oxccl bench $args --gpus $GPUS --exec $exec"; timeout 120 $B/oxccl bench plan $args --gpus $GPUS --exec $exec -b 4M -e 1G -f 4 -n 10 -w 3 --json >> "$OUT/multi_compiled_bench.log" 2>&1; echo "rc=$?"; tail -14 "$OUT/multi_compiled_bench.log" | grep -E "^ +[0-9]|Avg|TBs|idle" ; done; done ;;
     nccl)
       log "nccl --gpus $GPUS"; timeout 300 python3 scripts/nccl_bench.py --gpus $GPUS --ctas "${NCCL_CTAS:-4,8,16,32,64,default}" $SIZES --json > "$OUT/nccl_bench.log" 2>&1; echo "rc=$?"; grep -v "^{" "$OUT/nccl_bench.log" | tail -120 ;;
     compare)

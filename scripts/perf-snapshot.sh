@@ -217,16 +217,14 @@ for coll in all-reduce reduce-scatter all-gather; do for c in 8 16; do
 done; done
 snap nccl-gpus2 gpus2,torch python3 scripts/nccl_bench.py --gpus 2 --ctas 8,16,default -b 64M -e 4G -f 4 --json
 snap compare-gpus2 gpus2 compare_gpus2
-# Compiled plans
+# Transfer programs (built-in ResCCL algorithms, MSCCL files) through run_program
 plans=("ring-allreduce:--algo ring-allreduce --topo 1x8" "hm-allreduce:--algo hm-allreduce --topo 2x4")
 for f in "$MSCCL"/*.xml; do n=${f##*/}; plans+=("msccl-${n%.xml}:--xml $f"); done
 for plan in "${plans[@]}"; do
   read -ra args <<< "${plan#*:}"
-  for exec in compiled interpreted direct; do
-    snap "plan-${plan%%:*}-$exec" gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan "${args[@]}" --exec "$exec" -b 64M -e 1G -f 4 -n 5 -w 2 --json
-  done
+  snap "plan-${plan%%:*}" gpu "$X" bench plan "${args[@]}" -b 64K -e 1G -f 4 -n 5 -w 2 --json
 done
-snap plan-ring-instances-4 gpu env CUDA_DEVICE_MAX_CONNECTIONS=32 "$X" bench plan --algo ring-allreduce --topo 1x8 --instances 4 --instance-channels separate -b 64M -e 1G -f 4 -n 10 -w 3 --json
+snap plan-ring-instances-4 gpu "$X" bench plan --algo ring-allreduce --topo 1x8 --instances 4 -b 64M -e 1G -f 4 -n 10 -w 3 --json
 # Reshard
 snap reshard gpu "$X" bench reshard -n 5 -w 1 --json
 # From partial sums (a row-parallel layer's output, 128 MiB bf16 on 8 ranks) to rows and to

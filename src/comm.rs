@@ -368,14 +368,6 @@ impl Communicator {
         &self.config
     }
 
-    /// Local rank `rank`'s engine, and every world rank on its device (with itself).
-    pub(crate) fn device_of(&self, rank: usize) -> Result<(Arc<Engine>, Vec<usize>)> {
-        let r = self.local(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })?;
-        let d = self.world.rank_device[rank];
-        let same = (0..self.ranks()).filter(|&q| self.world.rank_device[q] == d).collect();
-        Ok((self.engines[r.device].clone(), same))
-    }
-
     /// The engine of the device rank `rank` runs on.
     pub fn engine(&self, rank: usize) -> Result<&Engine> {
         let r = self.local(rank).ok_or(Error::NoSuchRank { rank, ranks: self.ranks() })?;
@@ -1506,7 +1498,7 @@ pub struct CallLaunch {
 }
 
 /// Whether any of `streams` is capturing a CUDA graph (or was, and the capture broke): communicators
-/// and compiled plans then neither wait nor upload.
+/// then neither wait nor upload.
 pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream>) -> Result<bool> {
     streams.try_fold(false, |any, s| {
         check_kept(s.context())?;
@@ -1515,7 +1507,7 @@ pub(crate) fn any_capturing<'a>(mut streams: impl Iterator<Item = &'a CudaStream
     })
 }
 
-/// What a launch checks first (communicators and compiled plans): [`Error::Poisoned`] after a
+/// What a launch checks first: [`Error::Poisoned`] after a
 /// reported, unreset device error (`poisoned`); where one of the launches' `records` holds an error
 /// not reported yet, that error: from `synchronize`, which waits for the launches and reports it,
 /// or, while a stream captures a graph (`capturing`; a wait would end the capture), at once as
@@ -1540,7 +1532,7 @@ pub(crate) fn refuse_after_device_error<'a>(
     Ok(())
 }
 
-/// Whether a communicator or compiled plan refuses launches after a device error, and how many
+/// Whether a communicator refuses launches after a device error, and how many
 /// `reset`s it has seen: an error read before a reset poisons only if no reset came since (a reset
 /// clears the records it was read from, and a thread that read one before must not poison the
 /// state the reset made usable).

@@ -367,7 +367,7 @@ fn chunk_grain(bytes: usize) -> u32 {
     (if bytes >= 1024 { bytes / 1024 * 1024 } else { bytes / 16 * 16 }) as u32
 }
 
-/// A device-wait timeout in (0, [`MAX_TIMEOUT`]], or the `timeout` error (communicators and compiled plans).
+/// A device-wait timeout in (0, [`MAX_TIMEOUT`]], or the `timeout` error.
 pub fn check_timeout(t: Duration) -> Result<()> {
     if t.is_zero() || t > MAX_TIMEOUT {
         return Err(Error::Config {

@@ -7,7 +7,7 @@
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, result,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DriverError, LaunchConfig, result,
 };
 use cudarc::nvrtc::Ptx;
 use oxccl_host::lowered::Lowered;
@@ -19,10 +19,10 @@ pub use oxccl_kernels::abi::{
 const PHASE_RECORDS: usize = abi::MAX_RANKS * abi::MAX_CTAS_PER_RANK;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// Device memory allocated with `cuMemAlloc` (not from a stream-ordered pool), so peers can map it.
-/// Freed on drop, after the context's queued work; while a per-rank communicator or plan of this
+/// Freed on drop, after the context's queued work; while a per-rank communicator of this
 /// process uses the context, only once the last of them is dropped (a free waits for the whole
 /// device and would hold up the launches their calls wait for).
 pub struct DeviceAlloc {
@@ -166,7 +166,7 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// Frees that wait for the device, held back while a per-rank communicator or plan of this process
+/// Frees that wait for the device, held back while a per-rank communicator of this process
 /// uses it (their calls wait for other threads' and processes' launches).
 /// `cuMemFree` and `cuMemFreeHost` wait for the whole device and meanwhile hold up the launches
 /// that other threads make: a rank that dropped its communicator while its peers on the same GPU
@@ -214,7 +214,7 @@ impl Users {
     }
 }
 
-/// A communicator's or plan's use of a context: while one lives, memory of that context is not
+/// A communicator's use of a context: while one lives, memory of that context is not
 /// freed ([`USERS`]); the last one to go frees what was held back.
 pub(crate) struct InUse {
     users: Arc<Users>,
@@ -227,7 +227,7 @@ impl InUse {
         InUse { users }
     }
 
-    /// The uses of a communicator's or plan's engines' contexts: one each for a per-rank one,
+    /// The uses of a communicator's engines' contexts: one each for a per-rank one,
     /// none for one that drives every rank (it launches them all itself: its calls wait for no
     /// other launcher).
     pub(crate) fn of(per_rank: bool, engines: &[Arc<Engine>]) -> Vec<InUse> {
@@ -547,12 +547,6 @@ fn module_choice(value: &str) -> Result<Option<ModuleCode>> {
     }
 }
 
-/// The compiled-plan module of an engine (its kernels hold it loaded) and how it was loaded.
-struct PlanModule {
-    code: ModuleCode,
-    functions: HashMap<&'static str, CudaFunction>,
-}
-
 /// The engine on one CUDA context.
 pub struct Engine {
     ctx: Arc<CudaContext>,
@@ -560,11 +554,6 @@ pub struct Engine {
     pub code: ModuleCode,
     /// Every kernel of the engine module (`abi::KERNELS`), loaded by [`Engine::new`].
     functions: HashMap<&'static str, CudaFunction>,
-    /// The compiled-plan module (`ptx::PLANS`), how it was loaded and its kernels, on first use.
-    plans: OnceLock<PlanModule>,
-    /// Held while the plan module loads, so that it loads once; never by a launch (a slow first
-    /// compilation of the plan PTX must not hold up another thread's collective between its groups).
-    plans_loading: Mutex<()>,
     /// CTAs per SM by (kernel, threads, dynamic shared memory).
     occupancy: Mutex<HashMap<OccupancyKey, u32>>,
     /// Multiprocessors of the device.
@@ -612,8 +601,6 @@ impl Engine {
             ctx: ctx.clone(),
             code,
             functions,
-            plans: OnceLock::new(),
-            plans_loading: Mutex::new(()),
             occupancy: Mutex::new(HashMap::new()),
             sms,
             max_smem,
@@ -654,7 +641,7 @@ impl Engine {
         sync_stream(stream)
     }
 
-    /// The engine of `ctx`, shared by every communicator and plan on that context while any holds it:
+    /// The engine of `ctx`, shared by every communicator on that context while any holds it:
     /// the PTX is loaded, and kernel handles and occupancy queried, once per context rather than once
     /// per communicator.
     pub fn shared(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
@@ -675,47 +662,10 @@ impl Engine {
         &self.ctx
     }
 
-    /// How the compiled-plan module was loaded (`None` before its first kernel was asked for).
-    pub fn plan_code(&self) -> Option<ModuleCode> {
-        self.plans.get().map(|p| p.code)
-    }
-
     /// The engine kernel for (mover, dtype, op), with its dynamic shared-memory limit raised (loaded
     /// by [`Engine::new`]).
     pub fn function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
         kernel(&self.functions, abi::kernel_name(mover, dtype, op), (mover, dtype, op))
-    }
-
-    /// The compiled-plan kernel for (mover, dtype, op) (`abi::plan_kernel_name`), with its dynamic
-    /// shared-memory limit raised. The first call loads the plan module and every kernel in it, so
-    /// that building a plan loads them, not launching one (see [`Engine::new`] for why).
-    pub fn plan_function(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<CudaFunction> {
-        let plans = match self.plans.get() {
-            Some(p) => p,
-            None => {
-                let _loading = self.plans_loading.lock().unwrap_or_else(|e| e.into_inner());
-                match self.plans.get() {
-                    // Loaded by another thread while this one waited.
-                    Some(p) => p,
-                    None => {
-                        let (module, code) = load_module(&self.ctx, crate::ptx::PLANS, crate::ptx::PLANS_SM90A)?;
-                        let functions = load_all(&module, abi::PLAN_KERNELS, self.max_smem)?;
-                        // The loading lock is held: no other thread sets it meanwhile.
-                        self.plans.get_or_init(|| PlanModule { code, functions })
-                    }
-                }
-            }
-        };
-        kernel(&plans.functions, abi::plan_kernel_name(mover, dtype, op), (mover, dtype, op))
-    }
-
-    /// Registers and local memory of a compiled-plan kernel.
-    pub fn plan_kernel_info(&self, mover: Mover, dtype: DType, op: RedOp) -> Result<KernelInfo> {
-        let f = self.plan_function(mover, dtype, op)?;
-        Ok(KernelInfo {
-            registers: f.num_regs().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
-            local_bytes: f.local_size_bytes().map_err(Error::driver("cuFuncGetAttribute"))? as u32,
-        })
     }
 
     /// Registers and local memory of an engine kernel.
@@ -1017,23 +967,6 @@ pub(crate) fn make_current(ctx: &CudaContext) -> std::result::Result<(), DriverE
         unsafe { result::ctx::set_current(ctx.cu_ctx()) }?;
     }
     Ok(())
-}
-
-/// Records `event` on `stream`, in the stream's context made current as for a launch.
-pub(crate) fn record_event(event: &CudaEvent, stream: &CudaStream) -> Result<()> {
-    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
-    // SAFETY: a live event and stream (of one context: the driver refuses others).
-    unsafe { result::event::record(event.cu_event(), stream.cu_stream()) }.map_err(Error::driver("cuEventRecord"))
-}
-
-/// Makes `stream` wait for `event`, in the stream's context made current as for a launch.
-pub(crate) fn stream_wait(stream: &CudaStream, event: &CudaEvent) -> Result<()> {
-    make_current(stream.context()).map_err(Error::driver("cuCtxSetCurrent"))?;
-    // SAFETY: a live stream and event.
-    unsafe {
-        result::stream::wait_event(stream.cu_stream(), event.cu_event(), sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
-    }
-    .map_err(Error::driver("cuStreamWaitEvent"))
 }
 
 /// When a queued kernel may be scheduled.

@@ -1,7 +1,6 @@
 //! Errors: every misuse and every device failure is a value naming what was wrong.
 
 use cudarc::driver::DriverError;
-use oxccl_host::compile::lower::DescriptorError;
 use oxccl_host::lowered::LoweredError;
 use oxccl_host::reshard::{LowerError, ReshardError};
 use oxccl_host::tccl::PlanError;
@@ -37,7 +36,7 @@ pub enum Error {
     /// A CUDA driver call that cudarc could not report at once failed earlier (a buffer guard's
     /// stream wait or event record, a free: cudarc keeps the error for the `CudaContext`), and a call
     /// found it before its next step on that context: a call that launches (a collective, a reshard,
-    /// a compiled plan's launch) before queueing any launch, so it did nothing; a wait (`synchronize`,
+    /// a transfer program) before queueing any launch, so it did nothing; a wait (`synchronize`,
     /// `query`, `reset`, `clear_plans`) before that stream's wait, so call it again.
     #[error(
         "an earlier CUDA driver call on device {ordinal} failed where cudarc could not report it \
@@ -181,9 +180,6 @@ pub enum Error {
     /// A lowered program failed validation.
     #[error("lowered program: {0}")]
     Lowered(#[from] LoweredError),
-    /// A compiled plan's device descriptors are malformed (`oxccl_host::compile::lower::validate`).
-    #[error("compiled plan descriptors: {0}")]
-    Descriptors(#[from] DescriptorError),
     /// A reshard's layouts do not fit the tensor or the communicator, or its two sides disagree
     /// (`ReshardError::Src` / `Dst` name the side).
     #[error("reshard: {0}")]
@@ -191,8 +187,7 @@ pub enum Error {
     /// A reshard plan cannot be lowered for the engine (too many tasks, no copy unit, ...).
     #[error("reshard lowering: {0}")]
     ReshardLower(#[from] LowerError),
-    /// A rank whose shard holds data passed no buffer for that side of a reshard (or a compiled
-    /// plan's buffer table left a slot the plan uses at address 0).
+    /// A rank whose shard holds data passed no buffer for that side of a reshard.
     #[error("{what} of rank {rank} is missing: its shard has {elements} elements")]
     MissingBuffer {
         /// The buffer.
@@ -324,9 +319,9 @@ pub enum Error {
         /// The device whose memory it would access.
         peer: usize,
     },
-    /// The communicator or compiled plan is unusable after an earlier device error (call `reset` or
-    /// build a new one).
-    #[error("a device error was reported earlier; reset the communicator or plan first")]
+    /// The communicator is unusable after an earlier device error (call `reset` or build a new
+    /// one).
+    #[error("a device error was reported earlier; reset the communicator first")]
     Poisoned,
     /// `what` cannot run while a rank's stream is capturing a CUDA graph: a call whose plan is not
     /// built yet (its upload would become part of the graph: `prepare` it, or make a reshard's first
@@ -334,7 +329,7 @@ pub enum Error {
     /// `reset`, `clear_plans`), which would end the capture.
     #[error(
         "{what} while a rank's stream captures a CUDA graph: make the first call of a kind before the \
-         capture (Communicator::prepare builds a collective's plan; a reshard's or CompiledPlan::run's \
+         capture (Communicator::prepare builds a collective's plan; a reshard's or run_program's \
          first call allocates what later calls reuse), and wait, poll or reset outside it"
     )]
     Capturing {
@@ -477,9 +472,6 @@ fn wait_text(wait: &WaitKind) -> &'static str {
         WaitKind::EndBarrier => "waiting for peer to finish writing (end barrier)",
         WaitKind::BulkLoad => "waiting for a bulk load to land in shared memory",
         WaitKind::BadTask => "bad task",
-        WaitKind::FifoSpace => "waiting for a free FIFO slot (receiver's head)",
-        WaitKind::FifoData => "waiting for FIFO data (sender's tail)",
-        WaitKind::Progress => "waiting for another CTA's progress (sync point)",
         WaitKind::OutOfStep => "at a barrier (calls out of step)",
         WaitKind::PeerAborted => "at a barrier (the peer gave up)",
         WaitKind::Unmapped => "resolving a peer's buffer",

@@ -16,8 +16,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Calls: the collectives, and [`Communicator::reshard`] (M-to-N layout changes, [`reshard`]).
-//! Compiled ResCCL plans (lowered by `oxccl_host::compile::lower`) run through [`compiled`].
+//! Calls: the collectives, [`Communicator::reshard`] (M-to-N layout changes, [`reshard`]) and
+//! [`Communicator::run_program`] (any transfer program: built-in ResCCL algorithms, MSCCL XML), all
+//! on one engine.
 //!
 //! Layers: [`Communicator`] (ranks, plan cache, calls) → [`engine`] (PTX module, launches, owned device
 //! memory) → the device engine in `oxccl-kernels` → the PTX wrappers in `oxccl-ptx`. Plans are built by
@@ -32,7 +33,6 @@
 pub mod bootstrap;
 mod cache;
 mod comm;
-pub mod compiled;
 pub mod config;
 mod direct;
 pub mod engine;
@@ -61,12 +61,11 @@ pub use error::{Error, Result};
 pub use fp8::{F8E4M3, F8E5M2};
 /// The `half` crate, whose `f16` and `bf16` are element types.
 pub use half;
-/// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler and its lowering
-/// for [`compiled::CompiledPlan`], the simulator and the CPU executor; re-exported so one dependency
-/// serves.
+/// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler, the lowering
+/// onto the engine, the simulator and the CPU executors; re-exported so one dependency serves.
 pub use oxccl_host as host;
 pub use oxccl_host::tccl::{Collective, Reduction};
-/// The most ranks a communicator (or a compiled plan) has: one launch addresses every rank's buffers.
+/// The most ranks a communicator has: one launch addresses every rank's buffers.
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};
 pub use plain::Plain;

@@ -4,7 +4,7 @@
 
 /// The modules that ship prebuilt: (PTX file, machine-code file), both under `ptx/`.
 pub const PREBUILT: &[(&str, &str)] =
-    &[("oxccl_kernels.ptx", "oxccl_kernels.sm_90a.cubin"), ("oxccl_plans.ptx", "oxccl_plans.sm_90a.cubin")];
+    &[("oxccl_kernels.ptx", "oxccl_kernels.sm_90a.cubin")];
 
 /// FNV-1a (64-bit) of `bytes`, as `ptx/cubins.txt` records it (16 hex digits).
 pub fn code_hash(bytes: &[u8]) -> String {

@@ -1,11 +1,7 @@
 //! The embedded device code (see `build.rs`).
 
-/// The engine module (`kernels-gpu`), PTX ISA 8.0 for sm_90a: the T-CCL kernels (`oxccl_run_*`).
+/// The engine module (`kernels-gpu`), PTX ISA 8.0 for sm_90a: the engine's kernels (`oxccl_run_*`).
 pub const KERNELS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_kernels.ptx"));
-
-/// The compiled-plan module (`kernels-gpu` with its `plans` feature): the plan kernels
-/// (`oxccl_plan_*`), a module of its own so neither set's code generation depends on the other.
-pub const PLANS: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_plans.ptx"));
 
 /// The probe module (`ptx-intrinsics` with its `probes` feature): one kernel per instruction family.
 pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.ptx"));
@@ -14,9 +10,6 @@ pub const PROBES: &str = include_str!(concat!(env!("OUT_DIR"), "/oxccl_probes.pt
 /// compilation; empty where `ptx/cubins.txt` does not vouch for it beside this build's PTX (other PTX,
 /// or other code than it records).
 pub const KERNELS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_kernels.sm_90a.cubin"));
-
-/// [`PLANS`] as sm_90a machine code, as [`KERNELS_SM90A`].
-pub const PLANS_SM90A: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/oxccl_plans.sm_90a.cubin"));
 
 /// The prebuilt modules and their manifest (`ptx/cubins.txt`), as `build.rs` reads them.
 pub mod prebuilt {

@@ -11,7 +11,6 @@
 
 use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
 use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access, ordinal_of};
-use crate::compiled::{CompiledConfig, CompiledPlan, PlanLink, PlanMemory, RankPlan};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
 use crate::internode::InterNode;
@@ -23,7 +22,6 @@ use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
-use oxccl_host::compile::lower::LoweredPlan;
 use oxccl_host::nodes::{NodeMap, Staged};
 use oxccl_host::program::Program;
 use oxccl_kernels::abi::{self, MAX_RANKS};
@@ -36,9 +34,8 @@ mod group;
 mod p2p;
 pub use group::Group;
 
-/// The workspaces of per-rank communicators (and of their compiled plans) whose ranks are all
-/// threads of this process, by address: each rank of such a world finds its peers' here and holds
-/// them ([`Link::_held`], [`PlanLink::_held`]).
+/// The workspaces of per-rank communicators whose ranks are all threads of this process, by
+/// address: each rank of such a world finds its peers' here and holds them ([`Link::_held`]).
 static IN_PROCESS_WORKSPACES: std::sync::Mutex<Vec<(u64, std::sync::Weak<DeviceAlloc>)>> =
     std::sync::Mutex::new(Vec::new());
 
@@ -345,7 +342,7 @@ impl Comm {
         self.nodes.as_ref().map(|n| &n.map)
     }
 
-    /// An error naming `what` where the ranks span several nodes: reshard, compiled plans and
+    /// An error naming `what` where the ranks span several nodes: reshard, transfer programs and
     /// graph capture do not run across nodes yet.
     fn one_node(&self, what: &str) -> Result<()> {
         match &self.nodes {
@@ -1082,103 +1079,6 @@ impl Comm {
 }
 
 impl Comm {
-    /// Loads a compiled plan (`oxccl::host::compile::lower`'s lowering of a ResCCL or MSCCL
-    /// algorithm) for this rank. Collective: every rank calls it with the same lowering and
-    /// configuration, in the same order among its other collective setup calls. Each rank gets a
-    /// workspace for the plan's FIFOs, which its peers map (another process's, through the same
-    /// shared memory as the communicator's own), and uploads its own part; the launch shape is
-    /// chosen so that the thread blocks of every rank on this device fit at once. Then
-    /// [`RankPlan::run`] runs this rank's part on its own buffers. A dropped plan's descriptors
-    /// (and, where every rank is in this process, its FIFO workspace) are freed once no per-rank
-    /// communicator or plan of this process uses the GPU (a free waits for the whole device, and
-    /// the calls of the ones left may wait for this thread): load a plan once and keep it.
-    ///
-    /// Errors: [`Error::Config`] for a lowering of another rank count or a bad configuration;
-    /// [`Error::Mismatch`] naming a rank that loaded another plan or configuration;
-    /// [`Error::TooManyCtas`] where the device cannot hold every rank's thread blocks at once;
-    /// [`Error::Unsupported`] across nodes; [`Error::Aborted`] after [`Comm::abort`]; bootstrap,
-    /// peer-memory and driver errors as they come.
-    pub fn load_plan(&self, lowered: &LoweredPlan, config: CompiledConfig) -> Result<RankPlan> {
-        self.usable()?;
-        if let Some(n) = &self.nodes {
-            return Err(Error::Unsupported { what: format!("compiled plans across {} nodes", n.map.nodes()) });
-        }
-        oxccl_host::compile::lower::validate(lowered)?;
-        config.validate()?;
-        let (me, world) = (self.rank, self.world());
-        if lowered.ranks.len() != world {
-            return Err(Error::Config {
-                field: "plan",
-                why: format!("lowered for {} ranks; the communicator has {world}", lowered.ranks.len()),
-            });
-        }
-        let bootstrap = self.bootstrap();
-        let mine = format!("{:016x} {config:?}", plan_digest(lowered));
-        for (r, theirs) in bootstrap.all_gather(mine.as_bytes())?.iter().enumerate() {
-            if theirs.as_slice() != mine.as_bytes() {
-                return Err(Error::Mismatch {
-                    field: "compiled plan",
-                    rank: r,
-                    why: format!("loaded plan and configuration {}, this rank {mine}", String::from_utf8_lossy(theirs)),
-                });
-            }
-        }
-        let (engine, same_device) = self.inner.device_of(me)?;
-        let ctas_on_device = same_device.iter().map(|&q| lowered.ranks[q].header.tbs).sum();
-        let stream = self.stream().clone();
-        let bytes = crate::compiled::workspace_bytes(&lowered.ranks[me])?;
-        let link = self.inner.link.as_ref().expect("a Comm always has its link");
-        let mut workspaces = [0u64; MAX_RANKS];
-        let (workspace, plan_link) = match &link.peer {
-            None => {
-                // Threads of one process: addresses are shared as they are; each rank holds all.
-                let ws = Arc::new(DeviceAlloc::filled_on(&stream, bytes, &[])?);
-                let held;
-                (workspaces, held) = share_in_process(&ws, bootstrap, "compiled plan")?;
-                let link = PlanLink { _held: held, region: None };
-                (PlanMemory::Local(ws), link)
-            }
-            Some(peer) => {
-                // Processes: a region every peer has mapped once `alloc` returns; its zeros land
-                // before any peer hears of it.
-                let (region, ws) = peer.alloc(bytes, Some(&stream))?;
-                let link = PlanLink { _held: Default::default(), region: Some((peer.clone(), region)) };
-                crate::engine::wait_stream(&stream)?;
-                let numbers = bootstrap.all_gather(&region.to_le_bytes())?;
-                for (r, k) in numbers.iter().enumerate() {
-                    let k = u32::from_le_bytes(k.as_slice().try_into().map_err(|_| Error::Mismatch {
-                        field: "compiled plan",
-                        rank: r,
-                        why: "sent a region number of another size".into(),
-                    })?);
-                    workspaces[r] = peer.region_of(r, k);
-                    if workspaces[r] == 0 {
-                        return Err(Error::PeerMemory {
-                            what: format!("rank {r}'s plan workspace (region {k})"),
-                            why: "not mapped here after that rank shared it".into(),
-                        });
-                    }
-                }
-                (PlanMemory::Shared(ws), link)
-            }
-        };
-        let plan = CompiledPlan::for_rank(
-            &engine,
-            &stream,
-            lowered,
-            me,
-            workspace,
-            workspaces,
-            ctas_on_device,
-            plan_link,
-            config,
-        )?;
-        // No rank runs the plan before every rank has loaded it: loading ends with allocations and
-        // waits that a peer's running plan, waiting for this rank, could hold up (as a setup's).
-        bootstrap.barrier()?;
-        Ok(RankPlan::new(plan, me))
-    }
-
     /// Registers the allocation holding `buf` with this rank's peers in other processes, so that
     /// calls on any buffer inside it reach it where it is (the zero-copy path) instead of copying
     /// it through staging memory. For virtual-memory allocations made with a POSIX
@@ -1370,28 +1270,6 @@ impl<T> Drop for ExportableBuffer<T> {
         // The calls that used it end before the memory is freed (when `alloc` drops after this).
         let _ = crate::engine::wait_stream(&stream);
     }
-}
-
-/// A digest of a lowering (every rank's descriptors, its layout and name): the ranks of a per-rank
-/// plan compare theirs at load (FNV-1a, 64 bits).
-fn plan_digest(l: &LoweredPlan) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    };
-    eat(l.name.as_bytes());
-    eat(format!("{:?} {}", l.layout, l.slots_needed).as_bytes());
-    for r in &l.ranks {
-        eat(bytemuck::bytes_of(&r.header));
-        eat(bytemuck::cast_slice(&r.tbs));
-        eat(bytemuck::cast_slice(&r.segments));
-        eat(bytemuck::cast_slice(&r.tasks));
-        eat(bytemuck::cast_slice(&r.waits));
-        eat(bytemuck::cast_slice(&r.connections));
-    }
-    h
 }
 
 /// Shares `ws`, this rank's workspace, with the other ranks, all threads of this process

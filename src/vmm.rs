@@ -173,26 +173,6 @@ impl VmmAlloc {
         self.bytes
     }
 
-    /// `len` bytes from byte `offset`, copied to the host after the work queued on `stream` (of
-    /// the allocation's context).
-    pub(crate) fn read_range(&self, offset: usize, len: usize, stream: &CudaStream) -> Result<Vec<u8>> {
-        if offset.checked_add(len).is_none_or(|e| e > self.bytes) {
-            return Err(Error::Config { field: "offset", why: format!("{offset}+{len} beyond {} bytes", self.bytes) });
-        }
-        crate::engine::stream_on(stream, &self.ctx)?;
-        let mut out = vec![0u8; len];
-        if len > 0 {
-            // SAFETY: the range lies inside the mapping, which outlives the copy (it is waited for
-            // below); `out` holds `len` bytes.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(&mut out, self.ptr + offset as u64, stream.cu_stream())
-            }
-            .map_err(Error::driver("cuMemcpyDtoHAsync"))?;
-            crate::engine::sync_stream(stream)?;
-        }
-        Ok(out)
-    }
-
     /// Zeroes the first `bytes`, ordered on `stream` (of the allocation's context).
     pub(crate) fn zero_async(&self, bytes: usize, stream: &CudaStream) -> Result<()> {
         crate::engine::stream_on(stream, &self.ctx)?;

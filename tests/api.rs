@@ -103,7 +103,6 @@ fn an_error_chains_its_cause() {
 fn handles_and_errors_cross_threads() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Communicator>();
-    send_sync::<oxccl::compiled::CompiledPlan>();
     send_sync::<Error>();
     let e: Box<dyn std::error::Error + Send + Sync + 'static> = Box::new(Error::NoDriver);
     assert_eq!(e.to_string(), "the CUDA driver library is not installed");
@@ -132,7 +131,7 @@ fn device_records_read_as_errors() {
     );
     assert!(text(&st(WaitKind::StartBarrier, 2, 0)).contains("expected 2, saw 0 ("));
     assert!(text(&st(WaitKind::EndBarrier, 4, 3 | BARRIER_ABORTED)).contains("expected 4, saw 3 (aborted)"));
-    assert!(text(&st(WaitKind::FifoData, 6, 5)).contains("expected 6, saw 5 ("));
+    assert!(text(&st(WaitKind::BulkLoad, 6, 5)).contains("expected 6, saw 5 ("));
     let e = oxccl::engine::status_error(&st(WaitKind::PeerAborted, 7, 7 | BARRIER_REVOKED)).expect("an error");
     assert!(matches!(e, Error::PeerAborted { rank: 3, cta: 1, peer: 5, call: 7, errors: 2 }), "{e}");
     assert_eq!(e.to_string(), "rank 3 CTA 1 stopped call 7: peer 5 gave up that call (2 CTA(s) reported errors)");

@@ -4,7 +4,8 @@
 //! across processes (symmetric, registered exportable memory, and cudarc's, which go through
 //! staging), exact against the CPU
 //! reference; a rank killed mid-call; misuse. Reshards (`Comm::reshard`) on threads and processes,
-//! each rank passing only its own shards, exact against the global tensor.
+//! each rank passing only its own shards, exact against the global tensor; transfer programs
+//! (`Comm::run_program`) against the CPU executor of their lowering.
 //!
 //! Processes sharing one GPU run their kernels side by side only under MPS: the multi-process
 //! tests run where `OXCCL_MPS=1` says MPS is up (scripts/gpu-suite.sh starts it), and say they are
@@ -14,10 +15,8 @@
 mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
-use oxccl::compiled::{CompiledConfig, RankPlan};
-use oxccl::host::compile::lower::{LowerOptions, lower};
-use oxccl::host::compile::{Options, Scheduler, TbAlloc, compile};
-use oxccl::host::exec::lowered::{self, LaunchOptions, launch};
+use oxccl::host::compile::direct::{DirectOptions, lower_direct};
+use oxccl::host::lowered::HostBuffers;
 use oxccl::host::program::generators::Algorithm;
 use oxccl::host::program::{Program, msccl};
 use oxccl::host::tccl::{self, PlanSpec};
@@ -26,7 +25,7 @@ use oxccl::{
     Collective, Comm, Config, DType, Element, Error, ExportableBuffer, Id, Mover, ReduceOp, Reduction, Registration,
     ReshardOptions, SymmetricBuffer,
 };
-use oxccl_kernels::abi::PlanMode;
+use oxccl_kernels::abi::slot;
 use rand::RngExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -874,7 +873,7 @@ fn processes_reshard_matches_the_global_tensor() {
     eprintln!("{total} rank-reshards on 4 and 8 processes matched the global tensor (seed {seed})");
 }
 
-/// The compiled plans every rank of `world` loads: the ring AllReduce; with 8 ranks also the
+/// The programs every rank of `world` runs: the ring AllReduce; with 8 ranks also the
 /// hierarchical-mesh AllReduce (2×4) and two MSCCL files (an AllToAll, and an in-place AllReduce
 /// with scratch slots).
 fn rank_plans(world: usize) -> Vec<(String, Program)> {
@@ -892,42 +891,20 @@ fn rank_plans(world: usize) -> Vec<(String, Program)> {
     v
 }
 
-/// One run of `rp` by this rank on cudarc buffers holding `cpu`'s inputs for it; the output.
-fn run_rank_plan<T: Element + bytemuck::Pod>(
-    stream: &Arc<CudaStream>,
-    rp: &RankPlan,
-    cpu: &lowered::Memory,
-    rank: usize,
-) -> Result<Vec<u8>, Error> {
-    let lp = rp.lowered();
-    let main = oxccl::host::compile::lower::main_slot(&lp.layout) as usize;
-    let (send_slot, recv_slot) = if lp.layout.in_place { (main, main) } else { (0, 1) };
-    let send = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][send_slot])).unwrap();
-    let mut recv = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][recv_slot])).unwrap();
-    if lp.layout.in_place {
-        rp.run_in_place(&mut recv)?;
-    } else {
-        rp.run(&send, &mut recv)?;
-    }
-    rp.synchronize()?;
-    Ok(bytemuck::cast_slice(&stream.clone_dtoh(&recv).unwrap()).to_vec())
-}
-
 /// One run of `program` on the collective engine by this rank (`Comm::run_program`), on cudarc
-/// buffers holding `cpu`'s inputs for it (`lp`'s slots: the same buffers); the output.
+/// buffers holding `cpu`'s inputs for it in its `(send, recv)` slots (the same slot in place); the
+/// output.
 fn run_rank_program<T: Element + bytemuck::Pod>(
     stream: &Arc<CudaStream>,
     comm: &Comm,
     program: &Program,
-    lp: &oxccl::host::compile::lower::LoweredPlan,
-    cpu: &lowered::Memory,
+    cpu: &HostBuffers,
     rank: usize,
+    (send_slot, recv_slot): (usize, usize),
 ) -> Result<Vec<u8>, Error> {
-    let main = oxccl::host::compile::lower::main_slot(&lp.layout) as usize;
-    let (send_slot, recv_slot) = if lp.layout.in_place { (main, main) } else { (0, 1) };
-    let send = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][send_slot])).unwrap();
-    let mut recv = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu.buffers[rank][recv_slot])).unwrap();
-    if lp.layout.in_place {
+    let send = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu[rank][send_slot])).unwrap();
+    let mut recv = stream.clone_htod(&bytemuck::pod_collect_to_vec::<u8, T>(&cpu[rank][recv_slot])).unwrap();
+    if program.layout.in_place {
         comm.run_program_in_place(program, &mut recv, oxccl::ReduceOp::Sum)?;
     } else {
         comm.run_program(program, &send, &mut recv, oxccl::ReduceOp::Sum)?;
@@ -936,97 +913,60 @@ fn run_rank_program<T: Element + bytemuck::Pod>(
     Ok(bytemuck::cast_slice(&stream.clone_dtoh(&recv).unwrap()).to_vec())
 }
 
-/// This rank's part of every plan of [`rank_plans`], compiled and interpreted, with both movers
-/// (f32 with the TMA mover, i32 with the SIMT mover), each loaded by every rank and run twice on
-/// this rank's own cudarc buffers, against the CPU executor's run of every rank; then a load where
-/// the last rank's lowering differs, which every rank refuses. Each program also runs on the
-/// collective engine (`Comm::run_program`, f32 and i32). Returns the runs that matched.
+/// This rank's part of every program of [`rank_plans`] on the collective engine (`Comm::run_program`),
+/// f32 and i32 at two chunk sizes, each twice on this rank's own cudarc buffers, against the CPU
+/// executor's run of the same lowering for every rank (one with scratch chunks, in staging memory
+/// across processes); then a program for another rank count, refused. Returns the runs that
+/// matched.
 fn rank_plan_cases(stream: &Arc<CudaStream>, rank: usize, world: usize, id: &Id, seed: u64) -> usize {
     let comm =
         Comm::from_rank(stream, rank, world, id, Config::default()).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     let mut rng = common::rng(seed);
     let mut matched = 0;
     for (name, program) in rank_plans(world) {
-        for (mode, scheduler, tb_alloc) in [
-            (PlanMode::Compiled, Scheduler::Hpds, TbAlloc::State),
-            (PlanMode::Interpreted, Scheduler::Algorithm, TbAlloc::PerConn),
-        ] {
-            let plan = compile(&program, &Options::new(scheduler, tb_alloc)).unwrap();
-            for (mover, dtype) in [(Mover::Tma, DType::F32), (Mover::Simt, DType::I32)] {
-                let what = format!("{name} {mode:?} {mover:?} {}", dtype.nccl_name());
-                let opts =
-                    LowerOptions { mode, micro_batches: 2, chunk_bytes: 2 << 12, dtype, ..LowerOptions::default() };
-                let lp = lower(&plan, &opts).unwrap();
-                let config = CompiledConfig { mover, timeout: Duration::from_secs(10), ..CompiledConfig::default() };
-                let rp = comm.load_plan(&lp, config).unwrap_or_else(|e| panic!("rank {rank}: {what}: load: {e}"));
-                let mut cpu = lowered::Memory::new(&lp);
+        let slots = if program.layout.in_place { (slot::OUTPUT, slot::OUTPUT) } else { (slot::INPUT, slot::OUTPUT) };
+        let slots = (slots.0 as usize, slots.1 as usize);
+        for dtype in [DType::F32, DType::I32] {
+            for chunk_bytes in [4096u64, 8208] {
+                let what = format!("{name} on the engine {} {chunk_bytes} B chunks", dtype.nccl_name());
+                let staged = lower_direct(&program, &DirectOptions::new(chunk_bytes, dtype, 1))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut cpu = staged.host_buffers();
                 for k in 0..2 {
-                    // The same inputs on every rank (one seed): each runs the whole plan on the CPU.
-                    for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
-                        *b = common::small_integers(dtype, b.len(), &mut rng);
+                    // The same inputs on every rank (one seed): each runs the whole program on the CPU.
+                    for bufs in cpu.iter_mut() {
+                        for s in [slots.0, slots.1] {
+                            bufs[s] = common::small_integers(dtype, bufs[s].len(), &mut rng);
+                        }
                     }
                     let got = match dtype {
-                        DType::F32 => run_rank_plan::<f32>(stream, &rp, &cpu, rank),
-                        _ => run_rank_plan::<i32>(stream, &rp, &cpu, rank),
-                    }
-                    .unwrap_or_else(|e| panic!("rank {rank}: {what} run {k}: {e}"));
-                    launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
-                    let recv_slot =
-                        if lp.layout.in_place { oxccl::host::compile::lower::main_slot(&lp.layout) } else { 1 };
-                    assert!(
-                        got == cpu.buffers[rank][recv_slot as usize],
-                        "rank {rank}: {what} run {k}: output differs"
-                    );
+                        DType::F32 => run_rank_program::<f32>(stream, &comm, &program, &cpu, rank, slots),
+                        _ => run_rank_program::<i32>(stream, &comm, &program, &cpu, rank, slots),
+                    };
+                    let got = got.unwrap_or_else(|e| panic!("rank {rank}: {what} run {k}: {e}"));
+                    staged.execute(&mut cpu).unwrap_or_else(|e| panic!("{what}: the CPU executor: {e}"));
+                    assert!(got == cpu[rank][slots.1], "rank {rank}: {what} run {k}: output differs");
                     matched += 1;
                 }
             }
         }
     }
-    // The same programs on the collective engine (`Comm::run_program`), against the CPU executor
-    // of their FIFO lowering on the same inputs: the programs' semantics (one with scratch chunks,
-    // in staging memory across processes).
-    for (name, program) in rank_plans(world) {
-        let plan = compile(&program, &Options::default()).unwrap();
-        for dtype in [DType::F32, DType::I32] {
-            let what = format!("{name} on the engine {}", dtype.nccl_name());
-            let opts = LowerOptions { micro_batches: 2, chunk_bytes: 2 << 12, dtype, ..LowerOptions::default() };
-            let lp = lower(&plan, &opts).unwrap();
-            let mut cpu = lowered::Memory::new(&lp);
-            for b in cpu.buffers.iter_mut().flat_map(|r| r.iter_mut()) {
-                *b = common::small_integers(dtype, b.len(), &mut rng);
-            }
-            let got = match dtype {
-                DType::F32 => run_rank_program::<f32>(stream, &comm, &program, &lp, &cpu, rank),
-                _ => run_rank_program::<i32>(stream, &comm, &program, &lp, &cpu, rank),
-            };
-            let got = got.unwrap_or_else(|e| panic!("rank {rank}: {what}: {e}"));
-            launch(&lp, &mut cpu, &LaunchOptions::default()).unwrap();
-            let recv_slot = if lp.layout.in_place { oxccl::host::compile::lower::main_slot(&lp.layout) } else { 1 };
-            assert!(got == cpu.buffers[rank][recv_slot as usize], "rank {rank}: {what}: output differs");
-            matched += 1;
-        }
-    }
-    // A rank that loads another lowering: every rank is told which, none hangs.
-    let ring = compile(&Algorithm::RingAllReduce.generate(1, world as u32).unwrap(), &Options::default()).unwrap();
-    let chunk_bytes = if rank == world - 1 { 2 << 13 } else { 2 << 12 };
-    let lp = lower(&ring, &LowerOptions { micro_batches: 2, chunk_bytes, ..LowerOptions::default() }).unwrap();
-    let e = comm.load_plan(&lp, CompiledConfig::default()).unwrap_err();
-    let other = if rank == world - 1 { 0 } else { world - 1 };
-    assert!(matches!(e, Error::Mismatch { field: "compiled plan", rank: r, .. } if r == other), "rank {rank}: {e}");
-    // A lowering for another rank count, refused before anything is exchanged.
-    let half = compile(&Algorithm::RingAllReduce.generate(1, 2).unwrap(), &Options::default()).unwrap();
-    let lp = lower(&half, &LowerOptions::default()).unwrap();
-    if world != 2 {
-        let e = comm.load_plan(&lp, CompiledConfig::default()).unwrap_err();
-        assert!(matches!(e, Error::Config { field: "plan", .. }), "rank {rank}: {e}");
-    }
+    // A program for another rank count, refused before anything is exchanged.
+    let half = Algorithm::RingAllReduce.generate(1, if world == 2 { 4 } else { 2 }).unwrap();
+    let mut buf = stream.alloc_zeros::<f32>(64).unwrap();
+    let e = if half.layout.in_place {
+        comm.run_program_in_place(&half, &mut buf, oxccl::ReduceOp::Sum).unwrap_err()
+    } else {
+        comm.run_program(&half, &buf.clone(), &mut buf, oxccl::ReduceOp::Sum).unwrap_err()
+    };
+    assert!(matches!(e, Error::Config { field: "program", .. }), "rank {rank}: {e}");
     matched
 }
 
-/// Compiled plans per rank, with ranks as threads of this process (4 and 8 of them).
+/// Transfer programs per rank, with ranks as threads of this process (4 and 8 of them).
 #[test]
-fn threads_run_compiled_plans() {
-    let Some(stream) = common::gpu("threads_run_compiled_plans") else { return };
+fn threads_run_programs() {
+    let Some(stream) = common::gpu("threads_run_programs") else { return };
     let seed = common::seed_from_env(0x91A4_5EED);
     let mut total = 0;
     for world in [4, 8] {
@@ -1035,15 +975,13 @@ fn threads_run_compiled_plans() {
             .iter()
             .sum::<usize>();
     }
-    eprintln!(
-        "{total} rank-runs of compiled plans and of programs on the engine on 4 and 8 threads matched the CPU executor (seed {seed})"
-    );
+    eprintln!("{total} rank-runs of programs on the engine on 4 and 8 threads matched the CPU executor (seed {seed})");
 }
 
-/// Compiled plans per rank, every rank a process of its own (4 and 8 of them, under MPS).
+/// Transfer programs per rank, every rank a process of its own (4 and 8 of them, under MPS).
 #[test]
-fn processes_run_compiled_plans() {
-    const TEST: &str = "processes_run_compiled_plans";
+fn processes_run_programs() {
+    const TEST: &str = "processes_run_programs";
     if let Some((rank, world)) = child() {
         let stream = oxccl::engine::probe_gpu().unwrap().new_stream().unwrap();
         let seed: u64 = std::env::var("OXCCL_TEST_SEED").unwrap().parse().unwrap();
@@ -1065,7 +1003,7 @@ fn processes_run_compiled_plans() {
         }
     }
     eprintln!(
-        "{total} rank-runs of compiled plans and of programs on the engine on 4 and 8 processes matched the CPU executor (seed {seed})"
+        "{total} rank-runs of programs on the engine on 4 and 8 processes matched the CPU executor (seed {seed})"
     );
 }
 

@@ -1,6 +1,6 @@
 //! Golden PTX: every `oxccl-ptx` wrapper's instruction appears in its probe kernel; every module
-//! assembles with `ptxas -arch=sm_90a`; no unresolved externs; the engine's kernels (T-CCL and
-//! compiled plans) exist with their launch bounds; the shipped PTX equals a fresh build.
+//! assembles with `ptxas -arch=sm_90a`; no unresolved externs; the engine's kernels exist with their
+//! launch bounds; the shipped PTX equals a fresh build.
 
 mod common;
 
@@ -242,9 +242,8 @@ const GOLDEN: &[(&str, &str, &str)] = &[
 /// `cp.async`, `%clock64`, ...), so their golden rows are checked there.
 const BENCH: &str = include_str!("../cli/ptx/oxccl_bench.ptx");
 
-/// Every PTX module of the workspace: the crate's three and the benchmark kernels.
-const MODULES: [(&str, &str); 4] =
-    [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS), ("probes", oxccl::ptx::PROBES), ("bench", BENCH)];
+/// Every PTX module of the workspace: the crate's two and the benchmark kernels.
+const MODULES: [(&str, &str); 3] = [("kernels", oxccl::ptx::KERNELS), ("probes", oxccl::ptx::PROBES), ("bench", BENCH)];
 
 /// The text of one `.entry` (up to the next entry or function).
 fn entry<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
@@ -495,45 +494,42 @@ fn modules_target_sm90a_with_no_unresolved_externs() {
     }
 }
 
-/// The engine and plan modules call no function but the status writer (`wait::write_status`, kept
-/// apart on purpose): a mover's step outlined by LLVM (a closure over the write kind, taken at run
-/// time through memory) is what made the TMA bulk reductions wrong on an H200 until it was a
-/// function inlined always. Every data path stays inside its kernel.
 /// The engine's CTA barriers are the forms without `.aligned` (`bar.sync` and `bar.red` are
 /// aligned): LLVM may copy an inline-assembly barrier into both arms of a branch, so that one warp's
 /// threads reach different copies, which the aligned forms leave undefined (the engine's kernels
 /// hung on an H200 once the end barrier of the walker had been copied so).
 #[test]
 fn engine_modules_use_no_aligned_cta_barrier() {
-    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {
-        let aligned: Vec<&str> = ptx
-            .lines()
-            .map(str::trim)
-            .filter(|l| {
-                l.contains("bar.sync")
-                    || l.contains("bar.red")
-                    || l.contains("bar.arrive")
-                    || l.contains("barrier.sync.aligned")
-                    || l.contains("barrier.red.aligned")
-            })
-            .filter(|l| !l.contains("bar.warp.sync"))
-            .take(3)
-            .collect();
-        assert!(aligned.is_empty(), "{name}: aligned CTA barriers {aligned:?}");
-        assert!(ptx.contains("barrier.sync 0;"), "{name}: no CTA barrier found: the check would pass vacuously");
-    }
+    let ptx = oxccl::ptx::KERNELS;
+    let aligned: Vec<&str> = ptx
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.contains("bar.sync")
+                || l.contains("bar.red")
+                || l.contains("bar.arrive")
+                || l.contains("barrier.sync.aligned")
+                || l.contains("barrier.red.aligned")
+        })
+        .filter(|l| !l.contains("bar.warp.sync"))
+        .take(3)
+        .collect();
+    assert!(aligned.is_empty(), "aligned CTA barriers {aligned:?}");
+    assert!(ptx.contains("barrier.sync 0;"), "no CTA barrier found: the check would pass vacuously");
 }
 
+/// The engine module calls no function but the status writer (`wait::write_status`, kept apart on
+/// purpose): a mover's step outlined by LLVM (a closure over the write kind, taken at run time
+/// through memory) is what made the TMA bulk reductions wrong on an H200 until it was a function
+/// inlined always. Every data path stays inside its kernel.
 #[test]
 fn engine_modules_outline_nothing_but_the_status_writer() {
-    for (name, ptx) in [("kernels", oxccl::ptx::KERNELS), ("plans", oxccl::ptx::PLANS)] {
-        let funcs: Vec<&str> = ptx
-            .lines()
-            .filter(|l| l.starts_with(".func") || l.starts_with(".visible .func") || l.starts_with(".weak .func"))
-            .filter(|l| !l.contains("write_status") && !l.contains("rust_begin_unwind"))
-            .collect();
-        assert!(funcs.is_empty(), "{name}: outlined functions {funcs:?}");
-    }
+    let funcs: Vec<&str> = oxccl::ptx::KERNELS
+        .lines()
+        .filter(|l| l.starts_with(".func") || l.starts_with(".visible .func") || l.starts_with(".weak .func"))
+        .filter(|l| !l.contains("write_status") && !l.contains("rust_begin_unwind"))
+        .collect();
+    assert!(funcs.is_empty(), "outlined functions {funcs:?}");
 }
 
 #[test]
@@ -586,38 +582,6 @@ fn the_warpgroup_gemm_carries_its_launch_bounds_and_its_warp_discipline() {
 }
 
 #[test]
-fn every_plan_kernel_exists_and_simt_kernels_are_bounded() {
-    for &(dtype, op, tma, simt) in abi::PLAN_KERNELS {
-        let t = entry(oxccl::ptx::PLANS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));
-        assert!(!t.contains(".maxntid"), "{tma} must not carry the SIMT launch bound");
-        let s = entry(oxccl::ptx::PLANS, simt).unwrap_or_else(|| panic!("{simt} missing"));
-        assert!(s.contains(".maxntid 512, 1, 1"), "{simt} lacks its launch bound");
-        // The FIFO protocol: relaxed polls made acquires by a fence once they succeed, releases of
-        // tail/head (system scope) and progress (GPU scope); the TMA kernels find their stages from
-        // the launch's shared memory.
-        for (name, body) in [(tma, t), (simt, s)] {
-            for text in [
-                "ld.relaxed.sys.global.u64",
-                "fence.acq_rel.sys;",
-                "st.release.sys.global.u64",
-                "st.release.gpu.global.u64",
-                "fence.proxy.async.global;",
-            ] {
-                assert!(body.contains(text), "{name} lacks `{text}`");
-            }
-        }
-        assert!(t.contains("%dynamic_smem_size;"), "{tma} does not size its stages from the launch");
-        assert!(t.contains("cp.async.bulk.shared::cluster.global"), "{tma} has no bulk loads");
-        assert!(t.contains("cp.async.bulk.global.shared::cta.bulk_group"), "{tma} has no bulk stores");
-        assert!(t.contains("cp.async.bulk.wait_group 0;"), "{tma} never completes its writes");
-        assert!(s.contains("ld.global.v4.u32"), "{simt} has no vector loads");
-    }
-    // The T-CCL module holds no plan kernel and the plan module no T-CCL kernel.
-    assert!(!oxccl::ptx::KERNELS.contains(".entry oxccl_plan_"));
-    assert!(!oxccl::ptx::PLANS.contains(".entry oxccl_run_"));
-}
-
-#[test]
 fn ptxas_assembles_every_module() {
     let Some(ptxas) = common::ptxas() else {
         common::skip("skipped: ptxas not found (pip install nvidia-cuda-nvcc, or set OXCCL_PTXAS)");
@@ -638,9 +602,8 @@ fn ptxas_assembles_every_module() {
         assert!(out.status.success(), "ptxas rejected {name}:\n{log}");
         // The collectives' kernels spill no registers (a spill is local-memory traffic in every
         // combine; ptxas keeps an entry with `.maxntid N` within 65536 / N registers by spilling, so
-        // the bound itself cannot fail); the ResCCL plan kernels' SIMT entries do spill at their
-        // 512-thread bound and are left to their benchmarks. `checked` counts the kernels' entries so
-        // the check cannot pass vacuously.
+        // the bound itself cannot fail). `checked` counts the kernels' entries so the check cannot
+        // pass vacuously.
         let (mut function, mut checked) = (String::new(), 0);
         for line in log.lines() {
             if let Some(rest) = line.split("Function properties for ").nth(1) {
@@ -670,11 +633,7 @@ fn shipped_ptx_equals_a_fresh_build() {
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ptx");
     let bless = std::env::var_os("OXCCL_BLESS").is_some();
-    for (file, fresh) in [
-        ("oxccl_kernels.ptx", oxccl::ptx::KERNELS),
-        ("oxccl_plans.ptx", oxccl::ptx::PLANS),
-        ("oxccl_probes.ptx", oxccl::ptx::PROBES),
-    ] {
+    for (file, fresh) in [("oxccl_kernels.ptx", oxccl::ptx::KERNELS), ("oxccl_probes.ptx", oxccl::ptx::PROBES)] {
         let path = root.join(file);
         let shipped = std::fs::read_to_string(&path).unwrap_or_default();
         if shipped != fresh {
@@ -702,7 +661,6 @@ fn prebuilt_code_is_made_from_the_shipped_ptx() {
     // This build's PTX and embedded code, per `PREBUILT` entry.
     let embedded = |ptx: &str| match ptx {
         "oxccl_kernels.ptx" => (oxccl::ptx::KERNELS, oxccl::ptx::KERNELS_SM90A),
-        "oxccl_plans.ptx" => (oxccl::ptx::PLANS, oxccl::ptx::PLANS_SM90A),
         other => panic!("{other}: a prebuilt module this test does not know"),
     };
     let bless = std::env::var_os("OXCCL_BLESS").is_some();

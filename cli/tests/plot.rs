@@ -135,7 +135,7 @@ fn plan_rows(exec: &str) -> Vec<PlanRow> {
             },
             plan: "hm-allreduce".into(),
             exec: exec.into(),
-            idle_share: Some(0.25),
+            levels: 9,
         })
         .collect()
 }

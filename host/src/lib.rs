@@ -5,9 +5,9 @@
 //! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, Broadcast and Reduce, and their CPU reference (`tccl::reference`) |
 //! | [`group`] | grouped collectives: several T-CCL plans in one launch of each rank, a row of the buffer table (four buffers) per CTA |
 //! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
-//! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, its lowering to `abi` descriptors |
+//! | [`compile`] | compiler passes (dependencies, schedulers, thread-block allocation), the compiled plan, and the lowering of a program onto the engine (`compile::direct`) |
 //! | [`sim`] | discrete-event simulator of a compiled plan on a topology, SVG timelines |
-//! | [`exec`] | CPU executors of compiled plans and of their lowered descriptors, the semantic oracles |
+//! | [`exec`] | the CPU executor of compiled plans (the schedule's semantic oracle) and the collectives' CPU references |
 //! | [`fp8`] | the 8-bit float formats' values and rounding, as the engine reduces them |
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |

@@ -6,12 +6,6 @@
 //! by value. Buffers are named symbolically in tasks (rank, [`slot`], byte offset) and resolved through
 //! the per-call buffer table in [`LaunchArgs::buffers`], so a cached plan serves any user buffers.
 //!
-//! Compiled ResCCL plans have their own descriptors ([`PlanHeader`], [`PlanTb`], [`PlanSegment`],
-//! [`FifoTask`], [`PlanWait`], [`FifoConn`], [`PlanLaunchArgs`]): one launch per rank, one CTA per
-//! thread block, FIFO connections in the workspace's FIFO region ([`FIFO_REGION_OFFSET`]). The engine
-//! runs them with the plan kernels ([`plan_kernel_name`]); the host's CPU executor
-//! (`oxccl_host::exec::lowered`) defines their semantics.
-//!
 //! Every struct's size and alignment is asserted at compile time; the asserts run on both targets.
 
 use bytemuck::{Pod, Zeroable};
@@ -323,7 +317,7 @@ macro_rules! engine_kernels {
         }
     };
 }
-#[cfg_attr(any(not(target_arch = "nvptx64"), feature = "plans"), allow(unused_imports))]
+#[cfg_attr(not(target_arch = "nvptx64"), allow(unused_imports))]
 pub(crate) use engine_kernels;
 
 macro_rules! kernel_table {
@@ -561,12 +555,6 @@ abi_enum!(
         BulkLoad = 3,
         /// A descriptor the engine cannot execute (unknown kind, dtype or operator; too many sources).
         BadTask = 4,
-        /// A FIFO send waiting for a free slot (the receiver's head counter; compiled plans).
-        FifoSpace = 5,
-        /// A FIFO receive waiting for data (the tail counter the sender advances; compiled plans).
-        FifoData = 6,
-        /// A task waiting for another TB's progress counter (a sync point; compiled plans).
-        Progress = 7,
         /// A peer's barrier flag ran past this rank's call: the ranks' calls are out of step (a
         /// rank skipped a call, or an earlier call was abandoned on some ranks only). `expected` is
         /// this CTA's barrier count (`seq`), `observed` the peer's.
@@ -712,416 +700,23 @@ pub mod smem {
     /// Offset of the launch's [`super::PeerScope`] (a `u32` beside the abort flag, written at entry):
     /// kept here, not in a register, which the movers need.
     pub const PEER_SCOPE: usize = ABORT + 4;
-    /// Offset of the plan kernels' step record (three `u64`s): the FIFO slot the issuing thread
-    /// acquired for the current step (its address, read by every thread after a CTA barrier) and
-    /// the counter the step's release advances (its address and next value).
-    pub const PLAN_STEP: usize = ABORT + 8;
-    /// Offset of the plan kernels' time accounts (two `u64`s: the TB's start, its time waiting).
-    pub const PLAN_CLOCK: usize = PLAN_STEP + 24;
     /// Offset of the collective kernels' phase marks (four `u64`s: when the call began, passed
     /// its start barrier, ended its tasks, then [`super::LaunchArgs::phase_times`], where they are
-    /// added), over the plan kernels' records, which those kernels do not use.
-    pub const PHASE_MARKS: usize = PLAN_STEP;
+    /// added).
+    pub const PHASE_MARKS: usize = ABORT + 8;
     /// Offset of the collective kernels' barrier ranks (a `u32`: the program's `barrier_ranks`,
     /// written at entry): read again after the tasks rather than held in a register through them.
     pub const PEERS: usize = PHASE_MARKS + 32;
     /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
 
-    const _: () = assert!(PLAN_CLOCK + 16 <= STAGES && PLAN_STEP.is_multiple_of(8) && PEERS + 4 <= STAGES);
+    const _: () = assert!(PHASE_MARKS.is_multiple_of(8) && PEERS + 4 <= STAGES);
 
     /// Dynamic shared memory a launch needs; `usize::MAX` (which no device allows) where the
     /// product overflows.
     pub const fn bytes(stages: usize, slots: usize, chunk_bytes: usize) -> usize {
         STAGES.saturating_add(stages.saturating_mul(slots).saturating_mul(chunk_bytes))
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Compiled plans (ResCCL): FIFO connections, segments × micro-batches.
-// ---------------------------------------------------------------------------------------------
-
-/// Version of the compiled-plan descriptors below ([`PlanHeader::version`]); bumped on any layout or
-/// meaning change so an engine never runs descriptors it does not understand.
-pub const PLAN_ABI_VERSION: u32 = 1;
-/// Most thread blocks (CTAs) one rank's compiled plan may have. They spin on each other (FIFOs, sync
-/// points), so the launcher must also check that all of them are co-resident on the GPU.
-pub const MAX_PLAN_TBS: usize = 1024;
-/// Most entries of one rank's connection table ([`FifoTask::conn`] is a `u16`; [`NO_CONN`] is
-/// reserved).
-pub const MAX_PLAN_CONNECTIONS: usize = u16::MAX as usize;
-/// [`FifoTask::conn`] of a local copy or reduce.
-pub const NO_CONN: u16 = u16::MAX;
-/// Alignment of every FIFO ring slot, and the stride of every counter in the FIFO region (one
-/// counter per 128-byte line: no two writers share a line).
-pub const FIFO_ALIGN: usize = 128;
-/// Byte offset of the FIFO region in every rank's workspace: right after [`Workspace`], page
-/// aligned. The region holds, at offsets the lowering chooses and writes into the descriptors, each
-/// TB's progress counter ([`PlanTb::progress_offset`]), each incoming connection's head and tail
-/// counters ([`FifoConn::head_offset`], [`FifoConn::tail_offset`]) and its ring of slots
-/// ([`FifoConn::ring_offset`]); [`PlanHeader::fifo_bytes`] is its size. All offsets in descriptors
-/// are from the workspace base (they include this offset).
-pub const FIFO_REGION_OFFSET: usize = core::mem::size_of::<Workspace>().next_multiple_of(4096);
-
-abi_enum!(
-    /// How a compiled plan was lowered ([`PlanHeader::mode`]). The engine runs both alike (segments
-    /// × micro-batches); the mode says what the segments are, for reports.
-    PlanMode: u32 {
-        /// ResCCL: every TB's segments are the plan's sub-pipelines; each segment loops over the
-        /// micro-batches before the next starts.
-        Compiled = 0,
-        /// MSCCL's interpreter: every TB has one segment holding its whole task list, re-walked for
-        /// each micro-batch with per-step dependency flags.
-        Interpreted = 1,
-    }
-);
-
-abi_enum!(
-    /// What a [`FifoTask`] does, on micro-batch `m` of its chunks (see [`FifoTask`]). The values
-    /// start at 16, apart from every [`TaskKind`], so a FIFO task read as a [`Task`] is rejected.
-    /// (The importers split MSCCL's fused steps, `rcs`, `rrs`, `rrcs`, into these primitives: no fused
-    /// form reaches a compiled plan.)
-    FifoKind: u8 {
-        /// Wait for a free slot (`tail - head < slots`), bulk-store `src` into slot `tail % slots` of
-        /// the receiver's ring, complete the writes, release-store `tail + 1` into the tail counter.
-        Send = 16,
-        /// Acquire-wait until `tail > head`, bulk-load slot `head % slots`, store it at `dst`, complete
-        /// the reads, release-store `head + 1` into the head counter.
-        Recv = 17,
-        /// As [`FifoKind::Recv`], but reduce the message with the local input into the output:
-        /// `dst = src ⊕ message` (compiled plans reduce in place, `src == dst`; otherwise the two
-        /// must not overlap).
-        RecvReduceCopy = 18,
-        /// Local `dst = src`.
-        Copy = 19,
-        /// Local `dst = dst ⊕ src`.
-        Reduce = 20,
-    }
-);
-
-/// [`FifoTask::flags`]: after finishing each micro-batch, publish this TB's progress counter (another
-/// TB of the rank waits on this task).
-pub const FIFO_TASK_SIGNAL: u8 = 1;
-/// [`FifoConn::flags`]: the two ranks are on different nodes.
-pub const CONN_INTER_NODE: u32 = 1;
-/// [`PlanHeader::flags`]: record per-TB busy/idle time with `%globaltimer` into the
-/// [`TbTiming`] array at [`PlanLaunchArgs::timing`].
-pub const PLAN_FLAG_TIMING: u16 = 1;
-
-/// One task of a compiled plan: a FIFO primitive or a local op on micro-batch `m` of `chunks`
-/// consecutive chunks. 32 bytes.
-///
-/// Buffers are this rank's own ([`PlanLaunchArgs::buffers`]); a reference is a buffer slot and a
-/// chunk index. Micro-batch `m` of chunk `c` is bytes `c * chunk_bytes + m * mb_bytes ..` `+ mb_bytes`
-/// ([`PlanHeader`]): the per-micro-batch stride is `mb_bytes`, the same for every task of a launch,
-/// so it lives in the header. A message is the `chunks` pieces of one micro-batch, packed: piece `j`
-/// at byte `j * mb_bytes` of the slot.
-///
-/// Run by the plan kernels (`plan_entry.rs`, `engine/plan.rs`); a `FifoTask` handed to the T-CCL
-/// kernels in place of a [`Task`] is rejected (`WaitKind::BadTask`: its kind is no [`TaskKind`]),
-/// never run wrongly. The host's CPU executor (`oxccl_host::exec::lowered`) defines the semantics
-/// both follow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct FifoTask {
-    /// A [`FifoKind`].
-    pub kind: u8,
-    /// A [`DType`] (equal to the header's).
-    pub dtype: u8,
-    /// A [`RedOp`] (equal to the header's; ignored by sends, receives and copies).
-    pub op: u8,
-    /// [`FIFO_TASK_SIGNAL`] or 0.
-    pub flags: u8,
-    /// Buffer slot ([`slot`]) of `src_chunk`; 0 when the kind has no source (a receive).
-    pub src_slot: u8,
-    /// Buffer slot of `dst_chunk`; 0 when the kind has no destination (a send).
-    pub dst_slot: u8,
-    /// Index into this rank's connection table; [`NO_CONN`] for copies and reductions.
-    pub conn: u16,
-    /// Chunks moved per micro-batch (the slice's count, at least 1).
-    pub chunks: u32,
-    /// First source chunk in `src_slot` (a send's data; a `recv_reduce_copy`'s local operand, equal
-    /// to `dst_chunk`; a copy's or reduction's source).
-    pub src_chunk: u32,
-    /// First destination chunk in `dst_slot`.
-    pub dst_chunk: u32,
-    /// First entry of this rank's [`PlanWait`] array the task waits on (before every micro-batch).
-    pub wait_start: u32,
-    /// Number of waits.
-    pub wait_count: u16,
-    /// Zero.
-    pub reserved: u16,
-    /// The program op this task is half of (provenance for reports; the engine ignores it).
-    pub origin: u32,
-}
-
-/// One FIFO connection, as seen by one of its ends: an entry of a rank's connection table. Both
-/// ends' tables hold equal entries. 56 bytes.
-///
-/// The FIFO is a ring of `slots` slots of `slot_bytes` in the **receiver's** workspace, with two
-/// step counters there (NCCL's Simple protocol): `tail` (messages sent; only the sender writes it) and
-/// `head` (messages consumed; only the receiver writes it). Counters only grow, across launches too:
-/// each side starts from the counter it owns, so graph replays need no reset. After a launch that
-/// recorded an error the workspace must be zeroed.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct FifoConn {
-    /// The plan's connection index (the same in both ends' tables).
-    pub id: u32,
-    /// The sending rank.
-    pub sender: u32,
-    /// The receiving rank (whose workspace holds the ring and both counters).
-    pub receiver: u32,
-    /// The plan's channel: tells apart connections between the same two ranks.
-    pub channel: u32,
-    /// Slots in the ring (at least 1).
-    pub slots: u32,
-    /// Bytes per slot: at least the largest message (`chunks * mb_bytes`), a multiple of
-    /// [`FIFO_ALIGN`].
-    pub slot_bytes: u32,
-    /// [`CONN_INTER_NODE`] or 0.
-    pub flags: u32,
-    /// Zero.
-    pub reserved: u32,
-    /// Byte offset of slot 0 in the receiver's workspace ([`FIFO_ALIGN`]-aligned).
-    pub ring_offset: u64,
-    /// Byte offset of the `u64` head counter in the receiver's workspace.
-    pub head_offset: u64,
-    /// Byte offset of the `u64` tail counter in the receiver's workspace.
-    pub tail_offset: u64,
-}
-
-/// A segment of a TB program: tasks run for every micro-batch before the next segment starts. 16
-/// bytes.
-///
-/// ```text
-/// for seg in tb.segments: for m in 0..seg.micro_batches: for task in seg: wait, run, signal
-/// ```
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct PlanSegment {
-    /// Index of the first task in this rank's task array.
-    pub first_task: u32,
-    /// Number of tasks (at least 1).
-    pub task_count: u32,
-    /// Micro-batches the segment loops over (equal to the header's: every chunk is cut alike).
-    pub micro_batches: u32,
-    /// Steps the TB has finished before this segment starts: the sum of `task_count ×
-    /// micro_batches` over its earlier segments. After task `i` of this segment on micro-batch `m`
-    /// the TB has finished `progress_base + m * task_count + (i - first_task) + 1` steps.
-    pub progress_base: u32,
-}
-
-/// A dependency: before micro-batch `m` of the waiting task, TB `tb` of this rank must have finished
-/// `epoch * steps(tb) + base + m * per_mb` steps (its progress counter; see [`PlanTb`]). 16 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct PlanWait {
-    /// The TB waited on (index into this rank's TB programs).
-    pub tb: u32,
-    /// The task waited on, as an index into that TB's tasks (for reports; the engine reads `base`
-    /// and `per_mb`).
-    pub task: u32,
-    /// Steps of that TB up to and including its task on micro-batch 0 (of this launch).
-    pub base: u32,
-    /// Steps that TB adds per micro-batch in the task's segment (the segment's task count).
-    pub per_mb: u32,
-}
-
-/// The program of one CTA: its segments, in order. 40 bytes.
-///
-/// **Progress counter.** Each TB owns a `u64` counter at `progress_offset` in its rank's workspace.
-/// A *step* is one (task, micro-batch); a TB finishes `steps` of them per launch. At start the TB
-/// reads its counter `c` (a multiple of `steps`: the end of the previous launch) and takes `epoch =
-/// c / steps`; after a task flagged [`FIFO_TASK_SIGNAL`] it release-stores `epoch * steps +` the
-/// steps finished; when its last task is done it stores `(epoch + 1) * steps`. Every TB of a rank
-/// runs once per launch, so epochs agree and waits ([`PlanWait`]) need no reset between launches.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct PlanTb {
-    /// The rank.
-    pub rank: u32,
-    /// This TB's index (`blockIdx.x`).
-    pub tb: u32,
-    /// Index of the first segment in this rank's segment array.
-    pub first_segment: u32,
-    /// Number of segments (at least 1).
-    pub segment_count: u32,
-    /// Index of the first task in this rank's task array (the TB's tasks are contiguous).
-    pub first_task: u32,
-    /// Number of tasks.
-    pub task_count: u32,
-    /// Steps per launch: the sum of `task_count × micro_batches` over the segments.
-    pub steps: u32,
-    /// Zero.
-    pub reserved: u32,
-    /// Byte offset of this TB's `u64` progress counter in its rank's workspace.
-    pub progress_offset: u64,
-}
-
-/// What one rank's launch of a compiled plan is: counts of every array and the data geometry.
-/// Cached with the lowered plan; copied into [`PlanLaunchArgs`]. 88 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct PlanHeader {
-    /// [`PLAN_ABI_VERSION`].
-    pub version: u32,
-    /// A [`PlanMode`].
-    pub mode: u32,
-    /// The rank this launch runs.
-    pub rank: u32,
-    /// Ranks of the plan (at most [`MAX_RANKS`]).
-    pub ranks: u32,
-    /// Entries of the [`PlanTb`] array (the grid size).
-    pub tbs: u32,
-    /// Entries of the [`PlanSegment`] array.
-    pub segments: u32,
-    /// Entries of the [`FifoTask`] array.
-    pub tasks: u32,
-    /// Entries of the [`PlanWait`] array.
-    pub waits: u32,
-    /// Entries of the [`FifoConn`] table.
-    pub connections: u32,
-    /// Micro-batches every chunk is cut into.
-    pub micro_batches: u32,
-    /// A [`DType`].
-    pub dtype: u8,
-    /// A [`RedOp`].
-    pub op: u8,
-    /// [`PLAN_FLAG_TIMING`] or 0.
-    pub flags: u16,
-    /// Zero.
-    pub reserved: u32,
-    /// Bytes of one chunk (`micro_batches * mb_bytes`).
-    pub chunk_bytes: u64,
-    /// Bytes of one micro-batch of one chunk: the per-micro-batch stride (a multiple of 16).
-    pub mb_bytes: u64,
-    /// Size of this rank's FIFO region (from [`FIFO_REGION_OFFSET`]); the workspace must hold
-    /// `FIFO_REGION_OFFSET + fifo_bytes` bytes.
-    pub fifo_bytes: u64,
-    /// Chunks of each buffer slot ([`slot`]); a task's chunk range lies inside its slot's.
-    pub buffer_chunks: [u32; BUFFER_SLOTS],
-}
-
-/// Per-TB timing, written when [`PLAN_FLAG_TIMING`] is set (`%globaltimer` nanoseconds). 32 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct TbTiming {
-    /// When the TB started.
-    pub start_ns: u64,
-    /// When it finished.
-    pub end_ns: u64,
-    /// Time spent moving data (tasks minus their waits).
-    pub busy_ns: u64,
-    /// Time spent waiting: FIFO space, FIFO data, sync points.
-    pub idle_ns: u64,
-}
-
-/// Kernel parameters of a compiled-plan launch (one launch per rank, one CTA per TB), by value: the
-/// only parameter of the plan kernels ([`plan_kernel_name`]), launched with a grid of `header.tbs`
-/// CTAs and [`plan_smem_bytes`] of dynamic shared memory. The descriptor arrays are uploaded once
-/// per cached plan; buffers and workspaces are per call.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct PlanLaunchArgs {
-    /// The plan's header for this rank.
-    pub header: PlanHeader,
-    /// Device address of the [`PlanTb`] array, indexed by `blockIdx.x`.
-    pub programs: u64,
-    /// Device address of the [`PlanSegment`] array.
-    pub segments: u64,
-    /// Device address of the [`FifoTask`] array.
-    pub tasks: u64,
-    /// Device address of the [`PlanWait`] array.
-    pub waits: u64,
-    /// Device address of the [`FifoConn`] table.
-    pub connections: u64,
-    /// Device address of this launch's [`Status`].
-    pub status: u64,
-    /// Device address of `header.tbs` [`TbTiming`] records (0 unless timing).
-    pub timing: u64,
-    /// Every wait gives up after this many nanoseconds and records a [`WaitKind`] in the status.
-    pub timeout_ns: u64,
-    /// Peer-visible workspace base of every rank ([`Workspace`], then the FIFO region).
-    pub workspaces: [u64; MAX_RANKS],
-    /// Base address of this rank's buffer in each slot (0 if unused).
-    pub buffers: [u64; BUFFER_SLOTS],
-}
-
-/// Pipeline stages of the TMA mover in the plan kernels (one mbarrier each).
-pub const PLAN_STAGES: u32 = 4;
-/// Source slots per stage in the plan kernels: a `recv_reduce_copy` or a local reduction combines
-/// two sources (the message or the destination, and the local operand).
-pub const PLAN_SLOTS: u32 = 2;
-
-/// Dynamic shared memory of a compiled-plan launch with `mover`: the engine's header ([`smem`]),
-/// then for the TMA mover [`PLAN_STAGES`] × [`PLAN_SLOTS`] slots of `stage_bytes` (a multiple of
-/// 16). The kernel reads the size back (`%dynamic_smem_size`) and cuts it with
-/// [`plan_stage_bytes`], so the launcher alone chooses the stage size.
-pub const fn plan_smem_bytes(mover: Mover, stage_bytes: u32) -> usize {
-    match mover {
-        Mover::Tma => smem::STAGES + (PLAN_STAGES * PLAN_SLOTS) as usize * stage_bytes as usize,
-        Mover::Simt => smem::STAGES,
-    }
-}
-
-/// The TMA stage size a plan kernel derives from its dynamic shared memory: the inverse of
-/// [`plan_smem_bytes`] (rounded down to 16 bytes; 0 when there is no room for stages).
-pub const fn plan_stage_bytes(dynamic_smem: u32) -> u32 {
-    let header = smem::STAGES as u32;
-    if dynamic_smem <= header {
-        return 0;
-    }
-    ((dynamic_smem - header) / (PLAN_STAGES * PLAN_SLOTS)) & !15
-}
-
-/// Invokes `$m!` with every compiled-plan kernel: (TMA kernel, SIMT kernel: dtype, operator, the
-/// engine's `Combine` type). One kernel per mover and (dtype, operator), as for [`KERNELS`]; a
-/// compiled plan and its interpreted lowering run in the same kernel (the descriptors differ, the
-/// engine does not).
-macro_rules! plan_kernels {
-    ($m:ident) => {
-        $m! {
-            oxccl_plan_tma_f32_sum, oxccl_plan_simt_f32_sum: F32, Sum, SumF32;
-            oxccl_plan_tma_f32_min, oxccl_plan_simt_f32_min: F32, Min, MinF32;
-            oxccl_plan_tma_f32_max, oxccl_plan_simt_f32_max: F32, Max, MaxF32;
-            oxccl_plan_tma_f16_sum, oxccl_plan_simt_f16_sum: F16, Sum, SumF16;
-            oxccl_plan_tma_f16_min, oxccl_plan_simt_f16_min: F16, Min, MinF16;
-            oxccl_plan_tma_f16_max, oxccl_plan_simt_f16_max: F16, Max, MaxF16;
-            oxccl_plan_tma_bf16_sum, oxccl_plan_simt_bf16_sum: Bf16, Sum, SumBf16;
-            oxccl_plan_tma_bf16_min, oxccl_plan_simt_bf16_min: Bf16, Min, MinBf16;
-            oxccl_plan_tma_bf16_max, oxccl_plan_simt_bf16_max: Bf16, Max, MaxBf16;
-            oxccl_plan_tma_i32_sum, oxccl_plan_simt_i32_sum: I32, Sum, SumI32;
-            oxccl_plan_tma_i32_min, oxccl_plan_simt_i32_min: I32, Min, MinI32;
-            oxccl_plan_tma_i32_max, oxccl_plan_simt_i32_max: I32, Max, MaxI32;
-            oxccl_plan_tma_u32_sum, oxccl_plan_simt_u32_sum: U32, Sum, SumI32;
-            oxccl_plan_tma_u32_min, oxccl_plan_simt_u32_min: U32, Min, MinU32;
-            oxccl_plan_tma_u32_max, oxccl_plan_simt_u32_max: U32, Max, MaxU32;
-            oxccl_plan_tma_f32_prod, oxccl_plan_simt_f32_prod: F32, Prod, ProdF32;
-            oxccl_plan_tma_f16_prod, oxccl_plan_simt_f16_prod: F16, Prod, ProdF16;
-            oxccl_plan_tma_bf16_prod, oxccl_plan_simt_bf16_prod: Bf16, Prod, ProdBf16;
-            oxccl_plan_tma_i32_prod, oxccl_plan_simt_i32_prod: I32, Prod, ProdI32;
-            oxccl_plan_tma_u32_prod, oxccl_plan_simt_u32_prod: U32, Prod, ProdI32;
-        }
-    };
-}
-#[cfg_attr(any(not(target_arch = "nvptx64"), not(feature = "plans")), allow(unused_imports))]
-pub(crate) use plan_kernels;
-
-macro_rules! plan_kernel_table {
-    ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {
-        /// Every compiled-plan kernel: (dtype, operator, TMA-mover kernel, SIMT-mover kernel). Each
-        /// takes one [`PlanLaunchArgs`] by value; CTA `blockIdx.x` runs [`PlanTb`] `blockIdx.x`.
-        pub const PLAN_KERNELS: &[(DType, RedOp, &str, &str)] =
-            &[$((DType::$dtype, RedOp::$op, stringify!($tma), stringify!($simt))),+];
-    };
-}
-plan_kernels!(plan_kernel_table);
-
-/// Name of the compiled-plan kernel for `mover` reducing `dtype` with `op`: every operator but
-/// [`RedOp::Avg`] (a plan's tasks do not know which of them completes a reduction).
-pub fn plan_kernel_name(mover: Mover, dtype: DType, op: RedOp) -> Option<&'static str> {
-    find_kernel(PLAN_KERNELS, mover, dtype, op)
 }
 
 const _: () = {
@@ -1137,24 +732,6 @@ const _: () = {
     assert!(MAX_REGIONS <= 1 << (63 - REGION_SHIFT), "region numbers fit below the tag bit");
     assert!(MAX_RANKS <= 32, "rank masks are u32");
     assert!(smem::STAGES.is_multiple_of(128));
-    assert!(size_of::<FifoTask>() == 32 && align_of::<FifoTask>() == 4);
-    assert!(size_of::<FifoConn>() == 56 && align_of::<FifoConn>() == 8);
-    assert!(size_of::<PlanSegment>() == 16 && align_of::<PlanSegment>() == 4);
-    assert!(size_of::<PlanWait>() == 16 && align_of::<PlanWait>() == 4);
-    assert!(size_of::<PlanTb>() == 40 && align_of::<PlanTb>() == 8);
-    assert!(size_of::<PlanHeader>() == 88 && align_of::<PlanHeader>() == 8);
-    assert!(size_of::<TbTiming>() == 32 && align_of::<TbTiming>() == 8);
-    assert!(size_of::<PlanLaunchArgs>() == 88 + 8 * 8 + 8 * MAX_RANKS + 8 * BUFFER_SLOTS);
-    assert!(align_of::<PlanLaunchArgs>() == 8);
-    assert!(plan_stage_bytes(plan_smem_bytes(Mover::Tma, 4096) as u32) == 4096);
-    assert!((PLAN_STAGES as usize) <= MAX_STAGES);
-    assert!(FIFO_REGION_OFFSET.is_multiple_of(4096) && FIFO_REGION_OFFSET >= size_of::<Workspace>());
-    // FIFO kinds never collide with the T-CCL engine's task kinds.
-    let mut i = 0;
-    while i < FifoKind::ALL.len() {
-        assert!(TaskKind::from_raw(FifoKind::ALL[i].raw()).is_none());
-        i += 1;
-    }
 };
 
 #[cfg(test)]
@@ -1165,10 +742,10 @@ mod tests {
     use std::format;
     use std::string::String;
 
-    /// The kernel naming rule, written out independently of [`KERNELS`] and [`PLAN_KERNELS`]:
-    /// `oxccl_{run|plan}_{mover}_{dtype}_{op}`, the names the entry points in `entry.rs` and
-    /// `plan_entry.rs` export (and `tests/ptx.rs` finds as `.entry` lines in the shipped PTX).
-    fn expected_name(kind: &str, mover: Mover, dtype: DType, op: RedOp) -> String {
+    /// The kernel naming rule, written out independently of [`KERNELS`]:
+    /// `oxccl_run_{mover}_{dtype}_{op}`, the names the entry points in `entry.rs` export (and
+    /// `tests/ptx.rs` finds as `.entry` lines in the shipped PTX).
+    fn expected_name(mover: Mover, dtype: DType, op: RedOp) -> String {
         let mover = match mover {
             Mover::Tma => "tma",
             Mover::Simt => "simt",
@@ -1194,10 +771,8 @@ mod tests {
             RedOp::Prod => "prod",
             RedOp::Avg => "avg",
         };
-        format!("oxccl_{kind}_{mover}_{dtype}_{op}")
+        format!("oxccl_run_{mover}_{dtype}_{op}")
     }
-
-    const PLAN_DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::Bf16, DType::I32, DType::U32];
 
     #[test]
     fn every_dtype_and_operator_has_its_own_kernels() {
@@ -1205,28 +780,14 @@ mod tests {
         for &d in DType::ALL {
             for &o in RedOp::ALL {
                 for &m in Mover::ALL {
-                    for (kind, got) in [("run", kernel_name(m, d, o)), ("plan", plan_kernel_name(m, d, o))] {
-                        if kind == "plan" && o == RedOp::Avg {
-                            assert_eq!(got, None, "plans have no Avg kernels");
-                            continue;
-                        }
-                        // Compiled plans reduce the 4- and 2-byte types only.
-                        if kind == "plan" && !PLAN_DTYPES.contains(&d) {
-                            assert_eq!(got, None, "{kind} {m:?} {d:?} {o:?}");
-                            continue;
-                        }
-                        let got = got.unwrap_or_else(|| panic!("no {kind} kernel for {m:?} {d:?} {o:?}"));
-                        assert_eq!(got, expected_name(kind, m, d, o), "{m:?} {d:?} {o:?}");
-                        assert!(names.insert(got), "{got} names two kernels");
-                    }
+                    let got = kernel_name(m, d, o).unwrap_or_else(|| panic!("no kernel for {m:?} {d:?} {o:?}"));
+                    assert_eq!(got, expected_name(m, d, o), "{m:?} {d:?} {o:?}");
+                    assert!(names.insert(got), "{got} names two kernels");
                 }
             }
         }
-        let plan_ops = RedOp::ALL.len() - 1;
         let engine = DType::ALL.len() * RedOp::ALL.len();
-        let plans = PLAN_DTYPES.len() * plan_ops;
-        assert_eq!(names.len(), Mover::ALL.len() * (engine + plans));
+        assert_eq!(names.len(), Mover::ALL.len() * engine);
         assert_eq!(KERNELS.len(), engine);
-        assert_eq!(PLAN_KERNELS.len(), plans);
     }
 }

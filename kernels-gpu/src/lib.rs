@@ -1,8 +1,8 @@
 //! `oxccl-kernels`: the device engine.
 //!
-//! Compiled for `nvptx64-nvidia-cuda` it is the PTX module `oxccl_kernels.ptx` (the T-CCL engine,
-//! entry points in `entry`) or, with the `plans` feature, `oxccl_plans.ptx` (compiled ResCCL plans,
-//! entry points in `plan_entry`). Compiled for the host it is only [`abi`], the `#[repr(C)]`
+//! Compiled for `nvptx64-nvidia-cuda` it is the PTX module `oxccl_kernels.ptx` (entry points in
+//! `entry`): the collectives, reshard and transfer programs all run on it. Compiled for the host it
+//! is only [`abi`], the `#[repr(C)]`
 //! descriptors the host lowers plans into, defined once for both sides, and [`lanes`], the
 //! operators' integer helpers (tested there).
 #![warn(missing_docs)]
@@ -36,11 +36,9 @@ macro_rules! per_rank {
 pub mod abi;
 #[cfg(target_arch = "nvptx64")]
 pub mod engine;
-#[cfg(all(target_arch = "nvptx64", not(feature = "plans")))]
+#[cfg(target_arch = "nvptx64")]
 pub mod entry;
 pub mod lanes;
-#[cfg(all(target_arch = "nvptx64", feature = "plans"))]
-pub mod plan_entry;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

@@ -3,18 +3,18 @@
 //! in-place, "Avg bus bandwidth"). algbw = bytes / seconds / 1e9; busbw = algbw × the collective's
 //! factor. Correctness is checked in a separate, untimed pass. The reshard benchmark times a plan
 //! against the two usual workarounds on the same engine and against two speed-of-light models. The
-//! compiled-plan benchmark ([`plan_bench`]) runs a lowered ResCCL plan, compiled or interpreted.
+//! program benchmark ([`plan_bench`]) runs a transfer program (ResCCL algorithm, MSCCL XML) through
+//! `run_program`.
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
-use oxccl::compiled::{CompiledConfig, CompiledPlan, PlanBuffers};
 use oxccl::engine::{DeviceAlloc, DeviceProgram, Engine, LaunchSpec, PeerScope, Status};
 use oxccl::{Collective, Communicator, Config, DType, Mover, ReduceOp, Reduction, ReshardOptions};
 use oxccl::{Error, Result};
 use oxccl_host::lowered::Lowered;
 use oxccl_host::reshard::{self, Layout, Loads, LowerOptions, Region, lower, workaround};
 use oxccl_host::tccl::{PlanSpec, split};
-use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, PlanMode, ReduceMode, Task, TaskKind, TbProgram, slot};
+use oxccl_kernels::abi::{self, BUFFER_SLOTS, MAX_RANKS, ReduceMode, Task, TaskKind, TbProgram, slot};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -1465,113 +1465,69 @@ impl Drop for Untracked {
     }
 }
 
-/// Parameters of a compiled-plan benchmark (`oxccl bench --algo ...|--xml ... --exec ...`).
+/// Parameters of a transfer-program benchmark (`oxccl bench plan --algo ...|--xml ...`): the
+/// program run through [`Communicator::run_program`] on virtual ranks of one GPU, each level of it
+/// one launch of the collectives' engine.
 pub struct PlanBench {
-    /// What to call the plan in reports.
+    /// What to call the program in reports.
     pub name: String,
-    /// The compiled plan.
-    pub plan: oxccl_host::compile::Plan,
-    /// Compiled (segments are sub-pipelines) or interpreted (one segment per TB, re-walked).
-    pub mode: PlanMode,
+    /// The transfer program.
+    pub program: oxccl_host::program::Program,
     /// Element type.
     pub dtype: DType,
-    /// Reduction operator (unused where the plan's collective reduces nothing).
+    /// Reduction operator (unused where the program's collective reduces nothing).
     pub op: ReduceOp,
-    /// Micro-batches every chunk is cut into, `1..=MAX_MICRO_BATCHES` (65536); a chunk is a
-    /// multiple of 16 bytes per micro-batch.
-    pub micro_batches: u32,
-    /// FIFO slots per connection, at least 1 (`None`: what the lowering needs, at least 2).
-    pub slots: Option<u32>,
     /// Sizes (the larger user buffer per rank, before it is cut into whole chunks; at least
     /// [`PlanBench::smallest_size`]), launches per size, and checks (AllReduce, AllGather and
-    /// ReduceScatter plans; other rows report `N/A`).
+    /// ReduceScatter programs; other rows report `N/A`).
     pub sweep: Sweep,
-    /// How the plan is launched (mover, threads, stage bytes, timeout).
-    pub config: CompiledConfig,
-    /// Run this program level by level on the collective engine instead of the compiled plan
-    /// (`--exec direct`: [`oxccl::Communicator::run_program`] on virtual ranks of one GPU).
-    pub direct: Option<DirectRun>,
+    /// The communicator's configuration: mover, threads, TMA stage bytes, CTAs per rank
+    /// (`max_ctas`; `None`: each rank's share of the SMs, as the collectives take), timeout.
+    pub config: Config,
     /// Chunks the program's ops read and write per call
     /// ([`oxccl_host::program::Program::traffic_chunks`]): times the chunk size, its own roofline.
     pub traffic: (u64, u64),
 }
 
-/// What `--exec direct` runs: the program, and its CTAs per rank (`None`: each rank's share of
-/// the SMs, as the collectives take).
-#[derive(Clone, Debug)]
-pub struct DirectRun {
-    /// The transfer program.
-    pub program: oxccl_host::program::Program,
-    /// CTAs per rank.
-    pub ctas: Option<u32>,
-}
-
 impl PlanBench {
-    /// Checks what [`plan_bench`] would refuse, without a GPU: the sweep ([`Sweep::validate`]),
-    /// micro-batches in `1..=MAX_MICRO_BATCHES` (the executors' bound), at least one FIFO slot where
-    /// they are given, the launch configuration ([`CompiledConfig::validate`]) and the plan's
-    /// lowering at every size of the sweep.
+    /// Checks what [`plan_bench`] would refuse, without a GPU: the sweep ([`Sweep::validate`]), the
+    /// configuration and the program's lowering at every size of the sweep.
     pub fn validate(&self) -> Result<()> {
         self.sweep.validate(self.dtype.size() as u64)?;
-        let most = oxccl_host::sim::MAX_MICRO_BATCHES;
-        if !(1..=most).contains(&self.micro_batches) {
-            return Err(Error::Config {
-                field: "micro_batches",
-                why: format!("{}: give 1..={most}", self.micro_batches),
-            });
-        }
-        if self.slots == Some(0) {
-            return Err(Error::Config { field: "slots", why: "0: a FIFO needs at least one slot".into() });
-        }
-        self.config.validate()?;
-        // Below one 16-byte grain per chunk and micro-batch the plan cannot run `-b` as asked; it
-        // would run a larger size instead, so such a sweep is refused.
+        oxccl::config::validate_config(&self.config)?;
+        // Below one 16-byte grain per chunk the program cannot run `-b` as asked; it would run a
+        // larger size instead, so such a sweep is refused.
         let smallest = self.smallest_size();
         if self.sweep.min_bytes < smallest {
             return Err(Error::Config {
                 field: "min_bytes",
                 why: format!(
-                    "{} B is below the plan's smallest size, {smallest} B ({} chunks x 16 B x {} micro-batches)",
+                    "{} B is below the program's smallest size, {smallest} B ({} chunks x 16 B)",
                     self.sweep.min_bytes,
-                    self.user_chunks(),
-                    self.micro_batches
+                    self.user_chunks()
                 ),
             });
         }
         for size in self.sweep.sizes() {
-            if let Some(direct) = &self.direct {
-                // The CTA count may come from the GPU; one checks the rest.
-                self.direct_lowered(&direct.program, size, direct.ctas.unwrap_or(1))?;
-                continue;
-            }
-            self.lowered(size).map_err(|e| match e {
-                Error::Config { field: "plan", why } => {
-                    Error::Config { field: "plan", why: format!("at {size} B: {why}") }
-                }
-                e => e,
-            })?;
+            // The CTA count may come from the GPU; one checks the rest.
+            self.lowered(size, self.config.max_ctas.unwrap_or(1))?;
         }
         Ok(())
     }
 
     /// The program lowered level by level for the sweep's `size` with `ctas` CTAs per rank, and
     /// its bytes per chunk (a positive multiple of 16).
-    fn direct_lowered(
-        &self,
-        program: &oxccl_host::program::Program,
-        size: u64,
-        ctas: u32,
-    ) -> Result<(oxccl_host::lowered::Staged, u64)> {
+    fn lowered(&self, size: u64, ctas: u32) -> Result<(oxccl_host::lowered::Staged, u64)> {
         use oxccl_host::compile::direct::{DirectOptions, lower_direct};
         let chunk_bytes = (size / self.user_chunks() / 16).max(1) * 16;
         let opts = DirectOptions { op: self.op, ..DirectOptions::new(chunk_bytes, self.dtype, ctas) };
-        let staged = lower_direct(program, &opts)
+        let staged = lower_direct(&self.program, &opts)
             .map_err(|e| Error::Config { field: "plan", why: format!("at {size} B: {e}") })?;
         Ok((staged, chunk_bytes))
     }
 
-    /// The nccl-tests row of one size of a plan of layout `l`: `real` bytes (the larger user buffer
-    /// per rank), `counts` (input, output) elements per rank, `us` per launch, `wrong` elements.
+    /// The nccl-tests row of one size of a program of layout `l`: `real` bytes (the larger user
+    /// buffer per rank), `counts` (input, output) elements per rank, `us` per call, `wrong` elements.
     fn row(
         &self,
         l: &oxccl_host::program::Layout,
@@ -1621,262 +1577,52 @@ impl PlanBench {
     /// Bytes the program's ops read and write per call at nccl-tests' `size` (the larger user
     /// buffer per rank, whole chunks).
     pub fn traffic_bytes(&self, size: u64) -> u64 {
-        (self.traffic.0 + self.traffic.1) * (size / self.user_chunks())
+        (self.traffic.0 + self.traffic.1).saturating_mul(size / self.user_chunks())
     }
 
-    /// Chunks of the plan's larger user buffer per rank.
+    /// Chunks of the program's larger user buffer per rank.
     fn user_chunks(&self) -> u64 {
-        let l = &self.plan.layout;
+        let l = &self.program.layout;
         (l.input_chunks() as u64).max(l.output_chunks() as u64).max(1)
     }
 
-    /// The smallest size the plan runs as asked: one 16-byte grain per chunk and micro-batch (per
-    /// chunk for `--exec direct`, which cuts no micro-batches).
+    /// The smallest size the program runs as asked: one 16-byte grain per chunk.
     pub fn smallest_size(&self) -> u64 {
-        let micro_batches = if self.direct.is_some() { 1 } else { self.micro_batches as u64 };
-        self.user_chunks() * 16 * micro_batches
-    }
-
-    /// The plan lowered for the sweep's `size`: its options (the larger user buffer per rank cut
-    /// into the plan's chunks, each a positive multiple of 16 bytes per micro-batch), its FIFO slots
-    /// (those given, else what the lowering needs, at least 2) and the lowering.
-    fn lowered(
-        &self,
-        size: u64,
-    ) -> Result<(oxccl_host::compile::lower::LowerOptions, u32, oxccl_host::compile::lower::LoweredPlan)> {
-        use oxccl_host::compile::lower::{LowerOptions, lower};
-        let grain = 16 * self.micro_batches as u64;
-        let opts = LowerOptions {
-            mode: self.mode,
-            micro_batches: self.micro_batches,
-            chunk_bytes: (size / self.user_chunks() / grain).max(1) * grain,
-            fifo_slots: 1,
-            dtype: self.dtype,
-            op: self.op,
-            timing: false,
-        };
-        let plan_error =
-            |e: oxccl_host::compile::lower::LowerError| Error::Config { field: "plan", why: e.to_string() };
-        let probe = lower(&self.plan, &opts).map_err(plan_error)?;
-        let slots = self.slots.unwrap_or(probe.slots_needed.max(2));
-        let lowered = lower(&self.plan, &LowerOptions { fifo_slots: slots, ..opts }).map_err(plan_error)?;
-        Ok((opts, slots, lowered))
+        self.user_chunks() * 16
     }
 }
 
-/// What a compiled-plan benchmark ran with, for the report's header.
+/// What a program benchmark ran with, for the report's header.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PlanBenchInfo {
-    /// Ranks of the plan.
+    /// Ranks of the program.
     pub ranks: usize,
-    /// Thread blocks (CTAs) of the busiest rank.
-    pub tbs_per_rank: u32,
-    /// FIFO slots per connection the plan was lowered with.
+    /// CTAs per rank of every launch.
+    pub ctas: u32,
+    /// The TMA mover's slots per stage (the most sources a task combines).
     pub slots: u32,
-    /// Threads per CTA of the launch.
-    pub threads: u32,
-    /// Bytes per source per TMA stage (0 for the SIMT mover).
-    pub stage_bytes: u32,
-    /// Registers per thread of the plan kernel for the row's mover, dtype and operator.
-    pub registers: u32,
-    /// Share of the TBs' time spent waiting (FIFO space or data, sync points), from the device's
-    /// per-TB records of the second of two separate launches of the same plan lowered with timing:
-    /// Σ idle / Σ (busy + idle) over the TBs that have work.
-    pub idle_share: Option<f64>,
-    /// `--exec direct`: launches per call (the program's levels); `slots` is then the TMA mover's
-    /// slots per stage and `threads`, `stage_bytes`, `registers` are 0 (not known here).
-    pub levels: Option<usize>,
+    /// Launches per call: the program's levels.
+    pub levels: usize,
 }
 
-/// Runs a lowered plan with rank `r` on `streams[r]` (distinct streams, on one GPU or several),
-/// launched and timed through `stream`, one nccl-tests row per size: nccl-tests' size is the larger user buffer per
-/// rank, cut into the plan's chunks (each a multiple of 16 bytes per micro-batch). The plan's layout
-/// is either in place or out of place: the other half of the row is `None` (`N/A`). Correctness is
-/// checked in a separate untimed launch (AllReduce, AllGather, ReduceScatter; `N/A` otherwise).
+/// Runs a transfer program on virtual ranks of `stream`'s GPU through
+/// [`Communicator::run_program`] (lowered level by level, [`oxccl_host::compile::direct`], and
+/// cached by its first call), one nccl-tests row per size: nccl-tests' size is the larger user
+/// buffer per rank, cut into the program's chunks (each a multiple of 16 bytes). The program's
+/// layout is either in place or out of place: the other half of the row is `None` (`N/A`).
+/// Correctness is checked in a separate untimed call (AllReduce, AllGather, ReduceScatter; `N/A`
+/// otherwise).
 pub fn plan_bench(
     stream: &Arc<CudaStream>,
-    streams: &[Arc<CudaStream>],
     b: &PlanBench,
-    mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
-) -> Result<Vec<CollectiveRow>> {
-    use oxccl_host::compile::lower::{LowerOptions, lower, place};
-    use oxccl_host::program::{Collective as Coll, Rank, Slice};
-    b.validate()?;
-    if let Some(direct) = &b.direct {
-        return direct_bench(stream, streams, b, direct, on_row);
-    }
-    let l = &b.plan.layout;
-    let p = l.ranks as usize;
-    if streams.len() != p {
-        return Err(Error::BufferCount { what: "rank streams", expected: p, got: streams.len() });
-    }
-    let mut engines: Vec<Arc<Engine>> = Vec::new();
-    for s in streams {
-        if !engines.iter().any(|e| e.context().ordinal() == s.context().ordinal()) {
-            engines.push(Engine::shared(s.context())?);
-        }
-    }
-    let engine = engines[0].clone();
-    let e = b.dtype.size() as u64;
-    let (ic, oc) = (l.input_chunks() as u64, l.output_chunks() as u64);
-    let user_chunks = ic.max(oc);
-    let collective = match l.collective {
-        Coll::AllReduce => Some(Collective::AllReduce),
-        Coll::AllGather => Some(Collective::AllGather),
-        Coll::ReduceScatter => Some(Collective::ReduceScatter),
-        Coll::AllToAll => None,
-    };
-    let mut staging = check_staging(streams, b.sweep.check)?;
-    let mut rows = Vec::new();
-    for size in b.sweep.sizes() {
-        let (opts, slots, lp) = b.lowered(size)?;
-        let chunk_bytes = opts.chunk_bytes;
-        let runner = CompiledPlan::on_engines(&engines, streams, &lp, b.config.clone())?;
-        let bufs = PlanBuffers::new(&runner, 0)?;
-        let table = bufs.table();
-        let count_in = ic * chunk_bytes / e;
-        let count_out = oc * chunk_bytes / e;
-        // Rank r's chunks `0..n` of one kind (`Slice::input` or `Slice::output`) as runs of
-        // consecutive chunks in one slot: (slot, first chunk in the slot, first chunk of the kind,
-        // chunks).
-        let runs = |r: usize, n: u64, slice: fn(u32) -> Slice| -> Vec<(usize, u64, u64, u64)> {
-            let mut v: Vec<(usize, u64, u64, u64)> = Vec::new();
-            for j in 0..n {
-                let flat = l.resolve(Rank(r as u32), slice(j as u32)).expect("a chunk of the layout resolves");
-                let (s, c) = place(l, flat);
-                match v.last_mut() {
-                    Some((ls, lc, _, len)) if *ls == s as usize && *lc + *len == c as u64 => *len += 1,
-                    _ => v.push((s as usize, c as u64, j, 1)),
-                }
-            }
-            v
-        };
-        let ce = chunk_bytes / e;
-        // Inputs where the plan reads them, filled on the device (the buffers start zeroed); every
-        // rank's before any launch, which reads its peers'.
-        for (r, rank_stream) in streams.iter().enumerate() {
-            for (s, c0, j0, len) in runs(r, ic, Slice::input) {
-                // SAFETY: the run lies inside rank r's slot s, of the plan's size, on the rank's
-                // device; nothing else uses the buffers until the synchronisation below.
-                unsafe {
-                    fill_periodic_at(rank_stream, table[r][s] + c0 * chunk_bytes, b.dtype, len * ce, |i| {
-                        pattern(r, j0 * ce + i)
-                    })?
-                };
-            }
-        }
-        for s in streams {
-            s.synchronize().map_err(Error::driver("cuStreamSynchronize"))?;
-        }
-        let mut wrong = None;
-        if b.sweep.check
-            && let Some(c) = collective
-        {
-            // SAFETY: the buffers are the plan's own (`PlanBuffers`), alive until this size's end; freed
-            // on an early return, each waits for its device's work first (`DeviceAlloc`), and a plan
-            // kernel touches only its own rank's buffers.
-            unsafe { runner.launch(&table, Some(stream))? };
-            runner.synchronize()?;
-            let count = if c == Collective::AllGather { count_in } else { count_out };
-            let expected = Expected::new(c, b.dtype, b.op, p, count);
-            let mut n = 0;
-            for (r, rank_stream) in streams.iter().enumerate() {
-                let ordinal = rank_stream.context().ordinal();
-                let stage = &mut staging.iter_mut().find(|(o, _)| *o == ordinal).expect("staging per device").1;
-                for (s, c0, j0, len) in runs(r, oc, Slice::output) {
-                    // SAFETY: the run lies inside rank r's slot s, written by the launch synchronised
-                    // above.
-                    n += unsafe {
-                        count_wrong_at(
-                            rank_stream,
-                            table[r][s] + c0 * chunk_bytes,
-                            len * ce,
-                            &expected,
-                            r,
-                            j0 * ce,
-                            stage,
-                        )?
-                    };
-                }
-            }
-            wrong = Some(n);
-        }
-        let us = time_ms(stream, b.sweep.warmup, b.sweep.iters, || {
-            // SAFETY: as above; `stream` orders every launch after the previous one.
-            unsafe { runner.launch(&table, Some(stream)) }
-        })? * 1e3;
-        runner.synchronize()?;
-        let idle_share = {
-            // The same plan with `%globaltimer` records, launched once on the same buffers.
-            let lt = lower(&b.plan, &LowerOptions { fifo_slots: slots, timing: true, ..opts })
-                .map_err(|e| Error::Config { field: "plan", why: e.to_string() })?;
-            let timed = CompiledPlan::on_engines(&engines, streams, &lt, b.config.clone())?;
-            // Twice: the records are the last launch's, and the first pays for the launches' host
-            // gaps from a synchronised start.
-            for _ in 0..2 {
-                // SAFETY: the buffers are sized by the same lowering (timing changes no layout), alive
-                // until the synchronisation.
-                unsafe { timed.launch(&table, Some(stream))? };
-            }
-            timed.synchronize()?;
-            let (mut busy, mut idle) = (0u64, 0u64);
-            for (r, tbs) in timed.timing()?.iter().enumerate() {
-                for (t, x) in tbs.iter().enumerate() {
-                    if lt.ranks[r].tbs[t].steps > 0 {
-                        busy += x.busy_ns;
-                        idle += x.idle_ns;
-                    }
-                }
-            }
-            idle as f64 / (busy + idle).max(1) as f64
-        };
-        let shape = runner.shape();
-        let info = PlanBenchInfo {
-            ranks: p,
-            tbs_per_rank: lp.ranks.iter().map(|r| r.header.tbs).max().unwrap_or(0),
-            slots,
-            threads: shape.threads,
-            stage_bytes: shape.stage_bytes,
-            registers: engine.plan_kernel_info(b.config.mover, b.dtype, b.op)?.registers,
-            idle_share: Some(idle_share),
-            levels: None,
-        };
-        let real = user_chunks * chunk_bytes;
-        let row = b.row(l, info.tbs_per_rank, real, (count_in, count_out), us, wrong);
-        on_row(&row, &info);
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
-/// [`plan_bench`] for `--exec direct`: the program lowered level by level
-/// ([`oxccl_host::compile::direct`]) and launched through [`Communicator::prepare_staged`] on
-/// virtual ranks of `stream`'s GPU, checked and timed like a compiled plan, with the launch
-/// shape (`--threads`, `--chunk`) and CTAs per rank given. `info` has the levels and the TMA slots
-/// per stage, and no per-TB idle share (the engine keeps no per-TB timing).
-fn direct_bench(
-    stream: &Arc<CudaStream>,
-    streams: &[Arc<CudaStream>],
-    b: &PlanBench,
-    direct: &DirectRun,
     mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
 ) -> Result<Vec<CollectiveRow>> {
     use oxccl_host::program::{BufferKind, Collective as Coll, Rank};
-    let program = &direct.program;
+    b.validate()?;
+    let program = &b.program;
     let l = &program.layout;
     let p = l.ranks as usize;
-    if streams.iter().any(|s| s.context().ordinal() != stream.context().ordinal()) {
-        return Err(Error::Config { field: "gpus", why: "--exec direct runs on virtual ranks of one GPU".into() });
-    }
-    let config = Config {
-        mover: b.config.mover,
-        timeout: b.config.timeout,
-        threads: b.config.threads,
-        chunk_bytes: b.config.stage_bytes,
-        max_ctas: direct.ctas,
-        ..Config::default()
-    };
-    let comm = Communicator::virtual_ranks(stream, p, config)?;
+    let comm = Communicator::virtual_ranks(stream, p, b.config.clone())?;
     let ctas = comm.ctas_per_rank();
     let e = b.dtype.size() as u64;
     let collective = match l.collective {
@@ -1885,12 +1631,12 @@ fn direct_bench(
         Coll::ReduceScatter => Some(Collective::ReduceScatter),
         Coll::AllToAll => None,
     };
-    let mut staging = check_staging(&streams[..1], b.sweep.check)?;
+    let mut staging = check_staging(std::slice::from_ref(stream), b.sweep.check)?;
     let mut rows = Vec::new();
     for size in b.sweep.sizes() {
         // The lowering's shape for the report; the calls go through `run_program`, which lowers
         // and caches the same program on its first call.
-        let (staged, chunk_bytes) = b.direct_lowered(program, size, ctas)?;
+        let (staged, chunk_bytes) = b.lowered(size, ctas)?;
         let (slots, levels) = (staged.slots(), staged.stages.len());
         let alloc = |bytes: u64| stream.alloc_zeros::<u8>(bytes.max(16) as usize).map_err(Error::driver("cuMemAlloc"));
         // Each rank's user buffers: in place the larger of its input and output, out of place both.
@@ -1960,17 +1706,7 @@ fn direct_bench(
         drop((ins, outs));
         let real = b.user_chunks() * chunk_bytes;
         let row = b.row(l, ctas, real, (count_in, count_out), us, wrong);
-        let info = PlanBenchInfo {
-            ranks: p,
-            tbs_per_rank: ctas,
-            slots,
-            threads: 0,
-            stage_bytes: 0,
-            registers: 0,
-            idle_share: None,
-            levels: Some(levels),
-        };
-        on_row(&row, &info);
+        on_row(&row, &PlanBenchInfo { ranks: p, ctas, slots, levels });
         rows.push(row);
     }
     Ok(rows)

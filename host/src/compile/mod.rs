@@ -10,8 +10,10 @@
 //! | `tb-alloc` | FIFO connections, and thread blocks for connection endpoints (state-based or per connection) |
 //! | `emit` | per-TB ordered task lists with sync points, and statistics |
 //!
-//! The same table is [`PASSES`], for tools. [`lower`] turns the resulting [`Plan`] into the device's
-//! descriptors (compiled or interpreted shape) and reads them back.
+//! The same table is [`PASSES`], for tools. The [`Plan`] is what the simulator ([`crate::sim`]) times
+//! and the CPU executor ([`crate::exec`]) checks. The device runs programs through [`direct`]: each
+//! level of hazard-free ops one launch of the collectives' engine, data moved straight between the
+//! ranks' buffers; it does not take the plan's schedule or thread blocks (yet).
 //!
 //! Each pass is followed by its verifier ([`verify`]) unless [`Options::verify`] is off; every pass
 //! has a text dump ([`Compilation`]) that the golden tests compare.
@@ -38,7 +40,7 @@
 //! The 8192-GPU HM AllReduce (134 M ops, 268 M tasks), streamed, compiles in about 3 GB and 25 s on
 //! two idle cores (`cargo bench -p oxccl-host --bench planners` with `OXCCL_BENCH_8192=1`).
 //!
-//! ## The execution model the passes target
+//! ## The execution model the passes target (the simulator's and the executor's)
 //!
 //! A *task* is one rank's half of an op: the send or the receive of a transfer, or a local copy or
 //! reduce. A *sub-pipeline* is a set of tasks that run together, each over every micro-batch, before
@@ -53,7 +55,6 @@ pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
 
 pub mod deps;
 pub mod direct;
-pub mod lower;
 pub mod memory;
 pub mod plan;
 pub mod schedule;

@@ -9,11 +9,7 @@
 //!
 //! Beyond the device, the executor also checks what the hardware cannot: that the message a receive
 //! takes was sent for the same op, and that no message is left over.
-//!
-//! [`lowered`] runs the same plans after lowering ([`crate::compile::lower`]): the device descriptors
-//! themselves, on bytes, with real FIFO rings and counters.
 
-pub mod lowered;
 pub mod reference;
 
 use crate::compile::memory::{self, TooLarge};
@@ -482,7 +478,7 @@ pub fn test_inputs_for<T: Element>(ranks: usize, len: usize, op: ReduceOp) -> Ve
 /// The outcome of [`verify`]: how many elements differ from the reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VerifyReport {
-    /// Output elements compared, summed over all ranks (and, for [`lowered::verify`], all launches).
+    /// Output elements compared, summed over all ranks.
     pub elements: usize,
     /// Elements that differ from the reference. A rank whose output has the wrong length counts
     /// its whole reference output as wrong.

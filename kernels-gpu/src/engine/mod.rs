@@ -3,18 +3,16 @@
 //!
 //! Layers, bottom up: `oxccl-ptx` (one wrapper per instruction) → [`wait`] and [`pipeline`] (bounded
 //! waits, stage ring state) → the movers [`tma`] and [`simt`] (a task's byte range, moved or reduced) →
-//! [`walker`] (a CTA's task list between a start and an end barrier) or [`plan`] (a compiled plan's
-//! thread block: segments × micro-batches × FIFO primitives) → `crate::entry` (the kernels).
+//! [`walker`] (a CTA's task list between a start and an end barrier) → `crate::entry` (the kernels).
 
 pub mod combine;
 pub mod pipeline;
-pub mod plan;
 pub mod simt;
 pub mod tma;
 pub mod wait;
 pub mod walker;
 
-use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, PLAN_SLOTS, PLAN_STAGES, PlanLaunchArgs, ReduceMode, Status};
+use crate::abi::{self, BUFFER_SLOTS, LaunchArgs, ReduceMode, Status};
 use oxccl_ptx::sreg::{ntid_x, tid_x};
 use oxccl_ptx::{Global, Mbarrier, Shared};
 
@@ -51,7 +49,7 @@ pub struct Ctx {
     pub issuer: bool,
     /// The rank this CTA works for.
     pub rank: u32,
-    /// This CTA's index among its rank's CTAs (a compiled plan's: its thread block).
+    /// This CTA's index among its rank's CTAs.
     pub cta: u32,
     /// Generic pointer to the dynamic shared memory (header tables are read through it).
     pub smem: *mut u8,
@@ -88,7 +86,7 @@ pub struct Ctx {
     pub ring_len: u32,
     /// Combines into several destinations store from registers (`LaunchArgs::combine_direct`).
     pub combine_direct: bool,
-    /// The call's key (`LaunchArgs::call_key`; 0 in compiled plans).
+    /// The call's key (`LaunchArgs::call_key`).
     pub call_key: u32,
 }
 
@@ -127,41 +125,6 @@ impl Ctx {
             ring_len,
             combine_direct: args.combine_direct != 0,
             call_key: if key != 0 { key } else { args.call_key },
-        }
-    }
-
-    /// The context of a compiled-plan CTA (`cta`: its TB index): the rank from the plan's header,
-    /// the TMA mover's ring of [`PLAN_STAGES`] stages of [`PLAN_SLOTS`] × `stage_bytes` (0 for the
-    /// SIMT mover), operands combined in registers, waits that spin.
-    ///
-    /// # Safety
-    /// As [`Ctx::new`].
-    #[inline(always)]
-    pub unsafe fn for_plan(args: &PlanLaunchArgs, smem: *mut u8, cta: u32, stage_bytes: u32) -> Self {
-        let tid = tid_x();
-        Ctx {
-            tid,
-            threads: ntid_x(),
-            issuer: tid == 0,
-            rank: args.header.rank,
-            cta,
-            smem,
-            // SAFETY: `smem` is the dynamic shared memory base.
-            smem_shared: unsafe { Shared::from_generic(smem) },
-            status: Global::from_addr(args.status),
-            timeout_ns: args.timeout_ns,
-            chunk_bytes: stage_bytes,
-            stages: PLAN_STAGES,
-            slots: PLAN_SLOTS,
-            reduce_mode: ReduceMode::Registers,
-            wait_suspend_ns: 0,
-            ring_issuer: tid == 0,
-            ring_first: 0,
-            ring_stride: 1,
-            ring_base: 0,
-            ring_len: PLAN_STAGES,
-            combine_direct: false,
-            call_key: 0,
         }
     }
 
@@ -249,7 +212,7 @@ impl Ctx {
     }
 
     /// Whether every rank the barriers meet runs on this GPU, so that they synchronize at GPU scope
-    /// ([`abi::smem::PEER_SCOPE`], written at entry; system scope otherwise, as in compiled plans).
+    /// ([`abi::smem::PEER_SCOPE`], written at entry; system scope otherwise).
     #[inline(always)]
     pub fn peers_on_gpu(&self) -> bool {
         // SAFETY: a `u32` of the header, written before the entry's CTA barrier and only read after.

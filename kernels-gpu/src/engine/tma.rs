@@ -135,7 +135,7 @@ unsafe fn stream<C: Combine>(ctx: &Ctx, state: &mut PipelineState, ops: &Operand
         return;
     }
     if combine && matches!(write, Write::Store) && (ops.dsts.count() == 1 || ctx.combine_direct) {
-        // One destination (ReduceScatter, a compiled plan's reduce): registers straight to global
+        // One destination (ReduceScatter, a program's reduce): registers straight to global
         // memory. Several (AllReduce's combine-and-store-everywhere) keep the shared-memory result
         // and its bulk stores below, one per destination from a single copy, unless the launch asks
         // for plain stores to each (`LaunchArgs::combine_direct`).
