@@ -645,7 +645,9 @@ fn verify_checks_its_sizes_once() {
         assert_eq!(err.lines().count(), 1, "{flag} {value}: {err}");
     }
     let (ok, out) = oxccl_out(&["verify", "--algo", "hm-allreduce", "--topo", "2x4", "--all", "--slots", "8"]);
-    assert!(ok && out.lines().count() == 8 && out.lines().all(|l| l.contains(": OK (")), "{out}");
+    // The engine's line, then the eight schedules'.
+    assert!(ok && out.lines().count() == 9 && out.lines().all(|l| l.contains(": OK (")), "{out}");
+    assert!(out.lines().next().is_some_and(|l| l.contains("(engine)")), "{out}");
 }
 
 /// `oxccl bench` checks every flag before looking for a GPU: each of these is refused by the

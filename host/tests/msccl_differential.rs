@@ -1,7 +1,8 @@
 //! Differential test of the MSCCL importer: an independent interpreter of MSCCL's semantics
-//! (`msccl_model`, its own code from MSCCL's runtime) and `oxccl verify`'s path (the importer, the
-//! compiler and the CPU executor) must agree, on generated and mutated files, on whether a file is
-//! the collective it names and, when it is, on every output element.
+//! (`msccl_model`, its own code from MSCCL's runtime) and `oxccl verify`'s paths (the importer, then
+//! the compiler and the CPU executor of its schedule, and the lowering onto the engine that
+//! `run_program` runs, on the host) must agree, on generated and mutated files, on whether a file
+//! is the collective it names and, when it is, on every output element.
 //!
 //! `MSCCL_DIFF_CASES` sets how many cases (default 6000); every case is deterministic in its index.
 //! A disagreement prints the file and both verdicts.
@@ -13,9 +14,11 @@ mod msccl_model;
 use common::{Rng, bundled_msccl, xml_files};
 use msccl_gen::{El, generated, mutate, mutate_text};
 use msccl_model::{Verdict, interpret};
+use oxccl_host::compile::direct::run_on_host;
 use oxccl_host::compile::{Options, Scheduler, TbAlloc, compile};
 use oxccl_host::exec::{ExecOptions, ReduceOp, execute};
 use oxccl_host::program::msccl::import;
+use oxccl_kernels::abi::DType;
 
 /// What oxccl concludes: the outputs of the imported program run on the CPU executor, or why not.
 fn oxccl_verdict(xml: &str, inputs: Option<&[Vec<i64>]>, rng: &mut Rng) -> Result<Option<Vec<Vec<i64>>>, String> {
@@ -28,13 +31,14 @@ fn oxccl_verdict(xml: &str, inputs: Option<&[Vec<i64>]>, rng: &mut Rng) -> Resul
     execute::<i64>(&plan, inputs, ReduceOp::Sum, &opts).map(Some).map_err(|e| format!("execute ({s}, {a}): {e}"))
 }
 
-/// Compares the two verdicts on `xml`; `Err` describes a disagreement.
-fn compare(xml: &str, seed: u64) -> Result<bool, String> {
+/// Compares the verdicts on `xml`: `None` where both refuse it, `Some(engine)` where all agree on
+/// the outputs (`engine`: the engine's lowering was among them); `Err` describes a disagreement.
+fn compare(xml: &str, seed: u64) -> Result<Option<bool>, String> {
     let mut rng = Rng::new(seed ^ 0xD1FF);
     let len = 1 + rng.below(2) as usize;
     let model = interpret(xml, len, seed);
     match (&model, oxccl_verdict(xml, None, &mut rng)) {
-        (Verdict::Refused(_), Err(_)) => Ok(false),
+        (Verdict::Refused(_), Err(_)) => Ok(None),
         (Verdict::Refused(why), Ok(_)) => Err(format!("the interpreter refuses ({why}) but oxccl imports it")),
         (Verdict::Accepted { .. }, Err(e)) => Err(format!("the interpreter accepts but oxccl refuses: {e}")),
         (Verdict::Accepted { in_place, inputs, outputs }, Ok(_)) => {
@@ -44,7 +48,19 @@ fn compare(xml: &str, seed: u64) -> Result<bool, String> {
             if &got != outputs {
                 return Err(format!("outputs differ (in place: {in_place}): oxccl {got:?}, interpreter {outputs:?}"));
             }
-            Ok(true)
+            // The engine's bulk copies need 16-byte chunks: two i64 elements.
+            let engine = len == 2;
+            if engine {
+                let program = import(xml).expect("imported above").program;
+                let (engine, _) = run_on_host(&program, DType::I64, ReduceOp::Sum, len, inputs)
+                    .map_err(|e| format!("the interpreter accepts (in place: {in_place}) but the engine: {e}"))?;
+                if &engine != outputs {
+                    return Err(format!(
+                        "engine outputs differ (in place: {in_place}): engine {engine:?}, interpreter {outputs:?}"
+                    ));
+                }
+            }
+            Ok(Some(engine))
         }
     }
 }
@@ -69,20 +85,24 @@ fn cases() -> u64 {
 #[test]
 fn importer_agrees_with_an_independent_msccl_interpreter() {
     let n = cases();
-    let (mut accepted, mut refused) = (0u64, 0u64);
+    let (mut accepted, mut refused, mut on_engine) = (0u64, 0u64, 0u64);
     let mut disagreements = Vec::new();
     for i in 0..n {
         let xml = case(i);
         match compare(&xml, i) {
-            Ok(true) => accepted += 1,
-            Ok(false) => refused += 1,
+            Ok(Some(engine)) => {
+                accepted += 1;
+                on_engine += u64::from(engine);
+            }
+            Ok(None) => refused += 1,
             Err(why) => disagreements.push((i, why, xml)),
         }
     }
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr(),
-        "msccl differential: {n} cases, {accepted} accepted by both, {refused} refused by both, {} disagreements",
+        "msccl differential: {n} cases, {accepted} accepted by both ({on_engine} also run as the engine's \
+         lowering), {refused} refused by both, {} disagreements",
         disagreements.len()
     );
     if let Some((i, why, xml)) = disagreements.first() {
@@ -90,6 +110,7 @@ fn importer_agrees_with_an_independent_msccl_interpreter() {
     }
     // The generators must keep producing both kinds, or the test proves little.
     assert!(accepted * 5 > n && refused * 5 > n, "{accepted} accepted, {refused} refused of {n}");
+    assert!(on_engine * 4 > accepted, "only {on_engine} of {accepted} accepted cases ran as the engine's lowering");
 }
 
 /// The bundled real files, and mutations of them.
@@ -102,7 +123,7 @@ fn real_files_and_their_mutations_agree() {
     let mut checked = 0;
     for (k, f) in files.iter().enumerate() {
         let xml = std::fs::read_to_string(f).unwrap();
-        assert_eq!(compare(&xml, k as u64), Ok(true), "{}", f.display());
+        assert!(matches!(compare(&xml, k as u64), Ok(Some(_))), "{}", f.display());
         let doc = El::parse(&xml).expect("a real file parses");
         for m in 0..per_file {
             let mut rng = Rng::new((k as u64) << 32 | m);

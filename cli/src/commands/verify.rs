@@ -1,5 +1,7 @@
-//! `oxccl verify`: run a compiled plan on the CPU executor for every rank and compare with the
-//! collective's CPU reference; exits non-zero on any mismatch, deadlock or FIFO disorder.
+//! `oxccl verify`: run a program on the CPU for every rank and compare with the collective's CPU
+//! reference, twice: as the engine runs it (its lowering, level by level: what `run_program` runs)
+//! and as its compiled schedule (the plan the simulator times: thread blocks, FIFOs,
+//! micro-batches). Exits non-zero on any mismatch, deadlock or FIFO disorder.
 //!
 //! ```text
 //! oxccl verify --xml host/tests/data/msccl/ndv4_ap-1pass.xml
@@ -41,6 +43,23 @@ pub struct Args {
     pub all: bool,
 }
 
+/// The engine's verdict ([`oxccl_host::compile::direct::verify`]) at `args.count` elements per
+/// chunk.
+fn run_engine(
+    program: &oxccl_host::program::Program,
+    args: &Args,
+    op: ReduceOp,
+) -> Result<(VerifyReport, usize), oxccl_host::compile::direct::VerifyError> {
+    use oxccl_host::compile::direct::verify;
+    use oxccl_kernels::abi::DType;
+    match args.dtype.as_str() {
+        "f64" => verify::<f64>(program, DType::F64, op, args.count),
+        "i32" => verify::<i32>(program, DType::I32, op, args.count),
+        "i64" => verify::<i64>(program, DType::I64, op, args.count),
+        _ => verify::<f32>(program, DType::F32, op, args.count),
+    }
+}
+
 fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result<VerifyReport, exec::ExecError> {
     match args.dtype.as_str() {
         "f64" => exec::verify::<f64>(plan, op, args.count, opts),
@@ -66,9 +85,10 @@ fn check_sizes(args: &Args, layout: &Layout) -> CliResult {
     Ok(())
 }
 
-/// Verifies the plan of each configuration asked for (one, or with `--all` every scheduler × TB
-/// allocator) on the CPU executor, one line each; an `Err` if any configuration failed, or, before
-/// any is run, if a flag is out of range for all of them.
+/// Verifies the program as the engine runs it, then the plan of each configuration asked for (one,
+/// or with `--all` every scheduler × TB allocator) on the CPU executor, one line each; an `Err` if
+/// any failed, or, before any is run, if a flag is out of range for all of them. A chunk size the
+/// engine cannot run (not a multiple of 16 bytes) is said, not counted as a failure.
 pub fn run(args: Args) -> CliResult {
     if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
         return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());
@@ -82,14 +102,40 @@ pub fn run(args: Args) -> CliResult {
         vec![args.program.options()?]
     };
     let mut failures = 0;
+    let layout = &loaded.program.layout;
+    let redop = if layout.collective.reduces() { format!(" {}", args.redop) } else { String::new() };
+    let head = format!(
+        "verify {} (engine): {} {} ranks, {} elements per chunk, {}{redop}",
+        loaded.program.name,
+        layout.collective.name(),
+        layout.ranks,
+        args.count,
+        args.dtype
+    );
+    match run_engine(&loaded.program, &args, op) {
+        Ok((r, levels)) if r.wrong == 0 => {
+            println!("{head}: OK ({} elements checked, {levels} launches)", r.elements)
+        }
+        Ok((r, _)) => {
+            failures += 1;
+            let (rank, i) = r.first_wrong.unwrap_or((0, 0));
+            println!("{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})", r.wrong, r.elements);
+        }
+        Err(oxccl_host::compile::direct::VerifyError::Lower(e)) => {
+            println!("{head}: not run, the engine refuses it: {e}")
+        }
+        Err(e) => {
+            failures += 1;
+            println!("{head}: FAILED, {e}");
+        }
+    }
     let progress = Progress::after("verify", configs.len() as u64, false, LONG_RUN);
     for o in &configs {
         let plan = compile::compile(&loaded.program, o)?;
         let slots = args.slots.unwrap_or_else(|| plan.stats.fifo_slots_needed.max(8));
         let opts = ExecOptions { micro_batches: args.micro_batches, fifo_slots: slots };
-        let redop = if plan.layout.collective.reduces() { format!(" {}", args.redop) } else { String::new() };
         let head = format!(
-            "verify {} ({}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
+            "verify {} (schedule {}, {}): {} {} ranks, {} elements per chunk, {}{redop}, {} micro-batches, {} FIFO slots",
             plan.name,
             plan.scheduler,
             plan.tb_alloc,
@@ -119,7 +165,7 @@ pub fn run(args: Args) -> CliResult {
     }
     drop(progress);
     if failures > 0 {
-        return Err(super::WrongResult::boxed(format!("{failures} of {} configurations failed", configs.len())));
+        return Err(super::WrongResult::boxed(format!("{failures} of {} checks failed", configs.len() + 1)));
     }
     Ok(())
 }

@@ -39,6 +39,8 @@
 //! the level's launch reduces it into place). The host runs it ([`ByNode::execute`]); the
 //! communicator does not yet.
 
+use crate::exec::reference::reference;
+use crate::exec::{Element, ExecError, VerifyReport, test_inputs_for};
 use crate::lowered::{self, Lowered, LoweredError, Staged};
 use crate::program::{BufferKind, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
@@ -103,6 +105,85 @@ pub enum DirectError {
         #[source]
         error: LoweredError,
     },
+}
+
+/// Why [`verify`] could not compare a lowering with the reference.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The program does not lower onto the engine with these options (what `run_program` refuses).
+    #[error(transparent)]
+    Lower(#[from] DirectError),
+    /// The lowering failed on the host (bounds, races).
+    #[error(transparent)]
+    Run(#[from] lowered::StageError),
+    /// Inputs that do not fit (an element type of another size than the engine's), or an operator
+    /// without a reference (Avg).
+    #[error(transparent)]
+    Inputs(#[from] ExecError),
+}
+
+/// Runs `program` lowered onto the engine (what `run_program` runs) on the host with `inputs`
+/// (every rank's input buffer, `input_chunks × chunk_len` elements of `T`, the engine's `dtype`):
+/// every rank's output buffer (`output_chunks × chunk_len` elements), and the lowering's levels
+/// (launches per call).
+pub fn run_on_host<T: bytemuck::Pod>(
+    program: &Program,
+    dtype: DType,
+    op: RedOp,
+    chunk_len: usize,
+    inputs: &[Vec<T>],
+) -> Result<(Vec<Vec<T>>, usize), VerifyError> {
+    let bad = |reason: String| VerifyError::Inputs(ExecError::BadInput { reason });
+    let size = std::mem::size_of::<T>();
+    if dtype.size() != size {
+        return Err(bad(format!("{dtype:?} is {} bytes, the host type {size}", dtype.size())));
+    }
+    let l = &program.layout;
+    let want_in = l.input_chunks() as usize * chunk_len;
+    if inputs.len() != l.ranks as usize || inputs.iter().any(|v| v.len() != want_in) {
+        return Err(bad(format!("{} ranks of {want_in} elements each expected", l.ranks)));
+    }
+    let chunk_bytes = (chunk_len * size) as u64;
+    let staged = lower_direct(program, &DirectOptions { op, ..DirectOptions::new(chunk_bytes, dtype, 1) })?;
+    let mut bufs = staged.host_buffers();
+    for (r, input) in inputs.iter().enumerate() {
+        let (s, off) = place(l, Rank(r as u32), BufferKind::Input, chunk_bytes);
+        let bytes: &[u8] = bytemuck::cast_slice(input);
+        let Some(dst) = bufs[r][s as usize].get_mut(off as usize..off as usize + bytes.len()) else {
+            return Err(bad(format!("rank {r}'s input does not fit its slot {s} of the lowering")));
+        };
+        dst.copy_from_slice(bytes);
+    }
+    staged.execute(&mut bufs)?;
+    let out_bytes = l.output_chunks() as usize * chunk_len * size;
+    let outputs = (0..inputs.len())
+        .map(|r| {
+            let (s, off) = place(l, Rank(r as u32), BufferKind::Output, chunk_bytes);
+            let b = bufs[r][s as usize].get(off as usize..off as usize + out_bytes);
+            let b = b.ok_or_else(|| bad(format!("rank {r}'s output does not fit its slot {s} of the lowering")))?;
+            Ok(b.chunks_exact(size).map(bytemuck::pod_read_unaligned).collect())
+        })
+        .collect::<Result<_, VerifyError>>()?;
+    Ok((outputs, staged.stages.len()))
+}
+
+/// [`run_on_host`] with the collectives' reference inputs ([`crate::exec::test_inputs_for`]),
+/// every rank's output compared with the collective's reference under `op`.
+pub fn verify<T: Element + bytemuck::Pod>(
+    program: &Program,
+    dtype: DType,
+    op: RedOp,
+    chunk_len: usize,
+) -> Result<(VerifyReport, usize), VerifyError> {
+    let l = &program.layout;
+    let inputs: Vec<Vec<T>> = test_inputs_for(l.ranks as usize, l.input_chunks() as usize * chunk_len, op);
+    let want = reference(l.collective, &inputs, op)?;
+    let (got, levels) = run_on_host(program, dtype, op, chunk_len, &inputs)?;
+    let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
+    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+        report.tally(r, g, w);
+    }
+    Ok((report, levels))
 }
 
 /// Where chunk 0 of `buffer` of `rank` is in a direct lowering with `chunk_bytes` per chunk:
