@@ -15,14 +15,14 @@ struct Cli {
 enum Command {
     /// Run an AllReduce over 8 ranks: on the GPU when one is present, otherwise the same plan on the CPU executor.
     Demo(cli::demo::Args),
-    /// Benchmarks: nccl-tests-style collectives, the movers, overlap, reshard, compiled plans.
+    /// Benchmarks: nccl-tests-style collectives, the movers, overlap, reshard, transfer programs.
     #[command(subcommand)]
     Bench(cli::bench::Command),
     /// Compile an algorithm and print the plan summary.
     Plan(cli::plan::Args),
     /// Simulate a compiled plan on a topology.
     Simulate(cli::simulate::Args),
-    /// Execute a compiled plan on the CPU executor against the collective's reference.
+    /// Run a program on the CPU, as the engine runs it and as its compiled schedule, against the collective's reference.
     Verify(cli::verify::Args),
     /// Plan an M-to-N reshard between two (mesh, placements) layouts.
     Reshard(cli::reshard::Args),

@@ -457,7 +457,7 @@ fn verify_takes_prod_and_refuses_avg() {
     let (ok, out) = oxccl_out(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--redop", "prod"]);
     assert!(ok && out.contains("prod"), "{out}");
     let (ok, err) = oxccl(&["verify", "--algo", "ring-allreduce", "--topo", "1x4", "--redop", "avg"]);
-    assert!(!ok && err.contains("compiled plans have no Avg"), "{err}");
+    assert!(!ok && err.contains("programs have no Avg"), "{err}");
 }
 
 #[test]

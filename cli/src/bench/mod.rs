@@ -654,17 +654,17 @@ pub struct CollectiveBench {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CollectiveRow {
     /// The collective's name (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`, `reduce`,
-    /// and for compiled plans `all_to_all`).
+    /// and for transfer programs `all_to_all`).
     pub collective: &'static str,
     /// The root of Broadcast and Reduce; -1 for the others (nccl-tests' column).
     pub root: i64,
     /// Ranks taking part.
     pub ranks: usize,
-    /// CTAs per rank (a compiled plan's row: the most thread blocks any rank has).
+    /// CTAs per rank.
     pub ctas: u32,
     /// `tma` or `simt`.
     pub mover: &'static str,
-    /// `registers` or `tma` (the reduction path; compiled plans reduce in registers).
+    /// `registers` or `tma` (the reduction path).
     pub reduction: &'static str,
     /// nccl-tests' size: bytes of the largest per-rank buffer (the sweep's size rounded down to what
     /// the call moves).
@@ -676,8 +676,8 @@ pub struct CollectiveRow {
     pub dtype: &'static str,
     /// nccl-tests' redop: `sum`, `min`, `max`, or `none` where nothing is reduced.
     pub redop: &'static str,
-    /// Out of place: microseconds per call (`None` where that side did not run, as a compiled plan
-    /// runs one side: `N/A` in the table, `null` in JSON, as are its bandwidths).
+    /// Out of place: microseconds per call (`None` where that side did not run, as a transfer
+    /// program runs one side: `N/A` in the table, `null` in JSON, as are its bandwidths).
     pub oop_us: Option<f64>,
     /// Out of place: algbw, `size` bytes per second / 1e9.
     pub oop_algbw: Option<f64>,
@@ -1555,7 +1555,7 @@ impl PlanBench {
             ranks: p,
             ctas,
             mover: if self.config.mover == Mover::Tma { "tma" } else { "simt" },
-            reduction: "registers",
+            reduction: if self.config.reduction == Reduction::Tma { "tma" } else { "registers" },
             size: real,
             // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
             // a rank sends to each peer.
@@ -1789,7 +1789,7 @@ fn nccl_closing(failed: u64, avg: f64) -> String {
 }
 
 /// nccl-tests' closing lines for a set of rows: the average bus bandwidth is over the sides that
-/// ran (both, as nccl-tests runs them, or a compiled plan's one).
+/// ran (both, as nccl-tests runs them, or a transfer program's one).
 pub fn nccl_footer(rows: &[CollectiveRow]) -> String {
     let failed = rows.iter().flat_map(|r| [r.oop_wrong, r.ip_wrong]).flatten().filter(|&w| w > 0).count() as u64;
     let ran: Vec<f64> = rows.iter().flat_map(|r| [r.oop_busbw, r.ip_busbw]).flatten().collect();
@@ -2277,7 +2277,7 @@ mod tests {
         assert!(nccl_footer(&two[1..]).starts_with("# Out of bounds values : 0 OK"));
         // The average is over both sides: (152.2 + 1.75) / 2.
         assert!(nccl_footer(&two[1..]).contains("# Avg bus bandwidth    : 76.975 \n"), "{}", nccl_footer(&two[1..]));
-        // A compiled plan's row runs one side: the other shows `N/A` (not a time of 0), and the
+        // A transfer program's row runs one side: the other shows `N/A` (not a time of 0), and the
         // average is over the side that ran, not halved by the one that did not.
         let in_place_only =
             CollectiveRow { oop_us: None, oop_algbw: None, oop_busbw: None, oop_wrong: None, ..row.clone() };

@@ -35,7 +35,7 @@ pub struct Args {
     /// Element type: f32, f64, i32, i64.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Reduction: sum, min, max, prod (compiled plans have no avg).
+    /// Reduction: sum, min, max, prod (programs have no avg).
     #[arg(long, default_value = "sum")]
     pub redop: String,
     /// Verify every scheduler × TB allocator, not only the one given.

@@ -328,7 +328,8 @@ fn compare(sources: &[Source]) -> Vec<Chart> {
         .collect()
 }
 
-/// Busbw against size per compiled plan, one line per execution (compiled, interpreted) and log.
+/// Busbw against size per transfer program, one line per execution and log (`engine`; logs from
+/// before the FIFO plans were removed also hold `compiled`, `interpreted` and `direct`).
 fn exec(sources: &[Source]) -> Vec<Chart> {
     let mut b = Builder::default();
     for s in sources {
@@ -353,7 +354,7 @@ fn exec(sources: &[Source]) -> Vec<Chart> {
             Chart {
                 kind: Kind::Exec,
                 stem: format!("exec-{name}"),
-                title: format!("{name}: compiled and interpreted"),
+                title: format!("{name}: by execution"),
                 x: Axis::Bytes,
                 x_desc: "size per rank (bytes)".into(),
                 y_desc: "busbw (GB/s)".into(),

@@ -10,7 +10,7 @@
 //! | `busbw` | the collectives' | busbw against size (log 2), out of place solid, in place dashed; per collective |
 //! | `compare` | the collectives' and NCCL's | busbw against size, one line per engine (TMA, SIMT, NCCL) and log, on the side NCCL's script runs; per collective |
 //! | `movers` | `bench movers` | GB/s against CTAs per mover, with cuMemcpyDtoD's rate; per operation |
-//! | `exec` | `bench plan` | busbw against size, compiled and interpreted; per plan |
+//! | `exec` | `bench plan` | busbw against size per program, one line per execution and log |
 //! | `overlap` | `bench overlap` | makespan over serial time against the collective's CTAs; per compute load |
 //!
 //! Charts are SVG (`DIR/busbw-all_reduce.svg`, ...), and with `--png` PNG as well, rasterised from
@@ -71,7 +71,7 @@ impl Kind {
                 "collective or NCCL rows (from oxccl bench all-reduce ... --json, scripts/nccl_bench.py --json)"
             }
             Kind::Movers => "mover-sweep rows (from oxccl bench movers --json)",
-            Kind::Exec => "compiled-plan rows (from oxccl bench plan --json)",
+            Kind::Exec => "transfer-program rows (from oxccl bench plan --json)",
             Kind::Overlap => "overlap rows (from oxccl bench overlap --json)",
         }
     }

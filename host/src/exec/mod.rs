@@ -24,10 +24,10 @@ use std::fmt;
 pub use oxccl_kernels::abi::RedOp as ReduceOp;
 
 /// The operator named `s` as nccl-tests names it (`sum`, `min`, `max`, `prod`; `avg` is refused
-/// here, as compiled plans have no Avg).
+/// here: no op of a program knows which reduction of a chunk is its last).
 pub fn parse_op(s: &str) -> Result<ReduceOp, String> {
     match ReduceOp::ALL.iter().copied().find(|o| o.nccl_name() == s) {
-        Some(ReduceOp::Avg) => Err("reduction `avg`: compiled plans have no Avg (sum, min, max, prod)".into()),
+        Some(ReduceOp::Avg) => Err("reduction `avg`: programs have no Avg (sum, min, max, prod)".into()),
         Some(op) => Ok(op),
         None => Err(format!("unknown reduction `{s}` (sum, min, max, prod)")),
     }
