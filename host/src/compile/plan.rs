@@ -1,6 +1,6 @@
 //! The compiled plan, and pass `emit` that builds it.
 //!
-//! # Execution semantics (what a lowering must implement)
+//! # Execution semantics (what the CPU executor and the simulator implement)
 //!
 //! A [`Plan`] runs a collective whose user buffers are cut into `plan.layout.chunks` chunks (see
 //! [`Layout`]); every chunk is further cut into `M` equal **micro-batches** (`M` is chosen at launch;
@@ -186,7 +186,7 @@ impl TbPlan {
     }
 }
 
-/// One task of a TB program; lowers to one device descriptor.
+/// One task of a TB program.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct TbTask {
     /// The primitive.
