@@ -176,8 +176,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Print a text dump instead: `program`, the result of a pass (deps, schedule, tb-alloc, emit),
-    /// or `direct`: the program lowered level by level for the collective engine (`bench plan
-    /// --exec direct`), 16-byte f32 chunks, one CTA per rank.
+    /// or `direct`: the program lowered level by level for the collective engine (what
+    /// `run_program` runs), 16-byte f32 chunks, one CTA per rank.
     #[arg(long)]
     pub dump: Option<String>,
 }
