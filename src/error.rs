@@ -225,7 +225,7 @@ pub enum Error {
         barrier_flag_text(.wait, .observed)
     )]
     Timeout {
-        /// What the CTA was waiting for (a barrier, FIFO space or data, a peer's progress).
+        /// What the CTA was waiting for (a barrier, a bulk load, a peer's call).
         wait: WaitKind,
         /// The waiting rank.
         rank: u32,

@@ -285,6 +285,8 @@ fn programs_are_lowered_first() {
     for (args, want) in [
         (&[&plan[..], &["-o", "avg"]].concat(), "Avg needs to know which reduction of a chunk is its last"),
         (&[&plan[..], &["--ctas", "0"]].concat(), "--ctas: must be at least 1"),
+        // An MSCCL file has its own ranks; every rank runs on one GPU.
+        (&vec!["bench", "plan", "--xml", "x.xml", "--topo", "2x4"], "cannot be used with"),
     ] {
         refused_before_any_gpu(args, want);
     }

@@ -1,4 +1,4 @@
-//! Build-script support shared by oxccl's packages (`oxccl` embeds the engine, plan and probe
+//! Build-script support shared by oxccl's packages (`oxccl` embeds the engine and probe
 //! modules, `oxccl-cli` the benchmark kernels): each package's device code is PTX built from the
 //! workspace's device crates with the dated nightly, or, where that cannot be done (no workspace
 //! sources beside the package, no nightly with `rust-src`), the files the package ships.

@@ -11,6 +11,7 @@
 use super::CliResult;
 use super::plan::ProgramArgs;
 use crate::progress::{LONG_RUN, Progress};
+use oxccl_host::compile::direct::{DirectError, VerifyError};
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
 use oxccl_host::program::Layout;
@@ -49,7 +50,7 @@ fn run_engine(
     program: &oxccl_host::program::Program,
     args: &Args,
     op: ReduceOp,
-) -> Result<(VerifyReport, usize), oxccl_host::compile::direct::VerifyError> {
+) -> Result<(VerifyReport, usize), VerifyError> {
     use oxccl_host::compile::direct::verify;
     use oxccl_kernels::abi::DType;
     match args.dtype.as_str() {
@@ -87,8 +88,9 @@ fn check_sizes(args: &Args, layout: &Layout) -> CliResult {
 
 /// Verifies the program as the engine runs it, then the plan of each configuration asked for (one,
 /// or with `--all` every scheduler × TB allocator) on the CPU executor, one line each; an `Err` if
-/// any failed, or, before any is run, if a flag is out of range for all of them. A chunk size the
-/// engine cannot run (not a multiple of 16 bytes) is said, not counted as a failure.
+/// any failed, or, before any is run, if a flag is out of range for all of them. What the engine
+/// cannot run (a chunk off 16 bytes, more ranks than one launch holds) is said, not counted as a
+/// failure; a program whose engine buffers would not fit in memory is refused as bad input.
 pub fn run(args: Args) -> CliResult {
     if !["f32", "f64", "i32", "i64"].contains(&args.dtype.as_str()) {
         return Err(format!("--dtype `{}`: expected f32, f64, i32 or i64", args.dtype).into());
@@ -121,9 +123,12 @@ pub fn run(args: Args) -> CliResult {
             let (rank, i) = r.first_wrong.unwrap_or((0, 0));
             println!("{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})", r.wrong, r.elements);
         }
-        Err(oxccl_host::compile::direct::VerifyError::Lower(e)) => {
-            println!("{head}: not run, the engine refuses it: {e}")
-        }
+        // What run_program would refuse (a chunk off 16 bytes, more ranks than a launch holds, a
+        // level past the descriptors) is said; a lowering that fails its own checks is a failure.
+        Err(VerifyError::Lower(
+            e @ (DirectError::Options { .. } | DirectError::Ranks { .. } | DirectError::TooLarge { .. }),
+        )) => println!("{head}: not run, the engine refuses it: {e}"),
+        Err(VerifyError::TooLarge(e)) => return Err(format!("--count {}: {e}", args.count).into()),
         Err(e) => {
             failures += 1;
             println!("{head}: FAILED, {e}");

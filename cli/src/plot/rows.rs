@@ -55,7 +55,7 @@ impl RowKind {
     }
 }
 
-/// An nccl-tests row of oxccl: a collective benchmark's or a compiled plan's.
+/// An nccl-tests row of oxccl: a collective benchmark's or a transfer program's.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CollectivePoint {
     /// `all_reduce`, `reduce_scatter`, ...
@@ -76,10 +76,10 @@ pub struct CollectivePoint {
     pub oop_busbw: Option<f64>,
     /// In place busbw (GB/s), where that side ran.
     pub ip_busbw: Option<f64>,
-    /// A compiled plan's name (from the row, else from the log's plan header).
+    /// A transfer program's name (from the row, else from the log's header).
     #[serde(default)]
     pub plan: Option<String>,
-    /// A compiled plan's execution: `compiled` or `interpreted`.
+    /// How a transfer program ran: `engine` (older logs: `compiled`, `interpreted`, `direct`).
     #[serde(default)]
     pub exec: Option<String>,
 }
@@ -191,9 +191,10 @@ pub struct Parsed {
     pub skipped: Vec<Skipped>,
 }
 
-/// `oxccl bench plan`'s header, `# oxccl compiled plan NAME (EXEC): COMMAND`: (name, exec).
+/// `oxccl bench plan`'s header, `# oxccl program NAME (EXEC): COMMAND` (older logs: `# oxccl
+/// compiled plan …`): (name, exec).
 fn plan_header(line: &str) -> Option<(String, String)> {
-    let rest = line.strip_prefix("# oxccl compiled plan ")?;
+    let rest = line.strip_prefix("# oxccl program ").or_else(|| line.strip_prefix("# oxccl compiled plan "))?;
     let (head, _) = rest.split_once("):")?;
     let (name, exec) = head.rsplit_once(" (")?;
     Some((name.to_owned(), exec.to_owned()))
@@ -266,6 +267,10 @@ mod tests {
         assert_eq!(
             plan_header("# oxccl compiled plan hm-allreduce (2x4) (interpreted): oxccl bench plan --algo x"),
             Some(("hm-allreduce (2x4)".into(), "interpreted".into()))
+        );
+        assert_eq!(
+            plan_header("# oxccl program ring_allreduce_1x8 (engine): oxccl bench plan --algo ring-allreduce"),
+            Some(("ring_allreduce_1x8".into(), "engine".into()))
         );
         assert_eq!(plan_header("# oxccl all_reduce: oxccl bench all-reduce"), None);
         assert_eq!(plan_header("# oxccl compiled plan (: x"), None);

@@ -1,5 +1,5 @@
 //! The direct lowering: a [`Program`] run by the collective engine's walker (the T-CCL and reshard
-//! descriptors, [`Lowered`]) instead of the FIFO plan walker, for the ranks of one communicator,
+//! descriptors, [`Lowered`]), without FIFOs, for the ranks of one communicator,
 //! whose buffers every rank addresses (virtual ranks of one GPU, GPUs with peer access).
 //!
 //! # Levels
@@ -40,7 +40,7 @@
 //! communicator does not yet.
 
 use crate::exec::reference::reference;
-use crate::exec::{Element, ExecError, VerifyReport, test_inputs_for};
+use crate::exec::{Element, ExecError, VerifyReport, check_verify_memory, test_inputs_for};
 use crate::lowered::{self, Lowered, LoweredError, Staged};
 use crate::program::{BufferKind, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
@@ -120,6 +120,9 @@ pub enum VerifyError {
     /// without a reference (Avg).
     #[error(transparent)]
     Inputs(#[from] ExecError),
+    /// The host buffers would take more memory than this process can still allocate.
+    #[error(transparent)]
+    TooLarge(#[from] crate::compile::memory::TooLarge),
 }
 
 /// Runs `program` lowered onto the engine (what `run_program` runs) on the host with `inputs`
@@ -139,6 +142,8 @@ pub fn run_on_host<T: bytemuck::Pod>(
         return Err(bad(format!("{dtype:?} is {} bytes, the host type {size}", dtype.size())));
     }
     let l = &program.layout;
+    // Refused before anything is allocated (the buffers, and the outputs copied out).
+    check_verify_memory(l, chunk_len, size, crate::compile::memory::default_limit())?;
     let want_in = l.input_chunks() as usize * chunk_len;
     if inputs.len() != l.ranks as usize || inputs.iter().any(|v| v.len() != want_in) {
         return Err(bad(format!("{} ranks of {want_in} elements each expected", l.ranks)));
@@ -176,6 +181,8 @@ pub fn verify<T: Element + bytemuck::Pod>(
     chunk_len: usize,
 ) -> Result<(VerifyReport, usize), VerifyError> {
     let l = &program.layout;
+    // The inputs and the reference first: refused before they are made.
+    check_verify_memory(l, chunk_len, std::mem::size_of::<T>(), crate::compile::memory::default_limit())?;
     let inputs: Vec<Vec<T>> = test_inputs_for(l.ranks as usize, l.input_chunks() as usize * chunk_len, op);
     let want = reference(l.collective, &inputs, op)?;
     let (got, levels) = run_on_host(program, dtype, op, chunk_len, &inputs)?;

@@ -4,7 +4,7 @@
 //! oxccl bench all-reduce --ranks 8 -b 1M -e 1G -f 4 --ctas 8
 //! oxccl bench movers -e 1G
 //! oxccl bench reshard --shape 7168,18432 -d bfloat16 --src-mesh 8@0 --src S0 --dst-mesh 4x2@8 --dst R,S0
-//! oxccl bench plan --algo hm-allreduce --topo 2x4 --exec compiled -b 1M -e 256M
+//! oxccl bench plan --algo hm-allreduce --topo 2x4 -b 1M -e 256M
 //! ```
 //!
 //! nccl-tests' short flags where nccl-tests has one; a flag a benchmark does not read is refused by
@@ -314,8 +314,6 @@ fn flag_of_field(field: &str) -> Option<&'static str> {
         "gemm" | "gemm shape" => "--gemm",
         "partition" => "--partition",
         "shape" => "--shape",
-        "micro_batches" => "--micro-batches",
-        "slots" => "--slots",
         _ => return None,
     })
 }

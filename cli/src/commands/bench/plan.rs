@@ -17,9 +17,9 @@ pub struct PlanArgs {
     /// MSCCL XML algorithm file.
     #[arg(long)]
     pub xml: Option<std::path::PathBuf>,
-    /// With --algo: NODESxGPUS (default 1x8 for ring algorithms, 2x4 otherwise); with --xml: which
-    /// ranks share a node.
-    #[arg(long)]
+    /// With --algo: NODESxGPUS, the generated program's shape (default 1x8 for ring algorithms,
+    /// 2x4 otherwise). Every rank runs as a virtual rank of one GPU.
+    #[arg(long, conflicts_with = "xml")]
     pub topo: Option<String>,
     /// Replicate the program K times over K-times finer chunks.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
@@ -136,7 +136,7 @@ pub fn run(a: PlanArgs) -> CliResult {
     let ctx = super::contexts(None)?[0].clone();
     let stream = ctx.default_stream();
     let l = &b.program.layout;
-    println!("# oxccl compiled plan {} (engine): {}", b.name, super::command_line());
+    println!("# oxccl program {} (engine): {}", b.name, super::command_line());
     println!(
         "# device: {}, {} virtual ranks ({}x{}), {}, {} chunks ({} instance{}), mover {:?}",
         ctx.name().unwrap_or_default(),
