@@ -257,7 +257,7 @@ impl Comm {
         let mut held = Vec::new();
         let (workspace, peer) = if one_process {
             let ws = Arc::new(DeviceAlloc::zeroed(&ctx, abi::COMM_WORKSPACE_BYTES)?);
-            (workspaces, held) = share_in_process(&ws, bootstrap.as_ref(), "setup")?;
+            (workspaces, held) = share_in_process(&ws, bootstrap.as_ref())?;
             // Peer access between this rank's device and the others' (same process: same ordinals).
             let mut contexts = vec![ctx.clone()];
             for f in &all {
@@ -1274,13 +1274,12 @@ impl<T> Drop for ExportableBuffer<T> {
 
 /// Shares `ws`, this rank's workspace, with the other ranks, all threads of this process
 /// (collective): every rank's address, by rank, and every rank's workspace, held by this one. Each
-/// takes them before the closing barrier, which no rank passes until all have theirs. `field` names
-/// the setup step in errors.
+/// takes them before the closing barrier, which no rank passes until all have theirs.
 fn share_in_process(
     ws: &Arc<DeviceAlloc>,
     bootstrap: &dyn Bootstrap,
-    field: &'static str,
 ) -> Result<([u64; MAX_RANKS], Vec<Arc<DeviceAlloc>>)> {
+    let field = "setup";
     let mut known = IN_PROCESS_WORKSPACES.lock().unwrap_or_else(|e| e.into_inner());
     known.retain(|(_, w)| w.strong_count() > 0);
     known.push((ws.ptr(), Arc::downgrade(ws)));

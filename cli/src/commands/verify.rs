@@ -13,7 +13,7 @@ use super::plan::ProgramArgs;
 use crate::progress::{LONG_RUN, Progress};
 use oxccl_host::compile::direct::{DirectError, VerifyError};
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
-use oxccl_host::exec::{self, ExecOptions, ReduceOp, VerifyReport};
+use oxccl_host::exec::{self, ExecError, ExecOptions, ReduceOp, VerifyReport};
 use oxccl_host::program::Layout;
 use oxccl_host::sim::MAX_MICRO_BATCHES;
 
@@ -128,7 +128,7 @@ pub fn run(args: Args) -> CliResult {
         Err(VerifyError::Lower(
             e @ (DirectError::Options { .. } | DirectError::Ranks { .. } | DirectError::TooLarge { .. }),
         )) => println!("{head}: not run, the engine refuses it: {e}"),
-        Err(VerifyError::TooLarge(e)) => return Err(format!("--count {}: {e}", args.count).into()),
+        Err(VerifyError::Inputs(ExecError::TooLarge(e))) => return Err(format!("--count {}: {e}", args.count).into()),
         Err(e) => {
             failures += 1;
             println!("{head}: FAILED, {e}");

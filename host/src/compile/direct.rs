@@ -116,13 +116,11 @@ pub enum VerifyError {
     /// The lowering failed on the host (bounds, races).
     #[error(transparent)]
     Run(#[from] lowered::StageError),
-    /// Inputs that do not fit (an element type of another size than the engine's), or an operator
-    /// without a reference (Avg).
+    /// Inputs that do not fit (an element type of another size than the engine's), an operator
+    /// without a reference (Avg), or host buffers past the memory this process can still allocate
+    /// ([`ExecError::TooLarge`]).
     #[error(transparent)]
     Inputs(#[from] ExecError),
-    /// The host buffers would take more memory than this process can still allocate.
-    #[error(transparent)]
-    TooLarge(#[from] crate::compile::memory::TooLarge),
 }
 
 /// Runs `program` lowered onto the engine (what `run_program` runs) on the host with `inputs`
@@ -143,7 +141,7 @@ pub fn run_on_host<T: bytemuck::Pod>(
     }
     let l = &program.layout;
     // Refused before anything is allocated (the buffers, and the outputs copied out).
-    check_verify_memory(l, chunk_len, size, crate::compile::memory::default_limit())?;
+    check_verify_memory(l, chunk_len, size, crate::compile::memory::default_limit()).map_err(ExecError::from)?;
     let want_in = l.input_chunks() as usize * chunk_len;
     if inputs.len() != l.ranks as usize || inputs.iter().any(|v| v.len() != want_in) {
         return Err(bad(format!("{} ranks of {want_in} elements each expected", l.ranks)));
@@ -182,7 +180,8 @@ pub fn verify<T: Element + bytemuck::Pod>(
 ) -> Result<(VerifyReport, usize), VerifyError> {
     let l = &program.layout;
     // The inputs and the reference first: refused before they are made.
-    check_verify_memory(l, chunk_len, std::mem::size_of::<T>(), crate::compile::memory::default_limit())?;
+    let limit = crate::compile::memory::default_limit();
+    check_verify_memory(l, chunk_len, std::mem::size_of::<T>(), limit).map_err(ExecError::from)?;
     let inputs: Vec<Vec<T>> = test_inputs_for(l.ranks as usize, l.input_chunks() as usize * chunk_len, op);
     let want = reference(l.collective, &inputs, op)?;
     let (got, levels) = run_on_host(program, dtype, op, chunk_len, &inputs)?;
