@@ -17,6 +17,12 @@ use std::sync::Arc;
 /// their bandwidth, small enough that the two sides overlap on a large buffer.
 pub const DEFAULT_PIECE_BYTES: u64 = 64 << 20;
 
+/// Steps of a staged call a rank queues before it waits for an earlier one to complete: enough for
+/// the inter-node step of one piece to run beside the intra-node steps of the next two, while a rank
+/// whose peers are held back (a Reduce's other local indices wait for nothing) never has more than
+/// this many launches waiting in its streams.
+const STEPS_AHEAD: usize = 8;
+
 /// When the debug output began (its lines say the milliseconds since), where `OXCCL_DEBUG` (a
 /// comma-separated list) names `staged` or `all`: each staged step is then printed as it is queued,
 /// and a wait for the inter-node side says every few seconds where it is.
@@ -158,6 +164,25 @@ impl Nodes {
         }
     }
 
+    /// Waits (polling) until step `step`'s completion event `done` has fired: the bound on how far a
+    /// rank queues ahead of its peers ([`STEPS_AHEAD`]). The step ends within the engines' own
+    /// timeouts; an inter-node error, or no completion for twice [`Nodes::timeout`], ends the wait.
+    fn wait_step(&self, done: &CudaEvent, step: usize) -> Result<()> {
+        let start = std::time::Instant::now();
+        let bound = 2 * self.timeout;
+        while !done.try_is_complete().map_err(Error::driver("cuEventQuery"))? {
+            self.inter.check()?;
+            if start.elapsed() > bound {
+                return Err(Error::InterNode {
+                    call: "staged step",
+                    why: format!("rank {}: step {step} did not complete within {bound:?}", self.rank),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        Ok(())
+    }
+
     /// Aborts the inter-node group and refuses later calls.
     pub(crate) fn fail(&self) {
         self.failed.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -222,10 +247,15 @@ impl Nodes {
         // Per inter-node step, the event recorded once its inputs are there.
         let mut readies: Vec<Option<CudaEvent>> = Vec::with_capacity(staged.steps.len());
         let mut queue = || -> Result<()> {
+            // A stream capturing a graph is not waited on: its steps are recorded, not run.
+            let bounded = !crate::comm::any_capturing([&**stream, &**inter].into_iter())?;
             // The inter-node side starts after what the caller queued before the call.
             inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
             debug!(me, "staged {:?} of {}: {} steps", staged.collective, staged.count, staged.steps.len());
             for (i, step) in staged.steps.iter().enumerate() {
+                if bounded && i >= STEPS_AHEAD {
+                    self.wait_step(&events[i - STEPS_AHEAD], i - STEPS_AHEAD)?;
+                }
                 let on: &Arc<CudaStream> = match step.side {
                     Side::Intra => stream,
                     Side::Inter => inter,
