@@ -4,7 +4,7 @@
 
 use oxccl_host::compile::OpSource;
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{Collective, Layout, Op, OpId, OpKind, Program, Rank, Slice};
+use oxccl_host::program::{BufferLayout, Collective, Op, OpId, OpKind, Program, Rank, Slice};
 
 #[test]
 fn generated_ops_by_id_and_in_order_are_the_stored_program() {
@@ -75,7 +75,7 @@ fn ring_traffic_is_what_its_steps_move() {
 /// nothing; a copy elsewhere moves its chunks.
 #[test]
 fn a_copy_onto_itself_moves_nothing() {
-    let mut p = Program::new("self_copy", Layout::new(Collective::AllGather, 2, 1, true));
+    let mut p = Program::new("self_copy", BufferLayout::new(Collective::AllGather, 2, 1, true));
     let copy = |dst: u32| Op {
         kind: OpKind::Copy { rank: Rank(1), channel: 0, src: Slice::input(0), dst: Slice::output(dst) },
         chunk: 0,

@@ -136,13 +136,13 @@ fn a_program_touching_too_many_chunks_is_refused() {
     }
 }
 
-/// Generated layouts reach `Layout::MAX_CHUNKS` at the generators' rank limit; a file may describe
-/// only `Layout::MAX_IMPORTED_CHUNKS` chunk locations.
+/// Generated layouts reach `BufferLayout::MAX_CHUNKS` at the generators' rank limit; a file may describe
+/// only `BufferLayout::MAX_IMPORTED_CHUNKS` chunk locations.
 #[test]
 fn generator_layouts_fit_and_files_are_held_to_less() {
-    use oxccl_host::program::Layout;
+    use oxccl_host::program::BufferLayout;
     let n = Algorithm::MAX_RANKS;
-    let largest = Layout::new(Collective::AllReduce, n, n, true);
+    let largest = BufferLayout::new(Collective::AllReduce, n, n, true);
     largest.validate().unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(largest.validate_imported(), Err(ProgramError::BadLayout { .. })));
     let t = format!("program big\ncollective allreduce ranks={n} chunks={n} inplace\nscratch 0\n");
@@ -151,7 +151,7 @@ fn generator_layouts_fit_and_files_are_held_to_less() {
         other => panic!("expected the file-size refusal, got {other:?}"),
     }
     assert!(matches!(
-        Layout::new(Collective::AllReduce, n + 1, n + 1, true).validate(),
+        BufferLayout::new(Collective::AllReduce, n + 1, n + 1, true).validate(),
         Err(ProgramError::BadLayout { .. })
     ));
 }

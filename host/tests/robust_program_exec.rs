@@ -5,7 +5,9 @@ use oxccl_host::compile::{Options, Plan, Prim, compile};
 use oxccl_host::exec::reference::reduce_scatter;
 use oxccl_host::exec::{ExecError, ExecOptions, MAX_VERIFY_ELEMENTS, ReduceOp, execute, test_inputs, verify};
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{BufferKind, Collective, Layout, OpId, Program, ProgramError, Rank, RecvOp, Slice, text};
+use oxccl_host::program::{
+    BufferKind, BufferLayout, Collective, OpId, Program, ProgramError, Rank, RecvOp, Slice, text,
+};
 use oxccl_host::sim::{SimError, SimOptions, Topology, simulate};
 
 /// Parses and verifies a text program.
@@ -68,7 +70,7 @@ fn instanced_channel_overflow_is_an_error() {
 
 #[test]
 fn instanced_verifies_its_program_first() {
-    let mut p = Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true));
+    let mut p = Program::new("x", BufferLayout::new(Collective::AllReduce, 2, 2, true));
     let bad = Slice::input(u32::MAX);
     p.transfer(0, bad, 1, Slice::input(0), RecvOp::Recv, 0, 0, 0);
     for k in [1, 2] {
@@ -238,7 +240,7 @@ fn more_subpipelines_than_tasks_is_a_bad_plan() {
     }
     // Without tasks, one sub-pipeline is still a plan's; two are not.
     let mut plan =
-        compile(&Program::new("x", Layout::new(Collective::AllReduce, 2, 2, true)), &Options::default()).unwrap();
+        compile(&Program::new("x", BufferLayout::new(Collective::AllReduce, 2, 2, true)), &Options::default()).unwrap();
     for (n, ok) in [(0, true), (1, true), (2, false)] {
         plan.subpipelines = n;
         assert_eq!(plan.check_structure().is_ok(), ok, "{n} sub-pipelines");

@@ -1530,7 +1530,7 @@ impl PlanBench {
     /// buffer per rank), `counts` (input, output) elements per rank, `us` per call, `wrong` elements.
     fn row(
         &self,
-        l: &oxccl_host::program::Layout,
+        l: &oxccl_host::program::BufferLayout,
         ctas: u32,
         real: u64,
         (count_in, count_out): (u64, u64),

@@ -75,7 +75,7 @@ pub fn parse_topo(s: &str) -> Result<(u32, u32), String> {
     if n == 0 || g == 0 {
         return Err(format!("--topo `{s}`: needs at least one node and one GPU"));
     }
-    let max = oxccl_host::program::Layout::MAX_RANKS;
+    let max = oxccl_host::program::BufferLayout::MAX_RANKS;
     if n.checked_mul(g).is_none_or(|r| r > max) {
         return Err(format!("--topo `{s}`: more than {max} GPUs"));
     }

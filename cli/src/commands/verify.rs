@@ -14,7 +14,7 @@ use crate::progress::{LONG_RUN, Progress};
 use oxccl_host::compile::direct::{DirectError, VerifyError};
 use oxccl_host::compile::{self, Options, Plan, Scheduler, TbAlloc};
 use oxccl_host::exec::{self, ExecError, ExecOptions, ReduceOp, VerifyReport};
-use oxccl_host::program::Layout;
+use oxccl_host::program::BufferLayout;
 use oxccl_host::sim::MAX_MICRO_BATCHES;
 
 /// Flags of `oxccl verify`.
@@ -72,7 +72,7 @@ fn run_one(plan: &Plan, args: &Args, op: ReduceOp, opts: &ExecOptions) -> Result
 
 /// Refuses, once for every configuration, `--count`, `--micro-batches` and `--slots` that no
 /// verification of `layout`'s program could run with.
-fn check_sizes(args: &Args, layout: &Layout) -> CliResult {
+fn check_sizes(args: &Args, layout: &BufferLayout) -> CliResult {
     if args.count == 0 {
         return Err("--count 0: a chunk needs at least one element".into());
     }

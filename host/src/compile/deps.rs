@@ -436,7 +436,7 @@ const UNTOUCHED: Loc = Loc { writer: NONE, readers: NONE };
 
 impl Locations {
     /// Locations for every rank of `src`'s layout.
-    pub fn new(layout: &crate::program::Layout) -> Result<Locations, TooLarge> {
+    pub fn new(layout: &crate::program::BufferLayout) -> Result<Locations, TooLarge> {
         let mut base = Vec::with_capacity(layout.ranks as usize + 1);
         let mut acc = 0usize;
         base.push(0);
@@ -453,7 +453,10 @@ impl Locations {
     }
 
     /// Locations for the ranks `ranks` of `layout` (rank `r` at base `r - ranks.start`).
-    pub fn for_ranks(layout: &crate::program::Layout, ranks: std::ops::Range<u32>) -> Result<Locations, TooLarge> {
+    pub fn for_ranks(
+        layout: &crate::program::BufferLayout,
+        ranks: std::ops::Range<u32>,
+    ) -> Result<Locations, TooLarge> {
         let mut base = Vec::with_capacity(ranks.len() + 1);
         let mut acc = 0usize;
         base.push(0);
@@ -497,7 +500,7 @@ impl Locations {
     #[inline]
     pub fn range(
         &self,
-        layout: &crate::program::Layout,
+        layout: &crate::program::BufferLayout,
         rank: Rank,
         at: Rank,
         s: Slice,
@@ -560,7 +563,7 @@ impl Locations {
     /// tasks it depends on, possibly with repeats and with `task` itself.
     pub fn task(
         &mut self,
-        layout: &crate::program::Layout,
+        layout: &crate::program::BufferLayout,
         op: &Op,
         side: usize,
         at: Rank,

@@ -6,7 +6,7 @@
 //!
 //! Every op gets a *level*: one past the highest level of the ops before it (in the program's
 //! sequential order) that write a chunk it reads or writes, or read a chunk it writes. Chunks are
-//! resolved to each rank's storage ([`Layout::resolve`]), so in-place aliases conflict as one
+//! resolved to each rank's storage ([`BufferLayout::resolve`]), so in-place aliases conflict as one
 //! location. Ops of one level then touch no chunk another op of the level writes, so they may run
 //! at once, and running the levels in order gives the sequential semantics. Each level becomes one
 //! launch ([`Lowered`]): its ops are tasks that move data straight between the ranks' buffers (a
@@ -20,7 +20,7 @@
 //!
 //! Out of place, a rank's input is [`slot::INPUT`], its output [`slot::OUTPUT`], its scratch
 //! [`slot::SCRATCH`]. In place the user's one buffer (the larger of input and output) is
-//! `OUTPUT`, and the input and output are where [`Layout::buffer_base`] puts them in it. Chunk `c`
+//! `OUTPUT`, and the input and output are where [`BufferLayout::buffer_base`] puts them in it. Chunk `c`
 //! of a buffer starts at byte `c × chunk_bytes`.
 //!
 //! # Tasks and CTAs
@@ -42,7 +42,7 @@
 use crate::exec::reference::reference;
 use crate::exec::{Element, ExecError, VerifyReport, check_verify_memory, test_inputs_for};
 use crate::lowered::{self, Lowered, LoweredError, Staged};
-use crate::program::{BufferKind, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use crate::program::{BufferKind, BufferLayout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use oxccl_kernels::abi::{BUFFER_SLOTS, DType, MAX_CTAS_PER_RANK, MAX_RANKS, RedOp, Task, TaskKind, slot};
 
 /// How to lower a program directly.
@@ -194,7 +194,7 @@ pub fn verify<T: Element + bytemuck::Pod>(
 
 /// Where chunk 0 of `buffer` of `rank` is in a direct lowering with `chunk_bytes` per chunk:
 /// (slot, byte offset).
-pub fn place(l: &Layout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u8, u64) {
+pub fn place(l: &BufferLayout, rank: Rank, buffer: BufferKind, chunk_bytes: u64) -> (u8, u64) {
     match (l.in_place, buffer) {
         (_, BufferKind::Scratch) => (slot::SCRATCH, 0),
         (false, BufferKind::Input) => (slot::INPUT, 0),
@@ -322,7 +322,7 @@ fn op_levels(program: &Program) -> Result<Vec<usize>, DirectError> {
 
 /// The engine task of `op`: a `Move` for a store, a `ReduceInto` for a reduction, from the source
 /// rank's buffer into the destination rank's.
-fn task_of(l: &Layout, op: &Op, opts: &DirectOptions) -> Task {
+fn task_of(l: &BufferLayout, op: &Op, opts: &DirectOptions) -> Task {
     let cb = opts.chunk_bytes;
     let (src_rank, dst_rank) = (op.src_rank(), op.dst_rank());
     let (src_slot, src_base) = place(l, src_rank, op.src().buffer, cb);

@@ -3,7 +3,7 @@
 //! # Execution semantics (what the CPU executor and the simulator implement)
 //!
 //! A [`Plan`] runs a collective whose user buffers are cut into `plan.layout.chunks` chunks (see
-//! [`Layout`]); every chunk is further cut into `M` equal **micro-batches** (`M` is chosen at launch;
+//! [`BufferLayout`]); every chunk is further cut into `M` equal **micro-batches** (`M` is chosen at launch;
 //! micro-batch `m` of chunk `c` is elements `c*L + m*L/M ..` of the buffer when a chunk holds `L`
 //! elements). A task with slice `in[a..b]` moves micro-batch `m` of chunks `a..b`.
 //!
@@ -46,7 +46,7 @@ use super::memory;
 use super::tballoc::{self, Connections, RankScratch, RankTask};
 use super::verify::{self, PlanCheck};
 use super::{CompileError, ConnId, FastMap, Graph, OpSource, Options, Prim, Schedule, Task, TbAlloc, TbId};
-use crate::program::{Layout, OpId, OpKind, Rank, Slice};
+use crate::program::{BufferLayout, OpId, OpKind, Rank, Slice};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
@@ -57,7 +57,7 @@ pub struct Plan {
     /// The program's name.
     pub name: String,
     /// Collective, ranks, chunk counts and in-place aliasing of the user buffers.
-    pub layout: Layout,
+    pub layout: BufferLayout,
     /// The scheduler the plan was compiled with.
     pub scheduler: super::Scheduler,
     /// The TB allocator the plan was compiled with.
@@ -537,7 +537,7 @@ pub fn links_by_position(g: &Graph, sched: &Schedule, threads: usize) -> Result<
 /// What the rank plans are built from, shared by the workers.
 struct Shared<'a, S> {
     src: &'a S,
-    layout: &'a Layout,
+    layout: &'a BufferLayout,
     /// Each link's ranks: `(src, dst)`, `dst` being `u32::MAX` for a local lane.
     link_ranks: Vec<(u32, u32)>,
     links: &'a [super::Link],

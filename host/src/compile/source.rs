@@ -6,7 +6,7 @@
 //! compiles programs that would not fit in memory as a [`Program`]: the 8192-GPU HM AllReduce's
 //! 134 M ops take 7 GB stored, nothing generated.
 
-use crate::program::{Layout, Op, OpId, Program, ProgramError};
+use crate::program::{BufferLayout, Op, OpId, Program, ProgramError};
 
 /// A program's ops and what the compiler needs beside them. Shared by the compiler's threads, so
 /// `Sync`.
@@ -14,7 +14,7 @@ pub trait OpSource: Sync {
     /// The program's name (the plan's).
     fn name(&self) -> &str;
     /// Buffer sizes and aliasing.
-    fn layout(&self) -> &Layout;
+    fn layout(&self) -> &BufferLayout;
     /// Ranks per node the program was made for ([`Program::ranks_per_node`]).
     fn ranks_per_node(&self) -> Option<u32>;
     /// Number of ops.
@@ -37,7 +37,7 @@ impl OpSource for Program {
     fn name(&self) -> &str {
         &self.name
     }
-    fn layout(&self) -> &Layout {
+    fn layout(&self) -> &BufferLayout {
         &self.layout
     }
     fn ranks_per_node(&self) -> Option<u32> {

@@ -14,7 +14,7 @@ pub mod reference;
 
 use crate::compile::memory::{self, TooLarge};
 use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
-use crate::program::{Layout, OpId, Rank, Slice};
+use crate::program::{BufferLayout, OpId, Rank, Slice};
 use std::collections::VecDeque;
 use std::fmt;
 
@@ -513,7 +513,7 @@ pub const MAX_VERIFY_ELEMENTS: usize = 1 << 28;
 /// [`MAX_VERIFY_ELEMENTS`]: `execute` allocates every rank's whole storage, scratch included, so
 /// that is what is bounded. `Err` says by how much, in words, or what is wrong with `l`. The
 /// element count only: [`check_verify_memory`] bounds the bytes, for an element size.
-pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
+pub fn check_verify_size(l: &BufferLayout, chunk_len: usize) -> Result<(), String> {
     l.validate().map_err(|e| e.to_string())?;
     let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
     if (storage as u128) * chunk_len as u128 > MAX_VERIFY_ELEMENTS as u128 {
@@ -529,7 +529,7 @@ pub fn check_verify_size(l: &Layout, chunk_len: usize) -> Result<(), String> {
 /// Bytes of the buffers [`verify`] holds at once for `l`'s program with `chunk_len` elements of
 /// `elem_bytes` bytes per chunk: the inputs, every rank's storage (scratch included), the outputs
 /// and the reference (every rank's output, and one input's worth for a reduction), saturating.
-pub fn verify_buffer_bytes(l: &Layout, chunk_len: usize, elem_bytes: usize) -> u64 {
+pub fn verify_buffer_bytes(l: &BufferLayout, chunk_len: usize, elem_bytes: usize) -> u64 {
     let n = l.ranks as u64;
     let storage: u64 = (0..l.ranks).map(|r| l.storage_chunks(Rank(r)) as u64).sum();
     let chunks = n
@@ -562,7 +562,7 @@ pub fn verify_bytes(plan: &Plan, chunk_len: usize, elem_bytes: usize, opts: &Exe
 /// Refuses, with [`TooLarge`] naming the sizes, a verification of `l`'s program whose buffers
 /// ([`verify_buffer_bytes`]) would take more than `limit` bytes: the check a caller can make
 /// before it has a plan (a command line's `--count` and `--dtype`).
-pub fn check_verify_memory(l: &Layout, chunk_len: usize, elem_bytes: usize, limit: u64) -> Result<(), TooLarge> {
+pub fn check_verify_memory(l: &BufferLayout, chunk_len: usize, elem_bytes: usize, limit: u64) -> Result<(), TooLarge> {
     let need = verify_buffer_bytes(l, chunk_len, elem_bytes);
     memory::check(limit, need, || {
         format!("verifying on the host: {} ranks, {chunk_len} elements of {elem_bytes} bytes per chunk", l.ranks)

@@ -10,7 +10,7 @@
 //! size, which matters for the 1024-GPU programs. Locations nobody initialised (scratch, and an
 //! out-of-place output before it is written) hold a poison value that taints every reduction.
 
-use super::{BufferKind, Collective, Layout, OpId, OpKind, Program, ProgramError, Rank, Slice};
+use super::{BufferKind, BufferLayout, Collective, OpId, OpKind, Program, ProgramError, Rank, Slice};
 
 /// Structural checks: the name ([`Program::check_name`]), layout, ranks in range, slices inside
 /// their buffers, equal non-zero counts, no transfer to self, no overlapping local copy or reduce.
@@ -180,7 +180,7 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
 }
 
 /// Start of each rank's storage in one flat array (length `ranks + 1`).
-fn prefix(l: &Layout) -> Vec<usize> {
+fn prefix(l: &BufferLayout) -> Vec<usize> {
     let mut v = Vec::with_capacity(l.ranks as usize + 1);
     let mut acc = 0usize;
     v.push(0);

@@ -8,7 +8,7 @@
 //! computed when the compiler reads them, in order or by id, which is how the 8192-GPU programs
 //! (134 M ops, 7 GB as a [`Program`]) compile in a few GB.
 
-use super::{Collective, Layout, Op, OpId, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use super::{BufferLayout, Collective, Op, OpId, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use crate::compile::OpSource;
 use crate::compile::memory;
 use std::fmt;
@@ -80,7 +80,7 @@ impl Algorithm {
 
     /// The most ranks a generator accepts: the programs grow as the square of the rank count (an
     /// 8192-rank HM AllReduce has 134 M ops), and their layouts (as many chunks as ranks, in and
-    /// out) stay within [`Layout::MAX_CHUNKS`].
+    /// out) stay within [`BufferLayout::MAX_CHUNKS`].
     pub const MAX_RANKS: u32 = 8192;
 
     /// The CLI name (`ring-allreduce`, `hm-allgather`, ...).
@@ -154,7 +154,7 @@ impl Algorithm {
             nodes,
             gpus,
             name: format!("{}_{}x{}", self.name().replace('-', "_"), nodes, gpus),
-            layout: Layout::new(collective, n, n, in_place),
+            layout: BufferLayout::new(collective, n, n, in_place),
             ops: 0,
             blocks: Vec::new(),
             gpus_div: Divisor::new(gpus),
@@ -181,7 +181,7 @@ impl Algorithm {
 }
 
 // Every generator's layout at the rank limit is a valid one.
-const _: () = assert!(2 * (Algorithm::MAX_RANKS as u64) * (Algorithm::MAX_RANKS as u64) <= Layout::MAX_CHUNKS);
+const _: () = assert!(2 * (Algorithm::MAX_RANKS as u64) * (Algorithm::MAX_RANKS as u64) <= BufferLayout::MAX_CHUNKS);
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -210,7 +210,7 @@ pub struct Generated {
     nodes: u32,
     gpus: u32,
     name: String,
-    layout: Layout,
+    layout: BufferLayout,
     ops: usize,
     /// The blocks, each with its first op, its length and its divisors.
     blocks: Vec<(u64, u64, Block, Divisors)>,
@@ -693,7 +693,7 @@ impl OpSource for Generated {
     fn name(&self) -> &str {
         &self.name
     }
-    fn layout(&self) -> &Layout {
+    fn layout(&self) -> &BufferLayout {
         &self.layout
     }
     fn ranks_per_node(&self) -> Option<u32> {

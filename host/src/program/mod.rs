@@ -13,9 +13,9 @@
 //! ## Buffers and chunks
 //!
 //! Every rank has an input, an output and a scratch buffer, each a whole number of chunks. The sizes
-//! of input and output follow from the collective and [`Layout::chunks`] (see [`Layout`]); scratch is
+//! of input and output follow from the collective and [`BufferLayout::chunks`] (see [`BufferLayout`]); scratch is
 //! per rank. In-place programs alias input and output the way NCCL does (an in-place AllGather's
-//! input is the rank's own block of the output); [`Layout::resolve`] maps any reference to one flat
+//! input is the rank's own block of the output); [`BufferLayout::resolve`] maps any reference to one flat
 //! chunk index of the rank's storage, so aliases are the same location for the dependency analysis,
 //! the checker and the executors.
 //!
@@ -216,10 +216,10 @@ impl Collective {
 /// A rank's *storage* is one flat array of chunks: out of place `[input | output | scratch]`, in place
 /// `[main | scratch]` where `main` is the larger of input and output.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub struct Layout {
+pub struct BufferLayout {
     /// The collective; with `chunks` and `ranks` it fixes the input and output sizes.
     pub collective: Collective,
-    /// The number of ranks, `1..=`[`Layout::MAX_RANKS`] in a valid layout.
+    /// The number of ranks, `1..=`[`BufferLayout::MAX_RANKS`] in a valid layout.
     pub ranks: u32,
     /// The size, in chunks, of the larger user buffer (MSCCL's `nchunksperloop`).
     pub chunks: u32,
@@ -229,7 +229,7 @@ pub struct Layout {
     pub scratch: Vec<u32>,
 }
 
-impl Layout {
+impl BufferLayout {
     /// The most ranks a layout may have.
     pub const MAX_RANKS: u32 = 1 << 20;
     /// The most chunks (summed over ranks and buffers) a layout may have: the 2 × 8192² of the
@@ -237,12 +237,12 @@ impl Layout {
     /// checks keep about 20 bytes per chunk location, about 2.7 GB at the limit.
     pub const MAX_CHUNKS: u64 = 1 << 27;
     /// The most chunks a layout read from a file (MSCCL XML, the text form) may have: a few bytes
-    /// of text must not ask for gigabytes ([`Layout::validate_imported`]).
+    /// of text must not ask for gigabytes ([`BufferLayout::validate_imported`]).
     pub const MAX_IMPORTED_CHUNKS: u64 = 1 << 24;
 
     /// A layout with no scratch.
-    pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> Layout {
-        Layout { collective, ranks, chunks, in_place, scratch: vec![0; ranks as usize] }
+    pub fn new(collective: Collective, ranks: u32, chunks: u32, in_place: bool) -> BufferLayout {
+        BufferLayout { collective, ranks, chunks, in_place, scratch: vec![0; ranks as usize] }
     }
 
     /// Chunks of each rank's input buffer.
@@ -266,7 +266,7 @@ impl Layout {
         self.chunks as u64 * 2 + self.scratch.iter().map(|&s| s as u64).max().unwrap_or(0)
     }
 
-    /// [`Layout::validate`], and at most [`Layout::MAX_IMPORTED_CHUNKS`] chunk locations: the check
+    /// [`BufferLayout::validate`], and at most [`BufferLayout::MAX_IMPORTED_CHUNKS`] chunk locations: the check
     /// the importers run on a layout a file describes.
     pub fn validate_imported(&self) -> Result<(), ProgramError> {
         self.validate()?;
@@ -490,7 +490,7 @@ pub struct Program {
     /// ([`Program::verify`] checks it).
     pub name: String,
     /// Buffer sizes and aliasing, which every slice of `ops` must fit.
-    pub layout: Layout,
+    pub layout: BufferLayout,
     /// How many consecutive ranks share a node, when the program was made for a known shape
     /// (generators set it; MSCCL files do not say, so `None`: one node).
     pub ranks_per_node: Option<u32>,
@@ -501,7 +501,7 @@ pub struct Program {
 
 impl Program {
     /// An empty program.
-    pub fn new(name: impl Into<String>, layout: Layout) -> Program {
+    pub fn new(name: impl Into<String>, layout: BufferLayout) -> Program {
         Program { name: name.into(), layout, ranks_per_node: None, ops: Vec::new() }
     }
 

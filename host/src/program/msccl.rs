@@ -9,7 +9,7 @@
 //! A file has one `<algo coll= ngpus= nchunksperloop= inplace= outofplace=>`, per GPU a
 //! `<gpu id= i_chunks= o_chunks= s_chunks=>`, and per GPU thread blocks `<tb id= send= recv= chan=>`
 //! of steps `<step s= type= srcbuf= srcoff= dstbuf= dstoff= cnt= depid= deps= hasdep=>`. Every user
-//! buffer is cut into `nchunksperloop` chunks (the larger of input and output; see [`Layout`]), and a
+//! buffer is cut into `nchunksperloop` chunks (the larger of input and output; see [`BufferLayout`]), and a
 //! step moves `cnt` consecutive chunks from offset `srcoff` of buffer `srcbuf` (`i`, `o`, `s`) or to
 //! `dstoff` of `dstbuf`. In an in-place run the input and output alias as NCCL's do.
 //!
@@ -109,7 +109,7 @@
 //! hold the same values in every user buffer chunk at the end (the collective's result), and the
 //! scratch copy is kept where it matters. Every error names the XML step or line it comes from.
 
-use super::{BufferKind, Collective, InputError, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use super::{BufferKind, BufferLayout, Collective, InputError, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -1187,7 +1187,7 @@ struct Access {
 }
 
 /// Start of each rank's storage in one flat array, and the total.
-fn storage_bases(layout: &Layout) -> (Vec<usize>, usize) {
+fn storage_bases(layout: &BufferLayout) -> (Vec<usize>, usize) {
     let mut base = Vec::with_capacity(layout.ranks as usize + 1);
     let mut acc = 0usize;
     base.push(0);
@@ -1225,7 +1225,7 @@ const MAX_WALK_WORK: u64 = 1 << 27;
 /// are held to [`Program::MAX_CHUNK_ACCESSES`] and the whole walk to [`MAX_WALK_WORK`]
 /// ([`ImportError::TooLarge`]), so that no file makes it run long or hold much memory.
 fn walk_conflicts(
-    layout: &Layout,
+    layout: &BufferLayout,
     base: &[usize],
     total: usize,
     accesses: &[Access],
@@ -1309,7 +1309,7 @@ fn walk_conflicts(
 
 /// Data-hazard successors of each of `ops` ops, from `accesses` sorted by position.
 fn hazard_edges(
-    layout: &Layout,
+    layout: &BufferLayout,
     base: &[usize],
     total: usize,
     ops: usize,
@@ -1346,7 +1346,7 @@ fn hazard_edges(
 /// source TBs at a time so that the clocks fit in a bounded table.
 #[allow(clippy::too_many_arguments)]
 fn check_races(
-    layout: &Layout,
+    layout: &BufferLayout,
     base: &[usize],
     total: usize,
     accesses: &[Access],
@@ -1459,7 +1459,7 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
         doc.gpus.iter().map(|g| g.i_chunks.unwrap_or(0).max(g.o_chunks.unwrap_or(0))).max().unwrap_or(0)
     });
     // The buffers as the file declares them; `layout` grows scratch for `rrs` steps and snapshots.
-    let mut file_layout = Layout::new(doc.coll, n, chunks, in_place);
+    let mut file_layout = BufferLayout::new(doc.coll, n, chunks, in_place);
     file_layout.scratch = doc.gpus.iter().map(|g| g.s_chunks).collect();
     file_layout.validate_imported().map_err(|e| ImportError::Invalid { step: None, error: e })?;
     for g in &doc.gpus {
@@ -1856,7 +1856,7 @@ fn lower(doc: &XDoc, in_place: bool, form: RrsForm, claims: Placements) -> Resul
     // Linearize by data hazards. A cycle means a buffered exchange (a send whose source is
     // overwritten before the matching receive happens, on both sides): snapshot those sends'
     // sources into fresh scratch at the send position, which makes every transfer atomic, and retry.
-    // Each round's scratch is held to `Layout::validate_imported`'s limits before the next round
+    // Each round's scratch is held to `BufferLayout::validate_imported`'s limits before the next round
     // sizes its tables by it: a small file of wide exchanges would otherwise grow it without bound.
     let mut snapshotted = vec![false; ops.len()];
     let (op_order, level, base, acc) = loop {

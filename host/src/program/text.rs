@@ -17,7 +17,7 @@
 //! program whose name passes [`Program::check_name`] (one token without `#`; [`Program::verify`]
 //! checks it). Another name is never written where `parse` would read it: see [`print()`].
 
-use super::{BufferKind, Collective, Layout, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use super::{BufferKind, BufferLayout, Collective, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
 use std::fmt::Write;
 
 /// Prints `p` in the text format. A name that [`Program::check_name`] refuses (empty, or with
@@ -151,7 +151,7 @@ pub fn parse_path(path: &std::path::Path) -> Result<Program, ProgramError> {
 pub fn parse(text: &str) -> Result<Program, ProgramError> {
     // Each header with the line it is on.
     let mut name: Option<(usize, String)> = None;
-    let mut layout: Option<(usize, Layout)> = None;
+    let mut layout: Option<(usize, BufferLayout)> = None;
     let mut scratch: Option<(usize, Vec<u32>)> = None;
     let mut per_node: Option<(usize, u32)> = None;
     let mut ops = Vec::new();
@@ -186,11 +186,14 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
                         return Err(err(ln, format!("expected inplace or outofplace, found `{o}`")));
                     }
                 };
-                // Checked before `Layout::new` allocates its per-rank scratch sizes.
-                if v[0] > Layout::MAX_RANKS {
-                    return Err(err(ln, format!("{} ranks is more than the supported {}", v[0], Layout::MAX_RANKS)));
+                // Checked before `BufferLayout::new` allocates its per-rank scratch sizes.
+                if v[0] > BufferLayout::MAX_RANKS {
+                    return Err(err(
+                        ln,
+                        format!("{} ranks is more than the supported {}", v[0], BufferLayout::MAX_RANKS),
+                    ));
                 }
-                layout = Some((ln, Layout::new(c, v[0], v[1], in_place)));
+                layout = Some((ln, BufferLayout::new(c, v[0], v[1], in_place)));
             }
             "scratch" => {
                 once(ln, "scratch", &scratch)?;

@@ -7,7 +7,7 @@
 
 #![allow(dead_code)]
 
-use oxccl_host::program::{BufferKind, Collective, Layout, Op, OpKind, Program, Rank, RecvOp, Slice};
+use oxccl_host::program::{BufferKind, BufferLayout, Collective, Op, OpKind, Program, Rank, RecvOp, Slice};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng as _, RngExt, SeedableRng};
@@ -123,7 +123,7 @@ impl Builder {
     }
 
     /// Interleaves the chains at random, keeping each chain's order.
-    fn finish(mut self, name: &str, mut layout: Layout, pre: Vec<Op>) -> Program {
+    fn finish(mut self, name: &str, mut layout: BufferLayout, pre: Vec<Op>) -> Program {
         layout.scratch = self.scratch.clone();
         let mut p = Program::new(name, layout);
         p.ops.extend(pre);
@@ -153,7 +153,7 @@ pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, cha
         Collective::AllReduce => ranks * k + rng.below(3),
         _ => ranks * k,
     };
-    let layout = Layout::new(collective, ranks, chunks, in_place);
+    let layout = BufferLayout::new(collective, ranks, chunks, in_place);
     let nchains = chunks as usize;
     let mut b = Builder { rng, ranks, channels, scratch: vec![0; ranks as usize], chains: vec![Vec::new(); nchains] };
     let mut pre = Vec::new();
