@@ -165,18 +165,29 @@ impl Nodes {
     }
 
     /// Waits (polling) until step `step`'s completion event `done` has fired: the bound on how far a
-    /// rank queues ahead of its peers ([`STEPS_AHEAD`]). The step ends within the engines' own
-    /// timeouts; an inter-node error, or no completion for twice [`Nodes::timeout`], ends the wait.
-    fn wait_step(&self, done: &CudaEvent, step: usize) -> Result<()> {
-        let start = std::time::Instant::now();
-        let bound = 2 * self.timeout;
-        while !done.try_is_complete().map_err(Error::driver("cuEventQuery"))? {
+    /// rank queues ahead of its peers ([`STEPS_AHEAD`]). An intra-node step ends within the engine's
+    /// own timeouts; an inter-node step (`ready`: recorded once its inputs were there) is given up on
+    /// as [`Nodes::wait_inter`] does, when the engine reports an error or when it has had its inputs
+    /// for [`Nodes::timeout`] without completing. Time spent behind the caller's earlier work counts
+    /// against nothing.
+    fn wait_step(&self, done: &CudaEvent, ready: Option<&CudaEvent>, step: usize) -> Result<()> {
+        let query = |e: &CudaEvent| e.try_is_complete().map_err(Error::driver("cuEventQuery"));
+        let mut stalled_since = None;
+        while !query(done)? {
             self.inter.check()?;
-            if start.elapsed() > bound {
-                return Err(Error::InterNode {
-                    call: "staged step",
-                    why: format!("rank {}: step {step} did not complete within {bound:?}", self.rank),
-                });
+            if let Some(r) = ready
+                && query(r)?
+            {
+                let since = *stalled_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > self.timeout {
+                    return Err(Error::InterNode {
+                        call: "staged step",
+                        why: format!(
+                            "rank {}: inter-node step {step} had its inputs and did not complete within {:?}",
+                            self.rank, self.timeout
+                        ),
+                    });
+                }
             }
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
@@ -254,7 +265,8 @@ impl Nodes {
             debug!(me, "staged {:?} of {}: {} steps", staged.collective, staged.count, staged.steps.len());
             for (i, step) in staged.steps.iter().enumerate() {
                 if bounded && i >= STEPS_AHEAD {
-                    self.wait_step(&events[i - STEPS_AHEAD], i - STEPS_AHEAD)?;
+                    let j = i - STEPS_AHEAD;
+                    self.wait_step(&events[j], readies[j].as_ref(), j)?;
                 }
                 let on: &Arc<CudaStream> = match step.side {
                     Side::Intra => stream,
