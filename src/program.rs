@@ -66,7 +66,7 @@ pub(crate) struct ProgramRun {
 pub(crate) fn digest(p: &Program) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let l = &p.layout;
-    (&p.name, l.collective.name(), l.ranks, l.chunks, l.in_place, &l.scratch, p.ranks_per_node, &p.ops).hash(&mut h);
+    (&p.name, l.collective, l.ranks, l.chunks, l.in_place, &l.scratch, p.ranks_per_node, &p.ops).hash(&mut h);
     h.finish()
 }
 

@@ -2,6 +2,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
+//! | [`collective`] | the collectives, one type for every front end |
 //! | [`tccl`] | T-CCL plans: shard-in / shard-out task lists for AllReduce, ReduceScatter, AllGather, Broadcast and Reduce, and their CPU reference (`tccl::reference`) |
 //! | [`group`] | grouped collectives: several T-CCL plans in one launch of each rank, a row of the buffer table (four buffers) per CTA |
 //! | [`program`] | the transfer-program IR, its text format, the MSCCL XML importer and the built-in generators |
@@ -16,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod collective;
 pub mod compile;
 pub mod exec;
 pub mod fp8;

@@ -9,6 +9,7 @@
 //! the simulator's `hier-*` programs ([`crate::program::generators::Algorithm::HierAllReduce`])
 //! reproduce.
 
+use crate::collective::Collective;
 use crate::exec::{Element, ExecError, ReduceOp, reference};
 use std::ops::Range;
 
@@ -324,32 +325,11 @@ impl Step {
     }
 }
 
-/// The collectives a staged plan exists for.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum StagedCollective {
-    /// `count` elements per rank, reduced into every rank's.
-    AllReduce,
-    /// `count` elements per rank in, `world × count` out.
-    AllGather,
-    /// `count` elements from rank `root` to every rank.
-    Broadcast {
-        /// The root rank.
-        root: u32,
-    },
-    /// `world × count` elements per rank in, `count` out: block `rank` reduced.
-    ReduceScatter,
-    /// `count` elements per rank reduced into rank `root`'s.
-    Reduce {
-        /// The root rank.
-        root: u32,
-    },
-}
-
 /// A staged hierarchical collective: the steps every rank issues, in order.
 #[derive(Clone, Debug)]
 pub struct Staged {
-    /// The collective.
-    pub collective: StagedCollective,
+    /// The collective (never AllToAll: no staged plan exists for it).
+    pub collective: Collective,
     /// Elements per rank (the AllGather's input).
     pub count: u64,
     /// The steps, in issue order.
@@ -407,7 +387,7 @@ impl Staged {
             let a = push(&mut steps, Side::Intra, Kind::IntraAllReduce { at, len }, None);
             push(&mut steps, Side::Inter, Kind::InterAllReduce { at, len, sharded: false }, Some(a));
         }
-        Staged { collective: StagedCollective::AllReduce, count, steps, scratch: 0 }
+        Staged { collective: Collective::AllReduce, count, steps, scratch: 0 }
     }
 
     /// AllGather of `count` elements per rank (ranks numbered node by node): per node `k`, an
@@ -424,7 +404,7 @@ impl Staged {
             let b = push(&mut steps, Side::Inter, kind, None);
             push(&mut steps, Side::Intra, Kind::IntraAllGatherOf { node, len: count }, Some(b));
         }
-        Ok(Staged { collective: StagedCollective::AllGather, count, steps, scratch: 0 })
+        Ok(Staged { collective: Collective::AllGather, count, steps, scratch: 0 })
     }
 
     /// Broadcast of `count` elements from `root`: inside the root's node to every local index,
@@ -452,7 +432,7 @@ impl Staged {
             let kind = Kind::InterBroadcast { at, len, root_node, sharded: false, src_at: None };
             push(&mut steps, Side::Inter, kind, Some(first));
         }
-        Staged { collective: StagedCollective::Broadcast { root }, count, steps, scratch: 0 }
+        Staged { collective: Collective::Broadcast { root }, count, steps, scratch: 0 }
     }
 
     /// ReduceScatter of `count` elements per rank out (ranks numbered node by node): per node `k`,
@@ -473,7 +453,7 @@ impl Staged {
             let kind = Kind::InterReduce { len: count, scratch_at, root_node: node, into: 0, scatter: true };
             reduces.push(push(&mut steps, Side::Inter, kind, Some(rs)));
         }
-        Ok(Staged { collective: StagedCollective::ReduceScatter, count, steps, scratch: 2 * count })
+        Ok(Staged { collective: Collective::ReduceScatter, count, steps, scratch: 2 * count })
     }
 
     /// Reduce of `count` elements onto `root`, in pieces of about `piece` elements: per piece an
@@ -500,14 +480,14 @@ impl Staged {
             reduces.push(inter);
             at += len;
         }
-        Staged { collective: StagedCollective::Reduce { root }, count, steps, scratch: 2 * piece.min(count) }
+        Staged { collective: Collective::Reduce { root }, count, steps, scratch: 2 * piece.min(count) }
     }
 
     /// Bytes each rank sends over NVLink and over its NIC for `elem` bytes per element, with
     /// direct intra-node and ring inter-node collectives (what the `hier-*` programs move); `None`
     /// for a Broadcast, whose ranks send unequal shares.
     pub fn link_bytes(&self, map: &NodeMap, elem: u64) -> Option<LinkBytes> {
-        if !matches!(self.collective, StagedCollective::AllReduce | StagedCollective::AllGather) {
+        if !matches!(self.collective, Collective::AllReduce | Collective::AllGather) {
             return None;
         }
         let (g, n) = (map.per_node() as u64, map.nodes() as u64);

@@ -4,8 +4,8 @@ mod common;
 
 use common::{golden, random_program};
 use oxccl_host::compile::{self, Options, PASSES, Prim, Scheduler, TbAlloc, run_passes};
+use oxccl_host::program::OpId;
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{Collective, OpId};
 use proptest::prelude::*;
 
 #[test]
@@ -137,8 +137,8 @@ proptest! {
     /// Every scheduler and allocator produces a plan that passes every verifier, with TB counts
     /// bounded by the endpoint count, and state-based never above per-connection.
     #[test]
-    fn every_configuration_verifies(seed in any::<u64>(), coll in 0usize..4, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3, per_node in 1u32..4) {
-        let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
+    fn every_configuration_verifies(seed in any::<u64>(), coll in 0usize..common::COLLECTIVES, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3, per_node in 1u32..4) {
+        let c = common::nth_collective(coll, seed, ranks);
         let mut p = random_program(seed, c, ranks, k, ch);
         p.ranks_per_node = Some(per_node);
         for s in Scheduler::ALL {

@@ -6,8 +6,8 @@ use common::random_program;
 use oxccl_host::compile::{Options, Plan, Prim, Scheduler, TbAlloc, TbPlan, compile};
 use oxccl_host::exec::reference::{all_gather, all_reduce, all_to_all, reduce_scatter};
 use oxccl_host::exec::{Element, ExecError, ExecOptions, ReduceOp, execute, micro_batch_range, test_inputs, verify};
+use oxccl_host::program::InstanceChannels;
 use oxccl_host::program::generators::Algorithm;
-use oxccl_host::program::{Collective, InstanceChannels};
 use proptest::prelude::*;
 
 #[test]
@@ -206,7 +206,7 @@ proptest! {
     #[test]
     fn any_program_any_configuration_matches_the_reference(
         seed in any::<u64>(),
-        coll in 0usize..4,
+        coll in 0usize..common::COLLECTIVES,
         ranks in 2u32..17,
         k in 1u32..3,
         ch in 1u32..3,
@@ -221,7 +221,7 @@ proptest! {
         instances in 1u32..4,
         separate in any::<bool>(),
     ) {
-        let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
+        let c = common::nth_collective(coll, seed, ranks);
         let mut p = random_program(seed, c, ranks, k, ch);
         p.ranks_per_node = Some(per_node);
         // Instances on the program's channels or on channels of their own compute the same.

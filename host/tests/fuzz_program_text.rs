@@ -7,7 +7,7 @@ mod common;
 mod fuzz_common;
 
 use common::{Rng, random_program};
-use oxccl_host::program::{Collective, ProgramError, text};
+use oxccl_host::program::{ProgramError, text};
 use proptest::prelude::*;
 
 fn exercise(t: &str) {
@@ -58,14 +58,24 @@ fn slice() -> impl Strategy<Value = String> {
 
 /// One line of the format, or something close to one.
 fn line() -> impl Strategy<Value = String> {
-    let coll = prop_oneof![Just("allreduce"), Just("allgather"), Just("reduce_scatter"), Just("alltoall"), Just("x")];
+    let coll = prop_oneof![
+        Just("allreduce"),
+        Just("allgather"),
+        Just("reduce_scatter"),
+        Just("alltoall"),
+        Just("broadcast"),
+        Just("reduce"),
+        Just("x")
+    ];
+    // Sometimes a root, which only Broadcast and Reduce take.
+    let root = prop::option::of(number()).prop_map(|r| r.map(|r| format!(" root={r}")).unwrap_or_default());
     let attrs = || {
         (number(), number(), number(), number()).prop_map(|(a, b, c, d)| format!("ch={a} chunk={b} step={c} stage={d}"))
     };
     prop_oneof![
         (prop_oneof![Just("p"), Just("a#b"), Just("")]).prop_map(|n| format!("program {n}")),
-        (coll, number(), number(), prop_oneof![Just("inplace"), Just("outofplace"), Just("x")])
-            .prop_map(|(c, r, k, p)| format!("collective {c} ranks={r} chunks={k} {p}")),
+        (coll, number(), number(), root, prop_oneof![Just("inplace"), Just("outofplace"), Just("x")])
+            .prop_map(|(c, r, k, o, p)| format!("collective {c} ranks={r} chunks={k}{o} {p}")),
         prop::collection::vec(number(), 0..6).prop_map(|v| format!("scratch {}", v.join(" "))),
         number().prop_map(|g| format!("ranks-per-node {g}")),
         (number(), number(), slice(), number(), slice(), prop_oneof![Just("recv"), Just("rrc"), Just("x")], attrs())
@@ -93,8 +103,9 @@ proptest! {
     #[test]
     fn mutated_programs(seed in any::<u64>(), edits in prop::collection::vec((any::<u32>(), 0u32..6, any::<u8>()), 0..6)) {
         let mut rng = Rng::new(seed);
-        let coll = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][rng.below(4) as usize];
-        let p = random_program(rng.next(), coll, 2 + rng.below(3), 1 + rng.below(2), 1 + rng.below(3));
+        let ranks = 2 + rng.below(3);
+        let coll = common::nth_collective(rng.below(common::COLLECTIVES as u32) as usize, rng.next(), ranks);
+        let p = random_program(rng.next(), coll, ranks, 1 + rng.below(2), 1 + rng.below(3));
         let mut t = text::print(&p);
         assert_eq!(text::parse(&t).as_ref(), Ok(&p));
         for (at, how, byte) in edits {

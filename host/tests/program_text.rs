@@ -106,8 +106,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
 
     #[test]
-    fn random_programs_round_trip(seed in any::<u64>(), coll in 0usize..4, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3) {
-        let c = [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll][coll];
+    fn random_programs_round_trip(seed in any::<u64>(), coll in 0usize..common::COLLECTIVES, ranks in 2u32..6, k in 1u32..3, ch in 1u32..3) {
+        let c = common::nth_collective(coll, seed, ranks);
         let p = random_program(seed, c, ranks, k, ch);
         let t = text::print(&p);
         prop_assert_eq!(text::parse(&t).unwrap(), p);

@@ -1540,18 +1540,13 @@ impl PlanBench {
         use oxccl_host::program::Collective as Coll;
         let p = l.ranks as usize;
         let bw = real as f64 / (us * 1e-6) / 1e9;
-        let factor = l.collective.bus_factor(p as u32);
+        let factor = l.collective.bus_factor(p);
         let (measured, none) = ((Some(us), Some(bw), Some(bw * factor), wrong), (None, None, None, None));
         let (oop, ip) = if l.in_place { (none, measured) } else { (measured, none) };
         CollectiveRow {
             // The spelling of the T-CCL rows (`all_reduce`), not the MSCCL one (`allreduce`).
-            collective: match l.collective {
-                Coll::AllReduce => "all_reduce",
-                Coll::AllGather => "all_gather",
-                Coll::ReduceScatter => "reduce_scatter",
-                Coll::AllToAll => "all_to_all",
-            },
-            root: -1,
+            collective: l.collective.name(),
+            root: l.collective.root().map_or(-1, |r| r as i64),
             ranks: p,
             ctas,
             mover: if self.config.mover == Mover::Tma { "tma" } else { "simt" },
@@ -1562,7 +1557,7 @@ impl PlanBench {
             count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
             dtype: self.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced.
-            redop: if matches!(l.collective, Coll::AllGather | Coll::AllToAll) { "none" } else { self.op.nccl_name() },
+            redop: if l.collective.reduces() { self.op.nccl_name() } else { "none" },
             oop_us: oop.0,
             oop_algbw: oop.1,
             oop_busbw: oop.2,
@@ -1610,14 +1605,14 @@ pub struct PlanBenchInfo {
 /// cached by its first call), one nccl-tests row per size: nccl-tests' size is the larger user
 /// buffer per rank, cut into the program's chunks (each a multiple of 16 bytes). The program's
 /// layout is either in place or out of place: the other half of the row is `None` (`N/A`).
-/// Correctness is checked in a separate untimed call (AllReduce, AllGather, ReduceScatter; `N/A`
-/// otherwise).
+/// Correctness is checked in a separate untimed call (every collective but AllToAll, whose
+/// column is `N/A`).
 pub fn plan_bench(
     stream: &Arc<CudaStream>,
     b: &PlanBench,
     mut on_row: impl FnMut(&CollectiveRow, &PlanBenchInfo),
 ) -> Result<Vec<CollectiveRow>> {
-    use oxccl_host::program::{BufferKind, Collective as Coll, Rank};
+    use oxccl_host::program::{BufferKind, Rank};
     b.validate()?;
     let program = &b.program;
     let l = &program.layout;
@@ -1625,12 +1620,7 @@ pub fn plan_bench(
     let comm = Communicator::virtual_ranks(stream, p, b.config.clone())?;
     let ctas = comm.ctas_per_rank();
     let e = b.dtype.size() as u64;
-    let collective = match l.collective {
-        Coll::AllReduce => Some(Collective::AllReduce),
-        Coll::AllGather => Some(Collective::AllGather),
-        Coll::ReduceScatter => Some(Collective::ReduceScatter),
-        Coll::AllToAll => None,
-    };
+    let collective = (l.collective != Collective::AllToAll).then_some(l.collective);
     let mut staging = check_staging(std::slice::from_ref(stream), b.sweep.check)?;
     let mut rows = Vec::new();
     for size in b.sweep.sizes() {
@@ -1695,7 +1685,8 @@ pub fn plan_bench(
             let expected = Expected::new(c, b.dtype, b.op, p, count);
             let stage = &mut staging[0].1;
             let mut n = 0;
-            for r in 0..p {
+            // A program's Reduce promises nothing off its root.
+            for r in (0..p).filter(|&r| c.defines_output(r)) {
                 // SAFETY: rank r's output, written by the call synchronised above.
                 n += unsafe { count_wrong_at(stream, output_at(r, &outs), count_out, &expected, r, 0, stage)? };
             }

@@ -245,7 +245,7 @@ pub fn print_summary(plan: &Plan, nodes: u32, gpus: u32) {
     println!(
         "plan {}: {} on {} ranks ({nodes}x{gpus}), {} chunks, {}",
         plan.name,
-        l.collective.name(),
+        l.collective.program_name(),
         l.ranks,
         l.chunks,
         if l.in_place { "in place" } else { "out of place" }

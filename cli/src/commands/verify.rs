@@ -109,7 +109,7 @@ pub fn run(args: Args) -> CliResult {
     let head = format!(
         "verify {} (engine): {} {} ranks, {} elements per chunk, {}{redop}",
         loaded.program.name,
-        layout.collective.name(),
+        layout.collective.program_name(),
         layout.ranks,
         args.count,
         args.dtype
@@ -144,7 +144,7 @@ pub fn run(args: Args) -> CliResult {
             plan.name,
             plan.scheduler,
             plan.tb_alloc,
-            plan.layout.collective.name(),
+            plan.layout.collective.program_name(),
             plan.layout.ranks,
             args.count,
             args.dtype,

@@ -261,7 +261,7 @@ impl Plan {
         let s = &self.stats;
         serde_json::json!({
             "name": self.name,
-            "collective": self.layout.collective.name(),
+            "collective": self.layout.collective.program_name(),
             "scheduler": self.scheduler.name(),
             "tb_alloc": self.tb_alloc.name(),
             "ranks": s.ranks,

@@ -63,7 +63,29 @@ pub fn all_to_all<T: Element>(inputs: &[Vec<T>]) -> Result<Vec<Vec<T>>, ExecErro
     Ok((0..n).map(|q| (0..n).flat_map(|r| inputs[r][q * b..(q + 1) * b].iter().copied()).collect()).collect())
 }
 
-/// The reference of `collective`.
+/// Broadcast: every rank's output is the root's input.
+pub fn broadcast<T: Element>(inputs: &[Vec<T>], root: usize) -> Result<Vec<Vec<T>>, ExecError> {
+    same_len(inputs)?;
+    let from = inputs.get(root).ok_or_else(|| ExecError::BadInput {
+        reason: format!("broadcast from root {root} among {} ranks", inputs.len()),
+    })?;
+    Ok(vec![from.clone(); inputs.len()])
+}
+
+/// Reduce: the root's output is the reduction of every rank's input; the other ranks' outputs are
+/// not the collective's (empty here: [`crate::collective::Collective::defines_output`]).
+pub fn reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp, root: usize) -> Result<Vec<Vec<T>>, ExecError> {
+    if root >= inputs.len() {
+        return Err(ExecError::BadInput { reason: format!("reduce to root {root} among {} ranks", inputs.len()) });
+    }
+    let len = same_len(inputs)?;
+    let mut out = vec![Vec::new(); inputs.len()];
+    out[root] = reduce_all(inputs, op, len);
+    Ok(out)
+}
+
+/// The reference of `collective`: every rank's output; a rank whose output the collective does
+/// not define ([`crate::collective::Collective::defines_output`]) gets an empty one.
 pub fn reference<T: Element>(
     collective: Collective,
     inputs: &[Vec<T>],
@@ -75,5 +97,7 @@ pub fn reference<T: Element>(
         Collective::AllGather => all_gather(inputs),
         Collective::ReduceScatter => reduce_scatter(inputs, op),
         Collective::AllToAll => all_to_all(inputs),
+        Collective::Broadcast { root } => broadcast(inputs, root as usize),
+        Collective::Reduce { root } => reduce(inputs, op, root as usize),
     }
 }

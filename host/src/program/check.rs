@@ -142,10 +142,13 @@ pub fn check_postcondition(p: &Program) -> Result<(), ProgramError> {
     let ic = l.input_chunks();
     let reduced = |c: u32| (0..n).fold(Sym { count: 0, sum: 0 }, |acc, q| acc.combine(symbol(q, c)));
     let mut all_ranks_sum: Vec<Option<Sym>> = vec![None; ic as usize];
-    for r in 0..n {
+    for r in (0..n).filter(|&r| l.collective.defines_output(r as usize)) {
         for j in 0..oc {
             let expected = match l.collective {
-                Collective::AllReduce => *all_ranks_sum[j as usize].get_or_insert_with(|| reduced(j)),
+                Collective::AllReduce | Collective::Reduce { .. } => {
+                    *all_ranks_sum[j as usize].get_or_insert_with(|| reduced(j))
+                }
+                Collective::Broadcast { root } => symbol(root, j),
                 Collective::ReduceScatter => {
                     let c = r * oc + j;
                     *all_ranks_sum[c as usize].get_or_insert_with(|| reduced(c))

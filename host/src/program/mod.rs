@@ -151,56 +151,7 @@ impl fmt::Display for Slice {
 }
 
 /// The collective a program computes; it fixes the buffer sizes and the postcondition.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-pub enum Collective {
-    /// Every rank ends with the reduction over ranks of every chunk.
-    AllReduce,
-    /// Rank `r`'s input lands at output block `r` on every rank.
-    AllGather,
-    /// Rank `r` ends with the reduction over ranks of input block `r`.
-    ReduceScatter,
-    /// Block `q` of rank `r`'s input lands at output block `r` of rank `q`.
-    AllToAll,
-}
-
-impl Collective {
-    /// The name used by the text format and the CLI (`allreduce`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "allreduce",
-            Collective::AllGather => "allgather",
-            Collective::ReduceScatter => "reducescatter",
-            Collective::AllToAll => "alltoall",
-        }
-    }
-
-    /// Parses a collective name, accepting the spellings found in real MSCCL files
-    /// (`reduce_scatter`, `allgather`, `all_gather`, ...), case-insensitively.
-    pub fn parse(name: &str) -> Option<Collective> {
-        let n: String = name.chars().filter(|c| *c != '_' && *c != '-').collect::<String>().to_ascii_lowercase();
-        match n.as_str() {
-            "allreduce" => Some(Collective::AllReduce),
-            "allgather" => Some(Collective::AllGather),
-            "reducescatter" => Some(Collective::ReduceScatter),
-            "alltoall" => Some(Collective::AllToAll),
-            _ => None,
-        }
-    }
-
-    /// Whether the collective reduces (so a reduction operator applies).
-    pub fn reduces(self) -> bool {
-        matches!(self, Collective::AllReduce | Collective::ReduceScatter)
-    }
-
-    /// nccl-tests' bus-bandwidth factor for `n` ranks.
-    pub fn bus_factor(self, n: u32) -> f64 {
-        let n = n as f64;
-        match self {
-            Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            _ => (n - 1.0) / n,
-        }
-    }
-}
+pub use crate::collective::Collective;
 
 /// Buffer sizes and aliasing of a program, shared by the program, the compiled plan and the executors.
 ///
@@ -212,6 +163,10 @@ impl Collective {
 /// | AllGather | C/n | C | input ≡ output block `r` |
 /// | ReduceScatter | C | C/n | output ≡ input block `r` |
 /// | AllToAll | C | C | input ≡ output |
+/// | Broadcast, Reduce | C | C | input ≡ output |
+///
+/// Every rank has both buffers: a Broadcast reads only the root's input, and a Reduce promises only
+/// the root's output (the others may serve as space for partial results).
 ///
 /// A rank's *storage* is one flat array of chunks: out of place `[input | output | scratch]`, in place
 /// `[main | scratch]` where `main` is the larger of input and output.
@@ -309,12 +264,22 @@ impl BufferLayout {
                 reason: format!("scratch sizes given for {} ranks, program has {}", self.scratch.len(), self.ranks),
             });
         }
-        let needs_divisible = !matches!(self.collective, Collective::AllReduce);
+        if let Some(root) = self.collective.root().filter(|&r| r >= self.ranks as usize) {
+            return Err(ProgramError::BadLayout {
+                reason: format!(
+                    "{} from root {root}: the program has {} ranks",
+                    self.collective.program_name(),
+                    self.ranks
+                ),
+            });
+        }
+        let needs_divisible =
+            matches!(self.collective, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll);
         if needs_divisible && !self.chunks.is_multiple_of(self.ranks) {
             return Err(ProgramError::BadLayout {
                 reason: format!(
                     "{} needs chunks divisible by ranks, got {} chunks for {} ranks",
-                    self.collective.name(),
+                    self.collective.program_name(),
                     self.chunks,
                     self.ranks
                 ),

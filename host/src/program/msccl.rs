@@ -110,6 +110,7 @@
 //! scratch copy is kept where it matters. Every error names the XML step or line it comes from.
 
 use super::{BufferKind, BufferLayout, Collective, InputError, Op, OpKind, Program, ProgramError, Rank, RecvOp, Slice};
+use crate::collective::ParseCollectiveError;
 use quick_xml::Reader;
 use quick_xml::events::{BytesStart, Event};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -199,6 +200,17 @@ pub enum ImportError {
     /// The `coll` attribute names a collective oxccl does not know.
     #[error("line {line}: unknown collective `{name}`")]
     UnknownCollective {
+        /// The `coll` value as written.
+        name: String,
+        /// The `<algo>`'s line.
+        line: usize,
+    },
+    /// `coll="broadcast"` or `coll="reduce"`: MSCCL takes the root from the call, and a file does
+    /// not say which root its steps were written for.
+    #[error(
+        "line {line}: `{name}` from an MSCCL file: the file does not say which rank is the root; write the program in the text format with `root=R`"
+    )]
+    RootedCollective {
         /// The `coll` value as written.
         name: String,
         /// The `<algo>`'s line.
@@ -921,8 +933,12 @@ fn read_element(
                 context: ctx.into(),
                 line,
             })?;
-            let coll = Collective::parse(coll_name)
-                .ok_or_else(|| ImportError::UnknownCollective { name: coll_name.to_string(), line })?;
+            let coll = Collective::parse(coll_name, None).map_err(|e| match e {
+                ParseCollectiveError::NoRoot { .. } => {
+                    ImportError::RootedCollective { name: coll_name.to_string(), line }
+                }
+                _ => ImportError::UnknownCollective { name: coll_name.to_string(), line },
+            })?;
             *doc = Some(XDoc {
                 name: a.get(&["name"]).unwrap_or("msccl").to_string(),
                 line,

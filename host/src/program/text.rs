@@ -3,7 +3,7 @@
 //! ```text
 //! # comments run to the end of the line
 //! program ring_allreduce_4
-//! collective allreduce ranks=4 chunks=4 inplace
+//! collective allreduce ranks=4 chunks=4 inplace   # broadcast and reduce add root=R after chunks=C
 //! scratch 0                      # one size for every rank, or one per rank: scratch 0 12 0 12
 //! ranks-per-node 4               # optional
 //! op0 = xfer r0 in[0] -> r1 in[0] rrc ch=0 chunk=0 step=0 stage=0
@@ -37,10 +37,11 @@ pub fn print(p: &Program) -> String {
             let _ = writeln!(s, "program # not a name of this format: {e}");
         }
     }
+    let root = l.collective.root().map(|r| format!(" root={r}")).unwrap_or_default();
     let _ = writeln!(
         s,
-        "collective {} ranks={} chunks={} {}",
-        l.collective.name(),
+        "collective {} ranks={} chunks={}{root} {}",
+        l.collective.program_name(),
         l.ranks,
         l.chunks,
         if l.in_place { "inplace" } else { "outofplace" }
@@ -173,13 +174,15 @@ pub fn parse(text: &str) -> Result<Program, ProgramError> {
             }
             "collective" => {
                 once(ln, "collective", &layout)?;
-                if toks.len() != 5 {
-                    return Err(err(ln, "expected `collective KIND ranks=N chunks=C inplace|outofplace`"));
+                // Broadcast and Reduce name their root: `root=R` after the chunks.
+                let rooted = toks.len() == 6;
+                if !(5..=6).contains(&toks.len()) {
+                    return Err(err(ln, "expected `collective KIND ranks=N chunks=C [root=R] inplace|outofplace`"));
                 }
-                let c =
-                    Collective::parse(toks[1]).ok_or_else(|| err(ln, format!("unknown collective `{}`", toks[1])))?;
-                let v = parse_attrs(ln, &toks[2..4], &["ranks", "chunks"])?;
-                let in_place = match toks[4] {
+                let keys: &[&str] = if rooted { &["ranks", "chunks", "root"] } else { &["ranks", "chunks"] };
+                let v = parse_attrs(ln, &toks[2..toks.len() - 1], keys)?;
+                let c = Collective::parse(toks[1], v.get(2).copied()).map_err(|e| err(ln, e.to_string()))?;
+                let in_place = match toks[toks.len() - 1] {
                     "inplace" => true,
                     "outofplace" => false,
                     o => {

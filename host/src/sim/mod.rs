@@ -697,7 +697,7 @@ pub fn simulate(plan: &Plan, topo: &Topology, opts: &SimOptions) -> Result<SimRe
         micro_batches: mbs,
         time_us: now,
         algbw_gbps: algbw,
-        busbw_gbps: algbw * plan.layout.collective.bus_factor(n),
+        busbw_gbps: algbw * plan.layout.collective.bus_factor(n as usize),
         links,
         tbs: tb_uses,
         mean_tb_idle_share: idle_sum / ntb,

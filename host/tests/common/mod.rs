@@ -142,6 +142,17 @@ impl Builder {
     }
 }
 
+/// How many collectives [`nth_collective`] picks from.
+#[allow(dead_code)]
+pub const COLLECTIVES: usize = 6;
+
+/// Collective `i` of [`Collective::every`] (modulo [`COLLECTIVES`]), a rooted one with its root
+/// drawn from `seed` among `ranks`.
+#[allow(dead_code)]
+pub fn nth_collective(i: usize, seed: u64, ranks: u32) -> Collective {
+    Collective::every((seed.rotate_left(17) % ranks.max(1) as u64) as u32)[i % COLLECTIVES]
+}
+
 /// A random valid program for `collective` on `ranks` ranks with `k` chunks per block.
 pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, channels: u32) -> Program {
     let mut rng = Rng::new(seed);
@@ -150,7 +161,7 @@ pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, cha
         _ => rng.coin(),
     };
     let chunks = match collective {
-        Collective::AllReduce => ranks * k + rng.below(3),
+        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => ranks * k + rng.below(3),
         _ => ranks * k,
     };
     let layout = BufferLayout::new(collective, ranks, chunks, in_place);
@@ -204,6 +215,24 @@ pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, cha
                 }
             }
         }
+        Collective::Broadcast { root } => {
+            for c in 0..chunks {
+                if in_place {
+                    b.broadcast(c as usize, root, &|_| Slice::input(c), c);
+                } else {
+                    b.local(c as usize, root, Slice::input(c), Slice::output(c), false, c);
+                    b.broadcast(c as usize, root, &|_| Slice::output(c), c);
+                }
+            }
+        }
+        Collective::Reduce { root } => {
+            for c in 0..chunks {
+                b.reduce(c as usize, root, &|_| Slice::input(c), c);
+                if !in_place {
+                    b.local(c as usize, root, Slice::input(c), Slice::output(c), false, c);
+                }
+            }
+        }
         Collective::AllToAll => {
             let blk = chunks / ranks;
             for r in 0..ranks {
@@ -230,7 +259,7 @@ pub fn random_program(seed: u64, collective: Collective, ranks: u32, k: u32, cha
             }
         }
     }
-    b.finish(&format!("random_{}", collective.name()), layout, pre)
+    b.finish(&format!("random_{}", collective.program_name()), layout, pre)
 }
 
 /// The folder with the bundled MSCCL files (always present in the repository).

@@ -101,7 +101,7 @@ pub fn check(a: &PlanArgs) -> Result<(bench::PlanBench, (u32, u32)), Box<dyn std
         return Err(format!(
             "-o/--op is for programs that reduce, not {} (its {} reduces nothing)",
             loaded.program.name,
-            collective.name()
+            collective.program_name()
         )
         .into());
     }
