@@ -1,6 +1,6 @@
 //! Transfer programs on the GPU (`Communicator::run_program`): ring AllReduce (4 and 8 ranks),
-//! hierarchical-mesh AllReduce and AllGather (2×4, 2×8 as 8 and 16 virtual ranks) and the bundled
-//! MSCCL files, each level of a program one launch of the collectives' engine, against the CPU
+//! hierarchical-mesh AllReduce and AllGather (2×4, 2×8 as 8 and 16 virtual ranks), the bundled
+//! MSCCL files and pipelined chain Broadcast and Reduce programs (text format, rooted mid-chain), each level of a program one launch of the collectives' engine, against the CPU
 //! executor of the same lowering (`oxccl_host::compile::direct`, which `host/tests/compile_direct.rs`
 //! checks against the collectives' references); then misuse, as typed errors.
 //!
@@ -45,6 +45,13 @@ fn programs() -> Vec<(String, Program)> {
             v.push((format!("{algo} {nodes}x{gpus}"), p));
         }
     }
+    for (ranks, root, in_place) in [(4, 2, false), (8, 5, true)] {
+        for (what, p) in
+            [("broadcast", chain(true, ranks, root, in_place)), ("reduce", chain(false, ranks, root, in_place))]
+        {
+            v.push((format!("chain {what} {ranks} ranks from root {root}"), p));
+        }
+    }
     let dir = common::msccl_dir();
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -59,6 +66,40 @@ fn programs() -> Vec<(String, Program)> {
         v.push((name, p));
     }
     v
+}
+
+/// A pipelined chain over `ranks` ranks in the text format, four chunks: a Broadcast from `root`
+/// (root, root+1, ... forward each chunk) or a Reduce into `root` (root+1, root+2, ... each add
+/// their partial into the next; the root copies the sum out).
+fn chain(broadcast: bool, ranks: u32, root: u32, in_place: bool) -> Program {
+    use std::fmt::Write;
+    let (chunks, kind) = (4, if broadcast { "broadcast" } else { "reduce" });
+    let placement = if in_place { "inplace" } else { "outofplace" };
+    let mut t = format!(
+        "program chain_{kind}\ncollective {kind} ranks={ranks} chunks={chunks} root={root} {placement}\nscratch 0\n"
+    );
+    let at = |k: u32| (root + k) % ranks;
+    let (mut ops, mut n) = (Vec::new(), 0);
+    for c in 0..chunks {
+        let local = if in_place { None } else { Some(format!("copy r{root} in[{c}] -> out[{c}]")) };
+        if broadcast {
+            ops.extend(local.map(|l| (l, 0)));
+            for k in 0..ranks - 1 {
+                ops.push((format!("xfer r{} out[{c}] -> r{} out[{c}] recv", at(k), at(k + 1)), k + 1));
+            }
+        } else {
+            // From the rank after the root around to the root.
+            for k in 1..ranks {
+                ops.push((format!("xfer r{} in[{c}] -> r{} in[{c}] rrc", at(k), at((k + 1) % ranks)), k));
+            }
+            ops.extend(local.map(|l| (l, ranks)));
+        }
+        for (op, step) in ops.drain(..) {
+            let _ = writeln!(t, "op{n} = {op} ch=0 chunk={c} step={step} stage=0");
+            n += 1;
+        }
+    }
+    oxccl_host::program::text::parse(&t).and_then(|p| p.check().map(|()| p)).unwrap_or_else(|e| panic!("{t}\n{e}"))
 }
 
 /// Every program of the matrix on the collective engine (`Communicator::run_program`) on virtual
@@ -166,4 +207,16 @@ fn run_program_on<T: oxccl::Element + bytemuck::Pod>(
     }
     comm.synchronize()?;
     Ok(recv.iter().map(|b| bytemuck::cast_slice(&stream.clone_dtoh(b).unwrap()).to_vec()).collect())
+}
+
+/// The matrix itself, on the CPU: every program holds its collective's postcondition (the chain
+/// programs are built here from text, so a mistake in them shows without a GPU).
+#[test]
+fn the_programs_hold_their_postconditions() {
+    let all = programs();
+    for (name, p) in &all {
+        p.check().unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let rooted = all.iter().filter(|(_, p)| p.layout.collective.root().is_some()).count();
+    assert_eq!(rooted, 4);
 }
