@@ -64,7 +64,8 @@ pub use half;
 /// The host side (`oxccl-host`): the transfer IR, MSCCL import, the ResCCL compiler, the lowering
 /// onto the engine, the simulator and the CPU executors; re-exported so one dependency serves.
 pub use oxccl_host as host;
-pub use oxccl_host::tccl::{Collective, Reduction};
+pub use oxccl_host::collective::Collective;
+pub use oxccl_host::tccl::Reduction;
 /// The most ranks a communicator has: one launch addresses every rank's buffers.
 pub use oxccl_kernels::abi::MAX_RANKS;
 pub use oxccl_kernels::abi::{DType, Mover, RedOp as ReduceOp};

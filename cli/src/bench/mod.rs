@@ -1537,7 +1537,6 @@ impl PlanBench {
         us: f64,
         wrong: Option<u64>,
     ) -> CollectiveRow {
-        use oxccl_host::program::Collective as Coll;
         let p = l.ranks as usize;
         let bw = real as f64 / (us * 1e-6) / 1e9;
         let factor = l.collective.bus_factor(p);
@@ -1554,7 +1553,7 @@ impl PlanBench {
             size: real,
             // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
             // a rank sends to each peer.
-            count: if l.collective == Coll::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
+            count: if l.collective == Collective::AllToAll { count_in / p as u64 } else { count_in.min(count_out) },
             dtype: self.dtype.nccl_name(),
             // nccl-tests: "none" where nothing is reduced.
             redop: if l.collective.reduces() { self.op.nccl_name() } else { "none" },

@@ -4,7 +4,7 @@
 //! floats) for which every order gives the same bits.
 
 use super::{Element, ExecError, ReduceOp};
-use crate::program::Collective;
+use crate::collective::Collective;
 
 fn same_len<T>(inputs: &[Vec<T>]) -> Result<usize, ExecError> {
     let len = inputs.first().map(Vec::len).ok_or_else(|| ExecError::BadInput { reason: "no ranks".into() })?;
