@@ -13,6 +13,7 @@
 //! | [`lowered`] | the engine's descriptors executed on host memory, and the race checker for them |
 //! | [`reshard`] | M-to-N reshard planner between two (mesh, placements) layouts |
 //! | [`p2p`] | point-to-point transfers between ranks that launch alone: pair slots, rounds, their task lists |
+//! | [`verify`] | the report of a check of outputs against what they should hold, for every executor |
 //! | [`nodes`] | ranks across nodes, and the staged hierarchical collectives (NVLink inside, an inter-node engine between) |
 
 #![warn(missing_docs)]
@@ -29,3 +30,4 @@ pub mod program;
 pub mod reshard;
 pub mod sim;
 pub mod tccl;
+pub mod verify;

@@ -41,7 +41,7 @@ fn algo(coll: &str, chunks: u32, placement: &str, gpus: &[(u32, u32, u32, Vec<St
 }
 
 /// Compiles and runs `xml`'s program on the CPU executor: the number of wrong output elements.
-fn wrong_elements(xml: &str) -> usize {
+fn wrong_elements(xml: &str) -> u64 {
     let p = import(xml).unwrap_or_else(|e| panic!("{e}")).program;
     let plan = compile(&p, &Options::default()).unwrap();
     let opts = ExecOptions { micro_batches: 2, fifo_slots: plan.stats.fifo_slots_needed.max(2) };

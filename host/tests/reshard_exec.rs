@@ -132,7 +132,7 @@ fn verify_notices_wrong_plans() {
         t.src_offset -= 4;
     }))
     .unwrap();
-    assert!(r.mismatches > 0 && r.first.iter().all(|m| matches!(m.found, Found::Global(_))), "{r}");
+    assert!(r.wrong > 0 && r.first.iter().all(|m| matches!(m.found, Found::Global(_))), "{r}");
     // Forwarding in the stage that receives: reads before the write, so the data never arrives.
     let r = verify(&tampered(|s| {
         let forward = s[1].transfers.remove(0);

@@ -114,7 +114,7 @@ fn verify_bounds_scratch_storage() {
     let e = verify::<f32>(&plan, ReduceOp::Sum, MAX_VERIFY_ELEMENTS / 4 + 1, &ExecOptions::default()).unwrap_err();
     assert!(matches!(&e, ExecError::BadInput { reason } if reason.contains("4 storage chunks")), "{e}");
     let r = verify::<f32>(&plan, ReduceOp::Sum, 64, &ExecOptions::default()).unwrap();
-    assert_eq!((r.elements, r.wrong), (64, 0));
+    assert_eq!((r.checked, r.wrong), (64, 0));
 }
 
 #[test]

@@ -56,7 +56,7 @@ fn a_tensor_with_a_zero_extent_plans_verifies_and_moves_nothing() {
     let p = plan(&[0, 1 << 40, 1 << 40], 4, &src, &dst, PlanOptions::default()).unwrap();
     assert_eq!(p.transfers().count(), 0);
     let report = verify(&p).unwrap();
-    assert!(report.is_exact() && report.elements_checked == 0, "{report}");
+    assert!(report.is_exact() && report.checked == 0, "{report}");
     let shards = p.src_sharding().local_shards::<f32>(&[]).unwrap();
     assert!(shards.len() == 2 && shards.values().all(Vec::is_empty));
     let out = execute_bytes(&p, &Buffers::new()).unwrap();
@@ -195,7 +195,7 @@ fn verify_holds_any_limit_to_the_host_bound() {
     }
     // Within the bound, a large limit verifies as the default does.
     let p = plan(&[64], 1, &l, &l, PlanOptions::default()).unwrap();
-    assert_eq!(verify_with_limit(&p, u64::MAX).unwrap().mismatches, 0);
+    assert_eq!(verify_with_limit(&p, u64::MAX).unwrap().wrong, 0);
 }
 
 /// Descriptors index a stage's tasks with `u32`: a task limit past that would let the count wrap.

@@ -109,8 +109,7 @@ pub fn run(args: Args) -> CliResult {
 
     if args.json {
         let mut json = PlanReport::new(&plan, Some(&args.dtype.name()));
-        json.verify =
-            report.as_ref().map(|r| VerifySummary { elements_checked: r.elements_checked, mismatches: r.mismatches });
+        json.verify = report.as_ref().map(|r| VerifySummary { elements_checked: r.checked, mismatches: r.wrong });
         print!("{}", json.to_json());
     } else {
         print_text(&plan, &args);
@@ -121,7 +120,7 @@ pub fn run(args: Args) -> CliResult {
     if let Some(r) = &report
         && !r.is_exact()
     {
-        return Err(super::WrongResult::boxed(format!("verification failed: {} elements differ", r.mismatches)));
+        return Err(super::WrongResult::boxed(format!("verification failed: {} elements differ", r.wrong)));
     }
     if let Some(l) = &lowered {
         print_lowered(&plan, l, &args)?;

@@ -116,12 +116,12 @@ pub fn run(args: Args) -> CliResult {
     );
     match run_engine(&loaded.program, &args, op) {
         Ok((r, levels)) if r.wrong == 0 => {
-            println!("{head}: OK ({} elements checked, {levels} launches)", r.elements)
+            println!("{head}: OK ({} elements checked, {levels} launches)", r.checked)
         }
         Ok((r, _)) => {
             failures += 1;
-            let (rank, i) = r.first_wrong.unwrap_or((0, 0));
-            println!("{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})", r.wrong, r.elements);
+            let (rank, i) = r.first.first().copied().unwrap_or((0, 0));
+            println!("{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})", r.wrong, r.checked);
         }
         // What run_program would refuse (a chunk off 16 bytes, more ranks than a launch holds, a
         // level past the descriptors) is said; a lowering that fails its own checks is a failure.
@@ -152,13 +152,13 @@ pub fn run(args: Args) -> CliResult {
             slots
         );
         match run_one(&plan, &args, op, &opts) {
-            Ok(r) if r.wrong == 0 => progress.println(format_args!("{head}: OK ({} elements checked)", r.elements)),
+            Ok(r) if r.wrong == 0 => progress.println(format_args!("{head}: OK ({} elements checked)", r.checked)),
             Ok(r) => {
                 failures += 1;
-                let (rank, i) = r.first_wrong.unwrap_or((0, 0));
+                let (rank, i) = r.first.first().copied().unwrap_or((0, 0));
                 progress.println(format_args!(
                     "{head}: FAILED, {} of {} elements wrong (first: rank {rank}, index {i})",
-                    r.wrong, r.elements
+                    r.wrong, r.checked
                 ));
             }
             Err(e) => {

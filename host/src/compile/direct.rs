@@ -185,7 +185,7 @@ pub fn verify<T: Element + bytemuck::Pod>(
     let inputs: Vec<Vec<T>> = test_inputs_for(l.ranks as usize, l.input_chunks() as usize * chunk_len, op);
     let want = reference(l.collective, &inputs, op)?;
     let (got, levels) = run_on_host(program, dtype, op, chunk_len, &inputs)?;
-    let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
+    let mut report = VerifyReport::default();
     for (r, (g, w)) in got.iter().zip(&want).enumerate().filter(|(r, _)| l.collective.defines_output(*r)) {
         report.tally(r, g, w);
     }

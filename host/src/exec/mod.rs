@@ -475,35 +475,9 @@ pub fn test_inputs_for<T: Element>(ranks: usize, len: usize, op: ReduceOp) -> Ve
     (0..ranks).map(|r| (0..len).map(|i| T::from_small(((r * 131 + i * 7 + 3) % 17 % 2) as i32 + 1)).collect()).collect()
 }
 
-/// The outcome of [`verify`]: how many elements differ from the reference.
-#[derive(Clone, Debug, PartialEq)]
-pub struct VerifyReport {
-    /// Output elements compared, summed over all ranks.
-    pub elements: usize,
-    /// Elements that differ from the reference. A rank whose output has the wrong length counts
-    /// its whole reference output as wrong.
-    pub wrong: usize,
-    /// The first wrong element: (rank, index); index 0 for an output of the wrong length.
-    pub first_wrong: Option<(usize, usize)>,
-}
-
-impl VerifyReport {
-    /// Adds rank `rank`'s output `got`, compared element by element with its reference `want`.
-    pub(crate) fn tally<T: PartialEq>(&mut self, rank: usize, got: &[T], want: &[T]) {
-        self.elements += want.len();
-        if got.len() != want.len() {
-            self.wrong += want.len();
-            self.first_wrong.get_or_insert((rank, 0));
-            return;
-        }
-        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-            if a != b {
-                self.wrong += 1;
-                self.first_wrong.get_or_insert((rank, i));
-            }
-        }
-    }
-}
+/// The outcome of [`verify`]: the output elements compared with the reference over every rank, and
+/// the first wrong ones as (rank, index).
+pub type VerifyReport = crate::verify::VerifyReport<(usize, usize)>;
 
 /// Most elements of storage (input, output and scratch), over all ranks, [`verify`] builds on the
 /// host, whatever their size (the bytes are bounded by [`verify_bytes`] against a memory limit).
@@ -609,28 +583,9 @@ pub fn verify_within<T: Element>(
     let inputs = test_inputs_for::<T>(l.ranks as usize, elements, op);
     let got = execute(plan, &inputs, op, opts)?;
     let want = reference::reference(l.collective, &inputs, op)?;
-    let mut report = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
+    let mut report = VerifyReport::default();
     for (r, (g, w)) in got.iter().zip(&want).enumerate().filter(|(r, _)| l.collective.defines_output(*r)) {
         report.tally(r, g, w);
     }
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::VerifyReport;
-
-    #[test]
-    fn a_report_counts_mismatches_and_whole_outputs_of_the_wrong_length() {
-        let mut r = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
-        r.tally(0, &[1, 2, 3], &[1, 2, 3]);
-        assert_eq!((r.elements, r.wrong, r.first_wrong), (3, 0, None));
-        r.tally(1, &[1, 9, 3, 9], &[1, 2, 3, 4]);
-        assert_eq!((r.elements, r.wrong, r.first_wrong), (7, 2, Some((1, 1))));
-        r.tally(2, &[1, 2], &[1, 2, 3]);
-        assert_eq!((r.elements, r.wrong, r.first_wrong), (10, 5, Some((1, 1))));
-        let mut short = VerifyReport { elements: 0, wrong: 0, first_wrong: None };
-        short.tally(3, &[5, 6, 7, 8], &[5, 6]);
-        assert_eq!((short.elements, short.wrong, short.first_wrong), (2, 2, Some((3, 0))));
-    }
 }

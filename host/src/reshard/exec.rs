@@ -409,37 +409,20 @@ pub enum Found {
     Other,
 }
 
-/// The outcome of [`verify`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Destination elements checked (every element of every destination buffer).
-    pub elements_checked: u64,
-    /// Elements that did not hold what they should.
-    pub mismatches: u64,
-    /// The first mismatches (at most [`VerifyReport::LISTED`]); `mismatches` counts them all.
-    pub first: Vec<Mismatch>,
-}
-
-impl VerifyReport {
-    /// How many mismatches are listed in `first`.
-    pub const LISTED: usize = 16;
-
-    /// Whether every destination element holds the right value.
-    pub fn is_exact(&self) -> bool {
-        self.mismatches == 0
-    }
-}
+/// The outcome of [`verify`]: every element of every destination buffer checked, the first wrong
+/// ones described.
+pub type VerifyReport = crate::verify::VerifyReport<Mismatch>;
 
 impl fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_exact() {
-            return write!(f, "verified: all {} destination elements match the global tensor", self.elements_checked);
+            return write!(f, "verified: all {} destination elements match the global tensor", self.checked);
         }
         writeln!(
             f,
             "FAILED: {} of {} destination elements differ from the global tensor (first {} listed)",
-            self.mismatches,
-            self.elements_checked,
+            self.wrong,
+            self.checked,
             self.first.len()
         )?;
         for m in &self.first {
@@ -511,22 +494,23 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
         }
         coords
     };
-    let mut report = VerifyReport { elements_checked: 0, mismatches: 0, first: Vec::new() };
+    let mut report = VerifyReport::default();
     for (&rank, got) in &out {
         let want = dst.local_region(rank).map_or_else(Vec::new, |g| region_tags(shape, &g));
-        report.elements_checked += want.len() as u64;
+        report.checked += want.len() as u64;
         for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
             if w.wrapping_mul(total) != g {
-                report.mismatches += 1;
-                if report.first.len() < VerifyReport::LISTED {
-                    let tag = g.wrapping_mul(inverse);
-                    let found = match g {
-                        0 => Found::Nothing,
-                        _ if (1..=elements).contains(&tag) => Found::Global(unravel(tag - 1)),
-                        _ => Found::Other,
-                    };
-                    report.first.push(Mismatch { rank, local_index: i as u64, expected: unravel(w - 1), found });
+                if report.first.len() == VerifyReport::LISTED {
+                    report.wrong += 1;
+                    continue;
                 }
+                let tag = g.wrapping_mul(inverse);
+                let found = match g {
+                    0 => Found::Nothing,
+                    _ if (1..=elements).contains(&tag) => Found::Global(unravel(tag - 1)),
+                    _ => Found::Other,
+                };
+                report.record(Mismatch { rank, local_index: i as u64, expected: unravel(w - 1), found }, 1);
             }
         }
     }
