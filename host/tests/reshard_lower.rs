@@ -13,6 +13,8 @@ use oxccl_host::reshard::{
 };
 use oxccl_kernels::abi::{DType, MAX_RANKS, TaskKind, slot};
 use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use reshard_common::{Problem, problem_in};
 use std::collections::BTreeMap;
 
@@ -22,15 +24,9 @@ fn layout(mesh: &str, placements: &str) -> Layout {
 
 /// A global tensor of `n` elements of `elem` bytes with every byte pseudo-random.
 fn global_bytes(n: u64, elem: u64, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n * elem)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut bytes = vec![0u8; (n * elem) as usize];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut bytes);
+    bytes
 }
 
 /// Every rank's shard of a layout, as bytes cut from `global` (elements of `elem` bytes).

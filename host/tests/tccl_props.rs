@@ -12,6 +12,8 @@ use oxccl_host::lowered::{self, HostBuffers};
 use oxccl_host::tccl::{self, Collective, PlanSpec, Reduction};
 use oxccl_kernels::abi::{DType, RedOp, slot};
 use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 fn element(dtype: DType, x: f64) -> Vec<u8> {
     match dtype {
@@ -130,13 +132,8 @@ fn spec_strategy() -> impl Strategy<Value = PlanSpec> {
 fn inputs(spec: &PlanSpec, seed: u64, integers: bool) -> Vec<Vec<u8>> {
     let (in_bytes, _) = spec.buffer_bytes();
     let e = spec.dtype.size();
-    let mut state = seed | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut next = move || rng.next_u64();
     // In-place Min and Max on integers: values distinct across ranks at every element, the extreme held
     // by a random rank, so the result differs from every other rank's own input and an element a rank
     // fails to write shows although its buffer starts as its input.
