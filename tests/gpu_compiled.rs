@@ -1,6 +1,7 @@
 //! Transfer programs on the GPU (`Communicator::run_program`): ring AllReduce (4 and 8 ranks),
 //! hierarchical-mesh AllReduce and AllGather (2×4, 2×8 as 8 and 16 virtual ranks), the bundled
-//! MSCCL files and pipelined chain Broadcast and Reduce programs (text format, rooted mid-chain), each level of a program one launch of the collectives' engine, against the CPU
+//! MSCCL files and pipelined chain Broadcast and Reduce programs (the generators', rooted at 0, and
+//! from text, rooted mid-chain), each level of a program one launch of the collectives' engine, against the CPU
 //! executor of the same lowering (`oxccl_host::compile::direct`, which `host/tests/compile_direct.rs`
 //! checks against the collectives' references); then misuse, as typed errors.
 //!
@@ -44,6 +45,9 @@ fn programs() -> Vec<(String, Program)> {
             p.ranks_per_node = Some(gpus);
             v.push((format!("{algo} {nodes}x{gpus}"), p));
         }
+    }
+    for algo in [Algorithm::ChainBroadcast, Algorithm::ChainReduce] {
+        v.push((format!("{algo} 1x8"), algo.generate(1, 8).unwrap()));
     }
     for (ranks, root, in_place) in [(4, 2, false), (8, 5, true)] {
         for (what, p) in
@@ -218,5 +222,5 @@ fn the_programs_hold_their_postconditions() {
         p.check().unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     let rooted = all.iter().filter(|(_, p)| p.layout.collective.root().is_some()).count();
-    assert_eq!(rooted, 4);
+    assert_eq!(rooted, 6);
 }

@@ -29,7 +29,8 @@ pub struct Source {
 pub struct ProgramArgs {
     /// Built-in algorithm: ring-allreduce, ring-allgather, ring-reducescatter, direct-allreduce,
     /// direct-allgather, direct-reducescatter, direct-alltoall, hm-allgather, hm-reducescatter,
-    /// hm-allreduce.
+    /// hm-allreduce, hier-allreduce, hier-reducescatter, hier-allgather, chain-broadcast,
+    /// chain-reduce (rooted at rank 0).
     #[arg(long, conflicts_with_all = ["xml", "program"])]
     pub algo: Option<String>,
     /// MSCCL XML algorithm file.

@@ -58,11 +58,18 @@ pub enum Algorithm {
     /// `hier-allgather`: an inter-node ring AllGather among the GPUs of one local index, then a
     /// direct AllGather inside each node, in place.
     HierAllGather,
+    /// `chain-broadcast`: a Broadcast from rank 0, in place, over `n` chunks pipelined down the
+    /// chain 0 → 1 → … → n-1: chunk `c` takes hop `k` at step `c + k`.
+    ChainBroadcast,
+    /// `chain-reduce`: a Reduce into rank 0, in place, over `n` chunks pipelined up the chain
+    /// n-1 → … → 1 → 0, each rank adding its part on the way: chunk `c` takes hop `k` at step
+    /// `c + k`.
+    ChainReduce,
 }
 
 impl Algorithm {
     /// Every algorithm, in CLI order.
-    pub const ALL: [Algorithm; 13] = [
+    pub const ALL: [Algorithm; 15] = [
         Algorithm::RingAllReduce,
         Algorithm::RingAllGather,
         Algorithm::RingReduceScatter,
@@ -76,6 +83,8 @@ impl Algorithm {
         Algorithm::HierAllReduce,
         Algorithm::HierReduceScatter,
         Algorithm::HierAllGather,
+        Algorithm::ChainBroadcast,
+        Algorithm::ChainReduce,
     ];
 
     /// The most ranks a generator accepts: the programs grow as the square of the rank count (an
@@ -99,6 +108,8 @@ impl Algorithm {
             Algorithm::HierAllReduce => "hier-allreduce",
             Algorithm::HierReduceScatter => "hier-reducescatter",
             Algorithm::HierAllGather => "hier-allgather",
+            Algorithm::ChainBroadcast => "chain-broadcast",
+            Algorithm::ChainReduce => "chain-reduce",
         }
     }
 
@@ -148,6 +159,8 @@ impl Algorithm {
             | Algorithm::HmReduceScatter
             | Algorithm::HierReduceScatter => (Collective::ReduceScatter, true),
             Algorithm::DirectAllToAll => (Collective::AllToAll, false),
+            Algorithm::ChainBroadcast => (Collective::Broadcast { root: 0 }, true),
+            Algorithm::ChainReduce => (Collective::Reduce { root: 0 }, true),
         };
         let mut g = Generated {
             algo: self,
@@ -253,6 +266,8 @@ enum Block {
     /// Hierarchical: inside each node, every GPU sends its chunks (those of its local index) to the
     /// node's other GPUs, at `step` and `stage`.
     HierIntraAg { step: u32, stage: u32, out: bool },
+    /// A pipelined chain through ranks 0 … n-1: a Broadcast down it or a Reduce up it.
+    Chain { reduce: bool },
 }
 
 /// The divisors [`Generated::op`] finds a block's loop indices with, per block.
@@ -357,6 +372,8 @@ impl Generated {
                 Block::HierRing { ag: true, first_step: 0, stage: 0, out: true },
                 Block::HierIntraAg { step: nodes - 1, stage: 1, out: true },
             ],
+            Algorithm::ChainBroadcast => vec![Block::Chain { reduce: false }],
+            Algorithm::ChainReduce => vec![Block::Chain { reduce: true }],
         }
     }
 
@@ -476,6 +493,14 @@ impl Generated {
                     }
                 }
             }
+            Block::Chain { reduce } => {
+                // Hop k of every chunk, hop by hop: each hop reads what the one before wrote.
+                for k in 0..n.saturating_sub(1) {
+                    for c in 0..n {
+                        f(self.chain(reduce, k, c));
+                    }
+                }
+            }
         }
     }
 
@@ -491,6 +516,7 @@ impl Generated {
             Block::HmRs { e0, e1, nic } => e1.saturating_sub(e0) as u64 * (nn * g * (g - 1) + nic as u64 * nn * g),
             Block::HierIntraRs | Block::HierIntraAg { .. } => n * nn * (g - 1),
             Block::HierRing { .. } => nn.saturating_sub(1) * n,
+            Block::Chain { .. } => n.saturating_sub(1) * n,
         }
     }
 
@@ -498,7 +524,7 @@ impl Generated {
     fn divisors(&self, b: Block) -> Divisors {
         let (nn, g, n) = (self.nodes, self.gpus, self.layout.ranks);
         let (outer, per_gpu) = match b {
-            Block::RingRs { .. } | Block::RingAg { .. } | Block::AllToAll => (n, 1),
+            Block::RingRs { .. } | Block::RingAg { .. } | Block::AllToAll | Block::Chain { .. } => (n, 1),
             Block::DirectRs | Block::DirectBcast { .. } => (n - 1, 1),
             Block::HmAgFirst { .. } => (self.hm_ag_first_len(), self.hm_ag_first_len()),
             Block::HmAgLater { nic, .. } => {
@@ -569,6 +595,22 @@ impl Generated {
                 let (k, r) = dv.outer.divmod(i);
                 self.hier_ring(b, k, r)
             }
+            Block::Chain { reduce } => {
+                let (k, c) = dv.outer.divmod(i);
+                self.chain(reduce, k, c)
+            }
+        }
+    }
+
+    /// Hop `k` of chunk `c` down the chain from rank 0 (a Broadcast: `k` to `k+1`) or up it to
+    /// rank 0 (a Reduce: `n-1-k` adds its partial into `n-2-k`), at step `c + k`.
+    fn chain(&self, reduce: bool, k: u32, c: u32) -> Op {
+        let n = self.layout.ranks;
+        let sl = Slice::input(c);
+        if reduce {
+            xfer(n - 1 - k, sl, n - 2 - k, sl, RecvOp::RecvReduceCopy, c, c + k, 0)
+        } else {
+            xfer(k, sl, k + 1, sl, RecvOp::Recv, c, c + k, 0)
         }
     }
 
