@@ -261,12 +261,14 @@ impl Options {
 }
 
 /// Why a program could not be compiled.
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, PartialEq, Debug, thiserror::Error)]
 pub enum CompileError {
     /// The program is structurally invalid.
-    Program(ProgramError),
+    #[error("invalid program: {0}")]
+    Program(#[from] ProgramError),
     /// A verifier found a broken invariant after a pass (a compiler bug, reported rather than
     /// panicking).
+    #[error("verifier after `{pass}`: {message}")]
     Verify {
         /// The pass whose result broke the invariant (a name from [`PASSES`]).
         pass: &'static str,
@@ -275,33 +277,8 @@ pub enum CompileError {
     },
     /// The compilation would take more memory than [`Options::memory_limit`] (estimated before
     /// anything was allocated), or an allocation failed.
-    TooLarge(TooLarge),
-}
-
-impl fmt::Display for CompileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CompileError::Program(e) => write!(f, "invalid program: {e}"),
-            CompileError::Verify { pass, message } => {
-                write!(f, "verifier after `{pass}`: {message}")
-            }
-            CompileError::TooLarge(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for CompileError {}
-
-impl From<ProgramError> for CompileError {
-    fn from(e: ProgramError) -> Self {
-        CompileError::Program(e)
-    }
-}
-
-impl From<TooLarge> for CompileError {
-    fn from(e: TooLarge) -> Self {
-        CompileError::TooLarge(e)
-    }
+    #[error("{0}")]
+    TooLarge(#[from] TooLarge),
 }
 
 /// Every intermediate result of a compilation, for dumps and tests.
