@@ -30,12 +30,12 @@ impl<W> VerifyReport<W> {
         self.wrong == 0
     }
 
-    /// Counts `n` wrong elements, listing `w` (the first of them) while fewer than
-    /// [`VerifyReport::LISTED`] are listed.
-    pub fn record(&mut self, w: W, n: u64) {
+    /// Counts `n` wrong elements, listing the first of them (`w()`, made only when it is listed)
+    /// while fewer than [`VerifyReport::LISTED`] are listed.
+    pub fn record(&mut self, n: u64, w: impl FnOnce() -> W) {
         self.wrong += n;
         if self.first.len() < Self::LISTED {
-            self.first.push(w);
+            self.first.push(w());
         }
     }
 }
@@ -46,11 +46,11 @@ impl VerifyReport<(usize, usize)> {
     pub fn tally<T: PartialEq>(&mut self, rank: usize, got: &[T], want: &[T]) {
         self.checked += want.len() as u64;
         if got.len() != want.len() {
-            self.record((rank, 0), want.len() as u64);
+            self.record(want.len() as u64, || (rank, 0));
             return;
         }
         for (i, _) in got.iter().zip(want).enumerate().filter(|(_, (a, b))| a != b) {
-            self.record((rank, i), 1);
+            self.record(1, || (rank, i));
         }
     }
 }

@@ -500,17 +500,15 @@ pub fn verify_with_limit(plan: &ReshardPlan, limit: u64) -> Result<VerifyReport,
         report.checked += want.len() as u64;
         for (i, (&w, &g)) in want.iter().zip(got).enumerate() {
             if w.wrapping_mul(total) != g {
-                if report.first.len() == VerifyReport::LISTED {
-                    report.wrong += 1;
-                    continue;
-                }
-                let tag = g.wrapping_mul(inverse);
-                let found = match g {
-                    0 => Found::Nothing,
-                    _ if (1..=elements).contains(&tag) => Found::Global(unravel(tag - 1)),
-                    _ => Found::Other,
-                };
-                report.record(Mismatch { rank, local_index: i as u64, expected: unravel(w - 1), found }, 1);
+                report.record(1, || {
+                    let tag = g.wrapping_mul(inverse);
+                    let found = match g {
+                        0 => Found::Nothing,
+                        _ if (1..=elements).contains(&tag) => Found::Global(unravel(tag - 1)),
+                        _ => Found::Other,
+                    };
+                    Mismatch { rank, local_index: i as u64, expected: unravel(w - 1), found }
+                });
             }
         }
     }
