@@ -51,7 +51,7 @@ fn config(shape: (Mover, Reduction, u32)) -> Config {
         mover,
         reduction,
         deterministic: reduction == Reduction::Registers,
-        timeout: Duration::from_secs(5),
+        timeout: common::timeout_from_env(Duration::from_secs(5)),
         ..Config::default()
     }
 }

@@ -171,6 +171,13 @@ pub fn count_from_env(name: &str, default: usize) -> usize {
     }
 }
 
+/// The timeout of the communicators a test builds from `OXCCL_TEST_TIMEOUT` (seconds), else
+/// `default`: a run under compute-sanitizer starts each process and launch many times slower, and
+/// its bootstrap and waits need longer bounds. A value that does not parse, or 0, fails the test.
+pub fn timeout_from_env(default: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_secs(count_from_env("OXCCL_TEST_TIMEOUT", default.as_secs() as usize) as u64)
+}
+
 /// The random seed from `OXCCL_SEED`, else `default`. A value that does not parse fails the test:
 /// a mistyped seed would otherwise rerun the default and seem to reproduce nothing.
 pub fn seed_from_env(default: u64) -> u64 {
