@@ -8,11 +8,13 @@ cd "$(dirname "$0")/.."
 mkdir -p .device/bin
 find .device/bin -maxdepth 1 -type f ! -name 'oxccl-*' -delete
 export OXCCL_PTX_BUILD=fresh
+# Cargo's messages of the builds below, for the check of the embedded PTX at the end.
+BUILDS=$(mktemp); trap 'rm -f "$BUILDS"' EXIT
 # The CLI with the cuBLAS GEMM load for `bench overlap --compute gemm`.
-cargo build --release -p oxccl-cli --features gemm --bin oxccl
+cargo build --release -p oxccl-cli --features gemm --bin oxccl --message-format=json-render-diagnostics >> "$BUILDS"
 cp target/release/oxccl .device/bin/oxccl
 cargo test --workspace --release --no-run --message-format=json-render-diagnostics \
-  | python3 -c '
+  | tee -a "$BUILDS" | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
     m = json.loads(line)
@@ -43,6 +45,26 @@ cp target/release/examples/device_threads .device/bin/
 if [ "${OXCCL_STAGE_CANDLE:-1}" != 0 ]; then
   scripts/candle-examples.sh
   cp examples/candle/target/release/candle-ddp examples/candle/target/release/candle-tp .device/bin/
+fi
+# The binaries must carry this checkout's device code. Where the device sources are as committed,
+# every fresh engine PTX the builds embedded must equal the shipped one: one that differs came from a
+# stale nested device build (its target directory under the build script's OUT_DIR), as when another
+# checkout of the same crates built into this target directory.
+if git diff --quiet HEAD -- kernels-gpu ptx-intrinsics ptx device-build 2>/dev/null; then
+  python3 - "$BUILDS" <<'PY'
+import json, os, sys, filecmp
+bad = []
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "build-script-executed":
+        ptx = os.path.join(m.get("out_dir") or "", "oxccl_kernels.ptx")
+        if os.path.exists(ptx) and not filecmp.cmp(ptx, "ptx/oxccl_kernels.ptx", shallow=False):
+            bad.append(ptx)
+for b in sorted(set(bad)):
+    print(f"gpu-stage: {b} differs from ptx/oxccl_kernels.ptx though the device sources are as committed: "
+          f"a stale nested build; remove {os.path.dirname(b)}/device-target* and stage again", file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
 fi
 # MSCCL files for `gpu-suite.sh compiled-bench` (the GPU machine has no checkout).
 mkdir -p .device/host-msccl
