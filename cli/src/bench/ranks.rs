@@ -216,7 +216,11 @@ pub fn rank_bench(
             };
             let n = usize::try_from(count)
                 .map_err(|_| Error::Config { field: "size", why: format!("{count} elements") })?;
-            oxccl::with_element!(b.dtype, |T| comm.prepare::<T>(b.collective, n, b.op, in_place))?;
+            // Across nodes a call cannot be prepared (`Comm::prepare` is one node's): the check and
+            // the untimed calls before the timed ones build its plans.
+            if comm.node_map().is_none() {
+                oxccl::with_element!(b.dtype, |T| comm.prepare::<T>(b.collective, n, b.op, in_place))?;
+            }
             if b.sweep.check {
                 call(&send, &mut recv)?;
                 comm.synchronize()?;
