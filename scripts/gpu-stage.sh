@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .device/bin
 find .device/bin -maxdepth 1 -type f ! -name 'oxccl-*' -delete
 export OXCCL_PTX_BUILD=fresh
-# Cargo's messages of the builds below, for the check of the embedded PTX at the end.
+# Cargo's messages of the builds below (all but candle's), for the check of the embedded PTX at the end.
 BUILDS=$(mktemp); trap 'rm -f "$BUILDS"' EXIT
 # The CLI with the cuBLAS GEMM load for `bench overlap --compute gemm`.
 cargo build --release -p oxccl-cli --features gemm --bin oxccl --message-format=json-render-diagnostics >> "$BUILDS"
@@ -30,7 +30,7 @@ for line in sys.stdin:
 # The cargo benches (criterion's mover cases, `oxccl bench` as a bench), as bench-movers and
 # bench-collectives; run them with `--bench`.
 cargo bench --no-run -p oxccl-cli --bench movers --bench collectives --message-format=json-render-diagnostics \
-  | python3 -c '
+  | tee -a "$BUILDS" | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
     m = json.loads(line)
@@ -39,7 +39,7 @@ for line in sys.stdin:
         print("staged bench-" + m["target"]["name"])
 '
 # The examples that run on a GPU (gpu-suite.sh ranks runs them).
-cargo build --release --example device_threads
+cargo build --release --example device_threads --message-format=json-render-diagnostics >> "$BUILDS"
 cp target/release/examples/device_threads .device/bin/
 # The candle examples (their own build: scripts/candle-examples.sh; OXCCL_STAGE_CANDLE=0 skips).
 if [ "${OXCCL_STAGE_CANDLE:-1}" != 0 ]; then
