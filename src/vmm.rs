@@ -241,10 +241,29 @@ pub(crate) fn export_user(ctx: &Arc<CudaContext>, ptr: u64, bytes: usize) -> Res
     if ptr.checked_add(bytes as u64).is_none_or(|end| end > base + size as u64) {
         return Err(refuse(format!("{bytes} bytes run past the end of its allocation ({size} bytes at {base:#x})")));
     }
+    // A pool's memory (cudarc's) and cuMemAlloc's (legacy-IPC capable) are told apart by asking the
+    // pointer first: `cuMemRetainAllocationHandle` fails on them, and compute-sanitizer reports every
+    // such failure as an error.
+    let attribute = |a: sys::CUpointer_attribute| -> Result<u64> {
+        let mut value = 0u64;
+        // SAFETY: an 8-byte out-buffer (these attributes write a handle or a boolean); `ptr` is
+        // device memory of this context (checked above).
+        unsafe { sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), a, ptr) }
+            .result()
+            .map_err(Error::driver("cuPointerGetAttribute"))?;
+        Ok(value)
+    };
+    let pooled = attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)? != 0;
+    let legacy = attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)? != 0;
     let mut handle = 0;
-    // SAFETY: out-pointer; `base` starts a mapped range (checked above). Fails for memory not
-    // mapped through the virtual-memory API.
-    unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut std::ffi::c_void) }.result().map_err(|_| {
+    let retained = if pooled || legacy {
+        Err(())
+    } else {
+        // SAFETY: out-pointer; `base` starts a mapped range (checked above). Fails for memory not
+        // mapped through the virtual-memory API.
+        unsafe { sys::cuMemRetainAllocationHandle(&mut handle, base as *mut std::ffi::c_void) }.result().map_err(drop)
+    };
+    retained.map_err(|()| {
         refuse(
             "not a virtual-memory allocation: cudarc's allocations (a stream-ordered pool's) cannot be shared \
              between processes, and cuMemAlloc memory would need CUDA's legacy IPC, which stalled the peers' \
