@@ -273,6 +273,9 @@ impl Comm {
             // everywhere before any rank reads the table.
             bootstrap.barrier()?;
             peer.share_workspace()?;
+            // Staging memory of one granule, mapped by every peer now: a staged call that fits never
+            // waits for its peers to map memory mid-call (nor launches while they do).
+            drop(peer.staging(crate::peer::STAGING_START_BYTES)?);
             bootstrap.barrier()?;
             for (r, w) in workspaces.iter_mut().enumerate().take(world) {
                 *w = peer.region_of(r, 0);
