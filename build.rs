@@ -88,5 +88,9 @@ fn embed_prebuilt(root: &Path, out: &Path) {
 
 /// Launch bounds written into the PTX after an entry's parameter list (rustc has no launch-bounds
 /// attribute for `ptx-kernel` functions): the SIMT movers' `.maxntid 512` tells ptxas to fit 512
-/// threads' registers in one SM (at most 128 per thread).
-const LAUNCH_BOUNDS: &[(&str, &str)] = &[(".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1")];
+/// threads' registers in one SM (at most 128 per thread), the latency movers' `.maxntid 256` 256
+/// threads' (at most 255: the loads of all sources in flight together).
+const LAUNCH_BOUNDS: &[(&str, &str)] = &[
+    (".visible .entry oxccl_run_simt_", ".maxntid 512, 1, 1"),
+    (".visible .entry oxccl_run_latency_", ".maxntid 256, 1, 1"),
+];

@@ -783,6 +783,7 @@ impl Communicator {
             combine_direct: c.combine_direct.unwrap_or(false),
             call_key: 0,
             peer_scope: self.world.peer_scope(),
+            latency_below: c.latency_below,
         })
     }
 

@@ -75,7 +75,16 @@ pub struct Config {
     /// Bytes per piece of a staged collective across nodes (`None`: 64 MiB): the inter-node step
     /// of one piece runs beside the intra-node steps of the next.
     pub inter_piece_bytes: Option<u64>,
+    /// A launch whose every task moves fewer than this many bytes runs on [`Mover::Latency`]
+    /// whatever `mover` says: a small move is bound by the round trips to memory, which that
+    /// mover's loads of all sources in flight together cut (0: never). Default
+    /// [`DEFAULT_LATENCY_BELOW`].
+    pub latency_below: u64,
 }
+
+/// [`Config::latency_below`]'s default: where the latency mover stops being faster than the TMA
+/// mover's default launch (docs/PERF.md).
+pub const DEFAULT_LATENCY_BELOW: u64 = 16 << 10;
 
 impl Default for Config {
     fn default() -> Self {
@@ -93,6 +102,7 @@ impl Default for Config {
             combine_direct: None,
             ranks_per_node: None,
             inter_piece_bytes: None,
+            latency_below: DEFAULT_LATENCY_BELOW,
         }
     }
 }
@@ -144,7 +154,12 @@ pub fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::Config { field: "max_ctas", why: format!("{m} is above {}", abi::MAX_CTAS_PER_RANK) });
     }
     if let Some(t) = c.threads {
-        check_threads("threads", t, if c.mover == Mover::Simt { 512 } else { 1024 })?;
+        let most = match c.mover {
+            Mover::Tma => 1024,
+            Mover::Simt => 512,
+            Mover::Latency => abi::LATENCY_THREADS,
+        };
+        check_threads("threads", t, most)?;
     }
     if let Some(w) = c.issuers {
         if !(1..=abi::MAX_ISSUERS).contains(&w) {
@@ -284,6 +299,7 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool, 
         Mover::Tma if combines => 256,
         Mover::Tma => 32 * issuers,
         Mover::Simt => 512,
+        Mover::Latency => abi::LATENCY_THREADS,
     });
     let (chunk, stages) = if from_registers && combines && c.mover == Mover::Tma {
         combining_pipeline(room, slots, chunk, stages)

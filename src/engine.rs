@@ -437,6 +437,26 @@ pub struct LaunchSpec {
     /// How far the barriers' flags reach: [`PeerScope::Gpu`] only where every rank the launch
     /// meets runs on the launching GPU.
     pub peer_scope: PeerScope,
+    /// A program whose every task moves fewer than this many bytes runs on the latency mover
+    /// ([`Mover::Latency`], [`abi::LATENCY_THREADS`] threads), whatever `mover` says: its moves are
+    /// bound by memory latency, which that mover's loads of all sources in flight together cut
+    /// (0: never; see [`Config::latency_below`](crate::Config::latency_below)).
+    pub latency_below: u64,
+}
+
+impl LaunchSpec {
+    /// The launch of a program whose largest task moves `max_task_bytes` on the latency mover,
+    /// where `latency_below` says so (`None`: as it is).
+    pub fn for_latency(&self, max_task_bytes: u64) -> Option<LaunchSpec> {
+        let switch = self.mover != mover_for(self.mover, self.latency_below, max_task_bytes);
+        switch.then_some(LaunchSpec { mover: Mover::Latency, threads: abi::LATENCY_THREADS, ..*self })
+    }
+}
+
+/// The mover a launch configured for `mover` runs a program whose largest task moves
+/// `max_task_bytes` on: [`Mover::Latency`] below `latency_below` ([`LaunchSpec::latency_below`]).
+pub fn mover_for(mover: Mover, latency_below: u64, max_task_bytes: u64) -> Mover {
+    if max_task_bytes < latency_below { Mover::Latency } else { mover }
 }
 
 /// Per-kernel facts read from the driver.
@@ -730,7 +750,7 @@ impl Engine {
     pub fn smem_bytes(spec: &LaunchSpec, slots: u32) -> usize {
         match spec.mover {
             Mover::Tma => abi::smem::bytes(spec.stages as usize, slots as usize, spec.chunk_bytes as usize),
-            Mover::Simt => abi::smem::STAGES,
+            Mover::Simt | Mover::Latency => abi::smem::STAGES,
         }
     }
 
@@ -741,6 +761,12 @@ impl Engine {
         crate::config::check_threads("threads", spec.threads, 1024)?;
         if spec.mover == Mover::Simt && spec.threads > 512 {
             return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));
+        }
+        if spec.mover == Mover::Latency && spec.threads > abi::LATENCY_THREADS {
+            return cfg(
+                "threads",
+                format!("{}: the latency kernels are compiled for at most {}", spec.threads, abi::LATENCY_THREADS),
+            );
         }
         if spec.mover == Mover::Tma {
             crate::config::check_chunk_bytes("chunk_bytes", spec.chunk_bytes)?;
@@ -868,6 +894,8 @@ impl Engine {
         early: bool,
     ) -> Result<()> {
         let start = if early { self.start } else { Start::AfterPrevious };
+        let latency = spec.for_latency(prog.max_task_bytes);
+        let spec = latency.as_ref().unwrap_or(spec);
         self.check(spec, prog.ctas, prog.slots)?;
         if let Some(home) = &prog.stream
             && home.cu_stream() != stream.cu_stream()
@@ -1046,13 +1074,14 @@ pub(crate) unsafe fn launch_kernel<A: DeviceRepr>(
 /// beforehand, after 0.1 ms: docs/PERF.md).
 fn load_all(
     module: &Arc<CudaModule>,
-    table: &[(DType, RedOp, &'static str, &'static str)],
+    table: &[(DType, RedOp, [&'static str; 3])],
     max_smem: u32,
 ) -> Result<HashMap<&'static str, CudaFunction>> {
     let mut map = HashMap::new();
-    for &(_, _, tma, simt) in table {
-        map.insert(tma, load_function(module, tma, Mover::Tma, max_smem)?);
-        map.insert(simt, load_function(module, simt, Mover::Simt, max_smem)?);
+    for &(_, _, names) in table {
+        for (&mover, name) in Mover::ALL.iter().zip(names) {
+            map.insert(name, load_function(module, name, mover, max_smem)?);
+        }
     }
     Ok(map)
 }

@@ -222,7 +222,8 @@ fn random_spec(rng: &mut common::Rng, max_ctas_total: u32) -> (PlanSpec, Mover) 
     let op = ReduceOp::ALL[rng.random_range(0..ReduceOp::ALL.len() as u64) as usize];
     let ctas = 1 + rng.random_range(0..(max_ctas_total / ranks as u32).clamp(1, 32) as u64) as u32;
     let reduction = if rng.random_range(0..3) == 0 { Reduction::Tma } else { Reduction::Registers };
-    let mover = if rng.random_range(0..3) == 0 { Mover::Simt } else { Mover::Tma };
+    let mover =
+        [Mover::Simt, Mover::Simt, Mover::Latency, Mover::Tma, Mover::Tma, Mover::Tma][rng.random_range(0..6) as usize];
     let in_place = rng.random_range(0..2) == 0 && collective.has_in_place();
     let spec = PlanSpec { collective, count, dtype, op, ranks, in_place, ctas, reduction };
     (spec, mover)

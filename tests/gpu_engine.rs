@@ -41,10 +41,10 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         op: c.op,
         // TMA: 64, 128 or 256 threads by the case's sizes (the issuing warp combines too at 64),
         // enough to hold its issuers.
-        threads: if c.mover == Mover::Simt {
-            512
-        } else {
-            [64, 128, 256][((c.bytes + c.src_off + c.dst_off) % 3) as usize].max(32 * c.issuers)
+        threads: match c.mover {
+            Mover::Simt => 512,
+            Mover::Latency => [64, 256][(c.bytes % 2) as usize],
+            Mover::Tma => [64, 128, 256][((c.bytes + c.src_off + c.dst_off) % 3) as usize].max(32 * c.issuers),
         },
         chunk_bytes: c.chunk,
         stages: c.stages,
@@ -55,6 +55,8 @@ fn spec(c: &Case, timeout_ns: u64) -> LaunchSpec {
         combine_direct: false,
         call_key: 0,
         peer_scope: PeerScope::System,
+        // Each case runs the mover it names.
+        latency_below: 0,
     }
 }
 
@@ -204,7 +206,7 @@ fn movers_copy_and_reduce_random_sizes_exactly() {
     let (mut cases, mut float_cases) = (0, 0);
     let rounds = common::count_from_env("OXCCL_MOVER_ROUNDS", 40);
     for round in 0..rounds {
-        for mover in [Mover::Tma, Mover::Simt] {
+        for &mover in Mover::ALL {
             let dtype = dtypes()[rng.random_range(0..dtypes().len() as u64) as usize];
             // Products and averages are drawn by the collective suites, on inputs made for them.
             let op = [RedOp::Sum, RedOp::Min, RedOp::Max][rng.random_range(0..3) as usize];
@@ -453,6 +455,8 @@ fn one_warp_spec(timeout_ns: u64) -> LaunchSpec {
         combine_direct: false,
         call_key: 0,
         peer_scope: PeerScope::System,
+        // Each case runs the mover it names.
+        latency_below: 0,
     }
 }
 

@@ -533,14 +533,18 @@ fn engine_modules_outline_nothing_but_the_status_writer() {
 }
 
 #[test]
-fn every_engine_kernel_exists_and_simt_kernels_are_bounded() {
-    for &(dtype, op, tma, simt) in abi::KERNELS {
+fn every_engine_kernel_exists_and_the_thread_bounded_ones_are_bounded() {
+    for &(dtype, op, [tma, simt, latency]) in abi::KERNELS {
         let t = entry(oxccl::ptx::KERNELS, tma).unwrap_or_else(|| panic!("{tma} ({dtype:?} {op:?}) missing"));
-        assert!(!t.contains(".maxntid"), "{tma} must not carry the SIMT launch bound");
+        assert!(!t.contains(".maxntid"), "{tma} must not carry a launch bound");
         let s = entry(oxccl::ptx::KERNELS, simt).unwrap_or_else(|| panic!("{simt} missing"));
         assert!(s.contains(".maxntid 512, 1, 1"), "{simt} lacks its launch bound");
+        let l = entry(oxccl::ptx::KERNELS, latency).unwrap_or_else(|| panic!("{latency} missing"));
+        assert!(l.contains(".maxntid 256, 1, 1"), "{latency} lacks its launch bound");
         assert!(t.contains("cp.async.bulk.shared::cluster.global"), "{tma} has no bulk loads");
         assert!(s.contains("ld.global.v4.u32"), "{simt} has no vector loads");
+        assert!(l.contains("ld.global.v4.u32"), "{latency} has no vector loads");
+        assert!(!l.contains("cp.async.bulk"), "{latency} issues bulk copies");
     }
 }
 

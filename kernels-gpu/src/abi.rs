@@ -245,75 +245,92 @@ abi_enum!(
         Tma = 0,
         /// Every thread moves 16-byte vectors with several loads in flight.
         Simt = 1,
+        /// Every thread moves one vector (or element) at a time, its loads from all sources in
+        /// flight together: for moves bound by memory latency, not bandwidth (small ones).
+        Latency = 2,
     }
 );
 
-/// Invokes `$m!` with every engine kernel: (TMA kernel, SIMT kernel: dtype, operator, the engine's
-/// `Combine` type). The one list both sides read: the device defines these entry points from it, the
+/// Threads per CTA the latency mover's kernels are compiled for (`.maxntid`) and launched with.
+pub const LATENCY_THREADS: u32 = 256;
+
+impl Mover {
+    /// The mover's name, as in its kernels' names (`oxccl_run_{name}_…`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mover::Tma => "tma",
+            Mover::Simt => "simt",
+            Mover::Latency => "latency",
+        }
+    }
+}
+
+/// Invokes `$m!` with every engine kernel: (TMA kernel, SIMT kernel, latency kernel: dtype,
+/// operator, the engine's `Combine` type). The one list both sides read: the device defines these entry points from it, the
 /// host looks kernel names up in [`KERNELS`].
 macro_rules! engine_kernels {
     ($m:ident) => {
         $m! {
-            oxccl_run_tma_f32_sum, oxccl_run_simt_f32_sum: F32, Sum, SumF32;
-            oxccl_run_tma_f32_min, oxccl_run_simt_f32_min: F32, Min, MinF32;
-            oxccl_run_tma_f32_max, oxccl_run_simt_f32_max: F32, Max, MaxF32;
-            oxccl_run_tma_f16_sum, oxccl_run_simt_f16_sum: F16, Sum, SumF16;
-            oxccl_run_tma_f16_min, oxccl_run_simt_f16_min: F16, Min, MinF16;
-            oxccl_run_tma_f16_max, oxccl_run_simt_f16_max: F16, Max, MaxF16;
-            oxccl_run_tma_bf16_sum, oxccl_run_simt_bf16_sum: Bf16, Sum, SumBf16;
-            oxccl_run_tma_bf16_min, oxccl_run_simt_bf16_min: Bf16, Min, MinBf16;
-            oxccl_run_tma_bf16_max, oxccl_run_simt_bf16_max: Bf16, Max, MaxBf16;
-            oxccl_run_tma_i32_sum, oxccl_run_simt_i32_sum: I32, Sum, SumI32;
-            oxccl_run_tma_i32_min, oxccl_run_simt_i32_min: I32, Min, MinI32;
-            oxccl_run_tma_i32_max, oxccl_run_simt_i32_max: I32, Max, MaxI32;
-            oxccl_run_tma_u32_sum, oxccl_run_simt_u32_sum: U32, Sum, SumI32;
-            oxccl_run_tma_u32_min, oxccl_run_simt_u32_min: U32, Min, MinU32;
-            oxccl_run_tma_u32_max, oxccl_run_simt_u32_max: U32, Max, MaxU32;
-            oxccl_run_tma_f32_prod, oxccl_run_simt_f32_prod: F32, Prod, ProdF32;
-            oxccl_run_tma_f16_prod, oxccl_run_simt_f16_prod: F16, Prod, ProdF16;
-            oxccl_run_tma_bf16_prod, oxccl_run_simt_bf16_prod: Bf16, Prod, ProdBf16;
-            oxccl_run_tma_i32_prod, oxccl_run_simt_i32_prod: I32, Prod, ProdI32;
-            oxccl_run_tma_u32_prod, oxccl_run_simt_u32_prod: U32, Prod, ProdI32;
-            oxccl_run_tma_f32_avg, oxccl_run_simt_f32_avg: F32, Avg, AvgF32;
-            oxccl_run_tma_f16_avg, oxccl_run_simt_f16_avg: F16, Avg, AvgF16;
-            oxccl_run_tma_bf16_avg, oxccl_run_simt_bf16_avg: Bf16, Avg, AvgBf16;
-            oxccl_run_tma_i32_avg, oxccl_run_simt_i32_avg: I32, Avg, AvgI32;
-            oxccl_run_tma_u32_avg, oxccl_run_simt_u32_avg: U32, Avg, AvgU32;
-            oxccl_run_tma_u8_sum, oxccl_run_simt_u8_sum: U8, Sum, SumU8;
-            oxccl_run_tma_u8_min, oxccl_run_simt_u8_min: U8, Min, MinU8;
-            oxccl_run_tma_u8_max, oxccl_run_simt_u8_max: U8, Max, MaxU8;
-            oxccl_run_tma_u8_prod, oxccl_run_simt_u8_prod: U8, Prod, ProdU8;
-            oxccl_run_tma_u8_avg, oxccl_run_simt_u8_avg: U8, Avg, AvgU8;
-            oxccl_run_tma_i8_sum, oxccl_run_simt_i8_sum: I8, Sum, SumU8;
-            oxccl_run_tma_i8_min, oxccl_run_simt_i8_min: I8, Min, MinI8;
-            oxccl_run_tma_i8_max, oxccl_run_simt_i8_max: I8, Max, MaxI8;
-            oxccl_run_tma_i8_prod, oxccl_run_simt_i8_prod: I8, Prod, ProdU8;
-            oxccl_run_tma_i8_avg, oxccl_run_simt_i8_avg: I8, Avg, AvgI8;
-            oxccl_run_tma_f64_sum, oxccl_run_simt_f64_sum: F64, Sum, SumF64;
-            oxccl_run_tma_f64_min, oxccl_run_simt_f64_min: F64, Min, MinF64;
-            oxccl_run_tma_f64_max, oxccl_run_simt_f64_max: F64, Max, MaxF64;
-            oxccl_run_tma_f64_prod, oxccl_run_simt_f64_prod: F64, Prod, ProdF64;
-            oxccl_run_tma_f64_avg, oxccl_run_simt_f64_avg: F64, Avg, AvgF64;
-            oxccl_run_tma_i64_sum, oxccl_run_simt_i64_sum: I64, Sum, SumI64;
-            oxccl_run_tma_i64_min, oxccl_run_simt_i64_min: I64, Min, MinI64;
-            oxccl_run_tma_i64_max, oxccl_run_simt_i64_max: I64, Max, MaxI64;
-            oxccl_run_tma_i64_prod, oxccl_run_simt_i64_prod: I64, Prod, ProdI64;
-            oxccl_run_tma_i64_avg, oxccl_run_simt_i64_avg: I64, Avg, AvgI64;
-            oxccl_run_tma_u64_sum, oxccl_run_simt_u64_sum: U64, Sum, SumI64;
-            oxccl_run_tma_u64_min, oxccl_run_simt_u64_min: U64, Min, MinU64;
-            oxccl_run_tma_u64_max, oxccl_run_simt_u64_max: U64, Max, MaxU64;
-            oxccl_run_tma_u64_prod, oxccl_run_simt_u64_prod: U64, Prod, ProdI64;
-            oxccl_run_tma_u64_avg, oxccl_run_simt_u64_avg: U64, Avg, AvgU64;
-            oxccl_run_tma_f8e4m3_sum, oxccl_run_simt_f8e4m3_sum: F8e4m3, Sum, SumE4m3;
-            oxccl_run_tma_f8e4m3_min, oxccl_run_simt_f8e4m3_min: F8e4m3, Min, MinE4m3;
-            oxccl_run_tma_f8e4m3_max, oxccl_run_simt_f8e4m3_max: F8e4m3, Max, MaxE4m3;
-            oxccl_run_tma_f8e4m3_prod, oxccl_run_simt_f8e4m3_prod: F8e4m3, Prod, ProdE4m3;
-            oxccl_run_tma_f8e4m3_avg, oxccl_run_simt_f8e4m3_avg: F8e4m3, Avg, AvgE4m3;
-            oxccl_run_tma_f8e5m2_sum, oxccl_run_simt_f8e5m2_sum: F8e5m2, Sum, SumE5m2;
-            oxccl_run_tma_f8e5m2_min, oxccl_run_simt_f8e5m2_min: F8e5m2, Min, MinE5m2;
-            oxccl_run_tma_f8e5m2_max, oxccl_run_simt_f8e5m2_max: F8e5m2, Max, MaxE5m2;
-            oxccl_run_tma_f8e5m2_prod, oxccl_run_simt_f8e5m2_prod: F8e5m2, Prod, ProdE5m2;
-            oxccl_run_tma_f8e5m2_avg, oxccl_run_simt_f8e5m2_avg: F8e5m2, Avg, AvgE5m2;
+            oxccl_run_tma_f32_sum, oxccl_run_simt_f32_sum, oxccl_run_latency_f32_sum: F32, Sum, SumF32;
+            oxccl_run_tma_f32_min, oxccl_run_simt_f32_min, oxccl_run_latency_f32_min: F32, Min, MinF32;
+            oxccl_run_tma_f32_max, oxccl_run_simt_f32_max, oxccl_run_latency_f32_max: F32, Max, MaxF32;
+            oxccl_run_tma_f16_sum, oxccl_run_simt_f16_sum, oxccl_run_latency_f16_sum: F16, Sum, SumF16;
+            oxccl_run_tma_f16_min, oxccl_run_simt_f16_min, oxccl_run_latency_f16_min: F16, Min, MinF16;
+            oxccl_run_tma_f16_max, oxccl_run_simt_f16_max, oxccl_run_latency_f16_max: F16, Max, MaxF16;
+            oxccl_run_tma_bf16_sum, oxccl_run_simt_bf16_sum, oxccl_run_latency_bf16_sum: Bf16, Sum, SumBf16;
+            oxccl_run_tma_bf16_min, oxccl_run_simt_bf16_min, oxccl_run_latency_bf16_min: Bf16, Min, MinBf16;
+            oxccl_run_tma_bf16_max, oxccl_run_simt_bf16_max, oxccl_run_latency_bf16_max: Bf16, Max, MaxBf16;
+            oxccl_run_tma_i32_sum, oxccl_run_simt_i32_sum, oxccl_run_latency_i32_sum: I32, Sum, SumI32;
+            oxccl_run_tma_i32_min, oxccl_run_simt_i32_min, oxccl_run_latency_i32_min: I32, Min, MinI32;
+            oxccl_run_tma_i32_max, oxccl_run_simt_i32_max, oxccl_run_latency_i32_max: I32, Max, MaxI32;
+            oxccl_run_tma_u32_sum, oxccl_run_simt_u32_sum, oxccl_run_latency_u32_sum: U32, Sum, SumI32;
+            oxccl_run_tma_u32_min, oxccl_run_simt_u32_min, oxccl_run_latency_u32_min: U32, Min, MinU32;
+            oxccl_run_tma_u32_max, oxccl_run_simt_u32_max, oxccl_run_latency_u32_max: U32, Max, MaxU32;
+            oxccl_run_tma_f32_prod, oxccl_run_simt_f32_prod, oxccl_run_latency_f32_prod: F32, Prod, ProdF32;
+            oxccl_run_tma_f16_prod, oxccl_run_simt_f16_prod, oxccl_run_latency_f16_prod: F16, Prod, ProdF16;
+            oxccl_run_tma_bf16_prod, oxccl_run_simt_bf16_prod, oxccl_run_latency_bf16_prod: Bf16, Prod, ProdBf16;
+            oxccl_run_tma_i32_prod, oxccl_run_simt_i32_prod, oxccl_run_latency_i32_prod: I32, Prod, ProdI32;
+            oxccl_run_tma_u32_prod, oxccl_run_simt_u32_prod, oxccl_run_latency_u32_prod: U32, Prod, ProdI32;
+            oxccl_run_tma_f32_avg, oxccl_run_simt_f32_avg, oxccl_run_latency_f32_avg: F32, Avg, AvgF32;
+            oxccl_run_tma_f16_avg, oxccl_run_simt_f16_avg, oxccl_run_latency_f16_avg: F16, Avg, AvgF16;
+            oxccl_run_tma_bf16_avg, oxccl_run_simt_bf16_avg, oxccl_run_latency_bf16_avg: Bf16, Avg, AvgBf16;
+            oxccl_run_tma_i32_avg, oxccl_run_simt_i32_avg, oxccl_run_latency_i32_avg: I32, Avg, AvgI32;
+            oxccl_run_tma_u32_avg, oxccl_run_simt_u32_avg, oxccl_run_latency_u32_avg: U32, Avg, AvgU32;
+            oxccl_run_tma_u8_sum, oxccl_run_simt_u8_sum, oxccl_run_latency_u8_sum: U8, Sum, SumU8;
+            oxccl_run_tma_u8_min, oxccl_run_simt_u8_min, oxccl_run_latency_u8_min: U8, Min, MinU8;
+            oxccl_run_tma_u8_max, oxccl_run_simt_u8_max, oxccl_run_latency_u8_max: U8, Max, MaxU8;
+            oxccl_run_tma_u8_prod, oxccl_run_simt_u8_prod, oxccl_run_latency_u8_prod: U8, Prod, ProdU8;
+            oxccl_run_tma_u8_avg, oxccl_run_simt_u8_avg, oxccl_run_latency_u8_avg: U8, Avg, AvgU8;
+            oxccl_run_tma_i8_sum, oxccl_run_simt_i8_sum, oxccl_run_latency_i8_sum: I8, Sum, SumU8;
+            oxccl_run_tma_i8_min, oxccl_run_simt_i8_min, oxccl_run_latency_i8_min: I8, Min, MinI8;
+            oxccl_run_tma_i8_max, oxccl_run_simt_i8_max, oxccl_run_latency_i8_max: I8, Max, MaxI8;
+            oxccl_run_tma_i8_prod, oxccl_run_simt_i8_prod, oxccl_run_latency_i8_prod: I8, Prod, ProdU8;
+            oxccl_run_tma_i8_avg, oxccl_run_simt_i8_avg, oxccl_run_latency_i8_avg: I8, Avg, AvgI8;
+            oxccl_run_tma_f64_sum, oxccl_run_simt_f64_sum, oxccl_run_latency_f64_sum: F64, Sum, SumF64;
+            oxccl_run_tma_f64_min, oxccl_run_simt_f64_min, oxccl_run_latency_f64_min: F64, Min, MinF64;
+            oxccl_run_tma_f64_max, oxccl_run_simt_f64_max, oxccl_run_latency_f64_max: F64, Max, MaxF64;
+            oxccl_run_tma_f64_prod, oxccl_run_simt_f64_prod, oxccl_run_latency_f64_prod: F64, Prod, ProdF64;
+            oxccl_run_tma_f64_avg, oxccl_run_simt_f64_avg, oxccl_run_latency_f64_avg: F64, Avg, AvgF64;
+            oxccl_run_tma_i64_sum, oxccl_run_simt_i64_sum, oxccl_run_latency_i64_sum: I64, Sum, SumI64;
+            oxccl_run_tma_i64_min, oxccl_run_simt_i64_min, oxccl_run_latency_i64_min: I64, Min, MinI64;
+            oxccl_run_tma_i64_max, oxccl_run_simt_i64_max, oxccl_run_latency_i64_max: I64, Max, MaxI64;
+            oxccl_run_tma_i64_prod, oxccl_run_simt_i64_prod, oxccl_run_latency_i64_prod: I64, Prod, ProdI64;
+            oxccl_run_tma_i64_avg, oxccl_run_simt_i64_avg, oxccl_run_latency_i64_avg: I64, Avg, AvgI64;
+            oxccl_run_tma_u64_sum, oxccl_run_simt_u64_sum, oxccl_run_latency_u64_sum: U64, Sum, SumI64;
+            oxccl_run_tma_u64_min, oxccl_run_simt_u64_min, oxccl_run_latency_u64_min: U64, Min, MinU64;
+            oxccl_run_tma_u64_max, oxccl_run_simt_u64_max, oxccl_run_latency_u64_max: U64, Max, MaxU64;
+            oxccl_run_tma_u64_prod, oxccl_run_simt_u64_prod, oxccl_run_latency_u64_prod: U64, Prod, ProdI64;
+            oxccl_run_tma_u64_avg, oxccl_run_simt_u64_avg, oxccl_run_latency_u64_avg: U64, Avg, AvgU64;
+            oxccl_run_tma_f8e4m3_sum, oxccl_run_simt_f8e4m3_sum, oxccl_run_latency_f8e4m3_sum: F8e4m3, Sum, SumE4m3;
+            oxccl_run_tma_f8e4m3_min, oxccl_run_simt_f8e4m3_min, oxccl_run_latency_f8e4m3_min: F8e4m3, Min, MinE4m3;
+            oxccl_run_tma_f8e4m3_max, oxccl_run_simt_f8e4m3_max, oxccl_run_latency_f8e4m3_max: F8e4m3, Max, MaxE4m3;
+            oxccl_run_tma_f8e4m3_prod, oxccl_run_simt_f8e4m3_prod, oxccl_run_latency_f8e4m3_prod: F8e4m3, Prod, ProdE4m3;
+            oxccl_run_tma_f8e4m3_avg, oxccl_run_simt_f8e4m3_avg, oxccl_run_latency_f8e4m3_avg: F8e4m3, Avg, AvgE4m3;
+            oxccl_run_tma_f8e5m2_sum, oxccl_run_simt_f8e5m2_sum, oxccl_run_latency_f8e5m2_sum: F8e5m2, Sum, SumE5m2;
+            oxccl_run_tma_f8e5m2_min, oxccl_run_simt_f8e5m2_min, oxccl_run_latency_f8e5m2_min: F8e5m2, Min, MinE5m2;
+            oxccl_run_tma_f8e5m2_max, oxccl_run_simt_f8e5m2_max, oxccl_run_latency_f8e5m2_max: F8e5m2, Max, MaxE5m2;
+            oxccl_run_tma_f8e5m2_prod, oxccl_run_simt_f8e5m2_prod, oxccl_run_latency_f8e5m2_prod: F8e5m2, Prod, ProdE5m2;
+            oxccl_run_tma_f8e5m2_avg, oxccl_run_simt_f8e5m2_avg, oxccl_run_latency_f8e5m2_avg: F8e5m2, Avg, AvgE5m2;
         }
     };
 }
@@ -321,28 +338,27 @@ macro_rules! engine_kernels {
 pub(crate) use engine_kernels;
 
 macro_rules! kernel_table {
-    ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {
-        /// Every engine kernel: (dtype, operator, TMA-mover kernel, SIMT-mover kernel). One kernel per
-        /// mover and (dtype, operator): one kernel holding every combination needs several times the
-        /// registers of any one of them.
-        pub const KERNELS: &[(DType, RedOp, &str, &str)] =
-            &[$((DType::$dtype, RedOp::$op, stringify!($tma), stringify!($simt))),+];
+    ($($tma:ident, $simt:ident, $latency:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {
+        /// Every engine kernel: (dtype, operator, its kernel for each mover in [`Mover::ALL`]'s
+        /// order). One kernel per mover and (dtype, operator): one kernel holding every combination
+        /// needs several times the registers of any one of them.
+        pub const KERNELS: &[(DType, RedOp, [&str; 3])] =
+            &[$((DType::$dtype, RedOp::$op, [stringify!($tma), stringify!($simt), stringify!($latency)])),+];
     };
 }
 engine_kernels!(kernel_table);
 
+const _: () = assert!(Mover::ALL.len() == 3, "KERNELS names one kernel per mover");
+
 /// The kernel of `table` for `mover` reducing `dtype` with `op`, if the table has one.
 fn find_kernel(
-    table: &[(DType, RedOp, &'static str, &'static str)],
+    table: &[(DType, RedOp, [&'static str; 3])],
     mover: Mover,
     dtype: DType,
     op: RedOp,
 ) -> Option<&'static str> {
-    let (_, _, tma, simt) = table.iter().find(|(d, o, _, _)| *d == dtype && *o == op).copied()?;
-    Some(match mover {
-        Mover::Tma => tma,
-        Mover::Simt => simt,
-    })
+    let (_, _, names) = table.iter().find(|(d, o, _)| *d == dtype && *o == op)?;
+    names.get(mover.raw() as usize).copied()
 }
 
 /// Name of the engine kernel for `mover` reducing `dtype` with `op` (copies use any operator); the
@@ -749,6 +765,7 @@ mod tests {
         let mover = match mover {
             Mover::Tma => "tma",
             Mover::Simt => "simt",
+            Mover::Latency => "latency",
         };
         let dtype = match dtype {
             DType::F32 => "f32",

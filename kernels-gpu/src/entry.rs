@@ -1,7 +1,7 @@
 //! Kernel entry points of `oxccl_kernels.ptx`: the T-CCL engine, one kernel per mover and (dtype,
 //! operator).
 
-use crate::abi::{self, BUFFER_SLOTS, DType, LaunchArgs, MAX_RANKS, RedOp, Task, TbProgram};
+use crate::abi::{self, BUFFER_SLOTS, DType, LaunchArgs, MAX_RANKS, Mover, RedOp, Task, TbProgram};
 use crate::engine::combine::{self, Combine};
 use crate::engine::{Ctx, SmemBase, walker};
 use oxccl_ptx::fence::fence_proxy_async_shared_cta;
@@ -10,7 +10,7 @@ use oxccl_ptx::sreg::ctaid_x;
 use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_wait};
 
 macro_rules! kernels {
-    ($($tma:ident, $simt:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {$(
+    ($($tma:ident, $simt:ident, $latency:ident: $dtype:ident, $op:ident, $combine:ident;)+) => {$(
         #[doc = concat!("The engine with the TMA mover for ", stringify!($dtype), " ", stringify!($op), ": CTA `blockIdx.x` runs `programs[blockIdx.x]`.")]
         ///
         /// # Safety
@@ -18,7 +18,7 @@ macro_rules! kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $tma(args: LaunchArgs) {
             // SAFETY: forwarded contract.
-            unsafe { launch::<true, combine::$combine>(&args, DType::$dtype, RedOp::$op) }
+            unsafe { launch::<{ Mover::Tma as u8 }, combine::$combine>(&args, DType::$dtype, RedOp::$op) }
         }
 
         #[doc = concat!("The engine with the SIMT mover for ", stringify!($dtype), " ", stringify!($op), ": CTA `blockIdx.x` runs `programs[blockIdx.x]`.")]
@@ -28,7 +28,17 @@ macro_rules! kernels {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $simt(args: LaunchArgs) {
             // SAFETY: forwarded contract.
-            unsafe { launch::<false, combine::$combine>(&args, DType::$dtype, RedOp::$op) }
+            unsafe { launch::<{ Mover::Simt as u8 }, combine::$combine>(&args, DType::$dtype, RedOp::$op) }
+        }
+
+        #[doc = concat!("The engine with the latency mover for ", stringify!($dtype), " ", stringify!($op), ": CTA `blockIdx.x` runs `programs[blockIdx.x]`.")]
+        ///
+        /// # Safety
+        /// See [`launch`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $latency(args: LaunchArgs) {
+            // SAFETY: forwarded contract.
+            unsafe { launch::<{ Mover::Latency as u8 }, combine::$combine>(&args, DType::$dtype, RedOp::$op) }
         }
     )+};
 }
@@ -37,10 +47,11 @@ abi::engine_kernels!(kernels);
 
 /// Kernel body: sets up the CTA and walks its program.
 ///
-/// Launch with `LaunchArgs` by value, `abi::smem::bytes(stages, slots, chunk_bytes)` bytes of dynamic
-/// shared memory and any block size that is a multiple of 32 (the TMA mover needs one warp per
-/// issuer; combining several sources in registers uses every warp but the issuing one above 64
-/// threads, and the SIMT mover all threads).
+/// `MOVER` is a [`Mover`]'s raw value. Launch with `LaunchArgs` by value,
+/// `abi::smem::bytes(stages, slots, chunk_bytes)` bytes of dynamic shared memory (the TMA mover;
+/// the others `abi::smem::STAGES`) and any block size that is a multiple of 32 (the TMA mover needs
+/// one warp per issuer; combining several sources in registers uses every warp but the issuing one
+/// above 64 threads, and the SIMT and latency movers all threads).
 ///
 /// # Safety
 /// `args` describes valid programs, tasks, buffers and workspaces (the host's lowering guarantees it);
@@ -48,7 +59,7 @@ abi::engine_kernels!(kernels);
 /// the dynamic shared memory and block size are as above (the host's `Engine::check` refuses any
 /// other launch); all CTAs of the ranks that barrier with each other are co-resident.
 #[inline(always)]
-unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, op: RedOp) {
+unsafe fn launch<const MOVER: u8, C: Combine>(args: &LaunchArgs, dtype: DType, op: RedOp) {
     let base = core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<SmemBase>().cast::<u8>();
     let block = ctaid_x();
     // SAFETY: the program array has one entry per CTA of the launch.
@@ -94,7 +105,7 @@ unsafe fn launch<const TMA: bool, C: Combine>(args: &LaunchArgs, dtype: DType, o
         // has ended. At once otherwise.
         griddepcontrol_wait();
         bar_sync_all();
-        walker::run::<TMA, C>(&ctx, &program, args.tasks as *const Task, dtype, op);
+        walker::run::<MOVER, C>(&ctx, &program, args.tasks as *const Task, dtype, op);
         if ctx.issuer {
             for s in 0..stages {
                 mbarrier_inval_shared_b64(ctx.stage_barrier(s));

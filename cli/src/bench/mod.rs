@@ -179,6 +179,25 @@ impl SweepOp {
     }
 }
 
+/// The mover a collective of `count` elements on `ctas` CTAs per rank runs on: the configured one,
+/// or the latency mover where every task of its plan is small (`Config::latency_below`).
+fn ran_on(b: &CollectiveBench, count: u64, ctas: u32) -> Mover {
+    let c = &b.config;
+    let spec = PlanSpec {
+        collective: b.collective,
+        count,
+        dtype: b.dtype,
+        op: b.op,
+        ranks: b.ranks,
+        in_place: false,
+        ctas,
+        reduction: c.reduction,
+    };
+    oxccl_host::tccl::plan(&spec).map_or(c.mover, |l| {
+        oxccl::engine::mover_for(c.mover, c.latency_below, l.tasks.iter().map(|t| t.bytes).max().unwrap_or(0))
+    })
+}
+
 /// One row of the mover sweep.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct SweepRow {
@@ -436,7 +455,7 @@ pub fn mover_sweep(
                 let spec = case.spec();
                 rows.push(SweepRow {
                     op: op.name(),
-                    mover: if mover == Mover::Tma { "tma" } else { "simt" },
+                    mover: mover.name(),
                     ctas,
                     threads: spec.threads,
                     registers: bench.registers(mover)?,
@@ -510,6 +529,7 @@ impl MoverBench {
         let (chunk, stages) = sweep_pipeline(&self.engine, cfg, op, l.slots);
         let threads = match (mover, op) {
             (Mover::Simt, _) => cfg.simt_threads,
+            (Mover::Latency, _) => oxccl_kernels::abi::LATENCY_THREADS,
             (Mover::Tma, SweepOp::Copy | SweepOp::ReduceInto) => cfg.tma_threads_bulk,
             (Mover::Tma, SweepOp::ReduceAdd) => cfg.tma_threads_combine,
         };
@@ -527,6 +547,8 @@ impl MoverBench {
             combine_direct: false,
             call_key: 0,
             peer_scope: PeerScope::System,
+            // The sweep measures the mover it names at every size.
+            latency_below: 0,
         };
         Ok(MoverCase { bench: self, op, spec, piece_bytes: piece.unwrap_or(0), prog })
     }
@@ -1399,7 +1421,7 @@ impl CollectiveRow {
             root: b.collective.root().map_or(-1, |r| r as i64),
             ranks: b.ranks,
             ctas,
-            mover: if b.config.mover == Mover::Tma { "tma" } else { "simt" },
+            mover: ran_on(b, count, ctas).name(),
             reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
             size: moved,
             count,
@@ -1548,7 +1570,7 @@ impl PlanBench {
             root: l.collective.root().map_or(-1, |r| r as i64),
             ranks: p,
             ctas,
-            mover: if self.config.mover == Mover::Tma { "tma" } else { "simt" },
+            mover: self.config.mover.name(),
             reduction: if self.config.reduction == Reduction::Tma { "tma" } else { "registers" },
             size: real,
             // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
@@ -3288,7 +3310,7 @@ pub fn overlap_bench(
                 compute_reps: reps,
                 compute_sms,
                 compute_registers,
-                mover: if mover == Mover::Tma { "tma" } else { "simt" },
+                mover: mover.name(),
                 reduction: match reduction {
                     Reduction::Registers => "registers",
                     Reduction::Tma => "tma",
@@ -3328,7 +3350,7 @@ fn overlap_variants(b: &OverlapBench) -> Vec<(Mover, Reduction)> {
     for &mover in &b.movers {
         match mover {
             Mover::Tma => v.extend(b.tma_reductions.iter().map(|&r| (mover, r))),
-            Mover::Simt => v.push((mover, Reduction::Registers)),
+            Mover::Simt | Mover::Latency => v.push((mover, Reduction::Registers)),
         }
     }
     v

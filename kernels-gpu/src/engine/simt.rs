@@ -242,3 +242,160 @@ unsafe fn round<C: Combine, const U: usize>(ctx: &Ctx, ops: &Operands, base: u64
         }
     }
 }
+
+/// Sources whose loads a thread of the latency mover has in flight together: a small move of up to
+/// this many sources waits for memory once, not once per source.
+const GATHER: usize = 8;
+
+/// The latency mover: [`run`]'s ranges, each thread one vector (or element) at a time, with the
+/// loads of up to [`GATHER`] sources issued before any is combined. A small move is bound by the
+/// round trips to memory, and [`run`] makes one per source.
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+pub unsafe fn gathered<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
+    // SAFETY: forwarded contract; the three windows partition the range.
+    unsafe {
+        if ops.misalignment(ctx) != 0 {
+            each::<C, u64>(ctx, ops, elem);
+            return;
+        }
+        let head = ops.head_bytes(ctx);
+        let body = (ops.bytes - head) & !15;
+        each::<C, u64>(ctx, &ops.window(0, head), elem);
+        each::<C, V4>(ctx, &ops.window(head, body), elem);
+        each::<C, u64>(ctx, &ops.window(head + body, ops.bytes - head - body), elem);
+    }
+}
+
+/// What a thread of the latency mover moves at a time: an element (1, 2, 4 or 8 bytes, held in a
+/// `u64`) or a 16-byte vector.
+trait Unit: core::marker::Copy {
+    const ZERO: Self;
+    /// Bytes moved (for an element: `elem`).
+    fn width(elem: u32) -> u64;
+    /// # Safety
+    /// `addr` is in bounds and aligned to the width.
+    unsafe fn load(addr: u64, elem: u32) -> Self;
+    /// # Safety
+    /// As `load`.
+    unsafe fn store(addr: u64, elem: u32, v: Self);
+    fn combine<C: Combine>(a: Self, b: Self) -> Self;
+    fn finish<C: Combine>(a: Self, param: u32) -> Self;
+}
+
+impl Unit for u64 {
+    const ZERO: Self = 0;
+    #[inline(always)]
+    fn width(elem: u32) -> u64 {
+        elem as u64
+    }
+    #[inline(always)]
+    unsafe fn load(addr: u64, elem: u32) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match elem {
+                1 => *(addr as *const u8) as u64,
+                2 => *(addr as *const u16) as u64,
+                4 => *(addr as *const u32) as u64,
+                _ => *(addr as *const u64),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(addr: u64, elem: u32, v: Self) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match elem {
+                1 => *(addr as *mut u8) = v as u8,
+                2 => *(addr as *mut u16) = v as u16,
+                4 => *(addr as *mut u32) = v as u32,
+                _ => *(addr as *mut u64) = v,
+            }
+        }
+    }
+    #[inline(always)]
+    fn combine<C: Combine>(a: Self, b: Self) -> Self {
+        C::scalar(a, b)
+    }
+    #[inline(always)]
+    fn finish<C: Combine>(a: Self, param: u32) -> Self {
+        C::finish(a, param)
+    }
+}
+
+impl Unit for V4 {
+    const ZERO: Self = [0; 4];
+    #[inline(always)]
+    fn width(_: u32) -> u64 {
+        16
+    }
+    #[inline(always)]
+    unsafe fn load(addr: u64, _: u32) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { ld_global_v4_u32(Global::<V4>::from_addr(addr)) }
+    }
+    #[inline(always)]
+    unsafe fn store(addr: u64, _: u32, v: Self) {
+        // SAFETY: the caller's contract.
+        unsafe { st_global_v4_u32(Global::<V4>::from_addr(addr), v) }
+    }
+    #[inline(always)]
+    fn combine<C: Combine>(a: Self, b: Self) -> Self {
+        C::vec(a, b)
+    }
+    #[inline(always)]
+    fn finish<C: Combine>(a: Self, param: u32) -> Self {
+        C::finish_vec(a, param)
+    }
+}
+
+/// Every unit of `ops` (whose length is a multiple of the unit's width, every range aligned to it),
+/// unit `i` on thread `i` modulo the CTA's threads; the sources combined in order, as [`run`]
+/// combines them (the same results, bit for bit).
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+unsafe fn each<C: Combine, U: Unit>(ctx: &Ctx, ops: &Operands, elem: u32) {
+    let width = U::width(elem);
+    let n = ops.bytes / width;
+    let mut i = ctx.tid as u64;
+    while i < n {
+        let at = i * width;
+        let mut srcs = ops.srcs.iter(ctx);
+        let mut acc = U::ZERO;
+        let mut first = true;
+        loop {
+            // Up to GATHER loads issued, then combined: the indices are constants once the loops
+            // unroll, so the batch stays in registers.
+            let mut v = [U::ZERO; GATHER];
+            let mut got = 0;
+            for x in v.iter_mut() {
+                if let Some(a) = srcs.next() {
+                    // SAFETY: in bounds and aligned (the caller's contract).
+                    *x = unsafe { U::load(a + at, elem) };
+                    got += 1;
+                }
+            }
+            for (j, &x) in v.iter().enumerate() {
+                if j < got {
+                    acc = if first { x } else { U::combine::<C>(acc, x) };
+                    first = false;
+                }
+            }
+            if got < GATHER {
+                break;
+            }
+        }
+        if C::FINISHES && ops.finish != 0 {
+            acc = U::finish::<C>(acc, ops.finish);
+        }
+        for a in ops.dsts.iter(ctx) {
+            // SAFETY: as above.
+            unsafe { U::store(a + at, elem, acc) };
+        }
+        i += ctx.threads as u64;
+    }
+}

@@ -49,8 +49,8 @@ use oxccl_ptx::memory::ld_relaxed_sys_u64;
 use oxccl_ptx::sreg::globaltimer;
 use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_launch_dependents};
 
-/// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the TMA
-/// mover if `TMA`, else with the SIMT mover, and reducing `dtype` with `op` (implemented by `C`).
+/// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the mover
+/// whose raw value is `MOVER`, and reducing `dtype` with `op` (implemented by `C`).
 /// Each kernel instantiates one mover and one operator: one kernel holding every combination needs
 /// several times the registers of any one of them.
 ///
@@ -59,7 +59,7 @@ use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_launch_dependents};
 /// `tasks` addresses the launch's task array, which holds the program's range; every buffer and
 /// workspace address in the tables is valid for what the tasks do with it.
 #[inline(always)]
-pub unsafe fn run<const TMA: bool, C: Combine>(
+pub unsafe fn run<const MOVER: u8, C: Combine>(
     ctx: &Ctx,
     program: &TbProgram,
     tasks: *const Task,
@@ -107,13 +107,14 @@ pub unsafe fn run<const TMA: bool, C: Combine>(
             let mut state = PipelineState::new();
             for t in 0..program.task_count {
                 let task = *tasks.add((program.first_task + t) as usize);
-                if !execute::<TMA, C>(ctx, &mut state, &task, program.first_task + t, dtype, op) {
+                if !execute::<MOVER, C>(ctx, &mut state, &task, program.first_task + t, dtype, op) {
                     break;
                 }
             }
         }
-        // Complete every write before telling anyone (each issuer its own bulk groups).
-        if ctx.ring_issuer {
+        // Complete every write before telling anyone (each issuer its own bulk groups; the other
+        // movers issue none).
+        if MOVER == Mover::Tma as u8 && ctx.ring_issuer {
             cp_async_bulk_wait_group::<0>();
             fence_proxy_async_global();
         }
@@ -199,7 +200,7 @@ unsafe fn add_phase_times(ctx: &Ctx) {
 /// # Safety
 /// As [`run`].
 #[inline(always)]
-unsafe fn execute<const TMA: bool, C: Combine>(
+unsafe fn execute<const MOVER: u8, C: Combine>(
     ctx: &Ctx,
     state: &mut PipelineState,
     task: &Task,
@@ -234,10 +235,13 @@ unsafe fn execute<const TMA: bool, C: Combine>(
     // SAFETY: validated descriptor; addresses come from the tables (see `run`).
     unsafe {
         if task.flags & TASK_AFTER_WRITES != 0 {
-            if ctx.ring_issuer {
-                cp_async_bulk_wait_group::<0>();
+            // Bulk writes (the TMA mover's alone) complete and reach the generic proxy first.
+            if MOVER == Mover::Tma as u8 {
+                if ctx.ring_issuer {
+                    cp_async_bulk_wait_group::<0>();
+                }
+                fence_proxy_async_global();
             }
-            fence_proxy_async_global();
             bar_sync_all();
         }
         let ops = Operands {
@@ -250,13 +254,13 @@ unsafe fn execute<const TMA: bool, C: Combine>(
         let elem = elem as u32;
         // Pick the path and its operands first, so each path is instantiated once per operator.
         let tma_reduces = ctx.reduce_mode == ReduceMode::Tma && abi::tma_can_reduce(dtype, op);
-        let mover = if TMA { Mover::Tma } else { Mover::Simt };
-        let (path, operands) = match (mover, kind) {
-            (Mover::Simt, TaskKind::Move) => (Path::Simt, ops),
-            (Mover::Simt, TaskKind::ReduceInto) => (Path::Simt, with_dst),
-            (Mover::Tma, TaskKind::Move) => (Path::TmaMove, ops),
-            (Mover::Tma, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
-            (Mover::Tma, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
+        let tma = MOVER == Mover::Tma as u8;
+        let (path, operands) = match (tma, kind) {
+            (false, TaskKind::Move) => (Path::Simt, ops),
+            (false, TaskKind::ReduceInto) => (Path::Simt, with_dst),
+            (true, TaskKind::Move) => (Path::TmaMove, ops),
+            (true, TaskKind::ReduceInto) if tma_reduces => (Path::TmaReduceInto, ops),
+            (true, TaskKind::ReduceInto) => (Path::TmaMove, with_dst),
         };
         // Combining sources needs the whole ring in one issuer's hands (the host never launches that;
         // this keeps a malformed launch from sharing stages between issuers).
@@ -267,7 +271,10 @@ unsafe fn execute<const TMA: bool, C: Combine>(
         }
         // A single source is a copy: no operator, one instantiation.
         let copy = operands.srcs.count() == 1;
+        let latency = MOVER == Mover::Latency as u8;
         match path {
+            Path::Simt if latency && copy => simt::gathered::<Copy>(ctx, &operands, elem),
+            Path::Simt if latency => simt::gathered::<C>(ctx, &operands, elem),
             Path::Simt if copy => simt::run::<Copy>(ctx, &operands, elem),
             Path::Simt => simt::run::<C>(ctx, &operands, elem),
             Path::TmaMove if copy => tma::run_move::<Copy>(ctx, state, &operands, elem),

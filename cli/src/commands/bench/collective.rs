@@ -63,6 +63,10 @@ pub struct Common {
     /// Data mover.
     #[arg(long, value_enum, default_value = "tma")]
     pub mover: MoverArg,
+    /// Calls whose every task moves fewer bytes run on the latency mover, whatever --mover says
+    /// (0: never; default: the library's, `oxccl::DEFAULT_LATENCY_BELOW`).
+    #[arg(long, value_parser = super::parse_size, allow_hyphen_values = true)]
+    pub latency_below: Option<u64>,
     #[command(flatten)]
     pub(crate) shape: ShapeArgs,
     /// Print JSON lines after the table.
@@ -262,6 +266,7 @@ impl Run {
             issuers: c.shape.issuers,
             combine_direct: self.combine_direct,
             ranks_per_node: c.ranks_per_node,
+            latency_below: c.latency_below.unwrap_or(oxccl::DEFAULT_LATENCY_BELOW),
             ..Config::default()
         }
     }

@@ -218,6 +218,9 @@ pub enum MoverArg {
     Tma,
     /// Every thread moves 16-byte vectors (the baseline).
     Simt,
+    /// Every thread moves one vector at a time, its loads from all sources in flight together
+    /// (small messages).
+    Latency,
 }
 
 impl From<MoverArg> for oxccl::Mover {
@@ -225,6 +228,7 @@ impl From<MoverArg> for oxccl::Mover {
         match m {
             MoverArg::Tma => oxccl::Mover::Tma,
             MoverArg::Simt => oxccl::Mover::Simt,
+            MoverArg::Latency => oxccl::Mover::Latency,
         }
     }
 }
@@ -270,14 +274,15 @@ pub struct ShapeArgs {
 impl ShapeArgs {
     /// `--chunk`, `--stages` and `--issuers` shape the TMA pipeline: refused with the SIMT mover.
     fn check_mover(&self, mover: MoverArg) -> CliResult {
-        if mover == MoverArg::Simt {
+        if mover != MoverArg::Tma {
             for (flag, given) in [
                 ("--chunk", self.chunk.is_some()),
                 ("--stages", self.stages.is_some()),
                 ("--issuers", self.issuers.is_some()),
             ] {
                 if given {
-                    return Err(format!("{flag} shapes the TMA mover's pipeline; --mover simt has none").into());
+                    let name = oxccl::Mover::from(mover).name();
+                    return Err(format!("{flag} shapes the TMA mover's pipeline; --mover {name} has none").into());
                 }
             }
         }
