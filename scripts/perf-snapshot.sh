@@ -188,9 +188,11 @@ snap send-recv-small gpu "$X" bench send-recv -b 8 -e 32K -f 8 -n 200 -w 20
 snap group gpu "$X" bench group -b 64K -e 4M -f 4 -n 20 -w 5 --tensors 100
 snap group-untracked gpu "$X" bench group -b 64K -e 4M -f 4 -n 20 -w 5 --tensors 100 --untracked
 # Small messages and CUDA graphs
-for m in tma simt; do for c in 1 4 16; do
-  snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --json
+# Every mover at every size (--latency-below 0: no switch to the latency mover for small tasks).
+for m in tma simt latency; do for c in 1 4 16; do
+  snap "small-$m-$c" gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas "$c" --mover "$m" --latency-below 0 --json
 done; done
+snap small-default-16 gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas 16 --json
 snap small-graph-16 gpu "$X" bench all-reduce --ranks 8 -b 8 -e 2M -f 8 -n 50 -w 10 --ctas 16 -G 10 --json
 # Movers
 snap movers gpu "$X" bench movers -e 1G --json
