@@ -80,7 +80,16 @@ pub struct Config {
     /// mover's loads of all sources in flight together cut (0: never). Default
     /// [`DEFAULT_LATENCY_BELOW`].
     pub latency_below: u64,
+    /// Staging memory a per-rank communicator whose ranks are processes makes and shares at setup,
+    /// for the buffers its peers cannot map (cudarc's allocations), in bytes (rounded up to the
+    /// allocation granularity; 0: none until a call needs it). A call that stages more grows it,
+    /// and every peer then maps the new memory during that call. Default [`DEFAULT_STAGING_BYTES`].
+    pub staging_bytes: u64,
 }
+
+/// [`Config::staging_bytes`]'s default: one allocation granule (2 MiB on Hopper), what any size of
+/// virtual-memory allocation takes anyway.
+pub const DEFAULT_STAGING_BYTES: u64 = 2 << 20;
 
 /// [`Config::latency_below`]'s default: where the latency mover stops being faster than the TMA
 /// mover's default launch (docs/PERF.md).
@@ -103,6 +112,7 @@ impl Default for Config {
             ranks_per_node: None,
             inter_piece_bytes: None,
             latency_below: DEFAULT_LATENCY_BELOW,
+            staging_bytes: DEFAULT_STAGING_BYTES,
         }
     }
 }

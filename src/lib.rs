@@ -57,8 +57,8 @@ mod vmm;
 pub use bootstrap::{Bootstrap, Id, LaunchEnv};
 pub use comm::{CallLaunch, Communicator};
 pub use config::{
-    COMBINE_DIRECT_MAX_CTAS, Config, DEFAULT_ISSUERS, DEFAULT_LATENCY_BELOW, MAX_TIMEOUT, auto_pipeline,
-    combining_pipeline,
+    COMBINE_DIRECT_MAX_CTAS, Config, DEFAULT_ISSUERS, DEFAULT_LATENCY_BELOW, DEFAULT_STAGING_BYTES, MAX_TIMEOUT,
+    auto_pipeline, combining_pipeline,
 };
 pub use error::{Error, Result};
 pub use fp8::{F8E4M3, F8E5M2};

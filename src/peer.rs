@@ -135,10 +135,6 @@ impl Mapped {
     }
 }
 
-/// Staging memory every rank of a per-rank communicator across processes makes at setup: one
-/// allocation granule (2 MiB), what a virtual-memory allocation of any size takes anyway.
-pub(crate) const STAGING_START_BYTES: usize = 2 << 20;
-
 /// The staging memory (its region and allocation) held for one call.
 pub(crate) type StagingHold<'a> = MutexGuard<'a, Option<(u32, Arc<VmmAlloc>)>>;
 

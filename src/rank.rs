@@ -273,9 +273,15 @@ impl Comm {
             // everywhere before any rank reads the table.
             bootstrap.barrier()?;
             peer.share_workspace()?;
-            // Staging memory of one granule, mapped by every peer now: a staged call that fits never
-            // waits for its peers to map memory mid-call (nor launches while they do).
-            drop(peer.staging(crate::peer::STAGING_START_BYTES)?);
+            // Staging memory mapped by every peer now: a staged call that fits never waits for its
+            // peers to map memory mid-call (nor launches while they do).
+            if config.staging_bytes > 0 {
+                let bytes = usize::try_from(config.staging_bytes).map_err(|_| Error::Config {
+                    field: "staging_bytes",
+                    why: format!("{} does not fit the address space", config.staging_bytes),
+                })?;
+                drop(peer.staging(bytes)?);
+            }
             bootstrap.barrier()?;
             for (r, w) in workspaces.iter_mut().enumerate().take(world) {
                 *w = peer.region_of(r, 0);
@@ -332,6 +338,12 @@ impl Comm {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.nodes.as_ref().map_or(self.rank, |n| n.rank)
+    }
+
+    /// This rank's index in [`Comm::communicator`]: [`Comm::rank`] on one node, its index in its
+    /// node across several.
+    pub fn local_rank(&self) -> usize {
+        self.rank
     }
 
     /// Ranks of the communicator.

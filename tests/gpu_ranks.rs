@@ -52,8 +52,17 @@ fn config(shape: (Mover, Reduction, u32)) -> Config {
         reduction,
         deterministic: reduction == Reduction::Registers,
         timeout: common::timeout_from_env(Duration::from_secs(5)),
+        // Under `OXCCL_RANK_MEET=1` (the sanitizer runs) staging memory for every case from the
+        // start: a peer that maps grown staging memory while its kernel runs is memory the tool
+        // did not know at that launch.
+        staging_bytes: if meet() { 64 << 20 } else { oxccl::DEFAULT_STAGING_BYTES },
         ..Config::default()
     }
+}
+
+/// `OXCCL_RANK_MEET=1`: see [`config`] and `run_case`.
+fn meet() -> bool {
+    std::env::var_os("OXCCL_RANK_MEET").is_some_and(|v| v == "1")
 }
 
 /// One case, drawn alike on every rank from `seed` and the case number.
@@ -278,7 +287,7 @@ fn run_case(comm: &Comm, c: &Case) -> Result<Vec<u8>, Error> {
     }
     // `OXCCL_RANK_MEET=1`: every rank's buffers exist before any rank launches (the sanitizer
     // runs: a tool that checks a launch against the allocations it knows of at launch time).
-    if std::env::var_os("OXCCL_RANK_MEET").is_some_and(|v| v == "1") {
+    if meet() {
         comm.synchronize()?;
         comm.bootstrap().barrier()?;
     }

@@ -237,7 +237,9 @@ pub fn rank_bench(
             }
             comm.synchronize()?;
             // The phase times count the timed calls only (and the untimed one that lines them up).
-            comm.communicator().engine(r)?.reset_phase_times(r, &stream)?;
+            // The engine and its phase records know the rank by its index in the node.
+            let local = comm.local_rank();
+            comm.communicator().engine(local)?.reset_phase_times(local, &stream)?;
             // The ranks start their timed calls together (to the bootstrap's latency).
             comm.bootstrap().barrier()?;
             // One untimed call first: its barriers line the ranks up on the device, so that the
@@ -262,7 +264,7 @@ pub fn rank_bench(
                 if b.graph_launches > 0 { f64::NAN } else { issuing.as_secs_f64() * 1e6 / (b.sweep.iters + 1) as f64 };
             comm.synchronize()?;
             if k == 0 {
-                super::print_phases(comm.communicator().engine(r)?, &[r], size)?;
+                super::print_phases(comm.communicator().engine(local)?, &[local], size)?;
             }
             // The slowest rank's time and every rank's wrong elements.
             let mut mine = ms.to_le_bytes().to_vec();

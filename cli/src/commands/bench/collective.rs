@@ -352,11 +352,12 @@ pub fn run(r: Run) -> CliResult {
     // Loaded here once and shared by the benchmark's communicators on this device.
     let engine = oxccl::engine::Engine::shared(&ctx)?;
     println!(
-        "# device: {}, {} {}, mover {}, reduction {}, kernels from {}",
+        "# device: {}, {} {}, mover {}{}, reduction {}, kernels from {}",
         ctx.name().unwrap_or_default(),
         b.ranks,
         placement(gpus.len(), b.ranks),
         lower(b.config.mover),
+        latency_note(&b.config),
         lower(b.config.reduction),
         engine.code
     );
@@ -428,6 +429,16 @@ impl Run {
     }
 }
 
+/// The header's word on the latency mover: which calls switch to it (none where it is the mover
+/// or `--latency-below 0`).
+fn latency_note(c: &Config) -> String {
+    match c.latency_below {
+        0 => String::new(),
+        _ if c.mover == oxccl::Mover::Latency => String::new(),
+        b => format!(" (latency mover where every task moves under {b} B)"),
+    }
+}
+
 /// `--procs N`: starts N processes of this command (through the launcher) that each run
 /// [`run_rank`]; or, with `--rank-threads`, N threads here.
 fn run_ranks(r: &Run, n: usize) -> CliResult {
@@ -463,11 +474,14 @@ fn run_ranks(r: &Run, n: usize) -> CliResult {
                 .collect();
             workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a rank's thread panicked".into()))).collect()
         });
-        // The cause first: a rank that stopped because a peer gave up says less than that peer.
-        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        let cause = errors.iter().find(|e| !e.contains("gave up that call")).or(errors.first());
+        // The cause first: a rank that stopped because a peer gave up or left says less than
+        // that peer.
+        let errors: Vec<(usize, String)> =
+            results.into_iter().enumerate().filter_map(|(r, e)| e.err().map(|e| (r, e))).collect();
+        let secondary = |e: &str| e.contains("gave up that call") || e.contains("left the group");
+        let cause = errors.iter().find(|(_, e)| !secondary(e)).or(errors.first());
         return match cause {
-            Some(e) => Err(format!("{e} ({} of the {n} ranks failed)", errors.len()).into()),
+            Some((r, e)) => Err(format!("rank {r}: {e} ({} of the {n} ranks failed)", errors.len()).into()),
             None => Ok(()),
         };
     }
@@ -517,12 +531,13 @@ fn run_rank(r: &Run, comm: &oxccl::Comm, placement: &str) -> CliResult {
         let ctx = comm.stream().context();
         println!("# oxccl {}: {}", b.collective.name(), super::command_line());
         println!(
-            "# device: {}, {placement}, mover {}, reduction {}, {} buffers, kernels from {}",
+            "# device: {}, {placement}, mover {}{}, reduction {}, {} buffers, kernels from {}",
             ctx.name().unwrap_or_default(),
             lower(b.config.mover),
+            latency_note(&b.config),
             lower(b.config.reduction),
             buffers.name(),
-            comm.communicator().engine(comm.rank())?.code
+            comm.communicator().engine(comm.local_rank())?.code
         );
         if let Some(m) = comm.node_map() {
             let inter = lower(r.common.inter);
