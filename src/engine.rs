@@ -1242,8 +1242,41 @@ pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
 
 #[cfg(test)]
 mod tests {
-    use super::{ModuleCode, module_choice, threads_for_registers};
+    use super::{LaunchSpec, ModuleCode, Mover, PeerScope, module_choice, mover_for, threads_for_registers};
     use crate::error::Error;
+    use oxccl_kernels::abi::{self, DType, RedOp, ReduceMode};
+
+    /// A launch switches to the latency mover only where every task moves fewer bytes than
+    /// `latency_below`, with the threads that mover's kernels are compiled for; 0 never switches.
+    #[test]
+    fn small_programs_switch_to_the_latency_mover() {
+        assert_eq!(mover_for(Mover::Tma, 16 << 10, (16 << 10) - 1), Mover::Latency);
+        assert_eq!(mover_for(Mover::Tma, 16 << 10, 16 << 10), Mover::Tma);
+        assert_eq!(mover_for(Mover::Simt, 1 << 20, 0), Mover::Latency);
+        assert_eq!(mover_for(Mover::Tma, 0, 0), Mover::Tma);
+        let spec = LaunchSpec {
+            mover: Mover::Tma,
+            dtype: DType::F32,
+            op: RedOp::Sum,
+            threads: 64,
+            chunk_bytes: 8192,
+            stages: 4,
+            reduce_mode: ReduceMode::Registers,
+            timeout_ns: 1,
+            wait_suspend_ns: 0,
+            issuers: 2,
+            combine_direct: false,
+            call_key: 7,
+            peer_scope: PeerScope::Gpu,
+            latency_below: 4096,
+        };
+        let small = spec.for_latency(4095).expect("a 4095-byte task is under the switch");
+        assert_eq!((small.mover, small.threads), (Mover::Latency, abi::LATENCY_THREADS));
+        assert_eq!(LaunchSpec { mover: spec.mover, threads: spec.threads, ..small }, spec, "nothing else changes");
+        assert_eq!(spec.for_latency(4096), None);
+        let latency = LaunchSpec { mover: Mover::Latency, threads: 128, ..spec };
+        assert_eq!(latency.for_latency(1), None, "a launch on the latency mover keeps its threads");
+    }
 
     /// `OXCCL_MODULE`: auto (or unset), ptx or prebuilt; anything else is a typed error naming it.
     #[test]

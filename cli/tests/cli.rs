@@ -594,6 +594,8 @@ fn values_a_command_would_ignore_are_refused() {
         (&["bench", "all_reduce", "-c", "2"], "invalid value '2' for '--check <CHECK>': 2 is not in 0..=1"),
         (&["bench", "all_reduce", "--mover", "simt", "--chunk", "8192"], "--chunk shapes the TMA mover's pipeline"),
         (&["bench", "reshard", "--mover", "simt", "--stages", "2"], "--stages shapes the TMA mover's pipeline"),
+        (&["bench", "all_reduce", "--mover", "latency", "--issuers", "2"], "--mover latency has none"),
+        (&["bench", "all_reduce", "--latency-below", "4Q"], "--latency-below"),
         (&["bench", "plan", "--algo", "hm-allreduce", "--mover", "simt", "--chunk", "4096"], "--chunk shapes the TMA"),
     ] {
         refused_before_any_gpu(args, want);
