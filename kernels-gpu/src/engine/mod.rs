@@ -1,8 +1,9 @@
-//! The device engine: per-CTA context, bounded waits, cross-rank barriers, the two data movers and
-//! the TB program walker.
+//! The device engine: per-CTA context, bounded waits, cross-rank barriers, the data movers and the
+//! TB program walker.
 //!
 //! Layers, bottom up: `oxccl-ptx` (one wrapper per instruction) → [`wait`] and [`pipeline`] (bounded
-//! waits, stage ring state) → the movers [`tma`] and [`simt`] (a task's byte range, moved or reduced) →
+//! waits, stage ring state) → the movers [`tma`] and [`simt`] (a task's byte range, moved or reduced;
+//! the latency mover is [`simt::gathered`]) →
 //! [`walker`] (a CTA's task list between a start and an end barrier) → `crate::entry` (the kernels).
 
 pub mod combine;
