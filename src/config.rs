@@ -164,12 +164,7 @@ pub fn validate_config(c: &Config) -> Result<()> {
         return Err(Error::Config { field: "max_ctas", why: format!("{m} is above {}", abi::MAX_CTAS_PER_RANK) });
     }
     if let Some(t) = c.threads {
-        let most = match c.mover {
-            Mover::Tma => 1024,
-            Mover::Simt => 512,
-            Mover::Latency => abi::LATENCY_THREADS,
-        };
-        check_threads("threads", t, most)?;
+        check_threads("threads", t, c.mover.max_threads())?;
     }
     if let Some(w) = c.issuers {
         if !(1..=abi::MAX_ISSUERS).contains(&w) {
@@ -308,8 +303,7 @@ pub(crate) fn launch_shape(c: &Config, room: usize, slots: u32, combines: bool, 
     let threads = c.threads.unwrap_or(match c.mover {
         Mover::Tma if combines => 256,
         Mover::Tma => 32 * issuers,
-        Mover::Simt => 512,
-        Mover::Latency => abi::LATENCY_THREADS,
+        Mover::Simt | Mover::Latency => c.mover.max_threads(),
     });
     let (chunk, stages) = if from_registers && combines && c.mover == Mover::Tma {
         combining_pipeline(room, slots, chunk, stages)
@@ -460,6 +454,14 @@ mod tests {
         assert_eq!((given.threads, given.stages, given.issuers), (96, 6, 2));
         let simt = launch_shape(&Config { mover: Mover::Simt, issuers: Some(4), ..tma }, room, 1, false, false);
         assert_eq!((simt.threads, simt.issuers), (512, 1));
+        // Each mover's threads up to what its kernels are compiled for.
+        let latency = Config { mover: Mover::Latency, ..tma };
+        assert_eq!(launch_shape(&latency, room, 1, false, false).threads, abi::LATENCY_THREADS);
+        assert!(validate_config(&Config { threads: Some(256), ..latency }).is_ok());
+        assert!(validate_config(&Config { threads: Some(512), ..latency }).is_err());
+        assert!(validate_config(&Config { threads: Some(512), mover: Mover::Simt, ..tma }).is_ok());
+        assert!(validate_config(&Config { threads: Some(1024), mover: Mover::Simt, ..tma }).is_err());
+        assert!(validate_config(&Config { threads: Some(1024), ..tma }).is_ok());
         assert!(validate_config(&Config { issuers: Some(5), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(0), ..tma }).is_err());
         assert!(validate_config(&Config { issuers: Some(4), ..tma }).is_ok());

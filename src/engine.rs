@@ -758,16 +758,8 @@ impl Engine {
     pub fn check(&self, spec: &LaunchSpec, ctas: u32, slots: u32) -> Result<()> {
         let cfg = |field, why: String| Err(Error::Config { field, why });
         crate::config::check_timeout(std::time::Duration::from_nanos(spec.timeout_ns))?;
-        crate::config::check_threads("threads", spec.threads, 1024)?;
-        if spec.mover == Mover::Simt && spec.threads > 512 {
-            return cfg("threads", format!("{}: the SIMT kernels are compiled for at most 512", spec.threads));
-        }
-        if spec.mover == Mover::Latency && spec.threads > abi::LATENCY_THREADS {
-            return cfg(
-                "threads",
-                format!("{}: the latency kernels are compiled for at most {}", spec.threads, abi::LATENCY_THREADS),
-            );
-        }
+        // The most the mover's kernels are compiled for.
+        crate::config::check_threads("threads", spec.threads, spec.mover.max_threads())?;
         if spec.mover == Mover::Tma {
             crate::config::check_chunk_bytes("chunk_bytes", spec.chunk_bytes)?;
             crate::config::check_stages("stages", spec.stages)?;

@@ -255,6 +255,16 @@ abi_enum!(
 pub const LATENCY_THREADS: u32 = 256;
 
 impl Mover {
+    /// The most threads per CTA the mover's kernels are compiled for (the SIMT and latency
+    /// kernels' `.maxntid`, which `build.rs` writes; the TMA kernels take the hardware's 1024).
+    pub const fn max_threads(self) -> u32 {
+        match self {
+            Mover::Tma => 1024,
+            Mover::Simt => 512,
+            Mover::Latency => LATENCY_THREADS,
+        }
+    }
+
     /// The mover's name, as in its kernels' names (`oxccl_run_{name}_…`).
     pub const fn name(self) -> &'static str {
         match self {

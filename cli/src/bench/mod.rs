@@ -179,9 +179,29 @@ impl SweepOp {
     }
 }
 
-/// The mover a collective of `count` elements on `ctas` CTAs per rank runs on: the configured one,
-/// or the latency mover where every task of its plan is small (`Config::latency_below`).
-fn ran_on(b: &CollectiveBench, count: u64, ctas: u32) -> Mover {
+/// The movers the launches of `programs` (those with tasks) run on under `c`, as a row names them:
+/// the configured one, the latency mover for a program whose every task is small
+/// (`Config::latency_below`, the launcher's rule), or both (`tma+latency`).
+fn movers_of<'a>(c: &Config, programs: impl IntoIterator<Item = &'a Lowered>) -> &'static str {
+    let (mut configured, mut latency) = (false, false);
+    for l in programs.into_iter().filter(|l| !l.tasks.is_empty()) {
+        let largest = l.tasks.iter().map(|t| t.bytes).max().unwrap_or(0);
+        match oxccl::engine::mover_for(c.mover, c.latency_below, largest) {
+            Mover::Latency => latency = true,
+            _ => configured = true,
+        }
+    }
+    match (c.mover, configured && latency) {
+        (Mover::Tma, true) => "tma+latency",
+        (Mover::Simt, true) => "simt+latency",
+        (_, false) if latency => Mover::Latency.name(),
+        (m, _) => m.name(),
+    }
+}
+
+/// [`movers_of`] the plan of a collective of `count` elements on `ctas` CTAs per rank (the
+/// configured mover where the plan cannot be built: the call then fails anyway).
+fn ran_on(b: &CollectiveBench, count: u64, ctas: u32) -> &'static str {
     let c = &b.config;
     let spec = PlanSpec {
         collective: b.collective,
@@ -193,9 +213,7 @@ fn ran_on(b: &CollectiveBench, count: u64, ctas: u32) -> Mover {
         ctas,
         reduction: c.reduction,
     };
-    oxccl_host::tccl::plan(&spec).map_or(c.mover, |l| {
-        oxccl::engine::mover_for(c.mover, c.latency_below, l.tasks.iter().map(|t| t.bytes).max().unwrap_or(0))
-    })
+    oxccl_host::tccl::plan(&spec).map_or(c.mover.name(), |l| movers_of(c, [&l]))
 }
 
 /// One row of the mover sweep.
@@ -1421,7 +1439,7 @@ impl CollectiveRow {
             root: b.collective.root().map_or(-1, |r| r as i64),
             ranks: b.ranks,
             ctas,
-            mover: ran_on(b, count, ctas).name(),
+            mover: ran_on(b, count, ctas),
             reduction: if b.config.reduction == Reduction::Tma { "tma" } else { "registers" },
             size: moved,
             count,
@@ -1548,11 +1566,14 @@ impl PlanBench {
         Ok((staged, chunk_bytes))
     }
 
-    /// The nccl-tests row of one size of a program of layout `l`: `real` bytes (the larger user
+    /// The nccl-tests row of one size of a program of layout `l`, run on `mover` ([`movers_of`]):
+    /// `real` bytes (the larger user
     /// buffer per rank), `counts` (input, output) elements per rank, `us` per call, `wrong` elements.
+    #[allow(clippy::too_many_arguments)]
     fn row(
         &self,
         l: &oxccl_host::program::BufferLayout,
+        mover: &'static str,
         ctas: u32,
         real: u64,
         (count_in, count_out): (u64, u64),
@@ -1570,7 +1591,7 @@ impl PlanBench {
             root: l.collective.root().map_or(-1, |r| r as i64),
             ranks: p,
             ctas,
-            mover: self.config.mover.name(),
+            mover,
             reduction: if self.config.reduction == Reduction::Tma { "tma" } else { "registers" },
             size: real,
             // nccl-tests' count: elements per rank in the smaller buffer; for AllToAll, the elements
@@ -1717,7 +1738,7 @@ pub fn plan_bench(
         comm.synchronize()?;
         drop((ins, outs));
         let real = b.user_chunks() * chunk_bytes;
-        let row = b.row(l, ctas, real, (count_in, count_out), us, wrong);
+        let row = b.row(l, movers_of(&b.config, &staged.stages), ctas, real, (count_in, count_out), us, wrong);
         on_row(&row, &PlanBenchInfo { ranks: p, ctas, slots, levels });
         rows.push(row);
     }
@@ -2217,6 +2238,36 @@ fn reshard_call(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows name the movers the launcher runs: the latency mover for a plan of small tasks, the
+    /// configured one for large tasks, both for a run of both kinds, never it at `latency_below` 0.
+    #[test]
+    fn rows_name_the_movers_the_launcher_picks() {
+        let plan = |count: u64| {
+            let spec = PlanSpec {
+                collective: Collective::AllReduce,
+                count,
+                dtype: DType::F32,
+                op: ReduceOp::Sum,
+                ranks: 8,
+                in_place: false,
+                ctas: 1,
+                reduction: Reduction::Registers,
+            };
+            oxccl_host::tccl::plan(&spec).unwrap()
+        };
+        let (small, large) = (plan(2), plan(1 << 20));
+        let tma = Config::default();
+        assert_eq!(movers_of(&tma, [&small]), "latency");
+        assert_eq!(movers_of(&tma, [&large]), "tma");
+        assert_eq!(movers_of(&tma, [&small, &large]), "tma+latency");
+        let simt = Config { mover: Mover::Simt, ..Config::default() };
+        assert_eq!(movers_of(&simt, [&large, &small]), "simt+latency");
+        let never = Config { latency_below: 0, ..Config::default() };
+        assert_eq!(movers_of(&never, [&small, &large]), "tma");
+        let empty = Lowered { tasks: Vec::new(), ..small.clone() };
+        assert_eq!(movers_of(&tma, [&empty, &large]), "tma", "a program without tasks is not launched");
+    }
 
     #[test]
     fn compute_repetitions_scale_to_the_time_asked_or_are_refused() {
