@@ -557,6 +557,18 @@ pub unsafe fn load_module_as(
     }
 }
 
+/// Loads the engine's kernels from the PTX file at `path` (`OXCCL_ENGINE_PTX`) instead of the
+/// embedded code: a changed engine built from this build's device sources (the same ABI) tried
+/// without rebuilding the host. A file that cannot be read is an [`Error::Config`]; one that lacks a
+/// kernel fails as the load of every kernel does.
+fn load_engine_file(ctx: &Arc<CudaContext>, path: &std::path::Path) -> Result<(Arc<CudaModule>, ModuleCode)> {
+    let ptx = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {e}", path.display()) })?;
+    // SAFETY: no prebuilt image is passed; `ptx` is text (a file that is not PTX is refused by the
+    // driver's compiler, which reads it as text up to its NUL-free end).
+    unsafe { load_module_as(ctx, &ptx, &[], Some(ModuleCode::Ptx)) }
+}
+
 /// `OXCCL_MODULE`'s value: `None` for `auto` (or unset), else the code it asks for.
 fn module_choice(value: &str) -> Result<Option<ModuleCode>> {
     match value {
@@ -607,7 +619,10 @@ impl Engine {
         if major != 9 {
             return Err(Error::UnsupportedDevice { ordinal: ctx.ordinal(), major, minor });
         }
-        let (module, code) = load_module(ctx, crate::ptx::KERNELS, crate::ptx::KERNELS_SM90A)?;
+        let (module, code) = match std::env::var_os("OXCCL_ENGINE_PTX") {
+            Some(path) => load_engine_file(ctx, std::path::Path::new(&path))?,
+            None => load_module(ctx, crate::ptx::KERNELS, crate::ptx::KERNELS_SM90A)?,
+        };
         let attr = |a| ctx.attribute(a).map_err(Error::driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_smem = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;

@@ -534,16 +534,17 @@ pub struct PhaseTimes {
     pub gap_ns: u64,
     /// The start barrier (waiting for every peer's arrival) and the buffer resolution.
     pub start_ns: u64,
-    /// The tasks, and the completion of their writes.
+    /// The tasks.
     pub tasks_ns: u64,
+    /// The completion of the tasks' writes (bulk groups, the fence before telling peers, a CTA
+    /// barrier).
+    pub drain_ns: u64,
     /// The end barrier (waiting for every peer to be done with this rank's buffers).
     pub end_ns: u64,
     /// When the last recorded call ended.
     pub last_end_ns: u64,
     /// The longest gap.
     pub max_gap_ns: u64,
-    /// The longest start barrier.
-    pub max_start_ns: u64,
 }
 
 /// Bit 63 of a buffer address: the address is `region << REGION_SHIFT | offset`, an offset into
@@ -726,13 +727,13 @@ pub mod smem {
     /// Offset of the launch's [`super::PeerScope`] (a `u32` beside the abort flag, written at entry):
     /// kept here, not in a register, which the movers need.
     pub const PEER_SCOPE: usize = ABORT + 4;
-    /// Offset of the collective kernels' phase marks (four `u64`s: when the call began, passed
-    /// its start barrier, ended its tasks, then [`super::LaunchArgs::phase_times`], where they are
-    /// added).
+    /// Offset of the collective kernels' phase marks (five `u64`s: when the call began, passed
+    /// its start barrier, ended its tasks, completed their writes, then
+    /// [`super::LaunchArgs::phase_times`], where they are added).
     pub const PHASE_MARKS: usize = ABORT + 8;
     /// Offset of the collective kernels' barrier ranks (a `u32`: the program's `barrier_ranks`,
     /// written at entry): read again after the tasks rather than held in a register through them.
-    pub const PEERS: usize = PHASE_MARKS + 32;
+    pub const PEERS: usize = PHASE_MARKS + 40;
     /// Offset of the first stage (1024-byte aligned; tensor boxes need 128).
     pub const STAGES: usize = (BARRIERS + MAX_STAGES * 8).next_multiple_of(1024);
 

@@ -89,7 +89,7 @@ unsafe fn launch<const MOVER: u8, C: Combine>(args: &LaunchArgs, dtype: DType, o
                 }
             }
             // Where the walker adds its phase times (0: nowhere), beside its marks.
-            *(base.add(abi::smem::PHASE_MARKS) as *mut u64).add(3) = args.phase_times;
+            *(base.add(abi::smem::PHASE_MARKS) as *mut u64).add(4) = args.phase_times;
             ctx.set_peer_scope(args.peer_scope);
             ctx.set_peers(program.barrier_ranks);
             ctx.clear_abort();

@@ -1194,15 +1194,15 @@ pub fn print_phases(engine: &oxccl::engine::Engine, ranks: &[usize], size: u64) 
         let longest = |f: fn(&oxccl::engine::PhaseTimes) -> u64| mine.iter().map(f).max().unwrap_or(0) as f64 / 1e3;
         eprintln!(
             "phases {size} B rank {r}: {} calls x {} CTAs; per call: gap {:.2} us, start barrier {:.2}, tasks {:.2}, \
-             end barrier {:.2} (longest: gap {:.1}, start {:.1})",
+             drain {:.2}, end barrier {:.2} (longest gap {:.1})",
             calls / mine.len() as u64,
             mine.len(),
             mean(|t| t.gap_ns),
             mean(|t| t.start_ns),
             mean(|t| t.tasks_ns),
+            mean(|t| t.drain_ns),
             mean(|t| t.end_ns),
-            longest(|t| t.max_gap_ns),
-            longest(|t| t.max_start_ns)
+            longest(|t| t.max_gap_ns)
         );
     }
     Ok(())

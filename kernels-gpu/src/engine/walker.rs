@@ -112,19 +112,25 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
                 }
             }
         }
-        // Complete every write before telling anyone (each issuer its own bulk groups; the other
-        // movers issue none).
-        if MOVER == Mover::Tma as u8 && ctx.ring_issuer {
-            cp_async_bulk_wait_group::<0>();
-            fence_proxy_async_global();
-        }
-        ctx.fence_peers();
-        bar_sync_all();
         if timed(ctx) {
             mark(ctx, 2);
         }
         // Read again: held in a register through the tasks, it took one the movers need.
         let peers = ctx.peers();
+        // Complete every write before telling anyone (each issuer its own bulk groups; the other
+        // movers issue none). A launch that meets no one tells no one: its kernel's end orders its
+        // writes before its stream's next work, and a fence here would wait for every store.
+        if MOVER == Mover::Tma as u8 && ctx.ring_issuer {
+            cp_async_bulk_wait_group::<0>();
+            fence_proxy_async_global();
+        }
+        if peers != 0 {
+            ctx.fence_peers();
+        }
+        bar_sync_all();
+        if timed(ctx) {
+            mark(ctx, 3);
+        }
         if peers != 0 && ctx.issuer {
             if !ctx.aborted() {
                 end_barrier(ctx, peers, seq);
@@ -141,21 +147,25 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
     }
 }
 
-/// Shared-memory phase mark `i` (0..3) of this CTA's call ([`abi::smem::PHASE_MARKS`]; 3: where
-/// they are added, 0 for nowhere): kept there, not in registers, which the movers need.
+/// Shared-memory phase mark `i` (0..4) of this CTA's call ([`abi::smem::PHASE_MARKS`]; 4
+/// ([`RECORDS`]): where they are added, 0 for nowhere): kept there, not in registers, which the
+/// movers need.
 #[inline(always)]
 fn phase_mark(ctx: &Ctx, i: usize) -> *mut u64 {
-    // SAFETY: four `u64`s at a fixed, 8-aligned offset of the header, unused otherwise by these kernels
-    // (`abi::smem::PHASE_MARKS`); `i` is below 4 at every call.
+    // SAFETY: five `u64`s at a fixed, 8-aligned offset of the header, unused otherwise by these kernels
+    // (`abi::smem::PHASE_MARKS`); `i` is below 5 at every call.
     unsafe { (ctx.smem.add(abi::smem::PHASE_MARKS) as *mut u64).add(i) }
 }
 
+/// The phase mark that holds the address of the [`PhaseTimes`] records.
+const RECORDS: usize = 4;
+
 /// Whether this thread keeps the call's phase times: the issuer, where the launch asks for them
-/// (the entry wrote mark 3 from `LaunchArgs::phase_times`).
+/// (the entry wrote mark [`RECORDS`] from `LaunchArgs::phase_times`).
 #[inline(always)]
 fn timed(ctx: &Ctx) -> bool {
     // SAFETY: the entry wrote the mark before the CTA barrier that precedes the walker.
-    ctx.issuer && unsafe { *phase_mark(ctx, 3) } != 0
+    ctx.issuer && unsafe { *phase_mark(ctx, RECORDS) } != 0
 }
 
 /// Records the time as phase mark `i` (issuer only).
@@ -165,12 +175,12 @@ fn mark(ctx: &Ctx, i: usize) {
     unsafe { *phase_mark(ctx, i) = globaltimer() };
 }
 
-/// Adds one call's phases (the marks: entry, start barrier passed, tasks done; now: end barrier
-/// passed) to this CTA's [`PhaseTimes`] (issuer only; the record is this CTA's alone, and launches
-/// of one rank run one after another).
+/// Adds one call's phases (the marks: entry, start barrier passed, tasks done, their writes
+/// complete; now: end barrier passed) to this CTA's [`PhaseTimes`] (issuer only; the record is
+/// this CTA's alone, and launches of one rank run one after another).
 ///
 /// # Safety
-/// Mark 3 addresses `MAX_RANKS × MAX_CTAS_PER_RANK` records.
+/// Mark [`RECORDS`] addresses `MAX_RANKS × MAX_CTAS_PER_RANK` records.
 #[inline(always)]
 unsafe fn add_phase_times(ctx: &Ctx) {
     // Pair slots (point-to-point CTAs, several per slot number in one launch) keep no record.
@@ -180,18 +190,17 @@ unsafe fn add_phase_times(ctx: &Ctx) {
     let i = ctx.rank as usize % MAX_RANKS * abi::MAX_CTAS_PER_RANK + ctx.cta as usize % abi::MAX_CTAS_PER_RANK;
     // SAFETY: the caller's contract; `i` is inside the array; the marks were written by this thread.
     unsafe {
-        let t = [*phase_mark(ctx, 0), *phase_mark(ctx, 1), *phase_mark(ctx, 2), globaltimer()];
-        let r = &mut *(*phase_mark(ctx, 3) as *mut PhaseTimes).add(i);
+        let t = [*phase_mark(ctx, 0), *phase_mark(ctx, 1), *phase_mark(ctx, 2), *phase_mark(ctx, 3), globaltimer()];
+        let r = &mut *(*phase_mark(ctx, RECORDS) as *mut PhaseTimes).add(i);
         let gap = if r.calls == 0 { 0 } else { t[0].saturating_sub(r.last_end_ns) };
-        let start = t[1].saturating_sub(t[0]);
         r.calls += 1;
         r.gap_ns += gap;
-        r.start_ns += start;
+        r.start_ns += t[1].saturating_sub(t[0]);
         r.tasks_ns += t[2].saturating_sub(t[1]);
-        r.end_ns += t[3].saturating_sub(t[2]);
-        r.last_end_ns = t[3];
+        r.drain_ns += t[3].saturating_sub(t[2]);
+        r.end_ns += t[4].saturating_sub(t[3]);
+        r.last_end_ns = t[4];
         r.max_gap_ns = r.max_gap_ns.max(gap);
-        r.max_start_ns = r.max_start_ns.max(start);
     }
 }
 
