@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Reruns every command docs/PERF.md lists and saves each one's output under a dated folder, so that
-# PERF.md's tables can be rewritten from those files, by hand: this script edits no file of the
-# repository. Runs on a GPU machine from built binaries; a command whose needs are missing
-# (a GPU, two GPUs, MPS, torch, /usr/bin/time, staged test binaries) is skipped, and says so.
+# Reruns every command docs/PERF.md lists and saves each one's output under a dated folder. With
+# --rewrite it then rewrites PERF.md's marked tables (`<!-- snap-table … -->`) whose runs it made
+# (`oxccl tables OUT docs/PERF.md`); the prose around them is rewritten from those files by hand.
+# Runs on a GPU machine from built binaries; a command whose needs are missing (a GPU, two GPUs,
+# MPS, torch, /usr/bin/time, staged test binaries) is skipped, and says so.
 #
-# Usage: scripts/perf-snapshot.sh [--list | --dry-run] [NAME...]
+# Usage: scripts/perf-snapshot.sh [--list | --dry-run | --rewrite] [NAME...]
 #   NAME...    run only the snapshots with these names, or whose names begin with NAME- (`cta-table`,
 #              `overlap-fma1`); the names are the `[snap: …]` marks in docs/PERF.md
 #   --list     print every snapshot's name and command, run nothing
 #   --dry-run  print what would run for the names given, run nothing
+#   --rewrite  run, then rewrite docs/PERF.md's tables from what ran
 # Environment:
 #   OXCCL   the oxccl binary (default target/release/oxccl; the cuBLAS rows need a build with
 #           `cargo build --release -p oxccl-cli --features gemm`, as scripts/gpu-stage.sh makes
 #           it: .device/bin/oxccl once scripts/gpu-suite.sh has unpacked .device/pack)
 #   OUT     the output folder (default target/perf-snapshots/<UTC date and time>)
+#   OXCCL_COMMIT  the commit the binaries were built from, for machine.txt (default: the checkout's)
 #   B       the test binaries staged by scripts/gpu-stage.sh, for `gpu-tests` (default .device/bin)
 #   MSCCL   the folder of the MSCCL XML files (default host/tests/data/msccl)
 #   SNAP_TIMEOUT  seconds allowed per command (default 900)
@@ -27,9 +30,11 @@ B=${B:-.device/bin}
 MSCCL=${MSCCL:-host/tests/data/msccl}
 SNAP_TIMEOUT=${SNAP_TIMEOUT:-900}
 MODE=run
+REWRITE=0
 case "${1:-}" in
   --list) MODE=list; shift ;;
   --dry-run) MODE=dry; shift ;;
+  --rewrite) REWRITE=1; shift ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 SELECTED=("$@")
@@ -49,7 +54,7 @@ if [ "$MODE" = run ]; then
   mkdir -p "$OUT"
   {
     echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M:%S')"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "${OXCCL_COMMIT:-unknown (no git checkout; set OXCCL_COMMIT)}")"
+    echo "commit: ${OXCCL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (no git checkout; set OXCCL_COMMIT)")}"
     echo "oxccl binary: $OXCCL"
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "no nvidia-smi"
   } > "$OUT/machine.txt"
@@ -265,7 +270,11 @@ snap gpu-tests-multi gpus2,staged env B="$B" OUT="$OUT/gpu-tests-multi" GPUS="$G
 
 mps_off
 if [ "$MODE" = run ]; then
-  echo "=== saved under $OUT ($FAILED failed; summary.tsv lists every snapshot). docs/PERF.md was not"
-  echo "    changed: rewrite its tables from these files, with the date and commit in machine.txt."
+  echo "=== saved under $OUT ($FAILED failed; summary.tsv lists every snapshot)."
+  if [ "$REWRITE" = 1 ]; then
+    "$OXCCL" tables "$OUT" docs/PERF.md || FAILED=$((FAILED + 1))
+  else
+    echo "    docs/PERF.md was not changed: --rewrite (or \`$OXCCL tables $OUT\`) rewrites its marked tables."
+  fi
   [ "$FAILED" -eq 0 ]
 fi

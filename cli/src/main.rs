@@ -29,6 +29,8 @@ enum Command {
     /// Draw SVG (and PNG) charts from benchmarks' --json logs: busbw against size, TMA against SIMT
     /// against NCCL, the mover sweep, compiled against interpreted plans, overlap.
     Plot(cli::plot::Args),
+    /// Rewrite the docs' marked tables (`<!-- snap-table … -->`) from a scripts/perf-snapshot.sh folder.
+    Tables(cli::tables::Args),
     /// Start N processes of a command on this host, torchrun-style: rank, world size, master port and
     /// GPU in each one's environment.
     #[cfg(target_os = "linux")]
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => cli::verify::run(a),
         Command::Reshard(a) => cli::reshard::run(a),
         Command::Plot(a) => cli::plot::run(a),
+        Command::Tables(a) => cli::tables::run(a),
         // The launcher ends as its ranks did: it gives the status to exit with.
         #[cfg(target_os = "linux")]
         Command::Launch(a) => match cli::launch::run(a) {

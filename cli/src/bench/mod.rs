@@ -1776,7 +1776,7 @@ pub fn nccl_line(r: &CollectiveRow) -> String {
 }
 
 /// nccl-tests' time column: fewer decimals as the time grows, so the column keeps its width.
-fn nccl_time(us: f64) -> String {
+pub fn nccl_time(us: f64) -> String {
     if us >= 10_000.0 {
         format!("{us:.0}")
     } else if us >= 100.0 {

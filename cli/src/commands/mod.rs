@@ -9,6 +9,7 @@ pub mod plan;
 pub mod plot;
 pub mod reshard;
 pub mod simulate;
+pub mod tables;
 pub mod verify;
 
 /// What a subcommand reports on failure: a message for the user; the process exits non-zero.
