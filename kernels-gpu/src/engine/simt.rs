@@ -158,14 +158,7 @@ pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
         let mut acc = 0u64;
         for (k, a) in ops.srcs.iter(ctx).enumerate() {
             // SAFETY: in bounds and element-aligned by the caller's contract.
-            let v = unsafe {
-                match elem {
-                    1 => *((a + at) as *const u8) as u64,
-                    2 => *((a + at) as *const u16) as u64,
-                    4 => *((a + at) as *const u32) as u64,
-                    _ => *((a + at) as *const u64),
-                }
-            };
+            let v = unsafe { <u64 as Unit>::load(a + at, elem) };
             acc = if k == 0 { v } else { C::scalar(acc, v) };
         }
         if C::FINISHES && ops.finish != 0 {
@@ -173,14 +166,7 @@ pub unsafe fn elements<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
         }
         for a in ops.dsts.iter(ctx) {
             // SAFETY: as above.
-            unsafe {
-                match elem {
-                    1 => *((a + at) as *mut u8) = acc as u8,
-                    2 => *((a + at) as *mut u16) = acc as u16,
-                    4 => *((a + at) as *mut u32) = acc as u32,
-                    _ => *((a + at) as *mut u64) = acc,
-                }
-            }
+            unsafe { <u64 as Unit>::store(a + at, elem, acc) };
         }
         i += ctx.threads as u64;
     }
@@ -270,7 +256,7 @@ pub unsafe fn gathered<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
 }
 
 /// What a thread of the latency mover moves at a time: an element (1, 2, 4 or 8 bytes, held in a
-/// `u64`) or a 16-byte vector.
+/// `u64`; [`elements`] moves those too) or a 16-byte vector.
 trait Unit: core::marker::Copy {
     const ZERO: Self;
     /// Bytes moved (for an element: `elem`).
