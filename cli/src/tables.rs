@@ -64,7 +64,7 @@ pub struct Mark {
 }
 
 impl Mark {
-    /// Reads the words after [`OPEN`] up to `-->`.
+    /// Reads a mark's words, from after `<!-- snap-table ` up to `-->`.
     pub fn parse(text: &str) -> Result<Mark, String> {
         let body = text.trim().strip_suffix("-->").ok_or("the mark does not end with -->")?;
         let mut rows = None;

@@ -792,3 +792,36 @@ fn per_rank_bench_flags_are_checked() {
         assert!(!ok && err.contains("no GPU to benchmark on") && !err.contains("rank"), "{err}");
     }
 }
+
+/// `oxccl tables`: `--check` says a marked table would change and fails; without it the table is
+/// rewritten in place, after which `--check` passes; a folder without machine.txt is named.
+#[test]
+fn tables_are_rewritten_from_a_snapshot_folder() {
+    let dir = std::env::temp_dir().join(format!("oxccl-cli-tables-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("machine.txt"),
+        "date (UTC): 2026-12-07 05:00:00\ncommit: abc1234\n0, NVIDIA H200, 580.159.04\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("summary.tsv"), "name\tstatus\tseconds\tcommand\nsmall\tok\t1\toxccl bench\n").unwrap();
+    std::fs::write(dir.join("small.jsonl"), "{\"size\":8,\"oop_us\":4.83,\"ip_us\":4.85}\n").unwrap();
+    let doc = dir.join("PERF.md");
+    std::fs::write(
+        &doc,
+        "a\n<!-- snap-table rows=size cells=oop_us/ip_us small=\"graph\" -->\nold\n<!-- /snap-table -->\n",
+    )
+    .unwrap();
+    let (d, p) = (dir.to_str().unwrap(), doc.to_str().unwrap());
+    let (ok, out, err) = run(&["tables", d, p, "--check"]);
+    assert!(!ok && out.contains("PERF.md:2: would be rewritten") && err.contains("tables differ"), "{out}{err}");
+    let (ok, out, err) = run(&["tables", d, p]);
+    assert!(ok && out.contains("PERF.md:2: rewritten from"), "{out}{err}");
+    let text = std::fs::read_to_string(&doc).unwrap();
+    assert!(text.contains("| 8 B | 4.83 / 4.85 |") && !text.contains("old"), "{text}");
+    assert!(run(&["tables", d, p, "--check"]).0);
+    let (ok, err) = oxccl(&["tables", &format!("{d}/missing"), p]);
+    assert!(!ok && err.contains("machine.txt"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -32,8 +32,9 @@ pub fn run(a: Args) -> CliResult {
     for doc in &a.docs {
         let text = std::fs::read_to_string(doc).map_err(|e| format!("{}: {e}", doc.display()))?;
         let r = rewrite(&text, &snap)?;
+        let verb = if a.check { "would be rewritten" } else { "rewritten" };
         for line in &r.written {
-            println!("{}:{line}: rewritten from {} ({})", doc.display(), snap.dir.display(), snap.commit);
+            println!("{}:{line}: {verb} from {} ({})", doc.display(), snap.dir.display(), snap.commit);
         }
         for (line, missing) in &r.kept {
             println!("{}:{line}: kept (not in this snapshot: {})", doc.display(), missing.join(", "));
