@@ -562,11 +562,17 @@ pub unsafe fn load_module_as(
 /// without rebuilding the host. A file that cannot be read is an [`Error::Config`]; one that lacks a
 /// kernel fails as the load of every kernel does.
 fn load_engine_file(ctx: &Arc<CudaContext>, path: &std::path::Path) -> Result<(Arc<CudaModule>, ModuleCode)> {
-    let ptx = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {e}", path.display()) })?;
+    let ptx = read_engine_file(path)?;
     // SAFETY: no prebuilt image is passed; `ptx` is text (a file that is not PTX is refused by the
     // driver's compiler, which reads it as text up to its NUL-free end).
     unsafe { load_module_as(ctx, &ptx, &[], Some(ModuleCode::Ptx)) }
+}
+
+/// The text of the PTX file `OXCCL_ENGINE_PTX` names; an [`Error::Config`] naming the variable and
+/// the file where it cannot be read.
+fn read_engine_file(path: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {e}", path.display()) })
 }
 
 /// `OXCCL_MODULE`'s value: `None` for `auto` (or unset), else the code it asks for.
@@ -1249,7 +1255,9 @@ pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
 
 #[cfg(test)]
 mod tests {
-    use super::{LaunchSpec, ModuleCode, Mover, PeerScope, module_choice, mover_for, threads_for_registers};
+    use super::{
+        LaunchSpec, ModuleCode, Mover, PeerScope, module_choice, mover_for, read_engine_file, threads_for_registers,
+    };
     use crate::error::Error;
     use oxccl_kernels::abi::{self, DType, RedOp, ReduceMode};
 
@@ -1283,6 +1291,19 @@ mod tests {
         assert_eq!(spec.for_latency(4096), None);
         let latency = LaunchSpec { mover: Mover::Latency, threads: 128, ..spec };
         assert_eq!(latency.for_latency(1), None, "a launch on the latency mover keeps its threads");
+    }
+
+    /// `OXCCL_ENGINE_PTX`: a file that cannot be read is a typed error naming the variable and the
+    /// file; one that can is read whole.
+    #[test]
+    fn an_engine_ptx_file_is_read_or_named() {
+        let e = read_engine_file(std::path::Path::new("/nonexistent/engine.ptx")).unwrap_err();
+        assert!(matches!(&e, Error::Config { field: "OXCCL_ENGINE_PTX", .. }), "{e}");
+        assert!(e.to_string().contains("/nonexistent/engine.ptx"), "{e}");
+        let path = std::env::temp_dir().join(format!("oxccl-engine-ptx-{}.ptx", std::process::id()));
+        std::fs::write(&path, ".version 8.0\n").unwrap();
+        assert_eq!(read_engine_file(&path).unwrap(), ".version 8.0\n");
+        std::fs::remove_file(&path).unwrap();
     }
 
     /// `OXCCL_MODULE`: auto (or unset), ptx or prebuilt; anything else is a typed error naming it.

@@ -127,10 +127,12 @@ pub struct Snapshot {
     pub commit: String,
     /// The first GPU's name and driver, from nvidia-smi's line.
     pub device: String,
+    /// (name, status) of every run in `summary.tsv` (`ok`, `failed …`, `skipped: …`).
+    pub runs: Vec<(String, String)>,
 }
 
 impl Snapshot {
-    /// Reads `dir/machine.txt`.
+    /// Reads `dir/machine.txt` and `dir/summary.tsv`.
     pub fn open(dir: &Path) -> Result<Snapshot, TablesError> {
         let path = dir.join("machine.txt");
         let text = std::fs::read_to_string(&path).map_err(|source| TablesError::Read { path, source })?;
@@ -149,28 +151,29 @@ impl Snapshot {
                 }
             })
             .unwrap_or_else(|| "no GPU listed".into());
-        Ok(Snapshot { dir: dir.to_path_buf(), date: field("date (UTC):"), commit: field("commit:"), device })
+        let path = dir.join("summary.tsv");
+        let summary = std::fs::read_to_string(&path).map_err(|source| TablesError::Read { path, source })?;
+        let runs = summary
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let mut f = l.split('\t');
+                Some((f.next()?.to_string(), f.next().unwrap_or("").to_string()))
+            })
+            .collect();
+        Ok(Snapshot { dir: dir.to_path_buf(), date: field("date (UTC):"), commit: field("commit:"), device, runs })
     }
 
-    /// Whether the snapshot has run `name` (a line of its `summary.tsv`).
-    fn has(&self, name: &str) -> bool {
-        self.status(name).is_some()
-    }
-
-    /// `name`'s status in `summary.tsv` (`ok`, `failed …`, `skipped: …`).
-    fn status(&self, name: &str) -> Option<String> {
-        let text = std::fs::read_to_string(self.dir.join("summary.tsv")).ok()?;
-        text.lines().skip(1).find_map(|l| {
-            let mut f = l.split('\t');
-            (f.next() == Some(name)).then(|| f.next().unwrap_or("").to_string())
-        })
+    /// `name`'s status, where the snapshot ran it.
+    fn status(&self, name: &str) -> Option<&str> {
+        self.runs.iter().find(|(n, _)| n == name).map(|(_, s)| s.as_str())
     }
 
     /// The JSON rows snapshot `name` printed.
     fn rows(&self, name: &str) -> Result<Vec<Map<String, Value>>, TablesError> {
         let bad = |why: String| TablesError::Snapshot { name: name.to_string(), why };
         match self.status(name) {
-            Some(s) if s == "ok" => {}
+            Some("ok") => {}
             Some(s) => return Err(bad(format!("its run did not succeed ({s})"))),
             None => return Err(bad("not in this snapshot's summary.tsv".into())),
         }
@@ -306,7 +309,8 @@ pub fn rewrite(doc: &str, snap: &Snapshot) -> Result<Rewritten, TablesError> {
         if !closed {
             return Err(TablesError::Mark { line: i + 1, why: format!("no {CLOSE} after it") });
         }
-        let missing: Vec<String> = mark.columns.iter().filter(|(n, _)| !snap.has(n)).map(|(n, _)| n.clone()).collect();
+        let missing: Vec<String> =
+            mark.columns.iter().filter(|(n, _)| snap.status(n).is_none()).map(|(n, _)| n.clone()).collect();
         if missing.is_empty() {
             out.text.push_str(&render(&mark, snap)?);
             out.written.push(i + 1);
@@ -412,6 +416,10 @@ mod tests {
 
         let (_d, snap) = snapshot(&[("a", "ok", &["no json"]), ("b", "ok", &[r#"{"size":8}"#])]);
         assert!(rewrite(DOC, &snap).unwrap_err().to_string().contains("snapshot a: printed no JSON rows"));
+
+        std::fs::remove_file(snap.dir.join("summary.tsv")).unwrap();
+        let e = Snapshot::open(&snap.dir).unwrap_err();
+        assert!(e.to_string().contains("summary.tsv"), "{e}");
 
         let unclosed = DOC.replace("<!-- /snap-table -->\n", "");
         assert!(rewrite(&unclosed, &snap).unwrap_err().to_string().starts_with("line 4: no <!-- /snap-table -->"));
