@@ -78,6 +78,21 @@ pub unsafe trait InterNode: Send + Sync {
         stream: &CudaStream,
     ) -> Result<()>;
 
+    /// Point-to-point transfers with other members, queued as one group (NCCL's `ncclSend` and
+    /// `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`): the `i`-th send of member `a` to
+    /// `b` is the `i`-th receive of `b` from `a`, of the same length. The default refuses
+    /// ([`Error::Unsupported`]): an engine without point-to-point still carries the collectives.
+    ///
+    /// # Safety
+    ///
+    /// Each transfer's `ptr` addresses `bytes` bytes on this rank's device (written where it
+    /// receives), disjoint from the other transfers' where one writes, valid until `stream` has
+    /// run the call.
+    unsafe fn send_recv(&self, transfers: &[Transfer], stream: &CudaStream) -> Result<()> {
+        let _ = (transfers, stream);
+        Err(Error::Unsupported { what: "point-to-point transfers on this inter-node engine".into() })
+    }
+
     /// Ends the group's calls in flight (a peer died); later calls fail.
     fn abort(&self);
 
@@ -86,6 +101,20 @@ pub unsafe trait InterNode: Send + Sync {
     fn check(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// One point-to-point transfer of [`InterNode::send_recv`]: `bytes` bytes at device address `ptr`
+/// of this rank, sent to or received from member `peer` of the group.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// The other member (its index in the group: its node).
+    pub peer: usize,
+    /// Whether this rank sends (else it receives).
+    pub send: bool,
+    /// The device address of this rank's side.
+    pub ptr: u64,
+    /// Bytes moved.
+    pub bytes: usize,
 }
 
 /// NCCL's `ncclUniqueId`.
@@ -105,6 +134,8 @@ type AsyncError = unsafe extern "C" fn(Comm, *mut Res) -> Res;
 type Coll = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
 type ReduceFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, sys::CUstream) -> Res;
+type P2p = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, sys::CUstream) -> Res;
+type GroupMark = unsafe extern "C" fn() -> Res;
 
 /// The NCCL functions oxccl calls, from the loaded library.
 struct Api {
@@ -118,6 +149,10 @@ struct Api {
     all_reduce: Coll,
     broadcast: Coll,
     reduce: ReduceFn,
+    send: P2p,
+    recv: P2p,
+    group_start: GroupMark,
+    group_end: GroupMark,
 }
 
 /// The loaded NCCL library: [`Nccl::load`].
@@ -212,6 +247,11 @@ impl Nccl {
             all_reduce: sym!("ncclAllReduce", Coll),
             broadcast: sym!("ncclBroadcast", Coll),
             reduce: sym!("ncclReduce", ReduceFn),
+            // `ncclSend` takes a `const void*`: the same ABI as `P2p`'s pointer.
+            send: sym!("ncclSend", P2p),
+            recv: sym!("ncclRecv", P2p),
+            group_start: sym!("ncclGroupStart", GroupMark),
+            group_end: sym!("ncclGroupEnd", GroupMark),
         })
     }
 
@@ -409,6 +449,35 @@ unsafe impl InterNode for NcclGroup {
             // SAFETY: the caller's contract.
             let r = unsafe { (self.nccl.api.reduce)(send, recv, count, t, o, root, comm, stream.cu_stream()) };
             self.nccl.check("ncclReduce", r)
+        })
+    }
+
+    unsafe fn send_recv(&self, transfers: &[Transfer], stream: &CudaStream) -> Result<()> {
+        // Bytes (`ncclUint8`): the transfers do not care what they move.
+        let mut peers = Vec::with_capacity(transfers.len());
+        for t in transfers {
+            match c_int::try_from(t.peer) {
+                Ok(p) if t.peer < self.size => peers.push(p),
+                _ => return Err(Error::NoSuchRank { rank: t.peer, ranks: self.size }),
+            }
+        }
+        let (api, bytes) = (&self.nccl.api, nccl_dtype(DType::U8));
+        self.with(|comm| {
+            // SAFETY: no arguments; paired with the `ncclGroupEnd` below whatever happens between.
+            self.nccl.check("ncclGroupStart", unsafe { (api.group_start)() })?;
+            let mut queued = Ok(());
+            for (t, &peer) in transfers.iter().zip(&peers) {
+                let (call, f) = if t.send { ("ncclSend", api.send) } else { ("ncclRecv", api.recv) };
+                // SAFETY: the caller's contract (a `ptr` of `bytes` bytes on this device).
+                let r = unsafe { f(t.ptr as *mut c_void, t.bytes, bytes, peer, comm, stream.cu_stream()) };
+                queued = self.nccl.check(call, r);
+                if queued.is_err() {
+                    break;
+                }
+            }
+            // SAFETY: closes the group opened above.
+            let ended = self.nccl.check("ncclGroupEnd", unsafe { (api.group_end)() });
+            queued.and(ended)
         })
     }
 
@@ -610,6 +679,24 @@ unsafe impl InterNode for EngineGroup {
         _stream: &CudaStream,
     ) -> Result<()> {
         crate::with_element!(dtype, |T| reduce_typed::<T>(self, send, recv, count, op, root))
+    }
+
+    unsafe fn send_recv(&self, transfers: &[Transfer], _stream: &CudaStream) -> Result<()> {
+        let stream = self.comm.stream();
+        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        for t in transfers {
+            let region = Region::<u8>::new(t.ptr, 0, t.bytes as u64, stream);
+            if t.send { sends.push((t.peer, region)) } else { recvs.push((t.peer, region)) }
+        }
+        // The group keeps each direction's order per peer, which is all the matching needs.
+        let mut group = self.comm.group();
+        for (peer, region) in &sends {
+            group.send(region, *peer)?;
+        }
+        for (peer, region) in &mut recvs {
+            group.recv(region, *peer)?;
+        }
+        group.run()
     }
 
     fn abort(&self) {

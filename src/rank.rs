@@ -358,13 +358,13 @@ impl Comm {
     }
 
     /// An error naming `what` where the ranks span several nodes: reshard, transfer programs and
-    /// graph capture do not run across nodes yet.
+    /// graph capture do not run across nodes yet (the collectives, groups, sends and receives do).
     fn one_node(&self, what: &str) -> Result<()> {
         match &self.nodes {
             None => Ok(()),
             Some(n) => Err(Error::Unsupported {
                 what: format!(
-                    "{what} on a communicator across {} nodes (the five collectives run there; reshard and prepare do not yet)",
+                    "{what} on a communicator across {} nodes (collectives, groups, sends and receives run there; reshard, programs and prepare do not yet)",
                     n.map.nodes()
                 ),
             }),
@@ -567,8 +567,10 @@ impl Comm {
     }
 
     /// AllToAll: block `q` of `send` (world × count elements) goes to rank `q`, and `recv` (world ×
-    /// count) ends with block `rank` of every rank's `send`, in rank order. Out of place only; not
-    /// across nodes yet ([`Error::Unsupported`]). Any [`Plain`] element type.
+    /// count) ends with block `rank` of every rank's `send`, in rank order. Out of place only. Any
+    /// [`Plain`] element type. Across nodes it runs as [`Comm::all_to_allv`]'s transfers, which pair
+    /// ranks of other nodes only where they have the same local rank (one rank per node), else
+    /// [`Error::Unsupported`].
     pub fn all_to_all<T: Plain, S: DevicePtr<T>, R: DevicePtrMut<T> + DevicePtr<T>>(
         &self,
         send: &S,
@@ -588,10 +590,12 @@ impl Comm {
         recv: &mut R,
     ) -> Result<()> {
         self.usable()?;
-        if let Some(n) = &self.nodes {
-            return Err(Error::Unsupported { what: format!("all_to_all across {} nodes", n.map.nodes()) });
-        }
         let count = self.block(recv.len(), "all_to_all receive buffer")?;
+        if self.nodes.is_some() {
+            // Across nodes, as its sends and receives (ranks of one local rank on each node).
+            let counts = vec![count; self.world()];
+            return self.all_to_allv(send, &counts, recv, &counts);
+        }
         self.inner.collective::<T, S, R>(
             Collective::AllToAll,
             Count::FromRecv(count),

@@ -5,12 +5,15 @@
 //! step waiting for the one before it on the other side through an event, so that the inter-node
 //! step of one piece runs beside the intra-node steps of the next.
 
-use crate::comm::{Count, Holders};
+use crate::comm::group::GroupCall;
+use crate::comm::p2p::P2pOp;
+use crate::comm::{Count, Holders, Range, check_disjoint};
 use crate::error::{Error, Result};
-use crate::internode::{InterNode, Region};
+use crate::internode::{InterNode, Region, Transfer};
 use crate::{Collective, Communicator, Element, ReduceOp};
 use cudarc::driver::{CudaEvent, CudaStream, DevicePtr, sys};
-use oxccl_host::nodes::{Kind, NodeMap, Side, Staged};
+use oxccl_host::nodes::{Kind, NodeMap, Path, Side, Staged};
+use oxccl_host::p2p::Direction;
 use std::sync::Arc;
 
 /// Default bytes per piece of a staged collective: large enough that each side's calls run near
@@ -62,6 +65,14 @@ pub(crate) struct Nodes {
     pub failed: std::sync::atomic::AtomicBool,
     /// How long the inter-node side may make no progress before it is given up on.
     pub timeout: std::time::Duration,
+}
+
+/// A rank's point-to-point transfers by the engine that carries them ([`Nodes::route`]).
+pub(crate) struct Routed {
+    /// With ranks of its node, peers by their index in the node.
+    within: Vec<P2pOp>,
+    /// With ranks of its local index on other nodes, peers by node.
+    across: Vec<Transfer>,
 }
 
 /// What [`Nodes::progress`] saw.
@@ -409,6 +420,108 @@ impl Nodes {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).extend(inter_steps);
         let progressed = self.progress().map(drop);
         queued.and(joined).and(progressed)
+    }
+
+    /// Runs one collective of a rank's group (`call`, buffers by address, checked by the caller)
+    /// as its own staged call.
+    pub(crate) fn call(&self, node: &Communicator, stream: &Arc<CudaStream>, call: &GroupCall) -> Result<()> {
+        let (count, me) = (call.member.count, self.rank as u32);
+        // `align` is the size of the element (or unit) the call moves.
+        let piece = (self.piece_bytes / call.align as u64).max(1);
+        let staged = match call.member.collective {
+            Collective::AllReduce => Staged::all_reduce(&self.map, count, piece),
+            Collective::ReduceScatter => Staged::reduce_scatter(&self.map, count)?,
+            Collective::AllGather => Staged::all_gather(&self.map, count)?,
+            Collective::Broadcast { root } => Staged::broadcast(&self.map, count, root, piece),
+            Collective::Reduce { root } => Staged::reduce(&self.map, count, root, piece),
+            Collective::AllToAll => {
+                return Err(Error::Unsupported { what: format!("all_to_all across {} nodes", self.map.nodes()) });
+            }
+        };
+        let (src, recv) = match call.member.collective {
+            _ if call.member.in_place => (Source::InPlace, call.output),
+            Collective::Broadcast { root } if root != me => (Source::Nothing, call.output),
+            // A Reduce's other ranks have no receive buffer: the address is never written.
+            Collective::Reduce { root } if root != me => (Source::At(call.input), call.input),
+            _ => (Source::At(call.input), call.output),
+        };
+        crate::with_element!(call.dtype, |T| self.run::<T>(node, stream, &staged, src, recv, call.op))
+    }
+
+    /// Sorts this rank's point-to-point transfers `ops` (peers by world rank) by the engine that
+    /// carries them, checking them: ranks of its node through the node communicator, the ranks of
+    /// its local index on other nodes through its inter-node group. A transfer with a rank of
+    /// another node and another local index is refused: only a rank between the two could carry
+    /// it.
+    pub(crate) fn route(&self, node: &Communicator, ops: &[P2pOp]) -> Result<Routed> {
+        let world = self.map.world() as usize;
+        let me = self.rank as u32;
+        let (my_node, my_local) = (self.map.node(me), self.map.local(me));
+        let device = node.rank_device(my_local as usize);
+        let (mut within, mut across, mut ranges) = (Vec::new(), Vec::new(), Vec::new());
+        for op in ops {
+            if op.peer >= world {
+                return Err(Error::NoSuchRank { rank: op.peer, ranks: world });
+            }
+            let q = op.peer as u32;
+            let send = op.dir == Direction::Send;
+            match self.map.path(me, q) {
+                Path::Node { local } => within.push(P2pOp { peer: local as usize, ..*op }),
+                Path::Group { node } => {
+                    across.push(Transfer { peer: node as usize, send, ptr: op.ptr, bytes: op.bytes });
+                }
+                Path::Relay => {
+                    let (node_q, local_q) = (self.map.node(q), self.map.local(q));
+                    return Err(Error::Unsupported {
+                        what: format!(
+                            "a transfer between rank {me} (node {my_node}, local rank {my_local}) and rank {q} \
+                             (node {node_q}, local rank {local_q}): across nodes, sends and receives run between \
+                             ranks of the same local rank"
+                        ),
+                    });
+                }
+            }
+            let buffer = if send { "send buffer" } else { "receive buffer" };
+            let end = op.ptr + op.bytes as u64;
+            ranges.push(Range { start: op.ptr, end, rank: self.rank, device, writes: !send, buffer });
+        }
+        check_disjoint(&ranges, "a group's receive buffers and the other buffers of the group")?;
+        Ok(Routed { within, across })
+    }
+
+    /// Queues transfers [`Nodes::route`] sorted: those across nodes on the inter-node stream,
+    /// which joins the rank's stream before and after them.
+    pub(crate) fn p2p(&self, node: &Communicator, stream: &Arc<CudaStream>, routed: Routed) -> Result<()> {
+        let Routed { within, across } = routed;
+        if !within.is_empty() {
+            node.p2p(&within)?;
+        }
+        if across.is_empty() {
+            return Ok(());
+        }
+        let inter = &self.inter_stream;
+        let queued = (|| -> Result<(CudaEvent, CudaEvent)> {
+            inter.join(stream).map_err(Error::driver("cuStreamWaitEvent"))?;
+            let ready = inter.record_event(None).map_err(Error::driver("cuEventRecord"))?;
+            // SAFETY: the caller's buffers, borrowed until the call is queued and ordered on the
+            // rank's stream, which waits for the inter-node stream below.
+            unsafe { self.inter.send_recv(&across, inter)? };
+            let done = inter.record_event(None).map_err(Error::driver("cuEventRecord"))?;
+            Ok((ready, done))
+        })();
+        let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));
+        match queued {
+            Ok(events) => self.pending.lock().unwrap_or_else(|p| p.into_inner()).push_back(events),
+            // An engine without point-to-point refuses on every rank alike, queueing nothing: no
+            // peer waits for this rank's half.
+            Err(e @ Error::Unsupported { .. }) => return Err(e),
+            // The peers' halves would wait for this rank's: they end with the group.
+            Err(e) => {
+                self.fail();
+                return Err(e);
+            }
+        }
+        joined.and(self.progress().map(drop))
     }
 }
 

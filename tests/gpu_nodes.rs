@@ -178,3 +178,178 @@ fn nccl_through_the_binding_on_a_one_rank_group() {
     let (tried, why) = Nccl::load_from(&["/nonexistent/libnccl.so.2".into()]).unwrap_err();
     assert!(tried.len() == 1 && why.contains("/nonexistent/libnccl.so.2"), "{why}");
 }
+
+/// The value rank `a` sends rank `b` at element `i` in case `case`: each pair and position its own.
+fn sent(case: usize, a: usize, b: usize, i: usize) -> i32 {
+    (case * 1_000_003 + a * 10_007 + b * 101 + i) as i32
+}
+
+/// Elements rank `a` sends rank `b` in case `case` (tails of every length below a vector).
+fn sent_len(case: usize, a: usize, b: usize) -> usize {
+    1 + (case * 977 + a * 131 + b * 37) % 5000
+}
+
+/// Sends and receives across posing nodes (`world` ranks as threads, `per_node` a node, the
+/// inter-node transfers on [`EngineGroup`]): per case a group with an AllReduce, a transfer each
+/// way with every rank it may reach (its node's, and its local rank's on other nodes) and a second
+/// one with the next and previous node, then single sends and receives between paired nodes; a
+/// transfer to another node's other local rank is
+/// refused before anything is queued, and the communicator goes on. With one rank per node every
+/// rank reaches every other: AllToAllv and AllToAll too. Returns the rank-cases checked.
+fn transfers_on_virtual_nodes(world: usize, per_node: u32, cases: usize) -> usize {
+    let Some(stream) = common::gpu("transfers_across_virtual_nodes_match_the_cpu") else { return 0 };
+    let ctx = stream.context().clone();
+    let p = per_node as usize;
+    let config = Config {
+        ranks_per_node: Some(per_node),
+        inter_piece_bytes: Some(4096),
+        max_ctas: Some(2),
+        timeout: Duration::from_secs(20),
+        ..Config::default()
+    };
+    let handles: Vec<_> = LocalBootstrap::group(world, config.timeout)
+        .into_iter()
+        .map(|boot| {
+            let (ctx, config) = (ctx.clone(), config.clone());
+            std::thread::Builder::new()
+                .name(format!("rank-{}", boot.rank()))
+                .spawn(move || -> Result<Vec<(String, bool)>, oxccl::Error> {
+                    let stream = ctx.new_stream().unwrap();
+                    let r = boot.rank();
+                    let said = |e: oxccl::Error| {
+                        eprintln!("rank {r}: {e}");
+                        e
+                    };
+                    let inter_config = config.clone();
+                    let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
+                        Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
+                    })?;
+                    let reach = |q: usize| q / p == r / p || q % p == r % p;
+                    let mut out = Vec::new();
+                    for case in 0..cases {
+                        let peers: Vec<usize> = (0..world).filter(|&q| q != r && reach(q)).collect();
+                        let sends: Vec<_> = peers
+                            .iter()
+                            .map(|&q| {
+                                let v: Vec<i32> = (0..sent_len(case, r, q)).map(|i| sent(case, r, q, i)).collect();
+                                stream.clone_htod(&v).unwrap()
+                            })
+                            .collect();
+                        let mut recvs: Vec<_> =
+                            peers.iter().map(|&q| stream.alloc_zeros::<i32>(sent_len(case, q, r)).unwrap()).collect();
+                        let n = 1 + case * 1000;
+                        let mine: Vec<i32> = (0..n).map(|i| (r * 7 + i) as i32).collect();
+                        let mut sum = stream.clone_htod(&mine).unwrap();
+                        // A second transfer to the same local rank on the next node and from the
+                        // previous one (the same peer on two nodes): matched in order after the first.
+                        let nodes = world / p;
+                        let (next, prev) = ((r + p) % world, (r + world - p) % world);
+                        let one = stream.clone_htod(&vec![r as i32; 100 + case]).unwrap();
+                        let mut got = stream.alloc_zeros::<i32>(100 + case).unwrap();
+                        {
+                            let mut g = comm.group();
+                            g.all_reduce_in_place(&mut sum, ReduceOp::Sum)?;
+                            for (s, &q) in sends.iter().zip(&peers) {
+                                g.send(s, q)?;
+                            }
+                            for (d, &q) in recvs.iter_mut().zip(&peers) {
+                                g.recv(d, q)?;
+                            }
+                            if nodes > 1 {
+                                g.send(&one, next)?.recv(&mut got, prev)?;
+                            }
+                            g.run().map_err(said)?;
+                        }
+                        // Single calls with the same local rank on the paired node (0 with 1, 2 with
+                        // 3): the lower node sends first, the other receives first (two ranks whose
+                        // sends come first would each wait for the other's receive, as with NCCL).
+                        let node = r / p;
+                        let partner = ((node ^ 1) < nodes).then(|| (node ^ 1) * p + r % p);
+                        let pair = stream.clone_htod(&vec![-(r as i32); 50 + case]).unwrap();
+                        let mut paired = stream.alloc_zeros::<i32>(50 + case).unwrap();
+                        if let Some(q) = partner {
+                            if node < q / p {
+                                comm.send(&pair, q).map_err(said)?;
+                                comm.recv(&mut paired, q).map_err(said)?;
+                            } else {
+                                comm.recv(&mut paired, q).map_err(said)?;
+                                comm.send(&pair, q).map_err(said)?;
+                            }
+                        }
+                        comm.synchronize().map_err(said)?;
+                        let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| (q * 7 + i) as i32).sum()).collect();
+                        out.push((format!("case {case}: group AllReduce"), stream.clone_dtoh(&sum).unwrap() == want));
+                        for (d, &q) in recvs.iter().zip(&peers) {
+                            let want: Vec<i32> = (0..sent_len(case, q, r)).map(|i| sent(case, q, r, i)).collect();
+                            out.push((
+                                format!("case {case}: group receive from {q}"),
+                                stream.clone_dtoh(d).unwrap() == want,
+                            ));
+                        }
+                        if nodes > 1 {
+                            let ok = stream.clone_dtoh(&got).unwrap() == vec![prev as i32; 100 + case];
+                            out.push((format!("case {case}: second group receive from {prev}"), ok));
+                        }
+                        if let Some(q) = partner {
+                            let ok = stream.clone_dtoh(&paired).unwrap() == vec![-(q as i32); 50 + case];
+                            out.push((format!("case {case}: receive from {q}"), ok));
+                        }
+                        // Another node's other local rank: refused by name, nothing queued.
+                        if let Some(far) = (0..world).find(|&q| !reach(q)) {
+                            let e = comm.send(&one, far).unwrap_err();
+                            let ok = matches!(e, oxccl::Error::Unsupported { .. })
+                                && e.to_string().contains("same local rank");
+                            out.push((format!("case {case}: refused {e}"), ok));
+                        }
+                        if p == 1 {
+                            // AllToAllv: rank a sends rank b sent_len(case, a, b) elements.
+                            let send_counts: Vec<usize> = (0..world).map(|q| sent_len(case, r, q)).collect();
+                            let recv_counts: Vec<usize> = (0..world).map(|q| sent_len(case, q, r)).collect();
+                            let v: Vec<i32> = (0..world)
+                                .flat_map(|q| (0..send_counts[q]).map(move |i| sent(case, r, q, i)))
+                                .collect();
+                            let s = stream.clone_htod(&v).unwrap();
+                            let mut d = stream.alloc_zeros::<i32>(recv_counts.iter().sum()).unwrap();
+                            comm.all_to_allv(&s, &send_counts, &mut d, &recv_counts).map_err(said)?;
+                            let m = 1 + case * 300;
+                            let blocks: Vec<i32> =
+                                (0..world).flat_map(|q| (0..m).map(move |i| sent(case, r, q, i))).collect();
+                            let s2 = stream.clone_htod(&blocks).unwrap();
+                            let mut d2 = stream.alloc_zeros::<i32>(m * world).unwrap();
+                            comm.all_to_all(&s2, &mut d2).map_err(said)?;
+                            comm.synchronize().map_err(said)?;
+                            let want: Vec<i32> = (0..world)
+                                .flat_map(|q| (0..recv_counts[q]).map(move |i| sent(case, q, r, i)))
+                                .collect();
+                            out.push((format!("case {case}: all_to_allv"), stream.clone_dtoh(&d).unwrap() == want));
+                            let want2: Vec<i32> =
+                                (0..world).flat_map(|q| (0..m).map(move |i| sent(case, q, r, i))).collect();
+                            out.push((format!("case {case}: all_to_all"), stream.clone_dtoh(&d2).unwrap() == want2));
+                        }
+                    }
+                    Ok(out)
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut checked = 0;
+    for (r, h) in handles.into_iter().enumerate() {
+        let got = h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        for (what, ok) in got {
+            assert!(ok, "rank {r} of {world} ({per_node} a node): {what}");
+            checked += 1;
+        }
+    }
+    checked
+}
+
+#[test]
+fn transfers_across_virtual_nodes_match_the_cpu() {
+    let mut checked = 0;
+    for (world, per_node) in [(8, 4), (4, 1), (6, 2)] {
+        checked += transfers_on_virtual_nodes(world, per_node, 4);
+    }
+    if checked > 0 {
+        println!("{checked} rank-checks of sends, receives, groups and AllToAll(v) across posing nodes exact");
+    }
+}

@@ -76,6 +76,23 @@ pub struct NodeMap {
     ranks: Vec<u32>,
 }
 
+/// How a rank's point-to-point transfers reach another rank ([`NodeMap::path`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// On the same node: the peer's local index there.
+    Node {
+        /// The peer's local index.
+        local: u32,
+    },
+    /// On another node with the same local index: the peer's index in the inter-node group.
+    Group {
+        /// The peer's node.
+        node: u32,
+    },
+    /// On another node with another local index: no engine of the rank's reaches it directly.
+    Relay,
+}
+
 impl NodeMap {
     /// The nodes `keys` name (one key per rank, e.g. its host's identity): ranks with equal keys
     /// share a node.
@@ -169,6 +186,19 @@ impl NodeMap {
     pub fn node_ranks(&self, node: u32) -> &[u32] {
         let p = self.per_node as usize;
         &self.ranks[node as usize * p..(node as usize + 1) * p]
+    }
+
+    /// How rank `a`'s transfers reach rank `b` (both below [`NodeMap::world`]): through `a`'s node
+    /// communicator, through its inter-node group, or only through a rank between them.
+    pub fn path(&self, a: u32, b: u32) -> Path {
+        let (node, local) = (self.node(b), self.local(b));
+        if node == self.node(a) {
+            Path::Node { local }
+        } else if local == self.local(a) {
+            Path::Group { node }
+        } else {
+            Path::Relay
+        }
     }
 
     /// The ranks of local index `local`, node by node: its inter-node group.

@@ -7,7 +7,7 @@ mod common;
 use common::Rng;
 use oxccl_host::compile::{Options, compile};
 use oxccl_host::exec::{ReduceOp, reference};
-use oxccl_host::nodes::{Kind, NodeError, NodeMap, Side, Staged, Step};
+use oxccl_host::nodes::{Kind, NodeError, NodeMap, Path, Side, Staged, Step};
 use oxccl_host::program::generators::Algorithm;
 use oxccl_host::sim::{SimOptions, Topology, simulate};
 
@@ -25,6 +25,43 @@ fn nodes_come_from_host_keys_in_order_of_their_first_rank() {
     let e = m.node_major("a staged AllGather").unwrap_err();
     assert_eq!(e, NodeError::NotNodeMajor { what: "a staged AllGather", rank: 1, node: 1, local: 0 });
     assert!(NodeMap::by_count(8, 4).unwrap().node_major("x").is_ok());
+}
+
+/// Transfers reach the node's ranks by local index, the same local index on other nodes by node,
+/// and nothing else, on interleaved hosts as on node-major ones; every path is symmetric.
+#[test]
+fn transfer_paths_follow_nodes_and_local_indices() {
+    let m = NodeMap::from_keys(&["b", "a", "b", "a", "b", "a"]).unwrap();
+    assert_eq!(m.path(0, 4), Path::Node { local: 2 });
+    assert_eq!(m.path(0, 0), Path::Node { local: 0 });
+    assert_eq!(m.path(2, 3), Path::Group { node: 1 });
+    assert_eq!(m.path(3, 2), Path::Group { node: 0 });
+    assert_eq!(m.path(0, 3), Path::Relay);
+    for map in [m, NodeMap::by_count(12, 4).unwrap(), NodeMap::by_count(4, 1).unwrap()] {
+        for a in 0..map.world() {
+            for b in 0..map.world() {
+                let (ab, ba) = (map.path(a, b), map.path(b, a));
+                match ab {
+                    Path::Node { local } => {
+                        assert_eq!(map.rank(map.node(a), local), b);
+                        assert_eq!(ba, Path::Node { local: map.local(a) });
+                    }
+                    Path::Group { node } => {
+                        assert_eq!(map.rank(node, map.local(a)), b);
+                        assert_eq!(ba, Path::Group { node: map.node(a) });
+                    }
+                    Path::Relay => {
+                        assert!(map.node(a) != map.node(b) && map.local(a) != map.local(b));
+                        assert_eq!(ba, Path::Relay);
+                    }
+                }
+            }
+        }
+        // One rank per node: every pair is direct.
+        if map.per_node() == 1 {
+            assert!((0..map.world()).all(|a| (0..map.world()).all(|b| map.path(a, b) != Path::Relay)));
+        }
+    }
 }
 
 #[test]

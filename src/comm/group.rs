@@ -45,32 +45,7 @@ impl Communicator {
         let me = rank.index;
         let world = self.ranks();
         // Arguments first (lengths were checked by the caller against the counts it derived).
-        let mut ranges = Vec::with_capacity(2 * calls.len());
-        for c in calls {
-            if let Some(root) = c.member.collective.root()
-                && root >= world
-            {
-                return Err(Error::NoSuchRank { rank: root, ranks: world });
-            }
-            let spec = self.shared(c).spec(&c.member, 1);
-            let (in_bytes, out_bytes) = spec.buffer_bytes();
-            let (has_in, has_out) = spec.rank_buffers(me);
-            let written = spec.writes(me);
-            if c.member.in_place {
-                let bytes = in_bytes.max(out_bytes);
-                check_aligned(c.output, me, "buffer", c.align)?;
-                ranges.push(range(c.output, bytes, me, rank.device, written, "buffer"));
-            } else {
-                if has_in {
-                    check_aligned(c.input, me, "send buffer", c.align)?;
-                    ranges.push(range(c.input, in_bytes, me, rank.device, false, "send buffer"));
-                }
-                if has_out {
-                    check_aligned(c.output, me, "receive buffer", c.align)?;
-                    ranges.push(range(c.output, out_bytes, me, rank.device, true, "receive buffer"));
-                }
-            }
-        }
+        let ranges = call_ranges(calls, world, me, rank.device)?;
         check_disjoint(&ranges, "a group's buffers")?;
 
         // Launches per (element type, operator), members in call order; plans before anything is
@@ -222,6 +197,40 @@ impl Communicator {
         drop(staging);
         launched
     }
+}
+
+/// Checks the collectives `calls` of rank `me` of `world` on `device` (roots, alignment) and returns
+/// the ranges their buffers span, for [`check_disjoint`].
+pub(crate) fn call_ranges(calls: &[GroupCall], world: usize, me: usize, device: usize) -> Result<Vec<Range>> {
+    let mut ranges = Vec::with_capacity(2 * calls.len());
+    for c in calls {
+        if let Some(root) = c.member.collective.root()
+            && root >= world
+        {
+            return Err(Error::NoSuchRank { rank: root, ranks: world });
+        }
+        // The buffers' sizes and roles depend on the collective and the world only.
+        let shared = Shared { dtype: c.dtype, op: c.op, ranks: world, ctas: 1, reduction: Default::default() };
+        let spec = shared.spec(&c.member, 1);
+        let (in_bytes, out_bytes) = spec.buffer_bytes();
+        let (has_in, has_out) = spec.rank_buffers(me);
+        let written = spec.writes(me);
+        if c.member.in_place {
+            let bytes = in_bytes.max(out_bytes);
+            check_aligned(c.output, me, "buffer", c.align)?;
+            ranges.push(range(c.output, bytes, me, device, written, "buffer"));
+        } else {
+            if has_in {
+                check_aligned(c.input, me, "send buffer", c.align)?;
+                ranges.push(range(c.input, in_bytes, me, device, false, "send buffer"));
+            }
+            if has_out {
+                check_aligned(c.output, me, "receive buffer", c.align)?;
+                ranges.push(range(c.output, out_bytes, me, device, true, "receive buffer"));
+            }
+        }
+    }
+    Ok(ranges)
 }
 
 fn range(start: u64, bytes: u64, rank: usize, device: usize, writes: bool, buffer: &'static str) -> Range {

@@ -2,10 +2,10 @@
 //! together in as few launches as the buffer table holds, sends and receives in rounds.
 
 use super::Comm;
-use crate::comm::check_aligned;
-use crate::comm::group::GroupCall;
+use crate::comm::group::{GroupCall, call_ranges};
 use crate::comm::ordinal_of;
 use crate::comm::p2p::P2pOp;
+use crate::comm::{check_aligned, check_disjoint};
 use crate::error::{Error, Result};
 use crate::plain::{Plain, unit_bytes, unit_dtype};
 use crate::{Collective, Element, ReduceOp};
@@ -36,6 +36,11 @@ use oxccl_host::p2p::Direction;
 /// a later call) is the `i`-th receive of `b` from `a`, and the two must have the same length in
 /// bytes (else [`Error::CallMismatch`]; a transfer the peer never makes ends in [`Error::Timeout`]).
 /// Transfers to the rank itself are copies, paired in order.
+///
+/// **Across nodes** ([`Comm::with_inter_node`]) each collective runs as a staged call of its own,
+/// in order, then the transfers: with ranks of the node on oxccl's engine, with the ranks of this
+/// rank's local index on other nodes on the inter-node engine; a transfer with any other rank is
+/// refused ([`Error::Unsupported`]) before anything of the group is queued.
 ///
 /// **Host cost.** Where cudarc tracks events (a context with several streams, unless
 /// `disable_event_tracking` was called before the buffers were made), it orders every buffer a
@@ -213,7 +218,19 @@ impl<'a> Group<'a> {
     pub fn run(self) -> Result<()> {
         self.comm.usable()?;
         if let Some(n) = &self.comm.nodes {
-            return Err(Error::Unsupported { what: format!("groups across {} nodes", n.map.nodes()) });
+            // Across nodes each collective is a staged call of its own, in order, then the
+            // transfers: node peers through the node communicator, others through the group.
+            let device = self.comm.inner.rank_device(self.comm.rank);
+            check_disjoint(&call_ranges(&self.calls, self.comm.world(), n.rank, device)?, "a group's buffers")?;
+            // Every transfer's route is checked before anything is queued.
+            let routed = n.route(&self.comm.inner, &self.ops)?;
+            let stream = self.comm.stream().clone();
+            let mut queued = self.calls.iter().try_for_each(|c| n.call(&self.comm.inner, &stream, c));
+            if queued.is_ok() {
+                queued = n.p2p(&self.comm.inner, &stream, routed);
+            }
+            drop(self.guards);
+            return queued;
         }
         let mut queued = Ok(());
         if !self.calls.is_empty() {

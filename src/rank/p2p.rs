@@ -51,12 +51,10 @@ impl Comm {
                 n => return Err(Error::Length { what, rank: me, expected: n.unwrap_or(usize::MAX), got: len }),
             }
         }
-        self.inner.check_placement(send.len(), ordinal_of(send), me, None, "send buffer")?;
-        self.inner.check_placement(recv.len(), ordinal_of(recv), me, None, "receive buffer")?;
+        // The node communicator knows the rank by its index there (across nodes, not `me`).
+        self.inner.check_placement(send.len(), ordinal_of(send), self.rank, None, "send buffer")?;
+        self.inner.check_placement(recv.len(), ordinal_of(recv), self.rank, None, "receive buffer")?;
         self.usable()?;
-        if let Some(n) = &self.nodes {
-            return Err(Error::Unsupported { what: format!("all_to_allv across {} nodes", n.map.nodes()) });
-        }
         let stream = self.stream().clone();
         let (s, _s) = send.device_ptr(&stream);
         let (r, _r) = recv.device_ptr_mut(&stream);
@@ -71,6 +69,9 @@ impl Comm {
             at_s += sb as u64;
             at_r += rb as u64;
         }
-        self.inner.p2p(&ops)
+        match &self.nodes {
+            Some(n) => n.p2p(&self.inner, &stream, n.route(&self.inner, &ops)?),
+            None => self.inner.p2p(&ops),
+        }
     }
 }
