@@ -557,22 +557,57 @@ pub unsafe fn load_module_as(
     }
 }
 
-/// Loads the engine's kernels from the PTX file at `path` (`OXCCL_ENGINE_PTX`) instead of the
-/// embedded code: a changed engine built from this build's device sources (the same ABI) tried
-/// without rebuilding the host. A file that cannot be read is an [`Error::Config`]; one that lacks a
-/// kernel fails as the load of every kernel does.
+/// Loads the engine's kernels from the file at `path` (`OXCCL_ENGINE_PTX`) instead of the embedded
+/// code: a changed engine built from this build's device sources (the same ABI) tried without
+/// rebuilding the host, as PTX (compiled by the driver, minutes for the whole engine) or as
+/// `ptxas` output for the device (an ELF image, loaded at once). A file that cannot be read, or an
+/// image cut short, is an [`Error::Config`]; one that lacks a kernel fails as the load of every
+/// kernel does.
 fn load_engine_file(ctx: &Arc<CudaContext>, path: &std::path::Path) -> Result<(Arc<CudaModule>, ModuleCode)> {
-    let ptx = read_engine_file(path)?;
-    // SAFETY: no prebuilt image is passed; `ptx` is text (a file that is not PTX is refused by the
-    // driver's compiler, which reads it as text up to its NUL-free end).
-    unsafe { load_module_as(ctx, &ptx, &[], Some(ModuleCode::Ptx)) }
+    match read_engine_file(path)? {
+        // SAFETY: no prebuilt image is passed; `ptx` is text (a file that is not PTX is refused by
+        // the driver's compiler, which reads it as text up to its NUL-free end).
+        EngineFile::Ptx(ptx) => unsafe { load_module_as(ctx, &ptx, &[], Some(ModuleCode::Ptx)) },
+        // SAFETY: a whole ELF image (its header tables inside the file, checked on reading).
+        EngineFile::Image(image) => unsafe { load_module_as(ctx, "", &image, Some(ModuleCode::Prebuilt)) },
+    }
 }
 
-/// The text of the PTX file `OXCCL_ENGINE_PTX` names; an [`Error::Config`] naming the variable and
-/// the file where it cannot be read.
-fn read_engine_file(path: &std::path::Path) -> Result<String> {
-    std::fs::read_to_string(path)
-        .map_err(|e| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {e}", path.display()) })
+/// What `OXCCL_ENGINE_PTX` names: PTX text, or a device image.
+#[derive(Debug, PartialEq, Eq)]
+enum EngineFile {
+    Ptx(String),
+    Image(Vec<u8>),
+}
+
+/// The file `OXCCL_ENGINE_PTX` names; an [`Error::Config`] naming the variable and the file where
+/// it cannot be read, is neither text nor an ELF image, or is an image whose headers reach past
+/// its end (the driver would read past the buffer).
+fn read_engine_file(path: &std::path::Path) -> Result<EngineFile> {
+    let bad = |why: String| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {why}", path.display()) };
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    if bytes.starts_with(b"\x7fELF") {
+        return match elf_end(&bytes) {
+            Some(end) if end <= bytes.len() as u64 => Ok(EngineFile::Image(bytes)),
+            _ => Err(bad(format!("an ELF image whose headers reach past its {} bytes", bytes.len()))),
+        };
+    }
+    String::from_utf8(bytes).map(EngineFile::Ptx).map_err(|_| bad("neither PTX text nor an ELF image".into()))
+}
+
+/// Where a 64-bit little-endian ELF image's header tables end (the file must hold that much), or
+/// `None` where it is not one.
+fn elf_end(b: &[u8]) -> Option<u64> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as u64);
+    let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    // ELFCLASS64, little-endian, and the header itself.
+    if b.get(4..6)? != [2, 1] || b.len() < 64 {
+        return None;
+    }
+    let table = |off: usize, size: usize, count: usize| -> Option<u64> {
+        u64_at(off)?.checked_add(u16_at(size)?.checked_mul(u16_at(count)?)?)
+    };
+    Some(64.max(table(0x20, 0x36, 0x38)?).max(table(0x28, 0x3a, 0x3c)?))
 }
 
 /// `OXCCL_MODULE`'s value: `None` for `auto` (or unset), else the code it asks for.
@@ -1256,7 +1291,8 @@ pub(crate) fn device_location(ordinal: usize) -> sys::CUmemLocation {
 #[cfg(test)]
 mod tests {
     use super::{
-        LaunchSpec, ModuleCode, Mover, PeerScope, module_choice, mover_for, read_engine_file, threads_for_registers,
+        EngineFile, LaunchSpec, ModuleCode, Mover, PeerScope, module_choice, mover_for, read_engine_file,
+        threads_for_registers,
     };
     use crate::error::Error;
     use oxccl_kernels::abi::{self, DType, RedOp, ReduceMode};
@@ -1294,7 +1330,7 @@ mod tests {
     }
 
     /// `OXCCL_ENGINE_PTX`: a file that cannot be read is a typed error naming the variable and the
-    /// file; one that can is read whole.
+    /// file; PTX is read as text, an ELF image whole, a cut image or other bytes refused.
     #[test]
     fn an_engine_ptx_file_is_read_or_named() {
         let e = read_engine_file(std::path::Path::new("/nonexistent/engine.ptx")).unwrap_err();
@@ -1302,7 +1338,18 @@ mod tests {
         assert!(e.to_string().contains("/nonexistent/engine.ptx"), "{e}");
         let path = std::env::temp_dir().join(format!("oxccl-engine-ptx-{}.ptx", std::process::id()));
         std::fs::write(&path, ".version 8.0\n").unwrap();
-        assert_eq!(read_engine_file(&path).unwrap(), ".version 8.0\n");
+        assert_eq!(read_engine_file(&path).unwrap(), EngineFile::Ptx(".version 8.0\n".into()));
+        // The shipped device image is read whole; cut short, it is refused by name.
+        let image = crate::ptx::KERNELS_SM90A;
+        if !image.is_empty() {
+            std::fs::write(&path, image).unwrap();
+            assert_eq!(read_engine_file(&path).unwrap(), EngineFile::Image(image.to_vec()));
+            std::fs::write(&path, &image[..image.len() / 2]).unwrap();
+            let e = read_engine_file(&path).unwrap_err();
+            assert!(e.to_string().contains("reach past"), "{e}");
+        }
+        std::fs::write(&path, [0xffu8, 0xfe, 0]).unwrap();
+        assert!(read_engine_file(&path).unwrap_err().to_string().contains("neither PTX"));
         std::fs::remove_file(&path).unwrap();
     }
 
