@@ -568,7 +568,8 @@ fn load_engine_file(ctx: &Arc<CudaContext>, path: &std::path::Path) -> Result<(A
         // SAFETY: no prebuilt image is passed; `ptx` is text (a file that is not PTX is refused by
         // the driver's compiler, which reads it as text up to its NUL-free end).
         EngineFile::Ptx(ptx) => unsafe { load_module_as(ctx, &ptx, &[], Some(ModuleCode::Ptx)) },
-        // SAFETY: a whole ELF image (its header tables inside the file, checked on reading).
+        // SAFETY: a whole ELF image (its tables and every section and segment inside the file,
+        // checked on reading).
         EngineFile::Image(image) => unsafe { load_module_as(ctx, "", &image, Some(ModuleCode::Prebuilt)) },
     }
 }
@@ -581,33 +582,67 @@ enum EngineFile {
 }
 
 /// The file `OXCCL_ENGINE_PTX` names; an [`Error::Config`] naming the variable and the file where
-/// it cannot be read, is neither text nor an ELF image, or is an image whose headers reach past
-/// its end (the driver would read past the buffer).
+/// it cannot be read, is neither text nor an ELF image, or is an image whose tables or contents
+/// reach past its end (the driver would read past the buffer).
 fn read_engine_file(path: &std::path::Path) -> Result<EngineFile> {
     let bad = |why: String| Error::Config { field: "OXCCL_ENGINE_PTX", why: format!("{}: {why}", path.display()) };
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     if bytes.starts_with(b"\x7fELF") {
         return match elf_end(&bytes) {
             Some(end) if end <= bytes.len() as u64 => Ok(EngineFile::Image(bytes)),
-            _ => Err(bad(format!("an ELF image whose headers reach past its {} bytes", bytes.len()))),
+            _ => Err(bad(format!(
+                "not a whole 64-bit ELF image (its tables or contents reach past its {} bytes, or are malformed)",
+                bytes.len()
+            ))),
         };
     }
     String::from_utf8(bytes).map(EngineFile::Ptx).map_err(|_| bad("neither PTX text nor an ELF image".into()))
 }
 
-/// Where a 64-bit little-endian ELF image's header tables end (the file must hold that much), or
-/// `None` where it is not one.
+/// Where a 64-bit little-endian ELF image's contents end (its header, its section and program
+/// header tables, and every section and segment body they point at: the file must hold that much),
+/// or `None` where it is not one or its tables are malformed (entry sizes other than ELF64's).
 fn elf_end(b: &[u8]) -> Option<u64> {
-    let u16_at = |at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as u64);
-    let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    let u16_at = |at: u64| -> Option<u64> {
+        let at = usize::try_from(at).ok()?;
+        Some(u16::from_le_bytes(b.get(at..at.checked_add(2)?)?.try_into().ok()?) as u64)
+    };
+    let u32_at = |at: u64| -> Option<u64> {
+        let at = usize::try_from(at).ok()?;
+        Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?) as u64)
+    };
+    let u64_at = |at: u64| -> Option<u64> {
+        let at = usize::try_from(at).ok()?;
+        Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    };
     // ELFCLASS64, little-endian, and the header itself.
     if b.get(4..6)? != [2, 1] || b.len() < 64 {
         return None;
     }
-    let table = |off: usize, size: usize, count: usize| -> Option<u64> {
-        u64_at(off)?.checked_add(u16_at(size)?.checked_mul(u16_at(count)?)?)
-    };
-    Some(64.max(table(0x20, 0x36, 0x38)?).max(table(0x28, 0x3a, 0x3c)?))
+    let mut end = 64u64;
+    // Program headers (ELF64: 56 bytes, the body at p_offset 0x08 of p_filesz 0x20) and section
+    // headers (64 bytes, the body at sh_offset 0x18 of sh_size 0x20; SHT_NOBITS, 8, has none):
+    // (table offset, entry size and count fields, the entry size, whether entries have a type
+    // without a body).
+    for (off, size, count, want, typed) in [(0x20, 0x36, 0x38, 56, false), (0x28, 0x3a, 0x3c, 64, true)] {
+        let (table, entry, n) = (u64_at(off)?, u16_at(size)?, u16_at(count)?);
+        if n == 0 {
+            continue;
+        }
+        if entry != want {
+            return None;
+        }
+        end = end.max(table.checked_add(entry * n)?);
+        for i in 0..n {
+            let e = table + i * entry;
+            let (at, len) =
+                if typed { (u64_at(e + 0x18)?, u64_at(e + 0x20)?) } else { (u64_at(e + 0x08)?, u64_at(e + 0x20)?) };
+            if !(typed && u32_at(e + 4)? == 8) {
+                end = end.max(at.checked_add(len)?);
+            }
+        }
+    }
+    Some(end)
 }
 
 /// `OXCCL_MODULE`'s value: `None` for `auto` (or unset), else the code it asks for.

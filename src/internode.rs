@@ -78,6 +78,13 @@ pub unsafe trait InterNode: Send + Sync {
         stream: &CudaStream,
     ) -> Result<()>;
 
+    /// Whether [`InterNode::send_recv`] carries transfers (an implementation that provides it says
+    /// so here); `false` by default, and sends and receives across nodes are then refused before
+    /// anything of the call is queued.
+    fn sends_and_receives(&self) -> bool {
+        false
+    }
+
     /// Point-to-point transfers with other members, queued as one group (NCCL's `ncclSend` and
     /// `ncclRecv` between `ncclGroupStart` and `ncclGroupEnd`): the `i`-th send of member `a` to
     /// `b` is the `i`-th receive of `b` from `a`, of the same length. The default refuses
@@ -452,6 +459,10 @@ unsafe impl InterNode for NcclGroup {
         })
     }
 
+    fn sends_and_receives(&self) -> bool {
+        true
+    }
+
     unsafe fn send_recv(&self, transfers: &[Transfer], stream: &CudaStream) -> Result<()> {
         // Bytes (`ncclUint8`): the transfers do not care what they move.
         let mut peers = Vec::with_capacity(transfers.len());
@@ -682,6 +693,10 @@ unsafe impl InterNode for EngineGroup {
         _stream: &CudaStream,
     ) -> Result<()> {
         crate::with_element!(dtype, |T| reduce_typed::<T>(self, send, recv, count, op, root))
+    }
+
+    fn sends_and_receives(&self) -> bool {
+        true
     }
 
     unsafe fn send_recv(&self, transfers: &[Transfer], _stream: &CudaStream) -> Result<()> {

@@ -6,7 +6,7 @@
 //! step of one piece runs beside the intra-node steps of the next.
 
 use crate::comm::group::GroupCall;
-use crate::comm::p2p::P2pOp;
+use crate::comm::p2p::{P2pOp, own_transfers};
 use crate::comm::{Count, Holders, Range, check_disjoint};
 use crate::error::{Error, Result};
 use crate::internode::{InterNode, Region, Transfer};
@@ -65,6 +65,15 @@ pub(crate) struct Nodes {
     pub failed: std::sync::atomic::AtomicBool,
     /// How long the inter-node side may make no progress before it is given up on.
     pub timeout: std::time::Duration,
+}
+
+/// A group's collective planned across nodes ([`Nodes::plan_call`]).
+pub(crate) struct PlannedCall {
+    staged: Staged,
+    src: Source,
+    recv: sys::CUdeviceptr,
+    dtype: crate::DType,
+    op: ReduceOp,
 }
 
 /// A rank's point-to-point transfers by the engine that carries them ([`Nodes::route`]).
@@ -422,10 +431,16 @@ impl Nodes {
         queued.and(joined).and(progressed)
     }
 
-    /// Runs one collective of a rank's group (`call`, buffers by address, checked by the caller)
-    /// as its own staged call.
-    pub(crate) fn call(&self, node: &Communicator, stream: &Arc<CudaStream>, call: &GroupCall) -> Result<()> {
+    /// The staged plan of one collective of a rank's group (`call`, buffers by address, checked by
+    /// the caller), where its data comes from and where it lands: every member's before any is
+    /// queued, so that a group refused across nodes queues nothing.
+    pub(crate) fn plan_call(&self, call: &GroupCall) -> Result<PlannedCall> {
         let (count, me) = (call.member.count, self.rank as u32);
+        if call.op == ReduceOp::Avg && call.member.collective.reduces() {
+            return Err(Error::Unsupported {
+                what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
+            });
+        }
         // `align` is the size of the element (or unit) the call moves.
         let piece = (self.piece_bytes / call.align as u64).max(1);
         let staged = match call.member.collective {
@@ -445,14 +460,19 @@ impl Nodes {
             Collective::Reduce { root } if root != me => (Source::At(call.input), call.input),
             _ => (Source::At(call.input), call.output),
         };
-        crate::with_element!(call.dtype, |T| self.run::<T>(node, stream, &staged, src, recv, call.op))
+        Ok(PlannedCall { staged, src, recv, dtype: call.dtype, op: call.op })
+    }
+
+    /// Runs a collective [`Nodes::plan_call`] planned.
+    pub(crate) fn call(&self, node: &Communicator, stream: &Arc<CudaStream>, c: &PlannedCall) -> Result<()> {
+        crate::with_element!(c.dtype, |T| self.run::<T>(node, stream, &c.staged, c.src, c.recv, c.op))
     }
 
     /// Sorts this rank's point-to-point transfers `ops` (peers by world rank) by the engine that
     /// carries them, checking them: ranks of its node through the node communicator, the ranks of
     /// its local index on other nodes through its inter-node group. A transfer with a rank of
-    /// another node and another local index is refused: only a rank between the two could carry
-    /// it.
+    /// another node and another local index is refused (only a rank between the two could carry
+    /// it), unless it is empty: it is then left out, as the peer leaves out its half.
     pub(crate) fn route(&self, node: &Communicator, ops: &[P2pOp]) -> Result<Routed> {
         let world = self.map.world() as usize;
         let me = self.rank as u32;
@@ -470,6 +490,8 @@ impl Nodes {
                 Path::Group { node } => {
                     across.push(Transfer { peer: node as usize, send, ptr: op.ptr, bytes: op.bytes });
                 }
+                // Nothing to carry: the peer skips its empty half too (the path is symmetric).
+                Path::Relay if op.bytes == 0 => continue,
                 Path::Relay => {
                     let (node_q, local_q) = (self.map.node(q), self.map.local(q));
                     return Err(Error::Unsupported {
@@ -486,6 +508,12 @@ impl Nodes {
             ranges.push(Range { start: op.ptr, end, rank: self.rank, device, writes: !send, buffer });
         }
         check_disjoint(&ranges, "a group's receive buffers and the other buffers of the group")?;
+        own_transfers(&within, my_local as usize)?;
+        if !across.is_empty() && !self.inter.sends_and_receives() {
+            return Err(Error::Unsupported {
+                what: "sends and receives across nodes on this inter-node engine".into(),
+            });
+        }
         Ok(Routed { within, across })
     }
 
@@ -493,8 +521,14 @@ impl Nodes {
     /// which joins the rank's stream before and after them.
     pub(crate) fn p2p(&self, node: &Communicator, stream: &Arc<CudaStream>, routed: Routed) -> Result<()> {
         let Routed { within, across } = routed;
-        if !within.is_empty() {
-            node.p2p(&within)?;
+        if !within.is_empty()
+            && let Err(e) = node.p2p(&within)
+        {
+            // The peers on other nodes would wait for this rank's half: they end with the group.
+            if !across.is_empty() {
+                self.fail();
+            }
+            return Err(e);
         }
         if across.is_empty() {
             return Ok(());
@@ -512,9 +546,6 @@ impl Nodes {
         let joined = stream.join(inter).map_err(Error::driver("cuStreamWaitEvent"));
         match queued {
             Ok(events) => self.pending.lock().unwrap_or_else(|p| p.into_inner()).push_back(events),
-            // An engine without point-to-point refuses on every rank alike, queueing nothing: no
-            // peer waits for this rank's half.
-            Err(e @ Error::Unsupported { .. }) => return Err(e),
             // The peers' halves would wait for this rank's: they end with the group.
             Err(e) => {
                 self.fail();

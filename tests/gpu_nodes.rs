@@ -6,11 +6,46 @@
 
 mod common;
 
+use cudarc::driver::{CudaContext, CudaStream};
 use oxccl::bootstrap::LocalBootstrap;
 use oxccl::internode::EngineGroup;
 use oxccl::{Bootstrap, Comm, Config, ReduceOp};
 use rand::RngExt;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Rank `boot`'s stream and its communicator across the posing nodes, the inter-node steps on
+/// [`EngineGroup`].
+fn rank_comm(
+    ctx: &Arc<CudaContext>,
+    boot: LocalBootstrap,
+    config: Config,
+) -> Result<(Arc<CudaStream>, Comm), oxccl::Error> {
+    let stream = ctx.new_stream().unwrap();
+    let inter_config = config.clone();
+    let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
+        Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
+    })?;
+    Ok((stream, comm))
+}
+
+/// Rank `r`'s errors, said at once (a thread's result is read only after the ranks before it end).
+fn said(r: usize) -> impl Fn(oxccl::Error) -> oxccl::Error + Copy {
+    move |e| {
+        eprintln!("rank {r}: {e}");
+        e
+    }
+}
+
+/// Under `OXCCL_TEST_TRACE`, rank `r` says which step of which case it reaches (where a run stops).
+fn tracer(r: usize) -> impl Fn(usize, &str) + Copy {
+    let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
+    move |case, what| {
+        if trace {
+            eprintln!("rank {r} case {case}: {what}");
+        }
+    }
+}
 
 #[test]
 fn staged_collectives_on_virtual_nodes_match_the_cpu() {
@@ -41,27 +76,12 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
             std::thread::Builder::new()
                 .name(name)
                 .spawn(move || -> Result<Vec<(usize, bool)>, oxccl::Error> {
-                    let stream = ctx.new_stream().unwrap();
                     let r = boot.rank();
-                    // Said at once: the thread's result is read only after the ranks before it end.
-                    let said = |e: oxccl::Error| {
-                        eprintln!("rank {r}: {e}");
-                        e
-                    };
-                    let inter_config = config.clone();
-                    let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
-                        Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
-                    })?;
+                    let (said, at) = (said(r), tracer(r));
+                    let (stream, comm) = rank_comm(&ctx, boot, config)?;
                     assert_eq!((comm.rank(), comm.world()), (r, world));
                     assert_eq!(comm.node_map().map(|m| m.nodes()), Some(2));
                     let mut out = Vec::new();
-                    // OXCCL_TEST_TRACE: each rank says which call it reaches (where a run stops).
-                    let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
-                    let at = |case: usize, what: &str| {
-                        if trace {
-                            eprintln!("rank {r} case {case}: {what}");
-                        }
-                    };
                     for (case, &n) in counts.iter().enumerate() {
                         at(case, "all_reduce");
                         let send = stream.clone_htod(&inputs[case][r]).unwrap();
@@ -214,25 +234,11 @@ fn transfers_on_virtual_nodes(world: usize, per_node: u32, cases: usize) -> usiz
             std::thread::Builder::new()
                 .name(format!("rank-{}", boot.rank()))
                 .spawn(move || -> Result<Vec<(String, bool)>, oxccl::Error> {
-                    let stream = ctx.new_stream().unwrap();
                     let r = boot.rank();
-                    let said = |e: oxccl::Error| {
-                        eprintln!("rank {r}: {e}");
-                        e
-                    };
-                    let inter_config = config.clone();
-                    let comm = Comm::with_inter_node(&stream, Box::new(boot), config, move |map, bootstrap, inter| {
-                        Ok(Box::new(EngineGroup::new(map, bootstrap, inter, inter_config)?))
-                    })?;
+                    let (said, at) = (said(r), tracer(r));
+                    let (stream, comm) = rank_comm(&ctx, boot, config)?;
                     let reach = |q: usize| q / p == r / p || q % p == r % p;
                     let mut out = Vec::new();
-                    // OXCCL_TEST_TRACE: each rank says which step it reaches (where a run stops).
-                    let trace = std::env::var_os("OXCCL_TEST_TRACE").is_some();
-                    let at = |case: usize, what: &str| {
-                        if trace {
-                            eprintln!("rank {r} case {case}: {what}");
-                        }
-                    };
                     for case in 0..cases {
                         at(case, "group");
                         let peers: Vec<usize> = (0..world).filter(|&q| q != r && reach(q)).collect();

@@ -31,6 +31,31 @@ pub(crate) struct P2pKey {
     dtype: DType,
 }
 
+/// The transfers of `ops` with rank `me` itself, (sends, receives) in order, checked to pair up:
+/// as many receives as sends, each as long as its send.
+pub(crate) fn own_transfers(ops: &[P2pOp], me: usize) -> Result<(Vec<&P2pOp>, Vec<&P2pOp>)> {
+    let own_sends: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Direction::Send).collect();
+    let own_recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Direction::Recv).collect();
+    if own_sends.len() != own_recvs.len() {
+        return Err(Error::BufferCount {
+            what: "receives from this rank itself (one per send to itself)",
+            expected: own_sends.len(),
+            got: own_recvs.len(),
+        });
+    }
+    for (s, r) in own_sends.iter().zip(&own_recvs) {
+        if s.bytes != r.bytes {
+            return Err(Error::Length {
+                what: "receive buffer of a transfer to this rank itself (bytes)",
+                rank: me,
+                expected: s.bytes,
+                got: r.bytes,
+            });
+        }
+    }
+    Ok((own_sends, own_recvs))
+}
+
 impl Communicator {
     /// Queues the transfers `ops` of this communicator's one rank with its peers, matched with
     /// theirs in order per peer and direction: transfers with itself as copies on its stream (its
@@ -59,25 +84,7 @@ impl Communicator {
             ranges.push(Range { start: op.ptr, end, rank: me, device: rank.device, writes, buffer: what });
         }
         check_disjoint(&ranges, "a group's receive buffers and the other buffers of the group")?;
-        let own_sends: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Direction::Send).collect();
-        let own_recvs: Vec<&P2pOp> = ops.iter().filter(|o| o.peer == me && o.dir == Direction::Recv).collect();
-        if own_sends.len() != own_recvs.len() {
-            return Err(Error::BufferCount {
-                what: "receives from this rank itself (one per send to itself)",
-                expected: own_sends.len(),
-                got: own_recvs.len(),
-            });
-        }
-        for (s, r) in own_sends.iter().zip(&own_recvs) {
-            if s.bytes != r.bytes {
-                return Err(Error::Length {
-                    what: "receive buffer of a transfer to this rank itself (bytes)",
-                    rank: me,
-                    expected: s.bytes,
-                    got: r.bytes,
-                });
-            }
-        }
+        let (own_sends, own_recvs) = own_transfers(ops, me)?;
         let others: Vec<&P2pOp> = ops.iter().filter(|o| o.peer != me).collect();
         let transfers: Vec<Transfer> =
             others.iter().map(|o| Transfer { peer: o.peer, dir: o.dir, bytes: o.bytes as u64 }).collect();

@@ -39,8 +39,9 @@ use oxccl_host::p2p::Direction;
 ///
 /// **Across nodes** ([`Comm::with_inter_node`]) each collective runs as a staged call of its own,
 /// in order, then the transfers: with ranks of the node on oxccl's engine, with the ranks of this
-/// rank's local index on other nodes on the inter-node engine; a transfer with any other rank is
-/// refused ([`Error::Unsupported`]) before anything of the group is queued.
+/// rank's local index on other nodes on the inter-node engine; a non-empty transfer with any other
+/// rank (or any across nodes where the engine has no [`send_recv`](crate::internode::InterNode::send_recv)),
+/// and `Avg`, are refused ([`Error::Unsupported`]) before anything of the group is queued.
 ///
 /// **Host cost.** Where cudarc tracks events (a context with several streams, unless
 /// `disable_event_tracking` was called before the buffers were made), it orders every buffer a
@@ -222,10 +223,11 @@ impl<'a> Group<'a> {
             // transfers: node peers through the node communicator, others through the group.
             let device = self.comm.inner.rank_device(self.comm.rank);
             check_disjoint(&call_ranges(&self.calls, self.comm.world(), n.rank, device)?, "a group's buffers")?;
-            // Every transfer's route is checked before anything is queued.
+            // Every collective's plan and every transfer's route before anything is queued.
+            let planned = self.calls.iter().map(|c| n.plan_call(c)).collect::<Result<Vec<_>>>()?;
             let routed = n.route(&self.comm.inner, &self.ops)?;
             let stream = self.comm.stream().clone();
-            let mut queued = self.calls.iter().try_for_each(|c| n.call(&self.comm.inner, &stream, c));
+            let mut queued = planned.iter().try_for_each(|c| n.call(&self.comm.inner, &stream, c));
             if queued.is_ok() {
                 queued = n.p2p(&self.comm.inner, &stream, routed);
             }
