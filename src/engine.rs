@@ -603,17 +603,11 @@ fn read_engine_file(path: &std::path::Path) -> Result<EngineFile> {
 /// header tables, and every section and segment body they point at: the file must hold that much),
 /// or `None` where it is not one or its tables are malformed (entry sizes other than ELF64's).
 fn elf_end(b: &[u8]) -> Option<u64> {
-    let u16_at = |at: u64| -> Option<u64> {
+    // The little-endian integer of `width` bytes at `at`.
+    let int = |at: u64, width: usize| -> Option<u64> {
         let at = usize::try_from(at).ok()?;
-        Some(u16::from_le_bytes(b.get(at..at.checked_add(2)?)?.try_into().ok()?) as u64)
-    };
-    let u32_at = |at: u64| -> Option<u64> {
-        let at = usize::try_from(at).ok()?;
-        Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?) as u64)
-    };
-    let u64_at = |at: u64| -> Option<u64> {
-        let at = usize::try_from(at).ok()?;
-        Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+        let bytes = b.get(at..at.checked_add(width)?)?;
+        Some(bytes.iter().rev().fold(0u64, |v, &x| v << 8 | x as u64))
     };
     // ELFCLASS64, little-endian, and the header itself.
     if b.get(4..6)? != [2, 1] || b.len() < 64 {
@@ -625,7 +619,7 @@ fn elf_end(b: &[u8]) -> Option<u64> {
     // (table offset, entry size and count fields, the entry size, whether entries have a type
     // without a body).
     for (off, size, count, want, typed) in [(0x20, 0x36, 0x38, 56, false), (0x28, 0x3a, 0x3c, 64, true)] {
-        let (table, entry, n) = (u64_at(off)?, u16_at(size)?, u16_at(count)?);
+        let (table, entry, n) = (int(off, 8)?, int(size, 2)?, int(count, 2)?);
         if n == 0 {
             continue;
         }
@@ -635,11 +629,11 @@ fn elf_end(b: &[u8]) -> Option<u64> {
         end = end.max(table.checked_add(entry * n)?);
         for i in 0..n {
             let e = table + i * entry;
-            let (at, len) =
-                if typed { (u64_at(e + 0x18)?, u64_at(e + 0x20)?) } else { (u64_at(e + 0x08)?, u64_at(e + 0x20)?) };
-            if !(typed && u32_at(e + 4)? == 8) {
-                end = end.max(at.checked_add(len)?);
+            if typed && int(e + 4, 4)? == 8 {
+                continue;
             }
+            let (at, len) = (int(e + if typed { 0x18 } else { 0x08 }, 8)?, int(e + 0x20, 8)?);
+            end = end.max(at.checked_add(len)?);
         }
     }
     Some(end)
@@ -1380,6 +1374,16 @@ mod tests {
             std::fs::write(&path, image).unwrap();
             assert_eq!(read_engine_file(&path).unwrap(), EngineFile::Image(image.to_vec()));
             std::fs::write(&path, &image[..image.len() / 2]).unwrap();
+            let e = read_engine_file(&path).unwrap_err();
+            assert!(e.to_string().contains("reach past"), "{e}");
+            // Whole tables, but a section whose body reaches past the end (the last section with
+            // a body given the file's length as its size).
+            let mut long = image.to_vec();
+            let le = |at: usize, w: usize| long[at..at + w].iter().rev().fold(0usize, |v, &x| v << 8 | x as usize);
+            let (table, n) = (le(0x28, 8), le(0x3c, 2));
+            let body = (0..n).rev().map(|i| table + i * 64).find(|&h| le(h + 4, 4) != 8).unwrap();
+            long[body + 0x20..body + 0x28].copy_from_slice(&(image.len() as u64).to_le_bytes());
+            std::fs::write(&path, &long).unwrap();
             let e = read_engine_file(&path).unwrap_err();
             assert!(e.to_string().contains("reach past"), "{e}");
         }

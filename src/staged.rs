@@ -67,6 +67,17 @@ pub(crate) struct Nodes {
     pub timeout: std::time::Duration,
 }
 
+/// `op` where a staged call takes it: an average over nodes needs the complete sum before its one
+/// division (integers divided per node would lose the remainders), not staged yet.
+fn staged_op(op: ReduceOp) -> Result<()> {
+    if op == ReduceOp::Avg {
+        return Err(Error::Unsupported {
+            what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A group's collective planned across nodes ([`Nodes::plan_call`]).
 pub(crate) struct PlannedCall {
     staged: Staged,
@@ -237,13 +248,7 @@ impl Nodes {
         recv: sys::CUdeviceptr,
         op: ReduceOp,
     ) -> Result<()> {
-        // An average over nodes needs the complete sum before its one division (integers divided
-        // per node would lose the remainders): not staged yet.
-        if op == ReduceOp::Avg {
-            return Err(Error::Unsupported {
-                what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
-            });
-        }
+        staged_op(op)?;
         let g = self.map.per_node() as u64;
         let me = self.rank as u32;
         let local = self.map.local(me) as u64;
@@ -436,11 +441,7 @@ impl Nodes {
     /// queued, so that a group refused across nodes queues nothing.
     pub(crate) fn plan_call(&self, call: &GroupCall) -> Result<PlannedCall> {
         let (count, me) = (call.member.count, self.rank as u32);
-        if call.op == ReduceOp::Avg && call.member.collective.reduces() {
-            return Err(Error::Unsupported {
-                what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
-            });
-        }
+        staged_op(call.op)?;
         // `align` is the size of the element (or unit) the call moves.
         let piece = (self.piece_bytes / call.align as u64).max(1);
         let staged = match call.member.collective {
