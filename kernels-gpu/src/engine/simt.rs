@@ -235,7 +235,8 @@ const GATHER: usize = 8;
 
 /// The latency mover: [`run`]'s ranges, each thread one vector (or element) at a time, with the
 /// loads of up to [`GATHER`] sources issued before any is combined. A small move is bound by the
-/// round trips to memory, and [`run`] makes one per source.
+/// round trips to memory, and [`run`] makes one per source. Up to [`GATHER`] ranges a side (the
+/// usual small move) are looked up once ([`Resolved`]).
 ///
 /// # Safety
 /// As [`run`].
@@ -243,6 +244,21 @@ const GATHER: usize = 8;
 pub unsafe fn gathered<C: Combine>(ctx: &Ctx, ops: &Operands, elem: u32) {
     // SAFETY: forwarded contract; the three windows partition the range.
     unsafe {
+        if ops.srcs.count() as usize <= GATHER && ops.dsts.count() as usize <= GATHER {
+            let (srcs, dsts) = (Resolved::of(ctx, &ops.srcs), Resolved::of(ctx, &ops.dsts));
+            let base = srcs.at[0];
+            // Elements before and after a body of vectors; all elements where the ranges disagree
+            // in their alignment. One instantiation per unit keeps the kernels small.
+            let head = match srcs.misalignment(base) | dsts.misalignment(base) {
+                0 => ((16 - (base & 15)) & 15).min(ops.bytes),
+                _ => ops.bytes,
+            };
+            let body = (ops.bytes - head) & !15;
+            let (tail_at, tail) = (head + body, ops.bytes - head - body);
+            resolved::<C, u64>(ctx, &srcs, &dsts, [(0, head), (tail_at, tail)], ops.finish, elem);
+            resolved::<C, V4>(ctx, &srcs, &dsts, [(head, body), (0, 0)], ops.finish, elem);
+            return;
+        }
         if ops.misalignment(ctx) != 0 {
             each::<C, u64>(ctx, ops, elem);
             return;
@@ -381,6 +397,90 @@ unsafe fn each<C: Combine, U: Unit>(ctx: &Ctx, ops: &Operands, elem: u32) {
         for a in ops.dsts.iter(ctx) {
             // SAFETY: as above.
             unsafe { U::store(a + at, elem, acc) };
+        }
+        i += ctx.threads as u64;
+    }
+}
+
+/// The start addresses of up to [`GATHER`] ranges, read from the buffer table once. A small move
+/// otherwise looks every address up again in each pass (alignment, head, body, tail, every unit):
+/// chains of shared-memory loads that the one busy warp of a small move cannot hide.
+struct Resolved {
+    /// The addresses, `n` of them first.
+    at: [u64; GATHER],
+    n: usize,
+}
+
+impl Resolved {
+    /// The ranges of `set`, which has at most [`GATHER`].
+    #[inline(always)]
+    fn of(ctx: &Ctx, set: &AddrSet) -> Resolved {
+        let mut it = set.iter(ctx);
+        let (mut at, mut n) = ([0; GATHER], 0);
+        // Constant indices once unrolled: the addresses stay in registers.
+        for x in at.iter_mut() {
+            if let Some(a) = it.next() {
+                *x = a;
+                n += 1;
+            }
+        }
+        Resolved { at, n }
+    }
+
+    /// OR of every address XOR `base`, low 4 bits.
+    #[inline(always)]
+    fn misalignment(&self, base: u64) -> u64 {
+        let mut mix = 0;
+        for (j, &a) in self.at.iter().enumerate() {
+            if j < self.n {
+                mix |= a ^ base;
+            }
+        }
+        mix & 15
+    }
+}
+
+/// [`each`] on two windows `(from, bytes)` of ranges already [`Resolved`], as one run of units:
+/// every source's load of a unit issued before any is combined, the sources combined in order.
+///
+/// # Safety
+/// As [`run`], for the windows; the ranges are at most [`GATHER`] on each side.
+#[inline(always)]
+unsafe fn resolved<C: Combine, U: Unit>(
+    ctx: &Ctx,
+    srcs: &Resolved,
+    dsts: &Resolved,
+    windows: [(u64, u64); 2],
+    finish: u32,
+    elem: u32,
+) {
+    let width = U::width(elem);
+    let first = windows[0].1 / width;
+    let n = first + windows[1].1 / width;
+    let mut i = ctx.tid as u64;
+    while i < n {
+        let at = if i < first { windows[0].0 + i * width } else { windows[1].0 + (i - first) * width };
+        let mut v = [U::ZERO; GATHER];
+        for (j, x) in v.iter_mut().enumerate() {
+            if j < srcs.n {
+                // SAFETY: in bounds and aligned (the caller's contract).
+                *x = unsafe { U::load(srcs.at[j] + at, elem) };
+            }
+        }
+        let mut acc = v[0];
+        for (j, &x) in v.iter().enumerate().skip(1) {
+            if j < srcs.n {
+                acc = U::combine::<C>(acc, x);
+            }
+        }
+        if C::FINISHES && finish != 0 {
+            acc = U::finish::<C>(acc, finish);
+        }
+        for (j, &a) in dsts.at.iter().enumerate() {
+            if j < dsts.n {
+                // SAFETY: as above.
+                unsafe { U::store(a + at, elem, acc) };
+            }
         }
         i += ctx.threads as u64;
     }
