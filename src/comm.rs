@@ -178,8 +178,6 @@ pub struct Communicator {
     /// Whether the last launch queued was a point-to-point round: the launch after it is not
     /// launched early either (see [`Communicator::launch_uploaded_as`]).
     after_p2p: std::sync::atomic::AtomicBool,
-    /// Whether no kernel is launched early ([`Communicator::launch_serially`]).
-    serial: std::sync::atomic::AtomicBool,
     /// A per-rank communicator's use of its device's context, dropped last: no memory there is
     /// freed while it lives (a free would hold up the launches its calls wait for; see `InUse`).
     _in_use: Vec<InUse>,
@@ -303,7 +301,6 @@ impl Communicator {
             launch_order: Mutex::new(()),
             poison: Poison::default(),
             after_p2p: std::sync::atomic::AtomicBool::new(false),
-            serial: std::sync::atomic::AtomicBool::new(false),
             _in_use: in_use,
         };
         // The workspaces were zeroed on the legacy streams: finish before any launch.
@@ -701,15 +698,6 @@ impl Communicator {
         }
     }
 
-    /// Launches every later kernel after its stream's previous one has ended, never early behind
-    /// it. For the node and group communicators of a [`crate::Comm`] across nodes, whose two
-    /// streams wait on each other between kernels: with early launches their calls were seen to
-    /// fall out of step or time out (2 of 3 runs of the staged test on an H100; 3 of 3 exact
-    /// launched serially: docs/PERF.md). The cause is not established.
-    pub(crate) fn launch_serially(&self) {
-        self.serial.store(true, Ordering::Relaxed);
-    }
-
     /// Clears device state after an error: waits for the streams, zeroes every workspace (barrier
     /// counters) and status record. Calls from other threads wait until it is done.
     pub fn reset(&self) -> Result<()> {
@@ -938,7 +926,7 @@ impl Communicator {
         // calls from several threads queue their groups' launches one call at a time.
         let _order = self.launch_order.lock().unwrap_or_else(|e| e.into_inner());
         // In launch order (under the lock): whether the previous launch was a round.
-        let early = !self.after_p2p.swap(!early, Ordering::SeqCst) && early && !self.serial.load(Ordering::Relaxed);
+        let early = !self.after_p2p.swap(!early, Ordering::SeqCst) && early;
         // Again under the lock: another thread's call may have failed halfway since this call's check.
         if self.poison.is_set() {
             return Err(Error::Poisoned);

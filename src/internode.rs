@@ -600,9 +600,6 @@ impl EngineGroup {
         let group = group_bootstrap(bootstrap, root, rank, size, config.timeout)?;
         let config = crate::Config { ranks_per_node: None, ..config };
         let comm = crate::Comm::new(stream, Box::new(group), config)?;
-        // Its stream and the node communicator's wait on each other: no early launches (see
-        // `Communicator::launch_serially`).
-        comm.communicator().launch_serially();
         Ok(EngineGroup { comm, rank, size })
     }
 }

@@ -329,7 +329,6 @@ impl Comm {
         let piece_bytes = config.inter_piece_bytes.unwrap_or(DEFAULT_PIECE_BYTES);
         let node_config = Config { ranks_per_node: None, ..config };
         let node_comm = Comm::new(stream, Box::new(node_bootstrap), node_config)?;
-        node_comm.inner.launch_serially();
         let (pending, failed, timeout) = (Default::default(), Default::default(), config.timeout);
         let nodes =
             Nodes { map, rank: me as usize, inter, inter_stream, piece_bytes, bootstrap, pending, failed, timeout };
