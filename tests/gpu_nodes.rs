@@ -83,11 +83,21 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                     assert_eq!(comm.node_map().map(|m| m.nodes()), Some(2));
                     let mut out = Vec::new();
                     for (case, &n) in counts.iter().enumerate() {
-                        at(case, "all_reduce");
+                        // Every copy from the host first, while no call of this rank is queued: a
+                        // copy from pageable memory may wait in the host for staging buffers held by
+                        // copies queued behind other ranks' calls (see USAGE.md).
+                        let m = n.min(3000);
+                        let root = case % world;
                         let send = stream.clone_htod(&inputs[case][r]).unwrap();
+                        let mut buf = stream.clone_htod(&inputs[case][r]).unwrap();
+                        let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
+                        let mut all_in = stream.alloc_zeros::<i32>(m * world).unwrap();
+                        stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
+                        let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                        let mut sum_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                        at(case, "all_reduce");
                         let mut recv = stream.alloc_zeros::<i32>(n).unwrap();
                         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(said)?;
-                        let mut buf = stream.clone_htod(&inputs[case][r]).unwrap();
                         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).map_err(said)?;
                         comm.synchronize().map_err(said)?;
                         let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| inputs[case][q][i]).sum()).collect();
@@ -96,17 +106,11 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                         // AllGather (out of place and in place) and Broadcast from a rank that moves with
                         // the case.
                         at(case, "all_gather, broadcast");
-                        let m = n.min(3000);
-                        let mine = stream.clone_htod(&inputs[case][r][..m]).unwrap();
                         let mut all = stream.alloc_zeros::<i32>(m * world).unwrap();
                         comm.all_gather(&mine, &mut all).map_err(said)?;
-                        let mut all_in = stream.alloc_zeros::<i32>(m * world).unwrap();
-                        stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
                         comm.all_gather_in_place(&mut all_in).map_err(said)?;
-                        let root = case % world;
                         let mut got = stream.alloc_zeros::<i32>(n).unwrap();
                         comm.broadcast(if r == root { Some(&send) } else { None }, &mut got, root).map_err(said)?;
-                        let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
                         comm.broadcast_in_place(&mut got_in, (root + 3) % world).map_err(said)?;
                         comm.synchronize().map_err(said)?;
                         let gathered: Vec<i32> =
@@ -124,7 +128,6 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                         let mut sum = stream.alloc_zeros::<i32>(n).unwrap();
                         comm.reduce(&send, if r == root { Some(&mut sum) } else { None }, ReduceOp::Sum, root)
                             .map_err(said)?;
-                        let mut sum_in = stream.clone_htod(&inputs[case][r]).unwrap();
                         comm.reduce_in_place(&mut sum_in, ReduceOp::Sum, root).map_err(said)?;
                         comm.synchronize().map_err(said)?;
                         // Every rank holds the same gathered buffer: the reduction of block r is world
