@@ -19,22 +19,31 @@ const PTX: &str = r#"
 .target sm_90
 .address_size 64
 
-// Spins `ns` nanoseconds of the global timer, then sets *flag = 1 (release).
-.visible .entry slow_set(.param .u64 flag, .param .u64 ns)
+// Spins `ns` nanoseconds of the global timer.
+.func spin(.param .u64 ns)
 {
     .reg .pred %p;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [ns];
+    mov.u64 %rd2, %globaltimer;
+$spin:
+    nanosleep.u32 1000;
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p, %rd4, %rd1;
+    @%p bra $spin;
+    ret;
+}
+
+// Spins `ns` nanoseconds, then sets *flag = 1 (release).
+.visible .entry slow_set(.param .u64 flag, .param .u64 ns)
+{
     .reg .b32 %r<2>;
-    .reg .b64 %rd<6>;
+    .reg .b64 %rd<3>;
     ld.param.u64 %rd1, [flag];
     ld.param.u64 %rd2, [ns];
     cvta.to.global.u64 %rd1, %rd1;
-    mov.u64 %rd3, %globaltimer;
-$spin:
-    nanosleep.u32 1000;
-    mov.u64 %rd4, %globaltimer;
-    sub.u64 %rd5, %rd4, %rd3;
-    setp.lt.u64 %p, %rd5, %rd2;
-    @%p bra $spin;
+    call spin, (%rd2);
     mov.u32 %r1, 1;
     st.release.gpu.global.u32 [%rd1], %r1;
     ret;
@@ -44,17 +53,10 @@ $spin:
 // before a launch queued early behind it.
 .visible .entry primary(.param .u64 ns)
 {
-    .reg .pred %p;
-    .reg .b64 %rd<6>;
+    .reg .b64 %rd<2>;
     griddepcontrol.launch_dependents;
-    ld.param.u64 %rd2, [ns];
-    mov.u64 %rd3, %globaltimer;
-$spin:
-    nanosleep.u32 1000;
-    mov.u64 %rd4, %globaltimer;
-    sub.u64 %rd5, %rd4, %rd3;
-    setp.lt.u64 %p, %rd5, %rd2;
-    @%p bra $spin;
+    ld.param.u64 %rd1, [ns];
+    call spin, (%rd1);
     ret;
 }
 
