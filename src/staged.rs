@@ -619,6 +619,160 @@ mod tests {
         }
     }
 
+    /// One operation a rank queues on one of its two streams, in the model of a series of calls.
+    struct Op {
+        side: Side,
+        /// Operations of the same rank it waits for (its stream's previous one aside).
+        deps: Vec<usize>,
+        /// The collective it takes part in: (call, step); `None` for joins and skipped steps.
+        collective: Option<(usize, usize)>,
+        /// Where the host waits before queueing it: the operation of step `i - ahead` of its call.
+        held_by: Option<usize>,
+    }
+
+    /// What rank `r` of `map` queues for `calls` made back to back, as [`super::Nodes::run`] does:
+    /// the inter-node stream joins the rank's stream at each call's start, each step waits for its
+    /// stream's previous operation and for its `after` step (also where the rank skips it), the
+    /// rank's stream joins the inter-node stream at the call's end; the host queues step `i` once
+    /// step `i - ahead` has completed.
+    fn ops_of(map: &NodeMap, r: u32, calls: &[Staged], order: &[usize], ahead: usize) -> Vec<Op> {
+        let mut ops: Vec<Op> = Vec::new();
+        let last = |ops: &[Op], side: Side| ops.iter().rposition(|o| o.side == side);
+        for &c in order {
+            let staged = &calls[c];
+            let joined = last(&ops, Side::Intra).into_iter().collect();
+            ops.push(Op { side: Side::Inter, deps: joined, collective: None, held_by: None });
+            let mut at = Vec::with_capacity(staged.steps.len());
+            for (i, step) in staged.steps.iter().enumerate() {
+                let takes = step.takes_part(map.node(r), map.local(r));
+                at.push(ops.len());
+                ops.push(Op {
+                    side: step.side,
+                    deps: step.after.map(|a| at[a]).into_iter().collect(),
+                    collective: takes.then_some((c, i)),
+                    held_by: i.checked_sub(ahead).map(|j| at[j]),
+                });
+            }
+            let joined = last(&ops, Side::Inter).into_iter().collect();
+            ops.push(Op { side: Side::Intra, deps: joined, collective: None, held_by: None });
+        }
+        ops
+    }
+
+    /// Whether every rank of `map` completes `calls` made back to back (see [`ops_of`]), rank `r`
+    /// making them in the order `orders[r]`: a collective step completes on all its members at
+    /// once, when each can run it.
+    fn series_completes(map: &NodeMap, calls: &[Staged], orders: &[Vec<usize>], ahead: usize) -> bool {
+        let world = map.world() as usize;
+        let ops: Vec<Vec<Op>> = (0..world).map(|r| ops_of(map, r as u32, calls, &orders[r], ahead)).collect();
+        // Each rank's operation of every (call, step) it takes part in.
+        let index: Vec<std::collections::HashMap<(usize, usize), usize>> = ops
+            .iter()
+            .map(|o| o.iter().enumerate().filter_map(|(k, op)| op.collective.map(|cs| (cs, k))).collect())
+            .collect();
+        let members =
+            |c: usize, i: usize| -> Vec<usize> { (0..world).filter(|&q| index[q].contains_key(&(c, i))).collect() };
+        let mut queued = vec![0usize; world];
+        let mut done: Vec<Vec<bool>> = ops.iter().map(|o| vec![false; o.len()]).collect();
+        let ready = |done: &[Vec<bool>], queued: &[usize], r: usize, k: usize| {
+            let op = &ops[r][k];
+            k < queued[r]
+                && !done[r][k]
+                && (0..k).rev().find(|&j| ops[r][j].side == op.side).is_none_or(|j| done[r][j])
+                && op.deps.iter().all(|&d| done[r][d])
+        };
+        loop {
+            let mut moved = false;
+            for r in 0..world {
+                while queued[r] < ops[r].len() && ops[r][queued[r]].held_by.is_none_or(|h| done[r][h]) {
+                    queued[r] += 1;
+                    moved = true;
+                }
+            }
+            for r in 0..world {
+                for k in 0..ops[r].len() {
+                    if !ready(&done, &queued, r, k) {
+                        continue;
+                    }
+                    match ops[r][k].collective {
+                        None => done[r][k] = true,
+                        Some((c, i)) => {
+                            let all = members(c, i);
+                            if !all.iter().all(|&q| ready(&done, &queued, q, index[q][&(c, i)])) {
+                                continue;
+                            }
+                            for q in all {
+                                done[q][index[q][&(c, i)]] = true;
+                            }
+                        }
+                    }
+                    moved = true;
+                }
+            }
+            if !moved {
+                return done.iter().all(|d| d.iter().all(|&x| x));
+            }
+        }
+    }
+
+    /// The staged test's series of calls (2 nodes of 4, pieces of 1024 elements: AllReduce,
+    /// AllGather, Broadcast, ReduceScatter and Reduce, each twice, case after case) completes
+    /// with steps queued ahead bounded as the engine bounds them, and each communicator's members
+    /// take part in the same calls in the same order (their calls are matched by count). A model
+    /// of the queues only: where the staged test stalls on a GPU, the cause is outside it.
+    #[test]
+    fn series_of_staged_calls_complete_in_step() {
+        let map = NodeMap::by_count(8, 4).unwrap();
+        let world = 8u32;
+        let mut calls = Vec::new();
+        for (case, &n) in [1u64, 19523, 3000, 18004, 4097, 257].iter().enumerate() {
+            let m = n.min(3000);
+            let root = case as u32 % world;
+            calls.extend([
+                Staged::all_reduce(&map, n, 1024),
+                Staged::all_reduce(&map, n, 1024),
+                Staged::all_gather(&map, m).unwrap(),
+                Staged::all_gather(&map, m).unwrap(),
+                Staged::broadcast(&map, n, root, 1024),
+                Staged::broadcast(&map, n, (root + 3) % world, 1024),
+                Staged::reduce_scatter(&map, m).unwrap(),
+                Staged::reduce_scatter(&map, m).unwrap(),
+                Staged::reduce(&map, n, root, 1024),
+                Staged::reduce(&map, n, root, 1024),
+            ]);
+        }
+        let in_order: Vec<usize> = (0..calls.len()).collect();
+        let orders = vec![in_order.clone(); world as usize];
+        // Members of a communicator (a node, a local index) take part in the same steps in order.
+        let taken = |r: u32, side: Side| -> Vec<(usize, usize)> {
+            ops_of(&map, r, &calls, &in_order, STEPS_AHEAD)
+                .iter()
+                .filter(|o| o.side == side)
+                .filter_map(|o| o.collective)
+                .collect()
+        };
+        for r in 0..world {
+            for q in 0..world {
+                if map.node(q) == map.node(r) {
+                    assert_eq!(taken(r, Side::Intra), taken(q, Side::Intra), "node of ranks {r} and {q}");
+                }
+                if map.local(q) == map.local(r) {
+                    assert_eq!(taken(r, Side::Inter), taken(q, Side::Inter), "group of ranks {r} and {q}");
+                }
+            }
+        }
+        let (node_steps, group_steps) = (taken(1, Side::Intra).len(), taken(1, Side::Inter).len());
+        assert!(node_steps > 400 && group_steps > 250, "{node_steps} node and {group_steps} group steps");
+        for ahead in [1, 2, STEPS_AHEAD] {
+            assert!(series_completes(&map, &calls, &orders, ahead), "{ahead} ahead");
+        }
+        // The model can tell a series that cannot complete: one rank making two calls in the other
+        // order waits for its peers' second call while they wait for its first.
+        let mut swapped = orders.clone();
+        swapped[0].swap(0, 1);
+        assert!(!series_completes(&map, &calls, &swapped, STEPS_AHEAD), "calls out of order complete");
+    }
+
     /// Every staged collective completes with any bound from one step to [`STEPS_AHEAD`] on steps
     /// queued ahead, on 2 to 4 nodes of 1 to 4 ranks, whole and in pieces, every root; with a rank
     /// allowed to queue nothing, none does (the model can tell).
