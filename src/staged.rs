@@ -562,63 +562,6 @@ mod tests {
     use super::STEPS_AHEAD;
     use oxccl_host::nodes::{NodeMap, Side, Staged};
 
-    /// Runs `staged` on a model of `map`'s ranks: each rank queues its steps in order on two
-    /// in-order streams, queueing step `i` only once its step `i - ahead` has completed (as
-    /// [`super::Nodes::run`] does); a step runs once its stream's previous step and its `after`
-    /// step have completed, and a step a rank takes part in completes when every rank that takes
-    /// part in it (its node for an intra-node step, its local index for an inter-node one) can
-    /// run it. Returns whether every step completed on every rank (else the ranks wait forever).
-    fn completes(map: &NodeMap, staged: &Staged, ahead: usize) -> bool {
-        let world = map.world() as usize;
-        let steps = staged.steps.len();
-        let mut queued = vec![0usize; world];
-        let mut done = vec![vec![false; steps]; world];
-        let takes = |r: usize, i: usize| staged.steps[i].takes_part(map.node(r as u32), map.local(r as u32));
-        let peers = |r: usize, i: usize| -> Vec<usize> {
-            (0..world)
-                .filter(|&q| match staged.steps[i].side {
-                    Side::Intra => map.node(q as u32) == map.node(r as u32),
-                    Side::Inter => map.local(q as u32) == map.local(r as u32),
-                })
-                .filter(|&q| takes(q, i))
-                .collect()
-        };
-        // Whether rank `r` could run its step `i` now (queued, its stream and dependency done).
-        let ready = |done: &[Vec<bool>], queued: &[usize], r: usize, i: usize| {
-            let side = staged.steps[i].side;
-            i < queued[r]
-                && !done[r][i]
-                && (0..i).rev().find(|&j| staged.steps[j].side == side).is_none_or(|j| done[r][j])
-                && staged.steps[i].after.is_none_or(|a| done[r][a])
-        };
-        loop {
-            let mut moved = false;
-            for r in 0..world {
-                while queued[r] < steps && (queued[r] < ahead || done[r][queued[r] - ahead]) {
-                    queued[r] += 1;
-                    moved = true;
-                }
-            }
-            for r in 0..world {
-                for i in 0..steps {
-                    if ready(&done, &queued, r, i)
-                        && (!takes(r, i) || peers(r, i).iter().all(|&q| ready(&done, &queued, q, i)))
-                    {
-                        // A collective completes on every member at once.
-                        let members = if takes(r, i) { peers(r, i) } else { vec![r] };
-                        for q in members {
-                            done[q][i] = true;
-                        }
-                        moved = true;
-                    }
-                }
-            }
-            if !moved {
-                return done.iter().all(|d| d.iter().all(|&x| x));
-            }
-        }
-    }
-
     /// One operation a rank queues on one of its two streams, in the model of a series of calls.
     struct Op {
         side: Side,
@@ -783,6 +726,8 @@ mod tests {
             for per_node in 1..=4 {
                 let map = NodeMap::by_count(nodes * per_node, per_node).unwrap();
                 let world = (nodes * per_node) as u32;
+                // Every rank makes the one call.
+                let one = vec![vec![0]; world as usize];
                 for (count, piece) in [(1u64, 1u64), (37, 4), (1000, 64), (4096, 4096)] {
                     let mut all = vec![
                         Staged::all_reduce(&map, count, piece),
@@ -796,13 +741,13 @@ mod tests {
                     for staged in &all {
                         for ahead in 1..=STEPS_AHEAD {
                             assert!(
-                                completes(&map, staged, ahead),
+                                series_completes(&map, std::slice::from_ref(staged), &one, ahead),
                                 "{staged:?} on {nodes} x {per_node}, {ahead} ahead"
                             );
                         }
                         checked += 1;
                     }
-                    assert!(!completes(&map, &all[0], 0), "nothing queued completes");
+                    assert!(!series_completes(&map, &all[..1], &one, 0), "nothing queued completes");
                 }
             }
         }
