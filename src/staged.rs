@@ -613,8 +613,18 @@ mod tests {
             .iter()
             .map(|o| o.iter().enumerate().filter_map(|(k, op)| op.collective.map(|cs| (cs, k))).collect())
             .collect();
-        let members =
-            |c: usize, i: usize| -> Vec<usize> { (0..world).filter(|&q| index[q].contains_key(&(c, i))).collect() };
+        // The ranks of rank `r`'s communicator on `side` (its node's for an intra-node step, its
+        // local index's for an inter-node one) that take part in (call, step) `cs`.
+        let members = |r: usize, side: Side, cs: (usize, usize)| -> Vec<usize> {
+            let (node, local) = (map.node(r as u32), map.local(r as u32));
+            (0..world)
+                .filter(|&q| match side {
+                    Side::Intra => map.node(q as u32) == node,
+                    Side::Inter => map.local(q as u32) == local,
+                })
+                .filter(|&q| index[q].contains_key(&cs))
+                .collect()
+        };
         let mut queued = vec![0usize; world];
         let mut done: Vec<Vec<bool>> = ops.iter().map(|o| vec![false; o.len()]).collect();
         let ready = |done: &[Vec<bool>], queued: &[usize], r: usize, k: usize| {
@@ -640,7 +650,7 @@ mod tests {
                     match ops[r][k].collective {
                         None => done[r][k] = true,
                         Some((c, i)) => {
-                            let all = members(c, i);
+                            let all = members(r, ops[r][k].side, (c, i));
                             if !all.iter().all(|&q| ready(&done, &queued, q, index[q][&(c, i)])) {
                                 continue;
                             }
