@@ -788,7 +788,7 @@ impl Communicator {
     }
 
     /// The plan for `spec` and its launch, built, checked and uploaded on first use (the upload
-    /// queued on the groups' streams, ahead of the call's launches).
+    /// complete before the call's launches are queued).
     fn plan(&self, spec: &PlanSpec) -> Result<(Arc<Uploaded>, LaunchSpec)> {
         let (plan_and_launch, _) = self.plans.get_or_build(*spec, || {
             let lowered = tccl::plan(spec)?;
@@ -822,7 +822,8 @@ impl Communicator {
     /// launch group: each group gets its ranks' programs and all the tasks.
     pub(crate) fn upload(&self, mut lowered: Lowered, ctas: u32) -> Result<Uploaded> {
         if self.capturing()? {
-            // The copies would be recorded into the graph, not run: the plan would stay unwritten.
+            // Plans are built outside captures (`prepare` first): tables are freed in their stream's
+            // order, which a capture would record into the graph rather than run.
             return Err(Error::Capturing { what: "a call whose plan is not built yet" });
         }
         check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
@@ -842,20 +843,11 @@ impl Communicator {
                 sub.programs.extend_from_slice(&lowered.programs[r * c..(r + 1) * c]);
             }
             let n = sub.programs.len();
-            // Ordered on the group's stream, where its launches run (and where the tables of a plan
-            // dropped after a failure here are freed, after their copies).
+            // For launches on the group's stream (which frees the tables after them); complete
+            // when it returns.
             per_group.push(engine.upload_on(&sub, 0..n, &g.stream)?);
         }
-        let uploaded = self
-            .groups
-            .iter()
-            .map(|g| {
-                g.stream
-                    .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(Error::driver("cuEventRecord"))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Uploaded { lowered, per_group, uploaded })
+        Ok(Uploaded { lowered, per_group })
     }
 
     /// Waits for all work on every device of the communicator (its contexts' legacy streams included).
@@ -987,13 +979,8 @@ impl Communicator {
         }
         let spec = self.spec::<T>(collective, count, op, in_place);
         let (plan, launch) = self.plan(&spec)?;
-        // The upload was queued on the groups' streams (by this call, or by another thread's that
-        // built the plan and may not have finished it); a graph captured later may be replayed on
-        // another stream.
+        // The tables are complete once uploaded, for a graph replayed on any stream.
         check_contexts(self.groups.iter().map(|g| g.stream.context()))?;
-        for e in &plan.uploaded {
-            e.synchronize().map_err(Error::driver("cuEventSynchronize"))?;
-        }
         let slots = plan.lowered.slots;
         for g in &self.groups {
             self.engines[g.device].function(launch.mover, launch.dtype, launch.op)?;

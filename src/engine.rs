@@ -362,29 +362,154 @@ impl Drop for StatusRecord {
     }
 }
 
-/// A program's table on its device: memory of its own (`cuMemAlloc`, [`Engine::upload`]), or a
-/// stream-ordered allocation of the stream it was uploaded on ([`Engine::upload_on`]), freed in that
-/// stream's order when dropped.
+/// A program's table on its device: memory of its own (`cuMemAlloc`, [`Engine::upload`]), or an
+/// allocation of the engine's table pool ([`Engine::upload_on`]), freed in the order of the stream
+/// its launches run on when dropped.
 enum Table {
     Owned(DeviceAlloc),
-    Stream { ptr: u64, _slice: cudarc::driver::CudaSlice<u8> },
+    Pooled { ptr: sys::CUdeviceptr, stream: Arc<CudaStream> },
 }
 
 impl Table {
     fn ptr(&self) -> u64 {
         match self {
             Table::Owned(a) => a.ptr(),
-            Table::Stream { ptr, .. } => *ptr,
+            Table::Pooled { ptr, .. } => *ptr,
         }
     }
+}
 
-    /// `bytes` (at least one byte) allocated and copied in order on `stream`.
-    fn on_stream(bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
-        use cudarc::driver::DevicePtr;
+impl Drop for Table {
+    fn drop(&mut self) {
+        if let Table::Pooled { ptr, stream } = self {
+            // After the launches queued on the stream, which may still read it. Errors cannot be
+            // reported from drop: a failed free leaves the memory to the pool's destruction.
+            if make_current(stream.context()).is_ok() {
+                // SAFETY: an allocation of the table pool, freed once, in the order of the only
+                // stream its launches are queued on.
+                let _ = unsafe { sys::cuMemFreeAsync(*ptr, stream.cu_stream()) };
+            }
+        }
+    }
+}
+
+/// Page-locked bytes the tables are copied from (the address of a `cuMemHostAlloc`).
+struct Staging(*mut u8);
+
+// SAFETY: the pointer is only written under the `Uploads` mutex that holds it.
+unsafe impl Send for Staging {}
+
+/// Bytes of page-locked staging per engine (a larger table is copied in pieces).
+const STAGING_BYTES: usize = 256 << 10;
+
+/// How programs' tables reach the device while calls are queued: copied from page-locked memory,
+/// on a stream that waits for nothing, into a memory pool that never makes an allocation wait for
+/// another stream's free. Copied from pageable memory on the rank's stream, as before, a table
+/// waited in the host (in the driver's staging, holding up other threads' driver calls) behind
+/// the rank's queued calls, which may wait for a peer whose launches that wait held up.
+struct Uploads {
+    ctx: Arc<CudaContext>,
+    /// Copies only: its work never waits for another stream's.
+    stream: Arc<CudaStream>,
+    pool: sys::CUmemoryPool,
+    staging: Mutex<Staging>,
+}
+
+// SAFETY: the pool is a driver handle used with its context bound; `staging` is behind a mutex.
+unsafe impl Send for Uploads {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Uploads {}
+
+impl Uploads {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        bind(ctx)?;
+        let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        // SAFETY: all-zero pool properties are valid (no handle types, no size cap); type and
+        // location set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location = device_location(ctx.ordinal());
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: out-pointer and valid properties, the context current.
+        unsafe { sys::cuMemPoolCreate(&mut pool, &props) }.result().map_err(Error::driver("cuMemPoolCreate"))?;
+        let host = match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
+            Ok(h) => h.cast::<u8>(),
+            Err(e) => {
+                // SAFETY: the pool just made, with no allocation.
+                unsafe { sys::cuMemPoolDestroy(pool) };
+                return Err(Error::driver("cuMemHostAlloc")(e));
+            }
+        };
+        let uploads = Uploads { ctx: ctx.clone(), stream, pool, staging: Mutex::new(Staging(host)) };
+        // Reuse only frees that have completed: an allocation the driver made wait for a rank's
+        // stream would put the copies behind that rank's calls. Freed memory is kept for reuse.
+        let no = 0i32;
+        let keep = u64::MAX;
+        // SAFETY: the attributes take an `int` and a `cuuint64_t` respectively.
+        unsafe {
+            use sys::CUmemPool_attribute::*;
+            sys::cuMemPoolSetAttribute(
+                pool,
+                CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                (&no as *const i32).cast_mut().cast(),
+            )
+            .result()
+            .map_err(Error::driver("cuMemPoolSetAttribute"))?;
+            sys::cuMemPoolSetAttribute(
+                pool,
+                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&keep as *const u64).cast_mut().cast(),
+            )
+            .result()
+            .map_err(Error::driver("cuMemPoolSetAttribute"))?;
+        }
+        Ok(uploads)
+    }
+
+    /// `bytes` (at least one byte) on the device, complete when this returns: launches queued on
+    /// any stream afterwards read them, and they are freed in `stream`'s order when dropped.
+    fn table(&self, bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
         let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
-        let slice = stream.clone_htod(data).map_err(Error::driver("cuMemAllocAsync / cuMemcpyHtoDAsync"))?;
-        let ptr = slice.device_ptr(stream).0;
-        Ok(Table::Stream { ptr, _slice: slice })
+        let staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        bind(&self.ctx)?;
+        let on = self.stream.cu_stream();
+        let mut ptr = 0;
+        // SAFETY: out-pointer, this engine's pool and stream, the context current.
+        unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, data.len(), self.pool, on) }
+            .result()
+            .map_err(Error::driver("cuMemAllocFromPoolAsync"))?;
+        // Freed from here on, also if a copy fails.
+        let table = Table::Pooled { ptr, stream: stream.clone() };
+        for (i, piece) in data.chunks(STAGING_BYTES).enumerate() {
+            // SAFETY: the staging holds `STAGING_BYTES >= piece.len()` bytes, written only under its
+            // mutex, and no copy from it is in flight (each is waited for below).
+            let host = unsafe {
+                std::ptr::copy_nonoverlapping(piece.as_ptr(), staging.0, piece.len());
+                std::slice::from_raw_parts(staging.0, piece.len())
+            };
+            // SAFETY: the destination lies inside the allocation; the source is page-locked and
+            // stays unchanged until the wait below.
+            unsafe { result::memcpy_htod_async(ptr + (i * STAGING_BYTES) as u64, host, on) }
+                .map_err(Error::driver("cuMemcpyHtoDAsync"))?;
+            // The copy stream waits for nothing else: this waits for the copy alone. Once it has
+            // ended, the allocation and its bytes are complete for every stream.
+            // SAFETY: a live stream of the current context.
+            unsafe { result::stream::synchronize(on) }.map_err(Error::driver("cuStreamSynchronize"))?;
+        }
+        Ok(table)
+    }
+}
+
+impl Drop for Uploads {
+    fn drop(&mut self) {
+        // No copy is in flight (each upload waits for its own); tables still allocated keep the
+        // pool's memory until they are freed (the driver destroys it then).
+        let staging = self.staging.get_mut().unwrap_or_else(|e| e.into_inner());
+        release(&self.ctx, Freed::Host(staging.0 as usize));
+        if make_current(&self.ctx).is_ok() {
+            // SAFETY: the pool made in `new`, destroyed once.
+            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+        }
     }
 }
 
@@ -667,6 +792,8 @@ pub struct Engine {
     /// How the collective kernels are queued: early, unless `OXCCL_DEBUG` names `serial-launches`
     /// (read once here, not per launch).
     start: Start,
+    /// Where [`Engine::upload_on`] copies tables.
+    uploads: Uploads,
 }
 
 /// Whether `OXCCL_DEBUG` (a comma-separated list of diagnostics) names any of `names`:
@@ -711,6 +838,7 @@ impl Engine {
             max_smem,
             phase_times,
             start: if debug_names(&["serial-launches"]) { Start::AfterPrevious } else { Start::Early },
+            uploads: Uploads::new(ctx)?,
         })
     }
 
@@ -803,10 +931,10 @@ impl Engine {
         })
     }
 
-    /// [`Engine::upload`], ordered on `stream` (of this engine's context): the tables are allocated
-    /// from `stream`'s memory pool and copied in its order, so the host waits for no stream and
-    /// launches queued on `stream` afterwards see them. [`Engine::launch`] launches the program on
-    /// `stream` only; its tables are freed in `stream`'s order when it is dropped.
+    /// [`Engine::upload`] for launches on `stream` (of this engine's context): the tables are copied
+    /// on a stream of the engine's that waits for nothing (so the host waits for no queued call,
+    /// not even `stream`'s) and are complete when this returns. [`Engine::launch`] launches the
+    /// program on `stream` only; its tables are freed in `stream`'s order when it is dropped.
     pub fn upload_on(
         &self,
         l: &Lowered,
@@ -820,8 +948,8 @@ impl Engine {
             why: format!("range {range:?} outside the {} programs", l.programs.len()),
         })?;
         Ok(DeviceProgram {
-            programs: Table::on_stream(bytemuck::cast_slice(programs), stream)?,
-            tasks: Table::on_stream(bytemuck::cast_slice(&l.tasks), stream)?,
+            programs: self.uploads.table(bytemuck::cast_slice(programs), stream)?,
+            tasks: self.uploads.table(bytemuck::cast_slice(&l.tasks), stream)?,
             stream: Some(stream.clone()),
             ctas: programs.len() as u32,
             slots: l.slots,

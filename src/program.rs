@@ -8,7 +8,6 @@ use crate::engine::DeviceAlloc;
 use crate::engine::DeviceProgram;
 use crate::engine::LaunchSpec;
 use crate::error::Result;
-use cudarc::driver::CudaEvent;
 use oxccl_host::lowered::Lowered;
 use oxccl_host::lowered::Staged;
 use oxccl_host::program::Program;
@@ -23,8 +22,6 @@ pub(crate) struct Uploaded {
     /// The program as lowered (barriers dropped when one launch holds every rank).
     pub lowered: Lowered,
     pub(crate) per_group: Vec<DeviceProgram>,
-    /// Recorded on each group's stream after its upload: complete once the tables are in place.
-    pub(crate) uploaded: Vec<CudaEvent>,
 }
 
 /// What a cached reshard is keyed by.

@@ -10,6 +10,7 @@
 //! which other buffers (cudarc's stream-ordered pools, which no other process can map) are copied.
 
 use crate::bootstrap::{Bootstrap, Id, LaunchEnv, TcpBootstrap};
+use crate::comm::group::GroupCall;
 use crate::comm::{Count, DeviceFacts, Holders, RankWorkspace, World, enable_peer_access, ordinal_of};
 use crate::engine::{DeviceAlloc, Engine, bind};
 use crate::error::{Error, Result};
@@ -18,11 +19,12 @@ use crate::internode::group_bootstrap;
 use crate::peer::{Link, PeerMemory};
 use crate::plain::{Plain, Units, UnitsMut, in_units, unit_bytes, whole_blocks};
 use crate::reshard::{Layout, ReshardOptions};
-use crate::staged::{DEFAULT_PIECE_BYTES, Nodes, Source};
+use crate::staged::{DEFAULT_PIECE_BYTES, Nodes};
 use crate::vmm::VmmAlloc;
 use crate::{CallLaunch, Collective, Communicator, Config, Element, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
-use oxccl_host::nodes::{NodeMap, Staged};
+use oxccl_host::group::Member;
+use oxccl_host::nodes::NodeMap;
 use oxccl_host::program::Program;
 use oxccl_kernels::abi::{self, MAX_RANKS};
 use serde::{Deserialize, Serialize};
@@ -335,6 +337,25 @@ impl Comm {
         Ok(Comm { nodes: Some(Box::new(nodes)), inner: node_comm.inner, rank: node_comm.rank })
     }
 
+    /// Queues this rank's part of `collective` (`(collective, elements per rank, in place)`)
+    /// across nodes, planned as a group member's ([`Nodes::plan_call`], which maps the buffers to
+    /// the staged steps' source and receive address): `input` is read unless in place (0 where the
+    /// rank sends nothing), `output` written (0 where the rank receives nothing).
+    #[allow(clippy::too_many_arguments)]
+    fn across<T: Element>(
+        &self,
+        n: &Nodes,
+        stream: &Arc<CudaStream>,
+        (collective, count, in_place): (Collective, usize, bool),
+        input: u64,
+        output: u64,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let member = Member { collective, count: count as u64, in_place };
+        let call = GroupCall { member, dtype: T::DTYPE, op, input, output, align: std::mem::size_of::<T>() };
+        n.call(&self.inner, stream, &n.plan_call(&call)?)
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.nodes.as_ref().map_or(self.rank, |n| n.rank)
@@ -422,13 +443,12 @@ impl Comm {
                     got: recv.len(),
                 });
             }
-            let staged = Staged::all_reduce(&n.map, send.len() as u64, n.piece_elements::<T>());
             let stream = self.stream().clone();
             let (s, _s) = send.device_ptr(&stream);
             let (r, _r) = recv.device_ptr_mut(&stream);
             let bytes = send.len() * std::mem::size_of::<T>();
             disjoint(s, bytes, r, bytes, n.rank)?;
-            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, op);
+            return self.across::<T>(n, &stream, (Collective::AllReduce, send.len(), false), s, r, op);
         }
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
@@ -449,10 +469,9 @@ impl Comm {
     ) -> Result<()> {
         self.usable()?;
         if let Some(n) = &self.nodes {
-            let staged = Staged::all_reduce(&n.map, buf.len() as u64, n.piece_elements::<T>());
-            let stream = self.stream().clone();
+            let (stream, count) = (self.stream().clone(), buf.len());
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
+            return self.across::<T>(n, &stream, (Collective::AllReduce, count, true), 0, r, op);
         }
         let count = Count::FromRecv(buf.len());
         self.inner.collective::<T, R, R>(
@@ -480,12 +499,11 @@ impl Comm {
             if send.len() != expected {
                 return Err(Error::Length { what: "send buffer", rank: n.rank, expected, got: send.len() });
             }
-            let staged = Staged::reduce_scatter(&n.map, count as u64)?;
             let stream = self.stream().clone();
             let (s, _s) = send.device_ptr(&stream);
             let (r, _r) = recv.device_ptr_mut(&stream);
             disjoint(s, expected * std::mem::size_of::<T>(), r, count * std::mem::size_of::<T>(), n.rank)?;
-            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, op);
+            return self.across::<T>(n, &stream, (Collective::ReduceScatter, count, false), s, r, op);
         }
         let count = Count::FromRecv(recv.len());
         self.inner.collective::<T, S, R>(
@@ -508,10 +526,9 @@ impl Comm {
         self.usable()?;
         let count = self.block(buf.len(), "in-place reduce_scatter buffer")?;
         if let Some(n) = &self.nodes {
-            let staged = Staged::reduce_scatter(&n.map, count as u64)?;
             let stream = self.stream().clone();
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
+            return self.across::<T>(n, &stream, (Collective::ReduceScatter, count, true), 0, r, op);
         }
         self.inner.collective::<T, R, R>(
             Collective::ReduceScatter,
@@ -548,12 +565,11 @@ impl Comm {
             if recv.len() != expected {
                 return Err(Error::Length { what: "receive buffer", rank: n.rank, expected, got: recv.len() });
             }
-            let staged = Staged::all_gather(&n.map, count as u64)?;
             let stream = self.stream().clone();
             let (s, _s) = send.device_ptr(&stream);
             let (r, _r) = recv.device_ptr_mut(&stream);
             disjoint(s, count * std::mem::size_of::<T>(), r, expected * std::mem::size_of::<T>(), n.rank)?;
-            return n.run::<T>(&self.inner, &stream, &staged, Source::At(s), r, ReduceOp::Sum);
+            return self.across::<T>(n, &stream, (Collective::AllGather, count, false), s, r, ReduceOp::Sum);
         }
         let count = Count::FromSend(send.len());
         self.inner.collective::<T, S, R>(
@@ -619,10 +635,9 @@ impl Comm {
         self.usable()?;
         let count = self.block(buf.len(), "in-place all_gather buffer")?;
         if let Some(n) = &self.nodes {
-            let staged = Staged::all_gather(&n.map, count as u64)?;
             let stream = self.stream().clone();
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, ReduceOp::Sum);
+            return self.across::<T>(n, &stream, (Collective::AllGather, count, true), 0, r, ReduceOp::Sum);
         }
         self.inner.collective::<T, R, R>(
             Collective::AllGather,
@@ -662,12 +677,11 @@ impl Comm {
                 return Err(Error::NoSuchRank { rank: root, ranks: world });
             }
             let count = recv.len();
-            let staged = Staged::broadcast(&n.map, count as u64, root as u32, n.piece_elements::<T>());
             let stream = self.stream().clone();
             let (r, _r) = recv.device_ptr_mut(&stream);
             // The send buffer's guard lives until the steps are queued.
             let mut _guard = None;
-            let src = match (root == me, send) {
+            let input = match (root == me, send) {
                 (true, Some(s)) => {
                     if s.len() != count {
                         return Err(Error::Length {
@@ -680,7 +694,7 @@ impl Comm {
                     let (p, guard) = s.device_ptr(&stream);
                     _guard = Some(guard);
                     disjoint(p, count * std::mem::size_of::<T>(), r, count * std::mem::size_of::<T>(), me)?;
-                    Source::At(p)
+                    p
                 }
                 (true, None) => {
                     return Err(Error::MissingBuffer {
@@ -689,9 +703,11 @@ impl Comm {
                         elements: count as u64,
                     });
                 }
-                (false, _) => Source::Nothing,
+                // Not read: the other ranks receive only.
+                (false, _) => 0,
             };
-            return n.run::<T>(&self.inner, &stream, &staged, src, r, ReduceOp::Sum);
+            let collective = Collective::Broadcast { root: root as u32 };
+            return self.across::<T>(n, &stream, (collective, count, false), input, r, ReduceOp::Sum);
         }
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         let send: &[S] = match (root == self.rank, send) {
@@ -734,10 +750,10 @@ impl Comm {
             if root >= self.world() {
                 return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
             }
-            let staged = Staged::broadcast(&n.map, buf.len() as u64, root as u32, n.piece_elements::<T>());
-            let stream = self.stream().clone();
+            let (stream, count) = (self.stream().clone(), buf.len());
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, ReduceOp::Sum);
+            let collective = Collective::Broadcast { root: root as u32 };
+            return self.across::<T>(n, &stream, (collective, count, true), 0, r, ReduceOp::Sum);
         }
         let collective = self.inner.rooted(root, |root| Collective::Broadcast { root })?;
         self.inner.collective::<T, R, R>(
@@ -766,9 +782,9 @@ impl Comm {
             if root >= world {
                 return Err(Error::NoSuchRank { rank: root, ranks: world });
             }
-            let staged = Staged::reduce(&n.map, count as u64, root as u32, n.piece_elements::<T>());
             let stream = self.stream().clone();
             let (s, _s) = send.device_ptr(&stream);
+            let call = (Collective::Reduce { root: root as u32 }, count, false);
             return match (root == me, recv) {
                 (true, Some(r)) => {
                     if r.len() != count {
@@ -781,13 +797,13 @@ impl Comm {
                     }
                     let (rp, _r) = r.device_ptr_mut(&stream);
                     disjoint(s, count * std::mem::size_of::<T>(), rp, count * std::mem::size_of::<T>(), me)?;
-                    n.run::<T>(&self.inner, &stream, &staged, Source::At(s), rp, op)
+                    self.across::<T>(n, &stream, call, s, rp, op)
                 }
                 (true, None) => {
                     Err(Error::MissingBuffer { what: "reduce receive buffer", rank: root, elements: count as u64 })
                 }
-                // The other ranks' receive address is never written.
-                (false, _) => n.run::<T>(&self.inner, &stream, &staged, Source::At(s), s, op),
+                // The other ranks have no receive buffer.
+                (false, _) => self.across::<T>(n, &stream, call, s, 0, op),
             };
         }
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
@@ -825,10 +841,10 @@ impl Comm {
             if root >= self.world() {
                 return Err(Error::NoSuchRank { rank: root, ranks: self.world() });
             }
-            let staged = Staged::reduce(&n.map, buf.len() as u64, root as u32, n.piece_elements::<T>());
-            let stream = self.stream().clone();
+            let (stream, count) = (self.stream().clone(), buf.len());
             let (r, _r) = buf.device_ptr_mut(&stream);
-            return n.run::<T>(&self.inner, &stream, &staged, Source::InPlace, r, op);
+            let collective = Collective::Reduce { root: root as u32 };
+            return self.across::<T>(n, &stream, (collective, count, true), 0, r, op);
         }
         let collective = self.inner.rooted(root, |root| Collective::Reduce { root })?;
         self.inner.collective::<T, R, R>(

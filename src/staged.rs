@@ -231,11 +231,6 @@ impl Nodes {
         self.inter.abort();
     }
 
-    /// Elements of `T` per piece.
-    pub(crate) fn piece_elements<T>(&self) -> u64 {
-        (self.piece_bytes / std::mem::size_of::<T>() as u64).max(1)
-    }
-
     /// Runs `staged` for this rank: `src` and `recv` are the device addresses of the caller's
     /// buffers, held by the caller until the steps are queued; `stream` is the rank's. The call ends
     /// on `stream` (it waits for the last inter-node step).
