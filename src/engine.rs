@@ -367,7 +367,13 @@ impl Drop for StatusRecord {
 /// its launches run on when dropped.
 enum Table {
     Owned(DeviceAlloc),
-    Pooled { ptr: sys::CUdeviceptr, stream: Arc<CudaStream> },
+    /// `_pool` outlives its allocations: the driver crashed (H100) freeing a table of a pool
+    /// destroyed before it.
+    Pooled {
+        ptr: sys::CUdeviceptr,
+        stream: Arc<CudaStream>,
+        _pool: Arc<Uploads>,
+    },
 }
 
 impl Table {
@@ -381,7 +387,7 @@ impl Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
-        if let Table::Pooled { ptr, stream } = self {
+        if let Table::Pooled { ptr, stream, .. } = self {
             // After the launches queued on the stream, which may still read it. Errors cannot be
             // reported from drop: a failed free leaves the memory to the pool's destruction.
             if make_current(stream.context()).is_ok() {
@@ -409,8 +415,11 @@ const STAGING_BYTES: usize = 256 << 10;
 /// the rank's queued calls, which may wait for a peer whose launches that wait held up.
 struct Uploads {
     ctx: Arc<CudaContext>,
-    /// Copies only: its work never waits for another stream's.
-    stream: Arc<CudaStream>,
+    /// Copies only: its work never waits for another stream's. Made through the driver, not
+    /// cudarc: a cudarc stream would switch the context to cudarc's multi-stream mode, where every
+    /// use of every buffer records events (on 8 virtual ranks, a small call took 20–30 µs instead
+    /// of 6–7).
+    stream: sys::CUstream,
     pool: sys::CUmemoryPool,
     staging: Mutex<Staging>,
 }
@@ -423,7 +432,14 @@ unsafe impl Sync for Uploads {}
 impl Uploads {
     fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         bind(ctx)?;
-        let stream = ctx.new_stream().map_err(Error::driver("cuStreamCreate"))?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(Error::driver("cuStreamCreate"))?;
+        // Destroyed in `Uploads::drop` from the moment it exists below; until then, here.
+        let destroy = |e| {
+            // SAFETY: the stream just made, with no work.
+            let _ = unsafe { result::stream::destroy(stream) };
+            e
+        };
         // SAFETY: all-zero pool properties are valid (no handle types, no size cap); type and
         // location set below.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -431,55 +447,47 @@ impl Uploads {
         props.location = device_location(ctx.ordinal());
         let mut pool = std::ptr::null_mut();
         // SAFETY: out-pointer and valid properties, the context current.
-        unsafe { sys::cuMemPoolCreate(&mut pool, &props) }.result().map_err(Error::driver("cuMemPoolCreate"))?;
+        unsafe { sys::cuMemPoolCreate(&mut pool, &props) }
+            .result()
+            .map_err(Error::driver("cuMemPoolCreate"))
+            .map_err(destroy)?;
         let host = match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
             Ok(h) => h.cast::<u8>(),
             Err(e) => {
                 // SAFETY: the pool just made, with no allocation.
                 unsafe { sys::cuMemPoolDestroy(pool) };
-                return Err(Error::driver("cuMemHostAlloc")(e));
+                return Err(destroy(Error::driver("cuMemHostAlloc")(e)));
             }
         };
         let uploads = Uploads { ctx: ctx.clone(), stream, pool, staging: Mutex::new(Staging(host)) };
         // Reuse only frees that have completed: an allocation the driver made wait for a rank's
         // stream would put the copies behind that rank's calls. Freed memory is kept for reuse.
-        let no = 0i32;
-        let keep = u64::MAX;
-        // SAFETY: the attributes take an `int` and a `cuuint64_t` respectively.
-        unsafe {
-            use sys::CUmemPool_attribute::*;
-            sys::cuMemPoolSetAttribute(
-                pool,
-                CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
-                (&no as *const i32).cast_mut().cast(),
-            )
-            .result()
-            .map_err(Error::driver("cuMemPoolSetAttribute"))?;
-            sys::cuMemPoolSetAttribute(
-                pool,
-                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&keep as *const u64).cast_mut().cast(),
-            )
-            .result()
-            .map_err(Error::driver("cuMemPoolSetAttribute"))?;
-        }
+        let set = |attr, value: *const std::ffi::c_void| {
+            // SAFETY: the pool made above; `value` points at the type `attr` takes.
+            unsafe { sys::cuMemPoolSetAttribute(pool, attr, value.cast_mut()) }
+                .result()
+                .map_err(Error::driver("cuMemPoolSetAttribute"))
+        };
+        use sys::CUmemPool_attribute::*;
+        set(CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, (&0i32 as *const i32).cast())?;
+        set(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&u64::MAX as *const u64).cast())?;
         Ok(uploads)
     }
 
     /// `bytes` (at least one byte) on the device, complete when this returns: launches queued on
     /// any stream afterwards read them, and they are freed in `stream`'s order when dropped.
-    fn table(&self, bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
+    fn table(self: &Arc<Self>, bytes: &[u8], stream: &Arc<CudaStream>) -> Result<Table> {
         let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
         let staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         bind(&self.ctx)?;
-        let on = self.stream.cu_stream();
+        let on = self.stream;
         let mut ptr = 0;
         // SAFETY: out-pointer, this engine's pool and stream, the context current.
         unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, data.len(), self.pool, on) }
             .result()
             .map_err(Error::driver("cuMemAllocFromPoolAsync"))?;
         // Freed from here on, also if a copy fails.
-        let table = Table::Pooled { ptr, stream: stream.clone() };
+        let table = Table::Pooled { ptr, stream: stream.clone(), _pool: self.clone() };
         for (i, piece) in data.chunks(STAGING_BYTES).enumerate() {
             // SAFETY: the staging holds `STAGING_BYTES >= piece.len()` bytes, written only under its
             // mutex, and no copy from it is in flight (each is waited for below).
@@ -502,13 +510,17 @@ impl Uploads {
 
 impl Drop for Uploads {
     fn drop(&mut self) {
-        // No copy is in flight (each upload waits for its own); tables still allocated keep the
-        // pool's memory until they are freed (the driver destroys it then).
+        // No copy is in flight (each upload waits for its own), and every table's free is queued
+        // (each holds the pool); the driver destroys the pool once those frees have run.
         let staging = self.staging.get_mut().unwrap_or_else(|e| e.into_inner());
         release(&self.ctx, Freed::Host(staging.0 as usize));
         if make_current(&self.ctx).is_ok() {
-            // SAFETY: the pool made in `new`, destroyed once.
-            let _ = unsafe { sys::cuMemPoolDestroy(self.pool) };
+            // SAFETY: the pool and the stream made in `new`, destroyed once; the stream has no
+            // work left.
+            unsafe {
+                let _ = sys::cuMemPoolDestroy(self.pool);
+                let _ = result::stream::destroy(self.stream);
+            }
         }
     }
 }
@@ -792,8 +804,8 @@ pub struct Engine {
     /// How the collective kernels are queued: early, unless `OXCCL_DEBUG` names `serial-launches`
     /// (read once here, not per launch).
     start: Start,
-    /// Where [`Engine::upload_on`] copies tables.
-    uploads: Uploads,
+    /// Where [`Engine::upload_on`] copies tables (held by them too).
+    uploads: Arc<Uploads>,
 }
 
 /// Whether `OXCCL_DEBUG` (a comma-separated list of diagnostics) names any of `names`:
@@ -838,7 +850,7 @@ impl Engine {
             max_smem,
             phase_times,
             start: if debug_names(&["serial-launches"]) { Start::AfterPrevious } else { Start::Early },
-            uploads: Uploads::new(ctx)?,
+            uploads: Arc::new(Uploads::new(ctx)?),
         })
     }
 
