@@ -47,7 +47,7 @@ use oxccl_ptx::bulk::cp_async_bulk_wait_group;
 use oxccl_ptx::fence::fence_proxy_async_global;
 use oxccl_ptx::memory::ld_relaxed_sys_u64;
 use oxccl_ptx::sreg::globaltimer;
-use oxccl_ptx::sync::{bar_sync_all, griddepcontrol_launch_dependents};
+use oxccl_ptx::sync::{bar_sync_all, bar_warp_sync, griddepcontrol_launch_dependents};
 
 /// Runs `program` (its tasks from `tasks`) with every thread of the CTA, moving data with the mover
 /// whose raw value is `MOVER`, and reducing `dtype` with `op` (implemented by `C`).
@@ -83,6 +83,11 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
         if ctx.issuer && peers != 0 {
             seq = start_barrier(ctx, peers);
         }
+        // The issuer's warp meets each CTA barrier below converged (its other lanes wait here for
+        // it), as compute-sanitizer's synccheck requires ("Divergent thread(s) in block" without).
+        if ctx.tid < 32 {
+            bar_warp_sync(u32::MAX);
+        }
         if peers != 0 && !ctx.sync_aborted() {
             read_announcements(ctx, peers);
         }
@@ -97,6 +102,9 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
             if timed(ctx) {
                 mark(ctx, 1);
             }
+        }
+        if ctx.tid < 32 {
+            bar_warp_sync(u32::MAX);
         }
         // Every CTA of every rank this launch meets is resident (each has arrived): the next
         // launch on this rank's stream may now be scheduled, to wait at its entry for this one's
@@ -142,6 +150,9 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
         }
         if timed(ctx) {
             add_phase_times(ctx);
+        }
+        if ctx.tid < 32 {
+            bar_warp_sync(u32::MAX);
         }
         bar_sync_all();
     }
