@@ -220,9 +220,10 @@ impl Communicator {
     ///
     /// Separate launches on one device must run at the same time. The driver gives each device
     /// `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues (8 by default) and shares them between streams
-    /// beyond that: with more ranks on separate streams of one device than queues, set it to at least
-    /// that count before the CUDA driver is initialised, or a launch may wait behind another rank's
-    /// work and the call report [`Error::Timeout`].
+    /// beyond that: with more streams on one device than queues (the ranks', and one per process
+    /// and device where plans' tables are copied), set it to at least that count before the CUDA
+    /// driver is initialised, or a launch or a table's copy may wait behind another rank's work and
+    /// the call report [`Error::Timeout`].
     pub fn from_streams(streams: &[Arc<CudaStream>], config: Config) -> Result<Self> {
         if streams.is_empty() || streams.len() > MAX_RANKS {
             return Err(Error::RankCount { ranks: streams.len(), max: MAX_RANKS });
