@@ -367,8 +367,8 @@ impl Drop for StatusRecord {
 /// its launches run on when dropped.
 enum Table {
     Owned(DeviceAlloc),
-    /// `_pool` outlives its allocations: the driver crashed (H100) freeing a table of a pool
-    /// destroyed before it.
+    /// `_pool` outlives its allocations: freeing a table of a pool destroyed before it faults in
+    /// the driver.
     Pooled {
         ptr: sys::CUdeviceptr,
         stream: Arc<CudaStream>,
@@ -410,9 +410,9 @@ const STAGING_BYTES: usize = 256 << 10;
 
 /// How programs' tables reach the device while calls are queued: copied from page-locked memory,
 /// on a stream that waits for nothing, into a memory pool that never makes an allocation wait for
-/// another stream's free. Copied from pageable memory on the rank's stream, as before, a table
-/// waited in the host (in the driver's staging, holding up other threads' driver calls) behind
-/// the rank's queued calls, which may wait for a peer whose launches that wait held up.
+/// another stream's free. A copy from pageable memory on the rank's stream can wait in the host
+/// (in the driver's staging, holding up other threads' driver calls) behind the rank's queued
+/// calls, which may wait for a peer whose launches that wait holds up.
 struct Uploads {
     ctx: Arc<CudaContext>,
     /// Copies only: its work never waits for another stream's. Made through the driver, not
