@@ -451,6 +451,7 @@ impl Uploads {
             .result()
             .map_err(Error::driver("cuMemPoolCreate"))
             .map_err(destroy)?;
+        // SAFETY: a page-locked allocation of `STAGING_BYTES`, freed in `Uploads::drop` (or below).
         let host = match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
             Ok(h) => h.cast::<u8>(),
             Err(e) => {

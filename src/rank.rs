@@ -341,7 +341,6 @@ impl Comm {
     /// across nodes, planned as a group member's ([`Nodes::plan_call`], which maps the buffers to
     /// the staged steps' source and receive address): `input` is read unless in place (0 where the
     /// rank sends nothing), `output` written (0 where the rank receives nothing).
-    #[allow(clippy::too_many_arguments)]
     fn across<T: Element>(
         &self,
         n: &Nodes,
