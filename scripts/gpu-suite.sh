@@ -121,17 +121,20 @@ for step in "$@"; do
       # call (OXCCL_RANK_MEET=1): memcheck checks a launch against the allocations it knows when the
       # launch is made, and a peer may make its buffers after (the kernel waits for them on the device);
       # their communicators wait 60 s (OXCCL_TEST_TIMEOUT): processes start slowly under the tool.
+      # SAN_STEP_S bounds each step (default 600 s); SAN_STEPS picks steps (default all).
       export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
+      t=${SAN_STEP_S:-600}; steps=" ${SAN_STEPS:-collectives graphs compiled reshard threads procs} "
+      on() { [[ "$steps" == *" $1 "* ]]; }
       for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
         san="compute-sanitizer --tool $tool --print-limit 20"
-        log "$tool collectives"; OXCCL_GPU_CASES=6 timeout 600 $san $B/gpu_collectives --test-threads=1 collectives_match_the_cpu_reference_on_virtual_ranks > "$OUT/san_${tool}_collectives.log" 2>&1; sanitized "$OUT/san_${tool}_collectives.log" "${tool}_collectives"; tail -3 "$OUT/san_${tool}_collectives.log"
-        log "$tool graphs"; timeout 300 $san $B/gpu_collectives --test-threads=1 captured > "$OUT/san_${tool}_graphs.log" 2>&1; sanitized "$OUT/san_${tool}_graphs.log" "${tool}_graphs"; tail -3 "$OUT/san_${tool}_graphs.log"
-        log "$tool compiled"; timeout 600 $san $B/gpu_compiled --test-threads=1 programs_run_on_the_collective_engine --exact > "$OUT/san_${tool}_compiled.log" 2>&1; sanitized "$OUT/san_${tool}_compiled.log" "${tool}_compiled"; tail -3 "$OUT/san_${tool}_compiled.log"
-        log "$tool reshard"; OXCCL_RESHARD_CASES=4 timeout 600 $san $B/gpu_reshard --test-threads=1 random_reshards_match_the_global_tensor --exact > "$OUT/san_${tool}_reshard.log" 2>&1; sanitized "$OUT/san_${tool}_reshard.log" "${tool}_reshard"; tail -3 "$OUT/san_${tool}_reshard.log"
-        log "$tool ranks (threads)"; OXCCL_TEST_TIMEOUT=60 OXCCL_RANK_MEET=1 OXCCL_RANK_CASES=3 timeout 600 $san $B/gpu_ranks --test-threads=1 threads_match_the_cpu_reference > "$OUT/san_${tool}_threads.log" 2>&1; sanitized "$OUT/san_${tool}_threads.log" "${tool}_threads"; tail -3 "$OUT/san_${tool}_threads.log"
-        mps_start
-        log "$tool ranks (processes)"; OXCCL_TEST_TIMEOUT=60 OXCCL_RANK_MEET=1 OXCCL_MPS=1 OXCCL_RANK_CASES=2 timeout 600 $san --target-processes all $B/gpu_ranks --test-threads=1 processes_match_the_cpu_reference > "$OUT/san_${tool}_procs.log" 2>&1; sanitized "$OUT/san_${tool}_procs.log" "${tool}_procs"; tail -3 "$OUT/san_${tool}_procs.log"
-        mps_stop
+        on collectives && { log "$tool collectives"; OXCCL_GPU_CASES=6 timeout $t $san $B/gpu_collectives --test-threads=1 collectives_match_the_cpu_reference_on_virtual_ranks > "$OUT/san_${tool}_collectives.log" 2>&1; sanitized "$OUT/san_${tool}_collectives.log" "${tool}_collectives"; tail -3 "$OUT/san_${tool}_collectives.log"; }
+        on graphs && { log "$tool graphs"; timeout $t $san $B/gpu_collectives --test-threads=1 captured > "$OUT/san_${tool}_graphs.log" 2>&1; sanitized "$OUT/san_${tool}_graphs.log" "${tool}_graphs"; tail -3 "$OUT/san_${tool}_graphs.log"; }
+        on compiled && { log "$tool compiled"; timeout $t $san $B/gpu_compiled --test-threads=1 programs_run_on_the_collective_engine --exact > "$OUT/san_${tool}_compiled.log" 2>&1; sanitized "$OUT/san_${tool}_compiled.log" "${tool}_compiled"; tail -3 "$OUT/san_${tool}_compiled.log"; }
+        on reshard && { log "$tool reshard"; OXCCL_RESHARD_CASES=4 timeout $t $san $B/gpu_reshard --test-threads=1 random_reshards_match_the_global_tensor --exact > "$OUT/san_${tool}_reshard.log" 2>&1; sanitized "$OUT/san_${tool}_reshard.log" "${tool}_reshard"; tail -3 "$OUT/san_${tool}_reshard.log"; }
+        on threads && { log "$tool ranks (threads)"; OXCCL_TEST_TIMEOUT=60 OXCCL_RANK_MEET=1 OXCCL_RANK_CASES=3 timeout $t $san $B/gpu_ranks --test-threads=1 threads_match_the_cpu_reference > "$OUT/san_${tool}_threads.log" 2>&1; sanitized "$OUT/san_${tool}_threads.log" "${tool}_threads"; tail -3 "$OUT/san_${tool}_threads.log"; }
+        on procs && { mps_start
+        log "$tool ranks (processes)"; OXCCL_TEST_TIMEOUT=60 OXCCL_RANK_MEET=1 OXCCL_MPS=1 OXCCL_RANK_CASES=2 timeout $t $san --target-processes all $B/gpu_ranks --test-threads=1 processes_match_the_cpu_reference > "$OUT/san_${tool}_procs.log" 2>&1; sanitized "$OUT/san_${tool}_procs.log" "${tool}_procs"; tail -3 "$OUT/san_${tool}_procs.log"
+        mps_stop; }
       done ;;
     sanitizer)
       log memcheck

@@ -846,7 +846,7 @@ impl Communicator {
             let n = sub.programs.len();
             // For launches on the group's stream (which frees the tables after them); complete
             // when it returns.
-            per_group.push(engine.upload_on(&sub, 0..n, &g.stream)?);
+            per_group.push(engine.upload(&sub, 0..n, &g.stream)?);
         }
         Ok(Uploaded { lowered, per_group })
     }

@@ -362,39 +362,23 @@ impl Drop for StatusRecord {
     }
 }
 
-/// A program's table on its device: memory of its own (`cuMemAlloc`, [`Engine::upload`]), or an
-/// allocation of the engine's table pool ([`Engine::upload_on`]), freed in the order of the stream
-/// its launches run on when dropped.
-enum Table {
-    Owned(DeviceAlloc),
-    /// `_pool` outlives its allocations: freeing a table of a pool destroyed before it faults in
-    /// the driver.
-    Pooled {
-        ptr: sys::CUdeviceptr,
-        stream: Arc<CudaStream>,
-        _pool: Arc<Uploads>,
-    },
-}
-
-impl Table {
-    fn ptr(&self) -> u64 {
-        match self {
-            Table::Owned(a) => a.ptr(),
-            Table::Pooled { ptr, .. } => *ptr,
-        }
-    }
+/// A program's table on its device: an allocation of the engine's table pool ([`Engine::upload`]),
+/// freed in the order of the stream its launches run on when dropped.
+struct Table {
+    ptr: sys::CUdeviceptr,
+    stream: Arc<CudaStream>,
+    /// Outlives its allocations: freeing a table of a pool destroyed before it faults in the driver.
+    _pool: Arc<Uploads>,
 }
 
 impl Drop for Table {
     fn drop(&mut self) {
-        if let Table::Pooled { ptr, stream, .. } = self {
-            // After the launches queued on the stream, which may still read it. Errors cannot be
-            // reported from drop: a failed free leaves the memory to the pool's destruction.
-            if make_current(stream.context()).is_ok() {
-                // SAFETY: an allocation of the table pool, freed once, in the order of the only
-                // stream its launches are queued on.
-                let _ = unsafe { sys::cuMemFreeAsync(*ptr, stream.cu_stream()) };
-            }
+        // After the launches queued on the stream, which may still read it. Errors cannot be
+        // reported from drop: a failed free leaves the memory to the pool's destruction.
+        if make_current(self.stream.context()).is_ok() {
+            // SAFETY: an allocation of the table pool, freed once, in the order of the only stream
+            // its launches are queued on.
+            let _ = unsafe { sys::cuMemFreeAsync(self.ptr, self.stream.cu_stream()) };
         }
     }
 }
@@ -488,7 +472,7 @@ impl Uploads {
             .result()
             .map_err(Error::driver("cuMemAllocFromPoolAsync"))?;
         // Freed from here on, also if a copy fails.
-        let table = Table::Pooled { ptr, stream: stream.clone(), _pool: self.clone() };
+        let table = Table { ptr, stream: stream.clone(), _pool: self.clone() };
         for (i, piece) in data.chunks(STAGING_BYTES).enumerate() {
             // SAFETY: the staging holds `STAGING_BYTES >= piece.len()` bytes, written only under its
             // mutex, and no copy from it is in flight (each is waited for below).
@@ -530,8 +514,8 @@ impl Drop for Uploads {
 pub struct DeviceProgram {
     programs: Table,
     tasks: Table,
-    /// The stream an [`Engine::upload_on`] ordered the tables on: the only one it launches on.
-    stream: Option<Arc<CudaStream>>,
+    /// The stream [`Engine::upload`] ordered the tables on: the only one it launches on.
+    stream: Arc<CudaStream>,
     /// CTAs of the launch (programs).
     pub ctas: u32,
     /// Shared-memory slots per stage the TMA mover needs.
@@ -805,7 +789,7 @@ pub struct Engine {
     /// How the collective kernels are queued: early, unless `OXCCL_DEBUG` names `serial-launches`
     /// (read once here, not per launch).
     start: Start,
-    /// Where [`Engine::upload_on`] copies tables (held by them too).
+    /// Where [`Engine::upload`] copies tables (held by them too).
     uploads: Arc<Uploads>,
 }
 
@@ -923,32 +907,15 @@ impl Engine {
         })
     }
 
-    /// Uploads the programs `range` of `l` (one launch's CTAs) and all its tasks.
+    /// Uploads the programs `range` of `l` (one launch's CTAs) and all its tasks, for launches on
+    /// `stream` (of this engine's context).
     ///
     /// The program's structure is checked first (task ranges, rank and CTA indices, descriptors,
-    /// range arithmetic): the device indexes its tables by them.
-    pub fn upload(&self, l: &Lowered, range: std::ops::Range<usize>) -> Result<DeviceProgram> {
-        oxccl_host::lowered::validate_structure(l)?;
-        let programs = l.programs.get(range.clone()).ok_or(Error::Config {
-            field: "programs",
-            why: format!("range {range:?} outside the {} programs", l.programs.len()),
-        })?;
-        Ok(DeviceProgram {
-            programs: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(programs))?),
-            tasks: Table::Owned(DeviceAlloc::from_bytes(&self.ctx, bytemuck::cast_slice(&l.tasks))?),
-            stream: None,
-            ctas: programs.len() as u32,
-            slots: l.slots,
-            combines: l.combines,
-            max_task_bytes: l.tasks.iter().map(|t| t.bytes).max().unwrap_or(0),
-        })
-    }
-
-    /// [`Engine::upload`] for launches on `stream` (of this engine's context): the tables are copied
-    /// on a stream of the engine's that waits for nothing (so the host waits for no queued call,
-    /// not even `stream`'s) and are complete when this returns. [`Engine::launch`] launches the
-    /// program on `stream` only; its tables are freed in `stream`'s order when it is dropped.
-    pub fn upload_on(
+    /// range arithmetic): the device indexes its tables by them. The tables are copied on a stream
+    /// of the engine's that waits for nothing (so the host waits for no queued call, not even
+    /// `stream`'s) and are complete when this returns. [`Engine::launch`] launches the program on
+    /// `stream` only; its tables are freed in `stream`'s order when it is dropped.
+    pub fn upload(
         &self,
         l: &Lowered,
         range: std::ops::Range<usize>,
@@ -963,7 +930,7 @@ impl Engine {
         Ok(DeviceProgram {
             programs: self.uploads.table(bytemuck::cast_slice(programs), stream)?,
             tasks: self.uploads.table(bytemuck::cast_slice(&l.tasks), stream)?,
-            stream: Some(stream.clone()),
+            stream: stream.clone(),
             ctas: programs.len() as u32,
             slots: l.slots,
             combines: l.combines,
@@ -1069,7 +1036,7 @@ impl Engine {
         Ok(n)
     }
 
-    /// Launches `prog` on `stream` (a program from [`Engine::upload_on`] only on the stream it was
+    /// Launches `prog` on `stream` (a program from [`Engine::upload`] only on the stream it was
     /// uploaded on, else a `stream` configuration error).
     ///
     /// # Safety
@@ -1077,8 +1044,7 @@ impl Engine {
     /// touch, alive until the launch completes; `status` addresses a writable [`Status`] (a
     /// [`StatusRecord`]'s, or device memory) that stays valid until the launch completes; the ranks the
     /// program's barriers name are launched too (or their waits time out); `prog` is dropped only
-    /// after the launch is queued (the tables of [`Engine::upload`] wait for the context's work
-    /// when dropped, those of `upload_on` are freed in their stream's order).
+    /// after the launch is queued (its tables are freed in their stream's order).
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -1115,12 +1081,10 @@ impl Engine {
         let latency = spec.for_latency(prog.max_task_bytes);
         let spec = latency.as_ref().unwrap_or(spec);
         self.check(spec, prog.ctas, prog.slots)?;
-        if let Some(home) = &prog.stream
-            && home.cu_stream() != stream.cu_stream()
-        {
+        if prog.stream.cu_stream() != stream.cu_stream() {
             return Err(Error::Config {
                 field: "stream",
-                why: "the program's tables were uploaded in another stream's order (Engine::upload_on)".into(),
+                why: "the program's tables were uploaded in another stream's order (Engine::upload)".into(),
             });
         }
         if spec.mover == Mover::Tma && prog.max_task_bytes.div_ceil(spec.chunk_bytes.max(1) as u64) > u32::MAX as u64 {
@@ -1137,8 +1101,8 @@ impl Engine {
         }
         let f = self.function(spec.mover, spec.dtype, spec.op)?;
         let args = Args(LaunchArgs {
-            programs: prog.programs.ptr(),
-            tasks: prog.tasks.ptr(),
+            programs: prog.programs.ptr,
+            tasks: prog.tasks.ptr,
             status,
             timeout_ns: spec.timeout_ns,
             chunk_bytes: spec.chunk_bytes,

@@ -168,7 +168,7 @@ fn run_on(
     let d_dst = stream.clone_htod(&dst0).unwrap();
 
     let l = lowered(c);
-    let prog = engine.upload(&l, 0..l.programs.len()).unwrap();
+    let prog = engine.upload(&l, 0..l.programs.len(), stream).unwrap();
     let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
     for (k, s) in d_srcs.iter().enumerate() {
         buffers[k][slot::INPUT as usize] = addr(stream, s);
@@ -405,7 +405,7 @@ fn reduce_after_writes_orders_dependent_tasks() {
             slots: if issuers > 1 { 1 } else { 2 },
             combines: issuers == 1,
         };
-        let prog = engine.upload(&l, 0..1).unwrap();
+        let prog = engine.upload(&l, 0..1, &stream).unwrap();
         let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
         buffers[0][0] = da.device_ptr(&stream).0;
         buffers[1][0] = db.device_ptr(&stream).0;
@@ -502,7 +502,7 @@ fn launch_rank0_barrier_only(
         slots: 1,
         combines: false,
     };
-    let prog = engine.upload(&l, 0..1).unwrap();
+    let prog = engine.upload(&l, 0..1, stream).unwrap();
     let mut own = vec![0u8; workspace_bytes];
     for &(at, v) in writes {
         own[at..][..8].copy_from_slice(&v.to_le_bytes());
@@ -561,7 +561,7 @@ fn launch_from_host_memory(engine: &Engine, stream: &Arc<CudaStream>, c: &Case, 
         .collect();
     let d_dst = stream.alloc_zeros::<u8>(c.bytes as usize).unwrap();
     let l = lowered(c);
-    let prog = engine.upload(&l, 0..l.programs.len()).unwrap();
+    let prog = engine.upload(&l, 0..l.programs.len(), stream).unwrap();
     let mut buffers = [[0u64; BUFFER_SLOTS]; MAX_RANKS];
     for (k, s) in srcs.iter().enumerate() {
         let mut dptr: sys::CUdeviceptr = 0;

@@ -543,7 +543,7 @@ impl MoverBench {
         let cfg = &self.cfg;
         let piece = cfg.split.piece(cfg.bytes, ctas);
         let l = sweep_program(op, cfg.bytes, ctas, piece);
-        let prog = self.engine.upload(&l, 0..l.programs.len())?;
+        let prog = self.engine.upload(&l, 0..l.programs.len(), &self.stream)?;
         let (chunk, stages) = sweep_pipeline(&self.engine, cfg, op, l.slots);
         let threads = match (mover, op) {
             (Mover::Simt, _) => cfg.simt_threads,
