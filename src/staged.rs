@@ -67,12 +67,16 @@ pub(crate) struct Nodes {
     pub timeout: std::time::Duration,
 }
 
-/// `op` where a staged call takes it: an average over nodes needs the complete sum before its one
-/// division (integers divided per node would lose the remainders), not staged yet.
-fn staged_op(op: ReduceOp) -> Result<()> {
-    if op == ReduceOp::Avg {
+/// `op` on `dtype` where a staged call takes it. Avg averages each node's ranks on the node side,
+/// then the nodes' averages on the inter-node side: (1/nodes)·Σ (1/per node)·Σ, the average up to
+/// rounding for floats. Integers would lose each node's remainder: refused.
+fn staged_op(op: ReduceOp, dtype: crate::DType) -> Result<()> {
+    if op == ReduceOp::Avg && !dtype.is_float() {
         return Err(Error::Unsupported {
-            what: "ReduceOp::Avg across nodes (Sum, then divide by the world size)".into(),
+            what: format!(
+                "ReduceOp::Avg of {} across nodes (an average of per-node averages: integers would lose the remainders; Sum, then divide)",
+                dtype.nccl_name()
+            ),
         });
     }
     Ok(())
@@ -243,7 +247,7 @@ impl Nodes {
         recv: sys::CUdeviceptr,
         op: ReduceOp,
     ) -> Result<()> {
-        staged_op(op)?;
+        staged_op(op, T::DTYPE)?;
         let g = self.map.per_node() as u64;
         let me = self.rank as u32;
         let local = self.map.local(me) as u64;
@@ -436,7 +440,7 @@ impl Nodes {
     /// queued, so that a group refused across nodes queues nothing.
     pub(crate) fn plan_call(&self, call: &GroupCall) -> Result<PlannedCall> {
         let (count, me) = (call.member.count, self.rank as u32);
-        staged_op(call.op)?;
+        staged_op(call.op, call.dtype)?;
         // `align` is the size of the element (or unit) the call moves.
         let piece = (self.piece_bytes / call.align as u64).max(1);
         let staged = match call.member.collective {

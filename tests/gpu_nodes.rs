@@ -95,6 +95,14 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                         stream.memcpy_htod(&inputs[case][r][..m], &mut all_in.slice_mut(r * m..(r + 1) * m)).unwrap();
                         let mut got_in = stream.clone_htod(&inputs[case][r]).unwrap();
                         let mut sum_in = stream.clone_htod(&inputs[case][r]).unwrap();
+                        // Avg on f32 multiples of 8: the node side's division by 4 and the inter-node
+                        // side's by 2 are exact, so the average of averages equals the average.
+                        let eights = |v: &[i32]| v.iter().map(|&x| (8 * x) as f32).collect::<Vec<f32>>();
+                        let favg = stream.clone_htod(&eights(&inputs[case][r])).unwrap();
+                        let mut favg_in = stream.clone_htod(&eights(&inputs[case][r])).unwrap();
+                        let gathered: Vec<i32> =
+                            (0..world).flat_map(|q| inputs[case][q][..m].iter().copied()).collect();
+                        let fall = stream.clone_htod(&eights(&gathered)).unwrap();
                         at(case, "all_reduce");
                         let mut recv = stream.alloc_zeros::<i32>(n).unwrap();
                         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(said)?;
@@ -103,6 +111,25 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                         let want: Vec<i32> = (0..n).map(|i| (0..world).map(|q| inputs[case][q][i]).sum()).collect();
                         let (a, b) = (stream.clone_dtoh(&recv).unwrap(), stream.clone_dtoh(&buf).unwrap());
                         out.push((n, a == want && b == want));
+                        at(case, "all_reduce, reduce_scatter, reduce (Avg)");
+                        let mut frecv = stream.alloc_zeros::<f32>(n).unwrap();
+                        let mut fblock = stream.alloc_zeros::<f32>(m).unwrap();
+                        let mut fsum = stream.alloc_zeros::<f32>(n).unwrap();
+                        comm.all_reduce(&favg, &mut frecv, ReduceOp::Avg).map_err(said)?;
+                        comm.all_reduce_in_place(&mut favg_in, ReduceOp::Avg).map_err(said)?;
+                        comm.reduce_scatter(&fall, &mut fblock, ReduceOp::Avg).map_err(said)?;
+                        comm.reduce(&favg, if r == root { Some(&mut fsum) } else { None }, ReduceOp::Avg, root)
+                            .map_err(said)?;
+                        comm.synchronize().map_err(said)?;
+                        let fwant: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+                        let (fa, fb) = (stream.clone_dtoh(&frecv).unwrap(), stream.clone_dtoh(&favg_in).unwrap());
+                        out.push((n, fa == fwant && fb == fwant));
+                        // Every rank sends the same gathered buffer: block r's average is block r.
+                        let fblock_want = eights(&gathered[r * m..(r + 1) * m]);
+                        out.push((m, stream.clone_dtoh(&fblock).unwrap() == fblock_want));
+                        if r == root {
+                            out.push((n, stream.clone_dtoh(&fsum).unwrap() == fwant));
+                        }
                         // AllGather (out of place and in place) and Broadcast from a rank that moves with
                         // the case.
                         at(case, "all_gather, broadcast");
@@ -113,8 +140,6 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                         comm.broadcast(if r == root { Some(&send) } else { None }, &mut got, root).map_err(said)?;
                         comm.broadcast_in_place(&mut got_in, (root + 3) % world).map_err(said)?;
                         comm.synchronize().map_err(said)?;
-                        let gathered: Vec<i32> =
-                            (0..world).flat_map(|q| inputs[case][q][..m].iter().copied()).collect();
                         let (c, d) = (stream.clone_dtoh(&all).unwrap(), stream.clone_dtoh(&all_in).unwrap());
                         let (f, h) = (stream.clone_dtoh(&got).unwrap(), stream.clone_dtoh(&got_in).unwrap());
                         out.push((m, c == gathered && d == gathered));
@@ -143,6 +168,12 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
                     // What does not run across nodes yet is refused by name.
                     let e = comm.prepare::<i32>(oxccl::Collective::AllReduce, 8, ReduceOp::Sum, true).unwrap_err();
                     assert!(e.to_string().contains("across 2 nodes"), "{e}");
+                    // An integer average of per-node averages would lose the remainders: refused on
+                    // every rank before anything is queued.
+                    let (ints, mut out_ints) =
+                        (stream.clone_htod(&[1i32; 8]).unwrap(), stream.alloc_zeros::<i32>(8).unwrap());
+                    let e = comm.all_reduce(&ints, &mut out_ints, ReduceOp::Avg).unwrap_err();
+                    assert!(matches!(e, oxccl::Error::Unsupported { .. }) && e.to_string().contains("int32"), "{e}");
                     Ok(out)
                 })
                 .unwrap()
@@ -152,11 +183,13 @@ fn staged_collectives_on_virtual_nodes_match_the_cpu() {
     for (r, h) in handles.into_iter().enumerate() {
         let got = h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {r}: {e}"));
         for (n, ok) in got {
-            assert!(ok, "rank {r}: a staged call on {n} i32 differs from the CPU reference (seed {seed})");
+            assert!(ok, "rank {r}: a staged call on {n} elements differs from the CPU reference (seed {seed})");
             cases += 1;
         }
     }
-    println!("{cases} rank-cases of the five staged collectives (2 nodes x 4, pieces of 4 KiB) exact (seed {seed})");
+    println!(
+        "{cases} rank-cases of the five staged collectives and the f32 averages (2 nodes x 4, pieces of 4 KiB) exact (seed {seed})"
+    );
 }
 
 /// NCCL loaded at run time (`OXCCL_NCCL`, or the loader's path) and driven through the binding: a
