@@ -693,7 +693,9 @@ impl Staged {
     /// the communicator runs them: `recv` (one vector per rank, of the collective's output length)
     /// is what the device's receive buffers become. `send` `None` runs in place: every input is
     /// read from `recv` (a ReduceScatter's whole input, an AllGather's block `rank`), a root's data
-    /// too, and a ReduceScatter's result lands in block `rank` of `recv`.
+    /// too, and a ReduceScatter's result lands in block `rank` of `recv`. Avg averages on each side
+    /// as the steps do: each reducing step divides its results by its group's size (the node's
+    /// ranks, then the nodes), so the result is an average of per-node averages.
     pub fn run_cpu<T: Element>(
         &self,
         map: &NodeMap,
@@ -710,6 +712,10 @@ impl Staged {
         // Rank `r`'s input at `at`: its send vector, or in place its receive vector.
         let input = |recv: &[Vec<T>], r: usize, at: u64, len: u64| part(send.map_or(&recv[r], |s| &s[r]), at, len);
         let (g, nodes) = (map.per_node(), map.nodes());
+        // A reducing step's result over `n` contributions (Avg's division, per side).
+        let avg = |v: Vec<T>, n: u32| -> Vec<T> {
+            if op == ReduceOp::Avg { v.into_iter().map(|x| x.average(n)).collect() } else { v }
+        };
         let mut scratch = vec![vec![T::default(); self.scratch as usize]; world];
         for step in &self.steps {
             match step.kind {
@@ -719,7 +725,7 @@ impl Staged {
                         let ins: Vec<Vec<T>> =
                             group.iter().map(|&r| input(recv, r as usize, at, g as u64 * len)).collect();
                         for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
-                            put(&mut recv[group[l] as usize], at + l as u64 * len, &out);
+                            put(&mut recv[group[l] as usize], at + l as u64 * len, &avg(out, g));
                         }
                     }
                 }
@@ -730,7 +736,7 @@ impl Staged {
                         let ins: Vec<Vec<T>> = group.iter().map(|&r| part(&recv[r as usize], from, len)).collect();
                         let out = reference::all_reduce(&ins, op)?;
                         for (&r, o) in group.iter().zip(out) {
-                            put(&mut recv[r as usize], from, &o);
+                            put(&mut recv[r as usize], from, &avg(o, nodes));
                         }
                     }
                 }
@@ -750,7 +756,7 @@ impl Staged {
                         let group = map.node_ranks(k);
                         let ins: Vec<Vec<T>> = group.iter().map(|&r| input(recv, r as usize, at, len)).collect();
                         for (&r, o) in group.iter().zip(reference::all_reduce(&ins, op)?) {
-                            put(&mut recv[r as usize], at, &o);
+                            put(&mut recv[r as usize], at, &avg(o, g));
                         }
                     }
                 }
@@ -782,7 +788,7 @@ impl Staged {
                         let ins: Vec<Vec<T>> =
                             group.iter().map(|&r| input(recv, r as usize, base, g as u64 * len)).collect();
                         for (l, out) in reference::reduce_scatter(&ins, op)?.into_iter().enumerate() {
-                            put(&mut scratch[group[l] as usize], scratch_at, &out);
+                            put(&mut scratch[group[l] as usize], scratch_at, &avg(out, g));
                         }
                     }
                 }
@@ -791,7 +797,7 @@ impl Staged {
                         let group = map.node_ranks(k);
                         let ins: Vec<Vec<T>> = group.iter().map(|&r| input(recv, r as usize, at, len)).collect();
                         let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
-                        put(&mut scratch[group[root_local as usize] as usize], scratch_at, &sum);
+                        put(&mut scratch[group[root_local as usize] as usize], scratch_at, &avg(sum, g));
                     }
                 }
                 Kind::InterReduce { len, scratch_at, root_node, into, scatter } => {
@@ -799,7 +805,7 @@ impl Staged {
                         let group = map.local_ranks(l);
                         let ins: Vec<Vec<T>> =
                             group.iter().map(|&r| part(&scratch[r as usize], scratch_at, len)).collect();
-                        let sum = reference::all_reduce(&ins, op)?.swap_remove(0);
+                        let sum = avg(reference::all_reduce(&ins, op)?.swap_remove(0), nodes);
                         let root = map.rank(root_node, l);
                         // In place, a ReduceScatter's result is block `rank` of the buffer.
                         let into = if scatter && send.is_none() { root as u64 * len } else { into };

@@ -314,3 +314,71 @@ fn bytes_per_link_match_the_simulated_hier_programs() {
         }
     }
 }
+
+/// Avg across nodes averages each node's ranks, then the nodes' averages: on every staged reducing
+/// collective (AllReduce in pieces, ReduceScatter, Reduce onto every root; out of place and in
+/// place) that is the flat average of the world, within f64 rounding (exact where `1/g` and
+/// `1/nodes` are, as for powers of two).
+#[test]
+fn staged_averages_are_the_world_average() {
+    let mut rng = Rng::new(53);
+    let mut checked = 0;
+    for (nodes, g) in SHAPES {
+        let world = nodes * g;
+        let map = NodeMap::by_count(world, g).unwrap();
+        let exact = nodes.is_power_of_two() && g.is_power_of_two();
+        let inputs = |rng: &mut Rng, len: usize| -> Vec<Vec<f64>> {
+            inputs(rng, world, len)
+                .into_iter()
+                .map(|v| v.into_iter().map(|x| (x * world as i32) as f64).collect())
+                .collect()
+        };
+        let mean = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| x / world as f64).collect() };
+        let close = |got: &[f64], want: &[f64], what: &str| {
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                let ok = if exact { a == b } else { (a - b).abs() <= 1e-12 * b.abs().max(1.0) };
+                assert!(ok, "{what} on {nodes}x{g}: element {i} is {a}, the average {b}");
+            }
+        };
+        let (count, piece) = (1 + rng.below(120) as u64, 1 + rng.below(40) as u64);
+        let staged = Staged::all_reduce(&map, count, piece);
+        let send = inputs(&mut rng, count as usize);
+        let want = mean(reference::all_reduce(&send, ReduceOp::Sum).unwrap().swap_remove(0));
+        let mut recv = vec![vec![-99.0; count as usize]; world];
+        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
+        let mut buf = send.clone();
+        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        for r in 0..world {
+            close(&recv[r], &want, "AllReduce");
+            close(&buf[r], &want, "AllReduce in place");
+            checked += 2;
+        }
+        let c = rng.below(20) as usize;
+        let staged = Staged::reduce_scatter(&map, c as u64).unwrap();
+        let send = inputs(&mut rng, world * c);
+        let want: Vec<Vec<f64>> =
+            reference::reduce_scatter(&send, ReduceOp::Sum).unwrap().into_iter().map(mean).collect();
+        let mut recv = vec![vec![-99.0; c]; world];
+        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
+        let mut buf = send.clone();
+        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        for r in 0..world {
+            close(&recv[r], &want[r], "ReduceScatter");
+            close(&buf[r][r * c..(r + 1) * c], &want[r], "ReduceScatter in place");
+            checked += 2;
+        }
+        let root = rng.below(world as u32);
+        let staged = Staged::reduce(&map, count, root, piece);
+        let send = inputs(&mut rng, count as usize);
+        let want = mean(reference::all_reduce(&send, ReduceOp::Sum).unwrap().swap_remove(0));
+        let mut recv = vec![vec![-99.0; count as usize]; world];
+        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
+        let mut buf = send.clone();
+        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        close(&recv[root as usize], &want, "Reduce");
+        close(&buf[root as usize], &want, "Reduce in place");
+        checked += 2;
+    }
+    assert!(checked > 500, "{checked}");
+}

@@ -46,9 +46,13 @@ pub(crate) fn check_op(op: ReduceOp) -> Result<(), ExecError> {
 
 /// An element type the executor and references handle.
 pub trait Element: Copy + PartialEq + fmt::Debug + Default + 'static {
-    /// `self ⊕ other` (Avg combines as Sum: its division is not a step of these executors, which
-    /// refuse it).
+    /// `self ⊕ other` (Avg combines as Sum; [`Element::average`] is its division, which the
+    /// program executors refuse and the staged plans' `run_cpu` applies).
     fn reduce(self, other: Self, op: ReduceOp) -> Self;
+    /// A sum of `n` contributions made their average as the engine's Avg makes it: floats
+    /// multiplied by the nearest `1/n` (halves through f32), integers divided truncating toward
+    /// zero.
+    fn average(self, n: u32) -> Self;
     /// A small integer in this type (exact for |v| ≤ 256 in every type here: bf16 holds 8
     /// significant bits).
     fn from_small(v: i32) -> Self;
@@ -68,6 +72,9 @@ macro_rules! element_float {
             fn from_small(v: i32) -> Self {
                 v as $t
             }
+            fn average(self, n: u32) -> Self {
+                self * (1.0 / n as $t)
+            }
         }
     };
 }
@@ -84,6 +91,9 @@ macro_rules! element_int {
             }
             fn from_small(v: i32) -> Self {
                 v as $t
+            }
+            fn average(self, n: u32) -> Self {
+                self.wrapping_div(n as $t)
             }
         }
     };
@@ -110,6 +120,9 @@ macro_rules! element_half {
             }
             fn from_small(v: i32) -> Self {
                 <$t>::from_f64(v as f64)
+            }
+            fn average(self, n: u32) -> Self {
+                <$t>::from_f32(self.to_f32() * (1.0 / n as f32))
             }
         }
     };
