@@ -341,41 +341,37 @@ fn staged_averages_are_the_world_average() {
                 assert!(ok, "{what} on {nodes}x{g}: element {i} is {a}, the average {b}");
             }
         };
+        // Out of place into `len` elements per rank, and in place.
+        let run = |staged: &Staged, send: &[Vec<f64>], len: usize| {
+            let mut recv = vec![vec![-99.0; len]; world];
+            staged.run_cpu(&map, Some(send), &mut recv, ReduceOp::Avg).unwrap();
+            let mut buf = send.to_vec();
+            staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+            (recv, buf)
+        };
         let (count, piece) = (1 + rng.below(120) as u64, 1 + rng.below(40) as u64);
-        let staged = Staged::all_reduce(&map, count, piece);
         let send = inputs(&mut rng, count as usize);
         let want = mean(reference::all_reduce(&send, ReduceOp::Sum).unwrap().swap_remove(0));
-        let mut recv = vec![vec![-99.0; count as usize]; world];
-        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
-        let mut buf = send.clone();
-        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        let (recv, buf) = run(&Staged::all_reduce(&map, count, piece), &send, count as usize);
         for r in 0..world {
             close(&recv[r], &want, "AllReduce");
             close(&buf[r], &want, "AllReduce in place");
             checked += 2;
         }
         let c = rng.below(20) as usize;
-        let staged = Staged::reduce_scatter(&map, c as u64).unwrap();
         let send = inputs(&mut rng, world * c);
         let want: Vec<Vec<f64>> =
             reference::reduce_scatter(&send, ReduceOp::Sum).unwrap().into_iter().map(mean).collect();
-        let mut recv = vec![vec![-99.0; c]; world];
-        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
-        let mut buf = send.clone();
-        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        let (recv, buf) = run(&Staged::reduce_scatter(&map, c as u64).unwrap(), &send, c);
         for r in 0..world {
             close(&recv[r], &want[r], "ReduceScatter");
             close(&buf[r][r * c..(r + 1) * c], &want[r], "ReduceScatter in place");
             checked += 2;
         }
         let root = rng.below(world as u32);
-        let staged = Staged::reduce(&map, count, root, piece);
         let send = inputs(&mut rng, count as usize);
         let want = mean(reference::all_reduce(&send, ReduceOp::Sum).unwrap().swap_remove(0));
-        let mut recv = vec![vec![-99.0; count as usize]; world];
-        staged.run_cpu(&map, Some(&send), &mut recv, ReduceOp::Avg).unwrap();
-        let mut buf = send.clone();
-        staged.run_cpu(&map, None, &mut buf, ReduceOp::Avg).unwrap();
+        let (recv, buf) = run(&Staged::reduce(&map, count, root, piece), &send, count as usize);
         close(&recv[root as usize], &want, "Reduce");
         close(&buf[root as usize], &want, "Reduce in place");
         checked += 2;
