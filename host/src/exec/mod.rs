@@ -15,6 +15,7 @@ pub mod reference;
 use crate::compile::memory::{self, TooLarge};
 use crate::compile::{ConnId, Plan, Prim, TbCursor, TbId, TbTask};
 use crate::program::{BufferLayout, OpId, Rank, Slice};
+use oxccl_kernels::abi::DType;
 use std::collections::VecDeque;
 use std::fmt;
 
@@ -45,22 +46,28 @@ pub(crate) fn check_op(op: ReduceOp) -> Result<(), ExecError> {
 }
 
 /// An element type the executor and references handle.
-pub trait Element: Copy + PartialEq + fmt::Debug + Default + 'static {
+pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Default + 'static {
+    /// The engine's name for the type.
+    const DTYPE: DType;
     /// `self ⊕ other` (Avg combines as Sum; [`Element::average`] is its division, which the
     /// program executors refuse and the staged plans' `run_cpu` applies).
     fn reduce(self, other: Self, op: ReduceOp) -> Self;
-    /// A sum of `n` contributions made their average as the engine's Avg makes it: floats
-    /// multiplied by the nearest `1/n` (halves through f32), integers divided truncating toward
-    /// zero.
-    fn average(self, n: u32) -> Self;
+    /// A sum of `n` contributions made their average as the engine's Avg makes it
+    /// ([`crate::lowered::finish_into`]).
+    fn average(self, n: u32) -> Self {
+        let mut v = self;
+        crate::lowered::finish_into(Self::DTYPE, ReduceOp::Avg, bytemuck::bytes_of_mut(&mut v), n);
+        v
+    }
     /// A small integer in this type (exact for |v| ≤ 256 in every type here: bf16 holds 8
     /// significant bits).
     fn from_small(v: i32) -> Self;
 }
 
 macro_rules! element_float {
-    ($t:ty) => {
+    ($t:ty, $d:ident) => {
         impl Element for $t {
+            const DTYPE: DType = DType::$d;
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => self + o,
@@ -72,15 +79,13 @@ macro_rules! element_float {
             fn from_small(v: i32) -> Self {
                 v as $t
             }
-            fn average(self, n: u32) -> Self {
-                self * (1.0 / n as $t)
-            }
         }
     };
 }
 macro_rules! element_int {
-    ($t:ty) => {
+    ($t:ty, $d:ident) => {
         impl Element for $t {
+            const DTYPE: DType = DType::$d;
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => self.wrapping_add(o),
@@ -92,22 +97,20 @@ macro_rules! element_int {
             fn from_small(v: i32) -> Self {
                 v as $t
             }
-            fn average(self, n: u32) -> Self {
-                self.wrapping_div(n as $t)
-            }
         }
     };
 }
-element_float!(f32);
-element_float!(f64);
+element_float!(f32, F32);
+element_float!(f64, F64);
 
 /// The half-precision types reduce as the device does (`crate::lowered::combine_into`): the exact
 /// result rounded once to nearest even (a sum of two halves computed in f64 rounds to the same
 /// half as the exact sum: 53 bits are at least twice a half's 11 or 8, plus 2; a product is
 /// exact in f64); min/max return the non-NaN operand.
 macro_rules! element_half {
-    ($t:ty) => {
+    ($t:ty, $d:ident) => {
         impl Element for $t {
+            const DTYPE: DType = DType::$d;
             fn reduce(self, o: Self, op: ReduceOp) -> Self {
                 let (a, b) = (self.to_f64(), o.to_f64());
                 <$t>::from_f64(match op {
@@ -121,18 +124,15 @@ macro_rules! element_half {
             fn from_small(v: i32) -> Self {
                 <$t>::from_f64(v as f64)
             }
-            fn average(self, n: u32) -> Self {
-                <$t>::from_f32(self.to_f32() * (1.0 / n as f32))
-            }
         }
     };
 }
-element_half!(half::f16);
-element_half!(half::bf16);
-element_int!(i32);
-element_int!(i64);
-element_int!(u32);
-element_int!(u64);
+element_half!(half::f16, F16);
+element_half!(half::bf16, Bf16);
+element_int!(i32, I32);
+element_int!(i64, I64);
+element_int!(u32, U32);
+element_int!(u64, U64);
 
 /// Executor options.
 #[derive(Copy, Clone, Debug)]
