@@ -83,11 +83,7 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
         if ctx.issuer && peers != 0 {
             seq = start_barrier(ctx, peers);
         }
-        // The issuer's warp meets each CTA barrier below converged (its other lanes wait here for
-        // it), as compute-sanitizer's synccheck requires ("Divergent thread(s) in block" without).
-        if ctx.tid < 32 {
-            bar_warp_sync(u32::MAX);
-        }
+        converge_issuer_warp(ctx);
         if peers != 0 && !ctx.sync_aborted() {
             read_announcements(ctx, peers);
         }
@@ -103,9 +99,7 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
                 mark(ctx, 1);
             }
         }
-        if ctx.tid < 32 {
-            bar_warp_sync(u32::MAX);
-        }
+        converge_issuer_warp(ctx);
         // Every CTA of every rank this launch meets is resident (each has arrived): the next
         // launch on this rank's stream may now be scheduled, to wait at its entry for this one's
         // end, so that its launch and set-up overlap this call. Earlier, its CTAs could take the
@@ -135,6 +129,7 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
         if peers != 0 {
             ctx.fence_peers();
         }
+        converge_issuing_warps::<MOVER>();
         bar_sync_all();
         if timed(ctx) {
             mark(ctx, 3);
@@ -151,10 +146,37 @@ pub unsafe fn run<const MOVER: u8, C: Combine>(
         if timed(ctx) {
             add_phase_times(ctx);
         }
-        if ctx.tid < 32 {
-            bar_warp_sync(u32::MAX);
-        }
+        converge_issuer_warp(ctx);
         bar_sync_all();
+    }
+}
+
+/// Brings the issuer's warp together before a CTA barrier that follows code the issuer ran alone
+/// (the start and end barriers, buffer resolution): its other lanes wait here for it, as
+/// compute-sanitizer's synccheck requires ("Divergent thread(s) in block" without).
+///
+/// # Safety
+/// Every thread of the CTA calls it.
+#[inline(always)]
+unsafe fn converge_issuer_warp(ctx: &Ctx) {
+    if ctx.tid < 32 {
+        // SAFETY: every lane of warp 0 arrives (caller's contract).
+        unsafe { bar_warp_sync(u32::MAX) }
+    }
+}
+
+/// Brings each warp of a TMA kernel together before a CTA barrier that follows code its issuers
+/// ran alone (the issue loops, the bulk-group waits): compute-sanitizer's synccheck reports a warp
+/// that reaches a CTA barrier diverged ("Divergent thread(s) in block"). The other movers run the
+/// same code in every thread there, and a warp barrier would only cost them time.
+///
+/// # Safety
+/// Every thread of the CTA (whole warps) calls it.
+#[inline(always)]
+unsafe fn converge_issuing_warps<const MOVER: u8>() {
+    if MOVER == Mover::Tma as u8 {
+        // SAFETY: every lane of every warp arrives (caller's contract).
+        unsafe { bar_warp_sync(u32::MAX) }
     }
 }
 
@@ -262,6 +284,7 @@ unsafe fn execute<const MOVER: u8, C: Combine>(
                 }
                 fence_proxy_async_global();
             }
+            converge_issuing_warps::<MOVER>();
             bar_sync_all();
         }
         let ops = Operands {
@@ -303,6 +326,7 @@ unsafe fn execute<const MOVER: u8, C: Combine>(
         }
         // The issuer pipelines copies and bulk reductions alone and may have given up a wait: the CTA
         // decides at a barrier, so all threads leave the task loop together.
+        converge_issuing_warps::<MOVER>();
         !ctx.sync_aborted()
     }
 }
