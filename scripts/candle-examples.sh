@@ -34,10 +34,12 @@ rustup toolchain list | grep -q '^stable' || rustup toolchain install stable --p
 # cudarc's bindings for CUDA 13.0 (it has none for the wheel's 13.x); candle's kernels for sm_90.
 export CUDA_HOME="$site" PATH="$site/bin:$PATH" CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000
 export NVCC_PREPEND_FLAGS="-isystem $cache/cccl/nvidia/cu13/include/cccl"
-# OXCCL_CANDLE_QUICK_KERNELS=1 (CI): candle's kernels built at NVVM's and ptxas's -O1 (-O0 fails on some),
-# in about half the time. For builds that are only checked: such kernels are slow where they run.
-if [ -n "${OXCCL_CANDLE_QUICK_KERNELS:-}" ]; then
+# OXCCL_CANDLE_QUICK=1 (CI, where the binaries are only checked, never run): candle's kernels built
+# at NVVM's and ptxas's -O1 (-O0 fails on some), in about half the time, and the Rust code
+# unoptimized. Such binaries are slow where they run.
+if [ -n "${OXCCL_CANDLE_QUICK:-}" ]; then
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:-} -Xcicc -O1 -Xptxas -O1"
+  export CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256
 fi
 # The link leaves symbols unresolved (a stand-in may lack one): the real libraries resolve them at load.
 export RUSTFLAGS="-L native=$stub -C link-arg=-Wl,--unresolved-symbols=ignore-all"
