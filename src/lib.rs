@@ -83,10 +83,11 @@ pub use reshard::ReshardOptions;
 /// two at a time in f32 and each result rounded back (nearest even, saturating at the largest
 /// finite magnitude), so a sum of many accumulates in FP8. Sealed: the device kernels know these
 /// types and no others; copies (AllGather, Broadcast, AllToAll, reshard) take any [`Plain`] type.
-pub trait Element: sealed::Sealed + Plain + 'static {
-    /// The engine's name for the type.
-    const DTYPE: DType;
-}
+///
+/// Its engine name (`DTYPE`) and its host-side combine (`reduce`, `average`: the device's
+/// arithmetic, for references on the CPU) come from the host executor's
+/// [`host::exec::Element`], which every element type implements.
+pub trait Element: sealed::Sealed + Plain + oxccl_host::exec::Element {}
 
 mod sealed {
     /// Implemented only for the types the kernels reduce.
@@ -96,9 +97,8 @@ mod sealed {
 macro_rules! elements {
     ($($t:ty => $d:ident),+ $(,)?) => {$(
         impl sealed::Sealed for $t {}
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-        }
+        impl Element for $t {}
+        const _: () = assert!(matches!(<$t as oxccl_host::exec::Element>::DTYPE, DType::$d));
     )+};
 }
 

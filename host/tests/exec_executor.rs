@@ -68,6 +68,16 @@ fn element_reduce_min_max_by_hand() {
     assert_eq!(s(-1, 1, Min), -1);
     assert_eq!(s(i32::MIN, i32::MAX, Max), i32::MAX);
     assert_eq!(s(i32::MAX, 1, Sum), i32::MIN, "sums wrap");
+    // The byte-wide integers: u8 unsigned, i8 signed on the same bits; sums and products wrap.
+    let b = |a: u8, b: u8, op| Element::reduce(a, b, op);
+    assert_eq!(b(0x80, 0x7F, Max), 0x80);
+    assert_eq!(b(200, 100, Sum), 44, "sums wrap");
+    assert_eq!(b(16, 17, ReduceOp::Prod), 16, "products wrap");
+    let c = |a: i8, b: i8, op| Element::reduce(a, b, op);
+    assert_eq!(c(-128, 127, Max), 127);
+    assert_eq!(c(-128, 127, Min), -128);
+    assert_eq!(c(100, 100, Sum), -56, "sums wrap");
+    assert_eq!(c(-1, 5, ReduceOp::Avg), 4, "Avg combines as Sum");
 }
 
 #[test]

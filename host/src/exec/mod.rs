@@ -59,8 +59,9 @@ pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Default + 'static {
         crate::lowered::finish_into(Self::DTYPE, ReduceOp::Avg, bytemuck::bytes_of_mut(&mut v), n);
         v
     }
-    /// A small integer in this type (exact for |v| ≤ 256 in every type here: bf16 holds 8
-    /// significant bits).
+    /// A small integer in this type: exact for |v| ≤ 256 in the 16-bit and wider types (bf16 holds
+    /// 8 significant bits), wrapped into `i8` and `u8`, rounded in FP8 (exact for |v| ≤ 16 in E4M3,
+    /// 8 in E5M2).
     fn from_small(v: i32) -> Self;
 }
 
@@ -129,6 +130,8 @@ macro_rules! element_half {
 }
 element_half!(half::f16, F16);
 element_half!(half::bf16, Bf16);
+element_int!(i8, I8);
+element_int!(u8, U8);
 element_int!(i32, I32);
 element_int!(i64, I64);
 element_int!(u32, U32);
