@@ -62,7 +62,7 @@ mod tests {
     use oxccl_host::exec::Element as _;
 
     /// The host combine of both FP8 types is the f32 result of the two values rounded once, for
-    /// every operator (Avg combines as Sum), over every pair of non-NaN bytes.
+    /// every operator (Avg combines as Sum): every non-NaN byte against every seventh.
     #[test]
     fn host_combine_is_the_f32_result_rounded_once() {
         macro_rules! check {
