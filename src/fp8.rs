@@ -33,7 +33,8 @@ macro_rules! fp8_type {
             /// Widened to f32, combined there, rounded back once, as the kernels combine.
             fn reduce(self, other: Self, op: RedOp) -> Self {
                 let mut acc = self;
-                oxccl_host::lowered::combine_into(DType::$dtype, op, bytemuck::bytes_of_mut(&mut acc), bytemuck::bytes_of(&other));
+                let (into, from) = (bytemuck::bytes_of_mut(&mut acc), bytemuck::bytes_of(&other));
+                oxccl_host::lowered::combine_into(DType::$dtype, op, into, from);
                 acc
             }
             fn from_small(v: i32) -> Self {
@@ -88,5 +89,43 @@ mod tests {
         }
         check!(F8E4M3);
         check!(F8E5M2);
+    }
+
+    /// Bytes worked out by hand: rounding to nearest even and saturation at the largest finite
+    /// value.
+    #[test]
+    fn host_combine_by_hand() {
+        let e4 = |a: u8, b: u8, op| F8E4M3(a).reduce(F8E4M3(b), op).0;
+        // 1 + 1 = 2; 1 + 2^-4 ties between 1 and 1.125 (to 1, even); 1.125 + 2^-4 ties between
+        // 1.125 and 1.25 (to 1.25, even); 448 + 448 saturates to 448.
+        assert_eq!(e4(0x38, 0x38, RedOp::Sum), 0x40);
+        assert_eq!(e4(0x38, 0x18, RedOp::Sum), 0x38);
+        assert_eq!(e4(0x39, 0x18, RedOp::Sum), 0x3A);
+        assert_eq!(e4(0x7E, 0x7E, RedOp::Sum), 0x7E);
+        assert_eq!(e4(0xFE, 0x7E, RedOp::Prod), 0xFE, "-448 × 448 saturates to -448");
+        let e5 = |a: u8, b: u8, op| F8E5M2(a).reduce(F8E5M2(b), op).0;
+        // 1 + 1 = 2; 57344 + 57344 saturates to 57344; min(-1, 2) = -1.
+        assert_eq!(e5(0x3C, 0x3C, RedOp::Sum), 0x40);
+        assert_eq!(e5(0x7B, 0x7B, RedOp::Sum), 0x7B);
+        assert_eq!(e5(0xBC, 0x40, RedOp::Min), 0xBC);
+    }
+
+    /// The host verification runs FP8 where its reference is order-free (Max, Prod of 1s and 2s)
+    /// and refuses sums, which round at each step.
+    #[test]
+    fn host_verify_refuses_fp8_sums() {
+        use oxccl_host::compile::{Options, compile};
+        use oxccl_host::exec::{ExecError, ExecOptions, verify};
+        let program = oxccl_host::program::generators::Algorithm::RingAllReduce.generate(1, 4).unwrap();
+        let plan = compile(&program, &Options::default()).unwrap();
+        let opts = ExecOptions { micro_batches: 2, fifo_slots: plan.stats.fifo_slots_needed.max(1) };
+        for op in [RedOp::Max, RedOp::Prod] {
+            let report = verify::<F8E4M3>(&plan, op, 3, &opts).unwrap();
+            assert_eq!(report.wrong, 0, "{op:?}");
+        }
+        for op in [RedOp::Sum, RedOp::Avg] {
+            let e = verify::<F8E5M2>(&plan, op, 3, &opts).unwrap_err();
+            assert!(matches!(e, ExecError::BadInput { .. }) && e.to_string().contains("FP8"), "{e}");
+        }
     }
 }
