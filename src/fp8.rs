@@ -3,7 +3,7 @@
 //! (`CudaSlice::transmute`) at no cost.
 
 use oxccl_host::fp8::Fp8;
-use oxccl_kernels::abi::{DType, RedOp};
+use oxccl_kernels::abi::DType;
 
 macro_rules! fp8_type {
     ($(#[$doc:meta])* $name:ident, $format:ident, $dtype:ident) => {
@@ -30,13 +30,6 @@ macro_rules! fp8_type {
 
         impl oxccl_host::exec::Element for $name {
             const DTYPE: DType = DType::$dtype;
-            /// Widened to f32, combined there, rounded back once, as the kernels combine.
-            fn reduce(self, other: Self, op: RedOp) -> Self {
-                let mut acc = self;
-                let (into, from) = (bytemuck::bytes_of_mut(&mut acc), bytemuck::bytes_of(&other));
-                oxccl_host::lowered::combine_into(DType::$dtype, op, into, from);
-                acc
-            }
             fn from_small(v: i32) -> Self {
                 Self::from_f32(v as f32)
             }
@@ -61,6 +54,7 @@ fp8_type!(
 mod tests {
     use super::*;
     use oxccl_host::exec::Element as _;
+    use oxccl_kernels::abi::RedOp;
 
     /// The host combine of both FP8 types is the f32 result of the two values rounded once, for
     /// every operator (Avg combines as Sum): every non-NaN byte against every seventh.

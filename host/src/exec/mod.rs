@@ -45,13 +45,24 @@ pub(crate) fn check_op(op: ReduceOp) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// An element type the executor and references handle.
+/// An element type the executor and references handle. Its arithmetic is the device's, in one
+/// place ([`crate::lowered::combine_into`], [`crate::lowered::finish_into`]): an implementation names
+/// the engine's type and how a small integer looks in it.
 pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Default + 'static {
     /// The engine's name for the type.
     const DTYPE: DType;
-    /// `self ⊕ other` (Avg combines as Sum; [`Element::average`] is its division, which the
-    /// program executors refuse and the staged plans' `run_cpu` applies).
-    fn reduce(self, other: Self, op: ReduceOp) -> Self;
+    /// `acc[i] = acc[i] ⊕ src[i]` over the elements both hold (Avg combines as Sum;
+    /// [`Element::average`] is its division, which the program executors refuse and the staged
+    /// plans' `run_cpu` applies).
+    fn combine(acc: &mut [Self], src: &[Self], op: ReduceOp) {
+        crate::lowered::combine_into(Self::DTYPE, op, bytemuck::cast_slice_mut(acc), bytemuck::cast_slice(src));
+    }
+    /// `self ⊕ other`, as [`Element::combine`] on one element.
+    fn reduce(self, other: Self, op: ReduceOp) -> Self {
+        let mut v = self;
+        Self::combine(std::slice::from_mut(&mut v), std::slice::from_ref(&other), op);
+        v
+    }
     /// A sum of `n` contributions made their average as the engine's Avg makes it
     /// ([`crate::lowered::finish_into`]).
     fn average(self, n: u32) -> Self {
@@ -66,77 +77,26 @@ pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Default + 'static {
     fn from_small(v: i32) -> Self;
 }
 
-macro_rules! element_float {
-    ($t:ty, $d:ident) => {
+macro_rules! element {
+    ($t:ty, $d:ident, $small:expr) => {
         impl Element for $t {
             const DTYPE: DType = DType::$d;
-            fn reduce(self, o: Self, op: ReduceOp) -> Self {
-                match op {
-                    ReduceOp::Sum | ReduceOp::Avg => self + o,
-                    ReduceOp::Min => self.min(o),
-                    ReduceOp::Max => self.max(o),
-                    ReduceOp::Prod => self * o,
-                }
-            }
             fn from_small(v: i32) -> Self {
-                v as $t
+                $small(v)
             }
         }
     };
 }
-macro_rules! element_int {
-    ($t:ty, $d:ident) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-            fn reduce(self, o: Self, op: ReduceOp) -> Self {
-                match op {
-                    ReduceOp::Sum | ReduceOp::Avg => self.wrapping_add(o),
-                    ReduceOp::Min => self.min(o),
-                    ReduceOp::Max => self.max(o),
-                    ReduceOp::Prod => self.wrapping_mul(o),
-                }
-            }
-            fn from_small(v: i32) -> Self {
-                v as $t
-            }
-        }
-    };
-}
-element_float!(f32, F32);
-element_float!(f64, F64);
-
-/// The half-precision types reduce as the device does (`crate::lowered::combine_into`): the exact
-/// result rounded once to nearest even (a sum of two halves computed in f64 rounds to the same
-/// half as the exact sum: 53 bits are at least twice a half's 11 or 8, plus 2; a product is
-/// exact in f64); min/max return the non-NaN operand.
-macro_rules! element_half {
-    ($t:ty, $d:ident) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-            fn reduce(self, o: Self, op: ReduceOp) -> Self {
-                let (a, b) = (self.to_f64(), o.to_f64());
-                <$t>::from_f64(match op {
-                    ReduceOp::Sum | ReduceOp::Avg => a + b,
-                    ReduceOp::Min => a.min(b),
-                    ReduceOp::Max => a.max(b),
-                    // Exact in f64 (2 × 11 bits at most): rounded once.
-                    ReduceOp::Prod => a * b,
-                })
-            }
-            fn from_small(v: i32) -> Self {
-                <$t>::from_f64(v as f64)
-            }
-        }
-    };
-}
-element_half!(half::f16, F16);
-element_half!(half::bf16, Bf16);
-element_int!(i8, I8);
-element_int!(u8, U8);
-element_int!(i32, I32);
-element_int!(i64, I64);
-element_int!(u32, U32);
-element_int!(u64, U64);
+element!(f32, F32, |v| v as f32);
+element!(f64, F64, |v| v as f64);
+element!(half::f16, F16, |v| half::f16::from_f64(v as f64));
+element!(half::bf16, Bf16, |v| half::bf16::from_f64(v as f64));
+element!(i8, I8, |v| v as i8);
+element!(u8, U8, |v| v as u8);
+element!(i32, I32, |v| v);
+element!(i64, I64, |v| v as i64);
+element!(u32, U32, |v| v as u32);
+element!(u64, U64, |v| v as u64);
 
 /// Executor options.
 #[derive(Copy, Clone, Debug)]
@@ -382,9 +342,7 @@ pub fn execute<T: Element>(
                                 let dst = &mut mem[r][c + range.start..c + range.end];
                                 let src = &data[j * w..(j + 1) * w];
                                 if reduce {
-                                    for (d, s) in dst.iter_mut().zip(src) {
-                                        *d = d.reduce(*s, op);
-                                    }
+                                    T::combine(dst, src, op);
                                 } else {
                                     dst.copy_from_slice(src);
                                 }

@@ -17,9 +17,7 @@ fn same_len<T>(inputs: &[Vec<T>]) -> Result<usize, ExecError> {
 fn reduce_all<T: Element>(inputs: &[Vec<T>], op: ReduceOp, len: usize) -> Vec<T> {
     let mut acc = inputs[0].clone();
     for v in &inputs[1..] {
-        for i in 0..len {
-            acc[i] = acc[i].reduce(v[i], op);
-        }
+        T::combine(&mut acc[..len], &v[..len], op);
     }
     acc
 }
