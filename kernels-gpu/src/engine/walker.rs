@@ -166,11 +166,13 @@ unsafe fn converge_issuer_warp(ctx: &Ctx) {
 }
 
 /// Brings each warp of a TMA kernel together before a CTA barrier that follows code its issuers
-/// ran alone (the issue loops, the bulk-group waits): compute-sanitizer's synccheck reports a warp
-/// that reaches a CTA barrier diverged ("Divergent thread(s) in block"). In the other movers every
-/// thread runs the tasks (the issuer alone only marks phase times or records a bad task there);
-/// warp barriers at these points cost them 0.2 µs a call and moved synccheck's reports into them
-/// (2026-12-07, H100).
+/// ran alone (the issue loops, the bulk-group waits). It does not silence synccheck's "Divergent
+/// thread(s) in block" on transfer programs (2026-12-07, H100): a warp that reaches the end-of-task
+/// barrier diverged takes the compiler's divergent copy of it (`BRA.DIV` to `WARPSYNC.COLLECTIVE`)
+/// with or without it, and is reported there; where that warp diverges is open. In the other
+/// movers every thread runs the tasks (the issuer alone only marks phase times or records a bad
+/// task there); warp barriers at these points cost them 0.2 µs a call and moved synccheck's reports
+/// into them (2026-12-07, H100).
 ///
 /// # Safety
 /// Every thread of the CTA (whole warps) calls it.
