@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over binaries staged by scripts/gpu-stage.sh (carried in .device/).
-# Usage: scripts/gpu-suite.sh STEP... (info tests ranks nodes ranks-bench sanitizer sanitize-all regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
+# Usage: scripts/gpu-suite.sh STEP... (info tests ranks nodes ranks-bench sanitizer sanitize-all sanitize-plans regression sweep benches sweep-configs sweep-pieces sweep-old ab ab-threads ar-stages allreduce overlap-mma overlap-clocks copy-beside-fma
 # overlap-best copy-ab few-ctas module-load tma-trace trace-rounds allreduce-256m ar-matrix collectives overlap overlap-shapes issuers issuer-shapes combine-direct combine-threads reshard compiled compiled-bench plan-shapes cta-table multi-tests multi-bench multi-tune multi-overlap nccl compare);
 # each step logs under $OUT. The multi-* and nccl steps need at least two GPUs.
 set -uo pipefail
@@ -135,6 +135,24 @@ for step in "$@"; do
         on procs && { mps_start
         log "$tool ranks (processes)"; OXCCL_TEST_TIMEOUT=60 OXCCL_RANK_MEET=1 OXCCL_MPS=1 OXCCL_RANK_CASES=2 timeout $t $san --target-processes all $B/gpu_ranks --test-threads=1 processes_match_the_cpu_reference > "$OUT/san_${tool}_procs.log" 2>&1; sanitized "$OUT/san_${tool}_procs.log" "${tool}_procs"; tail -3 "$OUT/san_${tool}_procs.log"
         mps_stop; }
+      done ;;
+    sanitize-plans)
+      # Which transfer programs draw a tool's reports (SAN_TOOL, default synccheck): each built-in
+      # plan alone at a few sizes (one 16-byte grain per chunk and larger), then the default plan
+      # under other launch shapes. One line per run: the tool's summary and its first report's place.
+      tool=${SAN_TOOL:-synccheck}
+      san_plan() {
+        local tag="$1"; shift
+        timeout 60 compute-sanitizer --tool "$tool" --print-limit 1 $B/oxccl bench plan "$@" -n 1 -w 0 > "$OUT/san_plan.log" 2>&1
+        echo "$tag: rc=$? $(grep -oE 'ERROR SUMMARY: [0-9]+ errors|RACECHECK SUMMARY: [0-9]+ hazards' "$OUT/san_plan.log" | head -1) $(grep -oE 'at oxccl_[a-z0-9_]+\+0x[0-9a-f]+' "$OUT/san_plan.log" | head -1)"
+      }
+      log "$tool plans"
+      for t in "ring-allreduce 1x4" "ring-allreduce 1x8" "hm-allreduce 2x4" "hm-allgather 2x4" "chain-broadcast 1x8" "chain-reduce 1x8"; do
+        set -- $t
+        for s in ${PLAN_SIZES:-64 16448 262144}; do san_plan "$1 $2 $s B" --algo "$1" --topo "$2" -b "$s" -e "$s"; done
+      done
+      for k in "--ctas 1" "--threads 128" "--mover simt" "--mover latency"; do
+        san_plan "ring-allreduce 1x4 262144 B $k" --algo ring-allreduce --topo 1x4 -b 262144 -e 262144 $k
       done ;;
     sanitizer)
       log memcheck
