@@ -53,7 +53,8 @@ pub trait Element: bytemuck::Pod + PartialEq + fmt::Debug + Default + 'static {
     const DTYPE: DType;
     /// `acc[i] = acc[i] ⊕ src[i]` over the elements both hold (Avg combines as Sum;
     /// [`Element::average`] is its division, which the program executors refuse and the staged
-    /// plans' `run_cpu` applies).
+    /// plans' `run_cpu` applies). The combine reads the elements' bytes as little-endian, as every
+    /// CUDA host stores them.
     fn combine(acc: &mut [Self], src: &[Self], op: ReduceOp) {
         crate::lowered::combine_into(Self::DTYPE, op, bytemuck::cast_slice_mut(acc), bytemuck::cast_slice(src));
     }
