@@ -84,8 +84,9 @@ pub use reshard::ReshardOptions;
 /// finite magnitude), so a sum of many accumulates in FP8. Sealed: the device kernels know these
 /// types and no others; copies (AllGather, Broadcast, AllToAll, reshard) take any [`Plain`] type.
 ///
-/// Its engine name (`DTYPE`) and its host-side combine (`reduce`, `average`: the device's
-/// arithmetic, for references on the CPU) come from the host executor's
+/// Its engine name (`DTYPE`) and its host-side combine (`combine` on slices, `reduce` on one
+/// element, `average`: the device's arithmetic, for references on the CPU) come from the host
+/// executor's
 /// [`host::exec::Element`], which every element type implements.
 pub trait Element: sealed::Sealed + Plain + oxccl_host::exec::Element {}
 
