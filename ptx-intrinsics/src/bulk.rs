@@ -264,17 +264,10 @@ pub unsafe fn cp_async_bulk_wait_group_read<const N: u32>() {
 
 /// Most pending groups [`cp_async_bulk_wait_group_read_at_most`] tells apart.
 pub const WAIT_GROUP_READ_MAX: u32 = 7;
-const _: () = assert!(WAIT_GROUP_READ_MAX == 7, "the predicated waits below run from 6 down");
 
 /// [`cp_async_bulk_wait_group_read`] for a run-time `pending`: the instruction takes an
-/// immediate, so this waits for at most `N` pending groups with the smallest `N` of
-/// `0..=WAIT_GROUP_READ_MAX` at or above `pending` (a larger `pending` waits as for
-/// [`WAIT_GROUP_READ_MAX`]: fewer groups left reading, stricter, never less safe).
-///
-/// One block of predicated waits, `N` from [`WAIT_GROUP_READ_MAX`] down to `pending`, each a no-op
-/// once the one before has returned: a `match` on `pending` became a jump table (`brx.idx`, or
-/// ptxas's own from a chain of compares), an indirect branch inside the issuer's loop after which
-/// a warp reached the engine's next CTA barrier diverged (compute-sanitizer's synccheck).
+/// immediate, so this selects one of `N = 0..=WAIT_GROUP_READ_MAX`; a larger `pending` waits as
+/// for [`WAIT_GROUP_READ_MAX`] (fewer groups left reading: stricter, never less safe).
 ///
 /// `cp.async.bulk.wait_group.read N;` · PTX ISA 8.0 · sm_90
 ///
@@ -283,20 +276,17 @@ const _: () = assert!(WAIT_GROUP_READ_MAX == 7, "the predicated waits below run 
 #[doc(alias = "cp.async.bulk.wait_group.read")]
 #[inline(always)]
 pub unsafe fn cp_async_bulk_wait_group_read_at_most(pending: u32) {
-    // SAFETY: waits only; the predicate is local to the block.
+    // SAFETY: immediate operands only.
     unsafe {
-        asm!(
-            "{{ .reg .pred p;",
-            "cp.async.bulk.wait_group.read {max};",
-            "setp.le.u32 p, {n}, 6; @p cp.async.bulk.wait_group.read 6;",
-            "setp.le.u32 p, {n}, 5; @p cp.async.bulk.wait_group.read 5;",
-            "setp.le.u32 p, {n}, 4; @p cp.async.bulk.wait_group.read 4;",
-            "setp.le.u32 p, {n}, 3; @p cp.async.bulk.wait_group.read 3;",
-            "setp.le.u32 p, {n}, 2; @p cp.async.bulk.wait_group.read 2;",
-            "setp.le.u32 p, {n}, 1; @p cp.async.bulk.wait_group.read 1;",
-            "setp.le.u32 p, {n}, 0; @p cp.async.bulk.wait_group.read 0; }}",
-            n = in(reg32) pending,
-            max = const WAIT_GROUP_READ_MAX,
-        )
+        match pending {
+            0 => cp_async_bulk_wait_group_read::<0>(),
+            1 => cp_async_bulk_wait_group_read::<1>(),
+            2 => cp_async_bulk_wait_group_read::<2>(),
+            3 => cp_async_bulk_wait_group_read::<3>(),
+            4 => cp_async_bulk_wait_group_read::<4>(),
+            5 => cp_async_bulk_wait_group_read::<5>(),
+            6 => cp_async_bulk_wait_group_read::<6>(),
+            _ => cp_async_bulk_wait_group_read::<WAIT_GROUP_READ_MAX>(),
+        }
     }
 }
