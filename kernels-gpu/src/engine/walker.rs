@@ -169,8 +169,9 @@ unsafe fn converge_issuer_warp(ctx: &Ctx) {
 /// ran alone (the issue loops, the bulk-group waits). It does not silence synccheck's "Divergent
 /// thread(s) in block" on transfer programs (2026-12-07, H100): a warp that reaches the end-of-task
 /// barrier diverged takes the compiler's divergent copy of it (`BRA.DIV` to `WARPSYNC.COLLECTIVE`)
-/// with or without it, and is reported there; where that warp diverges is open. In the other
-/// movers every thread runs the tasks (the issuer alone only marks phase times or records a bad
+/// with or without it, and is reported there; where that warp diverges is open (warp 0, in CTAs of
+/// several warps, on long tasks; not the refill's jump table: 2026-12-08). In the other movers
+/// every thread runs the tasks (the issuer alone only marks phase times or records a bad
 /// task there); warp barriers at these points cost them 0.2 µs a call and moved synccheck's reports
 /// into them (2026-12-07, H100).
 ///
