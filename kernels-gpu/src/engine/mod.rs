@@ -228,7 +228,6 @@ impl Ctx {
         unsafe { *(self.smem.add(abi::smem::PEER_SCOPE) as *mut u32) = scope }
     }
 
-    /// Clears the abort flag (entry, before the first CTA barrier).
     /// The program's barrier ranks, as the entry kept them in shared memory.
     #[inline(always)]
     pub fn peers(&self) -> u32 {
@@ -244,6 +243,7 @@ impl Ctx {
         unsafe { *(self.smem.add(abi::smem::PEERS) as *mut u32) = peers }
     }
 
+    /// Clears the abort flag (entry, before the first CTA barrier).
     #[inline(always)]
     pub fn clear_abort(&self) {
         // See `set_abort`.
