@@ -138,9 +138,9 @@ for step in "$@"; do
       done ;;
     sanitize-plans)
       # Which transfer programs draw a tool's reports (SAN_TOOL, default synccheck): each built-in
-      # plan alone at a few sizes (one 16-byte grain per chunk of 8 ranks; tasks longer than the
-      # items a CTA's ring holds ahead, which refill stages), then the ring under other launch
-      # shapes. One line per run: the tool's summary and its first report's place.
+      # plan alone at a few sizes (one 16-byte grain per chunk of 8 ranks; long tasks, where
+      # synccheck's report appeared: docs/perf-log/2026-12-08.md), then the ring under other
+      # launch shapes. One line per run: the tool's summary and its first report's place.
       tool=${SAN_TOOL:-synccheck}
       san_plan() {
         local tag="$1"; shift
@@ -149,8 +149,8 @@ for step in "$@"; do
       }
       log "$tool plans"
       for t in "ring-allreduce 1x4" "ring-allreduce 1x8" "hm-allreduce 2x4" "hm-allgather 2x4" "chain-broadcast 1x8" "chain-reduce 1x8"; do
-        set -- $t
-        for s in ${PLAN_SIZES:-128 262144 4194304}; do san_plan "$1 $2 $s B" --algo "$1" --topo "$2" -b "$s" -e "$s"; done
+        read -r algo topo <<< "$t"
+        for s in ${PLAN_SIZES:-128 262144 4194304}; do san_plan "$algo $topo $s B" --algo "$algo" --topo "$topo" -b "$s" -e "$s"; done
       done
       for k in "--ctas 1" "--ctas 1 --threads 64" "--threads 128" "--mover simt" "--mover latency"; do
         san_plan "ring-allreduce 1x4 262144 B $k" --algo ring-allreduce --topo 1x4 -b 262144 -e 262144 $k

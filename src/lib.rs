@@ -86,8 +86,7 @@ pub use reshard::ReshardOptions;
 ///
 /// Its engine name (`DTYPE`) and its host-side combine (`combine` on slices, `reduce` on one
 /// element, `average`: the device's arithmetic, for references on the CPU) come from the host
-/// executor's
-/// [`host::exec::Element`], which every element type implements.
+/// executor's [`host::exec::Element`], which every element type implements.
 pub trait Element: sealed::Sealed + Plain + oxccl_host::exec::Element {}
 
 mod sealed {
